@@ -1,0 +1,513 @@
+//! The admin queue of one controller: controller properties (CC/CSTS
+//! handshakes), Identify, Get Log Page, Get/Set Features, Asynchronous Event
+//! Requests, Keep Alive and Abort. Commands execute synchronously against the
+//! target configuration and fill the command's data buffer; the connection
+//! moves the data and the completion.
+
+use crate::command::{admin_opcode, fctype, Command, PropertyCommand};
+use crate::identify::{self, cns, log_id, ControllerIdentity, ControllerKind, Health};
+use crate::status::Status;
+use crate::target::{ControllerShared, Limits, SubsystemConfig, Target};
+use crate::types::{Nsid, SlotId, Timestamp};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Controller property offsets (NVMe Base 2.0, section 3.1.4).
+pub mod property {
+    /// Controller Capabilities (8 bytes).
+    pub const CAP: u32 = 0x00;
+    /// Version.
+    pub const VS: u32 = 0x08;
+    /// Controller Configuration.
+    pub const CC: u32 = 0x14;
+    /// Controller Status.
+    pub const CSTS: u32 = 0x1C;
+}
+
+/// Feature identifiers.
+pub mod feature {
+    /// Arbitration.
+    pub const ARBITRATION: u8 = 0x01;
+    /// Power Management.
+    pub const POWER_MANAGEMENT: u8 = 0x02;
+    /// Temperature Threshold.
+    pub const TEMPERATURE_THRESHOLD: u8 = 0x04;
+    /// Error Recovery.
+    pub const ERROR_RECOVERY: u8 = 0x05;
+    /// Volatile Write Cache.
+    pub const VOLATILE_WRITE_CACHE: u8 = 0x06;
+    /// Number of Queues.
+    pub const NUMBER_OF_QUEUES: u8 = 0x07;
+    /// Interrupt Coalescing.
+    pub const INTERRUPT_COALESCING: u8 = 0x08;
+    /// Interrupt Vector Configuration.
+    pub const INTERRUPT_VECTOR_CONFIG: u8 = 0x09;
+    /// Write Atomicity Normal.
+    pub const WRITE_ATOMICITY: u8 = 0x0A;
+    /// Asynchronous Event Configuration.
+    pub const ASYNC_EVENT_CONFIG: u8 = 0x0B;
+    /// Keep Alive Timer.
+    pub const KEEP_ALIVE_TIMER: u8 = 0x0F;
+    /// Host Identifier.
+    pub const HOST_IDENTIFIER: u8 = 0x81;
+}
+
+/// CC fields.
+mod cc {
+    pub const ENABLE: u32 = 1 << 0;
+    pub fn iosqes(cc: u32) -> u32 {
+        (cc >> 16) & 0xF
+    }
+    pub fn iocqes(cc: u32) -> u32 {
+        (cc >> 20) & 0xF
+    }
+    pub fn mps(cc: u32) -> u32 {
+        (cc >> 7) & 0xF
+    }
+    pub fn css(cc: u32) -> u32 {
+        (cc >> 4) & 0x7
+    }
+    pub fn shn(cc: u32) -> u32 {
+        (cc >> 14) & 0x3
+    }
+}
+
+/// CSTS bits.
+mod csts {
+    pub const READY: u32 = 1 << 0;
+    pub const FATAL: u32 = 1 << 1;
+    pub const SHUTDOWN_COMPLETE: u32 = 0b10 << 2;
+}
+
+/// What executing an admin command leads to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Complete now with `status`, command-specific `result` and `reply_len` bytes of data for the host.
+    Complete {
+        /// Completion status.
+        status: Status,
+        /// DW0 (and DW1).
+        result: u64,
+        /// Bytes of the slot buffer to send to the host.
+        reply_len: u32,
+    },
+    /// The command stays outstanding (an Asynchronous Event Request).
+    Parked,
+}
+
+impl Outcome {
+    fn status(status: Status) -> Outcome {
+        Outcome::Complete { status, result: 0, reply_len: 0 }
+    }
+
+    fn result(result: u64) -> Outcome {
+        Outcome::Complete { status: Status::SUCCESS, result, reply_len: 0 }
+    }
+
+    fn data(reply_len: usize) -> Outcome {
+        Outcome::Complete { status: Status::SUCCESS, result: 0, reply_len: reply_len as u32 }
+    }
+}
+
+/// State of one controller's admin queue.
+#[derive(Debug)]
+pub struct AdminQueue {
+    /// The controller this queue belongs to.
+    pub controller: Arc<ControllerShared>,
+    /// I/O or discovery controller.
+    pub kind: ControllerKind,
+    cc: u32,
+    csts: u32,
+    keep_alive: Option<Duration>,
+    keep_alive_deadline: Option<Timestamp>,
+    async_event_config: u32,
+    /// Slots holding outstanding Asynchronous Event Requests.
+    pub parked_events: Vec<SlotId>,
+}
+
+impl AdminQueue {
+    /// The admin queue of a new controller; `kato_ms` 0 disables keep-alive.
+    pub fn new(controller: Arc<ControllerShared>, kind: ControllerKind, kato_ms: u32, now: Timestamp) -> AdminQueue {
+        let keep_alive = (kato_ms > 0).then(|| Duration::from_millis(u64::from(kato_ms)));
+        AdminQueue {
+            controller,
+            kind,
+            cc: 0,
+            csts: 0,
+            keep_alive,
+            keep_alive_deadline: keep_alive.map(|kato| now.after(kato)),
+            async_event_config: 0,
+            parked_events: Vec::new(),
+        }
+    }
+
+    /// When the keep-alive timer expires, if it runs.
+    pub fn keep_alive_deadline(&self) -> Option<Timestamp> {
+        self.keep_alive_deadline
+    }
+
+    fn restart_keep_alive(&mut self, now: Timestamp) {
+        self.keep_alive_deadline = self.keep_alive.map(|kato| now.after(kato));
+    }
+}
+
+/// Executes one admin-queue command whose data (if any) is in `buffer`.
+pub fn execute(queue: &mut AdminQueue, target: &Target, command: &Command, buffer: &mut [u8], now: Timestamp) -> Outcome {
+    if command.is_fabrics() {
+        return fabrics(queue, target, command);
+    }
+    let subsystem = target.config.subsystem(&queue.controller.subnqn);
+    if queue.kind == ControllerKind::Io && subsystem.is_none() {
+        // The subsystem was removed from the configuration while connected.
+        return Outcome::status(Status::INTERNAL_ERROR);
+    }
+    if !queue.controller.is_ready() && command.opcode != admin_opcode::KEEP_ALIVE {
+        return Outcome::status(Status::COMMAND_SEQUENCE_ERROR);
+    }
+    match command.opcode {
+        admin_opcode::IDENTIFY => identify(queue, target, subsystem, command, buffer),
+        admin_opcode::GET_LOG_PAGE => get_log_page(queue, target, subsystem, command, buffer),
+        admin_opcode::SET_FEATURES => set_features(queue, &target.config.limits, command, now),
+        admin_opcode::GET_FEATURES => get_features(queue, command, buffer),
+        admin_opcode::ASYNC_EVENT_REQUEST => {
+            if queue.parked_events.len() >= usize::from(target.config.limits.async_events_max) {
+                Outcome::status(Status::AER_LIMIT_EXCEEDED)
+            } else {
+                Outcome::Parked
+            }
+        }
+        admin_opcode::KEEP_ALIVE => {
+            queue.restart_keep_alive(now);
+            Outcome::result(0)
+        }
+        // Abort: DW0 bit 0 set = command not aborted (as nvmet; commands finish quickly).
+        admin_opcode::ABORT => Outcome::result(1),
+        _ => Outcome::status(Status::INVALID_OPCODE),
+    }
+}
+
+fn fabrics(queue: &mut AdminQueue, target: &Target, command: &Command) -> Outcome {
+    match command.fctype() {
+        fctype::PROPERTY_GET => property_get(queue, &target.config.limits, PropertyCommand::decode(command)),
+        fctype::PROPERTY_SET => property_set(queue, PropertyCommand::decode(command)),
+        // A second Connect on a connected queue.
+        fctype::CONNECT => Outcome::status(Status::COMMAND_SEQUENCE_ERROR),
+        _ => Outcome::status(Status::INVALID_OPCODE),
+    }
+}
+
+fn property_get(queue: &AdminQueue, limits: &Limits, property: PropertyCommand) -> Outcome {
+    let (value, eight_bytes) = match property.offset {
+        property::CAP => {
+            let mqes = u64::from(limits.queue_entries_max - 1);
+            // CQR (bit 16): contiguous queues required; TO (31:24): 15 * 500 ms ready timeout;
+            // CSS bit 37: NVM command set. MPSMIN = MPSMAX = 0 (4 KiB).
+            (mqes | (1 << 16) | (15 << 24) | (1 << 37), true)
+        }
+        property::VS => (u64::from(identify::NVME_VERSION), false),
+        property::CC => (u64::from(queue.cc), false),
+        property::CSTS => (u64::from(queue.csts), false),
+        _ => return Outcome::status(Status::INVALID_FIELD),
+    };
+    if property.eight_bytes != eight_bytes {
+        return Outcome::status(Status::INVALID_FIELD);
+    }
+    Outcome::result(value)
+}
+
+fn property_set(queue: &mut AdminQueue, property: PropertyCommand) -> Outcome {
+    if property.offset != property::CC || property.eight_bytes {
+        return Outcome::status(Status::INVALID_FIELD);
+    }
+    let new = property.value as u32;
+    let old = queue.cc;
+    queue.cc = new;
+    let enable = new & cc::ENABLE != 0;
+    let was_enabled = old & cc::ENABLE != 0;
+    if enable && !was_enabled {
+        start_controller(queue);
+    } else if !enable && was_enabled {
+        // Controller reset: I/O queues of the old epoch close.
+        queue.controller.set_ready(false);
+        queue.csts = 0;
+    }
+    if cc::shn(new) != 0 && cc::shn(old) == 0 {
+        // Nothing is cached in the controller: shutdown completes at once.
+        queue.csts |= csts::SHUTDOWN_COMPLETE;
+    } else if cc::shn(new) == 0 {
+        queue.csts &= !csts::SHUTDOWN_COMPLETE;
+    }
+    Outcome::result(0)
+}
+
+/// CC.EN 0 -> 1: check the configuration the host chose (as nvmet does) and become ready.
+fn start_controller(queue: &mut AdminQueue) {
+    let io_entry_sizes_ok = queue.kind == ControllerKind::Discovery || (cc::iosqes(queue.cc) == 6 && cc::iocqes(queue.cc) == 4);
+    if !io_entry_sizes_ok || cc::mps(queue.cc) != 0 || cc::css(queue.cc) != 0 {
+        queue.csts = csts::FATAL;
+        return;
+    }
+    queue.csts = csts::READY;
+    queue.controller.set_ready(true);
+}
+
+fn identify(queue: &AdminQueue, target: &Target, subsystem: Option<&SubsystemConfig>, command: &Command, buffer: &mut [u8]) -> Outcome {
+    if command.sgl.length as usize != identify::IDENTIFY_LEN {
+        return Outcome::status(Status::SGL_LENGTH_INVALID);
+    }
+    let out = &mut buffer[..identify::IDENTIFY_LEN];
+    out.fill(0);
+    let cns = command.cdw(10) as u8;
+    let csi = (command.cdw(11) >> 24) as u8;
+    if cns == cns::CONTROLLER {
+        identify::controller(&controller_identity(queue, target, subsystem), out);
+        return Outcome::data(identify::IDENTIFY_LEN);
+    }
+    let Some(subsystem) = subsystem else {
+        // The discovery controller has no namespaces.
+        return Outcome::status(Status::INVALID_FIELD);
+    };
+    let nsid = command.nsid;
+    let active = subsystem.namespace(nsid);
+    let written = match cns {
+        cns::NAMESPACE if nsid.0 == 0 || nsid == Nsid::BROADCAST => return Outcome::status(Status::INVALID_NAMESPACE),
+        // An inactive NSID returns a zeroed structure.
+        cns::NAMESPACE => active.map_or(identify::IDENTIFY_LEN, |ns| identify::namespace(ns, out)),
+        cns::ACTIVE_NAMESPACES | cns::CS_ACTIVE_NAMESPACES if cns == cns::ACTIVE_NAMESPACES || csi == 0 => {
+            if nsid.0 >= 0xFFFF_FFFE {
+                return Outcome::status(Status::INVALID_NAMESPACE);
+            }
+            identify::active_namespaces(subsystem, nsid, out)
+        }
+        cns::NS_DESCRIPTORS => match active {
+            Some(ns) => identify::namespace_descriptors(ns, out),
+            None => return Outcome::status(Status::INVALID_NAMESPACE),
+        },
+        // The NVM command set specific structures: all fields zero is valid (no extended LBA formats).
+        cns::CS_NAMESPACE if csi == 0 => match active {
+            Some(_) => identify::IDENTIFY_LEN,
+            None => return Outcome::status(Status::INVALID_NAMESPACE),
+        },
+        cns::CS_CONTROLLER if csi == 0 => identify::IDENTIFY_LEN,
+        cns::CS_INDEPENDENT_NAMESPACE => active.map_or(identify::IDENTIFY_LEN, |ns| identify::cs_independent_namespace(ns, out)),
+        cns::COMMAND_SETS => identify::command_sets(out),
+        _ => return Outcome::status(Status::INVALID_FIELD),
+    };
+    Outcome::data(written)
+}
+
+fn controller_identity<'a>(queue: &AdminQueue, target: &'a Target, subsystem: Option<&'a SubsystemConfig>) -> ControllerIdentity<'a> {
+    let limits = &target.config.limits;
+    let mdts = (limits.transfer_bytes_max / 4096).trailing_zeros() as u8;
+    let (subnqn, serial, model, firmware, max_nsid) = match subsystem {
+        Some(s) => (s.nqn.as_str(), s.serial.as_str(), s.model.as_str(), s.firmware.as_str(), s.max_nsid()),
+        None => (crate::target::DISCOVERY_NQN, target.config.discovery_serial.as_str(), "weft discovery", env!("CARGO_PKG_VERSION"), 0),
+    };
+    ControllerIdentity {
+        kind: queue.kind,
+        cntlid: queue.controller.cntlid,
+        subnqn,
+        serial,
+        model,
+        firmware,
+        max_nsid,
+        mdts,
+        max_commands: limits.queue_entries_max,
+        io_in_capsule_bytes: limits.io_in_capsule_bytes_max,
+        async_events_max: limits.async_events_max,
+    }
+}
+
+/// Get Log Page fields (NVMe Base 2.0, Figures 197-200).
+struct LogRequest {
+    id: u8,
+    offset: u64,
+    len: usize,
+}
+
+impl LogRequest {
+    fn decode(command: &Command) -> Result<LogRequest, Status> {
+        let dwords = ((command.cdw(11) & 0xFFFF) << 16 | command.cdw(10) >> 16) as usize + 1;
+        let offset = u64::from(command.cdw(12)) | (u64::from(command.cdw(13)) << 32);
+        if offset % 4 != 0 {
+            return Err(Status::INVALID_FIELD);
+        }
+        if dwords * 4 != command.sgl.length as usize {
+            return Err(Status::SGL_LENGTH_INVALID);
+        }
+        Ok(LogRequest { id: command.cdw(10) as u8, offset, len: dwords * 4 })
+    }
+}
+
+fn get_log_page(queue: &AdminQueue, target: &Target, subsystem: Option<&SubsystemConfig>, command: &Command, buffer: &mut [u8]) -> Outcome {
+    let request = match LogRequest::decode(command) {
+        Ok(request) => request,
+        Err(status) => return Outcome::status(status),
+    };
+    let out = &mut buffer[..request.len];
+    out.fill(0);
+    if request.id == log_id::DISCOVERY {
+        if queue.kind != ControllerKind::Discovery {
+            return Outcome::status(Status::INVALID_LOG_PAGE);
+        }
+        discovery_log(target, request.offset, out);
+        return Outcome::data(request.len);
+    }
+    if queue.kind == ControllerKind::Discovery || subsystem.is_none() {
+        return Outcome::status(Status::INVALID_LOG_PAGE);
+    }
+    // Every other page fits in 4 KiB: build it whole, then copy the window asked for.
+    let mut page = [0u8; 4096];
+    let page_len = match request.id {
+        log_id::ERROR => identify::ERROR_ENTRY_LEN,
+        log_id::SMART => identify::smart(&health(&queue.controller), &mut page),
+        log_id::FIRMWARE_SLOT => identify::firmware_slot(subsystem.map_or("", |s| s.firmware.as_str()), &mut page),
+        // Namespaces never change while served (yet): the list is empty.
+        log_id::CHANGED_NAMESPACES => identify::changed_namespaces(&[], &mut page),
+        _ => return Outcome::status(Status::INVALID_LOG_PAGE),
+    };
+    copy_window(&page[..page_len], request.offset, out);
+    Outcome::data(request.len)
+}
+
+/// Copies `page[offset..]` into `out`; bytes past the page's end stay zero.
+fn copy_window(page: &[u8], offset: u64, out: &mut [u8]) {
+    let start = usize::try_from(offset).unwrap_or(usize::MAX).min(page.len());
+    let available = &page[start..];
+    let len = available.len().min(out.len());
+    out[..len].copy_from_slice(&available[..len]);
+}
+
+/// Discovery log page, generated only for the window [offset, offset + out.len()).
+fn discovery_log(target: &Target, offset: u64, out: &mut [u8]) {
+    let config = &target.config;
+    let records = identify::discovery_records(&config.subsystems, &config.listeners);
+    let mut header = [0u8; identify::DISCOVERY_HEADER_LEN];
+    identify::discovery_header(config.generation, records.clone().count() as u64, &mut header);
+    copy_into_window(&header, 0, offset, out);
+    let mut entry = [0u8; identify::DISCOVERY_ENTRY_LEN];
+    for (index, record) in records.enumerate() {
+        let position = (identify::DISCOVERY_HEADER_LEN + index * identify::DISCOVERY_ENTRY_LEN) as u64;
+        if position >= offset + out.len() as u64 {
+            break;
+        }
+        if position + identify::DISCOVERY_ENTRY_LEN as u64 <= offset {
+            continue;
+        }
+        entry.fill(0);
+        identify::discovery_entry(&record, &mut entry);
+        copy_into_window(&entry, position, offset, out);
+    }
+}
+
+/// Copies `piece`, which sits at `position` of a log page, into the window of
+/// the page that starts at `window_offset` and is `out.len()` long.
+fn copy_into_window(piece: &[u8], position: u64, window_offset: u64, out: &mut [u8]) {
+    let piece_end = position + piece.len() as u64;
+    let window_end = window_offset + out.len() as u64;
+    let start = position.max(window_offset);
+    let end = piece_end.min(window_end);
+    if start >= end {
+        return;
+    }
+    let from = (start - position) as usize;
+    let to = (start - window_offset) as usize;
+    let len = (end - start) as usize;
+    out[to..to + len].copy_from_slice(&piece[from..from + len]);
+}
+
+fn health(controller: &ControllerShared) -> Health {
+    let counters = &controller.counters;
+    Health {
+        read_bytes: counters.read_bytes.load(Ordering::Relaxed),
+        written_bytes: counters.written_bytes.load(Ordering::Relaxed),
+        read_commands: counters.read_commands.load(Ordering::Relaxed),
+        write_commands: counters.write_commands.load(Ordering::Relaxed),
+    }
+}
+
+fn set_features(queue: &mut AdminQueue, limits: &Limits, command: &Command, now: Timestamp) -> Outcome {
+    if command.cdw(10) & (1 << 31) != 0 {
+        return Outcome::status(Status::FEATURE_NOT_SAVEABLE);
+    }
+    let value = command.cdw(11);
+    match command.cdw(10) as u8 {
+        feature::NUMBER_OF_QUEUES if queue.kind == ControllerKind::Io => {
+            let (submission, completion) = (value & 0xFFFF, value >> 16);
+            if submission == 0xFFFF || completion == 0xFFFF {
+                return Outcome::status(Status::INVALID_FIELD);
+            }
+            let granted = u32::from(limits.io_queues_max);
+            queue.controller.grant_io_queues(granted);
+            // NSQA/NCQA, 0's based: every controller gets the maximum, as nvmet does.
+            Outcome::result(u64::from((granted - 1) | ((granted - 1) << 16)))
+        }
+        feature::ASYNC_EVENT_CONFIG => {
+            queue.async_event_config = value;
+            Outcome::result(0)
+        }
+        feature::KEEP_ALIVE_TIMER => {
+            queue.keep_alive = (value > 0).then(|| Duration::from_millis(u64::from(value)));
+            queue.restart_keep_alive(now);
+            Outcome::result(0)
+        }
+        feature::VOLATILE_WRITE_CACHE if queue.kind == ControllerKind::Io => {
+            queue.controller.write_cache_enabled.store(value & 1 != 0, Ordering::Release);
+            Outcome::result(0)
+        }
+        // The host identifier is fixed by Connect (NVMe-oF 1.1, section 3.3).
+        feature::HOST_IDENTIFIER => Outcome::status(Status::COMMAND_SEQUENCE_ERROR),
+        _ => Outcome::status(Status::INVALID_FIELD),
+    }
+}
+
+fn get_features(queue: &AdminQueue, command: &Command, buffer: &mut [u8]) -> Outcome {
+    // SEL 011b: supported capabilities; none of weft's features are saveable or namespace specific.
+    let select = (command.cdw(10) >> 8) & 0x7;
+    let id = command.cdw(10) as u8;
+    let controller = &queue.controller;
+    let value = match id {
+        feature::ARBITRATION
+        | feature::POWER_MANAGEMENT
+        | feature::TEMPERATURE_THRESHOLD
+        | feature::ERROR_RECOVERY
+        | feature::INTERRUPT_COALESCING
+        | feature::INTERRUPT_VECTOR_CONFIG
+        | feature::WRITE_ATOMICITY => 0,
+        feature::VOLATILE_WRITE_CACHE => u32::from(controller.write_cache_enabled.load(Ordering::Acquire)),
+        feature::NUMBER_OF_QUEUES => {
+            let granted = controller.io_queues_granted().max(1) - 1;
+            granted | (granted << 16)
+        }
+        feature::ASYNC_EVENT_CONFIG => queue.async_event_config,
+        feature::KEEP_ALIVE_TIMER => queue.keep_alive.map_or(0, |kato| kato.as_millis() as u32),
+        feature::HOST_IDENTIFIER => {
+            // Only the 128-bit extended host identifier exists over Fabrics (EXHID must be set).
+            if command.cdw(11) & 1 == 0 || command.sgl.length != 16 {
+                return Outcome::status(Status::INVALID_FIELD);
+            }
+            buffer[..16].copy_from_slice(&controller.host_id);
+            return Outcome::data(16);
+        }
+        _ => return Outcome::status(Status::INVALID_FIELD),
+    };
+    Outcome::result(u64::from(if select == 3 { 0 } else { value }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_window_copies_the_overlap_only() {
+        let mut out = [0u8; 8];
+        copy_into_window(&[1, 2, 3, 4], 6, 4, &mut out);
+        assert_eq!(out, [0, 0, 1, 2, 3, 4, 0, 0]);
+        let mut out = [0u8; 2];
+        copy_into_window(&[1, 2, 3, 4], 6, 7, &mut out);
+        assert_eq!(out, [2, 3]);
+        copy_window(&[9, 9], 100, &mut out);
+        assert_eq!(out, [2, 3], "an offset past the page copies nothing");
+    }
+}

@@ -1,0 +1,1034 @@
+//! One NVMe/TCP connection (= one NVMe queue) on the controller side, as a
+//! deterministic state machine: bytes and time in, PDUs to send and block I/O
+//! requests out. It owns PDU framing, digests, the per-command slots and the
+//! queue's Fabrics state; it never touches a socket, a clock or a file.
+//!
+//! Driving it (the order matters):
+//! 1. `handle_input(bytes, now, buffers)` with every byte received;
+//! 2. `poll_io()` until `None`, executing each request and later reporting it
+//!    with `handle_io_complete(slot, result, buffers)`;
+//! 3. `poll_transmit()` to get what to send: inline header bytes and ranges of
+//!    slot buffers, in order. When all of it has been sent, call
+//!    `on_transmitted()`. Only one transmit is outstanding at a time;
+//! 4. `poll_timeout()` for the next deadline and `handle_timeout(now)` at it
+//!    (and periodically: I/O queues close when their controller goes away);
+//! 5. once `is_closed()`, close the socket and call `on_closed()`.
+//!
+//! Every command slot has a data buffer that the driver owns (see
+//! [`SlotBuffers`]), so data moves between the socket, the disk and the host
+//! without passing through this crate's own memory.
+
+use crate::admin::{self, AdminQueue, Outcome};
+use crate::command::{fctype, Command, ConnectCommand, ConnectData, DataDirection, SglKind, CONNECT_DATA_LEN};
+use crate::digest::{crc32c, crc32c_append};
+use crate::identify::ControllerKind;
+use crate::io::{self, IoError, IoKind, IoPlan, IoRequest};
+use crate::pdu::{
+    self, data_field_offset, digest_bits, field_offset, flags, CommonHeader, DataHeader, FatalErrorStatus, IcReq, IcResp,
+    PduError, PduType, COMMON_HEADER_LEN, DIGEST_LEN, MAX_HEADER_LEN,
+};
+use crate::status::{Completion, Status};
+use crate::target::{ControllerShared, Limits, RegistryError, Target, DISCOVERY_NQN};
+use crate::types::{Cid, Nsid, SlotId, Timestamp};
+use std::collections::VecDeque;
+use std::ops::Range;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// The data buffers of a connection's command slots, owned by the driver.
+pub trait SlotBuffers {
+    /// The buffer of `slot`, at least [`Limits::slot_buffer_bytes`] long.
+    fn buffer(&mut self, slot: SlotId) -> &mut [u8];
+}
+
+/// One piece of a transmission, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TxSegment {
+    /// Bytes of [`Transmit::bytes`].
+    Bytes(Range<usize>),
+    /// Bytes of a slot's data buffer.
+    Slot(SlotId, Range<usize>),
+}
+
+/// What to send next: `segments` in order, referring to `bytes` and slot buffers.
+#[derive(Debug)]
+pub struct Transmit<'a> {
+    /// Inline PDU headers, digests and small payloads.
+    pub bytes: &'a [u8],
+    /// The order to send them and the slot data in.
+    pub segments: &'a [TxSegment],
+}
+
+/// Why a connection ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Termination {
+    /// The host broke the protocol; a C2HTermReq with this error was sent.
+    Protocol(PduError),
+    /// The host sent an H2CTermReq.
+    HostTerminated,
+    /// No Keep Alive within KATO: the controller was torn down.
+    KeepAliveExpired,
+    /// The queue's controller was torn down or reset.
+    ControllerGone,
+    /// The host sent a Fabrics Disconnect.
+    Disconnected,
+}
+
+/// Per-command state of a slot (cf. SPDK's `spdk_nvmf_tcp_req_state`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SlotState {
+    /// Unused.
+    Free,
+    /// The capsule's in-capsule data is arriving.
+    ReceivingCapsuleData,
+    /// An R2T was sent; H2CData is arriving.
+    AwaitingH2cData,
+    /// Block I/O is in flight.
+    Executing,
+    /// An Asynchronous Event Request waiting for an event.
+    Parked,
+    /// Data from the slot buffer is being sent.
+    Transmitting,
+}
+
+#[derive(Debug, Clone)]
+struct Slot {
+    state: SlotState,
+    command: Command,
+    in_capsule_len: u32,
+    h2c_received: u32,
+    io_plan: Option<IoPlan>,
+    io_pending: u16,
+    status: Status,
+}
+
+/// Per-queue state that exists once Connect succeeded.
+#[derive(Debug)]
+struct QueueInfo {
+    qid: u16,
+    entries: u16,
+    sqhd: u16,
+    sq_flow_disabled: bool,
+    controller: Arc<ControllerShared>,
+}
+
+#[derive(Debug)]
+enum State {
+    /// Waiting for ICReq.
+    AwaitIcReq,
+    /// Initialized; the first command must be a Fabrics Connect.
+    AwaitConnect,
+    /// An admin queue.
+    Admin(QueueInfo, Box<AdminQueue>),
+    /// An I/O queue of `subsystem` (index into the target's subsystems).
+    Io(QueueInfo, IoQueue),
+    /// Ending: nothing more is received; pending transmissions drain.
+    Closing,
+}
+
+#[derive(Debug)]
+struct IoQueue {
+    epoch: u32,
+    subsystem: usize,
+}
+
+/// Where received PDU bytes go.
+#[derive(Debug, Clone, Copy)]
+enum RxPhase {
+    /// Accumulating a header in `Rx::header`.
+    Header,
+    /// Skipping padding between header and data.
+    Padding { remaining: usize, data: DataTarget },
+    /// Copying data into a slot buffer.
+    Data { target: DataTarget, remaining: usize, crc: u32 },
+    /// Reading the data digest.
+    DataDigest { target: DataTarget, crc: u32 },
+}
+
+#[derive(Debug, Clone, Copy)]
+struct DataTarget {
+    slot: SlotId,
+    buffer_offset: usize,
+    len: usize,
+    digest: bool,
+    in_capsule: bool,
+}
+
+#[derive(Debug)]
+struct Rx {
+    header: [u8; MAX_HEADER_LEN + DIGEST_LEN],
+    have: usize,
+    need: usize,
+    digest: [u8; DIGEST_LEN],
+    digest_have: usize,
+    phase: RxPhase,
+}
+
+#[derive(Debug, Default)]
+struct TxQueue {
+    bytes: Vec<u8>,
+    segments: Vec<TxSegment>,
+}
+
+impl TxQueue {
+    fn push_bytes(&mut self, data: &[u8]) {
+        let start = self.bytes.len();
+        self.bytes.extend_from_slice(data);
+        if let Some(TxSegment::Bytes(range)) = self.segments.last_mut() {
+            if range.end == start {
+                range.end = self.bytes.len();
+                return;
+            }
+        }
+        self.segments.push(TxSegment::Bytes(start..self.bytes.len()));
+    }
+
+    fn is_empty(&self) -> bool {
+        self.segments.is_empty()
+    }
+
+    fn clear(&mut self) {
+        self.bytes.clear();
+        self.segments.clear();
+    }
+}
+
+/// A controller-side NVMe/TCP connection.
+#[derive(Debug)]
+pub struct Connection {
+    target: Arc<Target>,
+    limits: Limits,
+    state: State,
+    header_digest: bool,
+    data_digest: bool,
+    c2h_pdo_alignment: usize,
+    rx: Rx,
+    slots: Vec<Slot>,
+    free_slots: Vec<u16>,
+    io_requests: VecDeque<IoRequest>,
+    tx_pending: TxQueue,
+    tx_sending: TxQueue,
+    tx_busy: bool,
+    termination: Option<Termination>,
+    dsm_ranges: Vec<(u64, u64)>,
+}
+
+impl Connection {
+    /// A new connection to `target`, before ICReq. Slots and queues are
+    /// allocated here, sized by the target's limits, so that steady-state
+    /// operation allocates nothing.
+    pub fn new(target: Arc<Target>) -> Connection {
+        let limits = target.config.limits;
+        let depth = usize::from(limits.queue_entries_max);
+        let empty_command = Command::decode(&[0u8; 64]).expect("64 zero bytes are an SQE");
+        let slot = Slot {
+            state: SlotState::Free,
+            command: empty_command,
+            in_capsule_len: 0,
+            h2c_received: 0,
+            io_plan: None,
+            io_pending: 0,
+            status: Status::SUCCESS,
+        };
+        Connection {
+            target,
+            limits,
+            state: State::AwaitIcReq,
+            header_digest: false,
+            data_digest: false,
+            c2h_pdo_alignment: 4,
+            rx: Rx::new(),
+            slots: vec![slot; depth],
+            // Until Connect sets the queue size only slot 0 exists.
+            free_slots: vec![0],
+            io_requests: VecDeque::with_capacity(depth * 2),
+            tx_pending: TxQueue { bytes: Vec::with_capacity(16 * 1024), segments: Vec::with_capacity(depth * 4) },
+            tx_sending: TxQueue { bytes: Vec::with_capacity(16 * 1024), segments: Vec::with_capacity(depth * 4) },
+            tx_busy: false,
+            termination: None,
+            dsm_ranges: Vec::with_capacity(256),
+        }
+    }
+
+    /// Feeds received bytes.
+    pub fn handle_input(&mut self, mut input: &[u8], now: Timestamp, buffers: &mut impl SlotBuffers) {
+        while !input.is_empty() && !matches!(self.state, State::Closing) {
+            match self.receive(input, now, buffers) {
+                Ok(consumed) => input = &input[consumed..],
+                Err(error) => self.fail(error),
+            }
+        }
+    }
+
+    /// The next block I/O request to execute.
+    pub fn poll_io(&mut self) -> Option<IoRequest> {
+        self.io_requests.pop_front()
+    }
+
+    /// Reports the result of a block I/O request from [`Connection::poll_io`].
+    pub fn handle_io_complete(&mut self, slot: SlotId, result: Result<(), IoError>, buffers: &mut impl SlotBuffers) {
+        if matches!(self.state, State::Closing) {
+            return;
+        }
+        let entry = &mut self.slots[usize::from(slot.0)];
+        assert_eq!(entry.state, SlotState::Executing, "I/O completion for a slot that is not executing");
+        assert!(entry.io_pending > 0);
+        entry.io_pending -= 1;
+        let plan = entry.io_plan.expect("executing slots have a plan");
+        if let Err(error) = result {
+            if entry.status.is_success() {
+                entry.status = io::status_of(error, matches!(plan, IoPlan::Read { .. } | IoPlan::Compare { .. }));
+            }
+        }
+        if entry.io_pending > 0 {
+            return;
+        }
+        let status = entry.status;
+        self.count_io(plan, status);
+        match plan {
+            IoPlan::Read { len, .. } if status.is_success() => self.complete(slot, status, 0, len, buffers),
+            IoPlan::Compare { len, .. } if status.is_success() => {
+                let len = len as usize;
+                let buffer = buffers.buffer(slot);
+                let same = buffer[..len] == buffer[len..2 * len];
+                let status = if same { Status::SUCCESS } else { Status::COMPARE_FAILURE };
+                self.complete(slot, status, 0, 0, buffers)
+            }
+            _ => self.complete(slot, status, 0, 0, buffers),
+        }
+    }
+
+    /// What to send next, if nothing is being sent.
+    pub fn poll_transmit(&mut self) -> Option<Transmit<'_>> {
+        if self.tx_busy || self.tx_pending.is_empty() {
+            return None;
+        }
+        std::mem::swap(&mut self.tx_pending, &mut self.tx_sending);
+        self.tx_busy = true;
+        Some(Transmit { bytes: &self.tx_sending.bytes, segments: &self.tx_sending.segments })
+    }
+
+    /// Everything from the last [`Connection::poll_transmit`] has been sent:
+    /// the slots whose data it carried are free again.
+    pub fn on_transmitted(&mut self) {
+        assert!(self.tx_busy, "on_transmitted without a transmit outstanding");
+        for index in 0..self.tx_sending.segments.len() {
+            if let TxSegment::Slot(slot, _) = self.tx_sending.segments[index] {
+                self.release(slot);
+            }
+        }
+        self.tx_sending.clear();
+        self.tx_busy = false;
+    }
+
+    /// The next time [`Connection::handle_timeout`] must be called.
+    pub fn poll_timeout(&self) -> Option<Timestamp> {
+        match &self.state {
+            State::Admin(_, admin) => admin.keep_alive_deadline(),
+            _ => None,
+        }
+    }
+
+    /// Expires the keep-alive timer, or notices that the controller went away.
+    pub fn handle_timeout(&mut self, now: Timestamp) {
+        let ended = match &self.state {
+            State::Admin(_, admin) => admin.keep_alive_deadline().is_some_and(|deadline| now >= deadline).then_some(Termination::KeepAliveExpired),
+            State::Io(queue, io) => {
+                let gone = !queue.controller.is_alive() || queue.controller.epoch() != io.epoch;
+                gone.then_some(Termination::ControllerGone)
+            }
+            _ => None,
+        };
+        if let Some(reason) = ended {
+            self.end(reason);
+        }
+    }
+
+    /// Whether the connection is finished: close the socket, then call [`Connection::on_closed`].
+    pub fn is_closed(&self) -> bool {
+        matches!(self.state, State::Closing) && !self.tx_busy && self.tx_pending.is_empty()
+    }
+
+    /// Why the connection ended, once it has.
+    pub fn termination(&self) -> Option<&Termination> {
+        self.termination.as_ref()
+    }
+
+    /// The socket is gone (closed by us or by the host): release the queue
+    /// and, for an admin queue, tear the controller down.
+    pub fn on_closed(&mut self) {
+        let state = std::mem::replace(&mut self.state, State::Closing);
+        self.release_queue(state);
+    }
+
+    /// The controller ID, once connected.
+    pub fn cntlid(&self) -> Option<u16> {
+        match &self.state {
+            State::Admin(queue, _) | State::Io(queue, _) => Some(queue.controller.cntlid.0),
+            _ => None,
+        }
+    }
+
+    fn release_queue(&mut self, state: State) {
+        match state {
+            State::Admin(queue, _) => self.target.registry.remove(queue.controller.cntlid),
+            State::Io(queue, io) => queue.controller.release_io_queue(queue.qid, io.epoch),
+            _ => {}
+        }
+    }
+
+    /// Ends the connection without a TermReq.
+    fn end(&mut self, reason: Termination) {
+        if self.termination.is_none() {
+            self.termination = Some(reason);
+        }
+        let state = std::mem::replace(&mut self.state, State::Closing);
+        self.release_queue(state);
+    }
+
+    /// A fatal protocol error: send a C2HTermReq carrying the offending header, then close.
+    fn fail(&mut self, error: PduError) {
+        let mut out = [0u8; 24 + pdu::TERM_REQ_MAX_DATA];
+        let offending_len = self.rx.have.min(self.rx.header.len());
+        let len = pdu::encode_c2h_term_req(error, &self.rx.header[..offending_len], &mut out);
+        self.tx_pending.push_bytes(&out[..len]);
+        self.end(Termination::Protocol(error));
+    }
+
+    // ----- receiving -----
+
+    fn receive(&mut self, input: &[u8], now: Timestamp, buffers: &mut impl SlotBuffers) -> Result<usize, PduError> {
+        match self.rx.phase {
+            RxPhase::Header => self.receive_header(input, now, buffers),
+            RxPhase::Padding { remaining, data } => {
+                let skipped = remaining.min(input.len());
+                self.rx.phase = if skipped == remaining {
+                    RxPhase::Data { target: data, remaining: data.len, crc: 0 }
+                } else {
+                    RxPhase::Padding { remaining: remaining - skipped, data }
+                };
+                Ok(skipped)
+            }
+            RxPhase::Data { target, remaining, crc } => {
+                let take = remaining.min(input.len());
+                let start = target.buffer_offset + (target.len - remaining);
+                let chunk = &input[..take];
+                buffers.buffer(target.slot)[start..start + take].copy_from_slice(chunk);
+                let crc = if target.digest { crc32c_append(crc, chunk) } else { crc };
+                if take < remaining {
+                    self.rx.phase = RxPhase::Data { target, remaining: remaining - take, crc };
+                } else if target.digest {
+                    self.rx.digest_have = 0;
+                    self.rx.phase = RxPhase::DataDigest { target, crc };
+                } else {
+                    self.rx.phase = RxPhase::Header;
+                    self.data_received(target, true, now, buffers)?;
+                }
+                Ok(take)
+            }
+            RxPhase::DataDigest { target, crc } => {
+                let take = (DIGEST_LEN - self.rx.digest_have).min(input.len());
+                self.rx.digest[self.rx.digest_have..self.rx.digest_have + take].copy_from_slice(&input[..take]);
+                self.rx.digest_have += take;
+                if self.rx.digest_have == DIGEST_LEN {
+                    self.rx.phase = RxPhase::Header;
+                    let intact = u32::from_le_bytes(self.rx.digest) == crc;
+                    self.data_received(target, intact, now, buffers)?;
+                }
+                Ok(take)
+            }
+        }
+    }
+
+    fn receive_header(&mut self, input: &[u8], now: Timestamp, buffers: &mut impl SlotBuffers) -> Result<usize, PduError> {
+        let take = (self.rx.need - self.rx.have).min(input.len());
+        self.rx.header[self.rx.have..self.rx.have + take].copy_from_slice(&input[..take]);
+        self.rx.have += take;
+        if self.rx.have < self.rx.need {
+            return Ok(take);
+        }
+        let common = CommonHeader::decode(&self.rx.header)?;
+        if self.rx.need == COMMON_HEADER_LEN {
+            let kind = self.check_common(&common)?;
+            self.rx.need = kind.header_len() + self.header_digest_len(kind);
+            return Ok(take);
+        }
+        let kind = PduType::from_u8(common.pdu_type).expect("checked with the common header");
+        self.check_header_digest(kind)?;
+        let data = self.data_layout(&common, kind)?;
+        self.dispatch(kind, &common, data, now, buffers)?;
+        if matches!(self.rx.phase, RxPhase::Header) && !matches!(self.state, State::Closing) {
+            self.rx.reset();
+        }
+        Ok(take)
+    }
+
+    fn header_digest_len(&self, kind: PduType) -> usize {
+        if self.header_digest && kind.may_carry_header_digest() {
+            DIGEST_LEN
+        } else {
+            0
+        }
+    }
+
+    /// Checks of the common header that do not need the rest of the header.
+    fn check_common(&self, common: &CommonHeader) -> Result<PduType, PduError> {
+        let kind = PduType::from_u8(common.pdu_type).ok_or(PduError::field(field_offset::PDU_TYPE))?;
+        match (&self.state, kind) {
+            (State::AwaitIcReq, PduType::IcReq) => {}
+            (State::AwaitIcReq, _) | (_, PduType::IcReq) => return Err(PduError::status(FatalErrorStatus::PduSequenceError)),
+            (_, PduType::CapsuleCmd | PduType::H2cData | PduType::H2cTermReq) => {}
+            // Controller-to-host PDU types are invalid from a host.
+            _ => return Err(PduError::field(field_offset::PDU_TYPE)),
+        }
+        if usize::from(common.hlen) != kind.header_len() {
+            return Err(PduError::field(field_offset::HLEN));
+        }
+        if kind.may_carry_header_digest() && (common.flags & flags::HDGSTF != 0) != self.header_digest {
+            return Err(PduError::field(field_offset::FLAGS));
+        }
+        let header_total = kind.header_len() + self.header_digest_len(kind);
+        let plen = common.plen as usize;
+        let plen_ok = match kind {
+            PduType::IcReq => plen == 128,
+            PduType::H2cTermReq => (header_total..=24 + pdu::TERM_REQ_MAX_DATA + 24).contains(&plen),
+            _ => plen >= header_total,
+        };
+        if !plen_ok {
+            return Err(PduError::field(field_offset::PLEN));
+        }
+        Ok(kind)
+    }
+
+    fn check_header_digest(&self, kind: PduType) -> Result<(), PduError> {
+        if self.header_digest_len(kind) == 0 {
+            return Ok(());
+        }
+        let hlen = kind.header_len();
+        let received = u32::from_le_bytes([self.rx.header[hlen], self.rx.header[hlen + 1], self.rx.header[hlen + 2], self.rx.header[hlen + 3]]);
+        if crc32c(&self.rx.header[..hlen]) != received {
+            return Err(PduError::status(FatalErrorStatus::HeaderDigestError));
+        }
+        Ok(())
+    }
+
+    /// Padding, data length and data digest of a PDU, checked against PDO and the negotiated limits.
+    fn data_layout(&self, common: &CommonHeader, kind: PduType) -> Result<DataLayout, PduError> {
+        let header_total = kind.header_len() + self.header_digest_len(kind);
+        let plen = common.plen as usize;
+        if plen == header_total || matches!(kind, PduType::IcReq | PduType::H2cTermReq) {
+            return Ok(DataLayout { padding: 0, len: 0, digest: false });
+        }
+        let digest = common.flags & flags::DDGSTF != 0;
+        if digest != self.data_digest {
+            return Err(PduError::field(field_offset::FLAGS));
+        }
+        let digest_len = if digest { DIGEST_LEN } else { 0 };
+        let pdo = usize::from(common.pdo);
+        if pdo < header_total || pdo + digest_len > plen {
+            return Err(PduError::field(field_offset::PDO));
+        }
+        let len = plen - pdo - digest_len;
+        let limit = match kind {
+            PduType::CapsuleCmd => self.in_capsule_limit(),
+            _ => self.limits.h2c_data_bytes_max as usize,
+        };
+        if len > limit {
+            return Err(PduError::status(FatalErrorStatus::DataTransferLimitExceeded));
+        }
+        Ok(DataLayout { padding: pdo - header_total, len, digest })
+    }
+
+    fn in_capsule_limit(&self) -> usize {
+        let limit = match self.state {
+            State::Admin(..) => self.limits.admin_in_capsule_bytes_max,
+            State::Io(..) => self.limits.io_in_capsule_bytes_max,
+            // Before Connect the queue type is unknown: Connect data is all that may come.
+            _ => self.limits.admin_in_capsule_bytes_max.max(self.limits.io_in_capsule_bytes_max),
+        };
+        limit as usize
+    }
+
+    fn dispatch(&mut self, kind: PduType, common: &CommonHeader, data: DataLayout, now: Timestamp, buffers: &mut impl SlotBuffers) -> Result<(), PduError> {
+        match kind {
+            PduType::IcReq => self.handle_icreq(),
+            PduType::H2cTermReq => {
+                self.end(Termination::HostTerminated);
+                Ok(())
+            }
+            PduType::CapsuleCmd => self.handle_capsule(data, now, buffers),
+            PduType::H2cData => self.handle_h2c_data(common, data),
+            _ => unreachable!("rejected by check_common"),
+        }
+    }
+
+    fn handle_icreq(&mut self) -> Result<(), PduError> {
+        let request = IcReq::decode(&self.rx.header[..128])?;
+        if request.pfv != 0 {
+            return Err(PduError { status: FatalErrorStatus::UnsupportedParameter, field_offset: 8 });
+        }
+        // HPDA is 0's based in dwords, at most 31 (NVMe/TCP 1.0, Figure 20).
+        if request.hpda > 31 {
+            return Err(PduError::field(10));
+        }
+        self.c2h_pdo_alignment = (usize::from(request.hpda) + 1) * 4;
+        let digest = request.digest & (digest_bits::HEADER | digest_bits::DATA);
+        self.header_digest = digest & digest_bits::HEADER != 0;
+        self.data_digest = digest & digest_bits::DATA != 0;
+        let mut out = [0u8; 128];
+        IcResp { pfv: 0, cpda: 0, digest, maxh2cdata: self.limits.h2c_data_bytes_max }.encode(&mut out);
+        self.tx_pending.push_bytes(&out);
+        self.state = State::AwaitConnect;
+        Ok(())
+    }
+
+    fn handle_capsule(&mut self, data: DataLayout, now: Timestamp, buffers: &mut impl SlotBuffers) -> Result<(), PduError> {
+        let command = Command::decode(&self.rx.header[COMMON_HEADER_LEN..COMMON_HEADER_LEN + 64])?;
+        // A host may not have more commands outstanding than the queue has entries.
+        let slot = self.free_slots.pop().ok_or(PduError::status(FatalErrorStatus::PduSequenceError))?;
+        let slot = SlotId(slot);
+        let entry = &mut self.slots[usize::from(slot.0)];
+        debug_assert_eq!(entry.state, SlotState::Free);
+        entry.command = command;
+        entry.in_capsule_len = data.len as u32;
+        entry.h2c_received = 0;
+        entry.io_plan = None;
+        entry.io_pending = 0;
+        entry.status = Status::SUCCESS;
+        if data.len == 0 {
+            return self.command_received(slot, now, buffers);
+        }
+        entry.state = SlotState::ReceivingCapsuleData;
+        let target = DataTarget { slot, buffer_offset: 0, len: data.len, digest: data.digest, in_capsule: true };
+        self.rx.phase = RxPhase::Padding { remaining: data.padding, data: target };
+        Ok(())
+    }
+
+    fn handle_h2c_data(&mut self, common: &CommonHeader, data: DataLayout) -> Result<(), PduError> {
+        let header = DataHeader::decode(&self.rx.header[..24])?;
+        let entry = self
+            .slots
+            .get(usize::from(header.ttag))
+            .filter(|entry| entry.state == SlotState::AwaitingH2cData)
+            .ok_or(PduError::field(data_field_offset::TTAG))?;
+        if entry.command.cid.0 != header.cccid {
+            return Err(PduError::field(data_field_offset::CCCID));
+        }
+        if header.length as usize != data.len || data.len == 0 {
+            return Err(PduError::field(data_field_offset::DATAL));
+        }
+        let end = u64::from(header.offset) + u64::from(header.length);
+        if header.offset != entry.h2c_received || end > u64::from(entry.command.sgl.length) {
+            return Err(PduError::status(FatalErrorStatus::DataTransferOutOfRange));
+        }
+        let _ = common;
+        let target = DataTarget {
+            slot: SlotId(header.ttag),
+            buffer_offset: header.offset as usize,
+            len: data.len,
+            digest: data.digest,
+            in_capsule: false,
+        };
+        self.rx.phase = RxPhase::Padding { remaining: data.padding, data: target };
+        Ok(())
+    }
+
+    /// All data of a capsule or H2CData PDU is in the slot buffer.
+    fn data_received(&mut self, target: DataTarget, intact: bool, now: Timestamp, buffers: &mut impl SlotBuffers) -> Result<(), PduError> {
+        self.rx.reset();
+        let slot = target.slot;
+        let entry = &mut self.slots[usize::from(slot.0)];
+        // A data digest error is not fatal: the command completes with Transient
+        // Transport Error (NVMe/TCP 1.0, section 3.6.2.3) and the host may retry it.
+        if !intact {
+            entry.status = Status::TRANSIENT_TRANSPORT_ERROR;
+        }
+        if target.in_capsule {
+            if !intact {
+                self.advance_sqhd();
+                self.complete(slot, Status::TRANSIENT_TRANSPORT_ERROR, 0, 0, buffers);
+                return Ok(());
+            }
+            return self.command_received(slot, now, buffers);
+        }
+        entry.h2c_received += target.len as u32;
+        if entry.h2c_received < entry.command.sgl.length {
+            return Ok(());
+        }
+        let status = entry.status;
+        if status.is_success() {
+            self.execute(slot, now, buffers);
+        } else {
+            self.complete(slot, status, 0, 0, buffers);
+        }
+        Ok(())
+    }
+
+    // ----- commands -----
+
+    fn advance_sqhd(&mut self) {
+        if let State::Admin(queue, _) | State::Io(queue, _) = &mut self.state {
+            queue.sqhd = (queue.sqhd + 1) % queue.entries;
+        }
+    }
+
+    /// A command capsule is complete (with its in-capsule data, if any).
+    fn command_received(&mut self, slot: SlotId, now: Timestamp, buffers: &mut impl SlotBuffers) -> Result<(), PduError> {
+        let command = self.slots[usize::from(slot.0)].command;
+        if matches!(self.state, State::AwaitConnect) && !(command.is_fabrics() && command.fctype() == fctype::CONNECT) {
+            return Err(PduError::status(FatalErrorStatus::PduSequenceError));
+        }
+        self.advance_sqhd();
+        match self.prepare(slot) {
+            Err(status) => self.complete(slot, status, 0, 0, buffers),
+            Ok(Transfer::Ready) => self.execute(slot, now, buffers),
+            Ok(Transfer::NeedData(len)) => self.request_data(slot, len),
+        }
+        Ok(())
+    }
+
+    /// Checks a command's data transfer and, on I/O queues, the command itself,
+    /// before any data moves.
+    fn prepare(&mut self, slot: SlotId) -> Result<Transfer, Status> {
+        let entry = &self.slots[usize::from(slot.0)];
+        let command = entry.command;
+        if command.psdt() == 0 || command.fuse() != 0 {
+            return Err(Status::INVALID_FIELD);
+        }
+        if command.sgl.length as usize > self.limits.slot_buffer_bytes() {
+            return Err(Status::SGL_LENGTH_INVALID);
+        }
+        let transfer = transfer_of(&command, entry.in_capsule_len)?;
+        if let State::Io(_, io) = &self.state {
+            if !command.is_fabrics() {
+                let subsystem = &self.target.config.subsystems[io.subsystem];
+                let plan = IoPlan::from_command(&command, subsystem, self.limits.transfer_bytes_max)?;
+                self.slots[usize::from(slot.0)].io_plan = Some(plan);
+            }
+        }
+        Ok(transfer)
+    }
+
+    /// Sends an R2T for the whole transfer: one outstanding R2T per command, within any MAXR2T.
+    fn request_data(&mut self, slot: SlotId, len: u32) {
+        let entry = &mut self.slots[usize::from(slot.0)];
+        entry.state = SlotState::AwaitingH2cData;
+        let r2t = DataHeader { cccid: entry.command.cid.0, ttag: slot.0, offset: 0, length: len };
+        let mut out = [0u8; 28];
+        let header_len = pdu::encode_r2t(self.header_digest, r2t, &mut out);
+        self.tx_pending.push_bytes(&out[..header_len]);
+    }
+
+    fn execute(&mut self, slot: SlotId, now: Timestamp, buffers: &mut impl SlotBuffers) {
+        let command = self.slots[usize::from(slot.0)].command;
+        match &mut self.state {
+            State::AwaitConnect => {
+                let outcome = self.connect(&command, buffers.buffer(slot), now);
+                self.finish(slot, outcome, buffers);
+            }
+            State::Admin(_, admin) => {
+                let outcome = admin::execute(admin, &self.target, &command, buffers.buffer(slot), now);
+                self.finish(slot, outcome, buffers);
+            }
+            State::Io(..) if command.is_fabrics() => {
+                let outcome = match command.fctype() {
+                    fctype::DISCONNECT => {
+                        self.complete(slot, Status::SUCCESS, 0, 0, buffers);
+                        self.end(Termination::Disconnected);
+                        return;
+                    }
+                    fctype::CONNECT => Outcome::Complete { status: Status::COMMAND_SEQUENCE_ERROR, result: 0, reply_len: 0 },
+                    _ => Outcome::Complete { status: Status::INVALID_OPCODE, result: 0, reply_len: 0 },
+                };
+                self.finish(slot, outcome, buffers);
+            }
+            State::Io(..) => self.start_io(slot, buffers),
+            State::AwaitIcReq | State::Closing => unreachable!("commands are only received on initialized queues"),
+        }
+    }
+
+    fn finish(&mut self, slot: SlotId, outcome: Outcome, buffers: &mut impl SlotBuffers) {
+        match outcome {
+            Outcome::Complete { status, result, reply_len } => self.complete(slot, status, result, reply_len, buffers),
+            Outcome::Parked => {
+                self.slots[usize::from(slot.0)].state = SlotState::Parked;
+                if let State::Admin(_, admin) = &mut self.state {
+                    admin.parked_events.push(slot);
+                }
+            }
+        }
+    }
+
+    fn start_io(&mut self, slot: SlotId, buffers: &mut impl SlotBuffers) {
+        let entry = &mut self.slots[usize::from(slot.0)];
+        let plan = entry.io_plan.expect("I/O commands are planned in prepare");
+        let State::Io(queue, io_queue) = &self.state else { unreachable!("start_io on an I/O queue") };
+        let write_cache = queue.controller.write_cache_enabled.load(Ordering::Relaxed);
+        let mut push = |nsid: Nsid, kind: IoKind| self.io_requests.push_back(IoRequest { slot, nsid, kind });
+        let pending = match plan {
+            IoPlan::Read { nsid, offset, len } => {
+                push(nsid, IoKind::Read { offset, len, buffer_offset: 0 });
+                1
+            }
+            IoPlan::Write { nsid, offset, len, fua } => {
+                push(nsid, IoKind::Write { offset, len, buffer_offset: 0, fua: fua || !write_cache });
+                1
+            }
+            IoPlan::Compare { nsid, offset, len } => {
+                push(nsid, IoKind::Read { offset, len, buffer_offset: len });
+                1
+            }
+            IoPlan::Flush { nsid } if nsid == Nsid::BROADCAST => {
+                let subsystem = &self.target.config.subsystems[io_queue.subsystem];
+                for ns in &subsystem.namespaces {
+                    push(ns.nsid, IoKind::Flush);
+                }
+                subsystem.namespaces.len()
+            }
+            IoPlan::Flush { nsid } => {
+                push(nsid, IoKind::Flush);
+                1
+            }
+            IoPlan::WriteZeroes { nsid, offset, len, deallocate } => {
+                push(nsid, IoKind::WriteZeroes { offset, len, deallocate });
+                1
+            }
+            IoPlan::DatasetManagement { nsid, ranges, deallocate } => {
+                if !deallocate {
+                    // Only attribute hints: nothing to do.
+                    0
+                } else {
+                    let subsystem = &self.target.config.subsystems[io_queue.subsystem];
+                    let ns = subsystem.namespace(nsid).expect("planned against this subsystem");
+                    let data = &buffers.buffer(slot)[..usize::from(ranges) * io::DSM_RANGE_LEN];
+                    if let Err(status) = io::dsm_ranges(data, ns, &mut self.dsm_ranges) {
+                        self.complete(slot, status, 0, 0, buffers);
+                        return;
+                    }
+                    for &(offset, len) in &self.dsm_ranges {
+                        self.io_requests.push_back(IoRequest { slot, nsid, kind: IoKind::Deallocate { offset, len } });
+                    }
+                    self.dsm_ranges.len()
+                }
+            }
+        };
+        if pending == 0 {
+            self.complete(slot, Status::SUCCESS, 0, 0, buffers);
+            return;
+        }
+        let entry = &mut self.slots[usize::from(slot.0)];
+        entry.state = SlotState::Executing;
+        entry.io_pending = pending as u16;
+    }
+
+    fn count_io(&self, plan: IoPlan, status: Status) {
+        let State::Io(queue, _) = &self.state else { return };
+        if !status.is_success() {
+            return;
+        }
+        let counters = &queue.controller.counters;
+        match plan {
+            IoPlan::Read { len, .. } => {
+                counters.read_commands.fetch_add(1, Ordering::Relaxed);
+                counters.read_bytes.fetch_add(u64::from(len), Ordering::Relaxed);
+            }
+            IoPlan::Write { len, .. } => {
+                counters.write_commands.fetch_add(1, Ordering::Relaxed);
+                counters.written_bytes.fetch_add(u64::from(len), Ordering::Relaxed);
+            }
+            _ => {}
+        }
+    }
+
+    /// Queues the completion (with C2HData first when there is data for the host).
+    fn complete(&mut self, slot: SlotId, status: Status, result: u64, reply_len: u32, buffers: &mut impl SlotBuffers) {
+        let (qid, sqhd, sq_flow_disabled) = match &self.state {
+            State::Admin(queue, _) | State::Io(queue, _) => (queue.qid, queue.sqhd, queue.sq_flow_disabled),
+            _ => (0, 0, false),
+        };
+        let entry = &self.slots[usize::from(slot.0)];
+        let cid = entry.command.cid;
+        let reply_len = reply_len.min(entry.command.sgl.length);
+        let sends_data = status.is_success() && reply_len > 0;
+        if sends_data {
+            // With SQ flow control disabled the C2HData SUCCESS flag replaces the
+            // CapsuleResp (NVMe/TCP 1.0, section 3.6.2.8).
+            let last_flags = flags::LAST_PDU | if sq_flow_disabled { flags::SUCCESS } else { 0 };
+            self.queue_c2h_data(slot, cid, reply_len, last_flags, buffers);
+            if sq_flow_disabled {
+                self.slots[usize::from(slot.0)].state = SlotState::Transmitting;
+                return;
+            }
+        }
+        let cqe = Completion { result, sqhd, sqid: qid, cid, status }.encode();
+        let mut out = [0u8; 28];
+        let len = pdu::encode_capsule_resp(self.header_digest, &cqe, &mut out);
+        self.tx_pending.push_bytes(&out[..len]);
+        if sends_data {
+            self.slots[usize::from(slot.0)].state = SlotState::Transmitting;
+        } else {
+            self.release(slot);
+        }
+    }
+
+    fn queue_c2h_data(&mut self, slot: SlotId, cid: Cid, len: u32, pdu_flags: u8, buffers: &mut impl SlotBuffers) {
+        let header = DataHeader { cccid: cid.0, ttag: 0, offset: 0, length: len };
+        let mut out = [0u8; MAX_HEADER_LEN];
+        let pdo = pdu::encode_data_pdu(PduType::C2hData, pdu_flags, self.header_digest, self.data_digest, self.c2h_pdo_alignment, header, &mut out);
+        self.tx_pending.push_bytes(&out[..pdo]);
+        self.tx_pending.segments.push(TxSegment::Slot(slot, 0..len as usize));
+        if self.data_digest {
+            let digest = crc32c(&buffers.buffer(slot)[..len as usize]);
+            self.tx_pending.push_bytes(&digest.to_le_bytes());
+        }
+    }
+
+    fn release(&mut self, slot: SlotId) {
+        let entry = &mut self.slots[usize::from(slot.0)];
+        debug_assert_ne!(entry.state, SlotState::Free, "slot released twice");
+        entry.state = SlotState::Free;
+        self.free_slots.push(slot.0);
+    }
+
+    // ----- Fabrics Connect -----
+
+    /// Fabrics Connect (NVMe-oF 1.1, section 3.3): creates an admin queue with
+    /// a new controller, or an I/O queue of an existing one.
+    fn connect(&mut self, command: &Command, buffer: &mut [u8], now: Timestamp) -> Outcome {
+        match self.try_connect(command, buffer, now) {
+            Ok(cntlid) => Outcome::Complete { status: Status::SUCCESS, result: u64::from(cntlid), reply_len: 0 },
+            Err((status, result)) => Outcome::Complete { status, result, reply_len: 0 },
+        }
+    }
+
+    fn try_connect(&mut self, command: &Command, buffer: &mut [u8], now: Timestamp) -> Result<u16, (Status, u64)> {
+        let connect = ConnectCommand::decode(command);
+        if connect.recfmt != 0 {
+            return Err((Status::CONNECT_INCOMPATIBLE_FORMAT, 0));
+        }
+        if command.sgl.length as usize != CONNECT_DATA_LEN {
+            return Err((Status::SGL_LENGTH_INVALID, 0));
+        }
+        let data = ConnectData::decode(&buffer[..CONNECT_DATA_LEN]).map_err(|_| (Status::INTERNAL_ERROR, 0))?;
+        let entries = u32::from(connect.sqsize) + 1;
+        if connect.sqsize == 0 || entries > u32::from(self.limits.queue_entries_max) {
+            return Err(invalid_sqe_field(44));
+        }
+        let sq_flow_disabled = connect.cattr & ConnectCommand::CATTR_DISABLE_SQ_FLOW != 0;
+        let (info, state_for) = if connect.qid == 0 {
+            self.connect_admin(&data, connect, now)?
+        } else {
+            self.connect_io(&data, connect)?
+        };
+        let cntlid = info.cntlid.0;
+        let queue = QueueInfo { qid: connect.qid, entries: entries as u16, sqhd: 1 % entries as u16, sq_flow_disabled, controller: info };
+        self.state = state_for(queue);
+        // The queue now has its negotiated number of command slots; slot 0 holds this Connect.
+        self.free_slots.clear();
+        self.free_slots.extend((1..entries as u16).rev());
+        Ok(cntlid)
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn connect_admin(&self, data: &ConnectData, connect: ConnectCommand, now: Timestamp) -> Result<(Arc<ControllerShared>, Box<dyn FnOnce(QueueInfo) -> State>), (Status, u64)> {
+        if data.cntlid != 0xFFFF {
+            // Dynamic controller model: the host must ask for any controller.
+            return Err(invalid_data_field(16));
+        }
+        let kind = if data.subnqn == DISCOVERY_NQN {
+            ControllerKind::Discovery
+        } else if self.target.config.subsystem(&data.subnqn).is_some() {
+            ControllerKind::Io
+        } else {
+            return Err(invalid_data_field(256));
+        };
+        let controller = self
+            .target
+            .registry
+            .create(&data.subnqn, &data.hostnqn, data.host_id)
+            .map_err(|_| (Status::CONNECT_CONTROLLER_BUSY, 0))?;
+        let admin = AdminQueue::new(Arc::clone(&controller), kind, connect.kato_ms, now);
+        Ok((controller, Box::new(move |queue| State::Admin(queue, Box::new(admin)))))
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn connect_io(&self, data: &ConnectData, connect: ConnectCommand) -> Result<(Arc<ControllerShared>, Box<dyn FnOnce(QueueInfo) -> State>), (Status, u64)> {
+        let subsystem = self.target.config.subsystems.iter().position(|s| s.nqn == data.subnqn).ok_or(invalid_data_field(256))?;
+        let controller = self.target.registry.find(&data.subnqn, data.cntlid, &data.hostnqn, data.host_id).map_err(|error| match error {
+            RegistryError::UnknownController | RegistryError::Exhausted => invalid_data_field(16),
+        })?;
+        if !controller.is_ready() {
+            return Err((Status::COMMAND_SEQUENCE_ERROR, 0));
+        }
+        if u32::from(connect.qid) > controller.io_queues_granted() {
+            return Err(invalid_sqe_field(42));
+        }
+        if !controller.claim_io_queue(connect.qid) {
+            return Err((Status::CONNECT_CONTROLLER_BUSY, 0));
+        }
+        let io = IoQueue { epoch: controller.epoch(), subsystem };
+        Ok((controller, Box::new(move |queue| State::Io(queue, io))))
+    }
+}
+
+/// Connect Invalid Parameters in the SQE at byte `offset` (IATTR 0).
+fn invalid_sqe_field(offset: u64) -> (Status, u64) {
+    (Status::CONNECT_INVALID_PARAMETERS, offset)
+}
+
+/// Connect Invalid Parameters in the Connect data at byte `offset` (IATTR 1).
+fn invalid_data_field(offset: u64) -> (Status, u64) {
+    (Status::CONNECT_INVALID_PARAMETERS, (1 << 16) | offset)
+}
+
+#[derive(Debug, Clone, Copy)]
+struct DataLayout {
+    padding: usize,
+    len: usize,
+    digest: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Transfer {
+    /// Everything the command needs is here.
+    Ready,
+    /// The command's data must be requested with an R2T.
+    NeedData(u32),
+}
+
+/// How a command's data arrives, from its direction and SGL (NVMe/TCP 1.0, section 3.3).
+fn transfer_of(command: &Command, in_capsule_len: u32) -> Result<Transfer, Status> {
+    let sgl = command.sgl;
+    match command.direction() {
+        DataDirection::HostToController => match sgl.kind {
+            SglKind::InCapsule if sgl.address != 0 => Err(Status::SGL_OFFSET_INVALID),
+            SglKind::InCapsule if sgl.length != in_capsule_len => Err(Status::SGL_LENGTH_INVALID),
+            SglKind::InCapsule => Ok(Transfer::Ready),
+            SglKind::Transport if in_capsule_len != 0 => Err(Status::SGL_LENGTH_INVALID),
+            SglKind::Transport if sgl.length == 0 => Ok(Transfer::Ready),
+            SglKind::Transport => Ok(Transfer::NeedData(sgl.length)),
+            SglKind::Unsupported(_) => Err(Status::SGL_TYPE_INVALID),
+        },
+        DataDirection::None | DataDirection::ControllerToHost => {
+            if in_capsule_len != 0 {
+                Err(Status::INVALID_FIELD)
+            } else if sgl.length > 0 && sgl.kind != SglKind::Transport {
+                Err(Status::SGL_TYPE_INVALID)
+            } else {
+                Ok(Transfer::Ready)
+            }
+        }
+        DataDirection::Bidirectional => Err(Status::INVALID_OPCODE),
+    }
+}
+
+impl Rx {
+    fn new() -> Rx {
+        Rx { header: [0; MAX_HEADER_LEN + DIGEST_LEN], have: 0, need: COMMON_HEADER_LEN, digest: [0; DIGEST_LEN], digest_have: 0, phase: RxPhase::Header }
+    }
+
+    fn reset(&mut self) {
+        self.have = 0;
+        self.need = COMMON_HEADER_LEN;
+    }
+}

@@ -1,0 +1,368 @@
+//! Identify data structures and log pages (NVMe Base 2.0 sections 5.17 and
+//! 5.16, NVMe-oF 1.1 section 5 for the discovery log). Each encoder fills a
+//! zeroed output buffer and returns the structure's length; what to put in the
+//! fields comes from the target configuration and the controller's state.
+
+use crate::target::{AddressFamily, ListenerConfig, NamespaceConfig, SubsystemConfig, DISCOVERY_NQN};
+use crate::types::{Cntlid, Nsid};
+use crate::wire::Writer;
+
+/// Size of every Identify data structure.
+pub const IDENTIFY_LEN: usize = 4096;
+
+/// Identify CNS values weft answers.
+pub mod cns {
+    /// Identify Namespace.
+    pub const NAMESPACE: u8 = 0x00;
+    /// Identify Controller.
+    pub const CONTROLLER: u8 = 0x01;
+    /// Active Namespace ID list.
+    pub const ACTIVE_NAMESPACES: u8 = 0x02;
+    /// Namespace Identification Descriptor list.
+    pub const NS_DESCRIPTORS: u8 = 0x03;
+    /// I/O Command Set specific Identify Namespace.
+    pub const CS_NAMESPACE: u8 = 0x05;
+    /// I/O Command Set specific Identify Controller.
+    pub const CS_CONTROLLER: u8 = 0x06;
+    /// Active Namespace ID list of an I/O command set.
+    pub const CS_ACTIVE_NAMESPACES: u8 = 0x07;
+    /// I/O Command Set Independent Identify Namespace.
+    pub const CS_INDEPENDENT_NAMESPACE: u8 = 0x08;
+    /// I/O Command Set data structure (supported combinations).
+    pub const COMMAND_SETS: u8 = 0x1C;
+}
+
+/// Log page identifiers weft answers.
+pub mod log_id {
+    /// Error Information.
+    pub const ERROR: u8 = 0x01;
+    /// SMART / Health Information.
+    pub const SMART: u8 = 0x02;
+    /// Firmware Slot Information.
+    pub const FIRMWARE_SLOT: u8 = 0x03;
+    /// Changed Namespace List.
+    pub const CHANGED_NAMESPACES: u8 = 0x04;
+    /// Discovery.
+    pub const DISCOVERY: u8 = 0x70;
+}
+
+/// Kind of controller (CNTRLTYPE).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ControllerKind {
+    /// An I/O controller of an NVM subsystem.
+    Io,
+    /// A discovery controller.
+    Discovery,
+}
+
+/// What Identify Controller reports.
+#[derive(Debug, Clone, Copy)]
+pub struct ControllerIdentity<'a> {
+    /// Kind.
+    pub kind: ControllerKind,
+    /// Controller ID.
+    pub cntlid: Cntlid,
+    /// Subsystem NQN.
+    pub subnqn: &'a str,
+    /// Serial number.
+    pub serial: &'a str,
+    /// Model number.
+    pub model: &'a str,
+    /// Firmware revision.
+    pub firmware: &'a str,
+    /// Highest NSID (NN).
+    pub max_nsid: u32,
+    /// MDTS as a power of two of 4 KiB pages.
+    pub mdts: u8,
+    /// Maximum outstanding commands per queue.
+    pub max_commands: u16,
+    /// In-capsule data on I/O queues, bytes.
+    pub io_in_capsule_bytes: u32,
+    /// AERL + 1.
+    pub async_events_max: u8,
+}
+
+/// NVMe version reported in VS and Identify Controller VER: 1.3.0, as Linux nvmet.
+pub const NVME_VERSION: u32 = 0x0001_0300;
+/// Keep Alive granularity in 100 ms units (KAS).
+pub const KEEP_ALIVE_GRANULARITY_100MS: u16 = 10;
+
+/// Identify Controller (NVMe Base 2.0, Figure 275; Fabrics fields NVMe-oF 1.1, Figure 36).
+pub fn controller(id: &ControllerIdentity<'_>, out: &mut [u8]) -> usize {
+    let mut w = Writer::new(out);
+    w.ascii(4, 20, id.serial, b' ')
+        .ascii(24, 40, id.model, b' ')
+        .ascii(64, 8, id.firmware, b' ')
+        .u8(72, 6) // RAB: recommended arbitration burst, as nvmet
+        .u8(77, id.mdts)
+        .u16(78, id.cntlid.0)
+        .u32(80, NVME_VERSION)
+        .u8(111, if id.kind == ControllerKind::Discovery { 2 } else { 1 })
+        .u8(258, 3) // ACL: 4 concurrent Aborts (0's based)
+        .u8(259, id.async_events_max - 1) // AERL (0's based)
+        .u8(260, 0x3) // FRMW: slot 1 read-only, one slot
+        .u8(261, 0x4) // LPA: extended data for Get Log Page (offsets, NUMDU)
+        .u8(262, 0) // ELPE: one error log entry (0's based)
+        .u16(320, KEEP_ALIVE_GRANULARITY_100MS) // KAS
+        .u16(514, id.max_commands)
+        .ascii(768, 256, id.subnqn, 0);
+    if id.kind == ControllerKind::Io {
+        // OAES bit 8: Namespace Attribute Notices.
+        w.u32(92, 1 << 8)
+            .u8(512, 0x66) // SQES: 64-byte entries
+            .u8(513, 0x44) // CQES: 16-byte entries
+            .u32(516, id.max_nsid) // NN
+            // ONCS: Compare, Dataset Management, Write Zeroes.
+            .u16(520, (1 << 0) | (1 << 2) | (1 << 3))
+            // VWC: present; bits 2:1 = 11b, Flush with NSID FFFFFFFFh is supported.
+            .u8(525, 0x7)
+            .u32(540, id.max_nsid); // MNAN
+    }
+    // SGLS: SGLs supported (dword aligned granularity not required), bit 20:
+    // the address field of an in-capsule data block is an offset.
+    w.u32(536, (1 << 0) | (1 << 20));
+    // Fabrics: IOCCSZ and IORCSZ in 16-byte units; ICDOFF 0; FCATT 0 = dynamic model; MSDBD 1.
+    w.u32(1792, (64 + id.io_in_capsule_bytes) / 16).u32(1796, 1).u16(1800, 0).u8(1802, 0).u8(1803, 1);
+    // OFCS bit 0: Disconnect command supported.
+    w.u16(1804, 1);
+    // Power state 0: 25 W max power (MP in 0.01 W), as a placeholder the host only displays.
+    w.u16(2048, 2500);
+    IDENTIFY_LEN
+}
+
+/// Identify Namespace, NVM command set (NVMe NVM Command Set 1.0, Figure 97).
+pub fn namespace(ns: &NamespaceConfig, out: &mut [u8]) -> usize {
+    let mut w = Writer::new(out);
+    w.u64(0, ns.blocks) // NSZE
+        .u64(8, ns.blocks) // NCAP
+        .u64(16, ns.blocks) // NUSE: thin accounting comes with the volume manager
+        // NSFEAT: bit 0 thin provisioning, bit 3 NGUID/EUI64 never reused.
+        .u8(24, (ns.thin as u8) | (1 << 3))
+        .u8(25, 0) // NLBAF: one format (0's based)
+        .u8(26, 0) // FLBAS: format 0
+        // DLFEAT: deallocated blocks read as zeroes (001b), Write Zeroes may deallocate (bit 3).
+        .u8(33, 0x1 | (1 << 3))
+        .bytes(104, &ns.nguid)
+        .bytes(120, &ns.eui64)
+        .u32(128, ns.block_shift() << 16); // LBAF0: MS 0, LBADS, RP 0
+    IDENTIFY_LEN
+}
+
+/// Active namespace ID list: NSIDs greater than `after`, ascending (CNS 02h / 07h).
+pub fn active_namespaces(subsystem: &SubsystemConfig, after: Nsid, out: &mut [u8]) -> usize {
+    let mut w = Writer::new(out);
+    let listed = subsystem.namespaces.iter().filter(|ns| ns.nsid > after).take(IDENTIFY_LEN / 4);
+    for (index, ns) in listed.enumerate() {
+        w.u32(index * 4, ns.nsid.0);
+    }
+    IDENTIFY_LEN
+}
+
+/// Namespace Identification Descriptor list (NVMe Base 2.0, Figure 280): EUI64, NGUID, UUID, CSI.
+pub fn namespace_descriptors(ns: &NamespaceConfig, out: &mut [u8]) -> usize {
+    let mut w = Writer::new(out);
+    let mut offset = 0;
+    let descriptors: [(u8, &[u8]); 4] = [(0x1, &ns.eui64), (0x2, &ns.nguid), (0x3, &ns.uuid), (0x4, &[0])];
+    for (kind, id) in descriptors {
+        w.u8(offset, kind).u8(offset + 1, id.len() as u8).bytes(offset + 4, id);
+        offset += 4 + id.len();
+    }
+    IDENTIFY_LEN
+}
+
+/// I/O Command Set Independent Identify Namespace (NVMe Base 2.0, Figure 281).
+pub fn cs_independent_namespace(ns: &NamespaceConfig, out: &mut [u8]) -> usize {
+    // NSFEAT mirrors the NVM structure; NMIC 0; ANAGRPID 0; NSTAT bit 0: ready.
+    Writer::new(out).u8(0, ns.thin as u8 | (1 << 3)).u8(20, ns.ready as u8);
+    IDENTIFY_LEN
+}
+
+/// I/O Command Set data structure (CNS 1Ch): one combination, the NVM command set.
+pub fn command_sets(out: &mut [u8]) -> usize {
+    Writer::new(out).u64(0, 1);
+    IDENTIFY_LEN
+}
+
+/// Length of a SMART / Health log page.
+pub const SMART_LEN: usize = 512;
+
+/// What the health log reports.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Health {
+    /// Bytes read by the host.
+    pub read_bytes: u64,
+    /// Bytes written by the host.
+    pub written_bytes: u64,
+    /// Read commands.
+    pub read_commands: u64,
+    /// Write commands.
+    pub write_commands: u64,
+}
+
+/// SMART / Health Information (NVMe Base 2.0, Figure 207).
+pub fn smart(health: &Health, out: &mut [u8]) -> usize {
+    // Data units are thousands of 512-byte units, rounded up.
+    let units = |bytes: u64| (bytes / 512).div_ceil(1000) as u128;
+    let mut w = Writer::new(out);
+    w.u16(1, 0) // composite temperature unknown (0 K); a virtual device has none
+        .u8(3, 100) // available spare
+        .u8(4, 10) // available spare threshold
+        .bytes(32, &units(health.read_bytes).to_le_bytes())
+        .bytes(48, &units(health.written_bytes).to_le_bytes())
+        .bytes(64, &(health.read_commands as u128).to_le_bytes())
+        .bytes(80, &(health.write_commands as u128).to_le_bytes());
+    SMART_LEN
+}
+
+/// Firmware Slot Information (NVMe Base 2.0, Figure 209): slot 1 active.
+pub fn firmware_slot(firmware: &str, out: &mut [u8]) -> usize {
+    Writer::new(out).u8(0, 1).ascii(8, 8, firmware, b' ');
+    512
+}
+
+/// Length of one Error Information log entry.
+pub const ERROR_ENTRY_LEN: usize = 64;
+
+/// Changed Namespace List (NVMe Base 2.0, Figure 211): up to 1024 NSIDs.
+pub fn changed_namespaces(nsids: &[Nsid], out: &mut [u8]) -> usize {
+    let mut w = Writer::new(out);
+    if nsids.len() > 1024 {
+        // More changes than fit: the spec's overflow marker.
+        w.u32(0, 0xFFFF_FFFF);
+    } else {
+        for (index, nsid) in nsids.iter().enumerate() {
+            w.u32(index * 4, nsid.0);
+        }
+    }
+    4096
+}
+
+/// Discovery log header length and entry length (NVMe-oF 1.1, Figures 38 and 39).
+pub const DISCOVERY_HEADER_LEN: usize = 1024;
+/// Length of one discovery log entry.
+pub const DISCOVERY_ENTRY_LEN: usize = 1024;
+
+/// One discovery log record: a subsystem reachable through a listener.
+#[derive(Debug, Clone, Copy)]
+pub struct DiscoveryRecord<'a> {
+    /// Subsystem NQN.
+    pub subnqn: &'a str,
+    /// Whether the record names a discovery subsystem (the current one) or an NVM subsystem.
+    pub is_discovery: bool,
+    /// The listener.
+    pub listener: &'a ListenerConfig,
+}
+
+/// All records of the discovery log: every NVM subsystem on every listener,
+/// then the discovery subsystem itself on every listener (as nvmet reports it,
+/// so that `nvme discover` shows the current discovery controller too).
+pub fn discovery_records<'a>(subsystems: &'a [SubsystemConfig], listeners: &'a [ListenerConfig]) -> impl Iterator<Item = DiscoveryRecord<'a>> + Clone {
+    let nvm = subsystems
+        .iter()
+        .flat_map(move |s| listeners.iter().map(move |l| DiscoveryRecord { subnqn: &s.nqn, is_discovery: false, listener: l }));
+    let discovery = listeners.iter().map(|l| DiscoveryRecord { subnqn: DISCOVERY_NQN, is_discovery: true, listener: l });
+    nvm.chain(discovery)
+}
+
+/// Writes the discovery log page header.
+pub fn discovery_header(generation: u64, records: u64, out: &mut [u8]) {
+    Writer::new(out).u64(0, generation).u64(8, records).u16(16, 0);
+}
+
+/// Writes one discovery log entry.
+pub fn discovery_entry(record: &DiscoveryRecord<'_>, out: &mut [u8]) {
+    let adrfam = match record.listener.family {
+        AddressFamily::Ipv4 => 1,
+        AddressFamily::Ipv6 => 2,
+    };
+    // SUBTYPE 3: current discovery subsystem; 2: NVM subsystem.
+    let subtype = if record.is_discovery { 3 } else { 2 };
+    Writer::new(out)
+        .u8(0, 3) // TRTYPE: TCP
+        .u8(1, adrfam)
+        .u8(2, subtype)
+        .u8(3, 0x2) // TREQ: secure channel not required
+        .u16(4, record.listener.port_id)
+        .u16(6, 0xFFFF) // CNTLID: dynamic controller model
+        .u16(8, 32) // ASQSZ: admin queue entries the host should use
+        .ascii(32, 32, &record.listener.service, 0)
+        .ascii(256, 256, record.subnqn, 0)
+        .ascii(512, 256, &record.listener.address, 0)
+        .u8(768, 0); // TSAS: SECTYPE none
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::ascii_field;
+
+    fn ns() -> NamespaceConfig {
+        NamespaceConfig {
+            nsid: Nsid(1),
+            blocks: 1 << 20,
+            block_size: 4096,
+            nguid: [0x11; 16],
+            uuid: [0x22; 16],
+            eui64: [0x33; 8],
+            thin: true,
+            ready: true,
+        }
+    }
+
+    #[test]
+    fn identify_namespace_fields() {
+        let mut out = vec![0u8; IDENTIFY_LEN];
+        namespace(&ns(), &mut out);
+        assert_eq!(u64::from_le_bytes(out[0..8].try_into().unwrap()), 1 << 20);
+        assert_eq!(out[24], 0x9);
+        assert_eq!(&out[104..120], &[0x11; 16]);
+        assert_eq!(out[130], 12, "LBADS of a 4 KiB block");
+    }
+
+    #[test]
+    fn descriptors_are_packed() {
+        let mut out = vec![0u8; IDENTIFY_LEN];
+        namespace_descriptors(&ns(), &mut out);
+        assert_eq!(&out[0..4], &[1, 8, 0, 0]);
+        assert_eq!(&out[12..16], &[2, 16, 0, 0]);
+        assert_eq!(&out[32..36], &[3, 16, 0, 0]);
+        assert_eq!(&out[52..57], &[4, 1, 0, 0, 0]);
+        assert_eq!(out[57], 0, "list ends with a zero descriptor");
+    }
+
+    #[test]
+    fn identify_controller_fields() {
+        let mut out = vec![0u8; IDENTIFY_LEN];
+        let id = ControllerIdentity {
+            kind: ControllerKind::Io,
+            cntlid: Cntlid(7),
+            subnqn: "nqn.2026-11.io.weft:default",
+            serial: "0123456789abcdef0123",
+            model: "weft",
+            firmware: "0.1.0",
+            max_nsid: 2,
+            mdts: 5,
+            max_commands: 128,
+            io_in_capsule_bytes: 16384,
+            async_events_max: 4,
+        };
+        controller(&id, &mut out);
+        assert_eq!(ascii_field(&out[4..24]), "0123456789abcdef0123");
+        assert_eq!(ascii_field(&out[24..64]), "weft");
+        assert_eq!(out[77], 5);
+        assert_eq!(u16::from_le_bytes([out[78], out[79]]), 7);
+        assert_eq!(ascii_field(&out[768..1024]), "nqn.2026-11.io.weft:default");
+        assert_eq!(u32::from_le_bytes(out[1792..1796].try_into().unwrap()), 1028);
+    }
+
+    #[test]
+    fn discovery_entry_layout() {
+        let listener = ListenerConfig { port_id: 1, family: AddressFamily::Ipv4, address: "10.0.2.2".into(), service: "4420".into() };
+        let mut out = vec![0u8; DISCOVERY_ENTRY_LEN];
+        discovery_entry(&DiscoveryRecord { subnqn: "nqn.x:y", is_discovery: false, listener: &listener }, &mut out);
+        assert_eq!(&out[0..4], &[3, 1, 2, 2]);
+        assert_eq!(ascii_field(&out[32..64]), "4420");
+        assert_eq!(ascii_field(&out[256..512]), "nqn.x:y");
+        assert_eq!(ascii_field(&out[512..768]), "10.0.2.2");
+    }
+}

@@ -1,0 +1,270 @@
+//! NVM command set I/O commands: validation of a command against its
+//! namespace (before any data moves), the block I/O requests the data plane
+//! executes, and the status an I/O failure maps to.
+
+use crate::command::{io_opcode, Command};
+use crate::status::Status;
+use crate::target::{NamespaceConfig, SubsystemConfig};
+use crate::types::{Nsid, SlotId};
+
+/// A block I/O request for the data plane. Offsets and lengths are bytes on
+/// the namespace; `buffer_offset` is where in the slot's data buffer the data
+/// lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IoRequest {
+    /// Slot whose buffer holds the data and that completes when the request does.
+    pub slot: SlotId,
+    /// Namespace.
+    pub nsid: Nsid,
+    /// What to do.
+    pub kind: IoKind,
+}
+
+/// Kinds of block I/O.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IoKind {
+    /// Read `len` bytes at `offset` into the slot buffer at `buffer_offset`.
+    Read {
+        /// Byte offset on the namespace.
+        offset: u64,
+        /// Length in bytes.
+        len: u32,
+        /// Offset in the slot buffer.
+        buffer_offset: u32,
+    },
+    /// Write `len` bytes from the slot buffer.
+    Write {
+        /// Byte offset on the namespace.
+        offset: u64,
+        /// Length in bytes.
+        len: u32,
+        /// Offset in the slot buffer.
+        buffer_offset: u32,
+        /// Force unit access: on stable media before completion.
+        fua: bool,
+    },
+    /// Make every completed write durable.
+    Flush,
+    /// Zero a byte range; `deallocate` lets a thin backend free it instead.
+    WriteZeroes {
+        /// Byte offset on the namespace.
+        offset: u64,
+        /// Length in bytes.
+        len: u64,
+        /// The host allows deallocation (DEAC).
+        deallocate: bool,
+    },
+    /// Deallocate (discard/punch) a byte range; it reads back as zeroes.
+    Deallocate {
+        /// Byte offset on the namespace.
+        offset: u64,
+        /// Length in bytes.
+        len: u64,
+    },
+}
+
+/// How a block I/O failed, as the data plane classifies it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IoError {
+    /// Out of space on the backing store (ENOSPC, EDQUOT).
+    NoSpace,
+    /// The media failed (EIO).
+    Media,
+    /// Anything else.
+    Other,
+}
+
+/// A validated I/O command: what to do once its data (if any) is in the slot buffer.
+/// Fields are byte offsets and lengths on the namespace, as in [`IoKind`].
+#[allow(missing_docs)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IoPlan {
+    /// Read: data flows to the host after completion.
+    Read { nsid: Nsid, offset: u64, len: u32 },
+    /// Write from the slot buffer.
+    Write { nsid: Nsid, offset: u64, len: u32, fua: bool },
+    /// Compare host data (slot buffer front) with media (read into the slot buffer after it).
+    Compare { nsid: Nsid, offset: u64, len: u32 },
+    /// Flush one namespace or all.
+    Flush { nsid: Nsid },
+    /// Write Zeroes.
+    WriteZeroes { nsid: Nsid, offset: u64, len: u64, deallocate: bool },
+    /// Dataset Management with `ranges` 16-byte range descriptors in the slot buffer.
+    DatasetManagement { nsid: Nsid, ranges: u16, deallocate: bool },
+}
+
+impl IoPlan {
+    /// Validates an I/O command against the subsystem (NVM Command Set 1.0, section 3).
+    /// `transfer_bytes_max` is the slot buffer size.
+    pub fn from_command(command: &Command, subsystem: &SubsystemConfig, transfer_bytes_max: u32) -> Result<IoPlan, Status> {
+        if command.opcode == io_opcode::FLUSH && command.nsid == Nsid::BROADCAST {
+            return Ok(IoPlan::Flush { nsid: Nsid::BROADCAST });
+        }
+        let known = matches!(
+            command.opcode,
+            io_opcode::FLUSH
+                | io_opcode::WRITE
+                | io_opcode::READ
+                | io_opcode::COMPARE
+                | io_opcode::WRITE_ZEROES
+                | io_opcode::DATASET_MANAGEMENT
+        );
+        if !known {
+            return Err(Status::INVALID_OPCODE);
+        }
+        let ns = subsystem.namespace(command.nsid).ok_or(Status::INVALID_NAMESPACE)?;
+        if !ns.ready {
+            return Err(Status::NAMESPACE_NOT_READY);
+        }
+        match command.opcode {
+            io_opcode::FLUSH => Ok(IoPlan::Flush { nsid: ns.nsid }),
+            io_opcode::DATASET_MANAGEMENT => dataset_management(command, ns),
+            io_opcode::WRITE_ZEROES => {
+                let (offset, len) = lba_range(command, ns)?;
+                let deallocate = command.cdw(12) & (1 << 25) != 0;
+                Ok(IoPlan::WriteZeroes { nsid: ns.nsid, offset, len, deallocate })
+            }
+            opcode => data_command(opcode, command, ns, transfer_bytes_max),
+        }
+    }
+}
+
+fn data_command(opcode: u8, command: &Command, ns: &NamespaceConfig, transfer_bytes_max: u32) -> Result<IoPlan, Status> {
+    let (offset, len) = lba_range(command, ns)?;
+    // A Compare holds host data and media data side by side in one slot buffer.
+    let limit = if opcode == io_opcode::COMPARE { transfer_bytes_max / 2 } else { transfer_bytes_max };
+    if len > u64::from(limit) {
+        return Err(Status::INVALID_FIELD);
+    }
+    let len = len as u32;
+    if command.sgl.length != len {
+        return Err(Status::SGL_LENGTH_INVALID);
+    }
+    let fua = command.cdw(12) & (1 << 30) != 0;
+    Ok(match opcode {
+        io_opcode::READ => IoPlan::Read { nsid: ns.nsid, offset, len },
+        io_opcode::WRITE => IoPlan::Write { nsid: ns.nsid, offset, len, fua },
+        _ => IoPlan::Compare { nsid: ns.nsid, offset, len },
+    })
+}
+
+/// SLBA (CDW10-11) and NLB (CDW12 15:0, 0's based) as a byte range, checked against the capacity.
+fn lba_range(command: &Command, ns: &NamespaceConfig) -> Result<(u64, u64), Status> {
+    let slba = u64::from(command.cdw(10)) | (u64::from(command.cdw(11)) << 32);
+    let blocks = u64::from(command.cdw(12) & 0xFFFF) + 1;
+    block_range(ns, slba, blocks)
+}
+
+fn block_range(ns: &NamespaceConfig, slba: u64, blocks: u64) -> Result<(u64, u64), Status> {
+    match slba.checked_add(blocks) {
+        Some(end) if end <= ns.blocks => Ok((slba << ns.block_shift(), blocks << ns.block_shift())),
+        _ => Err(Status::LBA_OUT_OF_RANGE),
+    }
+}
+
+fn dataset_management(command: &Command, ns: &NamespaceConfig) -> Result<IoPlan, Status> {
+    let ranges = (command.cdw(10) & 0xFF) as u16 + 1;
+    if command.sgl.length != u32::from(ranges) * DSM_RANGE_LEN as u32 {
+        return Err(Status::SGL_LENGTH_INVALID);
+    }
+    let deallocate = command.cdw(11) & (1 << 2) != 0;
+    Ok(IoPlan::DatasetManagement { nsid: ns.nsid, ranges, deallocate })
+}
+
+/// Length of one Dataset Management range descriptor.
+pub const DSM_RANGE_LEN: usize = 16;
+
+/// Decodes the byte ranges of a Dataset Management command from its data,
+/// checking each against the namespace. Zero-length ranges are skipped.
+pub fn dsm_ranges(data: &[u8], ns: &NamespaceConfig, out: &mut Vec<(u64, u64)>) -> Result<(), Status> {
+    out.clear();
+    for descriptor in data.chunks_exact(DSM_RANGE_LEN) {
+        let blocks = u64::from(u32::from_le_bytes([descriptor[4], descriptor[5], descriptor[6], descriptor[7]]));
+        let mut slba_bytes = [0u8; 8];
+        slba_bytes.copy_from_slice(&descriptor[8..16]);
+        let slba = u64::from_le_bytes(slba_bytes);
+        if blocks == 0 {
+            continue;
+        }
+        out.push(block_range(ns, slba, blocks)?);
+    }
+    Ok(())
+}
+
+/// The status an I/O failure completes with.
+pub fn status_of(error: IoError, is_read: bool) -> Status {
+    match error {
+        IoError::NoSpace => Status::CAPACITY_EXCEEDED,
+        IoError::Media if is_read => Status::UNRECOVERED_READ_ERROR,
+        IoError::Media => Status::WRITE_FAULT,
+        IoError::Other => Status::INTERNAL_ERROR,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::hex;
+
+    fn subsystem() -> SubsystemConfig {
+        SubsystemConfig {
+            nqn: "nqn.test:s".into(),
+            serial: "s".into(),
+            model: "m".into(),
+            firmware: "f".into(),
+            namespaces: vec![NamespaceConfig {
+                nsid: Nsid(1),
+                blocks: 100,
+                block_size: 512,
+                nguid: [0; 16],
+                uuid: [0; 16],
+                eui64: [0; 8],
+                thin: true,
+                ready: true,
+            }],
+        }
+    }
+
+    fn command(opcode: u8, nsid: u32, sgl_len: u32, cdw10: u32, cdw12: u32) -> Command {
+        let mut sqe = vec![0u8; 64];
+        sqe[0] = opcode;
+        sqe[1] = 0x40;
+        sqe[4..8].copy_from_slice(&nsid.to_le_bytes());
+        sqe[32..36].copy_from_slice(&sgl_len.to_le_bytes());
+        sqe[39] = 0x5a;
+        sqe[40..44].copy_from_slice(&cdw10.to_le_bytes());
+        sqe[48..52].copy_from_slice(&cdw12.to_le_bytes());
+        Command::decode(&sqe).unwrap()
+    }
+
+    #[test]
+    fn read_within_range() {
+        let plan = IoPlan::from_command(&command(io_opcode::READ, 1, 1024, 98, 1), &subsystem(), 65536);
+        assert_eq!(plan, Ok(IoPlan::Read { nsid: Nsid(1), offset: 98 * 512, len: 1024 }));
+    }
+
+    #[test]
+    fn errors_have_the_spec_status() {
+        let s = subsystem();
+        assert_eq!(IoPlan::from_command(&command(io_opcode::READ, 1, 1536, 98, 2), &s, 65536), Err(Status::LBA_OUT_OF_RANGE));
+        assert_eq!(IoPlan::from_command(&command(io_opcode::READ, 2, 512, 0, 0), &s, 65536), Err(Status::INVALID_NAMESPACE));
+        assert_eq!(IoPlan::from_command(&command(0x7e, 1, 0, 0, 0), &s, 65536), Err(Status::INVALID_OPCODE));
+        assert_eq!(IoPlan::from_command(&command(io_opcode::WRITE, 1, 512, 0, 1), &s, 65536), Err(Status::SGL_LENGTH_INVALID));
+        assert_eq!(IoPlan::from_command(&command(io_opcode::READ, 1, 8192, 0, 15), &s, 4096), Err(Status::INVALID_FIELD));
+        // SLBA near u64::MAX must not overflow.
+        let mut huge = command(io_opcode::READ, 1, 512, u32::MAX, 0);
+        huge.cdw[1] = u32::MAX;
+        assert_eq!(IoPlan::from_command(&huge, &s, 65536), Err(Status::LBA_OUT_OF_RANGE));
+    }
+
+    #[test]
+    fn dsm_ranges_decode() {
+        let s = subsystem();
+        let data = hex("00000000 08000000 0a00000000000000  00000000 00000000 0000000000000000");
+        let mut out = Vec::new();
+        dsm_ranges(&data, &s.namespaces[0], &mut out).unwrap();
+        assert_eq!(out, vec![(10 * 512, 8 * 512)]);
+        let beyond = hex("00000000 08000000 6000000000000000");
+        assert_eq!(dsm_ranges(&beyond, &s.namespaces[0], &mut out), Err(Status::LBA_OUT_OF_RANGE));
+    }
+}

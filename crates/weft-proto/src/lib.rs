@@ -1,0 +1,25 @@
+//! weft-proto: the sans-IO NVMe/TCP target core.
+//!
+//! PDU and command codecs, Identify and log page structures, and the
+//! connection/controller state machines. No sockets, clocks, threads or
+//! files: the data plane feeds bytes and time in and executes the block I/O
+//! and transmissions that come out (see [`connection`] for the driving
+//! order). Everything here is deterministic and runs in memory in tests.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod admin;
+pub mod command;
+pub mod connection;
+pub mod digest;
+pub mod identify;
+pub mod io;
+pub mod pdu;
+pub mod status;
+pub mod target;
+pub mod types;
+pub mod wire;
+
+pub use connection::{Connection, SlotBuffers, Termination, Transmit, TxSegment};
+pub use io::{IoError, IoKind, IoRequest};
+pub use target::{Limits, Target, TargetConfig};

@@ -1,0 +1,383 @@
+//! What the protocol core knows about the target it speaks for: the exported
+//! subsystems, namespaces and listeners (an immutable snapshot handed in by
+//! the data plane), the negotiated limits, and the registry of live
+//! controllers that admin and I/O queue connections share.
+//!
+//! The registry is the only state shared between connections. It is touched
+//! at Connect, at controller teardown and by Set Features, never per I/O.
+
+use crate::types::{Cntlid, Nsid};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// The well-known discovery subsystem NQN (NVMe Base 2.0, section 4.5).
+pub const DISCOVERY_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";
+
+/// Limits the target advertises and enforces. Every one is a promise on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest queue (entries) a host may create: CAP.MQES + 1.
+    pub queue_entries_max: u16,
+    /// Largest data transfer of one command, bytes (MDTS, with 4 KiB pages).
+    pub transfer_bytes_max: u32,
+    /// In-capsule data accepted on I/O queues, bytes (IOCCSZ = (64 + this) / 16).
+    pub io_in_capsule_bytes_max: u32,
+    /// In-capsule data accepted on the admin queue (8 KiB per NVMe/TCP 1.0, section 3.3.1).
+    pub admin_in_capsule_bytes_max: u32,
+    /// Largest H2CData payload (MAXH2CDATA).
+    pub h2c_data_bytes_max: u32,
+    /// Number of I/O queues a controller may create.
+    pub io_queues_max: u16,
+    /// Outstanding Asynchronous Event Requests per controller (AERL + 1).
+    pub async_events_max: u8,
+}
+
+impl Limits {
+    /// The defaults weft serves with.
+    pub const DEFAULT: Limits = Limits {
+        queue_entries_max: 128,
+        transfer_bytes_max: 128 * 1024,
+        io_in_capsule_bytes_max: 16 * 1024,
+        admin_in_capsule_bytes_max: 8 * 1024,
+        h2c_data_bytes_max: 128 * 1024,
+        io_queues_max: 64,
+        async_events_max: 4,
+    };
+
+    /// Size of every command slot's data buffer: the largest transfer, since a
+    /// Compare needs the host's data and the media's side by side in one
+    /// buffer of twice its length, Compare transfers are limited to half of it.
+    pub fn slot_buffer_bytes(&self) -> usize {
+        self.transfer_bytes_max as usize
+    }
+}
+
+/// One exported namespace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamespaceConfig {
+    /// Namespace ID within its subsystem.
+    pub nsid: Nsid,
+    /// Capacity in logical blocks.
+    pub blocks: u64,
+    /// Logical block size in bytes (512 or 4096).
+    pub block_size: u32,
+    /// Namespace globally unique identifier, stable across restarts.
+    pub nguid: [u8; 16],
+    /// Namespace UUID, stable across restarts.
+    pub uuid: [u8; 16],
+    /// IEEE EUI-64, stable across restarts.
+    pub eui64: [u8; 8],
+    /// Thin provisioned: deallocate frees space and unwritten blocks read as zeroes.
+    pub thin: bool,
+    /// Whether the backend is open and serving.
+    pub ready: bool,
+}
+
+impl NamespaceConfig {
+    /// log2 of the block size (LBADS).
+    pub fn block_shift(&self) -> u32 {
+        self.block_size.trailing_zeros()
+    }
+
+    /// Capacity in bytes.
+    pub fn size_bytes(&self) -> u64 {
+        self.blocks << self.block_shift()
+    }
+}
+
+/// One exported NVM subsystem.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubsystemConfig {
+    /// Subsystem NQN.
+    pub nqn: String,
+    /// Serial number (20 ASCII characters at most), stable across restarts.
+    pub serial: String,
+    /// Model number.
+    pub model: String,
+    /// Firmware revision (8 ASCII characters at most).
+    pub firmware: String,
+    /// Namespaces, sorted by NSID.
+    pub namespaces: Vec<NamespaceConfig>,
+}
+
+impl SubsystemConfig {
+    /// The namespace with `nsid`, if exported.
+    pub fn namespace(&self, nsid: Nsid) -> Option<&NamespaceConfig> {
+        self.namespaces.iter().find(|ns| ns.nsid == nsid)
+    }
+
+    /// Highest NSID (Identify Controller NN).
+    pub fn max_nsid(&self) -> u32 {
+        self.namespaces.iter().map(|ns| ns.nsid.0).max().unwrap_or(0)
+    }
+}
+
+/// Address family of a listener.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AddressFamily {
+    /// IPv4.
+    Ipv4,
+    /// IPv6.
+    Ipv6,
+}
+
+/// A TCP listener, as reported in the discovery log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenerConfig {
+    /// Port ID (PORTID in the discovery log).
+    pub port_id: u16,
+    /// Address family.
+    pub family: AddressFamily,
+    /// Transport address, e.g. "127.0.0.1".
+    pub address: String,
+    /// Transport service ID, e.g. "4420".
+    pub service: String,
+}
+
+/// The immutable description of everything the target exports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TargetConfig {
+    /// Exported NVM subsystems.
+    pub subsystems: Vec<SubsystemConfig>,
+    /// Listeners (discovery and I/O on the same ports).
+    pub listeners: Vec<ListenerConfig>,
+    /// Limits.
+    pub limits: Limits,
+    /// Serial number of the discovery controller.
+    pub discovery_serial: String,
+    /// Bumped whenever the set of exported subsystems changes (discovery GENCTR).
+    pub generation: u64,
+}
+
+impl TargetConfig {
+    /// The subsystem with `nqn`.
+    pub fn subsystem(&self, nqn: &str) -> Option<&SubsystemConfig> {
+        self.subsystems.iter().find(|s| s.nqn == nqn)
+    }
+}
+
+/// Per-controller counters for the SMART / health log.
+#[derive(Debug, Default)]
+pub struct ControllerCounters {
+    /// Host read commands completed.
+    pub read_commands: AtomicU64,
+    /// Host write commands completed.
+    pub write_commands: AtomicU64,
+    /// Bytes read.
+    pub read_bytes: AtomicU64,
+    /// Bytes written.
+    pub written_bytes: AtomicU64,
+}
+
+/// State of one controller that its admin and I/O queue connections share.
+#[derive(Debug)]
+pub struct ControllerShared {
+    /// Controller ID.
+    pub cntlid: Cntlid,
+    /// Subsystem NQN the controller belongs to.
+    pub subnqn: String,
+    /// Host NQN recorded at admin Connect.
+    pub hostnqn: String,
+    /// Host identifier recorded at admin Connect.
+    pub host_id: [u8; 16],
+    /// Cleared when the controller is torn down (keep-alive expiry, admin queue gone).
+    alive: AtomicBool,
+    /// CSTS.RDY: I/O queues may connect only while set.
+    ready: AtomicBool,
+    /// Bumped on controller reset or shutdown: I/O queues of an older epoch must close.
+    epoch: AtomicU32,
+    /// I/O queues granted by Set Features Number of Queues (count, not 0's based).
+    io_queues_granted: AtomicU32,
+    /// Bitmap of connected I/O queue IDs (1..=64).
+    io_queues_connected: AtomicU64,
+    /// Volatile write cache enabled (Set Features 06h); when off, every write is FUA.
+    pub write_cache_enabled: AtomicBool,
+    /// Health counters.
+    pub counters: ControllerCounters,
+}
+
+impl ControllerShared {
+    /// Whether the controller still exists.
+    pub fn is_alive(&self) -> bool {
+        self.alive.load(Ordering::Acquire)
+    }
+
+    /// Current reset epoch.
+    pub fn epoch(&self) -> u32 {
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    /// Marks the controller ready (CSTS.RDY) or not; leaving ready starts a new epoch.
+    pub fn set_ready(&self, ready: bool) {
+        let was = self.ready.swap(ready, Ordering::AcqRel);
+        if was && !ready {
+            self.epoch.fetch_add(1, Ordering::AcqRel);
+            self.io_queues_connected.store(0, Ordering::Release);
+        }
+    }
+
+    /// CSTS.RDY.
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+
+    /// I/O queues granted so far.
+    pub fn io_queues_granted(&self) -> u32 {
+        self.io_queues_granted.load(Ordering::Acquire)
+    }
+
+    /// Records the granted number of I/O queues.
+    pub fn grant_io_queues(&self, count: u32) {
+        self.io_queues_granted.store(count, Ordering::Release);
+    }
+
+    /// Claims I/O queue `qid`; false if it is already connected.
+    pub fn claim_io_queue(&self, qid: u16) -> bool {
+        debug_assert!((1..=64).contains(&qid));
+        let bit = 1u64 << (qid - 1);
+        self.io_queues_connected.fetch_or(bit, Ordering::AcqRel) & bit == 0
+    }
+
+    /// Releases I/O queue `qid` when its connection ends.
+    pub fn release_io_queue(&self, qid: u16, epoch: u32) {
+        if self.epoch() == epoch {
+            self.io_queues_connected.fetch_and(!(1u64 << (qid - 1)), Ordering::AcqRel);
+        }
+    }
+}
+
+/// Why a controller could not be created or found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RegistryError {
+    /// Every controller ID is in use.
+    Exhausted,
+    /// No live controller with that ID for that subsystem and host.
+    UnknownController,
+}
+
+/// Live controllers of the target, keyed by controller ID (unique across subsystems).
+#[derive(Debug, Default)]
+pub struct ControllerRegistry {
+    inner: Mutex<RegistryInner>,
+}
+
+#[derive(Debug, Default)]
+struct RegistryInner {
+    controllers: BTreeMap<u16, Arc<ControllerShared>>,
+    next_cntlid: u16,
+}
+
+impl ControllerRegistry {
+    /// Allocates a controller for an admin Connect (dynamic controller model).
+    pub fn create(&self, subnqn: &str, hostnqn: &str, host_id: [u8; 16]) -> Result<Arc<ControllerShared>, RegistryError> {
+        let mut inner = self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let cntlid = inner.free_cntlid().ok_or(RegistryError::Exhausted)?;
+        let controller = Arc::new(ControllerShared {
+            cntlid: Cntlid(cntlid),
+            subnqn: subnqn.to_string(),
+            hostnqn: hostnqn.to_string(),
+            host_id,
+            alive: AtomicBool::new(true),
+            ready: AtomicBool::new(false),
+            epoch: AtomicU32::new(0),
+            io_queues_granted: AtomicU32::new(0),
+            io_queues_connected: AtomicU64::new(0),
+            write_cache_enabled: AtomicBool::new(true),
+            counters: ControllerCounters::default(),
+        });
+        inner.controllers.insert(cntlid, Arc::clone(&controller));
+        Ok(controller)
+    }
+
+    /// Finds the controller an I/O queue Connect names. The host must be the one
+    /// that created it (NVMe-oF 1.1, section 3.3: same Host NQN and Host ID).
+    pub fn find(&self, subnqn: &str, cntlid: u16, hostnqn: &str, host_id: [u8; 16]) -> Result<Arc<ControllerShared>, RegistryError> {
+        let inner = self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        inner
+            .controllers
+            .get(&cntlid)
+            .filter(|c| c.is_alive() && c.subnqn == subnqn && c.hostnqn == hostnqn && c.host_id == host_id)
+            .cloned()
+            .ok_or(RegistryError::UnknownController)
+    }
+
+    /// Tears a controller down: its I/O queues notice and close.
+    pub fn remove(&self, cntlid: Cntlid) {
+        let mut inner = self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(controller) = inner.controllers.remove(&cntlid.0) {
+            controller.alive.store(false, Ordering::Release);
+            controller.set_ready(false);
+        }
+    }
+
+    /// Number of live controllers.
+    pub fn len(&self) -> usize {
+        self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).controllers.len()
+    }
+
+    /// Whether no controller is live.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl RegistryInner {
+    fn free_cntlid(&mut self) -> Option<u16> {
+        for _ in 0..Cntlid::MAX_DYNAMIC {
+            self.next_cntlid = if self.next_cntlid >= Cntlid::MAX_DYNAMIC { 1 } else { self.next_cntlid + 1 };
+            if !self.controllers.contains_key(&self.next_cntlid) {
+                return Some(self.next_cntlid);
+            }
+        }
+        None
+    }
+}
+
+/// The target as a connection sees it: the exported configuration and the controller registry.
+#[derive(Debug)]
+pub struct Target {
+    /// What is exported.
+    pub config: TargetConfig,
+    /// Live controllers.
+    pub registry: ControllerRegistry,
+}
+
+impl Target {
+    /// A target exporting `config`, with no controllers yet.
+    pub fn new(config: TargetConfig) -> Arc<Target> {
+        Arc::new(Target { config, registry: ControllerRegistry::default() })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn controller_ids_are_unique_and_reused_after_removal() {
+        let registry = ControllerRegistry::default();
+        let a = registry.create("nqn.s", "nqn.h", [1; 16]).unwrap();
+        let b = registry.create("nqn.s", "nqn.h", [1; 16]).unwrap();
+        assert_ne!(a.cntlid, b.cntlid);
+        assert!(registry.find("nqn.s", a.cntlid.0, "nqn.h", [1; 16]).is_ok());
+        assert_eq!(registry.find("nqn.s", a.cntlid.0, "nqn.other", [1; 16]).unwrap_err(), RegistryError::UnknownController);
+        registry.remove(a.cntlid);
+        assert!(!a.is_alive());
+        assert!(registry.find("nqn.s", a.cntlid.0, "nqn.h", [1; 16]).is_err());
+        assert_eq!(registry.len(), 1);
+    }
+
+    #[test]
+    fn io_queue_claims_are_exclusive_and_reset_clears_them() {
+        let registry = ControllerRegistry::default();
+        let c = registry.create("nqn.s", "nqn.h", [0; 16]).unwrap();
+        c.set_ready(true);
+        assert!(c.claim_io_queue(1));
+        assert!(!c.claim_io_queue(1));
+        let epoch = c.epoch();
+        c.set_ready(false);
+        assert_ne!(c.epoch(), epoch);
+        assert!(c.claim_io_queue(1));
+    }
+}

@@ -1,0 +1,34 @@
+//! Thin, safe, ownership-based wrapper over Linux `io_uring` for weft.
+//!
+//! What it does:
+//! - [`Ring`] queues a small, fixed set of operations ([`Op`]): socket `recv`/`sendmsg`,
+//!   file `pread`/`pwrite` (optionally `RWF_DSYNC`), `fsync`/`fdatasync`, `fallocate`,
+//!   eventfd reads and timeouts.
+//! - While the kernel may touch an operation's memory, the ring owns it: buffers
+//!   ([`IoBuf`], [`SendBatch`]) are moved into the ring on [`Ring::push`] and handed back in the
+//!   [`Completion`] from [`Ring::pop`]. Safe code therefore cannot free, move or alias memory the
+//!   kernel is using, so misuse is impossible from safe code.
+//! - In steady state it does not allocate per operation: in-flight state lives in a preallocated
+//!   slab whose entries are reused.
+//! - A few `libc` helpers the storage layer needs ([`memfd_create`], [`eventfd`], block device
+//!   ioctls, CPU pinning) live here so that this is the only weft crate containing `unsafe`.
+//!
+//! What it does not do: it knows nothing about NVMe or NVMe/TCP, owns no file descriptors of
+//! operations (callers keep their sockets and files open while ops are in flight), and offers no
+//! cancellation, linked ops, registered buffers/files or multishot operations.
+
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(missing_docs)]
+
+mod batch;
+mod buf;
+mod ring;
+mod sys;
+
+pub use batch::SendBatch;
+pub use buf::IoBuf;
+pub use ring::{Completion, Op, Returned, Ring};
+pub use sys::{
+    block_device_logical_block_size, block_device_size_bytes, eventfd, memfd_create,
+    pin_current_thread_to_cpu,
+};

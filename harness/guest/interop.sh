@@ -1,0 +1,536 @@
+#!/bin/bash
+# Kernel-interop test, guest side: the Linux NVMe/TCP host (nvme-tcp, nvme-cli 2.3,
+# fio, ext4) against a weft target, in steps:
+#   a discovery   b connect + identify   c fio write+verify   d header/data digests
+#   e ext4 persistence across reconnect   f restart (SIGTERM)   g malformed PDUs
+#   h data written with O_DIRECT+fsync survives kill -9
+# Each step prints "=== name", "  ok: ..." per passed check, "FAIL name: why" per failed
+# check and "PASS name" when all its checks passed; a summary follows. Exit code 1 if any
+# step failed. There is no `set -e` on purpose: later steps still run after a failure,
+# so one run shows every problem; a step stops early only where later checks depend on it.
+#
+# Normally started by the host side, harness/interop.sh, which runs weft on the host
+# (reached as $LAB_HOST_IP over slirp) and a supervisor that restarts it when this script
+# creates $LAB_SHARE/ctl/restart (SIGTERM) or $LAB_SHARE/ctl/kill9 (SIGKILL); the
+# supervisor answers in ctl/<request>.done ("ok ..." or "error: ...") and records
+# unexpected exits of weft in ctl/events.
+# Env: WEFT_PORT     target port (default 14420)
+#      WEFT_TARGET   weft (default) or nvmet: the guest kernel's nvmet-tcp target on
+#                    127.0.0.1, configured like weft's interop config, as a reference run
+#                    of the same checks (restart and kill -9 become a port down/up; nvmet
+#                    closes bad connections without a C2HTermReq, which is accepted there)
+#      GARBAGE_SEED  seed of the random bytes of step g (default 1)
+set -uo pipefail
+
+PORT=${WEFT_PORT:-14420}
+TARGET=${WEFT_TARGET:-weft}
+NQN1=nqn.2026-11.io.weft:default   # ns1: file 512 MiB, ns2: ram 64 MiB
+NQN2=nqn.2026-11.io.weft:second    # ns1: ram 32 MiB
+MIB=1048576
+CTL=$LAB_SHARE/ctl                 # requests to / answers from the host supervisor
+OUT=$LAB_SHARE/interop             # fio JSON output
+TMP=/tmp/interop
+MNT=/mnt/interop
+case "$TARGET" in
+    weft)  ADDR=${LAB_HOST_IP:?weft runs on the host: needs vm-run.sh -n slirp}; MODEL=weft ;;
+    nvmet) ADDR=127.0.0.1; MODEL=Linux ;;
+    *) echo "WEFT_TARGET must be weft or nvmet" >&2; exit 2 ;;
+esac
+rm -rf "$OUT" "$TMP"
+mkdir -p "$OUT" "$TMP" "$MNT"
+
+# ---- reporting -------------------------------------------------------------------
+STEP='' STEP_FAILS=0 STEP_T0=0 RESULTS=()
+fail() { echo "FAIL $STEP: $*"; STEP_FAILS=$((STEP_FAILS + 1)); }
+nonempty() { local v; for v; do [ -n "$v" ] || return 1; done; }
+check() { # WHAT CMD [ARGS...]: run CMD; "ok: WHAT" or "FAIL step: WHAT"; returns CMD's status
+    local what=$1; shift
+    if "$@"; then echo "  ok: $what"; else fail "$what"; return 1; fi
+}
+run_step() { # NAME FUNCTION: run one step from a clean host state and record its result
+    STEP=$1 STEP_FAILS=0 STEP_T0=$SECONDS
+    echo; echo "=== $STEP"
+    reset_host
+    "$2"
+    local took=$((SECONDS - STEP_T0))
+    if [ "$STEP_FAILS" -eq 0 ]; then
+        echo "PASS $STEP (${took}s)"; RESULTS+=("PASS $STEP (${took}s)")
+    else
+        RESULTS+=("FAIL $STEP: $STEP_FAILS failed check(s) (${took}s)")
+    fi
+}
+
+# ---- host (initiator) helpers ----------------------------------------------------
+reset_host() { # leftovers of a step that stopped early
+    if grep -q " $MNT " /proc/mounts; then umount "$MNT"; fi
+    local nqn
+    for nqn in "$NQN1" "$NQN2"; do
+        if ctrl_of "$nqn" >/dev/null; then nvme disconnect -n "$nqn" >/dev/null 2>&1; fi
+    done
+}
+ctrl_of() { # NQN: print the name (nvmeN) of a controller connected to subsystem NQN
+    local c
+    for c in /sys/class/nvme/nvme*; do
+        [ "$(cat "$c/subsysnqn" 2>/dev/null)" = "$1" ] && { echo "${c##*/}"; return 0; }
+    done
+    return 1
+}
+ns_dev() { # NQN NSID: print the block device of namespace NSID (multipath head node or
+           # plain namespace), waiting up to 20 s for the namespace scan
+    local n i
+    for i in $(seq 100); do
+        for n in /sys/class/nvme-subsystem/nvme-subsys*/nvme*n* /sys/class/nvme/nvme*/nvme*n*; do
+            [ -b "/dev/${n##*/}" ] && [ "$(cat "$n/nsid" 2>/dev/null)" = "$2" ] &&
+                [ "$(cat "$(dirname "$n")/subsysnqn" 2>/dev/null)" = "$1" ] || continue
+            echo "/dev/${n##*/}"; return 0
+        done
+        sleep 0.2
+    done
+    return 1
+}
+connect() { # NQN [nvme connect options...]; ctrl-loss-tmo 60 bounds hangs on a dead target
+    local nqn=$1; shift
+    timeout 180 nvme connect -t tcp -a "$ADDR" -s "$PORT" -n "$nqn" --ctrl-loss-tmo 60 "$@" >/dev/null &&
+        ctrl_of "$nqn" >/dev/null
+}
+disconnect() { # NQN: disconnect and check that no controller of NQN is left
+    timeout 120 nvme disconnect -n "$1" >/dev/null && ! ctrl_of "$1" >/dev/null
+}
+wait_live() { # CTRL SECONDS: wait until controller CTRL is live again
+    local i
+    for i in $(seq $(($2 * 5))); do
+        [ "$(cat "/sys/class/nvme/$1/state" 2>/dev/null)" = live ] && return 0
+        sleep 0.2
+    done
+    return 1
+}
+
+# ---- target control ----------------------------------------------------------------
+NVMET=/sys/kernel/config/nvmet
+nvmet_ns() { # NQN NSID SIZE_MIB: nvmet namespace backed by a file on the guest's tmpfs
+    local s=$NVMET/subsystems/$1 f=/tmp/nvmet-${1##*:}-$2.img
+    if [ ! -d "$s" ]; then mkdir "$s" && echo 1 > "$s/attr_allow_any_host"; fi
+    truncate -s "$3M" "$f" && mkdir "$s/namespaces/$2" &&
+        echo -n "$f" > "$s/namespaces/$2/device_path" &&
+        echo 1 > "$s/namespaces/$2/buffered_io" &&   # tmpfs has no O_DIRECT on 6.1
+        echo 1 > "$s/namespaces/$2/enable"
+}
+nvmet_port_up() {
+    local p=$NVMET/ports/1 nqn
+    mkdir "$p" && echo tcp > "$p/addr_trtype" && echo ipv4 > "$p/addr_adrfam" &&
+        echo "$ADDR" > "$p/addr_traddr" && echo "$PORT" > "$p/addr_trsvcid" || return 1
+    for nqn in "$NQN1" "$NQN2"; do ln -s "$NVMET/subsystems/$nqn" "$p/subsystems/$nqn" || return 1; done
+}
+nvmet_port_down() { rm -f "$NVMET"/ports/1/subsystems/* && rmdir "$NVMET/ports/1"; }
+nvmet_setup() {
+    modprobe nvmet && modprobe nvmet-tcp &&
+        nvmet_ns "$NQN1" 1 512 && nvmet_ns "$NQN1" 2 64 && nvmet_ns "$NQN2" 1 32 && nvmet_port_up
+}
+nvmet_teardown() {
+    local ns s
+    [ -d "$NVMET/ports/1" ] && nvmet_port_down
+    for s in "$NVMET/subsystems/$NQN1" "$NVMET/subsystems/$NQN2"; do
+        [ -d "$s" ] || continue
+        for ns in "$s"/namespaces/*; do echo 0 > "$ns/enable"; rmdir "$ns"; done
+        rmdir "$s"
+    done
+}
+target_up() { # weft: wait for the supervisor's first start; nvmet: configure it
+    if [ "$TARGET" = nvmet ]; then nvmet_setup; return; fi
+    local i
+    for i in $(seq 450); do
+        if [ -s "$CTL/weft-pid" ]; then echo "  weft pid $(cat "$CTL/weft-pid") on the host, $ADDR:$PORT"; return 0; fi
+        if [ -e "$CTL/start-failed" ]; then echo "  host: $(cat "$CTL/start-failed")"; return 1; fi
+        sleep 0.2
+    done
+    echo "  no word from the host supervisor after 90 s"; return 1
+}
+host_ctl() { # restart|kill9: have the target restarted (weft: by the host supervisor)
+    if [ "$TARGET" = nvmet ]; then
+        nvmet_port_down && nvmet_port_up && echo "  nvmet port 1 taken down and up again"
+        return
+    fi
+    local req=$1 i ans
+    rm -f "$CTL/$req.done"
+    : > "$CTL/$req"
+    for i in $(seq 600); do
+        if [ -e "$CTL/$req.done" ]; then
+            ans=$(cat "$CTL/$req.done"); echo "  host: $ans"
+            [[ $ans == ok* ]]; return
+        fi
+        sleep 0.2
+    done
+    echo "  no answer to $req from the host supervisor after 120 s"; return 1
+}
+cleanup() {
+    reset_host
+    [ "$TARGET" = nvmet ] && nvmet_teardown
+    return 0
+}
+trap cleanup EXIT
+
+# ---- python glue -------------------------------------------------------------------
+check_discovery() { # JSON_FILE NQN...: every NQN is in the discovery log with trtype tcp
+    python3 - "$@" <<'EOF'
+import json, sys
+recs = json.load(open(sys.argv[1])).get('records', [])
+for r in recs:
+    print(f"  {r.get('trtype', '?'):4} {r.get('traddr', '?')}:{r.get('trsvcid', '?')} {r.get('subtype', '?'):32} {r.get('subnqn', '?')}")
+bad = [n for n in sys.argv[2:] if not any(r.get('subnqn') == n and r.get('trtype') == 'tcp' for r in recs)]
+if bad:
+    sys.exit(f"  not in the discovery log with trtype tcp: {' '.join(bad)}")
+EOF
+}
+check_id_ctrl() { # JSON_FILE NQN MODEL: print the main fields, check mn/sn/subnqn
+    python3 - "$@" <<'EOF'
+import json, sys
+c, nqn, model = json.load(open(sys.argv[1])), sys.argv[2], sys.argv[3]
+keys = ('vid sn mn fr ver cntlid cntrltype mdts sqes cqes maxcmd nn oncs fuses vwc sgls '
+        'kas ioccsz iorcsz icdoff msdbd ctratt oaes subnqn').split()
+print('  ' + '  '.join(f"{k}={str(c.get(k, '-')).strip()}" for k in keys))
+errs = []
+if model not in str(c.get('mn', '')): errs.append(f"mn {c.get('mn')!r} does not contain {model!r}")
+if not str(c.get('sn', '')).strip(): errs.append('empty serial number')
+if c.get('subnqn') != nqn: errs.append(f"subnqn {c.get('subnqn')!r} != {nqn!r}")
+if errs: sys.exit('  ' + '; '.join(errs))
+EOF
+}
+ns_info() { # DEV: print "<size in bytes> <identifiers>" from id-ns and ns-descs,
+            # identifiers being the non-zero ones of nguid, eui64, uuid ("none" if none)
+    nvme id-ns "$1" -o json > "$TMP/id-ns.json" && nvme ns-descs "$1" -o json > "$TMP/ns-descs.json" &&
+    python3 - "$TMP/id-ns.json" "$TMP/ns-descs.json" <<'EOF'
+import json, sys
+ns, descs = json.load(open(sys.argv[1])), json.load(open(sys.argv[2])).get('ns-descs', [])
+flbas = ns['flbas']
+lbaf = ns['lbafs'][(flbas & 0xf) | ((flbas >> 5) & 0x3) << 4]
+ids = {'nguid': ns.get('nguid', ''), 'eui64': ns.get('eui64', '')}
+for d in descs:
+    t = d.get('type')
+    if t in ('nguid', 'eui64', 'uuid'):
+        if ids.get(t, '').strip('0') and ids[t] != d.get(t):
+            sys.exit(f"  {t} {ids[t]} in id-ns, {d.get(t)} in ns-descs")
+        ids[t] = d.get(t, '')
+ident = ' '.join(f'{k}={v}' for k, v in sorted(ids.items()) if v.strip('0-'))
+print(ns['nsze'] * (1 << lbaf['ds']), ident or 'none')
+EOF
+}
+check_list_subsys() { # JSON_FILE NQN ADDR PORT: a live tcp path to ADDR:PORT
+    python3 - "$@" <<'EOF'
+import json, sys
+doc, nqn, addr, port = json.load(open(sys.argv[1])), sys.argv[2], sys.argv[3], sys.argv[4]
+hosts = doc if isinstance(doc, list) else [doc]
+paths = [p for h in hosts for s in h.get('Subsystems', []) if s.get('NQN') == nqn for p in s.get('Paths', [])]
+for p in paths:
+    print(f"  {p.get('Name')} {p.get('Transport')} {p.get('Address')} {p.get('State')}")
+ok = [p for p in paths if p.get('Transport') == 'tcp' and p.get('State') == 'live'
+      and f'traddr={addr},' in p.get('Address', '') + ',' and f'trsvcid={port}' in p.get('Address', '')]
+if not ok:
+    sys.exit(f'  no live tcp path to {addr}:{port} for {nqn}')
+EOF
+}
+fio_summary() { # JSON_FILE SIZE_BYTES: one line per job; everything written was read back
+    python3 - "$@" <<'EOF'
+import json, sys
+txt = open(sys.argv[1]).read()
+job = json.loads(txt[txt.index('{'):])['jobs'][0]
+w, r, size = job['write'], job['read'], int(sys.argv[2])
+mib = lambda b: b / 1048576
+print(f"  write {mib(w['io_bytes']):.0f} MiB {mib(w['bw_bytes']):.1f} MiB/s {w['iops']:.0f} IOPS, "
+      f"verify-read {mib(r['io_bytes']):.0f} MiB {mib(r['bw_bytes']):.1f} MiB/s, "
+      f"lat mean w {w['lat_ns']['mean'] / 1000:.0f} us r {r['lat_ns']['mean'] / 1000:.0f} us, error {job['error']}")
+if job['error'] or w['io_bytes'] != size or r['io_bytes'] != size:
+    sys.exit(f"  expected {size} bytes written and verified, error 0")
+EOF
+}
+FIO_N=0
+fio_verify() { # DEV BS SIZE_MIB: write SIZE with BS blocks carrying crc32c, read back, verify
+    local dev=$1 bs=$2 size=$(($3 * MIB)) json
+    FIO_N=$((FIO_N + 1))
+    json=$OUT/fio-$FIO_N-${dev#/dev/}-$bs.json
+    timeout 900 fio --name="verify-$bs" --filename="$dev" --rw=randwrite --bs="$bs" --size="$size" \
+        --direct=1 --ioengine=libaio --iodepth=32 --verify=crc32c --do_verify=1 --verify_fatal=1 \
+        --verify_state_save=0 --output-format=json --output="$json" &&
+        fio_summary "$json" "$size"
+}
+raw_pdus() { # CASE: raw TCP connections with malformed input, see "step g" below
+    WEFT_TARGET=$TARGET python3 - "$1" "$ADDR" "$PORT" "$TMP" <<'EOF'
+# Cases: random  4 KiB of random bytes right after connecting: the connection is closed,
+#                possibly after a C2HTermReq
+#        hlen    ICReq, ICResp, then a CapsuleCmd header with hlen 50 (must be 72):
+#                C2HTermReq with FES 0x01, then close
+#        h2c     ICReq, ICResp, then H2CData for a transfer that does not exist:
+#                C2HTermReq, then close
+#        hold    ICReq, ICResp, half of the bad CapsuleCmd header; touch TMP/hold.ready;
+#                wait for TMP/hold.release; then send the rest: as "hlen" (a target that
+#                dropped the stalled connection in the meantime is fine too)
+# Against nvmet (WEFT_TARGET=nvmet) a close without C2HTermReq is accepted.
+import os, random, socket, struct, sys, time
+case, host, port, tmp = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+strict = os.environ['WEFT_TARGET'] == 'weft'
+TIMEOUT = 30   # seconds; everything is slow under TCG
+FES = {1: 'invalid PDU header field', 2: 'PDU sequence error', 3: 'header digest error',
+       4: 'data out of range', 5: 'data limit exceeded', 6: 'unsupported parameter'}
+
+def die(msg):
+    sys.exit(f'  {case}: {msg}')
+
+def icreq(s):
+    s.sendall(struct.pack('<BBBBIHBBI', 0x00, 0, 128, 0, 128, 0, 0, 0, 0).ljust(128, b'\0'))
+    resp = b''
+    while len(resp) < 128:
+        d = s.recv(128 - len(resp))
+        if not d:
+            die(f'connection closed after {len(resp)} bytes of the ICResp')
+        resp += d
+    ptype, _, hlen, _, plen = struct.unpack_from('<BBBBI', resp)
+    if (ptype, hlen, plen) != (0x01, 128, 128):
+        die(f'bad ICResp header {resp[:8].hex()}')
+
+def send(s, data):
+    try:
+        s.sendall(data)
+    except OSError as e:   # the target may close before it has read everything
+        print(f'  {case}: send: {e}')
+
+def until_close(s, timeout=TIMEOUT):
+    """Bytes received until the target closes the connection (None if it stays open)."""
+    data = b''
+    s.settimeout(timeout)
+    try:
+        while True:
+            d = s.recv(65536)
+            if not d:
+                return data
+            data += d
+    except ConnectionResetError:
+        return data
+    except socket.timeout:
+        return None
+
+def judge(data, want_fes=None, need_termreq=strict):
+    if data is None:
+        die(f'connection still open after {TIMEOUT} s')
+    if not data:
+        if need_termreq:
+            die('connection closed without a C2HTermReq')
+        print(f'  {case}: connection closed without a C2HTermReq')
+        return
+    ptype, _, hlen, _, plen = struct.unpack_from('<BBBBI', data.ljust(8, b'\0'))
+    if ptype != 0x03 or hlen != 24 or not 24 <= plen <= 24 + 152 or len(data) != plen:
+        die(f'expected one C2HTermReq, got {len(data)} bytes: {data[:32].hex()}')
+    fes, fei = struct.unpack_from('<HI', data, 8)
+    print(f'  {case}: C2HTermReq FES {fes:#04x} ({FES.get(fes, "unknown")}), FEI {fei}, '
+          f'plen {plen}, then the connection was closed')
+    if want_fes is not None and fes != want_fes:
+        die(f'FES {fes:#04x}, expected {want_fes:#04x}')
+
+bad_capsule = struct.pack('<BBBBI', 0x04, 0, 50, 0, 72).ljust(72, b'\0')   # hlen 50, must be 72
+s = socket.create_connection((host, port), timeout=TIMEOUT)
+if case == 'random':
+    seed = int(os.environ.get('GARBAGE_SEED', '1'))
+    garbage = random.Random(seed).randbytes(4096)
+    print(f'  random: seed {seed}, first bytes {garbage[:8].hex()}')
+    send(s, garbage)
+    judge(until_close(s), need_termreq=False)
+elif case == 'hlen':
+    icreq(s)
+    send(s, bad_capsule)
+    judge(until_close(s), want_fes=0x01)
+elif case == 'h2c':
+    icreq(s)
+    # H2CData (type 0x06, flags LAST_PDU, hlen 24, pdo 24): cccid 1, ttag 0x1234, datao 0,
+    # datal 512. The header goes first; the data only if the target waits for it.
+    send(s, struct.pack('<BBBBIHHII', 0x06, 0x04, 24, 24, 24 + 512, 1, 0x1234, 0, 512).ljust(24, b'\0'))
+    data = until_close(s, timeout=3)
+    if data is None:
+        send(s, bytes(512))
+        data = until_close(s)
+    judge(data)
+elif case == 'hold':
+    icreq(s)
+    send(s, bad_capsule[:4])
+    open(os.path.join(tmp, 'hold.ready'), 'w').close()
+    t0 = time.monotonic()
+    while not os.path.exists(os.path.join(tmp, 'hold.release')):
+        if time.monotonic() - t0 > 600:
+            die('never released')
+        time.sleep(0.1)
+    if until_close(s, timeout=0.5) is not None:
+        print(f'  hold: the target closed the stalled connection within {time.monotonic() - t0:.0f} s')
+    else:
+        print(f'  hold: connection still open after {time.monotonic() - t0:.0f} s mid-header, sending the rest')
+        send(s, bad_capsule[4:])
+        judge(until_close(s), want_fes=0x01)
+else:
+    die('unknown case')
+EOF
+}
+
+# ---- steps -------------------------------------------------------------------------
+SERIAL='' IDS1='' IDS2=''
+
+step_discovery() {
+    check "target up ($TARGET)" target_up || return
+    check "modprobe nvme-tcp" modprobe nvme-tcp || return
+    check "nvme discover -t tcp -a $ADDR -s $PORT" \
+        eval 'timeout 180 nvme discover -t tcp -a "$ADDR" -s "$PORT" -o json > "$TMP/discover.json"' || return
+    check "discovery log lists $NQN1 and $NQN2 with trtype tcp" check_discovery "$TMP/discover.json" "$NQN1" "$NQN2"
+}
+
+step_identify() {
+    check "connect $NQN1 --nr-io-queues 2" connect "$NQN1" --nr-io-queues 2 || return
+    local ctrl dev1 dev2 q mq size
+    ctrl=$(ctrl_of "$NQN1")
+    dev1=$(ns_dev "$NQN1" 1); check "namespace 1 block device: ${dev1:-none}" [ -n "$dev1" ] || return
+    dev2=$(ns_dev "$NQN1" 2); check "namespace 2 block device: ${dev2:-none}" [ -n "$dev2" ]
+    for q in /sys/class/nvme/"$ctrl"/nvme*c*n1 /sys/block/"${dev1#/dev/}"; do [ -d "$q/mq" ] && break; done
+    mq=$(ls "$q/mq" 2>/dev/null | wc -l)
+    check "$mq I/O queues (${q##*/}/mq; controller queue_count $(cat "/sys/class/nvme/$ctrl/queue_count") incl. admin)" [ "$mq" -ge 2 ]
+    check "nvme id-ctrl: mn contains $MODEL, sn set, subnqn $NQN1" \
+        eval 'nvme id-ctrl "/dev/$ctrl" -o json > "$TMP/id-ctrl.json" && check_id_ctrl "$TMP/id-ctrl.json" "$NQN1" "$MODEL"'
+    SERIAL=$(cat "/sys/class/nvme/$ctrl/serial")
+    read -r size IDS1 < <(ns_info "$dev1")
+    check "ns1 id-ns: nsze * LBA size = ${size:-?} bytes (want $((512 * MIB)))" [ "${size:-0}" = $((512 * MIB)) ]
+    check "ns1 has a non-zero NGUID, EUI-64 or UUID: ${IDS1:-?}" [ "${IDS1:-none}" != none ]
+    check "$dev1 size $(blockdev --getsize64 "$dev1") bytes" [ "$(blockdev --getsize64 "$dev1")" = $((512 * MIB)) ]
+    if [ -n "$dev2" ]; then
+        read -r size IDS2 < <(ns_info "$dev2")
+        check "ns2 id-ns: nsze * LBA size = ${size:-?} bytes (want $((64 * MIB)))" [ "${size:-0}" = $((64 * MIB)) ]
+        check "ns2 has a non-zero NGUID, EUI-64 or UUID: ${IDS2:-?}" [ "${IDS2:-none}" != none ]
+        check "ns1 and ns2 have different identifiers" [ "$IDS1" != "$IDS2" ]
+    fi
+    check "nvme list-subsys: live tcp path to $ADDR:$PORT" \
+        eval 'nvme list-subsys -o json > "$TMP/list-subsys.json" && check_list_subsys "$TMP/list-subsys.json" "$NQN1" "$ADDR" "$PORT"'
+    check "nvme list" eval 'nvme list | sed "s/^/  /"'
+    check "disconnect" disconnect "$NQN1"
+}
+
+step_fio() {
+    check "connect $NQN1 --nr-io-queues 2" connect "$NQN1" --nr-io-queues 2 || return
+    local dev1 dev2
+    dev1=$(ns_dev "$NQN1" 1) && dev2=$(ns_dev "$NQN1" 2)
+    check "block devices $dev1 $dev2" nonempty "$dev1" "$dev2" || return
+    check "fio crc32c verify ns1 bs 4k 32 MiB" fio_verify "$dev1" 4k 32
+    check "fio crc32c verify ns1 bs 64k 64 MiB" fio_verify "$dev1" 64k 64
+    check "fio crc32c verify ns1 bs 1M 128 MiB" fio_verify "$dev1" 1M 128
+    check "fio crc32c verify ns2 (ram) bs 4k 32 MiB" fio_verify "$dev2" 4k 32
+    check "disconnect" disconnect "$NQN1"
+}
+
+step_digests() {
+    check "connect $NQN1 --hdr-digest --data-digest --nr-io-queues 2 --queue-size 64 --keep-alive-tmo 5" \
+        connect "$NQN1" --hdr-digest --data-digest --nr-io-queues 2 --queue-size 64 --keep-alive-tmo 5 || return
+    local ctrl dev1
+    ctrl=$(ctrl_of "$NQN1")
+    echo "  $ctrl: kato $(cat "/sys/class/nvme/$ctrl/kato") s, sqsize $(cat "/sys/class/nvme/$ctrl/sqsize"), queue_count $(cat "/sys/class/nvme/$ctrl/queue_count")"
+    dev1=$(ns_dev "$NQN1" 1); check "namespace 1 block device: ${dev1:-none}" [ -n "$dev1" ] || return
+    check "fio crc32c verify with digests, bs 4k 16 MiB" fio_verify "$dev1" 4k 16
+    check "fio crc32c verify with digests, bs 1M 64 MiB" fio_verify "$dev1" 1M 64
+    check "controller still live (keep-alive 5 s)" [ "$(cat "/sys/class/nvme/$ctrl/state")" = live ]
+    check "disconnect" disconnect "$NQN1"
+}
+
+write_files() { # 20 MiB of random bytes and 40 small files on $MNT
+    local i
+    head -c $((20 * MIB)) /dev/urandom > "$MNT/big.bin" && mkdir "$MNT/small" || return 1
+    for i in $(seq 40); do head -c $((RANDOM * 3 + i)) /dev/urandom > "$MNT/small/f$i" || return 1; done
+}
+mount_ns1() { # connect NQN1 and mount its namespace 1 on $MNT
+    local dev
+    connect "$NQN1" && dev=$(ns_dev "$NQN1" 1) && mount "$dev" "$MNT"
+}
+
+step_ext4() {
+    check "connect $NQN1" connect "$NQN1" || return
+    local dev
+    dev=$(ns_dev "$NQN1" 1); check "namespace 1 block device: ${dev:-none}" [ -n "$dev" ] || return
+    check "mkfs.ext4 $dev" mkfs.ext4 -q -F "$dev" || return
+    check "mount" mount "$dev" "$MNT" || return
+    check "write 20 MiB random + 40 small files" write_files
+    check "sha256sum" eval '(cd "$MNT" && find . -type f ! -path "./lost+found/*" -print0 | xargs -0 sha256sum) > "$TMP/sums"'
+    check "sync; umount" eval 'sync && umount "$MNT"'
+    check "disconnect" disconnect "$NQN1"
+    check "reconnect and mount" mount_ns1 || return
+    check "sha256sum -c ($(wc -l < "$TMP/sums") files)" eval '(cd "$MNT" && sha256sum -c --quiet "$TMP/sums")'
+    check "umount" umount "$MNT"
+    check "disconnect" disconnect "$NQN1"
+}
+
+step_restart() {
+    # Connected (idle) during the restart: SIGTERM must not hang on a connected host.
+    check "connect $NQN1" connect "$NQN1" || return
+    check "restart the target (SIGTERM, start again)" host_ctl restart || return
+    check "disconnect the old controller" disconnect "$NQN1"
+    check "connect again" connect "$NQN1" || return
+    local ctrl dev1 dev2 size ids
+    ctrl=$(ctrl_of "$NQN1")
+    check "serial number unchanged ($SERIAL)" [ "$(cat "/sys/class/nvme/$ctrl/serial")" = "$SERIAL" ]
+    dev1=$(ns_dev "$NQN1" 1) && dev2=$(ns_dev "$NQN1" 2)
+    check "block devices $dev1 $dev2" nonempty "$dev1" "$dev2" || return
+    read -r size ids < <(ns_info "$dev1")
+    check "ns1 identifiers unchanged ($ids)" [ "$ids" = "$IDS1" ]
+    read -r size ids < <(ns_info "$dev2")
+    check "ns2 identifiers unchanged ($ids)" [ "$ids" = "$IDS2" ]
+    check "mount" mount "$dev1" "$MNT" || return
+    check "sha256sum -c after the restart" eval '(cd "$MNT" && sha256sum -c --quiet "$TMP/sums")'
+    check "umount" umount "$MNT"
+    check "disconnect" disconnect "$NQN1"
+}
+
+read_works() { # NQN: connect, read 4 MiB with O_DIRECT from namespace 1, disconnect
+    local dev
+    connect "$1" && dev=$(ns_dev "$1" 1) &&
+        dd if="$dev" of=/dev/null bs=1M count=4 iflag=direct status=none && disconnect "$1"
+}
+
+step_garbage() {
+    check "4 KiB of random bytes: connection closed" raw_pdus random
+    check "CapsuleCmd with hlen 50: C2HTermReq FES 0x01, closed" raw_pdus hlen
+    check "H2CData for a transfer that does not exist: C2HTermReq, closed" raw_pdus h2c
+    rm -f "$TMP/hold.ready" "$TMP/hold.release"
+    raw_pdus hold & local hold=$! i
+    for i in $(seq 300); do [ -e "$TMP/hold.ready" ] || ! kill -0 "$hold" 2>/dev/null && break; sleep 0.1; done
+    check "connection stalled mid-PDU is open" [ -e "$TMP/hold.ready" ]
+    check "meanwhile: connect $NQN2, dd read, disconnect" read_works "$NQN2"
+    touch "$TMP/hold.release"
+    check "stalled connection: bad header completed, C2HTermReq FES 0x01, closed" wait "$hold"
+    check "after the garbage: connect $NQN1, dd read, disconnect" read_works "$NQN1"
+    if [ "$TARGET" = weft ]; then
+        check "weft did not exit (ctl/events empty)" [ ! -s "$CTL/events" ] || sed 's/^/  host: /' "$CTL/events"
+    fi
+}
+
+step_kill9() {
+    check "connect $NQN1 --reconnect-delay 1" connect "$NQN1" --reconnect-delay 1 || return
+    local ctrl dev t0
+    ctrl=$(ctrl_of "$NQN1")
+    dev=$(ns_dev "$NQN1" 1); check "namespace 1 block device: ${dev:-none}" [ -n "$dev" ] || return
+    head -c $((8 * MIB)) /dev/urandom > "$TMP/k9.bin"
+    check "dd 8 MiB at 400 MiB, oflag=direct conv=fsync" \
+        dd if="$TMP/k9.bin" of="$dev" bs=1M seek=400 oflag=direct conv=fsync status=none || return
+    check "kill -9 the target, start again" host_ctl kill9 || return
+    t0=$SECONDS
+    if check "the host reconnected by itself" wait_live "$ctrl" 90; then
+        echo "  $ctrl live again after $((SECONDS - t0)) s"
+    else
+        disconnect "$NQN1"; connect "$NQN1"; dev=$(ns_dev "$NQN1" 1)
+    fi
+    check "data read back with iflag=direct is identical" \
+        eval 'dd if="$dev" bs=1M skip=400 count=8 iflag=direct status=none | cmp - "$TMP/k9.bin"'
+    check "disconnect" disconnect "$NQN1"
+}
+
+echo "weft kernel-interop: target $TARGET at $ADDR:$PORT, kernel $(uname -r), $(nvme version), $(fio --version)"
+run_step a-discovery step_discovery
+run_step b-connect-identify step_identify
+run_step c-fio-verify step_fio
+run_step d-digests step_digests
+run_step e-ext4-persistence step_ext4
+run_step f-restart step_restart
+run_step g-malformed-pdus step_garbage
+run_step h-kill9-durability step_kill9
+
+echo; echo "=== summary (target $TARGET, ${SECONDS}s)"
+printf '%s\n' "${RESULTS[@]}"
+if printf '%s\n' "${RESULTS[@]}" | grep -q '^FAIL'; then echo "interop: FAIL"; exit 1; fi
+echo "interop: PASS"
