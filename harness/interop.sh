@@ -95,6 +95,7 @@ check() { # WHAT WHY_IF_NOT CMD [ARGS...]: record "PASS WHAT" or "FAIL WHAT: WHY
 case "$GUEST_RC" in
     0) why='' ;;
     124) why="VM timed out after ${TIMEOUT_S}s" ;;
+    125) why="the guest reported no exit code (kernel crash?)" ;;
     *) why="exit status $GUEST_RC, see the FAIL lines above" ;;
 esac
 check "guest checks (harness/guest/interop.sh)" "$why" [ "$GUEST_RC" = 0 ]

@@ -95,6 +95,10 @@ connect() { # NQN PORT: connect over loopback, print the namespace's block devic
 }
 
 step "modules"
+# Guest loopback and THP make the 6.1 kernel BUG (mm/usercopy.c:101, "Kernel memory exposure
+# attempt ... from page alloc") when the receiver (nvmet, or weft's recv) copies a write's
+# data: the skb fragment is fio's buffer, a bvec spanning two physically adjacent huge pages.
+echo never > /sys/kernel/mm/transparent_hugepage/enabled
 modprobe nvme-tcp
 modprobe nvmet
 modprobe nvmet-tcp

@@ -369,6 +369,14 @@ impl Connection {
         }
     }
 
+    /// For an I/O queue, the index of its subsystem in the target configuration.
+    pub fn subsystem_index(&self) -> Option<usize> {
+        match &self.state {
+            State::Io(_, io) => Some(io.subsystem),
+            _ => None,
+        }
+    }
+
     fn release_queue(&mut self, state: State) {
         match state {
             State::Admin(queue, _) => self.target.registry.remove(queue.controller.cntlid),

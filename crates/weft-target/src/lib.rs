@@ -1,1 +1,16 @@
+//! The data plane: thread-per-core reactors that drive the protocol core's
+//! connections over io_uring (sockets and disks alike), and the listeners
+//! that hand accepted connections to them.
+//!
+//! Each reactor owns its ring, its connections and their buffers; nothing is
+//! shared between reactors but the immutable exports (target configuration
+//! and devices) and the controller registry inside the target, which the core
+//! touches only at Connect. New connections and configuration reach a reactor
+//! as messages through a channel plus an eventfd wake-up.
 
+mod exports;
+mod listener;
+mod reactor;
+
+pub use exports::{Exports, NamespaceDevice};
+pub use listener::{DataPlane, StartError};

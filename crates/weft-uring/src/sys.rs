@@ -98,6 +98,53 @@ pub fn pin_current_thread_to_cpu(cpu: usize) -> io::Result<()> {
     check(unsafe { libc::sched_setaffinity(0, size, &set) })
 }
 
+/// Blocks SIGINT and SIGTERM in the calling thread, and so in every thread it
+/// spawns afterwards: call it first in `main`, then collect the signal with
+/// [`wait_for_termination_signal`].
+pub fn block_termination_signals() -> io::Result<()> {
+    let set = termination_signal_set();
+    // SAFETY: `set` is an initialised sigset_t; a null old-set pointer is allowed.
+    let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+    if rc != 0 {
+        return Err(io::Error::from_raw_os_error(rc));
+    }
+    Ok(())
+}
+
+/// Waits until SIGINT or SIGTERM arrives (they must be blocked, see
+/// [`block_termination_signals`]) and returns its number.
+pub fn wait_for_termination_signal() -> io::Result<i32> {
+    let set = termination_signal_set();
+    let mut signal = 0;
+    // SAFETY: both pointers refer to live, initialised locals.
+    let rc = unsafe { libc::sigwait(&set, &mut signal) };
+    if rc != 0 {
+        return Err(io::Error::from_raw_os_error(rc));
+    }
+    Ok(signal)
+}
+
+fn termination_signal_set() -> libc::sigset_t {
+    // SAFETY: sigset_t is plain data; sigemptyset initialises it before use and
+    // sigaddset only sets bits of valid signal numbers.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        set
+    }
+}
+
+/// `fdatasync(2)` on a descriptor the caller keeps open.
+pub fn fdatasync(fd: std::os::fd::RawFd) -> io::Result<()> {
+    // SAFETY: fdatasync only reads the descriptor number; an invalid one yields EBADF.
+    if unsafe { libc::fdatasync(fd) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,443 @@
+//! One reactor: a thread with its own io_uring that owns a set of
+//! connections. Everything a connection does is an op on that ring: receives
+//! into the connection's receive buffer, sends gathered from header bytes and
+//! slot buffers (reads go out as one C2HData straight from the buffer the
+//! disk read filled), and block I/O on the namespace's device. The thread
+//! sleeps in `io_uring_enter` when idle; a 250 ms tick drives keep-alive.
+
+use crate::exports::Exports;
+use std::fs::File;
+use std::io::{self, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::mpsc::{Receiver, Sender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use weft_proto::types::{SlotId, Timestamp};
+use weft_proto::{Connection, IoError, IoKind, IoRequest, SlotBuffers, Termination, TxSegment};
+use weft_uring::{Completion, IoBuf, Op, Returned, Ring, SendBatch};
+
+/// What other threads tell a reactor.
+#[derive(Debug)]
+pub(crate) enum Message {
+    /// Serve this accepted connection.
+    Connection(TcpStream, SocketAddr),
+}
+
+/// The sending side of a reactor's inbox.
+#[derive(Debug)]
+pub(crate) struct ReactorHandle {
+    sender: Sender<Message>,
+    wake: File,
+    _thread: JoinHandle<()>,
+}
+
+impl ReactorHandle {
+    /// Starts reactor `index`, pinned to CPU `cpu` when possible.
+    pub(crate) fn spawn(index: usize, cpu: usize, exports: Arc<Exports>, epoch: Instant) -> io::Result<ReactorHandle> {
+        let (sender, inbox) = std::sync::mpsc::channel();
+        let wake = weft_uring::eventfd()?;
+        let reactor_wake = wake.try_clone()?;
+        let ring = Ring::new(RING_ENTRIES)?;
+        let thread = std::thread::Builder::new().name(format!("weft-reactor-{index}")).spawn(move || {
+            if let Err(error) = weft_uring::pin_current_thread_to_cpu(cpu) {
+                log::debug!("reactor {index}: not pinned to CPU {cpu}: {error}");
+            }
+            Reactor { ring, exports, inbox, wake: reactor_wake, connections: Vec::new(), free: Vec::new(), epoch }.run();
+        })?;
+        Ok(ReactorHandle { sender, wake, _thread: thread })
+    }
+
+    /// Delivers `message` and wakes the reactor.
+    pub(crate) fn send(&self, message: Message) {
+        if self.sender.send(message).is_ok() {
+            // The eventfd counter only saturates after 2^64 wakes; a failed write means the reactor is gone.
+            let _ = (&self.wake).write_all(&1u64.to_ne_bytes());
+        }
+    }
+}
+
+const RING_ENTRIES: u32 = 1024;
+const RECEIVE_BUFFER_BYTES: usize = 128 * 1024;
+/// Inline bytes of one transmission: at most one R2T or C2HData header plus a
+/// CapsuleResp per slot, or an ICResp or a TermReq; 64 KiB bounds 128 slots.
+const STAGING_BYTES: usize = 64 * 1024;
+const TICK: Duration = Duration::from_millis(250);
+const WAKE_TOKEN: u64 = u64::MAX;
+const TICK_TOKEN: u64 = u64::MAX - 1;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OpKind {
+    Receive = 1,
+    Send = 2,
+    BlockIo = 3,
+}
+
+/// user_data of a connection's op: connection index, op kind, slot.
+fn token(connection: usize, kind: OpKind, slot: u16) -> u64 {
+    ((connection as u64) << 32) | ((kind as u64) << 16) | u64::from(slot)
+}
+
+fn untoken(token: u64) -> (usize, Option<OpKind>, SlotId) {
+    let kind = match (token >> 16) & 0xFFFF {
+        1 => Some(OpKind::Receive),
+        2 => Some(OpKind::Send),
+        3 => Some(OpKind::BlockIo),
+        _ => None,
+    };
+    ((token >> 32) as usize, kind, SlotId(token as u16))
+}
+
+/// A slot's data buffer: allocated on first use, lent to the ring while an op uses it.
+#[derive(Debug)]
+enum SlotBuffer {
+    Unallocated,
+    Here(IoBuf),
+    Lent,
+}
+
+#[derive(Debug)]
+struct SlotTable {
+    buffers: Vec<SlotBuffer>,
+    buffer_bytes: usize,
+}
+
+impl SlotTable {
+    fn new(slots: usize, buffer_bytes: usize) -> SlotTable {
+        SlotTable { buffers: (0..slots).map(|_| SlotBuffer::Unallocated).collect(), buffer_bytes }
+    }
+
+    fn take(&mut self, slot: SlotId) -> IoBuf {
+        self.buffer(slot);
+        match std::mem::replace(&mut self.buffers[usize::from(slot.0)], SlotBuffer::Lent) {
+            SlotBuffer::Here(buffer) => buffer,
+            _ => unreachable!("buffer() just made it present"),
+        }
+    }
+
+    fn put(&mut self, slot: SlotId, buffer: IoBuf) {
+        let entry = &mut self.buffers[usize::from(slot.0)];
+        assert!(matches!(entry, SlotBuffer::Lent), "slot {} returned twice", slot.0);
+        *entry = SlotBuffer::Here(buffer);
+    }
+}
+
+impl SlotBuffers for SlotTable {
+    fn buffer(&mut self, slot: SlotId) -> &mut [u8] {
+        let entry = &mut self.buffers[usize::from(slot.0)];
+        if matches!(entry, SlotBuffer::Unallocated) {
+            // mmap-backed: pages cost memory only once touched.
+            let buffer = IoBuf::new(self.buffer_bytes).unwrap_or_else(|error| panic!("cannot map a {} byte slot buffer: {error}", self.buffer_bytes));
+            *entry = SlotBuffer::Here(buffer);
+        }
+        match entry {
+            SlotBuffer::Here(buffer) => buffer.as_mut_slice(),
+            _ => panic!("slot {} buffer used while the ring owns it", slot.0),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Peer {
+    stream: TcpStream,
+    address: SocketAddr,
+    protocol: Connection,
+    slots: SlotTable,
+    receive_buffer: Option<IoBuf>,
+    staging: Option<IoBuf>,
+    /// Present while no send is in flight.
+    batch: Option<SendBatch>,
+    lent_slots: Vec<SlotId>,
+    /// Expected byte count of each slot's read or write, to catch short transfers.
+    io_len: Vec<u32>,
+    subsystem: Option<usize>,
+    ops_in_flight: u32,
+    closing: bool,
+}
+
+struct Reactor {
+    ring: Ring,
+    exports: Arc<Exports>,
+    inbox: Receiver<Message>,
+    wake: File,
+    connections: Vec<Option<Peer>>,
+    free: Vec<usize>,
+    epoch: Instant,
+}
+
+impl Reactor {
+    fn run(mut self) {
+        self.push(Op::ReadEventfd { fd: self.wake.as_raw_fd() }, WAKE_TOKEN);
+        self.push(Op::Timeout { after: TICK }, TICK_TOKEN);
+        loop {
+            if let Err(error) = self.ring.submit_and_wait(1) {
+                log::error!("io_uring_enter failed: {error}");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            while let Some(completion) = self.ring.pop() {
+                self.complete(completion);
+            }
+        }
+    }
+
+    fn now(&self) -> Timestamp {
+        Timestamp(self.epoch.elapsed())
+    }
+
+    fn push(&mut self, op: Op, token: u64) {
+        if let Err(error) = self.ring.push(op, token) {
+            // Only a full submission queue the kernel refuses to drain gets here.
+            panic!("cannot queue an io_uring op: {error}");
+        }
+    }
+
+    fn complete(&mut self, completion: Completion) {
+        match completion.user_data {
+            WAKE_TOKEN => {
+                self.accept_messages();
+                self.push(Op::ReadEventfd { fd: self.wake.as_raw_fd() }, WAKE_TOKEN);
+            }
+            TICK_TOKEN => {
+                self.tick();
+                self.push(Op::Timeout { after: TICK }, TICK_TOKEN);
+            }
+            token => {
+                let (index, kind, slot) = untoken(token);
+                let peer = self.connections[index].as_mut().expect("ops complete before their connection is dropped");
+                peer.ops_in_flight -= 1;
+                match kind {
+                    Some(OpKind::Receive) => self.on_receive(index, completion),
+                    Some(OpKind::Send) => self.on_send(index, completion),
+                    Some(OpKind::BlockIo) => self.on_block_io(index, slot, completion),
+                    None => unreachable!("unknown op token {token:#x}"),
+                }
+                self.drive(index);
+            }
+        }
+    }
+
+    fn accept_messages(&mut self) {
+        while let Ok(message) = self.inbox.try_recv() {
+            match message {
+                Message::Connection(stream, address) => self.add_connection(stream, address),
+            }
+        }
+    }
+
+    fn add_connection(&mut self, stream: TcpStream, address: SocketAddr) {
+        let limits = self.exports.target.config.limits;
+        let buffers = IoBuf::new(RECEIVE_BUFFER_BYTES).and_then(|receive| Ok((receive, IoBuf::new(STAGING_BYTES)?)));
+        let (receive_buffer, staging) = match buffers {
+            Ok(buffers) => buffers,
+            Err(error) => {
+                log::error!("{address}: refusing connection: no memory for its buffers: {error}");
+                return;
+            }
+        };
+        if let Err(error) = stream.set_nodelay(true) {
+            log::debug!("{address}: TCP_NODELAY: {error}");
+        }
+        let slots = usize::from(limits.queue_entries_max);
+        let peer = Peer {
+            stream,
+            address,
+            protocol: Connection::new(Arc::clone(&self.exports.target)),
+            slots: SlotTable::new(slots, limits.slot_buffer_bytes()),
+            receive_buffer: Some(receive_buffer),
+            staging: Some(staging),
+            batch: Some(SendBatch::new()),
+            lent_slots: Vec::with_capacity(slots),
+            io_len: vec![0; slots],
+            subsystem: None,
+            ops_in_flight: 0,
+            closing: false,
+        };
+        let index = match self.free.pop() {
+            Some(index) => {
+                self.connections[index] = Some(peer);
+                index
+            }
+            None => {
+                self.connections.push(Some(peer));
+                self.connections.len() - 1
+            }
+        };
+        log::debug!("{address}: connected");
+        self.drive(index);
+    }
+
+    fn tick(&mut self) {
+        let now = self.now();
+        for index in 0..self.connections.len() {
+            if let Some(peer) = self.connections[index].as_mut() {
+                peer.protocol.handle_timeout(now);
+                self.drive(index);
+            }
+        }
+    }
+
+    fn on_receive(&mut self, index: usize, completion: Completion) {
+        let now = self.now();
+        let peer = self.connections[index].as_mut().expect("live connection");
+        let Returned::Buf(buffer) = completion.returned else { unreachable!("a receive returns its buffer") };
+        match completion.result {
+            Ok(0) => begin_close(peer, "closed by the host"),
+            Ok(received) => peer.protocol.handle_input(&buffer.as_slice()[..received], now, &mut peer.slots),
+            Err(error) => begin_close(peer, &format!("receive failed: {error}")),
+        }
+        peer.receive_buffer = Some(buffer);
+    }
+
+    fn on_send(&mut self, index: usize, completion: Completion) {
+        let fd = {
+            let peer = self.connections[index].as_ref().expect("live connection");
+            peer.stream.as_raw_fd()
+        };
+        let peer = self.connections[index].as_mut().expect("live connection");
+        let Returned::Batch(mut batch) = completion.returned else { unreachable!("a send returns its batch") };
+        match completion.result {
+            Ok(sent) => {
+                batch.consume(sent);
+                if !batch.is_empty() {
+                    peer.ops_in_flight += 1;
+                    self.push(Op::Send { fd, batch }, token(index, OpKind::Send, 0));
+                    return;
+                }
+            }
+            Err(error) => begin_close(peer, &format!("send failed: {error}")),
+        }
+        let mut buffers = batch.take_bufs();
+        peer.staging = buffers.next();
+        for (slot, buffer) in peer.lent_slots.drain(..).zip(buffers) {
+            peer.slots.put(slot, buffer);
+        }
+        peer.batch = Some(batch);
+        peer.protocol.on_transmitted();
+    }
+
+    fn on_block_io(&mut self, index: usize, slot: SlotId, completion: Completion) {
+        let peer = self.connections[index].as_mut().expect("live connection");
+        let expected = peer.io_len[usize::from(slot.0)];
+        if let Returned::Buf(buffer) = completion.returned {
+            peer.slots.put(slot, buffer);
+        }
+        let result = match completion.result {
+            Ok(done) if expected > 0 && done != expected as usize => {
+                log::warn!("{}: short transfer on a namespace: {done} of {expected} bytes", peer.address);
+                Err(IoError::Other)
+            }
+            Ok(_) => Ok(()),
+            Err(error) => {
+                log::warn!("{}: namespace I/O failed: {error}", peer.address);
+                Err(classify(&error))
+            }
+        };
+        peer.protocol.handle_io_complete(slot, result, &mut peer.slots);
+    }
+
+    /// Moves a connection forward after anything happened to it.
+    fn drive(&mut self, index: usize) {
+        while let Some(request) = self.connections[index].as_mut().and_then(|peer| peer.protocol.poll_io()) {
+            self.submit_block_io(index, request);
+        }
+        self.submit_send(index);
+        let peer = self.connections[index].as_mut().expect("live connection");
+        if peer.protocol.is_closed() && !peer.closing {
+            begin_close(peer, "");
+        }
+        if !peer.closing {
+            if let Some(buffer) = peer.receive_buffer.take() {
+                let op = Op::Recv { fd: peer.stream.as_raw_fd(), buf: buffer, offset: 0, len: RECEIVE_BUFFER_BYTES };
+                peer.ops_in_flight += 1;
+                self.push(op, token(index, OpKind::Receive, 0));
+            }
+        } else if peer.ops_in_flight == 0 {
+            log::debug!("{}: connection released", peer.address);
+            self.connections[index] = None;
+            self.free.push(index);
+        }
+    }
+
+    fn submit_send(&mut self, index: usize) {
+        let peer = self.connections[index].as_mut().expect("live connection");
+        if peer.batch.is_none() || peer.closing {
+            return;
+        }
+        let Some(transmit) = peer.protocol.poll_transmit() else { return };
+        let mut staging = peer.staging.take().expect("staging buffer is home while no send is in flight");
+        assert!(transmit.bytes.len() <= STAGING_BYTES, "{} inline bytes exceed the staging buffer", transmit.bytes.len());
+        staging.as_mut_slice()[..transmit.bytes.len()].copy_from_slice(transmit.bytes);
+        let mut batch = peer.batch.take().expect("checked above");
+        let staging_index = batch.push_buf(staging);
+        for segment in transmit.segments {
+            match segment {
+                TxSegment::Bytes(range) => batch.push_segment(staging_index, range.clone()),
+                TxSegment::Slot(slot, range) => {
+                    let buffer_index = batch.push_buf(peer.slots.take(*slot));
+                    peer.lent_slots.push(*slot);
+                    batch.push_segment(buffer_index, range.clone());
+                }
+            }
+        }
+        peer.ops_in_flight += 1;
+        let fd = peer.stream.as_raw_fd();
+        self.push(Op::Send { fd, batch }, token(index, OpKind::Send, 0));
+    }
+
+    fn submit_block_io(&mut self, index: usize, request: IoRequest) {
+        let exports = Arc::clone(&self.exports);
+        let peer = self.connections[index].as_mut().expect("live connection");
+        if peer.subsystem.is_none() {
+            peer.subsystem = peer.protocol.subsystem_index();
+        }
+        let device = peer.subsystem.and_then(|subsystem| exports.device(subsystem, request.nsid));
+        let Some(device) = device else {
+            // The core validated the NSID against the same configuration the exports were built from.
+            log::error!("{}: no device for namespace {}", peer.address, request.nsid);
+            peer.protocol.handle_io_complete(request.slot, Err(IoError::Other), &mut peer.slots);
+            return;
+        };
+        let fd = device.fd();
+        let slot = request.slot;
+        let (op, expected) = match request.kind {
+            IoKind::Read { offset, len, buffer_offset } => {
+                let buf = peer.slots.take(slot);
+                (Op::Read { fd, buf, buf_offset: buffer_offset as usize, len: len as usize, file_offset: offset }, len)
+            }
+            IoKind::Write { offset, len, buffer_offset, fua } => {
+                let buf = peer.slots.take(slot);
+                (Op::Write { fd, buf, buf_offset: buffer_offset as usize, len: len as usize, file_offset: offset, dsync: fua }, len)
+            }
+            IoKind::Flush => (Op::Fsync { fd, datasync: true }, 0),
+            IoKind::WriteZeroes { offset, len, .. } | IoKind::Deallocate { offset, len } => {
+                (Op::Fallocate { fd, mode: weft_storage::ZERO_RANGE_MODE, offset, len }, 0)
+            }
+        };
+        peer.io_len[usize::from(slot.0)] = expected;
+        peer.ops_in_flight += 1;
+        self.push(op, token(index, OpKind::BlockIo, slot.0));
+    }
+}
+
+/// Starts closing: logs why once, shuts the socket down (which also ends a
+/// pending receive) and releases the queue in the core.
+fn begin_close(peer: &mut Peer, reason: &str) {
+    peer.closing = true;
+    match peer.protocol.termination() {
+        Some(Termination::Protocol(error)) => log::warn!("{}: protocol error, sent C2HTermReq {:?} (field offset {}); connection closed", peer.address, error.status, error.field_offset),
+        Some(Termination::KeepAliveExpired) => log::warn!("{}: keep-alive timeout expired; controller {:?} torn down", peer.address, peer.protocol.cntlid()),
+        Some(other) => log::info!("{}: connection ended: {other:?}", peer.address),
+        None => log::debug!("{}: connection {reason}", peer.address),
+    }
+    let _ = peer.stream.shutdown(Shutdown::Both);
+    peer.protocol.on_closed();
+}
+
+fn classify(error: &io::Error) -> IoError {
+    match error.raw_os_error() {
+        Some(libc::ENOSPC) | Some(libc::EDQUOT) => IoError::NoSpace,
+        Some(libc::EIO) => IoError::Media,
+        _ => IoError::Other,
+    }
+}

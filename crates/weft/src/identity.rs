@@ -1,0 +1,114 @@
+//! Stable identities: a node ID created once in the data directory, and the
+//! serial numbers, NGUIDs, UUIDs and EUI-64s derived from it, so a host that
+//! reconnects after a restart sees the same disks.
+
+use std::fs;
+use std::io::{self, Read};
+use std::path::Path;
+
+/// 16 random bytes, persisted as hex in `<data dir>/node-id`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeId(pub [u8; 16]);
+
+impl NodeId {
+    /// Loads the node ID, creating it (and the data directory) on first start.
+    pub fn load_or_create(data_dir: &Path) -> io::Result<NodeId> {
+        let path = data_dir.join("node-id");
+        match fs::read_to_string(&path) {
+            Ok(text) => parse_hex16(text.trim()).map(NodeId).ok_or_else(|| {
+                io::Error::new(io::ErrorKind::InvalidData, format!("{} is not 32 hex digits; remove it to create a new node identity", path.display()))
+            }),
+            Err(error) if error.kind() == io::ErrorKind::NotFound => {
+                fs::create_dir_all(data_dir)?;
+                let mut bytes = [0u8; 16];
+                fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+                // Write then rename: a crash never leaves a half-written identity.
+                let temporary = data_dir.join("node-id.tmp");
+                fs::write(&temporary, format!("{}\n", hex(&bytes)))?;
+                fs::rename(&temporary, &path)?;
+                Ok(NodeId(bytes))
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    /// A 128-bit value derived from this node and `parts` (FNV-1a, 128 bit).
+    pub fn derive(&self, parts: &[&[u8]]) -> [u8; 16] {
+        const OFFSET_BASIS: u128 = 0x6c62_272e_07bb_0142_62b8_2175_6295_c58d;
+        const PRIME: u128 = 0x0000_0000_0100_0000_0000_0000_0000_013b;
+        let mut hash = OFFSET_BASIS;
+        for part in std::iter::once(&self.0[..]).chain(parts.iter().copied()) {
+            for &byte in part {
+                hash ^= u128::from(byte);
+                hash = hash.wrapping_mul(PRIME);
+            }
+            // Separator, so ("ab","c") and ("a","bc") differ.
+            hash ^= 0xff;
+            hash = hash.wrapping_mul(PRIME);
+        }
+        hash.to_be_bytes()
+    }
+
+    /// A 20-character serial number for `subnqn`.
+    pub fn serial(&self, subnqn: &str) -> String {
+        hex(&self.derive(&[b"serial", subnqn.as_bytes()]))[..20].to_string()
+    }
+
+    /// NGUID, UUID (version 4 layout) and EUI-64 of namespace `nsid` in `subnqn`.
+    pub fn namespace_ids(&self, subnqn: &str, nsid: u32) -> ([u8; 16], [u8; 16], [u8; 8]) {
+        let nsid = nsid.to_be_bytes();
+        let nguid = self.derive(&[b"nguid", subnqn.as_bytes(), &nsid]);
+        let mut uuid = self.derive(&[b"uuid", subnqn.as_bytes(), &nsid]);
+        uuid[6] = (uuid[6] & 0x0f) | 0x40;
+        uuid[8] = (uuid[8] & 0x3f) | 0x80;
+        let mut eui64 = [0u8; 8];
+        eui64.copy_from_slice(&self.derive(&[b"eui64", subnqn.as_bytes(), &nsid])[..8]);
+        (nguid, uuid, eui64)
+    }
+}
+
+/// Lower-case hex of `bytes`.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn parse_hex16(text: &str) -> Option<[u8; 16]> {
+    if text.len() != 32 || !text.is_ascii() {
+        return None;
+    }
+    let mut out = [0u8; 16];
+    for (index, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&text[index * 2..index * 2 + 2], 16).ok()?;
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_id_persists_and_derivations_are_stable() {
+        let dir = std::env::temp_dir().join(format!("weft-identity-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let first = NodeId::load_or_create(&dir).unwrap();
+        let second = NodeId::load_or_create(&dir).unwrap();
+        assert_eq!(first, second);
+        assert_eq!(first.serial("nqn.a"), second.serial("nqn.a"));
+        assert_ne!(first.serial("nqn.a"), first.serial("nqn.b"));
+        let (nguid, uuid, _) = first.namespace_ids("nqn.a", 1);
+        assert_ne!(nguid, first.namespace_ids("nqn.a", 2).0);
+        assert_eq!(uuid[6] >> 4, 4, "UUID version 4 layout");
+        fs::write(dir.join("node-id"), "garbage").unwrap();
+        let error = NodeId::load_or_create(&dir).unwrap_err();
+        assert!(error.to_string().contains("remove it"), "{error}");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn fixed_vector() {
+        let node = NodeId([0; 16]);
+        assert_eq!(node.serial("nqn.2026-11.io.weft:default").len(), 20);
+        assert_eq!(node.derive(&[]), NodeId([0; 16]).derive(&[]));
+    }
+}
