@@ -4,7 +4,7 @@
 #
 # Usage (as root): harness/interop.sh [--weft PATH] [--port N] [--target weft|nvmet]
 #   --weft PATH      weft binary (default target/release/weft)
-#   --port N         weft listens on 127.0.0.1:N (default 14420); the guest reaches it
+#   --port N         weft listens on 127.0.0.1:N (default 14430); the guest reaches it
 #                    as 10.0.2.2:N through qemu's user-mode network
 #   --target nvmet   reference run: the same guest checks against the guest kernel's
 #                    nvmet-tcp target, configured alike (no weft involved)
@@ -17,13 +17,16 @@
 # was alive at the end and exits 0 on SIGTERM, that weft.log has no panic, and that the
 # file namespace was created with its configured size. Prints a PASS/FAIL summary and
 # exits non-zero on any failure. About 5-8 minutes under TCG.
+# The VM gets its own share directory, .cache/interop/share (not vm-run.sh's default
+# .cache/vm-share, which other VM runs in this checkout overwrite while the guest still
+# reads its script from there); one interop run at a time (lock .cache/interop.lock).
 # Output: console in .cache/interop/run.log; weft's output and the supervisor's lines in
-# .cache/vm-share/weft.log; fio JSON in .cache/vm-share/interop/.
+# .cache/interop/share/weft.log; fio JSON in .cache/interop/share/interop/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
 
-WEFT=target/release/weft PORT=14420 TARGET=weft
+WEFT=target/release/weft PORT=14430 TARGET=weft
 TIMEOUT_S=1500
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 2; }
 while [ $# -gt 0 ]; do
@@ -42,12 +45,14 @@ case "$TARGET" in weft|nvmet) ;; *) die "--target must be weft or nvmet" ;; esac
 # build-image.sh prints the image directory on fd 3 (it opens fd 3 itself only when building)
 echo "interop: guest image $(harness/vm/build-image.sh 3>&1)"
 
+exec 9> "$REPO/.cache/interop.lock"
+flock -n 9 || die "another interop run is active (.cache/interop.lock)"
 WORK=$REPO/.cache/interop
-SHARE=$REPO/.cache/vm-share
-rm -rf "$WORK" "$SHARE/ctl" "$SHARE/interop" "$SHARE/weft.log"
+SHARE=$WORK/share
+rm -rf "$WORK"
 mkdir -p "$WORK/data" "$SHARE/ctl"
 : > "$SHARE/weft.log"
-VM_ARGS=(-c 2 -t "$TIMEOUT_S" -e "WEFT_PORT=$PORT" -e "WEFT_TARGET=$TARGET")
+VM_ARGS=(-s "$SHARE" -c 2 -t "$TIMEOUT_S" -e "WEFT_PORT=$PORT" -e "WEFT_TARGET=$TARGET")
 if [ "$TARGET" = weft ]; then
     [ -x "$WEFT" ] || die "no weft binary at $WEFT (cargo build --release, or --weft PATH)"
     WEFT=$(realpath "$WEFT")
@@ -99,6 +104,7 @@ case "$GUEST_RC" in
     *) why="exit status $GUEST_RC, see the FAIL lines above" ;;
 esac
 check "guest checks (harness/guest/interop.sh)" "$why" [ "$GUEST_RC" = 0 ]
+check "guest summary says PASS" "no 'interop: PASS' line from the guest" grep -q '^interop: PASS' "$SHARE/.lab/console.log"
 if [ "$TARGET" = weft ]; then
     CTL=$SHARE/ctl
     check "weft never exited by itself" "$(paste -sd';' "$CTL/events" 2>/dev/null)" [ ! -s "$CTL/events" ]

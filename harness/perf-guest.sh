@@ -8,8 +8,10 @@
 #   --weft PATH    weft binary inside this repository (default target/release/weft); the
 #                  guest sees the repository read-only at /mnt/weft
 #   --runtime S    seconds per fio job (default 10)
-#   OUT_JSON       default .cache/perf-nvmet-vs-weft.json
+#   OUT_JSON       default .cache/perf/perf-nvmet-vs-weft.json
 # Env: PERF_SIZE_MIB (namespace size, default 256).
+# The VM gets its own share directory, .cache/perf/share (other VM runs in this checkout
+# overwrite vm-run.sh's default .cache/vm-share); one run at a time (.cache/perf.lock).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -24,7 +26,7 @@ while [ $# -gt 0 ]; do
         *) break ;;
     esac
 done
-OUT=${1:-.cache/perf-nvmet-vs-weft.json}
+OUT=${1:-.cache/perf/perf-nvmet-vs-weft.json}
 [ "$(id -u)" = 0 ] || { echo "perf-guest: run as root" >&2; exit 2; }
 
 VM_ARGS=(-n none -c 2 -t 900 -e "PERF_SIZE_MIB=${PERF_SIZE_MIB:-256}")
@@ -40,9 +42,13 @@ else
 fi
 # build-image.sh prints the image directory on fd 3 (it opens fd 3 itself only when building)
 echo "perf-guest: guest image $(harness/vm/build-image.sh 3>&1)"
-SHARE_JSON=.cache/vm-share/perf-nvmet-vs-weft.json
-rm -f "$SHARE_JSON"
-harness/vm/vm-run.sh "${VM_ARGS[@]}" harness/guest/perf-nvmet-vs-weft.sh "$RUNTIME"
+mkdir -p .cache/perf
+exec 9> .cache/perf.lock
+flock -n 9 || { echo "perf-guest: another run is active (.cache/perf.lock)" >&2; exit 2; }
+SHARE=.cache/perf/share
+rm -rf "$SHARE"
+mkdir -p "$SHARE"
+harness/vm/vm-run.sh -s "$SHARE" "${VM_ARGS[@]}" harness/guest/perf-nvmet-vs-weft.sh "$RUNTIME"
 mkdir -p "$(dirname "$OUT")"
-cp "$SHARE_JSON" "$OUT"
+cp "$SHARE/perf-nvmet-vs-weft.json" "$OUT"
 echo "perf-guest: $OUT"

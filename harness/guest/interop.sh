@@ -14,7 +14,7 @@
 # creates $LAB_SHARE/ctl/restart (SIGTERM) or $LAB_SHARE/ctl/kill9 (SIGKILL); the
 # supervisor answers in ctl/<request>.done ("ok ..." or "error: ...") and records
 # unexpected exits of weft in ctl/events.
-# Env: WEFT_PORT     target port (default 14420)
+# Env: WEFT_PORT     target port (default 14430)
 #      WEFT_TARGET   weft (default) or nvmet: the guest kernel's nvmet-tcp target on
 #                    127.0.0.1, configured like weft's interop config, as a reference run
 #                    of the same checks (restart and kill -9 become a port down/up; nvmet
@@ -22,7 +22,7 @@
 #      GARBAGE_SEED  seed of the random bytes of step g (default 1)
 set -uo pipefail
 
-PORT=${WEFT_PORT:-14420}
+PORT=${WEFT_PORT:-14430}
 TARGET=${WEFT_TARGET:-weft}
 NQN1=nqn.2026-11.io.weft:default   # ns1: file 512 MiB, ns2: ram 64 MiB
 NQN2=nqn.2026-11.io.weft:second    # ns1: ram 32 MiB

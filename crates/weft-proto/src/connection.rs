@@ -79,6 +79,8 @@ pub enum Termination {
 enum SlotState {
     /// Unused.
     Free,
+    /// The capsule arrived; the command is being checked or executed synchronously.
+    Received,
     /// The capsule's in-capsule data is arriving.
     ReceivingCapsuleData,
     /// An R2T was sent; H2CData is arriving.
@@ -603,6 +605,7 @@ impl Connection {
         entry.io_plan = None;
         entry.io_pending = 0;
         entry.status = Status::SUCCESS;
+        entry.state = SlotState::Received;
         if data.len == 0 {
             return self.command_received(slot, now, buffers);
         }
@@ -652,6 +655,7 @@ impl Connection {
             entry.status = Status::TRANSIENT_TRANSPORT_ERROR;
         }
         if target.in_capsule {
+            entry.state = SlotState::Received;
             if !intact {
                 self.advance_sqhd();
                 self.complete(slot, Status::TRANSIENT_TRANSPORT_ERROR, 0, 0, buffers);
@@ -1038,5 +1042,361 @@ impl Rx {
     fn reset(&mut self) {
         self.have = 0;
         self.need = COMMON_HEADER_LEN;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::command::{admin_opcode, io_opcode};
+    use crate::pdu::PduType;
+    use crate::testing::*;
+    use crate::wire::{ascii_field, hex};
+    use std::time::Duration;
+
+    fn ready_io_queue(target: &Arc<Target>) -> (Pair, Pair) {
+        let mut admin = Pair::new(target);
+        let cntlid = admin.connect_admin(TEST_NQN, 5000);
+        let mut queues = sqe(admin_opcode::SET_FEATURES, 3, 0, 0, false);
+        set_cdw(&mut queues, 10, 0x07);
+        set_cdw(&mut queues, 11, 0x0001_0001);
+        let response = admin.simple(&queues);
+        assert_eq!(response.status(), Status::SUCCESS);
+        let mut io = Pair::new(target);
+        let connected = io.connect_io(cntlid, 1, 127);
+        assert_eq!(connected.status(), Status::SUCCESS);
+        (admin, io)
+    }
+
+    #[test]
+    fn admin_connect_properties_and_identify() {
+        let target = test_target();
+        let mut host = Pair::new(&target);
+        let cntlid = host.connect_admin(TEST_NQN, 5000);
+        assert!(cntlid >= 1);
+        let cap = host.simple(&property_get(4, 0)).result();
+        assert_eq!(cap & 0xFFFF, 127, "MQES");
+        assert_eq!((cap >> 37) & 1, 1, "NVM command set");
+        assert_eq!(host.simple(&property_get(5, 0x1C)).result() & 1, 1, "CSTS.RDY after CC.EN");
+        let (data, response) = host.read_data(&identify(6, 1, 0));
+        assert_eq!(response.status(), Status::SUCCESS);
+        assert_eq!(data.len(), 4096);
+        assert_eq!(ascii_field(&data[768..1024]), TEST_NQN);
+        assert_eq!(ascii_field(&data[24..64]), "weft");
+        assert_eq!(u16::from_le_bytes([data[78], data[79]]), cntlid);
+        assert_eq!(u32::from_le_bytes(data[516..520].try_into().unwrap()), 2, "NN");
+        let (list, _) = host.read_data(&identify(7, 2, 0));
+        assert_eq!(&list[..12], &hex("01000000 02000000 00000000")[..]);
+        let (ns, _) = host.read_data(&identify(8, 0, 2));
+        assert_eq!(u64::from_le_bytes(ns[0..8].try_into().unwrap()), 1024);
+        assert_eq!(ns[130], 12, "LBADS of namespace 2");
+        let (inactive, response) = host.read_data(&identify(9, 0, 9));
+        assert_eq!(response.status(), Status::SUCCESS);
+        assert!(inactive.iter().all(|&b| b == 0), "inactive NSIDs read as zeroes");
+        let (descriptors, _) = host.read_data(&identify(10, 3, 1));
+        assert_eq!(&descriptors[12..16], &[2, 16, 0, 0]);
+        assert_eq!(host.simple(&identify(11, 0x7F, 0)).status(), Status::INVALID_FIELD);
+    }
+
+    #[test]
+    fn features_and_log_pages() {
+        let target = test_target();
+        let mut host = Pair::new(&target);
+        host.connect_admin(TEST_NQN, 5000);
+        let mut get_kato = sqe(admin_opcode::GET_FEATURES, 3, 0, 0, false);
+        set_cdw(&mut get_kato, 10, 0x0F);
+        assert_eq!(host.simple(&get_kato).result(), 5000);
+        let mut saveable = sqe(admin_opcode::SET_FEATURES, 4, 0, 0, false);
+        set_cdw(&mut saveable, 10, 0x8000_000B);
+        assert_eq!(host.simple(&saveable).status(), Status::FEATURE_NOT_SAVEABLE);
+        let (smart, response) = host.read_data(&get_log_page(5, 0x02, 512, 0));
+        assert_eq!(response.status(), Status::SUCCESS);
+        assert_eq!(smart[3], 100, "available spare");
+        let (firmware, _) = host.read_data(&get_log_page(6, 0x03, 512, 0));
+        assert_eq!(ascii_field(&firmware[8..16]), "0.1.0");
+        assert_eq!(host.simple(&get_log_page(7, 0x70, 1024, 0)).status(), Status::INVALID_LOG_PAGE);
+        assert_eq!(host.simple(&get_log_page(8, 0xC0, 512, 0)).status(), Status::INVALID_LOG_PAGE);
+        let mut mismatched = get_log_page(9, 0x02, 512, 0);
+        mismatched[32..36].copy_from_slice(&4096u32.to_le_bytes());
+        assert_eq!(host.simple(&mismatched).status(), Status::SGL_LENGTH_INVALID);
+        let ka = host.simple(&sqe(admin_opcode::KEEP_ALIVE, 10, 0, 0, false));
+        assert_eq!(ka.status(), Status::SUCCESS);
+        assert_eq!(ka.cid(), 10);
+    }
+
+    #[test]
+    fn discovery_log_lists_subsystems_and_windows() {
+        let target = test_target();
+        let mut host = Pair::new(&target);
+        host.connect_admin(DISCOVERY_NQN, 0);
+        let (header, response) = host.read_data(&get_log_page(3, 0x70, 1024, 0));
+        assert_eq!(response.status(), Status::SUCCESS);
+        assert_eq!(u64::from_le_bytes(header[8..16].try_into().unwrap()), 2, "the subsystem and the discovery subsystem");
+        let (page, _) = host.read_data(&get_log_page(4, 0x70, 3072, 0));
+        assert_eq!(ascii_field(&page[1024 + 256..1024 + 512]), TEST_NQN);
+        assert_eq!(page[1024 + 2], 2, "NVM subsystem");
+        assert_eq!(ascii_field(&page[2048 + 256..2048 + 512]), DISCOVERY_NQN);
+        let (second, _) = host.read_data(&get_log_page(5, 0x70, 1024, 2048));
+        assert_eq!(&second[..], &page[2048..3072], "a window at an offset is the same bytes");
+        let (controller, _) = host.read_data(&identify(6, 1, 0));
+        assert_eq!(controller[111], 2, "CNTRLTYPE discovery");
+        assert_eq!(host.simple(&identify(7, 0, 1)).status(), Status::INVALID_FIELD);
+    }
+
+    #[test]
+    fn reads_and_writes_in_capsule_and_by_r2t() {
+        let target = test_target();
+        let (_admin, mut io) = ready_io_queue(&target);
+        let block: Vec<u8> = (0..4096u32).map(|i| (i * 7) as u8).collect();
+        let write = rw(io_opcode::WRITE, 1, 2, 3, 1, 4096, true);
+        let response = io.command(&write, &block).pop().unwrap();
+        assert_eq!(response.status(), Status::SUCCESS);
+        assert_eq!(&io.disks[&2][3 * 4096..4 * 4096], &block[..]);
+        let (read, response) = io.read_data(&rw(io_opcode::READ, 2, 2, 3, 1, 4096, false));
+        assert_eq!(response.status(), Status::SUCCESS);
+        assert_eq!(read, block);
+        // 64 KiB by R2T, arriving as four H2CData PDUs of 16 KiB.
+        let big: Vec<u8> = (0..65536u32).map(|i| (i % 251) as u8).collect();
+        let response = io.write_r2t(&rw(io_opcode::WRITE, 3, 1, 10, 128, 65536, false), &big, 16384);
+        assert_eq!(response.status(), Status::SUCCESS);
+        let (read, _) = io.read_data(&rw(io_opcode::READ, 4, 1, 10, 128, 65536, false));
+        assert_eq!(read, big);
+        let compare_same = io.command(&rw(io_opcode::COMPARE, 5, 2, 3, 1, 4096, true), &block).pop().unwrap();
+        assert_eq!(compare_same.status(), Status::SUCCESS);
+        let compare_other = io.command(&rw(io_opcode::COMPARE, 6, 2, 4, 1, 4096, true), &block).pop().unwrap();
+        assert_eq!(compare_other.status(), Status::COMPARE_FAILURE);
+        let mut zeroes = rw(io_opcode::WRITE_ZEROES, 7, 2, 3, 1, 0, false);
+        set_cdw(&mut zeroes, 12, 1 << 25);
+        assert_eq!(io.simple(&zeroes).status(), Status::SUCCESS);
+        assert!(io.disks[&2][3 * 4096..4 * 4096].iter().all(|&b| b == 0));
+        let flush = io.simple(&sqe(io_opcode::FLUSH, 8, 0xFFFF_FFFF, 0, false));
+        assert_eq!(flush.status(), Status::SUCCESS);
+    }
+
+    #[test]
+    fn dataset_management_deallocates_ranges() {
+        let target = test_target();
+        let (_admin, mut io) = ready_io_queue(&target);
+        io.disks.get_mut(&1).unwrap().fill(0xAA);
+        let ranges = hex("00000000 02000000 0400000000000000  00000000 01000000 1000000000000000");
+        let mut dsm = sqe(io_opcode::DATASET_MANAGEMENT, 1, 1, 32, true);
+        set_cdw(&mut dsm, 10, 1);
+        set_cdw(&mut dsm, 11, 1 << 2);
+        let response = io.command(&dsm, &ranges).pop().unwrap();
+        assert_eq!(response.status(), Status::SUCCESS);
+        let disk = &io.disks[&1];
+        assert!(disk[4 * 512..6 * 512].iter().all(|&b| b == 0));
+        assert!(disk[16 * 512..17 * 512].iter().all(|&b| b == 0));
+        assert_eq!(disk[6 * 512], 0xAA);
+    }
+
+    #[test]
+    fn invalid_commands_get_the_spec_status_and_the_queue_carries_on() {
+        let target = test_target();
+        let (_admin, mut io) = ready_io_queue(&target);
+        let beyond = io.simple(&rw(io_opcode::READ, 1, 1, 2047, 2, 1024, false));
+        assert_eq!(beyond.status(), Status::LBA_OUT_OF_RANGE);
+        assert_eq!(io.simple(&rw(io_opcode::READ, 2, 7, 0, 1, 512, false)).status(), Status::INVALID_NAMESPACE);
+        assert_eq!(io.simple(&sqe(0x7C, 3, 1, 0, false)).status(), Status::INVALID_OPCODE);
+        let mut prp = rw(io_opcode::READ, 4, 1, 0, 1, 512, false);
+        prp[1] = 0;
+        assert_eq!(io.simple(&prp).status(), Status::INVALID_FIELD);
+        // A write whose SGL promises more than the command transfers.
+        let short = io.command(&rw(io_opcode::WRITE, 5, 1, 0, 1, 1024, true), &[0u8; 1024]).pop().unwrap();
+        assert_eq!(short.status(), Status::SGL_LENGTH_INVALID);
+        let (_, response) = io.read_data(&rw(io_opcode::READ, 6, 1, 0, 1, 512, false));
+        assert_eq!(response.status(), Status::SUCCESS);
+    }
+
+    #[test]
+    fn digests_protect_headers_and_data() {
+        let target = test_target();
+        let mut admin = Pair::new(&target);
+        admin.header_digest = true;
+        admin.data_digest = true;
+        let cntlid = admin.connect_admin(TEST_NQN, 5000);
+        let mut queues = sqe(admin_opcode::SET_FEATURES, 3, 0, 0, false);
+        set_cdw(&mut queues, 10, 0x07);
+        assert_eq!(admin.simple(&queues).status(), Status::SUCCESS);
+        let mut io = Pair::new(&target);
+        io.header_digest = true;
+        io.data_digest = true;
+        assert_eq!(io.connect_io(cntlid, 1, 63).status(), Status::SUCCESS);
+        let data = vec![0x5Au8; 8192];
+        let response = io.write_r2t(&rw(io_opcode::WRITE, 1, 2, 0, 2, 8192, false), &data, 4096);
+        assert_eq!(response.status(), Status::SUCCESS);
+        let (read, _) = io.read_data(&rw(io_opcode::READ, 2, 2, 0, 2, 8192, false));
+        assert_eq!(read, data, "C2HData digest verified by the host model");
+        // A corrupted data digest fails only that command, with a retryable status.
+        let mut capsule = io.capsule(&rw(io_opcode::WRITE, 3, 2, 5, 1, 4096, true), &[1u8; 4096]);
+        let last = capsule.len() - 1;
+        capsule[last] ^= 0xFF;
+        io.send(&capsule);
+        let response = io.expect();
+        assert_eq!(response.status(), Status::TRANSIENT_TRANSPORT_ERROR);
+        assert!(io.disks[&2][5 * 4096..6 * 4096].iter().all(|&b| b == 0), "nothing written");
+        // A corrupted header digest is fatal.
+        let mut capsule = io.capsule(&rw(io_opcode::READ, 4, 2, 0, 1, 4096, false), &[]);
+        capsule[72] ^= 0xFF;
+        io.send(&capsule);
+        let term = io.expect();
+        assert_eq!(term.fatal_status(), FatalErrorStatus::HeaderDigestError as u16);
+        assert!(io.connection.is_closed());
+    }
+
+    #[test]
+    fn keep_alive_expiry_tears_the_controller_down() {
+        let target = test_target();
+        let (mut admin, mut io) = ready_io_queue(&target);
+        admin.advance(Duration::from_millis(4000));
+        assert_eq!(admin.simple(&sqe(admin_opcode::KEEP_ALIVE, 9, 0, 0, false)).status(), Status::SUCCESS);
+        admin.advance(Duration::from_millis(4000));
+        assert!(!admin.connection.is_closed(), "the Keep Alive restarted the timer");
+        admin.advance(Duration::from_millis(1001));
+        assert!(admin.connection.is_closed());
+        assert_eq!(admin.connection.termination(), Some(&Termination::KeepAliveExpired));
+        assert!(target.registry.is_empty());
+        io.advance(Duration::from_millis(250));
+        assert_eq!(io.connection.termination(), Some(&Termination::ControllerGone));
+    }
+
+    #[test]
+    fn connect_errors_name_the_parameter() {
+        let target = test_target();
+        let mut host = Pair::new(&target);
+        host.initialize(false, false);
+        let (command, data) = connect_command(1, 0, 31, 0, 0xFFFF, "nqn.2026-11.io.weft:missing");
+        let response = host.command(&command, &data).pop().unwrap();
+        assert_eq!(response.status(), Status::CONNECT_INVALID_PARAMETERS);
+        assert_eq!(response.result(), (1 << 16) | 256, "IATTR data, offset of SUBNQN");
+        let (command, data) = connect_command(2, 0, 200, 0, 0xFFFF, TEST_NQN);
+        let response = host.command(&command, &data).pop().unwrap();
+        assert_eq!(response.result(), 44, "offset of SQSIZE in the SQE");
+        let mut io = Pair::new(&target);
+        assert_eq!(io.connect_io(77, 1, 31).status(), Status::CONNECT_INVALID_PARAMETERS);
+        let (admin, _) = ready_io_queue(&target);
+        let cntlid = admin.connection.cntlid().unwrap();
+        let mut beyond = Pair::new(&target);
+        assert_eq!(beyond.connect_io(cntlid, 65, 31).result(), 42, "qid beyond the granted queues");
+        let mut twice = Pair::new(&target);
+        assert_eq!(twice.connect_io(cntlid, 1, 31).status(), Status::CONNECT_CONTROLLER_BUSY);
+    }
+
+    #[test]
+    fn sq_flow_control_disabled_uses_the_success_flag() {
+        let target = test_target();
+        let (mut admin, _) = ready_io_queue(&target);
+        let cntlid = admin.connection.cntlid().unwrap();
+        let _ = admin.simple(&sqe(admin_opcode::KEEP_ALIVE, 9, 0, 0, false));
+        let mut io = Pair::new(&target);
+        io.initialize(false, false);
+        let (mut command, data) = connect_command(1, 2, 31, 0, cntlid, TEST_NQN);
+        command[46] = ConnectCommand::CATTR_DISABLE_SQ_FLOW;
+        assert_eq!(io.command(&command, &data).pop().unwrap().status(), Status::SUCCESS);
+        io.send(&io.capsule(&rw(io_opcode::READ, 2, 1, 0, 1, 512, false), &[]));
+        let pdu = io.expect();
+        assert_eq!(pdu.pdu_type, PduType::C2hData as u8);
+        assert_eq!(pdu.flags & (flags::SUCCESS | flags::LAST_PDU), flags::SUCCESS | flags::LAST_PDU);
+        assert!(io.receive().is_none(), "no CapsuleResp after a SUCCESS C2HData");
+    }
+
+    /// Sends `bytes` on a fresh connection (after ICReq, and Connect if `connected`)
+    /// and returns the C2HTermReq's FES and FEI.
+    fn term_req_for(connected: bool, initialized: bool, bytes: &[u8]) -> (u16, u32) {
+        let target = test_target();
+        let mut host = Pair::new(&target);
+        if connected {
+            host.connect_admin(TEST_NQN, 0);
+        } else if initialized {
+            host.initialize(false, false);
+        }
+        host.send(bytes);
+        let term = host.expect();
+        assert!(host.connection.is_closed(), "a fatal error closes the connection");
+        (term.fatal_status(), u32::from_le_bytes(term.header[10..14].try_into().unwrap()))
+    }
+
+    #[test]
+    fn malformed_pdus_end_the_connection_with_the_right_status() {
+        let capsule_header = |hlen: u8, pdo: u8, plen: u32, pdu_flags: u8| {
+            let mut pdu = vec![0x04, pdu_flags, hlen, pdo];
+            pdu.extend_from_slice(&plen.to_le_bytes());
+            pdu.resize(plen.max(72) as usize, 0);
+            pdu
+        };
+        let identify_capsule = {
+            let mut pdu = vec![0x04, 0, 72, 0, 72, 0, 0, 0];
+            pdu.extend_from_slice(&identify(1, 1, 0));
+            pdu
+        };
+        let mut icreq = [0u8; 128];
+        IcReq { pfv: 0, hpda: 0, digest: 0, maxr2t: 0 }.encode(&mut icreq);
+        let mut bad_pfv = icreq;
+        bad_pfv[8] = 1;
+        let h2c_unknown = {
+            let mut pdu = vec![0x06, 0x04, 24, 24];
+            pdu.extend_from_slice(&(24u32 + 512).to_le_bytes());
+            pdu.extend_from_slice(&hex("0100 0500 00000000 00020000 00000000"));
+            pdu.resize(24 + 512, 0);
+            pdu
+        };
+        let cases: Vec<(&str, bool, bool, Vec<u8>, u16, u32)> = vec![
+            ("unknown PDU type", true, true, hex("08 00 18 00 18000000 0000000000000000 0000000000000000"), 1, 0),
+            ("controller-to-host type", true, true, hex("05 00 18 00 18000000 0000000000000000 0000000000000000"), 1, 0),
+            ("capsule with a wrong HLEN", true, true, capsule_header(50, 0, 72, 0), 1, 2),
+            ("capsule with PLEN shorter than its header", true, true, capsule_header(72, 0, 40, 0), 1, 4),
+            ("PDO inside the header", true, true, capsule_header(72, 8, 72 + 512, 0), 1, 3),
+            ("header digest flag not negotiated", true, true, capsule_header(72, 0, 76, 0x01), 1, 1),
+            ("in-capsule data beyond IOCCSZ", true, true, capsule_header(72, 72, 72 + 64 * 1024, 0), 5, 0),
+            ("a command before ICReq", false, false, identify_capsule.clone(), 2, 0),
+            ("a command other than Connect first", false, true, identify_capsule, 2, 0),
+            ("a second ICReq", true, true, icreq.to_vec(), 2, 0),
+            ("an unsupported PFV", false, false, bad_pfv.to_vec(), 6, 8),
+            ("H2CData for an unknown transfer", true, true, h2c_unknown, 1, 10),
+        ];
+        for (name, connected, initialized, bytes, fes, fei) in cases {
+            assert_eq!(term_req_for(connected, initialized, &bytes), (fes, fei), "{name}");
+        }
+    }
+
+    #[test]
+    fn h2c_data_outside_the_r2t_window_is_fatal() {
+        let target = test_target();
+        let (_admin, mut io) = ready_io_queue(&target);
+        io.send(&io.capsule(&rw(io_opcode::WRITE, 1, 1, 0, 8, 4096, false), &[]));
+        let r2t = io.expect();
+        let header = DataHeader::decode(&r2t.header).unwrap();
+        let pdu = io.h2c_data(1, header.ttag, 2048, &[0u8; 512], false);
+        io.send(&pdu);
+        assert_eq!(io.expect().fatal_status(), FatalErrorStatus::DataTransferOutOfRange as u16);
+    }
+
+    #[test]
+    fn more_commands_than_queue_entries_is_fatal() {
+        let target = test_target();
+        let (mut admin, _) = ready_io_queue(&target);
+        let cntlid = admin.connection.cntlid().unwrap();
+        let _ = admin.simple(&sqe(admin_opcode::KEEP_ALIVE, 9, 0, 0, false));
+        let mut io = Pair::new(&target);
+        assert_eq!(io.connect_io(cntlid, 2, 3).status(), Status::SUCCESS);
+        io.hold_io = true;
+        // SQSIZE 3: four entries may be outstanding, not five.
+        for cid in 0..5 {
+            io.send(&io.capsule(&rw(io_opcode::READ, cid, 1, 0, 1, 512, false), &[]));
+        }
+        assert_eq!(io.expect().fatal_status(), FatalErrorStatus::PduSequenceError as u16);
+    }
+
+    #[test]
+    fn byte_at_a_time_delivery_works() {
+        let target = test_target();
+        let (_admin, mut io) = ready_io_queue(&target);
+        let block = vec![0x3Cu8; 512];
+        let capsule = io.capsule(&rw(io_opcode::WRITE, 1, 1, 5, 1, 512, true), &block);
+        for byte in capsule {
+            io.send(&[byte]);
+        }
+        assert_eq!(io.expect().status(), Status::SUCCESS);
+        assert_eq!(&io.disks[&1][5 * 512..6 * 512], &block[..]);
     }
 }

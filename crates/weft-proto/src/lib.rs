@@ -17,6 +17,7 @@ pub mod io;
 pub mod pdu;
 pub mod status;
 pub mod target;
+pub mod testing;
 pub mod types;
 pub mod wire;
 

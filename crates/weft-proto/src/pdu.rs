@@ -439,7 +439,7 @@ mod tests {
         let offending = hex("04 00 32 00 48000000");
         let len = encode_c2h_term_req(PduError::field(field_offset::HLEN), &offending, &mut out);
         assert_eq!(len, 32);
-        assert_eq!(&out[..len], &hex("03 00 18 18 20000000 0100 02000000 0000000000000000 0400320048000000")[..]);
+        assert_eq!(&out[..len], &hex("03 00 18 18 20000000 0100 02000000 00000000000000000000 0400320048000000")[..]);
     }
 
     #[test]

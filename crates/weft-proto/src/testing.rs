@@ -1,0 +1,439 @@
+//! An in-memory host and target pair for protocol tests and fuzzing: a host
+//! model that builds the PDUs a Linux host sends, and a target harness that
+//! drives a [`Connection`] the way the data plane does, with RAM namespaces.
+//! Deterministic: time only moves when a test says so.
+
+use crate::command::{admin_opcode, fctype, FABRICS_OPCODE};
+use crate::connection::{Connection, SlotBuffers, TxSegment};
+use crate::digest::crc32c;
+use crate::io::{IoKind, IoRequest};
+use crate::pdu::{self, digest_bits, flags, DataHeader, IcReq, PduType};
+use crate::status::Status;
+use crate::target::{AddressFamily, Limits, ListenerConfig, NamespaceConfig, SubsystemConfig, Target, TargetConfig};
+use crate::types::{Nsid, SlotId, Timestamp};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Subsystem NQN of [`test_target`].
+pub const TEST_NQN: &str = "nqn.2026-11.io.weft:test";
+/// Host NQN the model uses.
+pub const HOST_NQN: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000001";
+/// Host ID the model uses.
+pub const HOST_ID: [u8; 16] = [0x11; 16];
+
+/// A target with one subsystem: namespace 1 (1 MiB of 512-byte blocks) and namespace 2 (4 MiB of 4 KiB blocks).
+pub fn test_target() -> Arc<Target> {
+    let namespace = |nsid: u32, blocks: u64, block_size: u32| NamespaceConfig {
+        nsid: Nsid(nsid),
+        blocks,
+        block_size,
+        nguid: [nsid as u8; 16],
+        uuid: [0x40 + nsid as u8; 16],
+        eui64: [0x80 + nsid as u8; 8],
+        thin: true,
+        ready: true,
+    };
+    Target::new(TargetConfig {
+        subsystems: vec![SubsystemConfig {
+            nqn: TEST_NQN.into(),
+            serial: "0123456789abcdef0123".into(),
+            model: "weft".into(),
+            firmware: "0.1.0".into(),
+            namespaces: vec![namespace(1, 2048, 512), namespace(2, 1024, 4096)],
+        }],
+        listeners: vec![ListenerConfig { port_id: 1, family: AddressFamily::Ipv4, address: "127.0.0.1".into(), service: "4420".into() }],
+        limits: Limits::DEFAULT,
+        discovery_serial: "discovery".into(),
+        generation: 1,
+    })
+}
+
+/// Slot buffers as plain vectors.
+#[derive(Debug)]
+pub struct VecBuffers {
+    buffers: Vec<Vec<u8>>,
+}
+
+impl VecBuffers {
+    /// Buffers for `limits`.
+    pub fn new(limits: &Limits) -> VecBuffers {
+        VecBuffers { buffers: vec![vec![0u8; limits.slot_buffer_bytes()]; usize::from(limits.queue_entries_max)] }
+    }
+}
+
+impl SlotBuffers for VecBuffers {
+    fn buffer(&mut self, slot: SlotId) -> &mut [u8] {
+        &mut self.buffers[usize::from(slot.0)]
+    }
+}
+
+/// A PDU the target sent, split into its parts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReceivedPdu {
+    /// PDU type byte.
+    pub pdu_type: u8,
+    /// Flags.
+    pub flags: u8,
+    /// The header (HLEN bytes, without digest).
+    pub header: Vec<u8>,
+    /// The data (without padding and digest).
+    pub data: Vec<u8>,
+}
+
+impl ReceivedPdu {
+    /// CQE status of a CapsuleResp.
+    pub fn status(&self) -> Status {
+        assert_eq!(self.pdu_type, PduType::CapsuleResp as u8, "not a CapsuleResp: {self:?}");
+        Status::from_cqe_status(u16::from_le_bytes([self.header[22], self.header[23]]))
+    }
+
+    /// CQE DW0-DW1 of a CapsuleResp.
+    pub fn result(&self) -> u64 {
+        u64::from_le_bytes(self.header[8..16].try_into().expect("8 bytes"))
+    }
+
+    /// CID of a CapsuleResp.
+    pub fn cid(&self) -> u16 {
+        u16::from_le_bytes([self.header[20], self.header[21]])
+    }
+
+    /// FES of a C2HTermReq.
+    pub fn fatal_status(&self) -> u16 {
+        assert_eq!(self.pdu_type, PduType::C2hTermReq as u8, "not a C2HTermReq: {self:?}");
+        u16::from_le_bytes([self.header[8], self.header[9]])
+    }
+}
+
+/// The target side, executing block I/O on RAM namespaces immediately.
+#[derive(Debug)]
+pub struct Pair {
+    /// The connection under test.
+    pub connection: Connection,
+    /// Its slot buffers.
+    pub buffers: VecBuffers,
+    /// RAM namespaces by NSID, shared by every connection of a test through `disks`.
+    pub disks: HashMap<u32, Vec<u8>>,
+    /// Bytes sent by the target, not yet parsed.
+    pub sent: Vec<u8>,
+    /// The clock.
+    pub now: Timestamp,
+    /// Digests negotiated (from the host's point of view).
+    pub header_digest: bool,
+    /// Data digest negotiated.
+    pub data_digest: bool,
+    /// When set, block I/O is held back in `held_io` instead of executed.
+    pub hold_io: bool,
+    /// Held block I/O requests.
+    pub held_io: Vec<IoRequest>,
+}
+
+impl Pair {
+    /// A fresh connection to `target`.
+    pub fn new(target: &Arc<Target>) -> Pair {
+        let limits = target.config.limits;
+        let disks = target.config.subsystems[0].namespaces.iter().map(|ns| (ns.nsid.0, vec![0u8; ns.size_bytes() as usize])).collect();
+        Pair {
+            connection: Connection::new(Arc::clone(target)),
+            buffers: VecBuffers::new(&limits),
+            disks,
+            sent: Vec::new(),
+            now: Timestamp::default(),
+            header_digest: false,
+            data_digest: false,
+            hold_io: false,
+            held_io: Vec::new(),
+        }
+    }
+
+    /// Delivers bytes to the target and runs it until it is idle.
+    pub fn send(&mut self, bytes: &[u8]) {
+        self.connection.handle_input(bytes, self.now, &mut self.buffers);
+        self.pump();
+    }
+
+    /// Advances the clock and fires timers.
+    pub fn advance(&mut self, by: Duration) {
+        self.now = self.now.after(by);
+        self.connection.handle_timeout(self.now);
+        self.pump();
+    }
+
+    /// Executes block I/O and collects transmissions until nothing moves.
+    pub fn pump(&mut self) {
+        loop {
+            let mut progressed = false;
+            while let Some(request) = self.connection.poll_io() {
+                progressed = true;
+                if self.hold_io {
+                    self.held_io.push(request);
+                } else {
+                    self.execute(request);
+                }
+            }
+            if let Some(transmit) = self.connection.poll_transmit() {
+                progressed = true;
+                let (bytes, segments) = (transmit.bytes.to_vec(), transmit.segments.to_vec());
+                for segment in segments {
+                    match segment {
+                        TxSegment::Bytes(range) => self.sent.extend_from_slice(&bytes[range]),
+                        TxSegment::Slot(slot, range) => {
+                            let data = self.buffers.buffer(slot)[range].to_vec();
+                            self.sent.extend_from_slice(&data);
+                        }
+                    }
+                }
+                self.connection.on_transmitted();
+            }
+            if !progressed {
+                return;
+            }
+        }
+    }
+
+    /// Executes one block I/O request against the RAM disks and reports it.
+    pub fn execute(&mut self, request: IoRequest) {
+        let disk = self.disks.get_mut(&request.nsid.0).expect("I/O for a test namespace");
+        let buffer = self.buffers.buffer(request.slot);
+        match request.kind {
+            IoKind::Read { offset, len, buffer_offset } => {
+                let (offset, len, at) = (offset as usize, len as usize, buffer_offset as usize);
+                buffer[at..at + len].copy_from_slice(&disk[offset..offset + len]);
+            }
+            IoKind::Write { offset, len, buffer_offset, .. } => {
+                let (offset, len, at) = (offset as usize, len as usize, buffer_offset as usize);
+                disk[offset..offset + len].copy_from_slice(&buffer[at..at + len]);
+            }
+            IoKind::Flush => {}
+            IoKind::WriteZeroes { offset, len, .. } | IoKind::Deallocate { offset, len } => {
+                disk[offset as usize..(offset + len) as usize].fill(0);
+            }
+        }
+        self.connection.handle_io_complete(request.slot, Ok(()), &mut self.buffers);
+    }
+
+    /// Parses the next complete PDU the target sent.
+    pub fn receive(&mut self) -> Option<ReceivedPdu> {
+        if self.sent.len() < 8 {
+            return None;
+        }
+        let plen = u32::from_le_bytes(self.sent[4..8].try_into().expect("4 bytes")) as usize;
+        if self.sent.len() < plen {
+            return None;
+        }
+        let pdu: Vec<u8> = self.sent.drain(..plen).collect();
+        let (pdu_type, pdu_flags, hlen, pdo) = (pdu[0], pdu[1], usize::from(pdu[2]), usize::from(pdu[3]));
+        if pdu_flags & flags::HDGSTF != 0 {
+            let digest = u32::from_le_bytes(pdu[hlen..hlen + 4].try_into().expect("4 bytes"));
+            assert_eq!(digest, crc32c(&pdu[..hlen]), "header digest of a target PDU");
+        }
+        let data = if pdo > 0 {
+            let end = plen - if pdu_flags & flags::DDGSTF != 0 { 4 } else { 0 };
+            let data = pdu[pdo..end].to_vec();
+            if pdu_flags & flags::DDGSTF != 0 {
+                assert_eq!(u32::from_le_bytes(pdu[end..].try_into().expect("4 bytes")), crc32c(&data), "data digest of a target PDU");
+            }
+            data
+        } else {
+            Vec::new()
+        };
+        Some(ReceivedPdu { pdu_type, flags: pdu_flags, header: pdu[..hlen].to_vec(), data })
+    }
+
+    /// Receives the next PDU, which must exist.
+    pub fn expect(&mut self) -> ReceivedPdu {
+        self.receive().expect("the target sent a PDU")
+    }
+
+    // ----- host PDUs -----
+
+    /// Sends ICReq with the given digests and expects ICResp.
+    pub fn initialize(&mut self, header_digest: bool, data_digest: bool) {
+        let mut icreq = [0u8; 128];
+        let digest = if header_digest { digest_bits::HEADER } else { 0 } | if data_digest { digest_bits::DATA } else { 0 };
+        IcReq { pfv: 0, hpda: 0, digest, maxr2t: 0 }.encode(&mut icreq);
+        self.send(&icreq);
+        let icresp = self.expect();
+        assert_eq!(icresp.pdu_type, PduType::IcResp as u8);
+        self.header_digest = header_digest;
+        self.data_digest = data_digest;
+    }
+
+    /// A CapsuleCmd PDU carrying `sqe` and optional in-capsule data.
+    pub fn capsule(&self, sqe: &[u8; 64], data: &[u8]) -> Vec<u8> {
+        let hdgst = if self.header_digest { 4 } else { 0 };
+        let ddgst = if self.data_digest && !data.is_empty() { 4 } else { 0 };
+        let pdo = if data.is_empty() { 0 } else { 72 + hdgst };
+        let plen = 72 + hdgst + data.len() + ddgst;
+        let pdu_flags = if hdgst > 0 { flags::HDGSTF } else { 0 } | if ddgst > 0 { flags::DDGSTF } else { 0 };
+        let mut pdu = vec![PduType::CapsuleCmd as u8, pdu_flags, 72, pdo as u8];
+        pdu.extend_from_slice(&(plen as u32).to_le_bytes());
+        pdu.extend_from_slice(sqe);
+        if hdgst > 0 {
+            pdu.extend_from_slice(&crc32c(&pdu[..72]).to_le_bytes());
+        }
+        pdu.extend_from_slice(data);
+        if ddgst > 0 {
+            pdu.extend_from_slice(&crc32c(data).to_le_bytes());
+        }
+        pdu
+    }
+
+    /// An H2CData PDU.
+    pub fn h2c_data(&self, cccid: u16, ttag: u16, offset: u32, data: &[u8], last: bool) -> Vec<u8> {
+        let mut out = [0u8; pdu::MAX_HEADER_LEN];
+        let header = DataHeader { cccid, ttag, offset, length: data.len() as u32 };
+        let pdu_flags = if last { flags::LAST_PDU } else { 0 };
+        let pdo = pdu::encode_data_pdu(PduType::H2cData, pdu_flags, self.header_digest, self.data_digest, 4, header, &mut out);
+        let mut pdu = out[..pdo].to_vec();
+        pdu.extend_from_slice(data);
+        if self.data_digest {
+            pdu.extend_from_slice(&crc32c(data).to_le_bytes());
+        }
+        pdu
+    }
+
+    /// Sends a command (in-capsule data if any) and returns the PDUs until its completion.
+    pub fn command(&mut self, sqe: &[u8; 64], data: &[u8]) -> Vec<ReceivedPdu> {
+        let capsule = self.capsule(sqe, data);
+        self.send(&capsule);
+        let mut pdus = Vec::new();
+        while let Some(pdu) = self.receive() {
+            let done = pdu.pdu_type == PduType::CapsuleResp as u8 || pdu.pdu_type == PduType::C2hTermReq as u8;
+            pdus.push(pdu);
+            if done {
+                break;
+            }
+        }
+        pdus
+    }
+
+    /// Sends a command that completes without data and returns its CapsuleResp.
+    pub fn simple(&mut self, sqe: &[u8; 64]) -> ReceivedPdu {
+        let mut pdus = self.command(sqe, &[]);
+        assert_eq!(pdus.len(), 1, "one CapsuleResp expected: {pdus:?}");
+        pdus.remove(0)
+    }
+
+    /// Sends a command that returns data: (data, CapsuleResp).
+    pub fn read_data(&mut self, sqe: &[u8; 64]) -> (Vec<u8>, ReceivedPdu) {
+        let pdus = self.command(sqe, &[]);
+        let response = pdus.last().expect("a response").clone();
+        let data = pdus.iter().filter(|p| p.pdu_type == PduType::C2hData as u8).flat_map(|p| p.data.clone()).collect();
+        (data, response)
+    }
+
+    /// Sends a write-direction command whose data goes by R2T/H2CData in `chunk`-byte PDUs.
+    pub fn write_r2t(&mut self, sqe: &[u8; 64], data: &[u8], chunk: usize) -> ReceivedPdu {
+        let capsule = self.capsule(sqe, &[]);
+        self.send(&capsule);
+        let r2t = self.expect();
+        assert_eq!(r2t.pdu_type, PduType::R2t as u8, "expected R2T, got {r2t:?}");
+        let header = DataHeader::decode(&r2t.header).expect("R2T header");
+        assert_eq!(header.length as usize, data.len());
+        for (index, piece) in data.chunks(chunk).enumerate() {
+            let offset = (index * chunk) as u32;
+            let last = offset as usize + piece.len() == data.len();
+            let pdu = self.h2c_data(header.cccid, header.ttag, offset, piece, last);
+            self.send(&pdu);
+        }
+        self.expect()
+    }
+
+    /// ICReq, admin Connect and CC.EN=1: a ready admin queue; returns the controller ID.
+    pub fn connect_admin(&mut self, subnqn: &str, kato_ms: u32) -> u16 {
+        self.initialize(self.header_digest, self.data_digest);
+        let (sqe, data) = connect_command(1, 0, 31, kato_ms, 0xFFFF, subnqn);
+        let response = self.command(&sqe, &data).pop().expect("Connect response");
+        assert_eq!(response.status(), Status::SUCCESS, "admin Connect");
+        let cntlid = response.result() as u16;
+        let enable = property_set(2, 0x14, (6 << 16) | (4 << 20) | 1);
+        assert_eq!(self.simple(&enable).status(), Status::SUCCESS);
+        cntlid
+    }
+
+    /// ICReq and I/O queue Connect for `qid` of controller `cntlid`.
+    pub fn connect_io(&mut self, cntlid: u16, qid: u16, sqsize: u16) -> ReceivedPdu {
+        self.initialize(self.header_digest, self.data_digest);
+        let (sqe, data) = connect_command(1, qid, sqsize, 0, cntlid, TEST_NQN);
+        self.command(&sqe, &data).pop().expect("Connect response")
+    }
+}
+
+/// A 64-byte SQE with opcode, CID and NSID; SGL 5Ah (transport) of `sgl_len` unless `in_capsule`.
+pub fn sqe(opcode: u8, cid: u16, nsid: u32, sgl_len: u32, in_capsule: bool) -> [u8; 64] {
+    let mut sqe = [0u8; 64];
+    sqe[0] = opcode;
+    sqe[1] = 0x40; // PSDT: SGL
+    sqe[2..4].copy_from_slice(&cid.to_le_bytes());
+    sqe[4..8].copy_from_slice(&nsid.to_le_bytes());
+    sqe[32..36].copy_from_slice(&sgl_len.to_le_bytes());
+    sqe[39] = if in_capsule { 0x01 } else { 0x5A };
+    sqe
+}
+
+/// Sets command dword `n` (10..=15).
+pub fn set_cdw(sqe: &mut [u8; 64], n: usize, value: u32) {
+    let at = 40 + (n - 10) * 4;
+    sqe[at..at + 4].copy_from_slice(&value.to_le_bytes());
+}
+
+/// A Fabrics Connect command and its 1024-byte data (sent in-capsule).
+pub fn connect_command(cid: u16, qid: u16, sqsize: u16, kato_ms: u32, cntlid: u16, subnqn: &str) -> ([u8; 64], Vec<u8>) {
+    let mut command = sqe(FABRICS_OPCODE, cid, 0, 1024, true);
+    command[4] = fctype::CONNECT;
+    command[42..44].copy_from_slice(&qid.to_le_bytes());
+    command[44..46].copy_from_slice(&sqsize.to_le_bytes());
+    command[48..52].copy_from_slice(&kato_ms.to_le_bytes());
+    let mut data = vec![0u8; 1024];
+    data[..16].copy_from_slice(&HOST_ID);
+    data[16..18].copy_from_slice(&cntlid.to_le_bytes());
+    data[256..256 + subnqn.len()].copy_from_slice(subnqn.as_bytes());
+    data[512..512 + HOST_NQN.len()].copy_from_slice(HOST_NQN.as_bytes());
+    (command, data)
+}
+
+/// Property Get of `offset` (8-byte for CAP).
+pub fn property_get(cid: u16, offset: u32) -> [u8; 64] {
+    let mut command = sqe(FABRICS_OPCODE, cid, 0, 0, false);
+    command[4] = fctype::PROPERTY_GET;
+    command[40] = u8::from(offset == 0);
+    command[44..48].copy_from_slice(&offset.to_le_bytes());
+    command
+}
+
+/// Property Set of a 4-byte property.
+pub fn property_set(cid: u16, offset: u32, value: u32) -> [u8; 64] {
+    let mut command = sqe(FABRICS_OPCODE, cid, 0, 0, false);
+    command[4] = fctype::PROPERTY_SET;
+    command[44..48].copy_from_slice(&offset.to_le_bytes());
+    command[48..52].copy_from_slice(&value.to_le_bytes());
+    command
+}
+
+/// Identify with `cns` for `nsid`.
+pub fn identify(cid: u16, cns: u8, nsid: u32) -> [u8; 64] {
+    let mut command = sqe(admin_opcode::IDENTIFY, cid, nsid, 4096, false);
+    set_cdw(&mut command, 10, u32::from(cns));
+    command
+}
+
+/// Get Log Page `lid` of `len` bytes at `offset`.
+pub fn get_log_page(cid: u16, lid: u8, len: u32, offset: u64) -> [u8; 64] {
+    let mut command = sqe(admin_opcode::GET_LOG_PAGE, cid, 0xFFFF_FFFF, len, false);
+    let dwords = len / 4 - 1;
+    set_cdw(&mut command, 10, u32::from(lid) | ((dwords & 0xFFFF) << 16));
+    set_cdw(&mut command, 11, dwords >> 16);
+    set_cdw(&mut command, 12, offset as u32);
+    set_cdw(&mut command, 13, (offset >> 32) as u32);
+    command
+}
+
+/// A Read or Write (or Compare) of `blocks` at `slba` for `bytes` of data.
+pub fn rw(opcode: u8, cid: u16, nsid: u32, slba: u64, blocks: u32, bytes: u32, in_capsule: bool) -> [u8; 64] {
+    let mut command = sqe(opcode, cid, nsid, bytes, in_capsule);
+    set_cdw(&mut command, 10, slba as u32);
+    set_cdw(&mut command, 11, (slba >> 32) as u32);
+    set_cdw(&mut command, 12, blocks - 1);
+    command
+}
