@@ -30,16 +30,12 @@ OUT=${1:-.cache/perf/perf-nvmet-vs-weft.json}
 [ "$(id -u)" = 0 ] || { echo "perf-guest: run as root" >&2; exit 2; }
 
 VM_ARGS=(-n none -c 2 -t 900 -e "PERF_SIZE_MIB=${PERF_SIZE_MIB:-256}")
-if [ -e "$WEFT" ]; then
-    WEFT=$(realpath "$WEFT")
-    case "$WEFT" in
-        "$REPO"/*) VM_ARGS+=(-e "WEFT_BIN=/mnt/weft/${WEFT#"$REPO"/}") ;;
-        *) echo "perf-guest: $WEFT is outside the repository, the guest cannot see it" >&2; exit 2 ;;
-    esac
-else
-    echo "perf-guest: no weft binary at $WEFT: measuring nvmet only"
-    VM_ARGS+=(-e "WEFT_BIN=/nonexistent")
-fi
+WEFT=$(realpath -m "$WEFT")
+case "$WEFT" in
+    "$REPO"/*) VM_ARGS+=(-e "WEFT_BIN=/mnt/weft/${WEFT#"$REPO"/}") ;;
+    *) echo "perf-guest: $WEFT is outside the repository, the guest cannot see it" >&2; exit 2 ;;
+esac
+[ -x "$WEFT" ] || echo "perf-guest: no weft binary at $WEFT: measuring nvmet only"
 # build-image.sh prints the image directory on fd 3 (it opens fd 3 itself only when building)
 echo "perf-guest: guest image $(harness/vm/build-image.sh 3>&1)"
 mkdir -p .cache/perf

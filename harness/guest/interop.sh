@@ -329,45 +329,51 @@ def judge(data, want_fes=None, need_termreq=strict):
     if want_fes is not None and fes != want_fes:
         die(f'FES {fes:#04x}, expected {want_fes:#04x}')
 
-bad_capsule = struct.pack('<BBBBI', 0x04, 0, 50, 0, 72).ljust(72, b'\0')   # hlen 50, must be 72
-s = socket.create_connection((host, port), timeout=TIMEOUT)
-if case == 'random':
-    seed = int(os.environ.get('GARBAGE_SEED', '1'))
-    garbage = random.Random(seed).randbytes(4096)
-    print(f'  random: seed {seed}, first bytes {garbage[:8].hex()}')
-    send(s, garbage)
-    judge(until_close(s), need_termreq=False)
-elif case == 'hlen':
-    icreq(s)
-    send(s, bad_capsule)
-    judge(until_close(s), want_fes=0x01)
-elif case == 'h2c':
-    icreq(s)
-    # H2CData (type 0x06, flags LAST_PDU, hlen 24, pdo 24): cccid 1, ttag 0x1234, datao 0,
-    # datal 512. The header goes first; the data only if the target waits for it.
-    send(s, struct.pack('<BBBBIHHII', 0x06, 0x04, 24, 24, 24 + 512, 1, 0x1234, 0, 512).ljust(24, b'\0'))
-    data = until_close(s, timeout=3)
-    if data is None:
-        send(s, bytes(512))
-        data = until_close(s)
-    judge(data)
-elif case == 'hold':
-    icreq(s)
-    send(s, bad_capsule[:4])
-    open(os.path.join(tmp, 'hold.ready'), 'w').close()
-    t0 = time.monotonic()
-    while not os.path.exists(os.path.join(tmp, 'hold.release')):
-        if time.monotonic() - t0 > 600:
-            die('never released')
-        time.sleep(0.1)
-    if until_close(s, timeout=0.5) is not None:
-        print(f'  hold: the target closed the stalled connection within {time.monotonic() - t0:.0f} s')
-    else:
-        print(f'  hold: connection still open after {time.monotonic() - t0:.0f} s mid-header, sending the rest')
-        send(s, bad_capsule[4:])
+def main():
+    bad_capsule = struct.pack('<BBBBI', 0x04, 0, 50, 0, 72).ljust(72, b'\0')   # hlen 50, must be 72
+    s = socket.create_connection((host, port), timeout=TIMEOUT)
+    if case == 'random':
+        seed = int(os.environ.get('GARBAGE_SEED', '1'))
+        garbage = random.Random(seed).randbytes(4096)
+        print(f'  random: seed {seed}, first bytes {garbage[:8].hex()}')
+        send(s, garbage)
+        judge(until_close(s), need_termreq=False)
+    elif case == 'hlen':
+        icreq(s)
+        send(s, bad_capsule)
         judge(until_close(s), want_fes=0x01)
-else:
-    die('unknown case')
+    elif case == 'h2c':
+        icreq(s)
+        # H2CData (type 0x06, flags LAST_PDU, hlen 24, pdo 24): cccid 1, ttag 0x1234, datao 0,
+        # datal 512. The header goes first; the data only if the target waits for it.
+        send(s, struct.pack('<BBBBIHHII', 0x06, 0x04, 24, 24, 24 + 512, 1, 0x1234, 0, 512).ljust(24, b'\0'))
+        data = until_close(s, timeout=3)
+        if data is None:
+            send(s, bytes(512))
+            data = until_close(s)
+        judge(data)
+    elif case == 'hold':
+        icreq(s)
+        send(s, bad_capsule[:4])
+        open(os.path.join(tmp, 'hold.ready'), 'w').close()
+        t0 = time.monotonic()
+        while not os.path.exists(os.path.join(tmp, 'hold.release')):
+            if time.monotonic() - t0 > 600:
+                die('never released')
+            time.sleep(0.1)
+        if until_close(s, timeout=0.5) is not None:
+            print(f'  hold: the target closed the stalled connection within {time.monotonic() - t0:.0f} s')
+        else:
+            print(f'  hold: connection still open after {time.monotonic() - t0:.0f} s mid-header, sending the rest')
+            send(s, bad_capsule[4:])
+            judge(until_close(s), want_fes=0x01)
+    else:
+        die('unknown case')
+
+try:
+    main()
+except OSError as e:
+    die(f'{type(e).__name__}: {e}')
 EOF
 }
 

@@ -98,15 +98,27 @@ pub enum Outcome {
 
 impl Outcome {
     fn status(status: Status) -> Outcome {
-        Outcome::Complete { status, result: 0, reply_len: 0 }
+        Outcome::Complete {
+            status,
+            result: 0,
+            reply_len: 0,
+        }
     }
 
     fn result(result: u64) -> Outcome {
-        Outcome::Complete { status: Status::SUCCESS, result, reply_len: 0 }
+        Outcome::Complete {
+            status: Status::SUCCESS,
+            result,
+            reply_len: 0,
+        }
     }
 
     fn data(reply_len: usize) -> Outcome {
-        Outcome::Complete { status: Status::SUCCESS, result: 0, reply_len: reply_len as u32 }
+        Outcome::Complete {
+            status: Status::SUCCESS,
+            result: 0,
+            reply_len: reply_len as u32,
+        }
     }
 }
 
@@ -128,7 +140,12 @@ pub struct AdminQueue {
 
 impl AdminQueue {
     /// The admin queue of a new controller; `kato_ms` 0 disables keep-alive.
-    pub fn new(controller: Arc<ControllerShared>, kind: ControllerKind, kato_ms: u32, now: Timestamp) -> AdminQueue {
+    pub fn new(
+        controller: Arc<ControllerShared>,
+        kind: ControllerKind,
+        kato_ms: u32,
+        now: Timestamp,
+    ) -> AdminQueue {
         let keep_alive = (kato_ms > 0).then(|| Duration::from_millis(u64::from(kato_ms)));
         AdminQueue {
             controller,
@@ -153,7 +170,13 @@ impl AdminQueue {
 }
 
 /// Executes one admin-queue command whose data (if any) is in `buffer`.
-pub fn execute(queue: &mut AdminQueue, target: &Target, command: &Command, buffer: &mut [u8], now: Timestamp) -> Outcome {
+pub fn execute(
+    queue: &mut AdminQueue,
+    target: &Target,
+    command: &Command,
+    buffer: &mut [u8],
+    now: Timestamp,
+) -> Outcome {
     if command.is_fabrics() {
         return fabrics(queue, target, command);
     }
@@ -189,7 +212,11 @@ pub fn execute(queue: &mut AdminQueue, target: &Target, command: &Command, buffe
 
 fn fabrics(queue: &mut AdminQueue, target: &Target, command: &Command) -> Outcome {
     match command.fctype() {
-        fctype::PROPERTY_GET => property_get(queue, &target.config.limits, PropertyCommand::decode(command)),
+        fctype::PROPERTY_GET => property_get(
+            queue,
+            &target.config.limits,
+            PropertyCommand::decode(command),
+        ),
         fctype::PROPERTY_SET => property_set(queue, PropertyCommand::decode(command)),
         // A second Connect on a connected queue.
         fctype::CONNECT => Outcome::status(Status::COMMAND_SEQUENCE_ERROR),
@@ -243,7 +270,8 @@ fn property_set(queue: &mut AdminQueue, property: PropertyCommand) -> Outcome {
 
 /// CC.EN 0 -> 1: check the configuration the host chose (as nvmet does) and become ready.
 fn start_controller(queue: &mut AdminQueue) {
-    let io_entry_sizes_ok = queue.kind == ControllerKind::Discovery || (cc::iosqes(queue.cc) == 6 && cc::iocqes(queue.cc) == 4);
+    let io_entry_sizes_ok = queue.kind == ControllerKind::Discovery
+        || (cc::iosqes(queue.cc) == 6 && cc::iocqes(queue.cc) == 4);
     if !io_entry_sizes_ok || cc::mps(queue.cc) != 0 || cc::css(queue.cc) != 0 {
         queue.csts = csts::FATAL;
         return;
@@ -252,7 +280,13 @@ fn start_controller(queue: &mut AdminQueue) {
     queue.controller.set_ready(true);
 }
 
-fn identify(queue: &AdminQueue, target: &Target, subsystem: Option<&SubsystemConfig>, command: &Command, buffer: &mut [u8]) -> Outcome {
+fn identify(
+    queue: &AdminQueue,
+    target: &Target,
+    subsystem: Option<&SubsystemConfig>,
+    command: &Command,
+    buffer: &mut [u8],
+) -> Outcome {
     if command.sgl.length as usize != identify::IDENTIFY_LEN {
         return Outcome::status(Status::SGL_LENGTH_INVALID);
     }
@@ -271,10 +305,14 @@ fn identify(queue: &AdminQueue, target: &Target, subsystem: Option<&SubsystemCon
     let nsid = command.nsid;
     let active = subsystem.namespace(nsid);
     let written = match cns {
-        cns::NAMESPACE if nsid.0 == 0 || nsid == Nsid::BROADCAST => return Outcome::status(Status::INVALID_NAMESPACE),
+        cns::NAMESPACE if nsid.0 == 0 || nsid == Nsid::BROADCAST => {
+            return Outcome::status(Status::INVALID_NAMESPACE)
+        }
         // An inactive NSID returns a zeroed structure.
         cns::NAMESPACE => active.map_or(identify::IDENTIFY_LEN, |ns| identify::namespace(ns, out)),
-        cns::ACTIVE_NAMESPACES | cns::CS_ACTIVE_NAMESPACES if cns == cns::ACTIVE_NAMESPACES || csi == 0 => {
+        cns::ACTIVE_NAMESPACES | cns::CS_ACTIVE_NAMESPACES
+            if cns == cns::ACTIVE_NAMESPACES || csi == 0 =>
+        {
             if nsid.0 >= 0xFFFF_FFFE {
                 return Outcome::status(Status::INVALID_NAMESPACE);
             }
@@ -290,19 +328,37 @@ fn identify(queue: &AdminQueue, target: &Target, subsystem: Option<&SubsystemCon
             None => return Outcome::status(Status::INVALID_NAMESPACE),
         },
         cns::CS_CONTROLLER if csi == 0 => identify::IDENTIFY_LEN,
-        cns::CS_INDEPENDENT_NAMESPACE => active.map_or(identify::IDENTIFY_LEN, |ns| identify::cs_independent_namespace(ns, out)),
+        cns::CS_INDEPENDENT_NAMESPACE => active.map_or(identify::IDENTIFY_LEN, |ns| {
+            identify::cs_independent_namespace(ns, out)
+        }),
         cns::COMMAND_SETS => identify::command_sets(out),
         _ => return Outcome::status(Status::INVALID_FIELD),
     };
     Outcome::data(written)
 }
 
-fn controller_identity<'a>(queue: &AdminQueue, target: &'a Target, subsystem: Option<&'a SubsystemConfig>) -> ControllerIdentity<'a> {
+fn controller_identity<'a>(
+    queue: &AdminQueue,
+    target: &'a Target,
+    subsystem: Option<&'a SubsystemConfig>,
+) -> ControllerIdentity<'a> {
     let limits = &target.config.limits;
     let mdts = (limits.transfer_bytes_max / 4096).trailing_zeros() as u8;
     let (subnqn, serial, model, firmware, max_nsid) = match subsystem {
-        Some(s) => (s.nqn.as_str(), s.serial.as_str(), s.model.as_str(), s.firmware.as_str(), s.max_nsid()),
-        None => (crate::target::DISCOVERY_NQN, target.config.discovery_serial.as_str(), "weft discovery", env!("CARGO_PKG_VERSION"), 0),
+        Some(s) => (
+            s.nqn.as_str(),
+            s.serial.as_str(),
+            s.model.as_str(),
+            s.firmware.as_str(),
+            s.max_nsid(),
+        ),
+        None => (
+            crate::target::DISCOVERY_NQN,
+            target.config.discovery_serial.as_str(),
+            "weft discovery",
+            env!("CARGO_PKG_VERSION"),
+            0,
+        ),
     };
     ControllerIdentity {
         kind: queue.kind,
@@ -336,11 +392,21 @@ impl LogRequest {
         if dwords * 4 != command.sgl.length as usize {
             return Err(Status::SGL_LENGTH_INVALID);
         }
-        Ok(LogRequest { id: command.cdw(10) as u8, offset, len: dwords * 4 })
+        Ok(LogRequest {
+            id: command.cdw(10) as u8,
+            offset,
+            len: dwords * 4,
+        })
     }
 }
 
-fn get_log_page(queue: &AdminQueue, target: &Target, subsystem: Option<&SubsystemConfig>, command: &Command, buffer: &mut [u8]) -> Outcome {
+fn get_log_page(
+    queue: &AdminQueue,
+    target: &Target,
+    subsystem: Option<&SubsystemConfig>,
+    command: &Command,
+    buffer: &mut [u8],
+) -> Outcome {
     let request = match LogRequest::decode(command) {
         Ok(request) => request,
         Err(status) => return Outcome::status(status),
@@ -362,7 +428,9 @@ fn get_log_page(queue: &AdminQueue, target: &Target, subsystem: Option<&Subsyste
     let page_len = match request.id {
         log_id::ERROR => identify::ERROR_ENTRY_LEN,
         log_id::SMART => identify::smart(&health(&queue.controller), &mut page),
-        log_id::FIRMWARE_SLOT => identify::firmware_slot(subsystem.map_or("", |s| s.firmware.as_str()), &mut page),
+        log_id::FIRMWARE_SLOT => {
+            identify::firmware_slot(subsystem.map_or("", |s| s.firmware.as_str()), &mut page)
+        }
         // Namespaces never change while served (yet): the list is empty.
         log_id::CHANGED_NAMESPACES => identify::changed_namespaces(&[], &mut page),
         _ => return Outcome::status(Status::INVALID_LOG_PAGE),
@@ -373,7 +441,9 @@ fn get_log_page(queue: &AdminQueue, target: &Target, subsystem: Option<&Subsyste
 
 /// Copies `page[offset..]` into `out`; bytes past the page's end stay zero.
 fn copy_window(page: &[u8], offset: u64, out: &mut [u8]) {
-    let start = usize::try_from(offset).unwrap_or(usize::MAX).min(page.len());
+    let start = usize::try_from(offset)
+        .unwrap_or(usize::MAX)
+        .min(page.len());
     let available = &page[start..];
     let len = available.len().min(out.len());
     out[..len].copy_from_slice(&available[..len]);
@@ -384,11 +454,16 @@ fn discovery_log(target: &Target, offset: u64, out: &mut [u8]) {
     let config = &target.config;
     let records = identify::discovery_records(&config.subsystems, &config.listeners);
     let mut header = [0u8; identify::DISCOVERY_HEADER_LEN];
-    identify::discovery_header(config.generation, records.clone().count() as u64, &mut header);
+    identify::discovery_header(
+        config.generation,
+        records.clone().count() as u64,
+        &mut header,
+    );
     copy_into_window(&header, 0, offset, out);
     let mut entry = [0u8; identify::DISCOVERY_ENTRY_LEN];
     for (index, record) in records.enumerate() {
-        let position = (identify::DISCOVERY_HEADER_LEN + index * identify::DISCOVERY_ENTRY_LEN) as u64;
+        let position =
+            (identify::DISCOVERY_HEADER_LEN + index * identify::DISCOVERY_ENTRY_LEN) as u64;
         if position >= offset + out.len() as u64 {
             break;
         }
@@ -427,7 +502,12 @@ fn health(controller: &ControllerShared) -> Health {
     }
 }
 
-fn set_features(queue: &mut AdminQueue, limits: &Limits, command: &Command, now: Timestamp) -> Outcome {
+fn set_features(
+    queue: &mut AdminQueue,
+    limits: &Limits,
+    command: &Command,
+    now: Timestamp,
+) -> Outcome {
     if command.cdw(10) & (1 << 31) != 0 {
         return Outcome::status(Status::FEATURE_NOT_SAVEABLE);
     }
@@ -453,7 +533,10 @@ fn set_features(queue: &mut AdminQueue, limits: &Limits, command: &Command, now:
             Outcome::result(0)
         }
         feature::VOLATILE_WRITE_CACHE if queue.kind == ControllerKind::Io => {
-            queue.controller.write_cache_enabled.store(value & 1 != 0, Ordering::Release);
+            queue
+                .controller
+                .write_cache_enabled
+                .store(value & 1 != 0, Ordering::Release);
             Outcome::result(0)
         }
         // The host identifier is fixed by Connect (NVMe-oF 1.1, section 3.3).
@@ -475,7 +558,9 @@ fn get_features(queue: &AdminQueue, command: &Command, buffer: &mut [u8]) -> Out
         | feature::INTERRUPT_COALESCING
         | feature::INTERRUPT_VECTOR_CONFIG
         | feature::WRITE_ATOMICITY => 0,
-        feature::VOLATILE_WRITE_CACHE => u32::from(controller.write_cache_enabled.load(Ordering::Acquire)),
+        feature::VOLATILE_WRITE_CACHE => {
+            u32::from(controller.write_cache_enabled.load(Ordering::Acquire))
+        }
         feature::NUMBER_OF_QUEUES => {
             let granted = controller.io_queues_granted().max(1) - 1;
             granted | (granted << 16)

@@ -152,12 +152,27 @@ impl Command {
         }
         let mut raw = [0u8; SQE_LEN];
         raw.copy_from_slice(&sqe[..SQE_LEN]);
-        Ok(Command { opcode, flags, cid, nsid, sgl: Sgl { address, length, kind }, cdw, raw })
+        Ok(Command {
+            opcode,
+            flags,
+            cid,
+            nsid,
+            sgl: Sgl {
+                address,
+                length,
+                kind,
+            },
+            cdw,
+            raw,
+        })
     }
 
     /// Command dword `n` (10..=15).
     pub fn cdw(&self, n: usize) -> u32 {
-        assert!((10..=15).contains(&n), "CDW{n} is not a command-specific dword");
+        assert!(
+            (10..=15).contains(&n),
+            "CDW{n} is not a command-specific dword"
+        );
         self.cdw[n - 10]
     }
 
@@ -220,7 +235,13 @@ impl ConnectCommand {
         let cattr = r.u8().unwrap_or(0);
         let _ = r.skip(1);
         let kato_ms = r.u32().unwrap_or(0);
-        ConnectCommand { recfmt, qid, sqsize, cattr, kato_ms }
+        ConnectCommand {
+            recfmt,
+            qid,
+            sqsize,
+            cattr,
+            kato_ms,
+        }
     }
 }
 
@@ -251,7 +272,12 @@ impl ConnectData {
         let subnqn = ascii_field(r.take(256)?);
         let hostnqn = ascii_field(r.take(256)?);
         r.skip(256)?;
-        Ok(ConnectData { host_id, cntlid, subnqn, hostnqn })
+        Ok(ConnectData {
+            host_id,
+            cntlid,
+            subnqn,
+            hostnqn,
+        })
     }
 }
 
@@ -274,7 +300,11 @@ impl PropertyCommand {
         let offset = u32::from_le_bytes([raw[44], raw[45], raw[46], raw[47]]);
         let mut value_bytes = [0u8; 8];
         value_bytes.copy_from_slice(&raw[48..56]);
-        PropertyCommand { eight_bytes, offset, value: u64::from_le_bytes(value_bytes) }
+        PropertyCommand {
+            eight_bytes,
+            offset,
+            value: u64::from_le_bytes(value_bytes),
+        }
     }
 }
 
@@ -300,9 +330,25 @@ mod tests {
         assert_eq!(command.fctype(), fctype::CONNECT);
         assert_eq!(command.direction(), DataDirection::HostToController);
         assert_eq!(command.psdt(), 1);
-        assert_eq!(command.sgl, Sgl { address: 0, length: 1024, kind: SglKind::InCapsule });
+        assert_eq!(
+            command.sgl,
+            Sgl {
+                address: 0,
+                length: 1024,
+                kind: SglKind::InCapsule
+            }
+        );
         let connect = ConnectCommand::decode(&command);
-        assert_eq!(connect, ConnectCommand { recfmt: 0, qid: 0, sqsize: 31, cattr: 0, kato_ms: 5000 });
+        assert_eq!(
+            connect,
+            ConnectCommand {
+                recfmt: 0,
+                qid: 0,
+                sqsize: 31,
+                cattr: 0,
+                kato_ms: 5000
+            }
+        );
     }
 
     #[test]

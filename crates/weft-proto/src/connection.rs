@@ -19,13 +19,16 @@
 //! without passing through this crate's own memory.
 
 use crate::admin::{self, AdminQueue, Outcome};
-use crate::command::{fctype, Command, ConnectCommand, ConnectData, DataDirection, SglKind, CONNECT_DATA_LEN};
+use crate::command::{
+    fctype, Command, ConnectCommand, ConnectData, DataDirection, SglKind, CONNECT_DATA_LEN,
+};
 use crate::digest::{crc32c, crc32c_append};
 use crate::identify::ControllerKind;
 use crate::io::{self, IoError, IoKind, IoPlan, IoRequest};
 use crate::pdu::{
-    self, data_field_offset, digest_bits, field_offset, flags, CommonHeader, DataHeader, FatalErrorStatus, IcReq, IcResp,
-    PduError, PduType, COMMON_HEADER_LEN, DIGEST_LEN, MAX_HEADER_LEN,
+    self, data_field_offset, digest_bits, field_offset, flags, CommonHeader, DataHeader,
+    FatalErrorStatus, IcReq, IcResp, PduError, PduType, COMMON_HEADER_LEN, DIGEST_LEN,
+    MAX_HEADER_LEN,
 };
 use crate::status::{Completion, Status};
 use crate::target::{ControllerShared, Limits, RegistryError, Target, DISCOVERY_NQN};
@@ -142,7 +145,11 @@ enum RxPhase {
     /// Skipping padding between header and data.
     Padding { remaining: usize, data: DataTarget },
     /// Copying data into a slot buffer.
-    Data { target: DataTarget, remaining: usize, crc: u32 },
+    Data {
+        target: DataTarget,
+        remaining: usize,
+        crc: u32,
+    },
     /// Reading the data digest.
     DataDigest { target: DataTarget, crc: u32 },
 }
@@ -182,7 +189,8 @@ impl TxQueue {
                 return;
             }
         }
-        self.segments.push(TxSegment::Bytes(start..self.bytes.len()));
+        self.segments
+            .push(TxSegment::Bytes(start..self.bytes.len()));
     }
 
     fn is_empty(&self) -> bool {
@@ -244,8 +252,14 @@ impl Connection {
             // Until Connect sets the queue size only slot 0 exists.
             free_slots: vec![0],
             io_requests: VecDeque::with_capacity(depth * 2),
-            tx_pending: TxQueue { bytes: Vec::with_capacity(16 * 1024), segments: Vec::with_capacity(depth * 4) },
-            tx_sending: TxQueue { bytes: Vec::with_capacity(16 * 1024), segments: Vec::with_capacity(depth * 4) },
+            tx_pending: TxQueue {
+                bytes: Vec::with_capacity(16 * 1024),
+                segments: Vec::with_capacity(depth * 4),
+            },
+            tx_sending: TxQueue {
+                bytes: Vec::with_capacity(16 * 1024),
+                segments: Vec::with_capacity(depth * 4),
+            },
             tx_busy: false,
             termination: None,
             dsm_ranges: Vec::with_capacity(256),
@@ -253,7 +267,12 @@ impl Connection {
     }
 
     /// Feeds received bytes.
-    pub fn handle_input(&mut self, mut input: &[u8], now: Timestamp, buffers: &mut impl SlotBuffers) {
+    pub fn handle_input(
+        &mut self,
+        mut input: &[u8],
+        now: Timestamp,
+        buffers: &mut impl SlotBuffers,
+    ) {
         while !input.is_empty() && !matches!(self.state, State::Closing) {
             match self.receive(input, now, buffers) {
                 Ok(consumed) => input = &input[consumed..],
@@ -268,18 +287,30 @@ impl Connection {
     }
 
     /// Reports the result of a block I/O request from [`Connection::poll_io`].
-    pub fn handle_io_complete(&mut self, slot: SlotId, result: Result<(), IoError>, buffers: &mut impl SlotBuffers) {
+    pub fn handle_io_complete(
+        &mut self,
+        slot: SlotId,
+        result: Result<(), IoError>,
+        buffers: &mut impl SlotBuffers,
+    ) {
         if matches!(self.state, State::Closing) {
             return;
         }
         let entry = &mut self.slots[usize::from(slot.0)];
-        assert_eq!(entry.state, SlotState::Executing, "I/O completion for a slot that is not executing");
+        assert_eq!(
+            entry.state,
+            SlotState::Executing,
+            "I/O completion for a slot that is not executing"
+        );
         assert!(entry.io_pending > 0);
         entry.io_pending -= 1;
         let plan = entry.io_plan.expect("executing slots have a plan");
         if let Err(error) = result {
             if entry.status.is_success() {
-                entry.status = io::status_of(error, matches!(plan, IoPlan::Read { .. } | IoPlan::Compare { .. }));
+                entry.status = io::status_of(
+                    error,
+                    matches!(plan, IoPlan::Read { .. } | IoPlan::Compare { .. }),
+                );
             }
         }
         if entry.io_pending > 0 {
@@ -288,12 +319,18 @@ impl Connection {
         let status = entry.status;
         self.count_io(plan, status);
         match plan {
-            IoPlan::Read { len, .. } if status.is_success() => self.complete(slot, status, 0, len, buffers),
+            IoPlan::Read { len, .. } if status.is_success() => {
+                self.complete(slot, status, 0, len, buffers)
+            }
             IoPlan::Compare { len, .. } if status.is_success() => {
                 let len = len as usize;
                 let buffer = buffers.buffer(slot);
                 let same = buffer[..len] == buffer[len..2 * len];
-                let status = if same { Status::SUCCESS } else { Status::COMPARE_FAILURE };
+                let status = if same {
+                    Status::SUCCESS
+                } else {
+                    Status::COMPARE_FAILURE
+                };
                 self.complete(slot, status, 0, 0, buffers)
             }
             _ => self.complete(slot, status, 0, 0, buffers),
@@ -307,13 +344,19 @@ impl Connection {
         }
         std::mem::swap(&mut self.tx_pending, &mut self.tx_sending);
         self.tx_busy = true;
-        Some(Transmit { bytes: &self.tx_sending.bytes, segments: &self.tx_sending.segments })
+        Some(Transmit {
+            bytes: &self.tx_sending.bytes,
+            segments: &self.tx_sending.segments,
+        })
     }
 
     /// Everything from the last [`Connection::poll_transmit`] has been sent:
     /// the slots whose data it carried are free again.
     pub fn on_transmitted(&mut self) {
-        assert!(self.tx_busy, "on_transmitted without a transmit outstanding");
+        assert!(
+            self.tx_busy,
+            "on_transmitted without a transmit outstanding"
+        );
         for index in 0..self.tx_sending.segments.len() {
             if let TxSegment::Slot(slot, _) = self.tx_sending.segments[index] {
                 self.release(slot);
@@ -334,7 +377,10 @@ impl Connection {
     /// Expires the keep-alive timer, or notices that the controller went away.
     pub fn handle_timeout(&mut self, now: Timestamp) {
         let ended = match &self.state {
-            State::Admin(_, admin) => admin.keep_alive_deadline().is_some_and(|deadline| now >= deadline).then_some(Termination::KeepAliveExpired),
+            State::Admin(_, admin) => admin
+                .keep_alive_deadline()
+                .is_some_and(|deadline| now >= deadline)
+                .then_some(Termination::KeepAliveExpired),
             State::Io(queue, io) => {
                 let gone = !queue.controller.is_alive() || queue.controller.epoch() != io.epoch;
                 gone.then_some(Termination::ControllerGone)
@@ -407,26 +453,50 @@ impl Connection {
 
     // ----- receiving -----
 
-    fn receive(&mut self, input: &[u8], now: Timestamp, buffers: &mut impl SlotBuffers) -> Result<usize, PduError> {
+    fn receive(
+        &mut self,
+        input: &[u8],
+        now: Timestamp,
+        buffers: &mut impl SlotBuffers,
+    ) -> Result<usize, PduError> {
         match self.rx.phase {
             RxPhase::Header => self.receive_header(input, now, buffers),
             RxPhase::Padding { remaining, data } => {
                 let skipped = remaining.min(input.len());
                 self.rx.phase = if skipped == remaining {
-                    RxPhase::Data { target: data, remaining: data.len, crc: 0 }
+                    RxPhase::Data {
+                        target: data,
+                        remaining: data.len,
+                        crc: 0,
+                    }
                 } else {
-                    RxPhase::Padding { remaining: remaining - skipped, data }
+                    RxPhase::Padding {
+                        remaining: remaining - skipped,
+                        data,
+                    }
                 };
                 Ok(skipped)
             }
-            RxPhase::Data { target, remaining, crc } => {
+            RxPhase::Data {
+                target,
+                remaining,
+                crc,
+            } => {
                 let take = remaining.min(input.len());
                 let start = target.buffer_offset + (target.len - remaining);
                 let chunk = &input[..take];
                 buffers.buffer(target.slot)[start..start + take].copy_from_slice(chunk);
-                let crc = if target.digest { crc32c_append(crc, chunk) } else { crc };
+                let crc = if target.digest {
+                    crc32c_append(crc, chunk)
+                } else {
+                    crc
+                };
                 if take < remaining {
-                    self.rx.phase = RxPhase::Data { target, remaining: remaining - take, crc };
+                    self.rx.phase = RxPhase::Data {
+                        target,
+                        remaining: remaining - take,
+                        crc,
+                    };
                 } else if target.digest {
                     self.rx.digest_have = 0;
                     self.rx.phase = RxPhase::DataDigest { target, crc };
@@ -438,7 +508,8 @@ impl Connection {
             }
             RxPhase::DataDigest { target, crc } => {
                 let take = (DIGEST_LEN - self.rx.digest_have).min(input.len());
-                self.rx.digest[self.rx.digest_have..self.rx.digest_have + take].copy_from_slice(&input[..take]);
+                self.rx.digest[self.rx.digest_have..self.rx.digest_have + take]
+                    .copy_from_slice(&input[..take]);
                 self.rx.digest_have += take;
                 if self.rx.digest_have == DIGEST_LEN {
                     self.rx.phase = RxPhase::Header;
@@ -450,7 +521,12 @@ impl Connection {
         }
     }
 
-    fn receive_header(&mut self, input: &[u8], now: Timestamp, buffers: &mut impl SlotBuffers) -> Result<usize, PduError> {
+    fn receive_header(
+        &mut self,
+        input: &[u8],
+        now: Timestamp,
+        buffers: &mut impl SlotBuffers,
+    ) -> Result<usize, PduError> {
         let take = (self.rx.need - self.rx.have).min(input.len());
         self.rx.header[self.rx.have..self.rx.have + take].copy_from_slice(&input[..take]);
         self.rx.have += take;
@@ -466,7 +542,7 @@ impl Connection {
         let kind = PduType::from_u8(common.pdu_type).expect("checked with the common header");
         self.check_header_digest(kind)?;
         let data = self.data_layout(&common, kind)?;
-        self.dispatch(kind, &common, data, now, buffers)?;
+        self.dispatch(kind, data, now, buffers)?;
         if matches!(self.rx.phase, RxPhase::Header) && !matches!(self.state, State::Closing) {
             self.rx.reset();
         }
@@ -483,10 +559,13 @@ impl Connection {
 
     /// Checks of the common header that do not need the rest of the header.
     fn check_common(&self, common: &CommonHeader) -> Result<PduType, PduError> {
-        let kind = PduType::from_u8(common.pdu_type).ok_or(PduError::field(field_offset::PDU_TYPE))?;
+        let kind =
+            PduType::from_u8(common.pdu_type).ok_or(PduError::field(field_offset::PDU_TYPE))?;
         match (&self.state, kind) {
             (State::AwaitIcReq, PduType::IcReq) => {}
-            (State::AwaitIcReq, _) | (_, PduType::IcReq) => return Err(PduError::status(FatalErrorStatus::PduSequenceError)),
+            (State::AwaitIcReq, _) | (_, PduType::IcReq) => {
+                return Err(PduError::status(FatalErrorStatus::PduSequenceError))
+            }
             (_, PduType::CapsuleCmd | PduType::H2cData | PduType::H2cTermReq) => {}
             // Controller-to-host PDU types are invalid from a host.
             _ => return Err(PduError::field(field_offset::PDU_TYPE)),
@@ -494,14 +573,18 @@ impl Connection {
         if usize::from(common.hlen) != kind.header_len() {
             return Err(PduError::field(field_offset::HLEN));
         }
-        if kind.may_carry_header_digest() && (common.flags & flags::HDGSTF != 0) != self.header_digest {
+        if kind.may_carry_header_digest()
+            && (common.flags & flags::HDGSTF != 0) != self.header_digest
+        {
             return Err(PduError::field(field_offset::FLAGS));
         }
         let header_total = kind.header_len() + self.header_digest_len(kind);
         let plen = common.plen as usize;
         let plen_ok = match kind {
             PduType::IcReq => plen == 128,
-            PduType::H2cTermReq => (header_total..=24 + pdu::TERM_REQ_MAX_DATA + 24).contains(&plen),
+            PduType::H2cTermReq => {
+                (header_total..=24 + pdu::TERM_REQ_MAX_DATA + 24).contains(&plen)
+            }
             _ => plen >= header_total,
         };
         if !plen_ok {
@@ -515,7 +598,12 @@ impl Connection {
             return Ok(());
         }
         let hlen = kind.header_len();
-        let received = u32::from_le_bytes([self.rx.header[hlen], self.rx.header[hlen + 1], self.rx.header[hlen + 2], self.rx.header[hlen + 3]]);
+        let received = u32::from_le_bytes([
+            self.rx.header[hlen],
+            self.rx.header[hlen + 1],
+            self.rx.header[hlen + 2],
+            self.rx.header[hlen + 3],
+        ]);
         if crc32c(&self.rx.header[..hlen]) != received {
             return Err(PduError::status(FatalErrorStatus::HeaderDigestError));
         }
@@ -527,7 +615,11 @@ impl Connection {
         let header_total = kind.header_len() + self.header_digest_len(kind);
         let plen = common.plen as usize;
         if plen == header_total || matches!(kind, PduType::IcReq | PduType::H2cTermReq) {
-            return Ok(DataLayout { padding: 0, len: 0, digest: false });
+            return Ok(DataLayout {
+                padding: 0,
+                len: 0,
+                digest: false,
+            });
         }
         let digest = common.flags & flags::DDGSTF != 0;
         if digest != self.data_digest {
@@ -544,9 +636,15 @@ impl Connection {
             _ => self.limits.h2c_data_bytes_max as usize,
         };
         if len > limit {
-            return Err(PduError::status(FatalErrorStatus::DataTransferLimitExceeded));
+            return Err(PduError::status(
+                FatalErrorStatus::DataTransferLimitExceeded,
+            ));
         }
-        Ok(DataLayout { padding: pdo - header_total, len, digest })
+        Ok(DataLayout {
+            padding: pdo - header_total,
+            len,
+            digest,
+        })
     }
 
     fn in_capsule_limit(&self) -> usize {
@@ -554,12 +652,21 @@ impl Connection {
             State::Admin(..) => self.limits.admin_in_capsule_bytes_max,
             State::Io(..) => self.limits.io_in_capsule_bytes_max,
             // Before Connect the queue type is unknown: Connect data is all that may come.
-            _ => self.limits.admin_in_capsule_bytes_max.max(self.limits.io_in_capsule_bytes_max),
+            _ => self
+                .limits
+                .admin_in_capsule_bytes_max
+                .max(self.limits.io_in_capsule_bytes_max),
         };
         limit as usize
     }
 
-    fn dispatch(&mut self, kind: PduType, common: &CommonHeader, data: DataLayout, now: Timestamp, buffers: &mut impl SlotBuffers) -> Result<(), PduError> {
+    fn dispatch(
+        &mut self,
+        kind: PduType,
+        data: DataLayout,
+        now: Timestamp,
+        buffers: &mut impl SlotBuffers,
+    ) -> Result<(), PduError> {
         match kind {
             PduType::IcReq => self.handle_icreq(),
             PduType::H2cTermReq => {
@@ -567,7 +674,7 @@ impl Connection {
                 Ok(())
             }
             PduType::CapsuleCmd => self.handle_capsule(data, now, buffers),
-            PduType::H2cData => self.handle_h2c_data(common, data),
+            PduType::H2cData => self.handle_h2c_data(data),
             _ => unreachable!("rejected by check_common"),
         }
     }
@@ -575,7 +682,10 @@ impl Connection {
     fn handle_icreq(&mut self) -> Result<(), PduError> {
         let request = IcReq::decode(&self.rx.header[..128])?;
         if request.pfv != 0 {
-            return Err(PduError { status: FatalErrorStatus::UnsupportedParameter, field_offset: 8 });
+            return Err(PduError {
+                status: FatalErrorStatus::UnsupportedParameter,
+                field_offset: 8,
+            });
         }
         // HPDA is 0's based in dwords, at most 31 (NVMe/TCP 1.0, Figure 20).
         if request.hpda > 31 {
@@ -586,16 +696,30 @@ impl Connection {
         self.header_digest = digest & digest_bits::HEADER != 0;
         self.data_digest = digest & digest_bits::DATA != 0;
         let mut out = [0u8; 128];
-        IcResp { pfv: 0, cpda: 0, digest, maxh2cdata: self.limits.h2c_data_bytes_max }.encode(&mut out);
+        IcResp {
+            pfv: 0,
+            cpda: 0,
+            digest,
+            maxh2cdata: self.limits.h2c_data_bytes_max,
+        }
+        .encode(&mut out);
         self.tx_pending.push_bytes(&out);
         self.state = State::AwaitConnect;
         Ok(())
     }
 
-    fn handle_capsule(&mut self, data: DataLayout, now: Timestamp, buffers: &mut impl SlotBuffers) -> Result<(), PduError> {
+    fn handle_capsule(
+        &mut self,
+        data: DataLayout,
+        now: Timestamp,
+        buffers: &mut impl SlotBuffers,
+    ) -> Result<(), PduError> {
         let command = Command::decode(&self.rx.header[COMMON_HEADER_LEN..COMMON_HEADER_LEN + 64])?;
         // A host may not have more commands outstanding than the queue has entries.
-        let slot = self.free_slots.pop().ok_or(PduError::status(FatalErrorStatus::PduSequenceError))?;
+        let slot = self
+            .free_slots
+            .pop()
+            .ok_or(PduError::status(FatalErrorStatus::PduSequenceError))?;
         let slot = SlotId(slot);
         let entry = &mut self.slots[usize::from(slot.0)];
         debug_assert_eq!(entry.state, SlotState::Free);
@@ -610,12 +734,21 @@ impl Connection {
             return self.command_received(slot, now, buffers);
         }
         entry.state = SlotState::ReceivingCapsuleData;
-        let target = DataTarget { slot, buffer_offset: 0, len: data.len, digest: data.digest, in_capsule: true };
-        self.rx.phase = RxPhase::Padding { remaining: data.padding, data: target };
+        let target = DataTarget {
+            slot,
+            buffer_offset: 0,
+            len: data.len,
+            digest: data.digest,
+            in_capsule: true,
+        };
+        self.rx.phase = RxPhase::Padding {
+            remaining: data.padding,
+            data: target,
+        };
         Ok(())
     }
 
-    fn handle_h2c_data(&mut self, common: &CommonHeader, data: DataLayout) -> Result<(), PduError> {
+    fn handle_h2c_data(&mut self, data: DataLayout) -> Result<(), PduError> {
         let header = DataHeader::decode(&self.rx.header[..24])?;
         let entry = self
             .slots
@@ -632,7 +765,6 @@ impl Connection {
         if header.offset != entry.h2c_received || end > u64::from(entry.command.sgl.length) {
             return Err(PduError::status(FatalErrorStatus::DataTransferOutOfRange));
         }
-        let _ = common;
         let target = DataTarget {
             slot: SlotId(header.ttag),
             buffer_offset: header.offset as usize,
@@ -640,13 +772,34 @@ impl Connection {
             digest: data.digest,
             in_capsule: false,
         };
-        self.rx.phase = RxPhase::Padding { remaining: data.padding, data: target };
+        self.rx.phase = RxPhase::Padding {
+            remaining: data.padding,
+            data: target,
+        };
         Ok(())
     }
 
     /// All data of a capsule or H2CData PDU is in the slot buffer.
-    fn data_received(&mut self, target: DataTarget, intact: bool, now: Timestamp, buffers: &mut impl SlotBuffers) -> Result<(), PduError> {
+    fn data_received(
+        &mut self,
+        target: DataTarget,
+        intact: bool,
+        now: Timestamp,
+        buffers: &mut impl SlotBuffers,
+    ) -> Result<(), PduError> {
+        // The header stays in `rx` until the PDU is handled, so a fatal error can quote it.
+        self.handle_data(target, intact, now, buffers)?;
         self.rx.reset();
+        Ok(())
+    }
+
+    fn handle_data(
+        &mut self,
+        target: DataTarget,
+        intact: bool,
+        now: Timestamp,
+        buffers: &mut impl SlotBuffers,
+    ) -> Result<(), PduError> {
         let slot = target.slot;
         let entry = &mut self.slots[usize::from(slot.0)];
         // A data digest error is not fatal: the command completes with Transient
@@ -685,9 +838,16 @@ impl Connection {
     }
 
     /// A command capsule is complete (with its in-capsule data, if any).
-    fn command_received(&mut self, slot: SlotId, now: Timestamp, buffers: &mut impl SlotBuffers) -> Result<(), PduError> {
+    fn command_received(
+        &mut self,
+        slot: SlotId,
+        now: Timestamp,
+        buffers: &mut impl SlotBuffers,
+    ) -> Result<(), PduError> {
         let command = self.slots[usize::from(slot.0)].command;
-        if matches!(self.state, State::AwaitConnect) && !(command.is_fabrics() && command.fctype() == fctype::CONNECT) {
+        if matches!(self.state, State::AwaitConnect)
+            && !(command.is_fabrics() && command.fctype() == fctype::CONNECT)
+        {
             return Err(PduError::status(FatalErrorStatus::PduSequenceError));
         }
         self.advance_sqhd();
@@ -714,7 +874,8 @@ impl Connection {
         if let State::Io(_, io) = &self.state {
             if !command.is_fabrics() {
                 let subsystem = &self.target.config.subsystems[io.subsystem];
-                let plan = IoPlan::from_command(&command, subsystem, self.limits.transfer_bytes_max)?;
+                let plan =
+                    IoPlan::from_command(&command, subsystem, self.limits.transfer_bytes_max)?;
                 self.slots[usize::from(slot.0)].io_plan = Some(plan);
             }
         }
@@ -725,7 +886,12 @@ impl Connection {
     fn request_data(&mut self, slot: SlotId, len: u32) {
         let entry = &mut self.slots[usize::from(slot.0)];
         entry.state = SlotState::AwaitingH2cData;
-        let r2t = DataHeader { cccid: entry.command.cid.0, ttag: slot.0, offset: 0, length: len };
+        let r2t = DataHeader {
+            cccid: entry.command.cid.0,
+            ttag: slot.0,
+            offset: 0,
+            length: len,
+        };
         let mut out = [0u8; 28];
         let header_len = pdu::encode_r2t(self.header_digest, r2t, &mut out);
         self.tx_pending.push_bytes(&out[..header_len]);
@@ -739,7 +905,8 @@ impl Connection {
                 self.finish(slot, outcome, buffers);
             }
             State::Admin(_, admin) => {
-                let outcome = admin::execute(admin, &self.target, &command, buffers.buffer(slot), now);
+                let outcome =
+                    admin::execute(admin, &self.target, &command, buffers.buffer(slot), now);
                 self.finish(slot, outcome, buffers);
             }
             State::Io(..) if command.is_fabrics() => {
@@ -749,19 +916,33 @@ impl Connection {
                         self.end(Termination::Disconnected);
                         return;
                     }
-                    fctype::CONNECT => Outcome::Complete { status: Status::COMMAND_SEQUENCE_ERROR, result: 0, reply_len: 0 },
-                    _ => Outcome::Complete { status: Status::INVALID_OPCODE, result: 0, reply_len: 0 },
+                    fctype::CONNECT => Outcome::Complete {
+                        status: Status::COMMAND_SEQUENCE_ERROR,
+                        result: 0,
+                        reply_len: 0,
+                    },
+                    _ => Outcome::Complete {
+                        status: Status::INVALID_OPCODE,
+                        result: 0,
+                        reply_len: 0,
+                    },
                 };
                 self.finish(slot, outcome, buffers);
             }
             State::Io(..) => self.start_io(slot, buffers),
-            State::AwaitIcReq | State::Closing => unreachable!("commands are only received on initialized queues"),
+            State::AwaitIcReq | State::Closing => {
+                unreachable!("commands are only received on initialized queues")
+            }
         }
     }
 
     fn finish(&mut self, slot: SlotId, outcome: Outcome, buffers: &mut impl SlotBuffers) {
         match outcome {
-            Outcome::Complete { status, result, reply_len } => self.complete(slot, status, result, reply_len, buffers),
+            Outcome::Complete {
+                status,
+                result,
+                reply_len,
+            } => self.complete(slot, status, result, reply_len, buffers),
             Outcome::Parked => {
                 self.slots[usize::from(slot.0)].state = SlotState::Parked;
                 if let State::Admin(_, admin) = &mut self.state {
@@ -774,20 +955,50 @@ impl Connection {
     fn start_io(&mut self, slot: SlotId, buffers: &mut impl SlotBuffers) {
         let entry = &mut self.slots[usize::from(slot.0)];
         let plan = entry.io_plan.expect("I/O commands are planned in prepare");
-        let State::Io(queue, io_queue) = &self.state else { unreachable!("start_io on an I/O queue") };
+        let State::Io(queue, io_queue) = &self.state else {
+            unreachable!("start_io on an I/O queue")
+        };
         let write_cache = queue.controller.write_cache_enabled.load(Ordering::Relaxed);
-        let mut push = |nsid: Nsid, kind: IoKind| self.io_requests.push_back(IoRequest { slot, nsid, kind });
+        let mut push =
+            |nsid: Nsid, kind: IoKind| self.io_requests.push_back(IoRequest { slot, nsid, kind });
         let pending = match plan {
             IoPlan::Read { nsid, offset, len } => {
-                push(nsid, IoKind::Read { offset, len, buffer_offset: 0 });
+                push(
+                    nsid,
+                    IoKind::Read {
+                        offset,
+                        len,
+                        buffer_offset: 0,
+                    },
+                );
                 1
             }
-            IoPlan::Write { nsid, offset, len, fua } => {
-                push(nsid, IoKind::Write { offset, len, buffer_offset: 0, fua: fua || !write_cache });
+            IoPlan::Write {
+                nsid,
+                offset,
+                len,
+                fua,
+            } => {
+                push(
+                    nsid,
+                    IoKind::Write {
+                        offset,
+                        len,
+                        buffer_offset: 0,
+                        fua: fua || !write_cache,
+                    },
+                );
                 1
             }
             IoPlan::Compare { nsid, offset, len } => {
-                push(nsid, IoKind::Read { offset, len, buffer_offset: len });
+                push(
+                    nsid,
+                    IoKind::Read {
+                        offset,
+                        len,
+                        buffer_offset: len,
+                    },
+                );
                 1
             }
             IoPlan::Flush { nsid } if nsid == Nsid::BROADCAST => {
@@ -801,24 +1012,46 @@ impl Connection {
                 push(nsid, IoKind::Flush);
                 1
             }
-            IoPlan::WriteZeroes { nsid, offset, len, deallocate } => {
-                push(nsid, IoKind::WriteZeroes { offset, len, deallocate });
+            IoPlan::WriteZeroes {
+                nsid,
+                offset,
+                len,
+                deallocate,
+            } => {
+                push(
+                    nsid,
+                    IoKind::WriteZeroes {
+                        offset,
+                        len,
+                        deallocate,
+                    },
+                );
                 1
             }
-            IoPlan::DatasetManagement { nsid, ranges, deallocate } => {
+            IoPlan::DatasetManagement {
+                nsid,
+                ranges,
+                deallocate,
+            } => {
                 if !deallocate {
                     // Only attribute hints: nothing to do.
                     0
                 } else {
                     let subsystem = &self.target.config.subsystems[io_queue.subsystem];
-                    let ns = subsystem.namespace(nsid).expect("planned against this subsystem");
+                    let ns = subsystem
+                        .namespace(nsid)
+                        .expect("planned against this subsystem");
                     let data = &buffers.buffer(slot)[..usize::from(ranges) * io::DSM_RANGE_LEN];
                     if let Err(status) = io::dsm_ranges(data, ns, &mut self.dsm_ranges) {
                         self.complete(slot, status, 0, 0, buffers);
                         return;
                     }
                     for &(offset, len) in &self.dsm_ranges {
-                        self.io_requests.push_back(IoRequest { slot, nsid, kind: IoKind::Deallocate { offset, len } });
+                        self.io_requests.push_back(IoRequest {
+                            slot,
+                            nsid,
+                            kind: IoKind::Deallocate { offset, len },
+                        });
                     }
                     self.dsm_ranges.len()
                 }
@@ -834,7 +1067,9 @@ impl Connection {
     }
 
     fn count_io(&self, plan: IoPlan, status: Status) {
-        let State::Io(queue, _) = &self.state else { return };
+        let State::Io(queue, _) = &self.state else {
+            return;
+        };
         if !status.is_success() {
             return;
         }
@@ -842,20 +1077,33 @@ impl Connection {
         match plan {
             IoPlan::Read { len, .. } => {
                 counters.read_commands.fetch_add(1, Ordering::Relaxed);
-                counters.read_bytes.fetch_add(u64::from(len), Ordering::Relaxed);
+                counters
+                    .read_bytes
+                    .fetch_add(u64::from(len), Ordering::Relaxed);
             }
             IoPlan::Write { len, .. } => {
                 counters.write_commands.fetch_add(1, Ordering::Relaxed);
-                counters.written_bytes.fetch_add(u64::from(len), Ordering::Relaxed);
+                counters
+                    .written_bytes
+                    .fetch_add(u64::from(len), Ordering::Relaxed);
             }
             _ => {}
         }
     }
 
     /// Queues the completion (with C2HData first when there is data for the host).
-    fn complete(&mut self, slot: SlotId, status: Status, result: u64, reply_len: u32, buffers: &mut impl SlotBuffers) {
+    fn complete(
+        &mut self,
+        slot: SlotId,
+        status: Status,
+        result: u64,
+        reply_len: u32,
+        buffers: &mut impl SlotBuffers,
+    ) {
         let (qid, sqhd, sq_flow_disabled) = match &self.state {
-            State::Admin(queue, _) | State::Io(queue, _) => (queue.qid, queue.sqhd, queue.sq_flow_disabled),
+            State::Admin(queue, _) | State::Io(queue, _) => {
+                (queue.qid, queue.sqhd, queue.sq_flow_disabled)
+            }
             _ => (0, 0, false),
         };
         let entry = &self.slots[usize::from(slot.0)];
@@ -872,7 +1120,14 @@ impl Connection {
                 return;
             }
         }
-        let cqe = Completion { result, sqhd, sqid: qid, cid, status }.encode();
+        let cqe = Completion {
+            result,
+            sqhd,
+            sqid: qid,
+            cid,
+            status,
+        }
+        .encode();
         let mut out = [0u8; 28];
         let len = pdu::encode_capsule_resp(self.header_digest, &cqe, &mut out);
         self.tx_pending.push_bytes(&out[..len]);
@@ -883,12 +1138,34 @@ impl Connection {
         }
     }
 
-    fn queue_c2h_data(&mut self, slot: SlotId, cid: Cid, len: u32, pdu_flags: u8, buffers: &mut impl SlotBuffers) {
-        let header = DataHeader { cccid: cid.0, ttag: 0, offset: 0, length: len };
+    fn queue_c2h_data(
+        &mut self,
+        slot: SlotId,
+        cid: Cid,
+        len: u32,
+        pdu_flags: u8,
+        buffers: &mut impl SlotBuffers,
+    ) {
+        let header = DataHeader {
+            cccid: cid.0,
+            ttag: 0,
+            offset: 0,
+            length: len,
+        };
         let mut out = [0u8; MAX_HEADER_LEN];
-        let pdo = pdu::encode_data_pdu(PduType::C2hData, pdu_flags, self.header_digest, self.data_digest, self.c2h_pdo_alignment, header, &mut out);
+        let pdo = pdu::encode_data_pdu(
+            PduType::C2hData,
+            pdu_flags,
+            self.header_digest,
+            self.data_digest,
+            self.c2h_pdo_alignment,
+            header,
+            &mut out,
+        );
         self.tx_pending.push_bytes(&out[..pdo]);
-        self.tx_pending.segments.push(TxSegment::Slot(slot, 0..len as usize));
+        self.tx_pending
+            .segments
+            .push(TxSegment::Slot(slot, 0..len as usize));
         if self.data_digest {
             let digest = crc32c(&buffers.buffer(slot)[..len as usize]);
             self.tx_pending.push_bytes(&digest.to_le_bytes());
@@ -908,12 +1185,25 @@ impl Connection {
     /// a new controller, or an I/O queue of an existing one.
     fn connect(&mut self, command: &Command, buffer: &mut [u8], now: Timestamp) -> Outcome {
         match self.try_connect(command, buffer, now) {
-            Ok(cntlid) => Outcome::Complete { status: Status::SUCCESS, result: u64::from(cntlid), reply_len: 0 },
-            Err((status, result)) => Outcome::Complete { status, result, reply_len: 0 },
+            Ok(cntlid) => Outcome::Complete {
+                status: Status::SUCCESS,
+                result: u64::from(cntlid),
+                reply_len: 0,
+            },
+            Err((status, result)) => Outcome::Complete {
+                status,
+                result,
+                reply_len: 0,
+            },
         }
     }
 
-    fn try_connect(&mut self, command: &Command, buffer: &mut [u8], now: Timestamp) -> Result<u16, (Status, u64)> {
+    fn try_connect(
+        &mut self,
+        command: &Command,
+        buffer: &mut [u8],
+        now: Timestamp,
+    ) -> Result<u16, (Status, u64)> {
         let connect = ConnectCommand::decode(command);
         if connect.recfmt != 0 {
             return Err((Status::CONNECT_INCOMPATIBLE_FORMAT, 0));
@@ -921,28 +1211,44 @@ impl Connection {
         if command.sgl.length as usize != CONNECT_DATA_LEN {
             return Err((Status::SGL_LENGTH_INVALID, 0));
         }
-        let data = ConnectData::decode(&buffer[..CONNECT_DATA_LEN]).map_err(|_| (Status::INTERNAL_ERROR, 0))?;
+        let data = ConnectData::decode(&buffer[..CONNECT_DATA_LEN])
+            .map_err(|_| (Status::INTERNAL_ERROR, 0))?;
         let entries = u32::from(connect.sqsize) + 1;
         if connect.sqsize == 0 || entries > u32::from(self.limits.queue_entries_max) {
             return Err(invalid_sqe_field(44));
         }
         let sq_flow_disabled = connect.cattr & ConnectCommand::CATTR_DISABLE_SQ_FLOW != 0;
-        let (info, state_for) = if connect.qid == 0 {
+        let queue = if connect.qid == 0 {
             self.connect_admin(&data, connect, now)?
         } else {
             self.connect_io(&data, connect)?
         };
-        let cntlid = info.cntlid.0;
-        let queue = QueueInfo { qid: connect.qid, entries: entries as u16, sqhd: 1 % entries as u16, sq_flow_disabled, controller: info };
-        self.state = state_for(queue);
+        let info = |controller| QueueInfo {
+            qid: connect.qid,
+            entries: entries as u16,
+            sqhd: 1 % entries as u16,
+            sq_flow_disabled,
+            controller,
+        };
+        let (cntlid, state) = match queue {
+            NewQueue::Admin(controller, admin) => {
+                (controller.cntlid.0, State::Admin(info(controller), admin))
+            }
+            NewQueue::Io(controller, io) => (controller.cntlid.0, State::Io(info(controller), io)),
+        };
+        self.state = state;
         // The queue now has its negotiated number of command slots; slot 0 holds this Connect.
         self.free_slots.clear();
         self.free_slots.extend((1..entries as u16).rev());
         Ok(cntlid)
     }
 
-    #[allow(clippy::type_complexity)]
-    fn connect_admin(&self, data: &ConnectData, connect: ConnectCommand, now: Timestamp) -> Result<(Arc<ControllerShared>, Box<dyn FnOnce(QueueInfo) -> State>), (Status, u64)> {
+    fn connect_admin(
+        &self,
+        data: &ConnectData,
+        connect: ConnectCommand,
+        now: Timestamp,
+    ) -> Result<NewQueue, (Status, u64)> {
         if data.cntlid != 0xFFFF {
             // Dynamic controller model: the host must ask for any controller.
             return Err(invalid_data_field(16));
@@ -960,15 +1266,30 @@ impl Connection {
             .create(&data.subnqn, &data.hostnqn, data.host_id)
             .map_err(|_| (Status::CONNECT_CONTROLLER_BUSY, 0))?;
         let admin = AdminQueue::new(Arc::clone(&controller), kind, connect.kato_ms, now);
-        Ok((controller, Box::new(move |queue| State::Admin(queue, Box::new(admin)))))
+        Ok(NewQueue::Admin(controller, Box::new(admin)))
     }
 
-    #[allow(clippy::type_complexity)]
-    fn connect_io(&self, data: &ConnectData, connect: ConnectCommand) -> Result<(Arc<ControllerShared>, Box<dyn FnOnce(QueueInfo) -> State>), (Status, u64)> {
-        let subsystem = self.target.config.subsystems.iter().position(|s| s.nqn == data.subnqn).ok_or(invalid_data_field(256))?;
-        let controller = self.target.registry.find(&data.subnqn, data.cntlid, &data.hostnqn, data.host_id).map_err(|error| match error {
-            RegistryError::UnknownController | RegistryError::Exhausted => invalid_data_field(16),
-        })?;
+    fn connect_io(
+        &self,
+        data: &ConnectData,
+        connect: ConnectCommand,
+    ) -> Result<NewQueue, (Status, u64)> {
+        let subsystem = self
+            .target
+            .config
+            .subsystems
+            .iter()
+            .position(|s| s.nqn == data.subnqn)
+            .ok_or(invalid_data_field(256))?;
+        let controller = self
+            .target
+            .registry
+            .find(&data.subnqn, data.cntlid, &data.hostnqn, data.host_id)
+            .map_err(|error| match error {
+                RegistryError::UnknownController | RegistryError::Exhausted => {
+                    invalid_data_field(16)
+                }
+            })?;
         if !controller.is_ready() {
             return Err((Status::COMMAND_SEQUENCE_ERROR, 0));
         }
@@ -978,9 +1299,18 @@ impl Connection {
         if !controller.claim_io_queue(connect.qid) {
             return Err((Status::CONNECT_CONTROLLER_BUSY, 0));
         }
-        let io = IoQueue { epoch: controller.epoch(), subsystem };
-        Ok((controller, Box::new(move |queue| State::Io(queue, io))))
+        let io = IoQueue {
+            epoch: controller.epoch(),
+            subsystem,
+        };
+        Ok(NewQueue::Io(controller, io))
     }
+}
+
+/// A queue a successful Connect creates.
+enum NewQueue {
+    Admin(Arc<ControllerShared>, Box<AdminQueue>),
+    Io(Arc<ControllerShared>, IoQueue),
 }
 
 /// Connect Invalid Parameters in the SQE at byte `offset` (IATTR 0).
@@ -1036,7 +1366,14 @@ fn transfer_of(command: &Command, in_capsule_len: u32) -> Result<Transfer, Statu
 
 impl Rx {
     fn new() -> Rx {
-        Rx { header: [0; MAX_HEADER_LEN + DIGEST_LEN], have: 0, need: COMMON_HEADER_LEN, digest: [0; DIGEST_LEN], digest_have: 0, phase: RxPhase::Header }
+        Rx {
+            header: [0; MAX_HEADER_LEN + DIGEST_LEN],
+            have: 0,
+            need: COMMON_HEADER_LEN,
+            digest: [0; DIGEST_LEN],
+            digest_have: 0,
+            phase: RxPhase::Header,
+        }
     }
 
     fn reset(&mut self) {
@@ -1077,14 +1414,22 @@ mod tests {
         let cap = host.simple(&property_get(4, 0)).result();
         assert_eq!(cap & 0xFFFF, 127, "MQES");
         assert_eq!((cap >> 37) & 1, 1, "NVM command set");
-        assert_eq!(host.simple(&property_get(5, 0x1C)).result() & 1, 1, "CSTS.RDY after CC.EN");
+        assert_eq!(
+            host.simple(&property_get(5, 0x1C)).result() & 1,
+            1,
+            "CSTS.RDY after CC.EN"
+        );
         let (data, response) = host.read_data(&identify(6, 1, 0));
         assert_eq!(response.status(), Status::SUCCESS);
         assert_eq!(data.len(), 4096);
         assert_eq!(ascii_field(&data[768..1024]), TEST_NQN);
         assert_eq!(ascii_field(&data[24..64]), "weft");
         assert_eq!(u16::from_le_bytes([data[78], data[79]]), cntlid);
-        assert_eq!(u32::from_le_bytes(data[516..520].try_into().unwrap()), 2, "NN");
+        assert_eq!(
+            u32::from_le_bytes(data[516..520].try_into().unwrap()),
+            2,
+            "NN"
+        );
         let (list, _) = host.read_data(&identify(7, 2, 0));
         assert_eq!(&list[..12], &hex("01000000 02000000 00000000")[..]);
         let (ns, _) = host.read_data(&identify(8, 0, 2));
@@ -1092,10 +1437,16 @@ mod tests {
         assert_eq!(ns[130], 12, "LBADS of namespace 2");
         let (inactive, response) = host.read_data(&identify(9, 0, 9));
         assert_eq!(response.status(), Status::SUCCESS);
-        assert!(inactive.iter().all(|&b| b == 0), "inactive NSIDs read as zeroes");
+        assert!(
+            inactive.iter().all(|&b| b == 0),
+            "inactive NSIDs read as zeroes"
+        );
         let (descriptors, _) = host.read_data(&identify(10, 3, 1));
         assert_eq!(&descriptors[12..16], &[2, 16, 0, 0]);
-        assert_eq!(host.simple(&identify(11, 0x7F, 0)).status(), Status::INVALID_FIELD);
+        assert_eq!(
+            host.simple(&identify(11, 0x7F, 0)).status(),
+            Status::INVALID_FIELD
+        );
     }
 
     #[test]
@@ -1108,17 +1459,29 @@ mod tests {
         assert_eq!(host.simple(&get_kato).result(), 5000);
         let mut saveable = sqe(admin_opcode::SET_FEATURES, 4, 0, 0, false);
         set_cdw(&mut saveable, 10, 0x8000_000B);
-        assert_eq!(host.simple(&saveable).status(), Status::FEATURE_NOT_SAVEABLE);
+        assert_eq!(
+            host.simple(&saveable).status(),
+            Status::FEATURE_NOT_SAVEABLE
+        );
         let (smart, response) = host.read_data(&get_log_page(5, 0x02, 512, 0));
         assert_eq!(response.status(), Status::SUCCESS);
         assert_eq!(smart[3], 100, "available spare");
         let (firmware, _) = host.read_data(&get_log_page(6, 0x03, 512, 0));
         assert_eq!(ascii_field(&firmware[8..16]), "0.1.0");
-        assert_eq!(host.simple(&get_log_page(7, 0x70, 1024, 0)).status(), Status::INVALID_LOG_PAGE);
-        assert_eq!(host.simple(&get_log_page(8, 0xC0, 512, 0)).status(), Status::INVALID_LOG_PAGE);
+        assert_eq!(
+            host.simple(&get_log_page(7, 0x70, 1024, 0)).status(),
+            Status::INVALID_LOG_PAGE
+        );
+        assert_eq!(
+            host.simple(&get_log_page(8, 0xC0, 512, 0)).status(),
+            Status::INVALID_LOG_PAGE
+        );
         let mut mismatched = get_log_page(9, 0x02, 512, 0);
         mismatched[32..36].copy_from_slice(&4096u32.to_le_bytes());
-        assert_eq!(host.simple(&mismatched).status(), Status::SGL_LENGTH_INVALID);
+        assert_eq!(
+            host.simple(&mismatched).status(),
+            Status::SGL_LENGTH_INVALID
+        );
         let ka = host.simple(&sqe(admin_opcode::KEEP_ALIVE, 10, 0, 0, false));
         assert_eq!(ka.status(), Status::SUCCESS);
         assert_eq!(ka.cid(), 10);
@@ -1131,16 +1494,27 @@ mod tests {
         host.connect_admin(DISCOVERY_NQN, 0);
         let (header, response) = host.read_data(&get_log_page(3, 0x70, 1024, 0));
         assert_eq!(response.status(), Status::SUCCESS);
-        assert_eq!(u64::from_le_bytes(header[8..16].try_into().unwrap()), 2, "the subsystem and the discovery subsystem");
+        assert_eq!(
+            u64::from_le_bytes(header[8..16].try_into().unwrap()),
+            2,
+            "the subsystem and the discovery subsystem"
+        );
         let (page, _) = host.read_data(&get_log_page(4, 0x70, 3072, 0));
         assert_eq!(ascii_field(&page[1024 + 256..1024 + 512]), TEST_NQN);
         assert_eq!(page[1024 + 2], 2, "NVM subsystem");
         assert_eq!(ascii_field(&page[2048 + 256..2048 + 512]), DISCOVERY_NQN);
         let (second, _) = host.read_data(&get_log_page(5, 0x70, 1024, 2048));
-        assert_eq!(&second[..], &page[2048..3072], "a window at an offset is the same bytes");
+        assert_eq!(
+            &second[..],
+            &page[2048..3072],
+            "a window at an offset is the same bytes"
+        );
         let (controller, _) = host.read_data(&identify(6, 1, 0));
         assert_eq!(controller[111], 2, "CNTRLTYPE discovery");
-        assert_eq!(host.simple(&identify(7, 0, 1)).status(), Status::INVALID_FIELD);
+        assert_eq!(
+            host.simple(&identify(7, 0, 1)).status(),
+            Status::INVALID_FIELD
+        );
     }
 
     #[test]
@@ -1157,13 +1531,23 @@ mod tests {
         assert_eq!(read, block);
         // 64 KiB by R2T, arriving as four H2CData PDUs of 16 KiB.
         let big: Vec<u8> = (0..65536u32).map(|i| (i % 251) as u8).collect();
-        let response = io.write_r2t(&rw(io_opcode::WRITE, 3, 1, 10, 128, 65536, false), &big, 16384);
+        let response = io.write_r2t(
+            &rw(io_opcode::WRITE, 3, 1, 10, 128, 65536, false),
+            &big,
+            16384,
+        );
         assert_eq!(response.status(), Status::SUCCESS);
         let (read, _) = io.read_data(&rw(io_opcode::READ, 4, 1, 10, 128, 65536, false));
         assert_eq!(read, big);
-        let compare_same = io.command(&rw(io_opcode::COMPARE, 5, 2, 3, 1, 4096, true), &block).pop().unwrap();
+        let compare_same = io
+            .command(&rw(io_opcode::COMPARE, 5, 2, 3, 1, 4096, true), &block)
+            .pop()
+            .unwrap();
         assert_eq!(compare_same.status(), Status::SUCCESS);
-        let compare_other = io.command(&rw(io_opcode::COMPARE, 6, 2, 4, 1, 4096, true), &block).pop().unwrap();
+        let compare_other = io
+            .command(&rw(io_opcode::COMPARE, 6, 2, 4, 1, 4096, true), &block)
+            .pop()
+            .unwrap();
         assert_eq!(compare_other.status(), Status::COMPARE_FAILURE);
         let mut zeroes = rw(io_opcode::WRITE_ZEROES, 7, 2, 3, 1, 0, false);
         set_cdw(&mut zeroes, 12, 1 << 25);
@@ -1196,13 +1580,23 @@ mod tests {
         let (_admin, mut io) = ready_io_queue(&target);
         let beyond = io.simple(&rw(io_opcode::READ, 1, 1, 2047, 2, 1024, false));
         assert_eq!(beyond.status(), Status::LBA_OUT_OF_RANGE);
-        assert_eq!(io.simple(&rw(io_opcode::READ, 2, 7, 0, 1, 512, false)).status(), Status::INVALID_NAMESPACE);
-        assert_eq!(io.simple(&sqe(0x7C, 3, 1, 0, false)).status(), Status::INVALID_OPCODE);
+        assert_eq!(
+            io.simple(&rw(io_opcode::READ, 2, 7, 0, 1, 512, false))
+                .status(),
+            Status::INVALID_NAMESPACE
+        );
+        assert_eq!(
+            io.simple(&sqe(0x7C, 3, 1, 0, false)).status(),
+            Status::INVALID_OPCODE
+        );
         let mut prp = rw(io_opcode::READ, 4, 1, 0, 1, 512, false);
         prp[1] = 0;
         assert_eq!(io.simple(&prp).status(), Status::INVALID_FIELD);
         // A write whose SGL promises more than the command transfers.
-        let short = io.command(&rw(io_opcode::WRITE, 5, 1, 0, 1, 1024, true), &[0u8; 1024]).pop().unwrap();
+        let short = io
+            .command(&rw(io_opcode::WRITE, 5, 1, 0, 1, 1024, true), &[0u8; 1024])
+            .pop()
+            .unwrap();
         assert_eq!(short.status(), Status::SGL_LENGTH_INVALID);
         let (_, response) = io.read_data(&rw(io_opcode::READ, 6, 1, 0, 1, 512, false));
         assert_eq!(response.status(), Status::SUCCESS);
@@ -1234,13 +1628,19 @@ mod tests {
         io.send(&capsule);
         let response = io.expect();
         assert_eq!(response.status(), Status::TRANSIENT_TRANSPORT_ERROR);
-        assert!(io.disks[&2][5 * 4096..6 * 4096].iter().all(|&b| b == 0), "nothing written");
+        assert!(
+            io.disks[&2][5 * 4096..6 * 4096].iter().all(|&b| b == 0),
+            "nothing written"
+        );
         // A corrupted header digest is fatal.
         let mut capsule = io.capsule(&rw(io_opcode::READ, 4, 2, 0, 1, 4096, false), &[]);
         capsule[72] ^= 0xFF;
         io.send(&capsule);
         let term = io.expect();
-        assert_eq!(term.fatal_status(), FatalErrorStatus::HeaderDigestError as u16);
+        assert_eq!(
+            term.fatal_status(),
+            FatalErrorStatus::HeaderDigestError as u16
+        );
         assert!(io.connection.is_closed());
     }
 
@@ -1249,15 +1649,29 @@ mod tests {
         let target = test_target();
         let (mut admin, mut io) = ready_io_queue(&target);
         admin.advance(Duration::from_millis(4000));
-        assert_eq!(admin.simple(&sqe(admin_opcode::KEEP_ALIVE, 9, 0, 0, false)).status(), Status::SUCCESS);
+        assert_eq!(
+            admin
+                .simple(&sqe(admin_opcode::KEEP_ALIVE, 9, 0, 0, false))
+                .status(),
+            Status::SUCCESS
+        );
         admin.advance(Duration::from_millis(4000));
-        assert!(!admin.connection.is_closed(), "the Keep Alive restarted the timer");
+        assert!(
+            !admin.connection.is_closed(),
+            "the Keep Alive restarted the timer"
+        );
         admin.advance(Duration::from_millis(1001));
         assert!(admin.connection.is_closed());
-        assert_eq!(admin.connection.termination(), Some(&Termination::KeepAliveExpired));
+        assert_eq!(
+            admin.connection.termination(),
+            Some(&Termination::KeepAliveExpired)
+        );
         assert!(target.registry.is_empty());
         io.advance(Duration::from_millis(250));
-        assert_eq!(io.connection.termination(), Some(&Termination::ControllerGone));
+        assert_eq!(
+            io.connection.termination(),
+            Some(&Termination::ControllerGone)
+        );
     }
 
     #[test]
@@ -1268,18 +1682,32 @@ mod tests {
         let (command, data) = connect_command(1, 0, 31, 0, 0xFFFF, "nqn.2026-11.io.weft:missing");
         let response = host.command(&command, &data).pop().unwrap();
         assert_eq!(response.status(), Status::CONNECT_INVALID_PARAMETERS);
-        assert_eq!(response.result(), (1 << 16) | 256, "IATTR data, offset of SUBNQN");
+        assert_eq!(
+            response.result(),
+            (1 << 16) | 256,
+            "IATTR data, offset of SUBNQN"
+        );
         let (command, data) = connect_command(2, 0, 200, 0, 0xFFFF, TEST_NQN);
         let response = host.command(&command, &data).pop().unwrap();
         assert_eq!(response.result(), 44, "offset of SQSIZE in the SQE");
         let mut io = Pair::new(&target);
-        assert_eq!(io.connect_io(77, 1, 31).status(), Status::CONNECT_INVALID_PARAMETERS);
+        assert_eq!(
+            io.connect_io(77, 1, 31).status(),
+            Status::CONNECT_INVALID_PARAMETERS
+        );
         let (admin, _) = ready_io_queue(&target);
         let cntlid = admin.connection.cntlid().unwrap();
         let mut beyond = Pair::new(&target);
-        assert_eq!(beyond.connect_io(cntlid, 65, 31).result(), 42, "qid beyond the granted queues");
+        assert_eq!(
+            beyond.connect_io(cntlid, 65, 31).result(),
+            42,
+            "qid beyond the granted queues"
+        );
         let mut twice = Pair::new(&target);
-        assert_eq!(twice.connect_io(cntlid, 1, 31).status(), Status::CONNECT_CONTROLLER_BUSY);
+        assert_eq!(
+            twice.connect_io(cntlid, 1, 31).status(),
+            Status::CONNECT_CONTROLLER_BUSY
+        );
     }
 
     #[test]
@@ -1292,12 +1720,21 @@ mod tests {
         io.initialize(false, false);
         let (mut command, data) = connect_command(1, 2, 31, 0, cntlid, TEST_NQN);
         command[46] = ConnectCommand::CATTR_DISABLE_SQ_FLOW;
-        assert_eq!(io.command(&command, &data).pop().unwrap().status(), Status::SUCCESS);
+        assert_eq!(
+            io.command(&command, &data).pop().unwrap().status(),
+            Status::SUCCESS
+        );
         io.send(&io.capsule(&rw(io_opcode::READ, 2, 1, 0, 1, 512, false), &[]));
         let pdu = io.expect();
         assert_eq!(pdu.pdu_type, PduType::C2hData as u8);
-        assert_eq!(pdu.flags & (flags::SUCCESS | flags::LAST_PDU), flags::SUCCESS | flags::LAST_PDU);
-        assert!(io.receive().is_none(), "no CapsuleResp after a SUCCESS C2HData");
+        assert_eq!(
+            pdu.flags & (flags::SUCCESS | flags::LAST_PDU),
+            flags::SUCCESS | flags::LAST_PDU
+        );
+        assert!(
+            io.receive().is_none(),
+            "no CapsuleResp after a SUCCESS C2HData"
+        );
     }
 
     /// Sends `bytes` on a fresh connection (after ICReq, and Connect if `connected`)
@@ -1312,8 +1749,14 @@ mod tests {
         }
         host.send(bytes);
         let term = host.expect();
-        assert!(host.connection.is_closed(), "a fatal error closes the connection");
-        (term.fatal_status(), u32::from_le_bytes(term.header[10..14].try_into().unwrap()))
+        assert!(
+            host.connection.is_closed(),
+            "a fatal error closes the connection"
+        );
+        (
+            term.fatal_status(),
+            u32::from_le_bytes(term.header[10..14].try_into().unwrap()),
+        )
     }
 
     #[test]
@@ -1330,7 +1773,13 @@ mod tests {
             pdu
         };
         let mut icreq = [0u8; 128];
-        IcReq { pfv: 0, hpda: 0, digest: 0, maxr2t: 0 }.encode(&mut icreq);
+        IcReq {
+            pfv: 0,
+            hpda: 0,
+            digest: 0,
+            maxr2t: 0,
+        }
+        .encode(&mut icreq);
         let mut bad_pfv = icreq;
         bad_pfv[8] = 1;
         let h2c_unknown = {
@@ -1340,22 +1789,98 @@ mod tests {
             pdu.resize(24 + 512, 0);
             pdu
         };
-        let cases: Vec<(&str, bool, bool, Vec<u8>, u16, u32)> = vec![
-            ("unknown PDU type", true, true, hex("08 00 18 00 18000000 0000000000000000 0000000000000000"), 1, 0),
-            ("controller-to-host type", true, true, hex("05 00 18 00 18000000 0000000000000000 0000000000000000"), 1, 0),
-            ("capsule with a wrong HLEN", true, true, capsule_header(50, 0, 72, 0), 1, 2),
-            ("capsule with PLEN shorter than its header", true, true, capsule_header(72, 0, 40, 0), 1, 4),
-            ("PDO inside the header", true, true, capsule_header(72, 8, 72 + 512, 0), 1, 3),
-            ("header digest flag not negotiated", true, true, capsule_header(72, 0, 76, 0x01), 1, 1),
-            ("in-capsule data beyond IOCCSZ", true, true, capsule_header(72, 72, 72 + 64 * 1024, 0), 5, 0),
-            ("a command before ICReq", false, false, identify_capsule.clone(), 2, 0),
-            ("a command other than Connect first", false, true, identify_capsule, 2, 0),
+        // (name, connect first, ICReq first, bytes, FES, FEI)
+        type Case = (&'static str, bool, bool, Vec<u8>, u16, u32);
+        let cases: Vec<Case> = vec![
+            (
+                "unknown PDU type",
+                true,
+                true,
+                hex("08 00 18 00 18000000 0000000000000000 0000000000000000"),
+                1,
+                0,
+            ),
+            (
+                "controller-to-host type",
+                true,
+                true,
+                hex("05 00 18 00 18000000 0000000000000000 0000000000000000"),
+                1,
+                0,
+            ),
+            (
+                "capsule with a wrong HLEN",
+                true,
+                true,
+                capsule_header(50, 0, 72, 0),
+                1,
+                2,
+            ),
+            (
+                "capsule with PLEN shorter than its header",
+                true,
+                true,
+                capsule_header(72, 0, 40, 0),
+                1,
+                4,
+            ),
+            (
+                "PDO inside the header",
+                true,
+                true,
+                capsule_header(72, 8, 72 + 512, 0),
+                1,
+                3,
+            ),
+            (
+                "header digest flag not negotiated",
+                true,
+                true,
+                capsule_header(72, 0, 76, 0x01),
+                1,
+                1,
+            ),
+            (
+                "in-capsule data beyond IOCCSZ",
+                true,
+                true,
+                capsule_header(72, 72, 72 + 64 * 1024, 0),
+                5,
+                0,
+            ),
+            (
+                "a command before ICReq",
+                false,
+                false,
+                identify_capsule.clone(),
+                2,
+                0,
+            ),
+            (
+                "a command other than Connect first",
+                false,
+                true,
+                identify_capsule,
+                2,
+                0,
+            ),
             ("a second ICReq", true, true, icreq.to_vec(), 2, 0),
             ("an unsupported PFV", false, false, bad_pfv.to_vec(), 6, 8),
-            ("H2CData for an unknown transfer", true, true, h2c_unknown, 1, 10),
+            (
+                "H2CData for an unknown transfer",
+                true,
+                true,
+                h2c_unknown,
+                1,
+                10,
+            ),
         ];
         for (name, connected, initialized, bytes, fes, fei) in cases {
-            assert_eq!(term_req_for(connected, initialized, &bytes), (fes, fei), "{name}");
+            assert_eq!(
+                term_req_for(connected, initialized, &bytes),
+                (fes, fei),
+                "{name}"
+            );
         }
     }
 
@@ -1368,7 +1893,10 @@ mod tests {
         let header = DataHeader::decode(&r2t.header).unwrap();
         let pdu = io.h2c_data(1, header.ttag, 2048, &[0u8; 512], false);
         io.send(&pdu);
-        assert_eq!(io.expect().fatal_status(), FatalErrorStatus::DataTransferOutOfRange as u16);
+        assert_eq!(
+            io.expect().fatal_status(),
+            FatalErrorStatus::DataTransferOutOfRange as u16
+        );
     }
 
     #[test]
@@ -1384,7 +1912,10 @@ mod tests {
         for cid in 0..5 {
             io.send(&io.capsule(&rw(io_opcode::READ, cid, 1, 0, 1, 512, false), &[]));
         }
-        assert_eq!(io.expect().fatal_status(), FatalErrorStatus::PduSequenceError as u16);
+        assert_eq!(
+            io.expect().fatal_status(),
+            FatalErrorStatus::PduSequenceError as u16
+        );
     }
 
     #[test]

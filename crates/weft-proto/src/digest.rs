@@ -16,7 +16,10 @@ mod tests {
     fn known_vector() {
         // RFC 3720 B.4: 32 bytes of zeros.
         assert_eq!(super::crc32c(&[0u8; 32]), 0x8a91_36aa);
-        assert_eq!(super::crc32c_append(super::crc32c(b"1234"), b"56789"), super::crc32c(b"123456789"));
+        assert_eq!(
+            super::crc32c_append(super::crc32c(b"1234"), b"56789"),
+            super::crc32c(b"123456789")
+        );
         assert_eq!(super::crc32c(b"123456789"), 0xe306_9283);
     }
 }

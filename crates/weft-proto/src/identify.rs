@@ -3,7 +3,9 @@
 //! zeroed output buffer and returns the structure's length; what to put in the
 //! fields comes from the target configuration and the controller's state.
 
-use crate::target::{AddressFamily, ListenerConfig, NamespaceConfig, SubsystemConfig, DISCOVERY_NQN};
+use crate::target::{
+    AddressFamily, ListenerConfig, NamespaceConfig, SubsystemConfig, DISCOVERY_NQN,
+};
 use crate::types::{Cntlid, Nsid};
 use crate::wire::Writer;
 
@@ -97,7 +99,14 @@ pub fn controller(id: &ControllerIdentity<'_>, out: &mut [u8]) -> usize {
         .u8(77, id.mdts)
         .u16(78, id.cntlid.0)
         .u32(80, NVME_VERSION)
-        .u8(111, if id.kind == ControllerKind::Discovery { 2 } else { 1 })
+        .u8(
+            111,
+            if id.kind == ControllerKind::Discovery {
+                2
+            } else {
+                1
+            },
+        )
         .u8(258, 3) // ACL: 4 concurrent Aborts (0's based)
         .u8(259, id.async_events_max - 1) // AERL (0's based)
         .u8(260, 0x3) // FRMW: slot 1 read-only, one slot
@@ -122,7 +131,11 @@ pub fn controller(id: &ControllerIdentity<'_>, out: &mut [u8]) -> usize {
     // the address field of an in-capsule data block is an offset.
     w.u32(536, (1 << 0) | (1 << 20));
     // Fabrics: IOCCSZ and IORCSZ in 16-byte units; ICDOFF 0; FCATT 0 = dynamic model; MSDBD 1.
-    w.u32(1792, (64 + id.io_in_capsule_bytes) / 16).u32(1796, 1).u16(1800, 0).u8(1802, 0).u8(1803, 1);
+    w.u32(1792, (64 + id.io_in_capsule_bytes) / 16)
+        .u32(1796, 1)
+        .u16(1800, 0)
+        .u8(1802, 0)
+        .u8(1803, 1);
     // OFCS bit 0: Disconnect command supported.
     w.u16(1804, 1);
     // Power state 0: 25 W max power (MP in 0.01 W), as a placeholder the host only displays.
@@ -151,7 +164,11 @@ pub fn namespace(ns: &NamespaceConfig, out: &mut [u8]) -> usize {
 /// Active namespace ID list: NSIDs greater than `after`, ascending (CNS 02h / 07h).
 pub fn active_namespaces(subsystem: &SubsystemConfig, after: Nsid, out: &mut [u8]) -> usize {
     let mut w = Writer::new(out);
-    let listed = subsystem.namespaces.iter().filter(|ns| ns.nsid > after).take(IDENTIFY_LEN / 4);
+    let listed = subsystem
+        .namespaces
+        .iter()
+        .filter(|ns| ns.nsid > after)
+        .take(IDENTIFY_LEN / 4);
     for (index, ns) in listed.enumerate() {
         w.u32(index * 4, ns.nsid.0);
     }
@@ -162,9 +179,16 @@ pub fn active_namespaces(subsystem: &SubsystemConfig, after: Nsid, out: &mut [u8
 pub fn namespace_descriptors(ns: &NamespaceConfig, out: &mut [u8]) -> usize {
     let mut w = Writer::new(out);
     let mut offset = 0;
-    let descriptors: [(u8, &[u8]); 4] = [(0x1, &ns.eui64), (0x2, &ns.nguid), (0x3, &ns.uuid), (0x4, &[0])];
+    let descriptors: [(u8, &[u8]); 4] = [
+        (0x1, &ns.eui64),
+        (0x2, &ns.nguid),
+        (0x3, &ns.uuid),
+        (0x4, &[0]),
+    ];
     for (kind, id) in descriptors {
-        w.u8(offset, kind).u8(offset + 1, id.len() as u8).bytes(offset + 4, id);
+        w.u8(offset, kind)
+            .u8(offset + 1, id.len() as u8)
+            .bytes(offset + 4, id);
         offset += 4 + id.len();
     }
     IDENTIFY_LEN
@@ -173,7 +197,9 @@ pub fn namespace_descriptors(ns: &NamespaceConfig, out: &mut [u8]) -> usize {
 /// I/O Command Set Independent Identify Namespace (NVMe Base 2.0, Figure 281).
 pub fn cs_independent_namespace(ns: &NamespaceConfig, out: &mut [u8]) -> usize {
     // NSFEAT mirrors the NVM structure; NMIC 0; ANAGRPID 0; NSTAT bit 0: ready.
-    Writer::new(out).u8(0, ns.thin as u8 | (1 << 3)).u8(20, ns.ready as u8);
+    Writer::new(out)
+        .u8(0, ns.thin as u8 | (1 << 3))
+        .u8(20, ns.ready as u8);
     IDENTIFY_LEN
 }
 
@@ -256,17 +282,31 @@ pub struct DiscoveryRecord<'a> {
 /// All records of the discovery log: every NVM subsystem on every listener,
 /// then the discovery subsystem itself on every listener (as nvmet reports it,
 /// so that `nvme discover` shows the current discovery controller too).
-pub fn discovery_records<'a>(subsystems: &'a [SubsystemConfig], listeners: &'a [ListenerConfig]) -> impl Iterator<Item = DiscoveryRecord<'a>> + Clone {
-    let nvm = subsystems
-        .iter()
-        .flat_map(move |s| listeners.iter().map(move |l| DiscoveryRecord { subnqn: &s.nqn, is_discovery: false, listener: l }));
-    let discovery = listeners.iter().map(|l| DiscoveryRecord { subnqn: DISCOVERY_NQN, is_discovery: true, listener: l });
+pub fn discovery_records<'a>(
+    subsystems: &'a [SubsystemConfig],
+    listeners: &'a [ListenerConfig],
+) -> impl Iterator<Item = DiscoveryRecord<'a>> + Clone {
+    let nvm = subsystems.iter().flat_map(move |s| {
+        listeners.iter().map(move |l| DiscoveryRecord {
+            subnqn: &s.nqn,
+            is_discovery: false,
+            listener: l,
+        })
+    });
+    let discovery = listeners.iter().map(|l| DiscoveryRecord {
+        subnqn: DISCOVERY_NQN,
+        is_discovery: true,
+        listener: l,
+    });
     nvm.chain(discovery)
 }
 
 /// Writes the discovery log page header.
 pub fn discovery_header(generation: u64, records: u64, out: &mut [u8]) {
-    Writer::new(out).u64(0, generation).u64(8, records).u16(16, 0);
+    Writer::new(out)
+        .u64(0, generation)
+        .u64(8, records)
+        .u16(16, 0);
 }
 
 /// Writes one discovery log entry.
@@ -352,14 +392,29 @@ mod tests {
         assert_eq!(out[77], 5);
         assert_eq!(u16::from_le_bytes([out[78], out[79]]), 7);
         assert_eq!(ascii_field(&out[768..1024]), "nqn.2026-11.io.weft:default");
-        assert_eq!(u32::from_le_bytes(out[1792..1796].try_into().unwrap()), 1028);
+        assert_eq!(
+            u32::from_le_bytes(out[1792..1796].try_into().unwrap()),
+            1028
+        );
     }
 
     #[test]
     fn discovery_entry_layout() {
-        let listener = ListenerConfig { port_id: 1, family: AddressFamily::Ipv4, address: "10.0.2.2".into(), service: "4420".into() };
+        let listener = ListenerConfig {
+            port_id: 1,
+            family: AddressFamily::Ipv4,
+            address: "10.0.2.2".into(),
+            service: "4420".into(),
+        };
         let mut out = vec![0u8; DISCOVERY_ENTRY_LEN];
-        discovery_entry(&DiscoveryRecord { subnqn: "nqn.x:y", is_discovery: false, listener: &listener }, &mut out);
+        discovery_entry(
+            &DiscoveryRecord {
+                subnqn: "nqn.x:y",
+                is_discovery: false,
+                listener: &listener,
+            },
+            &mut out,
+        );
         assert_eq!(&out[0..4], &[3, 1, 2, 2]);
         assert_eq!(ascii_field(&out[32..64]), "4420");
         assert_eq!(ascii_field(&out[256..512]), "nqn.x:y");

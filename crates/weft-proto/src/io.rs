@@ -82,23 +82,43 @@ pub enum IoPlan {
     /// Read: data flows to the host after completion.
     Read { nsid: Nsid, offset: u64, len: u32 },
     /// Write from the slot buffer.
-    Write { nsid: Nsid, offset: u64, len: u32, fua: bool },
+    Write {
+        nsid: Nsid,
+        offset: u64,
+        len: u32,
+        fua: bool,
+    },
     /// Compare host data (slot buffer front) with media (read into the slot buffer after it).
     Compare { nsid: Nsid, offset: u64, len: u32 },
     /// Flush one namespace or all.
     Flush { nsid: Nsid },
     /// Write Zeroes.
-    WriteZeroes { nsid: Nsid, offset: u64, len: u64, deallocate: bool },
+    WriteZeroes {
+        nsid: Nsid,
+        offset: u64,
+        len: u64,
+        deallocate: bool,
+    },
     /// Dataset Management with `ranges` 16-byte range descriptors in the slot buffer.
-    DatasetManagement { nsid: Nsid, ranges: u16, deallocate: bool },
+    DatasetManagement {
+        nsid: Nsid,
+        ranges: u16,
+        deallocate: bool,
+    },
 }
 
 impl IoPlan {
     /// Validates an I/O command against the subsystem (NVM Command Set 1.0, section 3).
     /// `transfer_bytes_max` is the slot buffer size.
-    pub fn from_command(command: &Command, subsystem: &SubsystemConfig, transfer_bytes_max: u32) -> Result<IoPlan, Status> {
+    pub fn from_command(
+        command: &Command,
+        subsystem: &SubsystemConfig,
+        transfer_bytes_max: u32,
+    ) -> Result<IoPlan, Status> {
         if command.opcode == io_opcode::FLUSH && command.nsid == Nsid::BROADCAST {
-            return Ok(IoPlan::Flush { nsid: Nsid::BROADCAST });
+            return Ok(IoPlan::Flush {
+                nsid: Nsid::BROADCAST,
+            });
         }
         let known = matches!(
             command.opcode,
@@ -112,7 +132,9 @@ impl IoPlan {
         if !known {
             return Err(Status::INVALID_OPCODE);
         }
-        let ns = subsystem.namespace(command.nsid).ok_or(Status::INVALID_NAMESPACE)?;
+        let ns = subsystem
+            .namespace(command.nsid)
+            .ok_or(Status::INVALID_NAMESPACE)?;
         if !ns.ready {
             return Err(Status::NAMESPACE_NOT_READY);
         }
@@ -122,17 +144,31 @@ impl IoPlan {
             io_opcode::WRITE_ZEROES => {
                 let (offset, len) = lba_range(command, ns)?;
                 let deallocate = command.cdw(12) & (1 << 25) != 0;
-                Ok(IoPlan::WriteZeroes { nsid: ns.nsid, offset, len, deallocate })
+                Ok(IoPlan::WriteZeroes {
+                    nsid: ns.nsid,
+                    offset,
+                    len,
+                    deallocate,
+                })
             }
             opcode => data_command(opcode, command, ns, transfer_bytes_max),
         }
     }
 }
 
-fn data_command(opcode: u8, command: &Command, ns: &NamespaceConfig, transfer_bytes_max: u32) -> Result<IoPlan, Status> {
+fn data_command(
+    opcode: u8,
+    command: &Command,
+    ns: &NamespaceConfig,
+    transfer_bytes_max: u32,
+) -> Result<IoPlan, Status> {
     let (offset, len) = lba_range(command, ns)?;
     // A Compare holds host data and media data side by side in one slot buffer.
-    let limit = if opcode == io_opcode::COMPARE { transfer_bytes_max / 2 } else { transfer_bytes_max };
+    let limit = if opcode == io_opcode::COMPARE {
+        transfer_bytes_max / 2
+    } else {
+        transfer_bytes_max
+    };
     if len > u64::from(limit) {
         return Err(Status::INVALID_FIELD);
     }
@@ -142,9 +178,22 @@ fn data_command(opcode: u8, command: &Command, ns: &NamespaceConfig, transfer_by
     }
     let fua = command.cdw(12) & (1 << 30) != 0;
     Ok(match opcode {
-        io_opcode::READ => IoPlan::Read { nsid: ns.nsid, offset, len },
-        io_opcode::WRITE => IoPlan::Write { nsid: ns.nsid, offset, len, fua },
-        _ => IoPlan::Compare { nsid: ns.nsid, offset, len },
+        io_opcode::READ => IoPlan::Read {
+            nsid: ns.nsid,
+            offset,
+            len,
+        },
+        io_opcode::WRITE => IoPlan::Write {
+            nsid: ns.nsid,
+            offset,
+            len,
+            fua,
+        },
+        _ => IoPlan::Compare {
+            nsid: ns.nsid,
+            offset,
+            len,
+        },
     })
 }
 
@@ -168,7 +217,11 @@ fn dataset_management(command: &Command, ns: &NamespaceConfig) -> Result<IoPlan,
         return Err(Status::SGL_LENGTH_INVALID);
     }
     let deallocate = command.cdw(11) & (1 << 2) != 0;
-    Ok(IoPlan::DatasetManagement { nsid: ns.nsid, ranges, deallocate })
+    Ok(IoPlan::DatasetManagement {
+        nsid: ns.nsid,
+        ranges,
+        deallocate,
+    })
 }
 
 /// Length of one Dataset Management range descriptor.
@@ -176,10 +229,19 @@ pub const DSM_RANGE_LEN: usize = 16;
 
 /// Decodes the byte ranges of a Dataset Management command from its data,
 /// checking each against the namespace. Zero-length ranges are skipped.
-pub fn dsm_ranges(data: &[u8], ns: &NamespaceConfig, out: &mut Vec<(u64, u64)>) -> Result<(), Status> {
+pub fn dsm_ranges(
+    data: &[u8],
+    ns: &NamespaceConfig,
+    out: &mut Vec<(u64, u64)>,
+) -> Result<(), Status> {
     out.clear();
     for descriptor in data.chunks_exact(DSM_RANGE_LEN) {
-        let blocks = u64::from(u32::from_le_bytes([descriptor[4], descriptor[5], descriptor[6], descriptor[7]]));
+        let blocks = u64::from(u32::from_le_bytes([
+            descriptor[4],
+            descriptor[5],
+            descriptor[6],
+            descriptor[7],
+        ]));
         let mut slba_bytes = [0u8; 8];
         slba_bytes.copy_from_slice(&descriptor[8..16]);
         let slba = u64::from_le_bytes(slba_bytes);
@@ -239,22 +301,51 @@ mod tests {
 
     #[test]
     fn read_within_range() {
-        let plan = IoPlan::from_command(&command(io_opcode::READ, 1, 1024, 98, 1), &subsystem(), 65536);
-        assert_eq!(plan, Ok(IoPlan::Read { nsid: Nsid(1), offset: 98 * 512, len: 1024 }));
+        let plan = IoPlan::from_command(
+            &command(io_opcode::READ, 1, 1024, 98, 1),
+            &subsystem(),
+            65536,
+        );
+        assert_eq!(
+            plan,
+            Ok(IoPlan::Read {
+                nsid: Nsid(1),
+                offset: 98 * 512,
+                len: 1024
+            })
+        );
     }
 
     #[test]
     fn errors_have_the_spec_status() {
         let s = subsystem();
-        assert_eq!(IoPlan::from_command(&command(io_opcode::READ, 1, 1536, 98, 2), &s, 65536), Err(Status::LBA_OUT_OF_RANGE));
-        assert_eq!(IoPlan::from_command(&command(io_opcode::READ, 2, 512, 0, 0), &s, 65536), Err(Status::INVALID_NAMESPACE));
-        assert_eq!(IoPlan::from_command(&command(0x7e, 1, 0, 0, 0), &s, 65536), Err(Status::INVALID_OPCODE));
-        assert_eq!(IoPlan::from_command(&command(io_opcode::WRITE, 1, 512, 0, 1), &s, 65536), Err(Status::SGL_LENGTH_INVALID));
-        assert_eq!(IoPlan::from_command(&command(io_opcode::READ, 1, 8192, 0, 15), &s, 4096), Err(Status::INVALID_FIELD));
+        assert_eq!(
+            IoPlan::from_command(&command(io_opcode::READ, 1, 1536, 98, 2), &s, 65536),
+            Err(Status::LBA_OUT_OF_RANGE)
+        );
+        assert_eq!(
+            IoPlan::from_command(&command(io_opcode::READ, 2, 512, 0, 0), &s, 65536),
+            Err(Status::INVALID_NAMESPACE)
+        );
+        assert_eq!(
+            IoPlan::from_command(&command(0x7e, 1, 0, 0, 0), &s, 65536),
+            Err(Status::INVALID_OPCODE)
+        );
+        assert_eq!(
+            IoPlan::from_command(&command(io_opcode::WRITE, 1, 512, 0, 1), &s, 65536),
+            Err(Status::SGL_LENGTH_INVALID)
+        );
+        assert_eq!(
+            IoPlan::from_command(&command(io_opcode::READ, 1, 8192, 0, 15), &s, 4096),
+            Err(Status::INVALID_FIELD)
+        );
         // SLBA near u64::MAX must not overflow.
         let mut huge = command(io_opcode::READ, 1, 512, u32::MAX, 0);
         huge.cdw[1] = u32::MAX;
-        assert_eq!(IoPlan::from_command(&huge, &s, 65536), Err(Status::LBA_OUT_OF_RANGE));
+        assert_eq!(
+            IoPlan::from_command(&huge, &s, 65536),
+            Err(Status::LBA_OUT_OF_RANGE)
+        );
     }
 
     #[test]
@@ -265,6 +356,9 @@ mod tests {
         dsm_ranges(&data, &s.namespaces[0], &mut out).unwrap();
         assert_eq!(out, vec![(10 * 512, 8 * 512)]);
         let beyond = hex("00000000 08000000 6000000000000000");
-        assert_eq!(dsm_ranges(&beyond, &s.namespaces[0], &mut out), Err(Status::LBA_OUT_OF_RANGE));
+        assert_eq!(
+            dsm_ranges(&beyond, &s.namespaces[0], &mut out),
+            Err(Status::LBA_OUT_OF_RANGE)
+        );
     }
 }

@@ -70,7 +70,10 @@ impl PduType {
 
     /// Whether a header digest may follow this PDU's header (never for IC and TermReq PDUs).
     pub fn may_carry_header_digest(self) -> bool {
-        !matches!(self, PduType::IcReq | PduType::IcResp | PduType::H2cTermReq | PduType::C2hTermReq)
+        !matches!(
+            self,
+            PduType::IcReq | PduType::IcResp | PduType::H2cTermReq | PduType::C2hTermReq
+        )
     }
 }
 
@@ -145,11 +148,22 @@ impl CommonHeader {
     /// Decodes the first 8 bytes of a PDU.
     pub fn decode(bytes: &[u8]) -> Result<CommonHeader, Truncated> {
         let mut r = Reader::new(bytes);
-        Ok(CommonHeader { pdu_type: r.u8()?, flags: r.u8()?, hlen: r.u8()?, pdo: r.u8()?, plen: r.u32()? })
+        Ok(CommonHeader {
+            pdu_type: r.u8()?,
+            flags: r.u8()?,
+            hlen: r.u8()?,
+            pdo: r.u8()?,
+            plen: r.u32()?,
+        })
     }
 
     fn encode(&self, out: &mut [u8]) {
-        Writer::new(out).u8(0, self.pdu_type).u8(1, self.flags).u8(2, self.hlen).u8(3, self.pdo).u32(4, self.plen);
+        Writer::new(out)
+            .u8(0, self.pdu_type)
+            .u8(1, self.flags)
+            .u8(2, self.hlen)
+            .u8(3, self.pdo)
+            .u32(4, self.plen);
     }
 }
 
@@ -166,12 +180,18 @@ pub struct PduError {
 impl PduError {
     /// An invalid header field at `field_offset`.
     pub fn field(field_offset: u32) -> Self {
-        PduError { status: FatalErrorStatus::InvalidHeaderField, field_offset }
+        PduError {
+            status: FatalErrorStatus::InvalidHeaderField,
+            field_offset,
+        }
     }
 
     /// Any other fatal status (FEI 0).
     pub fn status(status: FatalErrorStatus) -> Self {
-        PduError { status, field_offset: 0 }
+        PduError {
+            status,
+            field_offset: 0,
+        }
     }
 }
 
@@ -200,14 +220,30 @@ impl IcReq {
     pub fn decode(header: &[u8]) -> Result<IcReq, PduError> {
         let mut r = Reader::new(header);
         r.skip(COMMON_HEADER_LEN)?;
-        Ok(IcReq { pfv: r.u16()?, hpda: r.u8()?, digest: r.u8()?, maxr2t: r.u32()? })
+        Ok(IcReq {
+            pfv: r.u16()?,
+            hpda: r.u8()?,
+            digest: r.u8()?,
+            maxr2t: r.u32()?,
+        })
     }
 
     /// Encodes an ICReq (used by the host model in tests and by the initiator).
     pub fn encode(&self, out: &mut [u8; 128]) {
         out.fill(0);
-        CommonHeader { pdu_type: PduType::IcReq as u8, flags: 0, hlen: 128, pdo: 0, plen: 128 }.encode(out);
-        Writer::new(out).u16(8, self.pfv).u8(10, self.hpda).u8(11, self.digest).u32(12, self.maxr2t);
+        CommonHeader {
+            pdu_type: PduType::IcReq as u8,
+            flags: 0,
+            hlen: 128,
+            pdo: 0,
+            plen: 128,
+        }
+        .encode(out);
+        Writer::new(out)
+            .u16(8, self.pfv)
+            .u8(10, self.hpda)
+            .u8(11, self.digest)
+            .u32(12, self.maxr2t);
     }
 }
 
@@ -228,15 +264,31 @@ impl IcResp {
     /// Encodes an ICResp.
     pub fn encode(&self, out: &mut [u8; 128]) {
         out.fill(0);
-        CommonHeader { pdu_type: PduType::IcResp as u8, flags: 0, hlen: 128, pdo: 0, plen: 128 }.encode(out);
-        Writer::new(out).u16(8, self.pfv).u8(10, self.cpda).u8(11, self.digest).u32(12, self.maxh2cdata);
+        CommonHeader {
+            pdu_type: PduType::IcResp as u8,
+            flags: 0,
+            hlen: 128,
+            pdo: 0,
+            plen: 128,
+        }
+        .encode(out);
+        Writer::new(out)
+            .u16(8, self.pfv)
+            .u8(10, self.cpda)
+            .u8(11, self.digest)
+            .u32(12, self.maxh2cdata);
     }
 
     /// Decodes an ICResp header.
     pub fn decode(header: &[u8]) -> Result<IcResp, PduError> {
         let mut r = Reader::new(header);
         r.skip(COMMON_HEADER_LEN)?;
-        Ok(IcResp { pfv: r.u16()?, cpda: r.u8()?, digest: r.u8()?, maxh2cdata: r.u32()? })
+        Ok(IcResp {
+            pfv: r.u16()?,
+            cpda: r.u8()?,
+            digest: r.u8()?,
+            maxh2cdata: r.u32()?,
+        })
     }
 }
 
@@ -270,11 +322,20 @@ impl DataHeader {
     pub fn decode(header: &[u8]) -> Result<DataHeader, PduError> {
         let mut r = Reader::new(header);
         r.skip(COMMON_HEADER_LEN)?;
-        Ok(DataHeader { cccid: r.u16()?, ttag: r.u16()?, offset: r.u32()?, length: r.u32()? })
+        Ok(DataHeader {
+            cccid: r.u16()?,
+            ttag: r.u16()?,
+            offset: r.u32()?,
+            length: r.u32()?,
+        })
     }
 
     fn encode(&self, out: &mut [u8]) {
-        Writer::new(out).u16(8, self.cccid).u16(10, self.ttag).u32(12, self.offset).u32(16, self.length);
+        Writer::new(out)
+            .u16(8, self.cccid)
+            .u16(10, self.ttag)
+            .u32(12, self.offset)
+            .u32(16, self.length);
     }
 }
 
@@ -292,9 +353,13 @@ pub fn encode_data_pdu(
     out: &mut [u8; MAX_HEADER_LEN],
 ) -> usize {
     debug_assert!(matches!(pdu_type, PduType::C2hData | PduType::H2cData));
-    debug_assert!((4..=MAX_HEADER_LEN).contains(&pdo_alignment) && pdo_alignment % 4 == 0);
+    debug_assert!((4..=MAX_HEADER_LEN).contains(&pdo_alignment) && pdo_alignment.is_multiple_of(4));
     let hdgst = if header_digest { DIGEST_LEN } else { 0 };
-    let ddgst = if data_digest && data.length > 0 { DIGEST_LEN } else { 0 };
+    let ddgst = if data_digest && data.length > 0 {
+        DIGEST_LEN
+    } else {
+        0
+    };
     let hlen = pdu_type.header_len();
     let pdo = (hlen + hdgst).div_ceil(pdo_alignment) * pdo_alignment;
     let mut flag_bits = pdu_flags;
@@ -306,7 +371,14 @@ pub fn encode_data_pdu(
     }
     let plen = (pdo + data.length as usize + ddgst) as u32;
     out.fill(0);
-    CommonHeader { pdu_type: pdu_type as u8, flags: flag_bits, hlen: hlen as u8, pdo: pdo as u8, plen }.encode(out);
+    CommonHeader {
+        pdu_type: pdu_type as u8,
+        flags: flag_bits,
+        hlen: hlen as u8,
+        pdo: pdo as u8,
+        plen,
+    }
+    .encode(out);
     data.encode(out);
     finish_header(out, hlen, header_digest);
     pdo
@@ -318,7 +390,14 @@ pub fn encode_r2t(header_digest: bool, r2t: DataHeader, out: &mut [u8; 28]) -> u
     let plen = (hlen + if header_digest { DIGEST_LEN } else { 0 }) as u32;
     out.fill(0);
     let flag_bits = if header_digest { flags::HDGSTF } else { 0 };
-    CommonHeader { pdu_type: PduType::R2t as u8, flags: flag_bits, hlen: hlen as u8, pdo: 0, plen }.encode(out);
+    CommonHeader {
+        pdu_type: PduType::R2t as u8,
+        flags: flag_bits,
+        hlen: hlen as u8,
+        pdo: 0,
+        plen,
+    }
+    .encode(out);
     r2t.encode(out);
     finish_header(out, hlen, header_digest)
 }
@@ -329,7 +408,14 @@ pub fn encode_capsule_resp(header_digest: bool, cqe: &[u8; 16], out: &mut [u8; 2
     let plen = (hlen + if header_digest { DIGEST_LEN } else { 0 }) as u32;
     out.fill(0);
     let flag_bits = if header_digest { flags::HDGSTF } else { 0 };
-    CommonHeader { pdu_type: PduType::CapsuleResp as u8, flags: flag_bits, hlen: hlen as u8, pdo: 0, plen }.encode(out);
+    CommonHeader {
+        pdu_type: PduType::CapsuleResp as u8,
+        flags: flag_bits,
+        hlen: hlen as u8,
+        pdo: 0,
+        plen,
+    }
+    .encode(out);
     Writer::new(out).bytes(COMMON_HEADER_LEN, cqe);
     finish_header(out, hlen, header_digest)
 }
@@ -339,15 +425,28 @@ pub const TERM_REQ_MAX_DATA: usize = 128;
 
 /// C2HTermReq (NVMe/TCP 1.0, Figure 27): header, then up to 128 bytes of the
 /// offending PDU's header. Never carries digests.
-pub fn encode_c2h_term_req(error: PduError, offending_header: &[u8], out: &mut [u8; 24 + TERM_REQ_MAX_DATA]) -> usize {
+pub fn encode_c2h_term_req(
+    error: PduError,
+    offending_header: &[u8],
+    out: &mut [u8; 24 + TERM_REQ_MAX_DATA],
+) -> usize {
     let data = &offending_header[..offending_header.len().min(TERM_REQ_MAX_DATA)];
     let hlen = PduType::C2hTermReq.header_len();
     let plen = hlen + data.len();
     out.fill(0);
     let pdo = if data.is_empty() { 0 } else { hlen as u8 };
-    CommonHeader { pdu_type: PduType::C2hTermReq as u8, flags: 0, hlen: hlen as u8, pdo, plen: plen as u32 }
-        .encode(out);
-    Writer::new(out).u16(8, error.status as u16).u32(10, error.field_offset).bytes(hlen, data);
+    CommonHeader {
+        pdu_type: PduType::C2hTermReq as u8,
+        flags: 0,
+        hlen: hlen as u8,
+        pdo,
+        plen: plen as u32,
+    }
+    .encode(out);
+    Writer::new(out)
+        .u16(8, error.status as u16)
+        .u32(10, error.field_offset)
+        .bytes(hlen, data);
     plen
 }
 
@@ -362,9 +461,18 @@ fn finish_header(out: &mut [u8], hlen: usize, header_digest: bool) -> usize {
 }
 
 // Compile-time size checks of the fixed-size headers (cf. SPDK's SPDK_STATIC_ASSERTs).
-const _: () = assert!(COMMON_HEADER_LEN + 64 == 72, "CapsuleCmd header is common header + SQE");
-const _: () = assert!(COMMON_HEADER_LEN + 16 == 24, "CapsuleResp header is common header + CQE");
-const _: () = assert!(24 + TERM_REQ_MAX_DATA == 152, "TermReq PDUs are at most 152 bytes");
+const _: () = assert!(
+    COMMON_HEADER_LEN + 64 == 72,
+    "CapsuleCmd header is common header + SQE"
+);
+const _: () = assert!(
+    COMMON_HEADER_LEN + 16 == 24,
+    "CapsuleResp header is common header + CQE"
+);
+const _: () = assert!(
+    24 + TERM_REQ_MAX_DATA == 152,
+    "TermReq PDUs are at most 152 bytes"
+);
 
 #[cfg(test)]
 mod tests {
@@ -377,29 +485,77 @@ mod tests {
         let mut bytes = hex("00 00 80 00 80000000 0000 00 03 00000000");
         bytes.resize(128, 0);
         let common = CommonHeader::decode(&bytes).unwrap();
-        assert_eq!(common, CommonHeader { pdu_type: 0, flags: 0, hlen: 128, pdo: 0, plen: 128 });
-        assert_eq!(IcReq::decode(&bytes).unwrap(), IcReq { pfv: 0, hpda: 0, digest: 3, maxr2t: 0 });
+        assert_eq!(
+            common,
+            CommonHeader {
+                pdu_type: 0,
+                flags: 0,
+                hlen: 128,
+                pdo: 0,
+                plen: 128
+            }
+        );
+        assert_eq!(
+            IcReq::decode(&bytes).unwrap(),
+            IcReq {
+                pfv: 0,
+                hpda: 0,
+                digest: 3,
+                maxr2t: 0
+            }
+        );
         let mut reencoded = [0u8; 128];
-        IcReq { pfv: 0, hpda: 0, digest: 3, maxr2t: 0 }.encode(&mut reencoded);
+        IcReq {
+            pfv: 0,
+            hpda: 0,
+            digest: 3,
+            maxr2t: 0,
+        }
+        .encode(&mut reencoded);
         assert_eq!(&reencoded[..], &bytes[..]);
     }
 
     #[test]
     fn icresp_encodes_maxh2cdata() {
         let mut out = [0u8; 128];
-        IcResp { pfv: 0, cpda: 0, digest: 1, maxh2cdata: 0x20000 }.encode(&mut out);
-        assert_eq!(&out[..16], &hex("01 00 80 00 80000000 0000 00 01 00000200")[..]);
+        IcResp {
+            pfv: 0,
+            cpda: 0,
+            digest: 1,
+            maxh2cdata: 0x20000,
+        }
+        .encode(&mut out);
+        assert_eq!(
+            &out[..16],
+            &hex("01 00 80 00 80000000 0000 00 01 00000200")[..]
+        );
         assert!(out[16..].iter().all(|&b| b == 0));
     }
 
     #[test]
     fn c2hdata_header_with_digests() {
         let mut out = [0u8; MAX_HEADER_LEN];
-        let data = DataHeader { cccid: 0x0a, ttag: 0, offset: 0, length: 4096 };
-        let len = encode_data_pdu(PduType::C2hData, flags::LAST_PDU, true, true, 4, data, &mut out);
+        let data = DataHeader {
+            cccid: 0x0a,
+            ttag: 0,
+            offset: 0,
+            length: 4096,
+        };
+        let len = encode_data_pdu(
+            PduType::C2hData,
+            flags::LAST_PDU,
+            true,
+            true,
+            4,
+            data,
+            &mut out,
+        );
         assert_eq!(len, 28);
         // flags: HDGSTF|DDGSTF|LAST; pdo 28; plen 24+4+4096+4 = 4128 = 0x1020
-        assert_eq!(&out[..24], &hex("07 07 18 1c 20100000 0a00 0000 00000000 00100000 00000000")[..]);
+        assert_eq!(
+            &out[..24],
+            &hex("07 07 18 1c 20100000 0a00 0000 00000000 00100000 00000000")[..]
+        );
         let digest = crate::digest::crc32c(&out[..24]);
         assert_eq!(&out[24..28], &digest.to_le_bytes());
     }
@@ -407,7 +563,12 @@ mod tests {
     #[test]
     fn c2hdata_pads_to_host_alignment() {
         let mut out = [0u8; MAX_HEADER_LEN];
-        let data = DataHeader { cccid: 1, ttag: 0, offset: 0, length: 512 };
+        let data = DataHeader {
+            cccid: 1,
+            ttag: 0,
+            offset: 0,
+            length: 512,
+        };
         // HPDA 7: data aligned to 32 bytes, so PDO 32 and 8 bytes of padding after the header.
         let pdo = encode_data_pdu(PduType::C2hData, 0, false, false, 32, data, &mut out);
         assert_eq!(pdo, 32);
@@ -419,9 +580,21 @@ mod tests {
     #[test]
     fn r2t_header() {
         let mut out = [0u8; 28];
-        let len = encode_r2t(false, DataHeader { cccid: 3, ttag: 7, offset: 0, length: 0x8000 }, &mut out);
+        let len = encode_r2t(
+            false,
+            DataHeader {
+                cccid: 3,
+                ttag: 7,
+                offset: 0,
+                length: 0x8000,
+            },
+            &mut out,
+        );
         assert_eq!(len, 24);
-        assert_eq!(&out[..24], &hex("09 00 18 00 18000000 0300 0700 00000000 00800000 00000000")[..]);
+        assert_eq!(
+            &out[..24],
+            &hex("09 00 18 00 18000000 0300 0700 00000000 00800000 00000000")[..]
+        );
     }
 
     #[test]
@@ -439,7 +612,10 @@ mod tests {
         let offending = hex("04 00 32 00 48000000");
         let len = encode_c2h_term_req(PduError::field(field_offset::HLEN), &offending, &mut out);
         assert_eq!(len, 32);
-        assert_eq!(&out[..len], &hex("03 00 18 18 20000000 0100 02000000 00000000000000000000 0400320048000000")[..]);
+        assert_eq!(
+            &out[..len],
+            &hex("03 00 18 18 20000000 0100 02000000 00000000000000000000 0400320048000000")[..]
+        );
     }
 
     #[test]

@@ -112,7 +112,11 @@ impl Status {
             2 => StatusCodeType::Media,
             _ => StatusCodeType::Path,
         };
-        Status { sct, sc: field as u8, dnr: field & (1 << 14) != 0 }
+        Status {
+            sct,
+            sc: field as u8,
+            dnr: field & (1 << 14) != 0,
+        }
     }
 }
 
@@ -155,12 +159,24 @@ mod tests {
         // LBA out of range with DNR: SC 80h, SCT 0, DNR -> 0x4080, shifted past the phase bit.
         assert_eq!(Status::LBA_OUT_OF_RANGE.field() << 1, 0x8100);
         assert_eq!(Status::CONNECT_INVALID_PARAMETERS.field(), 0x4182);
-        assert_eq!(Status::from_cqe_status(Status::COMPARE_FAILURE.field() << 1), Status::COMPARE_FAILURE);
+        assert_eq!(
+            Status::from_cqe_status(Status::COMPARE_FAILURE.field() << 1),
+            Status::COMPARE_FAILURE
+        );
     }
 
     #[test]
     fn completion_encoding() {
-        let cqe = Completion { result: 1, sqhd: 2, sqid: 0, cid: Cid(0x2a), status: Status::INVALID_FIELD };
-        assert_eq!(&cqe.encode()[..], &hex("0100000000000000 0200 0000 2a00 0480")[..]);
+        let cqe = Completion {
+            result: 1,
+            sqhd: 2,
+            sqid: 0,
+            cid: Cid(0x2a),
+            status: Status::INVALID_FIELD,
+        };
+        assert_eq!(
+            &cqe.encode()[..],
+            &hex("0100000000000000 0200 0000 2a00 0480")[..]
+        );
     }
 }

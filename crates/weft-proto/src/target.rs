@@ -109,7 +109,11 @@ impl SubsystemConfig {
 
     /// Highest NSID (Identify Controller NN).
     pub fn max_nsid(&self) -> u32 {
-        self.namespaces.iter().map(|ns| ns.nsid.0).max().unwrap_or(0)
+        self.namespaces
+            .iter()
+            .map(|ns| ns.nsid.0)
+            .max()
+            .unwrap_or(0)
     }
 }
 
@@ -242,7 +246,8 @@ impl ControllerShared {
     /// Releases I/O queue `qid` when its connection ends.
     pub fn release_io_queue(&self, qid: u16, epoch: u32) {
         if self.epoch() == epoch {
-            self.io_queues_connected.fetch_and(!(1u64 << (qid - 1)), Ordering::AcqRel);
+            self.io_queues_connected
+                .fetch_and(!(1u64 << (qid - 1)), Ordering::AcqRel);
         }
     }
 }
@@ -270,8 +275,16 @@ struct RegistryInner {
 
 impl ControllerRegistry {
     /// Allocates a controller for an admin Connect (dynamic controller model).
-    pub fn create(&self, subnqn: &str, hostnqn: &str, host_id: [u8; 16]) -> Result<Arc<ControllerShared>, RegistryError> {
-        let mut inner = self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    pub fn create(
+        &self,
+        subnqn: &str,
+        hostnqn: &str,
+        host_id: [u8; 16],
+    ) -> Result<Arc<ControllerShared>, RegistryError> {
+        let mut inner = self
+            .inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         let cntlid = inner.free_cntlid().ok_or(RegistryError::Exhausted)?;
         let controller = Arc::new(ControllerShared {
             cntlid: Cntlid(cntlid),
@@ -292,19 +305,33 @@ impl ControllerRegistry {
 
     /// Finds the controller an I/O queue Connect names. The host must be the one
     /// that created it (NVMe-oF 1.1, section 3.3: same Host NQN and Host ID).
-    pub fn find(&self, subnqn: &str, cntlid: u16, hostnqn: &str, host_id: [u8; 16]) -> Result<Arc<ControllerShared>, RegistryError> {
-        let inner = self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    pub fn find(
+        &self,
+        subnqn: &str,
+        cntlid: u16,
+        hostnqn: &str,
+        host_id: [u8; 16],
+    ) -> Result<Arc<ControllerShared>, RegistryError> {
+        let inner = self
+            .inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         inner
             .controllers
             .get(&cntlid)
-            .filter(|c| c.is_alive() && c.subnqn == subnqn && c.hostnqn == hostnqn && c.host_id == host_id)
+            .filter(|c| {
+                c.is_alive() && c.subnqn == subnqn && c.hostnqn == hostnqn && c.host_id == host_id
+            })
             .cloned()
             .ok_or(RegistryError::UnknownController)
     }
 
     /// Tears a controller down: its I/O queues notice and close.
     pub fn remove(&self, cntlid: Cntlid) {
-        let mut inner = self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut inner = self
+            .inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some(controller) = inner.controllers.remove(&cntlid.0) {
             controller.alive.store(false, Ordering::Release);
             controller.set_ready(false);
@@ -313,7 +340,11 @@ impl ControllerRegistry {
 
     /// Number of live controllers.
     pub fn len(&self) -> usize {
-        self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).controllers.len()
+        self.inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .controllers
+            .len()
     }
 
     /// Whether no controller is live.
@@ -325,7 +356,11 @@ impl ControllerRegistry {
 impl RegistryInner {
     fn free_cntlid(&mut self) -> Option<u16> {
         for _ in 0..Cntlid::MAX_DYNAMIC {
-            self.next_cntlid = if self.next_cntlid >= Cntlid::MAX_DYNAMIC { 1 } else { self.next_cntlid + 1 };
+            self.next_cntlid = if self.next_cntlid >= Cntlid::MAX_DYNAMIC {
+                1
+            } else {
+                self.next_cntlid + 1
+            };
             if !self.controllers.contains_key(&self.next_cntlid) {
                 return Some(self.next_cntlid);
             }
@@ -346,7 +381,10 @@ pub struct Target {
 impl Target {
     /// A target exporting `config`, with no controllers yet.
     pub fn new(config: TargetConfig) -> Arc<Target> {
-        Arc::new(Target { config, registry: ControllerRegistry::default() })
+        Arc::new(Target {
+            config,
+            registry: ControllerRegistry::default(),
+        })
     }
 }
 
@@ -361,10 +399,17 @@ mod tests {
         let b = registry.create("nqn.s", "nqn.h", [1; 16]).unwrap();
         assert_ne!(a.cntlid, b.cntlid);
         assert!(registry.find("nqn.s", a.cntlid.0, "nqn.h", [1; 16]).is_ok());
-        assert_eq!(registry.find("nqn.s", a.cntlid.0, "nqn.other", [1; 16]).unwrap_err(), RegistryError::UnknownController);
+        assert_eq!(
+            registry
+                .find("nqn.s", a.cntlid.0, "nqn.other", [1; 16])
+                .unwrap_err(),
+            RegistryError::UnknownController
+        );
         registry.remove(a.cntlid);
         assert!(!a.is_alive());
-        assert!(registry.find("nqn.s", a.cntlid.0, "nqn.h", [1; 16]).is_err());
+        assert!(registry
+            .find("nqn.s", a.cntlid.0, "nqn.h", [1; 16])
+            .is_err());
         assert_eq!(registry.len(), 1);
     }
 

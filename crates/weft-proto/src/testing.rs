@@ -9,7 +9,9 @@ use crate::digest::crc32c;
 use crate::io::{IoKind, IoRequest};
 use crate::pdu::{self, digest_bits, flags, DataHeader, IcReq, PduType};
 use crate::status::Status;
-use crate::target::{AddressFamily, Limits, ListenerConfig, NamespaceConfig, SubsystemConfig, Target, TargetConfig};
+use crate::target::{
+    AddressFamily, Limits, ListenerConfig, NamespaceConfig, SubsystemConfig, Target, TargetConfig,
+};
 use crate::types::{Nsid, SlotId, Timestamp};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -42,7 +44,12 @@ pub fn test_target() -> Arc<Target> {
             firmware: "0.1.0".into(),
             namespaces: vec![namespace(1, 2048, 512), namespace(2, 1024, 4096)],
         }],
-        listeners: vec![ListenerConfig { port_id: 1, family: AddressFamily::Ipv4, address: "127.0.0.1".into(), service: "4420".into() }],
+        listeners: vec![ListenerConfig {
+            port_id: 1,
+            family: AddressFamily::Ipv4,
+            address: "127.0.0.1".into(),
+            service: "4420".into(),
+        }],
         limits: Limits::DEFAULT,
         discovery_serial: "discovery".into(),
         generation: 1,
@@ -58,7 +65,12 @@ pub struct VecBuffers {
 impl VecBuffers {
     /// Buffers for `limits`.
     pub fn new(limits: &Limits) -> VecBuffers {
-        VecBuffers { buffers: vec![vec![0u8; limits.slot_buffer_bytes()]; usize::from(limits.queue_entries_max)] }
+        VecBuffers {
+            buffers: vec![
+                vec![0u8; limits.slot_buffer_bytes()];
+                usize::from(limits.queue_entries_max)
+            ],
+        }
     }
 }
 
@@ -84,7 +96,11 @@ pub struct ReceivedPdu {
 impl ReceivedPdu {
     /// CQE status of a CapsuleResp.
     pub fn status(&self) -> Status {
-        assert_eq!(self.pdu_type, PduType::CapsuleResp as u8, "not a CapsuleResp: {self:?}");
+        assert_eq!(
+            self.pdu_type,
+            PduType::CapsuleResp as u8,
+            "not a CapsuleResp: {self:?}"
+        );
         Status::from_cqe_status(u16::from_le_bytes([self.header[22], self.header[23]]))
     }
 
@@ -100,7 +116,11 @@ impl ReceivedPdu {
 
     /// FES of a C2HTermReq.
     pub fn fatal_status(&self) -> u16 {
-        assert_eq!(self.pdu_type, PduType::C2hTermReq as u8, "not a C2HTermReq: {self:?}");
+        assert_eq!(
+            self.pdu_type,
+            PduType::C2hTermReq as u8,
+            "not a C2HTermReq: {self:?}"
+        );
         u16::from_le_bytes([self.header[8], self.header[9]])
     }
 }
@@ -132,7 +152,11 @@ impl Pair {
     /// A fresh connection to `target`.
     pub fn new(target: &Arc<Target>) -> Pair {
         let limits = target.config.limits;
-        let disks = target.config.subsystems[0].namespaces.iter().map(|ns| (ns.nsid.0, vec![0u8; ns.size_bytes() as usize])).collect();
+        let disks = target.config.subsystems[0]
+            .namespaces
+            .iter()
+            .map(|ns| (ns.nsid.0, vec![0u8; ns.size_bytes() as usize]))
+            .collect();
         Pair {
             connection: Connection::new(Arc::clone(target)),
             buffers: VecBuffers::new(&limits),
@@ -148,7 +172,8 @@ impl Pair {
 
     /// Delivers bytes to the target and runs it until it is idle.
     pub fn send(&mut self, bytes: &[u8]) {
-        self.connection.handle_input(bytes, self.now, &mut self.buffers);
+        self.connection
+            .handle_input(bytes, self.now, &mut self.buffers);
         self.pump();
     }
 
@@ -193,14 +218,26 @@ impl Pair {
 
     /// Executes one block I/O request against the RAM disks and reports it.
     pub fn execute(&mut self, request: IoRequest) {
-        let disk = self.disks.get_mut(&request.nsid.0).expect("I/O for a test namespace");
+        let disk = self
+            .disks
+            .get_mut(&request.nsid.0)
+            .expect("I/O for a test namespace");
         let buffer = self.buffers.buffer(request.slot);
         match request.kind {
-            IoKind::Read { offset, len, buffer_offset } => {
+            IoKind::Read {
+                offset,
+                len,
+                buffer_offset,
+            } => {
                 let (offset, len, at) = (offset as usize, len as usize, buffer_offset as usize);
                 buffer[at..at + len].copy_from_slice(&disk[offset..offset + len]);
             }
-            IoKind::Write { offset, len, buffer_offset, .. } => {
+            IoKind::Write {
+                offset,
+                len,
+                buffer_offset,
+                ..
+            } => {
                 let (offset, len, at) = (offset as usize, len as usize, buffer_offset as usize);
                 disk[offset..offset + len].copy_from_slice(&buffer[at..at + len]);
             }
@@ -209,7 +246,8 @@ impl Pair {
                 disk[offset as usize..(offset + len) as usize].fill(0);
             }
         }
-        self.connection.handle_io_complete(request.slot, Ok(()), &mut self.buffers);
+        self.connection
+            .handle_io_complete(request.slot, Ok(()), &mut self.buffers);
     }
 
     /// Parses the next complete PDU the target sent.
@@ -222,22 +260,36 @@ impl Pair {
             return None;
         }
         let pdu: Vec<u8> = self.sent.drain(..plen).collect();
-        let (pdu_type, pdu_flags, hlen, pdo) = (pdu[0], pdu[1], usize::from(pdu[2]), usize::from(pdu[3]));
+        let (pdu_type, pdu_flags, hlen, pdo) =
+            (pdu[0], pdu[1], usize::from(pdu[2]), usize::from(pdu[3]));
         if pdu_flags & flags::HDGSTF != 0 {
             let digest = u32::from_le_bytes(pdu[hlen..hlen + 4].try_into().expect("4 bytes"));
-            assert_eq!(digest, crc32c(&pdu[..hlen]), "header digest of a target PDU");
+            assert_eq!(
+                digest,
+                crc32c(&pdu[..hlen]),
+                "header digest of a target PDU"
+            );
         }
         let data = if pdo > 0 {
             let end = plen - if pdu_flags & flags::DDGSTF != 0 { 4 } else { 0 };
             let data = pdu[pdo..end].to_vec();
             if pdu_flags & flags::DDGSTF != 0 {
-                assert_eq!(u32::from_le_bytes(pdu[end..].try_into().expect("4 bytes")), crc32c(&data), "data digest of a target PDU");
+                assert_eq!(
+                    u32::from_le_bytes(pdu[end..].try_into().expect("4 bytes")),
+                    crc32c(&data),
+                    "data digest of a target PDU"
+                );
             }
             data
         } else {
             Vec::new()
         };
-        Some(ReceivedPdu { pdu_type, flags: pdu_flags, header: pdu[..hlen].to_vec(), data })
+        Some(ReceivedPdu {
+            pdu_type,
+            flags: pdu_flags,
+            header: pdu[..hlen].to_vec(),
+            data,
+        })
     }
 
     /// Receives the next PDU, which must exist.
@@ -250,8 +302,18 @@ impl Pair {
     /// Sends ICReq with the given digests and expects ICResp.
     pub fn initialize(&mut self, header_digest: bool, data_digest: bool) {
         let mut icreq = [0u8; 128];
-        let digest = if header_digest { digest_bits::HEADER } else { 0 } | if data_digest { digest_bits::DATA } else { 0 };
-        IcReq { pfv: 0, hpda: 0, digest, maxr2t: 0 }.encode(&mut icreq);
+        let digest = if header_digest {
+            digest_bits::HEADER
+        } else {
+            0
+        } | if data_digest { digest_bits::DATA } else { 0 };
+        IcReq {
+            pfv: 0,
+            hpda: 0,
+            digest,
+            maxr2t: 0,
+        }
+        .encode(&mut icreq);
         self.send(&icreq);
         let icresp = self.expect();
         assert_eq!(icresp.pdu_type, PduType::IcResp as u8);
@@ -262,10 +324,15 @@ impl Pair {
     /// A CapsuleCmd PDU carrying `sqe` and optional in-capsule data.
     pub fn capsule(&self, sqe: &[u8; 64], data: &[u8]) -> Vec<u8> {
         let hdgst = if self.header_digest { 4 } else { 0 };
-        let ddgst = if self.data_digest && !data.is_empty() { 4 } else { 0 };
+        let ddgst = if self.data_digest && !data.is_empty() {
+            4
+        } else {
+            0
+        };
         let pdo = if data.is_empty() { 0 } else { 72 + hdgst };
         let plen = 72 + hdgst + data.len() + ddgst;
-        let pdu_flags = if hdgst > 0 { flags::HDGSTF } else { 0 } | if ddgst > 0 { flags::DDGSTF } else { 0 };
+        let pdu_flags =
+            if hdgst > 0 { flags::HDGSTF } else { 0 } | if ddgst > 0 { flags::DDGSTF } else { 0 };
         let mut pdu = vec![PduType::CapsuleCmd as u8, pdu_flags, 72, pdo as u8];
         pdu.extend_from_slice(&(plen as u32).to_le_bytes());
         pdu.extend_from_slice(sqe);
@@ -282,9 +349,22 @@ impl Pair {
     /// An H2CData PDU.
     pub fn h2c_data(&self, cccid: u16, ttag: u16, offset: u32, data: &[u8], last: bool) -> Vec<u8> {
         let mut out = [0u8; pdu::MAX_HEADER_LEN];
-        let header = DataHeader { cccid, ttag, offset, length: data.len() as u32 };
+        let header = DataHeader {
+            cccid,
+            ttag,
+            offset,
+            length: data.len() as u32,
+        };
         let pdu_flags = if last { flags::LAST_PDU } else { 0 };
-        let pdo = pdu::encode_data_pdu(PduType::H2cData, pdu_flags, self.header_digest, self.data_digest, 4, header, &mut out);
+        let pdo = pdu::encode_data_pdu(
+            PduType::H2cData,
+            pdu_flags,
+            self.header_digest,
+            self.data_digest,
+            4,
+            header,
+            &mut out,
+        );
         let mut pdu = out[..pdo].to_vec();
         pdu.extend_from_slice(data);
         if self.data_digest {
@@ -299,7 +379,8 @@ impl Pair {
         self.send(&capsule);
         let mut pdus = Vec::new();
         while let Some(pdu) = self.receive() {
-            let done = pdu.pdu_type == PduType::CapsuleResp as u8 || pdu.pdu_type == PduType::C2hTermReq as u8;
+            let done = pdu.pdu_type == PduType::CapsuleResp as u8
+                || pdu.pdu_type == PduType::C2hTermReq as u8;
             pdus.push(pdu);
             if done {
                 break;
@@ -319,7 +400,11 @@ impl Pair {
     pub fn read_data(&mut self, sqe: &[u8; 64]) -> (Vec<u8>, ReceivedPdu) {
         let pdus = self.command(sqe, &[]);
         let response = pdus.last().expect("a response").clone();
-        let data = pdus.iter().filter(|p| p.pdu_type == PduType::C2hData as u8).flat_map(|p| p.data.clone()).collect();
+        let data = pdus
+            .iter()
+            .filter(|p| p.pdu_type == PduType::C2hData as u8)
+            .flat_map(|p| p.data.clone())
+            .collect();
         (data, response)
     }
 
@@ -328,7 +413,11 @@ impl Pair {
         let capsule = self.capsule(sqe, &[]);
         self.send(&capsule);
         let r2t = self.expect();
-        assert_eq!(r2t.pdu_type, PduType::R2t as u8, "expected R2T, got {r2t:?}");
+        assert_eq!(
+            r2t.pdu_type,
+            PduType::R2t as u8,
+            "expected R2T, got {r2t:?}"
+        );
         let header = DataHeader::decode(&r2t.header).expect("R2T header");
         assert_eq!(header.length as usize, data.len());
         for (index, piece) in data.chunks(chunk).enumerate() {
@@ -379,7 +468,14 @@ pub fn set_cdw(sqe: &mut [u8; 64], n: usize, value: u32) {
 }
 
 /// A Fabrics Connect command and its 1024-byte data (sent in-capsule).
-pub fn connect_command(cid: u16, qid: u16, sqsize: u16, kato_ms: u32, cntlid: u16, subnqn: &str) -> ([u8; 64], Vec<u8>) {
+pub fn connect_command(
+    cid: u16,
+    qid: u16,
+    sqsize: u16,
+    kato_ms: u32,
+    cntlid: u16,
+    subnqn: &str,
+) -> ([u8; 64], Vec<u8>) {
     let mut command = sqe(FABRICS_OPCODE, cid, 0, 1024, true);
     command[4] = fctype::CONNECT;
     command[42..44].copy_from_slice(&qid.to_le_bytes());
@@ -430,7 +526,15 @@ pub fn get_log_page(cid: u16, lid: u8, len: u32, offset: u64) -> [u8; 64] {
 }
 
 /// A Read or Write (or Compare) of `blocks` at `slba` for `bytes` of data.
-pub fn rw(opcode: u8, cid: u16, nsid: u32, slba: u64, blocks: u32, bytes: u32, in_capsule: bool) -> [u8; 64] {
+pub fn rw(
+    opcode: u8,
+    cid: u16,
+    nsid: u32,
+    slba: u64,
+    blocks: u32,
+    bytes: u32,
+    in_capsule: bool,
+) -> [u8; 64] {
     let mut command = sqe(opcode, cid, nsid, bytes, in_capsule);
     set_cdw(&mut command, 10, slba as u32);
     set_cdw(&mut command, 11, (slba >> 32) as u32);

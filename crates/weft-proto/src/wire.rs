@@ -39,7 +39,10 @@ impl<'a> Reader<'a> {
     pub fn take(&mut self, len: usize) -> Result<&'a [u8], Truncated> {
         let remaining = self.bytes.len() - self.offset;
         if len > remaining {
-            return Err(Truncated { offset: self.offset, needed: len - remaining });
+            return Err(Truncated {
+                offset: self.offset,
+                needed: len - remaining,
+            });
         }
         let field = &self.bytes[self.offset..self.offset + len];
         self.offset += len;
@@ -93,7 +96,11 @@ impl<'a> Writer<'a> {
 
     /// Copies `field` to `offset`.
     pub fn bytes(&mut self, offset: usize, field: &[u8]) -> &mut Self {
-        assert!(offset + field.len() <= self.bytes.len(), "field at {offset} overruns {}", self.bytes.len());
+        assert!(
+            offset + field.len() <= self.bytes.len(),
+            "field at {offset} overruns {}",
+            self.bytes.len()
+        );
         self.bytes[offset..offset + field.len()].copy_from_slice(field);
         self
     }
@@ -135,7 +142,7 @@ impl<'a> Writer<'a> {
 /// Decodes hex text (whitespace ignored) into bytes; used by tests and wire vectors.
 pub fn hex(text: &str) -> Vec<u8> {
     let digits: Vec<u8> = text.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
-    assert!(digits.len() % 2 == 0, "odd number of hex digits");
+    assert!(digits.len().is_multiple_of(2), "odd number of hex digits");
     digits
         .chunks(2)
         .map(|pair| {
@@ -148,7 +155,9 @@ pub fn hex(text: &str) -> Vec<u8> {
 /// Reads a NUL- or space-padded ASCII field as a string, trimming the padding.
 pub fn ascii_field(bytes: &[u8]) -> String {
     let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
-    String::from_utf8_lossy(&bytes[..end]).trim_end().to_string()
+    String::from_utf8_lossy(&bytes[..end])
+        .trim_end()
+        .to_string()
 }
 
 #[cfg(test)]
@@ -163,7 +172,13 @@ mod tests {
         assert_eq!(reader.u16(), Ok(0x0302));
         assert_eq!(reader.u32(), Ok(0x0706_0504));
         assert_eq!(reader.u64(), Ok(0x0f0e_0d0c_0b0a_0908));
-        assert_eq!(reader.u8(), Err(Truncated { offset: 15, needed: 1 }));
+        assert_eq!(
+            reader.u8(),
+            Err(Truncated {
+                offset: 15,
+                needed: 1
+            })
+        );
     }
 
     #[test]

@@ -75,10 +75,17 @@ impl RamDevice {
     /// A zeroed RAM device of `size_bytes`.
     pub fn new(size_bytes: u64, block_size: u32) -> Result<RamDevice, DeviceError> {
         check_geometry(size_bytes, block_size)?;
-        let io_error = |source| DeviceError::Io { path: PathBuf::from("(ram)"), source };
+        let io_error = |source| DeviceError::Io {
+            path: PathBuf::from("(ram)"),
+            source,
+        };
         let file = weft_uring::memfd_create("weft-ram").map_err(io_error)?;
         file.set_len(size_bytes).map_err(io_error)?;
-        Ok(RamDevice { file, size_bytes, block_size })
+        Ok(RamDevice {
+            file,
+            size_bytes,
+            block_size,
+        })
     }
 }
 
@@ -119,45 +126,84 @@ impl FileDevice {
     /// `size_bytes`; an existing one must have that size. A block device uses
     /// its own size (`size_bytes`, if given, must not exceed it) and its
     /// logical block size if that is larger than `block_size`.
-    pub fn open(path: &Path, size_bytes: Option<u64>, block_size: u32) -> Result<FileDevice, DeviceError> {
-        let io_error = |source| DeviceError::Io { path: path.to_path_buf(), source };
-        let block_device = std::fs::metadata(path).map(|m| m.file_type().is_block_device()).unwrap_or(false);
+    pub fn open(
+        path: &Path,
+        size_bytes: Option<u64>,
+        block_size: u32,
+    ) -> Result<FileDevice, DeviceError> {
+        let io_error = |source| DeviceError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let block_device = std::fs::metadata(path)
+            .map(|m| m.file_type().is_block_device())
+            .unwrap_or(false);
         if !block_device && !path.exists() {
-            let size = size_bytes.ok_or_else(|| DeviceError::Invalid(format!("{} does not exist and no size is configured to create it", path.display())))?;
+            let size = size_bytes.ok_or_else(|| {
+                DeviceError::Invalid(format!(
+                    "{} does not exist and no size is configured to create it",
+                    path.display()
+                ))
+            })?;
             check_geometry(size, block_size)?;
             if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
                 std::fs::create_dir_all(parent).map_err(io_error)?;
             }
-            let file = OpenOptions::new().write(true).create_new(true).open(path).map_err(io_error)?;
+            let file = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(path)
+                .map_err(io_error)?;
             file.set_len(size).map_err(io_error)?;
         }
         let (file, direct) = open_preferring_direct(path).map_err(io_error)?;
         let (actual, block_size) = if block_device {
             let actual = weft_uring::block_device_size_bytes(&file).map_err(io_error)?;
-            let device_block = weft_uring::block_device_logical_block_size(&file).map_err(io_error)?;
+            let device_block =
+                weft_uring::block_device_logical_block_size(&file).map_err(io_error)?;
             (size_bytes.unwrap_or(actual), block_size.max(device_block))
         } else {
             (file.metadata().map_err(io_error)?.len(), block_size)
         };
         let size = match size_bytes {
             Some(configured) if block_device && configured > actual => {
-                return Err(DeviceError::SizeMismatch { path: path.to_path_buf(), actual, configured })
+                return Err(DeviceError::SizeMismatch {
+                    path: path.to_path_buf(),
+                    actual,
+                    configured,
+                })
             }
             Some(configured) if !block_device && configured != actual => {
-                return Err(DeviceError::SizeMismatch { path: path.to_path_buf(), actual, configured })
+                return Err(DeviceError::SizeMismatch {
+                    path: path.to_path_buf(),
+                    actual,
+                    configured,
+                })
             }
             Some(configured) => configured,
             None => actual,
         };
         check_geometry(size, block_size)?;
-        Ok(FileDevice { file, path: path.to_path_buf(), size_bytes: size, block_size, direct, block_device })
+        Ok(FileDevice {
+            file,
+            path: path.to_path_buf(),
+            size_bytes: size,
+            block_size,
+            direct,
+            block_device,
+        })
     }
 }
 
 /// Opens read-write with O_DIRECT, falling back to buffered I/O (with one
 /// warning) where the filesystem refuses O_DIRECT, e.g. tmpfs on older kernels.
 fn open_preferring_direct(path: &Path) -> io::Result<(File, bool)> {
-    match OpenOptions::new().read(true).write(true).custom_flags(libc::O_DIRECT).open(path) {
+    match OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+    {
         Ok(file) => Ok((file, true)),
         Err(error) if error.raw_os_error() == Some(libc::EINVAL) => {
             log::warn!("{}: O_DIRECT is not supported here; serving through the page cache (Flush and FUA still reach stable storage)", path.display());
@@ -169,9 +215,17 @@ fn open_preferring_direct(path: &Path) -> io::Result<(File, bool)> {
 
 impl BlockDevice for FileDevice {
     fn describe(&self) -> String {
-        let kind = if self.block_device { "block device" } else { "file" };
+        let kind = if self.block_device {
+            "block device"
+        } else {
+            "file"
+        };
         let mode = if self.direct { "O_DIRECT" } else { "buffered" };
-        format!("{kind} {} ({}, {mode})", self.path.display(), human_bytes(self.size_bytes))
+        format!(
+            "{kind} {} ({}, {mode})",
+            self.path.display(),
+            human_bytes(self.size_bytes)
+        )
     }
     fn size_bytes(&self) -> u64 {
         self.size_bytes
@@ -192,10 +246,14 @@ impl BlockDevice for FileDevice {
 
 fn check_geometry(size_bytes: u64, block_size: u32) -> Result<(), DeviceError> {
     if !matches!(block_size, 512 | 4096) {
-        return Err(DeviceError::Invalid(format!("block size {block_size} is not supported: use 512 or 4096")));
+        return Err(DeviceError::Invalid(format!(
+            "block size {block_size} is not supported: use 512 or 4096"
+        )));
     }
-    if size_bytes == 0 || size_bytes % u64::from(block_size) != 0 {
-        return Err(DeviceError::Invalid(format!("size {size_bytes} is not a positive multiple of the block size {block_size}")));
+    if size_bytes == 0 || !size_bytes.is_multiple_of(u64::from(block_size)) {
+        return Err(DeviceError::Invalid(format!(
+            "size {size_bytes} is not a positive multiple of the block size {block_size}"
+        )));
     }
     Ok(())
 }
@@ -235,7 +293,10 @@ mod tests {
         assert_eq!(device.size_bytes(), 1 << 30);
         assert!(std::fs::metadata(&path).unwrap().len() == 1 << 30);
         drop(device);
-        assert_eq!(FileDevice::open(&path, None, 4096).unwrap().size_bytes(), 1 << 30);
+        assert_eq!(
+            FileDevice::open(&path, None, 4096).unwrap().size_bytes(),
+            1 << 30
+        );
         let error = FileDevice::open(&path, Some(1 << 20), 4096).unwrap_err();
         assert!(error.to_string().contains("set size to match"), "{error}");
     }

@@ -27,7 +27,11 @@ pub struct Exports {
 impl Exports {
     /// The device of `nsid` in subsystem number `subsystem`.
     pub fn device(&self, subsystem: usize, nsid: Nsid) -> Option<&dyn BlockDevice> {
-        self.devices.get(subsystem)?.iter().find(|d| d.nsid == nsid).map(|d| d.device.as_ref())
+        self.devices
+            .get(subsystem)?
+            .iter()
+            .find(|d| d.nsid == nsid)
+            .map(|d| d.device.as_ref())
     }
 
     /// Every device, for a final flush.

@@ -36,13 +36,22 @@ pub enum StartError {
 
 impl DataPlane {
     /// Binds every address, starts `reactors` reactor threads and the accepting threads.
-    pub fn start(exports: Arc<Exports>, addresses: &[SocketAddr], reactors: usize) -> Result<DataPlane, StartError> {
+    pub fn start(
+        exports: Arc<Exports>,
+        addresses: &[SocketAddr],
+        reactors: usize,
+    ) -> Result<DataPlane, StartError> {
         assert!(reactors > 0, "at least one reactor");
         let listeners = addresses
             .iter()
-            .map(|&address| TcpListener::bind(address).map_err(|source| StartError::Bind { address, source }))
+            .map(|&address| {
+                TcpListener::bind(address).map_err(|source| StartError::Bind { address, source })
+            })
             .collect::<Result<Vec<_>, _>>()?;
-        let listening = listeners.iter().map(|l| l.local_addr().expect("bound sockets have an address")).collect();
+        let listening = listeners
+            .iter()
+            .map(|l| l.local_addr().expect("bound sockets have an address"))
+            .collect();
         let epoch = Instant::now();
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         let handles = (0..reactors)

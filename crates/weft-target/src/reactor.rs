@@ -35,18 +35,38 @@ pub(crate) struct ReactorHandle {
 
 impl ReactorHandle {
     /// Starts reactor `index`, pinned to CPU `cpu` when possible.
-    pub(crate) fn spawn(index: usize, cpu: usize, exports: Arc<Exports>, epoch: Instant) -> io::Result<ReactorHandle> {
+    pub(crate) fn spawn(
+        index: usize,
+        cpu: usize,
+        exports: Arc<Exports>,
+        epoch: Instant,
+    ) -> io::Result<ReactorHandle> {
         let (sender, inbox) = std::sync::mpsc::channel();
         let wake = weft_uring::eventfd()?;
         let reactor_wake = wake.try_clone()?;
         let ring = Ring::new(RING_ENTRIES)?;
-        let thread = std::thread::Builder::new().name(format!("weft-reactor-{index}")).spawn(move || {
-            if let Err(error) = weft_uring::pin_current_thread_to_cpu(cpu) {
-                log::debug!("reactor {index}: not pinned to CPU {cpu}: {error}");
-            }
-            Reactor { ring, exports, inbox, wake: reactor_wake, connections: Vec::new(), free: Vec::new(), epoch }.run();
-        })?;
-        Ok(ReactorHandle { sender, wake, _thread: thread })
+        let thread = std::thread::Builder::new()
+            .name(format!("weft-reactor-{index}"))
+            .spawn(move || {
+                if let Err(error) = weft_uring::pin_current_thread_to_cpu(cpu) {
+                    log::debug!("reactor {index}: not pinned to CPU {cpu}: {error}");
+                }
+                Reactor {
+                    ring,
+                    exports,
+                    inbox,
+                    wake: reactor_wake,
+                    connections: Vec::new(),
+                    free: Vec::new(),
+                    epoch,
+                }
+                .run();
+            })?;
+        Ok(ReactorHandle {
+            sender,
+            wake,
+            _thread: thread,
+        })
     }
 
     /// Delivers `message` and wakes the reactor.
@@ -105,7 +125,10 @@ struct SlotTable {
 
 impl SlotTable {
     fn new(slots: usize, buffer_bytes: usize) -> SlotTable {
-        SlotTable { buffers: (0..slots).map(|_| SlotBuffer::Unallocated).collect(), buffer_bytes }
+        SlotTable {
+            buffers: (0..slots).map(|_| SlotBuffer::Unallocated).collect(),
+            buffer_bytes,
+        }
     }
 
     fn take(&mut self, slot: SlotId) -> IoBuf {
@@ -118,7 +141,11 @@ impl SlotTable {
 
     fn put(&mut self, slot: SlotId, buffer: IoBuf) {
         let entry = &mut self.buffers[usize::from(slot.0)];
-        assert!(matches!(entry, SlotBuffer::Lent), "slot {} returned twice", slot.0);
+        assert!(
+            matches!(entry, SlotBuffer::Lent),
+            "slot {} returned twice",
+            slot.0
+        );
         *entry = SlotBuffer::Here(buffer);
     }
 }
@@ -128,7 +155,12 @@ impl SlotBuffers for SlotTable {
         let entry = &mut self.buffers[usize::from(slot.0)];
         if matches!(entry, SlotBuffer::Unallocated) {
             // mmap-backed: pages cost memory only once touched.
-            let buffer = IoBuf::new(self.buffer_bytes).unwrap_or_else(|error| panic!("cannot map a {} byte slot buffer: {error}", self.buffer_bytes));
+            let buffer = IoBuf::new(self.buffer_bytes).unwrap_or_else(|error| {
+                panic!(
+                    "cannot map a {} byte slot buffer: {error}",
+                    self.buffer_bytes
+                )
+            });
             *entry = SlotBuffer::Here(buffer);
         }
         match entry {
@@ -168,7 +200,12 @@ struct Reactor {
 
 impl Reactor {
     fn run(mut self) {
-        self.push(Op::ReadEventfd { fd: self.wake.as_raw_fd() }, WAKE_TOKEN);
+        self.push(
+            Op::ReadEventfd {
+                fd: self.wake.as_raw_fd(),
+            },
+            WAKE_TOKEN,
+        );
         self.push(Op::Timeout { after: TICK }, TICK_TOKEN);
         loop {
             if let Err(error) = self.ring.submit_and_wait(1) {
@@ -196,7 +233,12 @@ impl Reactor {
         match completion.user_data {
             WAKE_TOKEN => {
                 self.accept_messages();
-                self.push(Op::ReadEventfd { fd: self.wake.as_raw_fd() }, WAKE_TOKEN);
+                self.push(
+                    Op::ReadEventfd {
+                        fd: self.wake.as_raw_fd(),
+                    },
+                    WAKE_TOKEN,
+                );
             }
             TICK_TOKEN => {
                 self.tick();
@@ -204,7 +246,9 @@ impl Reactor {
             }
             token => {
                 let (index, kind, slot) = untoken(token);
-                let peer = self.connections[index].as_mut().expect("ops complete before their connection is dropped");
+                let peer = self.connections[index]
+                    .as_mut()
+                    .expect("ops complete before their connection is dropped");
                 peer.ops_in_flight -= 1;
                 match kind {
                     Some(OpKind::Receive) => self.on_receive(index, completion),
@@ -227,7 +271,8 @@ impl Reactor {
 
     fn add_connection(&mut self, stream: TcpStream, address: SocketAddr) {
         let limits = self.exports.target.config.limits;
-        let buffers = IoBuf::new(RECEIVE_BUFFER_BYTES).and_then(|receive| Ok((receive, IoBuf::new(STAGING_BYTES)?)));
+        let buffers = IoBuf::new(RECEIVE_BUFFER_BYTES)
+            .and_then(|receive| Ok((receive, IoBuf::new(STAGING_BYTES)?)));
         let (receive_buffer, staging) = match buffers {
             Ok(buffers) => buffers,
             Err(error) => {
@@ -280,10 +325,15 @@ impl Reactor {
     fn on_receive(&mut self, index: usize, completion: Completion) {
         let now = self.now();
         let peer = self.connections[index].as_mut().expect("live connection");
-        let Returned::Buf(buffer) = completion.returned else { unreachable!("a receive returns its buffer") };
+        let Returned::Buf(buffer) = completion.returned else {
+            unreachable!("a receive returns its buffer")
+        };
         match completion.result {
             Ok(0) => begin_close(peer, "closed by the host"),
-            Ok(received) => peer.protocol.handle_input(&buffer.as_slice()[..received], now, &mut peer.slots),
+            Ok(received) => {
+                peer.protocol
+                    .handle_input(&buffer.as_slice()[..received], now, &mut peer.slots)
+            }
             Err(error) => begin_close(peer, &format!("receive failed: {error}")),
         }
         peer.receive_buffer = Some(buffer);
@@ -295,7 +345,9 @@ impl Reactor {
             peer.stream.as_raw_fd()
         };
         let peer = self.connections[index].as_mut().expect("live connection");
-        let Returned::Batch(mut batch) = completion.returned else { unreachable!("a send returns its batch") };
+        let Returned::Batch(mut batch) = completion.returned else {
+            unreachable!("a send returns its batch")
+        };
         match completion.result {
             Ok(sent) => {
                 batch.consume(sent);
@@ -324,7 +376,10 @@ impl Reactor {
         }
         let result = match completion.result {
             Ok(done) if expected > 0 && done != expected as usize => {
-                log::warn!("{}: short transfer on a namespace: {done} of {expected} bytes", peer.address);
+                log::warn!(
+                    "{}: short transfer on a namespace: {done} of {expected} bytes",
+                    peer.address
+                );
                 Err(IoError::Other)
             }
             Ok(_) => Ok(()),
@@ -333,12 +388,16 @@ impl Reactor {
                 Err(classify(&error))
             }
         };
-        peer.protocol.handle_io_complete(slot, result, &mut peer.slots);
+        peer.protocol
+            .handle_io_complete(slot, result, &mut peer.slots);
     }
 
     /// Moves a connection forward after anything happened to it.
     fn drive(&mut self, index: usize) {
-        while let Some(request) = self.connections[index].as_mut().and_then(|peer| peer.protocol.poll_io()) {
+        while let Some(request) = self.connections[index]
+            .as_mut()
+            .and_then(|peer| peer.protocol.poll_io())
+        {
             self.submit_block_io(index, request);
         }
         self.submit_send(index);
@@ -348,7 +407,12 @@ impl Reactor {
         }
         if !peer.closing {
             if let Some(buffer) = peer.receive_buffer.take() {
-                let op = Op::Recv { fd: peer.stream.as_raw_fd(), buf: buffer, offset: 0, len: RECEIVE_BUFFER_BYTES };
+                let op = Op::Recv {
+                    fd: peer.stream.as_raw_fd(),
+                    buf: buffer,
+                    offset: 0,
+                    len: RECEIVE_BUFFER_BYTES,
+                };
                 peer.ops_in_flight += 1;
                 self.push(op, token(index, OpKind::Receive, 0));
             }
@@ -364,9 +428,18 @@ impl Reactor {
         if peer.batch.is_none() || peer.closing {
             return;
         }
-        let Some(transmit) = peer.protocol.poll_transmit() else { return };
-        let mut staging = peer.staging.take().expect("staging buffer is home while no send is in flight");
-        assert!(transmit.bytes.len() <= STAGING_BYTES, "{} inline bytes exceed the staging buffer", transmit.bytes.len());
+        let Some(transmit) = peer.protocol.poll_transmit() else {
+            return;
+        };
+        let mut staging = peer
+            .staging
+            .take()
+            .expect("staging buffer is home while no send is in flight");
+        assert!(
+            transmit.bytes.len() <= STAGING_BYTES,
+            "{} inline bytes exceed the staging buffer",
+            transmit.bytes.len()
+        );
         staging.as_mut_slice()[..transmit.bytes.len()].copy_from_slice(transmit.bytes);
         let mut batch = peer.batch.take().expect("checked above");
         let staging_index = batch.push_buf(staging);
@@ -391,28 +464,65 @@ impl Reactor {
         if peer.subsystem.is_none() {
             peer.subsystem = peer.protocol.subsystem_index();
         }
-        let device = peer.subsystem.and_then(|subsystem| exports.device(subsystem, request.nsid));
+        let device = peer
+            .subsystem
+            .and_then(|subsystem| exports.device(subsystem, request.nsid));
         let Some(device) = device else {
             // The core validated the NSID against the same configuration the exports were built from.
             log::error!("{}: no device for namespace {}", peer.address, request.nsid);
-            peer.protocol.handle_io_complete(request.slot, Err(IoError::Other), &mut peer.slots);
+            peer.protocol
+                .handle_io_complete(request.slot, Err(IoError::Other), &mut peer.slots);
             return;
         };
         let fd = device.fd();
         let slot = request.slot;
         let (op, expected) = match request.kind {
-            IoKind::Read { offset, len, buffer_offset } => {
+            IoKind::Read {
+                offset,
+                len,
+                buffer_offset,
+            } => {
                 let buf = peer.slots.take(slot);
-                (Op::Read { fd, buf, buf_offset: buffer_offset as usize, len: len as usize, file_offset: offset }, len)
+                (
+                    Op::Read {
+                        fd,
+                        buf,
+                        buf_offset: buffer_offset as usize,
+                        len: len as usize,
+                        file_offset: offset,
+                    },
+                    len,
+                )
             }
-            IoKind::Write { offset, len, buffer_offset, fua } => {
+            IoKind::Write {
+                offset,
+                len,
+                buffer_offset,
+                fua,
+            } => {
                 let buf = peer.slots.take(slot);
-                (Op::Write { fd, buf, buf_offset: buffer_offset as usize, len: len as usize, file_offset: offset, dsync: fua }, len)
+                (
+                    Op::Write {
+                        fd,
+                        buf,
+                        buf_offset: buffer_offset as usize,
+                        len: len as usize,
+                        file_offset: offset,
+                        dsync: fua,
+                    },
+                    len,
+                )
             }
             IoKind::Flush => (Op::Fsync { fd, datasync: true }, 0),
-            IoKind::WriteZeroes { offset, len, .. } | IoKind::Deallocate { offset, len } => {
-                (Op::Fallocate { fd, mode: weft_storage::ZERO_RANGE_MODE, offset, len }, 0)
-            }
+            IoKind::WriteZeroes { offset, len, .. } | IoKind::Deallocate { offset, len } => (
+                Op::Fallocate {
+                    fd,
+                    mode: weft_storage::ZERO_RANGE_MODE,
+                    offset,
+                    len,
+                },
+                0,
+            ),
         };
         peer.io_len[usize::from(slot.0)] = expected;
         peer.ops_in_flight += 1;
@@ -425,8 +535,17 @@ impl Reactor {
 fn begin_close(peer: &mut Peer, reason: &str) {
     peer.closing = true;
     match peer.protocol.termination() {
-        Some(Termination::Protocol(error)) => log::warn!("{}: protocol error, sent C2HTermReq {:?} (field offset {}); connection closed", peer.address, error.status, error.field_offset),
-        Some(Termination::KeepAliveExpired) => log::warn!("{}: keep-alive timeout expired; controller {:?} torn down", peer.address, peer.protocol.cntlid()),
+        Some(Termination::Protocol(error)) => log::warn!(
+            "{}: protocol error, sent C2HTermReq {:?} (field offset {}); connection closed",
+            peer.address,
+            error.status,
+            error.field_offset
+        ),
+        Some(Termination::KeepAliveExpired) => log::warn!(
+            "{}: keep-alive timeout expired; controller {:?} torn down",
+            peer.address,
+            peer.protocol.cntlid()
+        ),
         Some(other) => log::info!("{}: connection ended: {other:?}", peer.address),
         None => log::debug!("{}: connection {reason}", peer.address),
     }

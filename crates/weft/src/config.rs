@@ -33,7 +33,11 @@ pub struct ConfigError {
 
 impl ConfigError {
     fn new(origin: &str, field: impl Into<String>, message: impl Into<String>) -> ConfigError {
-        ConfigError { origin: origin.to_string(), field: field.into(), message: message.into() }
+        ConfigError {
+            origin: origin.to_string(),
+            field: field.into(),
+            message: message.into(),
+        }
     }
 }
 
@@ -142,7 +146,14 @@ impl ServeConfig {
             subsystems: vec![SubsystemSpec {
                 nqn: DEFAULT_NQN.to_string(),
                 model: "weft".to_string(),
-                namespaces: vec![NamespaceSpec { nsid: 1, backend: BackendSpec::File { path, size_bytes: Some(DEFAULT_SIZE_BYTES) }, block_size: 4096 }],
+                namespaces: vec![NamespaceSpec {
+                    nsid: 1,
+                    backend: BackendSpec::File {
+                        path,
+                        size_bytes: Some(DEFAULT_SIZE_BYTES),
+                    },
+                    block_size: 4096,
+                }],
             }],
             data_dir,
         }
@@ -151,7 +162,9 @@ impl ServeConfig {
     /// Reads and validates `path`.
     pub fn load(path: &Path) -> Result<ServeConfig, ConfigError> {
         let origin = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::new(&origin, "file", format!("cannot read it: {error}")))?;
+        let text = std::fs::read_to_string(path).map_err(|error| {
+            ConfigError::new(&origin, "file", format!("cannot read it: {error}"))
+        })?;
         ServeConfig::parse(&text, &origin)
     }
 
@@ -159,7 +172,10 @@ impl ServeConfig {
     pub fn parse(text: &str, origin: &str) -> Result<ServeConfig, ConfigError> {
         let file: ConfigFile = toml::from_str(text).map_err(|error| {
             let message = error.message().to_string();
-            let location = error.span().map(|span| line_of(text, span.start)).map_or(String::from("syntax"), |line| format!("line {line}"));
+            let location = error
+                .span()
+                .map(|span| line_of(text, span.start))
+                .map_or(String::from("syntax"), |line| format!("line {line}"));
             ConfigError::new(origin, location, message)
         })?;
         validate(file, origin)
@@ -176,84 +192,175 @@ fn default_reactors() -> usize {
 
 fn validate(file: ConfigFile, origin: &str) -> Result<ServeConfig, ConfigError> {
     let data_dir = file.data_dir.unwrap_or_else(|| PathBuf::from("weft-data"));
-    let listen_text = file.listen.unwrap_or_else(|| vec![DEFAULT_LISTEN.to_string()]);
+    let listen_text = file
+        .listen
+        .unwrap_or_else(|| vec![DEFAULT_LISTEN.to_string()]);
     let listen = listen_text
         .iter()
         .enumerate()
-        .map(|(index, text)| parse_listen(text).map_err(|message| ConfigError::new(origin, format!("listen[{index}]"), message)))
+        .map(|(index, text)| {
+            parse_listen(text)
+                .map_err(|message| ConfigError::new(origin, format!("listen[{index}]"), message))
+        })
         .collect::<Result<Vec<_>, _>>()?;
     if listen.is_empty() {
-        return Err(ConfigError::new(origin, "listen", "at least one address is needed, e.g. [\"127.0.0.1:4420\"]"));
+        return Err(ConfigError::new(
+            origin,
+            "listen",
+            "at least one address is needed, e.g. [\"127.0.0.1:4420\"]",
+        ));
     }
     let reactors = file.reactors.unwrap_or_else(default_reactors);
     if !(1..=256).contains(&reactors) {
-        return Err(ConfigError::new(origin, "reactors", format!("{reactors} is not between 1 and 256")));
+        return Err(ConfigError::new(
+            origin,
+            "reactors",
+            format!("{reactors} is not between 1 and 256"),
+        ));
     }
     if file.subsystem.is_empty() {
-        return Err(ConfigError::new(origin, "subsystem", "no [[subsystem]] is declared; declare at least one with a [[subsystem.namespace]]"));
+        return Err(ConfigError::new(
+            origin,
+            "subsystem",
+            "no [[subsystem]] is declared; declare at least one with a [[subsystem.namespace]]",
+        ));
     }
     let mut subsystems = Vec::new();
     for (index, subsystem) in file.subsystem.into_iter().enumerate() {
         let field = format!("subsystem[{index}]");
         let spec = validate_subsystem(subsystem, origin, &field)?;
         if subsystems.iter().any(|s: &SubsystemSpec| s.nqn == spec.nqn) {
-            return Err(ConfigError::new(origin, format!("{field}.nqn"), format!("{} is declared twice", spec.nqn)));
+            return Err(ConfigError::new(
+                origin,
+                format!("{field}.nqn"),
+                format!("{} is declared twice", spec.nqn),
+            ));
         }
         subsystems.push(spec);
     }
-    Ok(ServeConfig { data_dir, listen, reactors, subsystems })
+    Ok(ServeConfig {
+        data_dir,
+        listen,
+        reactors,
+        subsystems,
+    })
 }
 
 /// Parses an `ADDRESS:PORT` listen address.
 pub fn parse_listen(text: &str) -> Result<SocketAddr, String> {
-    text.parse().map_err(|_| format!("\"{text}\" is not an address with a port, e.g. 127.0.0.1:4420 or [::1]:4420"))
+    text.parse().map_err(|_| {
+        format!("\"{text}\" is not an address with a port, e.g. 127.0.0.1:4420 or [::1]:4420")
+    })
 }
 
-fn validate_subsystem(subsystem: SubsystemFile, origin: &str, field: &str) -> Result<SubsystemSpec, ConfigError> {
-    check_nqn(&subsystem.nqn).map_err(|message| ConfigError::new(origin, format!("{field}.nqn"), message))?;
+fn validate_subsystem(
+    subsystem: SubsystemFile,
+    origin: &str,
+    field: &str,
+) -> Result<SubsystemSpec, ConfigError> {
+    check_nqn(&subsystem.nqn)
+        .map_err(|message| ConfigError::new(origin, format!("{field}.nqn"), message))?;
     if subsystem.namespace.is_empty() {
-        return Err(ConfigError::new(origin, format!("{field}.namespace"), "a subsystem needs at least one [[subsystem.namespace]]"));
+        return Err(ConfigError::new(
+            origin,
+            format!("{field}.namespace"),
+            "a subsystem needs at least one [[subsystem.namespace]]",
+        ));
     }
     let mut namespaces: Vec<NamespaceSpec> = Vec::new();
     for (index, namespace) in subsystem.namespace.into_iter().enumerate() {
         let field = format!("{field}.namespace[{index}]");
         let nsid = namespace.nsid.unwrap_or(index as u32 + 1);
         if nsid == 0 || nsid == u32::MAX {
-            return Err(ConfigError::new(origin, format!("{field}.nsid"), format!("{nsid} is reserved; use 1 to 4294967294")));
+            return Err(ConfigError::new(
+                origin,
+                format!("{field}.nsid"),
+                format!("{nsid} is reserved; use 1 to 4294967294"),
+            ));
         }
         if namespaces.iter().any(|ns| ns.nsid == nsid) {
-            return Err(ConfigError::new(origin, format!("{field}.nsid"), format!("namespace {nsid} is declared twice in this subsystem")));
+            return Err(ConfigError::new(
+                origin,
+                format!("{field}.nsid"),
+                format!("namespace {nsid} is declared twice in this subsystem"),
+            ));
         }
         let block_size = namespace.block_size.unwrap_or(4096);
         if !matches!(block_size, 512 | 4096) {
-            return Err(ConfigError::new(origin, format!("{field}.block_size"), format!("{block_size} is not supported; use 512 or 4096")));
+            return Err(ConfigError::new(
+                origin,
+                format!("{field}.block_size"),
+                format!("{block_size} is not supported; use 512 or 4096"),
+            ));
         }
         let size_bytes = namespace
             .size
-            .map(|size| parse_size(&size).map_err(|message| ConfigError::new(origin, format!("{field}.size"), message)))
+            .map(|size| {
+                parse_size(&size)
+                    .map_err(|message| ConfigError::new(origin, format!("{field}.size"), message))
+            })
             .transpose()?;
         let backend = match (namespace.backend, namespace.path, size_bytes) {
             (Backend::File, Some(path), size_bytes) => BackendSpec::File { path, size_bytes },
             (Backend::File, None, _) => {
-                return Err(ConfigError::new(origin, format!("{field}.path"), "backend \"file\" needs path = \"/path/to/file-or-device\""))
+                return Err(ConfigError::new(
+                    origin,
+                    format!("{field}.path"),
+                    "backend \"file\" needs path = \"/path/to/file-or-device\"",
+                ))
             }
             (Backend::Ram, None, Some(size_bytes)) => BackendSpec::Ram { size_bytes },
-            (Backend::Ram, None, None) => return Err(ConfigError::new(origin, format!("{field}.size"), "backend \"ram\" needs a size, e.g. size = \"1GiB\"")),
-            (Backend::Ram, Some(_), _) => return Err(ConfigError::new(origin, format!("{field}.path"), "backend \"ram\" takes no path")),
+            (Backend::Ram, None, None) => {
+                return Err(ConfigError::new(
+                    origin,
+                    format!("{field}.size"),
+                    "backend \"ram\" needs a size, e.g. size = \"1GiB\"",
+                ))
+            }
+            (Backend::Ram, Some(_), _) => {
+                return Err(ConfigError::new(
+                    origin,
+                    format!("{field}.path"),
+                    "backend \"ram\" takes no path",
+                ))
+            }
         };
-        if let BackendSpec::File { size_bytes: Some(size), .. } | BackendSpec::Ram { size_bytes: size } = &backend {
+        if let BackendSpec::File {
+            size_bytes: Some(size),
+            ..
+        }
+        | BackendSpec::Ram { size_bytes: size } = &backend
+        {
             if *size == 0 || size % u64::from(block_size) != 0 {
-                return Err(ConfigError::new(origin, format!("{field}.size"), format!("{size} bytes is not a positive multiple of the block size {block_size}")));
+                return Err(ConfigError::new(
+                    origin,
+                    format!("{field}.size"),
+                    format!(
+                        "{size} bytes is not a positive multiple of the block size {block_size}"
+                    ),
+                ));
             }
         }
-        namespaces.push(NamespaceSpec { nsid, backend, block_size });
+        namespaces.push(NamespaceSpec {
+            nsid,
+            backend,
+            block_size,
+        });
     }
     namespaces.sort_by_key(|ns| ns.nsid);
-    Ok(SubsystemSpec { nqn: subsystem.nqn, model: subsystem.model.unwrap_or_else(|| "weft".to_string()), namespaces })
+    Ok(SubsystemSpec {
+        nqn: subsystem.nqn,
+        model: subsystem.model.unwrap_or_else(|| "weft".to_string()),
+        namespaces,
+    })
 }
 
 fn check_nqn(nqn: &str) -> Result<(), String> {
-    if !nqn.starts_with("nqn.") || !nqn.is_ascii() || nqn.len() > NQN_MAX_BYTES || nqn.contains(char::is_whitespace) {
+    if !nqn.starts_with("nqn.")
+        || !nqn.is_ascii()
+        || nqn.len() > NQN_MAX_BYTES
+        || nqn.contains(char::is_whitespace)
+    {
         return Err(format!("\"{nqn}\" is not an NQN: expected ASCII \"nqn.YYYY-MM.reverse.domain:name\", at most {NQN_MAX_BYTES} bytes"));
     }
     if nqn == weft_proto::target::DISCOVERY_NQN {
@@ -268,7 +375,9 @@ fn parse_size(size: &SizeText) -> Result<u64, String> {
         SizeText::Bytes(bytes) => return Ok(*bytes),
         SizeText::Text(text) => text.trim(),
     };
-    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
     let (digits, unit) = text.split_at(split);
     let multiplier: u64 = match unit.trim() {
         "" | "B" => 1,
@@ -276,13 +385,19 @@ fn parse_size(size: &SizeText) -> Result<u64, String> {
         "M" | "MiB" => 1 << 20,
         "G" | "GiB" => 1 << 30,
         "T" | "TiB" => 1 << 40,
-        _ => return Err(format!("\"{text}\" is not a size: use bytes or a number with KiB, MiB, GiB or TiB")),
+        _ => {
+            return Err(format!(
+                "\"{text}\" is not a size: use bytes or a number with KiB, MiB, GiB or TiB"
+            ))
+        }
     };
     digits
         .parse::<u64>()
         .ok()
         .and_then(|n| n.checked_mul(multiplier))
-        .ok_or_else(|| format!("\"{text}\" is not a size: use bytes or a number with KiB, MiB, GiB or TiB"))
+        .ok_or_else(|| {
+            format!("\"{text}\" is not a size: use bytes or a number with KiB, MiB, GiB or TiB")
+        })
 }
 
 /// Opens every device and builds the data plane's exports.
@@ -293,7 +408,12 @@ pub fn build_exports(config: &ServeConfig, node: &NodeId) -> Result<Arc<Exports>
         let mut namespaces = Vec::new();
         let mut subsystem_devices = Vec::new();
         for namespace in &subsystem.namespaces {
-            let device = open_device(namespace).map_err(|error| format!("subsystem {} namespace {}: {error}", subsystem.nqn, namespace.nsid))?;
+            let device = open_device(namespace).map_err(|error| {
+                format!(
+                    "subsystem {} namespace {}: {error}",
+                    subsystem.nqn, namespace.nsid
+                )
+            })?;
             let (nguid, uuid, eui64) = node.namespace_ids(&subsystem.nqn, namespace.nsid);
             namespaces.push(NamespaceConfig {
                 nsid: Nsid(namespace.nsid),
@@ -305,7 +425,10 @@ pub fn build_exports(config: &ServeConfig, node: &NodeId) -> Result<Arc<Exports>
                 thin: device.is_thin(),
                 ready: true,
             });
-            subsystem_devices.push(NamespaceDevice { nsid: Nsid(namespace.nsid), device });
+            subsystem_devices.push(NamespaceDevice {
+                nsid: Nsid(namespace.nsid),
+                device,
+            });
         }
         subsystems.push(SubsystemConfig {
             nqn: subsystem.nqn.clone(),
@@ -322,7 +445,11 @@ pub fn build_exports(config: &ServeConfig, node: &NodeId) -> Result<Arc<Exports>
         .enumerate()
         .map(|(index, address)| ListenerConfig {
             port_id: index as u16 + 1,
-            family: if address.is_ipv4() { AddressFamily::Ipv4 } else { AddressFamily::Ipv6 },
+            family: if address.is_ipv4() {
+                AddressFamily::Ipv4
+            } else {
+                AddressFamily::Ipv6
+            },
             address: address.ip().to_string(),
             service: address.port().to_string(),
         })
@@ -334,13 +461,20 @@ pub fn build_exports(config: &ServeConfig, node: &NodeId) -> Result<Arc<Exports>
         discovery_serial: node.serial(weft_proto::target::DISCOVERY_NQN),
         generation: 1,
     };
-    Ok(Arc::new(Exports { target: Target::new(target_config), devices }))
+    Ok(Arc::new(Exports {
+        target: Target::new(target_config),
+        devices,
+    }))
 }
 
 fn open_device(namespace: &NamespaceSpec) -> Result<Arc<dyn BlockDevice>, String> {
     match &namespace.backend {
-        BackendSpec::File { path, size_bytes } => FileDevice::open(path, *size_bytes, namespace.block_size).map(|d| Arc::new(d) as Arc<dyn BlockDevice>),
-        BackendSpec::Ram { size_bytes } => RamDevice::new(*size_bytes, namespace.block_size).map(|d| Arc::new(d) as Arc<dyn BlockDevice>),
+        BackendSpec::File { path, size_bytes } => {
+            FileDevice::open(path, *size_bytes, namespace.block_size)
+                .map(|d| Arc::new(d) as Arc<dyn BlockDevice>)
+        }
+        BackendSpec::Ram { size_bytes } => RamDevice::new(*size_bytes, namespace.block_size)
+            .map(|d| Arc::new(d) as Arc<dyn BlockDevice>),
     }
     .map_err(|error| error.to_string())
 }
@@ -376,13 +510,26 @@ block_size = 512
         assert_eq!(config.reactors, 2);
         let namespaces = &config.subsystems[0].namespaces;
         assert_eq!(namespaces[0].nsid, 1);
-        assert_eq!(namespaces[0].backend, BackendSpec::File { path: "/tmp/weft-test/a.img".into(), size_bytes: Some(512 << 20) });
-        assert_eq!(namespaces[1].backend, BackendSpec::Ram { size_bytes: 64 << 20 });
+        assert_eq!(
+            namespaces[0].backend,
+            BackendSpec::File {
+                path: "/tmp/weft-test/a.img".into(),
+                size_bytes: Some(512 << 20)
+            }
+        );
+        assert_eq!(
+            namespaces[1].backend,
+            BackendSpec::Ram {
+                size_bytes: 64 << 20
+            }
+        );
         assert_eq!(namespaces[1].block_size, 512);
     }
 
     fn error_of(text: &str) -> String {
-        ServeConfig::parse(text, "weft.toml").unwrap_err().to_string()
+        ServeConfig::parse(text, "weft.toml")
+            .unwrap_err()
+            .to_string()
     }
 
     #[test]
@@ -390,14 +537,20 @@ block_size = 512
         let bad_size = FULL.replace("\"64MiB\"", "\"64 lots\"");
         assert_eq!(error_of(&bad_size), "weft.toml: subsystem[0].namespace[1].size: \"64 lots\" is not a size: use bytes or a number with KiB, MiB, GiB or TiB");
         let bad_nqn = FULL.replace("nqn.2026-11.io.weft:a", "weft-a");
-        assert!(error_of(&bad_nqn).starts_with("weft.toml: subsystem[0].nqn: \"weft-a\" is not an NQN"));
+        assert!(
+            error_of(&bad_nqn).starts_with("weft.toml: subsystem[0].nqn: \"weft-a\" is not an NQN")
+        );
         let unknown = FULL.replace("reactors = 2", "reactor = 2");
         let message = error_of(&unknown);
-        assert!(message.starts_with("weft.toml: line 4: unknown field `reactor`"), "{message}");
+        assert!(
+            message.starts_with("weft.toml: line 4: unknown field `reactor`"),
+            "{message}"
+        );
         let no_path = FULL.replace("path = \"/tmp/weft-test/a.img\"\n", "");
         assert!(error_of(&no_path).contains("namespace[0].path: backend \"file\" needs path"));
         let bad_listen = FULL.replace("[::1]:4421", "localhost");
-        assert!(error_of(&bad_listen).starts_with("weft.toml: listen[1]: \"localhost\" is not an address with a port"));
+        assert!(error_of(&bad_listen)
+            .starts_with("weft.toml: listen[1]: \"localhost\" is not an address with a port"));
         let duplicate = FULL.replace("nsid = 5", "nsid = 1");
         assert!(error_of(&duplicate).contains("namespace 1 is declared twice"));
         let odd = FULL.replace("\"64MiB\"", "1000");

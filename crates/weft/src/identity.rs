@@ -16,7 +16,13 @@ impl NodeId {
         let path = data_dir.join("node-id");
         match fs::read_to_string(&path) {
             Ok(text) => parse_hex16(text.trim()).map(NodeId).ok_or_else(|| {
-                io::Error::new(io::ErrorKind::InvalidData, format!("{} is not 32 hex digits; remove it to create a new node identity", path.display()))
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!(
+                        "{} is not 32 hex digits; remove it to create a new node identity",
+                        path.display()
+                    ),
+                )
             }),
             Err(error) if error.kind() == io::ErrorKind::NotFound => {
                 fs::create_dir_all(data_dir)?;

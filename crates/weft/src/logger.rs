@@ -16,7 +16,12 @@ impl log::Log for StderrLogger {
     fn log(&self, record: &log::Record<'_>) {
         if self.enabled(record.metadata()) {
             let elapsed = self.start.elapsed().as_secs_f64();
-            let _ = writeln!(std::io::stderr().lock(), "[{elapsed:9.3}s {:<5}] {}", record.level(), record.args());
+            let _ = writeln!(
+                std::io::stderr().lock(),
+                "[{elapsed:9.3}s {:<5}] {}",
+                record.level(),
+                record.args()
+            );
         }
     }
 
@@ -25,8 +30,14 @@ impl log::Log for StderrLogger {
 
 /// Installs the logger; `level` is e.g. "info" or "debug".
 pub fn init(level: &str) -> Result<(), String> {
-    let level: log::LevelFilter = level.parse().map_err(|_| format!("log level \"{level}\" is not one of error, warn, info, debug, trace, off"))?;
-    log::set_boxed_logger(Box::new(StderrLogger { start: Instant::now(), level })).map_err(|error| error.to_string())?;
+    let level: log::LevelFilter = level.parse().map_err(|_| {
+        format!("log level \"{level}\" is not one of error, warn, info, debug, trace, off")
+    })?;
+    log::set_boxed_logger(Box::new(StderrLogger {
+        start: Instant::now(),
+        level,
+    }))
+    .map_err(|error| error.to_string())?;
     log::set_max_level(level);
     Ok(())
 }

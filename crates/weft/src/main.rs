@@ -70,24 +70,51 @@ fn parse_args() -> Result<Command, String> {
             Short('h') | Long("help") => return Ok(Command::Help),
             Short('V') | Long("version") => return Ok(Command::Version),
             Value(value) if command.is_none() => {
-                let name = value.string().map_err(|_| "the command is not UTF-8".to_string())?;
+                let name = value
+                    .string()
+                    .map_err(|_| "the command is not UTF-8".to_string())?;
                 if name != "serve" {
-                    return Err(format!("unknown command \"{name}\"; the command is `weft serve` (see weft --help)"));
+                    return Err(format!(
+                        "unknown command \"{name}\"; the command is `weft serve` (see weft --help)"
+                    ));
                 }
                 command = Some(name);
             }
             Long("config") => args.config = Some(parser.value().map_err(|e| e.to_string())?.into()),
-            Long("data-dir") => args.data_dir = Some(parser.value().map_err(|e| e.to_string())?.into()),
+            Long("data-dir") => {
+                args.data_dir = Some(parser.value().map_err(|e| e.to_string())?.into())
+            }
             Long("listen") => {
-                let text = parser.value().map_err(|e| e.to_string())?.string().map_err(|_| "--listen is not UTF-8".to_string())?;
-                args.listen.push(config::parse_listen(&text).map_err(|message| format!("--listen: {message}"))?);
+                let text = parser
+                    .value()
+                    .map_err(|e| e.to_string())?
+                    .string()
+                    .map_err(|_| "--listen is not UTF-8".to_string())?;
+                args.listen.push(
+                    config::parse_listen(&text)
+                        .map_err(|message| format!("--listen: {message}"))?,
+                );
             }
             Long("reactors") => {
-                let text = parser.value().map_err(|e| e.to_string())?.string().map_err(|_| "--reactors is not UTF-8".to_string())?;
+                let text = parser
+                    .value()
+                    .map_err(|e| e.to_string())?
+                    .string()
+                    .map_err(|_| "--reactors is not UTF-8".to_string())?;
                 let count = text.parse().ok().filter(|n| (1..=256).contains(n));
-                args.reactors = Some(count.ok_or_else(|| format!("--reactors: \"{text}\" is not a number from 1 to 256"))?);
+                args.reactors = Some(count.ok_or_else(|| {
+                    format!("--reactors: \"{text}\" is not a number from 1 to 256")
+                })?);
             }
-            Long("log-level") => args.log_level = Some(parser.value().map_err(|e| e.to_string())?.string().map_err(|_| "--log-level is not UTF-8".to_string())?),
+            Long("log-level") => {
+                args.log_level = Some(
+                    parser
+                        .value()
+                        .map_err(|e| e.to_string())?
+                        .string()
+                        .map_err(|_| "--log-level is not UTF-8".to_string())?,
+                )
+            }
             other => return Err(format!("{}; see weft --help", other.unexpected())),
         }
     }
@@ -112,14 +139,22 @@ fn run(command: Command) -> Result<(), String> {
 }
 
 fn serve(args: ServeArgs) -> Result<(), String> {
-    let level = args.log_level.clone().or_else(|| std::env::var("WEFT_LOG").ok()).unwrap_or_else(|| "info".into());
+    let level = args
+        .log_level
+        .clone()
+        .or_else(|| std::env::var("WEFT_LOG").ok())
+        .unwrap_or_else(|| "info".into());
     logger::init(&level)?;
     // Before any thread starts, so that every thread inherits the mask and the
     // main thread alone receives SIGINT/SIGTERM.
     weft_uring::block_termination_signals().map_err(|e| format!("cannot block signals: {e}"))?;
     let mut config = match &args.config {
         Some(path) => ServeConfig::load(path).map_err(|e| e.to_string())?,
-        None => ServeConfig::default_with(args.data_dir.clone().unwrap_or_else(|| PathBuf::from("weft-data"))),
+        None => ServeConfig::default_with(
+            args.data_dir
+                .clone()
+                .unwrap_or_else(|| PathBuf::from("weft-data")),
+        ),
     };
     if let Some(dir) = args.data_dir {
         config.data_dir = dir;
@@ -130,23 +165,40 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     if let Some(reactors) = args.reactors {
         config.reactors = reactors;
     }
-    let node = NodeId::load_or_create(&config.data_dir).map_err(|e| format!("node identity in {}: {e}", config.data_dir.display()))?;
+    let node = NodeId::load_or_create(&config.data_dir)
+        .map_err(|e| format!("node identity in {}: {e}", config.data_dir.display()))?;
     let exports = config::build_exports(&config, &node)?;
-    let plane = DataPlane::start(exports.clone(), &config.listen, config.reactors).map_err(|e| e.to_string())?;
+    let plane = DataPlane::start(exports.clone(), &config.listen, config.reactors)
+        .map_err(|e| e.to_string())?;
     print_banner(&config, &exports, &plane);
-    let signal = weft_uring::wait_for_termination_signal().map_err(|e| format!("waiting for signals: {e}"))?;
+    let signal = weft_uring::wait_for_termination_signal()
+        .map_err(|e| format!("waiting for signals: {e}"))?;
     log::info!("signal {signal}: flushing namespaces and exiting");
     plane.flush_all();
     Ok(())
 }
 
 fn print_banner(config: &ServeConfig, exports: &weft_target::Exports, plane: &DataPlane) {
-    println!("weft {} serving NVMe/TCP ({} reactors, data dir {})", env!("CARGO_PKG_VERSION"), config.reactors, config.data_dir.display());
+    println!(
+        "weft {} serving NVMe/TCP ({} reactors, data dir {})",
+        env!("CARGO_PKG_VERSION"),
+        config.reactors,
+        config.data_dir.display()
+    );
     for address in &plane.listening {
         println!("  listening  {address}  (discovery and I/O)");
     }
-    for (subsystem, devices) in exports.target.config.subsystems.iter().zip(&exports.devices) {
-        println!("  subsystem  {}  serial {}", subsystem.nqn, subsystem.serial);
+    for (subsystem, devices) in exports
+        .target
+        .config
+        .subsystems
+        .iter()
+        .zip(&exports.devices)
+    {
+        println!(
+            "  subsystem  {}  serial {}",
+            subsystem.nqn, subsystem.serial
+        );
         for (namespace, device) in subsystem.namespaces.iter().zip(devices) {
             println!(
                 "    ns {:<4}  {}, {}-byte blocks, nguid {}",
@@ -157,15 +209,27 @@ fn print_banner(config: &ServeConfig, exports: &weft_target::Exports, plane: &Da
             );
         }
     }
-    let spec_note = config.subsystems.iter().flat_map(|s| &s.namespaces).any(|ns| matches!(ns.backend, BackendSpec::Ram { .. }));
+    let spec_note = config
+        .subsystems
+        .iter()
+        .flat_map(|s| &s.namespaces)
+        .any(|ns| matches!(ns.backend, BackendSpec::Ram { .. }));
     if spec_note {
         println!("  (ram namespaces lose their content when weft stops)");
     }
     let first = plane.listening[0];
-    let host = if first.ip().is_unspecified() { "<this host's address>".to_string() } else { first.ip().to_string() };
+    let host = if first.ip().is_unspecified() {
+        "<this host's address>".to_string()
+    } else {
+        first.ip().to_string()
+    };
     println!("\nOn a Linux host (modprobe nvme-tcp):");
     println!("  nvme discover -t tcp -a {host} -s {}", first.port());
     for subsystem in &exports.target.config.subsystems {
-        println!("  nvme connect -t tcp -n {} -a {host} -s {}", subsystem.nqn, first.port());
+        println!(
+            "  nvme connect -t tcp -n {} -a {host} -s {}",
+            subsystem.nqn,
+            first.port()
+        );
     }
 }

@@ -1,0 +1,22 @@
+#!/bin/bash
+# Installs the Debian packages weft's tests need on the host, only those missing:
+# qemu (the guest), debootstrap/e2fsprogs/cpio (the guest image), iproute2.
+# The guest image itself carries nvme-cli and fio (harness/vm/build-image.sh).
+set -euo pipefail
+missing=()
+need() { command -v "$1" >/dev/null 2>&1 || missing+=("$2"); }
+need qemu-system-x86_64 qemu-system-x86
+need qemu-img qemu-utils
+need debootstrap debootstrap
+need mkfs.ext4 e2fsprogs
+need cpio cpio
+need ip iproute2
+need python3 python3
+need flock util-linux
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "deps: installing ${missing[*]}"
+    apt-get update -q
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+else
+    echo "deps: all present"
+fi

@@ -1,0 +1,37 @@
+#!/bin/bash
+# Runs every test of weft: unit and in-memory protocol tests, seeded fuzz loops,
+# a short cargo-fuzz smoke run of each fuzz target (when a nightly toolchain is
+# available), and the kernel-interop test (the Linux 6.1 NVMe/TCP host in a QEMU
+# guest against weft). Installs what it needs (Debian packages, the guest image,
+# cargo-fuzz) idempotently. Run as root from anywhere: ./test.sh
+# Environment: WEFT_FUZZ_SECONDS (default 20 per target), WEFT_SKIP_VM=1 to skip the guest.
+set -euo pipefail
+cd "$(dirname "$0")"
+step() { printf '\n=== %s\n' "$*"; }
+
+step "host packages"
+harness/deps.sh
+
+step "build (release)"
+cargo build --release --locked
+
+step "cargo test (unit, protocol, seeded fuzz loops)"
+cargo test --workspace --locked
+
+step "fuzz smoke (cargo-fuzz)"
+if rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
+    command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked --quiet
+    for target in decoders connection; do
+        (cd fuzz && cargo +nightly fuzz run "$target" -- -max_total_time="${WEFT_FUZZ_SECONDS:-20}" -rss_limit_mb=4096 2>&1 | tail -n 3)
+    done
+else
+    echo "skipped: no nightly toolchain (the seeded loops in cargo test ran)"
+fi
+
+if [ "${WEFT_SKIP_VM:-}" = 1 ]; then
+    step "kernel interop skipped (WEFT_SKIP_VM=1)"
+else
+    step "kernel interop (Linux 6.1 host in a QEMU guest)"
+    harness/interop.sh --weft target/release/weft
+fi
+step "all tests passed"
