@@ -88,7 +88,7 @@ fi
 
 echo "interop: target $TARGET$([ "$TARGET" = nvmet ] || echo " $WEFT"), port $PORT; console -> $WORK/run.log"
 set +e
-harness/vm/vm-run.sh "${VM_ARGS[@]}" harness/guest/interop.sh 2>&1 | tee "$WORK/run.log"
+harness/vm/vm-run.sh "${VM_ARGS[@]}" harness/guest/interop.sh 2>&1 9>&- | tee "$WORK/run.log"
 GUEST_RC=${PIPESTATUS[0]}
 set -e
 
@@ -109,7 +109,8 @@ if [ "$GUEST_RC" = 0 ]; then
 fi
 if [ "$TARGET" = weft ]; then
     CTL=$SHARE/ctl
-    check "weft never exited by itself" "$(paste -sd';' "$CTL/events" 2>/dev/null)" [ ! -s "$CTL/events" ]
+    check "weft: no unexpected exit, unclean SIGTERM or failed start" "$(paste -sd';' "$CTL/events" 2>/dev/null)" \
+        [ ! -s "$CTL/events" ]
     alive=$(sed -n 's/^alive-at-end //p' "$CTL/final" 2>/dev/null)
     why="it was not running when the VM ended"
     [ -e "$CTL/final" ] || why="the supervisor did not report (no ctl/final)"
@@ -120,7 +121,7 @@ if [ "$TARGET" = weft ]; then
     fi
     # a pid left in ctl/weft-pid means the supervisor did not stop weft: end it (by pid)
     pid=$(cat "$CTL/weft-pid" 2>/dev/null || true)
-    if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+    if [ -n "$pid" ] && [ "$(readlink "/proc/$pid/exe")" = "$WEFT" ]; then
         kill -KILL "$pid"
         check "weft stopped after the run" "pid $pid was still running, killed it" false
     fi

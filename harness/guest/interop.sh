@@ -124,9 +124,9 @@ nvmet_port_up() {
 }
 nvmet_port_down() { rm -f "$NVMET"/ports/1/subsystems/* && rmdir "$NVMET/ports/1"; }
 nvmet_setup() {
-    # Guest loopback and THP make the 6.1 kernel BUG (mm/usercopy.c:101, "Kernel memory
-    # exposure attempt ... from page alloc") when the receiver copies a write's data: the
-    # skb fragment is fio's buffer, a bvec spanning two physically adjacent huge pages.
+    # With THP on, 1M writes over guest loopback hit a 6.1 kernel BUG (mm/usercopy.c:101,
+    # "Kernel memory exposure attempt ... from page alloc") in nvmet-tcp's receive path:
+    # the skb fragment is most likely fio's THP-backed buffer, spanning two huge pages.
     echo never > /sys/kernel/mm/transparent_hugepage/enabled
     modprobe nvmet && modprobe nvmet-tcp &&
         nvmet_ns "$NQN1" 1 512 && nvmet_ns "$NQN1" 2 64 && nvmet_ns "$NQN2" 1 32 && nvmet_port_up

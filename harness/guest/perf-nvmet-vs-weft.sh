@@ -90,14 +90,13 @@ run_fio() { # LABEL DEV: prefill, QD1 and QD32 4k randread; JSON in $OUT/LABEL-*
         --time_based --runtime="$RUNTIME" --output="$OUT/$label-qd32.json"
 }
 connect() { # NQN PORT: connect over loopback, print the namespace's block device
-    nvme connect -t tcp -a 127.0.0.1 -s "$2" -n "$1" --nr-io-queues 2 >/dev/null
-    ns_dev "$1"
+    nvme connect -t tcp -a 127.0.0.1 -s "$2" -n "$1" --nr-io-queues 2 >/dev/null && ns_dev "$1"
 }
 
 step "modules"
-# Guest loopback and THP make the 6.1 kernel BUG (mm/usercopy.c:101, "Kernel memory exposure
-# attempt ... from page alloc") when the receiver (nvmet, or weft's recv) copies a write's
-# data: the skb fragment is fio's buffer, a bvec spanning two physically adjacent huge pages.
+# With THP on, 1M writes over guest loopback hit a 6.1 kernel BUG (mm/usercopy.c:101, "Kernel
+# memory exposure attempt ... from page alloc") in the receiver's copy (seen in nvmet-tcp; the
+# same check guards weft's recv): the skb fragment is most likely fio's THP-backed buffer.
 echo never > /sys/kernel/mm/transparent_hugepage/enabled
 modprobe nvme-tcp
 modprobe nvmet
@@ -145,6 +144,7 @@ EOF
     for i in $(seq 300); do
         (exec 3<>"/dev/tcp/127.0.0.1/$PORT_WEFT") 2>/dev/null && break
         kill -0 "$WEFT_PID" 2>/dev/null || { echo "weft exited at start, see perf-weft.log:"; tail "$LAB_SHARE/perf-weft.log"; exit 1; }
+        [ "$i" -lt 300 ] || { echo "weft: port $PORT_WEFT not up after 30 s"; exit 1; }
         sleep 0.1
     done
     echo "weft pid $WEFT_PID listening after $((i / 10)).$((i % 10)) s"

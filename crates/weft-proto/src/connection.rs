@@ -1433,7 +1433,7 @@ mod tests {
         let (list, _) = host.read_data(&identify(7, 2, 0));
         assert_eq!(&list[..12], &hex("01000000 02000000 00000000")[..]);
         let (ns, _) = host.read_data(&identify(8, 0, 2));
-        assert_eq!(u64::from_le_bytes(ns[0..8].try_into().unwrap()), 1024);
+        assert_eq!(u64::from_le_bytes(ns[0..8].try_into().unwrap()), 256);
         assert_eq!(ns[130], 12, "LBADS of namespace 2");
         let (inactive, response) = host.read_data(&identify(9, 0, 9));
         assert_eq!(response.status(), Status::SUCCESS);
@@ -1578,7 +1578,7 @@ mod tests {
     fn invalid_commands_get_the_spec_status_and_the_queue_carries_on() {
         let target = test_target();
         let (_admin, mut io) = ready_io_queue(&target);
-        let beyond = io.simple(&rw(io_opcode::READ, 1, 1, 2047, 2, 1024, false));
+        let beyond = io.simple(&rw(io_opcode::READ, 1, 1, 511, 2, 1024, false));
         assert_eq!(beyond.status(), Status::LBA_OUT_OF_RANGE);
         assert_eq!(
             io.simple(&rw(io_opcode::READ, 2, 7, 0, 1, 512, false))

@@ -24,7 +24,7 @@ pub const HOST_NQN: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0
 /// Host ID the model uses.
 pub const HOST_ID: [u8; 16] = [0x11; 16];
 
-/// A target with one subsystem: namespace 1 (1 MiB of 512-byte blocks) and namespace 2 (4 MiB of 4 KiB blocks).
+/// A target with one subsystem: namespace 1 (256 KiB of 512-byte blocks) and namespace 2 (1 MiB of 4 KiB blocks).
 pub fn test_target() -> Arc<Target> {
     let namespace = |nsid: u32, blocks: u64, block_size: u32| NamespaceConfig {
         nsid: Nsid(nsid),
@@ -42,7 +42,7 @@ pub fn test_target() -> Arc<Target> {
             serial: "0123456789abcdef0123".into(),
             model: "weft".into(),
             firmware: "0.1.0".into(),
-            namespaces: vec![namespace(1, 2048, 512), namespace(2, 1024, 4096)],
+            namespaces: vec![namespace(1, 512, 512), namespace(2, 256, 4096)],
         }],
         listeners: vec![ListenerConfig {
             port_id: 1,
