@@ -42,8 +42,7 @@ die() { echo "interop: $*" >&2; exit 2; }
 [ "$(id -u)" = 0 ] || die "run as root (qemu, kernel modules in the guest image build)"
 case "$TARGET" in weft|nvmet) ;; *) die "--target must be weft or nvmet" ;; esac
 
-# build-image.sh prints the image directory on fd 3 (it opens fd 3 itself only when building)
-echo "interop: guest image $(harness/vm/build-image.sh 3>&1)"
+echo "interop: guest image $(harness/vm/build-image.sh)"
 
 exec 9> "$REPO/.cache/interop.lock"
 flock -n 9 || die "another interop run is active (.cache/interop.lock)"

@@ -36,8 +36,7 @@ case "$WEFT" in
     *) echo "perf-guest: $WEFT is outside the repository, the guest cannot see it" >&2; exit 2 ;;
 esac
 [ -x "$WEFT" ] || echo "perf-guest: no weft binary at $WEFT: measuring nvmet only"
-# build-image.sh prints the image directory on fd 3 (it opens fd 3 itself only when building)
-echo "perf-guest: guest image $(harness/vm/build-image.sh 3>&1)"
+echo "perf-guest: guest image $(harness/vm/build-image.sh)"
 mkdir -p .cache/perf
 exec 9> .cache/perf.lock
 flock -n 9 || { echo "perf-guest: another run is active (.cache/perf.lock)" >&2; exit 2; }

@@ -15,7 +15,7 @@ set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 cd "$HERE"
 OUT=$("$HERE/image-dir.sh")
-if [ "${1:-}" != "--force" ] && [ -e "$OUT/.complete" ]; then echo "$OUT" >&3; exit 0; fi
+if [ "${1:-}" != "--force" ] && [ -e "$OUT/.complete" ]; then echo "$OUT"; exit 0; fi
 exec 3>&1 1>&2   # progress on stderr; the image directory alone on stdout
 mkdir -p "$OUT"
 exec 9>"$OUT.lock"; flock 9
