@@ -12,7 +12,7 @@ use std::fmt;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use thiserror::Error;
 
@@ -33,6 +33,24 @@ pub trait BlockDevice: Send + Sync + fmt::Debug {
     fn is_direct(&self) -> bool;
     /// Whether unwritten and deallocated ranges cost no space (sparse file, RAM).
     fn is_thin(&self) -> bool;
+    /// Whether I/O is a memory copy that the reactor should do inline rather
+    /// than through io_uring (which would hand it to a worker thread: shmem
+    /// files do not support non-blocking reads on older kernels).
+    fn is_memory(&self) -> bool {
+        false
+    }
+    /// Inline read of a memory device (see [`BlockDevice::is_memory`]).
+    fn read_inline(&self, _buf: &mut [u8], _offset: u64) -> io::Result<()> {
+        Err(io::ErrorKind::Unsupported.into())
+    }
+    /// Inline write of a memory device.
+    fn write_inline(&self, _buf: &[u8], _offset: u64) -> io::Result<()> {
+        Err(io::ErrorKind::Unsupported.into())
+    }
+    /// Inline zeroing (hole punching) of a memory device.
+    fn zero_inline(&self, _offset: u64, _len: u64) -> io::Result<()> {
+        Err(io::ErrorKind::Unsupported.into())
+    }
 }
 
 /// Why a device could not be opened.
@@ -107,6 +125,18 @@ impl BlockDevice for RamDevice {
     }
     fn is_thin(&self) -> bool {
         true
+    }
+    fn is_memory(&self) -> bool {
+        true
+    }
+    fn read_inline(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.file.read_exact_at(buf, offset)
+    }
+    fn write_inline(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.file.write_all_at(buf, offset)
+    }
+    fn zero_inline(&self, offset: u64, len: u64) -> io::Result<()> {
+        weft_uring::fallocate(self.file.as_raw_fd(), ZERO_RANGE_MODE, offset, len)
     }
 }
 
@@ -308,6 +338,18 @@ mod tests {
         let ram = RamDevice::new(1 << 20, 512).unwrap();
         assert_eq!(ram.describe(), "ram 1 MiB");
         assert!(FileDevice::open(Path::new("/nonexistent-weft/x.img"), None, 4096).is_err());
+    }
+
+    #[test]
+    fn ram_device_does_inline_io() {
+        let ram = RamDevice::new(1 << 20, 4096).unwrap();
+        ram.write_inline(&[7u8; 4096], 8192).unwrap();
+        let mut back = [0u8; 4096];
+        ram.read_inline(&mut back, 8192).unwrap();
+        assert_eq!(back, [7u8; 4096]);
+        ram.zero_inline(8192, 4096).unwrap();
+        ram.read_inline(&mut back, 8192).unwrap();
+        assert_eq!(back, [0u8; 4096]);
     }
 
     #[test]

@@ -474,6 +474,14 @@ impl Reactor {
                 .handle_io_complete(request.slot, Err(IoError::Other), &mut peer.slots);
             return;
         };
+        if device.is_memory() {
+            let result = memory_io(device, request.kind, peer.slots.buffer(request.slot));
+            if let Err(error) = &result {
+                log::warn!("{}: RAM namespace I/O failed: {error}", peer.address);
+            }
+            peer.protocol.handle_io_complete(request.slot, result.map_err(|e| classify(&e)), &mut peer.slots);
+            return;
+        }
         let fd = device.fd();
         let slot = request.slot;
         let (op, expected) = match request.kind {
@@ -551,6 +559,22 @@ fn begin_close(peer: &mut Peer, reason: &str) {
     }
     let _ = peer.stream.shutdown(Shutdown::Both);
     peer.protocol.on_closed();
+}
+
+/// A memory device's I/O, done inline: a copy costs less than a trip through io_uring.
+fn memory_io(device: &dyn weft_storage::BlockDevice, kind: IoKind, buffer: &mut [u8]) -> io::Result<()> {
+    match kind {
+        IoKind::Read { offset, len, buffer_offset } => {
+            let at = buffer_offset as usize;
+            device.read_inline(&mut buffer[at..at + len as usize], offset)
+        }
+        IoKind::Write { offset, len, buffer_offset, .. } => {
+            let at = buffer_offset as usize;
+            device.write_inline(&buffer[at..at + len as usize], offset)
+        }
+        IoKind::Flush => Ok(()),
+        IoKind::WriteZeroes { offset, len, .. } | IoKind::Deallocate { offset, len } => device.zero_inline(offset, len),
+    }
 }
 
 fn classify(error: &io::Error) -> IoError {

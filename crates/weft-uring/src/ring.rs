@@ -253,8 +253,12 @@ pub struct Ring {
 impl Ring {
     /// Creates a ring with `entries` submission queue entries and a slab for `2 * entries`
     /// in-flight ops (the default completion queue size).
+    ///
+    /// Where the kernel supports it (5.19+) the ring runs completion task work
+    /// cooperatively, when the owning thread next enters the kernel, instead of
+    /// interrupting it; older kernels get a plain ring.
     pub fn new(entries: u32) -> io::Result<Ring> {
-        let ring = IoUring::new(entries)?;
+        let ring = IoUring::builder().setup_coop_taskrun().build(entries).or_else(|_| IoUring::new(entries))?;
         let capacity = entries as usize * 2;
         let slots = (0..capacity).map(|_| Slot::idle()).collect();
         let free = (0..capacity).rev().collect();

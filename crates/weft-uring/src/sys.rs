@@ -145,6 +145,20 @@ pub fn fdatasync(fd: std::os::fd::RawFd) -> io::Result<()> {
     Ok(())
 }
 
+/// `fallocate(2)` on a descriptor the caller keeps open (for work too small to queue).
+pub fn fallocate(fd: std::os::fd::RawFd, mode: i32, offset: u64, len: u64) -> io::Result<()> {
+    let (offset, len) = (to_off_t(offset)?, to_off_t(len)?);
+    // SAFETY: fallocate only reads its integer arguments; an invalid descriptor yields EBADF.
+    if unsafe { libc::fallocate(fd, mode, offset, len) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn to_off_t(value: u64) -> io::Result<libc::off_t> {
+    libc::off_t::try_from(value).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
