@@ -252,44 +252,7 @@ impl Pair {
 
     /// Parses the next complete PDU the target sent.
     pub fn receive(&mut self) -> Option<ReceivedPdu> {
-        if self.sent.len() < 8 {
-            return None;
-        }
-        let plen = u32::from_le_bytes(self.sent[4..8].try_into().expect("4 bytes")) as usize;
-        if self.sent.len() < plen {
-            return None;
-        }
-        let pdu: Vec<u8> = self.sent.drain(..plen).collect();
-        let (pdu_type, pdu_flags, hlen, pdo) =
-            (pdu[0], pdu[1], usize::from(pdu[2]), usize::from(pdu[3]));
-        if pdu_flags & flags::HDGSTF != 0 {
-            let digest = u32::from_le_bytes(pdu[hlen..hlen + 4].try_into().expect("4 bytes"));
-            assert_eq!(
-                digest,
-                crc32c(&pdu[..hlen]),
-                "header digest of a target PDU"
-            );
-        }
-        let data = if pdo > 0 {
-            let end = plen - if pdu_flags & flags::DDGSTF != 0 { 4 } else { 0 };
-            let data = pdu[pdo..end].to_vec();
-            if pdu_flags & flags::DDGSTF != 0 {
-                assert_eq!(
-                    u32::from_le_bytes(pdu[end..].try_into().expect("4 bytes")),
-                    crc32c(&data),
-                    "data digest of a target PDU"
-                );
-            }
-            data
-        } else {
-            Vec::new()
-        };
-        Some(ReceivedPdu {
-            pdu_type,
-            flags: pdu_flags,
-            header: pdu[..hlen].to_vec(),
-            data,
-        })
+        parse_pdu(&mut self.sent)
     }
 
     /// Receives the next PDU, which must exist.
@@ -321,56 +284,22 @@ impl Pair {
         self.data_digest = data_digest;
     }
 
-    /// A CapsuleCmd PDU carrying `sqe` and optional in-capsule data.
+    /// A CapsuleCmd PDU with this connection's digests.
     pub fn capsule(&self, sqe: &[u8; 64], data: &[u8]) -> Vec<u8> {
-        let hdgst = if self.header_digest { 4 } else { 0 };
-        let ddgst = if self.data_digest && !data.is_empty() {
-            4
-        } else {
-            0
-        };
-        let pdo = if data.is_empty() { 0 } else { 72 + hdgst };
-        let plen = 72 + hdgst + data.len() + ddgst;
-        let pdu_flags =
-            if hdgst > 0 { flags::HDGSTF } else { 0 } | if ddgst > 0 { flags::DDGSTF } else { 0 };
-        let mut pdu = vec![PduType::CapsuleCmd as u8, pdu_flags, 72, pdo as u8];
-        pdu.extend_from_slice(&(plen as u32).to_le_bytes());
-        pdu.extend_from_slice(sqe);
-        if hdgst > 0 {
-            pdu.extend_from_slice(&crc32c(&pdu[..72]).to_le_bytes());
-        }
-        pdu.extend_from_slice(data);
-        if ddgst > 0 {
-            pdu.extend_from_slice(&crc32c(data).to_le_bytes());
-        }
-        pdu
+        capsule(self.header_digest, self.data_digest, sqe, data)
     }
 
-    /// An H2CData PDU.
+    /// An H2CData PDU with this connection's digests.
     pub fn h2c_data(&self, cccid: u16, ttag: u16, offset: u32, data: &[u8], last: bool) -> Vec<u8> {
-        let mut out = [0u8; pdu::MAX_HEADER_LEN];
-        let header = DataHeader {
+        h2c_data(
+            self.header_digest,
+            self.data_digest,
             cccid,
             ttag,
             offset,
-            length: data.len() as u32,
-        };
-        let pdu_flags = if last { flags::LAST_PDU } else { 0 };
-        let pdo = pdu::encode_data_pdu(
-            PduType::H2cData,
-            pdu_flags,
-            self.header_digest,
-            self.data_digest,
-            4,
-            header,
-            &mut out,
-        );
-        let mut pdu = out[..pdo].to_vec();
-        pdu.extend_from_slice(data);
-        if self.data_digest {
-            pdu.extend_from_slice(&crc32c(data).to_le_bytes());
-        }
-        pdu
+            data,
+            last,
+        )
     }
 
     /// Sends a command (in-capsule data if any) and returns the PDUs until its completion.
@@ -447,6 +376,127 @@ impl Pair {
         let (sqe, data) = connect_command(1, qid, sqsize, 0, cntlid, TEST_NQN);
         self.command(&sqe, &data).pop().expect("Connect response")
     }
+}
+
+/// Takes the next complete PDU off the front of `sent` (bytes from a target),
+/// checking its digests.
+pub fn parse_pdu(sent: &mut Vec<u8>) -> Option<ReceivedPdu> {
+    if sent.len() < 8 {
+        return None;
+    }
+    let plen = u32::from_le_bytes(sent[4..8].try_into().expect("4 bytes")) as usize;
+    if sent.len() < plen {
+        return None;
+    }
+    let pdu: Vec<u8> = sent.drain(..plen).collect();
+    let (pdu_type, pdu_flags, hlen, pdo) =
+        (pdu[0], pdu[1], usize::from(pdu[2]), usize::from(pdu[3]));
+    if pdu_flags & flags::HDGSTF != 0 {
+        let digest = u32::from_le_bytes(pdu[hlen..hlen + 4].try_into().expect("4 bytes"));
+        assert_eq!(
+            digest,
+            crc32c(&pdu[..hlen]),
+            "header digest of a target PDU"
+        );
+    }
+    let data = if pdo > 0 {
+        let end = plen - if pdu_flags & flags::DDGSTF != 0 { 4 } else { 0 };
+        let data = pdu[pdo..end].to_vec();
+        if pdu_flags & flags::DDGSTF != 0 {
+            assert_eq!(
+                u32::from_le_bytes(pdu[end..].try_into().expect("4 bytes")),
+                crc32c(&data),
+                "data digest of a target PDU"
+            );
+        }
+        data
+    } else {
+        Vec::new()
+    };
+    Some(ReceivedPdu {
+        pdu_type,
+        flags: pdu_flags,
+        header: pdu[..hlen].to_vec(),
+        data,
+    })
+}
+
+/// A CapsuleCmd PDU carrying `sqe` and optional in-capsule data.
+pub fn capsule(header_digest: bool, data_digest: bool, sqe: &[u8; 64], data: &[u8]) -> Vec<u8> {
+    let hdgst = if header_digest { 4 } else { 0 };
+    let ddgst = if data_digest && !data.is_empty() {
+        4
+    } else {
+        0
+    };
+    let pdo = if data.is_empty() { 0 } else { 72 + hdgst };
+    let plen = 72 + hdgst + data.len() + ddgst;
+    let pdu_flags =
+        if hdgst > 0 { flags::HDGSTF } else { 0 } | if ddgst > 0 { flags::DDGSTF } else { 0 };
+    let mut pdu = vec![PduType::CapsuleCmd as u8, pdu_flags, 72, pdo as u8];
+    pdu.extend_from_slice(&(plen as u32).to_le_bytes());
+    pdu.extend_from_slice(sqe);
+    if hdgst > 0 {
+        pdu.extend_from_slice(&crc32c(&pdu[..72]).to_le_bytes());
+    }
+    pdu.extend_from_slice(data);
+    if ddgst > 0 {
+        pdu.extend_from_slice(&crc32c(data).to_le_bytes());
+    }
+    pdu
+}
+
+/// An H2CData PDU.
+pub fn h2c_data(
+    header_digest: bool,
+    data_digest: bool,
+    cccid: u16,
+    ttag: u16,
+    offset: u32,
+    data: &[u8],
+    last: bool,
+) -> Vec<u8> {
+    let mut out = [0u8; pdu::MAX_HEADER_LEN];
+    let header = DataHeader {
+        cccid,
+        ttag,
+        offset,
+        length: data.len() as u32,
+    };
+    let pdu_flags = if last { flags::LAST_PDU } else { 0 };
+    let pdo = pdu::encode_data_pdu(
+        PduType::H2cData,
+        pdu_flags,
+        header_digest,
+        data_digest,
+        4,
+        header,
+        &mut out,
+    );
+    let mut pdu = out[..pdo].to_vec();
+    pdu.extend_from_slice(data);
+    if data_digest {
+        pdu.extend_from_slice(&crc32c(data).to_le_bytes());
+    }
+    pdu
+}
+
+/// An ICReq asking for the given digests.
+pub fn icreq(header_digest: bool, data_digest: bool) -> [u8; 128] {
+    let mut icreq = [0u8; 128];
+    let digest = if header_digest {
+        digest_bits::HEADER
+    } else {
+        0
+    } | if data_digest { digest_bits::DATA } else { 0 };
+    IcReq {
+        pfv: 0,
+        hpda: 0,
+        digest,
+        maxr2t: 0,
+    }
+    .encode(&mut icreq);
+    icreq
 }
 
 /// A 64-byte SQE with opcode, CID and NSID; SGL 5Ah (transport) of `sgl_len` unless `in_capsule`.

@@ -479,7 +479,11 @@ impl Reactor {
             if let Err(error) = &result {
                 log::warn!("{}: RAM namespace I/O failed: {error}", peer.address);
             }
-            peer.protocol.handle_io_complete(request.slot, result.map_err(|e| classify(&e)), &mut peer.slots);
+            peer.protocol.handle_io_complete(
+                request.slot,
+                result.map_err(|e| classify(&e)),
+                &mut peer.slots,
+            );
             return;
         }
         let fd = device.fd();
@@ -562,18 +566,33 @@ fn begin_close(peer: &mut Peer, reason: &str) {
 }
 
 /// A memory device's I/O, done inline: a copy costs less than a trip through io_uring.
-fn memory_io(device: &dyn weft_storage::BlockDevice, kind: IoKind, buffer: &mut [u8]) -> io::Result<()> {
+fn memory_io(
+    device: &dyn weft_storage::BlockDevice,
+    kind: IoKind,
+    buffer: &mut [u8],
+) -> io::Result<()> {
     match kind {
-        IoKind::Read { offset, len, buffer_offset } => {
+        IoKind::Read {
+            offset,
+            len,
+            buffer_offset,
+        } => {
             let at = buffer_offset as usize;
             device.read_inline(&mut buffer[at..at + len as usize], offset)
         }
-        IoKind::Write { offset, len, buffer_offset, .. } => {
+        IoKind::Write {
+            offset,
+            len,
+            buffer_offset,
+            ..
+        } => {
             let at = buffer_offset as usize;
             device.write_inline(&buffer[at..at + len as usize], offset)
         }
         IoKind::Flush => Ok(()),
-        IoKind::WriteZeroes { offset, len, .. } | IoKind::Deallocate { offset, len } => device.zero_inline(offset, len),
+        IoKind::WriteZeroes { offset, len, .. } | IoKind::Deallocate { offset, len } => {
+            device.zero_inline(offset, len)
+        }
     }
 }
 

@@ -29,6 +29,6 @@ pub use batch::SendBatch;
 pub use buf::IoBuf;
 pub use ring::{Completion, Op, Returned, Ring};
 pub use sys::{
-    fallocate,    block_device_logical_block_size, block_device_size_bytes, block_termination_signals, eventfd,
-    fdatasync, memfd_create, pin_current_thread_to_cpu, wait_for_termination_signal,
+    block_device_logical_block_size, block_device_size_bytes, block_termination_signals, eventfd,
+    fallocate, fdatasync, memfd_create, pin_current_thread_to_cpu, wait_for_termination_signal,
 };

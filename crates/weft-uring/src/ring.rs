@@ -258,7 +258,10 @@ impl Ring {
     /// cooperatively, when the owning thread next enters the kernel, instead of
     /// interrupting it; older kernels get a plain ring.
     pub fn new(entries: u32) -> io::Result<Ring> {
-        let ring = IoUring::builder().setup_coop_taskrun().build(entries).or_else(|_| IoUring::new(entries))?;
+        let ring = IoUring::builder()
+            .setup_coop_taskrun()
+            .build(entries)
+            .or_else(|_| IoUring::new(entries))?;
         let capacity = entries as usize * 2;
         let slots = (0..capacity).map(|_| Slot::idle()).collect();
         let free = (0..capacity).rev().collect();
