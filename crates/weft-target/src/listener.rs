@@ -36,10 +36,13 @@ pub enum StartError {
 
 impl DataPlane {
     /// Binds every address, starts `reactors` reactor threads and the accepting threads.
+    /// After any activity a reactor polls for `poll_window` before it sleeps
+    /// (zero: purely interrupt driven).
     pub fn start(
         exports: Arc<Exports>,
         addresses: &[SocketAddr],
         reactors: usize,
+        poll_window: Duration,
     ) -> Result<DataPlane, StartError> {
         assert!(reactors > 0, "at least one reactor");
         let listeners = addresses
@@ -55,7 +58,15 @@ impl DataPlane {
         let epoch = Instant::now();
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         let handles = (0..reactors)
-            .map(|index| ReactorHandle::spawn(index, index % cpus, Arc::clone(&exports), epoch))
+            .map(|index| {
+                ReactorHandle::spawn(
+                    index,
+                    index % cpus,
+                    Arc::clone(&exports),
+                    epoch,
+                    poll_window,
+                )
+            })
             .collect::<Result<Vec<_>, _>>()
             .map_err(StartError::Reactor)?;
         let handles = Arc::new(handles);

@@ -303,6 +303,14 @@ impl Ring {
         self.submit_retrying(min_complete.min(self.in_flight))
     }
 
+    /// Whether `submit_and_wait(0)` would find something to do without sleeping:
+    /// a completion is queued, or the kernel has completion work waiting for this
+    /// thread (IORING_SQ_TASKRUN, with cooperative task work). Only reads shared
+    /// memory, so a reactor can poll it in a short spin before it sleeps.
+    pub fn has_work(&mut self) -> bool {
+        !self.ring.completion().is_empty() || self.ring.submission().taskrun()
+    }
+
     /// Next completion, if any, with its buffers returned.
     pub fn pop(&mut self) -> Option<Completion> {
         let cqe = self.ring.completion().next()?;

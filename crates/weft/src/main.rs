@@ -19,7 +19,7 @@ const USAGE: &str = "\
 weft: NVMe/TCP storage node
 
 Usage:
-  weft serve [--config FILE] [--listen ADDR:PORT]... [--data-dir DIR] [--reactors N] [--log-level LEVEL]
+  weft serve [--config FILE] [--listen ADDR:PORT]... [--data-dir DIR] [--reactors N] [--poll-us N] [--log-level LEVEL]
 
 Commands:
   serve   Export block storage over NVMe/TCP. Without --config: one 4 GiB sparse file
@@ -30,6 +30,8 @@ Options:
   --listen ADDR:PORT   listen address, repeatable; replaces the configured ones
   --data-dir DIR       node identity and default files (default ./weft-data)
   --reactors N         data plane threads (default: one per CPU)
+  --poll-us N          after activity, reactors busy-poll N microseconds before
+                       sleeping (default 0: interrupt driven, no idle CPU use)
   --log-level LEVEL    error, warn, info (default), debug, trace; also WEFT_LOG
   -h, --help           this text
   -V, --version        version
@@ -41,6 +43,7 @@ struct ServeArgs {
     listen: Vec<SocketAddr>,
     data_dir: Option<PathBuf>,
     reactors: Option<usize>,
+    poll_us: u64,
     log_level: Option<String>,
 }
 
@@ -106,6 +109,22 @@ fn parse_args() -> Result<Command, String> {
                     format!("--reactors: \"{text}\" is not a number from 1 to 256")
                 })?);
             }
+            Long("poll-us") => {
+                let text = parser
+                    .value()
+                    .map_err(|e| e.to_string())?
+                    .string()
+                    .map_err(|_| "--poll-us is not UTF-8".to_string())?;
+                args.poll_us = text
+                    .parse()
+                    .ok()
+                    .filter(|n| *n <= 1_000_000)
+                    .ok_or_else(|| {
+                        format!(
+                            "--poll-us: \"{text}\" is not a number of microseconds up to 1000000"
+                        )
+                    })?;
+            }
             Long("log-level") => {
                 args.log_level = Some(
                     parser
@@ -168,8 +187,13 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     let node = NodeId::load_or_create(&config.data_dir)
         .map_err(|e| format!("node identity in {}: {e}", config.data_dir.display()))?;
     let exports = config::build_exports(&config, &node)?;
-    let plane = DataPlane::start(exports.clone(), &config.listen, config.reactors)
-        .map_err(|e| e.to_string())?;
+    let plane = DataPlane::start(
+        exports.clone(),
+        &config.listen,
+        config.reactors,
+        std::time::Duration::from_micros(args.poll_us),
+    )
+    .map_err(|e| e.to_string())?;
     print_banner(&config, &exports, &plane);
     let signal = weft_uring::wait_for_termination_signal()
         .map_err(|e| format!("waiting for signals: {e}"))?;

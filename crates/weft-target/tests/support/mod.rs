@@ -1,0 +1,206 @@
+//! Shared by the data plane tests and benchmarks: a target on 127.0.0.1:0
+//! (RAM namespace 1, file namespace 2) and a host connection over TCP that
+//! speaks through the protocol core's host model.
+#![allow(dead_code)] // each includer uses a subset
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::time::Duration;
+use weft_proto::command::admin_opcode;
+use weft_proto::pdu::{DataHeader, PduType};
+use weft_proto::status::Status;
+use weft_proto::target::{AddressFamily, ListenerConfig, NamespaceConfig, SubsystemConfig};
+use weft_proto::testing::{self, ReceivedPdu, TEST_NQN};
+use weft_proto::types::Nsid;
+use weft_proto::{Limits, Target, TargetConfig};
+use weft_storage::{BlockDevice, FileDevice, RamDevice};
+use weft_target::{DataPlane, Exports, NamespaceDevice};
+
+pub const RAM_BYTES: u64 = 16 << 20;
+pub const FILE_BYTES: u64 = 16 << 20;
+
+pub fn start(name: &str) -> SocketAddr {
+    let dir = std::env::temp_dir().join(format!("weft-data-plane-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let ram: Arc<dyn BlockDevice> = Arc::new(RamDevice::new(RAM_BYTES, 512).unwrap());
+    let file: Arc<dyn BlockDevice> =
+        Arc::new(FileDevice::open(&dir.join("ns2.img"), Some(FILE_BYTES), 4096).unwrap());
+    let namespace = |nsid: u32, device: &Arc<dyn BlockDevice>| NamespaceConfig {
+        nsid: Nsid(nsid),
+        blocks: device.size_bytes() / u64::from(device.block_size()),
+        block_size: device.block_size(),
+        nguid: [nsid as u8; 16],
+        uuid: [nsid as u8; 16],
+        eui64: [nsid as u8; 8],
+        thin: true,
+        ready: true,
+    };
+    let config = TargetConfig {
+        subsystems: vec![SubsystemConfig {
+            nqn: TEST_NQN.into(),
+            serial: "data-plane-test".into(),
+            model: "weft".into(),
+            firmware: "test".into(),
+            namespaces: vec![namespace(1, &ram), namespace(2, &file)],
+        }],
+        listeners: vec![ListenerConfig {
+            port_id: 1,
+            family: AddressFamily::Ipv4,
+            address: "127.0.0.1".into(),
+            service: "0".into(),
+        }],
+        limits: Limits::DEFAULT,
+        discovery_serial: "discovery".into(),
+        generation: 1,
+    };
+    let devices = vec![vec![
+        NamespaceDevice {
+            nsid: Nsid(1),
+            device: ram,
+        },
+        NamespaceDevice {
+            nsid: Nsid(2),
+            device: file,
+        },
+    ]];
+    let exports = Arc::new(Exports {
+        target: Target::new(config),
+        devices,
+    });
+    let poll_us = std::env::var("WEFT_TEST_POLL_US")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let plane = DataPlane::start(
+        exports,
+        &["127.0.0.1:0".parse().unwrap()],
+        2,
+        Duration::from_micros(poll_us),
+    )
+    .unwrap();
+    let address = plane.listening[0];
+    std::mem::forget(plane); // serves until the test process exits
+    address
+}
+
+/// A host connection over TCP speaking through the host model's PDU builders.
+pub struct Client {
+    stream: TcpStream,
+    received: Vec<u8>,
+    header_digest: bool,
+    data_digest: bool,
+}
+
+impl Client {
+    pub fn connect(address: SocketAddr, header_digest: bool, data_digest: bool) -> Client {
+        let stream = TcpStream::connect(address).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        stream.set_nodelay(true).unwrap();
+        let mut client = Client {
+            stream,
+            received: Vec::new(),
+            header_digest,
+            data_digest,
+        };
+        client.send(&testing::icreq(header_digest, data_digest));
+        assert_eq!(client.next_pdu().pdu_type, PduType::IcResp as u8);
+        client
+    }
+
+    pub fn send(&mut self, bytes: &[u8]) {
+        self.stream.write_all(bytes).unwrap();
+    }
+
+    /// The next PDU, or None at end of stream.
+    pub fn try_next_pdu(&mut self) -> Option<ReceivedPdu> {
+        loop {
+            if let Some(pdu) = testing::parse_pdu(&mut self.received) {
+                return Some(pdu);
+            }
+            let mut chunk = [0u8; 65536];
+            match self.stream.read(&mut chunk) {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => self.received.extend_from_slice(&chunk[..n]),
+            }
+        }
+    }
+
+    pub fn next_pdu(&mut self) -> ReceivedPdu {
+        self.try_next_pdu()
+            .expect("a PDU before the end of the stream")
+    }
+
+    pub fn command(&mut self, sqe: &[u8; 64], data: &[u8]) -> (Vec<u8>, ReceivedPdu) {
+        self.send(&testing::capsule(
+            self.header_digest,
+            self.data_digest,
+            sqe,
+            data,
+        ));
+        let mut read = Vec::new();
+        loop {
+            let pdu = self.next_pdu();
+            match pdu.pdu_type {
+                t if t == PduType::C2hData as u8 => read.extend_from_slice(&pdu.data),
+                t if t == PduType::CapsuleResp as u8 => return (read, pdu),
+                other => panic!("unexpected PDU type {other:#x}"),
+            }
+        }
+    }
+
+    pub fn write_r2t(&mut self, sqe: &[u8; 64], data: &[u8]) -> ReceivedPdu {
+        self.send(&testing::capsule(
+            self.header_digest,
+            self.data_digest,
+            sqe,
+            &[],
+        ));
+        let r2t = self.next_pdu();
+        assert_eq!(r2t.pdu_type, PduType::R2t as u8);
+        let header = DataHeader::decode(&r2t.header).unwrap();
+        for (index, piece) in data.chunks(32 * 1024).enumerate() {
+            let offset = index * 32 * 1024;
+            let last = offset + piece.len() == data.len();
+            let pdu = testing::h2c_data(
+                self.header_digest,
+                self.data_digest,
+                header.cccid,
+                header.ttag,
+                offset as u32,
+                piece,
+                last,
+            );
+            self.send(&pdu);
+        }
+        self.next_pdu()
+    }
+}
+
+/// An enabled admin queue with `io_queues` granted; returns it and the controller ID.
+pub fn admin(address: SocketAddr, kato_ms: u32) -> (Client, u16) {
+    let mut admin = Client::connect(address, false, false);
+    let (sqe, data) = testing::connect_command(1, 0, 31, kato_ms, 0xFFFF, TEST_NQN);
+    let (_, response) = admin.command(&sqe, &data);
+    assert_eq!(response.status(), Status::SUCCESS);
+    let cntlid = response.result() as u16;
+    let (_, enabled) = admin.command(
+        &testing::property_set(2, 0x14, (6 << 16) | (4 << 20) | 1),
+        &[],
+    );
+    assert_eq!(enabled.status(), Status::SUCCESS);
+    let mut queues = testing::sqe(admin_opcode::SET_FEATURES, 3, 0, 0, false);
+    testing::set_cdw(&mut queues, 10, 0x07);
+    testing::set_cdw(&mut queues, 11, 0x0003_0003);
+    assert_eq!(admin.command(&queues, &[]).1.status(), Status::SUCCESS);
+    (admin, cntlid)
+}
+
+pub fn io_queue(address: SocketAddr, cntlid: u16, qid: u16, digests: bool) -> Client {
+    let mut io = Client::connect(address, digests, digests);
+    let (sqe, data) = testing::connect_command(1, qid, 127, 0, cntlid, TEST_NQN);
+    assert_eq!(io.command(&sqe, &data).1.status(), Status::SUCCESS);
+    io
+}
