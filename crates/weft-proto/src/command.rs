@@ -308,6 +308,9 @@ impl PropertyCommand {
     }
 }
 
+// Sizes fixed by the specifications (NVMe Base 2.0 Figure 88; NVMe-oF 1.1 Figure 20).
+const _: () = assert!(SQE_LEN == 64 && CONNECT_DATA_LEN == 1024);
+
 #[cfg(test)]
 mod tests {
     use super::*;

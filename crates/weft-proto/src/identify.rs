@@ -331,6 +331,10 @@ pub fn discovery_entry(record: &DiscoveryRecord<'_>, out: &mut [u8]) {
         .u8(768, 0); // TSAS: SECTYPE none
 }
 
+// Sizes fixed by the specifications (NVMe Base 2.0 Figures 207, 275; NVMe-oF 1.1 Figure 38-39).
+const _: () = assert!(IDENTIFY_LEN == 4096 && SMART_LEN == 512 && ERROR_ENTRY_LEN == 64);
+const _: () = assert!(DISCOVERY_HEADER_LEN == 1024 && DISCOVERY_ENTRY_LEN == 1024);
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -26,7 +26,12 @@ pub const HOST_ID: [u8; 16] = [0x11; 16];
 
 /// A target with one subsystem: namespace 1 (256 KiB of 512-byte blocks) and namespace 2 (1 MiB of 4 KiB blocks).
 pub fn test_target() -> Arc<Target> {
-    let namespace = |nsid: u32, blocks: u64, block_size: u32| NamespaceConfig {
+    target_with(TEST_NQN, &[(1, 512, 512), (2, 256, 4096)])
+}
+
+/// A target with one subsystem `nqn` and namespaces given as (NSID, blocks, block size).
+pub fn target_with(nqn: &str, namespaces: &[(u32, u64, u32)]) -> Arc<Target> {
+    let namespace = |&(nsid, blocks, block_size): &(u32, u64, u32)| NamespaceConfig {
         nsid: Nsid(nsid),
         blocks,
         block_size,
@@ -38,11 +43,11 @@ pub fn test_target() -> Arc<Target> {
     };
     Target::new(TargetConfig {
         subsystems: vec![SubsystemConfig {
-            nqn: TEST_NQN.into(),
+            nqn: nqn.into(),
             serial: "0123456789abcdef0123".into(),
             model: "weft".into(),
             firmware: "0.1.0".into(),
-            namespaces: vec![namespace(1, 512, 512), namespace(2, 256, 4096)],
+            namespaces: namespaces.iter().map(namespace).collect(),
         }],
         listeners: vec![ListenerConfig {
             port_id: 1,

@@ -191,7 +191,7 @@ impl FileDevice {
             let actual = weft_uring::block_device_size_bytes(&file).map_err(io_error)?;
             let device_block =
                 weft_uring::block_device_logical_block_size(&file).map_err(io_error)?;
-            (size_bytes.unwrap_or(actual), block_size.max(device_block))
+            (actual, block_size.max(device_block))
         } else {
             (file.metadata().map_err(io_error)?.len(), block_size)
         };
@@ -329,6 +329,47 @@ mod tests {
         );
         let error = FileDevice::open(&path, Some(1 << 20), 4096).unwrap_err();
         assert!(error.to_string().contains("set size to match"), "{error}");
+    }
+
+    /// A raw block device (a loop device over a file): size and logical block
+    /// size come from the device. Skipped where loop devices cannot be made.
+    #[test]
+    fn block_device_geometry_comes_from_the_device() {
+        let dir = temp_dir("loop");
+        let backing = dir.join("backing.img");
+        File::create(&backing).unwrap().set_len(8 << 20).unwrap();
+        let attach = std::process::Command::new("losetup")
+            .args(["--find", "--show", "--sector-size", "4096"])
+            .arg(&backing)
+            .output();
+        let device = match attach {
+            Ok(output) if output.status.success() => {
+                PathBuf::from(String::from_utf8_lossy(&output.stdout).trim())
+            }
+            _ => {
+                eprintln!("skipped: cannot attach a loop device here");
+                return;
+            }
+        };
+        let opened = FileDevice::open(&device, None, 512);
+        let too_big = FileDevice::open(&device, Some(16 << 20), 512);
+        let _ = std::process::Command::new("losetup")
+            .arg("-d")
+            .arg(&device)
+            .status();
+        let opened = opened.unwrap();
+        assert_eq!(opened.size_bytes(), 8 << 20);
+        assert_eq!(
+            opened.block_size(),
+            4096,
+            "the device's logical block size wins over a smaller one"
+        );
+        assert!(!opened.is_thin());
+        assert!(opened.describe().starts_with("block device"));
+        assert!(too_big
+            .unwrap_err()
+            .to_string()
+            .contains("set size to match"));
     }
 
     #[test]
