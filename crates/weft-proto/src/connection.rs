@@ -22,7 +22,8 @@ use crate::admin::{self, AdminQueue, Outcome};
 use crate::command::{
     fctype, Command, ConnectCommand, ConnectData, DataDirection, SglKind, CONNECT_DATA_LEN,
 };
-use crate::digest::{crc32c, crc32c_append};
+use crate::digest::crc32c;
+use crate::framing::{self, DataLayout, DataTarget, Framer, Step};
 use crate::identify::ControllerKind;
 use crate::io::{self, IoError, IoKind, IoPlan, IoRequest};
 use crate::pdu::{
@@ -137,42 +138,6 @@ struct IoQueue {
     subsystem: usize,
 }
 
-/// Where received PDU bytes go.
-#[derive(Debug, Clone, Copy)]
-enum RxPhase {
-    /// Accumulating a header in `Rx::header`.
-    Header,
-    /// Skipping padding between header and data.
-    Padding { remaining: usize, data: DataTarget },
-    /// Copying data into a slot buffer.
-    Data {
-        target: DataTarget,
-        remaining: usize,
-        crc: u32,
-    },
-    /// Reading the data digest.
-    DataDigest { target: DataTarget, crc: u32 },
-}
-
-#[derive(Debug, Clone, Copy)]
-struct DataTarget {
-    slot: SlotId,
-    buffer_offset: usize,
-    len: usize,
-    digest: bool,
-    in_capsule: bool,
-}
-
-#[derive(Debug)]
-struct Rx {
-    header: [u8; MAX_HEADER_LEN + DIGEST_LEN],
-    have: usize,
-    need: usize,
-    digest: [u8; DIGEST_LEN],
-    digest_have: usize,
-    phase: RxPhase,
-}
-
 #[derive(Debug, Default)]
 struct TxQueue {
     bytes: Vec<u8>,
@@ -212,7 +177,7 @@ pub struct Connection {
     header_digest: bool,
     data_digest: bool,
     c2h_pdo_alignment: usize,
-    rx: Rx,
+    rx: Framer,
     slots: Vec<Slot>,
     free_slots: Vec<u16>,
     io_requests: VecDeque<IoRequest>,
@@ -247,7 +212,7 @@ impl Connection {
             header_digest: false,
             data_digest: false,
             c2h_pdo_alignment: 4,
-            rx: Rx::new(),
+            rx: Framer::new(),
             slots: vec![slot; depth],
             // Until Connect sets the queue size only slot 0 exists.
             free_slots: vec![0],
@@ -274,9 +239,10 @@ impl Connection {
         buffers: &mut impl SlotBuffers,
     ) {
         while !input.is_empty() && !matches!(self.state, State::Closing) {
-            match self.receive(input, now, buffers) {
-                Ok(consumed) => input = &input[consumed..],
-                Err(error) => self.fail(error),
+            let (consumed, step) = self.rx.advance(input, buffers);
+            input = &input[consumed..];
+            if let Err(error) = self.on_step(step, now, buffers) {
+                self.fail(error);
             }
         }
     }
@@ -445,108 +411,55 @@ impl Connection {
     /// A fatal protocol error: send a C2HTermReq carrying the offending header, then close.
     fn fail(&mut self, error: PduError) {
         let mut out = [0u8; 24 + pdu::TERM_REQ_MAX_DATA];
-        let offending_len = self.rx.have.min(self.rx.header.len());
-        let len = pdu::encode_c2h_term_req(error, &self.rx.header[..offending_len], &mut out);
+        let len = pdu::encode_c2h_term_req(error, self.rx.header(), &mut out);
         self.tx_pending.push_bytes(&out[..len]);
         self.end(Termination::Protocol(error));
     }
 
     // ----- receiving -----
 
-    fn receive(
+    fn on_step(
         &mut self,
-        input: &[u8],
+        step: Step,
         now: Timestamp,
         buffers: &mut impl SlotBuffers,
-    ) -> Result<usize, PduError> {
-        match self.rx.phase {
-            RxPhase::Header => self.receive_header(input, now, buffers),
-            RxPhase::Padding { remaining, data } => {
-                let skipped = remaining.min(input.len());
-                self.rx.phase = if skipped == remaining {
-                    RxPhase::Data {
-                        target: data,
-                        remaining: data.len,
-                        crc: 0,
-                    }
-                } else {
-                    RxPhase::Padding {
-                        remaining: remaining - skipped,
-                        data,
-                    }
+    ) -> Result<(), PduError> {
+        match step {
+            Step::NeedMore => Ok(()),
+            Step::CommonHeader(common) => {
+                let kind = self.check_common(&common)?;
+                self.rx
+                    .expect_header(kind.header_len() + self.header_digest_len(kind));
+                Ok(())
+            }
+            Step::Header => {
+                let common = CommonHeader::decode(self.rx.header())?;
+                let kind =
+                    PduType::from_u8(common.pdu_type).expect("checked with the common header");
+                let digest_len = self.header_digest_len(kind);
+                self.rx
+                    .check_header_digest(kind.header_len(), digest_len > 0)?;
+                let limit = match kind {
+                    PduType::CapsuleCmd => self.in_capsule_limit(),
+                    _ => self.limits.h2c_data_bytes_max as usize,
                 };
-                Ok(skipped)
-            }
-            RxPhase::Data {
-                target,
-                remaining,
-                crc,
-            } => {
-                let take = remaining.min(input.len());
-                let start = target.buffer_offset + (target.len - remaining);
-                let chunk = &input[..take];
-                buffers.buffer(target.slot)[start..start + take].copy_from_slice(chunk);
-                let crc = if target.digest {
-                    crc32c_append(crc, chunk)
-                } else {
-                    crc
-                };
-                if take < remaining {
-                    self.rx.phase = RxPhase::Data {
-                        target,
-                        remaining: remaining - take,
-                        crc,
-                    };
-                } else if target.digest {
-                    self.rx.digest_have = 0;
-                    self.rx.phase = RxPhase::DataDigest { target, crc };
-                } else {
-                    self.rx.phase = RxPhase::Header;
-                    self.data_received(target, true, now, buffers)?;
+                let data = framing::data_layout(
+                    &common,
+                    kind,
+                    kind.header_len() + digest_len,
+                    self.data_digest,
+                    limit,
+                )?;
+                self.dispatch(kind, data, now, buffers)?;
+                let expects_data =
+                    data.len > 0 && matches!(kind, PduType::CapsuleCmd | PduType::H2cData);
+                if !expects_data && !matches!(self.state, State::Closing) {
+                    self.rx.reset();
                 }
-                Ok(take)
+                Ok(())
             }
-            RxPhase::DataDigest { target, crc } => {
-                let take = (DIGEST_LEN - self.rx.digest_have).min(input.len());
-                self.rx.digest[self.rx.digest_have..self.rx.digest_have + take]
-                    .copy_from_slice(&input[..take]);
-                self.rx.digest_have += take;
-                if self.rx.digest_have == DIGEST_LEN {
-                    self.rx.phase = RxPhase::Header;
-                    let intact = u32::from_le_bytes(self.rx.digest) == crc;
-                    self.data_received(target, intact, now, buffers)?;
-                }
-                Ok(take)
-            }
+            Step::Data { target, intact } => self.data_received(target, intact, now, buffers),
         }
-    }
-
-    fn receive_header(
-        &mut self,
-        input: &[u8],
-        now: Timestamp,
-        buffers: &mut impl SlotBuffers,
-    ) -> Result<usize, PduError> {
-        let take = (self.rx.need - self.rx.have).min(input.len());
-        self.rx.header[self.rx.have..self.rx.have + take].copy_from_slice(&input[..take]);
-        self.rx.have += take;
-        if self.rx.have < self.rx.need {
-            return Ok(take);
-        }
-        let common = CommonHeader::decode(&self.rx.header)?;
-        if self.rx.need == COMMON_HEADER_LEN {
-            let kind = self.check_common(&common)?;
-            self.rx.need = kind.header_len() + self.header_digest_len(kind);
-            return Ok(take);
-        }
-        let kind = PduType::from_u8(common.pdu_type).expect("checked with the common header");
-        self.check_header_digest(kind)?;
-        let data = self.data_layout(&common, kind)?;
-        self.dispatch(kind, data, now, buffers)?;
-        if matches!(self.rx.phase, RxPhase::Header) && !matches!(self.state, State::Closing) {
-            self.rx.reset();
-        }
-        Ok(take)
     }
 
     fn header_digest_len(&self, kind: PduType) -> usize {
@@ -593,60 +506,6 @@ impl Connection {
         Ok(kind)
     }
 
-    fn check_header_digest(&self, kind: PduType) -> Result<(), PduError> {
-        if self.header_digest_len(kind) == 0 {
-            return Ok(());
-        }
-        let hlen = kind.header_len();
-        let received = u32::from_le_bytes([
-            self.rx.header[hlen],
-            self.rx.header[hlen + 1],
-            self.rx.header[hlen + 2],
-            self.rx.header[hlen + 3],
-        ]);
-        if crc32c(&self.rx.header[..hlen]) != received {
-            return Err(PduError::status(FatalErrorStatus::HeaderDigestError));
-        }
-        Ok(())
-    }
-
-    /// Padding, data length and data digest of a PDU, checked against PDO and the negotiated limits.
-    fn data_layout(&self, common: &CommonHeader, kind: PduType) -> Result<DataLayout, PduError> {
-        let header_total = kind.header_len() + self.header_digest_len(kind);
-        let plen = common.plen as usize;
-        if plen == header_total || matches!(kind, PduType::IcReq | PduType::H2cTermReq) {
-            return Ok(DataLayout {
-                padding: 0,
-                len: 0,
-                digest: false,
-            });
-        }
-        let digest = common.flags & flags::DDGSTF != 0;
-        if digest != self.data_digest {
-            return Err(PduError::field(field_offset::FLAGS));
-        }
-        let digest_len = if digest { DIGEST_LEN } else { 0 };
-        let pdo = usize::from(common.pdo);
-        if pdo < header_total || pdo + digest_len > plen {
-            return Err(PduError::field(field_offset::PDO));
-        }
-        let len = plen - pdo - digest_len;
-        let limit = match kind {
-            PduType::CapsuleCmd => self.in_capsule_limit(),
-            _ => self.limits.h2c_data_bytes_max as usize,
-        };
-        if len > limit {
-            return Err(PduError::status(
-                FatalErrorStatus::DataTransferLimitExceeded,
-            ));
-        }
-        Ok(DataLayout {
-            padding: pdo - header_total,
-            len,
-            digest,
-        })
-    }
-
     fn in_capsule_limit(&self) -> usize {
         let limit = match self.state {
             State::Admin(..) => self.limits.admin_in_capsule_bytes_max,
@@ -680,7 +539,7 @@ impl Connection {
     }
 
     fn handle_icreq(&mut self) -> Result<(), PduError> {
-        let request = IcReq::decode(&self.rx.header[..128])?;
+        let request = IcReq::decode(self.rx.header())?;
         if request.pfv != 0 {
             return Err(PduError {
                 status: FatalErrorStatus::UnsupportedParameter,
@@ -714,7 +573,7 @@ impl Connection {
         now: Timestamp,
         buffers: &mut impl SlotBuffers,
     ) -> Result<(), PduError> {
-        let command = Command::decode(&self.rx.header[COMMON_HEADER_LEN..COMMON_HEADER_LEN + 64])?;
+        let command = Command::decode(&self.rx.header()[COMMON_HEADER_LEN..])?;
         // A host may not have more commands outstanding than the queue has entries.
         let slot = self
             .free_slots
@@ -739,17 +598,14 @@ impl Connection {
             buffer_offset: 0,
             len: data.len,
             digest: data.digest,
-            in_capsule: true,
+            tag: true,
         };
-        self.rx.phase = RxPhase::Padding {
-            remaining: data.padding,
-            data: target,
-        };
+        self.rx.expect_data(data.padding, target);
         Ok(())
     }
 
     fn handle_h2c_data(&mut self, data: DataLayout) -> Result<(), PduError> {
-        let header = DataHeader::decode(&self.rx.header[..24])?;
+        let header = DataHeader::decode(self.rx.header())?;
         let entry = self
             .slots
             .get(usize::from(header.ttag))
@@ -770,12 +626,9 @@ impl Connection {
             buffer_offset: header.offset as usize,
             len: data.len,
             digest: data.digest,
-            in_capsule: false,
+            tag: false,
         };
-        self.rx.phase = RxPhase::Padding {
-            remaining: data.padding,
-            data: target,
-        };
+        self.rx.expect_data(data.padding, target);
         Ok(())
     }
 
@@ -807,7 +660,8 @@ impl Connection {
         if !intact {
             entry.status = Status::TRANSIENT_TRANSPORT_ERROR;
         }
-        if target.in_capsule {
+        // The tag marks in-capsule data.
+        if target.tag {
             entry.state = SlotState::Received;
             if !intact {
                 self.advance_sqhd();
@@ -1323,13 +1177,6 @@ fn invalid_data_field(offset: u64) -> (Status, u64) {
     (Status::CONNECT_INVALID_PARAMETERS, (1 << 16) | offset)
 }
 
-#[derive(Debug, Clone, Copy)]
-struct DataLayout {
-    padding: usize,
-    len: usize,
-    digest: bool,
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Transfer {
     /// Everything the command needs is here.
@@ -1361,24 +1208,6 @@ fn transfer_of(command: &Command, in_capsule_len: u32) -> Result<Transfer, Statu
             }
         }
         DataDirection::Bidirectional => Err(Status::INVALID_OPCODE),
-    }
-}
-
-impl Rx {
-    fn new() -> Rx {
-        Rx {
-            header: [0; MAX_HEADER_LEN + DIGEST_LEN],
-            have: 0,
-            need: COMMON_HEADER_LEN,
-            digest: [0; DIGEST_LEN],
-            digest_have: 0,
-            phase: RxPhase::Header,
-        }
-    }
-
-    fn reset(&mut self) {
-        self.have = 0;
-        self.need = COMMON_HEADER_LEN;
     }
 }
 

@@ -12,6 +12,7 @@ pub mod admin;
 pub mod command;
 pub mod connection;
 pub mod digest;
+mod framing;
 pub mod fuzzing;
 pub mod identify;
 pub mod io;
