@@ -57,7 +57,7 @@ pub fn connection(data: &[u8]) {
                 testing::sqe(crate::command::admin_opcode::SET_FEATURES, 9, 0, 0, false);
             testing::set_cdw(&mut queues, 10, 0x07);
             admin.simple(&queues);
-            host.connect_io(cntlid, 1, 31);
+            host.connect_io(cntlid, 1, 127);
         }
     }
     while let Some((&control, tail)) = rest.split_first() {
@@ -75,18 +75,6 @@ pub fn connection(data: &[u8]) {
     host.now = Timestamp(Duration::from_secs(3600));
     host.connection.handle_timeout(host.now);
     host.connection.on_closed();
-}
-
-/// The test subsystem under small limits, so that each run allocates little.
-fn fuzz_target() -> std::sync::Arc<crate::Target> {
-    let limits = crate::Limits {
-        queue_entries_max: 32,
-        transfer_bytes_max: 16 * 1024,
-        io_in_capsule_bytes_max: 8 * 1024,
-        h2c_data_bytes_max: 16 * 1024,
-        ..crate::Limits::DEFAULT
-    };
-    testing::target_with_limits(testing::TEST_NQN, &[(1, 64, 512), (2, 16, 4096)], limits)
 }
 
 fn complete_held(host: &mut Pair, fail_mask: u8) {

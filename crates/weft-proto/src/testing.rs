@@ -64,7 +64,7 @@ pub fn target_with_limits(
             address: "127.0.0.1".into(),
             service: "4420".into(),
         }],
-        limits,
+        limits: Limits::DEFAULT,
         discovery_serial: "discovery".into(),
         generation: 1,
     })
