@@ -31,15 +31,6 @@ pub fn test_target() -> Arc<Target> {
 
 /// A target with one subsystem `nqn` and namespaces given as (NSID, blocks, block size).
 pub fn target_with(nqn: &str, namespaces: &[(u32, u64, u32)]) -> Arc<Target> {
-    target_with_limits(nqn, namespaces, Limits::DEFAULT)
-}
-
-/// [`target_with`] under other limits (the fuzz targets use small ones, for speed).
-pub fn target_with_limits(
-    nqn: &str,
-    namespaces: &[(u32, u64, u32)],
-    limits: Limits,
-) -> Arc<Target> {
     let namespace = |&(nsid, blocks, block_size): &(u32, u64, u32)| NamespaceConfig {
         nsid: Nsid(nsid),
         blocks,
