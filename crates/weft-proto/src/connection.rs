@@ -33,9 +33,10 @@ use crate::pdu::{
 };
 use crate::status::{Completion, Status};
 use crate::target::{ControllerShared, Limits, RegistryError, Target, DISCOVERY_NQN};
+use crate::transmit::Transmitter;
+pub use crate::transmit::{Transmit, TxSegment};
 use crate::types::{Cid, Nsid, SlotId, Timestamp};
 use std::collections::VecDeque;
-use std::ops::Range;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -43,24 +44,6 @@ use std::sync::Arc;
 pub trait SlotBuffers {
     /// The buffer of `slot`, at least [`Limits::slot_buffer_bytes`] long.
     fn buffer(&mut self, slot: SlotId) -> &mut [u8];
-}
-
-/// One piece of a transmission, in order.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TxSegment {
-    /// Bytes of [`Transmit::bytes`].
-    Bytes(Range<usize>),
-    /// Bytes of a slot's data buffer.
-    Slot(SlotId, Range<usize>),
-}
-
-/// What to send next: `segments` in order, referring to `bytes` and slot buffers.
-#[derive(Debug)]
-pub struct Transmit<'a> {
-    /// Inline PDU headers, digests and small payloads.
-    pub bytes: &'a [u8],
-    /// The order to send them and the slot data in.
-    pub segments: &'a [TxSegment],
 }
 
 /// Why a connection ended.
@@ -138,36 +121,6 @@ struct IoQueue {
     subsystem: usize,
 }
 
-#[derive(Debug, Default)]
-struct TxQueue {
-    bytes: Vec<u8>,
-    segments: Vec<TxSegment>,
-}
-
-impl TxQueue {
-    fn push_bytes(&mut self, data: &[u8]) {
-        let start = self.bytes.len();
-        self.bytes.extend_from_slice(data);
-        if let Some(TxSegment::Bytes(range)) = self.segments.last_mut() {
-            if range.end == start {
-                range.end = self.bytes.len();
-                return;
-            }
-        }
-        self.segments
-            .push(TxSegment::Bytes(start..self.bytes.len()));
-    }
-
-    fn is_empty(&self) -> bool {
-        self.segments.is_empty()
-    }
-
-    fn clear(&mut self) {
-        self.bytes.clear();
-        self.segments.clear();
-    }
-}
-
 /// A controller-side NVMe/TCP connection.
 #[derive(Debug)]
 pub struct Connection {
@@ -181,9 +134,7 @@ pub struct Connection {
     slots: Vec<Slot>,
     free_slots: Vec<u16>,
     io_requests: VecDeque<IoRequest>,
-    tx_pending: TxQueue,
-    tx_sending: TxQueue,
-    tx_busy: bool,
+    tx: Transmitter,
     termination: Option<Termination>,
     dsm_ranges: Vec<(u64, u64)>,
 }
@@ -217,15 +168,7 @@ impl Connection {
             // Until Connect sets the queue size only slot 0 exists.
             free_slots: vec![0],
             io_requests: VecDeque::with_capacity(depth * 2),
-            tx_pending: TxQueue {
-                bytes: Vec::with_capacity(16 * 1024),
-                segments: Vec::with_capacity(depth * 4),
-            },
-            tx_sending: TxQueue {
-                bytes: Vec::with_capacity(16 * 1024),
-                segments: Vec::with_capacity(depth * 4),
-            },
-            tx_busy: false,
+            tx: Transmitter::with_capacity(16 * 1024, depth * 4),
             termination: None,
             dsm_ranges: Vec::with_capacity(256),
         }
@@ -305,31 +248,14 @@ impl Connection {
 
     /// What to send next, if nothing is being sent.
     pub fn poll_transmit(&mut self) -> Option<Transmit<'_>> {
-        if self.tx_busy || self.tx_pending.is_empty() {
-            return None;
-        }
-        std::mem::swap(&mut self.tx_pending, &mut self.tx_sending);
-        self.tx_busy = true;
-        Some(Transmit {
-            bytes: &self.tx_sending.bytes,
-            segments: &self.tx_sending.segments,
-        })
+        self.tx.poll()
     }
 
     /// Everything from the last [`Connection::poll_transmit`] has been sent:
     /// the slots whose data it carried are free again.
     pub fn on_transmitted(&mut self) {
-        assert!(
-            self.tx_busy,
-            "on_transmitted without a transmit outstanding"
-        );
-        for index in 0..self.tx_sending.segments.len() {
-            if let TxSegment::Slot(slot, _) = self.tx_sending.segments[index] {
-                self.release(slot);
-            }
-        }
-        self.tx_sending.clear();
-        self.tx_busy = false;
+        let (slots, free_slots) = (&mut self.slots, &mut self.free_slots);
+        self.tx.finish(|slot| release(slots, free_slots, slot));
     }
 
     /// The next time [`Connection::handle_timeout`] must be called.
@@ -360,7 +286,7 @@ impl Connection {
 
     /// Whether the connection is finished: close the socket, then call [`Connection::on_closed`].
     pub fn is_closed(&self) -> bool {
-        matches!(self.state, State::Closing) && !self.tx_busy && self.tx_pending.is_empty()
+        matches!(self.state, State::Closing) && self.tx.is_idle()
     }
 
     /// Why the connection ended, once it has.
@@ -412,7 +338,7 @@ impl Connection {
     fn fail(&mut self, error: PduError) {
         let mut out = [0u8; 24 + pdu::TERM_REQ_MAX_DATA];
         let len = pdu::encode_c2h_term_req(error, self.rx.header(), &mut out);
-        self.tx_pending.push_bytes(&out[..len]);
+        self.tx.push_bytes(&out[..len]);
         self.end(Termination::Protocol(error));
     }
 
@@ -562,7 +488,7 @@ impl Connection {
             maxh2cdata: self.limits.h2c_data_bytes_max,
         }
         .encode(&mut out);
-        self.tx_pending.push_bytes(&out);
+        self.tx.push_bytes(&out);
         self.state = State::AwaitConnect;
         Ok(())
     }
@@ -748,7 +674,7 @@ impl Connection {
         };
         let mut out = [0u8; 28];
         let header_len = pdu::encode_r2t(self.header_digest, r2t, &mut out);
-        self.tx_pending.push_bytes(&out[..header_len]);
+        self.tx.push_bytes(&out[..header_len]);
     }
 
     fn execute(&mut self, slot: SlotId, now: Timestamp, buffers: &mut impl SlotBuffers) {
@@ -984,7 +910,7 @@ impl Connection {
         .encode();
         let mut out = [0u8; 28];
         let len = pdu::encode_capsule_resp(self.header_digest, &cqe, &mut out);
-        self.tx_pending.push_bytes(&out[..len]);
+        self.tx.push_bytes(&out[..len]);
         if sends_data {
             self.slots[usize::from(slot.0)].state = SlotState::Transmitting;
         } else {
@@ -1016,21 +942,16 @@ impl Connection {
             header,
             &mut out,
         );
-        self.tx_pending.push_bytes(&out[..pdo]);
-        self.tx_pending
-            .segments
-            .push(TxSegment::Slot(slot, 0..len as usize));
+        self.tx.push_bytes(&out[..pdo]);
+        self.tx.push_slot(slot, 0..len as usize);
         if self.data_digest {
             let digest = crc32c(&buffers.buffer(slot)[..len as usize]);
-            self.tx_pending.push_bytes(&digest.to_le_bytes());
+            self.tx.push_bytes(&digest.to_le_bytes());
         }
     }
 
     fn release(&mut self, slot: SlotId) {
-        let entry = &mut self.slots[usize::from(slot.0)];
-        debug_assert_ne!(entry.state, SlotState::Free, "slot released twice");
-        entry.state = SlotState::Free;
-        self.free_slots.push(slot.0);
+        release(&mut self.slots, &mut self.free_slots, slot);
     }
 
     // ----- Fabrics Connect -----
@@ -1165,6 +1086,14 @@ impl Connection {
 enum NewQueue {
     Admin(Arc<ControllerShared>, Box<AdminQueue>),
     Io(Arc<ControllerShared>, IoQueue),
+}
+
+/// Returns a slot to the free list.
+fn release(slots: &mut [Slot], free_slots: &mut Vec<u16>, slot: SlotId) {
+    let entry = &mut slots[usize::from(slot.0)];
+    debug_assert_ne!(entry.state, SlotState::Free, "slot released twice");
+    entry.state = SlotState::Free;
+    free_slots.push(slot.0);
 }
 
 /// Connect Invalid Parameters in the SQE at byte `offset` (IATTR 0).

@@ -20,6 +20,7 @@ pub mod pdu;
 pub mod status;
 pub mod target;
 pub mod testing;
+mod transmit;
 pub mod types;
 pub mod wire;
 
