@@ -14,6 +14,7 @@ pub mod connection;
 pub mod digest;
 mod framing;
 pub mod fuzzing;
+pub mod host;
 pub mod identify;
 pub mod io;
 pub mod pdu;

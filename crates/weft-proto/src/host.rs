@@ -1,0 +1,849 @@
+//! The host side of one NVMe/TCP connection (one NVMe queue), sans-IO: the
+//! core of weft's initiator. It sends ICReq and command capsules (data in the
+//! capsule when it fits), answers R2Ts with H2CData sent from the command's
+//! buffer, places C2HData in that buffer, and turns CapsuleResps into
+//! completions. It knows nothing of controllers: Connect, Identify and Keep
+//! Alive are commands its owner submits.
+//!
+//! Driving it mirrors the controller side ([`crate::Connection`]):
+//! `handle_input(bytes, buffers)` with everything received, `poll_transmit()`
+//! and `on_transmitted()` to send, `poll_completion()` for finished commands.
+//! A command's data lives in the buffer of the slot numbered by its CID.
+
+use crate::command::SQE_LEN;
+use crate::digest::crc32c;
+use crate::framing::{self, DataTarget, Framer, Step};
+use crate::pdu::{
+    self, data_field_offset, digest_bits, field_offset, flags, CommonHeader, DataHeader, IcReq,
+    IcResp, PduError, PduType, COMMON_HEADER_LEN, DIGEST_LEN, MAX_HEADER_LEN,
+};
+use crate::status::Status;
+use crate::transmit::{Transmit, Transmitter};
+use crate::types::{Cid, SlotId};
+use crate::SlotBuffers;
+use std::collections::VecDeque;
+use thiserror::Error;
+
+/// What the host asks for when the connection opens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostConfig {
+    /// Ask for header digests.
+    pub header_digest: bool,
+    /// Ask for data digests.
+    pub data_digest: bool,
+    /// Commands that may be outstanding (the queue size, SQSIZE + 1).
+    pub queue_entries: u16,
+    /// Largest in-capsule data the controller accepts on this queue (IOCCSZ * 16 - 64;
+    /// 8 KiB on admin queues); larger writes go by R2T.
+    pub in_capsule_bytes_max: u32,
+    /// Size of each command's data buffer: the largest transfer of one command.
+    pub buffer_bytes: u32,
+}
+
+/// Where a command's data goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DataTransfer {
+    /// No data.
+    None,
+    /// `len` bytes from the command's buffer to the controller.
+    ToController(u32),
+    /// `len` bytes from the controller into the command's buffer.
+    FromController(u32),
+}
+
+impl DataTransfer {
+    fn len(self) -> u32 {
+        match self {
+            DataTransfer::None => 0,
+            DataTransfer::ToController(len) | DataTransfer::FromController(len) => len,
+        }
+    }
+}
+
+/// A finished command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostCompletion {
+    /// Its command identifier.
+    pub cid: Cid,
+    /// Completion status.
+    pub status: Status,
+    /// DW0 and DW1 of the completion.
+    pub result: u64,
+}
+
+/// Why a command could not be submitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+pub enum SubmitError {
+    /// The connection is not initialized yet, or has failed.
+    #[error("the connection is not ready")]
+    NotReady,
+    /// As many commands are outstanding as the queue has entries.
+    #[error("the queue is full")]
+    QueueFull,
+    /// The transfer is larger than a command buffer.
+    #[error("the transfer is larger than a command buffer")]
+    TooLarge,
+}
+
+/// Why the connection failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+pub enum HostError {
+    /// The controller sent a malformed or unexpected PDU; an H2CTermReq was sent.
+    #[error("the target broke the protocol: {0}")]
+    Protocol(PduError),
+    /// The controller ended the connection with a C2HTermReq.
+    #[error("the target terminated the connection (C2HTermReq, fatal error status {status:#x})")]
+    Terminated {
+        /// FES of the C2HTermReq.
+        status: u16,
+    },
+    /// The controller did not enable the digests the host asked for.
+    #[error("the target refused the requested digests (asked {asked:#x}, got {granted:#x})")]
+    DigestRefused {
+        /// Digest bits asked for.
+        asked: u8,
+        /// Digest bits granted.
+        granted: u8,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    AwaitIcResp,
+    Ready,
+    Failed(HostError),
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Outstanding {
+    active: bool,
+    transfer: DataTransfer,
+    received: u32,
+    /// Transmissions in flight that read this command's buffer.
+    sending: u16,
+    data_error: bool,
+    /// A completion that arrived while the buffer was still being sent.
+    parked: Option<HostCompletion>,
+}
+
+/// The host side of one connection.
+#[derive(Debug)]
+pub struct HostQueue {
+    config: HostConfig,
+    state: State,
+    header_digest: bool,
+    data_digest: bool,
+    maxh2cdata: u32,
+    h2c_pdo_alignment: usize,
+    rx: Framer,
+    tx: Transmitter,
+    commands: Vec<Outstanding>,
+    free: Vec<u16>,
+    completions: VecDeque<HostCompletion>,
+}
+
+impl HostQueue {
+    /// A new connection; the ICReq is queued for sending at once.
+    pub fn new(config: HostConfig) -> HostQueue {
+        assert!(
+            config.queue_entries >= 2,
+            "a queue has at least two entries"
+        );
+        let depth = usize::from(config.queue_entries);
+        let idle = Outstanding {
+            active: false,
+            transfer: DataTransfer::None,
+            received: 0,
+            sending: 0,
+            data_error: false,
+            parked: None,
+        };
+        let mut queue = HostQueue {
+            config,
+            state: State::AwaitIcResp,
+            header_digest: false,
+            data_digest: false,
+            maxh2cdata: 0,
+            h2c_pdo_alignment: 4,
+            rx: Framer::new(),
+            tx: Transmitter::with_capacity(16 * 1024, depth * 4),
+            commands: vec![idle; depth],
+            free: (0..config.queue_entries).rev().collect(),
+            completions: VecDeque::with_capacity(depth),
+        };
+        let digest = if config.header_digest {
+            digest_bits::HEADER
+        } else {
+            0
+        } | if config.data_digest {
+            digest_bits::DATA
+        } else {
+            0
+        };
+        let mut icreq = [0u8; 128];
+        IcReq {
+            pfv: 0,
+            hpda: 0,
+            digest,
+            maxr2t: 0,
+        }
+        .encode(&mut icreq);
+        queue.tx.push_bytes(&icreq);
+        queue
+    }
+
+    /// Whether ICResp arrived and commands may be submitted.
+    pub fn is_ready(&self) -> bool {
+        self.state == State::Ready
+    }
+
+    /// The failure that ended the connection, if any.
+    pub fn error(&self) -> Option<HostError> {
+        match self.state {
+            State::Failed(error) => Some(error),
+            _ => None,
+        }
+    }
+
+    /// Commands outstanding.
+    pub fn outstanding(&self) -> usize {
+        self.commands.len() - self.free.len()
+    }
+
+    /// Queues a command. The SQE's CID, PSDT and SGL are filled in here; for
+    /// `ToController` the data must already be in the buffer of slot `cid`,
+    /// which is only known once this returns, so write the data into
+    /// [`HostQueue::next_cid`]'s buffer first.
+    pub fn submit(
+        &mut self,
+        mut sqe: [u8; SQE_LEN],
+        transfer: DataTransfer,
+        buffers: &mut impl SlotBuffers,
+    ) -> Result<Cid, SubmitError> {
+        if self.state != State::Ready {
+            return Err(SubmitError::NotReady);
+        }
+        let len = transfer.len();
+        if len > self.config.buffer_bytes {
+            return Err(SubmitError::TooLarge);
+        }
+        let cid = self.free.pop().ok_or(SubmitError::QueueFull)?;
+        let in_capsule = matches!(transfer, DataTransfer::ToController(len) if len > 0 && len <= self.config.in_capsule_bytes_max);
+        sqe[1] = (sqe[1] & 0x3F) | 0x40; // PSDT: SGL, as Fabrics requires
+        sqe[2..4].copy_from_slice(&cid.to_le_bytes());
+        sqe[24..32].fill(0);
+        sqe[32..36].copy_from_slice(&len.to_le_bytes());
+        sqe[36..39].fill(0);
+        sqe[39] = if in_capsule { 0x01 } else { 0x5A };
+        let entry = &mut self.commands[usize::from(cid)];
+        *entry = Outstanding {
+            active: true,
+            transfer,
+            received: 0,
+            sending: 0,
+            data_error: false,
+            parked: None,
+        };
+        self.queue_capsule(&sqe, if in_capsule { len } else { 0 }, SlotId(cid), buffers);
+        Ok(Cid(cid))
+    }
+
+    /// The CID the next [`HostQueue::submit`] will use, so its buffer can be filled first.
+    pub fn next_cid(&self) -> Option<Cid> {
+        self.free.last().map(|&cid| Cid(cid))
+    }
+
+    fn queue_capsule(
+        &mut self,
+        sqe: &[u8; SQE_LEN],
+        data_len: u32,
+        slot: SlotId,
+        buffers: &mut impl SlotBuffers,
+    ) {
+        let hdgst = if self.header_digest { DIGEST_LEN } else { 0 };
+        let ddgst = if self.data_digest && data_len > 0 {
+            DIGEST_LEN
+        } else {
+            0
+        };
+        let hlen = PduType::CapsuleCmd.header_len();
+        let pdo = if data_len > 0 {
+            (hlen + hdgst).div_ceil(self.h2c_pdo_alignment) * self.h2c_pdo_alignment
+        } else {
+            0
+        };
+        let plen = if data_len > 0 {
+            pdo + data_len as usize + ddgst
+        } else {
+            hlen + hdgst
+        };
+        let pdu_flags =
+            if hdgst > 0 { flags::HDGSTF } else { 0 } | if ddgst > 0 { flags::DDGSTF } else { 0 };
+        let mut header = [0u8; MAX_HEADER_LEN];
+        header[..4].copy_from_slice(&[PduType::CapsuleCmd as u8, pdu_flags, hlen as u8, pdo as u8]);
+        header[4..8].copy_from_slice(&(plen as u32).to_le_bytes());
+        header[COMMON_HEADER_LEN..hlen].copy_from_slice(sqe);
+        if hdgst > 0 {
+            let digest = crc32c(&header[..hlen]);
+            header[hlen..hlen + DIGEST_LEN].copy_from_slice(&digest.to_le_bytes());
+        }
+        let header_bytes = if data_len > 0 { pdo } else { hlen + hdgst };
+        self.tx.push_bytes(&header[..header_bytes]);
+        if data_len > 0 {
+            self.send_slot_data(slot, 0, data_len as usize, buffers);
+        }
+    }
+
+    /// Queues `len` bytes of a command's buffer (and their digest).
+    fn send_slot_data(
+        &mut self,
+        slot: SlotId,
+        offset: usize,
+        len: usize,
+        buffers: &mut impl SlotBuffers,
+    ) {
+        self.tx.push_slot(slot, offset..offset + len);
+        self.commands[usize::from(slot.0)].sending += 1;
+        if self.data_digest {
+            let digest = crc32c(&buffers.buffer(slot)[offset..offset + len]);
+            self.tx.push_bytes(&digest.to_le_bytes());
+        }
+    }
+
+    /// What to send next, if nothing is being sent.
+    pub fn poll_transmit(&mut self) -> Option<Transmit<'_>> {
+        self.tx.poll()
+    }
+
+    /// The last transmission was sent: command buffers it read are free to complete.
+    pub fn on_transmitted(&mut self) {
+        let (commands, completions, free) =
+            (&mut self.commands, &mut self.completions, &mut self.free);
+        self.tx.finish(|slot| {
+            let entry = &mut commands[usize::from(slot.0)];
+            entry.sending -= 1;
+            if entry.sending == 0 {
+                if let Some(completion) = entry.parked.take() {
+                    entry.active = false;
+                    free.push(slot.0);
+                    completions.push_back(completion);
+                }
+            }
+        });
+    }
+
+    /// The next finished command.
+    pub fn poll_completion(&mut self) -> Option<HostCompletion> {
+        self.completions.pop_front()
+    }
+
+    /// Feeds bytes received from the controller.
+    pub fn handle_input(&mut self, mut input: &[u8], buffers: &mut impl SlotBuffers) {
+        while !input.is_empty() && !matches!(self.state, State::Failed(_)) {
+            let (consumed, step) = self.rx.advance(input, buffers);
+            input = &input[consumed..];
+            if let Err(error) = self.on_step(step, buffers) {
+                self.fail(error);
+            }
+        }
+    }
+
+    fn fail(&mut self, error: PduError) {
+        let mut out = [0u8; 24 + pdu::TERM_REQ_MAX_DATA];
+        let len = pdu::encode_c2h_term_req(error, self.rx.header(), &mut out);
+        out[0] = PduType::H2cTermReq as u8;
+        self.tx.push_bytes(&out[..len]);
+        self.state = State::Failed(HostError::Protocol(error));
+    }
+
+    fn on_step(&mut self, step: Step, buffers: &mut impl SlotBuffers) -> Result<(), PduError> {
+        match step {
+            Step::NeedMore => Ok(()),
+            Step::CommonHeader(common) => {
+                let kind = self.check_common(&common)?;
+                self.rx
+                    .expect_header(kind.header_len() + self.header_digest_len(kind));
+                Ok(())
+            }
+            Step::Header => {
+                let common = CommonHeader::decode(self.rx.header())?;
+                let kind =
+                    PduType::from_u8(common.pdu_type).expect("checked with the common header");
+                let digest_len = self.header_digest_len(kind);
+                self.rx
+                    .check_header_digest(kind.header_len(), digest_len > 0)?;
+                let limit = self.config.buffer_bytes as usize;
+                let data = framing::data_layout(
+                    &common,
+                    kind,
+                    kind.header_len() + digest_len,
+                    self.data_digest,
+                    limit,
+                )?;
+                let expects_data = self.on_header(kind, &common, data, buffers)?;
+                if !expects_data && !matches!(self.state, State::Failed(_)) {
+                    self.rx.reset();
+                }
+                Ok(())
+            }
+            Step::Data { target, intact } => {
+                self.rx.reset();
+                self.on_data(target, intact);
+                Ok(())
+            }
+        }
+    }
+
+    fn header_digest_len(&self, kind: PduType) -> usize {
+        if self.header_digest && kind.may_carry_header_digest() {
+            DIGEST_LEN
+        } else {
+            0
+        }
+    }
+
+    fn check_common(&self, common: &CommonHeader) -> Result<PduType, PduError> {
+        let kind =
+            PduType::from_u8(common.pdu_type).ok_or(PduError::field(field_offset::PDU_TYPE))?;
+        let expected = match self.state {
+            State::AwaitIcResp => matches!(kind, PduType::IcResp | PduType::C2hTermReq),
+            _ => matches!(
+                kind,
+                PduType::CapsuleResp | PduType::C2hData | PduType::R2t | PduType::C2hTermReq
+            ),
+        };
+        if !expected {
+            return Err(PduError::status(pdu::FatalErrorStatus::PduSequenceError));
+        }
+        if usize::from(common.hlen) != kind.header_len() {
+            return Err(PduError::field(field_offset::HLEN));
+        }
+        if kind.may_carry_header_digest()
+            && (common.flags & flags::HDGSTF != 0) != self.header_digest
+        {
+            return Err(PduError::field(field_offset::FLAGS));
+        }
+        let header_total = kind.header_len() + self.header_digest_len(kind);
+        if (common.plen as usize) < header_total || (kind == PduType::IcResp && common.plen != 128)
+        {
+            return Err(PduError::field(field_offset::PLEN));
+        }
+        Ok(kind)
+    }
+
+    /// Handles a complete header; true if data follows into a command buffer.
+    fn on_header(
+        &mut self,
+        kind: PduType,
+        common: &CommonHeader,
+        data: framing::DataLayout,
+        buffers: &mut impl SlotBuffers,
+    ) -> Result<bool, PduError> {
+        match kind {
+            PduType::IcResp => self.on_icresp().map(|_| false),
+            PduType::C2hTermReq => {
+                let status = u16::from_le_bytes([self.rx.header()[8], self.rx.header()[9]]);
+                self.state = State::Failed(HostError::Terminated { status });
+                Ok(false)
+            }
+            PduType::CapsuleResp => self.on_capsule_resp().map(|_| false),
+            PduType::R2t => self.on_r2t(buffers).map(|_| false),
+            PduType::C2hData => self.on_c2h_data(common, data),
+            _ => unreachable!("rejected by check_common"),
+        }
+    }
+
+    fn on_icresp(&mut self) -> Result<(), PduError> {
+        let response = IcResp::decode(self.rx.header())?;
+        if response.pfv != 0 {
+            return Err(PduError::field(8));
+        }
+        // MAXH2CDATA must be at least 4 KiB (NVMe/TCP 1.0, Figure 21).
+        if response.maxh2cdata < 4096 || response.cpda > 31 {
+            return Err(PduError::field(if response.cpda > 31 { 10 } else { 12 }));
+        }
+        let asked = if self.config.header_digest {
+            digest_bits::HEADER
+        } else {
+            0
+        } | if self.config.data_digest {
+            digest_bits::DATA
+        } else {
+            0
+        };
+        let granted = response.digest & (digest_bits::HEADER | digest_bits::DATA);
+        if granted != asked {
+            self.state = State::Failed(HostError::DigestRefused { asked, granted });
+            return Ok(());
+        }
+        self.header_digest = granted & digest_bits::HEADER != 0;
+        self.data_digest = granted & digest_bits::DATA != 0;
+        self.maxh2cdata = response.maxh2cdata;
+        self.h2c_pdo_alignment = (usize::from(response.cpda) + 1) * 4;
+        self.state = State::Ready;
+        Ok(())
+    }
+
+    fn active(&self, cid: u16, field: u32) -> Result<&Outstanding, PduError> {
+        self.commands
+            .get(usize::from(cid))
+            .filter(|entry| entry.active)
+            .ok_or(PduError::field(field))
+    }
+
+    fn on_capsule_resp(&mut self) -> Result<(), PduError> {
+        let header = self.rx.header();
+        let cqe = &header[COMMON_HEADER_LEN..COMMON_HEADER_LEN + 16];
+        let mut result_bytes = [0u8; 8];
+        result_bytes.copy_from_slice(&cqe[..8]);
+        let cid = u16::from_le_bytes([cqe[12], cqe[13]]);
+        let mut status = Status::from_cqe_status(u16::from_le_bytes([cqe[14], cqe[15]]));
+        let entry = *self.active(cid, (COMMON_HEADER_LEN + 12) as u32)?;
+        if entry.data_error && status.is_success() {
+            status = Status::DATA_TRANSFER_ERROR;
+        }
+        self.finish(
+            cid,
+            HostCompletion {
+                cid: Cid(cid),
+                status,
+                result: u64::from_le_bytes(result_bytes),
+            },
+        );
+        Ok(())
+    }
+
+    fn finish(&mut self, cid: u16, completion: HostCompletion) {
+        let entry = &mut self.commands[usize::from(cid)];
+        if entry.sending > 0 {
+            entry.parked = Some(completion);
+            return;
+        }
+        entry.active = false;
+        self.free.push(cid);
+        self.completions.push_back(completion);
+    }
+
+    fn on_r2t(&mut self, buffers: &mut impl SlotBuffers) -> Result<(), PduError> {
+        let r2t = DataHeader::decode(self.rx.header())?;
+        let entry = *self.active(r2t.cccid, data_field_offset::CCCID)?;
+        let DataTransfer::ToController(len) = entry.transfer else {
+            return Err(PduError::field(data_field_offset::CCCID));
+        };
+        let end = u64::from(r2t.offset) + u64::from(r2t.length);
+        if r2t.length == 0 || end > u64::from(len) {
+            return Err(PduError::status(
+                pdu::FatalErrorStatus::DataTransferOutOfRange,
+            ));
+        }
+        let mut offset = r2t.offset;
+        while offset < end as u32 {
+            let chunk = (end as u32 - offset).min(self.maxh2cdata);
+            let last = offset + chunk == end as u32;
+            let header = DataHeader {
+                cccid: r2t.cccid,
+                ttag: r2t.ttag,
+                offset,
+                length: chunk,
+            };
+            let mut out = [0u8; MAX_HEADER_LEN];
+            let pdu_flags = if last { flags::LAST_PDU } else { 0 };
+            let pdo = pdu::encode_data_pdu(
+                PduType::H2cData,
+                pdu_flags,
+                self.header_digest,
+                self.data_digest,
+                self.h2c_pdo_alignment,
+                header,
+                &mut out,
+            );
+            self.tx.push_bytes(&out[..pdo]);
+            self.send_slot_data(SlotId(r2t.cccid), offset as usize, chunk as usize, buffers);
+            offset += chunk;
+        }
+        Ok(())
+    }
+
+    fn on_c2h_data(
+        &mut self,
+        common: &CommonHeader,
+        data: framing::DataLayout,
+    ) -> Result<bool, PduError> {
+        let header = DataHeader::decode(self.rx.header())?;
+        let entry = *self.active(header.cccid, data_field_offset::CCCID)?;
+        let DataTransfer::FromController(len) = entry.transfer else {
+            return Err(PduError::field(data_field_offset::CCCID));
+        };
+        if header.length as usize != data.len {
+            return Err(PduError::field(data_field_offset::DATAL));
+        }
+        let end = u64::from(header.offset) + u64::from(header.length);
+        if header.offset != entry.received || end > u64::from(len) {
+            return Err(PduError::status(
+                pdu::FatalErrorStatus::DataTransferOutOfRange,
+            ));
+        }
+        if common.flags & flags::SUCCESS != 0
+            && (common.flags & flags::LAST_PDU == 0 || end != u64::from(len))
+        {
+            return Err(PduError::field(field_offset::FLAGS));
+        }
+        let success = common.flags & flags::SUCCESS != 0;
+        if data.len == 0 {
+            return Ok(false);
+        }
+        let target = DataTarget {
+            slot: SlotId(header.cccid),
+            buffer_offset: header.offset as usize,
+            len: data.len,
+            digest: data.digest,
+            tag: success,
+        };
+        self.rx.expect_data(data.padding, target);
+        Ok(true)
+    }
+
+    fn on_data(&mut self, target: DataTarget, intact: bool) {
+        let cid = target.slot.0;
+        let entry = &mut self.commands[usize::from(cid)];
+        entry.received += target.len as u32;
+        if !intact {
+            entry.data_error = true;
+        }
+        // The tag marks a C2HData with the SUCCESS flag: no CapsuleResp follows.
+        if target.tag {
+            let status = if entry.data_error {
+                Status::DATA_TRANSFER_ERROR
+            } else {
+                Status::SUCCESS
+            };
+            self.finish(
+                cid,
+                HostCompletion {
+                    cid: Cid(cid),
+                    status,
+                    result: 0,
+                },
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::command::{admin_opcode, io_opcode};
+    use crate::testing::{self, test_target, Pair, VecBuffers, TEST_NQN};
+    use crate::Limits;
+
+    /// A host queue wired to a target connection in memory.
+    struct Link {
+        host: HostQueue,
+        host_buffers: VecBuffers,
+        target: Pair,
+    }
+
+    impl Link {
+        fn new(target: &std::sync::Arc<crate::Target>, digests: bool) -> Link {
+            let config = HostConfig {
+                header_digest: digests,
+                data_digest: digests,
+                queue_entries: 32,
+                in_capsule_bytes_max: 8192,
+                buffer_bytes: 128 * 1024,
+            };
+            let mut link = Link {
+                host: HostQueue::new(config),
+                host_buffers: VecBuffers::new(&Limits::DEFAULT),
+                target: Pair::new(target),
+            };
+            link.pump();
+            assert!(link.host.is_ready());
+            link
+        }
+
+        /// Moves bytes both ways until both sides are idle.
+        fn pump(&mut self) {
+            loop {
+                let mut moved = false;
+                if let Some(transmit) = self.host.poll_transmit() {
+                    let mut bytes = Vec::new();
+                    let (inline, segments) = (transmit.bytes.to_vec(), transmit.segments.to_vec());
+                    for segment in segments {
+                        match segment {
+                            crate::TxSegment::Bytes(range) => {
+                                bytes.extend_from_slice(&inline[range])
+                            }
+                            crate::TxSegment::Slot(slot, range) => {
+                                bytes.extend_from_slice(&self.host_buffers.buffer(slot)[range])
+                            }
+                        }
+                    }
+                    self.host.on_transmitted();
+                    self.target.send(&bytes);
+                    moved = true;
+                }
+                if !self.target.sent.is_empty() {
+                    let bytes = std::mem::take(&mut self.target.sent);
+                    self.host.handle_input(&bytes, &mut self.host_buffers);
+                    moved = true;
+                }
+                if !moved {
+                    return;
+                }
+            }
+        }
+
+        fn run(&mut self, sqe: [u8; 64], transfer: DataTransfer) -> HostCompletion {
+            let cid = self
+                .host
+                .submit(sqe, transfer, &mut self.host_buffers)
+                .unwrap();
+            self.pump();
+            let completion = self.host.poll_completion().expect("a completion");
+            assert_eq!(completion.cid, cid);
+            completion
+        }
+
+        fn connect(&mut self, qid: u16, cntlid: u16) -> HostCompletion {
+            let (sqe, data) = testing::connect_command(0, qid, 31, 5000, cntlid, TEST_NQN);
+            let cid = self.host.next_cid().unwrap();
+            self.host_buffers.buffer(SlotId(cid.0))[..1024].copy_from_slice(&data);
+            self.run(sqe, DataTransfer::ToController(1024))
+        }
+    }
+
+    #[test]
+    fn host_and_target_cores_talk_in_memory() {
+        for digests in [false, true] {
+            let target = test_target();
+            let mut admin = Link::new(&target, digests);
+            let connected = admin.connect(0, 0xFFFF);
+            assert_eq!(connected.status, Status::SUCCESS);
+            let cntlid = connected.result as u16;
+            assert_eq!(
+                admin
+                    .run(
+                        testing::property_set(0, 0x14, (6 << 16) | (4 << 20) | 1),
+                        DataTransfer::None
+                    )
+                    .status,
+                Status::SUCCESS
+            );
+            let identify = admin.run(
+                testing::identify(0, 1, 0),
+                DataTransfer::FromController(4096),
+            );
+            assert_eq!(identify.status, Status::SUCCESS);
+            assert_eq!(
+                &admin.host_buffers.buffer(SlotId(identify.cid.0))[24..28],
+                b"weft"
+            );
+            let mut queues = testing::sqe(admin_opcode::SET_FEATURES, 0, 0, 0, false);
+            testing::set_cdw(&mut queues, 10, 0x07);
+            assert_eq!(
+                admin.run(queues, DataTransfer::None).status,
+                Status::SUCCESS
+            );
+
+            let mut io = Link::new(&target, digests);
+            assert_eq!(io.connect(1, cntlid).status, Status::SUCCESS);
+            // 4 KiB in the capsule, then 64 KiB by R2T (the target's MAXH2CDATA is 128 KiB).
+            for (slba, len) in [(0u64, 4096u32), (8, 65536)] {
+                let pattern: Vec<u8> = (0..len).map(|i| (i as u64 * 31 + slba) as u8).collect();
+                let cid = io.host.next_cid().unwrap();
+                io.host_buffers.buffer(SlotId(cid.0))[..len as usize].copy_from_slice(&pattern);
+                let write = testing::rw(io_opcode::WRITE, 0, 2, slba, len / 4096, len, false);
+                assert_eq!(
+                    io.run(write, DataTransfer::ToController(len)).status,
+                    Status::SUCCESS
+                );
+                let read = testing::rw(io_opcode::READ, 0, 2, slba, len / 4096, len, false);
+                let done = io.run(read, DataTransfer::FromController(len));
+                assert_eq!(done.status, Status::SUCCESS);
+                assert_eq!(
+                    &io.host_buffers.buffer(SlotId(done.cid.0))[..len as usize],
+                    &pattern[..]
+                );
+            }
+            let beyond = testing::rw(io_opcode::READ, 0, 2, 10_000, 1, 4096, false);
+            assert_eq!(
+                io.run(beyond, DataTransfer::FromController(4096)).status,
+                Status::LBA_OUT_OF_RANGE
+            );
+        }
+    }
+
+    #[test]
+    fn many_commands_in_flight_complete_each_once() {
+        let target = test_target();
+        let mut admin = Link::new(&target, false);
+        let cntlid = admin.connect(0, 0xFFFF).result as u16;
+        admin.run(
+            testing::property_set(0, 0x14, (6 << 16) | (4 << 20) | 1),
+            DataTransfer::None,
+        );
+        let mut queues = testing::sqe(admin_opcode::SET_FEATURES, 0, 0, 0, false);
+        testing::set_cdw(&mut queues, 10, 0x07);
+        admin.run(queues, DataTransfer::None);
+        let mut io = Link::new(&target, false);
+        io.connect(1, cntlid);
+        let mut submitted = Vec::new();
+        while let Ok(cid) = io.host.submit(
+            testing::rw(io_opcode::READ, 0, 1, 0, 8, 4096, false),
+            DataTransfer::FromController(4096),
+            &mut io.host_buffers,
+        ) {
+            submitted.push(cid);
+        }
+        assert_eq!(submitted.len(), 32);
+        assert_eq!(
+            io.host.submit(
+                testing::rw(io_opcode::READ, 0, 1, 0, 8, 4096, false),
+                DataTransfer::FromController(4096),
+                &mut io.host_buffers
+            ),
+            Err(SubmitError::QueueFull)
+        );
+        io.pump();
+        let mut completed: Vec<Cid> = std::iter::from_fn(|| io.host.poll_completion())
+            .map(|c| c.cid)
+            .collect();
+        completed.sort_by_key(|cid| cid.0);
+        submitted.sort_by_key(|cid| cid.0);
+        assert_eq!(completed, submitted);
+        assert_eq!(io.host.outstanding(), 0);
+    }
+
+    #[test]
+    fn a_target_termination_is_reported() {
+        let mut host = HostQueue::new(HostConfig {
+            header_digest: false,
+            data_digest: false,
+            queue_entries: 4,
+            in_capsule_bytes_max: 8192,
+            buffer_bytes: 4096,
+        });
+        let mut buffers = VecBuffers::new(&Limits::DEFAULT);
+        let mut term = [0u8; 152];
+        let len = pdu::encode_c2h_term_req(
+            PduError::status(pdu::FatalErrorStatus::PduSequenceError),
+            &[],
+            &mut term,
+        );
+        host.handle_input(&term[..len], &mut buffers);
+        assert_eq!(host.error(), Some(HostError::Terminated { status: 2 }));
+        let mut garbage = HostQueue::new(HostConfig {
+            header_digest: false,
+            data_digest: false,
+            queue_entries: 4,
+            in_capsule_bytes_max: 8192,
+            buffer_bytes: 4096,
+        });
+        garbage.handle_input(&[0x05, 0, 24, 0, 24, 0, 0, 0], &mut buffers);
+        assert!(
+            matches!(garbage.error(), Some(HostError::Protocol(_))),
+            "a CapsuleResp before ICResp"
+        );
+    }
+}
