@@ -1,0 +1,191 @@
+//! One queue of the initiator: a blocking TCP connection driven by the
+//! protocol core's [`HostQueue`]. A thread owns a queue; it submits commands,
+//! flushes them, and blocks reading until completions arrive.
+
+use crate::{check, InitiatorError};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use weft_proto::host::{DataTransfer, HostCompletion, HostConfig, HostQueue, SubmitError};
+use weft_proto::types::{Cid, SlotId};
+use weft_proto::{SlotBuffers, TxSegment};
+
+/// Command buffers on the heap, allocated on first use.
+#[derive(Debug)]
+pub struct HeapBuffers {
+    buffers: Vec<Vec<u8>>,
+    buffer_bytes: usize,
+}
+
+impl HeapBuffers {
+    fn new(slots: usize, buffer_bytes: usize) -> HeapBuffers {
+        HeapBuffers {
+            buffers: vec![Vec::new(); slots],
+            buffer_bytes,
+        }
+    }
+}
+
+impl SlotBuffers for HeapBuffers {
+    fn buffer(&mut self, slot: SlotId) -> &mut [u8] {
+        let buffer = &mut self.buffers[usize::from(slot.0)];
+        if buffer.is_empty() {
+            buffer.resize(self.buffer_bytes, 0);
+        }
+        buffer
+    }
+}
+
+/// A connected queue.
+#[derive(Debug)]
+pub struct Queue {
+    address: SocketAddr,
+    stream: TcpStream,
+    host: HostQueue,
+    buffers: HeapBuffers,
+    receive: Vec<u8>,
+    send: Vec<u8>,
+}
+
+impl Queue {
+    /// Connects and exchanges ICReq/ICResp.
+    pub(crate) fn open(address: SocketAddr, config: HostConfig) -> Result<Queue, InitiatorError> {
+        let stream = TcpStream::connect(address)
+            .map_err(|source| InitiatorError::Unreachable { address, source })?;
+        stream
+            .set_nodelay(true)
+            .map_err(|source| InitiatorError::Io { address, source })?;
+        let mut queue = Queue {
+            address,
+            stream,
+            host: HostQueue::new(config),
+            buffers: HeapBuffers::new(
+                usize::from(config.queue_entries),
+                config.buffer_bytes as usize,
+            ),
+            receive: vec![0u8; 256 * 1024],
+            send: Vec::with_capacity(256 * 1024),
+        };
+        queue.flush()?;
+        while !queue.host.is_ready() {
+            queue.receive_some()?;
+        }
+        Ok(queue)
+    }
+
+    /// The data buffer of command `cid`.
+    pub fn buffer(&mut self, cid: u16) -> &mut [u8] {
+        self.buffers.buffer(SlotId(cid))
+    }
+
+    /// The CID the next submission will use (write its data into [`Queue::buffer`] first).
+    pub fn next_cid(&self) -> u16 {
+        self.host.next_cid().map_or(0, |cid| cid.0)
+    }
+
+    /// Commands outstanding.
+    pub fn outstanding(&self) -> usize {
+        self.host.outstanding()
+    }
+
+    /// Queues a command; [`Queue::flush`] sends it.
+    pub fn submit(&mut self, sqe: [u8; 64], transfer: DataTransfer) -> Result<Cid, SubmitError> {
+        self.host.submit(sqe, transfer, &mut self.buffers)
+    }
+
+    /// Sends everything queued.
+    pub fn flush(&mut self) -> Result<(), InitiatorError> {
+        while let Some(transmit) = self.host.poll_transmit() {
+            self.send.clear();
+            for segment in transmit.segments {
+                match segment {
+                    TxSegment::Bytes(range) => {
+                        self.send.extend_from_slice(&transmit.bytes[range.clone()])
+                    }
+                    TxSegment::Slot(slot, range) => self
+                        .send
+                        .extend_from_slice(&self.buffers.buffer(*slot)[range.clone()]),
+                }
+            }
+            self.host.on_transmitted();
+            let address = self.address;
+            self.stream
+                .write_all(&self.send)
+                .map_err(|source| InitiatorError::Io { address, source })?;
+        }
+        Ok(())
+    }
+
+    /// A finished command, if one is ready without blocking.
+    pub fn poll_completion(&mut self) -> Option<HostCompletion> {
+        self.host.poll_completion()
+    }
+
+    /// Blocks until a command finishes.
+    pub fn wait(&mut self) -> Result<HostCompletion, InitiatorError> {
+        self.flush()?;
+        loop {
+            if let Some(completion) = self.host.poll_completion() {
+                return Ok(completion);
+            }
+            self.receive_some()?;
+            // An R2T may have queued H2CData.
+            self.flush()?;
+        }
+    }
+
+    /// Submits one command and waits for it (nothing else may be outstanding).
+    pub fn run(
+        &mut self,
+        sqe: [u8; 64],
+        transfer: DataTransfer,
+    ) -> Result<HostCompletion, InitiatorError> {
+        debug_assert_eq!(self.outstanding(), 0, "run() is for one command at a time");
+        self.submit(sqe, transfer)
+            .map_err(|error| InitiatorError::Io {
+                address: self.address,
+                source: std::io::Error::other(error),
+            })?;
+        self.wait()
+    }
+
+    /// [`Queue::run`], with a failed status turned into an error naming `what`.
+    pub fn execute(
+        &mut self,
+        what: &'static str,
+        sqe: [u8; 64],
+        transfer: DataTransfer,
+    ) -> Result<HostCompletion, InitiatorError> {
+        check(what, self.run(sqe, transfer)?)
+    }
+
+    fn receive_some(&mut self) -> Result<(), InitiatorError> {
+        let address = self.address;
+        let received = self
+            .stream
+            .read(&mut self.receive)
+            .map_err(|source| InitiatorError::Io { address, source })?;
+        if received == 0 {
+            let source = std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "the target closed the connection",
+            );
+            return Err(match self.host.error() {
+                Some(error) => InitiatorError::Protocol {
+                    address,
+                    source: error,
+                },
+                None => InitiatorError::Io { address, source },
+            });
+        }
+        self.host
+            .handle_input(&self.receive[..received], &mut self.buffers);
+        match self.host.error() {
+            Some(source) => {
+                // Send our H2CTermReq, if the failure queued one, before giving up.
+                let _ = self.flush();
+                Err(InitiatorError::Protocol { address, source })
+            }
+            None => Ok(()),
+        }
+    }
+}
