@@ -122,6 +122,8 @@ struct Outstanding {
     /// Transmissions in flight that read this command's buffer.
     sending: u16,
     data_error: bool,
+    /// The command's completion arrived (it may not have been taken yet).
+    completed: bool,
     /// A completion that arrived while the buffer was still being sent.
     parked: Option<HostCompletion>,
 }
@@ -156,6 +158,7 @@ impl HostQueue {
             received: 0,
             sending: 0,
             data_error: false,
+            completed: false,
             parked: None,
         };
         let mut queue = HostQueue {
@@ -242,6 +245,7 @@ impl HostQueue {
             received: 0,
             sending: 0,
             data_error: false,
+            completed: false,
             parked: None,
         };
         self.queue_capsule(&sqe, if in_capsule { len } else { 0 }, SlotId(cid), buffers);
@@ -332,9 +336,13 @@ impl HostQueue {
         });
     }
 
-    /// The next finished command.
+    /// The next finished command. Its CID (and buffer) is reused only after
+    /// this call, so a read's data stays in place until its completion is taken.
     pub fn poll_completion(&mut self) -> Option<HostCompletion> {
-        self.completions.pop_front()
+        let completion = self.completions.pop_front()?;
+        self.commands[usize::from(completion.cid.0)].active = false;
+        self.free.push(completion.cid.0);
+        Some(completion)
     }
 
     /// Feeds bytes received from the controller.
@@ -487,7 +495,7 @@ impl HostQueue {
     fn active(&self, cid: u16, field: u32) -> Result<&Outstanding, PduError> {
         self.commands
             .get(usize::from(cid))
-            .filter(|entry| entry.active)
+            .filter(|entry| entry.active && !entry.completed)
             .ok_or(PduError::field(field))
     }
 
@@ -513,15 +521,15 @@ impl HostQueue {
         Ok(())
     }
 
+    /// A command is done; its completion is handed out once its buffer is no longer being sent.
     fn finish(&mut self, cid: u16, completion: HostCompletion) {
         let entry = &mut self.commands[usize::from(cid)];
+        entry.completed = true;
         if entry.sending > 0 {
             entry.parked = Some(completion);
-            return;
+        } else {
+            self.completions.push_back(completion);
         }
-        entry.active = false;
-        self.free.push(cid);
-        self.completions.push_back(completion);
     }
 
     fn on_r2t(&mut self, buffers: &mut impl SlotBuffers) -> Result<(), PduError> {

@@ -4,6 +4,7 @@
 //! 4 GiB sparse file under ./weft-data as `nqn.2026-11.io.weft:default` on
 //! 127.0.0.1:4420; with `--config FILE`, the subsystems the file declares.
 
+mod bench;
 mod config;
 mod identity;
 mod logger;
@@ -21,11 +22,26 @@ weft: NVMe/TCP storage node
 Usage:
   weft serve [--config FILE] [--listen ADDR:PORT]... [--data-dir DIR] [--reactors N] [--poll-us N] [--log-level LEVEL]
 
+  weft bench --target nvme-tcp://HOST:PORT/NQN|PATH [--rw MODE] [--bs SIZE] [--iodepth N] ...
+
 Commands:
   serve   Export block storage over NVMe/TCP. Without --config: one 4 GiB sparse file
           namespace (DATA_DIR/default.img) as nqn.2026-11.io.weft:default on 127.0.0.1:4420.
+  bench   Load a namespace through weft's user-space initiator (nvme-tcp://...), or a local
+          file or block device through io_uring with O_DIRECT (PATH), and report IOPS,
+          bandwidth and latency percentiles.
 
-Options:
+Bench options:
+  --target URL|PATH    nvme-tcp://HOST:PORT/NQN (namespace --nsid, default 1) or a file/device
+  --rw MODE            read, write, randread (default), randwrite, randrw (--rwmixread N, default 50)
+  --bs SIZE            block size, e.g. 4k (default), 128k
+  --iodepth N          I/Os in flight per queue (default 1)
+  --queues N           I/O queues (remote) or threads (local), default 1
+  --runtime D          measured time, e.g. 10s (default), 500ms; --ramp D warms up first
+  --hdr-digest, --data-digest   NVMe/TCP digests (remote)
+  --json               fio's JSON layout instead of the table
+
+Serve options:
   --config FILE        TOML file declaring listeners, subsystems and namespaces (see README)
   --listen ADDR:PORT   listen address, repeatable; replaces the configured ones
   --data-dir DIR       node identity and default files (default ./weft-data)
@@ -49,6 +65,7 @@ struct ServeArgs {
 
 enum Command {
     Serve(ServeArgs),
+    Bench(bench::BenchArgs),
     Help,
     Version,
 }
@@ -76,9 +93,12 @@ fn parse_args() -> Result<Command, String> {
                 let name = value
                     .string()
                     .map_err(|_| "the command is not UTF-8".to_string())?;
+                if name == "bench" {
+                    return bench::parse(&mut parser).map(Command::Bench);
+                }
                 if name != "serve" {
                     return Err(format!(
-                        "unknown command \"{name}\"; the command is `weft serve` (see weft --help)"
+                        "unknown command \"{name}\"; the commands are `weft serve` and `weft bench` (see weft --help)"
                     ));
                 }
                 command = Some(name);
@@ -154,6 +174,7 @@ fn run(command: Command) -> Result<(), String> {
             Ok(())
         }
         Command::Serve(args) => serve(args),
+        Command::Bench(args) => bench::run(args),
     }
 }
 

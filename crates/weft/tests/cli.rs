@@ -1,0 +1,179 @@
+//! The `weft` command line, end to end: serve from a config file, load it
+//! with `weft bench` (table and fio JSON), and the errors a user sees.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+
+const WEFT: &str = env!("CARGO_BIN_EXE_weft");
+
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `weft serve` on a free port with a RAM namespace; returns it and the target URL.
+fn serve(name: &str) -> (Server, String) {
+    let dir = std::env::temp_dir().join(format!("weft-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let config = dir.join("weft.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "data_dir = \"{}\"\nlisten = [\"127.0.0.1:{port}\"]\nreactors = 1\n[[subsystem]]\nnqn = \"nqn.2026-11.io.weft:cli\"\n[[subsystem.namespace]]\nbackend = \"ram\"\nsize = \"64MiB\"\n",
+            dir.display()
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(WEFT)
+        .args(["serve", "--config"])
+        .arg(&config)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut banner = String::new();
+    for line in BufReader::new(stdout).lines() {
+        let line = line.unwrap();
+        banner.push_str(&line);
+        banner.push('\n');
+        if line.contains("nvme connect") {
+            break;
+        }
+    }
+    assert!(
+        banner.contains(&format!("nvme discover -t tcp -a 127.0.0.1 -s {port}")),
+        "{banner}"
+    );
+    assert!(banner.contains("ram 64 MiB"), "{banner}");
+    (
+        Server(child),
+        format!("nvme-tcp://127.0.0.1:{port}/nqn.2026-11.io.weft:cli"),
+    )
+}
+
+fn weft(args: &[&str]) -> (bool, String, String) {
+    let output = Command::new(WEFT).args(args).output().unwrap();
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn bench_loads_a_served_namespace() {
+    let (_server, url) = serve("bench");
+    let (ok, table, errors) = weft(&[
+        "bench",
+        "--target",
+        &url,
+        "--rw",
+        "randrw",
+        "--bs",
+        "8k",
+        "--iodepth",
+        "8",
+        "--runtime",
+        "500ms",
+    ]);
+    assert!(ok, "{errors}");
+    assert!(
+        table.contains("read") && table.contains("write") && table.contains("p99.9 us"),
+        "{table}"
+    );
+    let (ok, json, errors) = weft(&[
+        "bench",
+        "--target",
+        &url,
+        "--rw",
+        "randread",
+        "--iodepth",
+        "4",
+        "--runtime",
+        "300ms",
+        "--json",
+        "--queues",
+        "2",
+    ]);
+    assert!(ok, "{errors}");
+    assert!(json.starts_with("{\"fio version\""), "{json}");
+    assert!(json.contains("\"99.000000\":"), "{json}");
+    let (ok, _, errors) = weft(&[
+        "bench",
+        "--target",
+        &url,
+        "--nsid",
+        "7",
+        "--runtime",
+        "100ms",
+    ]);
+    assert!(!ok);
+    assert!(errors.contains("namespace 7 does not exist"), "{errors}");
+}
+
+#[test]
+fn bench_runs_on_a_local_file() {
+    let path = std::env::temp_dir().join(format!("weft-cli-local-{}.img", std::process::id()));
+    std::fs::File::create(&path)
+        .unwrap()
+        .set_len(16 << 20)
+        .unwrap();
+    let (ok, table, errors) = weft(&[
+        "bench",
+        "--target",
+        path.to_str().unwrap(),
+        "--rw",
+        "write",
+        "--bs",
+        "64k",
+        "--iodepth",
+        "4",
+        "--runtime",
+        "300ms",
+    ]);
+    let _ = std::fs::remove_file(&path);
+    assert!(ok, "{errors}");
+    assert!(table.contains("write"), "{table}");
+}
+
+#[test]
+fn errors_say_what_is_wrong() {
+    let (ok, _, errors) = weft(&["serve", "--config", "/nonexistent/weft.toml"]);
+    assert!(!ok);
+    assert!(
+        errors.contains("/nonexistent/weft.toml: file: cannot read it"),
+        "{errors}"
+    );
+    let (ok, _, errors) = weft(&[
+        "bench",
+        "--target",
+        "nvme-tcp://127.0.0.1:1/nqn.2026-11.io.weft:x",
+        "--runtime",
+        "100ms",
+    ]);
+    assert!(!ok);
+    assert!(errors.contains("cannot reach 127.0.0.1:1"), "{errors}");
+    let (ok, _, errors) = weft(&["bench", "--target", "x", "--rw", "sideways"]);
+    assert!(!ok);
+    assert!(
+        errors.contains("--rw \"sideways\" is not one of"),
+        "{errors}"
+    );
+    let (ok, _, errors) = weft(&["frobnicate"]);
+    assert!(!ok);
+    assert!(
+        errors.contains("unknown command \"frobnicate\""),
+        "{errors}"
+    );
+}
