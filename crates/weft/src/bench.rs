@@ -58,9 +58,25 @@ impl Pattern {
     }
 }
 
+/// Which benchmark.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Mode {
+    /// One target.
+    Single,
+    /// A local file and a remote namespace, interleaved, per iodepth of the sweep.
+    Compare {
+        local: String,
+        remote: String,
+        sweep: Vec<usize>,
+    },
+    /// The TCP floor: plain request/response with NVMe/TCP's sizes.
+    Floor,
+}
+
 /// What to run.
 #[derive(Debug, Clone)]
 pub struct BenchArgs {
+    mode: Mode,
     target: String,
     pattern: Pattern,
     read_percent: u32,
@@ -79,6 +95,7 @@ pub struct BenchArgs {
 pub fn parse(parser: &mut lexopt::Parser) -> Result<BenchArgs, String> {
     use lexopt::prelude::*;
     let mut args = BenchArgs {
+        mode: Mode::Single,
         target: String::new(),
         pattern: Pattern::RandRead,
         read_percent: 50,
@@ -92,11 +109,23 @@ pub fn parse(parser: &mut lexopt::Parser) -> Result<BenchArgs, String> {
         data_digest: false,
         json: false,
     };
+    let (mut local, mut remote, mut sweep) = (String::new(), String::new(), Vec::new());
+    let mut first = true;
     while let Some(arg) = parser.next().map_err(|e| e.to_string())? {
         let name = match arg {
             Long(name) => format!("--{name}"),
+            Value(value) if first => {
+                first = false;
+                args.mode = match value.to_str() {
+                    Some("compare") => Mode::Compare { local: String::new(), remote: String::new(), sweep: Vec::new() },
+                    Some("floor") => Mode::Floor,
+                    _ => return Err(format!("{value:?} is not a bench mode: use `weft bench`, `weft bench compare` or `weft bench floor`")),
+                };
+                continue;
+            }
             other => return Err(format!("{}; see weft --help", other.unexpected())),
         };
+        first = false;
         let mut value = || -> Result<String, String> {
             parser
                 .value()
@@ -117,6 +146,9 @@ pub fn parse(parser: &mut lexopt::Parser) -> Result<BenchArgs, String> {
             "--hdr-digest" => args.header_digest = true,
             "--data-digest" => args.data_digest = true,
             "--json" => args.json = true,
+            "--local" => local = value()?,
+            "--remote" => remote = value()?,
+            "--sweep" => sweep = parse_sweep(&value()?)?,
             _ => {
                 return Err(format!(
                     "unknown option {name} for weft bench; see weft --help"
@@ -124,8 +156,26 @@ pub fn parse(parser: &mut lexopt::Parser) -> Result<BenchArgs, String> {
             }
         }
     }
-    if args.target.is_empty() {
-        return Err("weft bench needs --target nvme-tcp://HOST:PORT/NQN or --target PATH".into());
+    match &mut args.mode {
+        Mode::Single if args.target.is_empty() => {
+            return Err(
+                "weft bench needs --target nvme-tcp://HOST:PORT/NQN or --target PATH".into(),
+            )
+        }
+        Mode::Compare { .. } if local.is_empty() || remote.is_empty() => {
+            return Err(
+                "weft bench compare needs --local PATH and --remote nvme-tcp://HOST:PORT/NQN"
+                    .into(),
+            )
+        }
+        Mode::Compare {
+            local: l,
+            remote: r,
+            sweep: s,
+        } => {
+            (*l, *r, *s) = (local, remote, sweep);
+        }
+        _ => {}
     }
     if args.block_bytes == 0 || !args.block_bytes.is_multiple_of(512) {
         return Err(format!(
@@ -134,6 +184,17 @@ pub fn parse(parser: &mut lexopt::Parser) -> Result<BenchArgs, String> {
         ));
     }
     Ok(args)
+}
+
+/// `iodepth=1,2,4` (the only swept parameter so far).
+fn parse_sweep(text: &str) -> Result<Vec<usize>, String> {
+    let values = text
+        .strip_prefix("iodepth=")
+        .ok_or_else(|| format!("--sweep \"{text}\" is not iodepth=N,N,..."))?;
+    values
+        .split(',')
+        .map(|v| number(v, "--sweep iodepth", 1, 1024).map(|n| n as usize))
+        .collect()
 }
 
 fn number(text: &str, name: &str, min: u64, max: u64) -> Result<u64, String> {
@@ -256,11 +317,185 @@ impl Workload {
 
 /// Runs the benchmark and prints its report.
 pub fn run(args: BenchArgs) -> Result<(), String> {
-    let mut results = if args.target.starts_with("nvme-tcp://") {
-        remote(&args)?
+    match args.mode.clone() {
+        Mode::Single => single(args),
+        Mode::Compare {
+            local,
+            remote,
+            sweep,
+        } => compare(args, &local, &remote, sweep),
+        Mode::Floor => floor(args),
+    }
+}
+
+fn engine(args: &BenchArgs) -> Result<Results, String> {
+    if args.target.starts_with("nvme-tcp://") {
+        remote(args)
     } else {
-        local(&args)?
+        local(args)
+    }
+}
+
+/// Local and remote side by side, one iodepth at a time, with ratios.
+fn compare(
+    args: BenchArgs,
+    local_path: &str,
+    remote_url: &str,
+    sweep: Vec<usize>,
+) -> Result<(), String> {
+    let depths = if sweep.is_empty() {
+        vec![args.iodepth]
+    } else {
+        sweep
     };
+    println!(
+        "weft bench compare: {} {} bytes, {} s per side, local {local_path} vs remote {remote_url}",
+        args.pattern.name(),
+        args.block_bytes,
+        args.runtime.as_secs_f64()
+    );
+    println!(
+        "{:>7} {:<7} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "iodepth", "side", "IOPS", "MiB/s", "mean us", "p50 us", "p99 us", "p99.9 us"
+    );
+    let mut json_rows = Vec::new();
+    for depth in depths {
+        let mut sides = Vec::new();
+        for target in [local_path, remote_url] {
+            let side = BenchArgs {
+                target: target.to_string(),
+                iodepth: depth,
+                mode: Mode::Single,
+                ..args.clone()
+            };
+            let mut results = engine(&side)?;
+            let read = summarize(&mut results.read, results.seconds);
+            let write = summarize(&mut results.write, results.seconds);
+            sides.push((read, write));
+        }
+        for (name, (read, write)) in ["local", "remote"].iter().zip(&sides) {
+            for summary in [read, write].into_iter().flatten() {
+                println!("{depth:>7} {name:<7} {}", row(summary));
+            }
+        }
+        let pick = |side: &(Option<Summary>, Option<Summary>)| {
+            side.0
+                .as_ref()
+                .or(side.1.as_ref())
+                .map(|s| (s.iops, s.mean_ns, at(s, 99.0)))
+        };
+        if let (
+            Some((local_iops, local_mean, local_p99)),
+            Some((remote_iops, remote_mean, remote_p99)),
+        ) = (pick(&sides[0]), pick(&sides[1]))
+        {
+            let adder_us = (remote_mean - local_mean) / 1000.0;
+            println!(
+                "{depth:>7} {:<7} IOPS {:.3}x, mean latency {:+.1} us ({:+.1}%), p99 {:.3}x",
+                "ratio",
+                remote_iops / local_iops,
+                adder_us,
+                100.0 * (remote_mean / local_mean - 1.0),
+                remote_p99 as f64 / local_p99 as f64
+            );
+            json_rows.push(format!(
+                "{{\"iodepth\":{depth},\"local_iops\":{local_iops:.1},\"remote_iops\":{remote_iops:.1},\"iops_ratio\":{:.4},\"local_mean_ns\":{local_mean:.0},\"remote_mean_ns\":{remote_mean:.0},\"latency_adder_us\":{adder_us:.2},\"local_p99_ns\":{local_p99},\"remote_p99_ns\":{remote_p99}}}",
+                remote_iops / local_iops
+            ));
+        }
+    }
+    if args.json {
+        println!("{{\"compare\":[{}]}}", json_rows.join(","));
+    }
+    Ok(())
+}
+
+fn at(summary: &Summary, percentile: f64) -> u64 {
+    summary
+        .percentiles
+        .iter()
+        .find(|(p, _)| *p == percentile)
+        .map_or(0, |(_, ns)| *ns)
+}
+
+fn row(s: &Summary) -> String {
+    format!(
+        "{:>10.0} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1}",
+        s.iops,
+        s.bytes_per_second / (1 << 20) as f64,
+        s.mean_ns / 1000.0,
+        at(s, 50.0) as f64 / 1000.0,
+        at(s, 99.0) as f64 / 1000.0,
+        at(s, 99.9) as f64 / 1000.0
+    )
+}
+
+/// Bytes one 4 KiB read puts on the wire back: C2HData header, data, CapsuleResp.
+const FLOOR_RESPONSE_BYTES: usize = 24 + 4096 + 24;
+/// A CapsuleCmd without data.
+const FLOOR_REQUEST_BYTES: usize = 72;
+
+/// The physical floor of the path: a blocking TCP echo on loopback answering
+/// a 72-byte request with the bytes of a 4 KiB read, at QD1 and QD32.
+fn floor(args: BenchArgs) -> Result<(), String> {
+    println!("weft bench floor: TCP request/response on loopback, {FLOOR_REQUEST_BYTES} bytes out, {FLOOR_RESPONSE_BYTES} back, {} s each", args.runtime.as_secs_f64());
+    println!(
+        "{:>7} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "depth", "IOPS", "MiB/s", "mean us", "p50 us", "p99 us", "p99.9 us"
+    );
+    for depth in [1usize, 32] {
+        let mut direction = floor_run(depth, args.runtime).map_err(|e| format!("floor: {e}"))?;
+        let seconds = args.runtime.as_secs_f64();
+        if let Some(summary) = summarize(&mut direction, seconds) {
+            println!("{depth:>7} {}", row(&summary));
+        }
+    }
+    Ok(())
+}
+
+fn floor_run(depth: usize, runtime: Duration) -> std::io::Result<Direction> {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let address = listener.local_addr()?;
+    let server = std::thread::spawn(move || -> std::io::Result<()> {
+        let (mut stream, _) = listener.accept()?;
+        stream.set_nodelay(true)?;
+        let mut request = [0u8; FLOOR_REQUEST_BYTES];
+        let response = vec![0u8; FLOOR_RESPONSE_BYTES];
+        while stream.read_exact(&mut request).is_ok() {
+            stream.write_all(&response)?;
+        }
+        Ok(())
+    });
+    let mut stream = std::net::TcpStream::connect(address)?;
+    stream.set_nodelay(true)?;
+    let mut response = vec![0u8; FLOOR_RESPONSE_BYTES];
+    let mut started = std::collections::VecDeque::with_capacity(depth);
+    let mut direction = Direction::default();
+    let end = Instant::now() + runtime;
+    for _ in 0..depth {
+        started.push_back(Instant::now());
+        stream.write_all(&[0u8; FLOOR_REQUEST_BYTES])?;
+    }
+    while let Some(start) = started.pop_front() {
+        stream.read_exact(&mut response)?;
+        let now = Instant::now();
+        direction.latencies_ns.push((now - start).as_nanos() as u64);
+        direction.bytes += 4096;
+        if now < end {
+            started.push_back(Instant::now());
+            stream.write_all(&[0u8; FLOOR_REQUEST_BYTES])?;
+        }
+    }
+    drop(stream);
+    server
+        .join()
+        .map_err(|_| std::io::Error::other("floor server panicked"))??;
+    Ok(direction)
+}
+
+fn single(args: BenchArgs) -> Result<(), String> {
+    let mut results = engine(&args)?;
     let read = summarize(&mut results.read, results.seconds);
     let write = summarize(&mut results.write, results.seconds);
     if args.json {

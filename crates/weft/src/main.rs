@@ -23,6 +23,8 @@ Usage:
   weft serve [--config FILE] [--listen ADDR:PORT]... [--data-dir DIR] [--reactors N] [--poll-us N] [--log-level LEVEL]
 
   weft bench --target nvme-tcp://HOST:PORT/NQN|PATH [--rw MODE] [--bs SIZE] [--iodepth N] ...
+  weft bench compare --local PATH --remote nvme-tcp://HOST:PORT/NQN [--sweep iodepth=1,8,32] ...
+  weft bench floor [--runtime D]
 
 Commands:
   serve   Export block storage over NVMe/TCP. Without --config: one 4 GiB sparse file
@@ -39,7 +41,11 @@ Bench options:
   --queues N           I/O queues (remote) or threads (local), default 1
   --runtime D          measured time, e.g. 10s (default), 500ms; --ramp D warms up first
   --hdr-digest, --data-digest   NVMe/TCP digests (remote)
-  --json               fio's JSON layout instead of the table
+  --json               fio's JSON layout instead of the table (compare: one JSON line of ratios)
+  compare              local and remote alternately per iodepth, with remote/local ratios and
+                       the latency adder; --sweep iodepth=... runs several depths
+  floor                plain TCP request/response on loopback with NVMe/TCP's sizes (72 bytes
+                       out, a 4 KiB read's 4144 back) at depth 1 and 32: the path's physical floor
 
 Serve options:
   --config FILE        TOML file declaring listeners, subsystems and namespaces (see README)

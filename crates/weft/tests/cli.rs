@@ -123,6 +123,43 @@ fn bench_loads_a_served_namespace() {
 }
 
 #[test]
+fn compare_and_floor_report_side_by_side() {
+    let (_server, url) = serve("compare");
+    let path = std::env::temp_dir().join(format!("weft-cli-compare-{}.img", std::process::id()));
+    std::fs::File::create(&path)
+        .unwrap()
+        .set_len(16 << 20)
+        .unwrap();
+    let args = [
+        "bench",
+        "compare",
+        "--local",
+        path.to_str().unwrap(),
+        "--remote",
+        &url,
+        "--sweep",
+        "iodepth=1,4",
+        "--runtime",
+        "200ms",
+        "--json",
+    ];
+    let (ok, report, errors) = weft(&args);
+    let _ = std::fs::remove_file(&path);
+    assert!(ok, "{errors}");
+    assert_eq!(report.matches(" ratio ").count(), 2, "{report}");
+    assert!(report.contains("\"iops_ratio\":"), "{report}");
+    let (ok, floor, errors) = weft(&["bench", "floor", "--runtime", "200ms"]);
+    assert!(ok, "{errors}");
+    assert!(floor.lines().count() >= 4, "{floor}");
+    let (ok, _, errors) = weft(&["bench", "compare", "--local", "x"]);
+    assert!(!ok);
+    assert!(
+        errors.contains("needs --local PATH and --remote"),
+        "{errors}"
+    );
+}
+
+#[test]
 fn bench_runs_on_a_local_file() {
     let path = std::env::temp_dir().join(format!("weft-cli-local-{}.img", std::process::id()));
     std::fs::File::create(&path)
