@@ -23,13 +23,12 @@ use crate::command::{
     fctype, Command, ConnectCommand, ConnectData, DataDirection, SglKind, CONNECT_DATA_LEN,
 };
 use crate::digest::crc32c;
-use crate::framing::{self, DataLayout, DataTarget, Framer, Step};
+use crate::framing::{DataLayout, DataTarget, Framer, Step};
 use crate::identify::ControllerKind;
 use crate::io::{self, IoError, IoKind, IoPlan, IoRequest};
 use crate::pdu::{
     self, data_field_offset, digest_bits, field_offset, flags, CommonHeader, DataHeader,
-    FatalErrorStatus, IcReq, IcResp, PduError, PduType, COMMON_HEADER_LEN, DIGEST_LEN,
-    MAX_HEADER_LEN,
+    FatalErrorStatus, IcReq, IcResp, PduError, PduType, COMMON_HEADER_LEN, MAX_HEADER_LEN,
 };
 use crate::status::{Completion, Status};
 use crate::target::{ControllerShared, Limits, RegistryError, Target, DISCOVERY_NQN};
@@ -127,8 +126,6 @@ pub struct Connection {
     target: Arc<Target>,
     limits: Limits,
     state: State,
-    header_digest: bool,
-    data_digest: bool,
     c2h_pdo_alignment: usize,
     rx: Framer,
     slots: Vec<Slot>,
@@ -160,8 +157,6 @@ impl Connection {
             target,
             limits,
             state: State::AwaitIcReq,
-            header_digest: false,
-            data_digest: false,
             c2h_pdo_alignment: 4,
             rx: Framer::new(),
             slots: vec![slot; depth],
@@ -354,28 +349,14 @@ impl Connection {
             Step::NeedMore => Ok(()),
             Step::CommonHeader(common) => {
                 let kind = self.check_common(&common)?;
-                self.rx
-                    .expect_header(kind.header_len() + self.header_digest_len(kind));
+                self.rx.expect_header(kind);
                 Ok(())
             }
             Step::Header => {
-                let common = CommonHeader::decode(self.rx.header())?;
-                let kind =
-                    PduType::from_u8(common.pdu_type).expect("checked with the common header");
-                let digest_len = self.header_digest_len(kind);
-                self.rx
-                    .check_header_digest(kind.header_len(), digest_len > 0)?;
-                let limit = match kind {
+                let (kind, _, data) = self.rx.parse_header(|kind| match kind {
                     PduType::CapsuleCmd => self.in_capsule_limit(),
                     _ => self.limits.h2c_data_bytes_max as usize,
-                };
-                let data = framing::data_layout(
-                    &common,
-                    kind,
-                    kind.header_len() + digest_len,
-                    self.data_digest,
-                    limit,
-                )?;
+                })?;
                 self.dispatch(kind, data, now, buffers)?;
                 let expects_data =
                     data.len > 0 && matches!(kind, PduType::CapsuleCmd | PduType::H2cData);
@@ -385,14 +366,6 @@ impl Connection {
                 Ok(())
             }
             Step::Data { target, intact } => self.data_received(target, intact, now, buffers),
-        }
-    }
-
-    fn header_digest_len(&self, kind: PduType) -> usize {
-        if self.header_digest && kind.may_carry_header_digest() {
-            DIGEST_LEN
-        } else {
-            0
         }
     }
 
@@ -409,22 +382,15 @@ impl Connection {
             // Controller-to-host PDU types are invalid from a host.
             _ => return Err(PduError::field(field_offset::PDU_TYPE)),
         }
-        if usize::from(common.hlen) != kind.header_len() {
-            return Err(PduError::field(field_offset::HLEN));
-        }
-        if kind.may_carry_header_digest()
-            && (common.flags & flags::HDGSTF != 0) != self.header_digest
-        {
-            return Err(PduError::field(field_offset::FLAGS));
-        }
-        let header_total = kind.header_len() + self.header_digest_len(kind);
+        self.rx.check_common(common, kind)?;
+        let header_total = kind.header_len() + self.rx.header_digest_len(kind);
         let plen = common.plen as usize;
         let plen_ok = match kind {
             PduType::IcReq => plen == 128,
             PduType::H2cTermReq => {
                 (header_total..=24 + pdu::TERM_REQ_MAX_DATA + 24).contains(&plen)
             }
-            _ => plen >= header_total,
+            _ => true,
         };
         if !plen_ok {
             return Err(PduError::field(field_offset::PLEN));
@@ -478,8 +444,8 @@ impl Connection {
         }
         self.c2h_pdo_alignment = (usize::from(request.hpda) + 1) * 4;
         let digest = request.digest & (digest_bits::HEADER | digest_bits::DATA);
-        self.header_digest = digest & digest_bits::HEADER != 0;
-        self.data_digest = digest & digest_bits::DATA != 0;
+        self.rx.header_digest = digest & digest_bits::HEADER != 0;
+        self.rx.data_digest = digest & digest_bits::DATA != 0;
         let mut out = [0u8; 128];
         IcResp {
             pfv: 0,
@@ -673,7 +639,7 @@ impl Connection {
             length: len,
         };
         let mut out = [0u8; 28];
-        let header_len = pdu::encode_r2t(self.header_digest, r2t, &mut out);
+        let header_len = pdu::encode_r2t(self.rx.header_digest, r2t, &mut out);
         self.tx.push_bytes(&out[..header_len]);
     }
 
@@ -909,7 +875,7 @@ impl Connection {
         }
         .encode();
         let mut out = [0u8; 28];
-        let len = pdu::encode_capsule_resp(self.header_digest, &cqe, &mut out);
+        let len = pdu::encode_capsule_resp(self.rx.header_digest, &cqe, &mut out);
         self.tx.push_bytes(&out[..len]);
         if sends_data {
             self.slots[usize::from(slot.0)].state = SlotState::Transmitting;
@@ -936,15 +902,15 @@ impl Connection {
         let pdo = pdu::encode_data_pdu(
             PduType::C2hData,
             pdu_flags,
-            self.header_digest,
-            self.data_digest,
+            self.rx.header_digest,
+            self.rx.data_digest,
             self.c2h_pdo_alignment,
             header,
             &mut out,
         );
         self.tx.push_bytes(&out[..pdo]);
         self.tx.push_slot(slot, 0..len as usize);
-        if self.data_digest {
+        if self.rx.data_digest {
             let digest = crc32c(&buffers.buffer(slot)[..len as usize]);
             self.tx.push_bytes(&digest.to_le_bytes());
         }

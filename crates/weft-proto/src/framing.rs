@@ -6,8 +6,8 @@
 use crate::connection::SlotBuffers;
 use crate::digest::{crc32c, crc32c_append};
 use crate::pdu::{
-    CommonHeader, FatalErrorStatus, PduError, PduType, COMMON_HEADER_LEN, DIGEST_LEN,
-    MAX_HEADER_LEN,
+    field_offset, flags, CommonHeader, FatalErrorStatus, PduError, PduType, COMMON_HEADER_LEN,
+    DIGEST_LEN, MAX_HEADER_LEN,
 };
 use crate::types::SlotId;
 
@@ -72,6 +72,10 @@ enum Phase {
 /// Receive state of one connection.
 #[derive(Debug)]
 pub(crate) struct Framer {
+    /// Header digests negotiated (ICReq/ICResp); the sending side follows the same choice.
+    pub header_digest: bool,
+    /// Data digests negotiated.
+    pub data_digest: bool,
     header: [u8; MAX_HEADER_LEN + DIGEST_LEN],
     have: usize,
     need: usize,
@@ -83,6 +87,8 @@ pub(crate) struct Framer {
 impl Framer {
     pub fn new() -> Framer {
         Framer {
+            header_digest: false,
+            data_digest: false,
             header: [0; MAX_HEADER_LEN + DIGEST_LEN],
             have: 0,
             need: COMMON_HEADER_LEN,
@@ -104,10 +110,58 @@ impl Framer {
         self.phase = Phase::Header;
     }
 
-    /// After the common header: the full header is `len` bytes (with its digest).
-    pub fn expect_header(&mut self, len: usize) {
-        debug_assert!((COMMON_HEADER_LEN..=self.header.len()).contains(&len));
-        self.need = len;
+    /// Bytes of header digest a `kind` PDU carries on this connection.
+    pub fn header_digest_len(&self, kind: PduType) -> usize {
+        if self.header_digest && kind.may_carry_header_digest() {
+            DIGEST_LEN
+        } else {
+            0
+        }
+    }
+
+    /// Checks of a common header that hold for every PDU type: HLEN, the
+    /// header digest flag, and a PLEN that covers the header (in that order,
+    /// so FEI names the first bad field).
+    pub fn check_common(&self, common: &CommonHeader, kind: PduType) -> Result<(), PduError> {
+        if usize::from(common.hlen) != kind.header_len() {
+            return Err(PduError::field(field_offset::HLEN));
+        }
+        if kind.may_carry_header_digest()
+            && (common.flags & flags::HDGSTF != 0) != self.header_digest
+        {
+            return Err(PduError::field(field_offset::FLAGS));
+        }
+        if (common.plen as usize) < kind.header_len() + self.header_digest_len(kind) {
+            return Err(PduError::field(field_offset::PLEN));
+        }
+        Ok(())
+    }
+
+    /// After the common header: gather the rest of a `kind` header (and its digest).
+    pub fn expect_header(&mut self, kind: PduType) {
+        self.need = kind.header_len() + self.header_digest_len(kind);
+    }
+
+    /// The complete header: its type, common header and data layout, after the
+    /// header digest and PDO checks. `data_limit` is the most data a PDU of a
+    /// type may carry.
+    pub fn parse_header(
+        &self,
+        data_limit: impl FnOnce(PduType) -> usize,
+    ) -> Result<(PduType, CommonHeader, DataLayout), PduError> {
+        let common = CommonHeader::decode(self.header())?;
+        let kind =
+            PduType::from_u8(common.pdu_type).ok_or(PduError::field(field_offset::PDU_TYPE))?;
+        let digest_len = self.header_digest_len(kind);
+        self.check_header_digest(kind.header_len(), digest_len > 0)?;
+        let data = data_layout(
+            &common,
+            kind,
+            kind.header_len() + digest_len,
+            self.data_digest,
+            data_limit(kind),
+        )?;
+        Ok((kind, common, data))
     }
 
     /// After the header: `layout.padding` bytes to skip, then data into `target`.
@@ -207,7 +261,7 @@ impl Framer {
     }
 
     /// Checks the header digest of a `hlen`-byte header, if one was expected.
-    pub fn check_header_digest(&self, hlen: usize, digest: bool) -> Result<(), PduError> {
+    fn check_header_digest(&self, hlen: usize, digest: bool) -> Result<(), PduError> {
         if !digest {
             return Ok(());
         }
@@ -228,14 +282,13 @@ impl Framer {
 /// `header_total` is HLEN plus the header digest; `data_digest` whether data
 /// digests were negotiated; `limit` the most data this PDU may carry
 /// (exceeding it is DataTransferLimitExceeded).
-pub(crate) fn data_layout(
+fn data_layout(
     common: &CommonHeader,
     kind: PduType,
     header_total: usize,
     data_digest: bool,
     limit: usize,
 ) -> Result<DataLayout, PduError> {
-    use crate::pdu::{field_offset, flags};
     let plen = common.plen as usize;
     if plen == header_total
         || matches!(

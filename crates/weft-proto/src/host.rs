@@ -133,8 +133,6 @@ struct Outstanding {
 pub struct HostQueue {
     config: HostConfig,
     state: State,
-    header_digest: bool,
-    data_digest: bool,
     maxh2cdata: u32,
     h2c_pdo_alignment: usize,
     rx: Framer,
@@ -164,8 +162,6 @@ impl HostQueue {
         let mut queue = HostQueue {
             config,
             state: State::AwaitIcResp,
-            header_digest: false,
-            data_digest: false,
             maxh2cdata: 0,
             h2c_pdo_alignment: 4,
             rx: Framer::new(),
@@ -264,8 +260,8 @@ impl HostQueue {
         slot: SlotId,
         buffers: &mut impl SlotBuffers,
     ) {
-        let hdgst = if self.header_digest { DIGEST_LEN } else { 0 };
-        let ddgst = if self.data_digest && data_len > 0 {
+        let hdgst = if self.rx.header_digest { DIGEST_LEN } else { 0 };
+        let ddgst = if self.rx.data_digest && data_len > 0 {
             DIGEST_LEN
         } else {
             0
@@ -308,7 +304,7 @@ impl HostQueue {
     ) {
         self.tx.push_slot(slot, offset..offset + len);
         self.commands[usize::from(slot.0)].sending += 1;
-        if self.data_digest {
+        if self.rx.data_digest {
             let digest = crc32c(&buffers.buffer(slot)[offset..offset + len]);
             self.tx.push_bytes(&digest.to_le_bytes());
         }
@@ -369,25 +365,12 @@ impl HostQueue {
             Step::NeedMore => Ok(()),
             Step::CommonHeader(common) => {
                 let kind = self.check_common(&common)?;
-                self.rx
-                    .expect_header(kind.header_len() + self.header_digest_len(kind));
+                self.rx.expect_header(kind);
                 Ok(())
             }
             Step::Header => {
-                let common = CommonHeader::decode(self.rx.header())?;
-                let kind =
-                    PduType::from_u8(common.pdu_type).expect("checked with the common header");
-                let digest_len = self.header_digest_len(kind);
-                self.rx
-                    .check_header_digest(kind.header_len(), digest_len > 0)?;
-                let limit = self.config.buffer_bytes as usize;
-                let data = framing::data_layout(
-                    &common,
-                    kind,
-                    kind.header_len() + digest_len,
-                    self.data_digest,
-                    limit,
-                )?;
+                let buffer_bytes = self.config.buffer_bytes as usize;
+                let (kind, common, data) = self.rx.parse_header(|_| buffer_bytes)?;
                 let expects_data = self.on_header(kind, &common, data, buffers)?;
                 if !expects_data && !matches!(self.state, State::Failed(_)) {
                     self.rx.reset();
@@ -399,14 +382,6 @@ impl HostQueue {
                 self.on_data(target, intact);
                 Ok(())
             }
-        }
-    }
-
-    fn header_digest_len(&self, kind: PduType) -> usize {
-        if self.header_digest && kind.may_carry_header_digest() {
-            DIGEST_LEN
-        } else {
-            0
         }
     }
 
@@ -423,17 +398,8 @@ impl HostQueue {
         if !expected {
             return Err(PduError::status(pdu::FatalErrorStatus::PduSequenceError));
         }
-        if usize::from(common.hlen) != kind.header_len() {
-            return Err(PduError::field(field_offset::HLEN));
-        }
-        if kind.may_carry_header_digest()
-            && (common.flags & flags::HDGSTF != 0) != self.header_digest
-        {
-            return Err(PduError::field(field_offset::FLAGS));
-        }
-        let header_total = kind.header_len() + self.header_digest_len(kind);
-        if (common.plen as usize) < header_total || (kind == PduType::IcResp && common.plen != 128)
-        {
+        self.rx.check_common(common, kind)?;
+        if kind == PduType::IcResp && common.plen != 128 {
             return Err(PduError::field(field_offset::PLEN));
         }
         Ok(kind)
@@ -484,8 +450,8 @@ impl HostQueue {
             self.state = State::Failed(HostError::DigestRefused { asked, granted });
             return Ok(());
         }
-        self.header_digest = granted & digest_bits::HEADER != 0;
-        self.data_digest = granted & digest_bits::DATA != 0;
+        self.rx.header_digest = granted & digest_bits::HEADER != 0;
+        self.rx.data_digest = granted & digest_bits::DATA != 0;
         self.maxh2cdata = response.maxh2cdata;
         self.h2c_pdo_alignment = (usize::from(response.cpda) + 1) * 4;
         self.state = State::Ready;
@@ -559,8 +525,8 @@ impl HostQueue {
             let pdo = pdu::encode_data_pdu(
                 PduType::H2cData,
                 pdu_flags,
-                self.header_digest,
-                self.data_digest,
+                self.rx.header_digest,
+                self.rx.data_digest,
                 self.h2c_pdo_alignment,
                 header,
                 &mut out,
