@@ -15,7 +15,7 @@ use crate::digest::crc32c;
 use crate::framing::{self, DataTarget, Framer, Step};
 use crate::pdu::{
     self, data_field_offset, digest_bits, field_offset, flags, CommonHeader, DataHeader, IcReq,
-    IcResp, PduError, PduType, COMMON_HEADER_LEN, DIGEST_LEN, MAX_HEADER_LEN,
+    IcResp, PduError, PduType, COMMON_HEADER_LEN, MAX_HEADER_LEN,
 };
 use crate::status::Status;
 use crate::transmit::{Transmit, Transmitter};
@@ -170,23 +170,8 @@ impl HostQueue {
             free: (0..config.queue_entries).rev().collect(),
             completions: VecDeque::with_capacity(depth),
         };
-        let digest = if config.header_digest {
-            digest_bits::HEADER
-        } else {
-            0
-        } | if config.data_digest {
-            digest_bits::DATA
-        } else {
-            0
-        };
         let mut icreq = [0u8; 128];
-        IcReq {
-            pfv: 0,
-            hpda: 0,
-            digest,
-            maxr2t: 0,
-        }
-        .encode(&mut icreq);
+        IcReq::asking(config.header_digest, config.data_digest).encode(&mut icreq);
         queue.tx.push_bytes(&icreq);
         queue
     }
@@ -260,34 +245,15 @@ impl HostQueue {
         slot: SlotId,
         buffers: &mut impl SlotBuffers,
     ) {
-        let hdgst = if self.rx.header_digest { DIGEST_LEN } else { 0 };
-        let ddgst = if self.rx.data_digest && data_len > 0 {
-            DIGEST_LEN
-        } else {
-            0
-        };
-        let hlen = PduType::CapsuleCmd.header_len();
-        let pdo = if data_len > 0 {
-            (hlen + hdgst).div_ceil(self.h2c_pdo_alignment) * self.h2c_pdo_alignment
-        } else {
-            0
-        };
-        let plen = if data_len > 0 {
-            pdo + data_len as usize + ddgst
-        } else {
-            hlen + hdgst
-        };
-        let pdu_flags =
-            if hdgst > 0 { flags::HDGSTF } else { 0 } | if ddgst > 0 { flags::DDGSTF } else { 0 };
         let mut header = [0u8; MAX_HEADER_LEN];
-        header[..4].copy_from_slice(&[PduType::CapsuleCmd as u8, pdu_flags, hlen as u8, pdo as u8]);
-        header[4..8].copy_from_slice(&(plen as u32).to_le_bytes());
-        header[COMMON_HEADER_LEN..hlen].copy_from_slice(sqe);
-        if hdgst > 0 {
-            let digest = crc32c(&header[..hlen]);
-            header[hlen..hlen + DIGEST_LEN].copy_from_slice(&digest.to_le_bytes());
-        }
-        let header_bytes = if data_len > 0 { pdo } else { hlen + hdgst };
+        let header_bytes = pdu::encode_capsule_cmd(
+            self.rx.header_digest,
+            self.rx.data_digest,
+            self.h2c_pdo_alignment,
+            sqe,
+            data_len as usize,
+            &mut header,
+        );
         self.tx.push_bytes(&header[..header_bytes]);
         if data_len > 0 {
             self.send_slot_data(slot, 0, data_len as usize, buffers);
@@ -436,15 +402,7 @@ impl HostQueue {
         if response.maxh2cdata < 4096 || response.cpda > 31 {
             return Err(PduError::field(if response.cpda > 31 { 10 } else { 12 }));
         }
-        let asked = if self.config.header_digest {
-            digest_bits::HEADER
-        } else {
-            0
-        } | if self.config.data_digest {
-            digest_bits::DATA
-        } else {
-            0
-        };
+        let asked = digest_bits::of(self.config.header_digest, self.config.data_digest);
         let granted = response.digest & (digest_bits::HEADER | digest_bits::DATA);
         if granted != asked {
             self.state = State::Failed(HostError::DigestRefused { asked, granted });

@@ -95,6 +95,11 @@ pub mod digest_bits {
     pub const HEADER: u8 = 0x01;
     /// Data digest enabled.
     pub const DATA: u8 = 0x02;
+
+    /// The digest bits for the given choices.
+    pub fn of(header: bool, data: bool) -> u8 {
+        (if header { HEADER } else { 0 }) | if data { DATA } else { 0 }
+    }
 }
 
 /// Fatal Error Status of a C2HTermReq (NVMe/TCP 1.0, Figure 26).
@@ -226,6 +231,17 @@ impl IcReq {
             digest: r.u8()?,
             maxr2t: r.u32()?,
         })
+    }
+
+    /// The ICReq a host sends: PFV 0, no PDU data alignment, one outstanding
+    /// R2T per command, and the digests it asks for.
+    pub fn asking(header_digest: bool, data_digest: bool) -> IcReq {
+        IcReq {
+            pfv: 0,
+            hpda: 0,
+            digest: digest_bits::of(header_digest, data_digest),
+            maxr2t: 0,
+        }
     }
 
     /// Encodes an ICReq (used by the host model in tests and by the initiator).
@@ -382,6 +398,55 @@ pub fn encode_data_pdu(
     data.encode(out);
     finish_header(out, hlen, header_digest);
     pdo
+}
+
+/// Header, header digest and padding of a CapsuleCmd carrying `sqe` and
+/// `data_len` bytes of in-capsule data aligned to `pdo_alignment` (the
+/// controller's (CPDA + 1) * 4). Returns the bytes of `out` to send before the
+/// data; the data and its digest follow separately.
+pub fn encode_capsule_cmd(
+    header_digest: bool,
+    data_digest: bool,
+    pdo_alignment: usize,
+    sqe: &[u8; 64],
+    data_len: usize,
+    out: &mut [u8; MAX_HEADER_LEN],
+) -> usize {
+    let hlen = PduType::CapsuleCmd.header_len();
+    let hdgst = if header_digest { DIGEST_LEN } else { 0 };
+    let ddgst = if data_digest && data_len > 0 {
+        DIGEST_LEN
+    } else {
+        0
+    };
+    let pdo = if data_len > 0 {
+        (hlen + hdgst).div_ceil(pdo_alignment) * pdo_alignment
+    } else {
+        0
+    };
+    let plen = if data_len > 0 {
+        pdo + data_len + ddgst
+    } else {
+        hlen + hdgst
+    };
+    let pdu_flags =
+        if hdgst > 0 { flags::HDGSTF } else { 0 } | if ddgst > 0 { flags::DDGSTF } else { 0 };
+    out.fill(0);
+    CommonHeader {
+        pdu_type: PduType::CapsuleCmd as u8,
+        flags: pdu_flags,
+        hlen: hlen as u8,
+        pdo: pdo as u8,
+        plen: plen as u32,
+    }
+    .encode(out);
+    Writer::new(out).bytes(COMMON_HEADER_LEN, sqe);
+    let header_end = finish_header(out, hlen, header_digest);
+    if data_len > 0 {
+        pdo
+    } else {
+        header_end
+    }
 }
 
 /// R2T header (and digest), NVMe/TCP 1.0 Figure 31.

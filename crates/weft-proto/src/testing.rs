@@ -7,7 +7,7 @@ use crate::command::{admin_opcode, fctype, FABRICS_OPCODE};
 use crate::connection::{Connection, SlotBuffers, TxSegment};
 use crate::digest::crc32c;
 use crate::io::{IoKind, IoRequest};
-use crate::pdu::{self, digest_bits, flags, DataHeader, IcReq, PduType};
+use crate::pdu::{self, flags, DataHeader, IcReq, PduType};
 use crate::status::Status;
 use crate::target::{
     AddressFamily, Limits, ListenerConfig, NamespaceConfig, SubsystemConfig, Target, TargetConfig,
@@ -269,20 +269,7 @@ impl Pair {
 
     /// Sends ICReq with the given digests and expects ICResp.
     pub fn initialize(&mut self, header_digest: bool, data_digest: bool) {
-        let mut icreq = [0u8; 128];
-        let digest = if header_digest {
-            digest_bits::HEADER
-        } else {
-            0
-        } | if data_digest { digest_bits::DATA } else { 0 };
-        IcReq {
-            pfv: 0,
-            hpda: 0,
-            digest,
-            maxr2t: 0,
-        }
-        .encode(&mut icreq);
-        self.send(&icreq);
+        self.send(&icreq(header_digest, data_digest));
         let icresp = self.expect();
         assert_eq!(icresp.pdu_type, PduType::IcResp as u8);
         self.header_digest = header_digest;
@@ -428,24 +415,12 @@ pub fn parse_pdu(sent: &mut Vec<u8>) -> Option<ReceivedPdu> {
 
 /// A CapsuleCmd PDU carrying `sqe` and optional in-capsule data.
 pub fn capsule(header_digest: bool, data_digest: bool, sqe: &[u8; 64], data: &[u8]) -> Vec<u8> {
-    let hdgst = if header_digest { 4 } else { 0 };
-    let ddgst = if data_digest && !data.is_empty() {
-        4
-    } else {
-        0
-    };
-    let pdo = if data.is_empty() { 0 } else { 72 + hdgst };
-    let plen = 72 + hdgst + data.len() + ddgst;
-    let pdu_flags =
-        if hdgst > 0 { flags::HDGSTF } else { 0 } | if ddgst > 0 { flags::DDGSTF } else { 0 };
-    let mut pdu = vec![PduType::CapsuleCmd as u8, pdu_flags, 72, pdo as u8];
-    pdu.extend_from_slice(&(plen as u32).to_le_bytes());
-    pdu.extend_from_slice(sqe);
-    if hdgst > 0 {
-        pdu.extend_from_slice(&crc32c(&pdu[..72]).to_le_bytes());
-    }
+    let mut header = [0u8; pdu::MAX_HEADER_LEN];
+    let header_len =
+        pdu::encode_capsule_cmd(header_digest, data_digest, 4, sqe, data.len(), &mut header);
+    let mut pdu = header[..header_len].to_vec();
     pdu.extend_from_slice(data);
-    if ddgst > 0 {
+    if data_digest && !data.is_empty() {
         pdu.extend_from_slice(&crc32c(data).to_le_bytes());
     }
     pdu
@@ -489,18 +464,7 @@ pub fn h2c_data(
 /// An ICReq asking for the given digests.
 pub fn icreq(header_digest: bool, data_digest: bool) -> [u8; 128] {
     let mut icreq = [0u8; 128];
-    let digest = if header_digest {
-        digest_bits::HEADER
-    } else {
-        0
-    } | if data_digest { digest_bits::DATA } else { 0 };
-    IcReq {
-        pfv: 0,
-        hpda: 0,
-        digest,
-        maxr2t: 0,
-    }
-    .encode(&mut icreq);
+    IcReq::asking(header_digest, data_digest).encode(&mut icreq);
     icreq
 }
 
