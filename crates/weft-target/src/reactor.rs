@@ -490,8 +490,9 @@ impl Reactor {
     }
 
     fn submit_block_io(&mut self, index: usize, request: IoRequest) {
-        let exports = Arc::clone(&self.exports);
-        let peer = self.connections[index].as_mut().expect("live connection");
+        // Disjoint field borrows: no reference count touched per I/O.
+        let (exports, connections) = (&self.exports, &mut self.connections);
+        let peer = connections[index].as_mut().expect("live connection");
         if peer.subsystem.is_none() {
             peer.subsystem = peer.protocol.subsystem_index();
         }
