@@ -246,21 +246,41 @@ impl IcReq {
 
     /// Encodes an ICReq (used by the host model in tests and by the initiator).
     pub fn encode(&self, out: &mut [u8; 128]) {
-        out.fill(0);
-        CommonHeader {
-            pdu_type: PduType::IcReq as u8,
-            flags: 0,
-            hlen: 128,
-            pdo: 0,
-            plen: 128,
-        }
-        .encode(out);
-        Writer::new(out)
-            .u16(8, self.pfv)
-            .u8(10, self.hpda)
-            .u8(11, self.digest)
-            .u32(12, self.maxr2t);
+        encode_ic(
+            PduType::IcReq,
+            self.pfv,
+            self.hpda,
+            self.digest,
+            self.maxr2t,
+            out,
+        );
     }
+}
+
+/// ICReq and ICResp share one layout: PFV, an alignment byte (HPDA/CPDA),
+/// the digest bits and a dword (MAXR2T/MAXH2CDATA), zero-padded to 128 bytes.
+fn encode_ic(
+    pdu_type: PduType,
+    pfv: u16,
+    alignment: u8,
+    digest: u8,
+    dword: u32,
+    out: &mut [u8; 128],
+) {
+    out.fill(0);
+    CommonHeader {
+        pdu_type: pdu_type as u8,
+        flags: 0,
+        hlen: 128,
+        pdo: 0,
+        plen: 128,
+    }
+    .encode(out);
+    Writer::new(out)
+        .u16(8, pfv)
+        .u8(10, alignment)
+        .u8(11, digest)
+        .u32(12, dword);
 }
 
 /// ICResp (NVMe/TCP 1.0, Figure 21).
@@ -279,20 +299,14 @@ pub struct IcResp {
 impl IcResp {
     /// Encodes an ICResp.
     pub fn encode(&self, out: &mut [u8; 128]) {
-        out.fill(0);
-        CommonHeader {
-            pdu_type: PduType::IcResp as u8,
-            flags: 0,
-            hlen: 128,
-            pdo: 0,
-            plen: 128,
-        }
-        .encode(out);
-        Writer::new(out)
-            .u16(8, self.pfv)
-            .u8(10, self.cpda)
-            .u8(11, self.digest)
-            .u32(12, self.maxh2cdata);
+        encode_ic(
+            PduType::IcResp,
+            self.pfv,
+            self.cpda,
+            self.digest,
+            self.maxh2cdata,
+            out,
+        );
     }
 
     /// Decodes an ICResp header.
