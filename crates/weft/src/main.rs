@@ -23,7 +23,8 @@ Usage:
   weft serve [--config FILE] [--listen ADDR:PORT]... [--data-dir DIR] [--reactors N] [--poll-us N] [--log-level LEVEL]
 
   weft bench --target nvme-tcp://HOST:PORT/NQN|PATH [--rw MODE] [--bs SIZE] [--iodepth N] ...
-  weft bench compare --local PATH --remote nvme-tcp://HOST:PORT/NQN [--sweep iodepth=1,8,32] ...
+  weft bench compare --local PATH --remote nvme-tcp://HOST:PORT/NQN [--sweep iodepth=1,8,32]
+                     [--json FILE] [--plot FILE.svg] ...
   weft bench floor [--runtime D]
 
 Commands:
@@ -40,8 +41,14 @@ Bench options:
   --iodepth N          I/Os in flight per queue (default 1)
   --queues N           I/O queues (remote) or threads (local), default 1
   --runtime D          measured time, e.g. 10s (default), 500ms; --ramp D warms up first
+  --size SIZE          bytes of the target to cover (default all); alone: one pass, no time limit
+  --verify             stamp every write (offset, generation, pattern) and check every read of
+                       a stamped block; read-only patterns write their region first, write
+                       patterns read back everything they wrote at the end
   --hdr-digest, --data-digest   NVMe/TCP digests (remote)
-  --json               fio's JSON layout instead of the table (compare: one JSON line of ratios)
+  --json               fio's JSON layout instead of the table (compare: --json FILE keeps
+                       both sides and the ratios of every iodepth)
+  --plot FILE.svg      compare: latency (mean, p99) against IOPS over the sweep, both sides
   compare              local and remote alternately per iodepth, with remote/local ratios and
                        the latency adder; --sweep iodepth=... runs several depths
   floor                plain TCP request/response on loopback with NVMe/TCP's sizes (72 bytes

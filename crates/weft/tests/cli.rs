@@ -130,6 +130,8 @@ fn compare_and_floor_report_side_by_side() {
         .unwrap()
         .set_len(16 << 20)
         .unwrap();
+    let json_path = path.with_extension("json");
+    let plot_path = path.with_extension("svg");
     let args = [
         "bench",
         "compare",
@@ -142,12 +144,24 @@ fn compare_and_floor_report_side_by_side() {
         "--runtime",
         "200ms",
         "--json",
+        json_path.to_str().unwrap(),
+        "--plot",
+        plot_path.to_str().unwrap(),
     ];
     let (ok, report, errors) = weft(&args);
     let _ = std::fs::remove_file(&path);
     assert!(ok, "{errors}");
     assert_eq!(report.matches(" ratio ").count(), 2, "{report}");
-    assert!(report.contains("\"iops_ratio\":"), "{report}");
+    let json = std::fs::read_to_string(&json_path).unwrap();
+    assert_eq!(json.matches("\"iops_ratio\":").count(), 2, "{json}");
+    assert!(
+        json.contains("\"remote\":{\"read\":{\"total_ios\":"),
+        "{json}"
+    );
+    let svg = std::fs::read_to_string(&plot_path).unwrap();
+    assert_eq!(svg.matches("<polyline").count(), 4, "{svg}");
+    let _ = std::fs::remove_file(&json_path);
+    let _ = std::fs::remove_file(&plot_path);
     let (ok, floor, errors) = weft(&["bench", "floor", "--runtime", "200ms"]);
     assert!(ok, "{errors}");
     assert!(floor.lines().count() >= 4, "{floor}");
@@ -157,6 +171,59 @@ fn compare_and_floor_report_side_by_side() {
         errors.contains("needs --local PATH and --remote"),
         "{errors}"
     );
+}
+
+#[test]
+fn verify_checks_what_it_wrote_on_both_sides() {
+    let (_server, url) = serve("verify");
+    let path = std::env::temp_dir().join(format!("weft-cli-verify-{}.img", std::process::id()));
+    std::fs::File::create(&path)
+        .unwrap()
+        .set_len(16 << 20)
+        .unwrap();
+    for target in [url.as_str(), path.to_str().unwrap()] {
+        for (rw, extra) in [("randrw", "--runtime"), ("randread", "--size")] {
+            let amount = if extra == "--runtime" { "300ms" } else { "1m" };
+            let (ok, table, errors) = weft(&[
+                "bench",
+                "--target",
+                target,
+                "--rw",
+                rw,
+                "--bs",
+                "8k",
+                "--iodepth",
+                "8",
+                "--queues",
+                "2",
+                "--verify",
+                extra,
+                amount,
+            ]);
+            assert!(ok, "{target} {rw}: {errors}");
+            let checked: u64 = table
+                .split("verify: ")
+                .nth(1)
+                .and_then(|rest| rest.split_whitespace().next())
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("{table}"));
+            assert!(checked > 0, "{table}");
+        }
+    }
+    // Writes alone, one pass: every block is read back and checked at the end.
+    let (ok, table, errors) = weft(&[
+        "bench",
+        "--target",
+        path.to_str().unwrap(),
+        "--rw",
+        "write",
+        "--size",
+        "64k",
+        "--verify",
+    ]);
+    assert!(ok, "{errors}");
+    assert!(table.contains("verify: 16 reads checked"), "{table}");
+    let _ = std::fs::remove_file(&path);
 }
 
 #[test]
