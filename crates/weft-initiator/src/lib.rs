@@ -2,8 +2,11 @@
 //! (weft, Linux nvmet, SPDK), brings up the admin queue, identifies the
 //! controller and its namespaces, and opens I/O queues, each a blocking TCP
 //! connection driven by the protocol core's [`HostQueue`]. No kernel module
-//! needed. It does not yet reconnect or send keep-alives (it connects with
-//! keep-alive disabled); those come with replication, its other user.
+//! needed. A background thread sends Keep Alive on the admin queue every half
+//! KATO; [`Controller::reconnect`] re-establishes a lost controller with
+//! exponential backoff (its I/O queues are then opened again and whatever was
+//! in flight on the old ones is resubmitted by the caller: the target may or
+//! may not have executed it, as with any NVMe-oF transport loss).
 
 mod queue;
 mod url;
@@ -13,7 +16,9 @@ pub use url::{TargetUrl, UrlError};
 
 use std::io;
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::sync::{mpsc, Arc, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 use thiserror::Error;
 use weft_proto::command::{admin_opcode, fctype, FABRICS_OPCODE};
 use weft_proto::host::{DataTransfer, HostCompletion, HostConfig, HostError};
@@ -96,6 +101,42 @@ pub enum InitiatorError {
     },
 }
 
+impl InitiatorError {
+    /// Whether trying again later may succeed (the path or the target was
+    /// down), as opposed to a refusal that will repeat.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            InitiatorError::Unreachable { .. }
+                | InitiatorError::Io { .. }
+                | InitiatorError::Protocol { .. }
+                | InitiatorError::NotReady { .. }
+        )
+    }
+}
+
+/// How [`Controller::reconnect`] retries: the first delay doubles up to
+/// `delay_max`, until `give_up_after` has passed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    /// Wait before the second attempt.
+    pub delay_first: Duration,
+    /// Longest wait between attempts.
+    pub delay_max: Duration,
+    /// Stop trying after this long (the kernel's ctrl-loss-tmo).
+    pub give_up_after: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff {
+            delay_first: Duration::from_millis(100),
+            delay_max: Duration::from_secs(5),
+            give_up_after: Duration::from_secs(60),
+        }
+    }
+}
+
 /// Connection options.
 #[derive(Debug, Clone)]
 pub struct ConnectOptions {
@@ -109,6 +150,11 @@ pub struct ConnectOptions {
     pub host_nqn: String,
     /// This host's identifier.
     pub host_id: [u8; 16],
+    /// Keep Alive Timeout asked for at Connect (None: no keep-alive); the
+    /// initiator sends Keep Alive every half of it.
+    pub keep_alive: Option<Duration>,
+    /// How [`Controller::reconnect`] retries.
+    pub reconnect: Backoff,
 }
 
 impl Default for ConnectOptions {
@@ -121,6 +167,9 @@ impl Default for ConnectOptions {
             io_queue_entries: 128,
             host_nqn: format!("nqn.2014-08.org.nvmexpress:uuid:{uuid}"),
             host_id,
+            // The Linux host's default (NVME_DEFAULT_KATO).
+            keep_alive: Some(Duration::from_secs(5)),
+            reconnect: Backoff::default(),
         }
     }
 }
@@ -153,14 +202,63 @@ pub struct Namespace {
     pub block_size: u32,
 }
 
-/// A connected controller: its admin queue and what it reported.
+/// A connected controller: its admin queue, its keep-alive and what it reported.
 #[derive(Debug)]
 pub struct Controller {
     url: TargetUrl,
     options: ConnectOptions,
-    admin: Queue,
+    requested_io_queues: u16,
+    admin: Arc<Mutex<Queue>>,
+    keep_alive: Option<KeepAlive>,
     /// Identify Controller's answers.
     pub info: ControllerInfo,
+}
+
+/// The thread sending Keep Alive; stopped when dropped.
+#[derive(Debug)]
+struct KeepAlive {
+    stop: Option<mpsc::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+    failure: Arc<Mutex<Option<String>>>,
+}
+
+impl KeepAlive {
+    fn start(admin: &Arc<Mutex<Queue>>, kato: Duration) -> KeepAlive {
+        let (stop, stopped) = mpsc::channel::<()>();
+        let failure = Arc::new(Mutex::new(None));
+        let (admin, failed) = (Arc::clone(admin), Arc::clone(&failure));
+        let thread = std::thread::spawn(move || {
+            while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(kato / 2) {
+                let sent = lock(&admin).execute(
+                    "Keep Alive",
+                    sqe(admin_opcode::KEEP_ALIVE, 0),
+                    DataTransfer::None,
+                );
+                if let Err(error) = sent {
+                    *lock(&failed) = Some(error.to_string());
+                    return;
+                }
+            }
+        });
+        KeepAlive {
+            stop: Some(stop),
+            thread: Some(thread),
+            failure,
+        }
+    }
+}
+
+impl Drop for KeepAlive {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Transfer size used before Identify tells the real one.
@@ -168,83 +266,90 @@ const ADMIN_BUFFER_BYTES: u32 = 8192;
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl Controller {
-    /// Connects the admin queue, enables the controller, identifies it and asks for `io_queues` I/O queues.
+    /// Connects the admin queue, enables the controller, identifies it and
+    /// asks for `io_queues` I/O queues; one attempt (see [`Controller::reconnect`]).
     pub fn connect(
         url: &TargetUrl,
         options: ConnectOptions,
         io_queues: u16,
     ) -> Result<Controller, InitiatorError> {
-        let config = HostConfig {
-            header_digest: options.header_digest,
-            data_digest: options.data_digest,
-            queue_entries: 32,
-            in_capsule_bytes_max: 8192,
-            buffer_bytes: ADMIN_BUFFER_BYTES,
-        };
-        let mut admin = Queue::open(url.address, config)?;
-        let cntlid = connect_queue(&mut admin, url, &options, 0, 0xFFFF, 31)?;
-        admin.execute(
-            "Property Set CC.EN",
-            property_set(0x14, (6 << 16) | (4 << 20) | 1),
-            DataTransfer::None,
-        )?;
-        wait_ready(&mut admin)?;
-        let identify = admin.execute(
-            "Identify Controller",
-            identify(1, 0),
-            DataTransfer::FromController(4096),
-        )?;
-        let data = admin.buffer(identify.cid.0)[..4096].to_vec();
-        let mut queues = sqe(admin_opcode::SET_FEATURES, 0);
-        let requested = u32::from(io_queues.max(1) - 1);
-        set_cdw(&mut queues, 10, 0x07);
-        set_cdw(&mut queues, 11, requested | (requested << 16));
-        let granted = admin.execute("Set Features Number of Queues", queues, DataTransfer::None)?;
-        let info = ControllerInfo {
-            cntlid,
-            serial: ascii(&data[4..24]),
-            model: ascii(&data[24..64]),
-            // MDTS in units of the minimum page size (4 KiB); 0 = no limit, capped at 1 MiB here.
-            transfer_bytes_max: match data[77] {
-                0 => 1 << 20,
-                mdts => (4096u32 << mdts.min(8)).min(1 << 20),
-            },
-            io_in_capsule_bytes: (u32::from_le_bytes([
-                data[1792], data[1793], data[1794], data[1795],
-            ]) * 16)
-                .saturating_sub(64),
-            // The controller may allocate more than asked (NSQA/NCQA); the host uses what it asked for.
-            io_queues: (((granted.result & 0xFFFF) as u16).min((granted.result >> 16) as u16) + 1)
-                .min(io_queues.max(1)),
-        };
+        let (admin, info) = establish(url, &options, io_queues)?;
+        let admin = Arc::new(Mutex::new(admin));
         Ok(Controller {
             url: url.clone(),
+            keep_alive: options
+                .keep_alive
+                .map(|kato| KeepAlive::start(&admin, kato)),
             options,
+            requested_io_queues: io_queues,
             admin,
             info,
         })
     }
 
+    /// Why keep-alive stopped, if it did (the controller is then lost: reconnect).
+    pub fn keep_alive_failure(&self) -> Option<String> {
+        self.keep_alive
+            .as_ref()
+            .and_then(|keep_alive| lock(&keep_alive.failure).clone())
+    }
+
+    /// Establishes a new controller in place of this one, retrying transient
+    /// failures with the options' backoff; a refusal (unknown NQN, host
+    /// rejected, a failed command) ends the attempts at once. Open the I/O
+    /// queues again afterwards.
+    pub fn reconnect(&mut self) -> Result<(), InitiatorError> {
+        self.keep_alive = None;
+        let backoff = self.options.reconnect;
+        let start = Instant::now();
+        let mut delay = backoff.delay_first;
+        loop {
+            match establish(&self.url, &self.options, self.requested_io_queues) {
+                Ok((admin, info)) => {
+                    self.admin = Arc::new(Mutex::new(admin));
+                    self.info = info;
+                    self.keep_alive = self
+                        .options
+                        .keep_alive
+                        .map(|kato| KeepAlive::start(&self.admin, kato));
+                    return Ok(());
+                }
+                Err(error)
+                    if error.is_transient() && start.elapsed() + delay < backoff.give_up_after =>
+                {
+                    std::thread::sleep(delay);
+                    delay = (delay * 2).min(backoff.delay_max);
+                }
+                Err(error) => return Err(error),
+            }
+        }
+    }
+
+    fn admin(&self) -> MutexGuard<'_, Queue> {
+        lock(&self.admin)
+    }
+
     /// The active namespaces.
     pub fn namespaces(&mut self) -> Result<Vec<Namespace>, InitiatorError> {
-        let list = self.admin.execute(
+        let mut admin = self.admin();
+        let list = admin.execute(
             "Identify Active Namespace List",
             identify(2, 0),
             DataTransfer::FromController(4096),
         )?;
-        let nsids: Vec<u32> = self.admin.buffer(list.cid.0)[..4096]
+        let nsids: Vec<u32> = admin.buffer(list.cid.0)[..4096]
             .chunks_exact(4)
             .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
             .take_while(|&nsid| nsid != 0)
             .collect();
         let mut namespaces = Vec::new();
         for nsid in nsids {
-            let done = self.admin.execute(
+            let done = admin.execute(
                 "Identify Namespace",
                 identify(0, nsid),
                 DataTransfer::FromController(4096),
             )?;
-            let data = &self.admin.buffer(done.cid.0)[..4096];
+            let data = &admin.buffer(done.cid.0)[..4096];
             let blocks = u64::from_le_bytes(data[0..8].try_into().expect("8 bytes"));
             let format = usize::from(data[26] & 0xF);
             let lbads = data[128 + format * 4 + 2];
@@ -288,12 +393,87 @@ impl Controller {
             &mut queue,
             &self.url,
             &self.options,
-            qid,
-            self.info.cntlid,
-            self.options.io_queue_entries - 1,
+            QueueParameters {
+                qid,
+                cntlid: self.info.cntlid,
+                sqsize: self.options.io_queue_entries - 1,
+                kato_ms: 0,
+            },
         )?;
         Ok(queue)
     }
+}
+
+/// Connects an admin queue, enables the controller, identifies it and asks
+/// for `io_queues` I/O queues.
+fn establish(
+    url: &TargetUrl,
+    options: &ConnectOptions,
+    io_queues: u16,
+) -> Result<(Queue, ControllerInfo), InitiatorError> {
+    let config = HostConfig {
+        header_digest: options.header_digest,
+        data_digest: options.data_digest,
+        queue_entries: 32,
+        in_capsule_bytes_max: 8192,
+        buffer_bytes: ADMIN_BUFFER_BYTES,
+    };
+    let mut admin = Queue::open(url.address, config)?;
+    let kato_ms = options.keep_alive.map_or(0, |kato| kato.as_millis() as u32);
+    let cntlid = connect_queue(
+        &mut admin,
+        url,
+        options,
+        QueueParameters {
+            qid: 0,
+            cntlid: 0xFFFF,
+            sqsize: 31,
+            kato_ms,
+        },
+    )?;
+    admin.execute(
+        "Property Set CC.EN",
+        property_set(0x14, (6 << 16) | (4 << 20) | 1),
+        DataTransfer::None,
+    )?;
+    wait_ready(&mut admin)?;
+    let identify = admin.execute(
+        "Identify Controller",
+        identify(1, 0),
+        DataTransfer::FromController(4096),
+    )?;
+    let data = admin.buffer(identify.cid.0)[..4096].to_vec();
+    let mut queues = sqe(admin_opcode::SET_FEATURES, 0);
+    let requested = u32::from(io_queues.max(1) - 1);
+    set_cdw(&mut queues, 10, 0x07);
+    set_cdw(&mut queues, 11, requested | (requested << 16));
+    let granted = admin.execute("Set Features Number of Queues", queues, DataTransfer::None)?;
+    let info = ControllerInfo {
+        cntlid,
+        serial: ascii(&data[4..24]),
+        model: ascii(&data[24..64]),
+        // MDTS in units of the minimum page size (4 KiB); 0 = no limit, capped at 1 MiB here.
+        transfer_bytes_max: match data[77] {
+            0 => 1 << 20,
+            mdts => (4096u32 << mdts.min(8)).min(1 << 20),
+        },
+        io_in_capsule_bytes: (u32::from_le_bytes([data[1792], data[1793], data[1794], data[1795]])
+            * 16)
+            .saturating_sub(64),
+        // The controller may allocate more than asked (NSQA/NCQA); the host uses what it asked for.
+        io_queues: (((granted.result & 0xFFFF) as u16).min((granted.result >> 16) as u16) + 1)
+            .min(io_queues.max(1)),
+    };
+    Ok((admin, info))
+}
+
+/// What Fabrics Connect asks for.
+#[derive(Debug, Clone, Copy)]
+struct QueueParameters {
+    qid: u16,
+    cntlid: u16,
+    sqsize: u16,
+    kato_ms: u32,
 }
 
 /// Fabrics Connect on `queue`; returns the controller ID.
@@ -301,19 +481,19 @@ fn connect_queue(
     queue: &mut Queue,
     url: &TargetUrl,
     options: &ConnectOptions,
-    qid: u16,
-    cntlid: u16,
-    sqsize: u16,
+    parameters: QueueParameters,
 ) -> Result<u16, InitiatorError> {
     let mut command = sqe(FABRICS_OPCODE, 0);
     command[4] = fctype::CONNECT;
-    command[42..44].copy_from_slice(&qid.to_le_bytes());
-    command[44..46].copy_from_slice(&sqsize.to_le_bytes());
+    command[42..44].copy_from_slice(&parameters.qid.to_le_bytes());
+    command[44..46].copy_from_slice(&parameters.sqsize.to_le_bytes());
+    // CDW12: KATO in milliseconds (NVMe-oF 1.1, Figure 20).
+    command[48..52].copy_from_slice(&parameters.kato_ms.to_le_bytes());
     let cid = queue.next_cid();
     let data = &mut queue.buffer(cid)[..1024];
     data.fill(0);
     data[..16].copy_from_slice(&options.host_id);
-    data[16..18].copy_from_slice(&cntlid.to_le_bytes());
+    data[16..18].copy_from_slice(&parameters.cntlid.to_le_bytes());
     data[256..256 + url.nqn.len()].copy_from_slice(url.nqn.as_bytes());
     data[512..512 + options.host_nqn.len()].copy_from_slice(options.host_nqn.as_bytes());
     let done = queue.run(command, DataTransfer::ToController(1024))?;

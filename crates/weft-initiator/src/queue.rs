@@ -2,9 +2,10 @@
 //! protocol core's [`HostQueue`]. A thread owns a queue; it submits commands,
 //! flushes them, and blocks reading until completions arrive.
 
-use crate::{check, InitiatorError};
+use crate::{check, read_write, set_cdw, sqe, InitiatorError};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use weft_proto::command::io_opcode;
 use weft_proto::host::{DataTransfer, HostCompletion, HostConfig, HostQueue, SubmitError};
 use weft_proto::types::{Cid, SlotId};
 use weft_proto::{SlotBuffers, TxSegment};
@@ -65,7 +66,7 @@ impl Queue {
             receive: vec![0u8; 256 * 1024],
             send: Vec::with_capacity(256 * 1024),
         };
-        queue.flush()?;
+        queue.transmit()?;
         while !queue.host.is_ready() {
             queue.receive_some()?;
         }
@@ -87,13 +88,13 @@ impl Queue {
         self.host.outstanding()
     }
 
-    /// Queues a command; [`Queue::flush`] sends it.
+    /// Queues a command; [`Queue::transmit`] (or [`Queue::wait`]) sends it.
     pub fn submit(&mut self, sqe: [u8; 64], transfer: DataTransfer) -> Result<Cid, SubmitError> {
         self.host.submit(sqe, transfer, &mut self.buffers)
     }
 
     /// Sends everything queued.
-    pub fn flush(&mut self) -> Result<(), InitiatorError> {
+    pub fn transmit(&mut self) -> Result<(), InitiatorError> {
         while let Some(transmit) = self.host.poll_transmit() {
             self.send.clear();
             for segment in transmit.segments {
@@ -122,14 +123,14 @@ impl Queue {
 
     /// Blocks until a command finishes.
     pub fn wait(&mut self) -> Result<HostCompletion, InitiatorError> {
-        self.flush()?;
+        self.transmit()?;
         loop {
             if let Some(completion) = self.host.poll_completion() {
                 return Ok(completion);
             }
             self.receive_some()?;
             // An R2T may have queued H2CData.
-            self.flush()?;
+            self.transmit()?;
         }
     }
 
@@ -158,6 +159,79 @@ impl Queue {
         check(what, self.run(sqe, transfer)?)
     }
 
+    /// Writes `data` at `slba` and waits (at most the target's transfer size).
+    pub fn write(
+        &mut self,
+        nsid: u32,
+        slba: u64,
+        block_size: u32,
+        data: &[u8],
+    ) -> Result<(), InitiatorError> {
+        let len = data.len() as u32;
+        let cid = self.next_cid();
+        self.buffer(cid)[..data.len()].copy_from_slice(data);
+        let command = read_write(io_opcode::WRITE, nsid, slba, len / block_size);
+        self.execute("Write", command, DataTransfer::ToController(len))
+            .map(|_| ())
+    }
+
+    /// Reads `len` bytes at `slba` and waits; returns the data.
+    pub fn read(
+        &mut self,
+        nsid: u32,
+        slba: u64,
+        block_size: u32,
+        len: u32,
+    ) -> Result<&[u8], InitiatorError> {
+        let command = read_write(io_opcode::READ, nsid, slba, len / block_size);
+        let done = self.execute("Read", command, DataTransfer::FromController(len))?;
+        Ok(&self.buffer(done.cid.0)[..len as usize])
+    }
+
+    /// NVMe Flush: everything written to `nsid` before is durable.
+    pub fn flush(&mut self, nsid: u32) -> Result<(), InitiatorError> {
+        self.execute("Flush", sqe(io_opcode::FLUSH, nsid), DataTransfer::None)
+            .map(|_| ())
+    }
+
+    /// Write Zeroes of `blocks` blocks at `slba`.
+    pub fn write_zeroes(
+        &mut self,
+        nsid: u32,
+        slba: u64,
+        blocks: u32,
+    ) -> Result<(), InitiatorError> {
+        let command = read_write(io_opcode::WRITE_ZEROES, nsid, slba, blocks);
+        self.execute("Write Zeroes", command, DataTransfer::None)
+            .map(|_| ())
+    }
+
+    /// Dataset Management with the Deallocate attribute over `(slba, blocks)` ranges.
+    pub fn deallocate(&mut self, nsid: u32, ranges: &[(u64, u32)]) -> Result<(), InitiatorError> {
+        assert!(
+            (1..=256).contains(&ranges.len()),
+            "Dataset Management takes 1 to 256 ranges"
+        );
+        let cid = self.next_cid();
+        let data = &mut self.buffer(cid)[..ranges.len() * 16];
+        for (range, &(slba, blocks)) in data.chunks_exact_mut(16).zip(ranges) {
+            // Figure "Dataset Management - Range Definition": attributes, length, starting LBA.
+            range[..4].fill(0);
+            range[4..8].copy_from_slice(&blocks.to_le_bytes());
+            range[8..16].copy_from_slice(&slba.to_le_bytes());
+        }
+        let mut command = sqe(io_opcode::DATASET_MANAGEMENT, nsid);
+        set_cdw(&mut command, 10, ranges.len() as u32 - 1);
+        set_cdw(&mut command, 11, 1 << 2); // AD: deallocate
+        let len = ranges.len() as u32 * 16;
+        self.execute(
+            "Dataset Management",
+            command,
+            DataTransfer::ToController(len),
+        )
+        .map(|_| ())
+    }
+
     fn receive_some(&mut self) -> Result<(), InitiatorError> {
         let address = self.address;
         let received = self
@@ -182,7 +256,7 @@ impl Queue {
         match self.host.error() {
             Some(source) => {
                 // Send our H2CTermReq, if the failure queued one, before giving up.
-                let _ = self.flush();
+                let _ = self.transmit();
                 Err(InitiatorError::Protocol { address, source })
             }
             None => Ok(()),

@@ -2,7 +2,11 @@
 
 mod support;
 
-use weft_initiator::{read_write, ConnectOptions, Controller, InitiatorError, TargetUrl};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use weft_initiator::{read_write, Backoff, ConnectOptions, Controller, InitiatorError, TargetUrl};
 use weft_proto::command::io_opcode;
 use weft_proto::host::DataTransfer;
 use weft_proto::testing::TEST_NQN;
@@ -94,4 +98,154 @@ fn errors_say_what_failed() {
             .starts_with(&format!("cannot reach {closed}")),
         "{error}"
     );
+}
+
+#[test]
+fn io_helpers_flush_zero_and_deallocate() {
+    let address = support::start("initiator-io");
+    let url = TargetUrl::parse(&format!("nvme-tcp://{address}/{TEST_NQN}")).unwrap();
+    let mut controller = Controller::connect(&url, ConnectOptions::default(), 1).unwrap();
+    let mut queue = controller.open_io_queue(1).unwrap();
+    for nsid in [1u32, 2] {
+        let block = controller.namespace(nsid).unwrap().block_size;
+        let data: Vec<u8> = (0..8 * block).map(|i| (i % 251) as u8 + 1).collect();
+        queue.write(nsid, 16, block, &data).unwrap();
+        queue.flush(nsid).unwrap();
+        assert_eq!(queue.read(nsid, 16, block, 8 * block).unwrap(), &data[..]);
+        queue.write_zeroes(nsid, 17, 2).unwrap();
+        queue.deallocate(nsid, &[(20, 2), (23, 1)]).unwrap();
+        let back = queue.read(nsid, 16, block, 8 * block).unwrap().to_vec();
+        let b = block as usize;
+        for (index, chunk) in back.chunks(b).enumerate() {
+            let zeroed = [1, 2, 4, 5, 7].contains(&index);
+            if zeroed {
+                assert!(
+                    chunk.iter().all(|&x| x == 0),
+                    "ns {nsid} block {index} not zero"
+                );
+            } else {
+                assert_eq!(
+                    chunk,
+                    &data[index * b..(index + 1) * b],
+                    "ns {nsid} block {index}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn keep_alive_holds_an_idle_controller() {
+    let address = support::start("initiator-keep-alive");
+    let url = TargetUrl::parse(&format!("nvme-tcp://{address}/{TEST_NQN}")).unwrap();
+    let options = ConnectOptions {
+        keep_alive: Some(Duration::from_secs(1)),
+        ..ConnectOptions::default()
+    };
+    let mut controller = Controller::connect(&url, options, 1).unwrap();
+    let mut queue = controller.open_io_queue(1).unwrap();
+    // Three KATOs idle: the target would have dropped a silent controller.
+    std::thread::sleep(Duration::from_millis(3200));
+    assert_eq!(controller.keep_alive_failure(), None);
+    assert_eq!(controller.namespaces().unwrap().len(), 2);
+    queue.flush(1).unwrap();
+}
+
+#[test]
+fn reconnects_with_backoff_after_the_path_comes_back() {
+    let target = support::start("initiator-reconnect");
+    let proxy = Proxy::start("127.0.0.1:0".parse().unwrap(), target);
+    let url = TargetUrl::parse(&format!("nvme-tcp://{}/{TEST_NQN}", proxy.address)).unwrap();
+    let options = ConnectOptions {
+        reconnect: Backoff {
+            delay_first: Duration::from_millis(50),
+            delay_max: Duration::from_millis(400),
+            give_up_after: Duration::from_secs(3),
+        },
+        ..ConnectOptions::default()
+    };
+    let mut controller = Controller::connect(&url, options, 1).unwrap();
+    let mut queue = controller.open_io_queue(1).unwrap();
+    let data = vec![0x5Au8; 4096];
+    queue.write(2, 3, 4096, &data).unwrap();
+
+    // The path goes down; it comes back on the same address 700 ms later.
+    let address = proxy.address;
+    proxy.cut();
+    assert!(queue.flush(2).unwrap_err().is_transient());
+    let back = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(700));
+        Proxy::start(address, target)
+    });
+    let started = Instant::now();
+    controller.reconnect().unwrap();
+    assert!(
+        started.elapsed() >= Duration::from_millis(600),
+        "it waited for the path"
+    );
+    let mut queue = controller.open_io_queue(1).unwrap();
+    assert_eq!(queue.read(2, 3, 4096, 4096).unwrap(), &data[..]);
+
+    // Down for good: reconnect gives up after its budget with the cause.
+    back.join().unwrap().cut();
+    let started = Instant::now();
+    let error = controller.reconnect().unwrap_err();
+    assert!(error.to_string().starts_with("cannot reach"), "{error}");
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(2500) && waited < Duration::from_secs(4),
+        "{waited:?}"
+    );
+}
+
+/// A TCP forwarder standing in for the network path: `cut` drops every
+/// connection and stops listening.
+struct Proxy {
+    address: SocketAddr,
+    stop: Arc<AtomicBool>,
+    streams: Arc<Mutex<Vec<TcpStream>>>,
+    accept: std::thread::JoinHandle<()>,
+}
+
+impl Proxy {
+    fn start(listen: SocketAddr, target: SocketAddr) -> Proxy {
+        let listener = TcpListener::bind(listen).unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let address = listener.local_addr().unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let streams = Arc::new(Mutex::new(Vec::new()));
+        let (stopping, tracked) = (Arc::clone(&stop), Arc::clone(&streams));
+        let accept = std::thread::spawn(move || {
+            while !stopping.load(Ordering::SeqCst) {
+                let Ok((client, _)) = listener.accept() else {
+                    std::thread::sleep(Duration::from_millis(5));
+                    continue;
+                };
+                client.set_nonblocking(false).unwrap();
+                let server = TcpStream::connect(target).unwrap();
+                for (from, to) in [(&client, &server), (&server, &client)] {
+                    let (mut from, mut to) = (from.try_clone().unwrap(), to.try_clone().unwrap());
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(Shutdown::Both);
+                    });
+                }
+                tracked.lock().unwrap().extend([client, server]);
+            }
+        });
+        Proxy {
+            address,
+            stop,
+            streams,
+            accept,
+        }
+    }
+
+    fn cut(self) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.accept.join().unwrap();
+        for stream in self.streams.lock().unwrap().drain(..) {
+            let _ = stream.shutdown(Shutdown::Both);
+        }
+    }
 }
