@@ -1,8 +1,8 @@
 #!/bin/bash
 # Runs every test of weft: unit and in-memory protocol tests, seeded fuzz loops,
 # a short cargo-fuzz smoke run of each fuzz target (when a nightly toolchain is
-# available), and the kernel-interop test (the Linux 6.1 NVMe/TCP host in a QEMU
-# guest against weft). Installs what it needs (Debian packages, the guest image,
+# available), the kernel-interop test (the Linux 6.1 NVMe/TCP host in a QEMU
+# guest against weft) and weft's initiator against the guest kernel's nvmet. Installs what it needs (Debian packages, the guest image,
 # cargo-fuzz) idempotently. Run as root from anywhere: ./test.sh
 # Environment: WEFT_FUZZ_SECONDS (default 20 per target), WEFT_SKIP_VM=1 to skip the guest.
 set -euo pipefail
@@ -14,6 +14,7 @@ harness/deps.sh
 
 step "build (release)"
 cargo build --release --locked
+cargo build --release --locked -p weft-initiator --examples
 
 step "cargo test (unit, protocol, seeded fuzz loops)"
 cargo test --workspace --locked
@@ -33,5 +34,7 @@ if [ "${WEFT_SKIP_VM:-}" = 1 ]; then
 else
     step "kernel interop (Linux 6.1 host in a QEMU guest)"
     harness/interop.sh --weft target/release/weft
+    step "weft's initiator against the Linux kernel's nvmet (in the QEMU guest)"
+    harness/initiator-peers.sh
 fi
 step "all tests passed"

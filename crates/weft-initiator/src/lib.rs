@@ -189,6 +189,8 @@ pub struct ControllerInfo {
     pub io_in_capsule_bytes: u32,
     /// I/O queues granted.
     pub io_queues: u16,
+    /// Optional NVM commands supported (ONCS: bit 2 Dataset Management, bit 3 Write Zeroes).
+    pub optional_commands: u16,
 }
 
 /// A namespace as Identify Namespace reports it.
@@ -463,6 +465,7 @@ fn establish(
         // The controller may allocate more than asked (NSQA/NCQA); the host uses what it asked for.
         io_queues: (((granted.result & 0xFFFF) as u16).min((granted.result >> 16) as u16) + 1)
             .min(io_queues.max(1)),
+        optional_commands: u16::from_le_bytes([data[520], data[521]]),
     };
     Ok((admin, info))
 }
