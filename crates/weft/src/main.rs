@@ -24,7 +24,7 @@ Usage:
 
   weft bench --target nvme-tcp://HOST:PORT/NQN|PATH [--rw MODE] [--bs SIZE] [--iodepth N] ...
   weft bench compare --local PATH --remote nvme-tcp://HOST:PORT/NQN [--sweep iodepth=1,8,32]
-                     [--json FILE] [--plot FILE.svg] ...
+                     [--rounds N] [--json FILE] [--plot FILE.svg] ...
   weft bench floor [--runtime D]
 
 Commands:
@@ -50,9 +50,11 @@ Bench options:
                        both sides and the ratios of every iodepth)
   --plot FILE.svg      compare: latency (mean, p99) against IOPS over the sweep, both sides
   compare              local and remote alternately per iodepth, with remote/local ratios and
-                       the latency adder; --sweep iodepth=... runs several depths
+                       the latency adder; --sweep iodepth=... runs several depths, --rounds N
+                       alternates the sides N times per depth and merges them
   floor                plain TCP request/response on loopback with NVMe/TCP's sizes (72 bytes
-                       out, a 4 KiB read's 4144 back) at depth 1 and 32: the path's physical floor
+                       out, a 4 KiB read's 4144 back) at depth 1 and 32, client and server on
+                       different CPUs (and on one CPU for reference): the path's physical floor
 
 Serve options:
   --config FILE        TOML file declaring listeners, subsystems and namespaces (see README)

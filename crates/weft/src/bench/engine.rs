@@ -214,6 +214,14 @@ pub struct Results {
 }
 
 impl Results {
+    /// Adds a run made after this one (times add up; `merge` is for runs side by side).
+    pub fn add_round(&mut self, later: Results) {
+        let seconds = self.seconds + later.seconds;
+        self.merge(later);
+        self.seconds = seconds;
+    }
+
+    /// Adds a run made at the same time (queues of one run).
     pub fn merge(&mut self, other: Results) {
         self.read.latency.merge(&other.read.latency);
         self.read.bytes += other.read.bytes;

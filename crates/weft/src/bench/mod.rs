@@ -106,6 +106,8 @@ pub struct BenchArgs {
     json_file: Option<PathBuf>,
     /// Compare: where to draw latency against IOPS.
     plot_file: Option<PathBuf>,
+    /// Compare: alternations of local and remote per iodepth (merged).
+    rounds: usize,
 }
 
 /// Parses `weft bench` options.
@@ -129,6 +131,7 @@ pub fn parse(parser: &mut lexopt::Parser) -> Result<BenchArgs, String> {
         json: false,
         json_file: None,
         plot_file: None,
+        rounds: 1,
     };
     let (mut local, mut remote, mut sweep) = (String::new(), String::new(), Vec::new());
     let mut first = true;
@@ -164,6 +167,7 @@ pub fn parse(parser: &mut lexopt::Parser) -> Result<BenchArgs, String> {
             }
             "--size" => args.size = Some(parse_bytes(&value()?, &name)?),
             "--verify" => args.verify = true,
+            "--rounds" => args.rounds = number(&value()?, &name, 1, 1000)? as usize,
             "--plot" => args.plot_file = Some(PathBuf::from(value()?)),
             "--iodepth" => args.iodepth = number(&value()?, &name, 1, 1024)? as usize,
             "--queues" => args.queues = number(&value()?, &name, 1, 64)? as usize,
@@ -510,25 +514,35 @@ fn compare(
         sweep
     };
     println!(
-        "weft bench compare: {} {} bytes, {} queue(s), {} s per side, local {local_path} vs remote {remote_url}",
+        "weft bench compare: {} {} bytes, {} queue(s), {} x {} s per side, local {local_path} vs remote {remote_url}",
         args.pattern.name(),
         args.block_bytes,
         args.queues,
+        args.rounds,
         args.runtime.unwrap_or_default().as_secs_f64()
     );
     println!("{}", report::header("iodepth side   ", 15));
+    let rounds = args.rounds;
     let (mut json_points, mut local_points, mut remote_points) =
         (Vec::new(), Vec::new(), Vec::new());
     for depth in depths {
+        // Rounds alternate the sides so that drift on a noisy machine hits both alike.
+        let mut measured = [Results::default(), Results::default()];
+        for round in 1..=rounds {
+            for (side, target) in [local_path, remote_url].into_iter().enumerate() {
+                let side_args = BenchArgs {
+                    target: target.to_string(),
+                    iodepth: depth,
+                    mode: Mode::Single,
+                    ..args.clone()
+                };
+                let name = ["local", "remote"][side];
+                let results = measure(&side_args, &format!("{name} qd{depth} {round}/{rounds}"))?;
+                measured[side].add_round(results);
+            }
+        }
         let mut sides = Vec::new();
-        for (name, target) in [("local", local_path), ("remote", remote_url)] {
-            let side = BenchArgs {
-                target: target.to_string(),
-                iodepth: depth,
-                mode: Mode::Single,
-                ..args.clone()
-            };
-            let results = measure(&side, &format!("{name} qd{depth}"))?;
+        for (name, results) in ["local", "remote"].into_iter().zip(measured) {
             let read = Summary::of(&results.read, results.seconds);
             let write = Summary::of(&results.write, results.seconds);
             for (direction, summary) in [("", &read), (" w", &write)] {
@@ -588,10 +602,11 @@ fn compare(
     );
     if let Some(path) = &args.json_file {
         let json = format!(
-            "{{\"weft_bench_compare\":{{\"rw\":\"{}\",\"bs\":{},\"queues\":{},\"runtime_s\":{},\"local\":\"{}\",\"remote\":\"{}\",\"points\":[{}]}}}}\n",
+            "{{\"weft_bench_compare\":{{\"rw\":\"{}\",\"bs\":{},\"queues\":{},\"rounds\":{},\"runtime_s\":{},\"local\":\"{}\",\"remote\":\"{}\",\"points\":[{}]}}}}\n",
             args.pattern.name(),
             args.block_bytes,
             args.queues,
+            args.rounds,
             args.runtime.unwrap_or_default().as_secs_f64(),
             local_path.replace('"', "\\\""),
             remote_url.replace('"', "\\\""),
@@ -623,27 +638,59 @@ const FLOOR_REQUEST_BYTES: usize = 72;
 
 /// The physical floor of the path: a blocking TCP echo on loopback answering
 /// a 72-byte request with the bytes of a 4 KiB read, at QD1 and QD32.
+///
+/// Where the two threads run matters more than anything else on a VM: a
+/// wake-up on another CPU can cost tens of microseconds. weft's reactors are
+/// pinned and a remote host is another machine, so the floor that weft is
+/// held to has its client and server pinned to different CPUs; the one-CPU
+/// row shows what the same exchange costs without a cross-CPU wake-up.
 fn floor(args: &BenchArgs) -> Result<(), String> {
     let runtime = args.runtime.unwrap_or(Duration::from_secs(10));
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!(
         "weft bench floor: TCP request/response on loopback, {FLOOR_REQUEST_BYTES} bytes out, {FLOOR_RESPONSE_BYTES} back, {} s each",
         runtime.as_secs_f64()
     );
-    println!("{}", report::header("  depth", 7));
-    for depth in [1usize, 32] {
-        let direction = floor_run(depth, runtime).map_err(|e| format!("floor: {e}"))?;
+    println!("{}", report::header("depth placement    ", 19));
+    let mut rows = vec![(1usize, (0usize, cpus - 1)), (32, (0, cpus - 1))];
+    if cpus > 1 {
+        rows.push((1, (0, 0)));
+    }
+    let mut json = Vec::new();
+    for (depth, (client_cpu, server_cpu)) in rows {
+        let placement = if client_cpu == server_cpu {
+            "one CPU"
+        } else {
+            "cross-CPU"
+        };
+        let direction =
+            floor_run(depth, runtime, client_cpu, server_cpu).map_err(|e| format!("floor: {e}"))?;
         if let Some(summary) = Summary::of(&direction, runtime.as_secs_f64()) {
-            println!("{depth:>7} {}", report::row(&summary));
+            println!("{depth:>5} {placement:<13} {}", report::row(&summary));
+            json.push(format!(
+                "{{\"iodepth\":{depth},\"placement\":\"{placement}\",\"read\":{}}}",
+                Summary::fio_json(Some(&summary))
+            ));
         }
+    }
+    if args.json {
+        println!("{{\"weft_bench_floor\":[{}]}}", json.join(","));
     }
     Ok(())
 }
 
-fn floor_run(depth: usize, runtime: Duration) -> std::io::Result<Direction> {
-    use std::io::{Read, Write};
+fn floor_run(
+    depth: usize,
+    runtime: Duration,
+    client_cpu: usize,
+    server_cpu: usize,
+) -> std::io::Result<Direction> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     let address = listener.local_addr()?;
     let server = std::thread::spawn(move || -> std::io::Result<()> {
+        use std::io::{Read, Write};
+        // Best effort: without the permission the floor is merely less repeatable.
+        let _ = weft_uring::pin_current_thread_to_cpu(server_cpu);
         let (mut stream, _) = listener.accept()?;
         stream.set_nodelay(true)?;
         let mut request = [0u8; FLOOR_REQUEST_BYTES];
@@ -653,6 +700,24 @@ fn floor_run(depth: usize, runtime: Duration) -> std::io::Result<Direction> {
         }
         Ok(())
     });
+    let client = std::thread::spawn(move || floor_client(address, depth, runtime, client_cpu));
+    let direction = client
+        .join()
+        .map_err(|_| std::io::Error::other("floor client panicked"))??;
+    server
+        .join()
+        .map_err(|_| std::io::Error::other("floor server panicked"))??;
+    Ok(direction)
+}
+
+fn floor_client(
+    address: std::net::SocketAddr,
+    depth: usize,
+    runtime: Duration,
+    cpu: usize,
+) -> std::io::Result<Direction> {
+    use std::io::{Read, Write};
+    let _ = weft_uring::pin_current_thread_to_cpu(cpu);
     let mut stream = std::net::TcpStream::connect(address)?;
     stream.set_nodelay(true)?;
     let mut response = vec![0u8; FLOOR_RESPONSE_BYTES];
@@ -676,10 +741,6 @@ fn floor_run(depth: usize, runtime: Duration) -> std::io::Result<Direction> {
             stream.write_all(&[0u8; FLOOR_REQUEST_BYTES])?;
         }
     }
-    drop(stream);
-    server
-        .join()
-        .map_err(|_| std::io::Error::other("floor server panicked"))??;
     Ok(direction)
 }
 
