@@ -62,6 +62,16 @@ fn serve(name: &str) -> (Server, String) {
     )
 }
 
+/// A sparse 16 MiB file under the temp dir, unique to this test process.
+fn temp_image(name: &str) -> std::path::PathBuf {
+    let path = std::env::temp_dir().join(format!("weft-cli-{name}-{}.img", std::process::id()));
+    std::fs::File::create(&path)
+        .unwrap()
+        .set_len(16 << 20)
+        .unwrap();
+    path
+}
+
 fn weft(args: &[&str]) -> (bool, String, String) {
     let output = Command::new(WEFT).args(args).output().unwrap();
     (
@@ -125,11 +135,7 @@ fn bench_loads_a_served_namespace() {
 #[test]
 fn compare_and_floor_report_side_by_side() {
     let (_server, url) = serve("compare");
-    let path = std::env::temp_dir().join(format!("weft-cli-compare-{}.img", std::process::id()));
-    std::fs::File::create(&path)
-        .unwrap()
-        .set_len(16 << 20)
-        .unwrap();
+    let path = temp_image("compare");
     let json_path = path.with_extension("json");
     let plot_path = path.with_extension("svg");
     let args = [
@@ -176,11 +182,7 @@ fn compare_and_floor_report_side_by_side() {
 #[test]
 fn verify_checks_what_it_wrote_on_both_sides() {
     let (_server, url) = serve("verify");
-    let path = std::env::temp_dir().join(format!("weft-cli-verify-{}.img", std::process::id()));
-    std::fs::File::create(&path)
-        .unwrap()
-        .set_len(16 << 20)
-        .unwrap();
+    let path = temp_image("verify");
     for target in [url.as_str(), path.to_str().unwrap()] {
         for (rw, extra) in [("randrw", "--runtime"), ("randread", "--size")] {
             let amount = if extra == "--runtime" { "300ms" } else { "1m" };
@@ -228,11 +230,7 @@ fn verify_checks_what_it_wrote_on_both_sides() {
 
 #[test]
 fn bench_runs_on_a_local_file() {
-    let path = std::env::temp_dir().join(format!("weft-cli-local-{}.img", std::process::id()));
-    std::fs::File::create(&path)
-        .unwrap()
-        .set_len(16 << 20)
-        .unwrap();
+    let path = temp_image("local");
     let (ok, table, errors) = weft(&[
         "bench",
         "--target",

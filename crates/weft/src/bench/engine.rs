@@ -454,6 +454,8 @@ impl<'a> Worker<'a> {
             }
             device.complete(&mut done)?;
             now = Instant::now();
+            // The progress line's counters, added once per batch rather than per I/O.
+            let (mut batch_ios, mut batch_bytes, mut batch_latency_ns) = (0u64, 0u64, 0u64);
             for tag in done.drain(..) {
                 let io = in_flight[tag]
                     .take()
@@ -476,14 +478,19 @@ impl<'a> Worker<'a> {
                     };
                     direction.latency.record(latency_ns);
                     direction.bytes += block_bytes;
-                    self.progress.ios.fetch_add(1, Ordering::Relaxed);
-                    self.progress
-                        .bytes
-                        .fetch_add(block_bytes, Ordering::Relaxed);
-                    self.progress
-                        .latency_ns
-                        .fetch_add(latency_ns, Ordering::Relaxed);
+                    batch_ios += 1;
+                    batch_bytes += block_bytes;
+                    batch_latency_ns += latency_ns;
                 }
+            }
+            if batch_ios > 0 {
+                self.progress.ios.fetch_add(batch_ios, Ordering::Relaxed);
+                self.progress
+                    .bytes
+                    .fetch_add(batch_bytes, Ordering::Relaxed);
+                self.progress
+                    .latency_ns
+                    .fetch_add(batch_latency_ns, Ordering::Relaxed);
             }
         }
     }

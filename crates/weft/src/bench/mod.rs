@@ -558,16 +558,15 @@ fn compare(
         let (Some(local), Some(remote)) = (pick(&sides[0]), pick(&sides[1])) else {
             return Err(format!("iodepth {depth}: a side finished no I/O"));
         };
-        let adder_us = (remote.mean_ns - local.mean_ns) / 1000.0;
         let ratio = |r: f64, l: f64| if l > 0.0 { r / l } else { 0.0 };
+        let adder_us = (remote.mean_ns - local.mean_ns) / 1000.0;
+        let adder_percent = 100.0 * (ratio(remote.mean_ns, local.mean_ns) - 1.0);
+        let iops_ratio = ratio(remote.iops, local.iops);
+        let bw_ratio = ratio(remote.bytes_per_second, local.bytes_per_second);
+        let p99_ratio = ratio(remote.at(99.0) as f64, local.at(99.0) as f64);
         println!(
-            "{depth:>7} {:<7} IOPS {:.3}x, MiB/s {:.3}x, mean latency {:+.1} us ({:+.1}%), p99 {:.3}x",
+            "{depth:>7} {:<7} IOPS {iops_ratio:.3}x, MiB/s {bw_ratio:.3}x, mean latency {adder_us:+.1} us ({adder_percent:+.1}%), p99 {p99_ratio:.3}x",
             "ratio",
-            ratio(remote.iops, local.iops),
-            ratio(remote.bytes_per_second, local.bytes_per_second),
-            adder_us,
-            100.0 * (ratio(remote.mean_ns, local.mean_ns) - 1.0),
-            ratio(remote.at(99.0) as f64, local.at(99.0) as f64)
         );
         let point = |s: &Summary| Point {
             iodepth: depth,
@@ -585,13 +584,9 @@ fn compare(
             )
         };
         json_points.push(format!(
-            "{{\"iodepth\":{depth},\"local\":{},\"remote\":{},\"iops_ratio\":{:.4},\"bw_ratio\":{:.4},\"latency_adder_us\":{adder_us:.2},\"latency_adder_percent\":{:.2},\"p99_ratio\":{:.4}}}",
+            "{{\"iodepth\":{depth},\"local\":{},\"remote\":{},\"iops_ratio\":{iops_ratio:.4},\"bw_ratio\":{bw_ratio:.4},\"latency_adder_us\":{adder_us:.2},\"latency_adder_percent\":{adder_percent:.2},\"p99_ratio\":{p99_ratio:.4}}}",
             side_json(&sides[0]),
             side_json(&sides[1]),
-            ratio(remote.iops, local.iops),
-            ratio(remote.bytes_per_second, local.bytes_per_second),
-            100.0 * (ratio(remote.mean_ns, local.mean_ns) - 1.0),
-            ratio(remote.at(99.0) as f64, local.at(99.0) as f64)
         ));
     }
     let title = format!(

@@ -55,33 +55,67 @@ fn pattern_seed(offset: u64, generation: u32) -> u64 {
     (offset ^ (u64::from(generation) << 40) ^ 0xD6E8_FEB8_6659_FD93) | 1
 }
 
-fn pattern(seed: u64, out: &mut [u8]) {
-    let mut state = seed;
-    for chunk in out.chunks_mut(8) {
+/// The pattern's bytes, 8 at a time.
+fn pattern_words(seed: u64) -> impl Iterator<Item = [u8; 8]> {
+    std::iter::successors(Some(seed), |&state| {
+        let mut state = state;
         state ^= state << 13;
         state ^= state >> 7;
         state ^= state << 17;
-        chunk.copy_from_slice(&state.to_le_bytes()[..chunk.len()]);
-    }
+        Some(state)
+    })
+    .skip(1)
+    .map(u64::to_le_bytes)
+}
+
+fn header(offset: u64, generation: u32, len: usize) -> [u8; HEADER_BYTES] {
+    let mut header = [0u8; HEADER_BYTES];
+    header[..8].copy_from_slice(MAGIC);
+    header[8..16].copy_from_slice(&offset.to_le_bytes());
+    header[16..20].copy_from_slice(&generation.to_le_bytes());
+    header[20..24].copy_from_slice(&(len as u32).to_le_bytes());
+    header
 }
 
 /// Writes the stamp of a block at byte `offset`, write `generation`.
 pub fn stamp(buf: &mut [u8], offset: u64, generation: u32) {
     assert!(buf.len() >= HEADER_BYTES, "blocks are at least 512 bytes");
-    buf[..8].copy_from_slice(MAGIC);
-    buf[8..16].copy_from_slice(&offset.to_le_bytes());
-    buf[16..20].copy_from_slice(&generation.to_le_bytes());
-    let len = buf.len() as u32;
-    buf[20..24].copy_from_slice(&len.to_le_bytes());
-    pattern(pattern_seed(offset, generation), &mut buf[HEADER_BYTES..]);
+    let header = header(offset, generation, buf.len());
+    buf[..HEADER_BYTES].copy_from_slice(&header);
+    let words = pattern_words(pattern_seed(offset, generation));
+    for (chunk, word) in buf[HEADER_BYTES..].chunks_mut(8).zip(words) {
+        chunk.copy_from_slice(&word[..chunk.len()]);
+    }
 }
 
-/// Checks a block read at `offset` against write `generation`'s stamp.
+/// Checks a block read at `offset` against write `generation`'s stamp
+/// (without building the expected block: this runs once per verified read).
 pub fn check(buf: &[u8], offset: u64, generation: u32) -> Result<(), String> {
-    let mut expected = vec![0u8; buf.len()];
-    stamp(&mut expected, offset, generation);
-    let Some(first) = buf.iter().zip(&expected).position(|(a, b)| a != b) else {
-        return Ok(());
+    let expected_header = header(offset, generation, buf.len());
+    let words = pattern_words(pattern_seed(offset, generation));
+    let first = match buf[..HEADER_BYTES]
+        .iter()
+        .zip(&expected_header)
+        .position(|(a, b)| a != b)
+    {
+        Some(at) => at,
+        None => {
+            let mismatch = buf[HEADER_BYTES..]
+                .chunks(8)
+                .zip(words)
+                .enumerate()
+                .find_map(|(index, (chunk, word))| {
+                    chunk
+                        .iter()
+                        .zip(&word)
+                        .position(|(a, b)| a != b)
+                        .map(|at| HEADER_BYTES + index * 8 + at)
+                });
+            match mismatch {
+                None => return Ok(()),
+                Some(at) => at,
+            }
+        }
     };
     let found = if &buf[..8] == MAGIC {
         format!(
