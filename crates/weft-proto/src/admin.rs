@@ -1,13 +1,19 @@
 //! The admin queue of one controller: controller properties (CC/CSTS
 //! handshakes), Identify, Get Log Page, Get/Set Features, Asynchronous Event
 //! Requests, Keep Alive and Abort. Commands execute synchronously against the
-//! target configuration and fill the command's data buffer; the connection
-//! moves the data and the completion.
+//! connection's configuration snapshot and fill the command's data buffer;
+//! the connection moves the data and the completion.
+//!
+//! When the configuration changes under an I/O controller, the namespaces of
+//! its subsystem that were added, removed or changed go into the Changed
+//! Namespace List log page, and a Namespace Attribute Changed event tells the
+//! host to look (a Linux host then re-identifies its namespaces and picks up
+//! a new size).
 
 use crate::command::{admin_opcode, fctype, Command, PropertyCommand};
 use crate::identify::{self, cns, log_id, ControllerIdentity, ControllerKind, Health};
 use crate::status::Status;
-use crate::target::{ControllerShared, Limits, SubsystemConfig, Target};
+use crate::target::{ControllerShared, Limits, SubsystemConfig, TargetConfig};
 use crate::types::{Nsid, SlotId, Timestamp};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -73,6 +79,20 @@ mod cc {
     }
 }
 
+/// Asynchronous Event Configuration (feature 0Bh) bit 8: Namespace Attribute Notices.
+const AEC_NAMESPACE_ATTRIBUTE_NOTICES: u32 = 1 << 8;
+
+/// Completion DW0 of an Asynchronous Event Request (NVMe Base 2.0, section
+/// 5.2.1): event type in bits 2:0, event information in bits 15:8 and the log
+/// page to read in bits 23:16.
+const fn async_event(event_type: u8, information: u8, log_page: u8) -> u32 {
+    (event_type as u32) | ((information as u32) << 8) | ((log_page as u32) << 16)
+}
+
+/// Notice (event type 2h) / Namespace Attribute Changed (information 00h) /
+/// Changed Namespace List (log page 04h).
+pub const NAMESPACE_ATTRIBUTE_CHANGED: u32 = async_event(0x2, 0x00, log_id::CHANGED_NAMESPACES);
+
 /// CSTS bits.
 mod csts {
     pub const READY: u32 = 1 << 0;
@@ -122,6 +142,49 @@ impl Outcome {
     }
 }
 
+/// The Changed Namespace List (NVMe Base 2.0, section 5.16.1.5): NSIDs in
+/// increasing order, each once. "If more than 1,024 namespaces have changed
+/// attributes since the last time the log page was read, the first entry in
+/// the log page shall be set to FFFFFFFFh": the list is then that one entry.
+#[derive(Debug, Default)]
+struct ChangedNamespaces {
+    nsids: Vec<Nsid>,
+}
+
+impl ChangedNamespaces {
+    fn record(&mut self, nsid: Nsid) {
+        debug_assert_ne!(nsid, Nsid::BROADCAST, "not a namespace");
+        if self.overflowed() {
+            return;
+        }
+        if let Err(at) = self.nsids.binary_search(&nsid) {
+            if self.nsids.len() == identify::CHANGED_NAMESPACES_MAX {
+                self.nsids.clear();
+                self.nsids.push(Nsid::BROADCAST);
+            } else {
+                self.nsids.insert(at, nsid);
+            }
+        }
+    }
+
+    fn overflowed(&self) -> bool {
+        self.nsids == [Nsid::BROADCAST]
+    }
+}
+
+/// Where the Namespace Attribute Notice event type stands (NVMe Base 2.0, section 5.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NoticeState {
+    /// Nothing to report.
+    Idle,
+    /// An event occurred; the next Asynchronous Event Request reports it.
+    Pending,
+    /// Reported, so masked: "subsequent events of that event type are
+    /// automatically masked by the controller until the host clears that
+    /// event", by reading its log page with RAE cleared.
+    Masked,
+}
+
 /// State of one controller's admin queue.
 #[derive(Debug)]
 pub struct AdminQueue {
@@ -134,6 +197,8 @@ pub struct AdminQueue {
     keep_alive: Option<Duration>,
     keep_alive_deadline: Option<Timestamp>,
     async_event_config: u32,
+    changed_namespaces: ChangedNamespaces,
+    namespace_notice: NoticeState,
     /// Slots holding outstanding Asynchronous Event Requests.
     pub parked_events: Vec<SlotId>,
 }
@@ -155,8 +220,36 @@ impl AdminQueue {
             keep_alive,
             keep_alive_deadline: keep_alive.map(|kato| now.after(kato)),
             async_event_config: 0,
+            changed_namespaces: ChangedNamespaces::default(),
+            namespace_notice: NoticeState::Idle,
             parked_events: Vec::new(),
         }
+    }
+
+    /// The configuration changed from `old` to `new` under this I/O
+    /// controller's subsystem: records the namespaces that were added,
+    /// removed or changed, and raises a Namespace Attribute Changed event if
+    /// the host enabled those notices and the event type is not masked.
+    pub fn namespaces_changed(&mut self, old: &SubsystemConfig, new: &SubsystemConfig) {
+        debug_assert_eq!(self.kind, ControllerKind::Io);
+        let changed = old.changed_namespaces(new);
+        for &nsid in &changed {
+            self.changed_namespaces.record(nsid);
+        }
+        let enabled = self.async_event_config & AEC_NAMESPACE_ATTRIBUTE_NOTICES != 0;
+        if !changed.is_empty() && enabled && self.namespace_notice == NoticeState::Idle {
+            self.namespace_notice = NoticeState::Pending;
+        }
+    }
+
+    /// The completion DW0 of an event waiting to be reported, if any; the
+    /// caller completes an Asynchronous Event Request with it.
+    pub fn take_async_event(&mut self) -> Option<u32> {
+        if self.namespace_notice != NoticeState::Pending {
+            return None;
+        }
+        self.namespace_notice = NoticeState::Masked;
+        Some(NAMESPACE_ATTRIBUTE_CHANGED)
     }
 
     /// When the keep-alive timer expires, if it runs.
@@ -172,34 +265,29 @@ impl AdminQueue {
 /// Executes one admin-queue command whose data (if any) is in `buffer`.
 pub fn execute(
     queue: &mut AdminQueue,
-    target: &Target,
+    config: &TargetConfig,
     command: &Command,
     buffer: &mut [u8],
     now: Timestamp,
 ) -> Outcome {
     if command.is_fabrics() {
-        return fabrics(queue, target, command);
+        return fabrics(queue, config, command);
     }
-    let subsystem = target.config.subsystem(&queue.controller.subnqn);
+    let subsystem = config.subsystem(&queue.controller.subnqn);
     if queue.kind == ControllerKind::Io && subsystem.is_none() {
-        // The subsystem was removed from the configuration while connected.
+        // The connection ends when its subsystem leaves the configuration, so
+        // this is a snapshot the connection was not told about.
         return Outcome::status(Status::INTERNAL_ERROR);
     }
     if !queue.controller.is_ready() && command.opcode != admin_opcode::KEEP_ALIVE {
         return Outcome::status(Status::COMMAND_SEQUENCE_ERROR);
     }
     match command.opcode {
-        admin_opcode::IDENTIFY => identify(queue, target, subsystem, command, buffer),
-        admin_opcode::GET_LOG_PAGE => get_log_page(queue, target, subsystem, command, buffer),
-        admin_opcode::SET_FEATURES => set_features(queue, &target.config.limits, command, now),
+        admin_opcode::IDENTIFY => identify(queue, config, subsystem, command, buffer),
+        admin_opcode::GET_LOG_PAGE => get_log_page(queue, config, subsystem, command, buffer),
+        admin_opcode::SET_FEATURES => set_features(queue, &config.limits, command, now),
         admin_opcode::GET_FEATURES => get_features(queue, command, buffer),
-        admin_opcode::ASYNC_EVENT_REQUEST => {
-            if queue.parked_events.len() >= usize::from(target.config.limits.async_events_max) {
-                Outcome::status(Status::AER_LIMIT_EXCEEDED)
-            } else {
-                Outcome::Parked
-            }
-        }
+        admin_opcode::ASYNC_EVENT_REQUEST => async_event_request(queue, &config.limits),
         admin_opcode::KEEP_ALIVE => {
             queue.restart_keep_alive(now);
             Outcome::result(0)
@@ -210,18 +298,29 @@ pub fn execute(
     }
 }
 
-fn fabrics(queue: &mut AdminQueue, target: &Target, command: &Command) -> Outcome {
+fn fabrics(queue: &mut AdminQueue, config: &TargetConfig, command: &Command) -> Outcome {
     match command.fctype() {
-        fctype::PROPERTY_GET => property_get(
-            queue,
-            &target.config.limits,
-            PropertyCommand::decode(command),
-        ),
+        fctype::PROPERTY_GET => {
+            property_get(queue, &config.limits, PropertyCommand::decode(command))
+        }
         fctype::PROPERTY_SET => property_set(queue, PropertyCommand::decode(command)),
         // A second Connect on a connected queue.
         fctype::CONNECT => Outcome::status(Status::COMMAND_SEQUENCE_ERROR),
         _ => Outcome::status(Status::INVALID_OPCODE),
     }
+}
+
+/// Asynchronous Event Request (NVMe Base 2.0, section 5.2): an event that
+/// occurred while no request was outstanding completes this one at once;
+/// otherwise it stays outstanding until an event occurs.
+fn async_event_request(queue: &mut AdminQueue, limits: &Limits) -> Outcome {
+    if let Some(event) = queue.take_async_event() {
+        return Outcome::result(u64::from(event));
+    }
+    if queue.parked_events.len() >= usize::from(limits.async_events_max) {
+        return Outcome::status(Status::AER_LIMIT_EXCEEDED);
+    }
+    Outcome::Parked
 }
 
 fn property_get(queue: &AdminQueue, limits: &Limits, property: PropertyCommand) -> Outcome {
@@ -282,7 +381,7 @@ fn start_controller(queue: &mut AdminQueue) {
 
 fn identify(
     queue: &AdminQueue,
-    target: &Target,
+    config: &TargetConfig,
     subsystem: Option<&SubsystemConfig>,
     command: &Command,
     buffer: &mut [u8],
@@ -295,7 +394,7 @@ fn identify(
     let cns = command.cdw(10) as u8;
     let csi = (command.cdw(11) >> 24) as u8;
     if cns == cns::CONTROLLER {
-        identify::controller(&controller_identity(queue, target, subsystem), out);
+        identify::controller(&controller_identity(queue, config, subsystem), out);
         return Outcome::data(identify::IDENTIFY_LEN);
     }
     let Some(subsystem) = subsystem else {
@@ -339,10 +438,10 @@ fn identify(
 
 fn controller_identity<'a>(
     queue: &AdminQueue,
-    target: &'a Target,
+    config: &'a TargetConfig,
     subsystem: Option<&'a SubsystemConfig>,
 ) -> ControllerIdentity<'a> {
-    let limits = &target.config.limits;
+    let limits = &config.limits;
     let mdts = (limits.transfer_bytes_max / 4096).trailing_zeros() as u8;
     let (subnqn, serial, model, firmware, max_nsid) = match subsystem {
         Some(s) => (
@@ -354,7 +453,7 @@ fn controller_identity<'a>(
         ),
         None => (
             crate::target::DISCOVERY_NQN,
-            target.config.discovery_serial.as_str(),
+            config.discovery_serial.as_str(),
             "weft discovery",
             env!("CARGO_PKG_VERSION"),
             0,
@@ -380,6 +479,8 @@ struct LogRequest {
     id: u8,
     offset: u64,
     len: usize,
+    /// RAE (CDW10 bit 15): reading the page leaves its event uncleared.
+    retain_event: bool,
 }
 
 impl LogRequest {
@@ -396,13 +497,14 @@ impl LogRequest {
             id: command.cdw(10) as u8,
             offset,
             len: dwords * 4,
+            retain_event: command.cdw(10) & (1 << 15) != 0,
         })
     }
 }
 
 fn get_log_page(
-    queue: &AdminQueue,
-    target: &Target,
+    queue: &mut AdminQueue,
+    config: &TargetConfig,
     subsystem: Option<&SubsystemConfig>,
     command: &Command,
     buffer: &mut [u8],
@@ -417,7 +519,7 @@ fn get_log_page(
         if queue.kind != ControllerKind::Discovery {
             return Outcome::status(Status::INVALID_LOG_PAGE);
         }
-        discovery_log(target, request.offset, out);
+        discovery_log(config, request.offset, out);
         return Outcome::data(request.len);
     }
     if queue.kind == ControllerKind::Discovery || subsystem.is_none() {
@@ -431,12 +533,23 @@ fn get_log_page(
         log_id::FIRMWARE_SLOT => {
             identify::firmware_slot(subsystem.map_or("", |s| s.firmware.as_str()), &mut page)
         }
-        // Namespaces never change while served (yet): the list is empty.
-        log_id::CHANGED_NAMESPACES => identify::changed_namespaces(&[], &mut page),
+        log_id::CHANGED_NAMESPACES => changed_namespace_list(queue, &request, &mut page),
         _ => return Outcome::status(Status::INVALID_LOG_PAGE),
     };
     copy_window(&page[..page_len], request.offset, out);
     Outcome::data(request.len)
+}
+
+/// The Changed Namespace List. Reading it with RAE cleared clears the list and
+/// the Namespace Attribute Changed event, which unmasks the event type
+/// (NVMe Base 2.0, section 5.2).
+fn changed_namespace_list(queue: &mut AdminQueue, request: &LogRequest, page: &mut [u8]) -> usize {
+    let len = identify::changed_namespaces(&queue.changed_namespaces.nsids, page);
+    if !request.retain_event {
+        queue.changed_namespaces.nsids.clear();
+        queue.namespace_notice = NoticeState::Idle;
+    }
+    len
 }
 
 /// Copies `page[offset..]` into `out`; bytes past the page's end stay zero.
@@ -450,8 +563,7 @@ fn copy_window(page: &[u8], offset: u64, out: &mut [u8]) {
 }
 
 /// Discovery log page, generated only for the window [offset, offset + out.len()).
-fn discovery_log(target: &Target, offset: u64, out: &mut [u8]) {
-    let config = &target.config;
+fn discovery_log(config: &TargetConfig, offset: u64, out: &mut [u8]) {
     let records = identify::discovery_records(&config.subsystems, &config.listeners);
     let mut header = [0u8; identify::DISCOVERY_HEADER_LEN];
     identify::discovery_header(
@@ -594,5 +706,27 @@ mod tests {
         assert_eq!(out, [2, 3]);
         copy_window(&[9, 9], 100, &mut out);
         assert_eq!(out, [2, 3], "an offset past the page copies nothing");
+    }
+
+    #[test]
+    fn changed_namespace_list_is_sorted_and_overflows_to_one_marker() {
+        let mut list = ChangedNamespaces::default();
+        for nsid in [5, 1, 5, 3] {
+            list.record(Nsid(nsid));
+        }
+        assert_eq!(list.nsids, [Nsid(1), Nsid(3), Nsid(5)]);
+        for nsid in 1..=1024 {
+            list.record(Nsid(nsid));
+        }
+        assert_eq!(list.nsids.len(), 1024, "1024 entries fit");
+        list.record(Nsid(1025));
+        assert_eq!(list.nsids, [Nsid::BROADCAST]);
+        list.record(Nsid(2));
+        assert_eq!(list.nsids, [Nsid::BROADCAST], "overflowed until read");
+    }
+
+    #[test]
+    fn async_event_dword_zero_layout() {
+        assert_eq!(NAMESPACE_ATTRIBUTE_CHANGED, 0x0004_0002);
     }
 }

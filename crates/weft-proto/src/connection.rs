@@ -14,6 +14,11 @@
 //!    (and periodically: I/O queues close when their controller goes away);
 //! 5. once `is_closed()`, close the socket and call `on_closed()`.
 //!
+//! The connection serves its own snapshot of the target's configuration,
+//! taken when it is created. When the configuration changes, the driver hands
+//! the new snapshot to `update_config` and then drives the connection as
+//! after any input (it may have a completion to send, or have ended).
+//!
 //! Every command slot has a data buffer that the driver owns (see
 //! [`SlotBuffers`]), so data moves between the socket, the disk and the host
 //! without passing through this crate's own memory.
@@ -31,7 +36,7 @@ use crate::pdu::{
     FatalErrorStatus, IcReq, IcResp, PduError, PduType, COMMON_HEADER_LEN, MAX_HEADER_LEN,
 };
 use crate::status::{Completion, Status};
-use crate::target::{ControllerShared, Limits, RegistryError, Target, DISCOVERY_NQN};
+use crate::target::{ControllerShared, Limits, RegistryError, Target, TargetConfig, DISCOVERY_NQN};
 use crate::transmit::Transmitter;
 pub use crate::transmit::{Transmit, TxSegment};
 use crate::types::{Cid, Nsid, SlotId, Timestamp};
@@ -58,6 +63,8 @@ pub enum Termination {
     ControllerGone,
     /// The host sent a Fabrics Disconnect.
     Disconnected,
+    /// The queue's subsystem left the target's configuration.
+    SubsystemRemoved,
 }
 
 /// Per-command state of a slot (cf. SPDK's `spdk_nvmf_tcp_req_state`).
@@ -108,7 +115,7 @@ enum State {
     AwaitConnect,
     /// An admin queue.
     Admin(QueueInfo, Box<AdminQueue>),
-    /// An I/O queue of `subsystem` (index into the target's subsystems).
+    /// An I/O queue.
     Io(QueueInfo, IoQueue),
     /// Ending: nothing more is received; pending transmissions drain.
     Closing,
@@ -117,6 +124,7 @@ enum State {
 #[derive(Debug)]
 struct IoQueue {
     epoch: u32,
+    /// Index of the queue's subsystem in the connection's configuration snapshot.
     subsystem: usize,
 }
 
@@ -124,6 +132,8 @@ struct IoQueue {
 #[derive(Debug)]
 pub struct Connection {
     target: Arc<Target>,
+    /// The configuration this connection serves (see [`Connection::update_config`]).
+    config: Arc<TargetConfig>,
     limits: Limits,
     state: State,
     c2h_pdo_alignment: usize,
@@ -137,11 +147,12 @@ pub struct Connection {
 }
 
 impl Connection {
-    /// A new connection to `target`, before ICReq. Slots and queues are
-    /// allocated here, sized by the target's limits, so that steady-state
-    /// operation allocates nothing.
+    /// A new connection to `target`, before ICReq, serving the target's
+    /// current configuration. Slots and queues are allocated here, sized by
+    /// the target's limits, so that steady-state operation allocates nothing.
     pub fn new(target: Arc<Target>) -> Connection {
-        let limits = target.config.limits;
+        let config = target.config();
+        let limits = config.limits;
         let depth = usize::from(limits.queue_entries_max);
         let empty_command = Command::decode(&[0u8; 64]).expect("64 zero bytes are an SQE");
         let slot = Slot {
@@ -155,6 +166,7 @@ impl Connection {
         };
         Connection {
             target,
+            config,
             limits,
             state: State::AwaitIcReq,
             c2h_pdo_alignment: 4,
@@ -304,12 +316,93 @@ impl Connection {
         }
     }
 
-    /// For an I/O queue, the index of its subsystem in the target configuration.
+    /// For an I/O queue, the index of its subsystem in the configuration
+    /// snapshot the connection serves (the latest given to
+    /// [`Connection::update_config`]).
     pub fn subsystem_index(&self) -> Option<usize> {
         match &self.state {
             State::Io(_, io) => Some(io.subsystem),
             _ => None,
         }
+    }
+
+    /// Serves `config` from now on, in place of the previous snapshot. An I/O
+    /// queue follows its subsystem to its new position in the list; the admin
+    /// queue of an I/O controller records the namespaces that changed and,
+    /// if the host enabled Namespace Attribute Notices, reports them through
+    /// an Asynchronous Event Request. Both end when their subsystem is gone.
+    /// The limits must not change (see [`Target::replace_config`]).
+    pub fn update_config(&mut self, config: Arc<TargetConfig>) {
+        debug_assert_eq!(config.limits, self.limits);
+        let old = std::mem::replace(&mut self.config, config);
+        if !self.follow_subsystem(&old) {
+            self.end(Termination::SubsystemRemoved);
+            return;
+        }
+        self.replan_awaiting_data();
+        self.report_async_event();
+    }
+
+    /// Finds the queue's subsystem in the new snapshot; false if it is gone.
+    fn follow_subsystem(&mut self, old: &TargetConfig) -> bool {
+        match &mut self.state {
+            State::Io(queue, io) => match self.config.subsystem_index(&queue.controller.subnqn) {
+                Some(index) => {
+                    io.subsystem = index;
+                    true
+                }
+                None => false,
+            },
+            State::Admin(queue, admin) if admin.kind == ControllerKind::Io => {
+                let nqn = &queue.controller.subnqn;
+                let Some(new) = self.config.subsystem(nqn) else {
+                    return false;
+                };
+                if let Some(old) = old.subsystem(nqn) {
+                    admin.namespaces_changed(old, new);
+                }
+                true
+            }
+            _ => true,
+        }
+    }
+
+    /// Commands waiting for their data by R2T were checked against the old
+    /// snapshot: checks them again, so that none reaches a namespace that is
+    /// gone or blocks past the end of one that shrank. A command that fails
+    /// completes with the error once its data has arrived.
+    fn replan_awaiting_data(&mut self) {
+        let State::Io(_, io) = &self.state else {
+            return;
+        };
+        let subsystem = &self.config.subsystems[io.subsystem];
+        let waiting = self
+            .slots
+            .iter_mut()
+            .filter(|entry| entry.state == SlotState::AwaitingH2cData && entry.io_plan.is_some());
+        for entry in waiting {
+            match IoPlan::from_command(&entry.command, subsystem, self.limits.transfer_bytes_max) {
+                Ok(plan) => entry.io_plan = Some(plan),
+                Err(status) if entry.status.is_success() => entry.status = status,
+                Err(_) => {}
+            }
+        }
+    }
+
+    /// Completes the oldest parked Asynchronous Event Request with the event
+    /// waiting to be reported, if both exist.
+    fn report_async_event(&mut self) {
+        let State::Admin(_, admin) = &mut self.state else {
+            return;
+        };
+        if admin.parked_events.is_empty() {
+            return;
+        }
+        let Some(event) = admin.take_async_event() else {
+            return;
+        };
+        let slot = admin.parked_events.remove(0);
+        self.respond(slot, Status::SUCCESS, u64::from(event));
     }
 
     fn release_queue(&mut self, state: State) {
@@ -619,7 +712,7 @@ impl Connection {
         let transfer = transfer_of(&command, entry.in_capsule_len)?;
         if let State::Io(_, io) = &self.state {
             if !command.is_fabrics() {
-                let subsystem = &self.target.config.subsystems[io.subsystem];
+                let subsystem = &self.config.subsystems[io.subsystem];
                 let plan =
                     IoPlan::from_command(&command, subsystem, self.limits.transfer_bytes_max)?;
                 self.slots[usize::from(slot.0)].io_plan = Some(plan);
@@ -652,7 +745,7 @@ impl Connection {
             }
             State::Admin(_, admin) => {
                 let outcome =
-                    admin::execute(admin, &self.target, &command, buffers.buffer(slot), now);
+                    admin::execute(admin, &self.config, &command, buffers.buffer(slot), now);
                 self.finish(slot, outcome, buffers);
             }
             State::Io(..) if command.is_fabrics() => {
@@ -748,7 +841,7 @@ impl Connection {
                 1
             }
             IoPlan::Flush { nsid } if nsid == Nsid::BROADCAST => {
-                let subsystem = &self.target.config.subsystems[io_queue.subsystem];
+                let subsystem = &self.config.subsystems[io_queue.subsystem];
                 for ns in &subsystem.namespaces {
                     push(ns.nsid, IoKind::Flush);
                 }
@@ -783,7 +876,7 @@ impl Connection {
                     // Only attribute hints: nothing to do.
                     0
                 } else {
-                    let subsystem = &self.target.config.subsystems[io_queue.subsystem];
+                    let subsystem = &self.config.subsystems[io_queue.subsystem];
                     let ns = subsystem
                         .namespace(nsid)
                         .expect("planned against this subsystem");
@@ -846,26 +939,41 @@ impl Connection {
         reply_len: u32,
         buffers: &mut impl SlotBuffers,
     ) {
-        let (qid, sqhd, sq_flow_disabled) = match &self.state {
-            State::Admin(queue, _) | State::Io(queue, _) => {
-                (queue.qid, queue.sqhd, queue.sq_flow_disabled)
-            }
-            _ => (0, 0, false),
+        let sq_flow_disabled = match &self.state {
+            State::Admin(queue, _) | State::Io(queue, _) => queue.sq_flow_disabled,
+            _ => false,
         };
         let entry = &self.slots[usize::from(slot.0)];
         let cid = entry.command.cid;
         let reply_len = reply_len.min(entry.command.sgl.length);
-        let sends_data = status.is_success() && reply_len > 0;
-        if sends_data {
-            // With SQ flow control disabled the C2HData SUCCESS flag replaces the
-            // CapsuleResp (NVMe/TCP 1.0, section 3.6.2.8).
-            let last_flags = flags::LAST_PDU | if sq_flow_disabled { flags::SUCCESS } else { 0 };
-            self.queue_c2h_data(slot, cid, reply_len, last_flags, buffers);
-            if sq_flow_disabled {
-                self.slots[usize::from(slot.0)].state = SlotState::Transmitting;
-                return;
-            }
+        if !status.is_success() || reply_len == 0 {
+            self.respond(slot, status, result);
+            return;
         }
+        // With SQ flow control disabled the C2HData SUCCESS flag replaces the
+        // CapsuleResp (NVMe/TCP 1.0, section 3.6.2.8).
+        let last_flags = flags::LAST_PDU | if sq_flow_disabled { flags::SUCCESS } else { 0 };
+        self.queue_c2h_data(slot, cid, reply_len, last_flags, buffers);
+        // The slot is free again once its data has been sent.
+        self.slots[usize::from(slot.0)].state = SlotState::Transmitting;
+        if !sq_flow_disabled {
+            self.push_response(slot, status, result);
+        }
+    }
+
+    /// Completes a command that sends no data: its CapsuleResp, and the slot is free.
+    fn respond(&mut self, slot: SlotId, status: Status, result: u64) {
+        self.push_response(slot, status, result);
+        self.release(slot);
+    }
+
+    /// Queues the CapsuleResp of the command in `slot`.
+    fn push_response(&mut self, slot: SlotId, status: Status, result: u64) {
+        let (qid, sqhd) = match &self.state {
+            State::Admin(queue, _) | State::Io(queue, _) => (queue.qid, queue.sqhd),
+            _ => (0, 0),
+        };
+        let cid = self.slots[usize::from(slot.0)].command.cid;
         let cqe = Completion {
             result,
             sqhd,
@@ -877,11 +985,6 @@ impl Connection {
         let mut out = [0u8; 28];
         let len = pdu::encode_capsule_resp(self.rx.header_digest, &cqe, &mut out);
         self.tx.push_bytes(&out[..len]);
-        if sends_data {
-            self.slots[usize::from(slot.0)].state = SlotState::Transmitting;
-        } else {
-            self.release(slot);
-        }
     }
 
     fn queue_c2h_data(
@@ -996,7 +1099,7 @@ impl Connection {
         }
         let kind = if data.subnqn == DISCOVERY_NQN {
             ControllerKind::Discovery
-        } else if self.target.config.subsystem(&data.subnqn).is_some() {
+        } else if self.config.subsystem(&data.subnqn).is_some() {
             ControllerKind::Io
         } else {
             return Err(invalid_data_field(256));
@@ -1016,11 +1119,8 @@ impl Connection {
         connect: ConnectCommand,
     ) -> Result<NewQueue, (Status, u64)> {
         let subsystem = self
-            .target
             .config
-            .subsystems
-            .iter()
-            .position(|s| s.nqn == data.subnqn)
+            .subsystem_index(&data.subnqn)
             .ok_or(invalid_data_field(256))?;
         let controller = self
             .target
@@ -1111,6 +1211,7 @@ mod tests {
     use super::*;
     use crate::command::{admin_opcode, io_opcode};
     use crate::pdu::PduType;
+    use crate::target::SubsystemConfig;
     use crate::testing::*;
     use crate::wire::{ascii_field, hex};
     use std::time::Duration;
@@ -1653,6 +1754,267 @@ mod tests {
         }
         assert_eq!(io.expect().status(), Status::SUCCESS);
         assert_eq!(&io.disks[&1][5 * 512..6 * 512], &block[..]);
+    }
+
+    // ----- configuration updates -----
+
+    /// Applies `change` to a copy of the target's configuration, makes the
+    /// copy current and returns it, as the data plane's updater does.
+    fn update(target: &Arc<Target>, change: impl FnOnce(&mut TargetConfig)) -> Arc<TargetConfig> {
+        let mut config = TargetConfig::clone(&target.config());
+        change(&mut config);
+        let config = Arc::new(config);
+        target.replace_config(Arc::clone(&config));
+        config
+    }
+
+    fn resize(target: &Arc<Target>, nsid: u32, blocks: u64) -> Arc<TargetConfig> {
+        update(target, |config| {
+            let ns = config.subsystems[0]
+                .namespaces
+                .iter_mut()
+                .find(|ns| ns.nsid == Nsid(nsid))
+                .expect("a test namespace");
+            ns.blocks = blocks;
+        })
+    }
+
+    /// A subsystem `nqn` with one namespace of 64 blocks of 512 bytes.
+    fn subsystem(nqn: &str) -> SubsystemConfig {
+        let mut subsystem = test_target().config().subsystems[0].clone();
+        subsystem.nqn = nqn.into();
+        subsystem.namespaces.truncate(1);
+        subsystem.namespaces[0].blocks = 64;
+        subsystem
+    }
+
+    fn async_event_request(cid: u16) -> [u8; 64] {
+        sqe(admin_opcode::ASYNC_EVENT_REQUEST, cid, 0, 0, false)
+    }
+
+    /// Set Features Asynchronous Event Configuration.
+    fn async_event_config(cid: u16, value: u32) -> [u8; 64] {
+        let mut command = sqe(admin_opcode::SET_FEATURES, cid, 0, 0, false);
+        set_cdw(&mut command, 10, 0x0B);
+        set_cdw(&mut command, 11, value);
+        command
+    }
+
+    /// The NSIDs in a Changed Namespace List, up to the first zero entry.
+    fn changed_list(host: &mut Pair, cid: u16, retain_event: bool) -> Vec<u32> {
+        let mut command = get_log_page(cid, 0x04, 4096, 0);
+        if retain_event {
+            // CDW10: LID 04h, NUMDL 1023 (4 KiB), RAE.
+            set_cdw(&mut command, 10, 0x04 | (1023 << 16) | (1 << 15));
+        }
+        let (page, response) = host.read_data(&command);
+        assert_eq!(response.status(), Status::SUCCESS);
+        page.chunks(4)
+            .map(|entry| u32::from_le_bytes(entry.try_into().unwrap()))
+            .take_while(|&nsid| nsid != 0)
+            .collect()
+    }
+
+    /// An admin queue of [`TEST_NQN`] with Namespace Attribute Notices enabled.
+    fn admin_with_notices(target: &Arc<Target>) -> Pair {
+        let mut admin = Pair::new(target);
+        admin.connect_admin(TEST_NQN, 0);
+        let response = admin.simple(&async_event_config(3, 1 << 8));
+        assert_eq!(response.status(), Status::SUCCESS);
+        admin
+    }
+
+    #[test]
+    fn a_resize_completes_a_parked_async_event_request() {
+        let target = test_target();
+        let mut admin = admin_with_notices(&target);
+        admin.send(&admin.capsule(&async_event_request(4), &[]));
+        assert!(admin.receive().is_none(), "the request waits for an event");
+        admin.update_config(resize(&target, 2, 512));
+        let event = admin.expect();
+        assert_eq!(event.cid(), 4);
+        assert_eq!(event.status(), Status::SUCCESS);
+        assert_eq!(
+            event.result() as u32,
+            0x0004_0002,
+            "Notice, Namespace Attribute Changed, log page 04h"
+        );
+        assert_eq!(changed_list(&mut admin, 5, false), [2]);
+        assert_eq!(changed_list(&mut admin, 6, false), [] as [u32; 0]);
+        let (ns, _) = admin.read_data(&identify(7, 0, 2));
+        assert_eq!(
+            u64::from_le_bytes(ns[0..8].try_into().unwrap()),
+            512,
+            "NSZE"
+        );
+        assert_eq!(
+            u64::from_le_bytes(ns[8..16].try_into().unwrap()),
+            512,
+            "NCAP"
+        );
+    }
+
+    #[test]
+    fn no_event_unless_the_host_enabled_namespace_attribute_notices() {
+        let target = test_target();
+        let mut admin = Pair::new(&target);
+        admin.connect_admin(TEST_NQN, 0);
+        admin.send(&admin.capsule(&async_event_request(4), &[]));
+        admin.update_config(resize(&target, 1, 1024));
+        assert!(admin.receive().is_none(), "no event reported");
+        // The log page still lists the change, as nvmet's does.
+        assert_eq!(changed_list(&mut admin, 5, false), [1]);
+    }
+
+    #[test]
+    fn an_event_without_a_parked_request_completes_the_next_one() {
+        let target = test_target();
+        let mut admin = admin_with_notices(&target);
+        admin.update_config(resize(&target, 1, 1024));
+        assert!(admin.receive().is_none());
+        let event = admin.simple(&async_event_request(4));
+        assert_eq!(event.result() as u32, 0x0004_0002);
+        // Reported, so masked: the next request waits.
+        admin.send(&admin.capsule(&async_event_request(5), &[]));
+        assert!(admin.receive().is_none());
+    }
+
+    #[test]
+    fn the_event_stays_masked_until_the_log_page_is_read_without_rae() {
+        let target = test_target();
+        let mut admin = admin_with_notices(&target);
+        admin.send(&admin.capsule(&async_event_request(4), &[]));
+        admin.send(&admin.capsule(&async_event_request(5), &[]));
+        admin.update_config(resize(&target, 1, 1024));
+        assert_eq!(admin.expect().cid(), 4, "the oldest request reports it");
+        admin.update_config(resize(&target, 2, 128));
+        assert!(
+            admin.receive().is_none(),
+            "masked until the host reads the log"
+        );
+        assert_eq!(changed_list(&mut admin, 6, true), [1, 2]);
+        admin.update_config(resize(&target, 2, 64));
+        assert!(admin.receive().is_none(), "RAE kept the event, so the mask");
+        assert_eq!(changed_list(&mut admin, 7, false), [1, 2]);
+        admin.update_config(resize(&target, 1, 2048));
+        let event = admin.expect();
+        assert_eq!((event.cid(), event.result() as u32), (5, 0x0004_0002));
+        assert_eq!(changed_list(&mut admin, 8, false), [1]);
+    }
+
+    #[test]
+    fn added_and_removed_namespaces_are_changed_ones() {
+        let target = test_target();
+        let mut admin = admin_with_notices(&target);
+        let config = update(&target, |config| {
+            let namespaces = &mut config.subsystems[0].namespaces;
+            let mut added = namespaces[0].clone();
+            added.nsid = Nsid(7);
+            namespaces.remove(0);
+            namespaces.push(added);
+        });
+        admin.update_config(config);
+        assert_eq!(
+            admin.simple(&async_event_request(4)).result() as u32,
+            0x0004_0002
+        );
+        assert_eq!(changed_list(&mut admin, 5, false), [1, 7]);
+        let (list, _) = admin.read_data(&identify(6, 2, 0));
+        assert_eq!(&list[..12], &hex("02000000 07000000 00000000")[..]);
+        let (controller, _) = admin.read_data(&identify(7, 1, 0));
+        assert_eq!(
+            u32::from_le_bytes(controller[516..520].try_into().unwrap()),
+            7,
+            "NN"
+        );
+        assert_eq!(
+            u32::from_le_bytes(controller[92..96].try_into().unwrap()) & (1 << 8),
+            1 << 8,
+            "OAES"
+        );
+    }
+
+    #[test]
+    fn removing_a_subsystem_closes_its_queues() {
+        let target = test_target();
+        let (mut admin, mut io) = ready_io_queue(&target);
+        let config = update(&target, |config| config.subsystems.clear());
+        io.update_config(Arc::clone(&config));
+        assert!(io.connection.is_closed());
+        assert_eq!(
+            io.connection.termination(),
+            Some(&Termination::SubsystemRemoved)
+        );
+        assert_eq!(io.connection.subsystem_index(), None);
+        admin.update_config(config);
+        assert!(admin.connection.is_closed());
+        assert_eq!(
+            admin.connection.termination(),
+            Some(&Termination::SubsystemRemoved)
+        );
+        admin.connection.on_closed();
+        assert!(target.registry.is_empty(), "the controller is gone");
+    }
+
+    #[test]
+    fn an_io_queue_follows_its_subsystem_to_its_new_index() {
+        let target = test_target();
+        let (mut admin, mut io) = ready_io_queue(&target);
+        assert_eq!(io.connection.subsystem_index(), Some(0));
+        let config = update(&target, |config| {
+            config
+                .subsystems
+                .insert(0, subsystem("nqn.2026-11.io.weft:first"));
+        });
+        io.update_config(Arc::clone(&config));
+        admin.update_config(config);
+        assert_eq!(io.connection.subsystem_index(), Some(1));
+        assert!(admin.receive().is_none(), "its namespaces did not change");
+        let (_, response) = io.read_data(&rw(io_opcode::READ, 1, 2, 255, 1, 4096, false));
+        assert_eq!(response.status(), Status::SUCCESS);
+    }
+
+    #[test]
+    fn a_write_waiting_for_its_data_is_checked_against_the_new_configuration() {
+        let target = test_target();
+        let (_admin, mut io) = ready_io_queue(&target);
+        io.send(&io.capsule(&rw(io_opcode::WRITE, 1, 2, 200, 8, 32768, false), &[]));
+        let r2t = DataHeader::decode(&io.expect().header).unwrap();
+        io.update_config(resize(&target, 2, 128));
+        io.send(&io.h2c_data(1, r2t.ttag, 0, &[0xEE; 32768], true));
+        assert_eq!(io.expect().status(), Status::LBA_OUT_OF_RANGE);
+        assert!(io.disks[&2].iter().all(|&b| b == 0), "nothing written");
+    }
+
+    #[test]
+    fn an_added_subsystem_is_connectable_and_discovered() {
+        let target = test_target();
+        let mut discovery = Pair::new(&target);
+        discovery.connect_admin(DISCOVERY_NQN, 0);
+        let mut waiting = Pair::new(&target);
+        let added = "nqn.2026-11.io.weft:added";
+        let config = update(&target, |config| {
+            config.subsystems.push(subsystem(added));
+            config.generation += 1;
+        });
+        discovery.update_config(Arc::clone(&config));
+        waiting.update_config(config);
+        let (page, _) = discovery.read_data(&get_log_page(3, 0x70, 4096, 0));
+        assert_eq!(
+            u64::from_le_bytes(page[0..8].try_into().unwrap()),
+            2,
+            "GENCTR"
+        );
+        assert_eq!(
+            u64::from_le_bytes(page[8..16].try_into().unwrap()),
+            3,
+            "NUMREC"
+        );
+        assert_eq!(ascii_field(&page[2048 + 256..2048 + 512]), added);
+        waiting.connect_admin(added, 0);
+        let (ns, _) = waiting.read_data(&identify(4, 0, 1));
+        assert_eq!(u64::from_le_bytes(ns[0..8].try_into().unwrap()), 64);
+        Pair::new(&target).connect_admin(added, 0);
     }
 
     /// Hex text of a captured stream, without its `#` comment lines.

@@ -20,9 +20,9 @@ pub fn decoders(data: &[u8]) {
         let _ = ConnectCommand::decode(&command);
         let _ = PropertyCommand::decode(&command);
         let _ = command.direction();
-        let target = testing::test_target();
-        let subsystem = &target.config.subsystems[0];
-        let _ = IoPlan::from_command(&command, subsystem, target.config.limits.transfer_bytes_max);
+        let config = testing::test_target().config();
+        let subsystem = &config.subsystems[0];
+        let _ = IoPlan::from_command(&command, subsystem, config.limits.transfer_bytes_max);
         let mut ranges = Vec::new();
         let _ = dsm_ranges(&data[64..], &subsystem.namespaces[0], &mut ranges);
     }

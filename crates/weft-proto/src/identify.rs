@@ -249,18 +249,18 @@ pub fn firmware_slot(firmware: &str, out: &mut [u8]) -> usize {
 /// Length of one Error Information log entry.
 pub const ERROR_ENTRY_LEN: usize = 64;
 
-/// Changed Namespace List (NVMe Base 2.0, Figure 211): up to 1024 NSIDs.
+/// Entries of the Changed Namespace List.
+pub const CHANGED_NAMESPACES_MAX: usize = 1024;
+
+/// Changed Namespace List (NVMe Base 2.0, Figure 211): up to 1024 NSIDs, the
+/// rest zero. A longer list is the caller's to replace by its overflow marker.
 pub fn changed_namespaces(nsids: &[Nsid], out: &mut [u8]) -> usize {
+    assert!(nsids.len() <= CHANGED_NAMESPACES_MAX);
     let mut w = Writer::new(out);
-    if nsids.len() > 1024 {
-        // More changes than fit: the spec's overflow marker.
-        w.u32(0, 0xFFFF_FFFF);
-    } else {
-        for (index, nsid) in nsids.iter().enumerate() {
-            w.u32(index * 4, nsid.0);
-        }
+    for (index, nsid) in nsids.iter().enumerate() {
+        w.u32(index * 4, nsid.0);
     }
-    4096
+    CHANGED_NAMESPACES_MAX * 4
 }
 
 /// Discovery log header length and entry length (NVMe-oF 1.1, Figures 38 and 39).

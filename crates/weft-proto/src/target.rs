@@ -1,12 +1,19 @@
 //! What the protocol core knows about the target it speaks for: the exported
-//! subsystems, namespaces and listeners (an immutable snapshot handed in by
-//! the data plane), the negotiated limits, and the registry of live
-//! controllers that admin and I/O queue connections share.
+//! subsystems, namespaces and listeners, the negotiated limits, and the
+//! registry of live controllers that admin and I/O queue connections share.
 //!
-//! The registry is the only state shared between connections. It is touched
-//! at Connect, at controller teardown and by Set Features, never per I/O.
+//! The configuration changes while serving (volumes are created, deleted and
+//! resized), so the target holds the current one as an immutable snapshot,
+//! `Arc<TargetConfig>`, that an update replaces whole. Each connection keeps
+//! its own snapshot and is told about a new one by its driver (see
+//! `Connection::update_config`), so that the lock here is taken only when a
+//! connection is created and when the configuration changes, never per I/O.
+//!
+//! The registry is the only other state shared between connections. It is
+//! touched at Connect, at controller teardown and by Set Features, never per I/O.
 
 use crate::types::{Cntlid, Nsid};
+use std::cmp;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -107,6 +114,42 @@ impl SubsystemConfig {
         self.namespaces.iter().find(|ns| ns.nsid == nsid)
     }
 
+    /// NSIDs whose namespace was added, removed or changed in any attribute
+    /// between `self` and `newer`, in increasing order.
+    pub fn changed_namespaces(&self, newer: &SubsystemConfig) -> Vec<Nsid> {
+        let sorted = |namespaces: &[NamespaceConfig]| {
+            namespaces
+                .windows(2)
+                .all(|pair| pair[0].nsid < pair[1].nsid)
+        };
+        debug_assert!(sorted(&self.namespaces) && sorted(&newer.namespaces));
+        let (mut old, mut new) = (self.namespaces.as_slice(), newer.namespaces.as_slice());
+        let mut changed = Vec::new();
+        // A merge of the two sorted lists.
+        while let (Some(before), Some(after)) = (old.first(), new.first()) {
+            match before.nsid.cmp(&after.nsid) {
+                cmp::Ordering::Less => {
+                    changed.push(before.nsid);
+                    old = &old[1..];
+                }
+                cmp::Ordering::Greater => {
+                    changed.push(after.nsid);
+                    new = &new[1..];
+                }
+                cmp::Ordering::Equal => {
+                    if before != after {
+                        changed.push(before.nsid);
+                    }
+                    old = &old[1..];
+                    new = &new[1..];
+                }
+            }
+        }
+        // At most one of the two has namespaces left.
+        changed.extend(old.iter().chain(new).map(|ns| ns.nsid));
+        changed
+    }
+
     /// Highest NSID (Identify Controller NN).
     pub fn max_nsid(&self) -> u32 {
         self.namespaces
@@ -139,7 +182,8 @@ pub struct ListenerConfig {
     pub service: String,
 }
 
-/// The immutable description of everything the target exports.
+/// A snapshot of everything the target exports. A snapshot never changes: an
+/// update replaces it with a new one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TargetConfig {
     /// Exported NVM subsystems.
@@ -158,6 +202,11 @@ impl TargetConfig {
     /// The subsystem with `nqn`.
     pub fn subsystem(&self, nqn: &str) -> Option<&SubsystemConfig> {
         self.subsystems.iter().find(|s| s.nqn == nqn)
+    }
+
+    /// Position of the subsystem with `nqn` in `subsystems`.
+    pub fn subsystem_index(&self, nqn: &str) -> Option<usize> {
+        self.subsystems.iter().position(|s| s.nqn == nqn)
     }
 }
 
@@ -369,22 +418,46 @@ impl RegistryInner {
     }
 }
 
-/// The target as a connection sees it: the exported configuration and the controller registry.
+/// The target as a connection sees it: the current configuration and the controller registry.
 #[derive(Debug)]
 pub struct Target {
-    /// What is exported.
-    pub config: TargetConfig,
+    /// What is exported now. Read at connection creation, written by updates.
+    config: Mutex<Arc<TargetConfig>>,
     /// Live controllers.
     pub registry: ControllerRegistry,
 }
 
 impl Target {
-    /// A target exporting `config`, with no controllers yet.
-    pub fn new(config: TargetConfig) -> Arc<Target> {
+    /// A target exporting `config` (a `TargetConfig` or an already shared one), with no controllers yet.
+    pub fn new(config: impl Into<Arc<TargetConfig>>) -> Arc<Target> {
         Arc::new(Target {
-            config,
+            config: Mutex::new(config.into()),
             registry: ControllerRegistry::default(),
         })
+    }
+
+    /// The current configuration snapshot.
+    pub fn config(&self) -> Arc<TargetConfig> {
+        Arc::clone(&self.lock_config())
+    }
+
+    /// Makes `config` the current snapshot for connections created from now
+    /// on; the driver hands it to live connections itself. The limits size
+    /// every connection's slots and buffers, so they are fixed for the
+    /// target's life.
+    pub fn replace_config(&self, config: Arc<TargetConfig>) {
+        let mut current = self.lock_config();
+        assert_eq!(
+            current.limits, config.limits,
+            "the limits of a target never change"
+        );
+        *current = config;
+    }
+
+    fn lock_config(&self) -> std::sync::MutexGuard<'_, Arc<TargetConfig>> {
+        self.config
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -411,6 +484,38 @@ mod tests {
             .find("nqn.s", a.cntlid.0, "nqn.h", [1; 16])
             .is_err());
         assert_eq!(registry.len(), 1);
+    }
+
+    fn subsystem(namespaces: &[(u32, u64)]) -> SubsystemConfig {
+        let namespace = |&(nsid, blocks): &(u32, u64)| NamespaceConfig {
+            nsid: Nsid(nsid),
+            blocks,
+            block_size: 512,
+            nguid: [0; 16],
+            uuid: [0; 16],
+            eui64: [0; 8],
+            thin: true,
+            ready: true,
+        };
+        SubsystemConfig {
+            nqn: "nqn.s".into(),
+            serial: "s".into(),
+            model: "m".into(),
+            firmware: "f".into(),
+            namespaces: namespaces.iter().map(namespace).collect(),
+        }
+    }
+
+    #[test]
+    fn changed_namespaces_are_added_removed_or_different() {
+        let old = subsystem(&[(1, 8), (2, 8), (4, 8), (9, 8)]);
+        let new = subsystem(&[(2, 8), (3, 8), (4, 16), (9, 8), (10, 8), (11, 8)]);
+        let changed: Vec<u32> = old.changed_namespaces(&new).iter().map(|n| n.0).collect();
+        assert_eq!(changed, [1, 3, 4, 10, 11]);
+        let back: Vec<u32> = new.changed_namespaces(&old).iter().map(|n| n.0).collect();
+        assert_eq!(back, changed, "symmetric");
+        assert!(old.changed_namespaces(&old).is_empty());
+        assert_eq!(subsystem(&[]).changed_namespaces(&old).len(), 4);
     }
 
     #[test]

@@ -156,8 +156,9 @@ pub struct Pair {
 impl Pair {
     /// A fresh connection to `target`.
     pub fn new(target: &Arc<Target>) -> Pair {
-        let limits = target.config.limits;
-        let disks = target.config.subsystems[0]
+        let config = target.config();
+        let limits = config.limits;
+        let disks = config.subsystems[0]
             .namespaces
             .iter()
             .map(|ns| (ns.nsid.0, vec![0u8; ns.size_bytes() as usize]))
@@ -179,6 +180,13 @@ impl Pair {
     pub fn send(&mut self, bytes: &[u8]) {
         self.connection
             .handle_input(bytes, self.now, &mut self.buffers);
+        self.pump();
+    }
+
+    /// Hands the connection a new configuration snapshot, as the data plane
+    /// does after an update, and runs it until it is idle.
+    pub fn update_config(&mut self, config: Arc<TargetConfig>) {
+        self.connection.update_config(config);
         self.pump();
     }
 

@@ -1,9 +1,11 @@
-//! What the data plane serves: the protocol core's target description plus
-//! the device behind each namespace.
+//! What the data plane serves: a snapshot of the protocol core's target
+//! configuration plus the device behind each of its namespaces. A snapshot
+//! never changes; an update replaces it whole (see `DataPlane::update_exports`),
+//! so that the core's subsystem indices and the devices always agree.
 
 use std::sync::Arc;
 use weft_proto::types::Nsid;
-use weft_proto::Target;
+use weft_proto::TargetConfig;
 use weft_storage::BlockDevice;
 
 /// A namespace's device.
@@ -15,16 +17,37 @@ pub struct NamespaceDevice {
     pub device: Arc<dyn BlockDevice>,
 }
 
-/// The immutable exports: every reactor holds the same `Arc`.
+/// One snapshot of the exports: every reactor holds the same `Arc`.
 #[derive(Debug)]
 pub struct Exports {
-    /// The protocol core's view (subsystems, listeners, limits, controllers).
-    pub target: Arc<Target>,
-    /// Devices per subsystem, in the order of `target.config.subsystems`.
+    /// The protocol core's view (subsystems, listeners, limits).
+    pub config: Arc<TargetConfig>,
+    /// Devices per subsystem, in the order of `config.subsystems`.
     pub devices: Vec<Vec<NamespaceDevice>>,
 }
 
 impl Exports {
+    /// Pairs `config` with `devices`: one list per subsystem, in the order of
+    /// `config.subsystems`, holding a device for each of its namespaces.
+    pub fn new(config: Arc<TargetConfig>, devices: Vec<Vec<NamespaceDevice>>) -> Exports {
+        assert_eq!(
+            config.subsystems.len(),
+            devices.len(),
+            "one device list per subsystem"
+        );
+        for (subsystem, devices) in config.subsystems.iter().zip(&devices) {
+            for namespace in &subsystem.namespaces {
+                assert!(
+                    devices.iter().any(|d| d.nsid == namespace.nsid),
+                    "no device for namespace {} of {}",
+                    namespace.nsid,
+                    subsystem.nqn
+                );
+            }
+        }
+        Exports { config, devices }
+    }
+
     /// The device of `nsid` in subsystem number `subsystem`.
     pub fn device(&self, subsystem: usize, nsid: Nsid) -> Option<&dyn BlockDevice> {
         self.devices

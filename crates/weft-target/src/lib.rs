@@ -3,10 +3,12 @@
 //! that hand accepted connections to them.
 //!
 //! Each reactor owns its ring, its connections and their buffers; nothing is
-//! shared between reactors but the immutable exports (target configuration
-//! and devices) and the controller registry inside the target, which the core
-//! touches only at Connect. New connections and configuration reach a reactor
-//! as messages through a channel plus an eventfd wake-up.
+//! shared between reactors but the exports (an immutable snapshot of the
+//! target configuration and the devices, replaced whole by an update) and the
+//! target (controller registry and current configuration), which the core
+//! touches only at connection creation, Connect and updates. New connections
+//! and new exports reach a reactor as messages through a channel plus an
+//! eventfd wake-up.
 
 mod exports;
 mod listener;

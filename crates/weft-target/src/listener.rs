@@ -1,20 +1,27 @@
-//! Listeners: one accepting thread per address, handing each connection to a
-//! reactor in turn.
+//! The data plane as a whole: listeners (one accepting thread per address,
+//! handing each connection to a reactor in turn), the reactors, and the
+//! target they all serve, whose exports an update replaces while serving.
 
 use crate::exports::Exports;
 use crate::reactor::{Message, ReactorHandle};
 use std::io;
 use std::net::{SocketAddr, TcpListener};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use thiserror::Error;
+use weft_proto::Target;
 
 /// The running data plane.
 #[derive(Debug)]
 pub struct DataPlane {
     /// Addresses actually bound (port 0 resolved), in the order given.
     pub listening: Vec<SocketAddr>,
-    exports: Arc<Exports>,
+    /// The controller registry and the current configuration, shared by every reactor.
+    target: Arc<Target>,
+    reactors: Arc<Vec<ReactorHandle>>,
+    /// The current exports. The lock also orders updates: every reactor
+    /// receives them in the order the target does.
+    exports: Mutex<Arc<Exports>>,
 }
 
 /// Why the data plane could not start.
@@ -35,9 +42,9 @@ pub enum StartError {
 }
 
 impl DataPlane {
-    /// Binds every address, starts `reactors` reactor threads and the accepting threads.
-    /// After any activity a reactor polls for `poll_window` before it sleeps
-    /// (zero: purely interrupt driven).
+    /// Binds every address, starts `reactors` reactor threads serving
+    /// `exports` and the accepting threads. After any activity a reactor polls
+    /// for `poll_window` before it sleeps (zero: purely interrupt driven).
     pub fn start(
         exports: Arc<Exports>,
         addresses: &[SocketAddr],
@@ -55,6 +62,7 @@ impl DataPlane {
             .iter()
             .map(|l| l.local_addr().expect("bound sockets have an address"))
             .collect();
+        let target = Target::new(Arc::clone(&exports.config));
         let epoch = Instant::now();
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         let handles = (0..reactors)
@@ -62,6 +70,7 @@ impl DataPlane {
                 ReactorHandle::spawn(
                     index,
                     index % cpus,
+                    Arc::clone(&target),
                     Arc::clone(&exports),
                     epoch,
                     poll_window,
@@ -69,24 +78,55 @@ impl DataPlane {
             })
             .collect::<Result<Vec<_>, _>>()
             .map_err(StartError::Reactor)?;
-        let handles = Arc::new(handles);
+        let reactors = Arc::new(handles);
         for listener in listeners {
-            let handles = Arc::clone(&handles);
+            let reactors = Arc::clone(&reactors);
             std::thread::Builder::new()
                 .name("weft-accept".into())
-                .spawn(move || accept_loop(listener, &handles))
+                .spawn(move || accept_loop(listener, &reactors))
                 .map_err(StartError::Reactor)?;
         }
-        Ok(DataPlane { listening, exports })
+        Ok(DataPlane {
+            listening,
+            target,
+            reactors,
+            exports: Mutex::new(exports),
+        })
+    }
+
+    /// Serves `exports` from now on: the target's configuration becomes
+    /// theirs, and every reactor swaps them in and hands the new configuration
+    /// to each of its connections (which report changed namespaces to their
+    /// hosts, and end if their subsystem is gone). The caller bumps
+    /// `generation` when the set of subsystems changes; the limits must stay
+    /// those the data plane started with.
+    pub fn update_exports(&self, exports: Arc<Exports>) {
+        let mut current = self.lock_exports();
+        self.target.replace_config(Arc::clone(&exports.config));
+        for reactor in self.reactors.iter() {
+            reactor.send(Message::Exports(Arc::clone(&exports)));
+        }
+        *current = exports;
+    }
+
+    /// The exports being served.
+    pub fn exports(&self) -> Arc<Exports> {
+        Arc::clone(&self.lock_exports())
     }
 
     /// Makes every acknowledged write durable (fdatasync on every device), e.g. before exiting.
     pub fn flush_all(&self) {
-        for device in self.exports.all_devices() {
+        for device in self.exports().all_devices() {
             if let Err(error) = weft_uring::fdatasync(device.fd()) {
                 log::error!("flush of {} failed: {error}", device.describe());
             }
         }
+    }
+
+    fn lock_exports(&self) -> MutexGuard<'_, Arc<Exports>> {
+        self.exports
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 

@@ -4,6 +4,11 @@
 //! slot buffers (reads go out as one C2HData straight from the buffer the
 //! disk read filled), and block I/O on the namespace's device. The thread
 //! sleeps in `io_uring_enter` when idle; a 250 ms tick drives keep-alive.
+//!
+//! The reactor serves one exports snapshot at a time, and its connections
+//! serve the same one, so that a connection's subsystem index finds its
+//! devices. An update arrives as a message; the reactor swaps the snapshot
+//! and hands the new configuration to every connection.
 
 use crate::exports::Exports;
 use std::fs::File;
@@ -15,7 +20,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use weft_proto::types::{SlotId, Timestamp};
-use weft_proto::{Connection, IoError, IoKind, IoRequest, SlotBuffers, Termination, TxSegment};
+use weft_proto::{
+    Connection, IoError, IoKind, IoRequest, SlotBuffers, Target, Termination, TxSegment,
+};
 use weft_uring::{Completion, IoBuf, Op, Returned, Ring, SendBatch};
 
 /// What other threads tell a reactor.
@@ -23,6 +30,8 @@ use weft_uring::{Completion, IoBuf, Op, Returned, Ring, SendBatch};
 pub(crate) enum Message {
     /// Serve this accepted connection.
     Connection(TcpStream, SocketAddr),
+    /// Serve these exports from now on.
+    Exports(Arc<Exports>),
 }
 
 /// The sending side of a reactor's inbox.
@@ -38,6 +47,7 @@ impl ReactorHandle {
     pub(crate) fn spawn(
         index: usize,
         cpu: usize,
+        target: Arc<Target>,
         exports: Arc<Exports>,
         epoch: Instant,
         poll_window: Duration,
@@ -54,7 +64,10 @@ impl ReactorHandle {
                 }
                 Reactor {
                     ring,
+                    target,
                     exports,
+                    retired: Vec::new(),
+                    ticks: 0,
                     inbox,
                     wake: reactor_wake,
                     connections: Vec::new(),
@@ -192,7 +205,15 @@ struct Peer {
 
 struct Reactor {
     ring: Ring,
+    target: Arc<Target>,
     exports: Arc<Exports>,
+    /// Exports an update replaced, with the tick count at the time. Block I/O
+    /// queued on the ring before the update names their devices' file
+    /// descriptors, which must stay open until the kernel has taken the op
+    /// (and with it the file): the reactor submits many times a tick, so
+    /// they are dropped once a whole tick has passed.
+    retired: Vec<(u64, Arc<Exports>)>,
+    ticks: u64,
     inbox: Receiver<Message>,
     wake: File,
     connections: Vec<Option<Peer>>,
@@ -296,12 +317,13 @@ impl Reactor {
         while let Ok(message) = self.inbox.try_recv() {
             match message {
                 Message::Connection(stream, address) => self.add_connection(stream, address),
+                Message::Exports(exports) => self.swap_exports(exports),
             }
         }
     }
 
     fn add_connection(&mut self, stream: TcpStream, address: SocketAddr) {
-        let limits = self.exports.target.config.limits;
+        let limits = self.exports.config.limits;
         let buffers = IoBuf::new(RECEIVE_BUFFER_BYTES)
             .and_then(|receive| Ok((receive, IoBuf::new(STAGING_BYTES)?)));
         let (receive_buffer, staging) = match buffers {
@@ -315,10 +337,15 @@ impl Reactor {
             log::debug!("{address}: TCP_NODELAY: {error}");
         }
         let slots = usize::from(limits.queue_entries_max);
+        let mut protocol = Connection::new(Arc::clone(&self.target));
+        // The target may already hold a newer configuration whose exports are
+        // still on their way here: serve this reactor's, like every other
+        // connection here, until they arrive.
+        protocol.update_config(Arc::clone(&self.exports.config));
         let peer = Peer {
             stream,
             address,
-            protocol: Connection::new(Arc::clone(&self.exports.target)),
+            protocol,
             slots: SlotTable::new(slots, limits.slot_buffer_bytes()),
             receive_buffer: Some(receive_buffer),
             staging: Some(staging),
@@ -343,7 +370,28 @@ impl Reactor {
         self.drive(index);
     }
 
+    /// Serves `exports` in place of the current snapshot: every connection
+    /// gets the new configuration (its subsystem may have moved or gone, its
+    /// host may have an event to hear) and moves on.
+    fn swap_exports(&mut self, exports: Arc<Exports>) {
+        let replaced = std::mem::replace(&mut self.exports, exports);
+        self.retired.push((self.ticks, replaced));
+        for index in 0..self.connections.len() {
+            let Some(peer) = self.connections[index].as_mut() else {
+                continue;
+            };
+            peer.protocol
+                .update_config(Arc::clone(&self.exports.config));
+            peer.subsystem = peer.protocol.subsystem_index();
+            self.drive(index);
+        }
+    }
+
     fn tick(&mut self) {
+        self.ticks += 1;
+        let ticks = self.ticks;
+        self.retired
+            .retain(|&(retired_at, _)| ticks - retired_at < 2);
         let now = self.now();
         for index in 0..self.connections.len() {
             if let Some(peer) = self.connections[index].as_mut() {

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use weft_proto::target::{AddressFamily, ListenerConfig, NamespaceConfig, SubsystemConfig};
 use weft_proto::types::Nsid;
-use weft_proto::{Limits, Target, TargetConfig};
+use weft_proto::{Limits, TargetConfig};
 use weft_storage::{BlockDevice, FileDevice, RamDevice};
 use weft_target::{Exports, NamespaceDevice};
 
@@ -461,10 +461,7 @@ pub fn build_exports(config: &ServeConfig, node: &NodeId) -> Result<Arc<Exports>
         discovery_serial: node.serial(weft_proto::target::DISCOVERY_NQN),
         generation: 1,
     };
-    Ok(Arc::new(Exports {
-        target: Target::new(target_config),
-        devices,
-    }))
+    Ok(Arc::new(Exports::new(Arc::new(target_config), devices)))
 }
 
 fn open_device(namespace: &NamespaceSpec) -> Result<Arc<dyn BlockDevice>, String> {

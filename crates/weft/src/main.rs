@@ -248,13 +248,7 @@ fn print_banner(config: &ServeConfig, exports: &weft_target::Exports, plane: &Da
     for address in &plane.listening {
         println!("  listening  {address}  (discovery and I/O)");
     }
-    for (subsystem, devices) in exports
-        .target
-        .config
-        .subsystems
-        .iter()
-        .zip(&exports.devices)
-    {
+    for (subsystem, devices) in exports.config.subsystems.iter().zip(&exports.devices) {
         println!(
             "  subsystem  {}  serial {}",
             subsystem.nqn, subsystem.serial
@@ -285,7 +279,7 @@ fn print_banner(config: &ServeConfig, exports: &weft_target::Exports, plane: &Da
     };
     println!("\nOn a Linux host (modprobe nvme-tcp):");
     println!("  nvme discover -t tcp -a {host} -s {}", first.port());
-    for subsystem in &exports.target.config.subsystems {
+    for subsystem in &exports.config.subsystems {
         println!(
             "  nvme connect -t tcp -n {} -a {host} -s {}",
             subsystem.nqn,

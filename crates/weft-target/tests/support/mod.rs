@@ -13,14 +13,23 @@ use weft_proto::status::Status;
 use weft_proto::target::{AddressFamily, ListenerConfig, NamespaceConfig, SubsystemConfig};
 use weft_proto::testing::{self, ReceivedPdu, TEST_NQN};
 use weft_proto::types::Nsid;
-use weft_proto::{Limits, Target, TargetConfig};
+use weft_proto::{Limits, TargetConfig};
 use weft_storage::{BlockDevice, FileDevice, RamDevice};
 use weft_target::{DataPlane, Exports, NamespaceDevice};
 
 pub const RAM_BYTES: u64 = 16 << 20;
 pub const FILE_BYTES: u64 = 16 << 20;
 
+/// Starts a data plane serving until the test process exits; returns its address.
 pub fn start(name: &str) -> SocketAddr {
+    let plane = start_plane(name);
+    let address = plane.listening[0];
+    std::mem::forget(plane); // serves until the test process exits
+    address
+}
+
+/// Starts a data plane and hands it over, so that the test can update its exports.
+pub fn start_plane(name: &str) -> DataPlane {
     let dir = std::env::temp_dir().join(format!("weft-data-plane-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let ram: Arc<dyn BlockDevice> = Arc::new(RamDevice::new(RAM_BYTES, 512).unwrap());
@@ -64,24 +73,18 @@ pub fn start(name: &str) -> SocketAddr {
             device: file,
         },
     ]];
-    let exports = Arc::new(Exports {
-        target: Target::new(config),
-        devices,
-    });
+    let exports = Arc::new(Exports::new(Arc::new(config), devices));
     let poll_us = std::env::var("WEFT_TEST_POLL_US")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
-    let plane = DataPlane::start(
+    DataPlane::start(
         exports,
         &["127.0.0.1:0".parse().unwrap()],
         2,
         Duration::from_micros(poll_us),
     )
-    .unwrap();
-    let address = plane.listening[0];
-    std::mem::forget(plane); // serves until the test process exits
-    address
+    .unwrap()
 }
 
 /// A host connection over TCP speaking through the host model's PDU builders.
