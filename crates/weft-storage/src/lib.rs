@@ -225,6 +225,14 @@ impl FileDevice {
     }
 }
 
+impl FileDevice {
+    /// The open file, for synchronous positioned I/O off the data path
+    /// (buffers and offsets must then meet O_DIRECT's alignment).
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+}
+
 /// Opens read-write with O_DIRECT, falling back to buffered I/O (with one
 /// warning) where the filesystem refuses O_DIRECT, e.g. tmpfs on older kernels.
 fn open_preferring_direct(path: &Path) -> io::Result<(File, bool)> {

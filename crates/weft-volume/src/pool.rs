@@ -1,0 +1,1191 @@
+//! A pool: chunks striped over member devices, the volumes carved from them,
+//! and the journal that makes every metadata change crash-atomic.
+//!
+//! Every change is applied to the in-memory state and staged as a record;
+//! `commit` makes staged records durable (data syncs first, for chunks that
+//! were copied or zeroed, then the journal write and its sync). Admin
+//! operations commit before they return; `prepare_write` leaves the commit to
+//! the caller so that the manager can group the allocations of many writes
+//! into one journal write. A chunk released by a staged record is not reused
+//! until that record is durable, and a fresh chunk is zeroed before a record
+//! maps it, so a crash at any point opens to the last committed state with
+//! no volume seeing another's data.
+//!
+//! If a metadata write fails the pool stops accepting changes (memory may be
+//! ahead of the disk); reopening recovers the last committed state.
+
+use crate::codec::{Decoder, Encoder};
+use crate::format::{
+    FormatError, Frame, Layout, Superblock, CHECKPOINT_MAGIC, FRAME_HEADER_BYTES, META_BLOCK,
+    RECORD_MAGIC, SUPERBLOCK_BYTES,
+};
+use crate::map::{ChunkMap, Lookup};
+use crate::media::Media;
+use crate::state::{runs_of, Origin, PoolState, Record, Run, Volume, NO_CHUNK};
+use crate::{check_name, VolumeError, SNAPSHOTS_PER_VOLUME_MAX, VOLUMES_MAX, VOLUME_CHUNKS_MAX};
+use std::io;
+use std::sync::Arc;
+
+/// Largest payload of one journal record; bigger commits span several.
+const RECORD_PAYLOAD_MAX: usize = 256 * 1024;
+/// Fixed bytes a checkpoint needs per volume or snapshot (see `encoded_len_bound`).
+const OBJECT_BYTES: u64 = 300;
+
+/// What `weft pool create` chooses.
+#[derive(Debug, Clone)]
+pub struct PoolOptions {
+    /// Pool name.
+    pub name: String,
+    /// Allocation unit in bytes: a power of two from 64 KiB to 1 GiB.
+    pub chunk_bytes: u32,
+    /// Random identity.
+    pub uuid: [u8; 16],
+}
+
+/// A volume to create.
+#[derive(Debug, Clone)]
+pub struct VolumeSpec {
+    /// Name.
+    pub name: String,
+    /// Size in bytes (a multiple of the block size).
+    pub size_bytes: u64,
+    /// Logical block size: 512 or 4096.
+    pub block_size: u32,
+    /// Preallocate every chunk now.
+    pub thick: bool,
+}
+
+/// Capacity and usage of a pool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolInfo {
+    /// Name.
+    pub name: String,
+    /// Identity.
+    pub uuid: [u8; 16],
+    /// Allocation unit.
+    pub chunk_bytes: u32,
+    /// Member devices.
+    pub members: u16,
+    /// Bytes of data chunks.
+    pub capacity_bytes: u64,
+    /// Bytes of chunks in use.
+    pub allocated_bytes: u64,
+    /// Sum of volume sizes (thin volumes may promise more than the capacity).
+    pub provisioned_bytes: u64,
+    /// Volumes (clones included).
+    pub volumes: usize,
+    /// Snapshots.
+    pub snapshots: usize,
+}
+
+/// One volume as `weft volume show` describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeInfo {
+    /// Name.
+    pub name: String,
+    /// Identity.
+    pub id: [u8; 16],
+    /// Size in bytes.
+    pub size_bytes: u64,
+    /// Logical block size.
+    pub block_size: u32,
+    /// Preallocated.
+    pub thick: bool,
+    /// Bytes of chunks the volume maps (shared ones included).
+    pub allocated_bytes: u64,
+    /// Clone source, until flattened.
+    pub origin: Option<Origin>,
+    /// Snapshots, by name: (name, id, size in bytes).
+    pub snapshots: Vec<(String, [u8; 16], u64)>,
+}
+
+/// A pool opened on its media.
+#[derive(Debug)]
+pub struct Pool<M: Media> {
+    media: M,
+    superblock: Superblock,
+    state: PoolState,
+    /// Sequence number of the last durable record (or of the checkpoint).
+    sequence: u64,
+    /// Bytes of the journal used since the last checkpoint.
+    journal_used: u64,
+    checkpoint_slot: usize,
+    pending: Vec<Record>,
+    /// Chunks were copied or zeroed since the last data sync.
+    data_dirty: bool,
+    failed: Option<String>,
+    warned_percent: u64,
+}
+
+impl<M: Media> Pool<M> {
+    /// The superblock of each member, where one is readable (to refuse to
+    /// overwrite a device that belongs to a pool).
+    pub fn probe(media: &mut M) -> Vec<Option<Superblock>> {
+        (0..media.members())
+            .map(|member| read_superblock(media, member).ok())
+            .collect()
+    }
+
+    /// Formats `media` as a new, empty pool.
+    pub fn create(mut media: M, options: PoolOptions) -> Result<Pool<M>, VolumeError> {
+        check_name("pool", &options.name)?;
+        if !options.chunk_bytes.is_power_of_two()
+            || !(64 << 10..=1 << 30).contains(&options.chunk_bytes)
+        {
+            return Err(VolumeError::invalid(
+                format!("allocation unit {}", options.chunk_bytes),
+                "use a power of two from 64KiB to 1GiB, e.g. 1MiB",
+            ));
+        }
+        let members = media.members();
+        let members_u16 = u16::try_from(members)
+            .ok()
+            .filter(|&m| (1..=64).contains(&m))
+            .ok_or_else(|| VolumeError::invalid("device list", "give 1 to 64 devices"))?;
+        let smallest = (0..members).map(|m| media.size_bytes(m)).min().unwrap_or(0);
+        let layout = Layout::plan(members_u16, smallest, options.chunk_bytes)
+            .map_err(|reason| VolumeError::invalid("devices", reason))?;
+        let superblock = Superblock {
+            pool_uuid: options.uuid,
+            pool_name: options.name.clone(),
+            member: 0,
+            layout,
+        };
+        let state = PoolState::new(layout.chunks(), layout.chunk_shift());
+        let io = |context: &str| {
+            let context = format!("creating pool {}: {context}", options.name);
+            move |source| VolumeError::Io { context, source }
+        };
+        // Metadata first, superblocks last: a pool whose creation was cut
+        // short has no superblock and does not open.
+        let checkpoint = Frame {
+            sequence: 0,
+            payload: state.encode(),
+        }
+        .encode(CHECKPOINT_MAGIC, &options.uuid);
+        media
+            .write_at(0, layout.checkpoint_offset(0), &checkpoint)
+            .map_err(io("checkpoint"))?;
+        let empty = vec![0u8; META_BLOCK];
+        media
+            .write_at(0, layout.checkpoint_offset(1), &empty)
+            .map_err(io("checkpoint"))?;
+        media
+            .write_at(0, layout.journal_offset(), &empty)
+            .map_err(io("journal"))?;
+        media.sync(0).map_err(io("sync"))?;
+        for member in 0..members {
+            let block = Superblock {
+                member: member as u16,
+                ..superblock.clone()
+            }
+            .encode();
+            media
+                .write_at(member, 0, &block)
+                .map_err(io("superblock"))?;
+            media
+                .write_at(member, SUPERBLOCK_BYTES as u64, &block)
+                .map_err(io("superblock"))?;
+            media.sync(member).map_err(io("sync"))?;
+        }
+        Ok(Pool {
+            media,
+            superblock,
+            state,
+            sequence: 0,
+            journal_used: 0,
+            checkpoint_slot: 0,
+            pending: Vec::new(),
+            data_dirty: false,
+            failed: None,
+            warned_percent: 0,
+        })
+    }
+
+    /// Opens the pool on `media` (members in stripe order) at its last committed state.
+    pub fn open(mut media: M) -> Result<Pool<M>, VolumeError> {
+        let superblock = read_superblock(&mut media, 0).map_err(|error| {
+            VolumeError::Corrupt(format!(
+                "the first device holds no readable weft pool: {error}"
+            ))
+        })?;
+        check_members(&mut media, &superblock)?;
+        let layout = superblock.layout;
+        let uuid = superblock.pool_uuid;
+        let (checkpoint_slot, checkpoint) = (0..2)
+            .filter_map(|slot| {
+                read_frame(
+                    &mut media,
+                    layout.checkpoint_offset(slot),
+                    layout.checkpoint_bytes,
+                    CHECKPOINT_MAGIC,
+                    &uuid,
+                )
+                .ok()
+                .map(|frame| (slot, frame))
+            })
+            .max_by_key(|(_, frame)| frame.sequence)
+            .ok_or_else(|| {
+                VolumeError::Corrupt(format!(
+                    "pool {}: neither checkpoint is readable",
+                    superblock.pool_name
+                ))
+            })?;
+        let mut state =
+            PoolState::decode(&checkpoint.payload, layout.chunks(), layout.chunk_shift()).map_err(
+                |error| {
+                    VolumeError::Corrupt(format!(
+                        "pool {}: checkpoint {}: {error}",
+                        superblock.pool_name, checkpoint.sequence
+                    ))
+                },
+            )?;
+        let mut sequence = checkpoint.sequence;
+        let mut journal_used = 0u64;
+        while let Ok(frame) = read_frame(
+            &mut media,
+            layout.journal_offset() + journal_used,
+            layout.journal_bytes - journal_used,
+            RECORD_MAGIC,
+            &uuid,
+        ) {
+            if frame.sequence != sequence + 1 {
+                break; // a record from before the last checkpoint: the end
+            }
+            apply_payload(&mut state, &frame.payload).map_err(|error| {
+                VolumeError::Corrupt(format!(
+                    "pool {}: journal record {}: {error}",
+                    superblock.pool_name, frame.sequence
+                ))
+            })?;
+            sequence = frame.sequence;
+            journal_used += Frame::encoded_len(frame.payload.len()) as u64;
+        }
+        state.rebuild_free();
+        state.settle_writable();
+        Ok(Pool {
+            media,
+            superblock,
+            state,
+            sequence,
+            journal_used,
+            checkpoint_slot,
+            pending: Vec::new(),
+            data_dirty: false,
+            failed: None,
+            warned_percent: 0,
+        })
+    }
+
+    /// Pool name.
+    pub fn name(&self) -> &str {
+        &self.superblock.pool_name
+    }
+
+    /// Region sizes and stripe geometry.
+    pub fn layout(&self) -> &Layout {
+        &self.superblock.layout
+    }
+
+    /// The media.
+    pub fn media(&self) -> &M {
+        &self.media
+    }
+
+    /// Gives the media back (e.g. to simulate a crash in tests).
+    pub fn into_media(self) -> M {
+        self.media
+    }
+
+    /// A volume's state (its map and gate are what the data plane uses).
+    pub fn volume(&self, name: &str) -> Option<&Volume> {
+        self.state.volumes.get(name)
+    }
+
+    /// Every volume, by name.
+    pub fn volumes(&self) -> impl Iterator<Item = &Volume> {
+        self.state.volumes.values()
+    }
+
+    /// Capacity and usage.
+    pub fn info(&self) -> PoolInfo {
+        let chunk = u64::from(self.layout().chunk_bytes);
+        PoolInfo {
+            name: self.name().to_string(),
+            uuid: self.superblock.pool_uuid,
+            chunk_bytes: self.layout().chunk_bytes,
+            members: self.layout().members,
+            capacity_bytes: u64::from(self.state.chunks()) * chunk,
+            allocated_bytes: u64::from(self.state.allocated()) * chunk,
+            provisioned_bytes: self.volumes().map(|v| v.size_bytes).sum(),
+            volumes: self.state.volumes.len(),
+            snapshots: self.volumes().map(|v| v.snapshots.len()).sum(),
+        }
+    }
+
+    /// One volume's description.
+    pub fn volume_info(&self, name: &str) -> Result<VolumeInfo, VolumeError> {
+        let volume = self.existing(name)?;
+        Ok(VolumeInfo {
+            name: volume.name.clone(),
+            id: volume.id,
+            size_bytes: volume.size_bytes,
+            block_size: volume.block_size,
+            thick: volume.thick,
+            allocated_bytes: u64::from(volume.mapped_chunks) << self.layout().chunk_shift(),
+            origin: volume.origin.clone(),
+            snapshots: volume
+                .snapshots
+                .iter()
+                .map(|(name, s)| (name.clone(), s.id, s.size_bytes))
+                .collect(),
+        })
+    }
+
+    /// Why the pool stopped accepting changes, if it did.
+    pub fn failure(&self) -> Option<&str> {
+        self.failed.as_deref()
+    }
+
+    /// Creates a volume (thin, or thick with every chunk allocated and zeroed).
+    pub fn create_volume(&mut self, spec: &VolumeSpec) -> Result<(), VolumeError> {
+        self.check_usable()?;
+        check_name("volume", &spec.name)?;
+        self.check_new_volume(&spec.name)?;
+        self.check_geometry(spec.size_bytes, spec.block_size)?;
+        let chunks = self.state.chunks_for(spec.size_bytes);
+        let runs = if spec.thick {
+            self.check_references(u64::from(chunks) + 1)?;
+            self.allocate_zeroed(0, chunks)?
+        } else {
+            self.check_references(1)?;
+            Vec::new()
+        };
+        let record = Record::CreateVolume {
+            id: self.next_id(),
+            name: spec.name.clone(),
+            size_bytes: spec.size_bytes,
+            block_size: spec.block_size,
+            thick: spec.thick,
+            runs,
+        };
+        self.stage(record);
+        self.commit()
+    }
+
+    /// Deletes a volume that has no snapshots, releasing its chunks.
+    pub fn delete_volume(&mut self, name: &str) -> Result<(), VolumeError> {
+        self.check_usable()?;
+        let volume = self.existing(name)?;
+        if !volume.snapshots.is_empty() {
+            return Err(VolumeError::HasSnapshots {
+                volume: name.to_string(),
+                snapshots: volume
+                    .snapshots
+                    .keys()
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            });
+        }
+        let gate = Arc::clone(&volume.gate);
+        let _quiet = gate.quiesce();
+        self.stage(Record::DeleteVolume {
+            name: name.to_string(),
+        });
+        self.commit()
+    }
+
+    /// Grows a volume to `size_bytes` (shrinking is refused: it would drop data).
+    pub fn resize_volume(&mut self, name: &str, size_bytes: u64) -> Result<(), VolumeError> {
+        self.check_usable()?;
+        let volume = self.existing(name)?;
+        let (current, block_size, thick) = (volume.size_bytes, volume.block_size, volume.thick);
+        if size_bytes < current {
+            return Err(VolumeError::invalid(
+                format!("size {size_bytes} for volume {name}"),
+                format!("volumes only grow (it is {current} bytes); shrinking would drop data — clone into a smaller volume instead"),
+            ));
+        }
+        self.check_geometry(size_bytes, block_size)?;
+        let old_chunks = self.state.chunks_for(current);
+        let new_chunks = self.state.chunks_for(size_bytes);
+        let runs = if thick && new_chunks > old_chunks {
+            self.check_references(u64::from(new_chunks - old_chunks))?;
+            self.allocate_zeroed(old_chunks, new_chunks - old_chunks)?
+        } else {
+            Vec::new()
+        };
+        self.stage(Record::ResizeVolume {
+            name: name.to_string(),
+            size_bytes,
+            runs,
+        });
+        self.commit()
+    }
+
+    /// Takes a snapshot: waits for the volume's in-flight I/O, then shares
+    /// every chunk with the snapshot (later writes copy).
+    pub fn create_snapshot(&mut self, volume: &str, name: &str) -> Result<(), VolumeError> {
+        self.check_usable()?;
+        check_name("snapshot", name)?;
+        let v = self.existing(volume)?;
+        if v.snapshots.contains_key(name) {
+            return Err(VolumeError::Exists {
+                kind: "snapshot",
+                name: format!("{volume}@{name}"),
+            });
+        }
+        if v.snapshots.len() >= SNAPSHOTS_PER_VOLUME_MAX {
+            return Err(VolumeError::Limit(format!(
+                "volume {volume} has {SNAPSHOTS_PER_VOLUME_MAX} snapshots, the most a volume may have; delete one first"
+            )));
+        }
+        let (gate, mapped) = (Arc::clone(&v.gate), u64::from(v.mapped_chunks));
+        self.check_references(mapped + 1)?;
+        let _quiet = gate.quiesce();
+        let record = Record::CreateSnapshot {
+            volume: volume.to_string(),
+            name: name.to_string(),
+            id: self.next_id(),
+        };
+        self.stage(record);
+        self.commit()
+    }
+
+    /// Deletes a snapshot (clones made from it keep their data).
+    pub fn delete_snapshot(&mut self, volume: &str, name: &str) -> Result<(), VolumeError> {
+        self.check_usable()?;
+        self.existing_snapshot(volume, name)?;
+        self.stage(Record::DeleteSnapshot {
+            volume: volume.to_string(),
+            name: name.to_string(),
+        });
+        self.commit()
+    }
+
+    /// A writable volume `name` sharing every chunk of `volume@snapshot`.
+    pub fn clone_volume(
+        &mut self,
+        volume: &str,
+        snapshot: &str,
+        name: &str,
+    ) -> Result<(), VolumeError> {
+        self.check_usable()?;
+        check_name("volume", name)?;
+        self.check_new_volume(name)?;
+        let shared = self
+            .existing_snapshot(volume, snapshot)?
+            .chunks
+            .iter()
+            .filter(|&&c| c != NO_CHUNK)
+            .count();
+        self.check_references(shared as u64 + 1)?;
+        let record = Record::CloneVolume {
+            id: self.next_id(),
+            name: name.to_string(),
+            origin: Origin {
+                volume: volume.to_string(),
+                snapshot: snapshot.to_string(),
+            },
+        };
+        self.stage(record);
+        self.commit()
+    }
+
+    /// Copies up to `max_chunks` chunks that `name` shares, from logical chunk
+    /// `from`; returns where to continue, or None once the volume shares
+    /// nothing (then its origin is cleared).
+    pub fn flatten_step(
+        &mut self,
+        name: &str,
+        from: usize,
+        max_chunks: usize,
+    ) -> Result<Option<usize>, VolumeError> {
+        self.check_usable()?;
+        let map = Arc::clone(&self.existing(name)?.map);
+        let mut copied = 0;
+        let mut index = from;
+        while index < map.len() && copied < max_chunks {
+            if let Lookup::Mapped {
+                chunk,
+                writable: false,
+            } = map.lookup(index)
+            {
+                if !self.state.claim_if_exclusive(name, index) {
+                    let fresh = self.take_chunks(1)?[0];
+                    self.copy_chunk(chunk, fresh).inspect_err(|_| {
+                        self.state.unallocate(fresh);
+                    })?;
+                    self.stage(Record::Map {
+                        volume: name.to_string(),
+                        runs: vec![Run {
+                            logical: index as u32,
+                            physical: fresh,
+                            len: 1,
+                        }],
+                    });
+                    copied += 1;
+                }
+            }
+            index += 1;
+        }
+        if index < map.len() {
+            self.commit()?;
+            return Ok(Some(index));
+        }
+        if self.existing(name)?.origin.is_some() {
+            self.stage(Record::Flattened {
+                volume: name.to_string(),
+            });
+        }
+        self.commit()?;
+        Ok(None)
+    }
+
+    /// Flattens a clone in one go.
+    pub fn flatten(&mut self, name: &str) -> Result<(), VolumeError> {
+        let mut from = 0;
+        while let Some(next) = self.flatten_step(name, from, 64)? {
+            from = next;
+        }
+        Ok(())
+    }
+
+    /// Makes every chunk under `[offset, offset + len)` of `name` mapped and
+    /// writable: allocates (zeroed) chunks for unwritten ranges and copies
+    /// shared ones. Staged only: `commit` before writing data there.
+    /// Fails whole, allocating nothing, when the pool has too few free chunks.
+    pub fn prepare_write(&mut self, name: &str, offset: u64, len: u64) -> Result<(), VolumeError> {
+        self.check_usable()?;
+        let volume = self.existing(name)?;
+        check_range(volume, offset, len)?;
+        let map = Arc::clone(&volume.map);
+        let (first, end) = self.chunk_span(offset, len);
+        let needs_chunk = |state: &PoolState, index: usize| match map.lookup(index) {
+            Lookup::Unmapped => true,
+            Lookup::Mapped { writable: true, .. } => false,
+            Lookup::Mapped { chunk, .. } => state.refcount(chunk) > 1,
+        };
+        let needed = (first..end)
+            .filter(|&i| needs_chunk(&self.state, i))
+            .count() as u32;
+        if needed == 0 {
+            for index in first..end {
+                self.state.claim_if_exclusive(name, index);
+            }
+            return Ok(());
+        }
+        self.check_references(u64::from(needed))?;
+        let fresh = self.take_chunks(needed)?;
+        let mut chunks = vec![NO_CHUNK; end - first];
+        let mut next = fresh.iter();
+        for index in first..end {
+            if !needs_chunk(&self.state, index) {
+                self.state.claim_if_exclusive(name, index);
+                continue;
+            }
+            let chunk = *next.next().expect("counted");
+            let filled = match map.lookup(index) {
+                Lookup::Mapped { chunk: shared, .. } => self.copy_chunk(shared, chunk),
+                Lookup::Unmapped => self.zero_chunk(chunk),
+            };
+            if let Err(error) = filled {
+                for &chunk in &fresh {
+                    self.state.unallocate(chunk);
+                }
+                return Err(error);
+            }
+            chunks[index - first] = chunk;
+        }
+        let runs = runs_of(&chunks)
+            .into_iter()
+            .map(|run| Run {
+                logical: run.logical + first as u32,
+                ..run
+            })
+            .collect();
+        self.stage(Record::Map {
+            volume: name.to_string(),
+            runs,
+        });
+        Ok(())
+    }
+
+    /// Deallocates `[offset, offset + len)`: whole chunks of a thin volume
+    /// are released, the rest is zeroed in place (copying a shared chunk
+    /// first). Reads of the range return zeroes afterwards.
+    pub fn deallocate(&mut self, name: &str, offset: u64, len: u64) -> Result<(), VolumeError> {
+        self.check_usable()?;
+        let volume = self.existing(name)?;
+        check_range(volume, offset, len)?;
+        let (map, gate, thick) = (
+            Arc::clone(&volume.map),
+            Arc::clone(&volume.gate),
+            volume.thick,
+        );
+        let _quiet = gate.quiesce();
+        // Whatever part was done is committed even if a later part failed.
+        let result = self.deallocate_pieces(name, &map, thick, offset, len);
+        self.commit()?;
+        result
+    }
+
+    fn deallocate_pieces(
+        &mut self,
+        name: &str,
+        map: &ChunkMap,
+        thick: bool,
+        offset: u64,
+        len: u64,
+    ) -> Result<(), VolumeError> {
+        let chunk_bytes = u64::from(self.layout().chunk_bytes);
+        let mut position = offset;
+        let end = offset + len;
+        while position < end {
+            let index = (position / chunk_bytes) as usize;
+            let chunk_end = ((index as u64 + 1) * chunk_bytes).min(end);
+            let whole = position.is_multiple_of(chunk_bytes) && chunk_end - position == chunk_bytes;
+            match map.lookup(index) {
+                Lookup::Unmapped => {}
+                Lookup::Mapped { .. } if whole && !thick => self.stage(Record::Unmap {
+                    volume: name.to_string(),
+                    first: index as u32,
+                    count: 1,
+                }),
+                Lookup::Mapped { .. } => {
+                    self.prepare_write(name, position, chunk_end - position)?;
+                    let Lookup::Mapped { chunk, .. } = map.lookup(index) else {
+                        unreachable!("prepared")
+                    };
+                    let (member, base) = self.layout().locate(chunk);
+                    let within = position % chunk_bytes;
+                    self.data_dirty = true;
+                    self.media
+                        .zero(member, base + within, chunk_end - position)
+                        .map_err(|source| VolumeError::Io {
+                            context: format!("zeroing part of volume {name}"),
+                            source,
+                        })?;
+                }
+            }
+            position = chunk_end;
+        }
+        Ok(())
+    }
+
+    /// Writes `data` at `offset` (synchronously; the data plane has its own path).
+    pub fn write(&mut self, name: &str, offset: u64, data: &[u8]) -> Result<(), VolumeError> {
+        self.prepare_write(name, offset, data.len() as u64)?;
+        self.commit()?;
+        let map = Arc::clone(&self.existing(name)?.map);
+        self.for_each_piece(offset, data.len(), |pool, index, within, range| {
+            let Lookup::Mapped { chunk, .. } = map.lookup(index) else {
+                unreachable!("prepared")
+            };
+            let (member, base) = pool.layout().locate(chunk);
+            pool.media.write_at(member, base + within, &data[range])
+        })
+        .map_err(|source| VolumeError::Io {
+            context: format!("writing volume {name}"),
+            source,
+        })
+    }
+
+    /// Reads `buf.len()` bytes at `offset`; unwritten ranges read as zeroes.
+    pub fn read(&mut self, name: &str, offset: u64, buf: &mut [u8]) -> Result<(), VolumeError> {
+        let volume = self.existing(name)?;
+        check_range(volume, offset, buf.len() as u64)?;
+        let map = Arc::clone(&volume.map);
+        self.for_each_piece(offset, buf.len(), |pool, index, within, range| {
+            match map.lookup(index) {
+                Lookup::Unmapped => {
+                    buf[range].fill(0);
+                    Ok(())
+                }
+                Lookup::Mapped { chunk, .. } => {
+                    let (member, base) = pool.layout().locate(chunk);
+                    pool.media.read_at(member, base + within, &mut buf[range])
+                }
+            }
+        })
+        .map_err(|source| VolumeError::Io {
+            context: format!("reading volume {name}"),
+            source,
+        })
+    }
+
+    /// Reads `buf.len()` bytes at `offset` of snapshot `volume@snapshot`.
+    pub fn read_snapshot(
+        &mut self,
+        volume: &str,
+        snapshot: &str,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<(), VolumeError> {
+        let source = self.existing_snapshot(volume, snapshot)?;
+        if offset
+            .checked_add(buf.len() as u64)
+            .is_none_or(|end| end > source.size_bytes)
+        {
+            return Err(VolumeError::invalid(
+                format!(
+                    "range {offset}+{} of snapshot {volume}@{snapshot}",
+                    buf.len()
+                ),
+                format!("the snapshot is {} bytes", source.size_bytes),
+            ));
+        }
+        let chunks = source.chunks.clone();
+        self.for_each_piece(
+            offset,
+            buf.len(),
+            |pool, index, within, range| match chunks[index] {
+                NO_CHUNK => {
+                    buf[range].fill(0);
+                    Ok(())
+                }
+                chunk => {
+                    let (member, base) = pool.layout().locate(chunk);
+                    pool.media.read_at(member, base + within, &mut buf[range])
+                }
+            },
+        )
+        .map_err(|source| VolumeError::Io {
+            context: format!("reading snapshot {volume}@{snapshot}"),
+            source,
+        })
+    }
+
+    /// Makes every completed write durable (data on every member, then metadata).
+    pub fn flush(&mut self) -> Result<(), VolumeError> {
+        self.commit()?;
+        for member in 0..self.media.members() {
+            self.media.sync(member).map_err(|source| VolumeError::Io {
+                context: format!("flushing pool {}", self.name()),
+                source,
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Makes the staged records durable. On failure the pool stops accepting
+    /// changes: reopen it to recover its last committed state.
+    pub fn commit(&mut self) -> Result<(), VolumeError> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        if let Err(error) = self.write_pending() {
+            let reason = format!("{error}");
+            log::error!(
+                "pool {}: metadata write failed: {reason}; no further changes until weft restarts",
+                self.name()
+            );
+            self.failed = Some(reason);
+            return Err(self.failed_error());
+        }
+        self.state.release_committed();
+        self.warn_on_usage();
+        Ok(())
+    }
+
+    fn write_pending(&mut self) -> io::Result<()> {
+        if self.data_dirty {
+            for member in 0..self.media.members() {
+                self.media.sync(member)?;
+            }
+            self.data_dirty = false;
+        }
+        let records = std::mem::take(&mut self.pending);
+        let mut frames = Vec::new();
+        let mut payload = Encoder::new();
+        for record in &records {
+            record.encode(&mut payload);
+            if payload.len() >= RECORD_PAYLOAD_MAX {
+                frames.push(std::mem::take(&mut payload).into_bytes());
+            }
+        }
+        if !payload.is_empty() {
+            frames.push(payload.into_bytes());
+        }
+        let needed: u64 = frames
+            .iter()
+            .map(|f| Frame::encoded_len(f.len()) as u64)
+            .sum();
+        if self.journal_used + needed > self.layout().journal_bytes {
+            // The state in memory includes these records: a checkpoint covers them.
+            return self.write_checkpoint();
+        }
+        let mut bytes = Vec::with_capacity(needed as usize);
+        for frame in frames {
+            self.sequence += 1;
+            bytes.extend(
+                Frame {
+                    sequence: self.sequence,
+                    payload: frame,
+                }
+                .encode(RECORD_MAGIC, &self.superblock.pool_uuid),
+            );
+        }
+        let at = self.layout().journal_offset() + self.journal_used;
+        self.media.write_at(0, at, &bytes)?;
+        self.media.sync(0)?;
+        self.journal_used += needed;
+        Ok(())
+    }
+
+    /// Writes the whole state to the older checkpoint slot; the journal then
+    /// starts over. Records after the checkpoint are numbered on from it.
+    fn write_checkpoint(&mut self) -> io::Result<()> {
+        let bytes = Frame {
+            sequence: self.sequence,
+            payload: self.state.encode(),
+        }
+        .encode(CHECKPOINT_MAGIC, &self.superblock.pool_uuid);
+        assert!(
+            bytes.len() as u64 <= self.layout().checkpoint_bytes,
+            "checkpoint size is checked before references are added"
+        );
+        let slot = 1 - self.checkpoint_slot;
+        self.media
+            .write_at(0, self.layout().checkpoint_offset(slot), &bytes)?;
+        self.media.sync(0)?;
+        self.checkpoint_slot = slot;
+        self.journal_used = 0;
+        log::debug!(
+            "pool {}: checkpoint {} ({} bytes) in slot {slot}",
+            self.name(),
+            self.sequence,
+            bytes.len()
+        );
+        Ok(())
+    }
+
+    fn stage(&mut self, record: Record) {
+        if let Err(error) = self.state.apply(&record) {
+            panic!("a validated record did not apply: {error}: {record:?}");
+        }
+        self.pending.push(record);
+    }
+
+    fn next_id(&self) -> [u8; 16] {
+        // Unique within the pool (sequence numbers only grow) and across
+        // pools (the pool UUID is random).
+        let counter = self.sequence + 1 + self.pending.len() as u64;
+        let mut id = self.superblock.pool_uuid;
+        for (byte, c) in id[8..].iter_mut().zip(counter.to_be_bytes()) {
+            *byte ^= c;
+        }
+        id
+    }
+
+    fn check_usable(&self) -> Result<(), VolumeError> {
+        match self.failed {
+            Some(_) => Err(self.failed_error()),
+            None => Ok(()),
+        }
+    }
+
+    fn failed_error(&self) -> VolumeError {
+        VolumeError::Failed {
+            pool: self.name().to_string(),
+            reason: self.failed.clone().unwrap_or_default(),
+        }
+    }
+
+    fn existing(&self, name: &str) -> Result<&Volume, VolumeError> {
+        self.state
+            .volumes
+            .get(name)
+            .ok_or_else(|| VolumeError::NotFound {
+                kind: "volume",
+                name: name.to_string(),
+            })
+    }
+
+    fn existing_snapshot(
+        &self,
+        volume: &str,
+        name: &str,
+    ) -> Result<&crate::state::Snapshot, VolumeError> {
+        self.existing(volume)?
+            .snapshots
+            .get(name)
+            .ok_or_else(|| VolumeError::NotFound {
+                kind: "snapshot",
+                name: format!("{volume}@{name}"),
+            })
+    }
+
+    fn check_new_volume(&self, name: &str) -> Result<(), VolumeError> {
+        if self.state.volumes.contains_key(name) {
+            return Err(VolumeError::Exists {
+                kind: "volume",
+                name: name.to_string(),
+            });
+        }
+        if self.state.volumes.len() >= VOLUMES_MAX {
+            return Err(VolumeError::Limit(format!(
+                "pool {} has {VOLUMES_MAX} volumes, the most a pool may hold",
+                self.name()
+            )));
+        }
+        Ok(())
+    }
+
+    fn check_geometry(&self, size_bytes: u64, block_size: u32) -> Result<(), VolumeError> {
+        if !matches!(block_size, 512 | 4096) {
+            return Err(VolumeError::invalid(
+                format!("block size {block_size}"),
+                "use 512 or 4096",
+            ));
+        }
+        let max = VOLUME_CHUNKS_MAX << self.layout().chunk_shift();
+        if size_bytes == 0 || !size_bytes.is_multiple_of(u64::from(block_size)) || size_bytes > max
+        {
+            return Err(VolumeError::invalid(
+                format!("size {size_bytes}"),
+                format!("give a multiple of the block size ({block_size}) up to {max} bytes ({VOLUME_CHUNKS_MAX} allocation units)"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Refuses a change whose references would not fit in a checkpoint.
+    fn check_references(&self, added: u64) -> Result<(), VolumeError> {
+        let bound = self.state.encoded_len_bound() + OBJECT_BYTES + 12 * added;
+        if bound + FRAME_HEADER_BYTES as u64 > self.layout().checkpoint_bytes {
+            return Err(VolumeError::MetadataFull {
+                pool: self.name().to_string(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Takes `count` free chunks, all or none.
+    fn take_chunks(&mut self, count: u32) -> Result<Vec<u32>, VolumeError> {
+        if self.state.free_now() < count {
+            return Err(VolumeError::PoolFull {
+                pool: self.name().to_string(),
+                needed: u64::from(count),
+                free: u64::from(self.state.free_now()),
+            });
+        }
+        Ok((0..count)
+            .map(|_| self.state.allocate().expect("counted"))
+            .collect())
+    }
+
+    /// Allocates and zeroes `count` chunks for logical chunks from `first`.
+    fn allocate_zeroed(&mut self, first: u32, count: u32) -> Result<Vec<Run>, VolumeError> {
+        let chunks = self.take_chunks(count)?;
+        for &chunk in &chunks {
+            if let Err(error) = self.zero_chunk(chunk) {
+                for &chunk in &chunks {
+                    self.state.unallocate(chunk);
+                }
+                return Err(error);
+            }
+        }
+        Ok(runs_of(&chunks)
+            .into_iter()
+            .map(|run| Run {
+                logical: run.logical + first,
+                ..run
+            })
+            .collect())
+    }
+
+    fn zero_chunk(&mut self, chunk: u32) -> Result<(), VolumeError> {
+        let (member, offset) = self.layout().locate(chunk);
+        let len = u64::from(self.layout().chunk_bytes);
+        self.data_dirty = true;
+        self.media
+            .zero(member, offset, len)
+            .map_err(|source| VolumeError::Io {
+                context: format!("zeroing a new allocation unit in pool {}", self.name()),
+                source,
+            })
+    }
+
+    fn copy_chunk(&mut self, from: u32, to: u32) -> Result<(), VolumeError> {
+        let mut buffer = vec![0u8; self.layout().chunk_bytes as usize];
+        let (from_member, from_offset) = self.layout().locate(from);
+        let (to_member, to_offset) = self.layout().locate(to);
+        self.data_dirty = true;
+        self.media
+            .read_at(from_member, from_offset, &mut buffer)
+            .and_then(|()| self.media.write_at(to_member, to_offset, &buffer))
+            .map_err(|source| VolumeError::Io {
+                context: format!("copying a shared allocation unit in pool {}", self.name()),
+                source,
+            })
+    }
+
+    fn chunk_span(&self, offset: u64, len: u64) -> (usize, usize) {
+        let shift = self.layout().chunk_shift();
+        let first = (offset >> shift) as usize;
+        let end = if len == 0 {
+            first
+        } else {
+            ((offset + len - 1) >> shift) as usize + 1
+        };
+        (first, end)
+    }
+
+    /// Calls `f(pool, logical chunk, offset within it, range of the buffer)`
+    /// for each chunk-sized piece of `[offset, offset + len)`.
+    fn for_each_piece(
+        &mut self,
+        offset: u64,
+        len: usize,
+        mut f: impl FnMut(&mut Self, usize, u64, std::ops::Range<usize>) -> io::Result<()>,
+    ) -> io::Result<()> {
+        let chunk_bytes = u64::from(self.layout().chunk_bytes);
+        let mut done = 0usize;
+        while done < len {
+            let position = offset + done as u64;
+            let within = position % chunk_bytes;
+            let step = ((chunk_bytes - within) as usize).min(len - done);
+            f(
+                self,
+                (position / chunk_bytes) as usize,
+                within,
+                done..done + step,
+            )?;
+            done += step;
+        }
+        Ok(())
+    }
+
+    fn warn_on_usage(&mut self) {
+        let percent = u64::from(self.state.allocated()) * 100 / u64::from(self.state.chunks());
+        let level = [90, 80]
+            .into_iter()
+            .find(|&level| percent >= level)
+            .unwrap_or(0);
+        if level > self.warned_percent {
+            log::warn!(
+                "pool {} is {percent}% allocated ({} of {} allocation units); writes that need space fail when it is full",
+                self.name(),
+                self.state.allocated(),
+                self.state.chunks()
+            );
+        }
+        self.warned_percent = level;
+    }
+}
+
+fn check_range(volume: &Volume, offset: u64, len: u64) -> Result<(), VolumeError> {
+    if offset
+        .checked_add(len)
+        .is_none_or(|end| end > volume.size_bytes)
+    {
+        return Err(VolumeError::invalid(
+            format!("range {offset}+{len} of volume {}", volume.name),
+            format!("the volume is {} bytes", volume.size_bytes),
+        ));
+    }
+    Ok(())
+}
+
+fn apply_payload(state: &mut PoolState, payload: &[u8]) -> Result<(), String> {
+    let mut d = Decoder::new(payload);
+    while !d.is_done() {
+        let record = Record::decode(&mut d).map_err(|e| e.to_string())?;
+        state.apply(&record).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+fn read_superblock<M: Media>(media: &mut M, member: usize) -> Result<Superblock, FormatError> {
+    let mut block = vec![0u8; SUPERBLOCK_BYTES];
+    let mut first_error = FormatError::Truncated;
+    for copy in 0..2 {
+        if media
+            .read_at(member, (copy * SUPERBLOCK_BYTES) as u64, &mut block)
+            .is_err()
+        {
+            continue;
+        }
+        match Superblock::decode(&block) {
+            Ok(superblock) => return Ok(superblock),
+            Err(error) if copy == 0 => first_error = error,
+            Err(_) => {}
+        }
+    }
+    Err(first_error)
+}
+
+fn check_members<M: Media>(media: &mut M, first: &Superblock) -> Result<(), VolumeError> {
+    let expected = usize::from(first.layout.members);
+    if media.members() != expected {
+        return Err(VolumeError::Corrupt(format!(
+            "pool {} has {expected} devices but {} were given",
+            first.pool_name,
+            media.members()
+        )));
+    }
+    for member in 0..expected {
+        let superblock = read_superblock(media, member).map_err(|error| {
+            VolumeError::Corrupt(format!(
+                "device {} of pool {}: no readable superblock ({error})",
+                member + 1,
+                first.pool_name
+            ))
+        })?;
+        if superblock.pool_uuid != first.pool_uuid || superblock.layout != first.layout {
+            return Err(VolumeError::Corrupt(format!(
+                "device {} belongs to pool {}, not to pool {}",
+                member + 1,
+                superblock.pool_name,
+                first.pool_name
+            )));
+        }
+        if usize::from(superblock.member) != member {
+            return Err(VolumeError::Corrupt(format!(
+                "device {} of pool {} is its member {}: list the devices in their original order",
+                member + 1,
+                first.pool_name,
+                superblock.member + 1
+            )));
+        }
+        if media.size_bytes(member) < first.layout.member_bytes_needed() {
+            return Err(VolumeError::Corrupt(format!(
+                "device {} of pool {} is smaller than when the pool was created",
+                member + 1,
+                first.pool_name
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Reads a frame at `offset` within a region of `room` bytes.
+fn read_frame<M: Media>(
+    media: &mut M,
+    offset: u64,
+    room: u64,
+    magic: u32,
+    uuid: &[u8; 16],
+) -> Result<Frame, FormatError> {
+    if room < META_BLOCK as u64 {
+        return Err(FormatError::Truncated);
+    }
+    let mut first = vec![0u8; META_BLOCK];
+    media
+        .read_at(0, offset, &mut first)
+        .map_err(|_| FormatError::Truncated)?;
+    let total = Frame::peek_len(&first, magic, uuid)?;
+    if total as u64 > room {
+        return Err(FormatError::Truncated);
+    }
+    let mut bytes = first;
+    bytes.resize(total, 0);
+    if total > META_BLOCK {
+        media
+            .read_at(0, offset + META_BLOCK as u64, &mut bytes[META_BLOCK..])
+            .map_err(|_| FormatError::Truncated)?;
+    }
+    Frame::decode(&bytes, magic, uuid)
+}

@@ -1,0 +1,294 @@
+//! Test support: in-memory media that behaves like a device with a volatile
+//! write cache, fails on command, tears the failing write, and on a
+//! simulated power cut keeps, drops or tears each write that was not synced.
+//! Used by the crash tests and the fuzz target; not for production.
+
+use crate::media::Media;
+use std::io;
+
+/// Sector size a torn write is torn at.
+pub const SECTOR_BYTES: usize = 512;
+
+#[derive(Debug, Clone)]
+struct Member {
+    /// What reads see (the cache).
+    current: Vec<u8>,
+    /// What survives a power cut for sure.
+    durable: Vec<u8>,
+    /// Writes since the last sync, oldest first.
+    unsynced: Vec<(u64, Vec<u8>)>,
+}
+
+/// Fault-injecting in-memory media.
+#[derive(Debug, Clone)]
+pub struct FaultyMedia {
+    members: Vec<Member>,
+    writes_until_failure: Option<u64>,
+    failed: bool,
+    rng: u64,
+}
+
+impl FaultyMedia {
+    /// `members` zeroed devices of `size_bytes` each; `seed` drives tearing.
+    pub fn new(members: usize, size_bytes: usize, seed: u64) -> FaultyMedia {
+        let member = Member {
+            current: vec![0; size_bytes],
+            durable: vec![0; size_bytes],
+            unsynced: Vec::new(),
+        };
+        FaultyMedia {
+            members: vec![member; members],
+            writes_until_failure: None,
+            failed: false,
+            rng: seed | 1,
+        }
+    }
+
+    /// The `count`-th write from now fails half done, and every write or sync after it fails.
+    pub fn fail_after_writes(&mut self, count: u64) {
+        self.writes_until_failure = Some(count);
+    }
+
+    /// Whether the injected failure happened.
+    pub fn has_failed(&self) -> bool {
+        self.failed
+    }
+
+    /// A power cut: what the devices hold afterwards. Each unsynced write is
+    /// independently kept, dropped or torn at a sector boundary.
+    pub fn crash(mut self) -> FaultyMedia {
+        for index in 0..self.members.len() {
+            let unsynced = std::mem::take(&mut self.members[index].unsynced);
+            for (offset, data) in unsynced {
+                let keep = match self.next() % 3 {
+                    0 => 0,
+                    1 => data.len(),
+                    _ => self.torn_len(data.len()),
+                };
+                let member = &mut self.members[index];
+                let at = offset as usize;
+                member.durable[at..at + keep].copy_from_slice(&data[..keep]);
+            }
+            let member = &mut self.members[index];
+            member.current.clone_from(&member.durable);
+        }
+        self.writes_until_failure = None;
+        self.failed = false;
+        self
+    }
+
+    fn next(&mut self) -> u64 {
+        // xorshift64
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        self.rng
+    }
+
+    fn torn_len(&mut self, len: usize) -> usize {
+        let sectors = len.div_ceil(SECTOR_BYTES).max(1) as u64;
+        ((self.next() % sectors) as usize * SECTOR_BYTES).min(len)
+    }
+
+    fn check_alive(&self) -> io::Result<()> {
+        if self.failed {
+            return Err(injected());
+        }
+        Ok(())
+    }
+
+    fn store(&mut self, member: usize, offset: u64, data: Vec<u8>) -> io::Result<()> {
+        self.check_alive()?;
+        check_bounds(&self.members[member], offset, data.len())?;
+        let mut data = data;
+        let failing = match &mut self.writes_until_failure {
+            Some(0) => true,
+            Some(left) => {
+                *left -= 1;
+                false
+            }
+            None => false,
+        };
+        if failing {
+            let kept = self.torn_len(data.len());
+            data.truncate(kept);
+            self.failed = true;
+        }
+        let at = offset as usize;
+        let target = &mut self.members[member];
+        target.current[at..at + data.len()].copy_from_slice(&data);
+        target.unsynced.push((offset, data));
+        if failing {
+            return Err(injected());
+        }
+        Ok(())
+    }
+}
+
+fn injected() -> io::Error {
+    io::Error::from_raw_os_error(libc::EIO)
+}
+
+fn check_bounds(member: &Member, offset: u64, len: usize) -> io::Result<()> {
+    if offset as usize + len > member.current.len() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "access beyond the device",
+        ));
+    }
+    Ok(())
+}
+
+impl Media for FaultyMedia {
+    fn members(&self) -> usize {
+        self.members.len()
+    }
+
+    fn size_bytes(&self, member: usize) -> u64 {
+        self.members[member].current.len() as u64
+    }
+
+    fn read_at(&mut self, member: usize, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        let m = &self.members[member];
+        check_bounds(m, offset, buf.len())?;
+        let at = offset as usize;
+        buf.copy_from_slice(&m.current[at..at + buf.len()]);
+        Ok(())
+    }
+
+    fn write_at(&mut self, member: usize, offset: u64, buf: &[u8]) -> io::Result<()> {
+        self.store(member, offset, buf.to_vec())
+    }
+
+    fn zero(&mut self, member: usize, offset: u64, len: u64) -> io::Result<()> {
+        self.store(member, offset, vec![0; len as usize])
+    }
+
+    fn sync(&mut self, member: usize) -> io::Result<()> {
+        self.check_alive()?;
+        let m = &mut self.members[member];
+        for (offset, data) in m.unsynced.drain(..) {
+            let at = offset as usize;
+            m.durable[at..at + data.len()].copy_from_slice(&data);
+        }
+        Ok(())
+    }
+}
+
+/// Fuzz entry point: damages the metadata of a small pool (a volume with
+/// data, a snapshot and a clone) with `data` — the first byte picks the
+/// region (superblock, either checkpoint, journal), the next two an offset in
+/// it — then opens it and reads everything. Opening may fail; it must never
+/// panic or allocate without bound.
+pub fn fuzz_open(data: &[u8]) {
+    use crate::{Pool, PoolOptions, VolumeSpec};
+    thread_local! {
+        static SAMPLE: (FaultyMedia, crate::format::Layout) = {
+            let options = PoolOptions { name: "fuzz".into(), chunk_bytes: 64 << 10, uuid: [3; 16] };
+            let mut pool = Pool::create(FaultyMedia::new(1, 4 << 20, 1), options).expect("sample pool");
+            let spec = VolumeSpec { name: "v".into(), size_bytes: 256 << 10, block_size: 512, thick: false };
+            pool.create_volume(&spec).expect("volume");
+            pool.write("v", 70 << 10, &[9; 4096]).expect("write");
+            pool.create_snapshot("v", "s").expect("snapshot");
+            pool.clone_volume("v", "s", "c").expect("clone");
+            pool.deallocate("v", 64 << 10, 64 << 10).expect("deallocate");
+            pool.flush().expect("flush");
+            let layout = *pool.layout();
+            (pool.into_media(), layout)
+        };
+    }
+    let Some((&[region, low, high], damage)) = data.split_first_chunk::<3>() else {
+        return;
+    };
+    let (mut media, layout) = SAMPLE.with(|(media, layout)| (media.clone(), *layout));
+    let (start, len) = match region % 4 {
+        0 => (0, 8192),
+        1 => (layout.checkpoint_offset(0), layout.checkpoint_bytes),
+        2 => (layout.checkpoint_offset(1), layout.checkpoint_bytes),
+        _ => (layout.journal_offset(), layout.journal_bytes),
+    };
+    let offset = start + u64::from(u16::from_le_bytes([low, high])) % len;
+    let room = (start + len - offset) as usize;
+    let damage = &damage[..damage.len().min(room)];
+    media
+        .write_at(0, offset, damage)
+        .expect("within the device");
+    media.sync(0).expect("sync");
+    let Ok(mut pool) = Pool::open(media) else {
+        return;
+    };
+    let volumes: Vec<(String, u64, Vec<(String, u64)>)> = pool
+        .volumes()
+        .map(|v| {
+            let snapshots = v
+                .snapshots
+                .iter()
+                .map(|(n, s)| (n.clone(), s.size_bytes))
+                .collect();
+            (v.name.clone(), v.size_bytes, snapshots)
+        })
+        .collect();
+    for (name, size, snapshots) in volumes {
+        let mut buf = vec![0u8; size.min(1 << 20) as usize];
+        let _ = pool.read(&name, 0, &mut buf);
+        let _ = pool.write(&name, 0, &[1; 512]);
+        for (snapshot, size) in snapshots {
+            let mut buf = vec![0u8; size.min(1 << 20) as usize];
+            let _ = pool.read_snapshot(&name, &snapshot, 0, &mut buf);
+        }
+    }
+}
+
+/// Recomputes the CRC of the frame at `start` (payload length clamped to the region).
+fn reseal_frame(media: &mut FaultyMedia, start: u64, len: u64) {
+    use crate::format::FRAME_HEADER_BYTES;
+    let mut header = [0u8; FRAME_HEADER_BYTES];
+    media.read_at(0, start, &mut header).expect("within the device");
+    let payload_len = u32::from_le_bytes(header[4..8].try_into().expect("4")) as u64;
+    let payload_len = payload_len.min(len - FRAME_HEADER_BYTES as u64) as usize;
+    let mut frame = vec![0u8; FRAME_HEADER_BYTES + payload_len];
+    media.read_at(0, start, &mut frame).expect("within the device");
+    frame[32..36].fill(0);
+    let crc = crc32c::crc32c(&frame);
+    media
+        .write_at(0, start + 32, &crc.to_le_bytes())
+        .expect("within the device");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn synced_writes_survive_a_crash_and_unsynced_ones_may_not() {
+        let mut media = FaultyMedia::new(1, 8192, 3);
+        media.write_at(0, 0, &[1; 4096]).unwrap();
+        media.sync(0).unwrap();
+        media.write_at(0, 4096, &[2; 4096]).unwrap();
+        let mut buf = [0u8; 4096];
+        media.read_at(0, 4096, &mut buf).unwrap();
+        assert_eq!(buf, [2; 4096], "reads see the cache");
+        let mut crashed = media.crash();
+        crashed.read_at(0, 0, &mut buf).unwrap();
+        assert_eq!(buf, [1; 4096]);
+        crashed.read_at(0, 4096, &mut buf).unwrap();
+        assert!(
+            buf.chunks(SECTOR_BYTES)
+                .all(|s| s.iter().all(|&b| b == 2) || s.iter().all(|&b| b == 0)),
+            "whole sectors, old or new"
+        );
+    }
+
+    #[test]
+    fn the_failing_write_is_torn_and_the_device_stays_dead() {
+        let mut media = FaultyMedia::new(1, 8192, 5);
+        media.fail_after_writes(1);
+        media.write_at(0, 0, &[1; 512]).unwrap();
+        assert!(media.write_at(0, 512, &[1; 4096]).is_err());
+        assert!(media.has_failed());
+        assert!(media.sync(0).is_err());
+        assert!(media.write_at(0, 0, &[1; 512]).is_err());
+        let crashed = media.crash();
+        assert!(!crashed.has_failed());
+    }
+}

@@ -1,0 +1,459 @@
+//! Model-based crash test: random operations on a pool and on a simple
+//! reference model (each volume and snapshot is a byte vector), on media
+//! that fail and tear a write after N writes. On failure the media lose
+//! power, the pool is reopened and must equal the model — except that the
+//! one operation in doubt may have happened or not (and a data operation
+//! may have reached some sectors and not others). Every acknowledged
+//! operation must survive.
+
+use std::collections::BTreeMap;
+use weft_volume::testing::{FaultyMedia, SECTOR_BYTES};
+use weft_volume::{Pool, PoolOptions, VolumeError, VolumeSpec};
+
+const CHUNK: u64 = 64 * 1024;
+const MEMBER_BYTES: usize = 10 << 20;
+const NAMES: [&str; 4] = ["a", "b", "c", "d"];
+const SNAPSHOTS: [&str; 2] = ["s1", "s2"];
+
+#[derive(Debug, Clone, Default, PartialEq)]
+struct ModelVolume {
+    data: Vec<u8>,
+    snapshots: BTreeMap<String, Vec<u8>>,
+}
+
+type Model = BTreeMap<String, ModelVolume>;
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    fn pick<'a>(&mut self, items: &[&'a str]) -> &'a str {
+        items[self.below(items.len() as u64) as usize]
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Create {
+        name: String,
+        size: u64,
+        thick: bool,
+    },
+    Delete {
+        name: String,
+    },
+    Write {
+        name: String,
+        offset: u64,
+        len: u64,
+        seed: u8,
+    },
+    Deallocate {
+        name: String,
+        offset: u64,
+        len: u64,
+    },
+    Resize {
+        name: String,
+        size: u64,
+    },
+    Snapshot {
+        name: String,
+        snapshot: String,
+    },
+    DeleteSnapshot {
+        name: String,
+        snapshot: String,
+    },
+    Clone {
+        name: String,
+        snapshot: String,
+        into: String,
+    },
+    Flatten {
+        name: String,
+    },
+}
+
+fn random_op(rng: &mut Rng, model: &Model) -> Op {
+    let name = rng.pick(&NAMES).to_string();
+    let size_of = |name: &str| model.get(name).map_or(0, |v| v.data.len() as u64);
+    let size = size_of(&name);
+    match rng.below(20) {
+        0..=2 => Op::Create {
+            name,
+            size: (1 + rng.below(48)) * 32 * 1024,
+            thick: rng.below(5) == 0,
+        },
+        3 => Op::Delete { name },
+        4..=10 if size > 0 => {
+            let len = (1 + rng.below(64)) * SECTOR_BYTES as u64;
+            let offset = rng.below(size.saturating_sub(len) / 512 + 1) * 512;
+            Op::Write {
+                name,
+                offset,
+                len: len.min(size - offset),
+                seed: rng.below(250) as u8 + 1,
+            }
+        }
+        11 | 12 if size > 0 => {
+            // One whole chunk or part of one chunk: either way one piece.
+            let chunk = rng.below(size.div_ceil(CHUNK));
+            let chunk_end = ((chunk + 1) * CHUNK).min(size);
+            let (offset, len) = if rng.below(2) == 0 {
+                (chunk * CHUNK, chunk_end - chunk * CHUNK)
+            } else {
+                let start = chunk * CHUNK + rng.below((chunk_end - chunk * CHUNK) / 512) * 512;
+                (start, (1 + rng.below((chunk_end - start) / 512)) * 512)
+            };
+            Op::Deallocate { name, offset, len }
+        }
+        13 if size > 0 => Op::Resize {
+            name,
+            size: size + rng.below(8) * 32 * 1024,
+        },
+        14 | 15 => Op::Snapshot {
+            name,
+            snapshot: rng.pick(&SNAPSHOTS).to_string(),
+        },
+        16 => Op::DeleteSnapshot {
+            name,
+            snapshot: rng.pick(&SNAPSHOTS).to_string(),
+        },
+        17 | 18 => Op::Clone {
+            name,
+            snapshot: rng.pick(&SNAPSHOTS).to_string(),
+            into: rng.pick(&NAMES).to_string(),
+        },
+        _ => Op::Flatten { name },
+    }
+}
+
+fn pattern(seed: u8, offset: u64, len: u64) -> Vec<u8> {
+    (offset..offset + len)
+        .map(|i| seed.wrapping_mul(31).wrapping_add((i / 7) as u8) | 1)
+        .collect()
+}
+
+fn run(pool: &mut Pool<FaultyMedia>, op: &Op) -> Result<(), VolumeError> {
+    match op {
+        Op::Create { name, size, thick } => pool.create_volume(&VolumeSpec {
+            name: name.clone(),
+            size_bytes: *size,
+            block_size: 512,
+            thick: *thick,
+        }),
+        Op::Delete { name } => pool.delete_volume(name),
+        Op::Write {
+            name,
+            offset,
+            len,
+            seed,
+        } => {
+            pool.write(name, *offset, &pattern(*seed, *offset, *len))?;
+            pool.flush()
+        }
+        Op::Deallocate { name, offset, len } => {
+            pool.deallocate(name, *offset, *len)?;
+            pool.flush()
+        }
+        Op::Resize { name, size } => pool.resize_volume(name, *size),
+        Op::Snapshot { name, snapshot } => pool.create_snapshot(name, snapshot),
+        Op::DeleteSnapshot { name, snapshot } => pool.delete_snapshot(name, snapshot),
+        Op::Clone {
+            name,
+            snapshot,
+            into,
+        } => pool.clone_volume(name, snapshot, into),
+        Op::Flatten { name } => pool.flatten(name),
+    }
+}
+
+/// The model after `op` succeeded.
+fn apply(model: &Model, op: &Op) -> Model {
+    let mut next = model.clone();
+    match op {
+        Op::Create { name, size, .. } => {
+            next.insert(
+                name.clone(),
+                ModelVolume {
+                    data: vec![0; *size as usize],
+                    snapshots: BTreeMap::new(),
+                },
+            );
+        }
+        Op::Delete { name } => {
+            next.remove(name);
+        }
+        Op::Write {
+            name,
+            offset,
+            len,
+            seed,
+        } => {
+            let at = *offset as usize;
+            let data = &mut next.get_mut(name).unwrap().data;
+            data[at..at + *len as usize].copy_from_slice(&pattern(*seed, *offset, *len));
+        }
+        Op::Deallocate { name, offset, len } => {
+            let at = *offset as usize;
+            next.get_mut(name).unwrap().data[at..at + *len as usize].fill(0);
+        }
+        Op::Resize { name, size } => next.get_mut(name).unwrap().data.resize(*size as usize, 0),
+        Op::Snapshot { name, snapshot } => {
+            let v = next.get_mut(name).unwrap();
+            v.snapshots.insert(snapshot.clone(), v.data.clone());
+        }
+        Op::DeleteSnapshot { name, snapshot } => {
+            next.get_mut(name).unwrap().snapshots.remove(snapshot);
+        }
+        Op::Clone {
+            name,
+            snapshot,
+            into,
+        } => {
+            let data = next[name].snapshots[snapshot].clone();
+            next.insert(
+                into.clone(),
+                ModelVolume {
+                    data,
+                    snapshots: BTreeMap::new(),
+                },
+            );
+        }
+        Op::Flatten { .. } => {}
+    }
+    next
+}
+
+/// Reads the whole pool into a model.
+fn observe(pool: &mut Pool<FaultyMedia>) -> Model {
+    let names: Vec<String> = pool.volumes().map(|v| v.name.clone()).collect();
+    let mut model = Model::new();
+    for name in names {
+        let info = pool.volume_info(&name).unwrap();
+        let mut data = vec![0u8; info.size_bytes as usize];
+        pool.read(&name, 0, &mut data).unwrap();
+        let mut snapshots = BTreeMap::new();
+        for (snapshot, _, size) in info.snapshots {
+            let mut content = vec![0u8; size as usize];
+            pool.read_snapshot(&name, &snapshot, 0, &mut content)
+                .unwrap();
+            snapshots.insert(snapshot, content);
+        }
+        model.insert(name, ModelVolume { data, snapshots });
+    }
+    model
+}
+
+/// Whether `seen` is `before` or `after`, sector by sector.
+fn consistent(seen: &Model, before: &Model, after: &Model) -> Result<(), String> {
+    let names = |m: &Model| m.keys().cloned().collect::<Vec<_>>();
+    if names(seen) != names(before) && names(seen) != names(after) {
+        return Err(format!(
+            "volumes {:?}, expected {:?} or {:?}",
+            names(seen),
+            names(before),
+            names(after)
+        ));
+    }
+    for (name, volume) in seen {
+        let candidates: Vec<&ModelVolume> = [before.get(name), after.get(name)]
+            .into_iter()
+            .flatten()
+            .collect();
+        let same_bytes = |a: &[u8], options: Vec<&Vec<u8>>| {
+            options.iter().any(|o| o.len() == a.len())
+                && a.chunks(SECTOR_BYTES).enumerate().all(|(i, sector)| {
+                    options.iter().any(|o| {
+                        o.len() == a.len()
+                            && &o[i * SECTOR_BYTES..i * SECTOR_BYTES + sector.len()] == sector
+                    })
+                })
+        };
+        if !same_bytes(&volume.data, candidates.iter().map(|c| &c.data).collect()) {
+            return Err(format!("volume {name}: content differs from the model"));
+        }
+        for (snapshot, content) in &volume.snapshots {
+            let options: Vec<&Vec<u8>> = candidates
+                .iter()
+                .filter_map(|c| c.snapshots.get(snapshot))
+                .collect();
+            if !same_bytes(content, options) {
+                return Err(format!("snapshot {name}@{snapshot}: content differs"));
+            }
+        }
+        let snapshot_names: Vec<&String> = volume.snapshots.keys().collect();
+        if !candidates
+            .iter()
+            .any(|c| c.snapshots.keys().collect::<Vec<_>>() == snapshot_names)
+        {
+            return Err(format!(
+                "volume {name}: snapshots {snapshot_names:?} unexpected"
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn options() -> PoolOptions {
+    PoolOptions {
+        name: "model".into(),
+        chunk_bytes: CHUNK as u32,
+        uuid: [0x5A; 16],
+    }
+}
+
+/// One seed: `ops` operations, with a failure injected after a random number
+/// of writes in every round; after each failure: power cut, reopen, compare.
+fn exercise(seed: u64, ops: usize) {
+    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let media = FaultyMedia::new(2, MEMBER_BYTES, seed);
+    let mut pool = Pool::create(media, options()).unwrap();
+    let mut model = Model::new();
+    let mut crashes = 0;
+    let arm = |pool: Pool<FaultyMedia>, rng: &mut Rng| {
+        let mut media = pool.into_media();
+        media.fail_after_writes(1 + rng.below(80));
+        Pool::open(media).expect("reopen of an intact pool")
+    };
+    pool = arm(pool, &mut rng);
+    for step in 0..ops {
+        let op = random_op(&mut rng, &model);
+        match run(&mut pool, &op) {
+            Ok(()) => model = apply(&model, &op),
+            Err(VolumeError::Io { .. } | VolumeError::Failed { .. }) => {
+                crashes += 1;
+                let media = pool.into_media().crash();
+                pool = match Pool::open(media) {
+                    Ok(pool) => pool,
+                    Err(error) => panic!("seed {seed} step {step}: reopen after a crash during {op:?} failed: {error}"),
+                };
+                let seen = observe(&mut pool);
+                if let Err(problem) = consistent(&seen, &model, &apply(&model, &op)) {
+                    panic!("seed {seed} step {step}: after a crash during {op:?}: {problem}");
+                }
+                model = seen;
+                pool = arm(pool, &mut rng);
+            }
+            // Refused (no space, no such volume, limits...): nothing changed.
+            Err(_) => {}
+        }
+        if step % 16 == 0 {
+            let seen = observe(&mut pool);
+            if let Err(problem) = consistent(&seen, &model, &model) {
+                panic!("seed {seed} step {step}: live pool after {op:?}: {problem}");
+            }
+        }
+    }
+    // A last clean reopen must show exactly the model.
+    let mut pool = Pool::open(pool.into_media().crash()).unwrap();
+    let seen = observe(&mut pool);
+    consistent(&seen, &model, &model).unwrap_or_else(|p| panic!("seed {seed} at the end: {p}"));
+    assert!(
+        crashes > 0 || ops < 100,
+        "seed {seed}: no failure was injected"
+    );
+}
+
+#[test]
+fn random_operations_survive_injected_crashes() {
+    for seed in 1..=12 {
+        exercise(seed, 1000);
+    }
+}
+
+#[test]
+fn a_pool_reopens_with_its_volumes_snapshots_and_data() {
+    let mut pool = Pool::create(FaultyMedia::new(1, MEMBER_BYTES, 1), options()).unwrap();
+    let spec = VolumeSpec {
+        name: "db1".into(),
+        size_bytes: 1 << 20,
+        block_size: 4096,
+        thick: false,
+    };
+    pool.create_volume(&spec).unwrap();
+    pool.write("db1", 4096, &[7; 4096]).unwrap();
+    pool.create_snapshot("db1", "s1").unwrap();
+    pool.write("db1", 4096, &[8; 4096]).unwrap();
+    pool.clone_volume("db1", "s1", "copy").unwrap();
+    pool.resize_volume("db1", 2 << 20).unwrap();
+    pool.flush().unwrap();
+    let mut pool = Pool::open(pool.into_media().crash()).unwrap();
+    let mut buf = [0u8; 4096];
+    pool.read("db1", 4096, &mut buf).unwrap();
+    assert_eq!(buf, [8; 4096]);
+    pool.read("copy", 4096, &mut buf).unwrap();
+    assert_eq!(buf, [7; 4096], "the clone shows the snapshot");
+    pool.read_snapshot("db1", "s1", 4096, &mut buf).unwrap();
+    assert_eq!(buf, [7; 4096]);
+    let info = pool.volume_info("db1").unwrap();
+    assert_eq!(info.size_bytes, 2 << 20);
+    assert_eq!(info.snapshots.len(), 1);
+    assert_eq!(
+        pool.volume_info("copy").unwrap().origin.unwrap().snapshot,
+        "s1"
+    );
+    assert_ne!(info.id, pool.volume_info("copy").unwrap().id);
+}
+
+#[test]
+fn a_full_pool_refuses_only_writes_that_need_space() {
+    let mut pool = Pool::create(FaultyMedia::new(1, MEMBER_BYTES, 1), options()).unwrap();
+    let capacity = pool.info().capacity_bytes;
+    let spec = |name: &str, size_bytes| VolumeSpec {
+        name: name.into(),
+        size_bytes,
+        block_size: 4096,
+        thick: false,
+    };
+    pool.create_volume(&spec("big", capacity * 2)).unwrap();
+    pool.write("big", 0, &vec![1; capacity as usize]).unwrap();
+    let error = pool.write("big", capacity, &[2; 4096]).unwrap_err();
+    assert!(matches!(error, VolumeError::PoolFull { .. }), "{error}");
+    assert!(error.to_string().contains("is full"));
+    pool.write("big", 0, &[3; 4096]).unwrap();
+    let mut buf = [0u8; 4096];
+    pool.read("big", capacity - 4096, &mut buf).unwrap();
+    assert_eq!(buf, [1; 4096], "nothing else harmed");
+    pool.deallocate("big", 0, CHUNK).unwrap();
+    pool.write("big", capacity, &[2; 4096]).unwrap();
+    let error = pool.create_volume(&VolumeSpec {
+        thick: true,
+        ..spec("thick", 4 * CHUNK)
+    });
+    assert!(matches!(error, Err(VolumeError::PoolFull { .. })));
+}
+
+#[test]
+fn limits_and_mistakes_get_clear_errors() {
+    let mut pool = Pool::create(FaultyMedia::new(1, MEMBER_BYTES, 1), options()).unwrap();
+    let spec = VolumeSpec {
+        name: "v".into(),
+        size_bytes: 1 << 20,
+        block_size: 4096,
+        thick: false,
+    };
+    pool.create_volume(&spec).unwrap();
+    let message = |r: Result<(), VolumeError>| r.unwrap_err().to_string();
+    assert!(message(pool.create_volume(&spec)).contains("already exists"));
+    assert!(message(pool.resize_volume("v", 4096)).contains("only grow"));
+    assert!(message(pool.create_volume(&VolumeSpec {
+        name: "w".into(),
+        size_bytes: 1000,
+        ..spec.clone()
+    }))
+    .contains("multiple of the block size"));
+    pool.create_snapshot("v", "s").unwrap();
+    assert!(message(pool.delete_volume("v")).contains("weft snapshot delete v@NAME"));
+    assert!(message(pool.clone_volume("v", "nope", "c")).contains("snapshot v@nope does not exist"));
+    assert!(message(pool.create_snapshot("v", "bad@name")).contains("not allowed"));
+}
