@@ -213,11 +213,16 @@ pub fn fuzz_open(data: &[u8]) {
     media
         .write_at(0, offset, damage)
         .expect("within the device");
+    if region & 4 != 0 && region % 4 != 0 {
+        // Re-seal the frame at the region start so decoding goes past the checksum.
+        reseal_frame(&mut media, start, len);
+    }
     media.sync(0).expect("sync");
     let Ok(mut pool) = Pool::open(media) else {
         return;
     };
-    let volumes: Vec<(String, u64, Vec<(String, u64)>)> = pool
+    type Sizes = Vec<(String, u64)>;
+    let volumes: Vec<(String, u64, Sizes)> = pool
         .volumes()
         .map(|v| {
             let snapshots = v
@@ -243,11 +248,15 @@ pub fn fuzz_open(data: &[u8]) {
 fn reseal_frame(media: &mut FaultyMedia, start: u64, len: u64) {
     use crate::format::FRAME_HEADER_BYTES;
     let mut header = [0u8; FRAME_HEADER_BYTES];
-    media.read_at(0, start, &mut header).expect("within the device");
+    media
+        .read_at(0, start, &mut header)
+        .expect("within the device");
     let payload_len = u32::from_le_bytes(header[4..8].try_into().expect("4")) as u64;
     let payload_len = payload_len.min(len - FRAME_HEADER_BYTES as u64) as usize;
     let mut frame = vec![0u8; FRAME_HEADER_BYTES + payload_len];
-    media.read_at(0, start, &mut frame).expect("within the device");
+    media
+        .read_at(0, start, &mut frame)
+        .expect("within the device");
     frame[32..36].fill(0);
     let crc = crc32c::crc32c(&frame);
     media
