@@ -387,6 +387,18 @@ impl ControllerRegistry {
         }
     }
 
+    /// Host NQNs of the live controllers of subsystem `subnqn`.
+    pub fn hosts_of(&self, subnqn: &str) -> Vec<String> {
+        self.inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .controllers
+            .values()
+            .filter(|c| c.subnqn == subnqn)
+            .map(|c| c.hostnqn.clone())
+            .collect()
+    }
+
     /// Number of live controllers.
     pub fn len(&self) -> usize {
         self.inner

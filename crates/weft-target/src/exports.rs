@@ -3,18 +3,28 @@
 //! never changes; an update replaces it whole (see `DataPlane::update_exports`),
 //! so that the core's subsystem indices and the devices always agree.
 
+use crate::volume::VolumeBackend;
 use std::sync::Arc;
 use weft_proto::types::Nsid;
 use weft_proto::TargetConfig;
 use weft_storage::BlockDevice;
 
-/// A namespace's device.
+/// What a namespace's blocks live on.
+#[derive(Debug, Clone)]
+pub enum Backend {
+    /// A whole device (file, block device or RAM), offsets as they are.
+    Device(Arc<dyn BlockDevice>),
+    /// A volume of a pool, through its chunk map.
+    Volume(Arc<VolumeBackend>),
+}
+
+/// A namespace's backend.
 #[derive(Debug, Clone)]
 pub struct NamespaceDevice {
     /// Namespace ID.
     pub nsid: Nsid,
-    /// The device.
-    pub device: Arc<dyn BlockDevice>,
+    /// Where its blocks live.
+    pub backend: Backend,
 }
 
 /// One snapshot of the exports: every reactor holds the same `Arc`.
@@ -48,17 +58,23 @@ impl Exports {
         Exports { config, devices }
     }
 
-    /// The device of `nsid` in subsystem number `subsystem`.
-    pub fn device(&self, subsystem: usize, nsid: Nsid) -> Option<&dyn BlockDevice> {
+    /// The backend of `nsid` in subsystem number `subsystem`.
+    pub fn backend(&self, subsystem: usize, nsid: Nsid) -> Option<&Backend> {
         self.devices
             .get(subsystem)?
             .iter()
             .find(|d| d.nsid == nsid)
-            .map(|d| d.device.as_ref())
+            .map(|d| &d.backend)
     }
 
-    /// Every device, for a final flush.
+    /// Every whole device, for a final flush (volumes are the manager's to flush).
     pub fn all_devices(&self) -> impl Iterator<Item = &dyn BlockDevice> {
-        self.devices.iter().flatten().map(|d| d.device.as_ref())
+        self.devices
+            .iter()
+            .flatten()
+            .filter_map(|d| match &d.backend {
+                Backend::Device(device) => Some(device.as_ref()),
+                Backend::Volume(_) => None,
+            })
     }
 }

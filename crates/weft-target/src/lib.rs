@@ -13,6 +13,10 @@
 mod exports;
 mod listener;
 mod reactor;
+mod volume;
 
-pub use exports::{Exports, NamespaceDevice};
+pub use exports::{Backend, Exports, NamespaceDevice};
 pub use listener::{DataPlane, StartError};
+pub use volume::{
+    VolumeBackend, VolumeManager, VolumeOutcome, VolumeReply, VolumeRequest, VolumeWork,
+};

@@ -109,6 +109,11 @@ impl DataPlane {
         *current = exports;
     }
 
+    /// Host NQNs connected to subsystem `subnqn`.
+    pub fn connected_hosts(&self, subnqn: &str) -> Vec<String> {
+        self.target.registry.hosts_of(subnqn)
+    }
+
     /// The exports being served.
     pub fn exports(&self) -> Arc<Exports> {
         Arc::clone(&self.lock_exports())

@@ -10,7 +10,8 @@
 //! devices. An update arrives as a message; the reactor swaps the snapshot
 //! and hands the new configuration to every connection.
 
-use crate::exports::Exports;
+use crate::exports::{Backend, Exports};
+use crate::volume::{Piece, VolumeBackend, VolumeOutcome, VolumeReply, VolumeRequest, VolumeWork};
 use std::fs::File;
 use std::io::{self, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
@@ -32,13 +33,38 @@ pub(crate) enum Message {
     Connection(TcpStream, SocketAddr),
     /// Serve these exports from now on.
     Exports(Arc<Exports>),
+    /// The volume manager's answer to a slow-path request.
+    VolumeDone {
+        /// Connection index.
+        connection: usize,
+        /// The I/O asked about.
+        request: IoRequest,
+        /// Retry it, or its result.
+        outcome: VolumeOutcome,
+    },
 }
 
-/// The sending side of a reactor's inbox.
+/// A reactor's inbox: a channel plus an eventfd that wakes the reactor.
 #[derive(Debug)]
-pub(crate) struct ReactorHandle {
+pub(crate) struct Mailbox {
     sender: Sender<Message>,
     wake: File,
+}
+
+impl Mailbox {
+    /// Delivers `message` and wakes the reactor.
+    pub(crate) fn send(&self, message: Message) {
+        if self.sender.send(message).is_ok() {
+            // The eventfd counter only saturates after 2^64 wakes; a failed write means the reactor is gone.
+            let _ = (&self.wake).write_all(&1u64.to_ne_bytes());
+        }
+    }
+}
+
+/// A running reactor.
+#[derive(Debug)]
+pub(crate) struct ReactorHandle {
+    mailbox: Arc<Mailbox>,
     _thread: JoinHandle<()>,
 }
 
@@ -55,6 +81,8 @@ impl ReactorHandle {
         let (sender, inbox) = std::sync::mpsc::channel();
         let wake = weft_uring::eventfd()?;
         let reactor_wake = wake.try_clone()?;
+        let mailbox = Arc::new(Mailbox { sender, wake });
+        let own_mailbox = Arc::clone(&mailbox);
         let ring = Ring::new(RING_ENTRIES)?;
         let thread = std::thread::Builder::new()
             .name(format!("weft-reactor-{index}"))
@@ -69,6 +97,7 @@ impl ReactorHandle {
                     retired: Vec::new(),
                     ticks: 0,
                     inbox,
+                    mailbox: own_mailbox,
                     wake: reactor_wake,
                     connections: Vec::new(),
                     free: Vec::new(),
@@ -78,18 +107,14 @@ impl ReactorHandle {
                 .run();
             })?;
         Ok(ReactorHandle {
-            sender,
-            wake,
+            mailbox,
             _thread: thread,
         })
     }
 
     /// Delivers `message` and wakes the reactor.
     pub(crate) fn send(&self, message: Message) {
-        if self.sender.send(message).is_ok() {
-            // The eventfd counter only saturates after 2^64 wakes; a failed write means the reactor is gone.
-            let _ = (&self.wake).write_all(&1u64.to_ne_bytes());
-        }
+        self.mailbox.send(message);
     }
 }
 
@@ -198,9 +223,20 @@ struct Peer {
     lent_slots: Vec<SlotId>,
     /// Expected byte count of each slot's read or write, to catch short transfers.
     io_len: Vec<u32>,
+    /// Each slot's volume I/O in progress (issued a chunk-sized piece at a time).
+    volume_io: Vec<Option<VolumeIo>>,
     subsystem: Option<usize>,
     ops_in_flight: u32,
     closing: bool,
+}
+
+/// A volume read or write in progress on a slot, one chunk-sized piece at a time.
+#[derive(Debug)]
+struct VolumeIo {
+    backend: Arc<VolumeBackend>,
+    request: IoRequest,
+    /// Bytes done so far.
+    done: u32,
 }
 
 struct Reactor {
@@ -215,6 +251,8 @@ struct Reactor {
     retired: Vec<(u64, Arc<Exports>)>,
     ticks: u64,
     inbox: Receiver<Message>,
+    /// This reactor's own inbox, for return addresses.
+    mailbox: Arc<Mailbox>,
     wake: File,
     connections: Vec<Option<Peer>>,
     free: Vec<usize>,
@@ -318,6 +356,11 @@ impl Reactor {
             match message {
                 Message::Connection(stream, address) => self.add_connection(stream, address),
                 Message::Exports(exports) => self.swap_exports(exports),
+                Message::VolumeDone {
+                    connection,
+                    request,
+                    outcome,
+                } => self.on_volume_done(connection, request, outcome),
             }
         }
     }
@@ -352,6 +395,7 @@ impl Reactor {
             batch: Some(SendBatch::new()),
             lent_slots: Vec::with_capacity(slots),
             io_len: vec![0; slots],
+            volume_io: (0..slots).map(|_| None).collect(),
             subsystem: None,
             ops_in_flight: 0,
             closing: false,
@@ -449,6 +493,7 @@ impl Reactor {
 
     fn on_block_io(&mut self, index: usize, slot: SlotId, completion: Completion) {
         let peer = self.connections[index].as_mut().expect("live connection");
+        let volume_piece = peer.volume_io[usize::from(slot.0)].is_some();
         let expected = peer.io_len[usize::from(slot.0)];
         if let Returned::Buf(buffer) = completion.returned {
             peer.slots.put(slot, buffer);
@@ -467,8 +512,162 @@ impl Reactor {
                 Err(classify(&error))
             }
         };
+        if volume_piece {
+            return self.continue_volume_io(index, slot, result.map(|()| expected));
+        }
         peer.protocol
             .handle_io_complete(slot, result, &mut peer.slots);
+    }
+
+    /// A read or write on a volume: direct when the gate admits it and the
+    /// map allows it, else through the manager.
+    fn submit_volume_io(&mut self, index: usize, request: IoRequest, volume: Arc<VolumeBackend>) {
+        let (offset, len, write) = match request.kind {
+            IoKind::Read { offset, len, .. } => (offset, len, false),
+            IoKind::Write { offset, len, .. } => (offset, len, true),
+            IoKind::Flush => return self.ask_manager(index, request, &volume, VolumeWork::Flush),
+            IoKind::WriteZeroes { offset, len, .. } | IoKind::Deallocate { offset, len } => {
+                let work = VolumeWork::Deallocate { offset, len };
+                return self.ask_manager(index, request, &volume, work);
+            }
+        };
+        if !volume.gate.enter() {
+            return self.ask_manager(index, request, &volume, VolumeWork::Wait);
+        }
+        if volume.map.is_retired() || (write && !volume.writable(offset, len)) {
+            volume.gate.leave();
+            let work = if write {
+                VolumeWork::PrepareWrite {
+                    offset,
+                    len: u64::from(len),
+                }
+            } else {
+                VolumeWork::Wait
+            };
+            return self.ask_manager(index, request, &volume, work);
+        }
+        let peer = self.connections[index].as_mut().expect("live connection");
+        peer.volume_io[usize::from(request.slot.0)] = Some(VolumeIo {
+            backend: volume,
+            request,
+            done: 0,
+        });
+        self.continue_volume_io(index, request.slot, Ok(0));
+    }
+
+    /// Accounts `progress` (bytes of the last piece, or its failure) and
+    /// issues the next piece of the slot's volume I/O, or completes it.
+    fn continue_volume_io(
+        &mut self,
+        index: usize,
+        slot: SlotId,
+        mut progress: Result<u32, IoError>,
+    ) {
+        let peer = self.connections[index].as_mut().expect("live connection");
+        let entry = &mut peer.volume_io[usize::from(slot.0)];
+        let io = entry.as_mut().expect("a volume I/O in progress");
+        let (offset, len, buffer_offset, write) = match io.request.kind {
+            IoKind::Read {
+                offset,
+                len,
+                buffer_offset,
+            } => (offset, len, buffer_offset, None),
+            IoKind::Write {
+                offset,
+                len,
+                buffer_offset,
+                fua,
+            } => (offset, len, buffer_offset, Some(fua)),
+            _ => unreachable!("only reads and writes go piece by piece"),
+        };
+        let (fd, file_offset, at, piece_len) = loop {
+            let finished = match progress {
+                Ok(bytes) => {
+                    io.done += bytes;
+                    (io.done >= len).then_some(Ok(()))
+                }
+                Err(error) => Some(Err(error)),
+            };
+            if let Some(result) = finished {
+                let io = entry.take().expect("checked");
+                io.backend.gate.leave();
+                peer.protocol
+                    .handle_io_complete(slot, result, &mut peer.slots);
+                return;
+            }
+            let at = buffer_offset + io.done;
+            let (piece, piece_len) = io.backend.piece(offset + u64::from(io.done), len - io.done);
+            match piece {
+                Piece::Device { fd, offset } => break (fd, offset, at, piece_len),
+                Piece::Zeroes => {
+                    debug_assert!(write.is_none(), "writes are checked writable first");
+                    peer.slots.buffer(slot)[at as usize..(at + piece_len) as usize].fill(0);
+                    progress = Ok(piece_len);
+                }
+            }
+        };
+        let buf = peer.slots.take(slot);
+        let op = match write {
+            None => Op::Read {
+                fd,
+                buf,
+                buf_offset: at as usize,
+                len: piece_len as usize,
+                file_offset,
+            },
+            Some(fua) => Op::Write {
+                fd,
+                buf,
+                buf_offset: at as usize,
+                len: piece_len as usize,
+                file_offset,
+                dsync: fua,
+            },
+        };
+        peer.io_len[usize::from(slot.0)] = piece_len;
+        peer.ops_in_flight += 1;
+        self.push(op, token(index, OpKind::BlockIo, slot.0));
+    }
+
+    /// Hands an I/O to the volume manager; the connection stays alive until it answers.
+    fn ask_manager(
+        &mut self,
+        index: usize,
+        request: IoRequest,
+        volume: &VolumeBackend,
+        work: VolumeWork,
+    ) {
+        let peer = self.connections[index].as_mut().expect("live connection");
+        peer.ops_in_flight += 1;
+        volume.manager.submit(VolumeRequest {
+            pool: volume.pool.clone(),
+            volume: volume.volume.clone(),
+            work,
+            reply: VolumeReply {
+                mailbox: Arc::clone(&self.mailbox),
+                connection: index,
+                request,
+            },
+        });
+    }
+
+    fn on_volume_done(&mut self, index: usize, request: IoRequest, outcome: VolumeOutcome) {
+        let peer = self.connections[index]
+            .as_mut()
+            .expect("a connection waiting for the manager is kept");
+        peer.ops_in_flight -= 1;
+        match outcome {
+            VolumeOutcome::Retry if !peer.closing => self.submit_block_io(index, request),
+            VolumeOutcome::Retry => {
+                peer.protocol
+                    .handle_io_complete(request.slot, Err(IoError::Other), &mut peer.slots)
+            }
+            VolumeOutcome::Done(result) => {
+                peer.protocol
+                    .handle_io_complete(request.slot, result, &mut peer.slots)
+            }
+        }
+        self.drive(index);
     }
 
     /// Moves a connection forward after anything happened to it.
@@ -544,15 +743,25 @@ impl Reactor {
         if peer.subsystem.is_none() {
             peer.subsystem = peer.protocol.subsystem_index();
         }
-        let device = peer
+        let backend = peer
             .subsystem
-            .and_then(|subsystem| exports.device(subsystem, request.nsid));
-        let Some(device) = device else {
-            // The core validated the NSID against the same configuration the exports were built from.
-            log::error!("{}: no device for namespace {}", peer.address, request.nsid);
-            peer.protocol
-                .handle_io_complete(request.slot, Err(IoError::Other), &mut peer.slots);
-            return;
+            .and_then(|subsystem| exports.backend(subsystem, request.nsid));
+        let device = match backend {
+            Some(Backend::Device(device)) => device.as_ref(),
+            Some(Backend::Volume(volume)) => {
+                let volume = Arc::clone(volume);
+                return self.submit_volume_io(index, request, volume);
+            }
+            None => {
+                // The core validated the NSID against the same configuration the exports were built from.
+                log::error!("{}: no device for namespace {}", peer.address, request.nsid);
+                peer.protocol.handle_io_complete(
+                    request.slot,
+                    Err(IoError::Other),
+                    &mut peer.slots,
+                );
+                return;
+            }
         };
         if device.is_memory() {
             let result = memory_io(device, request.kind, peer.slots.buffer(request.slot));

@@ -369,12 +369,16 @@ fn check_nqn(nqn: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Parses sizes like `4096`, `"512MiB"`, `"4GiB"`, `"1T"` (binary units).
 fn parse_size(size: &SizeText) -> Result<u64, String> {
-    let text = match size {
-        SizeText::Bytes(bytes) => return Ok(*bytes),
-        SizeText::Text(text) => text.trim(),
-    };
+    match size {
+        SizeText::Bytes(bytes) => Ok(*bytes),
+        SizeText::Text(text) => parse_size_text(text),
+    }
+}
+
+/// Parses sizes like `4096`, `512MiB`, `4GiB`, `1T` (binary units).
+pub fn parse_size_text(text: &str) -> Result<u64, String> {
+    let text = text.trim();
     let split = text
         .find(|c: char| !c.is_ascii_digit())
         .unwrap_or(text.len());
@@ -427,7 +431,7 @@ pub fn build_exports(config: &ServeConfig, node: &NodeId) -> Result<Arc<Exports>
             });
             subsystem_devices.push(NamespaceDevice {
                 nsid: Nsid(namespace.nsid),
-                device,
+                backend: weft_target::Backend::Device(device),
             });
         }
         subsystems.push(SubsystemConfig {

@@ -4,17 +4,22 @@
 //! 4 GiB sparse file under ./weft-data as `nqn.2026-11.io.weft:default` on
 //! 127.0.0.1:4420; with `--config FILE`, the subsystems the file declares.
 
+mod api;
 mod bench;
+mod cli;
 mod config;
+mod http;
 mod identity;
 mod logger;
+mod volumes;
 
 use config::{BackendSpec, ServeConfig};
 use identity::NodeId;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use weft_target::DataPlane;
+use std::sync::Arc;
+use weft_target::{Backend, DataPlane};
 
 const USAGE: &str = "\
 weft: NVMe/TCP storage node
@@ -76,11 +81,13 @@ struct ServeArgs {
     reactors: Option<usize>,
     poll_us: u64,
     log_level: Option<String>,
+    api_listen: Option<SocketAddr>,
 }
 
 enum Command {
     Serve(ServeArgs),
     Bench(bench::BenchArgs),
+    Admin(cli::AdminArgs),
     Help,
     Version,
 }
@@ -111,12 +118,26 @@ fn parse_args() -> Result<Command, String> {
                 if name == "bench" {
                     return bench::parse(&mut parser).map(Command::Bench);
                 }
+                if matches!(name.as_str(), "pool" | "volume" | "snapshot") {
+                    return cli::parse(&name, &mut parser).map(Command::Admin);
+                }
                 if name != "serve" {
                     return Err(format!(
-                        "unknown command \"{name}\"; the commands are `weft serve` and `weft bench` (see weft --help)"
+                        "unknown command \"{name}\"; the commands are serve, pool, volume, snapshot and bench (see weft --help)"
                     ));
                 }
                 command = Some(name);
+            }
+            Long("api-listen") => {
+                let text = parser
+                    .value()
+                    .map_err(|e| e.to_string())?
+                    .string()
+                    .map_err(|_| "--api-listen is not UTF-8".to_string())?;
+                args.api_listen = Some(
+                    config::parse_listen(&text)
+                        .map_err(|message| format!("--api-listen: {message}"))?,
+                );
             }
             Long("config") => args.config = Some(parser.value().map_err(|e| e.to_string())?.into()),
             Long("data-dir") => {
@@ -190,6 +211,7 @@ fn run(command: Command) -> Result<(), String> {
         }
         Command::Serve(args) => serve(args),
         Command::Bench(args) => bench::run(args),
+        Command::Admin(args) => cli::run(args),
     }
 }
 
@@ -222,23 +244,44 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     }
     let node = NodeId::load_or_create(&config.data_dir)
         .map_err(|e| format!("node identity in {}: {e}", config.data_dir.display()))?;
-    let exports = config::build_exports(&config, &node)?;
-    let plane = DataPlane::start(
-        exports.clone(),
-        &config.listen,
-        config.reactors,
-        std::time::Duration::from_micros(args.poll_us),
-    )
-    .map_err(|e| e.to_string())?;
-    print_banner(&config, &exports, &plane);
+    let base = config::build_exports(&config, &node)?;
+    let mut manager = volumes::Manager::open(&config.data_dir, node, base)?;
+    let exports = manager.exports();
+    let plane = Arc::new(
+        DataPlane::start(
+            exports.clone(),
+            &config.listen,
+            config.reactors,
+            std::time::Duration::from_micros(args.poll_us),
+        )
+        .map_err(|e| e.to_string())?,
+    );
+    let handle = manager.handle();
+    manager
+        .spawn(Arc::clone(&plane))
+        .map_err(|e| format!("cannot start the volume manager: {e}"))?;
+    let api_listen = match args.api_listen {
+        Some(address) => address,
+        None => config::parse_listen(api::DEFAULT_API_LISTEN)?,
+    };
+    let api_address = api::start(api_listen, handle.clone())?;
+    print_banner(&config, &exports, &plane, api_address);
     let signal = weft_uring::wait_for_termination_signal()
         .map_err(|e| format!("waiting for signals: {e}"))?;
-    log::info!("signal {signal}: flushing namespaces and exiting");
+    log::info!("signal {signal}: flushing namespaces and pools, exiting");
+    if let Err(error) = handle.call(volumes::AdminOp::Flush) {
+        log::error!("flushing pools: {error}");
+    }
     plane.flush_all();
     Ok(())
 }
 
-fn print_banner(config: &ServeConfig, exports: &weft_target::Exports, plane: &DataPlane) {
+fn print_banner(
+    config: &ServeConfig,
+    exports: &weft_target::Exports,
+    plane: &DataPlane,
+    api_address: SocketAddr,
+) {
     println!(
         "weft {} serving NVMe/TCP ({} reactors, data dir {})",
         env!("CARGO_PKG_VERSION"),
@@ -248,6 +291,7 @@ fn print_banner(config: &ServeConfig, exports: &weft_target::Exports, plane: &Da
     for address in &plane.listening {
         println!("  listening  {address}  (discovery and I/O)");
     }
+    println!("  api        http://{api_address}  (weft pool|volume|snapshot ...)");
     for (subsystem, devices) in exports.config.subsystems.iter().zip(&exports.devices) {
         println!(
             "  subsystem  {}  serial {}",
@@ -257,7 +301,10 @@ fn print_banner(config: &ServeConfig, exports: &weft_target::Exports, plane: &Da
             println!(
                 "    ns {:<4}  {}, {}-byte blocks, nguid {}",
                 namespace.nsid,
-                device.device.describe(),
+                match &device.backend {
+                    Backend::Device(device) => device.describe(),
+                    Backend::Volume(volume) => format!("{volume:?}"),
+                },
                 namespace.block_size,
                 identity::hex(&namespace.nguid)
             );

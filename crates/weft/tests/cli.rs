@@ -35,7 +35,7 @@ fn serve(name: &str) -> (Server, String) {
     )
     .unwrap();
     let mut child = Command::new(WEFT)
-        .args(["serve", "--config"])
+        .args(["serve", "--api-listen", "127.0.0.1:0", "--config"])
         .arg(&config)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())

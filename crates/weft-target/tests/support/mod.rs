@@ -15,7 +15,7 @@ use weft_proto::testing::{self, ReceivedPdu, TEST_NQN};
 use weft_proto::types::Nsid;
 use weft_proto::{Limits, TargetConfig};
 use weft_storage::{BlockDevice, FileDevice, RamDevice};
-use weft_target::{DataPlane, Exports, NamespaceDevice};
+use weft_target::{Backend, DataPlane, Exports, NamespaceDevice};
 
 pub const RAM_BYTES: u64 = 16 << 20;
 pub const FILE_BYTES: u64 = 16 << 20;
@@ -66,11 +66,11 @@ pub fn start_plane(name: &str) -> DataPlane {
     let devices = vec![vec![
         NamespaceDevice {
             nsid: Nsid(1),
-            device: ram,
+            backend: Backend::Device(ram),
         },
         NamespaceDevice {
             nsid: Nsid(2),
-            device: file,
+            backend: Backend::Device(file),
         },
     ]];
     let exports = Arc::new(Exports::new(Arc::new(config), devices));

@@ -1,0 +1,213 @@
+//! Volumes as the data plane serves them: a namespace backed by a volume
+//! reads and writes the pool's member devices directly when its chunk map
+//! allows (one atomic load per chunk), and hands everything else to the
+//! volume manager — first writes and copy-on-write (allocation), I/O while
+//! the manager drains the volume, deallocation, flush. The manager answers
+//! through the reactor's mailbox: "retry" (now the map allows it) or the
+//! I/O's final result.
+//!
+//! What this module does not do: change any metadata (only the manager does),
+//! or block the reactor.
+
+use crate::reactor::{Mailbox, Message};
+use std::fmt;
+use std::os::fd::RawFd;
+use std::sync::Arc;
+use weft_proto::{IoError, IoRequest};
+use weft_volume::format::Layout;
+use weft_volume::{ChunkMap, Lookup, WriteGate};
+
+/// A volume behind a namespace.
+pub struct VolumeBackend {
+    /// Pool name.
+    pub pool: String,
+    /// Volume name.
+    pub volume: String,
+    /// The volume's chunk map (replaced, and this one retired, on resize).
+    pub map: Arc<ChunkMap>,
+    /// The volume's I/O gate.
+    pub gate: Arc<WriteGate>,
+    /// The pool's stripe geometry.
+    pub layout: Layout,
+    /// Descriptors of the pool's members, in stripe order; open as long as the pool is.
+    pub member_fds: Vec<RawFd>,
+    /// Where slow-path work goes.
+    pub manager: Arc<dyn VolumeManager>,
+}
+
+impl fmt::Debug for VolumeBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "volume {}/{}", self.pool, self.volume)
+    }
+}
+
+/// Where a piece of a volume I/O goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Piece {
+    /// Unwritten: reads as zeroes.
+    Zeroes,
+    /// On member `fd` at byte `offset`.
+    Device {
+        /// Member descriptor.
+        fd: RawFd,
+        /// Byte offset on the member.
+        offset: u64,
+    },
+}
+
+impl VolumeBackend {
+    /// The piece of `[offset, offset + len)` that lies in its first chunk:
+    /// where it is and how many bytes it covers.
+    pub(crate) fn piece(&self, offset: u64, len: u32) -> (Piece, u32) {
+        let shift = self.layout.chunk_shift();
+        let within = offset & ((1u64 << shift) - 1);
+        let piece_len = ((1u64 << shift) - within).min(u64::from(len)) as u32;
+        let piece = match self.map.lookup((offset >> shift) as usize) {
+            Lookup::Unmapped => Piece::Zeroes,
+            Lookup::Mapped { chunk, .. } => {
+                let (member, base) = self.layout.locate(chunk);
+                Piece::Device {
+                    fd: self.member_fds[member],
+                    offset: base + within,
+                }
+            }
+        };
+        (piece, piece_len)
+    }
+
+    /// Whether every chunk under the range may be written directly.
+    pub(crate) fn writable(&self, offset: u64, len: u32) -> bool {
+        let shift = self.layout.chunk_shift();
+        let first = offset >> shift;
+        let last = (offset + u64::from(len).max(1) - 1) >> shift;
+        (first..=last).all(|index| {
+            matches!(
+                self.map.lookup(index as usize),
+                Lookup::Mapped { writable: true, .. }
+            )
+        })
+    }
+}
+
+/// The volume manager as the data plane sees it.
+pub trait VolumeManager: Send + Sync {
+    /// Queues slow-path work; the manager answers through `request.reply`.
+    fn submit(&self, request: VolumeRequest);
+}
+
+/// Slow-path work for the manager.
+#[derive(Debug)]
+pub struct VolumeRequest {
+    /// Pool name.
+    pub pool: String,
+    /// Volume name.
+    pub volume: String,
+    /// What to do.
+    pub work: VolumeWork,
+    /// Where the answer goes.
+    pub reply: VolumeReply,
+}
+
+/// What the manager is asked to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VolumeWork {
+    /// Map (allocate or copy) every chunk under the range writable, then say retry.
+    PrepareWrite {
+        /// Byte offset on the volume.
+        offset: u64,
+        /// Length in bytes.
+        len: u64,
+    },
+    /// Nothing to change: say retry once the volume's gate is open and the
+    /// reactor holds the current map (answers are ordered after exports updates).
+    Wait,
+    /// Deallocate (or zero) the range, then give the result.
+    Deallocate {
+        /// Byte offset on the volume.
+        offset: u64,
+        /// Length in bytes.
+        len: u64,
+    },
+    /// Make every completed write durable, then give the result.
+    Flush,
+}
+
+/// The manager's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VolumeOutcome {
+    /// Submit the I/O again.
+    Retry,
+    /// The I/O is done with this result.
+    Done(Result<(), IoError>),
+}
+
+/// Return address of a slow-path request: the reactor, connection and I/O.
+#[derive(Debug)]
+pub struct VolumeReply {
+    pub(crate) mailbox: Arc<Mailbox>,
+    pub(crate) connection: usize,
+    pub(crate) request: IoRequest,
+}
+
+impl VolumeReply {
+    /// Sends the answer to the reactor that asked.
+    pub fn send(self, outcome: VolumeOutcome) {
+        self.mailbox.send(Message::VolumeDone {
+            connection: self.connection,
+            request: self.request,
+            outcome,
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Nowhere;
+    impl VolumeManager for Nowhere {
+        fn submit(&self, _request: VolumeRequest) {}
+    }
+
+    #[test]
+    fn pieces_follow_chunks_and_stripes() {
+        let layout = Layout::plan(2, 64 << 20, 1 << 20).unwrap();
+        let map = Arc::new(ChunkMap::new(4));
+        map.set(
+            1,
+            Lookup::Mapped {
+                chunk: 3,
+                writable: true,
+            },
+        );
+        let backend = VolumeBackend {
+            pool: "p".into(),
+            volume: "v".into(),
+            map,
+            gate: Arc::default(),
+            layout,
+            member_fds: vec![10, 11],
+            manager: Arc::new(Nowhere),
+        };
+        assert_eq!(backend.piece(4096, 8192), (Piece::Zeroes, 8192));
+        // Straddles chunks 0 and 1: only the part in chunk 0 first.
+        assert_eq!(backend.piece((1 << 20) - 4096, 8192), (Piece::Zeroes, 4096));
+        let (member, base) = layout.locate(3);
+        assert_eq!(member, 1);
+        assert_eq!(
+            backend.piece((1 << 20) + 512, 4096),
+            (
+                Piece::Device {
+                    fd: 11,
+                    offset: base + 512
+                },
+                4096
+            )
+        );
+        assert!(backend.writable(1 << 20, 128 << 10));
+        assert!(
+            !backend.writable((1 << 20) - 4096, 8192),
+            "chunk 0 unmapped"
+        );
+    }
+}

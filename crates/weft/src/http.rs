@@ -1,0 +1,171 @@
+//! Just enough HTTP/1.1 for the node's control API and the CLI that calls
+//! it: one request per connection (`Connection: close`), bodies sized by
+//! Content-Length, JSON content. Headers are bounded so that a misbehaving
+//! client cannot make the server allocate without limit.
+
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+const HEADER_BYTES_MAX: usize = 16 * 1024;
+const BODY_BYTES_MAX: usize = 1 << 20;
+
+/// A parsed request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    /// GET, POST, DELETE...
+    pub method: String,
+    /// Path without the query.
+    pub path: String,
+    /// Query string (after '?'), may be empty.
+    pub query: String,
+    /// Body bytes.
+    pub body: Vec<u8>,
+}
+
+/// Reads one request from `stream`.
+pub fn read_request(stream: &mut impl Read) -> io::Result<Request> {
+    let mut reader = BufReader::new(stream);
+    let (start, content_length) = read_head(&mut reader)?;
+    let mut parts = start.split_whitespace();
+    let (Some(method), Some(target)) = (parts.next(), parts.next()) else {
+        return Err(invalid("malformed request line"));
+    };
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    let body = read_body(&mut reader, content_length)?;
+    Ok(Request {
+        method: method.to_string(),
+        path: path.to_string(),
+        query: query.to_string(),
+        body,
+    })
+}
+
+/// Writes a JSON response and closes.
+pub fn write_response(stream: &mut impl Write, status: u16, body: &[u8]) -> io::Result<()> {
+    let head = format!(
+        "HTTP/1.1 {status} {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        reason(status),
+        body.len()
+    );
+    stream.write_all(head.as_bytes())?;
+    stream.write_all(body)?;
+    stream.flush()
+}
+
+/// Sends one request to `address` (host:port) and returns status and body.
+pub fn call(
+    address: &str,
+    method: &str,
+    path: &str,
+    body: Option<&[u8]>,
+    timeout: Duration,
+) -> io::Result<(u16, Vec<u8>)> {
+    let mut stream = TcpStream::connect(address)?;
+    stream.set_read_timeout(Some(timeout))?;
+    let body = body.unwrap_or_default();
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes())?;
+    stream.write_all(body)?;
+    let mut reader = BufReader::new(stream);
+    let (status_line, content_length) = read_head(&mut reader)?;
+    let status = status_line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| invalid("malformed status line"))?;
+    Ok((status, read_body(&mut reader, content_length)?))
+}
+
+/// The first line and the Content-Length of a request or response head.
+fn read_head(reader: &mut impl BufRead) -> io::Result<(String, usize)> {
+    let mut first = String::new();
+    let mut content_length = 0;
+    let mut total = 0;
+    loop {
+        let mut line = String::new();
+        let read = reader
+            .by_ref()
+            .take((HEADER_BYTES_MAX - total) as u64)
+            .read_line(&mut line)?;
+        total += read;
+        if read == 0 || total >= HEADER_BYTES_MAX {
+            return Err(invalid("header missing or too long"));
+        }
+        let line = line.trim_end();
+        if first.is_empty() {
+            first = line.to_string();
+            continue;
+        }
+        if line.is_empty() {
+            return Ok((first, content_length));
+        }
+        if let Some((name, value)) = line.split_once(':') {
+            if name.trim().eq_ignore_ascii_case("content-length") {
+                content_length = value
+                    .trim()
+                    .parse()
+                    .map_err(|_| invalid("bad Content-Length"))?;
+            }
+        }
+    }
+}
+
+fn read_body(reader: &mut impl Read, len: usize) -> io::Result<Vec<u8>> {
+    if len > BODY_BYTES_MAX {
+        return Err(invalid("body too large"));
+    }
+    let mut body = vec![0u8; len];
+    reader.read_exact(&mut body)?;
+    Ok(body)
+}
+
+fn invalid(message: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, message.to_string())
+}
+
+fn reason(status: u16) -> &'static str {
+    match status {
+        200 => "OK",
+        201 => "Created",
+        400 => "Bad Request",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        409 => "Conflict",
+        500 => "Internal Server Error",
+        503 => "Service Unavailable",
+        507 => "Insufficient Storage",
+        _ => "Status",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_parse_and_limits_hold() {
+        let raw =
+            b"POST /api/v1/volumes?force=true HTTP/1.1\r\nHost: x\r\ncontent-length: 2\r\n\r\n{}";
+        let request = read_request(&mut &raw[..]).unwrap();
+        assert_eq!(request.method, "POST");
+        assert_eq!(request.path, "/api/v1/volumes");
+        assert_eq!(request.query, "force=true");
+        assert_eq!(request.body, b"{}");
+        let huge = format!(
+            "GET / HTTP/1.1\r\nX: {}\r\n\r\n",
+            "a".repeat(HEADER_BYTES_MAX)
+        );
+        assert!(read_request(&mut huge.as_bytes()).is_err());
+        let big_body = b"POST / HTTP/1.1\r\nContent-Length: 99999999\r\n\r\n";
+        assert!(read_request(&mut &big_body[..]).is_err());
+        let mut out = Vec::new();
+        write_response(&mut out, 404, b"{}").unwrap();
+        assert!(String::from_utf8(out)
+            .unwrap()
+            .starts_with("HTTP/1.1 404 Not Found\r\n"));
+    }
+}

@@ -1,0 +1,825 @@
+//! The volume manager: one thread that owns every pool of the node and is
+//! the only writer of their metadata. It serves two kinds of work in arrival
+//! order — the data plane's slow path (first writes, copy-on-write, I/O
+//! while a volume drains, deallocation, flush) and admin operations (pools,
+//! volumes, snapshots) — and after each change to the set of volumes or
+//! their sizes it hands the data plane new exports, in which every volume is
+//! its own subsystem `nqn.2026-11.io.weft:vol:<name>` with one namespace.
+//!
+//! Allocations of many writes that arrive together are made durable by one
+//! journal commit per pool (group commit). Pools are remembered in
+//! `<data dir>/pools.json` (name and member devices, in stripe order); all
+//! else lives on the pools' own devices.
+
+use crate::identity::NodeId;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::Arc;
+use weft_proto::target::{NamespaceConfig, SubsystemConfig, TargetConfig};
+use weft_proto::types::Nsid;
+use weft_proto::IoError;
+use weft_target::{
+    Backend, DataPlane, Exports, NamespaceDevice, VolumeBackend, VolumeManager, VolumeOutcome,
+    VolumeRequest, VolumeWork,
+};
+use weft_volume::{FileMedia, Pool, PoolInfo, PoolOptions, VolumeError, VolumeInfo, VolumeSpec};
+
+/// NQN prefix of volume subsystems.
+pub const VOLUME_NQN_PREFIX: &str = "nqn.2026-11.io.weft:vol:";
+/// Default allocation unit.
+pub const DEFAULT_CHUNK_BYTES: u32 = 1 << 20;
+/// Allocation units a flatten copies between two looks at waiting I/O.
+const FLATTEN_STEP_CHUNKS: usize = 16;
+/// Slow-path requests handled (and committed) together at most.
+const BATCH_MAX: usize = 128;
+
+/// The NQN a volume is served as.
+pub fn volume_nqn(volume: &str) -> String {
+    format!("{VOLUME_NQN_PREFIX}{volume}")
+}
+
+/// An admin operation.
+#[derive(Debug, Clone)]
+pub enum AdminOp {
+    /// Create a pool over `devices` (created sparse with `device_bytes` if missing).
+    CreatePool {
+        /// Pool name.
+        name: String,
+        /// Member devices, in stripe order.
+        devices: Vec<PathBuf>,
+        /// Allocation unit.
+        chunk_bytes: u32,
+        /// Size of missing files to create.
+        device_bytes: Option<u64>,
+        /// Overwrite devices that hold another pool.
+        force: bool,
+    },
+    /// Every pool.
+    ListPools,
+    /// Create a volume.
+    CreateVolume {
+        /// Pool.
+        pool: String,
+        /// What to create.
+        spec: VolumeSpec,
+    },
+    /// Every volume.
+    ListVolumes,
+    /// One volume.
+    ShowVolume(String),
+    /// Delete a volume (`force`: even with hosts connected).
+    DeleteVolume {
+        /// Name.
+        name: String,
+        /// Disconnect connected hosts.
+        force: bool,
+    },
+    /// Grow a volume.
+    ResizeVolume {
+        /// Name.
+        name: String,
+        /// New size in bytes.
+        size_bytes: u64,
+    },
+    /// Clone `volume@snapshot` as `name`.
+    CloneVolume {
+        /// Source volume.
+        volume: String,
+        /// Source snapshot.
+        snapshot: String,
+        /// New volume.
+        name: String,
+    },
+    /// Copy what a clone shares.
+    FlattenVolume(String),
+    /// Take a snapshot.
+    CreateSnapshot {
+        /// Volume.
+        volume: String,
+        /// Snapshot name.
+        name: String,
+    },
+    /// Delete a snapshot.
+    DeleteSnapshot {
+        /// Volume.
+        volume: String,
+        /// Snapshot name.
+        name: String,
+    },
+    /// Make everything durable (before exit).
+    Flush,
+}
+
+/// What an admin operation returns.
+#[derive(Debug, Clone, Serialize)]
+#[serde(untagged)]
+pub enum AdminReply {
+    /// Nothing to report.
+    Done,
+    /// Pools.
+    Pools(Vec<PoolView>),
+    /// Volumes.
+    Volumes(Vec<VolumeView>),
+    /// One volume.
+    Volume(VolumeView),
+}
+
+/// Why an admin operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    /// The volume layer refused or failed.
+    #[error(transparent)]
+    Volume(#[from] VolumeError),
+    /// Hosts are connected to a volume being deleted.
+    #[error("volume {volume} has connected hosts ({hosts}); disconnect them first (nvme disconnect -n {nqn}) or delete with --force")]
+    Busy {
+        /// The volume.
+        volume: String,
+        /// Their NQNs.
+        hosts: String,
+        /// The volume's NQN.
+        nqn: String,
+    },
+    /// The node's own files failed.
+    #[error("{0}")]
+    Node(String),
+}
+
+/// A pool as the API shows it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PoolView {
+    /// Name.
+    pub name: String,
+    /// Member devices.
+    pub devices: Vec<PathBuf>,
+    /// Allocation unit in bytes.
+    pub allocation_unit_bytes: u32,
+    /// Bytes of data space.
+    pub capacity_bytes: u64,
+    /// Bytes allocated.
+    pub allocated_bytes: u64,
+    /// Bytes free.
+    pub free_bytes: u64,
+    /// Sum of volume sizes.
+    pub provisioned_bytes: u64,
+    /// Provisioned / capacity.
+    pub overcommit: f64,
+    /// Volumes.
+    pub volumes: usize,
+    /// Snapshots.
+    pub snapshots: usize,
+}
+
+/// A volume as the API shows it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct VolumeView {
+    /// Name.
+    pub name: String,
+    /// Pool.
+    pub pool: String,
+    /// Subsystem NQN it is served as.
+    pub nqn: String,
+    /// Size in bytes.
+    pub size_bytes: u64,
+    /// Logical block size.
+    pub block_size: u32,
+    /// Preallocated.
+    pub thick: bool,
+    /// Bytes of allocation units it maps.
+    pub allocated_bytes: u64,
+    /// "volume@snapshot" it was cloned from, until flattened.
+    pub origin: Option<String>,
+    /// Snapshot names.
+    pub snapshots: Vec<String>,
+    /// Hosts connected now.
+    pub connected_hosts: Vec<String>,
+    /// Namespace NGUID (hex).
+    pub nguid: String,
+}
+
+#[derive(Debug, Serialize, Deserialize, Clone, PartialEq)]
+struct CatalogEntry {
+    name: String,
+    devices: Vec<PathBuf>,
+}
+
+/// The manager's inbox.
+enum Work {
+    Io(VolumeRequest),
+    Admin(AdminOp, Sender<Result<AdminReply, AdminError>>),
+}
+
+/// A handle to the manager thread: the data plane's slow path and the API's admin calls.
+#[derive(Debug, Clone)]
+pub struct ManagerHandle {
+    sender: Sender<WorkEnvelope>,
+}
+
+/// `Work` is not Debug (it holds replies); wrapped so the handle can be.
+struct WorkEnvelope(Work);
+
+impl std::fmt::Debug for WorkEnvelope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("work")
+    }
+}
+
+impl VolumeManager for ManagerHandle {
+    fn submit(&self, request: VolumeRequest) {
+        if let Err(mpsc::SendError(WorkEnvelope(Work::Io(request)))) =
+            self.sender.send(WorkEnvelope(Work::Io(request)))
+        {
+            request.reply.send(VolumeOutcome::Done(Err(IoError::Other)));
+        }
+    }
+}
+
+impl ManagerHandle {
+    /// Runs an admin operation and waits for its result.
+    pub fn call(&self, op: AdminOp) -> Result<AdminReply, AdminError> {
+        let (reply, result) = mpsc::channel();
+        self.sender
+            .send(WorkEnvelope(Work::Admin(op, reply)))
+            .map_err(|_| AdminError::Node("the volume manager has stopped".into()))?;
+        result
+            .recv()
+            .map_err(|_| AdminError::Node("the volume manager has stopped".into()))?
+    }
+}
+
+/// The manager before its thread starts: pools are opened first so that the
+/// data plane starts with every volume exported.
+pub struct Manager {
+    data_dir: PathBuf,
+    node: NodeId,
+    base: Arc<Exports>,
+    pools: BTreeMap<String, Pool<FileMedia>>,
+    catalog: Vec<CatalogEntry>,
+    handle: ManagerHandle,
+    inbox: Receiver<WorkEnvelope>,
+    generation: u64,
+    deferred: VecDeque<Work>,
+}
+
+impl Manager {
+    /// Opens every pool of the catalog. `base` holds the configured
+    /// (non-volume) subsystems.
+    pub fn open(data_dir: &Path, node: NodeId, base: Arc<Exports>) -> Result<Manager, String> {
+        let catalog = load_catalog(data_dir)?;
+        let mut pools = BTreeMap::new();
+        for entry in &catalog {
+            let media = FileMedia::open(&entry.devices, None)
+                .map_err(|e| format!("pool {}: {e}", entry.name))?;
+            let pool = Pool::open(media).map_err(|e| format!("pool {}: {e}", entry.name))?;
+            log::info!(
+                "pool {}: {} volumes, {} of {} allocated",
+                entry.name,
+                pool.info().volumes,
+                weft_storage::human_bytes(pool.info().allocated_bytes),
+                weft_storage::human_bytes(pool.info().capacity_bytes)
+            );
+            pools.insert(entry.name.clone(), pool);
+        }
+        let (sender, inbox) = mpsc::channel();
+        let generation = base.config.generation;
+        Ok(Manager {
+            data_dir: data_dir.to_path_buf(),
+            node,
+            base,
+            pools,
+            catalog,
+            handle: ManagerHandle { sender },
+            inbox,
+            generation,
+            deferred: VecDeque::new(),
+        })
+    }
+
+    /// The handle (clone it for the API).
+    pub fn handle(&self) -> ManagerHandle {
+        self.handle.clone()
+    }
+
+    /// The exports: configured subsystems plus one per volume.
+    pub fn exports(&mut self) -> Arc<Exports> {
+        self.generation += 1;
+        let mut config = TargetConfig::clone(&self.base.config);
+        let mut devices = self.base.devices.clone();
+        for (pool_name, pool) in &self.pools {
+            let member_fds = pool.media().fds();
+            for volume in pool.volumes() {
+                let nqn = volume_nqn(&volume.name);
+                config.subsystems.push(SubsystemConfig {
+                    nqn: nqn.clone(),
+                    serial: self.node.serial(&nqn),
+                    model: "weft volume".into(),
+                    firmware: env!("CARGO_PKG_VERSION").to_string(),
+                    namespaces: vec![NamespaceConfig {
+                        nsid: Nsid(1),
+                        blocks: volume.size_bytes / u64::from(volume.block_size),
+                        block_size: volume.block_size,
+                        nguid: volume.id,
+                        uuid: volume.id,
+                        eui64: volume.id[8..].try_into().expect("8 bytes"),
+                        thin: !volume.thick,
+                        ready: true,
+                    }],
+                });
+                let backend = VolumeBackend {
+                    pool: pool_name.clone(),
+                    volume: volume.name.clone(),
+                    map: Arc::clone(&volume.map),
+                    gate: Arc::clone(&volume.gate),
+                    layout: *pool.layout(),
+                    member_fds: member_fds.clone(),
+                    manager: Arc::new(self.handle.clone()),
+                };
+                devices.push(vec![NamespaceDevice {
+                    nsid: Nsid(1),
+                    backend: Backend::Volume(Arc::new(backend)),
+                }]);
+            }
+        }
+        config.generation = self.generation;
+        Arc::new(Exports::new(Arc::new(config), devices))
+    }
+
+    /// Starts the manager thread; it updates `plane`'s exports after changes.
+    pub fn spawn(self, plane: Arc<DataPlane>) -> std::io::Result<()> {
+        std::thread::Builder::new()
+            .name("weft-volumes".into())
+            .spawn(move || self.run(&plane))
+            .map(|_| ())
+    }
+
+    fn run(mut self, plane: &DataPlane) {
+        loop {
+            let first = match self.deferred.pop_front() {
+                Some(work) => work,
+                None => match self.inbox.recv() {
+                    Ok(WorkEnvelope(work)) => work,
+                    Err(_) => return,
+                },
+            };
+            let mut batch = vec![first];
+            while batch.len() < BATCH_MAX {
+                match self.inbox.try_recv() {
+                    Ok(WorkEnvelope(work)) => batch.push(work),
+                    Err(_) => break,
+                }
+            }
+            self.handle_batch(batch, plane);
+        }
+    }
+
+    fn handle_batch(&mut self, batch: Vec<Work>, plane: &DataPlane) {
+        let mut prepared = Vec::new();
+        for work in batch {
+            match work {
+                Work::Io(request) => {
+                    if let Some(request) = self.handle_io(request) {
+                        prepared.push(request);
+                    }
+                }
+                Work::Admin(op, reply) => {
+                    // Allocations staged so far are committed before an admin change.
+                    self.finish_prepared(&mut prepared);
+                    let result = self.admin(op, plane);
+                    let _ = reply.send(result);
+                }
+            }
+        }
+        self.finish_prepared(&mut prepared);
+    }
+
+    /// Serves one slow-path request; a prepared write waits for the group
+    /// commit and is returned.
+    fn handle_io(&mut self, request: VolumeRequest) -> Option<VolumeRequest> {
+        let Some(pool) = self.pools.get_mut(&request.pool) else {
+            request.reply.send(VolumeOutcome::Done(Err(IoError::Other)));
+            return None;
+        };
+        let result = match request.work {
+            VolumeWork::Wait => Ok(()),
+            VolumeWork::PrepareWrite { offset, len } => {
+                match pool.prepare_write(&request.volume, offset, len) {
+                    Ok(()) => return Some(request),
+                    Err(error) => Err(error),
+                }
+            }
+            VolumeWork::Deallocate { offset, len } => pool.deallocate(&request.volume, offset, len),
+            VolumeWork::Flush => pool.flush(),
+        };
+        let outcome = match (request.work, result) {
+            (VolumeWork::Wait, _) => VolumeOutcome::Retry,
+            (_, Ok(())) => VolumeOutcome::Done(Ok(())),
+            (_, Err(error)) => {
+                log::warn!("volume {}: {error}", request.volume);
+                VolumeOutcome::Done(Err(io_error(&error)))
+            }
+        };
+        request.reply.send(outcome);
+        None
+    }
+
+    /// Commits every pool with staged allocations, then lets the writes retry.
+    fn finish_prepared(&mut self, prepared: &mut Vec<VolumeRequest>) {
+        if prepared.is_empty() {
+            return;
+        }
+        let mut committed: BTreeMap<String, Result<(), IoError>> = BTreeMap::new();
+        for request in prepared.iter() {
+            if !committed.contains_key(&request.pool) {
+                let pool = self.pools.get_mut(&request.pool).expect("checked");
+                let result = pool.commit().map_err(|error| io_error(&error));
+                committed.insert(request.pool.clone(), result);
+            }
+        }
+        for request in prepared.drain(..) {
+            let outcome = match committed[&request.pool] {
+                Ok(()) => VolumeOutcome::Retry,
+                Err(error) => VolumeOutcome::Done(Err(error)),
+            };
+            request.reply.send(outcome);
+        }
+    }
+
+    fn admin(&mut self, op: AdminOp, plane: &DataPlane) -> Result<AdminReply, AdminError> {
+        let exports_change = matches!(
+            op,
+            AdminOp::CreateVolume { .. }
+                | AdminOp::ResizeVolume { .. }
+                | AdminOp::CloneVolume { .. }
+        );
+        let reply = match op {
+            AdminOp::CreatePool {
+                name,
+                devices,
+                chunk_bytes,
+                device_bytes,
+                force,
+            } => self.create_pool(name, devices, chunk_bytes, device_bytes, force)?,
+            AdminOp::ListPools => AdminReply::Pools(self.pool_views()),
+            AdminOp::CreateVolume { pool, spec } => {
+                self.check_volume_name_free(&spec.name)?;
+                self.pool_mut(&pool)?.create_volume(&spec)?;
+                log::info!(
+                    "volume {} created in pool {pool}: {} bytes{}",
+                    spec.name,
+                    spec.size_bytes,
+                    if spec.thick { ", thick" } else { "" }
+                );
+                AdminReply::Done
+            }
+            AdminOp::ListVolumes => AdminReply::Volumes(self.volume_views(plane)),
+            AdminOp::ShowVolume(name) => {
+                let pool = self.pool_of(&name)?;
+                AdminReply::Volume(self.volume_view(&pool, &name, plane)?)
+            }
+            AdminOp::DeleteVolume { name, force } => {
+                self.delete_volume(&name, force, plane)?;
+                AdminReply::Done
+            }
+            AdminOp::ResizeVolume { name, size_bytes } => {
+                let pool = self.pool_of(&name)?;
+                self.pool_mut(&pool)?.resize_volume(&name, size_bytes)?;
+                log::info!("volume {name} resized to {size_bytes} bytes");
+                AdminReply::Done
+            }
+            AdminOp::CloneVolume {
+                volume,
+                snapshot,
+                name,
+            } => {
+                self.check_volume_name_free(&name)?;
+                let pool = self.pool_of(&volume)?;
+                self.pool_mut(&pool)?
+                    .clone_volume(&volume, &snapshot, &name)?;
+                log::info!("volume {name} cloned from {volume}@{snapshot}");
+                AdminReply::Done
+            }
+            AdminOp::FlattenVolume(name) => {
+                self.flatten(&name)?;
+                AdminReply::Done
+            }
+            AdminOp::CreateSnapshot { volume, name } => {
+                let pool = self.pool_of(&volume)?;
+                self.pool_mut(&pool)?.create_snapshot(&volume, &name)?;
+                log::info!("snapshot {volume}@{name} created");
+                AdminReply::Done
+            }
+            AdminOp::DeleteSnapshot { volume, name } => {
+                let pool = self.pool_of(&volume)?;
+                self.pool_mut(&pool)?.delete_snapshot(&volume, &name)?;
+                AdminReply::Done
+            }
+            AdminOp::Flush => {
+                for pool in self.pools.values_mut() {
+                    pool.flush()?;
+                }
+                AdminReply::Done
+            }
+        };
+        if exports_change {
+            plane.update_exports(self.exports());
+        }
+        Ok(reply)
+    }
+
+    fn create_pool(
+        &mut self,
+        name: String,
+        devices: Vec<PathBuf>,
+        chunk_bytes: u32,
+        device_bytes: Option<u64>,
+        force: bool,
+    ) -> Result<AdminReply, AdminError> {
+        weft_volume::check_name("pool", &name)?;
+        if self.pools.contains_key(&name) {
+            return Err(VolumeError::Exists { kind: "pool", name }.into());
+        }
+        if devices.is_empty() {
+            return Err(VolumeError::invalid("device list", "give at least one --device").into());
+        }
+        for entry in &self.catalog {
+            if let Some(path) = devices.iter().find(|d| entry.devices.contains(d)) {
+                return Err(VolumeError::invalid(
+                    format!("device {}", path.display()),
+                    format!("it is already a member of pool {}", entry.name),
+                )
+                .into());
+            }
+        }
+        let mut media = FileMedia::open(&devices, device_bytes).map_err(|e| {
+            VolumeError::invalid(
+                "devices",
+                format!("{e} (a missing file is created when --device-size is given)"),
+            )
+        })?;
+        if !force {
+            let found = Pool::probe(&mut media);
+            if let Some((index, Some(superblock))) =
+                found.iter().enumerate().find(|(_, s)| s.is_some())
+            {
+                return Err(VolumeError::invalid(
+                    format!("device {}", devices[index].display()),
+                    format!(
+                        "it holds weft pool {}; use --force to overwrite it (its data is lost)",
+                        superblock.pool_name
+                    ),
+                )
+                .into());
+            }
+        }
+        let uuid = self.node.derive(&[b"pool", name.as_bytes(), &nonce()]);
+        let options = PoolOptions {
+            name: name.clone(),
+            chunk_bytes,
+            uuid,
+        };
+        let pool = Pool::create(media, options)?;
+        self.catalog.push(CatalogEntry {
+            name: name.clone(),
+            devices,
+        });
+        if let Err(error) = save_catalog(&self.data_dir, &self.catalog) {
+            self.catalog.pop();
+            return Err(AdminError::Node(error));
+        }
+        log::info!(
+            "pool {name} created: {} in allocation units of {}",
+            weft_storage::human_bytes(pool.info().capacity_bytes),
+            weft_storage::human_bytes(u64::from(chunk_bytes))
+        );
+        self.pools.insert(name, pool);
+        Ok(AdminReply::Done)
+    }
+
+    fn delete_volume(
+        &mut self,
+        name: &str,
+        force: bool,
+        plane: &DataPlane,
+    ) -> Result<(), AdminError> {
+        let pool = self.pool_of(name)?;
+        let nqn = volume_nqn(name);
+        let hosts = plane.connected_hosts(&nqn);
+        if !hosts.is_empty() && !force {
+            return Err(AdminError::Busy {
+                volume: name.to_string(),
+                hosts: hosts.join(", "),
+                nqn,
+            });
+        }
+        if let Some(volume) = self.pool_mut(&pool)?.volume(name) {
+            if !volume.snapshots.is_empty() {
+                return Err(VolumeError::HasSnapshots {
+                    volume: name.to_string(),
+                    snapshots: volume
+                        .snapshots
+                        .keys()
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                }
+                .into());
+            }
+        }
+        // Stop serving it first (hosts are disconnected), then release its space.
+        let mut exports = self.exports_without(name);
+        plane.update_exports(exports.clone());
+        if let Err(error) = self.pool_mut(&pool)?.delete_volume(name) {
+            exports = self.exports();
+            plane.update_exports(exports);
+            return Err(error.into());
+        }
+        log::info!("volume {name} deleted");
+        Ok(())
+    }
+
+    fn exports_without(&mut self, volume: &str) -> Arc<Exports> {
+        let exports = self.exports();
+        let nqn = volume_nqn(volume);
+        let mut config = TargetConfig::clone(&exports.config);
+        let mut devices = exports.devices.clone();
+        if let Some(index) = config.subsystems.iter().position(|s| s.nqn == nqn) {
+            config.subsystems.remove(index);
+            devices.remove(index);
+        }
+        Arc::new(Exports::new(Arc::new(config), devices))
+    }
+
+    /// Flattens in steps, serving waiting slow-path I/O between steps (admin
+    /// work waits for the flatten to finish).
+    fn flatten(&mut self, name: &str) -> Result<(), AdminError> {
+        let pool = self.pool_of(name)?;
+        let mut from = 0;
+        loop {
+            let next = self
+                .pool_mut(&pool)?
+                .flatten_step(name, from, FLATTEN_STEP_CHUNKS)?;
+            let Some(next) = next else {
+                log::info!("volume {name} flattened");
+                return Ok(());
+            };
+            from = next;
+            let mut prepared = Vec::new();
+            while let Ok(WorkEnvelope(work)) = self.inbox.try_recv() {
+                match work {
+                    Work::Io(request) => prepared.extend(self.handle_io(request)),
+                    admin => self.deferred.push_back(admin),
+                }
+            }
+            self.finish_prepared(&mut prepared);
+        }
+    }
+
+    fn check_volume_name_free(&self, name: &str) -> Result<(), AdminError> {
+        match self.pool_of(name) {
+            Ok(pool) => Err(VolumeError::invalid(
+                format!("volume name {name}"),
+                format!("a volume of that name exists in pool {pool}; volume names are unique on a node (they name the NQN)"),
+            )
+            .into()),
+            Err(_) => Ok(()),
+        }
+    }
+
+    fn pool_of(&self, volume: &str) -> Result<String, AdminError> {
+        self.pools
+            .iter()
+            .find(|(_, pool)| pool.volume(volume).is_some())
+            .map(|(name, _)| name.clone())
+            .ok_or_else(|| {
+                VolumeError::NotFound {
+                    kind: "volume",
+                    name: volume.to_string(),
+                }
+                .into()
+            })
+    }
+
+    fn pool_mut(&mut self, name: &str) -> Result<&mut Pool<FileMedia>, AdminError> {
+        self.pools.get_mut(name).ok_or_else(|| {
+            VolumeError::NotFound {
+                kind: "pool",
+                name: name.to_string(),
+            }
+            .into()
+        })
+    }
+
+    fn pool_views(&self) -> Vec<PoolView> {
+        self.catalog
+            .iter()
+            .filter_map(|entry| {
+                let info: PoolInfo = self.pools.get(&entry.name)?.info();
+                Some(PoolView {
+                    name: info.name,
+                    devices: entry.devices.clone(),
+                    allocation_unit_bytes: info.chunk_bytes,
+                    capacity_bytes: info.capacity_bytes,
+                    allocated_bytes: info.allocated_bytes,
+                    free_bytes: info.capacity_bytes - info.allocated_bytes,
+                    provisioned_bytes: info.provisioned_bytes,
+                    overcommit: info.provisioned_bytes as f64 / info.capacity_bytes as f64,
+                    volumes: info.volumes,
+                    snapshots: info.snapshots,
+                })
+            })
+            .collect()
+    }
+
+    fn volume_views(&self, plane: &DataPlane) -> Vec<VolumeView> {
+        self.pools
+            .iter()
+            .flat_map(|(pool_name, pool)| {
+                pool.volumes()
+                    .filter_map(|v| self.volume_view(pool_name, &v.name, plane).ok())
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    fn volume_view(
+        &self,
+        pool: &str,
+        name: &str,
+        plane: &DataPlane,
+    ) -> Result<VolumeView, AdminError> {
+        let info: VolumeInfo = self
+            .pools
+            .get(pool)
+            .ok_or_else(|| AdminError::Node(format!("pool {pool} vanished")))?
+            .volume_info(name)?;
+        let nqn = volume_nqn(name);
+        Ok(VolumeView {
+            name: info.name,
+            pool: pool.to_string(),
+            connected_hosts: plane.connected_hosts(&nqn),
+            nqn,
+            size_bytes: info.size_bytes,
+            block_size: info.block_size,
+            thick: info.thick,
+            allocated_bytes: info.allocated_bytes,
+            origin: info.origin.map(|o| format!("{}@{}", o.volume, o.snapshot)),
+            snapshots: info.snapshots.into_iter().map(|(n, _, _)| n).collect(),
+            nguid: crate::identity::hex(&info.id),
+        })
+    }
+}
+
+/// The NVMe status class of a volume failure.
+fn io_error(error: &VolumeError) -> IoError {
+    match error {
+        VolumeError::PoolFull { .. } | VolumeError::MetadataFull { .. } => IoError::NoSpace,
+        VolumeError::Io { .. } | VolumeError::Failed { .. } => IoError::Media,
+        _ => IoError::Other,
+    }
+}
+
+/// Bytes that differ between two pool creations with the same name.
+fn nonce() -> [u8; 16] {
+    let mut bytes = [0u8; 16];
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    bytes.copy_from_slice(&now.to_le_bytes());
+    bytes
+}
+
+fn catalog_path(data_dir: &Path) -> PathBuf {
+    data_dir.join("pools.json")
+}
+
+fn load_catalog(data_dir: &Path) -> Result<Vec<CatalogEntry>, String> {
+    let path = catalog_path(data_dir);
+    match std::fs::read(&path) {
+        Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
+            format!(
+                "{}: {e}; it lists each pool's devices — fix it or restore it from a backup",
+                path.display()
+            )
+        }),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(error) => Err(format!("{}: {error}", path.display())),
+    }
+}
+
+/// Writes the catalog crash-atomically: temporary file, fsync, rename, fsync of the directory.
+fn save_catalog(data_dir: &Path, catalog: &[CatalogEntry]) -> Result<(), String> {
+    let path = catalog_path(data_dir);
+    let temporary = data_dir.join("pools.json.tmp");
+    let text = serde_json::to_vec_pretty(catalog).expect("serialisable");
+    let write = || -> std::io::Result<()> {
+        std::fs::create_dir_all(data_dir)?;
+        let file = std::fs::File::create(&temporary)?;
+        std::io::Write::write_all(&mut &file, &text)?;
+        file.sync_all()?;
+        std::fs::rename(&temporary, &path)?;
+        std::fs::File::open(data_dir)?.sync_all()
+    };
+    write().map_err(|e| format!("saving {}: {e}", path.display()))
+}
