@@ -26,7 +26,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
 
-WEFT=target/release/weft PORT=14430 TARGET=weft
+WEFT=target/release/weft PORT=14430 TARGET=weft API_PORT=14440
 TIMEOUT_S=1500
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 2; }
 while [ $# -gt 0 ]; do
@@ -51,7 +51,8 @@ SHARE=$WORK/share
 rm -rf "$WORK"
 mkdir -p "$WORK/data" "$SHARE/ctl"
 : > "$SHARE/weft.log"
-VM_ARGS=(-s "$SHARE" -c 2 -t "$TIMEOUT_S" -e "WEFT_PORT=$PORT" -e "WEFT_TARGET=$TARGET")
+VM_ARGS=(-s "$SHARE" -c 2 -t "$TIMEOUT_S" -e "WEFT_PORT=$PORT" -e "WEFT_TARGET=$TARGET"
+         -e "WEFT_API_PORT=$API_PORT" -e "WEFT_POOL_DIR=$WORK")
 if [ "$TARGET" = weft ]; then
     [ -x "$WEFT" ] || die "no weft binary at $WEFT (cargo build --release, or --weft PATH)"
     WEFT=$(realpath "$WEFT")
@@ -60,6 +61,7 @@ if [ "$TARGET" = weft ]; then
 # written by harness/interop.sh
 data_dir = "$WORK/data"
 listen = ["127.0.0.1:$PORT"]
+api_listen = "127.0.0.1:$API_PORT"
 
 [[subsystem]]
 nqn = "nqn.2026-11.io.weft:default"

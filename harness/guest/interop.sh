@@ -4,6 +4,10 @@
 #   a discovery   b connect + identify   c fio write+verify   d header/data digests
 #   e ext4 persistence across reconnect   f restart (SIGTERM)   g malformed PDUs
 #   h data written with O_DIRECT+fsync survives kill -9
+#   i volumes (weft only): a pool over two files, two volumes connected at once, ext4
+#     snapshot after fsfreeze, a clone mounted alongside shows the snapshot's files, online
+#     resize seen through the namespace-attribute-changed event + resize2fs, data intact
+#     after a weft restart, delete refused while a host is connected
 # Each step prints "=== name", "  ok: ..." per passed check, "FAIL name: why" per failed
 # check and "PASS name" when all its checks passed; a summary follows. Exit code 1 if any
 # step failed. There is no `set -e` on purpose: later steps still run after a failure,
@@ -20,6 +24,8 @@
 #                    of the same checks (restart and kill -9 become a port down/up; nvmet
 #                    closes bad connections without a C2HTermReq, which is accepted there)
 #      GARBAGE_SEED  seed of the random bytes of step g (default 1)
+#      WEFT_API_PORT weft's API port on the host (step i; default 9440)
+#      WEFT_POOL_DIR host directory for step i's pool devices (default: step i skipped)
 set -uo pipefail
 
 PORT=${WEFT_PORT:-14430}
@@ -31,13 +37,15 @@ CTL=$LAB_SHARE/ctl                 # requests to / answers from the host supervi
 OUT=$LAB_SHARE/interop             # fio JSON output
 TMP=/tmp/interop
 MNT=/mnt/interop
+MNT2=/mnt/interop-clone
+VOLA=nqn.2026-11.io.weft:vol:vol-a VOLB=nqn.2026-11.io.weft:vol:vol-b VOLC=nqn.2026-11.io.weft:vol:vol-a-copy
 case "$TARGET" in
     weft)  ADDR=${LAB_HOST_IP:?weft runs on the host: needs vm-run.sh -n slirp}; MODEL=weft ;;
     nvmet) ADDR=127.0.0.1; MODEL=Linux ;;
     *) echo "WEFT_TARGET must be weft or nvmet" >&2; exit 2 ;;
 esac
 rm -rf "$OUT" "$TMP"
-mkdir -p "$OUT" "$TMP" "$MNT"
+mkdir -p "$OUT" "$TMP" "$MNT" "$MNT2"
 # (no process substitution below: the guest has no /dev/fd)
 
 # ---- reporting -------------------------------------------------------------------
@@ -64,8 +72,9 @@ run_step() { # NAME FUNCTION: run one step from a clean host state and record it
 # ---- host (initiator) helpers ----------------------------------------------------
 reset_host() { # leftovers of a step that stopped early
     if grep -q " $MNT " /proc/mounts; then umount "$MNT"; fi
+    if grep -q " $MNT2 " /proc/mounts; then umount "$MNT2"; fi
     local nqn
-    for nqn in "$NQN1" "$NQN2"; do
+    for nqn in "$NQN1" "$NQN2" "$VOLA" "$VOLB" "$VOLC"; do
         if ctrl_of "$nqn" >/dev/null; then nvme disconnect -n "$nqn" >/dev/null 2>&1; fi
     done
 }
@@ -531,6 +540,71 @@ step_kill9() {
     check "disconnect" disconnect "$NQN1"
 }
 
+weft_cli() { # weft's CLI (the repository's release build) against the host's API
+    WEFT_API=$ADDR:${WEFT_API_PORT:-9440} timeout 300 "$WEFT_DIR/target/release/weft" "$@"
+}
+wait_size() { # DEV BYTES SECONDS: wait until DEV has BYTES
+    local i
+    for i in $(seq $(($3 * 5))); do
+        [ "$(blockdev --getsize64 "$1")" = "$2" ] && return 0
+        sleep 0.2
+    done
+    return 1
+}
+refused_while_connected() { # volume delete must fail and say why
+    local out
+    out=$(weft_cli volume delete vol-b 2>&1) && return 1
+    echo "  weft: $out"
+    [[ $out == *"connected hosts"* ]]
+}
+
+step_volumes() {
+    if [ "$TARGET" != weft ] || [ -z "${WEFT_POOL_DIR:-}" ]; then echo "  skipped: needs weft and WEFT_POOL_DIR"; return; fi
+    check "pool create fast over two 1 GiB files" \
+        weft_cli pool create fast --device "$WEFT_POOL_DIR/pool0.img" --device "$WEFT_POOL_DIR/pool1.img" --device-size 1GiB || return
+    check "volume create vol-a 256MiB (thin)" weft_cli volume create vol-a --pool fast --size 256MiB || return
+    check "volume create vol-b 128MiB (thick)" weft_cli volume create vol-b --pool fast --size 128MiB --thick || return
+    weft_cli pool list | sed 's/^/  /'
+    check "discovery lists both volumes" eval 'nvme discover -t tcp -a "$ADDR" -s "$PORT" -o json > "$TMP/vol-disc.json" && check_discovery "$TMP/vol-disc.json" "$VOLA" "$VOLB"'
+    check "connect vol-a" connect "$VOLA" --reconnect-delay 1 || return
+    check "connect vol-b (both connected)" connect "$VOLB" --reconnect-delay 1 || return
+    local deva devb devc ctrla
+    deva=$(ns_dev "$VOLA" 1) && devb=$(ns_dev "$VOLB" 1)
+    check "block devices $deva $devb" nonempty "$deva" "$devb" || return
+    check "sizes 256 MiB and 128 MiB" eval '[ "$(blockdev --getsize64 "$deva")" = 268435456 ] && [ "$(blockdev --getsize64 "$devb")" = 134217728 ]'
+    check "fio crc32c verify vol-b bs 4k 32 MiB" fio_verify "$devb" 4k 32
+    check "fio crc32c verify vol-a bs 128k 64 MiB" fio_verify "$deva" 128k 64
+    check "volume delete refused while a host is connected" refused_while_connected
+    check "mkfs.ext4 vol-a, mount" eval 'mkfs.ext4 -q -F "$deva" && mount "$deva" "$MNT"' || return
+    check "write 20 MiB random + 40 small files" write_files
+    check "sha256sum" eval '(cd "$MNT" && find . -type f ! -path "./lost+found/*" -print0 | xargs -0 sha256sum) > "$TMP/vol-sums"'
+    check "fsfreeze, snapshot vol-a@s1, thaw" eval 'fsfreeze -f "$MNT"; weft_cli snapshot create vol-a@s1; rc=$?; fsfreeze -u "$MNT"; [ $rc = 0 ]' || return
+    check "write after the snapshot" eval 'head -c $((4 * MIB)) /dev/urandom > "$MNT/after-snapshot" && sync'
+    check "clone vol-a@s1 as vol-a-copy" weft_cli volume clone vol-a@s1 vol-a-copy || return
+    check "connect the clone" connect "$VOLC" || return
+    devc=$(ns_dev "$VOLC" 1)
+    check "mount the clone read-only at $MNT2 (${devc:-none})" mount -o ro,noload "$devc" "$MNT2" || return
+    check "the clone has the snapshot's files" eval '(cd "$MNT2" && sha256sum -c --quiet "$TMP/vol-sums")'
+    check "the clone lacks what was written after the snapshot" [ ! -e "$MNT2/after-snapshot" ]
+    check "umount and disconnect the clone" eval 'umount "$MNT2" && disconnect "$VOLC"'
+    local before after
+    before=$(df -B1M --output=size "$MNT" | tail -1)
+    check "resize vol-a to 384 MiB while mounted" weft_cli volume resize vol-a --size 384MiB || return
+    check "the host sees 384 MiB without reconnecting" wait_size "$deva" 402653184 30
+    check "resize2fs online" eval 'resize2fs "$deva" > "$TMP/resize2fs.log" 2>&1 || { cat "$TMP/resize2fs.log"; false; }'
+    after=$(df -B1M --output=size "$MNT" | tail -1)
+    check "the filesystem grew by about 128 MiB (df: $before -> $after MiB)" [ "$((after - before))" -gt 100 ]
+    check "sha256sum including the post-snapshot file" eval '(cd "$MNT" && find . -type f ! -path "./lost+found/*" -print0 | xargs -0 sha256sum) > "$TMP/vol-sums2" && sync'
+    ctrla=$(ctrl_of "$VOLA")
+    check "restart the target (SIGTERM, start again)" host_ctl restart || return
+    check "vol-a reconnected by itself" wait_live "$ctrla" 90
+    check "files intact after the restart (caches dropped)" eval 'echo 3 > /proc/sys/vm/drop_caches && (cd "$MNT" && sha256sum -c --quiet "$TMP/vol-sums2")'
+    check "vol-a still 384 MiB" [ "$(blockdev --getsize64 "$deva")" = 402653184 ]
+    check "umount" umount "$MNT"
+    weft_cli volume list | sed 's/^/  /'
+    check "disconnect vol-a and vol-b" eval 'disconnect "$VOLA" && disconnect "$VOLB"'
+}
+
 echo "weft kernel-interop: target $TARGET at $ADDR:$PORT, kernel $(uname -r), $(nvme version), $(fio --version)"
 run_step a-discovery step_discovery
 run_step b-connect-identify step_identify
@@ -540,6 +614,7 @@ run_step e-ext4-persistence step_ext4
 run_step f-restart step_restart
 run_step g-malformed-pdus step_garbage
 run_step h-kill9-durability step_kill9
+run_step i-volumes step_volumes
 
 echo; echo "=== summary (target $TARGET, ${SECONDS}s)"
 printf '%s\n' "${RESULTS[@]}"

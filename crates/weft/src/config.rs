@@ -46,6 +46,7 @@ impl ConfigError {
 struct ConfigFile {
     data_dir: Option<PathBuf>,
     listen: Option<Vec<String>>,
+    api_listen: Option<String>,
     reactors: Option<usize>,
     #[serde(default)]
     subsystem: Vec<SubsystemFile>,
@@ -91,6 +92,8 @@ pub struct ServeConfig {
     pub data_dir: PathBuf,
     /// Listen addresses.
     pub listen: Vec<SocketAddr>,
+    /// Control API address (None: the default).
+    pub api_listen: Option<SocketAddr>,
     /// Reactor threads.
     pub reactors: usize,
     /// Subsystems.
@@ -142,6 +145,7 @@ impl ServeConfig {
         let path = data_dir.join("default.img");
         ServeConfig {
             listen: vec![DEFAULT_LISTEN.parse().expect("valid default address")],
+            api_listen: None,
             reactors: default_reactors(),
             subsystems: vec![SubsystemSpec {
                 nqn: DEFAULT_NQN.to_string(),
@@ -210,6 +214,13 @@ fn validate(file: ConfigFile, origin: &str) -> Result<ServeConfig, ConfigError> 
             "at least one address is needed, e.g. [\"127.0.0.1:4420\"]",
         ));
     }
+    let api_listen = file
+        .api_listen
+        .as_deref()
+        .map(|text| {
+            parse_listen(text).map_err(|message| ConfigError::new(origin, "api_listen", message))
+        })
+        .transpose()?;
     let reactors = file.reactors.unwrap_or_else(default_reactors);
     if !(1..=256).contains(&reactors) {
         return Err(ConfigError::new(
@@ -241,6 +252,7 @@ fn validate(file: ConfigFile, origin: &str) -> Result<ServeConfig, ConfigError> 
     Ok(ServeConfig {
         data_dir,
         listen,
+        api_listen,
         reactors,
         subsystems,
     })

@@ -27,12 +27,25 @@ weft: NVMe/TCP storage node
 Usage:
   weft serve [--config FILE] [--listen ADDR:PORT]... [--data-dir DIR] [--reactors N] [--poll-us N] [--log-level LEVEL]
 
+  weft pool create NAME --device PATH [--device PATH]... [--device-size SIZE]
+                        [--allocation-unit SIZE] [--force]
+  weft pool list
+  weft volume create NAME --pool POOL --size SIZE [--thick] [--block-size 512|4096]
+  weft volume list | show NAME | delete NAME [--force] | resize NAME --size SIZE
+  weft volume clone VOLUME@SNAPSHOT NAME | flatten NAME
+  weft snapshot create VOLUME@SNAPSHOT | delete VOLUME@SNAPSHOT
+      (admin commands talk to a running `weft serve`: --api URL or WEFT_API, default
+       127.0.0.1:9440; -o json prints the API's JSON)
+
   weft bench --target nvme-tcp://HOST:PORT/NQN|PATH [--rw MODE] [--bs SIZE] [--iodepth N] ...
   weft bench compare --local PATH --remote nvme-tcp://HOST:PORT/NQN [--sweep iodepth=1,8,32]
                      [--rounds N] [--json FILE] [--plot FILE.svg] ...
   weft bench floor [--runtime D]
 
 Commands:
+  pool, volume, snapshot
+          Carve pools of devices (striped) into thin or thick volumes, each served as
+          subsystem nqn.2026-11.io.weft:vol:NAME; snapshots, clones, online growth.
   serve   Export block storage over NVMe/TCP. Without --config: one 4 GiB sparse file
           namespace (DATA_DIR/default.img) as nqn.2026-11.io.weft:default on 127.0.0.1:4420.
   bench   Load a namespace through weft's user-space initiator (nvme-tcp://...), or a local
@@ -64,7 +77,8 @@ Bench options:
 Serve options:
   --config FILE        TOML file declaring listeners, subsystems and namespaces (see README)
   --listen ADDR:PORT   listen address, repeatable; replaces the configured ones
-  --data-dir DIR       node identity and default files (default ./weft-data)
+  --data-dir DIR       node identity, default files and the pool list (default ./weft-data)
+  --api-listen ADDR:PORT  control API address (default 127.0.0.1:9440; config: api_listen)
   --reactors N         data plane threads (default: one per CPU)
   --poll-us N          after activity, reactors busy-poll N microseconds before
                        sleeping (default 0: interrupt driven, no idle CPU use)
@@ -260,7 +274,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     manager
         .spawn(Arc::clone(&plane))
         .map_err(|e| format!("cannot start the volume manager: {e}"))?;
-    let api_listen = match args.api_listen {
+    let api_listen = match args.api_listen.or(config.api_listen) {
         Some(address) => address,
         None => config::parse_listen(api::DEFAULT_API_LISTEN)?,
     };
