@@ -29,10 +29,33 @@ pub struct Status {
     pub dnr: bool,
 }
 
+impl std::fmt::Display for Status {
+    /// e.g. `CAPACITY_EXCEEDED (SCT 0h, SC 81h, DNR)`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} (SCT {:X}h, SC {:02X}h{})",
+            self.name().unwrap_or("status"),
+            self.sct as u8,
+            self.sc,
+            if self.dnr { ", DNR" } else { "" }
+        )
+    }
+}
+
 macro_rules! statuses {
     ($($(#[$doc:meta])* $name:ident = ($sct:ident, $sc:expr, $dnr:expr);)*) => {
         impl Status {
             $($(#[$doc])* pub const $name: Status = Status { sct: StatusCodeType::$sct, sc: $sc, dnr: $dnr };)*
+
+            /// The constant's name for a known status (command-specific codes
+            /// are shared between commands: the first listed wins).
+            pub fn name(&self) -> Option<&'static str> {
+                $(if self.sct == StatusCodeType::$sct && self.sc == $sc {
+                    return Some(stringify!($name));
+                })*
+                None
+            }
         }
     };
 }

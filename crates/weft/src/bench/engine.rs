@@ -73,7 +73,7 @@ impl Device for RemoteDevice {
         let mut completion = Some(self.queue.wait().map_err(|e| e.to_string())?);
         while let Some(finished) = completion {
             if !finished.status.is_success() {
-                return Err(format!("an I/O failed with status {:?}", finished.status));
+                return Err(format!("an I/O failed with status {}", finished.status));
             }
             done.push(usize::from(finished.cid.0));
             completion = self.queue.poll_completion();

@@ -1,0 +1,290 @@
+//! Pools and volumes end to end through the binary: `weft serve` with its
+//! API on a free port, the admin commands over real HTTP, `weft bench
+//! --verify` through the user-space initiator against volume subsystems,
+//! the errors a user sees, and everything back after a restart.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+const WEFT: &str = env!("CARGO_BIN_EXE_weft");
+
+struct Node {
+    child: Child,
+    nvme: String,
+    api: String,
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Starts `weft serve` with `dir` as data dir; returns when the banner is out.
+fn start(dir: &Path) -> Node {
+    let port = free_port();
+    let mut child = Command::new(WEFT)
+        .args(["serve", "--reactors", "2", "--api-listen", "127.0.0.1:0"])
+        .arg("--data-dir")
+        .arg(dir)
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut api = String::new();
+    for line in BufReader::new(stdout).lines() {
+        let line = line.unwrap();
+        if let Some(rest) = line.trim().strip_prefix("api        http://") {
+            api = rest.split_whitespace().next().unwrap().to_string();
+        }
+        if line.contains("nvme connect") {
+            break;
+        }
+    }
+    assert!(!api.is_empty(), "no API address in the banner");
+    Node {
+        child,
+        nvme: format!("nvme-tcp://127.0.0.1:{port}"),
+        api,
+    }
+}
+
+fn weft(node: &Node, args: &[&str]) -> (bool, String, String) {
+    let output = Command::new(WEFT)
+        .args(args)
+        .env("WEFT_API", &node.api)
+        .output()
+        .unwrap();
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+fn ok(node: &Node, args: &[&str]) -> String {
+    let (success, out, errors) = weft(node, args);
+    assert!(success, "weft {args:?}: {errors}");
+    out
+}
+
+fn refused(node: &Node, args: &[&str]) -> String {
+    let (success, out, errors) = weft(node, args);
+    assert!(!success, "weft {args:?} should fail: {out}");
+    errors
+}
+
+fn volume_url(node: &Node, volume: &str) -> String {
+    format!("{}/nqn.2026-11.io.weft:vol:{volume}", node.nvme)
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("weft-volumes-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn volumes_are_carved_served_snapshotted_and_survive_a_restart() {
+    let dir = temp_dir("life");
+    let devices = [dir.join("d0.img"), dir.join("d1.img")];
+    let node = start(&dir.join("data"));
+    ok(
+        &node,
+        &[
+            "pool",
+            "create",
+            "fast",
+            "--device",
+            devices[0].to_str().unwrap(),
+            "--device",
+            devices[1].to_str().unwrap(),
+            "--device-size",
+            "64MiB",
+            "--allocation-unit",
+            "256KiB",
+        ],
+    );
+    let pools = ok(&node, &["pool", "list"]);
+    assert!(
+        pools.contains("fast") && pools.contains("256 KiB"),
+        "{pools}"
+    );
+    ok(
+        &node,
+        &[
+            "volume", "create", "db1", "--pool", "fast", "--size", "32MiB",
+        ],
+    );
+    ok(
+        &node,
+        &[
+            "volume",
+            "create",
+            "db2",
+            "--pool",
+            "fast",
+            "--size",
+            "8MiB",
+            "--thick",
+            "--block-size",
+            "512",
+        ],
+    );
+    // Data through the data plane, checked block by block.
+    let (success, out, errors) = weft(
+        &node,
+        &[
+            "bench",
+            "--target",
+            &volume_url(&node, "db1"),
+            "--rw",
+            "randrw",
+            "--bs",
+            "4k",
+            "--iodepth",
+            "16",
+            "--queues",
+            "2",
+            "--runtime",
+            "1s",
+            "--verify",
+        ],
+    );
+    assert!(success, "{errors}");
+    assert!(out.contains("all intact"), "{out}");
+    let (success, out, errors) = weft(
+        &node,
+        &[
+            "bench",
+            "--target",
+            &volume_url(&node, "db2"),
+            "--rw",
+            "write",
+            "--bs",
+            "64k",
+            "--iodepth",
+            "4",
+            "--size",
+            "8MiB",
+            "--verify",
+        ],
+    );
+    assert!(success, "{errors}");
+    assert!(out.contains("all intact"), "{out}");
+    ok(&node, &["snapshot", "create", "db1@s1"]);
+    ok(&node, &["volume", "clone", "db1@s1", "db1-copy"]);
+    ok(&node, &["volume", "resize", "db1", "--size", "48MiB"]);
+    let show = ok(&node, &["volume", "show", "db1-copy"]);
+    assert!(show.contains("origin      db1@s1"), "{show}");
+    let json = ok(&node, &["volume", "show", "db1", "-o", "json"]);
+    assert!(json.contains("\"size_bytes\": 50331648"), "{json}");
+    // Mistakes get clear errors and change nothing.
+    let error = refused(&node, &["volume", "delete", "db1"]);
+    assert!(error.contains("has snapshots (s1)"), "{error}");
+    let error = refused(&node, &["volume", "resize", "db1", "--size", "1MiB"]);
+    assert!(error.contains("only grow"), "{error}");
+    let error = refused(
+        &node,
+        &[
+            "volume", "create", "db1", "--pool", "fast", "--size", "1MiB",
+        ],
+    );
+    assert!(error.contains("exists"), "{error}");
+    let error = refused(
+        &node,
+        &["volume", "create", "x", "--pool", "nope", "--size", "1MiB"],
+    );
+    assert!(error.contains("pool nope does not exist"), "{error}");
+    let error = refused(&node, &["snapshot", "create", "db1"]);
+    assert!(error.contains("VOLUME@SNAPSHOT"), "{error}");
+    let error = refused(
+        &node,
+        &[
+            "volume", "create", "bad/name", "--pool", "fast", "--size", "1MiB",
+        ],
+    );
+    assert!(error.contains("not allowed"), "{error}");
+    // A full pool: a write that needs space fails; the volume stays usable.
+    ok(
+        &node,
+        &[
+            "volume", "create", "big", "--pool", "fast", "--size", "1GiB",
+        ],
+    );
+    let (success, _, errors) = weft(
+        &node,
+        &[
+            "bench",
+            "--target",
+            &volume_url(&node, "big"),
+            "--rw",
+            "write",
+            "--bs",
+            "128k",
+            "--iodepth",
+            "4",
+            "--size",
+            "256MiB",
+        ],
+    );
+    assert!(!success, "filling beyond the pool must fail");
+    assert!(
+        errors.contains("CAPACITY_EXCEEDED (SCT 0h, SC 81h, DNR)"),
+        "{errors}"
+    );
+    ok(&node, &["volume", "delete", "big"]);
+    ok(&node, &["volume", "flatten", "db1-copy"]);
+    let before = ok(&node, &["volume", "list"]);
+    drop(node);
+
+    let node = start(&dir.join("data"));
+    let after = ok(&node, &["volume", "list"]);
+    assert_eq!(after, before, "the same volumes after a restart");
+    let (success, out, errors) = weft(
+        &node,
+        &[
+            "bench",
+            "--target",
+            &volume_url(&node, "db2"),
+            "--rw",
+            "randread",
+            "--bs",
+            "4k",
+            "--iodepth",
+            "8",
+            "--runtime",
+            "300ms",
+        ],
+    );
+    assert!(success && out.contains("read"), "{errors}");
+    ok(&node, &["snapshot", "delete", "db1@s1"]);
+    ok(&node, &["volume", "delete", "db1"]);
+    let pools = ok(&node, &["pool", "list", "-o", "json"]);
+    assert!(pools.contains("\"volumes\": 2"), "{pools}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn admin_commands_say_when_no_node_answers() {
+    let output = Command::new(WEFT)
+        .args(["volume", "list", "--api", "127.0.0.1:1"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let errors = String::from_utf8_lossy(&output.stderr);
+    assert!(errors.contains("is `weft serve` running"), "{errors}");
+}
