@@ -373,22 +373,28 @@ impl<M: Media> Pool<M> {
         self.commit()
     }
 
+    /// Whether `delete_volume` would accept `name` (it exists and has no snapshots).
+    pub fn check_deletable(&self, name: &str) -> Result<(), VolumeError> {
+        let volume = self.existing(name)?;
+        if volume.snapshots.is_empty() {
+            return Ok(());
+        }
+        Err(VolumeError::HasSnapshots {
+            volume: name.to_string(),
+            snapshots: volume
+                .snapshots
+                .keys()
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", "),
+        })
+    }
+
     /// Deletes a volume that has no snapshots, releasing its chunks.
     pub fn delete_volume(&mut self, name: &str) -> Result<(), VolumeError> {
         self.check_usable()?;
-        let volume = self.existing(name)?;
-        if !volume.snapshots.is_empty() {
-            return Err(VolumeError::HasSnapshots {
-                volume: name.to_string(),
-                snapshots: volume
-                    .snapshots
-                    .keys()
-                    .cloned()
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            });
-        }
-        let gate = Arc::clone(&volume.gate);
+        self.check_deletable(name)?;
+        let gate = Arc::clone(&self.existing(name)?.gate);
         let _quiet = gate.quiesce();
         self.stage(Record::DeleteVolume {
             name: name.to_string(),

@@ -206,6 +206,7 @@ struct CatalogEntry {
 }
 
 /// The manager's inbox.
+#[derive(Debug)]
 enum Work {
     Io(VolumeRequest),
     Admin(AdminOp, Sender<Result<AdminReply, AdminError>>),
@@ -214,23 +215,12 @@ enum Work {
 /// A handle to the manager thread: the data plane's slow path and the API's admin calls.
 #[derive(Debug, Clone)]
 pub struct ManagerHandle {
-    sender: Sender<WorkEnvelope>,
-}
-
-/// `Work` is not Debug (it holds replies); wrapped so the handle can be.
-struct WorkEnvelope(Work);
-
-impl std::fmt::Debug for WorkEnvelope {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("work")
-    }
+    sender: Sender<Work>,
 }
 
 impl VolumeManager for ManagerHandle {
     fn submit(&self, request: VolumeRequest) {
-        if let Err(mpsc::SendError(WorkEnvelope(Work::Io(request)))) =
-            self.sender.send(WorkEnvelope(Work::Io(request)))
-        {
+        if let Err(mpsc::SendError(Work::Io(request))) = self.sender.send(Work::Io(request)) {
             request.reply.send(VolumeOutcome::Done(Err(IoError::Other)));
         }
     }
@@ -241,7 +231,7 @@ impl ManagerHandle {
     pub fn call(&self, op: AdminOp) -> Result<AdminReply, AdminError> {
         let (reply, result) = mpsc::channel();
         self.sender
-            .send(WorkEnvelope(Work::Admin(op, reply)))
+            .send(Work::Admin(op, reply))
             .map_err(|_| AdminError::Node("the volume manager has stopped".into()))?;
         result
             .recv()
@@ -258,7 +248,7 @@ pub struct Manager {
     pools: BTreeMap<String, Pool<FileMedia>>,
     catalog: Vec<CatalogEntry>,
     handle: ManagerHandle,
-    inbox: Receiver<WorkEnvelope>,
+    inbox: Receiver<Work>,
     generation: u64,
     deferred: VecDeque<Work>,
 }
@@ -359,14 +349,14 @@ impl Manager {
             let first = match self.deferred.pop_front() {
                 Some(work) => work,
                 None => match self.inbox.recv() {
-                    Ok(WorkEnvelope(work)) => work,
+                    Ok(work) => work,
                     Err(_) => return,
                 },
             };
             let mut batch = vec![first];
             while batch.len() < BATCH_MAX {
                 match self.inbox.try_recv() {
-                    Ok(WorkEnvelope(work)) => batch.push(work),
+                    Ok(work) => batch.push(work),
                     Err(_) => break,
                 }
             }
@@ -613,20 +603,7 @@ impl Manager {
                 nqn,
             });
         }
-        if let Some(volume) = self.pool_mut(&pool)?.volume(name) {
-            if !volume.snapshots.is_empty() {
-                return Err(VolumeError::HasSnapshots {
-                    volume: name.to_string(),
-                    snapshots: volume
-                        .snapshots
-                        .keys()
-                        .cloned()
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                }
-                .into());
-            }
-        }
+        self.pool_mut(&pool)?.check_deletable(name)?;
         // Stop serving it first (hosts are disconnected), then release its space.
         let mut exports = self.exports_without(name);
         plane.update_exports(exports.clone());
@@ -666,7 +643,7 @@ impl Manager {
             };
             from = next;
             let mut prepared = Vec::new();
-            while let Ok(WorkEnvelope(work)) = self.inbox.try_recv() {
+            while let Ok(work) = self.inbox.try_recv() {
                 match work {
                     Work::Io(request) => prepared.extend(self.handle_io(request)),
                     admin => self.deferred.push_back(admin),

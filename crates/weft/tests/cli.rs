@@ -1,30 +1,17 @@
 //! The `weft` command line, end to end: serve from a config file, load it
 //! with `weft bench` (table and fio JSON), and the errors a user sees.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+mod support;
 
-const WEFT: &str = env!("CARGO_BIN_EXE_weft");
-
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use std::process::Command;
+use support::{free_port, spawn_serve, Server, WEFT};
 
 /// Starts `weft serve` on a free port with a RAM namespace; returns it and the target URL.
 fn serve(name: &str) -> (Server, String) {
     let dir = std::env::temp_dir().join(format!("weft-cli-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let config = dir.join("weft.toml");
     std::fs::write(
         &config,
@@ -34,30 +21,19 @@ fn serve(name: &str) -> (Server, String) {
         ),
     )
     .unwrap();
-    let mut child = Command::new(WEFT)
-        .args(["serve", "--api-listen", "127.0.0.1:0", "--config"])
-        .arg(&config)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let mut banner = String::new();
-    for line in BufReader::new(stdout).lines() {
-        let line = line.unwrap();
-        banner.push_str(&line);
-        banner.push('\n');
-        if line.contains("nvme connect") {
-            break;
-        }
-    }
+    let (server, banner) = spawn_serve(&[
+        "--api-listen".as_ref(),
+        "127.0.0.1:0".as_ref(),
+        "--config".as_ref(),
+        config.as_os_str(),
+    ]);
     assert!(
         banner.contains(&format!("nvme discover -t tcp -a 127.0.0.1 -s {port}")),
         "{banner}"
     );
     assert!(banner.contains("ram 64 MiB"), "{banner}");
     (
-        Server(child),
+        server,
         format!("nvme-tcp://127.0.0.1:{port}/nqn.2026-11.io.weft:cli"),
     )
 }

@@ -3,59 +3,40 @@
 //! --verify` through the user-space initiator against volume subsystems,
 //! the errors a user sees, and everything back after a restart.
 
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+mod support;
 
-const WEFT: &str = env!("CARGO_BIN_EXE_weft");
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use support::{free_port, spawn_serve, Server, WEFT};
 
 struct Node {
-    child: Child,
+    _server: Server,
     nvme: String,
     api: String,
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// Starts `weft serve` with `dir` as data dir; returns when the banner is out.
 fn start(dir: &Path) -> Node {
     let port = free_port();
-    let mut child = Command::new(WEFT)
-        .args(["serve", "--reactors", "2", "--api-listen", "127.0.0.1:0"])
-        .arg("--data-dir")
-        .arg(dir)
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let mut api = String::new();
-    for line in BufReader::new(stdout).lines() {
-        let line = line.unwrap();
-        if let Some(rest) = line.trim().strip_prefix("api        http://") {
-            api = rest.split_whitespace().next().unwrap().to_string();
-        }
-        if line.contains("nvme connect") {
-            break;
-        }
-    }
-    assert!(!api.is_empty(), "no API address in the banner");
+    let listen = format!("127.0.0.1:{port}");
+    let (server, banner) = spawn_serve(&[
+        "--reactors".as_ref(),
+        "2".as_ref(),
+        "--api-listen".as_ref(),
+        "127.0.0.1:0".as_ref(),
+        "--data-dir".as_ref(),
+        dir.as_os_str(),
+        "--listen".as_ref(),
+        listen.as_ref(),
+    ]);
+    let api = banner
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("api        http://"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no API address in the banner: {banner}"))
+        .to_string();
     Node {
-        child,
+        _server: server,
         nvme: format!("nvme-tcp://127.0.0.1:{port}"),
         api,
     }
