@@ -519,7 +519,7 @@ fn get_log_page(
         if queue.kind != ControllerKind::Discovery {
             return Outcome::status(Status::INVALID_LOG_PAGE);
         }
-        discovery_log(config, request.offset, out);
+        discovery_log(config, &queue.controller.hostnqn, request.offset, out);
         return Outcome::data(request.len);
     }
     if queue.kind == ControllerKind::Discovery || subsystem.is_none() {
@@ -562,9 +562,17 @@ fn copy_window(page: &[u8], offset: u64, out: &mut [u8]) {
     out[..len].copy_from_slice(&available[..len]);
 }
 
-/// Discovery log page, generated only for the window [offset, offset + out.len()).
-fn discovery_log(config: &TargetConfig, offset: u64, out: &mut [u8]) {
-    let records = identify::discovery_records(&config.subsystems, &config.listeners);
+/// Discovery log page for host `hostnqn`, generated only for the window
+/// [offset, offset + out.len()). Subsystems the host may not connect to are
+/// left out, as Linux nvmet does.
+fn discovery_log(config: &TargetConfig, hostnqn: &str, offset: u64, out: &mut [u8]) {
+    let records =
+        identify::discovery_records(&config.subsystems, &config.listeners).filter(|record| {
+            record.is_discovery
+                || config
+                    .subsystem(record.subnqn)
+                    .is_some_and(|s| s.access.allows(hostnqn))
+        });
     let mut header = [0u8; identify::DISCOVERY_HEADER_LEN];
     identify::discovery_header(
         config.generation,

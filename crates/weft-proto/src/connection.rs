@@ -36,7 +36,9 @@ use crate::pdu::{
     FatalErrorStatus, IcReq, IcResp, PduError, PduType, COMMON_HEADER_LEN, MAX_HEADER_LEN,
 };
 use crate::status::{Completion, Status};
-use crate::target::{ControllerShared, Limits, RegistryError, Target, TargetConfig, DISCOVERY_NQN};
+use crate::target::{
+    ControllerShared, Limits, RegistryError, SubsystemConfig, Target, TargetConfig, DISCOVERY_NQN,
+};
 use crate::transmit::Transmitter;
 pub use crate::transmit::{Transmit, TxSegment};
 use crate::types::{Cid, Nsid, SlotId, Timestamp};
@@ -65,6 +67,8 @@ pub enum Termination {
     Disconnected,
     /// The queue's subsystem left the target's configuration.
     SubsystemRemoved,
+    /// The queue's host is no longer allowed to use its subsystem.
+    AccessRevoked,
 }
 
 /// Per-command state of a slot (cf. SPDK's `spdk_nvmf_tcp_req_state`).
@@ -339,6 +343,10 @@ impl Connection {
             self.end(Termination::SubsystemRemoved);
             return;
         }
+        if !self.host_still_allowed() {
+            self.end(Termination::AccessRevoked);
+            return;
+        }
         self.replan_awaiting_data();
         self.report_async_event();
     }
@@ -365,6 +373,18 @@ impl Connection {
             }
             _ => true,
         }
+    }
+
+    /// Whether the host of an I/O controller's queue may still use its subsystem.
+    fn host_still_allowed(&self) -> bool {
+        let queue = match &self.state {
+            State::Io(queue, _) => queue,
+            State::Admin(queue, admin) if admin.kind == ControllerKind::Io => queue,
+            _ => return true,
+        };
+        self.config
+            .subsystem(&queue.controller.subnqn)
+            .is_some_and(|s| s.access.allows(&queue.controller.hostnqn))
     }
 
     /// Commands waiting for their data by R2T were checked against the old
@@ -1099,10 +1119,13 @@ impl Connection {
         }
         let kind = if data.subnqn == DISCOVERY_NQN {
             ControllerKind::Discovery
-        } else if self.config.subsystem(&data.subnqn).is_some() {
-            ControllerKind::Io
         } else {
-            return Err(invalid_data_field(256));
+            let subsystem = self
+                .config
+                .subsystem(&data.subnqn)
+                .ok_or(invalid_data_field(256))?;
+            check_host_allowed(subsystem, data)?;
+            ControllerKind::Io
         };
         let controller = self
             .target
@@ -1122,6 +1145,7 @@ impl Connection {
             .config
             .subsystem_index(&data.subnqn)
             .ok_or(invalid_data_field(256))?;
+        check_host_allowed(&self.config.subsystems[subsystem], data)?;
         let controller = self
             .target
             .registry
@@ -1160,6 +1184,20 @@ fn release(slots: &mut [Slot], free_slots: &mut Vec<u16>, slot: SlotId) {
     debug_assert_ne!(entry.state, SlotState::Free, "slot released twice");
     entry.state = SlotState::Free;
     free_slots.push(slot.0);
+}
+
+/// Refuses a host the subsystem does not allow with Connect Invalid Host,
+/// pointing at the Host NQN in the Connect data (NVMe-oF 1.1, section 3.3,
+/// Figure 21; Linux nvmet answers the same).
+fn check_host_allowed(
+    subsystem: &SubsystemConfig,
+    data: &ConnectData,
+) -> Result<(), (Status, u64)> {
+    if subsystem.access.allows(&data.hostnqn) {
+        Ok(())
+    } else {
+        Err((Status::CONNECT_INVALID_HOST, (1 << 16) | 512))
+    }
 }
 
 /// Connect Invalid Parameters in the SQE at byte `offset` (IATTR 0).
@@ -1211,7 +1249,7 @@ mod tests {
     use super::*;
     use crate::command::{admin_opcode, io_opcode};
     use crate::pdu::PduType;
-    use crate::target::SubsystemConfig;
+    use crate::target::HostAccess;
     use crate::testing::*;
     use crate::wire::{ascii_field, hex};
     use std::time::Duration;
@@ -1954,6 +1992,69 @@ mod tests {
         );
         admin.connection.on_closed();
         assert!(target.registry.is_empty(), "the controller is gone");
+    }
+
+    // ----- host access -----
+
+    /// The test target with its subsystem open to `hosts` only.
+    fn target_allowing(hosts: &[&str]) -> Arc<Target> {
+        let target = test_target();
+        update(&target, |config| {
+            config.subsystems[0].access =
+                HostAccess::Only(hosts.iter().map(|h| h.to_string()).collect());
+        });
+        target
+    }
+
+    #[test]
+    fn a_host_not_allowed_is_refused_at_connect_and_not_listed_in_discovery() {
+        let target = target_allowing(&["nqn.2014-08.org.nvmexpress:uuid:someone-else"]);
+        let mut host = Pair::new(&target);
+        host.initialize(false, false);
+        let (sqe, data) = connect_command(1, 0, 31, 0, 0xFFFF, TEST_NQN);
+        let response = host.command(&sqe, &data).pop().unwrap();
+        assert_eq!(response.status(), Status::CONNECT_INVALID_HOST);
+        assert_eq!(
+            response.result(),
+            (1 << 16) | 512,
+            "IATTR 1, IPO: the Host NQN"
+        );
+        assert!(target.registry.is_empty(), "no controller was created");
+        let mut discovery = Pair::new(&target);
+        discovery.connect_admin(DISCOVERY_NQN, 0);
+        let (page, _) = discovery.read_data(&get_log_page(3, 0x70, 2048, 0));
+        assert_eq!(
+            u64::from_le_bytes(page[8..16].try_into().unwrap()),
+            1,
+            "only the discovery subsystem"
+        );
+        assert_eq!(ascii_field(&page[1024 + 256..1024 + 512]), DISCOVERY_NQN);
+    }
+
+    #[test]
+    fn an_allowed_host_connects_and_loses_its_queues_when_access_is_revoked() {
+        let target = target_allowing(&[HOST_NQN]);
+        let (mut admin, mut io) = ready_io_queue(&target);
+        let mut discovery = Pair::new(&target);
+        discovery.connect_admin(DISCOVERY_NQN, 0);
+        let (header, _) = discovery.read_data(&get_log_page(3, 0x70, 1024, 0));
+        assert_eq!(u64::from_le_bytes(header[8..16].try_into().unwrap()), 2);
+        let config = update(&target, |config| {
+            config.subsystems[0].access = HostAccess::Only(Vec::new());
+        });
+        io.update_config(Arc::clone(&config));
+        admin.update_config(Arc::clone(&config));
+        discovery.update_config(config);
+        for queue in [&io, &admin] {
+            assert_eq!(
+                queue.connection.termination(),
+                Some(&Termination::AccessRevoked)
+            );
+        }
+        assert!(
+            !discovery.connection.is_closed(),
+            "discovery is not a subsystem"
+        );
     }
 
     #[test]

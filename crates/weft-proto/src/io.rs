@@ -266,6 +266,7 @@ pub fn status_of(error: IoError, is_read: bool) -> Status {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::target::HostAccess;
     use crate::wire::hex;
 
     fn subsystem() -> SubsystemConfig {
@@ -284,6 +285,7 @@ mod tests {
                 thin: true,
                 ready: true,
             }],
+            access: HostAccess::Any,
         }
     }
 

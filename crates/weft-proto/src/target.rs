@@ -106,6 +106,29 @@ pub struct SubsystemConfig {
     pub firmware: String,
     /// Namespaces, sorted by NSID.
     pub namespaces: Vec<NamespaceConfig>,
+    /// Hosts allowed to connect and to see it in the discovery log.
+    pub access: HostAccess,
+}
+
+/// Which hosts may associate with a subsystem. A host that may not is refused
+/// at Connect with Connect Invalid Host (NVMe-oF 1.1, section 3.3, Figure 21)
+/// and does not find the subsystem in its discovery log page.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostAccess {
+    /// Every host.
+    Any,
+    /// Only hosts with these NQNs (none at all when empty).
+    Only(Vec<String>),
+}
+
+impl HostAccess {
+    /// Whether host `hostnqn` may connect.
+    pub fn allows(&self, hostnqn: &str) -> bool {
+        match self {
+            HostAccess::Any => true,
+            HostAccess::Only(hosts) => hosts.iter().any(|h| h == hostnqn),
+        }
+    }
 }
 
 impl SubsystemConfig {
@@ -515,6 +538,7 @@ mod tests {
             model: "m".into(),
             firmware: "f".into(),
             namespaces: namespaces.iter().map(namespace).collect(),
+            access: HostAccess::Any,
         }
     }
 

@@ -10,7 +10,8 @@ use crate::io::{IoKind, IoRequest};
 use crate::pdu::{self, flags, DataHeader, IcReq, PduType};
 use crate::status::Status;
 use crate::target::{
-    AddressFamily, Limits, ListenerConfig, NamespaceConfig, SubsystemConfig, Target, TargetConfig,
+    AddressFamily, HostAccess, Limits, ListenerConfig, NamespaceConfig, SubsystemConfig, Target,
+    TargetConfig,
 };
 use crate::types::{Nsid, SlotId, Timestamp};
 use std::collections::HashMap;
@@ -48,6 +49,7 @@ pub fn target_with(nqn: &str, namespaces: &[(u32, u64, u32)]) -> Arc<Target> {
             model: "weft".into(),
             firmware: "0.1.0".into(),
             namespaces: namespaces.iter().map(namespace).collect(),
+            access: HostAccess::Any,
         }],
         listeners: vec![ListenerConfig {
             port_id: 1,

@@ -7,7 +7,9 @@ use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use weft_proto::target::{AddressFamily, ListenerConfig, NamespaceConfig, SubsystemConfig};
+use weft_proto::target::{
+    AddressFamily, HostAccess, ListenerConfig, NamespaceConfig, SubsystemConfig,
+};
 use weft_proto::types::Nsid;
 use weft_proto::{Limits, TargetConfig};
 use weft_storage::{BlockDevice, FileDevice, RamDevice};
@@ -452,6 +454,7 @@ pub fn build_exports(config: &ServeConfig, node: &NodeId) -> Result<Arc<Exports>
             model: subsystem.model.clone(),
             firmware: env!("CARGO_PKG_VERSION").to_string(),
             namespaces,
+            access: HostAccess::Any,
         });
         devices.push(subsystem_devices);
     }

@@ -10,7 +10,9 @@ use std::time::Duration;
 use weft_proto::command::admin_opcode;
 use weft_proto::pdu::{DataHeader, PduType};
 use weft_proto::status::Status;
-use weft_proto::target::{AddressFamily, ListenerConfig, NamespaceConfig, SubsystemConfig};
+use weft_proto::target::{
+    AddressFamily, HostAccess, ListenerConfig, NamespaceConfig, SubsystemConfig,
+};
 use weft_proto::testing::{self, ReceivedPdu, TEST_NQN};
 use weft_proto::types::Nsid;
 use weft_proto::{Limits, TargetConfig};
@@ -52,6 +54,7 @@ pub fn start_plane(name: &str) -> DataPlane {
             model: "weft".into(),
             firmware: "test".into(),
             namespaces: vec![namespace(1, &ram), namespace(2, &file)],
+            access: HostAccess::Any,
         }],
         listeners: vec![ListenerConfig {
             port_id: 1,
