@@ -62,6 +62,7 @@ if [ "$TARGET" = weft ]; then
 data_dir = "$WORK/data"
 listen = ["127.0.0.1:$PORT"]
 api_listen = "127.0.0.1:$API_PORT"
+api_token_file = "$SHARE/api-token"
 
 [[subsystem]]
 nqn = "nqn.2026-11.io.weft:default"

@@ -7,7 +7,10 @@
 #   i volumes (weft only): a pool over two files, two volumes connected at once, ext4
 #     snapshot after fsfreeze, a clone mounted alongside shows the snapshot's files, online
 #     resize seen through the namespace-attribute-changed event + resize2fs, data intact
-#     after a weft restart, delete refused while a host is connected
+#     after a weft restart, delete refused while a host is connected; host access: an
+#     unattached host NQN is refused at Connect and sees no volume in discovery while the
+#     attached one connects; fio verify across a kill -9 of weft (the host reconnects by
+#     itself, every acknowledged write reads back)
 # Each step prints "=== name", "  ok: ..." per passed check, "FAIL name: why" per failed
 # check and "PASS name" when all its checks passed; a summary follows. Exit code 1 if any
 # step failed. There is no `set -e` on purpose: later steps still run after a failure,
@@ -46,6 +49,9 @@ case "$TARGET" in
 esac
 rm -rf "$OUT" "$TMP"
 mkdir -p "$OUT" "$TMP" "$MNT" "$MNT2"
+# nvme-cli sends the NQN in this file; weft allows volumes to it by name
+[ -s /etc/nvme/hostnqn ] || { mkdir -p /etc/nvme && nvme gen-hostnqn > /etc/nvme/hostnqn; }
+HOSTNQN=$(cat /etc/nvme/hostnqn)
 # (no process substitution below: the guest has no /dev/fd)
 
 # ---- reporting -------------------------------------------------------------------
@@ -541,7 +547,38 @@ step_kill9() {
 }
 
 weft_cli() { # weft's CLI (the repository's release build) against the host's API
-    WEFT_API=$ADDR:${WEFT_API_PORT:-9440} timeout 300 "$WEFT_DIR/target/release/weft" "$@"
+    WEFT_API=$ADDR:${WEFT_API_PORT:-9440} WEFT_API_TOKEN=$(cat "$LAB_SHARE/api-token") \
+        timeout 300 "$WEFT_DIR/target/release/weft" "$@"
+}
+OTHER_HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:0badc0de-0000-4000-8000-000000000000
+refused_host() { # NQN: connecting as host OTHER_HOSTNQN fails with the target's refusal
+    local out
+    dmesg -C
+    out=$(timeout 60 nvme connect -t tcp -a "$ADDR" -s "$PORT" -n "$1" --hostnqn "$OTHER_HOSTNQN" \
+        --hostid "${OTHER_HOSTNQN##*:}" 2>&1) && return 1
+    echo "  nvme connect: $out"
+    # the kernel logs Connect Invalid Host (SCT 1h, SC 84h) this way
+    dmesg | grep "is not allowed, hostnqn: $OTHER_HOSTNQN" | sed 's/^/  kernel: /'
+    dmesg | grep -q "is not allowed, hostnqn: $OTHER_HOSTNQN" && ! ctrl_of "$1" >/dev/null
+}
+not_discovered() { # HOSTNQN NQN...: the discovery log of HOSTNQN lists none of the NQNs
+    local host=$1 n; shift
+    nvme discover -t tcp -a "$ADDR" -s "$PORT" --hostnqn "$host" -o json > "$TMP/disc-$host.json" || return
+    for n; do grep -q "\"$n\"" "$TMP/disc-$host.json" && { echo "  $n listed"; return 1; }; done
+    return 0
+}
+fio_across_kill9() { # DEV CTRL: fio writes 96 MiB at 16 MiB/s with crc32c; weft is killed
+    # (SIGKILL) and restarted 2 s in; the host must reconnect and fio's verify pass
+    local dev=$1 ctrl=$2 json=$OUT/fio-kill9.json pid t0
+    fio --name=kill9 --filename="$dev" --rw=randwrite --bs=64k --size=$((96 * MIB)) --rate=16m \
+        --direct=1 --ioengine=libaio --iodepth=8 --verify=crc32c --do_verify=1 --verify_fatal=1 \
+        --verify_state_save=0 --output-format=json --output="$json" &
+    pid=$!
+    sleep 2
+    check "kill -9 weft while fio writes" host_ctl kill9 || { wait "$pid"; return 1; }
+    t0=$SECONDS
+    check "the host reconnected by itself" wait_live "$ctrl" 90 && echo "  live again after $((SECONDS - t0)) s"
+    check "fio finished and every block verified" eval 'wait "$pid" && fio_summary "$json" $((96 * MIB))'
 }
 wait_size() { # DEV BYTES SECONDS: wait until DEV has BYTES
     local i
@@ -565,6 +602,12 @@ step_volumes() {
     check "volume create vol-a 256MiB (thin)" weft_cli volume create vol-a --pool fast --size 256MiB || return
     check "volume create vol-b 128MiB (thick)" weft_cli volume create vol-b --pool fast --size 128MiB --thick || return
     weft_cli pool list | sed 's/^/  /'
+    check "no host attached: vol-a not in discovery" not_discovered "$HOSTNQN" "$VOLA" "$VOLB"
+    check "no host attached: connect vol-a refused" refused_host "$VOLA"
+    check "host add guest (this host's NQN), attach vol-a and vol-b" eval 'weft_cli host add guest --nqn "$HOSTNQN" &&
+        weft_cli volume attach vol-a --host guest && weft_cli volume attach vol-b --host guest' || return
+    check "another host NQN still refused at Connect" refused_host "$VOLA"
+    check "another host NQN sees no volume in discovery" not_discovered "$OTHER_HOSTNQN" "$VOLA" "$VOLB"
     check "discovery lists both volumes" eval 'nvme discover -t tcp -a "$ADDR" -s "$PORT" -o json > "$TMP/vol-disc.json" && check_discovery "$TMP/vol-disc.json" "$VOLA" "$VOLB"'
     check "connect vol-a" connect "$VOLA" --reconnect-delay 1 || return
     check "connect vol-b (both connected)" connect "$VOLB" --reconnect-delay 1 || return
@@ -580,7 +623,7 @@ step_volumes() {
     check "sha256sum" eval '(cd "$MNT" && find . -type f ! -path "./lost+found/*" -print0 | xargs -0 sha256sum) > "$TMP/vol-sums"'
     check "fsfreeze, snapshot vol-a@s1, thaw" eval 'fsfreeze -f "$MNT"; weft_cli snapshot create vol-a@s1; rc=$?; fsfreeze -u "$MNT"; [ $rc = 0 ]' || return
     check "write after the snapshot" eval 'head -c $((4 * MIB)) /dev/urandom > "$MNT/after-snapshot" && sync'
-    check "clone vol-a@s1 as vol-a-copy" weft_cli volume clone vol-a@s1 vol-a-copy || return
+    check "clone vol-a@s1 as vol-a-copy, attach it" eval 'weft_cli volume clone vol-a@s1 vol-a-copy && weft_cli volume attach vol-a-copy --host guest' || return
     check "connect the clone" connect "$VOLC" || return
     devc=$(ns_dev "$VOLC" 1)
     check "mount the clone read-only at $MNT2 (${devc:-none})" mount -o ro,noload "$devc" "$MNT2" || return
@@ -601,6 +644,7 @@ step_volumes() {
     check "files intact after the restart (caches dropped)" eval 'echo 3 > /proc/sys/vm/drop_caches && (cd "$MNT" && sha256sum -c --quiet "$TMP/vol-sums2")'
     check "vol-a still 384 MiB" [ "$(blockdev --getsize64 "$deva")" = 402653184 ]
     check "umount" umount "$MNT"
+    fio_across_kill9 "$devb" "$(ctrl_of "$VOLB")"
     weft_cli volume list | sed 's/^/  /'
     check "disconnect vol-a and vol-b" eval 'disconnect "$VOLA" && disconnect "$VOLB"'
 }

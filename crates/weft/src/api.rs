@@ -1,51 +1,87 @@
 //! The node's control API (HTTP/JSON, default 127.0.0.1:9440): pools,
-//! volumes and snapshots. Every call becomes one admin operation of the
-//! volume manager; errors are `{code, message, hint}` with the HTTP status
-//! the failure calls for. The API never touches the I/O path.
+//! volumes, snapshots, hosts, attachments and QoS. Every call becomes one
+//! admin operation of the volume manager; errors are `{code, message, hint}`
+//! with the HTTP status the failure calls for, mapped in one place. Every
+//! route but the OpenAPI document needs the bearer token. The API never
+//! touches the I/O path.
 //!
-//! Routes (sizes in bytes):
-//! - `GET /api/v1/pools`, `POST /api/v1/pools {name, devices, allocation_unit_bytes?, device_size_bytes?, force?}`
-//! - `GET /api/v1/volumes`, `POST /api/v1/volumes {name, pool, size_bytes, block_size?, thick?}`
-//!   or `{name, source: "volume@snapshot"}` (a clone)
-//! - `GET|DELETE /api/v1/volumes/NAME` (`?force=true` disconnects hosts)
-//! - `POST /api/v1/volumes/NAME/resize {size_bytes}`, `POST /api/v1/volumes/NAME/flatten`
-//! - `POST /api/v1/volumes/NAME/snapshots {name}`, `DELETE /api/v1/volumes/NAME/snapshots/SNAP`
+//! The routes are the table [`ROUTES`]; `openapi.json` (served at
+//! `/api/v1/openapi.json`) documents each of them, which a test checks.
 
 use crate::http::{self, Request};
-use crate::volumes::{AdminError, AdminOp, AdminReply, ManagerHandle, DEFAULT_CHUNK_BYTES};
+use crate::volumes::{
+    AdminError, AdminOp, AdminReply, ManagerHandle, QosChanges, DEFAULT_CHUNK_BYTES,
+};
 use serde::Deserialize;
-use serde_json::json;
+use serde_json::{json, Value};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
+use std::sync::Arc;
 use weft_volume::{VolumeError, VolumeSpec};
 
 /// Default API address.
 pub const DEFAULT_API_LISTEN: &str = "127.0.0.1:9440";
 
+/// The OpenAPI 3 document of this API.
+pub const OPENAPI: &str = include_str!("openapi.json");
+
+/// Every route: method and path under `/api/v1/`, `{name}` matching one segment.
+pub const ROUTES: &[(&str, &str)] = &[
+    ("GET", "openapi.json"),
+    ("GET", "pools"),
+    ("POST", "pools"),
+    ("GET", "volumes"),
+    ("POST", "volumes"),
+    ("GET", "volumes/{volume}"),
+    ("DELETE", "volumes/{volume}"),
+    ("POST", "volumes/{volume}/resize"),
+    ("POST", "volumes/{volume}/flatten"),
+    ("PATCH", "volumes/{volume}/qos"),
+    ("POST", "volumes/{volume}/hosts"),
+    ("DELETE", "volumes/{volume}/hosts/{host}"),
+    ("POST", "volumes/{volume}/snapshots"),
+    ("DELETE", "volumes/{volume}/snapshots/{snapshot}"),
+    ("GET", "hosts"),
+    ("POST", "hosts"),
+    ("GET", "hosts/{host}"),
+    ("DELETE", "hosts/{host}"),
+];
+
+/// What every API call shares.
+struct Api {
+    manager: ManagerHandle,
+    token: String,
+}
+
 /// Binds `address` and serves the API on a thread; returns the bound address.
-pub fn start(address: SocketAddr, manager: ManagerHandle) -> Result<SocketAddr, String> {
+pub fn start(
+    address: SocketAddr,
+    manager: ManagerHandle,
+    token: String,
+) -> Result<SocketAddr, String> {
     let listener = TcpListener::bind(address).map_err(|e| {
         format!("cannot listen on {address} for the API: {e} (choose another with --api-listen)")
     })?;
     let bound = listener.local_addr().map_err(|e| e.to_string())?;
+    let api = Arc::new(Api { manager, token });
     std::thread::Builder::new()
         .name("weft-api".into())
         .spawn(move || {
             for stream in listener.incoming().flatten() {
-                let manager = manager.clone();
+                let api = Arc::clone(&api);
                 let _ = std::thread::Builder::new()
                     .name("weft-api-call".into())
-                    .spawn(move || serve_connection(stream, &manager));
+                    .spawn(move || serve_connection(stream, &api));
             }
         })
         .map_err(|e| e.to_string())?;
     Ok(bound)
 }
 
-fn serve_connection(mut stream: TcpStream, manager: &ManagerHandle) {
+fn serve_connection(mut stream: TcpStream, api: &Api) {
     let _ = stream.set_read_timeout(Some(std::time::Duration::from_secs(10)));
     let (status, body) = match http::read_request(&mut stream) {
-        Ok(request) => route(&request, manager),
+        Ok(request) => api.handle(&request),
         Err(error) => failure(
             400,
             "bad_request",
@@ -53,7 +89,117 @@ fn serve_connection(mut stream: TcpStream, manager: &ManagerHandle) {
             "send an HTTP/1.1 request with a JSON body",
         ),
     };
-    let _ = http::write_response(&mut stream, status, body.to_string().as_bytes());
+    let _ = http::write_response(&mut stream, status, http::JSON, body.to_string().as_bytes());
+}
+
+type Response = (u16, Value);
+
+impl Api {
+    fn handle(&self, request: &Request) -> Response {
+        let Some(relative) = request.path.strip_prefix("/api/v1/") else {
+            return no_route(request);
+        };
+        let (pattern, params) = match find_route(&request.method, relative) {
+            RouteMatch::Found(pattern, params) => (pattern, params),
+            RouteMatch::WrongMethod(allowed) => {
+                return failure(
+                    405,
+                    "method_not_allowed",
+                    &format!("{} is not allowed on {}", request.method, request.path),
+                    &format!("use {}", allowed.join(" or ")),
+                )
+            }
+            RouteMatch::None => return no_route(request),
+        };
+        if pattern == "openapi.json" {
+            return (200, serde_json::from_str(OPENAPI).expect("valid document"));
+        }
+        if let Err(response) = self.authorize(request) {
+            return response;
+        }
+        let op = match operation(&request.method, pattern, &params, request) {
+            Ok(op) => op,
+            Err(response) => return response,
+        };
+        let created = request.method == "POST"
+            && matches!(
+                pattern,
+                "pools" | "volumes" | "hosts" | "volumes/{volume}/snapshots"
+            );
+        match self.manager.call(op) {
+            Ok(AdminReply::Done) => (if created { 201 } else { 200 }, json!({"ok": true})),
+            Ok(reply) => (200, serde_json::to_value(reply).expect("serialisable")),
+            Err(error) => admin_failure(&error),
+        }
+    }
+
+    fn authorize(&self, request: &Request) -> Result<(), Response> {
+        let hint = "send Authorization: Bearer <token>; the token is in the node's DATA_DIR/api-token (CLI: --api-token-file or WEFT_API_TOKEN)";
+        match request
+            .authorization
+            .as_deref()
+            .and_then(|h| h.strip_prefix("Bearer "))
+        {
+            None => Err(failure(
+                401,
+                "unauthorized",
+                "this API needs a bearer token",
+                hint,
+            )),
+            Some(token) if crate::token::matches(&self.token, token.trim()) => Ok(()),
+            Some(_) => Err(failure(
+                401,
+                "unauthorized",
+                "the bearer token is not this node's",
+                hint,
+            )),
+        }
+    }
+}
+
+enum RouteMatch {
+    Found(&'static str, Vec<String>),
+    WrongMethod(Vec<&'static str>),
+    None,
+}
+
+/// Finds the route of `method` and `path` (relative to `/api/v1/`).
+fn find_route(method: &str, path: &str) -> RouteMatch {
+    let segments: Vec<&str> = path.split('/').collect();
+    let mut allowed = Vec::new();
+    for &(route_method, pattern) in ROUTES {
+        let Some(params) = match_pattern(pattern, &segments) else {
+            continue;
+        };
+        if route_method == method {
+            return RouteMatch::Found(pattern, params);
+        }
+        allowed.push(route_method);
+    }
+    if allowed.is_empty() {
+        RouteMatch::None
+    } else {
+        RouteMatch::WrongMethod(allowed)
+    }
+}
+
+fn match_pattern(pattern: &str, segments: &[&str]) -> Option<Vec<String>> {
+    let parts: Vec<&str> = pattern.split('/').collect();
+    if parts.len() != segments.len() {
+        return None;
+    }
+    let mut params = Vec::new();
+    for (part, segment) in parts.iter().zip(segments) {
+        if part.starts_with('{') {
+            if segment.is_empty() {
+                return None;
+            }
+            params.push(segment.to_string());
+        } else if part != segment {
+            return None;
+        }
+    }
+    Some(params)
 }
 
 #[derive(Deserialize)]
@@ -91,70 +237,84 @@ struct Named {
     name: String,
 }
 
-type Response = (u16, serde_json::Value);
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateHost {
+    name: String,
+    nqn: String,
+}
 
-fn route(request: &Request, manager: &ManagerHandle) -> Response {
-    let segments: Vec<&str> = request
-        .path
-        .trim_start_matches("/api/v1/")
-        .split('/')
-        .collect();
-    let op = match (request.method.as_str(), segments.as_slice()) {
-        ("GET", ["pools"]) => Ok(AdminOp::ListPools),
-        ("POST", ["pools"]) => parse(&request.body).map(|p: CreatePool| AdminOp::CreatePool {
-            name: p.name,
-            devices: p.devices,
-            chunk_bytes: p.allocation_unit_bytes.unwrap_or(DEFAULT_CHUNK_BYTES),
-            device_bytes: p.device_size_bytes,
-            force: p.force,
-        }),
-        ("GET", ["volumes"]) => Ok(AdminOp::ListVolumes),
-        ("POST", ["volumes"]) => parse(&request.body).and_then(create_volume),
-        ("GET", ["volumes", name]) => Ok(AdminOp::ShowVolume(name.to_string())),
-        ("DELETE", ["volumes", name]) => Ok(AdminOp::DeleteVolume {
-            name: name.to_string(),
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Attach {
+    host: String,
+}
+
+/// The admin operation of a matched route.
+fn operation(
+    method: &str,
+    pattern: &str,
+    params: &[String],
+    request: &Request,
+) -> Result<AdminOp, Response> {
+    let param = |index: usize| params[index].clone();
+    let body = &request.body;
+    Ok(match (method, pattern) {
+        ("GET", "pools") => AdminOp::ListPools,
+        ("POST", "pools") => {
+            let p: CreatePool = parse(body)?;
+            AdminOp::CreatePool {
+                name: p.name,
+                devices: p.devices,
+                chunk_bytes: p.allocation_unit_bytes.unwrap_or(DEFAULT_CHUNK_BYTES),
+                device_bytes: p.device_size_bytes,
+                force: p.force,
+            }
+        }
+        ("GET", "volumes") => AdminOp::ListVolumes,
+        ("POST", "volumes") => create_volume(parse(body)?)?,
+        ("GET", "volumes/{volume}") => AdminOp::ShowVolume(param(0)),
+        ("DELETE", "volumes/{volume}") => AdminOp::DeleteVolume {
+            name: param(0),
             force: request.query.split('&').any(|q| q == "force=true"),
-        }),
-        ("POST", ["volumes", name, "resize"]) => {
-            parse(&request.body).map(|r: Resize| AdminOp::ResizeVolume {
-                name: name.to_string(),
-                size_bytes: r.size_bytes,
-            })
+        },
+        ("POST", "volumes/{volume}/resize") => AdminOp::ResizeVolume {
+            name: param(0),
+            size_bytes: parse::<Resize>(body)?.size_bytes,
+        },
+        ("POST", "volumes/{volume}/flatten") => AdminOp::FlattenVolume(param(0)),
+        ("PATCH", "volumes/{volume}/qos") => AdminOp::SetQos {
+            volume: param(0),
+            changes: qos_changes(body)?,
+        },
+        ("POST", "volumes/{volume}/hosts") => AdminOp::Attach {
+            volume: param(0),
+            host: parse::<Attach>(body)?.host,
+        },
+        ("DELETE", "volumes/{volume}/hosts/{host}") => AdminOp::Detach {
+            volume: param(0),
+            host: param(1),
+        },
+        ("POST", "volumes/{volume}/snapshots") => AdminOp::CreateSnapshot {
+            volume: param(0),
+            name: parse::<Named>(body)?.name,
+        },
+        ("DELETE", "volumes/{volume}/snapshots/{snapshot}") => AdminOp::DeleteSnapshot {
+            volume: param(0),
+            name: param(1),
+        },
+        ("GET", "hosts") => AdminOp::ListHosts,
+        ("POST", "hosts") => {
+            let host: CreateHost = parse(body)?;
+            AdminOp::CreateHost {
+                name: host.name,
+                nqn: host.nqn,
+            }
         }
-        ("POST", ["volumes", name, "flatten"]) => Ok(AdminOp::FlattenVolume(name.to_string())),
-        ("POST", ["volumes", volume, "snapshots"]) => {
-            parse(&request.body).map(|n: Named| AdminOp::CreateSnapshot {
-                volume: volume.to_string(),
-                name: n.name,
-            })
-        }
-        ("DELETE", ["volumes", volume, "snapshots", name]) => Ok(AdminOp::DeleteSnapshot {
-            volume: volume.to_string(),
-            name: name.to_string(),
-        }),
-        _ => Err(failure(
-            404,
-            "no_route",
-            &format!("no API route {} {}", request.method, request.path),
-            "see the route list in weft's README (API section)",
-        )),
-    };
-    let op = match op {
-        Ok(op) => op,
-        Err(response) => return response,
-    };
-    let created = matches!(
-        op,
-        AdminOp::CreatePool { .. }
-            | AdminOp::CreateVolume { .. }
-            | AdminOp::CloneVolume { .. }
-            | AdminOp::CreateSnapshot { .. }
-    );
-    match manager.call(op) {
-        Ok(AdminReply::Done) => (if created { 201 } else { 200 }, json!({"ok": true})),
-        Ok(reply) => (200, serde_json::to_value(reply).expect("serialisable")),
-        Err(error) => admin_failure(&error),
-    }
+        ("GET", "hosts/{host}") => AdminOp::ShowHost(param(0)),
+        ("DELETE", "hosts/{host}") => AdminOp::DeleteHost(param(0)),
+        _ => unreachable!("every route in ROUTES has an operation: {method} {pattern}"),
+    })
 }
 
 fn create_volume(body: CreateVolume) -> Result<AdminOp, Response> {
@@ -192,15 +352,68 @@ fn create_volume(body: CreateVolume) -> Result<AdminOp, Response> {
     })
 }
 
+/// Smallest limits accepted: lower ones are almost certainly a unit mistake.
+const QOS_IOPS_MIN: u64 = 10;
+const QOS_BYTES_MIN: u64 = 1 << 20;
+
+/// A QoS patch: each field present is a number (the new limit) or null
+/// (no limit); absent fields keep their limit.
+fn qos_changes(body: &[u8]) -> Result<QosChanges, Response> {
+    let fields: serde_json::Map<String, Value> = parse(body)?;
+    let mut changes = QosChanges::default();
+    for (name, value) in fields {
+        let (slot, minimum, unit) = match name.as_str() {
+            "iops_max" => (&mut changes.iops_max, QOS_IOPS_MIN, "I/O per second"),
+            "read_iops_max" => (&mut changes.read_iops_max, QOS_IOPS_MIN, "I/O per second"),
+            "write_iops_max" => (&mut changes.write_iops_max, QOS_IOPS_MIN, "I/O per second"),
+            "bw_max" => (&mut changes.bw_max, QOS_BYTES_MIN, "bytes per second"),
+            "read_bw_max" => (&mut changes.read_bw_max, QOS_BYTES_MIN, "bytes per second"),
+            "write_bw_max" => (&mut changes.write_bw_max, QOS_BYTES_MIN, "bytes per second"),
+            _ => {
+                return Err(failure(
+                    400,
+                    "invalid_json",
+                    &format!("request body: unknown limit {name:?}"),
+                    "limits are iops_max, bw_max, read_iops_max, read_bw_max, write_iops_max and write_bw_max",
+                ))
+            }
+        };
+        *slot = Some(match value {
+            Value::Null => None,
+            _ => match value.as_u64().filter(|&n| n >= minimum) {
+                Some(n) => Some(n),
+                None => {
+                    return Err(failure(
+                        400,
+                        "invalid",
+                        &format!("{name}: {value} is not a limit of at least {minimum} {unit}"),
+                        "give a whole number (bytes per second for bandwidth), or null to remove the limit",
+                    ))
+                }
+            },
+        });
+    }
+    Ok(changes)
+}
+
 fn parse<T: for<'de> Deserialize<'de>>(body: &[u8]) -> Result<T, Response> {
     serde_json::from_slice(body).map_err(|error| {
         failure(
             400,
             "invalid_json",
             &format!("request body: {error}"),
-            "send the JSON fields this route documents",
+            "send the JSON fields this route documents (GET /api/v1/openapi.json)",
         )
     })
+}
+
+fn no_route(request: &Request) -> Response {
+    failure(
+        404,
+        "no_route",
+        &format!("no API route {} {}", request.method, request.path),
+        "the routes are listed in GET /api/v1/openapi.json",
+    )
 }
 
 fn failure(status: u16, code: &str, message: &str, hint: &str) -> Response {
@@ -218,7 +431,7 @@ fn admin_failure(error: &AdminError) -> Response {
             VolumeError::NotFound { .. } => (
                 404,
                 "not_found",
-                "list what exists with `weft pool list` or `weft volume list`",
+                "list what exists with `weft pool list`, `weft volume list` or `weft host list`",
             ),
             VolumeError::Exists { .. } => (409, "exists", "choose another name"),
             VolumeError::Invalid { .. } => {
@@ -243,7 +456,90 @@ fn admin_failure(error: &AdminError) -> Response {
             VolumeError::Corrupt(_) => (500, "corrupt", "restore the pool's devices"),
         },
         AdminError::Busy { .. } => (409, "busy", "disconnect the hosts or pass force"),
+        AdminError::HostAttached { .. } => {
+            (409, "attached", "detach the host from its volumes first")
+        }
+        AdminError::NqnTaken { .. } => (409, "exists", "use the existing host's name"),
+        AdminError::NameTaken { .. } => (409, "exists", "choose another name"),
+        AdminError::Store(_) => (
+            503,
+            "store",
+            "check the data directory (disk full, permissions) and weft's log",
+        ),
         AdminError::Node(_) => (500, "node", "check weft's log"),
     };
     failure(status, code, &message, hint)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_match_with_parameters_and_wrong_methods_are_named() {
+        match find_route("DELETE", "volumes/db1/hosts/web1") {
+            RouteMatch::Found(pattern, params) => {
+                assert_eq!(pattern, "volumes/{volume}/hosts/{host}");
+                assert_eq!(params, ["db1", "web1"]);
+            }
+            _ => panic!("route not found"),
+        }
+        match find_route("PUT", "volumes/db1") {
+            RouteMatch::WrongMethod(allowed) => assert_eq!(allowed, ["GET", "DELETE"]),
+            _ => panic!("PUT is not a method of volumes/NAME"),
+        }
+        assert!(matches!(find_route("GET", "volumes/"), RouteMatch::None));
+        assert!(matches!(find_route("GET", "nothing"), RouteMatch::None));
+    }
+
+    #[test]
+    fn the_openapi_document_describes_exactly_the_routes() {
+        let document: Value = serde_json::from_str(OPENAPI).unwrap();
+        assert_eq!(
+            document["openapi"].as_str().unwrap().chars().next(),
+            Some('3')
+        );
+        let mut documented: Vec<(String, String)> = Vec::new();
+        for (path, item) in document["paths"].as_object().unwrap() {
+            for method in item.as_object().unwrap().keys() {
+                if method != "parameters" {
+                    let relative = path.strip_prefix("/api/v1/").unwrap();
+                    documented.push((method.to_uppercase(), relative.to_string()));
+                }
+            }
+        }
+        let mut routes: Vec<(String, String)> = ROUTES
+            .iter()
+            .map(|(m, p)| (m.to_string(), p.to_string()))
+            .collect();
+        documented.sort();
+        routes.sort();
+        assert_eq!(documented, routes);
+        // Every reference resolves.
+        let text = OPENAPI.to_string();
+        for reference in text.split("\"$ref\": \"#/components/").skip(1) {
+            let path = &reference[..reference.find('"').unwrap()];
+            let mut node = &document["components"];
+            for part in path.split('/') {
+                node = &node[part];
+            }
+            assert!(!node.is_null(), "unresolved $ref {path}");
+        }
+    }
+
+    #[test]
+    fn qos_patches_set_clear_and_refuse_mistakes() {
+        let changes = qos_changes(br#"{"iops_max": 20000, "bw_max": null}"#).unwrap();
+        assert_eq!(changes.iops_max, Some(Some(20000)));
+        assert_eq!(changes.bw_max, Some(None));
+        assert_eq!(changes.read_iops_max, None);
+        let (status, body) = qos_changes(br#"{"bw_max": 200}"#).unwrap_err();
+        assert_eq!(status, 400);
+        assert!(body["message"]
+            .as_str()
+            .unwrap()
+            .contains("at least 1048576"));
+        let (status, _) = qos_changes(br#"{"iops": 5}"#).unwrap_err();
+        assert_eq!(status, 400);
+    }
 }

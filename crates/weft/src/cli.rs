@@ -1,12 +1,14 @@
-//! `weft pool|volume|snapshot ...`: the admin commands. Each is one call to
-//! a running node's API (`--api URL`, `WEFT_API`, default
-//! http://127.0.0.1:9440); results print as a table, or as the API's JSON
-//! with `-o json`. Errors print the API's message and hint.
+//! `weft pool|volume|snapshot|host ...`: the admin commands. Each is one
+//! call to a running node's API (`--api URL`, `WEFT_API`, default
+//! http://127.0.0.1:9440) with its bearer token (`--api-token-file FILE`,
+//! `WEFT_API_TOKEN`, or ./weft-data/api-token when present); results print
+//! as a table, or as the API's JSON with `-o json`. Errors print the API's
+//! message (and its hint when the message alone does not say what to do).
 
 use crate::api::DEFAULT_API_LISTEN;
 use crate::config::parse_size_text;
 use crate::http;
-use crate::volumes::{PoolView, VolumeView, DEFAULT_CHUNK_BYTES};
+use crate::volumes::{HostView, PoolView, VolumeView, DEFAULT_CHUNK_BYTES};
 use serde_json::{json, Value};
 use std::time::Duration;
 use weft_storage::human_bytes;
@@ -15,6 +17,7 @@ use weft_storage::human_bytes;
 #[derive(Debug)]
 pub struct AdminArgs {
     api: String,
+    token: Option<String>,
     json: bool,
     method: &'static str,
     path: String,
@@ -29,7 +32,19 @@ enum Show {
     Pools,
     Volumes,
     Volume,
+    Hosts,
+    Host,
 }
+
+/// Limits of `weft volume set`: option name and API field.
+const QOS_OPTIONS: [(&str, &str); 6] = [
+    ("iops-max", "iops_max"),
+    ("bw-max", "bw_max"),
+    ("read-iops-max", "read_iops_max"),
+    ("read-bw-max", "read_bw_max"),
+    ("write-iops-max", "write_iops_max"),
+    ("write-bw-max", "write_bw_max"),
+];
 
 /// Parses `weft <noun> <verb> ...` (the noun already read).
 pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, String> {
@@ -37,11 +52,13 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
     let mut words: Vec<String> = Vec::new();
     let mut api = std::env::var("WEFT_API").unwrap_or_else(|_| DEFAULT_API_LISTEN.to_string());
     let mut json_output = false;
+    let mut token_file: Option<std::path::PathBuf> = None;
     let mut options: Vec<(String, Option<String>)> = Vec::new();
     while let Some(arg) = parser.next().map_err(|e| format!("{e}; see weft --help"))? {
         match arg {
             Value(value) => words.push(value.string().map_err(|_| "arguments must be UTF-8")?),
             Long("api") => api = text(parser.value())?,
+            Long("api-token-file") => token_file = Some(text(parser.value())?.into()),
             Short('o') | Long("output") => {
                 json_output = match text(parser.value())?.as_str() {
                     "json" => true,
@@ -156,6 +173,51 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
             let path = format!("volumes/{}/flatten", operand(1, "volume name")?);
             ("POST", path, None, Show::Done("flattened"))
         }
+        ("volume", "attach" | "detach") => {
+            known(&["host"])?;
+            let volume = operand(1, "volume name")?;
+            let host = option("host").ok_or_else(|| format!("weft volume {verb} VOLUME --host HOST: give --host"))?;
+            if verb == "attach" {
+                let path = format!("volumes/{volume}/hosts");
+                ("POST", path, Some(json!({"host": host})), Show::Done("attached"))
+            } else {
+                let path = format!("volumes/{volume}/hosts/{host}");
+                ("DELETE", path, None, Show::Done("detached"))
+            }
+        }
+        ("volume", "set") => {
+            let names: Vec<&str> = QOS_OPTIONS.iter().map(|(o, _)| *o).collect();
+            known(&names)?;
+            let mut body = serde_json::Map::new();
+            for (name, field) in QOS_OPTIONS {
+                if let Some(text) = option(name) {
+                    body.insert(field.to_string(), qos_value(name, &text)?);
+                }
+            }
+            if body.is_empty() {
+                return Err("weft volume set VOLUME: give at least one of --iops-max N, --bw-max SIZE (per second), --read-iops-max, --read-bw-max, --write-iops-max, --write-bw-max (\"none\" removes a limit)".into());
+            }
+            let path = format!("volumes/{}/qos", operand(1, "volume name")?);
+            ("PATCH", path, Some(serde_json::Value::Object(body)), Show::Done("limits set"))
+        }
+        ("host", "add") => {
+            known(&["nqn"])?;
+            let nqn = option("nqn").ok_or("weft host add NAME --nqn NQN: give --nqn (the host's /etc/nvme/hostnqn)")?;
+            let body = json!({"name": operand(1, "host name")?, "nqn": nqn});
+            ("POST", "hosts".to_string(), Some(body), Show::Done("added"))
+        }
+        ("host", "list") => {
+            known(&[])?;
+            ("GET", "hosts".to_string(), None, Show::Hosts)
+        }
+        ("host", "show") => {
+            known(&[])?;
+            ("GET", format!("hosts/{}", operand(1, "host name")?), None, Show::Host)
+        }
+        ("host", "delete") => {
+            known(&[])?;
+            ("DELETE", format!("hosts/{}", operand(1, "host name")?), None, Show::Done("deleted"))
+        }
         ("snapshot", "create" | "delete") => {
             known(&[])?;
             let target = operand(1, "VOLUME@SNAPSHOT")?;
@@ -172,11 +234,12 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
         }
         _ => {
             return Err(format!(
-                "unknown command `weft {noun} {verb}`; see weft --help for pool, volume and snapshot commands"
+                "unknown command `weft {noun} {verb}`; see weft --help for pool, volume, snapshot and host commands"
             ))
         }
     };
     Ok(AdminArgs {
+        token: api_token(token_file)?,
         api,
         json: json_output,
         method,
@@ -184,6 +247,40 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
         body,
         show,
     })
+}
+
+/// A limit of `weft volume set`: a count or size per second, or "none".
+fn qos_value(option: &str, text: &str) -> Result<Value, String> {
+    if matches!(text, "none" | "unlimited") {
+        return Ok(Value::Null);
+    }
+    let number = if option.ends_with("bw-max") {
+        parse_size_text(text.trim_end_matches("/s"))
+    } else {
+        text.parse::<u64>()
+            .map_err(|_| format!("\"{text}\" is not a whole number"))
+    };
+    number
+        .map(Value::from)
+        .map_err(|e| format!("--{option}: {e} (or \"none\" to remove the limit)"))
+}
+
+/// The bearer token: from `--api-token-file`, `WEFT_API_TOKEN`, or the
+/// default data directory's file when it exists (a node on this machine).
+fn api_token(file: Option<std::path::PathBuf>) -> Result<Option<String>, String> {
+    let read = |path: &std::path::Path| {
+        std::fs::read_to_string(path)
+            .map(|t| t.trim().to_string())
+            .map_err(|e| format!("--api-token-file {}: {e}", path.display()))
+    };
+    if let Some(path) = file {
+        return read(&path).map(Some);
+    }
+    if let Ok(token) = std::env::var("WEFT_API_TOKEN") {
+        return Ok(Some(token));
+    }
+    let default = std::path::Path::new("weft-data").join(crate::token::FILE_NAME);
+    default.exists().then(|| read(&default)).transpose()
 }
 
 fn text(value: Result<std::ffi::OsString, lexopt::Error>) -> Result<String, String> {
@@ -202,15 +299,23 @@ pub fn run(args: AdminArgs) -> Result<(), String> {
         .to_string();
     let body = args.body.as_ref().map(|b| b.to_string().into_bytes());
     let path = format!("/api/v1/{}", args.path);
-    let (status, response) = http::call(&address, args.method, &path, body.as_deref(), Duration::from_secs(600))
+    let (status, response) = http::call(&address, args.token.as_deref(), args.method, &path, body.as_deref(), Duration::from_secs(600))
         .map_err(|e| format!("cannot reach the weft API at {address}: {e}; is `weft serve` running there? (set --api or WEFT_API)"))?;
     let value: Value = serde_json::from_slice(&response).map_err(|e| {
         format!("the API at {address} answered {status} with something that is not JSON: {e}")
     })?;
     if !(200..300).contains(&status) {
-        // Volume errors say what to do in the message; the hint is for API clients.
+        // Volume errors say what to do in the message; errors of the API
+        // itself need the hint.
         let message = value["message"].as_str().unwrap_or("request failed");
-        return Err(message.to_string());
+        let hint = value["hint"].as_str().unwrap_or_default();
+        return Err(match value["code"].as_str() {
+            Some("unauthorized") => format!("{message}: pass --api-token-file FILE or set WEFT_API_TOKEN (the node keeps its token in DATA_DIR/api-token)"),
+            Some("no_route" | "method_not_allowed" | "invalid_json" | "store") => {
+                format!("{message} ({hint})")
+            }
+            _ => message.to_string(),
+        });
     }
     if args.json {
         println!(
@@ -224,6 +329,8 @@ pub fn run(args: AdminArgs) -> Result<(), String> {
         Show::Pools => print_pools(&decode::<Vec<PoolView>>(value)?),
         Show::Volumes => print_volumes(&decode::<Vec<VolumeView>>(value)?),
         Show::Volume => print_volume(&decode(value)?),
+        Show::Hosts => print_hosts(&decode::<Vec<HostView>>(value)?),
+        Show::Host => print_hosts(&[decode(value)?]),
     }
     Ok(())
 }
@@ -280,6 +387,41 @@ fn print_volumes(volumes: &[VolumeView]) {
     }
 }
 
+fn print_hosts(hosts: &[HostView]) {
+    println!("{:<20} {:<60} VOLUMES", "NAME", "NQN");
+    for host in hosts {
+        let volumes = if host.volumes.is_empty() {
+            "-".to_string()
+        } else {
+            host.volumes.join(", ")
+        };
+        println!("{:<20} {:<60} {volumes}", host.name, host.nqn);
+    }
+}
+
+/// "20000 IOPS, 200 MiB/s" style summary of a volume's limits.
+fn qos_summary(qos: &weft_control::QosLimits) -> String {
+    let iops = |label: &str, limit: Option<u64>| limit.map(|n| format!("{label}{n} IOPS"));
+    let bw =
+        |label: &str, limit: Option<u64>| limit.map(|n| format!("{label}{}/s", human_bytes(n)));
+    let parts: Vec<String> = [
+        iops("", qos.iops_max),
+        bw("", qos.bw_max),
+        iops("read ", qos.read_iops_max),
+        bw("read ", qos.read_bw_max),
+        iops("write ", qos.write_iops_max),
+        bw("write ", qos.write_bw_max),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if parts.is_empty() {
+        "unlimited".to_string()
+    } else {
+        parts.join(", ")
+    }
+}
+
 fn print_volume(v: &VolumeView) {
     println!("name        {}", v.name);
     println!("pool        {}", v.pool);
@@ -304,12 +446,14 @@ fn print_volume(v: &VolumeView) {
             v.snapshots.join(", ")
         }
     );
-    println!(
-        "hosts       {}",
-        if v.connected_hosts.is_empty() {
+    let list = |items: &[String]| {
+        if items.is_empty() {
             "-".to_string()
         } else {
-            v.connected_hosts.join(", ")
+            items.join(", ")
         }
-    );
+    };
+    println!("attached    {}", list(&v.hosts));
+    println!("connected   {}", list(&v.connected_hosts));
+    println!("limits      {}", qos_summary(&v.qos));
 }

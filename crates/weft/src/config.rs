@@ -49,6 +49,7 @@ struct ConfigFile {
     data_dir: Option<PathBuf>,
     listen: Option<Vec<String>>,
     api_listen: Option<String>,
+    api_token_file: Option<PathBuf>,
     reactors: Option<usize>,
     #[serde(default)]
     subsystem: Vec<SubsystemFile>,
@@ -96,6 +97,8 @@ pub struct ServeConfig {
     pub listen: Vec<SocketAddr>,
     /// Control API address (None: the default).
     pub api_listen: Option<SocketAddr>,
+    /// The API's bearer token file (None: DATA_DIR/api-token).
+    pub api_token_file: Option<PathBuf>,
     /// Reactor threads.
     pub reactors: usize,
     /// Subsystems.
@@ -148,6 +151,7 @@ impl ServeConfig {
         ServeConfig {
             listen: vec![DEFAULT_LISTEN.parse().expect("valid default address")],
             api_listen: None,
+            api_token_file: None,
             reactors: default_reactors(),
             subsystems: vec![SubsystemSpec {
                 nqn: DEFAULT_NQN.to_string(),
@@ -255,6 +259,7 @@ fn validate(file: ConfigFile, origin: &str) -> Result<ServeConfig, ConfigError> 
         data_dir,
         listen,
         api_listen,
+        api_token_file: file.api_token_file,
         reactors,
         subsystems,
     })

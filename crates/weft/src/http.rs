@@ -1,6 +1,6 @@
 //! Just enough HTTP/1.1 for the node's control API and the CLI that calls
 //! it: one request per connection (`Connection: close`), bodies sized by
-//! Content-Length, JSON content. Headers are bounded so that a misbehaving
+//! Content-Length, a bearer token in Authorization. Headers are bounded so that a misbehaving
 //! client cannot make the server allocate without limit.
 
 use std::io::{self, BufRead, BufReader, Read, Write};
@@ -19,6 +19,8 @@ pub struct Request {
     pub path: String,
     /// Query string (after '?'), may be empty.
     pub query: String,
+    /// The Authorization header's value.
+    pub authorization: Option<String>,
     /// Body bytes.
     pub body: Vec<u8>,
 }
@@ -26,25 +28,40 @@ pub struct Request {
 /// Reads one request from `stream`.
 pub fn read_request(stream: &mut impl Read) -> io::Result<Request> {
     let mut reader = BufReader::new(stream);
-    let (start, content_length) = read_head(&mut reader)?;
+    let head = read_head(&mut reader)?;
+    let start = head.first_line;
     let mut parts = start.split_whitespace();
     let (Some(method), Some(target)) = (parts.next(), parts.next()) else {
         return Err(invalid("malformed request line"));
     };
     let (path, query) = target.split_once('?').unwrap_or((target, ""));
-    let body = read_body(&mut reader, content_length)?;
+    let body = read_body(&mut reader, head.content_length)?;
     Ok(Request {
         method: method.to_string(),
         path: path.to_string(),
         query: query.to_string(),
+        authorization: head.authorization,
         body,
     })
 }
 
-/// Writes a JSON response and closes.
-pub fn write_response(stream: &mut impl Write, status: u16, body: &[u8]) -> io::Result<()> {
+/// Content type of JSON bodies.
+pub const JSON: &str = "application/json";
+
+/// Writes a response of `content_type` and closes.
+pub fn write_response(
+    stream: &mut impl Write,
+    status: u16,
+    content_type: &str,
+    body: &[u8],
+) -> io::Result<()> {
+    let challenge = if status == 401 {
+        "WWW-Authenticate: Bearer\r\n"
+    } else {
+        ""
+    };
     let head = format!(
-        "HTTP/1.1 {status} {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "HTTP/1.1 {status} {}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n{challenge}Connection: close\r\n\r\n",
         reason(status),
         body.len()
     );
@@ -53,9 +70,11 @@ pub fn write_response(stream: &mut impl Write, status: u16, body: &[u8]) -> io::
     stream.flush()
 }
 
-/// Sends one request to `address` (host:port) and returns status and body.
+/// Sends one request to `address` (host:port), with `token` as bearer
+/// token if given, and returns status and body.
 pub fn call(
     address: &str,
+    token: Option<&str>,
     method: &str,
     path: &str,
     body: Option<&[u8]>,
@@ -64,26 +83,40 @@ pub fn call(
     let mut stream = TcpStream::connect(address)?;
     stream.set_read_timeout(Some(timeout))?;
     let body = body.unwrap_or_default();
+    let authorization = token
+        .map(|token| format!("Authorization: Bearer {token}\r\n"))
+        .unwrap_or_default();
     let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "{method} {path} HTTP/1.1\r\nHost: {address}\r\n{authorization}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
     stream.write_all(head.as_bytes())?;
     stream.write_all(body)?;
     let mut reader = BufReader::new(stream);
-    let (status_line, content_length) = read_head(&mut reader)?;
-    let status = status_line
+    let head = read_head(&mut reader)?;
+    let status = head
+        .first_line
         .split_whitespace()
         .nth(1)
         .and_then(|s| s.parse().ok())
         .ok_or_else(|| invalid("malformed status line"))?;
-    Ok((status, read_body(&mut reader, content_length)?))
+    Ok((status, read_body(&mut reader, head.content_length)?))
 }
 
-/// The first line and the Content-Length of a request or response head.
-fn read_head(reader: &mut impl BufRead) -> io::Result<(String, usize)> {
-    let mut first = String::new();
-    let mut content_length = 0;
+/// What the server and the client read of a head.
+struct Head {
+    first_line: String,
+    content_length: usize,
+    authorization: Option<String>,
+}
+
+/// Reads a request or response head.
+fn read_head(reader: &mut impl BufRead) -> io::Result<Head> {
+    let mut head = Head {
+        first_line: String::new(),
+        content_length: 0,
+        authorization: None,
+    };
     let mut total = 0;
     loop {
         let mut line = String::new();
@@ -96,19 +129,22 @@ fn read_head(reader: &mut impl BufRead) -> io::Result<(String, usize)> {
             return Err(invalid("header missing or too long"));
         }
         let line = line.trim_end();
-        if first.is_empty() {
-            first = line.to_string();
+        if head.first_line.is_empty() {
+            head.first_line = line.to_string();
             continue;
         }
         if line.is_empty() {
-            return Ok((first, content_length));
+            return Ok(head);
         }
         if let Some((name, value)) = line.split_once(':') {
-            if name.trim().eq_ignore_ascii_case("content-length") {
-                content_length = value
+            let name = name.trim();
+            if name.eq_ignore_ascii_case("content-length") {
+                head.content_length = value
                     .trim()
                     .parse()
                     .map_err(|_| invalid("bad Content-Length"))?;
+            } else if name.eq_ignore_ascii_case("authorization") {
+                head.authorization = Some(value.trim().to_string());
             }
         }
     }
@@ -132,6 +168,7 @@ fn reason(status: u16) -> &'static str {
         200 => "OK",
         201 => "Created",
         400 => "Bad Request",
+        401 => "Unauthorized",
         404 => "Not Found",
         405 => "Method Not Allowed",
         409 => "Conflict",
@@ -148,13 +185,13 @@ mod tests {
 
     #[test]
     fn requests_parse_and_limits_hold() {
-        let raw =
-            b"POST /api/v1/volumes?force=true HTTP/1.1\r\nHost: x\r\ncontent-length: 2\r\n\r\n{}";
+        let raw = b"POST /api/v1/volumes?force=true HTTP/1.1\r\nHost: x\r\ncontent-length: 2\r\nAuthorization: Bearer abc\r\n\r\n{}";
         let request = read_request(&mut &raw[..]).unwrap();
         assert_eq!(request.method, "POST");
         assert_eq!(request.path, "/api/v1/volumes");
         assert_eq!(request.query, "force=true");
         assert_eq!(request.body, b"{}");
+        assert_eq!(request.authorization.as_deref(), Some("Bearer abc"));
         let huge = format!(
             "GET / HTTP/1.1\r\nX: {}\r\n\r\n",
             "a".repeat(HEADER_BYTES_MAX)
@@ -163,7 +200,7 @@ mod tests {
         let big_body = b"POST / HTTP/1.1\r\nContent-Length: 99999999\r\n\r\n";
         assert!(read_request(&mut &big_body[..]).is_err());
         let mut out = Vec::new();
-        write_response(&mut out, 404, b"{}").unwrap();
+        write_response(&mut out, 404, JSON, b"{}").unwrap();
         assert!(String::from_utf8(out)
             .unwrap()
             .starts_with("HTTP/1.1 404 Not Found\r\n"));

@@ -26,8 +26,7 @@ impl NodeId {
             }),
             Err(error) if error.kind() == io::ErrorKind::NotFound => {
                 fs::create_dir_all(data_dir)?;
-                let mut bytes = [0u8; 16];
-                fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+                let bytes = random_bytes()?;
                 // Write then rename: a crash never leaves a half-written identity.
                 let temporary = data_dir.join("node-id.tmp");
                 fs::write(&temporary, format!("{}\n", hex(&bytes)))?;
@@ -71,6 +70,13 @@ impl NodeId {
         eui64.copy_from_slice(&self.derive(&[b"eui64", subnqn.as_bytes(), &nsid])[..8]);
         (nguid, uuid, eui64)
     }
+}
+
+/// `N` bytes from the kernel's random source.
+pub fn random_bytes<const N: usize>() -> io::Result<[u8; N]> {
+    let mut bytes = [0u8; N];
+    fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+    Ok(bytes)
 }
 
 /// Lower-case hex of `bytes`.

@@ -11,6 +11,7 @@ mod config;
 mod http;
 mod identity;
 mod logger;
+mod token;
 mod volumes;
 
 use config::{BackendSpec, ServeConfig};
@@ -25,7 +26,8 @@ const USAGE: &str = "\
 weft: NVMe/TCP storage node
 
 Usage:
-  weft serve [--config FILE] [--listen ADDR:PORT]... [--data-dir DIR] [--reactors N] [--poll-us N] [--log-level LEVEL]
+  weft serve [--config FILE] [--listen ADDR:PORT]... [--data-dir DIR] [--api-listen ADDR:PORT]
+             [--api-token-file FILE] [--reactors N] [--poll-us N] [--log-level LEVEL]
 
   weft pool create NAME --device PATH [--device PATH]... [--device-size SIZE]
                         [--allocation-unit SIZE] [--force]
@@ -34,8 +36,13 @@ Usage:
   weft volume list | show NAME | delete NAME [--force] | resize NAME --size SIZE
   weft volume clone VOLUME@SNAPSHOT NAME | flatten NAME
   weft snapshot create VOLUME@SNAPSHOT | delete VOLUME@SNAPSHOT
+  weft host add NAME --nqn NQN | list | show NAME | delete NAME
+  weft volume attach VOLUME --host HOST | detach VOLUME --host HOST
+  weft volume set VOLUME [--iops-max N] [--bw-max SIZE] [--read-iops-max N] [--read-bw-max SIZE]
+                         [--write-iops-max N] [--write-bw-max SIZE]     (none removes a limit)
       (admin commands talk to a running `weft serve`: --api URL or WEFT_API, default
-       127.0.0.1:9440; -o json prints the API's JSON)
+       127.0.0.1:9440, with its token: --api-token-file FILE, WEFT_API_TOKEN, or
+       ./weft-data/api-token; -o json prints the API's JSON)
 
   weft bench --target nvme-tcp://HOST:PORT/NQN|PATH [--rw MODE] [--bs SIZE] [--iodepth N] ...
   weft bench compare --local PATH --remote nvme-tcp://HOST:PORT/NQN [--sweep iodepth=1,8,32]
@@ -46,6 +53,8 @@ Commands:
   pool, volume, snapshot
           Carve pools of devices (striped) into thin or thick volumes, each served as
           subsystem nqn.2026-11.io.weft:vol:NAME; snapshots, clones, online growth.
+  host    Register hosts by NQN; only hosts attached to a volume may connect to it or
+          see it in discovery. `volume set` limits a volume's IOPS and bandwidth live.
   serve   Export block storage over NVMe/TCP. Without --config: one 4 GiB sparse file
           namespace (DATA_DIR/default.img) as nqn.2026-11.io.weft:default on 127.0.0.1:4420.
   bench   Load a namespace through weft's user-space initiator (nvme-tcp://...), or a local
@@ -64,6 +73,7 @@ Bench options:
                        a stamped block; read-only patterns write their region first, write
                        patterns read back everything they wrote at the end
   --hdr-digest, --data-digest   NVMe/TCP digests (remote)
+  --hostnqn NQN        host NQN to connect as (remote; default a random one)
   --json               fio's JSON layout instead of the table (compare: --json FILE keeps
                        both sides and the ratios of every iodepth)
   --plot FILE.svg      compare: latency (mean, p99) against IOPS over the sweep, both sides
@@ -79,6 +89,8 @@ Serve options:
   --listen ADDR:PORT   listen address, repeatable; replaces the configured ones
   --data-dir DIR       node identity, default files and the pool list (default ./weft-data)
   --api-listen ADDR:PORT  control API address (default 127.0.0.1:9440; config: api_listen)
+  --api-token-file FILE  the API's bearer token (default DATA_DIR/api-token, created with a
+                       new random token at the first start; config: api_token_file)
   --reactors N         data plane threads (default: one per CPU)
   --poll-us N          after activity, reactors busy-poll N microseconds before
                        sleeping (default 0: interrupt driven, no idle CPU use)
@@ -96,6 +108,7 @@ struct ServeArgs {
     poll_us: u64,
     log_level: Option<String>,
     api_listen: Option<SocketAddr>,
+    api_token_file: Option<PathBuf>,
 }
 
 enum Command {
@@ -132,12 +145,12 @@ fn parse_args() -> Result<Command, String> {
                 if name == "bench" {
                     return bench::parse(&mut parser).map(Command::Bench);
                 }
-                if matches!(name.as_str(), "pool" | "volume" | "snapshot") {
+                if matches!(name.as_str(), "pool" | "volume" | "snapshot" | "host") {
                     return cli::parse(&name, &mut parser).map(Command::Admin);
                 }
                 if name != "serve" {
                     return Err(format!(
-                        "unknown command \"{name}\"; the commands are serve, pool, volume, snapshot and bench (see weft --help)"
+                        "unknown command \"{name}\"; the commands are serve, pool, volume, snapshot, host and bench (see weft --help)"
                     ));
                 }
                 command = Some(name);
@@ -152,6 +165,9 @@ fn parse_args() -> Result<Command, String> {
                     config::parse_listen(&text)
                         .map_err(|message| format!("--api-listen: {message}"))?,
                 );
+            }
+            Long("api-token-file") => {
+                args.api_token_file = Some(parser.value().map_err(|e| e.to_string())?.into())
             }
             Long("config") => args.config = Some(parser.value().map_err(|e| e.to_string())?.into()),
             Long("data-dir") => {
@@ -259,7 +275,9 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     let node = NodeId::load_or_create(&config.data_dir)
         .map_err(|e| format!("node identity in {}: {e}", config.data_dir.display()))?;
     let base = config::build_exports(&config, &node)?;
-    let mut manager = volumes::Manager::open(&config.data_dir, node, base)?;
+    let store = weft_control::EmbeddedStore::open(&config.data_dir).map_err(|e| e.to_string())?;
+    let desired = weft_control::DesiredState::new(Box::new(store), &identity::hex(&node.0));
+    let mut manager = volumes::Manager::open(desired, node, base)?;
     let exports = manager.exports();
     let plane = Arc::new(
         DataPlane::start(
@@ -278,8 +296,21 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         Some(address) => address,
         None => config::parse_listen(api::DEFAULT_API_LISTEN)?,
     };
-    let api_address = api::start(api_listen, handle.clone())?;
-    print_banner(&config, &exports, &plane, api_address);
+    let token_path = args
+        .api_token_file
+        .clone()
+        .or_else(|| config.api_token_file.clone())
+        .unwrap_or_else(|| config.data_dir.join(token::FILE_NAME));
+    let (api_token, token_created) = token::load_or_create(&token_path)?;
+    let api_address = api::start(api_listen, handle.clone(), api_token.clone())?;
+    let new_token = token_created.then_some(api_token.as_str());
+    print_banner(
+        &config,
+        &exports,
+        &plane,
+        api_address,
+        (&token_path, new_token),
+    );
     let signal = weft_uring::wait_for_termination_signal()
         .map_err(|e| format!("waiting for signals: {e}"))?;
     log::info!("signal {signal}: flushing namespaces and pools, exiting");
@@ -295,6 +326,7 @@ fn print_banner(
     exports: &weft_target::Exports,
     plane: &DataPlane,
     api_address: SocketAddr,
+    (token_path, new_token): (&std::path::Path, Option<&str>),
 ) {
     println!(
         "weft {} serving NVMe/TCP ({} reactors, data dir {})",
@@ -305,7 +337,14 @@ fn print_banner(
     for address in &plane.listening {
         println!("  listening  {address}  (discovery and I/O)");
     }
-    println!("  api        http://{api_address}  (weft pool|volume|snapshot ...)");
+    println!("  api        http://{api_address}  (weft pool|volume|snapshot|host ...)");
+    match new_token {
+        Some(token) => println!(
+            "  api token  {token}\n             (new; shown once, kept in {})",
+            token_path.display()
+        ),
+        None => println!("  api token  in {}", token_path.display()),
+    }
     for (subsystem, devices) in exports.config.subsystems.iter().zip(&exports.devices) {
         println!(
             "  subsystem  {}  serial {}",

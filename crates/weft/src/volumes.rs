@@ -7,17 +7,20 @@
 //! its own subsystem `nqn.2026-11.io.weft:vol:<name>` with one namespace.
 //!
 //! Allocations of many writes that arrive together are made durable by one
-//! journal commit per pool (group commit). Pools are remembered in
-//! `<data dir>/pools.json` (name and member devices, in stripe order); all
-//! else lives on the pools' own devices.
+//! journal commit per pool (group commit). What the devices do not hold —
+//! each pool's member devices, the hosts, which hosts may use a volume, QoS
+//! limits — is desired state in the store (weft-control); every change is
+//! committed there before it is acknowledged, and exports are rebuilt from
+//! both after a restart.
 
 use crate::identity::NodeId;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, VecDeque};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;
-use weft_proto::target::{NamespaceConfig, SubsystemConfig, TargetConfig};
+use weft_control::{DesiredState, HostRecord, PoolRecord, QosLimits, StoreError, VolumeRecord};
+use weft_proto::target::{HostAccess, NamespaceConfig, SubsystemConfig, TargetConfig};
 use weft_proto::types::Nsid;
 use weft_proto::IoError;
 use weft_target::{
@@ -108,8 +111,78 @@ pub enum AdminOp {
         /// Snapshot name.
         name: String,
     },
+    /// Every host.
+    ListHosts,
+    /// Register a host.
+    CreateHost {
+        /// Name.
+        name: String,
+        /// Its NQN.
+        nqn: String,
+    },
+    /// One host.
+    ShowHost(String),
+    /// Forget a host (refused while attached to volumes).
+    DeleteHost(String),
+    /// Let `host` use `volume`.
+    Attach {
+        /// Volume.
+        volume: String,
+        /// Host name.
+        host: String,
+    },
+    /// Take `volume` away from `host` (its connections end).
+    Detach {
+        /// Volume.
+        volume: String,
+        /// Host name.
+        host: String,
+    },
+    /// Change some of a volume's limits.
+    SetQos {
+        /// Volume.
+        volume: String,
+        /// The limits to change: `Some(None)` removes one.
+        changes: QosChanges,
+    },
     /// Make everything durable (before exit).
     Flush,
+}
+
+/// Changes to a volume's limits: each field `None` keeps the limit,
+/// `Some(None)` removes it, `Some(Some(n))` sets it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QosChanges {
+    /// I/O per second.
+    pub iops_max: Option<Option<u64>>,
+    /// Bytes per second.
+    pub bw_max: Option<Option<u64>>,
+    /// Reads per second.
+    pub read_iops_max: Option<Option<u64>>,
+    /// Bytes read per second.
+    pub read_bw_max: Option<Option<u64>>,
+    /// Writes per second.
+    pub write_iops_max: Option<Option<u64>>,
+    /// Bytes written per second.
+    pub write_bw_max: Option<Option<u64>>,
+}
+
+impl QosChanges {
+    fn apply(&self, limits: &mut QosLimits) {
+        let pairs = [
+            (self.iops_max, &mut limits.iops_max),
+            (self.bw_max, &mut limits.bw_max),
+            (self.read_iops_max, &mut limits.read_iops_max),
+            (self.read_bw_max, &mut limits.read_bw_max),
+            (self.write_iops_max, &mut limits.write_iops_max),
+            (self.write_bw_max, &mut limits.write_bw_max),
+        ];
+        for (change, limit) in pairs {
+            if let Some(value) = change {
+                *limit = value;
+            }
+        }
+    }
 }
 
 /// What an admin operation returns.
@@ -123,7 +196,11 @@ pub enum AdminReply {
     /// Volumes.
     Volumes(Vec<VolumeView>),
     /// One volume.
-    Volume(VolumeView),
+    Volume(Box<VolumeView>),
+    /// Hosts.
+    Hosts(Vec<HostView>),
+    /// One host.
+    Host(HostView),
 }
 
 /// Why an admin operation failed.
@@ -142,6 +219,33 @@ pub enum AdminError {
         /// The volume's NQN.
         nqn: String,
     },
+    /// A volume of that name exists (in any pool of the node).
+    #[error("volume {volume} already exists in pool {pool}; volume names are unique on a node (they name the NQN), choose another")]
+    NameTaken {
+        /// The name.
+        volume: String,
+        /// The pool that has it.
+        pool: String,
+    },
+    /// A host is still attached to volumes.
+    #[error("host {host} is attached to volumes {volumes}; detach it first (weft volume detach VOLUME --host {host})")]
+    HostAttached {
+        /// The host.
+        host: String,
+        /// Its volumes.
+        volumes: String,
+    },
+    /// A host NQN is registered under two names.
+    #[error("NQN {nqn} is already registered as host {existing}")]
+    NqnTaken {
+        /// The NQN.
+        nqn: String,
+        /// The host that has it.
+        existing: String,
+    },
+    /// The desired state could not be read or written.
+    #[error(transparent)]
+    Store(#[from] StoreError),
     /// The node's own files failed.
     #[error("{0}")]
     Node(String),
@@ -197,12 +301,21 @@ pub struct VolumeView {
     pub connected_hosts: Vec<String>,
     /// Namespace NGUID (hex).
     pub nguid: String,
+    /// Hosts allowed to connect (names).
+    pub hosts: Vec<String>,
+    /// I/O limits.
+    pub qos: QosLimits,
 }
 
-#[derive(Debug, Serialize, Deserialize, Clone, PartialEq)]
-struct CatalogEntry {
-    name: String,
-    devices: Vec<PathBuf>,
+/// A host as the API shows it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct HostView {
+    /// Name.
+    pub name: String,
+    /// NQN.
+    pub nqn: String,
+    /// Volumes attached to it.
+    pub volumes: Vec<String>,
 }
 
 /// The manager's inbox.
@@ -242,11 +355,10 @@ impl ManagerHandle {
 /// The manager before its thread starts: pools are opened first so that the
 /// data plane starts with every volume exported.
 pub struct Manager {
-    data_dir: PathBuf,
     node: NodeId,
     base: Arc<Exports>,
     pools: BTreeMap<String, Pool<FileMedia>>,
-    catalog: Vec<CatalogEntry>,
+    desired: DesiredState,
     handle: ManagerHandle,
     inbox: Receiver<Work>,
     generation: u64,
@@ -254,32 +366,33 @@ pub struct Manager {
 }
 
 impl Manager {
-    /// Opens every pool of the catalog. `base` holds the configured
+    /// Opens every pool the desired state lists. `base` holds the configured
     /// (non-volume) subsystems.
-    pub fn open(data_dir: &Path, node: NodeId, base: Arc<Exports>) -> Result<Manager, String> {
-        let catalog = load_catalog(data_dir)?;
+    pub fn open(
+        desired: DesiredState,
+        node: NodeId,
+        base: Arc<Exports>,
+    ) -> Result<Manager, String> {
         let mut pools = BTreeMap::new();
-        for entry in &catalog {
-            let media = FileMedia::open(&entry.devices, None)
-                .map_err(|e| format!("pool {}: {e}", entry.name))?;
-            let pool = Pool::open(media).map_err(|e| format!("pool {}: {e}", entry.name))?;
+        for (name, record) in desired.pools().map_err(|e| e.to_string())? {
+            let media =
+                FileMedia::open(&record.devices, None).map_err(|e| format!("pool {name}: {e}"))?;
+            let pool = Pool::open(media).map_err(|e| format!("pool {name}: {e}"))?;
             log::info!(
-                "pool {}: {} volumes, {} of {} allocated",
-                entry.name,
+                "pool {name}: {} volumes, {} of {} allocated",
                 pool.info().volumes,
                 weft_storage::human_bytes(pool.info().allocated_bytes),
                 weft_storage::human_bytes(pool.info().capacity_bytes)
             );
-            pools.insert(entry.name.clone(), pool);
+            pools.insert(name, pool);
         }
         let (sender, inbox) = mpsc::channel();
         let generation = base.config.generation;
         Ok(Manager {
-            data_dir: data_dir.to_path_buf(),
             node,
             base,
             pools,
-            catalog,
+            desired,
             handle: ManagerHandle { sender },
             inbox,
             generation,
@@ -297,10 +410,20 @@ impl Manager {
         self.generation += 1;
         let mut config = TargetConfig::clone(&self.base.config);
         let mut devices = self.base.devices.clone();
+        let hosts = self.desired.hosts().unwrap_or_else(|error| {
+            log::error!("{error}; volumes are exported to no host");
+            BTreeMap::new()
+        });
         for (pool_name, pool) in &self.pools {
             let member_fds = pool.media().fds();
             for volume in pool.volumes() {
                 let nqn = volume_nqn(&volume.name);
+                let record = self.volume_record(&volume.name, &volume.id);
+                let allowed = record
+                    .hosts
+                    .iter()
+                    .filter_map(|name| hosts.get(name).map(|h| h.nqn.clone()))
+                    .collect();
                 config.subsystems.push(SubsystemConfig {
                     nqn: nqn.clone(),
                     serial: self.node.serial(&nqn),
@@ -316,6 +439,7 @@ impl Manager {
                         thin: !volume.thick,
                         ready: true,
                     }],
+                    access: HostAccess::Only(allowed),
                 });
                 let backend = VolumeBackend {
                     pool: pool_name.clone(),
@@ -442,6 +566,8 @@ impl Manager {
             AdminOp::CreateVolume { .. }
                 | AdminOp::ResizeVolume { .. }
                 | AdminOp::CloneVolume { .. }
+                | AdminOp::Attach { .. }
+                | AdminOp::Detach { .. }
         );
         let reply = match op {
             AdminOp::CreatePool {
@@ -451,7 +577,7 @@ impl Manager {
                 device_bytes,
                 force,
             } => self.create_pool(name, devices, chunk_bytes, device_bytes, force)?,
-            AdminOp::ListPools => AdminReply::Pools(self.pool_views()),
+            AdminOp::ListPools => AdminReply::Pools(self.pool_views()?),
             AdminOp::CreateVolume { pool, spec } => {
                 self.check_volume_name_free(&spec.name)?;
                 self.pool_mut(&pool)?.create_volume(&spec)?;
@@ -466,7 +592,7 @@ impl Manager {
             AdminOp::ListVolumes => AdminReply::Volumes(self.volume_views(plane)),
             AdminOp::ShowVolume(name) => {
                 let pool = self.pool_of(&name)?;
-                AdminReply::Volume(self.volume_view(&pool, &name, plane)?)
+                AdminReply::Volume(Box::new(self.volume_view(&pool, &name, plane)?))
             }
             AdminOp::DeleteVolume { name, force } => {
                 self.delete_volume(&name, force, plane)?;
@@ -505,6 +631,36 @@ impl Manager {
                 self.pool_mut(&pool)?.delete_snapshot(&volume, &name)?;
                 AdminReply::Done
             }
+            AdminOp::ListHosts => AdminReply::Hosts(self.host_views()?),
+            AdminOp::CreateHost { name, nqn } => {
+                self.create_host(&name, nqn)?;
+                AdminReply::Done
+            }
+            AdminOp::ShowHost(name) => AdminReply::Host(
+                self.host_views()?
+                    .into_iter()
+                    .find(|h| h.name == name)
+                    .ok_or_else(|| not_found("host", &name))?,
+            ),
+            AdminOp::DeleteHost(name) => {
+                self.delete_host(&name)?;
+                AdminReply::Done
+            }
+            AdminOp::Attach { volume, host } => {
+                self.change_attachment(&volume, &host, true)?;
+                AdminReply::Done
+            }
+            AdminOp::Detach { volume, host } => {
+                self.change_attachment(&volume, &host, false)?;
+                AdminReply::Done
+            }
+            AdminOp::SetQos { volume, changes } => {
+                let mut record = self.volume_record_checked(&volume)?;
+                changes.apply(&mut record.qos);
+                self.desired.put_volume(&volume, &record)?;
+                log::info!("volume {volume}: limits {:?}", record.qos);
+                AdminReply::Done
+            }
             AdminOp::Flush => {
                 for pool in self.pools.values_mut() {
                     pool.flush()?;
@@ -533,11 +689,11 @@ impl Manager {
         if devices.is_empty() {
             return Err(VolumeError::invalid("device list", "give at least one --device").into());
         }
-        for entry in &self.catalog {
-            if let Some(path) = devices.iter().find(|d| entry.devices.contains(d)) {
+        for (pool, record) in self.desired.pools()? {
+            if let Some(path) = devices.iter().find(|d| record.devices.contains(d)) {
                 return Err(VolumeError::invalid(
                     format!("device {}", path.display()),
-                    format!("it is already a member of pool {}", entry.name),
+                    format!("it is already a member of pool {pool}"),
                 )
                 .into());
             }
@@ -570,14 +726,7 @@ impl Manager {
             uuid,
         };
         let pool = Pool::create(media, options)?;
-        self.catalog.push(CatalogEntry {
-            name: name.clone(),
-            devices,
-        });
-        if let Err(error) = save_catalog(&self.data_dir, &self.catalog) {
-            self.catalog.pop();
-            return Err(AdminError::Node(error));
-        }
+        self.desired.put_pool(&name, &PoolRecord { devices })?;
         log::info!(
             "pool {name} created: {} in allocation units of {}",
             weft_storage::human_bytes(pool.info().capacity_bytes),
@@ -604,7 +753,10 @@ impl Manager {
             });
         }
         self.pool_mut(&pool)?.check_deletable(name)?;
-        // Stop serving it first (hosts are disconnected), then release its space.
+        // Forget who may use it, stop serving it (hosts are disconnected),
+        // then release its space. A crash in between leaves a volume that no
+        // host may use, never a new volume that inherits old permissions.
+        self.desired.delete_volume(name)?;
         let mut exports = self.exports_without(name);
         plane.update_exports(exports.clone());
         if let Err(error) = self.pool_mut(&pool)?.delete_volume(name) {
@@ -653,13 +805,122 @@ impl Manager {
         }
     }
 
+    fn create_host(&mut self, name: &str, nqn: String) -> Result<(), AdminError> {
+        weft_volume::check_name("host", name)?;
+        weft_control::check_nqn(&nqn)
+            .map_err(|hint| VolumeError::invalid(format!("host {name}'s NQN"), hint))?;
+        let hosts = self.desired.hosts()?;
+        if hosts.contains_key(name) {
+            return Err(VolumeError::Exists {
+                kind: "host",
+                name: name.to_string(),
+            }
+            .into());
+        }
+        if let Some((existing, _)) = hosts.iter().find(|(_, h)| h.nqn == nqn) {
+            return Err(AdminError::NqnTaken {
+                nqn,
+                existing: existing.clone(),
+            });
+        }
+        self.desired.put_host(name, &HostRecord { nqn })?;
+        log::info!("host {name} added");
+        Ok(())
+    }
+
+    fn delete_host(&mut self, name: &str) -> Result<(), AdminError> {
+        let view = self
+            .host_views()?
+            .into_iter()
+            .find(|h| h.name == name)
+            .ok_or_else(|| not_found("host", name))?;
+        if !view.volumes.is_empty() {
+            return Err(AdminError::HostAttached {
+                host: name.to_string(),
+                volumes: view.volumes.join(", "),
+            });
+        }
+        self.desired.delete_host(name)?;
+        log::info!("host {name} removed");
+        Ok(())
+    }
+
+    fn change_attachment(
+        &mut self,
+        volume: &str,
+        host: &str,
+        attach: bool,
+    ) -> Result<(), AdminError> {
+        let mut record = self.volume_record_checked(volume)?;
+        if !self.desired.hosts()?.contains_key(host) {
+            return Err(not_found("host", host));
+        }
+        let changed = if attach {
+            record.hosts.insert(host.to_string())
+        } else {
+            record.hosts.remove(host)
+        };
+        if changed {
+            self.desired.put_volume(volume, &record)?;
+            let verb = if attach {
+                "attached to"
+            } else {
+                "detached from"
+            };
+            log::info!("volume {volume} {verb} host {host}");
+        }
+        Ok(())
+    }
+
+    /// The record of an existing volume.
+    fn volume_record_checked(&self, volume: &str) -> Result<VolumeRecord, AdminError> {
+        let pool = self.pool_of(volume)?;
+        let id = self.pools[&pool].volume_info(volume)?.id;
+        Ok(self.desired.volume(volume, &crate::identity::hex(&id))?)
+    }
+
+    /// The record of volume `name` with id `id` (empty if the store fails: no host may use it).
+    fn volume_record(&self, name: &str, id: &[u8; 16]) -> VolumeRecord {
+        self.desired
+            .volume(name, &crate::identity::hex(id))
+            .unwrap_or_else(|error| {
+                log::error!("volume {name}: {error}");
+                VolumeRecord::default()
+            })
+    }
+
+    fn host_views(&self) -> Result<Vec<HostView>, AdminError> {
+        // Only records of live volumes count (see `DesiredState::volume`).
+        let records: Vec<(String, VolumeRecord)> = self
+            .desired
+            .volumes()?
+            .into_keys()
+            .filter_map(|volume| {
+                let record = self.volume_record_checked(&volume).ok()?;
+                Some((volume, record))
+            })
+            .collect();
+        let hosts = self.desired.hosts()?;
+        Ok(hosts
+            .into_iter()
+            .map(|(name, host)| HostView {
+                volumes: records
+                    .iter()
+                    .filter(|(_, record)| record.hosts.contains(&name))
+                    .map(|(volume, _)| volume.clone())
+                    .collect(),
+                name,
+                nqn: host.nqn,
+            })
+            .collect())
+    }
+
     fn check_volume_name_free(&self, name: &str) -> Result<(), AdminError> {
         match self.pool_of(name) {
-            Ok(pool) => Err(VolumeError::invalid(
-                format!("volume name {name}"),
-                format!("a volume of that name exists in pool {pool}; volume names are unique on a node (they name the NQN)"),
-            )
-            .into()),
+            Ok(pool) => Err(AdminError::NameTaken {
+                volume: name.to_string(),
+                pool,
+            }),
             Err(_) => Ok(()),
         }
     }
@@ -669,33 +930,25 @@ impl Manager {
             .iter()
             .find(|(_, pool)| pool.volume(volume).is_some())
             .map(|(name, _)| name.clone())
-            .ok_or_else(|| {
-                VolumeError::NotFound {
-                    kind: "volume",
-                    name: volume.to_string(),
-                }
-                .into()
-            })
+            .ok_or_else(|| not_found("volume", volume))
     }
 
     fn pool_mut(&mut self, name: &str) -> Result<&mut Pool<FileMedia>, AdminError> {
-        self.pools.get_mut(name).ok_or_else(|| {
-            VolumeError::NotFound {
-                kind: "pool",
-                name: name.to_string(),
-            }
-            .into()
-        })
+        self.pools
+            .get_mut(name)
+            .ok_or_else(|| not_found("pool", name))
     }
 
-    fn pool_views(&self) -> Vec<PoolView> {
-        self.catalog
-            .iter()
-            .filter_map(|entry| {
-                let info: PoolInfo = self.pools.get(&entry.name)?.info();
+    fn pool_views(&self) -> Result<Vec<PoolView>, AdminError> {
+        Ok(self
+            .desired
+            .pools()?
+            .into_iter()
+            .filter_map(|(name, record)| {
+                let info: PoolInfo = self.pools.get(&name)?.info();
                 Some(PoolView {
                     name: info.name,
-                    devices: entry.devices.clone(),
+                    devices: record.devices,
                     allocation_unit_bytes: info.chunk_bytes,
                     capacity_bytes: info.capacity_bytes,
                     allocated_bytes: info.allocated_bytes,
@@ -706,7 +959,7 @@ impl Manager {
                     snapshots: info.snapshots,
                 })
             })
-            .collect()
+            .collect())
     }
 
     fn volume_views(&self, plane: &DataPlane) -> Vec<VolumeView> {
@@ -732,7 +985,10 @@ impl Manager {
             .ok_or_else(|| AdminError::Node(format!("pool {pool} vanished")))?
             .volume_info(name)?;
         let nqn = volume_nqn(name);
+        let record = self.volume_record(name, &info.id);
         Ok(VolumeView {
+            hosts: record.hosts.into_iter().collect(),
+            qos: record.qos,
             name: info.name,
             pool: pool.to_string(),
             connected_hosts: plane.connected_hosts(&nqn),
@@ -746,6 +1002,14 @@ impl Manager {
             nguid: crate::identity::hex(&info.id),
         })
     }
+}
+
+fn not_found(kind: &'static str, name: &str) -> AdminError {
+    VolumeError::NotFound {
+        kind,
+        name: name.to_string(),
+    }
+    .into()
 }
 
 /// The NVMe status class of a volume failure.
@@ -765,38 +1029,4 @@ fn nonce() -> [u8; 16] {
         .map_or(0, |d| d.as_nanos());
     bytes.copy_from_slice(&now.to_le_bytes());
     bytes
-}
-
-fn catalog_path(data_dir: &Path) -> PathBuf {
-    data_dir.join("pools.json")
-}
-
-fn load_catalog(data_dir: &Path) -> Result<Vec<CatalogEntry>, String> {
-    let path = catalog_path(data_dir);
-    match std::fs::read(&path) {
-        Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
-            format!(
-                "{}: {e}; it lists each pool's devices — fix it or restore it from a backup",
-                path.display()
-            )
-        }),
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
-        Err(error) => Err(format!("{}: {error}", path.display())),
-    }
-}
-
-/// Writes the catalog crash-atomically: temporary file, fsync, rename, fsync of the directory.
-fn save_catalog(data_dir: &Path, catalog: &[CatalogEntry]) -> Result<(), String> {
-    let path = catalog_path(data_dir);
-    let temporary = data_dir.join("pools.json.tmp");
-    let text = serde_json::to_vec_pretty(catalog).expect("serialisable");
-    let write = || -> std::io::Result<()> {
-        std::fs::create_dir_all(data_dir)?;
-        let file = std::fs::File::create(&temporary)?;
-        std::io::Write::write_all(&mut &file, &text)?;
-        file.sync_all()?;
-        std::fs::rename(&temporary, &path)?;
-        std::fs::File::open(data_dir)?.sync_all()
-    };
-    write().map_err(|e| format!("saving {}: {e}", path.display()))
 }

@@ -5,77 +5,18 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
 use std::process::Command;
-use support::{free_port, spawn_serve, Server, WEFT};
+use support::{ok, refused, start_node, temp_dir, weft, Node, WEFT};
 
-struct Node {
-    _server: Server,
-    nvme: String,
-    api: String,
-}
+/// The host NQN the tests' initiator connects as.
+const HOST_NQN: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-00000000b0b1";
 
-/// Starts `weft serve` with `dir` as data dir; returns when the banner is out.
-fn start(dir: &Path) -> Node {
-    let port = free_port();
-    let listen = format!("127.0.0.1:{port}");
-    let (server, banner) = spawn_serve(&[
-        "--reactors".as_ref(),
-        "2".as_ref(),
-        "--api-listen".as_ref(),
-        "127.0.0.1:0".as_ref(),
-        "--data-dir".as_ref(),
-        dir.as_os_str(),
-        "--listen".as_ref(),
-        listen.as_ref(),
-    ]);
-    let api = banner
-        .lines()
-        .find_map(|line| line.trim().strip_prefix("api        http://"))
-        .and_then(|rest| rest.split_whitespace().next())
-        .unwrap_or_else(|| panic!("no API address in the banner: {banner}"))
-        .to_string();
-    Node {
-        _server: server,
-        nvme: format!("nvme-tcp://127.0.0.1:{port}"),
-        api,
-    }
-}
-
-fn weft(node: &Node, args: &[&str]) -> (bool, String, String) {
-    let output = Command::new(WEFT)
-        .args(args)
-        .env("WEFT_API", &node.api)
-        .output()
-        .unwrap();
-    (
-        output.status.success(),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
-}
-
-fn ok(node: &Node, args: &[&str]) -> String {
-    let (success, out, errors) = weft(node, args);
-    assert!(success, "weft {args:?}: {errors}");
-    out
-}
-
-fn refused(node: &Node, args: &[&str]) -> String {
-    let (success, out, errors) = weft(node, args);
-    assert!(!success, "weft {args:?} should fail: {out}");
-    errors
+fn start(data_dir: &std::path::Path) -> Node {
+    start_node(data_dir, &[])
 }
 
 fn volume_url(node: &Node, volume: &str) -> String {
     format!("{}/nqn.2026-11.io.weft:vol:{volume}", node.nvme)
-}
-
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("weft-volumes-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }
 
 #[test]
@@ -125,11 +66,98 @@ fn volumes_are_carved_served_snapshotted_and_survive_a_restart() {
             "512",
         ],
     );
+    // Only attached hosts may connect.
+    ok(&node, &["host", "add", "tester", "--nqn", HOST_NQN]);
+    let (success, _, errors) = weft(
+        &node,
+        &[
+            "bench",
+            "--hostnqn",
+            HOST_NQN,
+            "--target",
+            &volume_url(&node, "db1"),
+            "--runtime",
+            "100ms",
+        ],
+    );
+    assert!(!success, "an unattached host must be refused");
+    assert!(errors.contains("refused host"), "{errors}");
+    for volume in ["db1", "db2"] {
+        ok(&node, &["volume", "attach", volume, "--host", "tester"]);
+    }
+    let hosts = ok(&node, &["host", "list"]);
+    assert!(
+        hosts.contains("tester") && hosts.contains("db1, db2"),
+        "{hosts}"
+    );
+    ok(
+        &node,
+        &[
+            "volume",
+            "set",
+            "db2",
+            "--iops-max",
+            "20000",
+            "--bw-max",
+            "200MiB",
+        ],
+    );
+    ok(
+        &node,
+        &[
+            "volume",
+            "set",
+            "db2",
+            "--write-iops-max",
+            "5000",
+            "--iops-max",
+            "none",
+        ],
+    );
+    let show = ok(&node, &["volume", "show", "db2"]);
+    assert!(show.contains("attached    tester"), "{show}");
+    assert!(
+        show.contains("limits      200 MiB/s, write 5000 IOPS"),
+        "{show}"
+    );
+    let error = refused(&node, &["volume", "set", "db2"]);
+    assert!(error.contains("give at least one of --iops-max"), "{error}");
+    let error = refused(&node, &["volume", "set", "db2", "--bw-max", "lots"]);
+    assert!(error.contains("--bw-max"), "{error}");
+    let error = refused(&node, &["host", "delete", "tester"]);
+    assert!(error.contains("detach it first"), "{error}");
+    let error = refused(&node, &["host", "add", "other", "--nqn", "other"]);
+    assert!(error.contains("must start with \"nqn.\""), "{error}");
+    let output = Command::new(WEFT)
+        .args(["host", "list", "--api", &node.api])
+        .env_remove("WEFT_API_TOKEN")
+        .current_dir(std::env::temp_dir())
+        .output()
+        .unwrap();
+    let error = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        error.contains("needs a bearer token") && error.contains("--api-token-file"),
+        "{error}"
+    );
+    ok(
+        &node,
+        &[
+            "volume",
+            "set",
+            "db2",
+            "--bw-max",
+            "none",
+            "--write-iops-max",
+            "none",
+        ],
+    );
     // Data through the data plane, checked block by block.
     let (success, out, errors) = weft(
         &node,
         &[
             "bench",
+            "--hostnqn",
+            HOST_NQN,
             "--target",
             &volume_url(&node, "db1"),
             "--rw",
@@ -151,6 +179,8 @@ fn volumes_are_carved_served_snapshotted_and_survive_a_restart() {
         &node,
         &[
             "bench",
+            "--hostnqn",
+            HOST_NQN,
             "--target",
             &volume_url(&node, "db2"),
             "--rw",
@@ -206,10 +236,13 @@ fn volumes_are_carved_served_snapshotted_and_survive_a_restart() {
             "volume", "create", "big", "--pool", "fast", "--size", "1GiB",
         ],
     );
+    ok(&node, &["volume", "attach", "big", "--host", "tester"]);
     let (success, _, errors) = weft(
         &node,
         &[
             "bench",
+            "--hostnqn",
+            HOST_NQN,
             "--target",
             &volume_url(&node, "big"),
             "--rw",
@@ -239,6 +272,8 @@ fn volumes_are_carved_served_snapshotted_and_survive_a_restart() {
         &node,
         &[
             "bench",
+            "--hostnqn",
+            HOST_NQN,
             "--target",
             &volume_url(&node, "db2"),
             "--rw",

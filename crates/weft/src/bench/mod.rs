@@ -100,6 +100,8 @@ pub struct BenchArgs {
     nsid: u32,
     header_digest: bool,
     data_digest: bool,
+    /// Host NQN to connect as (default: a random one).
+    host_nqn: Option<String>,
     /// Single: fio JSON on stdout instead of the table.
     json: bool,
     /// Compare: where to keep the whole comparison as JSON.
@@ -128,6 +130,7 @@ pub fn parse(parser: &mut lexopt::Parser) -> Result<BenchArgs, String> {
         nsid: 1,
         header_digest: false,
         data_digest: false,
+        host_nqn: None,
         json: false,
         json_file: None,
         plot_file: None,
@@ -176,6 +179,7 @@ pub fn parse(parser: &mut lexopt::Parser) -> Result<BenchArgs, String> {
             "--nsid" => args.nsid = number(&value()?, &name, 1, u64::from(u32::MAX - 1))? as u32,
             "--hdr-digest" => args.header_digest = true,
             "--data-digest" => args.data_digest = true,
+            "--hostnqn" => args.host_nqn = Some(value()?),
             "--json" if matches!(args.mode, Mode::Compare { .. }) => {
                 args.json_file = Some(PathBuf::from(value()?))
             }
@@ -429,6 +433,13 @@ fn remote(args: &BenchArgs, progress: &Arc<Progress>) -> Result<Results, String>
         data_digest: args.data_digest,
         io_queue_entries: (args.iodepth as u16 + 1).max(2),
         ..ConnectOptions::default()
+    };
+    let options = match &args.host_nqn {
+        Some(host_nqn) => ConnectOptions {
+            host_nqn: host_nqn.clone(),
+            ..options
+        },
+        None => options,
     };
     let mut controller =
         Controller::connect(&url, options, args.queues as u16).map_err(|e| e.to_string())?;

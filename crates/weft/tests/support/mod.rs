@@ -1,5 +1,8 @@
 //! Shared by the binary's integration tests: a `weft serve` child that is
-//! killed when dropped, started and read up to the end of its banner.
+//! killed when dropped, started and read up to the end of its banner, and
+//! the admin command line run against it. (Each test binary uses a part.)
+
+#![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -47,4 +50,117 @@ pub fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
+}
+
+/// A node started on a data directory, with its API address and token.
+pub struct Node {
+    _server: Server,
+    /// nvme-tcp://127.0.0.1:PORT
+    pub nvme: String,
+    /// host:port of the API.
+    pub api: String,
+    /// The API's bearer token.
+    pub token: String,
+}
+
+/// Starts `weft serve` with `data_dir` (and `extra` arguments) on free
+/// ports; returns when the banner is out.
+pub fn start_node(data_dir: &std::path::Path, extra: &[&str]) -> Node {
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut args: Vec<&std::ffi::OsStr> = vec![
+        "--reactors".as_ref(),
+        "2".as_ref(),
+        "--api-listen".as_ref(),
+        "127.0.0.1:0".as_ref(),
+        "--data-dir".as_ref(),
+        data_dir.as_os_str(),
+        "--listen".as_ref(),
+        listen.as_ref(),
+    ];
+    args.extend(extra.iter().map(std::ffi::OsStr::new));
+    let (server, banner) = spawn_serve(&args);
+    let api = banner
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("api        http://"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no API address in the banner: {banner}"))
+        .to_string();
+    // Empty when the node was given its token file elsewhere.
+    let token = std::fs::read_to_string(data_dir.join("api-token"))
+        .unwrap_or_default()
+        .trim()
+        .to_string();
+    Node {
+        _server: server,
+        nvme: format!("nvme-tcp://127.0.0.1:{port}"),
+        api,
+        token,
+    }
+}
+
+/// Runs `weft ARGS` against `node`'s API: (success, stdout, stderr).
+pub fn weft(node: &Node, args: &[&str]) -> (bool, String, String) {
+    let output = Command::new(WEFT)
+        .args(args)
+        .env("WEFT_API", &node.api)
+        .env("WEFT_API_TOKEN", &node.token)
+        .output()
+        .unwrap();
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// `weft ARGS` that must succeed; its stdout.
+pub fn ok(node: &Node, args: &[&str]) -> String {
+    let (success, out, errors) = weft(node, args);
+    assert!(success, "weft {args:?}: {errors}");
+    out
+}
+
+/// `weft ARGS` that must fail; its stderr.
+pub fn refused(node: &Node, args: &[&str]) -> String {
+    let (success, out, errors) = weft(node, args);
+    assert!(!success, "weft {args:?} should fail: {out}");
+    errors
+}
+
+/// A fresh directory under the temp dir, unique to this test process.
+pub fn temp_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("weft-test-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// One API request over HTTP: (status, JSON body).
+pub fn api(
+    node: &Node,
+    token: Option<&str>,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+) -> (u16, serde_json::Value) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(&node.api).unwrap();
+    let body = body.unwrap_or_default();
+    let authorization = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: {}\r\n{authorization}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        node.api,
+        body.len()
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").expect("a head and a body");
+    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let value = serde_json::from_str(body).unwrap_or(serde_json::Value::String(body.to_string()));
+    (status, value)
 }

@@ -1,0 +1,257 @@
+//! The records of the desired state and their keys. [`DesiredState`] reads
+//! and writes them through a [`Store`]; each operator action is one commit.
+//!
+//! - `nodes/<node>/pools/<name>`: a pool's member devices (node-local).
+//! - `hosts/<name>`: a host's NQN (and, later, its authentication secret).
+//! - `volumes/<name>`: which hosts may use the volume and its QoS limits,
+//!   tagged with the volume's id so that a record left by a deleted volume
+//!   never applies to a new one of the same name.
+
+use crate::store::{Change, Store, StoreError};
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+
+/// Longest NQN (NVMe Base 2.0, section 4.5: 223 bytes).
+pub const NQN_BYTES_MAX: usize = 223;
+
+/// A pool: its member devices, in stripe order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolRecord {
+    /// Member devices.
+    pub devices: Vec<PathBuf>,
+}
+
+/// A host that may be given volumes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostRecord {
+    /// Its NVMe Qualified Name (what `nvme connect --hostnqn` sends).
+    pub nqn: String,
+}
+
+/// Per-volume I/O limits; `None` is unlimited. Totals count reads and
+/// writes together; the read and write limits count one direction.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QosLimits {
+    /// I/O commands per second.
+    pub iops_max: Option<u64>,
+    /// Bytes per second.
+    pub bw_max: Option<u64>,
+    /// Read commands per second.
+    pub read_iops_max: Option<u64>,
+    /// Bytes read per second.
+    pub read_bw_max: Option<u64>,
+    /// Write commands per second.
+    pub write_iops_max: Option<u64>,
+    /// Bytes written per second.
+    pub write_bw_max: Option<u64>,
+}
+
+impl QosLimits {
+    /// Whether any limit is set.
+    pub fn is_limited(&self) -> bool {
+        *self != QosLimits::default()
+    }
+}
+
+/// What the store keeps about one volume.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeRecord {
+    /// The volume's id (hex), so that the record dies with its volume.
+    pub id: String,
+    /// Names of the hosts attached to it.
+    pub hosts: BTreeSet<String>,
+    /// Its limits.
+    pub qos: QosLimits,
+}
+
+/// Checks that `nqn` is a plausible NVMe Qualified Name: starts with "nqn.",
+/// at most 223 bytes, printable ASCII without spaces.
+pub fn check_nqn(nqn: &str) -> Result<(), String> {
+    if !nqn.starts_with("nqn.") {
+        return Err(format!(
+            "{nqn:?} is not an NQN: it must start with \"nqn.\" (a Linux host's is in /etc/nvme/hostnqn)"
+        ));
+    }
+    if nqn.len() > NQN_BYTES_MAX {
+        return Err(format!(
+            "the NQN is {} bytes long; at most {NQN_BYTES_MAX} are allowed",
+            nqn.len()
+        ));
+    }
+    match nqn.chars().find(|c| !c.is_ascii_graphic()) {
+        Some(c) => Err(format!("{c:?} is not allowed in an NQN")),
+        None => Ok(()),
+    }
+}
+
+/// Typed access to the records of one node.
+pub struct DesiredState {
+    store: Box<dyn Store>,
+    node: String,
+}
+
+impl std::fmt::Debug for DesiredState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DesiredState")
+            .field("node", &self.node)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DesiredState {
+    /// Records of node `node` in `store`.
+    pub fn new(store: Box<dyn Store>, node: &str) -> DesiredState {
+        DesiredState {
+            store,
+            node: node.to_string(),
+        }
+    }
+
+    /// This node's pools, by name.
+    pub fn pools(&self) -> Result<BTreeMap<String, PoolRecord>, StoreError> {
+        self.list(&self.pool_prefix())
+    }
+
+    /// Records pool `name`.
+    pub fn put_pool(&mut self, name: &str, pool: &PoolRecord) -> Result<(), StoreError> {
+        let key = format!("{}{name}", self.pool_prefix());
+        self.store.commit(vec![put(key, pool)])
+    }
+
+    /// Every host, by name.
+    pub fn hosts(&self) -> Result<BTreeMap<String, HostRecord>, StoreError> {
+        self.list("hosts/")
+    }
+
+    /// Records host `name`.
+    pub fn put_host(&mut self, name: &str, host: &HostRecord) -> Result<(), StoreError> {
+        self.store.commit(vec![put(format!("hosts/{name}"), host)])
+    }
+
+    /// Forgets host `name`.
+    pub fn delete_host(&mut self, name: &str) -> Result<(), StoreError> {
+        self.store
+            .commit(vec![Change::Delete(format!("hosts/{name}"))])
+    }
+
+    /// Every volume record, by volume name.
+    pub fn volumes(&self) -> Result<BTreeMap<String, VolumeRecord>, StoreError> {
+        self.list("volumes/")
+    }
+
+    /// The record of volume `name` whose id is `id`: a record of another
+    /// (deleted) volume of that name does not count.
+    pub fn volume(&self, name: &str, id: &str) -> Result<VolumeRecord, StoreError> {
+        let record: Option<VolumeRecord> = self.get(&format!("volumes/{name}"))?;
+        Ok(record
+            .filter(|r| r.id == id)
+            .unwrap_or_else(|| VolumeRecord {
+                id: id.to_string(),
+                ..VolumeRecord::default()
+            }))
+    }
+
+    /// Records volume `name`.
+    pub fn put_volume(&mut self, name: &str, volume: &VolumeRecord) -> Result<(), StoreError> {
+        self.store
+            .commit(vec![put(format!("volumes/{name}"), volume)])
+    }
+
+    /// Forgets volume `name`.
+    pub fn delete_volume(&mut self, name: &str) -> Result<(), StoreError> {
+        self.store
+            .commit(vec![Change::Delete(format!("volumes/{name}"))])
+    }
+
+    fn pool_prefix(&self) -> String {
+        format!("nodes/{}/pools/", self.node)
+    }
+
+    fn get<T: DeserializeOwned>(&self, key: &str) -> Result<Option<T>, StoreError> {
+        self.store
+            .get(key)?
+            .map(|value| decode(key, value))
+            .transpose()
+    }
+
+    fn list<T: DeserializeOwned>(&self, prefix: &str) -> Result<BTreeMap<String, T>, StoreError> {
+        self.store
+            .list(prefix)?
+            .into_iter()
+            .map(|(key, value)| {
+                let record = decode(&key, value)?;
+                Ok((key[prefix.len()..].to_string(), record))
+            })
+            .collect()
+    }
+}
+
+fn put<T: Serialize>(key: String, record: &T) -> Change {
+    Change::Put(
+        key,
+        serde_json::to_value(record).expect("records serialise"),
+    )
+}
+
+fn decode<T: DeserializeOwned>(key: &str, value: serde_json::Value) -> Result<T, StoreError> {
+    serde_json::from_value(value).map_err(|error| StoreError::Corrupt {
+        location: format!("key {key}"),
+        message: error.to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::MemoryStore;
+
+    #[test]
+    fn records_round_trip_by_name() {
+        let mut state = DesiredState::new(Box::new(MemoryStore::default()), "n1");
+        let pool = PoolRecord {
+            devices: vec!["/dev/nvme0n1".into()],
+        };
+        state.put_pool("fast", &pool).unwrap();
+        state
+            .put_host(
+                "web1",
+                &HostRecord {
+                    nqn: "nqn.2014-08.org.nvmexpress:uuid:1".into(),
+                },
+            )
+            .unwrap();
+        assert_eq!(state.pools().unwrap()["fast"], pool);
+        assert_eq!(state.hosts().unwrap().len(), 1);
+        state.delete_host("web1").unwrap();
+        assert!(state.hosts().unwrap().is_empty());
+        let mut record = state.volume("db1", "aa").unwrap();
+        assert!(record.hosts.is_empty());
+        record.hosts.insert("web1".into());
+        record.qos.iops_max = Some(20_000);
+        state.put_volume("db1", &record).unwrap();
+        assert_eq!(state.volume("db1", "aa").unwrap(), record);
+        assert_eq!(
+            state.volume("db1", "bb").unwrap(),
+            VolumeRecord {
+                id: "bb".into(),
+                ..VolumeRecord::default()
+            },
+            "a new volume of the same name starts clean"
+        );
+    }
+
+    #[test]
+    fn nqns_are_checked_with_a_reason() {
+        assert!(
+            check_nqn("nqn.2014-08.org.nvmexpress:uuid:0f8fad5b-d9cb-469f-a165-70867728950e")
+                .is_ok()
+        );
+        assert!(check_nqn("web1").unwrap_err().contains("must start with"));
+        assert!(check_nqn("nqn.a b").unwrap_err().contains("' '"));
+        assert!(check_nqn(&format!("nqn.{}", "x".repeat(220)))
+            .unwrap_err()
+            .contains("223"));
+    }
+}

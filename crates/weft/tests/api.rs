@@ -1,0 +1,439 @@
+//! The node API over real HTTP: every route's success and its error paths
+//! (status and `{code, message, hint}`), the bearer token, the OpenAPI
+//! document, and hosts, attachments and limits after a kill -9 and restart.
+
+mod support;
+
+use serde_json::{json, Value};
+use support::{api, start_node, temp_dir, Node};
+
+/// Calls the API with the node's token; asserts the status, returns the body.
+fn call(node: &Node, method: &str, path: &str, body: Option<Value>, status: u16) -> Value {
+    let body = body.map(|b| b.to_string());
+    let (got, value) = api(node, Some(&node.token), method, path, body.as_deref());
+    assert_eq!(got, status, "{method} {path}: {value}");
+    if status >= 400 {
+        for field in ["code", "message", "hint"] {
+            assert!(
+                value[field].is_string(),
+                "{method} {path}: no {field} in {value}"
+            );
+        }
+    }
+    value
+}
+
+/// An error's code.
+fn code(value: &Value) -> &str {
+    value["code"].as_str().unwrap()
+}
+
+const NQN_A: &str = "nqn.2014-08.org.nvmexpress:uuid:aaaaaaaa-0000-0000-0000-000000000001";
+const NQN_B: &str = "nqn.2014-08.org.nvmexpress:uuid:bbbbbbbb-0000-0000-0000-000000000002";
+
+#[test]
+fn tokens_routes_and_the_openapi_document() {
+    let dir = temp_dir("api-basics");
+    let node = start_node(&dir.join("data"), &[]);
+    let (status, document) = api(&node, None, "GET", "/api/v1/openapi.json", None);
+    assert_eq!(status, 200);
+    assert!(document["paths"]["/api/v1/volumes/{volume}/qos"]["patch"].is_object());
+    let (status, error) = api(&node, None, "GET", "/api/v1/volumes", None);
+    assert_eq!((status, code(&error)), (401, "unauthorized"));
+    assert!(error["hint"].as_str().unwrap().contains("api-token"));
+    let (status, error) = api(&node, Some("not-the-token"), "GET", "/api/v1/volumes", None);
+    assert_eq!((status, code(&error)), (401, "unauthorized"));
+    let error = call(&node, "GET", "/api/v1/nothing", None, 404);
+    assert_eq!(code(&error), "no_route");
+    let error = call(&node, "GET", "/elsewhere", None, 404);
+    assert_eq!(code(&error), "no_route");
+    let error = call(&node, "PUT", "/api/v1/volumes/x", None, 405);
+    assert_eq!(code(&error), "method_not_allowed");
+    assert!(error["hint"].as_str().unwrap().contains("GET or DELETE"));
+    let error = call(
+        &node,
+        "POST",
+        "/api/v1/hosts",
+        Some(json!({"name": 1})),
+        400,
+    );
+    assert_eq!(code(&error), "invalid_json");
+    let (status, error) = api(
+        &node,
+        Some(&node.token),
+        "POST",
+        "/api/v1/pools",
+        Some("{not json"),
+    );
+    assert_eq!((status, code(&error)), (400, "invalid_json"));
+    let error = call(
+        &node,
+        "POST",
+        "/api/v1/hosts",
+        Some(json!({"name": "a", "nqn": NQN_A, "extra": 1})),
+        400,
+    );
+    assert!(
+        error["message"].as_str().unwrap().contains("unknown field"),
+        "{error}"
+    );
+    // A token file of the operator's choosing.
+    let file = dir.join("secret-token");
+    std::fs::write(&file, "0123456789abcdef0123456789abcdef\n").unwrap();
+    drop(node);
+    let mut node = start_node(
+        &dir.join("data2"),
+        &["--api-token-file", file.to_str().unwrap()],
+    );
+    node.token = "0123456789abcdef0123456789abcdef".into();
+    call(&node, "GET", "/api/v1/hosts", None, 200);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn every_route_answers_and_fails_as_documented_and_state_survives_kill_9() {
+    let dir = temp_dir("api-routes");
+    let data = dir.join("data");
+    let node = start_node(&data, &[]);
+    let device = dir.join("d0.img");
+    let pool = json!({"name": "p", "devices": [device], "device_size_bytes": 64 << 20, "allocation_unit_bytes": 1 << 20});
+    // Pools.
+    call(&node, "POST", "/api/v1/pools", Some(pool.clone()), 201);
+    assert_eq!(
+        code(&call(&node, "POST", "/api/v1/pools", Some(pool), 409)),
+        "exists"
+    );
+    let other = json!({"name": "q", "devices": [device]});
+    assert_eq!(
+        code(&call(&node, "POST", "/api/v1/pools", Some(other), 400)),
+        "invalid"
+    );
+    let pools = call(&node, "GET", "/api/v1/pools", None, 200);
+    assert_eq!(pools[0]["name"], "p");
+    // Volumes.
+    let volume = |name: &str, size: u64| json!({"name": name, "pool": "p", "size_bytes": size});
+    call(
+        &node,
+        "POST",
+        "/api/v1/volumes",
+        Some(volume("db1", 16 << 20)),
+        201,
+    );
+    assert_eq!(
+        code(&call(
+            &node,
+            "POST",
+            "/api/v1/volumes",
+            Some(volume("db1", 1 << 20)),
+            409
+        )),
+        "exists"
+    );
+    let missing_pool = json!({"name": "x", "pool": "nope", "size_bytes": 1 << 20});
+    assert_eq!(
+        code(&call(
+            &node,
+            "POST",
+            "/api/v1/volumes",
+            Some(missing_pool),
+            404
+        )),
+        "not_found"
+    );
+    assert_eq!(
+        code(&call(
+            &node,
+            "POST",
+            "/api/v1/volumes",
+            Some(json!({"name": "x"})),
+            400
+        )),
+        "invalid"
+    );
+    let too_big = json!({"name": "thick", "pool": "p", "size_bytes": 1u64 << 30, "thick": true});
+    assert_eq!(
+        code(&call(&node, "POST", "/api/v1/volumes", Some(too_big), 507)),
+        "pool_full"
+    );
+    assert_eq!(
+        call(&node, "GET", "/api/v1/volumes", None, 200)
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    assert_eq!(
+        call(&node, "GET", "/api/v1/volumes/db1", None, 200)["size_bytes"],
+        16 << 20
+    );
+    assert_eq!(
+        code(&call(&node, "GET", "/api/v1/volumes/nope", None, 404)),
+        "not_found"
+    );
+    call(
+        &node,
+        "POST",
+        "/api/v1/volumes/db1/resize",
+        Some(json!({"size_bytes": 32 << 20})),
+        200,
+    );
+    assert_eq!(
+        code(&call(
+            &node,
+            "POST",
+            "/api/v1/volumes/db1/resize",
+            Some(json!({"size_bytes": 1 << 20})),
+            400
+        )),
+        "invalid"
+    );
+    // Snapshots, clones, flatten.
+    call(
+        &node,
+        "POST",
+        "/api/v1/volumes/db1/snapshots",
+        Some(json!({"name": "s1"})),
+        201,
+    );
+    assert_eq!(
+        code(&call(
+            &node,
+            "POST",
+            "/api/v1/volumes/db1/snapshots",
+            Some(json!({"name": "s1"})),
+            409
+        )),
+        "exists"
+    );
+    assert_eq!(
+        code(&call(
+            &node,
+            "POST",
+            "/api/v1/volumes",
+            Some(json!({"name": "c", "source": "db1"})),
+            400
+        )),
+        "invalid"
+    );
+    call(
+        &node,
+        "POST",
+        "/api/v1/volumes",
+        Some(json!({"name": "c1", "source": "db1@s1"})),
+        201,
+    );
+    call(&node, "POST", "/api/v1/volumes/c1/flatten", None, 200);
+    assert_eq!(
+        code(&call(
+            &node,
+            "POST",
+            "/api/v1/volumes/nope/flatten",
+            None,
+            404
+        )),
+        "not_found"
+    );
+    assert_eq!(
+        code(&call(&node, "DELETE", "/api/v1/volumes/db1", None, 409)),
+        "has_snapshots"
+    );
+    assert_eq!(
+        code(&call(
+            &node,
+            "DELETE",
+            "/api/v1/volumes/db1/snapshots/s9",
+            None,
+            404
+        )),
+        "not_found"
+    );
+    call(
+        &node,
+        "DELETE",
+        "/api/v1/volumes/db1/snapshots/s1",
+        None,
+        200,
+    );
+    // Hosts.
+    call(
+        &node,
+        "POST",
+        "/api/v1/hosts",
+        Some(json!({"name": "web1", "nqn": NQN_A})),
+        201,
+    );
+    assert_eq!(
+        code(&call(
+            &node,
+            "POST",
+            "/api/v1/hosts",
+            Some(json!({"name": "web1", "nqn": NQN_B})),
+            409
+        )),
+        "exists"
+    );
+    let same_nqn = call(
+        &node,
+        "POST",
+        "/api/v1/hosts",
+        Some(json!({"name": "web2", "nqn": NQN_A})),
+        409,
+    );
+    assert!(same_nqn["message"]
+        .as_str()
+        .unwrap()
+        .contains("already registered as host web1"));
+    let bad_nqn = call(
+        &node,
+        "POST",
+        "/api/v1/hosts",
+        Some(json!({"name": "web2", "nqn": "web2"})),
+        400,
+    );
+    assert!(bad_nqn["message"]
+        .as_str()
+        .unwrap()
+        .contains("must start with"));
+    call(
+        &node,
+        "POST",
+        "/api/v1/hosts",
+        Some(json!({"name": "web2", "nqn": NQN_B})),
+        201,
+    );
+    assert_eq!(
+        call(&node, "GET", "/api/v1/hosts", None, 200)
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+    assert_eq!(
+        call(&node, "GET", "/api/v1/hosts/web1", None, 200)["nqn"],
+        NQN_A
+    );
+    assert_eq!(
+        code(&call(&node, "GET", "/api/v1/hosts/nope", None, 404)),
+        "not_found"
+    );
+    // Attachments.
+    call(
+        &node,
+        "POST",
+        "/api/v1/volumes/db1/hosts",
+        Some(json!({"host": "web1"})),
+        200,
+    );
+    call(
+        &node,
+        "POST",
+        "/api/v1/volumes/c1/hosts",
+        Some(json!({"host": "web2"})),
+        200,
+    );
+    assert_eq!(
+        code(&call(
+            &node,
+            "POST",
+            "/api/v1/volumes/db1/hosts",
+            Some(json!({"host": "nope"})),
+            404
+        )),
+        "not_found"
+    );
+    assert_eq!(
+        code(&call(
+            &node,
+            "POST",
+            "/api/v1/volumes/nope/hosts",
+            Some(json!({"host": "web1"})),
+            404
+        )),
+        "not_found"
+    );
+    assert_eq!(
+        call(&node, "GET", "/api/v1/hosts/web1", None, 200)["volumes"],
+        json!(["db1"])
+    );
+    assert_eq!(
+        code(&call(&node, "DELETE", "/api/v1/hosts/web1", None, 409)),
+        "attached"
+    );
+    call(&node, "DELETE", "/api/v1/volumes/c1/hosts/web2", None, 200);
+    call(&node, "DELETE", "/api/v1/hosts/web2", None, 200);
+    assert_eq!(
+        code(&call(&node, "DELETE", "/api/v1/hosts/web2", None, 404)),
+        "not_found"
+    );
+    // Limits.
+    call(
+        &node,
+        "PATCH",
+        "/api/v1/volumes/db1/qos",
+        Some(json!({"iops_max": 20000, "write_bw_max": 200 << 20})),
+        200,
+    );
+    call(
+        &node,
+        "PATCH",
+        "/api/v1/volumes/db1/qos",
+        Some(json!({"read_iops_max": 5000, "write_bw_max": null})),
+        200,
+    );
+    assert_eq!(
+        code(&call(
+            &node,
+            "PATCH",
+            "/api/v1/volumes/db1/qos",
+            Some(json!({"bw_max": 5})),
+            400
+        )),
+        "invalid"
+    );
+    assert_eq!(
+        code(&call(
+            &node,
+            "PATCH",
+            "/api/v1/volumes/nope/qos",
+            Some(json!({"iops_max": 100})),
+            404
+        )),
+        "not_found"
+    );
+    let shown = call(&node, "GET", "/api/v1/volumes/db1", None, 200);
+    assert_eq!(shown["qos"]["iops_max"], 20000);
+    assert_eq!(shown["qos"]["read_iops_max"], 5000);
+    assert!(shown["qos"]["write_bw_max"].is_null());
+    assert_eq!(shown["hosts"], json!(["web1"]));
+    let volumes = call(&node, "GET", "/api/v1/volumes", None, 200);
+    let hosts = call(&node, "GET", "/api/v1/hosts", None, 200);
+    let pools = call(&node, "GET", "/api/v1/pools", None, 200);
+    // kill -9 (the test server's drop kills it) and restart: the same state.
+    drop(node);
+    let node = start_node(&data, &[]);
+    assert_eq!(call(&node, "GET", "/api/v1/volumes", None, 200), volumes);
+    assert_eq!(call(&node, "GET", "/api/v1/hosts", None, 200), hosts);
+    assert_eq!(call(&node, "GET", "/api/v1/pools", None, 200), pools);
+    // Deleting a volume forgets its record: a new one of that name starts clean.
+    call(&node, "DELETE", "/api/v1/volumes/db1/hosts/web1", None, 200);
+    call(
+        &node,
+        "POST",
+        "/api/v1/volumes/db1/hosts",
+        Some(json!({"host": "web1"})),
+        200,
+    );
+    call(&node, "DELETE", "/api/v1/volumes/db1", None, 200);
+    call(
+        &node,
+        "POST",
+        "/api/v1/volumes",
+        Some(volume("db1", 8 << 20)),
+        201,
+    );
+    let fresh = call(&node, "GET", "/api/v1/volumes/db1", None, 200);
+    assert_eq!(fresh["hosts"], json!([]));
+    assert!(fresh["qos"]["iops_max"].is_null());
+    call(&node, "DELETE", "/api/v1/hosts/web1", None, 200);
+    let _ = std::fs::remove_dir_all(&dir);
+}
