@@ -3,6 +3,7 @@
 //! never changes; an update replaces it whole (see `DataPlane::update_exports`),
 //! so that the core's subsystem indices and the devices always agree.
 
+use crate::meter::Meter;
 use crate::volume::VolumeBackend;
 use std::sync::Arc;
 use weft_proto::types::Nsid;
@@ -25,6 +26,8 @@ pub struct NamespaceDevice {
     pub nsid: Nsid,
     /// Where its blocks live.
     pub backend: Backend,
+    /// Its QoS limits and statistics.
+    pub meter: Arc<Meter>,
 }
 
 /// One snapshot of the exports: every reactor holds the same `Arc`.
@@ -58,13 +61,9 @@ impl Exports {
         Exports { config, devices }
     }
 
-    /// The backend of `nsid` in subsystem number `subsystem`.
-    pub fn backend(&self, subsystem: usize, nsid: Nsid) -> Option<&Backend> {
-        self.devices
-            .get(subsystem)?
-            .iter()
-            .find(|d| d.nsid == nsid)
-            .map(|d| &d.backend)
+    /// The device of `nsid` in subsystem number `subsystem`.
+    pub fn namespace(&self, subsystem: usize, nsid: Nsid) -> Option<&NamespaceDevice> {
+        self.devices.get(subsystem)?.iter().find(|d| d.nsid == nsid)
     }
 
     /// Every whole device, for a final flush (volumes are the manager's to flush).

@@ -12,11 +12,13 @@
 
 mod exports;
 mod listener;
+pub mod meter;
 mod reactor;
 mod volume;
 
 pub use exports::{Backend, Exports, NamespaceDevice};
 pub use listener::{DataPlane, StartError};
+pub use meter::Meter;
 pub use volume::{
     VolumeBackend, VolumeManager, VolumeOutcome, VolumeReply, VolumeRequest, VolumeWork,
 };

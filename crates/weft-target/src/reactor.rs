@@ -9,9 +9,17 @@
 //! serve the same one, so that a connection's subsystem index finds its
 //! devices. An update arrives as a message; the reactor swaps the snapshot
 //! and hands the new configuration to every connection.
+//!
+//! Every block I/O passes its namespace's meter (see `meter`): the QoS
+//! limits say when it may start — an I/O held back waits in a heap ordered
+//! by start time, released by a timer — and the reactor counts it in its
+//! own statistics, which it adds to the shared totals every tick.
 
-use crate::exports::{Backend, Exports};
+use crate::exports::{Backend, Exports, NamespaceDevice};
+use crate::meter::{IoClass, LocalStats, Meter};
 use crate::volume::{Piece, VolumeBackend, VolumeOutcome, VolumeReply, VolumeRequest, VolumeWork};
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::fs::File;
 use std::io::{self, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
@@ -103,6 +111,10 @@ impl ReactorHandle {
                     free: Vec::new(),
                     epoch,
                     poll_window,
+                    meters: Vec::new(),
+                    throttled: BinaryHeap::new(),
+                    throttle_sequence: 0,
+                    throttle_timer: None,
                 }
                 .run();
             })?;
@@ -126,6 +138,10 @@ const STAGING_BYTES: usize = 64 * 1024;
 const TICK: Duration = Duration::from_millis(250);
 const WAKE_TOKEN: u64 = u64::MAX;
 const TICK_TOKEN: u64 = u64::MAX - 1;
+const THROTTLE_TOKEN: u64 = u64::MAX - 2;
+/// An I/O due to start within this much of now starts now: closer than a
+/// timer can wake the reactor anyway.
+const THROTTLE_SLACK_NS: u64 = 20_000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum OpKind {
@@ -225,9 +241,55 @@ struct Peer {
     io_len: Vec<u32>,
     /// Each slot's volume I/O in progress (issued a chunk-sized piece at a time).
     volume_io: Vec<Option<VolumeIo>>,
+    /// Each slot's block I/O, for its meter's statistics.
+    marks: Vec<IoMark>,
     subsystem: Option<usize>,
     ops_in_flight: u32,
     closing: bool,
+}
+
+/// A reactor's statistics of one meter, with the meter to publish them to.
+type MeterSlot = Option<Box<(Arc<Meter>, LocalStats)>>;
+/// Indexed by meter id.
+type MeterTable = Vec<MeterSlot>;
+
+/// What the statistics need of a slot's block I/O.
+#[derive(Debug, Clone, Copy)]
+struct IoMark {
+    meter: u32,
+    class: IoClass,
+    bytes: u32,
+    started_ns: u64,
+}
+
+/// A block I/O a QoS limit holds back until `start_ns`.
+#[derive(Debug)]
+struct Throttled {
+    start_ns: u64,
+    /// Arrival order among equal start times.
+    sequence: u64,
+    connection: usize,
+    request: IoRequest,
+}
+
+impl PartialEq for Throttled {
+    fn eq(&self, other: &Self) -> bool {
+        (self.start_ns, self.sequence) == (other.start_ns, other.sequence)
+    }
+}
+
+impl Eq for Throttled {}
+
+impl PartialOrd for Throttled {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Throttled {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.start_ns, self.sequence).cmp(&(other.start_ns, other.sequence))
+    }
 }
 
 /// A volume read or write in progress on a slot, one chunk-sized piece at a time.
@@ -258,6 +320,13 @@ struct Reactor {
     free: Vec<usize>,
     epoch: Instant,
     poll_window: Duration,
+    /// This reactor's statistics per meter (indexed by meter id), with the meter to publish to.
+    meters: MeterTable,
+    /// I/O held back by QoS limits, earliest start first.
+    throttled: BinaryHeap<Reverse<Throttled>>,
+    throttle_sequence: u64,
+    /// Earliest deadline of a throttle timer on the ring.
+    throttle_timer: Option<u64>,
 }
 
 impl Reactor {
@@ -285,7 +354,10 @@ impl Reactor {
             }
             let mut active = false;
             while let Some(completion) = self.ring.pop() {
-                active |= !matches!(completion.user_data, WAKE_TOKEN | TICK_TOKEN);
+                active |= !matches!(
+                    completion.user_data,
+                    WAKE_TOKEN | TICK_TOKEN | THROTTLE_TOKEN
+                );
                 self.complete(completion);
             }
             if active {
@@ -312,6 +384,11 @@ impl Reactor {
         Timestamp(self.epoch.elapsed())
     }
 
+    /// Nanoseconds since the data plane's epoch (the meters' clock, common to all reactors).
+    fn now_ns(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+
     fn push(&mut self, op: Op, token: u64) {
         if let Err(error) = self.ring.push(op, token) {
             // Only a full submission queue the kernel refuses to drain gets here.
@@ -334,6 +411,7 @@ impl Reactor {
                 self.tick();
                 self.push(Op::Timeout { after: TICK }, TICK_TOKEN);
             }
+            THROTTLE_TOKEN => self.release_throttled(),
             token => {
                 let (index, kind, slot) = untoken(token);
                 let peer = self.connections[index]
@@ -396,6 +474,15 @@ impl Reactor {
             lent_slots: Vec::with_capacity(slots),
             io_len: vec![0; slots],
             volume_io: (0..slots).map(|_| None).collect(),
+            marks: vec![
+                IoMark {
+                    meter: 0,
+                    class: IoClass::Other,
+                    bytes: 0,
+                    started_ns: 0,
+                };
+                slots
+            ],
             subsystem: None,
             ops_in_flight: 0,
             closing: false,
@@ -432,6 +519,7 @@ impl Reactor {
     }
 
     fn tick(&mut self) {
+        self.publish_stats();
         self.ticks += 1;
         let ticks = self.ticks;
         self.retired
@@ -492,6 +580,7 @@ impl Reactor {
     }
 
     fn on_block_io(&mut self, index: usize, slot: SlotId, completion: Completion) {
+        let now_ns = self.now_ns();
         let peer = self.connections[index].as_mut().expect("live connection");
         let volume_piece = peer.volume_io[usize::from(slot.0)].is_some();
         let expected = peer.io_len[usize::from(slot.0)];
@@ -515,8 +604,7 @@ impl Reactor {
         if volume_piece {
             return self.continue_volume_io(index, slot, result.map(|()| expected));
         }
-        peer.protocol
-            .handle_io_complete(slot, result, &mut peer.slots);
+        finish_io(peer, &mut self.meters, now_ns, slot, result);
     }
 
     /// A read or write on a volume: direct when the gate admits it and the
@@ -563,6 +651,7 @@ impl Reactor {
         slot: SlotId,
         mut progress: Result<u32, IoError>,
     ) {
+        let now_ns = self.now_ns();
         let peer = self.connections[index].as_mut().expect("live connection");
         let entry = &mut peer.volume_io[usize::from(slot.0)];
         let io = entry.as_mut().expect("a volume I/O in progress");
@@ -591,8 +680,7 @@ impl Reactor {
             if let Some(result) = finished {
                 let io = entry.take().expect("checked");
                 io.backend.gate.leave();
-                peer.protocol
-                    .handle_io_complete(slot, result, &mut peer.slots);
+                finish_io(peer, &mut self.meters, now_ns, slot, result);
                 return;
             }
             let at = buffer_offset + io.done;
@@ -652,22 +740,139 @@ impl Reactor {
     }
 
     fn on_volume_done(&mut self, index: usize, request: IoRequest, outcome: VolumeOutcome) {
+        let now_ns = self.now_ns();
         let peer = self.connections[index]
             .as_mut()
             .expect("a connection waiting for the manager is kept");
         peer.ops_in_flight -= 1;
         match outcome {
-            VolumeOutcome::Retry if !peer.closing => self.submit_block_io(index, request),
-            VolumeOutcome::Retry => {
-                peer.protocol
-                    .handle_io_complete(request.slot, Err(IoError::Other), &mut peer.slots)
-            }
+            // Already through QoS: straight to the device.
+            VolumeOutcome::Retry if !peer.closing => self.dispatch_block_io(index, request),
+            VolumeOutcome::Retry => finish_io(
+                peer,
+                &mut self.meters,
+                now_ns,
+                request.slot,
+                Err(IoError::Other),
+            ),
             VolumeOutcome::Done(result) => {
-                peer.protocol
-                    .handle_io_complete(request.slot, result, &mut peer.slots)
+                finish_io(peer, &mut self.meters, now_ns, request.slot, result)
             }
         }
         self.drive(index);
+    }
+
+    /// Takes a block I/O from a connection: counts it in its namespace's
+    /// meter and starts it, or holds it back until its QoS limits allow.
+    fn submit_block_io(&mut self, index: usize, request: IoRequest) {
+        let now_ns = self.now_ns();
+        let (exports, connections) = (&self.exports, &mut self.connections);
+        let peer = connections[index].as_mut().expect("live connection");
+        if peer.subsystem.is_none() {
+            peer.subsystem = peer.protocol.subsystem_index();
+        }
+        let Some(namespace) = peer
+            .subsystem
+            .and_then(|subsystem| exports.namespace(subsystem, request.nsid))
+        else {
+            // The core validated the NSID against the same configuration the exports were built from.
+            log::error!("{}: no device for namespace {}", peer.address, request.nsid);
+            peer.protocol
+                .handle_io_complete(request.slot, Err(IoError::Other), &mut peer.slots);
+            return;
+        };
+        let (class, bytes) = io_class(&request.kind);
+        peer.marks[usize::from(request.slot.0)] = IoMark {
+            meter: namespace.meter.id,
+            class,
+            bytes,
+            started_ns: now_ns,
+        };
+        local_stats(&mut self.meters, &namespace.meter).start();
+        let start_ns = namespace.meter.reserve(now_ns, class, bytes);
+        if start_ns > now_ns + THROTTLE_SLACK_NS {
+            self.throttle(start_ns, index, request);
+        } else {
+            self.dispatch_block_io(index, request);
+        }
+    }
+
+    /// Holds `request` back until `start_ns`; the connection stays alive meanwhile.
+    fn throttle(&mut self, start_ns: u64, index: usize, request: IoRequest) {
+        let peer = self.connections[index].as_mut().expect("live connection");
+        peer.ops_in_flight += 1;
+        self.throttle_sequence += 1;
+        self.throttled.push(Reverse(Throttled {
+            start_ns,
+            sequence: self.throttle_sequence,
+            connection: index,
+            request,
+        }));
+        self.arm_throttle_timer();
+    }
+
+    /// Puts a timer on the ring for the earliest held-back I/O, unless one
+    /// that fires no later is there already.
+    fn arm_throttle_timer(&mut self) {
+        let Some(Reverse(first)) = self.throttled.peek() else {
+            return;
+        };
+        let deadline = first.start_ns;
+        if self.throttle_timer.is_some_and(|armed| armed <= deadline) {
+            return;
+        }
+        let after = Duration::from_nanos(deadline.saturating_sub(self.now_ns()));
+        self.push(Op::Timeout { after }, THROTTLE_TOKEN);
+        self.throttle_timer = Some(deadline);
+    }
+
+    /// A throttle timer fired: starts every held-back I/O that is due.
+    fn release_throttled(&mut self) {
+        let now_ns = self.now_ns();
+        if self
+            .throttle_timer
+            .is_some_and(|armed| armed <= now_ns + THROTTLE_SLACK_NS)
+        {
+            self.throttle_timer = None;
+        }
+        while let Some(Reverse(first)) = self.throttled.peek() {
+            if first.start_ns > now_ns + THROTTLE_SLACK_NS {
+                break;
+            }
+            let Reverse(due) = self.throttled.pop().expect("peeked");
+            let index = due.connection;
+            let peer = self.connections[index]
+                .as_mut()
+                .expect("a connection with held-back I/O is kept");
+            peer.ops_in_flight -= 1;
+            if peer.closing {
+                finish_io(
+                    peer,
+                    &mut self.meters,
+                    now_ns,
+                    due.request.slot,
+                    Err(IoError::Other),
+                );
+            } else {
+                self.dispatch_block_io(index, due.request);
+            }
+            self.drive(index);
+        }
+        self.arm_throttle_timer();
+    }
+
+    /// Adds this reactor's statistics to the shared totals; forgets meters
+    /// no namespace uses any more.
+    fn publish_stats(&mut self) {
+        for entry in &mut self.meters {
+            if let Some(counted) = entry {
+                let (meter, local) = &mut **counted;
+                local.publish(meter);
+                if Arc::strong_count(meter) == 1 {
+                    *entry = None;
+                }
+            }
+        }
     }
 
     /// Moves a connection forward after anything happened to it.
@@ -736,16 +941,16 @@ impl Reactor {
         self.push(Op::Send { fd, batch }, token(index, OpKind::Send, 0));
     }
 
-    fn submit_block_io(&mut self, index: usize, request: IoRequest) {
+    /// Starts a block I/O on its namespace's device or volume.
+    fn dispatch_block_io(&mut self, index: usize, request: IoRequest) {
+        let now_ns = self.now_ns();
         // Disjoint field borrows: no reference count touched per I/O.
         let (exports, connections) = (&self.exports, &mut self.connections);
         let peer = connections[index].as_mut().expect("live connection");
-        if peer.subsystem.is_none() {
-            peer.subsystem = peer.protocol.subsystem_index();
-        }
         let backend = peer
             .subsystem
-            .and_then(|subsystem| exports.backend(subsystem, request.nsid));
+            .and_then(|subsystem| exports.namespace(subsystem, request.nsid))
+            .map(|namespace: &NamespaceDevice| &namespace.backend);
         let device = match backend {
             Some(Backend::Device(device)) => device.as_ref(),
             Some(Backend::Volume(volume)) => {
@@ -753,12 +958,13 @@ impl Reactor {
                 return self.submit_volume_io(index, request, volume);
             }
             None => {
-                // The core validated the NSID against the same configuration the exports were built from.
-                log::error!("{}: no device for namespace {}", peer.address, request.nsid);
-                peer.protocol.handle_io_complete(
+                // The namespace left with an exports update while the I/O was held back.
+                finish_io(
+                    peer,
+                    &mut self.meters,
+                    now_ns,
                     request.slot,
                     Err(IoError::Other),
-                    &mut peer.slots,
                 );
                 return;
             }
@@ -768,11 +974,8 @@ impl Reactor {
             if let Err(error) = &result {
                 log::warn!("{}: RAM namespace I/O failed: {error}", peer.address);
             }
-            peer.protocol.handle_io_complete(
-                request.slot,
-                result.map_err(|e| classify(&e)),
-                &mut peer.slots,
-            );
+            let result = result.map_err(|e| classify(&e));
+            finish_io(peer, &mut self.meters, now_ns, request.slot, result);
             return;
         }
         let fd = device.fd();
@@ -828,6 +1031,47 @@ impl Reactor {
         peer.io_len[usize::from(slot.0)] = expected;
         peer.ops_in_flight += 1;
         self.push(op, token(index, OpKind::BlockIo, slot.0));
+    }
+}
+
+/// Completes a slot's block I/O in the core and counts it in its meter's statistics.
+fn finish_io(
+    peer: &mut Peer,
+    meters: &mut [MeterSlot],
+    now_ns: u64,
+    slot: SlotId,
+    result: Result<(), IoError>,
+) {
+    let mark = peer.marks[usize::from(slot.0)];
+    if let Some(Some(counted)) = meters.get_mut(mark.meter as usize) {
+        let local = &mut counted.1;
+        let latency_ns = now_ns.saturating_sub(mark.started_ns);
+        local.finish(mark.class, mark.bytes, latency_ns, result.is_ok());
+    }
+    peer.protocol
+        .handle_io_complete(slot, result, &mut peer.slots);
+}
+
+/// This reactor's statistics of `meter`, made on first use.
+fn local_stats<'a>(meters: &'a mut MeterTable, meter: &Arc<Meter>) -> &'a mut LocalStats {
+    let id = meter.id as usize;
+    if meters.len() <= id {
+        meters.resize_with(id + 1, || None);
+    }
+    let entry = &mut meters[id];
+    &mut entry
+        .get_or_insert_with(|| Box::new((Arc::clone(meter), LocalStats::default())))
+        .1
+}
+
+/// The class and data bytes of an I/O, for limits and statistics.
+fn io_class(kind: &IoKind) -> (IoClass, u32) {
+    match *kind {
+        IoKind::Read { len, .. } => (IoClass::Read, len),
+        IoKind::Write { len, .. } => (IoClass::Write, len),
+        IoKind::Flush | IoKind::WriteZeroes { .. } | IoKind::Deallocate { .. } => {
+            (IoClass::Other, 0)
+        }
     }
 }
 

@@ -7,6 +7,8 @@
 //!
 //! The routes are the table [`ROUTES`]; `openapi.json` (served at
 //! `/api/v1/openapi.json`) documents each of them, which a test checks.
+//! Beside them, `GET /metrics` serves the Prometheus exposition (token
+//! needed too: Prometheus sends it with `authorization: credentials_file`).
 
 use crate::http::{self, Request};
 use crate::volumes::{
@@ -17,6 +19,8 @@ use serde_json::{json, Value};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Instant;
+use weft_target::DataPlane;
 use weft_volume::{VolumeError, VolumeSpec};
 
 /// Default API address.
@@ -28,6 +32,7 @@ pub const OPENAPI: &str = include_str!("openapi.json");
 /// Every route: method and path under `/api/v1/`, `{name}` matching one segment.
 pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "openapi.json"),
+    ("GET", "stats"),
     ("GET", "pools"),
     ("POST", "pools"),
     ("GET", "volumes"),
@@ -50,20 +55,29 @@ pub const ROUTES: &[(&str, &str)] = &[
 /// What every API call shares.
 struct Api {
     manager: ManagerHandle,
+    plane: Arc<DataPlane>,
     token: String,
+    /// The clock of the statistics' timestamps.
+    started: Instant,
 }
 
 /// Binds `address` and serves the API on a thread; returns the bound address.
 pub fn start(
     address: SocketAddr,
     manager: ManagerHandle,
+    plane: Arc<DataPlane>,
     token: String,
 ) -> Result<SocketAddr, String> {
     let listener = TcpListener::bind(address).map_err(|e| {
         format!("cannot listen on {address} for the API: {e} (choose another with --api-listen)")
     })?;
     let bound = listener.local_addr().map_err(|e| e.to_string())?;
-    let api = Arc::new(Api { manager, token });
+    let api = Arc::new(Api {
+        manager,
+        plane,
+        token,
+        started: Instant::now(),
+    });
     std::thread::Builder::new()
         .name("weft-api".into())
         .spawn(move || {
@@ -81,6 +95,16 @@ pub fn start(
 fn serve_connection(mut stream: TcpStream, api: &Api) {
     let _ = stream.set_read_timeout(Some(std::time::Duration::from_secs(10)));
     let (status, body) = match http::read_request(&mut stream) {
+        Ok(request) if request.path == "/metrics" && request.method == "GET" => {
+            match api.metrics(&request) {
+                Ok(text) => {
+                    let content_type = "text/plain; version=0.0.4";
+                    let _ = http::write_response(&mut stream, 200, content_type, text.as_bytes());
+                    return;
+                }
+                Err(response) => response,
+            }
+        }
         Ok(request) => api.handle(&request),
         Err(error) => failure(
             400,
@@ -117,6 +141,10 @@ impl Api {
         if let Err(response) = self.authorize(request) {
             return response;
         }
+        if pattern == "stats" {
+            let stats = crate::metrics::collect(&self.plane, &self.started);
+            return (200, serde_json::to_value(stats).expect("serialisable"));
+        }
         let op = match operation(&request.method, pattern, &params, request) {
             Ok(op) => op,
             Err(response) => return response,
@@ -131,6 +159,18 @@ impl Api {
             Ok(reply) => (200, serde_json::to_value(reply).expect("serialisable")),
             Err(error) => admin_failure(&error),
         }
+    }
+
+    /// The Prometheus exposition.
+    fn metrics(&self, request: &Request) -> Result<String, Response> {
+        self.authorize(request)?;
+        let pools = match self.manager.call(AdminOp::ListPools) {
+            Ok(AdminReply::Pools(pools)) => pools,
+            Ok(_) => Vec::new(),
+            Err(error) => return Err(admin_failure(&error)),
+        };
+        let stats = crate::metrics::collect(&self.plane, &self.started);
+        Ok(crate::metrics::prometheus(&stats, &pools))
     }
 
     fn authorize(&self, request: &Request) -> Result<(), Response> {
@@ -313,7 +353,7 @@ fn operation(
         }
         ("GET", "hosts/{host}") => AdminOp::ShowHost(param(0)),
         ("DELETE", "hosts/{host}") => AdminOp::DeleteHost(param(0)),
-        _ => unreachable!("every route in ROUTES has an operation: {method} {pattern}"),
+        _ => unreachable!("every route in ROUTES but stats has an operation: {method} {pattern}"),
     })
 }
 

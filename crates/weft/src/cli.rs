@@ -8,6 +8,7 @@
 use crate::api::DEFAULT_API_LISTEN;
 use crate::config::parse_size_text;
 use crate::http;
+use crate::metrics::Stats;
 use crate::volumes::{HostView, PoolView, VolumeView, DEFAULT_CHUNK_BYTES};
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -34,6 +35,11 @@ enum Show {
     Volume,
     Hosts,
     Host,
+    /// Live statistics every `interval`, `count` times (None: until interrupted).
+    Top {
+        interval: Duration,
+        count: Option<u64>,
+    },
 }
 
 /// Limits of `weft volume set`: option name and API field.
@@ -75,7 +81,11 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
             other => return Err(format!("{}; see weft --help", other.unexpected())),
         }
     }
-    let verb = words.first().cloned().unwrap_or_default();
+    let verb = if noun == "top" {
+        String::new()
+    } else {
+        words.first().cloned().unwrap_or_default()
+    };
     let operand = |index: usize, what: &str| {
         words
             .get(index)
@@ -200,6 +210,17 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
             let path = format!("volumes/{}/qos", operand(1, "volume name")?);
             ("PATCH", path, Some(serde_json::Value::Object(body)), Show::Done("limits set"))
         }
+        ("top", _) => {
+            known(&["interval", "count"])?;
+            let interval = match option("interval") {
+                Some(text) => crate::bench::parse_duration(&text, "--interval")?,
+                None => Duration::from_secs(1),
+            };
+            let count = option("count")
+                .map(|text| text.parse::<u64>().map_err(|_| format!("--count {text}: not a number")))
+                .transpose()?;
+            ("GET", "stats".to_string(), None, Show::Top { interval, count })
+        }
         ("host", "add") => {
             known(&["nqn"])?;
             let nqn = option("nqn").ok_or("weft host add NAME --nqn NQN: give --nqn (the host's /etc/nvme/hostnqn)")?;
@@ -292,6 +313,158 @@ fn text(value: Result<std::ffi::OsString, lexopt::Error>) -> Result<String, Stri
 
 /// Runs the command against the API.
 pub fn run(args: AdminArgs) -> Result<(), String> {
+    if let Show::Top { interval, count } = args.show {
+        return top(&args, interval, count);
+    }
+    let value = request(&args)?;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&value).expect("valid JSON")
+        );
+        return Ok(());
+    }
+    match args.show {
+        Show::Done(what) => println!("{what}"),
+        Show::Pools => print_pools(&decode::<Vec<PoolView>>(value)?),
+        Show::Volumes => print_volumes(&decode::<Vec<VolumeView>>(value)?),
+        Show::Volume => print_volume(&decode(value)?),
+        Show::Hosts => print_hosts(&decode::<Vec<HostView>>(value)?),
+        Show::Host => print_hosts(&[decode(value)?]),
+        Show::Top { .. } => unreachable!("handled above"),
+    }
+    Ok(())
+}
+
+/// `weft top`: polls the statistics and prints rates and latency
+/// quantiles of each interval, busiest namespace first.
+fn top(args: &AdminArgs, interval: Duration, count: Option<u64>) -> Result<(), String> {
+    use std::io::IsTerminal;
+    let terminal = std::io::stdout().is_terminal() && !args.json;
+    let mut before: Stats = decode(request(args)?)?;
+    let mut frames = 0;
+    while count.is_none_or(|count| frames < count) {
+        std::thread::sleep(interval);
+        let now: Stats = decode(request(args)?)?;
+        if args.json {
+            println!(
+                "{}",
+                serde_json::to_string(&top_rows(&before, &now)).expect("valid JSON")
+            );
+        } else {
+            if terminal {
+                print!("\x1b[H\x1b[2J");
+            }
+            print_top(&args.api, interval, &top_rows(&before, &now));
+        }
+        before = now;
+        frames += 1;
+    }
+    Ok(())
+}
+
+/// One namespace's rates over an interval.
+#[derive(Debug, serde::Serialize)]
+struct TopRow {
+    name: String,
+    read_iops: f64,
+    write_iops: f64,
+    read_bytes_per_s: f64,
+    write_bytes_per_s: f64,
+    read_latency_us_p99: Option<u64>,
+    write_latency_us_p99: Option<u64>,
+    queue_depth: u64,
+    hosts: usize,
+    limits: String,
+}
+
+fn top_rows(before: &Stats, now: &Stats) -> Vec<TopRow> {
+    let seconds = (now.time_ns.saturating_sub(before.time_ns) as f64 / 1e9).max(1e-3);
+    let mut rows: Vec<TopRow> = now
+        .namespaces
+        .iter()
+        .map(|ns| {
+            let earlier = before
+                .namespaces
+                .iter()
+                .find(|b| b.nqn == ns.nqn && b.nsid == ns.nsid);
+            let zero = crate::metrics::ClassStats::default();
+            let (read, write) = earlier.map_or((&zero, &zero), |b| (&b.read, &b.write));
+            let rate = |now: u64, then: u64| now.saturating_sub(then) as f64 / seconds;
+            let l = ns.limits;
+            TopRow {
+                name: ns
+                    .volume
+                    .clone()
+                    .unwrap_or_else(|| format!("{}/{}", ns.nqn, ns.nsid)),
+                read_iops: rate(ns.read.ops, read.ops),
+                write_iops: rate(ns.write.ops, write.ops),
+                read_bytes_per_s: rate(ns.read.bytes, read.bytes),
+                write_bytes_per_s: rate(ns.write.bytes, write.bytes),
+                read_latency_us_p99: ns.read.quantile_us_since(read, 0.99),
+                write_latency_us_p99: ns.write.quantile_us_since(write, 0.99),
+                queue_depth: ns.in_flight,
+                hosts: ns.connected_hosts,
+                limits: qos_summary(&weft_control::QosLimits {
+                    iops_max: (l.iops > 0).then_some(l.iops),
+                    bw_max: (l.bytes > 0).then_some(l.bytes),
+                    read_iops_max: (l.read_iops > 0).then_some(l.read_iops),
+                    read_bw_max: (l.read_bytes > 0).then_some(l.read_bytes),
+                    write_iops_max: (l.write_iops > 0).then_some(l.write_iops),
+                    write_bw_max: (l.write_bytes > 0).then_some(l.write_bytes),
+                }),
+            }
+        })
+        .collect();
+    rows.sort_by(|a, b| {
+        (b.read_iops + b.write_iops)
+            .total_cmp(&(a.read_iops + a.write_iops))
+            .then_with(|| a.name.cmp(&b.name))
+    });
+    rows
+}
+
+fn print_top(api: &str, interval: Duration, rows: &[TopRow]) {
+    println!(
+        "weft top: {api}, every {:.1} s (Ctrl-C quits); latency is the target's service time",
+        interval.as_secs_f64()
+    );
+    println!(
+        "{:<32} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>4} {:>5}  LIMITS",
+        "VOLUME / NAMESPACE",
+        "R IOPS",
+        "W IOPS",
+        "R MiB/s",
+        "W MiB/s",
+        "R p99 us",
+        "W p99 us",
+        "QD",
+        "HOSTS"
+    );
+    let p99 = |value: Option<u64>| match value {
+        Some(u64::MAX) => ">5s".to_string(),
+        Some(us) => us.to_string(),
+        None => "-".to_string(),
+    };
+    for row in rows {
+        println!(
+            "{:<32} {:>9.0} {:>9.0} {:>9.1} {:>9.1} {:>9} {:>9} {:>4} {:>5}  {}",
+            row.name,
+            row.read_iops,
+            row.write_iops,
+            row.read_bytes_per_s / 1048576.0,
+            row.write_bytes_per_s / 1048576.0,
+            p99(row.read_latency_us_p99),
+            p99(row.write_latency_us_p99),
+            row.queue_depth,
+            row.hosts,
+            row.limits
+        );
+    }
+}
+
+/// Sends the command's request; the JSON answer, or the API's error as a message.
+fn request(args: &AdminArgs) -> Result<Value, String> {
     let address = args
         .api
         .trim_start_matches("http://")
@@ -317,22 +490,7 @@ pub fn run(args: AdminArgs) -> Result<(), String> {
             _ => message.to_string(),
         });
     }
-    if args.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&value).expect("valid JSON")
-        );
-        return Ok(());
-    }
-    match args.show {
-        Show::Done(what) => println!("{what}"),
-        Show::Pools => print_pools(&decode::<Vec<PoolView>>(value)?),
-        Show::Volumes => print_volumes(&decode::<Vec<VolumeView>>(value)?),
-        Show::Volume => print_volume(&decode(value)?),
-        Show::Hosts => print_hosts(&decode::<Vec<HostView>>(value)?),
-        Show::Host => print_hosts(&[decode(value)?]),
-    }
-    Ok(())
+    Ok(value)
 }
 
 fn decode<T: serde::de::DeserializeOwned>(value: Value) -> Result<T, String> {

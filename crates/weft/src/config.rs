@@ -451,6 +451,7 @@ pub fn build_exports(config: &ServeConfig, node: &NodeId) -> Result<Arc<Exports>
             subsystem_devices.push(NamespaceDevice {
                 nsid: Nsid(namespace.nsid),
                 backend: weft_target::Backend::Device(device),
+                meter: Default::default(),
             });
         }
         subsystems.push(SubsystemConfig {

@@ -11,11 +11,13 @@ mod config;
 mod http;
 mod identity;
 mod logger;
+mod metrics;
 mod token;
 mod volumes;
 
 use config::{BackendSpec, ServeConfig};
 use identity::NodeId;
+use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -38,6 +40,7 @@ Usage:
   weft snapshot create VOLUME@SNAPSHOT | delete VOLUME@SNAPSHOT
   weft host add NAME --nqn NQN | list | show NAME | delete NAME
   weft volume attach VOLUME --host HOST | detach VOLUME --host HOST
+  weft top [--interval D] [--count N]   live per-volume IOPS, MiB/s, p99 latency, queue depth
   weft volume set VOLUME [--iops-max N] [--bw-max SIZE] [--read-iops-max N] [--read-bw-max SIZE]
                          [--write-iops-max N] [--write-bw-max SIZE]     (none removes a limit)
       (admin commands talk to a running `weft serve`: --api URL or WEFT_API, default
@@ -145,12 +148,15 @@ fn parse_args() -> Result<Command, String> {
                 if name == "bench" {
                     return bench::parse(&mut parser).map(Command::Bench);
                 }
-                if matches!(name.as_str(), "pool" | "volume" | "snapshot" | "host") {
+                if matches!(
+                    name.as_str(),
+                    "pool" | "volume" | "snapshot" | "host" | "top"
+                ) {
                     return cli::parse(&name, &mut parser).map(Command::Admin);
                 }
                 if name != "serve" {
                     return Err(format!(
-                        "unknown command \"{name}\"; the commands are serve, pool, volume, snapshot, host and bench (see weft --help)"
+                        "unknown command \"{name}\"; the commands are serve, pool, volume, snapshot, host, top and bench (see weft --help)"
                     ));
                 }
                 command = Some(name);
@@ -302,7 +308,12 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         .or_else(|| config.api_token_file.clone())
         .unwrap_or_else(|| config.data_dir.join(token::FILE_NAME));
     let (api_token, token_created) = token::load_or_create(&token_path)?;
-    let api_address = api::start(api_listen, handle.clone(), api_token.clone())?;
+    let api_address = api::start(
+        api_listen,
+        handle.clone(),
+        Arc::clone(&plane),
+        api_token.clone(),
+    )?;
     let new_token = token_created.then_some(api_token.as_str());
     print_banner(
         &config,
@@ -328,30 +339,38 @@ fn print_banner(
     api_address: SocketAddr,
     (token_path, new_token): (&std::path::Path, Option<&str>),
 ) {
-    println!(
+    // A banner nobody reads (stdout closed) must not stop the node.
+    let mut out = std::io::stdout().lock();
+    macro_rules! say {
+        ($($arg:tt)*) => {{
+            let _ = writeln!(out, $($arg)*);
+        }};
+    }
+    say!(
         "weft {} serving NVMe/TCP ({} reactors, data dir {})",
         env!("CARGO_PKG_VERSION"),
         config.reactors,
         config.data_dir.display()
     );
     for address in &plane.listening {
-        println!("  listening  {address}  (discovery and I/O)");
+        say!("  listening  {address}  (discovery and I/O)");
     }
-    println!("  api        http://{api_address}  (weft pool|volume|snapshot|host ...)");
+    say!("  api        http://{api_address}  (weft pool|volume|snapshot|host ...)");
     match new_token {
-        Some(token) => println!(
+        Some(token) => say!(
             "  api token  {token}\n             (new; shown once, kept in {})",
             token_path.display()
         ),
-        None => println!("  api token  in {}", token_path.display()),
+        None => say!("  api token  in {}", token_path.display()),
     }
     for (subsystem, devices) in exports.config.subsystems.iter().zip(&exports.devices) {
-        println!(
+        say!(
             "  subsystem  {}  serial {}",
-            subsystem.nqn, subsystem.serial
+            subsystem.nqn,
+            subsystem.serial
         );
         for (namespace, device) in subsystem.namespaces.iter().zip(devices) {
-            println!(
+            say!(
                 "    ns {:<4}  {}, {}-byte blocks, nguid {}",
                 namespace.nsid,
                 match &device.backend {
@@ -369,7 +388,7 @@ fn print_banner(
         .flat_map(|s| &s.namespaces)
         .any(|ns| matches!(ns.backend, BackendSpec::Ram { .. }));
     if spec_note {
-        println!("  (ram namespaces lose their content when weft stops)");
+        say!("  (ram namespaces lose their content when weft stops)");
     }
     let first = plane.listening[0];
     let host = if first.ip().is_unspecified() {
@@ -377,10 +396,10 @@ fn print_banner(
     } else {
         first.ip().to_string()
     };
-    println!("\nOn a Linux host (modprobe nvme-tcp):");
-    println!("  nvme discover -t tcp -a {host} -s {}", first.port());
+    say!("\nOn a Linux host (modprobe nvme-tcp):");
+    say!("  nvme discover -t tcp -a {host} -s {}", first.port());
     for subsystem in &exports.config.subsystems {
-        println!(
+        say!(
             "  nvme connect -t tcp -n {} -a {host} -s {}",
             subsystem.nqn,
             first.port()

@@ -23,9 +23,10 @@ use weft_control::{DesiredState, HostRecord, PoolRecord, QosLimits, StoreError, 
 use weft_proto::target::{HostAccess, NamespaceConfig, SubsystemConfig, TargetConfig};
 use weft_proto::types::Nsid;
 use weft_proto::IoError;
+use weft_target::meter::Limits;
 use weft_target::{
-    Backend, DataPlane, Exports, NamespaceDevice, VolumeBackend, VolumeManager, VolumeOutcome,
-    VolumeRequest, VolumeWork,
+    Backend, DataPlane, Exports, Meter, NamespaceDevice, VolumeBackend, VolumeManager,
+    VolumeOutcome, VolumeRequest, VolumeWork,
 };
 use weft_volume::{FileMedia, Pool, PoolInfo, PoolOptions, VolumeError, VolumeInfo, VolumeSpec};
 
@@ -359,6 +360,8 @@ pub struct Manager {
     base: Arc<Exports>,
     pools: BTreeMap<String, Pool<FileMedia>>,
     desired: DesiredState,
+    /// Each volume's QoS limits and statistics, kept across exports updates.
+    meters: BTreeMap<String, Arc<Meter>>,
     handle: ManagerHandle,
     inbox: Receiver<Work>,
     generation: u64,
@@ -393,6 +396,7 @@ impl Manager {
             base,
             pools,
             desired,
+            meters: BTreeMap::new(),
             handle: ManagerHandle { sender },
             inbox,
             generation,
@@ -419,6 +423,11 @@ impl Manager {
             for volume in pool.volumes() {
                 let nqn = volume_nqn(&volume.name);
                 let record = self.volume_record(&volume.name, &volume.id);
+                let meter = Arc::clone(self.meters.entry(volume.name.clone()).or_default());
+                let limits = data_plane_limits(&record.qos);
+                if meter.limits() != limits {
+                    meter.set_limits(limits);
+                }
                 let allowed = record
                     .hosts
                     .iter()
@@ -453,6 +462,7 @@ impl Manager {
                 devices.push(vec![NamespaceDevice {
                     nsid: Nsid(1),
                     backend: Backend::Volume(Arc::new(backend)),
+                    meter,
                 }]);
             }
         }
@@ -658,6 +668,9 @@ impl Manager {
                 let mut record = self.volume_record_checked(&volume)?;
                 changes.apply(&mut record.qos);
                 self.desired.put_volume(&volume, &record)?;
+                if let Some(meter) = self.meters.get(&volume) {
+                    meter.set_limits(data_plane_limits(&record.qos));
+                }
                 log::info!("volume {volume}: limits {:?}", record.qos);
                 AdminReply::Done
             }
@@ -764,6 +777,7 @@ impl Manager {
             plane.update_exports(exports);
             return Err(error.into());
         }
+        self.meters.remove(name);
         log::info!("volume {name} deleted");
         Ok(())
     }
@@ -1001,6 +1015,18 @@ impl Manager {
             snapshots: info.snapshots.into_iter().map(|(n, _, _)| n).collect(),
             nguid: crate::identity::hex(&info.id),
         })
+    }
+}
+
+/// The data plane's form of a volume's limits (0: none).
+fn data_plane_limits(qos: &QosLimits) -> Limits {
+    Limits {
+        iops: qos.iops_max.unwrap_or(0),
+        bytes: qos.bw_max.unwrap_or(0),
+        read_iops: qos.read_iops_max.unwrap_or(0),
+        read_bytes: qos.read_bw_max.unwrap_or(0),
+        write_iops: qos.write_iops_max.unwrap_or(0),
+        write_bytes: qos.write_bw_max.unwrap_or(0),
     }
 }
 

@@ -70,10 +70,12 @@ pub fn start_plane(name: &str) -> DataPlane {
         NamespaceDevice {
             nsid: Nsid(1),
             backend: Backend::Device(ram),
+            meter: Default::default(),
         },
         NamespaceDevice {
             nsid: Nsid(2),
             backend: Backend::Device(file),
+            meter: Default::default(),
         },
     ]];
     let exports = Arc::new(Exports::new(Arc::new(config), devices));

@@ -263,7 +263,7 @@ fn parse_bytes(text: &str, name: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("{name} \"{text}\" is not a size like 4k, 128k, 1m or 2g"))
 }
 
-fn parse_duration(text: &str, name: &str) -> Result<Duration, String> {
+pub fn parse_duration(text: &str, name: &str) -> Result<Duration, String> {
     let (digits, unit) = text.split_at(
         text.find(|c: char| !c.is_ascii_digit())
             .unwrap_or(text.len()),

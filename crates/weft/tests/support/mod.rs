@@ -23,16 +23,22 @@ impl Drop for Server {
 /// Runs `weft serve ARGS` and returns once its banner (up to the first
 /// `nvme connect` line) is out, with the banner.
 pub fn spawn_serve(args: &[&std::ffi::OsStr]) -> (Server, String) {
+    spawn_serve_logging(args, Stdio::null())
+}
+
+/// `spawn_serve` with weft's log going to `log`.
+pub fn spawn_serve_logging(args: &[&std::ffi::OsStr], log: impl Into<Stdio>) -> (Server, String) {
     let mut child = Command::new(WEFT)
         .arg("serve")
         .args(args)
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(log)
         .spawn()
         .unwrap();
     let stdout = child.stdout.take().unwrap();
     let mut banner = String::new();
-    for line in BufReader::new(stdout).lines() {
+    let mut lines = BufReader::new(stdout).lines();
+    for line in lines.by_ref() {
         let line = line.unwrap();
         banner.push_str(&line);
         banner.push('\n');
@@ -40,6 +46,8 @@ pub fn spawn_serve(args: &[&std::ffi::OsStr]) -> (Server, String) {
             break;
         }
     }
+    // Keep reading what follows, as a terminal would.
+    std::thread::spawn(move || lines.for_each(drop));
     (Server(child), banner)
 }
 
@@ -79,7 +87,13 @@ pub fn start_node(data_dir: &std::path::Path, extra: &[&str]) -> Node {
         listen.as_ref(),
     ];
     args.extend(extra.iter().map(std::ffi::OsStr::new));
-    let (server, banner) = spawn_serve(&args);
+    // The log goes next to the data directory, for a failed test's post-mortem.
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(data_dir.with_extension("log"))
+        .unwrap();
+    let (server, banner) = spawn_serve_logging(&args, log);
     let api = banner
         .lines()
         .find_map(|line| line.trim().strip_prefix("api        http://"))

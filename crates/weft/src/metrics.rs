@@ -1,0 +1,471 @@
+//! What the node reports about its I/O: per-namespace totals from the data
+//! plane's meters (as JSON for `weft top`, `GET /api/v1/stats`) and the
+//! Prometheus exposition at `GET /metrics` — per volume and per node
+//! commands, bytes, errors, latency histograms, queue depth, connected
+//! hosts, QoS limits, and pool capacity.
+//!
+//! Everything here reads counters the reactors publish every tick; nothing
+//! touches the I/O path.
+
+use crate::volumes::{PoolView, VOLUME_NQN_PREFIX};
+use serde::{Deserialize, Serialize};
+use std::fmt::Write;
+use weft_target::meter::{ClassSnapshot, Limits, LATENCY_BOUNDS_US};
+use weft_target::DataPlane;
+
+/// Totals of one class of I/O.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct ClassStats {
+    /// Completed commands.
+    pub ops: u64,
+    /// Bytes moved.
+    pub bytes: u64,
+    /// Failed commands.
+    pub errors: u64,
+    /// Sum of service times, nanoseconds.
+    pub latency_ns_total: u64,
+    /// Commands per latency bucket (bounds in `latency_bounds_us`, then overflow).
+    pub buckets: Vec<u64>,
+}
+
+impl From<ClassSnapshot> for ClassStats {
+    fn from(snapshot: ClassSnapshot) -> Self {
+        ClassStats {
+            ops: snapshot.ops,
+            bytes: snapshot.bytes,
+            errors: snapshot.errors,
+            latency_ns_total: snapshot.latency_ns_total,
+            buckets: snapshot.buckets,
+        }
+    }
+}
+
+impl ClassStats {
+    /// Upper bound (us) of the bucket holding quantile `q` of the commands
+    /// counted between `earlier` and `self`; None if none completed.
+    pub fn quantile_us_since(&self, earlier: &ClassStats, q: f64) -> Option<u64> {
+        let buckets: Vec<u64> = self
+            .buckets
+            .iter()
+            .enumerate()
+            .map(|(i, n)| n.saturating_sub(earlier.buckets.get(i).copied().unwrap_or(0)))
+            .collect();
+        ClassSnapshot {
+            buckets,
+            ..ClassSnapshot::default()
+        }
+        .quantile_us(q)
+        .or_else(|| (self.ops > earlier.ops).then_some(u64::MAX))
+    }
+}
+
+/// One namespace's totals.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct NamespaceStats {
+    /// Subsystem NQN.
+    pub nqn: String,
+    /// Namespace ID.
+    pub nsid: u32,
+    /// The volume it serves, if any.
+    pub volume: Option<String>,
+    /// Commands taken but not completed.
+    pub in_flight: u64,
+    /// Hosts connected to its subsystem.
+    pub connected_hosts: usize,
+    /// Reads.
+    pub read: ClassStats,
+    /// Writes.
+    pub write: ClassStats,
+    /// Flush, Deallocate, Write Zeroes.
+    pub other: ClassStats,
+    /// QoS limits in force (0: none).
+    pub limits: LimitsView,
+}
+
+/// QoS limits as reported (0: none).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct LimitsView {
+    /// I/O per second.
+    pub iops: u64,
+    /// Bytes per second.
+    pub bytes: u64,
+    /// Reads per second.
+    pub read_iops: u64,
+    /// Bytes read per second.
+    pub read_bytes: u64,
+    /// Writes per second.
+    pub write_iops: u64,
+    /// Bytes written per second.
+    pub write_bytes: u64,
+}
+
+impl From<Limits> for LimitsView {
+    fn from(l: Limits) -> Self {
+        LimitsView {
+            iops: l.iops,
+            bytes: l.bytes,
+            read_iops: l.read_iops,
+            read_bytes: l.read_bytes,
+            write_iops: l.write_iops,
+            write_bytes: l.write_bytes,
+        }
+    }
+}
+
+/// Every namespace's totals at one moment.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Stats {
+    /// When, in nanoseconds of the node's monotonic clock.
+    pub time_ns: u64,
+    /// Upper bounds of the latency buckets, microseconds.
+    pub latency_bounds_us: Vec<u64>,
+    /// Per namespace.
+    pub namespaces: Vec<NamespaceStats>,
+}
+
+/// Reads every namespace's meter.
+pub fn collect(plane: &DataPlane, clock: &std::time::Instant) -> Stats {
+    let exports = plane.exports();
+    let mut namespaces = Vec::new();
+    for (subsystem, devices) in exports.config.subsystems.iter().zip(&exports.devices) {
+        let connected_hosts = plane.connected_hosts(&subsystem.nqn).len();
+        for device in devices {
+            let snapshot = device.meter.snapshot();
+            namespaces.push(NamespaceStats {
+                nqn: subsystem.nqn.clone(),
+                nsid: device.nsid.0,
+                volume: subsystem
+                    .nqn
+                    .strip_prefix(VOLUME_NQN_PREFIX)
+                    .map(str::to_string),
+                in_flight: snapshot.in_flight,
+                connected_hosts,
+                read: snapshot.read.into(),
+                write: snapshot.write.into(),
+                other: snapshot.other.into(),
+                limits: device.meter.limits().into(),
+            });
+        }
+    }
+    Stats {
+        time_ns: clock.elapsed().as_nanos() as u64,
+        latency_bounds_us: LATENCY_BOUNDS_US.to_vec(),
+        namespaces,
+    }
+}
+
+/// The Prometheus text exposition (format 0.0.4) of `stats` and `pools`.
+pub fn prometheus(stats: &Stats, pools: &[PoolView]) -> String {
+    let mut out = String::new();
+    let classes = |ns: &NamespaceStats| {
+        [
+            ("read", ns.read.clone()),
+            ("write", ns.write.clone()),
+            ("other", ns.other.clone()),
+        ]
+    };
+    let labels = |ns: &NamespaceStats| {
+        format!(
+            "subsystem=\"{}\",nsid=\"{}\",volume=\"{}\"",
+            ns.nqn,
+            ns.nsid,
+            ns.volume.as_deref().unwrap_or("")
+        )
+    };
+    family(
+        &mut out,
+        "weft_namespace_ops_total",
+        "counter",
+        "Commands completed, by namespace and operation.",
+    );
+    for ns in &stats.namespaces {
+        for (op, class) in classes(ns) {
+            let _ = writeln!(
+                out,
+                "weft_namespace_ops_total{{{},op=\"{op}\"}} {}",
+                labels(ns),
+                class.ops
+            );
+        }
+    }
+    family(
+        &mut out,
+        "weft_namespace_bytes_total",
+        "counter",
+        "Bytes read or written, by namespace.",
+    );
+    for ns in &stats.namespaces {
+        for (op, class) in classes(ns).into_iter().take(2) {
+            let _ = writeln!(
+                out,
+                "weft_namespace_bytes_total{{{},op=\"{op}\"}} {}",
+                labels(ns),
+                class.bytes
+            );
+        }
+    }
+    family(
+        &mut out,
+        "weft_namespace_errors_total",
+        "counter",
+        "Commands that completed with an error, by namespace and operation.",
+    );
+    for ns in &stats.namespaces {
+        for (op, class) in classes(ns) {
+            let _ = writeln!(
+                out,
+                "weft_namespace_errors_total{{{},op=\"{op}\"}} {}",
+                labels(ns),
+                class.errors
+            );
+        }
+    }
+    family(
+        &mut out,
+        "weft_namespace_latency_seconds",
+        "histogram",
+        "Target service time (command taken to completion, QoS wait included).",
+    );
+    for ns in &stats.namespaces {
+        for (op, class) in classes(ns) {
+            let mut cumulative = 0;
+            for (index, count) in class.buckets.iter().enumerate() {
+                cumulative += count;
+                let le = match stats.latency_bounds_us.get(index) {
+                    Some(bound) => format!("{}", *bound as f64 / 1e6),
+                    None => "+Inf".to_string(),
+                };
+                let _ = writeln!(out, "weft_namespace_latency_seconds_bucket{{{},op=\"{op}\",le=\"{le}\"}} {cumulative}", labels(ns));
+            }
+            let _ = writeln!(
+                out,
+                "weft_namespace_latency_seconds_sum{{{},op=\"{op}\"}} {}",
+                labels(ns),
+                class.latency_ns_total as f64 / 1e9
+            );
+            let _ = writeln!(
+                out,
+                "weft_namespace_latency_seconds_count{{{},op=\"{op}\"}} {}",
+                labels(ns),
+                class.ops
+            );
+        }
+    }
+    family(
+        &mut out,
+        "weft_namespace_queue_depth",
+        "gauge",
+        "Commands taken by the target and not yet completed.",
+    );
+    for ns in &stats.namespaces {
+        let _ = writeln!(
+            out,
+            "weft_namespace_queue_depth{{{}}} {}",
+            labels(ns),
+            ns.in_flight
+        );
+    }
+    family(
+        &mut out,
+        "weft_namespace_connected_hosts",
+        "gauge",
+        "Controllers connected to the namespace's subsystem.",
+    );
+    for ns in &stats.namespaces {
+        let _ = writeln!(
+            out,
+            "weft_namespace_connected_hosts{{{}}} {}",
+            labels(ns),
+            ns.connected_hosts
+        );
+    }
+    family(
+        &mut out,
+        "weft_namespace_qos_limit",
+        "gauge",
+        "QoS limits in force (IOPS, or bytes per second); absent when unlimited.",
+    );
+    for ns in &stats.namespaces {
+        let l = ns.limits;
+        let limits = [
+            ("iops", l.iops),
+            ("bytes", l.bytes),
+            ("read_iops", l.read_iops),
+            ("read_bytes", l.read_bytes),
+            ("write_iops", l.write_iops),
+            ("write_bytes", l.write_bytes),
+        ];
+        for (limit, value) in limits.into_iter().filter(|(_, v)| *v > 0) {
+            let _ = writeln!(
+                out,
+                "weft_namespace_qos_limit{{{},limit=\"{limit}\"}} {value}",
+                labels(ns)
+            );
+        }
+    }
+    node_totals(&mut out, stats);
+    family(
+        &mut out,
+        "weft_pool_capacity_bytes",
+        "gauge",
+        "Data space of the pool.",
+    );
+    for pool in pools {
+        let _ = writeln!(
+            out,
+            "weft_pool_capacity_bytes{{pool=\"{}\"}} {}",
+            pool.name, pool.capacity_bytes
+        );
+    }
+    family(
+        &mut out,
+        "weft_pool_allocated_bytes",
+        "gauge",
+        "Bytes of the pool's allocation units in use.",
+    );
+    for pool in pools {
+        let _ = writeln!(
+            out,
+            "weft_pool_allocated_bytes{{pool=\"{}\"}} {}",
+            pool.name, pool.allocated_bytes
+        );
+    }
+    family(
+        &mut out,
+        "weft_pool_provisioned_bytes",
+        "gauge",
+        "Sum of the sizes of the pool's volumes.",
+    );
+    for pool in pools {
+        let _ = writeln!(
+            out,
+            "weft_pool_provisioned_bytes{{pool=\"{}\"}} {}",
+            pool.name, pool.provisioned_bytes
+        );
+    }
+    out
+}
+
+/// Node-wide sums of the namespace counters.
+fn node_totals(out: &mut String, stats: &Stats) {
+    let sum =
+        |pick: &dyn Fn(&NamespaceStats) -> u64| stats.namespaces.iter().map(pick).sum::<u64>();
+    family(
+        out,
+        "weft_node_ops_total",
+        "counter",
+        "Commands completed on the node, by operation.",
+    );
+    for (op, ops) in [
+        ("read", sum(&|n| n.read.ops)),
+        ("write", sum(&|n| n.write.ops)),
+        ("other", sum(&|n| n.other.ops)),
+    ] {
+        let _ = writeln!(out, "weft_node_ops_total{{op=\"{op}\"}} {ops}");
+    }
+    family(
+        out,
+        "weft_node_bytes_total",
+        "counter",
+        "Bytes read or written on the node.",
+    );
+    for (op, bytes) in [
+        ("read", sum(&|n| n.read.bytes)),
+        ("write", sum(&|n| n.write.bytes)),
+    ] {
+        let _ = writeln!(out, "weft_node_bytes_total{{op=\"{op}\"}} {bytes}");
+    }
+    family(
+        out,
+        "weft_node_errors_total",
+        "counter",
+        "Commands that failed on the node.",
+    );
+    let errors = sum(&|n| n.read.errors + n.write.errors + n.other.errors);
+    let _ = writeln!(out, "weft_node_errors_total {errors}");
+    family(
+        out,
+        "weft_node_queue_depth",
+        "gauge",
+        "Commands in progress on the node.",
+    );
+    let _ = writeln!(out, "weft_node_queue_depth {}", sum(&|n| n.in_flight));
+    family(out, "weft_node_namespaces", "gauge", "Namespaces served.");
+    let _ = writeln!(out, "weft_node_namespaces {}", stats.namespaces.len());
+}
+
+fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn class(ops: u64, fast: u64) -> ClassStats {
+        let mut buckets = vec![0; LATENCY_BOUNDS_US.len() + 1];
+        buckets[0] = fast;
+        buckets[20] = ops - fast;
+        ClassStats {
+            ops,
+            bytes: ops * 4096,
+            errors: 0,
+            latency_ns_total: ops * 1000,
+            buckets,
+        }
+    }
+
+    #[test]
+    fn the_exposition_has_cumulative_buckets_and_every_family() {
+        let stats = Stats {
+            time_ns: 0,
+            latency_bounds_us: LATENCY_BOUNDS_US.to_vec(),
+            namespaces: vec![NamespaceStats {
+                nqn: "nqn.2026-11.io.weft:vol:db1".into(),
+                nsid: 1,
+                volume: Some("db1".into()),
+                in_flight: 3,
+                connected_hosts: 1,
+                read: class(10, 4),
+                write: class(5, 5),
+                other: ClassStats::default(),
+                limits: LimitsView {
+                    iops: 20000,
+                    ..LimitsView::default()
+                },
+            }],
+        };
+        let text = prometheus(&stats, &[]);
+        let labels = "subsystem=\"nqn.2026-11.io.weft:vol:db1\",nsid=\"1\",volume=\"db1\"";
+        for line in [
+            format!("weft_namespace_ops_total{{{labels},op=\"read\"}} 10"),
+            format!(
+                "weft_namespace_latency_seconds_bucket{{{labels},op=\"read\",le=\"0.00001\"}} 4"
+            ),
+            format!(
+                "weft_namespace_latency_seconds_bucket{{{labels},op=\"read\",le=\"0.002\"}} 10"
+            ),
+            format!("weft_namespace_latency_seconds_bucket{{{labels},op=\"read\",le=\"+Inf\"}} 10"),
+            format!("weft_namespace_latency_seconds_count{{{labels},op=\"read\"}} 10"),
+            format!("weft_namespace_queue_depth{{{labels}}} 3"),
+            format!("weft_namespace_qos_limit{{{labels},limit=\"iops\"}} 20000"),
+            "weft_node_ops_total{op=\"write\"} 5".to_string(),
+            "# TYPE weft_namespace_latency_seconds histogram".to_string(),
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line}\n{text}");
+        }
+        assert!(
+            !text.contains("limit=\"bytes\""),
+            "unlimited limits are absent"
+        );
+    }
+
+    #[test]
+    fn quantiles_come_from_the_interval_only() {
+        let before = class(10, 10);
+        let after = class(20, 10);
+        // The 10 new commands were all slow (bucket 20: 2 ms).
+        assert_eq!(after.quantile_us_since(&before, 0.99), Some(2_000));
+        assert_eq!(before.quantile_us_since(&before, 0.99), None);
+    }
+}
