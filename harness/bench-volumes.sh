@@ -35,14 +35,17 @@ EOF
 SERVE=$!
 trap 'kill $SERVE 2>/dev/null; wait $SERVE 2>/dev/null' EXIT
 for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && break; sleep 0.1; done
-export WEFT_API=$API
+export WEFT_API=$API WEFT_API_TOKEN=$(cat "$DIR/data/api-token")
+HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-00000000be0c
 "$WEFT" pool create bench --device "$DIR/pool.img" --device-size 1GiB > /dev/null
 "$WEFT" volume create thin --pool bench --size 512MiB > /dev/null
 "$WEFT" volume create fresh --pool bench --size 256MiB > /dev/null
+"$WEFT" host add bench --nqn $HOSTNQN > /dev/null
+for v in thin fresh; do "$WEFT" volume attach $v --host bench > /dev/null; done
 RAW=nvme-tcp://127.0.0.1:$PORT/nqn.2026-11.io.weft:raw
 THIN=nvme-tcp://127.0.0.1:$PORT/nqn.2026-11.io.weft:vol:thin
 FRESH=nvme-tcp://127.0.0.1:$PORT/nqn.2026-11.io.weft:vol:fresh
-bench() { "$WEFT" bench --target "$1" --json "${@:2}"; }
+bench() { "$WEFT" bench --hostnqn $HOSTNQN --target "$1" --json "${@:2}"; }
 iops() { python3 -c 'import json,sys; j=json.load(sys.stdin)["jobs"][0]; print(int(j["read"]["iops"] + j["write"]["iops"]))'; }
 lat() { # mean, p99 and max write latency in us, and the write count
     python3 -c 'import json,sys; s=json.load(sys.stdin)["jobs"][0]["write"]["lat_ns"]; print(round(s["mean"]/1000, 1), round(s["percentile"]["99.000000"]/1000, 1), round(s["max"]/1000, 1))'
