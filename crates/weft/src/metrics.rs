@@ -154,16 +154,40 @@ pub fn collect(plane: &DataPlane, clock: &std::time::Instant) -> Stats {
     }
 }
 
+/// Text being written in the Prometheus exposition format.
+struct Exposition(String);
+
+impl Exposition {
+    fn family(&mut self, name: &str, kind: &str, help: &str) {
+        let _ = writeln!(self.0, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    }
+
+    fn sample(&mut self, name: &str, labels: &str, value: impl std::fmt::Display) {
+        let _ = if labels.is_empty() {
+            writeln!(self.0, "{name} {value}")
+        } else {
+            writeln!(self.0, "{name}{{{labels}}} {value}")
+        };
+    }
+}
+
+type ClassValue = fn(&ClassStats) -> u64;
+
+/// A namespace's classes by operation label.
+fn classes(ns: &NamespaceStats) -> [(&'static str, &ClassStats); 3] {
+    [
+        ("read", &ns.read),
+        ("write", &ns.write),
+        ("other", &ns.other),
+    ]
+}
+
+type NamespaceValue = fn(&NamespaceStats) -> u64;
+type PoolValue = fn(&PoolView) -> u64;
+
 /// The Prometheus text exposition (format 0.0.4) of `stats` and `pools`.
 pub fn prometheus(stats: &Stats, pools: &[PoolView]) -> String {
-    let mut out = String::new();
-    let classes = |ns: &NamespaceStats| {
-        [
-            ("read", ns.read.clone()),
-            ("write", ns.write.clone()),
-            ("other", ns.other.clone()),
-        ]
-    };
+    let mut out = Exposition(String::new());
     let labels = |ns: &NamespaceStats| {
         format!(
             "subsystem=\"{}\",nsid=\"{}\",volume=\"{}\"",
@@ -172,116 +196,89 @@ pub fn prometheus(stats: &Stats, pools: &[PoolView]) -> String {
             ns.volume.as_deref().unwrap_or("")
         )
     };
-    family(
-        &mut out,
-        "weft_namespace_ops_total",
-        "counter",
-        "Commands completed, by namespace and operation.",
-    );
-    for ns in &stats.namespaces {
-        for (op, class) in classes(ns) {
-            let _ = writeln!(
-                out,
-                "weft_namespace_ops_total{{{},op=\"{op}\"}} {}",
-                labels(ns),
-                class.ops
-            );
+    // Per namespace and operation (bytes: reads and writes only).
+    let per_operation: [(&str, &str, &str, ClassValue, usize); 3] = [
+        (
+            "weft_namespace_ops_total",
+            "counter",
+            "Commands completed, by namespace and operation.",
+            |c| c.ops,
+            3,
+        ),
+        (
+            "weft_namespace_bytes_total",
+            "counter",
+            "Bytes read or written, by namespace.",
+            |c| c.bytes,
+            2,
+        ),
+        (
+            "weft_namespace_errors_total",
+            "counter",
+            "Commands that completed with an error, by namespace and operation.",
+            |c| c.errors,
+            3,
+        ),
+    ];
+    for (name, kind, help, value, operations) in per_operation {
+        out.family(name, kind, help);
+        for ns in &stats.namespaces {
+            for (op, class) in classes(ns).into_iter().take(operations) {
+                out.sample(name, &format!("{},op=\"{op}\"", labels(ns)), value(class));
+            }
         }
     }
-    family(
-        &mut out,
-        "weft_namespace_bytes_total",
-        "counter",
-        "Bytes read or written, by namespace.",
-    );
-    for ns in &stats.namespaces {
-        for (op, class) in classes(ns).into_iter().take(2) {
-            let _ = writeln!(
-                out,
-                "weft_namespace_bytes_total{{{},op=\"{op}\"}} {}",
-                labels(ns),
-                class.bytes
-            );
-        }
-    }
-    family(
-        &mut out,
-        "weft_namespace_errors_total",
-        "counter",
-        "Commands that completed with an error, by namespace and operation.",
-    );
-    for ns in &stats.namespaces {
-        for (op, class) in classes(ns) {
-            let _ = writeln!(
-                out,
-                "weft_namespace_errors_total{{{},op=\"{op}\"}} {}",
-                labels(ns),
-                class.errors
-            );
-        }
-    }
-    family(
-        &mut out,
-        "weft_namespace_latency_seconds",
+    let histogram = "weft_namespace_latency_seconds";
+    out.family(
+        histogram,
         "histogram",
         "Target service time (command taken to completion, QoS wait included).",
     );
     for ns in &stats.namespaces {
         for (op, class) in classes(ns) {
+            let labels = format!("{},op=\"{op}\"", labels(ns));
             let mut cumulative = 0;
             for (index, count) in class.buckets.iter().enumerate() {
                 cumulative += count;
                 let le = match stats.latency_bounds_us.get(index) {
-                    Some(bound) => format!("{}", *bound as f64 / 1e6),
+                    Some(bound) => (*bound as f64 / 1e6).to_string(),
                     None => "+Inf".to_string(),
                 };
-                let _ = writeln!(out, "weft_namespace_latency_seconds_bucket{{{},op=\"{op}\",le=\"{le}\"}} {cumulative}", labels(ns));
+                out.sample(
+                    &format!("{histogram}_bucket"),
+                    &format!("{labels},le=\"{le}\""),
+                    cumulative,
+                );
             }
-            let _ = writeln!(
-                out,
-                "weft_namespace_latency_seconds_sum{{{},op=\"{op}\"}} {}",
-                labels(ns),
-                class.latency_ns_total as f64 / 1e9
+            out.sample(
+                &format!("{histogram}_sum"),
+                &labels,
+                class.latency_ns_total as f64 / 1e9,
             );
-            let _ = writeln!(
-                out,
-                "weft_namespace_latency_seconds_count{{{},op=\"{op}\"}} {}",
-                labels(ns),
-                class.ops
-            );
+            out.sample(&format!("{histogram}_count"), &labels, class.ops);
         }
     }
-    family(
-        &mut out,
-        "weft_namespace_queue_depth",
-        "gauge",
-        "Commands taken by the target and not yet completed.",
-    );
-    for ns in &stats.namespaces {
-        let _ = writeln!(
-            out,
-            "weft_namespace_queue_depth{{{}}} {}",
-            labels(ns),
-            ns.in_flight
-        );
+    let per_namespace: [(&str, &str, NamespaceValue); 2] = [
+        (
+            "weft_namespace_queue_depth",
+            "Commands taken by the target and not yet completed.",
+            |ns| ns.in_flight,
+        ),
+        (
+            "weft_namespace_connected_hosts",
+            "Controllers connected to the namespace's subsystem.",
+            |ns| ns.connected_hosts as u64,
+        ),
+    ];
+    for (name, help, value) in per_namespace {
+        out.family(name, "gauge", help);
+        for ns in &stats.namespaces {
+            out.sample(name, &labels(ns), value(ns));
+        }
     }
-    family(
-        &mut out,
-        "weft_namespace_connected_hosts",
-        "gauge",
-        "Controllers connected to the namespace's subsystem.",
-    );
-    for ns in &stats.namespaces {
-        let _ = writeln!(
-            out,
-            "weft_namespace_connected_hosts{{{}}} {}",
-            labels(ns),
-            ns.connected_hosts
-        );
-    }
-    family(
-        &mut out,
-        "weft_namespace_qos_limit",
+    let limit = "weft_namespace_qos_limit";
+    out.family(
+        limit,
         "gauge",
         "QoS limits in force (IOPS, or bytes per second); absent when unlimited.",
     );
@@ -295,63 +292,40 @@ pub fn prometheus(stats: &Stats, pools: &[PoolView]) -> String {
             ("write_iops", l.write_iops),
             ("write_bytes", l.write_bytes),
         ];
-        for (limit, value) in limits.into_iter().filter(|(_, v)| *v > 0) {
-            let _ = writeln!(
-                out,
-                "weft_namespace_qos_limit{{{},limit=\"{limit}\"}} {value}",
-                labels(ns)
-            );
+        for (kind, value) in limits.into_iter().filter(|(_, v)| *v > 0) {
+            out.sample(limit, &format!("{},limit=\"{kind}\"", labels(ns)), value);
         }
     }
     node_totals(&mut out, stats);
-    family(
-        &mut out,
-        "weft_pool_capacity_bytes",
-        "gauge",
-        "Data space of the pool.",
-    );
-    for pool in pools {
-        let _ = writeln!(
-            out,
-            "weft_pool_capacity_bytes{{pool=\"{}\"}} {}",
-            pool.name, pool.capacity_bytes
-        );
+    let per_pool: [(&str, &str, PoolValue); 3] = [
+        ("weft_pool_capacity_bytes", "Data space of the pool.", |p| {
+            p.capacity_bytes
+        }),
+        (
+            "weft_pool_allocated_bytes",
+            "Bytes of the pool's allocation units in use.",
+            |p| p.allocated_bytes,
+        ),
+        (
+            "weft_pool_provisioned_bytes",
+            "Sum of the sizes of the pool's volumes.",
+            |p| p.provisioned_bytes,
+        ),
+    ];
+    for (name, help, value) in per_pool {
+        out.family(name, "gauge", help);
+        for pool in pools {
+            out.sample(name, &format!("pool=\"{}\"", pool.name), value(pool));
+        }
     }
-    family(
-        &mut out,
-        "weft_pool_allocated_bytes",
-        "gauge",
-        "Bytes of the pool's allocation units in use.",
-    );
-    for pool in pools {
-        let _ = writeln!(
-            out,
-            "weft_pool_allocated_bytes{{pool=\"{}\"}} {}",
-            pool.name, pool.allocated_bytes
-        );
-    }
-    family(
-        &mut out,
-        "weft_pool_provisioned_bytes",
-        "gauge",
-        "Sum of the sizes of the pool's volumes.",
-    );
-    for pool in pools {
-        let _ = writeln!(
-            out,
-            "weft_pool_provisioned_bytes{{pool=\"{}\"}} {}",
-            pool.name, pool.provisioned_bytes
-        );
-    }
-    out
+    out.0
 }
 
 /// Node-wide sums of the namespace counters.
-fn node_totals(out: &mut String, stats: &Stats) {
+fn node_totals(out: &mut Exposition, stats: &Stats) {
     let sum =
-        |pick: &dyn Fn(&NamespaceStats) -> u64| stats.namespaces.iter().map(pick).sum::<u64>();
-    family(
-        out,
+        |value: &dyn Fn(&NamespaceStats) -> u64| stats.namespaces.iter().map(value).sum::<u64>();
+    out.family(
         "weft_node_ops_total",
         "counter",
         "Commands completed on the node, by operation.",
@@ -361,10 +335,9 @@ fn node_totals(out: &mut String, stats: &Stats) {
         ("write", sum(&|n| n.write.ops)),
         ("other", sum(&|n| n.other.ops)),
     ] {
-        let _ = writeln!(out, "weft_node_ops_total{{op=\"{op}\"}} {ops}");
+        out.sample("weft_node_ops_total", &format!("op=\"{op}\""), ops);
     }
-    family(
-        out,
+    out.family(
         "weft_node_bytes_total",
         "counter",
         "Bytes read or written on the node.",
@@ -373,29 +346,32 @@ fn node_totals(out: &mut String, stats: &Stats) {
         ("read", sum(&|n| n.read.bytes)),
         ("write", sum(&|n| n.write.bytes)),
     ] {
-        let _ = writeln!(out, "weft_node_bytes_total{{op=\"{op}\"}} {bytes}");
+        out.sample("weft_node_bytes_total", &format!("op=\"{op}\""), bytes);
     }
-    family(
-        out,
-        "weft_node_errors_total",
-        "counter",
-        "Commands that failed on the node.",
-    );
-    let errors = sum(&|n| n.read.errors + n.write.errors + n.other.errors);
-    let _ = writeln!(out, "weft_node_errors_total {errors}");
-    family(
-        out,
-        "weft_node_queue_depth",
-        "gauge",
-        "Commands in progress on the node.",
-    );
-    let _ = writeln!(out, "weft_node_queue_depth {}", sum(&|n| n.in_flight));
-    family(out, "weft_node_namespaces", "gauge", "Namespaces served.");
-    let _ = writeln!(out, "weft_node_namespaces {}", stats.namespaces.len());
-}
-
-fn family(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    let gauges: [(&str, &str, &str, u64); 3] = [
+        (
+            "weft_node_errors_total",
+            "counter",
+            "Commands that failed on the node.",
+            sum(&|n| n.read.errors + n.write.errors + n.other.errors),
+        ),
+        (
+            "weft_node_queue_depth",
+            "gauge",
+            "Commands in progress on the node.",
+            sum(&|n| n.in_flight),
+        ),
+        (
+            "weft_node_namespaces",
+            "gauge",
+            "Namespaces served.",
+            stats.namespaces.len() as u64,
+        ),
+    ];
+    for (name, kind, help, value) in gauges {
+        out.family(name, kind, help);
+        out.sample(name, "", value);
+    }
 }
 
 #[cfg(test)]
