@@ -205,4 +205,32 @@ mod tests {
             .unwrap()
             .starts_with("HTTP/1.1 404 Not Found\r\n"));
     }
+
+    /// The API's parser takes bytes from the network: random and mutated
+    /// requests give an error or a request, never a panic.
+    #[test]
+    fn random_and_mutated_requests_never_panic() {
+        let valid = b"POST /api/v1/hosts HTTP/1.1\r\nAuthorization: Bearer t\r\nContent-Length: 13\r\n\r\n{\"name\": \"a\"}";
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for round in 0..20_000 {
+            let mut bytes = valid.to_vec();
+            if round % 2 == 0 {
+                let len = (next() % 256) as usize;
+                bytes = (0..len).map(|_| next() as u8).collect();
+            } else {
+                for _ in 0..1 + next() % 4 {
+                    let at = (next() as usize) % bytes.len();
+                    bytes[at] = next() as u8;
+                }
+                bytes.truncate((next() as usize) % (bytes.len() + 1));
+            }
+            let _ = read_request(&mut &bytes[..]);
+        }
+    }
 }
