@@ -395,19 +395,21 @@ fn parse_size(size: &SizeText) -> Result<u64, String> {
     }
 }
 
-/// Parses sizes like `4096`, `512MiB`, `4GiB`, `1T` (binary units).
+/// Parses sizes like `4096`, `512MiB`, `4GiB`, `1T`, `4k`, `128k` (binary
+/// units, any case; the config, the admin commands and `weft bench` share it).
 pub fn parse_size_text(text: &str) -> Result<u64, String> {
     let text = text.trim();
     let split = text
         .find(|c: char| !c.is_ascii_digit())
         .unwrap_or(text.len());
     let (digits, unit) = text.split_at(split);
-    let multiplier: u64 = match unit.trim() {
-        "" | "B" => 1,
-        "K" | "KiB" => 1 << 10,
-        "M" | "MiB" => 1 << 20,
-        "G" | "GiB" => 1 << 30,
-        "T" | "TiB" => 1 << 40,
+    let unit = unit.trim().to_ascii_lowercase();
+    let multiplier: u64 = match unit.trim_end_matches('b').trim_end_matches('i') {
+        "" => 1,
+        "k" => 1 << 10,
+        "m" => 1 << 20,
+        "g" => 1 << 30,
+        "t" => 1 << 40,
         _ => {
             return Err(format!(
                 "\"{text}\" is not a size: use bytes or a number with KiB, MiB, GiB or TiB"

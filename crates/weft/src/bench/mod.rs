@@ -165,10 +165,10 @@ pub fn parse(parser: &mut lexopt::Parser) -> Result<BenchArgs, String> {
             "--rw" => args.pattern = Pattern::parse(&value()?)?,
             "--rwmixread" => args.read_percent = number(&value()?, &name, 0, 100)? as u32,
             "--bs" => {
-                args.block_bytes = u32::try_from(parse_bytes(&value()?, &name)?)
+                args.block_bytes = u32::try_from(parse_size(&value()?, &name)?)
                     .map_err(|_| format!("{name} is larger than 4 GiB"))?
             }
-            "--size" => args.size = Some(parse_bytes(&value()?, &name)?),
+            "--size" => args.size = Some(parse_size(&value()?, &name)?),
             "--verify" => args.verify = true,
             "--rounds" => args.rounds = number(&value()?, &name, 1, 1000)? as usize,
             "--plot" => args.plot_file = Some(PathBuf::from(value()?)),
@@ -248,19 +248,9 @@ fn number(text: &str, name: &str, min: u64, max: u64) -> Result<u64, String> {
         .ok_or_else(|| format!("{name} \"{text}\" is not a number from {min} to {max}"))
 }
 
-fn parse_bytes(text: &str, name: &str) -> Result<u64, String> {
-    let lower = text.to_ascii_lowercase();
-    let (digits, multiplier) = match lower.trim_end_matches(['b', 'i']) {
-        t if t.ends_with('k') => (&t[..t.len() - 1], 1 << 10),
-        t if t.ends_with('m') => (&t[..t.len() - 1], 1 << 20),
-        t if t.ends_with('g') => (&t[..t.len() - 1], 1 << 30),
-        t => (t, 1),
-    };
-    digits
-        .parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(multiplier))
-        .ok_or_else(|| format!("{name} \"{text}\" is not a size like 4k, 128k, 1m or 2g"))
+/// A size option, e.g. `--bs 4k` (the config's parser).
+fn parse_size(text: &str, name: &str) -> Result<u64, String> {
+    crate::config::parse_size_text(text).map_err(|e| format!("{name} {e}"))
 }
 
 pub fn parse_duration(text: &str, name: &str) -> Result<Duration, String> {
