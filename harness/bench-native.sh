@@ -38,6 +38,7 @@ URL=nvme-tcp://127.0.0.1:$PORT/$NQN
 cat > "$DIR/weft.toml" <<TOML
 data_dir = "$DIR/data"
 listen = ["127.0.0.1:$PORT"]
+api_listen = "127.0.0.1:$((PORT + 1))"
 [[subsystem]]
 nqn = "$NQN"
 [[subsystem.namespace]]
@@ -49,10 +50,9 @@ nsid = 2
 backend = "file"
 path = "$FILE"
 TOML
-"$WEFT" serve --config "$DIR/weft.toml" > "$DIR/serve.log" 2>&1 &
-PID=$!
-trap 'kill $PID 2>/dev/null; wait $PID 2>/dev/null' EXIT
-for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && break; sleep 0.1; done
+. harness/lib.sh
+start_weft $((PORT + 1)) "$DIR/serve.log" "$WEFT" serve --config "$DIR/weft.toml"
+PID=$WEFT_PID
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$PID/stat"; }
 HZ=$(getconf CLK_TCK)
 

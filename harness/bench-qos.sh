@@ -23,10 +23,8 @@ done
 DIR=$PWD/.cache/bench/qos
 rm -rf "$DIR"; mkdir -p "$DIR"
 PORT=14470 API=127.0.0.1:14471
-"$WEFT" serve --data-dir "$DIR/data" --listen 127.0.0.1:$PORT --api-listen $API > "$DIR/serve.log" 2>&1 &
-SERVE=$!
-trap 'kill $SERVE 2>/dev/null; wait $SERVE 2>/dev/null' EXIT
-for _ in $(seq 100); do [ -s "$DIR/data/api-token" ] && (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && break; sleep 0.1; done
+. harness/lib.sh
+start_weft ${API##*:} "$DIR/serve.log" "$WEFT" serve --data-dir "$DIR/data" --listen 127.0.0.1:$PORT --api-listen $API
 export WEFT_API=$API WEFT_API_TOKEN=$(cat "$DIR/data/api-token")
 HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-0000000000a5
 "$WEFT" pool create bench --device "$DIR/pool.img" --device-size 2GiB > /dev/null

@@ -31,10 +31,8 @@ backend = "file"
 path = "$DIR/raw.img"
 size = "512MiB"
 EOF
-"$WEFT" serve --config "$DIR/weft.toml" > "$DIR/serve.log" 2>&1 &
-SERVE=$!
-trap 'kill $SERVE 2>/dev/null; wait $SERVE 2>/dev/null' EXIT
-for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && break; sleep 0.1; done
+. harness/lib.sh
+start_weft ${API##*:} "$DIR/serve.log" "$WEFT" serve --config "$DIR/weft.toml"
 export WEFT_API=$API WEFT_API_TOKEN=$(cat "$DIR/data/api-token")
 HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-00000000be0c
 "$WEFT" pool create bench --device "$DIR/pool.img" --device-size 1GiB > /dev/null

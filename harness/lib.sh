@@ -1,0 +1,18 @@
+# Sourced by the native benchmark scripts.
+
+# start_weft API_PORT LOG COMMAND...: runs COMMAND (a `weft serve`) in the background with
+# its output in LOG, stops it when the script exits, and returns once its API answers on
+# 127.0.0.1:API_PORT; the API starts last, after the data plane and the API token file.
+# Sets WEFT_PID.
+start_weft() {
+    local api_port=$1 log=$2; shift 2
+    "$@" > "$log" 2>&1 &
+    WEFT_PID=$!
+    trap 'kill $WEFT_PID 2>/dev/null; wait $WEFT_PID 2>/dev/null' EXIT
+    for _ in $(seq 100); do
+        (exec 3<>"/dev/tcp/127.0.0.1/$api_port") 2>/dev/null && return 0
+        sleep 0.1
+    done
+    echo "weft did not start within 10 s; see $log" >&2
+    return 1
+}
