@@ -15,7 +15,7 @@
 //! by start time, released by a timer — and the reactor counts it in its
 //! own statistics, which it adds to the shared totals every tick.
 
-use crate::exports::{Backend, Exports, NamespaceDevice};
+use crate::exports::{Backend, Exports};
 use crate::meter::{IoClass, LocalStats, Meter};
 use crate::volume::{Piece, VolumeBackend, VolumeOutcome, VolumeReply, VolumeRequest, VolumeWork};
 use std::cmp::Reverse;
@@ -260,6 +260,15 @@ struct IoMark {
     class: IoClass,
     bytes: u32,
     started_ns: u64,
+}
+
+/// Whether a block I/O still has to pass its namespace's meter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Admission {
+    /// Just taken from the connection: count it, apply the QoS limits.
+    New,
+    /// Counted and admitted before (held back, or back from the volume manager).
+    Admitted,
 }
 
 /// A block I/O a QoS limit holds back until `start_ns`.
@@ -747,7 +756,9 @@ impl Reactor {
         peer.ops_in_flight -= 1;
         match outcome {
             // Already through QoS: straight to the device.
-            VolumeOutcome::Retry if !peer.closing => self.dispatch_block_io(index, request),
+            VolumeOutcome::Retry if !peer.closing => {
+                self.start_block_io(index, request, Admission::Admitted)
+            }
             VolumeOutcome::Retry => finish_io(
                 peer,
                 &mut self.meters,
@@ -760,41 +771,6 @@ impl Reactor {
             }
         }
         self.drive(index);
-    }
-
-    /// Takes a block I/O from a connection: counts it in its namespace's
-    /// meter and starts it, or holds it back until its QoS limits allow.
-    fn submit_block_io(&mut self, index: usize, request: IoRequest) {
-        let now_ns = self.now_ns();
-        let (exports, connections) = (&self.exports, &mut self.connections);
-        let peer = connections[index].as_mut().expect("live connection");
-        if peer.subsystem.is_none() {
-            peer.subsystem = peer.protocol.subsystem_index();
-        }
-        let Some(namespace) = peer
-            .subsystem
-            .and_then(|subsystem| exports.namespace(subsystem, request.nsid))
-        else {
-            // The core validated the NSID against the same configuration the exports were built from.
-            log::error!("{}: no device for namespace {}", peer.address, request.nsid);
-            peer.protocol
-                .handle_io_complete(request.slot, Err(IoError::Other), &mut peer.slots);
-            return;
-        };
-        let (class, bytes) = io_class(&request.kind);
-        peer.marks[usize::from(request.slot.0)] = IoMark {
-            meter: namespace.meter.id,
-            class,
-            bytes,
-            started_ns: now_ns,
-        };
-        local_stats(&mut self.meters, &namespace.meter).start();
-        let start_ns = namespace.meter.reserve(now_ns, class, bytes);
-        if start_ns > now_ns + THROTTLE_SLACK_NS {
-            self.throttle(start_ns, index, request);
-        } else {
-            self.dispatch_block_io(index, request);
-        }
     }
 
     /// Holds `request` back until `start_ns`; the connection stays alive meanwhile.
@@ -854,7 +830,7 @@ impl Reactor {
                     Err(IoError::Other),
                 );
             } else {
-                self.dispatch_block_io(index, due.request);
+                self.start_block_io(index, due.request, Admission::Admitted);
             }
             self.drive(index);
         }
@@ -941,32 +917,60 @@ impl Reactor {
         self.push(Op::Send { fd, batch }, token(index, OpKind::Send, 0));
     }
 
-    /// Starts a block I/O on its namespace's device or volume.
-    fn dispatch_block_io(&mut self, index: usize, request: IoRequest) {
+    /// Takes a new block I/O from a connection.
+    fn submit_block_io(&mut self, index: usize, request: IoRequest) {
+        self.start_block_io(index, request, Admission::New);
+    }
+
+    /// Starts a block I/O on its namespace's device or volume. A new one is
+    /// first counted in its namespace's meter, and held back if its QoS
+    /// limits say so.
+    fn start_block_io(&mut self, index: usize, request: IoRequest, admission: Admission) {
         let now_ns = self.now_ns();
         // Disjoint field borrows: no reference count touched per I/O.
         let (exports, connections) = (&self.exports, &mut self.connections);
         let peer = connections[index].as_mut().expect("live connection");
-        let backend = peer
+        if peer.subsystem.is_none() {
+            peer.subsystem = peer.protocol.subsystem_index();
+        }
+        let Some(namespace) = peer
             .subsystem
             .and_then(|subsystem| exports.namespace(subsystem, request.nsid))
-            .map(|namespace: &NamespaceDevice| &namespace.backend);
-        let device = match backend {
-            Some(Backend::Device(device)) => device.as_ref(),
-            Some(Backend::Volume(volume)) => {
+        else {
+            let result = Err(IoError::Other);
+            match admission {
+                Admission::New => {
+                    // The core validated the NSID against the same configuration the exports were built from.
+                    log::error!("{}: no device for namespace {}", peer.address, request.nsid);
+                    peer.protocol
+                        .handle_io_complete(request.slot, result, &mut peer.slots);
+                }
+                // The namespace left with an exports update while the I/O waited.
+                Admission::Admitted => {
+                    finish_io(peer, &mut self.meters, now_ns, request.slot, result)
+                }
+            }
+            return;
+        };
+        if admission == Admission::New {
+            let (class, bytes) = io_class(&request.kind);
+            peer.marks[usize::from(request.slot.0)] = IoMark {
+                meter: namespace.meter.id,
+                class,
+                bytes,
+                started_ns: now_ns,
+            };
+            local_stats(&mut self.meters, &namespace.meter).start();
+            let start_ns = namespace.meter.reserve(now_ns, class, bytes);
+            if start_ns > now_ns + THROTTLE_SLACK_NS {
+                return self.throttle(start_ns, index, request);
+            }
+        }
+        let device = match &namespace.backend {
+            Backend::Device(device) => device.as_ref(),
+            Backend::Volume(volume) => {
                 let volume = Arc::clone(volume);
                 return self.submit_volume_io(index, request, volume);
-            }
-            None => {
-                // The namespace left with an exports update while the I/O was held back.
-                finish_io(
-                    peer,
-                    &mut self.meters,
-                    now_ns,
-                    request.slot,
-                    Err(IoError::Other),
-                );
-                return;
             }
         };
         if device.is_memory() {
