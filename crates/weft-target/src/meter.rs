@@ -17,7 +17,7 @@
 //! target's service time: from the moment the reactor takes the command
 //! (QoS delay included) to its completion, in a histogram of fixed buckets.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 /// Upper bounds (microseconds) of the latency histogram's buckets; a last
 /// bucket holds everything slower.
@@ -85,7 +85,7 @@ pub struct Meter {
     limits: [AtomicU64; 6],
     clocks: [AtomicU64; 6],
     /// Whether any limit is set (one load for unlimited namespaces).
-    limited: AtomicU64,
+    limited: AtomicBool,
     stats: SharedStats,
 }
 
@@ -104,7 +104,7 @@ impl Meter {
             id: NEXT_METER_ID.fetch_add(1, Ordering::Relaxed),
             limits: Default::default(),
             clocks: Default::default(),
-            limited: AtomicU64::new(0),
+            limited: AtomicBool::new(false),
             stats: SharedStats::default(),
         }
     }
@@ -116,7 +116,7 @@ impl Meter {
             self.clocks[index].store(0, Ordering::Relaxed);
         }
         self.limited
-            .store(u64::from(limits != Limits::default()), Ordering::Release);
+            .store(limits != Limits::default(), Ordering::Release);
     }
 
     /// The limits in force.
@@ -135,7 +135,7 @@ impl Meter {
     /// Reserves room for an I/O of `class` and `bytes` arriving at `now_ns`;
     /// returns when it may start (`now_ns` when no limit holds it back).
     pub fn reserve(&self, now_ns: u64, class: IoClass, bytes: u32) -> u64 {
-        if class == IoClass::Other || self.limited.load(Ordering::Acquire) == 0 {
+        if class == IoClass::Other || !self.limited.load(Ordering::Acquire) {
             return now_ns;
         }
         let (iops, bandwidth) = match class {
