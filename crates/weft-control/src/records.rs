@@ -27,6 +27,13 @@ pub struct PoolRecord {
 pub struct HostRecord {
     /// Its NVMe Qualified Name (what `nvme connect --hostnqn` sends).
     pub nqn: String,
+    /// Its DH-HMAC-CHAP secret (`DHHC-1:..`): when set, each of its queues
+    /// must authenticate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dhchap_secret: Option<String>,
+    /// The controller's secret, for a host that authenticates the controller too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dhchap_ctrl_secret: Option<String>,
 }
 
 /// Per-volume I/O limits; `None` is unlimited. Totals count reads and
@@ -219,6 +226,8 @@ mod tests {
                 "web1",
                 &HostRecord {
                     nqn: "nqn.2014-08.org.nvmexpress:uuid:1".into(),
+                    dhchap_secret: None,
+                    dhchap_ctrl_secret: None,
                 },
             )
             .unwrap();

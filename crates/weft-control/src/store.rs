@@ -12,6 +12,7 @@
 
 use serde_json::Value;
 use std::collections::BTreeMap;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 /// One change of a commit.
@@ -132,14 +133,20 @@ impl EmbeddedStore {
         })
     }
 
-    /// Writes `entries` crash-atomically.
+    /// Writes `entries` crash-atomically, readable by the owner only.
     fn save(&self, entries: &BTreeMap<String, Value>) -> std::io::Result<()> {
         let directory = self.path.parent().unwrap_or(Path::new("."));
         std::fs::create_dir_all(directory)?;
         let temporary = self.path.with_extension("json.tmp");
         let document = serde_json::json!({"version": FILE_VERSION, "entries": entries});
         let text = serde_json::to_vec_pretty(&document).expect("JSON values serialise");
-        let file = std::fs::File::create(&temporary)?;
+        // Owner only: host secrets are part of the desired state.
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&temporary)?;
         std::io::Write::write_all(&mut &file, &text)?;
         file.sync_all()?;
         std::fs::rename(&temporary, &self.path)?;
@@ -216,6 +223,12 @@ mod tests {
         );
         assert_eq!(reopened.get("pools/x").unwrap(), Some(json!(1)));
         assert_eq!(reopened.get("pools/y").unwrap(), None);
+        let mode = std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(dir.join("state.json"))
+                .unwrap()
+                .permissions(),
+        );
+        assert_eq!(mode & 0o777, 0o600, "host secrets are in there");
         std::fs::remove_dir_all(dir).unwrap();
     }
 

@@ -20,6 +20,10 @@ use std::sync::{mpsc, Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use thiserror::Error;
+use weft_proto::auth::{
+    HostAuthError, HostExchange, HostKeys, SecureRandom, CONNECT_AUTHREQ_ATR, SECP_DHCHAP,
+    SPSP_DHCHAP,
+};
 use weft_proto::command::{admin_opcode, fctype, FABRICS_OPCODE};
 use weft_proto::host::{DataTransfer, HostCompletion, HostConfig, HostError};
 use weft_proto::status::Status;
@@ -72,6 +76,25 @@ pub enum InitiatorError {
         nqn: String,
         /// This host's NQN.
         host_nqn: String,
+    },
+    /// The target requires DH-HMAC-CHAP and no secret was given.
+    #[error("{address} requires this host to authenticate for {nqn} (give the host's DH-HMAC-CHAP secret, e.g. --dhchap-secret)")]
+    AuthenticationRequired {
+        /// The address.
+        address: SocketAddr,
+        /// The subsystem.
+        nqn: String,
+    },
+    /// DH-HMAC-CHAP failed.
+    #[error("authentication with {nqn} at {address} failed: {source}")]
+    Authentication {
+        /// The address.
+        address: SocketAddr,
+        /// The subsystem.
+        nqn: String,
+        /// What went wrong.
+        #[source]
+        source: HostAuthError,
     },
     /// A command failed.
     #[error("{what} failed with status {status:?}")]
@@ -155,6 +178,8 @@ pub struct ConnectOptions {
     pub keep_alive: Option<Duration>,
     /// How [`Controller::reconnect`] retries.
     pub reconnect: Backoff,
+    /// DH-HMAC-CHAP secrets, used when the target asks for authentication.
+    pub dhchap: Option<HostKeys>,
 }
 
 impl Default for ConnectOptions {
@@ -170,6 +195,7 @@ impl Default for ConnectOptions {
             // The Linux host's default (NVME_DEFAULT_KATO).
             keep_alive: Some(Duration::from_secs(5)),
             reconnect: Backoff::default(),
+            dhchap: None,
         }
     }
 }
@@ -501,6 +527,10 @@ fn connect_queue(
     data[512..512 + options.host_nqn.len()].copy_from_slice(options.host_nqn.as_bytes());
     let done = queue.run(command, DataTransfer::ToController(1024))?;
     match done.status {
+        status if status.is_success() && done.result as u32 & CONNECT_AUTHREQ_ATR != 0 => {
+            authenticate(queue, url, options, parameters.qid)?;
+            Ok(done.result as u16)
+        }
         status if status.is_success() => Ok(done.result as u16),
         // Invalid parameter in the Connect data at SUBNQN (NVMe-oF 1.1, Figure 21).
         status
@@ -520,6 +550,86 @@ fn connect_queue(
             what: "Fabrics Connect",
             status,
         }),
+    }
+}
+
+/// DH-HMAC-CHAP on a queue whose Connect response asked for it (NVMe Base
+/// 2.0, section 8.13), as the Linux host runs it.
+fn authenticate(
+    queue: &mut Queue,
+    url: &TargetUrl,
+    options: &ConnectOptions,
+    qid: u16,
+) -> Result<(), InitiatorError> {
+    let Some(keys) = options.dhchap.clone() else {
+        return Err(InitiatorError::AuthenticationRequired {
+            address: url.address,
+            nqn: url.nqn.clone(),
+        });
+    };
+    let failed = |source| InitiatorError::Authentication {
+        address: url.address,
+        nqn: url.nqn.clone(),
+        source,
+    };
+    let mut exchange = HostExchange::new(keys, &options.host_nqn, &url.nqn, qid);
+    auth_send(queue, &exchange.negotiate())?;
+    let challenge = auth_receive(queue)?;
+    let reply = exchange.reply(&challenge, &OsRandom).map_err(failed)?;
+    auth_send(queue, &reply)?;
+    let success1 = auth_receive(queue)?;
+    match exchange.success1(&success1) {
+        Ok(Some(success2)) => auth_send(queue, &success2),
+        Ok(None) => Ok(()),
+        Err(error) => {
+            // Tell the controller before giving up; the error is what matters.
+            let _ = auth_send(queue, &exchange.failure2());
+            Err(failed(error))
+        }
+    }
+}
+
+/// The largest DH-HMAC-CHAP message read (the Linux host's buffer size).
+const AUTH_RECEIVE_BYTES: usize = 4096;
+
+fn auth_command(fctype: u8, len: usize) -> [u8; 64] {
+    let mut command = sqe(FABRICS_OPCODE, 0);
+    command[4] = fctype;
+    command[41] = SPSP_DHCHAP;
+    command[42] = SPSP_DHCHAP;
+    command[43] = SECP_DHCHAP;
+    command[44..48].copy_from_slice(&(len as u32).to_le_bytes());
+    command
+}
+
+fn auth_send(queue: &mut Queue, message: &[u8]) -> Result<(), InitiatorError> {
+    let cid = queue.next_cid();
+    queue.buffer(cid)[..message.len()].copy_from_slice(message);
+    let command = auth_command(fctype::AUTH_SEND, message.len());
+    let transfer = DataTransfer::ToController(message.len() as u32);
+    queue.execute("Authentication Send", command, transfer)?;
+    Ok(())
+}
+
+fn auth_receive(queue: &mut Queue) -> Result<Vec<u8>, InitiatorError> {
+    let cid = queue.next_cid();
+    queue.buffer(cid)[..AUTH_RECEIVE_BYTES].fill(0);
+    let command = auth_command(fctype::AUTH_RECEIVE, AUTH_RECEIVE_BYTES);
+    let transfer = DataTransfer::FromController(AUTH_RECEIVE_BYTES as u32);
+    let done = queue.execute("Authentication Receive", command, transfer)?;
+    Ok(queue.buffer(done.cid.0)[..AUTH_RECEIVE_BYTES].to_vec())
+}
+
+/// The kernel's random source, for our challenge to the controller.
+#[derive(Debug)]
+struct OsRandom;
+
+impl SecureRandom for OsRandom {
+    fn fill(&self, dest: &mut [u8]) {
+        use std::io::Read;
+        std::fs::File::open("/dev/urandom")
+            .and_then(|mut file| file.read_exact(dest))
+            .expect("/dev/urandom is readable");
     }
 }
 

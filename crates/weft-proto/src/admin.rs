@@ -117,7 +117,7 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    fn status(status: Status) -> Outcome {
+    pub(crate) fn status(status: Status) -> Outcome {
         Outcome::Complete {
             status,
             result: 0,

@@ -24,6 +24,7 @@
 //! without passing through this crate's own memory.
 
 use crate::admin::{self, AdminQueue, Outcome};
+use crate::auth::{ControllerExchange, CONNECT_AUTHREQ_ATR, SECP_DHCHAP, SPSP_DHCHAP};
 use crate::command::{
     fctype, Command, ConnectCommand, ConnectData, DataDirection, SglKind, CONNECT_DATA_LEN,
 };
@@ -109,6 +110,17 @@ struct QueueInfo {
     sqhd: u16,
     sq_flow_disabled: bool,
     controller: Arc<ControllerShared>,
+    /// DH-HMAC-CHAP state when the host must authenticate this queue.
+    authentication: Option<Box<ControllerExchange>>,
+}
+
+impl QueueInfo {
+    /// Whether the queue may carry commands other than Fabrics ones.
+    fn authenticated(&self) -> bool {
+        self.authentication
+            .as_ref()
+            .is_none_or(|exchange| exchange.is_authenticated())
+    }
 }
 
 #[derive(Debug)]
@@ -729,6 +741,13 @@ impl Connection {
         if command.sgl.length as usize > self.limits.slot_buffer_bytes() {
             return Err(Status::SGL_LENGTH_INVALID);
         }
+        if let State::Admin(queue, _) | State::Io(queue, _) = &self.state {
+            // Only Fabrics commands until the queue authenticated (NVMe Base
+            // 2.0, section 8.13.1; nvmet answers the same).
+            if !command.is_fabrics() && !queue.authenticated() {
+                return Err(Status::AUTH_REQUIRED);
+            }
+        }
         let transfer = transfer_of(&command, entry.in_capsule_len)?;
         if let State::Io(_, io) = &self.state {
             if !command.is_fabrics() {
@@ -758,6 +777,15 @@ impl Connection {
 
     fn execute(&mut self, slot: SlotId, now: Timestamp, buffers: &mut impl SlotBuffers) {
         let command = self.slots[usize::from(slot.0)].command;
+        let connected = matches!(self.state, State::Admin(..) | State::Io(..));
+        if connected
+            && command.is_fabrics()
+            && matches!(command.fctype(), fctype::AUTH_SEND | fctype::AUTH_RECEIVE)
+        {
+            let outcome = self.authentication_command(&command, buffers.buffer(slot));
+            self.finish(slot, outcome, buffers);
+            return;
+        }
         match &mut self.state {
             State::AwaitConnect => {
                 let outcome = self.connect(&command, buffers.buffer(slot), now);
@@ -1043,15 +1071,51 @@ impl Connection {
         release(&mut self.slots, &mut self.free_slots, slot);
     }
 
+    // ----- Authentication -----
+
+    /// Authentication Send/Receive (NVMe-oF 1.1, sections 3.5/3.6) on a
+    /// queue whose host must authenticate.
+    fn authentication_command(&mut self, command: &Command, buffer: &mut [u8]) -> Outcome {
+        let (State::Admin(queue, _) | State::Io(queue, _)) = &mut self.state else {
+            unreachable!("authentication commands are executed on connected queues")
+        };
+        let Some(exchange) = queue.authentication.as_mut() else {
+            // This host has no secret here: there is nothing to authenticate.
+            return Outcome::status(Status::COMMAND_SEQUENCE_ERROR);
+        };
+        // CDW10: SPSP0 (byte 41), SPSP1 (byte 42), SECP (byte 43); CDW11: TL or AL.
+        let [_, spsp0, spsp1, secp] = command.cdw[0].to_le_bytes();
+        let length = command.cdw[1];
+        if secp != SECP_DHCHAP || spsp0 != SPSP_DHCHAP || spsp1 != SPSP_DHCHAP || length == 0 {
+            return Outcome::status(Status::INVALID_FIELD);
+        }
+        if length != command.sgl.length {
+            return Outcome::status(Status::SGL_LENGTH_INVALID);
+        }
+        let buffer = &mut buffer[..length as usize];
+        if command.fctype() == fctype::AUTH_SEND {
+            exchange.on_send(buffer);
+            return Outcome::status(Status::SUCCESS);
+        }
+        match exchange.on_receive(buffer, &*self.target.random) {
+            Some(len) => Outcome::Complete {
+                status: Status::SUCCESS,
+                result: 0,
+                reply_len: len as u32,
+            },
+            None => Outcome::status(Status::INVALID_FIELD),
+        }
+    }
+
     // ----- Fabrics Connect -----
 
     /// Fabrics Connect (NVMe-oF 1.1, section 3.3): creates an admin queue with
     /// a new controller, or an I/O queue of an existing one.
     fn connect(&mut self, command: &Command, buffer: &mut [u8], now: Timestamp) -> Outcome {
         match self.try_connect(command, buffer, now) {
-            Ok(cntlid) => Outcome::Complete {
+            Ok(result) => Outcome::Complete {
                 status: Status::SUCCESS,
-                result: u64::from(cntlid),
+                result: u64::from(result),
                 reply_len: 0,
             },
             Err((status, result)) => Outcome::Complete {
@@ -1067,7 +1131,7 @@ impl Connection {
         command: &Command,
         buffer: &mut [u8],
         now: Timestamp,
-    ) -> Result<u16, (Status, u64)> {
+    ) -> Result<u32, (Status, u64)> {
         let connect = ConnectCommand::decode(command);
         if connect.recfmt != 0 {
             return Err((Status::CONNECT_INCOMPATIBLE_FORMAT, 0));
@@ -1087,12 +1151,30 @@ impl Connection {
         } else {
             self.connect_io(&data, connect)?
         };
+        // Discovery is not authenticated: it is not in the configuration's subsystems.
+        let authentication = self
+            .config
+            .subsystem(&data.subnqn)
+            .and_then(|subsystem| subsystem.access.keys_of(&data.hostnqn))
+            .map(|keys| {
+                Box::new(ControllerExchange::new(
+                    Arc::clone(keys),
+                    &data.hostnqn,
+                    &data.subnqn,
+                ))
+            });
+        let result_flags = if authentication.is_some() {
+            CONNECT_AUTHREQ_ATR
+        } else {
+            0
+        };
         let info = |controller| QueueInfo {
             qid: connect.qid,
             entries: entries as u16,
             sqhd: 1 % entries as u16,
             sq_flow_disabled,
             controller,
+            authentication,
         };
         let (cntlid, state) = match queue {
             NewQueue::Admin(controller, admin) => {
@@ -1104,7 +1186,7 @@ impl Connection {
         // The queue now has its negotiated number of command slots; slot 0 holds this Connect.
         self.free_slots.clear();
         self.free_slots.extend((1..entries as u16).rev());
-        Ok(cntlid)
+        Ok(u32::from(cntlid) | result_flags)
     }
 
     fn connect_admin(
@@ -1247,9 +1329,10 @@ fn transfer_of(command: &Command, in_capsule_len: u32) -> Result<Transfer, Statu
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::auth::{DhchapSecret, FailureReason, HostAuthError, HostKeys};
     use crate::command::{admin_opcode, io_opcode};
     use crate::pdu::PduType;
-    use crate::target::HostAccess;
+    use crate::target::{AllowedHost, HostAccess};
     use crate::testing::*;
     use crate::wire::{ascii_field, hex};
     use std::time::Duration;
@@ -2000,8 +2083,15 @@ mod tests {
     fn target_allowing(hosts: &[&str]) -> Arc<Target> {
         let target = test_target();
         update(&target, |config| {
-            config.subsystems[0].access =
-                HostAccess::Only(hosts.iter().map(|h| h.to_string()).collect());
+            config.subsystems[0].access = HostAccess::Only(
+                hosts
+                    .iter()
+                    .map(|h| AllowedHost {
+                        nqn: h.to_string(),
+                        keys: None,
+                    })
+                    .collect(),
+            );
         });
         target
     }
@@ -2119,6 +2209,97 @@ mod tests {
     }
 
     /// Hex text of a captured stream, without its `#` comment lines.
+    #[test]
+    fn each_queue_of_a_host_with_a_secret_authenticates_before_other_commands() {
+        let target = authenticating_target(true);
+        let mut admin = Pair::new(&target);
+        admin.initialize(false, false);
+        let (connect, data) = connect_command(1, 0, 31, 0, 0xFFFF, TEST_NQN);
+        let response = admin.command(&connect, &data).pop().unwrap();
+        assert_eq!(response.status(), Status::SUCCESS);
+        let cntlid = response.result() as u16;
+        assert_eq!(response.result() >> 16, 2, "AUTHREQ.ATR (bit 17)");
+        // Fabrics commands are allowed, others wait for authentication.
+        let enable = property_set(2, 0x14, (6 << 16) | (4 << 20) | 1);
+        assert_eq!(admin.simple(&enable).status(), Status::SUCCESS);
+        let (_, refused) = admin.read_data(&identify(3, 1, 0));
+        assert_eq!(refused.status(), Status::AUTH_REQUIRED);
+        let secrets = host_keys(true);
+        assert_eq!(admin.authenticate(secrets.clone(), TEST_NQN), Ok(()));
+        let (_, identified) = admin.read_data(&identify(4, 1, 0));
+        assert_eq!(identified.status(), Status::SUCCESS);
+        let mut queues = sqe(admin_opcode::SET_FEATURES, 5, 0, 0, false);
+        set_cdw(&mut queues, 10, 0x07);
+        assert_eq!(admin.simple(&queues).status(), Status::SUCCESS);
+
+        let mut io = Pair::new(&target);
+        let connected = io.connect_io(cntlid, 1, 31);
+        assert_eq!(connected.result(), u64::from(cntlid) | 1 << 17);
+        // A write is refused before any data is asked for.
+        let write = rw(io_opcode::WRITE, 5, 1, 0, 8, 4096, false);
+        assert_eq!(io.simple(&write).status(), Status::AUTH_REQUIRED);
+        assert_eq!(io.authenticate(secrets, TEST_NQN), Ok(()));
+        let (_, read) = io.read_data(&rw(io_opcode::READ, 6, 1, 0, 1, 512, false));
+        assert_eq!(read.status(), Status::SUCCESS);
+
+        let mut discovery = Pair::new(&target);
+        discovery.initialize(false, false);
+        let (sqe, data) = connect_command(1, 0, 31, 0, 0xFFFF, DISCOVERY_NQN);
+        let response = discovery.command(&sqe, &data).pop().unwrap();
+        assert_eq!(response.result() >> 16, 0, "discovery is not authenticated");
+    }
+
+    #[test]
+    fn a_wrong_secret_leaves_the_queue_unauthenticated() {
+        let target = authenticating_target(false);
+        let mut admin = Pair::new(&target);
+        admin.connect_admin(TEST_NQN, 0);
+        let wrong = HostKeys {
+            host: DhchapSecret::parse(CONTROLLER_SECRET).unwrap(),
+            controller: None,
+        };
+        assert_eq!(
+            admin.authenticate(wrong, TEST_NQN),
+            Err(HostAuthError::Refused(FailureReason::Failed))
+        );
+        let (_, refused) = admin.read_data(&identify(3, 1, 0));
+        assert_eq!(refused.status(), Status::AUTH_REQUIRED);
+        // The host may start over with the right one.
+        assert_eq!(admin.authenticate(host_keys(false), TEST_NQN), Ok(()));
+        let (_, identified) = admin.read_data(&identify(4, 1, 0));
+        assert_eq!(identified.status(), Status::SUCCESS);
+    }
+
+    #[test]
+    fn authentication_commands_are_checked() {
+        let target = authenticating_target(false);
+        let mut admin = Pair::new(&target);
+        admin.connect_admin(TEST_NQN, 0);
+        let mut wrong_protocol = auth_command(fctype::AUTH_RECEIVE, 3, 4096, false);
+        wrong_protocol[43] = 0xEA;
+        assert_eq!(
+            admin.simple(&wrong_protocol).status(),
+            Status::INVALID_FIELD
+        );
+        let mut no_length = auth_command(fctype::AUTH_RECEIVE, 4, 4096, false);
+        no_length[44..48].fill(0);
+        assert_eq!(admin.simple(&no_length).status(), Status::INVALID_FIELD);
+        let mut other_length = auth_command(fctype::AUTH_RECEIVE, 5, 4096, false);
+        other_length[44] = 1;
+        assert_eq!(
+            admin.simple(&other_length).status(),
+            Status::SGL_LENGTH_INVALID
+        );
+        // A host without a secret here has nothing to authenticate.
+        let mut open = Pair::new(&test_target());
+        open.connect_admin(TEST_NQN, 0);
+        let receive = auth_command(fctype::AUTH_RECEIVE, 6, 4096, false);
+        assert_eq!(
+            open.simple(&receive).status(),
+            Status::COMMAND_SEQUENCE_ERROR
+        );
+    }
+
     fn captured(text: &str) -> Vec<u8> {
         hex(&text
             .lines()

@@ -2,11 +2,13 @@
 //! deterministic, seeded loops in this crate's tests (which run on stable
 //! Rust in CI). Each entry point must never panic, whatever the input.
 
+use crate::auth::{ControllerExchange, DhchapSecret, HostExchange};
 use crate::command::{Command, ConnectCommand, ConnectData, PropertyCommand};
 use crate::io::{dsm_ranges, IoError, IoPlan};
 use crate::pdu::{CommonHeader, DataHeader, IcReq, IcResp};
 use crate::testing::{self, Pair};
 use crate::types::Timestamp;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Every decoder on arbitrary bytes.
@@ -30,14 +32,19 @@ pub fn decoders(data: &[u8]) {
 
 /// The connection state machine on an arbitrary byte stream. The first byte
 /// chooses how far the connection gets legitimately first (nothing, ICReq,
-/// admin queue, I/O queue) and the digests; the rest is delivered in chunks
+/// admin queue, I/O queue), the digests and whether the host must
+/// authenticate; the rest is delivered in chunks
 /// whose sizes come from the input too, interleaved with I/O completions
 /// (some failing) and clock ticks.
 pub fn connection(data: &[u8]) {
     let Some((&setup, mut rest)) = data.split_first() else {
         return;
     };
-    let target = testing::test_target();
+    let target = if setup & 0x40 != 0 {
+        testing::authenticating_target(setup & 0x80 != 0)
+    } else {
+        testing::test_target()
+    };
     let mut host = Pair::new(&target);
     host.header_digest = setup & 0x10 != 0;
     host.data_digest = setup & 0x20 != 0;
@@ -75,6 +82,32 @@ pub fn connection(data: &[u8]) {
     host.now = Timestamp(Duration::from_secs(3600));
     host.connection.handle_timeout(host.now);
     host.connection.on_closed();
+}
+
+/// DH-HMAC-CHAP on arbitrary input: the secret parser, the controller side
+/// fed the messages the input splits into at 0xFF bytes (each followed by an
+/// Authentication Receive of the size the first byte says), and the host
+/// side taking the first part as a Challenge and the second as Success1.
+pub fn authentication(data: &[u8]) {
+    let Some((&receive_len, rest)) = data.split_first() else {
+        return;
+    };
+    let _ = DhchapSecret::parse(&String::from_utf8_lossy(rest));
+    let random = testing::CountingRandom::default();
+    let keys = testing::host_keys(receive_len & 1 != 0);
+    let mut controller =
+        ControllerExchange::new(Arc::new(keys.clone()), testing::HOST_NQN, testing::TEST_NQN);
+    let mut out = [0u8; 256];
+    for message in rest.split(|&byte| byte == 0xFF) {
+        controller.on_send(message);
+        let _ = controller.on_receive(&mut out[..usize::from(receive_len)], &random);
+    }
+    let mut parts = rest.splitn(2, |&byte| byte == 0xFF);
+    let (challenge, success1) = (parts.next().unwrap_or(&[]), parts.next().unwrap_or(&[]));
+    let mut host = HostExchange::new(keys, testing::HOST_NQN, testing::TEST_NQN, 1);
+    if host.reply(challenge, &random).is_ok() {
+        let _ = host.success1(success1);
+    }
 }
 
 fn complete_held(host: &mut Pair, fail_mask: u8) {
@@ -166,13 +199,67 @@ pub fn seed_corpus() -> Vec<Vec<u8>> {
             stream.extend_from_slice(piece);
         }
     }
-    (0..4u8)
+    let mut corpus: Vec<Vec<u8>> = (0..4u8)
         .map(|setup| {
             std::iter::once(setup)
                 .chain(stream.iter().copied())
                 .collect()
         })
-        .collect()
+        .collect();
+    corpus.push(authentication_stream(&model));
+    corpus
+}
+
+/// A `connection` input: an admin queue that must authenticate sends
+/// Negotiate and reads the Challenge, then an Identify.
+fn authentication_stream(model: &Pair) -> Vec<u8> {
+    use crate::command::fctype;
+    let negotiate = HostExchange::new(
+        testing::host_keys(false),
+        testing::HOST_NQN,
+        testing::TEST_NQN,
+        1,
+    )
+    .negotiate();
+    let send = testing::auth_command(fctype::AUTH_SEND, 7, negotiate.len() as u32, true);
+    let receive = testing::auth_command(fctype::AUTH_RECEIVE, 8, 4096, false);
+    let mut stream = vec![0x42];
+    for pdu in [
+        model.capsule(&send, &negotiate),
+        model.capsule(&receive, &[]),
+        model.capsule(&testing::identify(9, 1, 0), &[]),
+    ] {
+        stream.push(0xC0 | 0x3F);
+        stream.extend_from_slice(&pdu);
+    }
+    stream
+}
+
+/// Seeds for `authentication`: a Negotiate, and a Challenge with a Success1.
+pub fn authentication_seeds() -> Vec<Vec<u8>> {
+    let host = HostExchange::new(
+        testing::host_keys(true),
+        testing::HOST_NQN,
+        testing::TEST_NQN,
+        1,
+    );
+    let mut controller = ControllerExchange::new(
+        Arc::new(testing::host_keys(true)),
+        testing::HOST_NQN,
+        testing::TEST_NQN,
+    );
+    controller.on_send(&host.negotiate());
+    let mut challenge = [0u8; 256];
+    let len = controller
+        .on_receive(&mut challenge, &testing::CountingRandom::default())
+        .expect("a Challenge fits");
+    let mut challenge_then_success1 = vec![0x81];
+    challenge_then_success1.extend_from_slice(&challenge[..len]);
+    challenge_then_success1.push(0xFF);
+    challenge_then_success1.extend_from_slice(&[1, 3, 0, 0, 1, 0, 48, 0, 1]);
+    let mut negotiate = vec![0x80];
+    negotiate.extend_from_slice(&host.negotiate());
+    vec![negotiate, challenge_then_success1]
 }
 
 #[cfg(test)]
@@ -189,6 +276,17 @@ mod tests {
             let mut input = corpus[iteration % corpus.len()].clone();
             rng.mutate(&mut input);
             connection(&input);
+        }
+    }
+
+    #[test]
+    fn authentication_survives_mutated_messages() {
+        let seeds = authentication_seeds();
+        let mut rng = Rng::new(0x5eed_0003);
+        for iteration in 0..5000 {
+            let mut input = seeds[iteration % seeds.len()].clone();
+            rng.mutate(&mut input);
+            authentication(&input);
         }
     }
 

@@ -107,6 +107,8 @@ statuses! {
     CONNECT_INVALID_PARAMETERS = (CommandSpecific, 0x82, true);
     /// Fabrics Connect: Connect Invalid Host.
     CONNECT_INVALID_HOST = (CommandSpecific, 0x84, true);
+    /// Authentication Required: the queue must authenticate first.
+    AUTH_REQUIRED = (CommandSpecific, 0x91, true);
     /// Write Fault.
     WRITE_FAULT = (Media, 0x80, false);
     /// Unrecovered Read Error.

@@ -12,6 +12,7 @@
 //! The registry is the only other state shared between connections. It is
 //! touched at Connect, at controller teardown and by Set Features, never per I/O.
 
+use crate::auth::{HostKeys, SecureRandom};
 use crate::types::{Cntlid, Nsid};
 use std::cmp;
 use std::collections::BTreeMap;
@@ -115,10 +116,20 @@ pub struct SubsystemConfig {
 /// and does not find the subsystem in its discovery log page.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HostAccess {
-    /// Every host.
+    /// Every host, none of them authenticated.
     Any,
-    /// Only hosts with these NQNs (none at all when empty).
-    Only(Vec<String>),
+    /// Only these hosts (none at all when empty).
+    Only(Vec<AllowedHost>),
+}
+
+/// A host allowed to use a subsystem.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AllowedHost {
+    /// Its NQN.
+    pub nqn: String,
+    /// Its DH-HMAC-CHAP secrets: when set, each of its queues must
+    /// authenticate before it carries anything but Fabrics commands.
+    pub keys: Option<Arc<HostKeys>>,
 }
 
 impl HostAccess {
@@ -126,7 +137,18 @@ impl HostAccess {
     pub fn allows(&self, hostnqn: &str) -> bool {
         match self {
             HostAccess::Any => true,
-            HostAccess::Only(hosts) => hosts.iter().any(|h| h == hostnqn),
+            HostAccess::Only(hosts) => hosts.iter().any(|h| h.nqn == hostnqn),
+        }
+    }
+
+    /// The secrets host `hostnqn` must authenticate with, if any.
+    pub fn keys_of(&self, hostnqn: &str) -> Option<&Arc<HostKeys>> {
+        match self {
+            HostAccess::Any => None,
+            HostAccess::Only(hosts) => hosts
+                .iter()
+                .find(|h| h.nqn == hostnqn)
+                .and_then(|h| h.keys.as_ref()),
         }
     }
 }
@@ -453,21 +475,26 @@ impl RegistryInner {
     }
 }
 
-/// The target as a connection sees it: the current configuration and the controller registry.
+/// The target as a connection sees it: the current configuration, the
+/// controller registry and the random source of authentication challenges.
 #[derive(Debug)]
 pub struct Target {
     /// What is exported now. Read at connection creation, written by updates.
     config: Mutex<Arc<TargetConfig>>,
     /// Live controllers.
     pub registry: ControllerRegistry,
+    /// Random bytes for DH-HMAC-CHAP challenges.
+    pub random: Arc<dyn SecureRandom>,
 }
 
 impl Target {
-    /// A target exporting `config` (a `TargetConfig` or an already shared one), with no controllers yet.
-    pub fn new(config: impl Into<Arc<TargetConfig>>) -> Arc<Target> {
+    /// A target exporting `config` (a `TargetConfig` or an already shared
+    /// one), with no controllers yet, drawing challenges from `random`.
+    pub fn new(config: impl Into<Arc<TargetConfig>>, random: Arc<dyn SecureRandom>) -> Arc<Target> {
         Arc::new(Target {
             config: Mutex::new(config.into()),
             registry: ControllerRegistry::default(),
+            random,
         })
     }
 

@@ -3,6 +3,9 @@
 //! drives a [`Connection`] the way the data plane does, with RAM namespaces.
 //! Deterministic: time only moves when a test says so.
 
+use crate::auth::{
+    DhchapSecret, HostAuthError, HostExchange, HostKeys, SecureRandom, SECP_DHCHAP, SPSP_DHCHAP,
+};
 use crate::command::{admin_opcode, fctype, FABRICS_OPCODE};
 use crate::connection::{Connection, SlotBuffers, TxSegment};
 use crate::digest::crc32c;
@@ -10,11 +13,12 @@ use crate::io::{IoKind, IoRequest};
 use crate::pdu::{self, flags, DataHeader, IcReq, PduType};
 use crate::status::Status;
 use crate::target::{
-    AddressFamily, HostAccess, Limits, ListenerConfig, NamespaceConfig, SubsystemConfig, Target,
-    TargetConfig,
+    AddressFamily, AllowedHost, HostAccess, Limits, ListenerConfig, NamespaceConfig,
+    SubsystemConfig, Target, TargetConfig,
 };
 use crate::types::{Nsid, SlotId, Timestamp};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -42,25 +46,76 @@ pub fn target_with(nqn: &str, namespaces: &[(u32, u64, u32)]) -> Arc<Target> {
         thin: true,
         ready: true,
     };
-    Target::new(TargetConfig {
-        subsystems: vec![SubsystemConfig {
-            nqn: nqn.into(),
-            serial: "0123456789abcdef0123".into(),
-            model: "weft".into(),
-            firmware: "0.1.0".into(),
-            namespaces: namespaces.iter().map(namespace).collect(),
-            access: HostAccess::Any,
-        }],
-        listeners: vec![ListenerConfig {
-            port_id: 1,
-            family: AddressFamily::Ipv4,
-            address: "127.0.0.1".into(),
-            service: "4420".into(),
-        }],
-        limits: Limits::DEFAULT,
-        discovery_serial: "discovery".into(),
-        generation: 1,
-    })
+    Target::new(
+        TargetConfig {
+            subsystems: vec![SubsystemConfig {
+                nqn: nqn.into(),
+                serial: "0123456789abcdef0123".into(),
+                model: "weft".into(),
+                firmware: "0.1.0".into(),
+                namespaces: namespaces.iter().map(namespace).collect(),
+                access: HostAccess::Any,
+            }],
+            listeners: vec![ListenerConfig {
+                port_id: 1,
+                family: AddressFamily::Ipv4,
+                address: "127.0.0.1".into(),
+                service: "4420".into(),
+            }],
+            limits: Limits::DEFAULT,
+            discovery_serial: "discovery".into(),
+            generation: 1,
+        },
+        Arc::new(CountingRandom::default()),
+    )
+}
+
+/// The model host's DH-HMAC-CHAP secret in [`authenticating_target`].
+pub const HOST_SECRET: &str = "DHHC-1:00:ia6zGodOr4SEG0Zzaw398rpY0wqipUWj4jWjUh4HWUz6aQ2n:";
+/// The controller's secret when the model host authenticates it too.
+pub const CONTROLLER_SECRET: &str = "DHHC-1:01:MWPqcx1Ug1debg8fPIGpkqbQhLcYUt39k7UWirkblaKEH1kE:";
+
+/// The model host's secrets (and the controller's when `bidirectional`).
+pub fn host_keys(bidirectional: bool) -> HostKeys {
+    let parse = |text| DhchapSecret::parse(text).expect("a valid test secret");
+    HostKeys {
+        host: parse(HOST_SECRET),
+        controller: bidirectional.then(|| parse(CONTROLLER_SECRET)),
+    }
+}
+
+/// [`test_target`] with its subsystem open to the model host only, which must
+/// authenticate with [`host_keys`].
+pub fn authenticating_target(bidirectional: bool) -> Arc<Target> {
+    let target = test_target();
+    let mut config = (*target.config()).clone();
+    config.subsystems[0].access = HostAccess::Only(vec![AllowedHost {
+        nqn: HOST_NQN.to_string(),
+        keys: Some(Arc::new(host_keys(bidirectional))),
+    }]);
+    target.replace_config(Arc::new(config));
+    target
+}
+
+/// Deterministic "random" bytes for tests: SplitMix64 over a counter.
+#[derive(Debug, Default)]
+pub struct CountingRandom {
+    counter: AtomicU64,
+}
+
+impl SecureRandom for CountingRandom {
+    fn fill(&self, dest: &mut [u8]) {
+        for chunk in dest.chunks_mut(8) {
+            let mut z = self
+                .counter
+                .fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed)
+                .wrapping_add(0x9E37_79B9_7F4A_7C15);
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^= z >> 31;
+            chunk.copy_from_slice(&z.to_le_bytes()[..chunk.len()]);
+        }
+    }
 }
 
 /// Slot buffers as plain vectors.
@@ -372,6 +427,41 @@ impl Pair {
         cntlid
     }
 
+    /// Runs DH-HMAC-CHAP on this queue as the Linux host does, with
+    /// Authentication Send (data in-capsule) and Receive commands.
+    pub fn authenticate(&mut self, keys: HostKeys, subnqn: &str) -> Result<(), HostAuthError> {
+        let mut exchange = HostExchange::new(keys, HOST_NQN, subnqn, 1);
+        self.auth_send(&exchange.negotiate());
+        let challenge = self.auth_receive();
+        let reply = exchange.reply(&challenge, &CountingRandom::default())?;
+        self.auth_send(&reply);
+        let success1 = self.auth_receive();
+        match exchange.success1(&success1) {
+            Ok(Some(success2)) => {
+                self.auth_send(&success2);
+                Ok(())
+            }
+            Ok(None) => Ok(()),
+            Err(error) => {
+                self.auth_send(&exchange.failure2());
+                Err(error)
+            }
+        }
+    }
+
+    fn auth_send(&mut self, message: &[u8]) {
+        let command = auth_command(fctype::AUTH_SEND, 0x70, message.len() as u32, true);
+        let response = self.command(&command, message).pop().expect("a response");
+        assert_eq!(response.status(), Status::SUCCESS, "Authentication Send");
+    }
+
+    fn auth_receive(&mut self) -> Vec<u8> {
+        let (data, response) =
+            self.read_data(&auth_command(fctype::AUTH_RECEIVE, 0x71, 4096, false));
+        assert_eq!(response.status(), Status::SUCCESS, "Authentication Receive");
+        data
+    }
+
     /// ICReq and I/O queue Connect for `qid` of controller `cntlid`.
     pub fn connect_io(&mut self, cntlid: u16, qid: u16, sqsize: u16) -> ReceivedPdu {
         self.initialize(self.header_digest, self.data_digest);
@@ -516,6 +606,18 @@ pub fn connect_command(
     data[256..256 + subnqn.len()].copy_from_slice(subnqn.as_bytes());
     data[512..512 + HOST_NQN.len()].copy_from_slice(HOST_NQN.as_bytes());
     (command, data)
+}
+
+/// Authentication Send (`fctype::AUTH_SEND`, TL = `len`) or Receive (AL =
+/// `len`) for DH-HMAC-CHAP.
+pub fn auth_command(fctype: u8, cid: u16, len: u32, in_capsule: bool) -> [u8; 64] {
+    let mut command = sqe(FABRICS_OPCODE, cid, 0, len, in_capsule);
+    command[4] = fctype;
+    command[41] = SPSP_DHCHAP;
+    command[42] = SPSP_DHCHAP;
+    command[43] = SECP_DHCHAP;
+    command[44..48].copy_from_slice(&len.to_le_bytes());
+    command
 }
 
 /// Property Get of `offset` (8-byte for CAP).

@@ -9,6 +9,7 @@ use std::net::{SocketAddr, TcpListener};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use thiserror::Error;
+use weft_proto::auth::SecureRandom;
 use weft_proto::Target;
 
 /// The running data plane.
@@ -36,6 +37,9 @@ pub enum StartError {
         #[source]
         source: io::Error,
     },
+    /// The kernel's random source (for authentication challenges) is not readable.
+    #[error("cannot open /dev/urandom: {0}")]
+    Random(#[source] io::Error),
     /// A reactor thread or its io_uring could not be created.
     #[error("cannot start reactor: {0}")]
     Reactor(#[source] io::Error),
@@ -62,7 +66,8 @@ impl DataPlane {
             .iter()
             .map(|l| l.local_addr().expect("bound sockets have an address"))
             .collect();
-        let target = Target::new(Arc::clone(&exports.config));
+        let random = OsRandom::open().map_err(StartError::Random)?;
+        let target = Target::new(Arc::clone(&exports.config), Arc::new(random));
         let epoch = Instant::now();
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         let handles = (0..reactors)
@@ -149,5 +154,26 @@ fn accept_loop(listener: TcpListener, reactors: &[ReactorHandle]) {
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
+    }
+}
+
+/// The kernel's random source, opened once: DH-HMAC-CHAP challenges come
+/// from it (a read per challenge, at Connect time only).
+#[derive(Debug)]
+struct OsRandom(std::fs::File);
+
+impl OsRandom {
+    fn open() -> io::Result<OsRandom> {
+        std::fs::File::open("/dev/urandom").map(OsRandom)
+    }
+}
+
+impl SecureRandom for OsRandom {
+    fn fill(&self, dest: &mut [u8]) {
+        use std::io::Read;
+        // Reads of /dev/urandom do not fail once it is open.
+        (&self.0)
+            .read_exact(dest)
+            .expect("/dev/urandom returns what is asked");
     }
 }

@@ -12,7 +12,8 @@
 
 use crate::http::{self, Request};
 use crate::volumes::{
-    AdminError, AdminOp, AdminReply, ManagerHandle, QosChanges, DEFAULT_CHUNK_BYTES,
+    AdminError, AdminOp, AdminReply, HostSecrets, ManagerHandle, QosChanges, SecretChanges,
+    DEFAULT_CHUNK_BYTES,
 };
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -49,6 +50,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "hosts"),
     ("POST", "hosts"),
     ("GET", "hosts/{host}"),
+    ("PATCH", "hosts/{host}"),
     ("DELETE", "hosts/{host}"),
 ];
 
@@ -282,6 +284,10 @@ struct Named {
 struct CreateHost {
     name: String,
     nqn: String,
+    #[serde(default)]
+    dhchap_secret: Option<String>,
+    #[serde(default)]
+    dhchap_ctrl_secret: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -349,8 +355,16 @@ fn operation(
             AdminOp::CreateHost {
                 name: host.name,
                 nqn: host.nqn,
+                secrets: HostSecrets {
+                    host: host.dhchap_secret,
+                    controller: host.dhchap_ctrl_secret,
+                },
             }
         }
+        ("PATCH", "hosts/{host}") => AdminOp::SetHostSecrets {
+            name: param(0),
+            changes: secret_changes(body)?,
+        },
         ("GET", "hosts/{host}") => AdminOp::ShowHost(param(0)),
         ("DELETE", "hosts/{host}") => AdminOp::DeleteHost(param(0)),
         _ => unreachable!("every route in ROUTES but stats has an operation: {method} {pattern}"),
@@ -434,6 +448,31 @@ fn qos_changes(body: &[u8]) -> Result<QosChanges, Response> {
         });
     }
     Ok(changes)
+}
+
+/// A secrets patch: each field present is a `DHHC-1` string (the new
+/// secret) or null (none); absent fields keep their secret. The manager
+/// checks the secrets themselves.
+fn secret_changes(body: &[u8]) -> Result<SecretChanges, Response> {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Patch {
+        #[serde(default, deserialize_with = "present")]
+        dhchap_secret: Option<Option<String>>,
+        #[serde(default, deserialize_with = "present")]
+        dhchap_ctrl_secret: Option<Option<String>>,
+    }
+    /// Present fields become `Some`, null or not (absent ones stay `None`).
+    fn present<'de, D: serde::Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Option<Option<String>>, D::Error> {
+        Option::<String>::deserialize(deserializer).map(Some)
+    }
+    let patch: Patch = parse(body)?;
+    Ok(SecretChanges {
+        host: patch.dhchap_secret,
+        controller: patch.dhchap_ctrl_secret,
+    })
 }
 
 fn parse<T: for<'de> Deserialize<'de>>(body: &[u8]) -> Result<T, Response> {

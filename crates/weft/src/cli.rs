@@ -222,10 +222,30 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
             ("GET", "stats".to_string(), None, Show::Top { interval, count })
         }
         ("host", "add") => {
-            known(&["nqn"])?;
+            known(&["nqn", "dhchap-secret", "dhchap-ctrl-secret"])?;
             let nqn = option("nqn").ok_or("weft host add NAME --nqn NQN: give --nqn (the host's /etc/nvme/hostnqn)")?;
-            let body = json!({"name": operand(1, "host name")?, "nqn": nqn});
+            let body = json!({
+                "name": operand(1, "host name")?,
+                "nqn": nqn,
+                "dhchap_secret": option("dhchap-secret"),
+                "dhchap_ctrl_secret": option("dhchap-ctrl-secret"),
+            });
             ("POST", "hosts".to_string(), Some(body), Show::Done("added"))
+        }
+        ("host", "set") => {
+            known(&["dhchap-secret", "dhchap-ctrl-secret"])?;
+            let mut body = serde_json::Map::new();
+            for (name, field) in [("dhchap-secret", "dhchap_secret"), ("dhchap-ctrl-secret", "dhchap_ctrl_secret")] {
+                if let Some(text) = option(name) {
+                    let value = if text == "none" { serde_json::Value::Null } else { json!(text) };
+                    body.insert(field.to_string(), value);
+                }
+            }
+            if body.is_empty() {
+                return Err("weft host set HOST: give --dhchap-secret SECRET and/or --dhchap-ctrl-secret SECRET (\"none\" removes one)".into());
+            }
+            let path = format!("hosts/{}", operand(1, "host name")?);
+            ("PATCH", path, Some(serde_json::Value::Object(body)), Show::Done("secrets set"))
         }
         ("host", "list") => {
             known(&[])?;
@@ -546,14 +566,20 @@ fn print_volumes(volumes: &[VolumeView]) {
 }
 
 fn print_hosts(hosts: &[HostView]) {
-    println!("{:<20} {:<60} VOLUMES", "NAME", "NQN");
+    println!(
+        "{:<20} {:<60} {:<14} VOLUMES",
+        "NAME", "NQN", "DH-HMAC-CHAP"
+    );
     for host in hosts {
         let volumes = if host.volumes.is_empty() {
             "-".to_string()
         } else {
             host.volumes.join(", ")
         };
-        println!("{:<20} {:<60} {volumes}", host.name, host.nqn);
+        println!(
+            "{:<20} {:<60} {:<14} {volumes}",
+            host.name, host.nqn, host.dhchap
+        );
     }
 }
 

@@ -38,7 +38,8 @@ Usage:
   weft volume list | show NAME | delete NAME [--force] | resize NAME --size SIZE
   weft volume clone VOLUME@SNAPSHOT NAME | flatten NAME
   weft snapshot create VOLUME@SNAPSHOT | delete VOLUME@SNAPSHOT
-  weft host add NAME --nqn NQN | list | show NAME | delete NAME
+  weft host add NAME --nqn NQN [--dhchap-secret S [--dhchap-ctrl-secret S]] | list | show NAME
+  weft host set NAME [--dhchap-secret S|none] [--dhchap-ctrl-secret S|none] | delete NAME
   weft volume attach VOLUME --host HOST | detach VOLUME --host HOST
   weft top [--interval D] [--count N]   live per-volume IOPS, MiB/s, p99 latency, queue depth
   weft volume set VOLUME [--iops-max N] [--bw-max SIZE] [--read-iops-max N] [--read-bw-max SIZE]
@@ -57,7 +58,9 @@ Commands:
           Carve pools of devices (striped) into thin or thick volumes, each served as
           subsystem nqn.2026-11.io.weft:vol:NAME; snapshots, clones, online growth.
   host    Register hosts by NQN; only hosts attached to a volume may connect to it or
-          see it in discovery. `volume set` limits a volume's IOPS and bandwidth live.
+          see it in discovery. With a DH-HMAC-CHAP secret (DHHC-1:.., `nvme gen-dhchap-key`)
+          each of the host's queues must authenticate (NULL DH group, SHA-256/384/512);
+          with a controller secret too, the host can authenticate the node as well. `volume set` limits a volume's IOPS and bandwidth live.
   serve   Export block storage over NVMe/TCP. Without --config: one 4 GiB sparse file
           namespace (DATA_DIR/default.img) as nqn.2026-11.io.weft:default on 127.0.0.1:4420.
   bench   Load a namespace through weft's user-space initiator (nvme-tcp://...), or a local
@@ -77,6 +80,8 @@ Bench options:
                        patterns read back everything they wrote at the end
   --hdr-digest, --data-digest   NVMe/TCP digests (remote)
   --hostnqn NQN        host NQN to connect as (remote; default a random one)
+  --dhchap-secret S    DH-HMAC-CHAP secret of the host (remote, when the target asks);
+                       --dhchap-ctrl-secret S also authenticates the target
   --json               fio's JSON layout instead of the table (compare: --json FILE keeps
                        both sides and the ratios of every iodepth)
   --plot FILE.svg      compare: latency (mean, p99) against IOPS over the sweep, both sides

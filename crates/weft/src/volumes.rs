@@ -20,7 +20,8 @@ use std::path::PathBuf;
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;
 use weft_control::{DesiredState, HostRecord, PoolRecord, QosLimits, StoreError, VolumeRecord};
-use weft_proto::target::{HostAccess, NamespaceConfig, SubsystemConfig, TargetConfig};
+use weft_proto::auth::{DhchapSecret, HostKeys};
+use weft_proto::target::{AllowedHost, HostAccess, NamespaceConfig, SubsystemConfig, TargetConfig};
 use weft_proto::types::Nsid;
 use weft_proto::IoError;
 use weft_target::meter::Limits;
@@ -120,6 +121,15 @@ pub enum AdminOp {
         name: String,
         /// Its NQN.
         nqn: String,
+        /// Its DH-HMAC-CHAP secrets (none: it connects without authenticating).
+        secrets: HostSecrets,
+    },
+    /// Change a host's DH-HMAC-CHAP secrets (for its next connections).
+    SetHostSecrets {
+        /// Host.
+        name: String,
+        /// Each field `None` keeps the secret, `Some(None)` removes it.
+        changes: SecretChanges,
     },
     /// One host.
     ShowHost(String),
@@ -148,6 +158,25 @@ pub enum AdminOp {
     },
     /// Make everything durable (before exit).
     Flush,
+}
+
+/// A host's DH-HMAC-CHAP secrets in their `DHHC-1:..` text form.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HostSecrets {
+    /// The host's own: it proves it knows it.
+    pub host: Option<String>,
+    /// The controller's: asked for by hosts that authenticate the controller too.
+    pub controller: Option<String>,
+}
+
+/// Changes to a host's secrets: each field `None` keeps the secret,
+/// `Some(None)` removes it, `Some(Some(text))` replaces it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SecretChanges {
+    /// The host's secret.
+    pub host: Option<Option<String>>,
+    /// The controller's secret.
+    pub controller: Option<Option<String>>,
 }
 
 /// Changes to a volume's limits: each field `None` keeps the limit,
@@ -315,6 +344,9 @@ pub struct HostView {
     pub name: String,
     /// NQN.
     pub nqn: String,
+    /// DH-HMAC-CHAP: "none", "host" (the host proves its secret) or
+    /// "bidirectional" (the controller proves its own too). Secrets are never shown.
+    pub dhchap: String,
     /// Volumes attached to it.
     pub volumes: Vec<String>,
 }
@@ -431,7 +463,7 @@ impl Manager {
                 let allowed = record
                     .hosts
                     .iter()
-                    .filter_map(|name| hosts.get(name).map(|h| h.nqn.clone()))
+                    .filter_map(|name| allowed_host(name, hosts.get(name)?))
                     .collect();
                 config.subsystems.push(SubsystemConfig {
                     nqn: nqn.clone(),
@@ -578,6 +610,7 @@ impl Manager {
                 | AdminOp::CloneVolume { .. }
                 | AdminOp::Attach { .. }
                 | AdminOp::Detach { .. }
+                | AdminOp::SetHostSecrets { .. }
         );
         let reply = match op {
             AdminOp::CreatePool {
@@ -642,8 +675,12 @@ impl Manager {
                 AdminReply::Done
             }
             AdminOp::ListHosts => AdminReply::Hosts(self.host_views()?),
-            AdminOp::CreateHost { name, nqn } => {
-                self.create_host(&name, nqn)?;
+            AdminOp::CreateHost { name, nqn, secrets } => {
+                self.create_host(&name, nqn, secrets)?;
+                AdminReply::Done
+            }
+            AdminOp::SetHostSecrets { name, changes } => {
+                self.set_host_secrets(&name, changes)?;
                 AdminReply::Done
             }
             AdminOp::ShowHost(name) => AdminReply::Host(
@@ -819,8 +856,14 @@ impl Manager {
         }
     }
 
-    fn create_host(&mut self, name: &str, nqn: String) -> Result<(), AdminError> {
+    fn create_host(
+        &mut self,
+        name: &str,
+        nqn: String,
+        secrets: HostSecrets,
+    ) -> Result<(), AdminError> {
         weft_volume::check_name("host", name)?;
+        check_secrets(name, &secrets)?;
         weft_control::check_nqn(&nqn)
             .map_err(|hint| VolumeError::invalid(format!("host {name}'s NQN"), hint))?;
         let hosts = self.desired.hosts()?;
@@ -837,8 +880,35 @@ impl Manager {
                 existing: existing.clone(),
             });
         }
-        self.desired.put_host(name, &HostRecord { nqn })?;
+        let record = HostRecord {
+            nqn,
+            dhchap_secret: secrets.host,
+            dhchap_ctrl_secret: secrets.controller,
+        };
+        self.desired.put_host(name, &record)?;
         log::info!("host {name} added");
+        Ok(())
+    }
+
+    fn set_host_secrets(&mut self, name: &str, changes: SecretChanges) -> Result<(), AdminError> {
+        let mut record = self
+            .desired
+            .hosts()?
+            .remove(name)
+            .ok_or_else(|| not_found("host", name))?;
+        if let Some(host) = changes.host {
+            record.dhchap_secret = host;
+        }
+        if let Some(controller) = changes.controller {
+            record.dhchap_ctrl_secret = controller;
+        }
+        let secrets = HostSecrets {
+            host: record.dhchap_secret.clone(),
+            controller: record.dhchap_ctrl_secret.clone(),
+        };
+        check_secrets(name, &secrets)?;
+        self.desired.put_host(name, &record)?;
+        log::info!("host {name}: DH-HMAC-CHAP secrets changed (used from its next connection)");
         Ok(())
     }
 
@@ -924,6 +994,12 @@ impl Manager {
                     .map(|(volume, _)| volume.clone())
                     .collect(),
                 name,
+                dhchap: match (&host.dhchap_secret, &host.dhchap_ctrl_secret) {
+                    (None, _) => "none",
+                    (Some(_), None) => "host",
+                    (Some(_), Some(_)) => "bidirectional",
+                }
+                .to_string(),
                 nqn: host.nqn,
             })
             .collect())
@@ -1028,6 +1104,59 @@ fn data_plane_limits(qos: &QosLimits) -> Limits {
         write_iops: qos.write_iops_max.unwrap_or(0),
         write_bytes: qos.write_bw_max.unwrap_or(0),
     }
+}
+
+/// Checks a host's secrets: each a valid `DHHC-1` secret, the controller's
+/// only with the host's, and the two different.
+fn check_secrets(name: &str, secrets: &HostSecrets) -> Result<(), AdminError> {
+    let what = |which: &str| format!("host {name}'s {which}");
+    for (which, text) in [
+        ("DH-HMAC-CHAP secret", &secrets.host),
+        ("DH-HMAC-CHAP controller secret", &secrets.controller),
+    ] {
+        if let Some(text) = text {
+            DhchapSecret::parse(text).map_err(|error| {
+                VolumeError::invalid(
+                    what(which),
+                    format!("{error}; create one with: nvme gen-dhchap-key --nqn NQN"),
+                )
+            })?;
+        }
+    }
+    match (&secrets.host, &secrets.controller) {
+        (None, Some(_)) => Err(VolumeError::invalid(
+            what("DH-HMAC-CHAP controller secret"),
+            "the controller authenticates to a host that authenticates itself: give the host's secret too",
+        )
+        .into()),
+        (Some(host), Some(controller)) if host == controller => Err(VolumeError::invalid(
+            what("DH-HMAC-CHAP controller secret"),
+            "use a secret different from the host's (the same one both ways lets a man in the middle reflect challenges)",
+        )
+        .into()),
+        _ => Ok(()),
+    }
+}
+
+/// The export entry of host `name`, with its parsed secrets. A stored secret
+/// that no longer parses keeps the host out rather than letting it in unauthenticated.
+fn allowed_host(name: &str, host: &HostRecord) -> Option<AllowedHost> {
+    let parse = |text: &Option<String>| text.as_deref().map(DhchapSecret::parse).transpose();
+    let keys = match (parse(&host.dhchap_secret), parse(&host.dhchap_ctrl_secret)) {
+        (Ok(None), _) => None,
+        (Ok(Some(secret)), Ok(controller)) => Some(Arc::new(HostKeys {
+            host: secret,
+            controller,
+        })),
+        (Err(error), _) | (_, Err(error)) => {
+            log::error!("host {name}: stored DH-HMAC-CHAP secret refused ({error}); the host may not connect");
+            return None;
+        }
+    };
+    Some(AllowedHost {
+        nqn: host.nqn.clone(),
+        keys,
+    })
 }
 
 fn not_found(kind: &'static str, name: &str) -> AdminError {

@@ -316,6 +316,7 @@ fn every_route_answers_and_fails_as_documented_and_state_survives_kill_9() {
         code(&call(&node, "GET", "/api/v1/hosts/nope", None, 404)),
         "not_found"
     );
+    dhchap_secrets_are_checked_stored_and_never_shown(&node);
     // Attachments.
     call(
         &node,
@@ -436,4 +437,69 @@ fn every_route_answers_and_fails_as_documented_and_state_survives_kill_9() {
     assert!(fresh["qos"]["iops_max"].is_null());
     call(&node, "DELETE", "/api/v1/hosts/web1", None, 200);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+const SECRET_A: &str = "DHHC-1:00:ia6zGodOr4SEG0Zzaw398rpY0wqipUWj4jWjUh4HWUz6aQ2n:";
+const SECRET_B: &str = "DHHC-1:01:MWPqcx1Ug1debg8fPIGpkqbQhLcYUt39k7UWirkblaKEH1kE:";
+
+/// POST /hosts with secrets and PATCH /hosts/{host}: validated, summarised
+/// as none/host/bidirectional, never echoed.
+fn dhchap_secrets_are_checked_stored_and_never_shown(node: &Node) {
+    let nqn = "nqn.2014-08.org.nvmexpress:uuid:33333333-3333-3333-3333-333333333333";
+    let add = |body: Value, status: u16| call(node, "POST", "/api/v1/hosts", Some(body), status);
+    let patch =
+        |body: Value, status: u16| call(node, "PATCH", "/api/v1/hosts/web3", Some(body), status);
+    let dhchap = || call(node, "GET", "/api/v1/hosts/web3", None, 200)["dhchap"].clone();
+    let typo = SECRET_A.replace("ia6z", "ia7z");
+    let refused = add(
+        json!({"name": "web3", "nqn": nqn, "dhchap_secret": typo}),
+        400,
+    );
+    assert_eq!(code(&refused), "invalid");
+    assert!(
+        refused["message"].as_str().unwrap().contains("checksum"),
+        "{refused}"
+    );
+    assert!(
+        refused["message"]
+            .as_str()
+            .unwrap()
+            .contains("gen-dhchap-key"),
+        "{refused}"
+    );
+    let controller_only = json!({"name": "web3", "nqn": nqn, "dhchap_ctrl_secret": SECRET_B});
+    assert_eq!(code(&add(controller_only, 400)), "invalid");
+    let same_twice = json!({"name": "web3", "nqn": nqn, "dhchap_secret": SECRET_A, "dhchap_ctrl_secret": SECRET_A});
+    assert_eq!(code(&add(same_twice, 400)), "invalid");
+    add(
+        json!({"name": "web3", "nqn": nqn, "dhchap_secret": SECRET_A}),
+        201,
+    );
+    assert_eq!(dhchap(), "host");
+    patch(json!({"dhchap_ctrl_secret": SECRET_B}), 200);
+    assert_eq!(dhchap(), "bidirectional");
+    let listed = call(node, "GET", "/api/v1/hosts", None, 200).to_string();
+    assert!(
+        !listed.contains("DHHC-1"),
+        "secrets are never shown: {listed}"
+    );
+    assert_eq!(code(&patch(json!({"dhchap_secret": null}), 400)), "invalid");
+    assert_eq!(
+        code(&patch(json!({"secret": SECRET_A}), 400)),
+        "invalid_json"
+    );
+    let unknown = call(
+        node,
+        "PATCH",
+        "/api/v1/hosts/nope",
+        Some(json!({"dhchap_secret": null})),
+        404,
+    );
+    assert_eq!(code(&unknown), "not_found");
+    patch(
+        json!({"dhchap_secret": null, "dhchap_ctrl_secret": null}),
+        200,
+    );
+    assert_eq!(dhchap(), "none");
+    call(node, "DELETE", "/api/v1/hosts/web3", None, 200);
 }

@@ -294,6 +294,126 @@ fn volumes_are_carved_served_snapshotted_and_survive_a_restart() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+const SECRET_A: &str = "DHHC-1:00:ia6zGodOr4SEG0Zzaw398rpY0wqipUWj4jWjUh4HWUz6aQ2n:";
+const SECRET_B: &str = "DHHC-1:01:MWPqcx1Ug1debg8fPIGpkqbQhLcYUt39k7UWirkblaKEH1kE:";
+
+/// `weft bench` against `volume` as the authenticating host, with extra options.
+fn bench_as(node: &Node, volume: &str, extra: &[&str]) -> (bool, String, String) {
+    let url = volume_url(node, volume);
+    let mut args = vec!["bench", "--hostnqn", HOST_NQN, "--target", &url];
+    args.extend_from_slice(&["--runtime", "300ms", "--queues", "2", "--verify"]);
+    args.extend_from_slice(extra);
+    weft(node, &args)
+}
+
+#[test]
+fn a_host_with_a_dhchap_secret_must_authenticate_each_queue() {
+    let dir = temp_dir("dhchap");
+    let node = start(&dir.join("data"));
+    let device = dir.join("d0.img");
+    ok(
+        &node,
+        &[
+            "pool",
+            "create",
+            "p",
+            "--device",
+            device.to_str().unwrap(),
+            "--device-size",
+            "64MiB",
+        ],
+    );
+    ok(
+        &node,
+        &["volume", "create", "v1", "--pool", "p", "--size", "8MiB"],
+    );
+    let typo = SECRET_A.replace("ia6z", "ia7z");
+    let errors = refused(
+        &node,
+        &[
+            "host",
+            "add",
+            "h",
+            "--nqn",
+            HOST_NQN,
+            "--dhchap-secret",
+            &typo,
+        ],
+    );
+    assert!(errors.contains("checksum"), "{errors}");
+    let add = [
+        "host",
+        "add",
+        "h",
+        "--nqn",
+        HOST_NQN,
+        "--dhchap-secret",
+        SECRET_A,
+    ];
+    ok(&node, &add);
+    ok(&node, &["volume", "attach", "v1", "--host", "h"]);
+    let (success, _, errors) = bench_as(&node, "v1", &[]);
+    assert!(
+        !success && errors.contains("requires this host to authenticate"),
+        "{errors}"
+    );
+    let (success, _, errors) = bench_as(&node, "v1", &["--dhchap-secret", SECRET_B]);
+    assert!(!success && errors.contains("wrong secret"), "{errors}");
+    let (success, out, errors) = bench_as(&node, "v1", &["--dhchap-secret", SECRET_A]);
+    assert!(success && out.contains("all intact"), "{errors}");
+
+    // The host authenticates the node too once the node has a controller secret.
+    ok(
+        &node,
+        &["host", "set", "h", "--dhchap-ctrl-secret", SECRET_B],
+    );
+    let hosts = ok(&node, &["host", "list"]);
+    assert!(
+        hosts.contains("bidirectional") && !hosts.contains("DHHC"),
+        "{hosts}"
+    );
+    let both = [
+        "--dhchap-secret",
+        SECRET_A,
+        "--dhchap-ctrl-secret",
+        SECRET_B,
+    ];
+    let (success, out, errors) = bench_as(&node, "v1", &both);
+    assert!(success && out.contains("all intact"), "{errors}");
+    // Same key, another transform: a different controller secret.
+    let impostor = SECRET_B.replace(":01:", ":02:");
+    let wrong = [
+        "--dhchap-secret",
+        SECRET_A,
+        "--dhchap-ctrl-secret",
+        &impostor,
+    ];
+    let (success, _, errors) = bench_as(&node, "v1", &wrong);
+    assert!(
+        !success && errors.contains("does not match the controller secret"),
+        "{errors}"
+    );
+    let errors = refused(&node, &["host", "set", "h"]);
+    assert!(errors.contains("--dhchap-secret"), "{errors}");
+
+    // Secrets removed: the host connects without authenticating.
+    ok(
+        &node,
+        &[
+            "host",
+            "set",
+            "h",
+            "--dhchap-secret",
+            "none",
+            "--dhchap-ctrl-secret",
+            "none",
+        ],
+    );
+    let (success, _, errors) = bench_as(&node, "v1", &[]);
+    assert!(success, "{errors}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn admin_commands_say_when_no_node_answers() {
     let output = Command::new(WEFT)

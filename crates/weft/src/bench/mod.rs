@@ -23,6 +23,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 use weft_initiator::{ConnectOptions, Controller, TargetUrl};
+use weft_proto::auth::{DhchapSecret, HostKeys};
 
 /// The I/O pattern.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,6 +103,8 @@ pub struct BenchArgs {
     data_digest: bool,
     /// Host NQN to connect as (default: a random one).
     host_nqn: Option<String>,
+    /// DH-HMAC-CHAP secrets, when the target asks this host to authenticate.
+    dhchap: Option<HostKeys>,
     /// Single: fio JSON on stdout instead of the table.
     json: bool,
     /// Compare: where to keep the whole comparison as JSON.
@@ -110,6 +113,10 @@ pub struct BenchArgs {
     plot_file: Option<PathBuf>,
     /// Compare: alternations of local and remote per iodepth (merged).
     rounds: usize,
+}
+
+fn parse_secret(text: &str, option: &str) -> Result<DhchapSecret, String> {
+    DhchapSecret::parse(text).map_err(|error| format!("{option}: {error}"))
 }
 
 /// Parses `weft bench` options.
@@ -131,12 +138,14 @@ pub fn parse(parser: &mut lexopt::Parser) -> Result<BenchArgs, String> {
         header_digest: false,
         data_digest: false,
         host_nqn: None,
+        dhchap: None,
         json: false,
         json_file: None,
         plot_file: None,
         rounds: 1,
     };
     let (mut local, mut remote, mut sweep) = (String::new(), String::new(), Vec::new());
+    let (mut dhchap_secret, mut dhchap_ctrl_secret) = (None, None);
     let mut first = true;
     while let Some(arg) = parser.next().map_err(|e| e.to_string())? {
         let name = match arg {
@@ -180,6 +189,8 @@ pub fn parse(parser: &mut lexopt::Parser) -> Result<BenchArgs, String> {
             "--hdr-digest" => args.header_digest = true,
             "--data-digest" => args.data_digest = true,
             "--hostnqn" => args.host_nqn = Some(value()?),
+            "--dhchap-secret" => dhchap_secret = Some(parse_secret(&value()?, &name)?),
+            "--dhchap-ctrl-secret" => dhchap_ctrl_secret = Some(parse_secret(&value()?, &name)?),
             "--json" if matches!(args.mode, Mode::Compare { .. }) => {
                 args.json_file = Some(PathBuf::from(value()?))
             }
@@ -218,6 +229,13 @@ pub fn parse(parser: &mut lexopt::Parser) -> Result<BenchArgs, String> {
     if args.runtime.is_none() && (args.size.is_none() || args.mode != Mode::Single) {
         args.runtime = Some(Duration::from_secs(10));
     }
+    args.dhchap = match (dhchap_secret, dhchap_ctrl_secret) {
+        (Some(host), controller) => Some(HostKeys { host, controller }),
+        (None, Some(_)) => {
+            return Err("--dhchap-ctrl-secret authenticates the controller to a host that authenticates itself: give --dhchap-secret too".into())
+        }
+        (None, None) => None,
+    };
     if args.plot_file.is_some() && !matches!(args.mode, Mode::Compare { .. }) {
         return Err("--plot draws a sweep: use it with weft bench compare".into());
     }
@@ -430,6 +448,10 @@ fn remote(args: &BenchArgs, progress: &Arc<Progress>) -> Result<Results, String>
             ..options
         },
         None => options,
+    };
+    let options = ConnectOptions {
+        dhchap: args.dhchap.clone(),
+        ..options
     };
     let mut controller =
         Controller::connect(&url, options, args.queues as u16).map_err(|e| e.to_string())?;
