@@ -22,7 +22,7 @@ cargo test --workspace --locked
 step "fuzz smoke (cargo-fuzz)"
 if rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
     command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked --quiet
-    for target in decoders connection authentication volume_open; do
+    for target in decoders connection authentication http_request volume_open; do
         (cd fuzz && cargo +nightly fuzz run "$target" -- -max_total_time="${WEFT_FUZZ_SECONDS:-20}" -rss_limit_mb=4096 2>&1 | tail -n 3)
     done
 else

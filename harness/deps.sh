@@ -1,6 +1,7 @@
 #!/bin/bash
 # Installs the Debian packages weft's tests need on the host, only those missing:
-# qemu (the guest), debootstrap/e2fsprogs/cpio (the guest image), iproute2.
+# qemu (the guest), debootstrap/e2fsprogs/cpio (the guest image), iproute2, a C compiler
+# (ring, the API's TLS crypto, builds C) and openssl (the API TLS test makes a certificate).
 # The guest image itself carries nvme-cli and fio (harness/vm/build-image.sh).
 set -euo pipefail
 missing=()
@@ -13,6 +14,8 @@ need cpio cpio
 need ip iproute2
 need python3 python3
 need flock util-linux
+need cc gcc
+need openssl openssl
 if [ ${#missing[@]} -gt 0 ]; then
     echo "deps: installing ${missing[*]}"
     apt-get update -q

@@ -10,17 +10,18 @@
 //! Beside them, `GET /metrics` serves the Prometheus exposition (token
 //! needed too: Prometheus sends it with `authorization: credentials_file`).
 
-use crate::http::{self, Request};
 use crate::volumes::{
     AdminError, AdminOp, AdminReply, HostSecrets, ManagerHandle, QosChanges, SecretChanges,
     DEFAULT_CHUNK_BYTES,
 };
 use serde::Deserialize;
 use serde_json::{json, Value};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
+use weft_http::{self as http, Request};
 use weft_target::DataPlane;
 use weft_volume::{VolumeError, VolumeSpec};
 
@@ -66,6 +67,7 @@ struct Api {
 /// Binds `address` and serves the API on a thread; returns the bound address.
 pub fn start(
     address: SocketAddr,
+    tls: Option<http::tls::Server>,
     manager: ManagerHandle,
     plane: Arc<DataPlane>,
     token: String,
@@ -85,17 +87,43 @@ pub fn start(
         .spawn(move || {
             for stream in listener.incoming().flatten() {
                 let api = Arc::clone(&api);
+                let tls = tls.clone();
                 let _ = std::thread::Builder::new()
                     .name("weft-api-call".into())
-                    .spawn(move || serve_connection(stream, &api));
+                    .spawn(move || {
+                        // A client that stops sending does not hold a thread forever.
+                        let _ = stream.set_read_timeout(Some(std::time::Duration::from_secs(10)));
+                        match tls {
+                            None => serve_connection(stream, &api),
+                            Some(tls) => serve_tls_connection(stream, &tls, &api),
+                        }
+                    });
             }
         })
         .map_err(|e| e.to_string())?;
     Ok(bound)
 }
 
-fn serve_connection(mut stream: TcpStream, api: &Api) {
-    let _ = stream.set_read_timeout(Some(std::time::Duration::from_secs(10)));
+/// A connection to the TLS API: plain HTTP (a first byte that cannot start a
+/// TLS handshake record, 16h) is answered in plain HTTP, naming the fix.
+fn serve_tls_connection(mut stream: std::net::TcpStream, tls: &http::tls::Server, api: &Api) {
+    let mut first = [0u8; 1];
+    if matches!(stream.peek(&mut first), Ok(1) if first[0] != 0x16) {
+        let (status, body) = failure(
+            400,
+            "tls_required",
+            "this API is served over TLS",
+            "use https://HOST:PORT (with --api-ca FILE, or WEFT_API_CA, naming the CA of its certificate)",
+        );
+        let _ = http::write_response(&mut stream, status, http::JSON, body.to_string().as_bytes());
+        return;
+    }
+    if let Ok(stream) = tls.accept(stream) {
+        serve_connection(stream, api);
+    }
+}
+
+fn serve_connection(mut stream: impl Read + Write, api: &Api) {
     let (status, body) = match http::read_request(&mut stream) {
         Ok(request) if request.path == "/metrics" && request.method == "GET" => {
             match api.metrics(&request) {

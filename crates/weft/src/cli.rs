@@ -7,17 +7,19 @@
 
 use crate::api::DEFAULT_API_LISTEN;
 use crate::config::parse_size_text;
-use crate::http;
 use crate::metrics::Stats;
 use crate::volumes::{HostView, PoolView, VolumeView, DEFAULT_CHUNK_BYTES};
 use serde_json::{json, Value};
 use std::time::Duration;
+use weft_http as http;
 use weft_storage::human_bytes;
 
 /// A parsed admin command.
 #[derive(Debug)]
 pub struct AdminArgs {
     api: String,
+    /// CA certificates (PEM) for an `https://` API.
+    ca_file: Option<std::path::PathBuf>,
     token: Option<String>,
     json: bool,
     method: &'static str,
@@ -59,12 +61,14 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
     let mut api = std::env::var("WEFT_API").unwrap_or_else(|_| DEFAULT_API_LISTEN.to_string());
     let mut json_output = false;
     let mut token_file: Option<std::path::PathBuf> = None;
+    let mut ca_file = std::env::var_os("WEFT_API_CA").map(std::path::PathBuf::from);
     let mut options: Vec<(String, Option<String>)> = Vec::new();
     while let Some(arg) = parser.next().map_err(|e| format!("{e}; see weft --help"))? {
         match arg {
             Value(value) => words.push(value.string().map_err(|_| "arguments must be UTF-8")?),
             Long("api") => api = text(parser.value())?,
             Long("api-token-file") => token_file = Some(text(parser.value())?.into()),
+            Long("api-ca") => ca_file = Some(text(parser.value())?.into()),
             Short('o') | Long("output") => {
                 json_output = match text(parser.value())?.as_str() {
                     "json" => true,
@@ -282,6 +286,7 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
     Ok(AdminArgs {
         token: api_token(token_file)?,
         api,
+        ca_file,
         json: json_output,
         method,
         path,
@@ -485,14 +490,11 @@ fn print_top(api: &str, interval: Duration, rows: &[TopRow]) {
 
 /// Sends the command's request; the JSON answer, or the API's error as a message.
 fn request(args: &AdminArgs) -> Result<Value, String> {
-    let address = args
-        .api
-        .trim_start_matches("http://")
-        .trim_end_matches('/')
-        .to_string();
+    let endpoint = http::Endpoint::parse(&args.api, args.ca_file.as_deref())?;
+    let address = &endpoint.address;
     let body = args.body.as_ref().map(|b| b.to_string().into_bytes());
     let path = format!("/api/v1/{}", args.path);
-    let (status, response) = http::call(&address, args.token.as_deref(), args.method, &path, body.as_deref(), Duration::from_secs(600))
+    let (status, response) = http::call(&endpoint, args.token.as_deref(), args.method, &path, body.as_deref(), Duration::from_secs(600))
         .map_err(|e| format!("cannot reach the weft API at {address}: {e}; is `weft serve` running there? (set --api or WEFT_API)"))?;
     let value: Value = serde_json::from_slice(&response).map_err(|e| {
         format!("the API at {address} answered {status} with something that is not JSON: {e}")
@@ -504,7 +506,7 @@ fn request(args: &AdminArgs) -> Result<Value, String> {
         let hint = value["hint"].as_str().unwrap_or_default();
         return Err(match value["code"].as_str() {
             Some("unauthorized") => format!("{message}: pass --api-token-file FILE or set WEFT_API_TOKEN (the node keeps its token in DATA_DIR/api-token)"),
-            Some("no_route" | "method_not_allowed" | "invalid_json" | "store") => {
+            Some("no_route" | "method_not_allowed" | "invalid_json" | "store" | "tls_required") => {
                 format!("{message} ({hint})")
             }
             _ => message.to_string(),

@@ -50,6 +50,8 @@ struct ConfigFile {
     listen: Option<Vec<String>>,
     api_listen: Option<String>,
     api_token_file: Option<PathBuf>,
+    api_tls_cert: Option<PathBuf>,
+    api_tls_key: Option<PathBuf>,
     reactors: Option<usize>,
     #[serde(default)]
     subsystem: Vec<SubsystemFile>,
@@ -99,6 +101,8 @@ pub struct ServeConfig {
     pub api_listen: Option<SocketAddr>,
     /// The API's bearer token file (None: DATA_DIR/api-token).
     pub api_token_file: Option<PathBuf>,
+    /// TLS for the API: certificate chain and key PEM files (None: plain HTTP).
+    pub api_tls: Option<(PathBuf, PathBuf)>,
     /// Reactor threads.
     pub reactors: usize,
     /// Subsystems.
@@ -152,6 +156,7 @@ impl ServeConfig {
             listen: vec![DEFAULT_LISTEN.parse().expect("valid default address")],
             api_listen: None,
             api_token_file: None,
+            api_tls: None,
             reactors: default_reactors(),
             subsystems: vec![SubsystemSpec {
                 nqn: DEFAULT_NQN.to_string(),
@@ -227,6 +232,17 @@ fn validate(file: ConfigFile, origin: &str) -> Result<ServeConfig, ConfigError> 
             parse_listen(text).map_err(|message| ConfigError::new(origin, "api_listen", message))
         })
         .transpose()?;
+    let api_tls = match (file.api_tls_cert, file.api_tls_key) {
+        (Some(cert), Some(key)) => Some((cert, key)),
+        (None, None) => None,
+        (Some(_), None) | (None, Some(_)) => {
+            return Err(ConfigError::new(
+                origin,
+                "api_tls_cert",
+                "TLS needs both api_tls_cert and api_tls_key (PEM files)",
+            ))
+        }
+    };
     let reactors = file.reactors.unwrap_or_else(default_reactors);
     if !(1..=256).contains(&reactors) {
         return Err(ConfigError::new(
@@ -260,6 +276,7 @@ fn validate(file: ConfigFile, origin: &str) -> Result<ServeConfig, ConfigError> 
         listen,
         api_listen,
         api_token_file: file.api_token_file,
+        api_tls,
         reactors,
         subsystems,
     })

@@ -8,7 +8,6 @@ mod api;
 mod bench;
 mod cli;
 mod config;
-mod http;
 mod identity;
 mod logger;
 mod metrics;
@@ -45,8 +44,9 @@ Usage:
   weft volume set VOLUME [--iops-max N] [--bw-max SIZE] [--read-iops-max N] [--read-bw-max SIZE]
                          [--write-iops-max N] [--write-bw-max SIZE]     (none removes a limit)
       (admin commands talk to a running `weft serve`: --api URL or WEFT_API, default
-       127.0.0.1:9440, with its token: --api-token-file FILE, WEFT_API_TOKEN, or
-       ./weft-data/api-token; -o json prints the API's JSON)
+       127.0.0.1:9440; https://... with --api-ca FILE or WEFT_API_CA for a TLS API), with its
+       token: --api-token-file FILE, WEFT_API_TOKEN, or ./weft-data/api-token; -o json
+       prints the API's JSON)
 
   weft bench --target nvme-tcp://HOST:PORT/NQN|PATH [--rw MODE] [--bs SIZE] [--iodepth N] ...
   weft bench compare --local PATH --remote nvme-tcp://HOST:PORT/NQN [--sweep iodepth=1,8,32]
@@ -97,6 +97,9 @@ Serve options:
   --listen ADDR:PORT   listen address, repeatable; replaces the configured ones
   --data-dir DIR       node identity, default files and the pool list (default ./weft-data)
   --api-listen ADDR:PORT  control API address (default 127.0.0.1:9440; config: api_listen)
+  --api-tls-cert FILE --api-tls-key FILE  serve the API over TLS (PEM certificate chain and
+                       key; config: api_tls_cert, api_tls_key); the CLI then uses
+                       --api https://HOST:PORT with --api-ca FILE (or WEFT_API_CA)
   --api-token-file FILE  the API's bearer token (default DATA_DIR/api-token, created with a
                        new random token at the first start; config: api_token_file)
   --reactors N         data plane threads (default: one per CPU)
@@ -117,6 +120,8 @@ struct ServeArgs {
     log_level: Option<String>,
     api_listen: Option<SocketAddr>,
     api_token_file: Option<PathBuf>,
+    api_tls_cert: Option<PathBuf>,
+    api_tls_key: Option<PathBuf>,
 }
 
 enum Command {
@@ -179,6 +184,12 @@ fn parse_args() -> Result<Command, String> {
             }
             Long("api-token-file") => {
                 args.api_token_file = Some(parser.value().map_err(|e| e.to_string())?.into())
+            }
+            Long("api-tls-cert") => {
+                args.api_tls_cert = Some(parser.value().map_err(|e| e.to_string())?.into())
+            }
+            Long("api-tls-key") => {
+                args.api_tls_key = Some(parser.value().map_err(|e| e.to_string())?.into())
             }
             Long("config") => args.config = Some(parser.value().map_err(|e| e.to_string())?.into()),
             Long("data-dir") => {
@@ -313,8 +324,18 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         .or_else(|| config.api_token_file.clone())
         .unwrap_or_else(|| config.data_dir.join(token::FILE_NAME));
     let (api_token, token_created) = token::load_or_create(&token_path)?;
+    let api_tls = match (args.api_tls_cert.clone(), args.api_tls_key.clone()) {
+        (Some(cert), Some(key)) => Some((cert, key)),
+        (None, None) => config.api_tls.clone(),
+        _ => return Err("--api-tls-cert and --api-tls-key go together (PEM files)".into()),
+    };
+    let api_tls = api_tls
+        .map(|(cert, key)| weft_http::tls::Server::from_pem_files(&cert, &key))
+        .transpose()?;
+    let api_scheme = if api_tls.is_some() { "https" } else { "http" };
     let api_address = api::start(
         api_listen,
+        api_tls,
         handle.clone(),
         Arc::clone(&plane),
         api_token.clone(),
@@ -324,7 +345,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         &config,
         &exports,
         &plane,
-        api_address,
+        (api_scheme, api_address),
         (&token_path, new_token),
     );
     let signal = weft_uring::wait_for_termination_signal()
@@ -341,7 +362,7 @@ fn print_banner(
     config: &ServeConfig,
     exports: &weft_target::Exports,
     plane: &DataPlane,
-    api_address: SocketAddr,
+    (api_scheme, api_address): (&str, SocketAddr),
     (token_path, new_token): (&std::path::Path, Option<&str>),
 ) {
     // A banner nobody reads (stdout closed) must not stop the node.
@@ -360,7 +381,7 @@ fn print_banner(
     for address in &plane.listening {
         say!("  listening  {address}  (discovery and I/O)");
     }
-    say!("  api        http://{api_address}  (weft pool|volume|snapshot|host ...)");
+    say!("  api        {api_scheme}://{api_address}  (weft pool|volume|snapshot|host ...)");
     match new_token {
         Some(token) => say!(
             "  api token  {token}\n             (new; shown once, kept in {})",

@@ -503,3 +503,96 @@ fn dhchap_secrets_are_checked_stored_and_never_shown(node: &Node) {
     assert_eq!(dhchap(), "none");
     call(node, "DELETE", "/api/v1/hosts/web3", None, 200);
 }
+
+/// A self-signed certificate for 127.0.0.1 made with openssl: (cert, key).
+fn self_signed(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let (cert, key) = (dir.join("api.crt"), dir.join("api.key"));
+    let status = std::process::Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+        ])
+        .args(["-nodes", "-days", "1", "-subj", "/CN=weft-test"])
+        .args(["-addext", "subjectAltName=IP:127.0.0.1"])
+        .args(["-addext", "basicConstraints=critical,CA:FALSE"])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .expect("openssl is installed (test.sh installs it)");
+    assert!(status.success());
+    (cert, key)
+}
+
+#[test]
+fn the_api_is_served_over_tls_when_given_a_certificate() {
+    let dir = temp_dir("api-tls");
+    let (cert, key) = self_signed(&dir);
+    let node = start_node(
+        &dir.join("data"),
+        &[
+            "--api-tls-cert",
+            cert.to_str().unwrap(),
+            "--api-tls-key",
+            key.to_str().unwrap(),
+        ],
+    );
+    assert!(node.api_url.starts_with("https://"), "{}", node.api_url);
+    let weft = |extra: &[&str]| {
+        std::process::Command::new(support::WEFT)
+            .args(["host", "list", "--api", &node.api_url])
+            .args(extra)
+            .env("WEFT_API_TOKEN", &node.token)
+            .output()
+            .unwrap()
+    };
+    let listed = weft(&["--api-ca", cert.to_str().unwrap()]);
+    assert!(
+        listed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&listed.stderr)
+    );
+    assert!(String::from_utf8_lossy(&listed.stdout).contains("NAME"));
+    // Without the CA the certificate is not trusted.
+    let untrusted = weft(&["--api-ca", "/etc/ssl/certs/ca-certificates.crt"]);
+    assert!(!untrusted.status.success());
+    let errors = String::from_utf8_lossy(&untrusted.stderr);
+    assert!(errors.contains("certificate"), "{errors}");
+    // Plain HTTP to the TLS port is told to use https.
+    let plain = std::process::Command::new(support::WEFT)
+        .args(["host", "list", "--api", &format!("http://{}", node.api)])
+        .env("WEFT_API_TOKEN", &node.token)
+        .output()
+        .unwrap();
+    let errors = String::from_utf8_lossy(&plain.stderr);
+    assert!(
+        !plain.status.success() && errors.contains("https://"),
+        "{errors}"
+    );
+    // Half a TLS configuration is refused at start.
+    let half = std::process::Command::new(support::WEFT)
+        .args([
+            "serve",
+            "--api-listen",
+            "127.0.0.1:0",
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .arg("--data-dir")
+        .arg(dir.join("half"))
+        .args(["--api-tls-cert", cert.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let errors = String::from_utf8_lossy(&half.stderr);
+    assert!(
+        !half.status.success() && errors.contains("go together"),
+        "{errors}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

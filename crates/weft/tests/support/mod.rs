@@ -67,6 +67,8 @@ pub struct Node {
     pub nvme: String,
     /// host:port of the API.
     pub api: String,
+    /// The API's URL (http:// or https://).
+    pub api_url: String,
     /// The API's bearer token.
     pub token: String,
 }
@@ -94,11 +96,15 @@ pub fn start_node(data_dir: &std::path::Path, extra: &[&str]) -> Node {
         .open(data_dir.with_extension("log"))
         .unwrap();
     let (server, banner) = spawn_serve_logging(&args, log);
-    let api = banner
+    let api_url = banner
         .lines()
-        .find_map(|line| line.trim().strip_prefix("api        http://"))
+        .find_map(|line| line.trim().strip_prefix("api        "))
         .and_then(|rest| rest.split_whitespace().next())
         .unwrap_or_else(|| panic!("no API address in the banner: {banner}"))
+        .to_string();
+    let api = api_url
+        .split_once("://")
+        .map_or(&*api_url, |(_, a)| a)
         .to_string();
     // Empty when the node was given its token file elsewhere.
     let token = std::fs::read_to_string(data_dir.join("api-token"))
@@ -109,6 +115,7 @@ pub fn start_node(data_dir: &std::path::Path, extra: &[&str]) -> Node {
         _server: server,
         nvme: format!("nvme-tcp://127.0.0.1:{port}"),
         api,
+        api_url,
         token,
     }
 }
@@ -117,7 +124,7 @@ pub fn start_node(data_dir: &std::path::Path, extra: &[&str]) -> Node {
 pub fn weft(node: &Node, args: &[&str]) -> (bool, String, String) {
     let output = Command::new(WEFT)
         .args(args)
-        .env("WEFT_API", &node.api)
+        .env("WEFT_API", &node.api_url)
         .env("WEFT_API_TOKEN", &node.token)
         .output()
         .unwrap();
