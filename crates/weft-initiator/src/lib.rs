@@ -578,15 +578,15 @@ fn authenticate(
     let reply = exchange.reply(&challenge, &OsRandom).map_err(failed)?;
     auth_send(queue, &reply)?;
     let success1 = auth_receive(queue)?;
-    match exchange.success1(&success1) {
-        Ok(Some(success2)) => auth_send(queue, &success2),
-        Ok(None) => Ok(()),
-        Err(error) => {
-            // Tell the controller before giving up; the error is what matters.
-            let _ = auth_send(queue, &exchange.failure2());
-            Err(failed(error))
+    let (last, outcome) = exchange.conclude(&success1);
+    if let Some(last) = last {
+        // After a failure the failure is what matters, not whether Failure2 went out.
+        let sent = auth_send(queue, &last);
+        if outcome.is_ok() {
+            sent?;
         }
     }
+    outcome.map_err(failed)
 }
 
 /// The largest DH-HMAC-CHAP message read (the Linux host's buffer size).

@@ -550,10 +550,7 @@ impl ControllerExchange {
                 let seqnum = nonzero_seqnum(random);
                 let len = HEADER_LEN + hash.output_len();
                 let out = out.get_mut(..len)?;
-                out.fill(0);
-                out[0] = DHCHAP_MESSAGES;
-                out[1] = message::CHALLENGE;
-                out[4..6].copy_from_slice(&transaction.to_le_bytes());
+                write_header(out, DHCHAP_MESSAGES, message::CHALLENGE, transaction);
                 out[6] = hash.output_len() as u8;
                 out[8] = hash.id();
                 out[9] = DHGROUP_NULL;
@@ -574,10 +571,7 @@ impl ControllerExchange {
             } => {
                 let len = HEADER_LEN + host_challenge.map_or(0, |_| hash.output_len());
                 let out = out.get_mut(..len)?;
-                out.fill(0);
-                out[0] = DHCHAP_MESSAGES;
-                out[1] = message::SUCCESS1;
-                out[4..6].copy_from_slice(&transaction.to_le_bytes());
+                write_header(out, DHCHAP_MESSAGES, message::SUCCESS1, transaction);
                 out[6] = hash.output_len() as u8;
                 self.step = ControllerStep::Done;
                 if let Some((challenge, seqnum)) = host_challenge {
@@ -661,11 +655,16 @@ fn negotiate(payload: &[u8]) -> Result<HashFunction, FailureReason> {
     Ok(hash)
 }
 
-fn encode_failure(out: &mut [u8], auth_id: u8, transaction: u16, reason: FailureReason) {
+/// Zeroes `out` and writes AUTH-TYPE, AUTH-ID and T_ID, which start every message.
+fn write_header(out: &mut [u8], auth_type: u8, auth_id: u8, transaction: u16) {
     out.fill(0);
-    out[0] = COMMON_MESSAGES;
+    out[0] = auth_type;
     out[1] = auth_id;
     out[4..6].copy_from_slice(&transaction.to_le_bytes());
+}
+
+fn encode_failure(out: &mut [u8], auth_id: u8, transaction: u16, reason: FailureReason) {
+    write_header(out, COMMON_MESSAGES, auth_id, transaction);
     out[6] = REASON_FAILED;
     out[7] = reason.code();
 }
@@ -719,9 +718,12 @@ impl HostExchange {
     /// The Negotiate message: every hash function, the NULL DH group.
     pub fn negotiate(&self) -> Vec<u8> {
         let mut out = vec![0u8; NEGOTIATE_HEADER_LEN + DESCRIPTOR_LEN];
-        out[0] = COMMON_MESSAGES;
-        out[1] = message::NEGOTIATE;
-        out[4..6].copy_from_slice(&self.transaction.to_le_bytes());
+        write_header(
+            &mut out,
+            COMMON_MESSAGES,
+            message::NEGOTIATE,
+            self.transaction,
+        );
         out[7] = 1; // NAPD
         let descriptor = &mut out[NEGOTIATE_HEADER_LEN..];
         descriptor[0] = DHCHAP_AUTH_ID;
@@ -767,9 +769,7 @@ impl HostExchange {
             read_u32(challenge, 12),
         );
         let mut out = vec![0u8; HEADER_LEN + 2 * hl];
-        out[0] = DHCHAP_MESSAGES;
-        out[1] = message::REPLY;
-        out[4..6].copy_from_slice(&self.transaction.to_le_bytes());
+        write_header(&mut out, DHCHAP_MESSAGES, message::REPLY, self.transaction);
         out[6] = hl as u8;
         out[HEADER_LEN..HEADER_LEN + hl].copy_from_slice(response.as_ref());
         if self.keys.controller.is_some() {
@@ -784,9 +784,21 @@ impl HostExchange {
         Ok(out)
     }
 
+    /// Checks Success1 and returns what to send last with the outcome:
+    /// Success2 when the controller proved its secret, Failure2 when it did
+    /// not or its message was wrong, nothing when it refused us or had
+    /// nothing to prove.
+    pub fn conclude(&self, success1: &[u8]) -> (Option<Vec<u8>>, Result<(), HostAuthError>) {
+        match self.success1(success1) {
+            Ok(last) => (last, Ok(())),
+            Err(error @ HostAuthError::Refused(_)) => (None, Err(error)),
+            Err(error) => (Some(self.failure2()), Err(error)),
+        }
+    }
+
     /// Checks Success1; returns the Success2 to send when the controller was
     /// authenticated too (nothing more is sent otherwise).
-    pub fn success1(&self, success1: &[u8]) -> Result<Option<Vec<u8>>, HostAuthError> {
+    fn success1(&self, success1: &[u8]) -> Result<Option<Vec<u8>>, HostAuthError> {
         check_failure1(success1)?;
         let hash = self.hash.expect("reply comes before success1");
         if success1.len() < HEADER_LEN
@@ -816,14 +828,17 @@ impl HostExchange {
             return Err(HostAuthError::ControllerNotAuthenticated);
         }
         let mut out = vec![0u8; HEADER_LEN];
-        out[0] = DHCHAP_MESSAGES;
-        out[1] = message::SUCCESS2;
-        out[4..6].copy_from_slice(&self.transaction.to_le_bytes());
+        write_header(
+            &mut out,
+            DHCHAP_MESSAGES,
+            message::SUCCESS2,
+            self.transaction,
+        );
         Ok(Some(out))
     }
 
-    /// The Failure2 to send after [`HostAuthError::ControllerNotAuthenticated`].
-    pub fn failure2(&self) -> Vec<u8> {
+    /// The Failure2 that tells the controller we did not accept it.
+    fn failure2(&self) -> Vec<u8> {
         let mut out = vec![0u8; FAILURE_LEN];
         encode_failure(
             &mut out,
@@ -1050,17 +1065,11 @@ mod tests {
         let outcome = host.reply(&buffer[..len], &random).and_then(|reply| {
             controller.on_send(&reply);
             let len = controller.on_receive(&mut buffer, &random).unwrap();
-            match host.success1(&buffer[..len]) {
-                Ok(Some(success2)) => {
-                    controller.on_send(&success2);
-                    Ok(())
-                }
-                Ok(None) => Ok(()),
-                Err(error) => {
-                    controller.on_send(&host.failure2());
-                    Err(error)
-                }
+            let (last, outcome) = host.conclude(&buffer[..len]);
+            if let Some(last) = last {
+                controller.on_send(&last);
             }
+            outcome
         });
         (controller.is_authenticated(), outcome)
     }

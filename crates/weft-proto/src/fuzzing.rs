@@ -106,7 +106,7 @@ pub fn authentication(data: &[u8]) {
     let (challenge, success1) = (parts.next().unwrap_or(&[]), parts.next().unwrap_or(&[]));
     let mut host = HostExchange::new(keys, testing::HOST_NQN, testing::TEST_NQN, 1);
     if host.reply(challenge, &random).is_ok() {
-        let _ = host.success1(success1);
+        let _ = host.conclude(success1);
     }
 }
 

@@ -436,17 +436,11 @@ impl Pair {
         let reply = exchange.reply(&challenge, &CountingRandom::default())?;
         self.auth_send(&reply);
         let success1 = self.auth_receive();
-        match exchange.success1(&success1) {
-            Ok(Some(success2)) => {
-                self.auth_send(&success2);
-                Ok(())
-            }
-            Ok(None) => Ok(()),
-            Err(error) => {
-                self.auth_send(&exchange.failure2());
-                Err(error)
-            }
+        let (last, outcome) = exchange.conclude(&success1);
+        if let Some(last) = last {
+            self.auth_send(&last);
         }
+        outcome
     }
 
     fn auth_send(&mut self, message: &[u8]) {
