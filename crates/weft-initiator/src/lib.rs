@@ -575,7 +575,16 @@ fn authenticate(
     let mut exchange = HostExchange::new(keys, &options.host_nqn, &url.nqn, qid);
     auth_send(queue, &exchange.negotiate())?;
     let challenge = auth_receive(queue)?;
-    let reply = exchange.reply(&challenge, &OsRandom).map_err(failed)?;
+    let reply = match exchange.reply(&challenge, &OsRandom) {
+        Ok(reply) => reply,
+        Err(error) => {
+            if let Some(abort) = exchange.abort(&error) {
+                // The error is what matters, not whether Failure2 went out.
+                let _ = auth_send(queue, &abort);
+            }
+            return Err(failed(error));
+        }
+    };
     auth_send(queue, &reply)?;
     let success1 = auth_receive(queue)?;
     let (last, outcome) = exchange.conclude(&success1);

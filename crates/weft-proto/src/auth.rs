@@ -39,6 +39,9 @@ mod message {
 const DHCHAP_AUTH_ID: u8 = 0x01;
 /// DH group identifier of the NULL group (no Diffie-Hellman exchange).
 const DHGROUP_NULL: u8 = 0x00;
+/// The DH groups a host lists in Negotiate: NULL, then FFDHE 2048, 3072,
+/// 4096, 6144 and 8192, as the Linux host does.
+const OFFERED_DH_GROUPS: [u8; 6] = [DHGROUP_NULL, 1, 2, 3, 4, 5];
 /// Failure reason code "authentication failure"; the explanation says why.
 const REASON_FAILED: u8 = 0x01;
 /// The fixed part of Negotiate, Challenge, Reply and Success1.
@@ -681,6 +684,26 @@ pub enum HostAuthError {
     /// The controller did not prove it knows the controller secret.
     #[error("the controller's response does not match the controller secret")]
     ControllerNotAuthenticated,
+    /// The controller chose a hash function this host does not know.
+    #[error("the controller chose hash function {0}, which is not SHA-256, -384 or -512")]
+    UnusableHash(u8),
+    /// The controller chose a Diffie-Hellman group this host does not implement.
+    #[error("the controller chose Diffie-Hellman group {0} (FFDHE); weft implements only the NULL group: set the target's DH group to null")]
+    UnusableDhGroup(u8),
+}
+
+impl HostAuthError {
+    /// The reason a Failure2 gives for this error; none when the controller
+    /// ended the transaction itself.
+    fn failure2_reason(&self) -> Option<FailureReason> {
+        match self {
+            HostAuthError::Refused(_) => None,
+            HostAuthError::Malformed(_) => Some(FailureReason::IncorrectPayload),
+            HostAuthError::ControllerNotAuthenticated => Some(FailureReason::Failed),
+            HostAuthError::UnusableHash(_) => Some(FailureReason::HashUnusable),
+            HostAuthError::UnusableDhGroup(_) => Some(FailureReason::DhGroupUnusable),
+        }
+    }
 }
 
 /// The host side of the exchange on one queue, as the Linux host runs it:
@@ -715,7 +738,11 @@ impl HostExchange {
         }
     }
 
-    /// The Negotiate message: every hash function, the NULL DH group.
+    /// The Negotiate message: every hash function, and the DH groups the
+    /// Linux host lists (NULL and FFDHE 2048..8192). Only NULL is
+    /// implemented, but Linux nvmet configured for NULL only picks it when
+    /// another group follows it in the list; a controller that chooses an
+    /// FFDHE group gets Failure2 "DH group unusable".
     pub fn negotiate(&self) -> Vec<u8> {
         let mut out = vec![0u8; NEGOTIATE_HEADER_LEN + DESCRIPTOR_LEN];
         write_header(
@@ -728,15 +755,25 @@ impl HostExchange {
         let descriptor = &mut out[NEGOTIATE_HEADER_LEN..];
         descriptor[0] = DHCHAP_AUTH_ID;
         descriptor[2] = HashFunction::ALL.len() as u8;
-        descriptor[3] = 1;
+        descriptor[3] = OFFERED_DH_GROUPS.len() as u8;
         for (slot, hash) in descriptor[4..].iter_mut().zip(HashFunction::ALL) {
             *slot = hash.id();
         }
-        descriptor[34] = DHGROUP_NULL;
+        descriptor[34..34 + OFFERED_DH_GROUPS.len()].copy_from_slice(&OFFERED_DH_GROUPS);
         out
     }
 
-    /// Answers the Challenge with the Reply to send.
+    /// The message to send after `error` before giving up: a Failure2 with
+    /// its reason (NVMe Base 2.0, section 8.13.5.7), or nothing when the
+    /// controller ended the transaction.
+    pub fn abort(&self, error: &HostAuthError) -> Option<Vec<u8>> {
+        let reason = error.failure2_reason()?;
+        let mut out = vec![0u8; FAILURE_LEN];
+        encode_failure(&mut out, message::FAILURE2, self.transaction, reason);
+        Some(out)
+    }
+
+    /// Answers the Challenge with the Reply to send (on error, send [`HostExchange::abort`]).
     pub fn reply(
         &mut self,
         challenge: &[u8],
@@ -750,16 +787,17 @@ impl HostExchange {
         {
             return Err(HostAuthError::Malformed("expected a Challenge"));
         }
-        let hash = HashFunction::from_id(challenge[8])
-            .ok_or(HostAuthError::Malformed("unknown hash function"))?;
+        let hash =
+            HashFunction::from_id(challenge[8]).ok_or(HostAuthError::UnusableHash(challenge[8]))?;
         let hl = usize::from(challenge[6]);
         if hl != hash.output_len() || challenge.len() < HEADER_LEN + hl {
             return Err(HostAuthError::Malformed("challenge length"));
         }
-        if challenge[9] != DHGROUP_NULL || read_u16(challenge, 10) != 0 {
-            return Err(HostAuthError::Malformed(
-                "a DH group this host did not offer",
-            ));
+        if challenge[9] != DHGROUP_NULL {
+            return Err(HostAuthError::UnusableDhGroup(challenge[9]));
+        }
+        if read_u16(challenge, 10) != 0 {
+            return Err(HostAuthError::Malformed("a DH value with the NULL group"));
         }
         let binding = self.binding(hash);
         let response = binding.response(
@@ -791,8 +829,7 @@ impl HostExchange {
     pub fn conclude(&self, success1: &[u8]) -> (Option<Vec<u8>>, Result<(), HostAuthError>) {
         match self.success1(success1) {
             Ok(last) => (last, Ok(())),
-            Err(error @ HostAuthError::Refused(_)) => (None, Err(error)),
-            Err(error) => (Some(self.failure2()), Err(error)),
+            Err(error) => (self.abort(&error), Err(error)),
         }
     }
 
@@ -800,7 +837,9 @@ impl HostExchange {
     /// authenticated too (nothing more is sent otherwise).
     fn success1(&self, success1: &[u8]) -> Result<Option<Vec<u8>>, HostAuthError> {
         check_failure1(success1)?;
-        let hash = self.hash.expect("reply comes before success1");
+        let hash = self
+            .hash
+            .ok_or(HostAuthError::Malformed("Success1 before any Reply"))?;
         if success1.len() < HEADER_LEN
             || success1[0] != DHCHAP_MESSAGES
             || success1[1] != message::SUCCESS1
@@ -835,18 +874,6 @@ impl HostExchange {
             self.transaction,
         );
         Ok(Some(out))
-    }
-
-    /// The Failure2 that tells the controller we did not accept it.
-    fn failure2(&self) -> Vec<u8> {
-        let mut out = vec![0u8; FAILURE_LEN];
-        encode_failure(
-            &mut out,
-            message::FAILURE2,
-            self.transaction,
-            FailureReason::Failed,
-        );
-        out
     }
 
     fn binding(&self, hash: HashFunction) -> Binding<'_> {
@@ -1138,6 +1165,43 @@ mod tests {
         reply[0] = DHCHAP_MESSAGES;
         reply[1] = message::REPLY;
         assert_eq!(refused(&reply), FailureReason::IncorrectMessage);
+    }
+
+    /// A controller that picks an FFDHE group (as SPDK picks the strongest
+    /// offered) is told so with Failure2 "DH group unusable".
+    #[test]
+    fn a_challenge_with_an_ffdhe_group_is_answered_with_failure2() {
+        let random = CountingRandom::default();
+        let mut host = HostExchange::new(keys(false), HOST, SUBSYSTEM, 4);
+        let negotiate = host.negotiate();
+        assert_eq!(
+            &negotiate[NEGOTIATE_HEADER_LEN + 34..NEGOTIATE_HEADER_LEN + 40],
+            &[0, 1, 2, 3, 4, 5],
+            "the groups the Linux host lists, NULL first"
+        );
+        let mut controller = ControllerExchange::new(Arc::new(keys(false)), HOST, SUBSYSTEM);
+        controller.on_send(&negotiate);
+        let mut challenge = [0u8; 256];
+        let len = controller.on_receive(&mut challenge, &random).unwrap();
+        challenge[9] = 1; // ffdhe2048
+        let error = host.reply(&challenge[..len], &random).unwrap_err();
+        assert_eq!(error, HostAuthError::UnusableDhGroup(1));
+        let abort = host.abort(&error).unwrap();
+        assert_eq!(abort, hex_bytes("00f0 0000 0400 0105"));
+        controller.on_send(&abort);
+        assert!(!controller.is_authenticated());
+        assert_eq!(
+            host.abort(&HostAuthError::Refused(FailureReason::Failed)),
+            None
+        );
+    }
+
+    fn hex_bytes(text: &str) -> Vec<u8> {
+        let digits: Vec<u8> = text.bytes().filter(u8::is_ascii_hexdigit).collect();
+        digits
+            .chunks(2)
+            .map(|pair| u8::from_str_radix(std::str::from_utf8(pair).unwrap(), 16).unwrap())
+            .collect()
     }
 
     #[test]

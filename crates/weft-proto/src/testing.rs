@@ -433,7 +433,15 @@ impl Pair {
         let mut exchange = HostExchange::new(keys, HOST_NQN, subnqn, 1);
         self.auth_send(&exchange.negotiate());
         let challenge = self.auth_receive();
-        let reply = exchange.reply(&challenge, &CountingRandom::default())?;
+        let reply = match exchange.reply(&challenge, &CountingRandom::default()) {
+            Ok(reply) => reply,
+            Err(error) => {
+                if let Some(abort) = exchange.abort(&error) {
+                    self.auth_send(&abort);
+                }
+                return Err(error);
+            }
+        };
         self.auth_send(&reply);
         let success1 = self.auth_receive();
         let (last, outcome) = exchange.conclude(&success1);
