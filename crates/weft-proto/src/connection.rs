@@ -2208,7 +2208,6 @@ mod tests {
         Pair::new(&target).connect_admin(added, 0);
     }
 
-    /// Hex text of a captured stream, without its `#` comment lines.
     #[test]
     fn each_queue_of_a_host_with_a_secret_authenticates_before_other_commands() {
         let target = authenticating_target(true);
@@ -2300,6 +2299,7 @@ mod tests {
         );
     }
 
+    /// Hex text of a captured stream, without its `#` comment lines.
     fn captured(text: &str) -> Vec<u8> {
         hex(&text
             .lines()
