@@ -4,19 +4,18 @@
 mod support;
 
 use std::process::Command;
-use support::{free_port, spawn_serve, Server, WEFT};
+use support::{listening_address, spawn_serve, Server, WEFT};
 
-/// Starts `weft serve` on a free port with a RAM namespace; returns it and the target URL.
+/// Starts `weft serve` on a port the kernel picks, with a RAM namespace; returns it and the target URL.
 fn serve(name: &str) -> (Server, String) {
     let dir = std::env::temp_dir().join(format!("weft-cli-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let port = free_port();
     let config = dir.join("weft.toml");
     std::fs::write(
         &config,
         format!(
-            "data_dir = \"{}\"\nlisten = [\"127.0.0.1:{port}\"]\nreactors = 1\n[[subsystem]]\nnqn = \"nqn.2026-11.io.weft:cli\"\n[[subsystem.namespace]]\nbackend = \"ram\"\nsize = \"64MiB\"\n",
+            "data_dir = \"{}\"\nlisten = [\"127.0.0.1:0\"]\nreactors = 1\n[[subsystem]]\nnqn = \"nqn.2026-11.io.weft:cli\"\n[[subsystem.namespace]]\nbackend = \"ram\"\nsize = \"64MiB\"\n",
             dir.display()
         ),
     )
@@ -27,6 +26,7 @@ fn serve(name: &str) -> (Server, String) {
         "--config".as_ref(),
         config.as_os_str(),
     ]);
+    let port = listening_address(&banner).port();
     assert!(
         banner.contains(&format!("nvme discover -t tcp -a 127.0.0.1 -s {port}")),
         "{banner}"

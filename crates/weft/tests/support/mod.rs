@@ -51,13 +51,15 @@ pub fn spawn_serve_logging(args: &[&std::ffi::OsStr], log: impl Into<Stdio>) -> 
     (Server(child), banner)
 }
 
-/// A free TCP port on 127.0.0.1 (free when asked).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// The first `listening` address in a `weft serve` banner (the kernel's
+/// choice when weft was told port 0, so parallel tests never race for a port).
+pub fn listening_address(banner: &str) -> std::net::SocketAddr {
+    banner
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("listening  "))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|address| address.parse().ok())
+        .unwrap_or_else(|| panic!("no listening address in the banner: {banner}"))
 }
 
 /// A node started on a data directory, with its API address and token.
@@ -76,8 +78,6 @@ pub struct Node {
 /// Starts `weft serve` with `data_dir` (and `extra` arguments) on free
 /// ports; returns when the banner is out.
 pub fn start_node(data_dir: &std::path::Path, extra: &[&str]) -> Node {
-    let port = free_port();
-    let listen = format!("127.0.0.1:{port}");
     let mut args: Vec<&std::ffi::OsStr> = vec![
         "--reactors".as_ref(),
         "2".as_ref(),
@@ -86,16 +86,21 @@ pub fn start_node(data_dir: &std::path::Path, extra: &[&str]) -> Node {
         "--data-dir".as_ref(),
         data_dir.as_os_str(),
         "--listen".as_ref(),
-        listen.as_ref(),
+        "127.0.0.1:0".as_ref(),
     ];
     args.extend(extra.iter().map(std::ffi::OsStr::new));
     // The log goes next to the data directory, for a failed test's post-mortem.
+    let log_path = data_dir.with_extension("log");
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
-        .open(data_dir.with_extension("log"))
+        .open(&log_path)
         .unwrap();
     let (server, banner) = spawn_serve_logging(&args, log);
+    if !banner.contains("nvme connect") {
+        let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+        panic!("weft serve stopped before its banner was out: {banner}\nits log:\n{log}");
+    }
     let api_url = banner
         .lines()
         .find_map(|line| line.trim().strip_prefix("api        "))
@@ -113,7 +118,7 @@ pub fn start_node(data_dir: &std::path::Path, extra: &[&str]) -> Node {
         .to_string();
     Node {
         _server: server,
-        nvme: format!("nvme-tcp://127.0.0.1:{port}"),
+        nvme: format!("nvme-tcp://{}", listening_address(&banner)),
         api,
         api_url,
         token,
