@@ -86,7 +86,8 @@ fn errors_say_what_failed() {
         error.to_string(),
         format!("namespace 9 does not exist on {TEST_NQN} (it has [1, 2])")
     );
-    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+    // A port released on 127.0.0.2, where no test listens: surely closed.
+    let closed = std::net::TcpListener::bind("127.0.0.2:0")
         .unwrap()
         .local_addr()
         .unwrap();
