@@ -51,13 +51,18 @@ pub fn spawn_serve_logging(args: &[&std::ffi::OsStr], log: impl Into<Stdio>) -> 
     (Server(child), banner)
 }
 
+/// The first word after `label` on a `weft serve` banner line.
+fn banner_field<'a>(banner: &'a str, label: &str) -> Option<&'a str> {
+    banner
+        .lines()
+        .find_map(|line| line.trim().strip_prefix(label))
+        .and_then(|rest| rest.split_whitespace().next())
+}
+
 /// The first `listening` address in a `weft serve` banner (the kernel's
 /// choice when weft was told port 0, so parallel tests never race for a port).
 pub fn listening_address(banner: &str) -> std::net::SocketAddr {
-    banner
-        .lines()
-        .find_map(|line| line.trim().strip_prefix("listening  "))
-        .and_then(|rest| rest.split_whitespace().next())
+    banner_field(banner, "listening  ")
         .and_then(|address| address.parse().ok())
         .unwrap_or_else(|| panic!("no listening address in the banner: {banner}"))
 }
@@ -75,8 +80,8 @@ pub struct Node {
     pub token: String,
 }
 
-/// Starts `weft serve` with `data_dir` (and `extra` arguments) on free
-/// ports; returns when the banner is out.
+/// Starts `weft serve` with `data_dir` (and `extra` arguments) on ports the
+/// kernel picks; returns when the banner is out.
 pub fn start_node(data_dir: &std::path::Path, extra: &[&str]) -> Node {
     let mut args: Vec<&std::ffi::OsStr> = vec![
         "--reactors".as_ref(),
@@ -101,10 +106,7 @@ pub fn start_node(data_dir: &std::path::Path, extra: &[&str]) -> Node {
         let log = std::fs::read_to_string(&log_path).unwrap_or_default();
         panic!("weft serve stopped before its banner was out: {banner}\nits log:\n{log}");
     }
-    let api_url = banner
-        .lines()
-        .find_map(|line| line.trim().strip_prefix("api        "))
-        .and_then(|rest| rest.split_whitespace().next())
+    let api_url = banner_field(&banner, "api        ")
         .unwrap_or_else(|| panic!("no API address in the banner: {banner}"))
         .to_string();
     let api = api_url
