@@ -412,6 +412,8 @@ step_identify() {
     for q in /sys/class/nvme/"$ctrl"/nvme*c*n1 /sys/block/"${dev1#/dev/}"; do [ -d "$q/mq" ] && break; done
     mq=$(ls "$q/mq" 2>/dev/null | wc -l)
     check "$mq I/O queues (${q##*/}/mq; controller queue_count $(cat "/sys/class/nvme/$ctrl/queue_count") incl. admin)" [ "$mq" -ge 2 ]
+    # CMIC bit 1 + NMIC bit 0 (as nvmet): the host keeps I/O at the head while a controller reconnects
+    check "ns1 behind a native multipath head (path ${q##*/}, head $dev1)" compgen -G "/sys/class/nvme/$ctrl/nvme*c*n1"
     check "nvme id-ctrl: mn contains $MODEL, sn set, subnqn $NQN1" \
         eval 'nvme id-ctrl "/dev/$ctrl" -o json > "$TMP/id-ctrl.json" && check_id_ctrl "$TMP/id-ctrl.json" "$NQN1" "$MODEL"'
     SERIAL=$(cat "/sys/class/nvme/$ctrl/serial")
@@ -572,8 +574,9 @@ fio_across_kill9() { # DEV CTRL: fio writes 96 MiB at 16 MiB/s with crc32c; weft
     local dev=$1 ctrl=$2 json=$OUT/fio-kill9.json pid t0
     # SIGPIPE ignored: Linux 6.1's nvme-tcp sends a request from the submitting task when
     # its queue is idle (nvme_tcp_queue_request), without MSG_NOSIGNAL, so the target's
-    # connection reset at the kill can raise SIGPIPE in fio itself (seen once: fio died
+    # connection reset at the kill can raise SIGPIPE in fio itself (seen here: fio died
     # of signal 13 although the host reconnected and requeued its I/O).
+    dmesg -C
     (trap '' PIPE; exec fio --name=kill9 --filename="$dev" --rw=randwrite --bs=64k --size=$((96 * MIB)) --rate=16m \
         --direct=1 --ioengine=libaio --iodepth=8 --verify=crc32c --do_verify=1 --verify_fatal=1 \
         --verify_state_save=0 --output-format=json --output="$json") &
@@ -582,7 +585,8 @@ fio_across_kill9() { # DEV CTRL: fio writes 96 MiB at 16 MiB/s with crc32c; weft
     check "kill -9 weft while fio writes" host_ctl kill9 || { wait "$pid"; return 1; }
     t0=$SECONDS
     check "the host reconnected by itself" wait_live "$ctrl" 90 && echo "  live again after $((SECONDS - t0)) s"
-    check "fio finished and every block verified" eval 'wait "$pid" && fio_summary "$json" $((96 * MIB))'
+    check "fio finished and every block verified" eval 'wait "$pid" && fio_summary "$json" $((96 * MIB))' ||
+        dmesg | grep -i nvme | tail -n 30 | sed 's/^/  kernel: /'
 }
 wait_size() { # DEV BYTES SECONDS: wait until DEV has BYTES
     local i

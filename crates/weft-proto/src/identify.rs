@@ -96,6 +96,11 @@ pub fn controller(id: &ControllerIdentity<'_>, out: &mut [u8]) -> usize {
         .ascii(24, 40, id.model, b' ')
         .ascii(64, 8, id.firmware, b' ')
         .u8(72, 6) // RAB: recommended arbitration burst, as nvmet
+        // CMIC bit 1: the subsystem may have two or more controllers (one per
+        // connected host, as with nvmet). A Linux host then puts the namespace
+        // behind a multipath head, which holds I/O while a controller
+        // reconnects instead of failing it.
+        .u8(76, 1 << 1)
         .u8(77, id.mdts)
         .u16(78, id.cntlid.0)
         .u32(80, NVME_VERSION)
@@ -143,6 +148,10 @@ pub fn controller(id: &ControllerIdentity<'_>, out: &mut [u8]) -> usize {
     IDENTIFY_LEN
 }
 
+/// NMIC bit 0: the namespace may be attached to two or more controllers
+/// (every host attached to a volume gets its own controller).
+const NMIC_SHARED: u8 = 1;
+
 /// Identify Namespace, NVM command set (NVMe NVM Command Set 1.0, Figure 97).
 pub fn namespace(ns: &NamespaceConfig, out: &mut [u8]) -> usize {
     let mut w = Writer::new(out);
@@ -153,6 +162,7 @@ pub fn namespace(ns: &NamespaceConfig, out: &mut [u8]) -> usize {
         .u8(24, (ns.thin as u8) | (1 << 3))
         .u8(25, 0) // NLBAF: one format (0's based)
         .u8(26, 0) // FLBAS: format 0
+        .u8(30, NMIC_SHARED)
         // DLFEAT: deallocated blocks read as zeroes (001b), Write Zeroes may deallocate (bit 3).
         .u8(33, 0x1 | (1 << 3))
         .bytes(104, &ns.nguid)
@@ -196,10 +206,11 @@ pub fn namespace_descriptors(ns: &NamespaceConfig, out: &mut [u8]) -> usize {
 
 /// I/O Command Set Independent Identify Namespace (NVMe Base 2.0, Figure 281).
 pub fn cs_independent_namespace(ns: &NamespaceConfig, out: &mut [u8]) -> usize {
-    // NSFEAT mirrors the NVM structure; NMIC 0; ANAGRPID 0; NSTAT bit 0: ready.
+    // NSFEAT and NMIC mirror the NVM structure; ANAGRPID 0; NSTAT bit 0: ready.
     Writer::new(out)
         .u8(0, ns.thin as u8 | (1 << 3))
-        .u8(20, ns.ready as u8);
+        .u8(1, NMIC_SHARED)
+        .u8(14, ns.ready as u8);
     IDENTIFY_LEN
 }
 
@@ -338,7 +349,7 @@ const _: () = assert!(DISCOVERY_HEADER_LEN == 1024 && DISCOVERY_ENTRY_LEN == 102
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::ascii_field;
+    use crate::wire::{ascii_field, hex};
 
     fn ns() -> NamespaceConfig {
         NamespaceConfig {
@@ -359,8 +370,20 @@ mod tests {
         namespace(&ns(), &mut out);
         assert_eq!(u64::from_le_bytes(out[0..8].try_into().unwrap()), 1 << 20);
         assert_eq!(out[24], 0x9);
+        assert_eq!(out[30], 1, "NMIC: shared");
         assert_eq!(&out[104..120], &[0x11; 16]);
         assert_eq!(out[130], 12, "LBADS of a 4 KiB block");
+    }
+
+    #[test]
+    fn command_set_independent_namespace_fields() {
+        let mut out = vec![0u8; IDENTIFY_LEN];
+        cs_independent_namespace(&ns(), &mut out);
+        // NSFEAT, NMIC, NSTAT at the offsets of Linux's struct nvme_id_ns_cs_indep.
+        assert_eq!(
+            out[0..16],
+            hex("09 01 00 00 00000000 00 00 0000 0000 01 00")
+        );
     }
 
     #[test]
@@ -393,6 +416,7 @@ mod tests {
         controller(&id, &mut out);
         assert_eq!(ascii_field(&out[4..24]), "0123456789abcdef0123");
         assert_eq!(ascii_field(&out[24..64]), "weft");
+        assert_eq!(out[76], 0x2, "CMIC: two or more controllers");
         assert_eq!(out[77], 5);
         assert_eq!(u16::from_le_bytes([out[78], out[79]]), 7);
         assert_eq!(ascii_field(&out[768..1024]), "nqn.2026-11.io.weft:default");
