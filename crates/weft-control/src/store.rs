@@ -12,7 +12,6 @@
 
 use serde_json::Value;
 use std::collections::BTreeMap;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 /// One change of a commit.
@@ -133,24 +132,12 @@ impl EmbeddedStore {
         })
     }
 
-    /// Writes `entries` crash-atomically, readable by the owner only.
+    /// Writes `entries` crash-atomically, readable by the owner only (host
+    /// secrets are part of the desired state).
     fn save(&self, entries: &BTreeMap<String, Value>) -> std::io::Result<()> {
-        let directory = self.path.parent().unwrap_or(Path::new("."));
-        std::fs::create_dir_all(directory)?;
-        let temporary = self.path.with_extension("json.tmp");
         let document = serde_json::json!({"version": FILE_VERSION, "entries": entries});
         let text = serde_json::to_vec_pretty(&document).expect("JSON values serialise");
-        // Owner only: host secrets are part of the desired state.
-        let file = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&temporary)?;
-        std::io::Write::write_all(&mut &file, &text)?;
-        file.sync_all()?;
-        std::fs::rename(&temporary, &self.path)?;
-        std::fs::File::open(directory)?.sync_all()
+        crate::durable::write_file(&self.path, &text, 0o600)
     }
 }
 

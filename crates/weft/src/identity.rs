@@ -6,31 +6,38 @@ use std::fs;
 use std::io::{self, Read};
 use std::path::Path;
 
+/// File name of the node identity in the data directory.
+pub const FILE_NAME: &str = "node-id";
+
 /// 16 random bytes, persisted as hex in `<data dir>/node-id`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NodeId(pub [u8; 16]);
 
 impl NodeId {
     /// Loads the node ID, creating it (and the data directory) on first start.
+    /// A file that exists but does not hold an ID (e.g. emptied by a power cut
+    /// on a filesystem that lost its data) is an error, never a reason to make
+    /// a new one: new serial numbers and NGUIDs would show every host new disks.
     pub fn load_or_create(data_dir: &Path) -> io::Result<NodeId> {
-        let path = data_dir.join("node-id");
+        let path = data_dir.join(FILE_NAME);
         match fs::read_to_string(&path) {
             Ok(text) => parse_hex16(text.trim()).map(NodeId).ok_or_else(|| {
                 io::Error::new(
                     io::ErrorKind::InvalidData,
                     format!(
-                        "{} is not 32 hex digits; remove it to create a new node identity",
-                        path.display()
+                        "{} is damaged (it should hold 32 hex digits, it holds {} bytes). \
+                         Hosts know this node's disks by serial numbers and namespace IDs derived \
+                         from it: restore it from a backup or from weft's log (\"node id ...\" at \
+                         every start). Only to give every disk of this node a new identity on \
+                         purpose, remove it.",
+                        path.display(),
+                        text.len()
                     ),
                 )
             }),
             Err(error) if error.kind() == io::ErrorKind::NotFound => {
-                fs::create_dir_all(data_dir)?;
                 let bytes = random_bytes()?;
-                // Write then rename: a crash never leaves a half-written identity.
-                let temporary = data_dir.join("node-id.tmp");
-                fs::write(&temporary, format!("{}\n", hex(&bytes)))?;
-                fs::rename(&temporary, &path)?;
+                weft_control::durable::write_file(&path, format!("{}\n", hex(&bytes)).as_bytes(), 0o644)?;
                 Ok(NodeId(bytes))
             }
             Err(error) => Err(error),
@@ -111,9 +118,24 @@ mod tests {
         let (nguid, uuid, _) = first.namespace_ids("nqn.a", 1);
         assert_ne!(nguid, first.namespace_ids("nqn.a", 2).0);
         assert_eq!(uuid[6] >> 4, 4, "UUID version 4 layout");
-        fs::write(dir.join("node-id"), "garbage").unwrap();
-        let error = NodeId::load_or_create(&dir).unwrap_err();
-        assert!(error.to_string().contains("remove it"), "{error}");
+        assert!(!dir.join("node-id.tmp").exists());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A power cut that left the file empty or torn: an error that says how to
+    /// recover, and the file is left alone (no new identity).
+    #[test]
+    fn a_damaged_identity_is_an_error_not_a_new_node() {
+        let dir = std::env::temp_dir().join(format!("weft-identity-torn-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        for damaged in ["", "3f2a", "garbage\n"] {
+            fs::write(dir.join("node-id"), damaged).unwrap();
+            let error = NodeId::load_or_create(&dir).unwrap_err().to_string();
+            assert!(error.contains("is damaged"), "{error}");
+            assert!(error.contains("restore it from a backup"), "{error}");
+            assert_eq!(fs::read_to_string(dir.join("node-id")).unwrap(), damaged);
+        }
         fs::remove_dir_all(&dir).unwrap();
     }
 

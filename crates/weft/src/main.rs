@@ -296,6 +296,12 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     }
     let node = NodeId::load_or_create(&config.data_dir)
         .map_err(|e| format!("node identity in {}: {e}", config.data_dir.display()))?;
+    // In every log, so that a damaged identity file can be restored from it.
+    log::info!(
+        "node id {} ({})",
+        identity::hex(&node.0),
+        config.data_dir.join(identity::FILE_NAME).display()
+    );
     let base = config::build_exports(&config, &node)?;
     let store = weft_control::EmbeddedStore::open(&config.data_dir).map_err(|e| e.to_string())?;
     let desired = weft_control::DesiredState::new(Box::new(store), &identity::hex(&node.0));

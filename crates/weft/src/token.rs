@@ -3,8 +3,7 @@
 //! 0600, and printed once, when created. Every API call but the OpenAPI
 //! document must present it as `Authorization: Bearer <token>`.
 
-use std::io::{self, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::io;
 use std::path::Path;
 
 /// File name of the token in the data directory.
@@ -36,17 +35,9 @@ pub fn load_or_create(path: &Path) -> Result<(String, bool), String> {
     }
 }
 
+/// Writes a new token crash-atomically (a power cut leaves no torn token).
 fn create(path: &Path, token: &str) -> io::Result<()> {
-    if let Some(directory) = path.parent() {
-        std::fs::create_dir_all(directory)?;
-    }
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)?;
-    writeln!(file, "{token}")?;
-    file.sync_all()
+    weft_control::durable::write_file(path, format!("{token}\n").as_bytes(), 0o600)
 }
 
 /// Whether `presented` equals `expected`, in time that does not depend on
