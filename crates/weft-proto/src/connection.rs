@@ -904,6 +904,7 @@ impl Connection {
                 offset,
                 len,
                 deallocate,
+                fua,
             } => {
                 push(
                     nsid,
@@ -911,6 +912,7 @@ impl Connection {
                         offset,
                         len,
                         deallocate,
+                        fua,
                     },
                 );
                 1

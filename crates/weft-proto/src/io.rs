@@ -53,6 +53,8 @@ pub enum IoKind {
         len: u64,
         /// The host allows deallocation (DEAC).
         deallocate: bool,
+        /// Force unit access: the zeroes are on stable media before completion.
+        fua: bool,
     },
     /// Deallocate (discard/punch) a byte range; it reads back as zeroes.
     Deallocate {
@@ -70,6 +72,9 @@ pub enum IoError {
     NoSpace,
     /// The media failed (EIO).
     Media,
+    /// The backing store failed earlier (an fdatasync or a FUA write):
+    /// nothing is served from it until an operator clears the failure.
+    Failed,
     /// Anything else.
     Other,
 }
@@ -98,6 +103,7 @@ pub enum IoPlan {
         offset: u64,
         len: u64,
         deallocate: bool,
+        fua: bool,
     },
     /// Dataset Management with `ranges` 16-byte range descriptors in the slot buffer.
     DatasetManagement {
@@ -143,12 +149,15 @@ impl IoPlan {
             io_opcode::DATASET_MANAGEMENT => dataset_management(command, ns),
             io_opcode::WRITE_ZEROES => {
                 let (offset, len) = lba_range(command, ns)?;
+                // CDW12: DEAC is bit 25, FUA bit 30 (NVM Command Set 1.0, 3.3.7).
                 let deallocate = command.cdw(12) & (1 << 25) != 0;
+                let fua = command.cdw(12) & (1 << 30) != 0;
                 Ok(IoPlan::WriteZeroes {
                     nsid: ns.nsid,
                     offset,
                     len,
                     deallocate,
+                    fua,
                 })
             }
             opcode => data_command(opcode, command, ns, transfer_bytes_max),
@@ -259,6 +268,16 @@ pub fn status_of(error: IoError, is_read: bool) -> Status {
         IoError::NoSpace => Status::CAPACITY_EXCEEDED,
         IoError::Media if is_read => Status::UNRECOVERED_READ_ERROR,
         IoError::Media => Status::WRITE_FAULT,
+        // Sticky: DNR, so that the host fails the I/O at once instead of
+        // retrying what cannot succeed before an operator acts.
+        IoError::Failed if is_read => Status {
+            dnr: true,
+            ..Status::UNRECOVERED_READ_ERROR
+        },
+        IoError::Failed => Status {
+            dnr: true,
+            ..Status::WRITE_FAULT
+        },
         IoError::Other => Status::INTERNAL_ERROR,
     }
 }

@@ -6,7 +6,8 @@
 //! What the data plane may rely on: offsets and lengths it submits are
 //! multiples of `block_size()`, and buffers are 4 KiB aligned, which satisfies
 //! O_DIRECT; `WriteZeroes` and deallocation use `fallocate(PUNCH_HOLE |
-//! KEEP_SIZE)`, after which the range reads back as zeroes on every backend.
+//! KEEP_SIZE)`, after which the range reads back as zeroes on every backend,
+//! and where a device refuses that (EOPNOTSUPP) the data plane writes zeroes.
 
 use std::fmt;
 use std::fs::{File, OpenOptions};
@@ -14,7 +15,11 @@ use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use thiserror::Error;
+
+#[cfg(feature = "fault-injection")]
+pub mod faults;
 
 /// `fallocate` mode that zeroes (and frees, where the backend can) a range without changing the size.
 pub const ZERO_RANGE_MODE: i32 = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
@@ -50,6 +55,18 @@ pub trait BlockDevice: Send + Sync + fmt::Debug {
     /// Inline zeroing (hole punching) of a memory device.
     fn zero_inline(&self, _offset: u64, _len: u64) -> io::Result<()> {
         Err(io::ErrorKind::Unsupported.into())
+    }
+    /// Whether `fallocate(PUNCH_HOLE)` may work here; false once the device
+    /// refused it (then zeroing writes zeroes).
+    fn can_punch_holes(&self) -> bool {
+        true
+    }
+    /// Notes that the device refused to punch holes (EOPNOTSUPP).
+    fn cannot_punch_holes(&self) {}
+    /// The error an op should fail with instead of running (tests only).
+    #[cfg(feature = "fault-injection")]
+    fn injected_fault(&self, _op: faults::DeviceOp) -> Option<io::Error> {
+        None
     }
 }
 
@@ -149,6 +166,9 @@ pub struct FileDevice {
     block_size: u32,
     direct: bool,
     block_device: bool,
+    /// Set when `fallocate(PUNCH_HOLE)` was refused (a block device without
+    /// Write Zeroes, a filesystem that cannot punch holes).
+    punch_refused: AtomicBool,
 }
 
 impl FileDevice {
@@ -221,6 +241,7 @@ impl FileDevice {
             block_size,
             direct,
             block_device,
+            punch_refused: AtomicBool::new(false),
         })
     }
 }
@@ -279,6 +300,12 @@ impl BlockDevice for FileDevice {
     }
     fn is_thin(&self) -> bool {
         !self.block_device
+    }
+    fn can_punch_holes(&self) -> bool {
+        !self.punch_refused.load(Ordering::Relaxed)
+    }
+    fn cannot_punch_holes(&self) {
+        self.punch_refused.store(true, Ordering::Relaxed);
     }
 }
 

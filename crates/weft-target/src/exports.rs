@@ -3,6 +3,7 @@
 //! never changes; an update replaces it whole (see `DataPlane::update_exports`),
 //! so that the core's subsystem indices and the devices always agree.
 
+use crate::health::Health;
 use crate::meter::Meter;
 use crate::volume::VolumeBackend;
 use std::sync::Arc;
@@ -28,6 +29,8 @@ pub struct NamespaceDevice {
     pub backend: Backend,
     /// Its QoS limits and statistics.
     pub meter: Arc<Meter>,
+    /// Its backing store's failure flag: the device's own, or its pool's.
+    pub health: Arc<Health>,
 }
 
 /// One snapshot of the exports: every reactor holds the same `Arc`.

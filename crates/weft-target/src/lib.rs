@@ -11,12 +11,14 @@
 //! eventfd wake-up.
 
 mod exports;
+pub mod health;
 mod listener;
 pub mod meter;
 mod reactor;
 mod volume;
 
 pub use exports::{Backend, Exports, NamespaceDevice};
+pub use health::{FailedOperation, Failure, Health};
 pub use listener::{DataPlane, StartError};
 pub use meter::Meter;
 pub use volume::{

@@ -15,7 +15,8 @@
 //! by start time, released by a timer — and the reactor counts it in its
 //! own statistics, which it adds to the shared totals every tick.
 
-use crate::exports::{Backend, Exports};
+use crate::exports::{Backend, Exports, NamespaceDevice};
+use crate::health::FailedOperation;
 use crate::meter::{IoClass, LocalStats, Meter};
 use crate::volume::{Piece, VolumeBackend, VolumeOutcome, VolumeReply, VolumeRequest, VolumeWork};
 use std::cmp::Reverse;
@@ -23,12 +24,12 @@ use std::collections::BinaryHeap;
 use std::fs::File;
 use std::io::{self, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-use weft_proto::types::{SlotId, Timestamp};
+use weft_proto::types::{Nsid, SlotId, Timestamp};
 use weft_proto::{
     Connection, IoError, IoKind, IoRequest, SlotBuffers, Target, Termination, TxSegment,
 };
@@ -50,6 +51,9 @@ pub(crate) enum Message {
         /// Retry it, or its result.
         outcome: VolumeOutcome,
     },
+    /// A block I/O op completed with an injected failure instead of running.
+    #[cfg(feature = "fault-injection")]
+    Injected(Completion),
 }
 
 /// A reactor's inbox: a channel plus an eventfd that wakes the reactor.
@@ -241,6 +245,8 @@ struct Peer {
     io_len: Vec<u32>,
     /// Each slot's volume I/O in progress (issued a chunk-sized piece at a time).
     volume_io: Vec<Option<VolumeIo>>,
+    /// Each slot's Write Zeroes or Deallocate on a whole device, in steps.
+    zeroing: Vec<Option<Zeroing>>,
     /// Each slot's block I/O, for its meter's statistics.
     marks: Vec<IoMark>,
     subsystem: Option<usize>,
@@ -253,13 +259,39 @@ type MeterSlot = Option<Box<(Arc<Meter>, LocalStats)>>;
 /// Indexed by meter id.
 type MeterTable = Vec<MeterSlot>;
 
-/// What the statistics need of a slot's block I/O.
+/// What the statistics and the failure handling need of a slot's block I/O.
 #[derive(Debug, Clone, Copy)]
 struct IoMark {
     meter: u32,
     class: IoClass,
     bytes: u32,
     started_ns: u64,
+    /// The namespace, to find its health again when the I/O fails.
+    nsid: Nsid,
+    /// Set when a failure of this op fails the whole store (see `health`).
+    sticky: Option<FailedOperation>,
+}
+
+/// A Write Zeroes or Deallocate on a whole device, in steps: punch a hole;
+/// where the backend refuses (EOPNOTSUPP: a block device without Write
+/// Zeroes, a filesystem without hole punching) write zeroes from the slot's
+/// buffer piece by piece instead; then, for FUA, fdatasync.
+#[derive(Debug, Clone, Copy)]
+struct Zeroing {
+    fd: RawFd,
+    offset: u64,
+    len: u64,
+    /// Bytes of zeroes written so far (in the `Write` step).
+    written: u64,
+    fua: bool,
+    step: ZeroStep,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ZeroStep {
+    Punch,
+    Write,
+    Sync,
 }
 
 /// Whether a block I/O still has to pass its namespace's meter.
@@ -405,6 +437,49 @@ impl Reactor {
         }
     }
 
+    /// Queues a slot's block I/O op (its connection counted it in flight).
+    fn push_block_io(&mut self, index: usize, slot: SlotId, op: Op) {
+        let token = token(index, OpKind::BlockIo, slot.0);
+        #[cfg(feature = "fault-injection")]
+        if let Some(error) = self.injected_fault(index, slot, &op) {
+            let returned = match op {
+                Op::Read { buf, .. } | Op::Write { buf, .. } => Returned::Buf(buf),
+                _ => Returned::Nothing,
+            };
+            self.mailbox.send(Message::Injected(Completion {
+                user_data: token,
+                result: Err(error),
+                returned,
+            }));
+            return;
+        }
+        self.push(op, token);
+    }
+
+    /// The failure the slot's namespace device injects for `op` (tests only;
+    /// volume pieces go to pool members, which inject nothing).
+    #[cfg(feature = "fault-injection")]
+    fn injected_fault(&self, index: usize, slot: SlotId, op: &Op) -> Option<io::Error> {
+        use weft_storage::faults::DeviceOp;
+        let peer = self.connections[index].as_ref()?;
+        if peer.volume_io[usize::from(slot.0)].is_some() {
+            return None;
+        }
+        let nsid = peer.marks[usize::from(slot.0)].nsid;
+        let namespace = self.exports.namespace(peer.subsystem?, nsid)?;
+        let Backend::Device(device) = &namespace.backend else {
+            return None;
+        };
+        let op = match op {
+            Op::Read { .. } => DeviceOp::Read,
+            Op::Write { dsync, .. } => DeviceOp::Write { fua: *dsync },
+            Op::Fsync { .. } => DeviceOp::Sync,
+            Op::Fallocate { .. } => DeviceOp::PunchHole,
+            _ => return None,
+        };
+        device.injected_fault(op)
+    }
+
     fn complete(&mut self, completion: Completion) {
         match completion.user_data {
             WAKE_TOKEN => {
@@ -448,6 +523,8 @@ impl Reactor {
                     request,
                     outcome,
                 } => self.on_volume_done(connection, request, outcome),
+                #[cfg(feature = "fault-injection")]
+                Message::Injected(completion) => self.complete(completion),
             }
         }
     }
@@ -483,12 +560,15 @@ impl Reactor {
             lent_slots: Vec::with_capacity(slots),
             io_len: vec![0; slots],
             volume_io: (0..slots).map(|_| None).collect(),
+            zeroing: vec![None; slots],
             marks: vec![
                 IoMark {
                     meter: 0,
                     class: IoClass::Other,
                     bytes: 0,
                     started_ns: 0,
+                    nsid: Nsid(0),
+                    sticky: None,
                 };
                 slots
             ],
@@ -596,6 +676,9 @@ impl Reactor {
         if let Returned::Buf(buffer) = completion.returned {
             peer.slots.put(slot, buffer);
         }
+        if peer.zeroing[usize::from(slot.0)].is_some() {
+            return self.continue_zeroing(index, slot, completion.result);
+        }
         let result = match completion.result {
             Ok(done) if expected > 0 && done != expected as usize => {
                 log::warn!(
@@ -607,13 +690,191 @@ impl Reactor {
             Ok(_) => Ok(()),
             Err(error) => {
                 log::warn!("{}: namespace I/O failed: {error}", peer.address);
+                if volume_piece {
+                    note_volume_failure(peer, slot, &error);
+                } else {
+                    self.note_device_failure(index, slot, &error);
+                }
                 Err(classify(&error))
             }
         };
         if volume_piece {
             return self.continue_volume_io(index, slot, result.map(|()| expected));
         }
+        let peer = self.connections[index].as_mut().expect("live connection");
         finish_io(peer, &mut self.meters, now_ns, slot, result);
+    }
+
+    /// A device op of `slot` failed: if it was a sync or a FUA write, its
+    /// namespace's device is failed from now on (logged once).
+    fn note_device_failure(&mut self, index: usize, slot: SlotId, error: &io::Error) {
+        let peer = self.connections[index].as_ref().expect("live connection");
+        let mark = peer.marks[usize::from(slot.0)];
+        let Some(operation) = mark.sticky else {
+            return;
+        };
+        // The namespace may have left with an exports update meanwhile.
+        let Some(namespace) = peer
+            .subsystem
+            .and_then(|subsystem| self.exports.namespace(subsystem, mark.nsid))
+        else {
+            return;
+        };
+        if namespace.health.fail(operation, error) {
+            let failure = namespace.health.failure().expect("just failed");
+            log::error!(
+                "namespace {} ({}) failed: {failure}; every I/O on it now fails until an operator checks the device and runs `weft namespace clear-failure`",
+                mark.nsid,
+                describe_backend(namespace)
+            );
+        }
+    }
+
+    /// Starts a Write Zeroes or Deallocate on a whole device (see [`Zeroing`]).
+    fn start_zeroing(&mut self, index: usize, slot: SlotId, zeroing: Zeroing) {
+        let peer = self.connections[index].as_mut().expect("live connection");
+        peer.zeroing[usize::from(slot.0)] = Some(zeroing);
+        if zeroing.step == ZeroStep::Write {
+            let buffer = peer.slots.buffer(slot);
+            buffer.fill(0);
+        }
+        self.issue_zeroing_step(index, slot);
+    }
+
+    /// Issues the op of the slot's current zeroing step.
+    fn issue_zeroing_step(&mut self, index: usize, slot: SlotId) {
+        let peer = self.connections[index].as_mut().expect("live connection");
+        let zeroing = peer.zeroing[usize::from(slot.0)].expect("zeroing in progress");
+        let (op, expected) = match zeroing.step {
+            ZeroStep::Punch => (
+                Op::Fallocate {
+                    fd: zeroing.fd,
+                    mode: weft_storage::ZERO_RANGE_MODE,
+                    offset: zeroing.offset,
+                    len: zeroing.len,
+                },
+                0,
+            ),
+            ZeroStep::Write => {
+                let buf = peer.slots.take(slot);
+                let piece =
+                    (zeroing.len - zeroing.written).min(buf.as_slice().len() as u64) as usize;
+                (
+                    Op::Write {
+                        fd: zeroing.fd,
+                        buf,
+                        buf_offset: 0,
+                        len: piece,
+                        file_offset: zeroing.offset + zeroing.written,
+                        dsync: false,
+                    },
+                    piece as u32,
+                )
+            }
+            ZeroStep::Sync => (
+                Op::Fsync {
+                    fd: zeroing.fd,
+                    datasync: true,
+                },
+                0,
+            ),
+        };
+        peer.io_len[usize::from(slot.0)] = expected;
+        peer.ops_in_flight += 1;
+        self.push_block_io(index, slot, op);
+    }
+
+    /// Moves the slot's zeroing on after its last op completed with `result`.
+    fn continue_zeroing(&mut self, index: usize, slot: SlotId, result: io::Result<usize>) {
+        enum Next {
+            /// Issue the (new) current step; `punch_refused`: switch to writing zeroes.
+            Issue {
+                punch_refused: bool,
+            },
+            Done,
+            Failed(io::Error),
+        }
+        let now_ns = self.now_ns();
+        let peer = self.connections[index].as_mut().expect("live connection");
+        let entry = &mut peer.zeroing[usize::from(slot.0)];
+        let zeroing = entry.as_mut().expect("zeroing in progress");
+        let next = match (zeroing.step, result) {
+            (ZeroStep::Punch, Err(error)) if error.raw_os_error() == Some(libc::EOPNOTSUPP) => {
+                zeroing.step = ZeroStep::Write;
+                Next::Issue {
+                    punch_refused: true,
+                }
+            }
+            (ZeroStep::Write, Ok(0)) => Next::Failed(io::ErrorKind::WriteZero.into()),
+            (ZeroStep::Write, Ok(written)) => {
+                zeroing.written += written as u64;
+                if zeroing.written < zeroing.len {
+                    Next::Issue {
+                        punch_refused: false,
+                    }
+                } else if zeroing.fua {
+                    zeroing.step = ZeroStep::Sync;
+                    Next::Issue {
+                        punch_refused: false,
+                    }
+                } else {
+                    Next::Done
+                }
+            }
+            (ZeroStep::Punch, Ok(_)) if zeroing.fua => {
+                zeroing.step = ZeroStep::Sync;
+                Next::Issue {
+                    punch_refused: false,
+                }
+            }
+            (ZeroStep::Punch | ZeroStep::Sync, Ok(_)) => Next::Done,
+            (_, Err(error)) => Next::Failed(error),
+        };
+        match next {
+            Next::Issue { punch_refused } => {
+                if punch_refused {
+                    self.refuse_punching(index, slot);
+                }
+                self.issue_zeroing_step(index, slot);
+            }
+            Next::Done => {
+                entry.take();
+                finish_io(peer, &mut self.meters, now_ns, slot, Ok(()));
+            }
+            Next::Failed(error) => {
+                let step = entry.take().expect("zeroing in progress").step;
+                log::warn!(
+                    "{}: zeroing a namespace range failed: {error}",
+                    peer.address
+                );
+                if step == ZeroStep::Sync {
+                    peer.marks[usize::from(slot.0)].sticky = Some(FailedOperation::Sync);
+                    self.note_device_failure(index, slot, &error);
+                }
+                let peer = self.connections[index].as_mut().expect("live connection");
+                finish_io(peer, &mut self.meters, now_ns, slot, Err(classify(&error)));
+            }
+        }
+    }
+
+    /// The slot's device refused to punch holes: later zeroing there writes
+    /// zeroes at once; this one does from now on.
+    fn refuse_punching(&mut self, index: usize, slot: SlotId) {
+        let peer = self.connections[index].as_mut().expect("live connection");
+        let nsid = peer.marks[usize::from(slot.0)].nsid;
+        peer.slots.buffer(slot).fill(0);
+        let namespace = peer
+            .subsystem
+            .and_then(|subsystem| self.exports.namespace(subsystem, nsid));
+        if let Some(Backend::Device(device)) = namespace.map(|n| &n.backend) {
+            if device.can_punch_holes() {
+                device.cannot_punch_holes();
+                log::info!(
+                    "{} cannot punch holes; Write Zeroes and Deallocate write zeroes there",
+                    device.describe()
+                );
+            }
+        }
     }
 
     /// A read or write on a volume: direct when the gate admits it and the
@@ -623,8 +884,18 @@ impl Reactor {
             IoKind::Read { offset, len, .. } => (offset, len, false),
             IoKind::Write { offset, len, .. } => (offset, len, true),
             IoKind::Flush => return self.ask_manager(index, request, &volume, VolumeWork::Flush),
-            IoKind::WriteZeroes { offset, len, .. } | IoKind::Deallocate { offset, len } => {
-                let work = VolumeWork::Deallocate { offset, len };
+            IoKind::WriteZeroes {
+                offset, len, fua, ..
+            } => {
+                let work = VolumeWork::Deallocate { offset, len, fua };
+                return self.ask_manager(index, request, &volume, work);
+            }
+            IoKind::Deallocate { offset, len } => {
+                let work = VolumeWork::Deallocate {
+                    offset,
+                    len,
+                    fua: false,
+                };
                 return self.ask_manager(index, request, &volume, work);
             }
         };
@@ -723,7 +994,7 @@ impl Reactor {
         };
         peer.io_len[usize::from(slot.0)] = piece_len;
         peer.ops_in_flight += 1;
-        self.push(op, token(index, OpKind::BlockIo, slot.0));
+        self.push_block_io(index, slot, op);
     }
 
     /// Hands an I/O to the volume manager; the connection stays alive until it answers.
@@ -959,12 +1230,23 @@ impl Reactor {
                 class,
                 bytes,
                 started_ns: now_ns,
+                nsid: request.nsid,
+                sticky: None,
             };
             local_stats(&mut self.meters, &namespace.meter).start();
+            if namespace.health.is_failed() {
+                let result = Err(IoError::Failed);
+                return finish_io(peer, &mut self.meters, now_ns, request.slot, result);
+            }
             let start_ns = namespace.meter.reserve(now_ns, class, bytes);
             if start_ns > now_ns + THROTTLE_SLACK_NS {
                 return self.throttle(start_ns, index, request);
             }
+        }
+        // Held back or sent to the manager before the store failed: refused now.
+        if admission == Admission::Admitted && namespace.health.is_failed() {
+            let result = Err(IoError::Failed);
+            return finish_io(peer, &mut self.meters, now_ns, request.slot, result);
         }
         let device = match &namespace.backend {
             Backend::Device(device) => device.as_ref(),
@@ -984,6 +1266,11 @@ impl Reactor {
         }
         let fd = device.fd();
         let slot = request.slot;
+        peer.marks[usize::from(slot.0)].sticky = match request.kind {
+            IoKind::Flush => Some(FailedOperation::Sync),
+            IoKind::Write { fua: true, .. } => Some(FailedOperation::FuaWrite),
+            _ => None,
+        };
         let (op, expected) = match request.kind {
             IoKind::Read {
                 offset,
@@ -1022,19 +1309,16 @@ impl Reactor {
                 )
             }
             IoKind::Flush => (Op::Fsync { fd, datasync: true }, 0),
-            IoKind::WriteZeroes { offset, len, .. } | IoKind::Deallocate { offset, len } => (
-                Op::Fallocate {
-                    fd,
-                    mode: weft_storage::ZERO_RANGE_MODE,
-                    offset,
-                    len,
-                },
-                0,
-            ),
+            IoKind::WriteZeroes {
+                offset, len, fua, ..
+            } => return self.start_zeroing(index, slot, zeroing(device, offset, len, fua)),
+            IoKind::Deallocate { offset, len } => {
+                return self.start_zeroing(index, slot, zeroing(device, offset, len, false))
+            }
         };
         peer.io_len[usize::from(slot.0)] = expected;
         peer.ops_in_flight += 1;
-        self.push(op, token(index, OpKind::BlockIo, slot.0));
+        self.push_block_io(index, slot, op);
     }
 }
 
@@ -1066,6 +1350,50 @@ fn local_stats<'a>(meters: &'a mut MeterTable, meter: &Arc<Meter>) -> &'a mut Lo
     &mut entry
         .get_or_insert_with(|| Box::new((Arc::clone(meter), LocalStats::default())))
         .1
+}
+
+/// A piece of the slot's volume I/O failed: if it was a FUA write, the
+/// volume's pool is failed from now on (logged once).
+fn note_volume_failure(peer: &Peer, slot: SlotId, error: &io::Error) {
+    let io = peer.volume_io[usize::from(slot.0)]
+        .as_ref()
+        .expect("a volume I/O in progress");
+    if !matches!(io.request.kind, IoKind::Write { fua: true, .. }) {
+        return;
+    }
+    let volume = &io.backend;
+    if volume.health.fail(FailedOperation::FuaWrite, error) {
+        log::error!(
+            "pool {} failed: a FUA write to volume {} failed: {error}; every I/O on its volumes now fails until an operator checks its devices and runs `weft pool clear-failure {}`",
+            volume.pool,
+            volume.volume,
+            volume.pool
+        );
+    }
+}
+
+/// The first step of zeroing `[offset, offset + len)` of `device`.
+fn zeroing(device: &dyn weft_storage::BlockDevice, offset: u64, len: u64, fua: bool) -> Zeroing {
+    Zeroing {
+        fd: device.fd(),
+        offset,
+        len,
+        written: 0,
+        fua,
+        step: if device.can_punch_holes() {
+            ZeroStep::Punch
+        } else {
+            ZeroStep::Write
+        },
+    }
+}
+
+/// A namespace's backend, for logs.
+fn describe_backend(namespace: &NamespaceDevice) -> String {
+    match &namespace.backend {
+        Backend::Device(device) => device.describe(),
+        Backend::Volume(volume) => format!("{volume:?}"),
+    }
 }
 
 /// The class and data bytes of an I/O, for limits and statistics.

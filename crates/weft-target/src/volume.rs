@@ -9,6 +9,7 @@
 //! What this module does not do: change any metadata (only the manager does),
 //! or block the reactor.
 
+use crate::health::Health;
 use crate::reactor::{Mailbox, Message};
 use std::fmt;
 use std::os::fd::RawFd;
@@ -33,6 +34,8 @@ pub struct VolumeBackend {
     pub member_fds: Vec<RawFd>,
     /// Where slow-path work goes.
     pub manager: Arc<dyn VolumeManager>,
+    /// The pool's failure flag (shared by its volumes and the manager).
+    pub health: Arc<Health>,
 }
 
 impl fmt::Debug for VolumeBackend {
@@ -127,6 +130,8 @@ pub enum VolumeWork {
         offset: u64,
         /// Length in bytes.
         len: u64,
+        /// Write Zeroes with FUA: durable before the result.
+        fua: bool,
     },
     /// Make every completed write durable, then give the result.
     Flush,
@@ -188,6 +193,7 @@ mod tests {
             layout,
             member_fds: vec![10, 11],
             manager: Arc::new(Nowhere),
+            health: Arc::default(),
         };
         assert_eq!(backend.piece(4096, 8192), (Piece::Zeroes, 8192));
         // Straddles chunks 0 and 1: only the part in chunk 0 first.

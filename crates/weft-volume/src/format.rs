@@ -60,6 +60,9 @@ pub enum FormatError {
     Malformed(&'static str),
 }
 
+/// Copies of a pool's metadata at most (see [`Layout::metadata_copies`]).
+pub const METADATA_COPIES_MAX: usize = 3;
+
 /// Sizes of the pool's regions, fixed at creation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Layout {
@@ -135,14 +138,21 @@ impl Layout {
         (member, offset)
     }
 
-    /// Byte offset of checkpoint slot `slot` (0 or 1) on member 0.
+    /// Byte offset of checkpoint slot `slot` (0 or 1) on each metadata member.
     pub fn checkpoint_offset(&self, slot: usize) -> u64 {
         CHECKPOINTS_OFFSET + slot as u64 * self.checkpoint_bytes
     }
 
-    /// Byte offset of the journal on member 0.
+    /// Byte offset of the journal on each metadata member.
     pub fn journal_offset(&self) -> u64 {
         CHECKPOINTS_OFFSET + 2 * self.checkpoint_bytes
+    }
+
+    /// Members that carry a copy of the checkpoints and the journal: the
+    /// first three, or every member of a smaller pool. Losing the metadata of
+    /// one member then loses no volume.
+    pub fn metadata_copies(&self) -> usize {
+        usize::from(self.members).min(METADATA_COPIES_MAX)
     }
 
     /// Smallest member size this layout needs.

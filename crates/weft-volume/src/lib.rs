@@ -105,8 +105,8 @@ pub enum VolumeError {
         #[source]
         source: std::io::Error,
     },
-    /// A metadata write failed earlier; the pool refuses changes.
-    #[error("pool {pool} stopped accepting changes after a metadata write failed ({reason}); restart weft to reopen it at its last committed state")]
+    /// A metadata write or a sync failed earlier; the pool refuses changes and flushes.
+    #[error("pool {pool} has failed ({reason}) and refuses changes and flushes; once its devices work, run `weft pool clear-failure {pool}` to reopen it at its last committed state")]
     Failed {
         /// The pool.
         pool: String,

@@ -163,17 +163,19 @@ impl<M: Media> Pool<M> {
             payload: state.encode(),
         }
         .encode(CHECKPOINT_MAGIC, &options.uuid);
-        media
-            .write_at(0, layout.checkpoint_offset(0), &checkpoint)
-            .map_err(io("checkpoint"))?;
         let empty = vec![0u8; META_BLOCK];
-        media
-            .write_at(0, layout.checkpoint_offset(1), &empty)
-            .map_err(io("checkpoint"))?;
-        media
-            .write_at(0, layout.journal_offset(), &empty)
-            .map_err(io("journal"))?;
-        media.sync(0).map_err(io("sync"))?;
+        for member in 0..layout.metadata_copies() {
+            media
+                .write_at(member, layout.checkpoint_offset(0), &checkpoint)
+                .map_err(io("checkpoint"))?;
+            media
+                .write_at(member, layout.checkpoint_offset(1), &empty)
+                .map_err(io("checkpoint"))?;
+            media
+                .write_at(member, layout.journal_offset(), &empty)
+                .map_err(io("journal"))?;
+            media.sync(member).map_err(io("sync"))?;
+        }
         for member in 0..members {
             let block = Superblock {
                 member: member as u16,
@@ -204,77 +206,66 @@ impl<M: Media> Pool<M> {
 
     /// Opens the pool on `media` (members in stripe order) at its last committed state.
     pub fn open(mut media: M) -> Result<Pool<M>, VolumeError> {
-        let superblock = read_superblock(&mut media, 0).map_err(|error| {
-            VolumeError::Corrupt(format!(
-                "the first device holds no readable weft pool: {error}"
-            ))
-        })?;
-        check_members(&mut media, &superblock)?;
-        let layout = superblock.layout;
-        let uuid = superblock.pool_uuid;
-        let (checkpoint_slot, checkpoint) = (0..2)
-            .filter_map(|slot| {
-                read_frame(
-                    &mut media,
-                    layout.checkpoint_offset(slot),
-                    layout.checkpoint_bytes,
-                    CHECKPOINT_MAGIC,
-                    &uuid,
-                )
-                .ok()
-                .map(|frame| (slot, frame))
-            })
-            .max_by_key(|(_, frame)| frame.sequence)
-            .ok_or_else(|| {
-                VolumeError::Corrupt(format!(
-                    "pool {}: neither checkpoint is readable",
-                    superblock.pool_name
-                ))
-            })?;
-        let mut state =
-            PoolState::decode(&checkpoint.payload, layout.chunks(), layout.chunk_shift()).map_err(
-                |error| {
-                    VolumeError::Corrupt(format!(
-                        "pool {}: checkpoint {}: {error}",
-                        superblock.pool_name, checkpoint.sequence
-                    ))
-                },
-            )?;
-        let mut sequence = checkpoint.sequence;
-        let mut journal_used = 0u64;
-        while let Ok(frame) = read_frame(
-            &mut media,
-            layout.journal_offset() + journal_used,
-            layout.journal_bytes - journal_used,
-            RECORD_MAGIC,
-            &uuid,
-        ) {
-            if frame.sequence != sequence + 1 {
-                break; // a record from before the last checkpoint: the end
-            }
-            apply_payload(&mut state, &frame.payload).map_err(|error| {
-                VolumeError::Corrupt(format!(
-                    "pool {}: journal record {}: {error}",
-                    superblock.pool_name, frame.sequence
-                ))
-            })?;
-            sequence = frame.sequence;
-            journal_used += Frame::encoded_len(frame.payload.len()) as u64;
-        }
-        state.rebuild_free();
-        state.settle_writable();
-        Ok(Pool {
+        let loaded = load(&mut media)?;
+        let resync = loaded.resync.clone();
+        let mut pool = Pool {
             media,
-            superblock,
-            state,
-            sequence,
-            journal_used,
-            checkpoint_slot,
+            superblock: loaded.superblock,
+            state: loaded.state,
+            sequence: loaded.sequence,
+            journal_used: loaded.journal_used,
+            checkpoint_slot: loaded.checkpoint_slot,
             pending: Vec::new(),
             data_dirty: false,
             failed: None,
             warned_percent: 0,
+        };
+        pool.resync_copies(resync)?;
+        Ok(pool)
+    }
+
+    /// Rewrites every metadata copy from the state just loaded when the copies
+    /// disagreed (one missing, damaged or behind): a checkpoint of that state
+    /// on each, so that they are identical again.
+    fn resync_copies(&mut self, resync: Option<String>) -> Result<(), VolumeError> {
+        let Some(reason) = resync else {
+            return Ok(());
+        };
+        log::warn!(
+            "pool {}: metadata copies differ ({reason}); rewriting every copy from the newest (record {})",
+            self.name(),
+            self.sequence
+        );
+        self.write_checkpoint().map_err(|source| VolumeError::Io {
+            context: format!("pool {}: rewriting its metadata copies", self.name()),
+            source,
         })
+    }
+
+    /// Reads the pool again from its media, at its last committed state, and
+    /// accepts changes again: an operator's way out of a failure (the media
+    /// may be fine again, e.g. a path to a device came back). Volumes get new
+    /// maps and gates; the caller retires the old maps first. On error the
+    /// pool stays as it was (failed).
+    pub fn reload(&mut self) -> Result<(), VolumeError> {
+        let loaded = load(&mut self.media)?;
+        let resync = loaded.resync.clone();
+        if loaded.superblock.pool_uuid != self.superblock.pool_uuid {
+            return Err(VolumeError::Corrupt(format!(
+                "pool {}: its devices now hold another pool ({})",
+                self.name(),
+                loaded.superblock.pool_name
+            )));
+        }
+        self.superblock = loaded.superblock;
+        self.state = loaded.state;
+        self.sequence = loaded.sequence;
+        self.journal_used = loaded.journal_used;
+        self.checkpoint_slot = loaded.checkpoint_slot;
+        self.pending.clear();
+        self.data_dirty = false;
+        self.failed = None;
+        self.resync_copies(resync)
     }
 
     /// Pool name.
@@ -290,6 +281,11 @@ impl<M: Media> Pool<M> {
     /// The media.
     pub fn media(&self) -> &M {
         &self.media
+    }
+
+    /// The media, to change (e.g. to inject failures in tests).
+    pub fn media_mut(&mut self) -> &mut M {
+        &mut self.media
     }
 
     /// Gives the media back (e.g. to simulate a crash in tests).
@@ -391,10 +387,18 @@ impl<M: Media> Pool<M> {
     }
 
     /// Deletes a volume that has no snapshots, releasing its chunks.
+    ///
+    /// A reactor may still hold the volume's map (exports updates reach
+    /// reactors asynchronously). Its chunks may be given to another volume
+    /// once the delete is durable, so the map is retired before the I/O in
+    /// flight drains: every I/O that passes the gate afterwards sees the map
+    /// retired and asks the manager, which no longer knows the volume.
     pub fn delete_volume(&mut self, name: &str) -> Result<(), VolumeError> {
         self.check_usable()?;
         self.check_deletable(name)?;
-        let gate = Arc::clone(&self.existing(name)?.gate);
+        let volume = self.existing(name)?;
+        let (map, gate) = (Arc::clone(&volume.map), Arc::clone(&volume.gate));
+        map.retire();
         let _quiet = gate.quiesce();
         self.stage(Record::DeleteVolume {
             name: name.to_string(),
@@ -764,13 +768,25 @@ impl<M: Media> Pool<M> {
     }
 
     /// Makes every completed write durable (data on every member, then metadata).
+    /// A failed sync fails the pool: a later sync may succeed while the writes
+    /// it should have covered are lost (Linux drops dirty pages after EIO), so
+    /// no later flush may report success.
     pub fn flush(&mut self) -> Result<(), VolumeError> {
+        self.check_usable()?;
         self.commit()?;
         for member in 0..self.media.members() {
-            self.media.sync(member).map_err(|source| VolumeError::Io {
-                context: format!("flushing pool {}", self.name()),
-                source,
-            })?;
+            if let Err(error) = self.media.sync(member) {
+                let reason = format!("syncing device {member} failed: {error}");
+                log::error!(
+                    "pool {}: {reason}; every flush fails until the failure is cleared",
+                    self.name()
+                );
+                self.failed = Some(reason);
+                return Err(VolumeError::Io {
+                    context: format!("flushing pool {}", self.name()),
+                    source: error,
+                });
+            }
         }
         Ok(())
     }
@@ -834,8 +850,10 @@ impl<M: Media> Pool<M> {
             );
         }
         let at = self.layout().journal_offset() + self.journal_used;
-        self.media.write_at(0, at, &bytes)?;
-        self.media.sync(0)?;
+        for member in 0..self.layout().metadata_copies() {
+            self.media.write_at(member, at, &bytes)?;
+            self.media.sync(member)?;
+        }
         self.journal_used += needed;
         Ok(())
     }
@@ -853,9 +871,11 @@ impl<M: Media> Pool<M> {
             "checkpoint size is checked before references are added"
         );
         let slot = 1 - self.checkpoint_slot;
-        self.media
-            .write_at(0, self.layout().checkpoint_offset(slot), &bytes)?;
-        self.media.sync(0)?;
+        let at = self.layout().checkpoint_offset(slot);
+        for member in 0..self.layout().metadata_copies() {
+            self.media.write_at(member, at, &bytes)?;
+            self.media.sync(member)?;
+        }
         self.checkpoint_slot = slot;
         self.journal_used = 0;
         log::debug!(
@@ -1095,6 +1115,129 @@ fn check_range(volume: &Volume, offset: u64, len: u64) -> Result<(), VolumeError
     Ok(())
 }
 
+/// A pool's metadata as read from its media.
+struct Loaded {
+    superblock: Superblock,
+    state: PoolState,
+    sequence: u64,
+    journal_used: u64,
+    checkpoint_slot: usize,
+    /// Why the metadata copies must be rewritten (they disagree), if they must.
+    resync: Option<String>,
+}
+
+/// One metadata copy's state, as its checkpoint and journal give it.
+struct Copy {
+    state: PoolState,
+    sequence: u64,
+    journal_used: u64,
+    checkpoint_slot: usize,
+}
+
+/// Reads the superblocks and every metadata copy; the newest readable copy
+/// (highest record sequence) is the last committed state.
+fn load<M: Media>(media: &mut M) -> Result<Loaded, VolumeError> {
+    let superblock = (0..media.members())
+        .find_map(|member| read_superblock(media, member).ok())
+        .ok_or_else(|| {
+            let error = read_superblock(media, 0).err().unwrap_or(FormatError::Truncated);
+            VolumeError::Corrupt(format!(
+                "the devices hold no readable weft pool: {error}"
+            ))
+        })?;
+    check_members(media, &superblock)?;
+    let mut copies = Vec::new();
+    let mut problems = Vec::new();
+    for member in 0..superblock.layout.metadata_copies() {
+        match load_copy(media, member, &superblock) {
+            Ok(copy) => copies.push(copy),
+            Err(problem) => problems.push(format!("device {}: {problem}", member + 1)),
+        }
+    }
+    let key = |copy: &Copy| (copy.sequence, copy.checkpoint_slot, copy.journal_used);
+    let disagree = copies.windows(2).any(|pair| key(&pair[0]) != key(&pair[1]));
+    // The first copy wins a tie: ties only differ where none is newer.
+    let best = copies
+        .into_iter()
+        .reduce(|best, copy| if copy.sequence > best.sequence { copy } else { best })
+        .ok_or_else(|| {
+            VolumeError::Corrupt(format!(
+                "pool {}: no readable metadata copy ({})",
+                superblock.pool_name,
+                problems.join("; ")
+            ))
+        })?;
+    let resync = if !problems.is_empty() {
+        Some(problems.join("; "))
+    } else if disagree {
+        Some("a copy is behind the others".to_string())
+    } else {
+        None
+    };
+    Ok(Loaded {
+        superblock,
+        state: best.state,
+        sequence: best.sequence,
+        journal_used: best.journal_used,
+        checkpoint_slot: best.checkpoint_slot,
+        resync,
+    })
+}
+
+/// The state metadata copy `member` holds: its newest checkpoint, then its
+/// journal records in sequence.
+fn load_copy<M: Media>(
+    media: &mut M,
+    member: usize,
+    superblock: &Superblock,
+) -> Result<Copy, String> {
+    let layout = superblock.layout;
+    let uuid = superblock.pool_uuid;
+    let (checkpoint_slot, checkpoint) = (0..2)
+        .filter_map(|slot| {
+            read_frame(
+                media,
+                member,
+                layout.checkpoint_offset(slot),
+                layout.checkpoint_bytes,
+                CHECKPOINT_MAGIC,
+                &uuid,
+            )
+            .ok()
+            .map(|frame| (slot, frame))
+        })
+        .max_by_key(|(_, frame)| frame.sequence)
+        .ok_or("neither checkpoint is readable")?;
+    let mut state = PoolState::decode(&checkpoint.payload, layout.chunks(), layout.chunk_shift())
+        .map_err(|error| format!("checkpoint {}: {error}", checkpoint.sequence))?;
+    let mut sequence = checkpoint.sequence;
+    let mut journal_used = 0u64;
+    while let Ok(frame) = read_frame(
+        media,
+        member,
+        layout.journal_offset() + journal_used,
+        layout.journal_bytes - journal_used,
+        RECORD_MAGIC,
+        &uuid,
+    ) {
+        if frame.sequence != sequence + 1 {
+            break; // a record from before the last checkpoint: the end
+        }
+        apply_payload(&mut state, &frame.payload)
+            .map_err(|error| format!("journal record {}: {error}", frame.sequence))?;
+        sequence = frame.sequence;
+        journal_used += Frame::encoded_len(frame.payload.len()) as u64;
+    }
+    state.rebuild_free();
+    state.settle_writable();
+    Ok(Copy {
+        state,
+        sequence,
+        journal_used,
+        checkpoint_slot,
+    })
+}
+
 fn apply_payload(state: &mut PoolState, payload: &[u8]) -> Result<(), String> {
     let mut d = Decoder::new(payload);
     while !d.is_done() {
@@ -1167,9 +1310,10 @@ fn check_members<M: Media>(media: &mut M, first: &Superblock) -> Result<(), Volu
     Ok(())
 }
 
-/// Reads a frame at `offset` within a region of `room` bytes.
+/// Reads a frame at `offset` of `member` within a region of `room` bytes.
 fn read_frame<M: Media>(
     media: &mut M,
+    member: usize,
     offset: u64,
     room: u64,
     magic: u32,
@@ -1180,7 +1324,7 @@ fn read_frame<M: Media>(
     }
     let mut first = vec![0u8; META_BLOCK];
     media
-        .read_at(0, offset, &mut first)
+        .read_at(member, offset, &mut first)
         .map_err(|_| FormatError::Truncated)?;
     let total = Frame::peek_len(&first, magic, uuid)?;
     if total as u64 > room {
@@ -1190,8 +1334,121 @@ fn read_frame<M: Media>(
     bytes.resize(total, 0);
     if total > META_BLOCK {
         media
-            .read_at(0, offset + META_BLOCK as u64, &mut bytes[META_BLOCK..])
+            .read_at(member, offset + META_BLOCK as u64, &mut bytes[META_BLOCK..])
             .map_err(|_| FormatError::Truncated)?;
     }
     Frame::decode(&bytes, magic, uuid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::FaultyMedia;
+
+    fn pool() -> Pool<FaultyMedia> {
+        let media = FaultyMedia::new(2, 64 << 20, 7);
+        let options = PoolOptions {
+            name: "p".into(),
+            chunk_bytes: 1 << 20,
+            uuid: [9; 16],
+        };
+        let mut pool = Pool::create(media, options).unwrap();
+        let spec = VolumeSpec {
+            name: "v".into(),
+            size_bytes: 8 << 20,
+            block_size: 4096,
+            thick: false,
+        };
+        pool.create_volume(&spec).unwrap();
+        pool
+    }
+
+    /// A sync that failed once must not be followed by a flush that reports
+    /// success (the retried sync would succeed over lost writes), until an
+    /// operator reloads the pool.
+    #[test]
+    fn a_failed_sync_fails_every_later_flush_until_reloaded() {
+        let mut pool = pool();
+        pool.write("v", 0, &[5u8; 4096]).unwrap();
+        pool.media_mut().fail_next_syncs(1);
+        assert!(pool.flush().is_err());
+        let error = pool.flush().unwrap_err().to_string();
+        assert!(error.contains("has failed"), "{error}");
+        assert!(error.contains("weft pool clear-failure p"), "{error}");
+        assert!(pool.failure().is_some());
+        assert!(
+            pool.write("v", 4096, &[6u8; 4096]).is_err(),
+            "no changes either"
+        );
+        let old_map = Arc::clone(&pool.volume("v").unwrap().map);
+        pool.reload().unwrap();
+        assert!(pool.failure().is_none());
+        assert!(!Arc::ptr_eq(&old_map, &pool.volume("v").unwrap().map));
+        pool.flush().unwrap();
+        let mut back = [0u8; 4096];
+        pool.read("v", 0, &mut back).unwrap();
+        assert_eq!(back, [5u8; 4096]);
+    }
+
+    /// Overwrites the checkpoints and journal of `member` (superblocks stay).
+    fn damage_metadata(media: &mut FaultyMedia, layout: &Layout, member: usize, byte: u8) {
+        let start = layout.checkpoint_offset(0);
+        let len = layout.journal_offset() + layout.journal_bytes - start;
+        media.write_at(member, start, &vec![byte; len as usize]).unwrap();
+        media.sync(member).unwrap();
+    }
+
+    /// The metadata lives on every member of a small pool: with one copy
+    /// zeroed (missing) or overwritten (corrupt), the pool opens with every
+    /// committed change, and the open rewrites the bad copy so that the other
+    /// one may fail next.
+    #[test]
+    fn a_pool_opens_with_one_metadata_copy_missing_or_corrupt() {
+        let mut pool = pool();
+        pool.write("v", 0, &[5u8; 4096]).unwrap();
+        pool.create_snapshot("v", "s1").unwrap();
+        pool.write("v", 1 << 20, &[6u8; 4096]).unwrap();
+        pool.flush().unwrap();
+        let layout = *pool.layout();
+        assert_eq!(layout.metadata_copies(), 2);
+        let mut media = pool.into_media();
+        for (member, byte) in [(0, 0u8), (1, 0xa5), (0, 0x5a)] {
+            damage_metadata(&mut media, &layout, member, byte);
+            let mut pool = Pool::open(media).unwrap();
+            let mut back = [0u8; 4096];
+            pool.read("v", 0, &mut back).unwrap();
+            assert_eq!(back, [5u8; 4096]);
+            pool.read("v", 1 << 20, &mut back).unwrap();
+            assert_eq!(back, [6u8; 4096]);
+            assert!(pool.volume_info("v").unwrap().snapshots.len() == 1);
+            media = pool.into_media();
+        }
+        damage_metadata(&mut media, &layout, 0, 0);
+        damage_metadata(&mut media, &layout, 1, 0);
+        let error = Pool::open(media).unwrap_err().to_string();
+        assert!(error.contains("no readable metadata copy"), "{error}");
+    }
+
+    #[test]
+    fn metadata_copies_are_three_at_most() {
+        let layout = |members| Layout::plan(members, 256 << 20, 1 << 20).unwrap();
+        assert_eq!(layout(1).metadata_copies(), 1);
+        assert_eq!(layout(3).metadata_copies(), 3);
+        assert_eq!(layout(8).metadata_copies(), 3);
+    }
+
+    /// A reactor that still holds a deleted volume's map (its exports update
+    /// is on its way) must not write into chunks the delete released: the
+    /// map says retired, so the reactor asks the manager instead.
+    #[test]
+    fn a_deleted_volumes_map_is_retired_before_its_chunks_are_reused() {
+        let mut pool = pool();
+        pool.write("v", 0, &[5u8; 4096]).unwrap();
+        let stale = Arc::clone(&pool.volume("v").unwrap().map);
+        let gate = Arc::clone(&pool.volume("v").unwrap().gate);
+        pool.delete_volume("v").unwrap();
+        assert!(gate.enter(), "the gate reopens after the delete");
+        assert!(stale.is_retired(), "a stale reactor must not use the map");
+        gate.leave();
+    }
 }

@@ -24,6 +24,7 @@ struct Member {
 pub struct FaultyMedia {
     members: Vec<Member>,
     writes_until_failure: Option<u64>,
+    syncs_to_fail: u32,
     failed: bool,
     rng: u64,
 }
@@ -39,6 +40,7 @@ impl FaultyMedia {
         FaultyMedia {
             members: vec![member; members],
             writes_until_failure: None,
+            syncs_to_fail: 0,
             failed: false,
             rng: seed | 1,
         }
@@ -47,6 +49,12 @@ impl FaultyMedia {
     /// The `count`-th write from now fails half done, and every write or sync after it fails.
     pub fn fail_after_writes(&mut self, count: u64) {
         self.writes_until_failure = Some(count);
+    }
+
+    /// The next `count` syncs fail with EIO (and lose nothing yet: like
+    /// Linux, a sync after them succeeds, whatever was dropped meanwhile).
+    pub fn fail_next_syncs(&mut self, count: u32) {
+        self.syncs_to_fail = count;
     }
 
     /// Whether the injected failure happened.
@@ -166,6 +174,10 @@ impl Media for FaultyMedia {
 
     fn sync(&mut self, member: usize) -> io::Result<()> {
         self.check_alive()?;
+        if self.syncs_to_fail > 0 {
+            self.syncs_to_fail -= 1;
+            return Err(injected());
+        }
         let m = &mut self.members[member];
         for (offset, data) in m.unsynced.drain(..) {
             let at = offset as usize;

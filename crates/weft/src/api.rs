@@ -37,6 +37,8 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "stats"),
     ("GET", "pools"),
     ("POST", "pools"),
+    ("POST", "pools/{pool}/clear-failure"),
+    ("POST", "subsystems/{nqn}/namespaces/{nsid}/clear-failure"),
     ("GET", "volumes"),
     ("POST", "volumes"),
     ("GET", "volumes/{volume}"),
@@ -343,6 +345,20 @@ fn operation(
                 chunk_bytes: p.allocation_unit_bytes.unwrap_or(DEFAULT_CHUNK_BYTES),
                 device_bytes: p.device_size_bytes,
                 force: p.force,
+            }
+        }
+        ("POST", "pools/{pool}/clear-failure") => AdminOp::ClearPoolFailure(param(0)),
+        ("POST", "subsystems/{nqn}/namespaces/{nsid}/clear-failure") => {
+            AdminOp::ClearNamespaceFailure {
+                nqn: param(0),
+                nsid: param(1).parse().map_err(|_| {
+                    failure(
+                        400,
+                        "invalid",
+                        &format!("namespace ID {:?} is not a number", param(1)),
+                        "give the namespace's NSID, e.g. 1",
+                    )
+                })?,
             }
         }
         ("GET", "volumes") => AdminOp::ListVolumes,

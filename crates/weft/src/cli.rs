@@ -142,6 +142,17 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
             known(&[])?;
             ("GET", "pools".to_string(), None, Show::Pools)
         }
+        ("pool", "clear-failure") => {
+            known(&[])?;
+            let path = format!("pools/{}/clear-failure", operand(1, "pool name")?);
+            ("POST", path, None, Show::Done("cleared: the pool is served again from its last committed state"))
+        }
+        ("namespace", "clear-failure") => {
+            known(&["nsid"])?;
+            let nsid = option("nsid").unwrap_or_else(|| "1".into());
+            let path = format!("subsystems/{}/namespaces/{nsid}/clear-failure", operand(1, "subsystem NQN")?);
+            ("POST", path, None, Show::Done("cleared"))
+        }
         ("volume", "create") => {
             known(&["pool", "size", "thick", "block-size"])?;
             let pool = option("pool").ok_or("weft volume create NAME --pool POOL --size SIZE: give --pool")?;
@@ -544,6 +555,12 @@ fn print_pools(pools: &[PoolView]) {
             pool.volumes,
             human_bytes(u64::from(pool.allocation_unit_bytes)),
         );
+        if let Some(failure) = &pool.failure {
+            println!(
+                "  FAILED: {failure}; every I/O on its volumes fails until you check its devices and run `weft pool clear-failure {}`",
+                pool.name
+            );
+        }
     }
 }
 
@@ -619,6 +636,13 @@ fn print_volume(v: &VolumeView) {
         v.block_size
     );
     println!("type        {}", if v.thick { "thick" } else { "thin" });
+    match &v.failure {
+        Some(failure) => println!(
+            "state       failed ({failure}): every I/O fails until `weft pool clear-failure {}`",
+            v.pool
+        ),
+        None => println!("state       {}", v.state),
+    }
     println!("allocated   {}", human_bytes(v.allocated_bytes));
     println!("nguid       {}", v.nguid);
     if let Some(origin) = &v.origin {

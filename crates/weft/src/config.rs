@@ -471,6 +471,7 @@ pub fn build_exports(config: &ServeConfig, node: &NodeId) -> Result<Arc<Exports>
                 nsid: Nsid(namespace.nsid),
                 backend: weft_target::Backend::Device(device),
                 meter: Default::default(),
+                health: Default::default(),
             });
         }
         subsystems.push(SubsystemConfig {

@@ -37,7 +37,11 @@ impl NodeId {
             }),
             Err(error) if error.kind() == io::ErrorKind::NotFound => {
                 let bytes = random_bytes()?;
-                weft_control::durable::write_file(&path, format!("{}\n", hex(&bytes)).as_bytes(), 0o644)?;
+                weft_control::durable::write_file(
+                    &path,
+                    format!("{}\n", hex(&bytes)).as_bytes(),
+                    0o644,
+                )?;
                 Ok(NodeId(bytes))
             }
             Err(error) => Err(error),

@@ -32,7 +32,8 @@ Usage:
 
   weft pool create NAME --device PATH [--device PATH]... [--device-size SIZE]
                         [--allocation-unit SIZE] [--force]
-  weft pool list
+  weft pool list | clear-failure NAME
+  weft namespace clear-failure NQN [--nsid N]   (a configured file or block device namespace)
   weft volume create NAME --pool POOL --size SIZE [--thick] [--block-size 512|4096]
   weft volume list | show NAME | delete NAME [--force] | resize NAME --size SIZE
   weft volume clone VOLUME@SNAPSHOT NAME | flatten NAME
@@ -58,7 +59,8 @@ Commands:
           Carve pools of devices (striped) into thin or thick volumes, each served as
           subsystem nqn.2026-11.io.weft:vol:NAME; snapshots, clones, online growth.
   host    Register hosts by NQN; only hosts attached to a volume may connect to it or
-          see it in discovery. With a DH-HMAC-CHAP secret (DHHC-1:.., `nvme gen-dhchap-key`)
+          see it in discovery. After a failed fdatasync or FUA write a pool (or a configured
+          namespace) fails every I/O until `clear-failure` (check the device first). With a DH-HMAC-CHAP secret (DHHC-1:.., `nvme gen-dhchap-key`)
           each of the host's queues must authenticate (NULL DH group, SHA-256/384/512);
           with a controller secret too, the host can authenticate the node as well. `volume set` limits a volume's IOPS and bandwidth live.
   serve   Export block storage over NVMe/TCP. Without --config: one 4 GiB sparse file
@@ -160,7 +162,7 @@ fn parse_args() -> Result<Command, String> {
                 }
                 if matches!(
                     name.as_str(),
-                    "pool" | "volume" | "snapshot" | "host" | "top"
+                    "pool" | "volume" | "snapshot" | "host" | "namespace" | "top"
                 ) {
                     return cli::parse(&name, &mut parser).map(Command::Admin);
                 }

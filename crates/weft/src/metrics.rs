@@ -80,6 +80,9 @@ pub struct NamespaceStats {
     pub other: ClassStats,
     /// QoS limits in force (0: none).
     pub limits: LimitsView,
+    /// Its backing store failed (a sync or FUA write): every I/O fails until cleared.
+    #[serde(default)]
+    pub failed: bool,
 }
 
 /// QoS limits as reported (0: none).
@@ -144,6 +147,7 @@ pub fn collect(plane: &DataPlane, clock: &std::time::Instant) -> Stats {
                 write: snapshot.write.into(),
                 other: snapshot.other.into(),
                 limits: device.meter.limits().into(),
+                failed: device.health.is_failed(),
             });
         }
     }
@@ -258,7 +262,7 @@ pub fn prometheus(stats: &Stats, pools: &[PoolView]) -> String {
             out.sample(&format!("{histogram}_count"), &labels, class.ops);
         }
     }
-    let per_namespace: [(&str, &str, NamespaceValue); 2] = [
+    let per_namespace: [(&str, &str, NamespaceValue); 3] = [
         (
             "weft_namespace_queue_depth",
             "Commands taken by the target and not yet completed.",
@@ -268,6 +272,11 @@ pub fn prometheus(stats: &Stats, pools: &[PoolView]) -> String {
             "weft_namespace_connected_hosts",
             "Controllers connected to the namespace's subsystem.",
             |ns| ns.connected_hosts as u64,
+        ),
+        (
+            "weft_namespace_failed",
+            "1 when the namespace's backing store failed (an fdatasync or FUA write): every I/O fails until an operator clears it.",
+            |ns| u64::from(ns.failed),
         ),
     ];
     for (name, help, value) in per_namespace {
@@ -297,7 +306,7 @@ pub fn prometheus(stats: &Stats, pools: &[PoolView]) -> String {
         }
     }
     node_totals(&mut out, stats);
-    let per_pool: [(&str, &str, PoolValue); 3] = [
+    let per_pool: [(&str, &str, PoolValue); 4] = [
         ("weft_pool_capacity_bytes", "Data space of the pool.", |p| {
             p.capacity_bytes
         }),
@@ -310,6 +319,11 @@ pub fn prometheus(stats: &Stats, pools: &[PoolView]) -> String {
             "weft_pool_provisioned_bytes",
             "Sum of the sizes of the pool's volumes.",
             |p| p.provisioned_bytes,
+        ),
+        (
+            "weft_pool_failed",
+            "1 when the pool failed (a sync, FUA or metadata write): every I/O on its volumes fails until an operator clears it.",
+            |p| u64::from(p.failure.is_some()),
         ),
     ];
     for (name, help, value) in per_pool {
@@ -409,6 +423,7 @@ mod tests {
                     iops: 20000,
                     ..LimitsView::default()
                 },
+                failed: true,
             }],
         };
         let text = prometheus(&stats, &[]);
@@ -424,6 +439,7 @@ mod tests {
             format!("weft_namespace_latency_seconds_bucket{{{labels},op=\"read\",le=\"+Inf\"}} 10"),
             format!("weft_namespace_latency_seconds_count{{{labels},op=\"read\"}} 10"),
             format!("weft_namespace_queue_depth{{{labels}}} 3"),
+            format!("weft_namespace_failed{{{labels}}} 1"),
             format!("weft_namespace_qos_limit{{{labels},limit=\"iops\"}} 20000"),
             "weft_node_ops_total{op=\"write\"} 5".to_string(),
             "# TYPE weft_namespace_latency_seconds histogram".to_string(),

@@ -26,8 +26,8 @@ use weft_proto::types::Nsid;
 use weft_proto::IoError;
 use weft_target::meter::Limits;
 use weft_target::{
-    Backend, DataPlane, Exports, Meter, NamespaceDevice, VolumeBackend, VolumeManager,
-    VolumeOutcome, VolumeRequest, VolumeWork,
+    Backend, DataPlane, Exports, FailedOperation, Health, Meter, NamespaceDevice, VolumeBackend,
+    VolumeManager, VolumeOutcome, VolumeRequest, VolumeWork,
 };
 use weft_volume::{FileMedia, Pool, PoolInfo, PoolOptions, VolumeError, VolumeInfo, VolumeSpec};
 
@@ -63,6 +63,15 @@ pub enum AdminOp {
     },
     /// Every pool.
     ListPools,
+    /// Clear a pool's failure: reopen it at its last committed state and serve it again.
+    ClearPoolFailure(String),
+    /// Clear the failure of a configured (file or block device) namespace.
+    ClearNamespaceFailure {
+        /// Its subsystem.
+        nqn: String,
+        /// Its ID.
+        nsid: u32,
+    },
     /// Create a volume.
     CreateVolume {
         /// Pool.
@@ -304,6 +313,10 @@ pub struct PoolView {
     pub volumes: usize,
     /// Snapshots.
     pub snapshots: usize,
+    /// "online", or "failed": every I/O on its volumes fails until cleared.
+    pub state: String,
+    /// Why it failed.
+    pub failure: Option<String>,
 }
 
 /// A volume as the API shows it.
@@ -335,6 +348,10 @@ pub struct VolumeView {
     pub hosts: Vec<String>,
     /// I/O limits.
     pub qos: QosLimits,
+    /// "online", or "failed" (its pool failed: every I/O fails until cleared).
+    pub state: String,
+    /// Why its pool failed.
+    pub failure: Option<String>,
 }
 
 /// A host as the API shows it.
@@ -391,6 +408,8 @@ pub struct Manager {
     node: NodeId,
     base: Arc<Exports>,
     pools: BTreeMap<String, Pool<FileMedia>>,
+    /// Each pool's failure flag, shared with the data plane.
+    health: BTreeMap<String, Arc<Health>>,
     desired: DesiredState,
     /// Each volume's QoS limits and statistics, kept across exports updates.
     meters: BTreeMap<String, Arc<Meter>>,
@@ -421,12 +440,17 @@ impl Manager {
             );
             pools.insert(name, pool);
         }
+        let health = pools
+            .keys()
+            .map(|name| (name.clone(), Arc::default()))
+            .collect();
         let (sender, inbox) = mpsc::channel();
         let generation = base.config.generation;
         Ok(Manager {
             node,
             base,
             pools,
+            health,
             desired,
             meters: BTreeMap::new(),
             handle: ManagerHandle { sender },
@@ -452,6 +476,7 @@ impl Manager {
         });
         for (pool_name, pool) in &self.pools {
             let member_fds = pool.media().fds();
+            let health = &self.health[pool_name];
             for volume in pool.volumes() {
                 let nqn = volume_nqn(&volume.name);
                 let record = self.volume_record(&volume.name, &volume.id);
@@ -490,11 +515,13 @@ impl Manager {
                     layout: *pool.layout(),
                     member_fds: member_fds.clone(),
                     manager: Arc::new(self.handle.clone()),
+                    health: Arc::clone(health),
                 };
                 devices.push(vec![NamespaceDevice {
                     nsid: Nsid(1),
                     backend: Backend::Volume(Arc::new(backend)),
                     meter,
+                    health: Arc::clone(health),
                 }]);
             }
         }
@@ -553,10 +580,19 @@ impl Manager {
     /// Serves one slow-path request; a prepared write waits for the group
     /// commit and is returned.
     fn handle_io(&mut self, request: VolumeRequest) -> Option<VolumeRequest> {
-        let Some(pool) = self.pools.get_mut(&request.pool) else {
+        let (Some(pool), Some(health)) = (
+            self.pools.get_mut(&request.pool),
+            self.health.get(&request.pool),
+        ) else {
             request.reply.send(VolumeOutcome::Done(Err(IoError::Other)));
             return None;
         };
+        if health.is_failed() {
+            request
+                .reply
+                .send(VolumeOutcome::Done(Err(IoError::Failed)));
+            return None;
+        }
         let result = match request.work {
             VolumeWork::Wait => Ok(()),
             VolumeWork::PrepareWrite { offset, len } => {
@@ -565,9 +601,12 @@ impl Manager {
                     Err(error) => Err(error),
                 }
             }
-            VolumeWork::Deallocate { offset, len } => pool.deallocate(&request.volume, offset, len),
+            VolumeWork::Deallocate { offset, len, fua } => pool
+                .deallocate(&request.volume, offset, len)
+                .and_then(|()| if fua { pool.flush() } else { Ok(()) }),
             VolumeWork::Flush => pool.flush(),
         };
+        note_pool_failure(pool, health);
         let outcome = match (request.work, result) {
             (VolumeWork::Wait, _) => VolumeOutcome::Retry,
             (_, Ok(())) => VolumeOutcome::Done(Ok(())),
@@ -590,6 +629,7 @@ impl Manager {
             if !committed.contains_key(&request.pool) {
                 let pool = self.pools.get_mut(&request.pool).expect("checked");
                 let result = pool.commit().map_err(|error| io_error(&error));
+                note_pool_failure(pool, &self.health[&request.pool]);
                 committed.insert(request.pool.clone(), result);
             }
         }
@@ -621,6 +661,14 @@ impl Manager {
                 force,
             } => self.create_pool(name, devices, chunk_bytes, device_bytes, force)?,
             AdminOp::ListPools => AdminReply::Pools(self.pool_views()?),
+            AdminOp::ClearPoolFailure(name) => {
+                self.clear_pool_failure(&name, plane)?;
+                AdminReply::Done
+            }
+            AdminOp::ClearNamespaceFailure { nqn, nsid } => {
+                self.clear_namespace_failure(&nqn, nsid)?;
+                AdminReply::Done
+            }
             AdminOp::CreateVolume { pool, spec } => {
                 self.check_volume_name_free(&spec.name)?;
                 self.pool_mut(&pool)?.create_volume(&spec)?;
@@ -712,8 +760,10 @@ impl Manager {
                 AdminReply::Done
             }
             AdminOp::Flush => {
-                for pool in self.pools.values_mut() {
-                    pool.flush()?;
+                for (name, pool) in &mut self.pools {
+                    let result = pool.flush();
+                    note_pool_failure(pool, &self.health[name]);
+                    result?;
                 }
                 AdminReply::Done
             }
@@ -777,6 +827,7 @@ impl Manager {
         };
         let pool = Pool::create(media, options)?;
         self.desired.put_pool(&name, &PoolRecord { devices })?;
+        self.health.insert(name.clone(), Arc::default());
         log::info!(
             "pool {name} created: {} in allocation units of {}",
             weft_storage::human_bytes(pool.info().capacity_bytes),
@@ -816,6 +867,66 @@ impl Manager {
         }
         self.meters.remove(name);
         log::info!("volume {name} deleted");
+        Ok(())
+    }
+
+    /// Reopens a failed pool at its last committed state and serves it again.
+    /// Its volumes' I/O in flight drains and their old maps are retired first,
+    /// so that no reactor writes through a map the reload replaced.
+    fn clear_pool_failure(&mut self, name: &str, plane: &DataPlane) -> Result<(), AdminError> {
+        let health = Arc::clone(
+            self.health
+                .get(name)
+                .ok_or_else(|| not_found("pool", name))?,
+        );
+        let pool = self.pool_mut(name)?;
+        let Some(failure) = health
+            .failure()
+            .map(|f| f.to_string())
+            .or_else(|| pool.failure().map(str::to_string))
+        else {
+            return Err(VolumeError::invalid(
+                format!("pool {name}"),
+                "it has not failed; nothing to clear",
+            )
+            .into());
+        };
+        let volumes: Vec<_> = pool
+            .volumes()
+            .map(|v| (Arc::clone(&v.map), Arc::clone(&v.gate)))
+            .collect();
+        for (map, gate) in &volumes {
+            let _drained = gate.quiesce();
+            map.retire();
+        }
+        pool.reload()?;
+        health.clear();
+        plane.update_exports(self.exports());
+        log::warn!("pool {name}: failure cleared by an operator ({failure}); serving it again from its last committed state");
+        Ok(())
+    }
+
+    /// Clears the failure of a configured namespace (a file or block device).
+    fn clear_namespace_failure(&mut self, nqn: &str, nsid: u32) -> Result<(), AdminError> {
+        let index = self
+            .base
+            .config
+            .subsystems
+            .iter()
+            .position(|s| s.nqn == nqn)
+            .ok_or_else(|| not_found("configured subsystem", nqn))?;
+        let device = self
+            .base
+            .namespace(index, Nsid(nsid))
+            .ok_or_else(|| not_found("namespace", &format!("{nqn} {nsid}")))?;
+        let Some(failure) = device.health.clear() else {
+            return Err(VolumeError::invalid(
+                format!("namespace {nsid} of {nqn}"),
+                "it has not failed; nothing to clear",
+            )
+            .into());
+        };
+        log::warn!("namespace {nsid} of {nqn}: failure cleared by an operator ({failure})");
         Ok(())
     }
 
@@ -1035,7 +1146,9 @@ impl Manager {
             .pools()?
             .into_iter()
             .filter_map(|(name, record)| {
-                let info: PoolInfo = self.pools.get(&name)?.info();
+                let pool = self.pools.get(&name)?;
+                let info: PoolInfo = pool.info();
+                let failure = self.pool_failure(&name, pool);
                 Some(PoolView {
                     name: info.name,
                     devices: record.devices,
@@ -1047,9 +1160,19 @@ impl Manager {
                     overcommit: info.provisioned_bytes as f64 / info.capacity_bytes as f64,
                     volumes: info.volumes,
                     snapshots: info.snapshots,
+                    state: state_name(failure.is_some()),
+                    failure,
                 })
             })
             .collect())
+    }
+
+    /// Why a pool failed, as the data plane or the pool itself saw it.
+    fn pool_failure(&self, name: &str, pool: &Pool<FileMedia>) -> Option<String> {
+        let data_plane = self.health.get(name).and_then(|h| h.failure());
+        data_plane
+            .map(|failure| failure.to_string())
+            .or_else(|| pool.failure().map(str::to_string))
     }
 
     fn volume_views(&self, plane: &DataPlane) -> Vec<VolumeView> {
@@ -1076,7 +1199,10 @@ impl Manager {
             .volume_info(name)?;
         let nqn = volume_nqn(name);
         let record = self.volume_record(name, &info.id);
+        let failure = self.pool_failure(pool, &self.pools[pool]);
         Ok(VolumeView {
+            state: state_name(failure.is_some()),
+            failure,
             hosts: record.hosts.into_iter().collect(),
             qos: record.qos,
             name: info.name,
@@ -1091,6 +1217,28 @@ impl Manager {
             snapshots: info.snapshots.into_iter().map(|(n, _, _)| n).collect(),
             nguid: crate::identity::hex(&info.id),
         })
+    }
+}
+
+/// A pool's or volume's state as the API names it.
+fn state_name(failed: bool) -> String {
+    if failed { "failed" } else { "online" }.to_string()
+}
+
+/// Shares a failure the pool itself noticed (a metadata write or a sync)
+/// with the data plane, which then refuses every I/O on the pool's volumes.
+fn note_pool_failure(pool: &Pool<FileMedia>, health: &Health) {
+    if let Some(reason) = pool.failure() {
+        if health.fail(
+            FailedOperation::Metadata,
+            &std::io::Error::other(reason.to_string()),
+        ) {
+            log::error!(
+                "pool {}: every I/O on its volumes fails until an operator checks its devices and runs `weft pool clear-failure {}`",
+                pool.name(),
+                pool.name()
+            );
+        }
     }
 }
 

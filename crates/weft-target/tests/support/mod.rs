@@ -71,11 +71,13 @@ pub fn start_plane(name: &str) -> DataPlane {
             nsid: Nsid(1),
             backend: Backend::Device(ram),
             meter: Default::default(),
+            health: Default::default(),
         },
         NamespaceDevice {
             nsid: Nsid(2),
             backend: Backend::Device(file),
             meter: Default::default(),
+            health: Default::default(),
         },
     ]];
     let exports = Arc::new(Exports::new(Arc::new(config), devices));
