@@ -127,6 +127,12 @@ impl DesiredState {
         self.store.commit(vec![put(key, pool)])
     }
 
+    /// Forgets pool `name`.
+    pub fn delete_pool(&mut self, name: &str) -> Result<(), StoreError> {
+        let key = format!("{}{name}", self.pool_prefix());
+        self.store.commit(vec![Change::Delete(key)])
+    }
+
     /// Every host, by name.
     pub fn hosts(&self) -> Result<BTreeMap<String, HostRecord>, StoreError> {
         self.list("hosts/")

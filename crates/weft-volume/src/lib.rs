@@ -28,7 +28,7 @@ pub mod testing;
 
 pub use map::{ChunkMap, Lookup, WriteGate};
 pub use media::{FileMedia, Media};
-pub use pool::{Pool, PoolInfo, PoolOptions, VolumeInfo, VolumeSpec};
+pub use pool::{MemberUsage, Pool, PoolInfo, PoolOptions, VolumeInfo, VolumeSpec};
 
 use thiserror::Error;
 

@@ -78,6 +78,19 @@ pub struct PoolInfo {
     pub snapshots: usize,
 }
 
+/// One member device's share of a pool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberUsage {
+    /// Device size in bytes.
+    pub size_bytes: u64,
+    /// Bytes of data chunks on it.
+    pub capacity_bytes: u64,
+    /// Bytes of its chunks in use.
+    pub allocated_bytes: u64,
+    /// Whether it holds a copy of the pool's checkpoints and journal.
+    pub metadata_copy: bool,
+}
+
 /// One volume as `weft volume show` describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VolumeInfo {
@@ -291,6 +304,51 @@ impl<M: Media> Pool<M> {
     /// Gives the media back (e.g. to simulate a crash in tests).
     pub fn into_media(self) -> M {
         self.media
+    }
+
+    /// Each member's size, capacity and allocation, in stripe order.
+    pub fn member_usage(&self) -> Vec<MemberUsage> {
+        let layout = *self.layout();
+        let chunk_bytes = u64::from(layout.chunk_bytes);
+        let mut usage: Vec<MemberUsage> = (0..self.media.members())
+            .map(|member| MemberUsage {
+                size_bytes: self.media.size_bytes(member),
+                capacity_bytes: 0,
+                allocated_bytes: 0,
+                metadata_copy: member < layout.metadata_copies(),
+            })
+            .collect();
+        for chunk in 0..layout.chunks() {
+            let member = &mut usage[layout.locate(chunk).0];
+            member.capacity_bytes += chunk_bytes;
+            if self.state.refcount(chunk) > 0 {
+                member.allocated_bytes += chunk_bytes;
+            }
+        }
+        usage
+    }
+
+    /// Erases the superblocks of a pool that holds no volume, so that its
+    /// devices can be used again (for a new pool without --force). The pool
+    /// is gone afterwards; its data chunks are not overwritten.
+    pub fn erase(mut self) -> Result<M, VolumeError> {
+        if let Some(volume) = self.state.volumes.keys().next() {
+            return Err(VolumeError::invalid(
+                format!("deleting pool {}", self.name()),
+                format!("it holds volume {volume}"),
+            ));
+        }
+        let empty = vec![0u8; 2 * SUPERBLOCK_BYTES];
+        for member in 0..self.media.members() {
+            self.media
+                .write_at(member, 0, &empty)
+                .and_then(|()| self.media.sync(member))
+                .map_err(|source| VolumeError::Io {
+                    context: format!("erasing pool {} from device {}", self.name(), member + 1),
+                    source,
+                })?;
+        }
+        Ok(self.media)
     }
 
     /// A volume's state (its map and gate are what the data plane uses).
@@ -1140,10 +1198,10 @@ fn load<M: Media>(media: &mut M) -> Result<Loaded, VolumeError> {
     let superblock = (0..media.members())
         .find_map(|member| read_superblock(media, member).ok())
         .ok_or_else(|| {
-            let error = read_superblock(media, 0).err().unwrap_or(FormatError::Truncated);
-            VolumeError::Corrupt(format!(
-                "the devices hold no readable weft pool: {error}"
-            ))
+            let error = read_superblock(media, 0)
+                .err()
+                .unwrap_or(FormatError::Truncated);
+            VolumeError::Corrupt(format!("the devices hold no readable weft pool: {error}"))
         })?;
     check_members(media, &superblock)?;
     let mut copies = Vec::new();
@@ -1159,7 +1217,13 @@ fn load<M: Media>(media: &mut M) -> Result<Loaded, VolumeError> {
     // The first copy wins a tie: ties only differ where none is newer.
     let best = copies
         .into_iter()
-        .reduce(|best, copy| if copy.sequence > best.sequence { copy } else { best })
+        .reduce(|best, copy| {
+            if copy.sequence > best.sequence {
+                copy
+            } else {
+                best
+            }
+        })
         .ok_or_else(|| {
             VolumeError::Corrupt(format!(
                 "pool {}: no readable metadata copy ({})",
@@ -1394,7 +1458,9 @@ mod tests {
     fn damage_metadata(media: &mut FaultyMedia, layout: &Layout, member: usize, byte: u8) {
         let start = layout.checkpoint_offset(0);
         let len = layout.journal_offset() + layout.journal_bytes - start;
-        media.write_at(member, start, &vec![byte; len as usize]).unwrap();
+        media
+            .write_at(member, start, &vec![byte; len as usize])
+            .unwrap();
         media.sync(member).unwrap();
     }
 
@@ -1425,8 +1491,31 @@ mod tests {
         }
         damage_metadata(&mut media, &layout, 0, 0);
         damage_metadata(&mut media, &layout, 1, 0);
+        assert!(Pool::probe(&mut media).iter().all(Option::is_some));
         let error = Pool::open(media).unwrap_err().to_string();
         assert!(error.contains("no readable metadata copy"), "{error}");
+    }
+
+    #[test]
+    fn usage_per_member_and_erase_of_an_empty_pool() {
+        let mut pool = pool();
+        pool.write("v", 0, &[1u8; 4096]).unwrap();
+        pool.write("v", 1 << 20, &[1u8; 4096]).unwrap();
+        let usage = pool.member_usage();
+        assert_eq!(usage.len(), 2);
+        assert!(usage
+            .iter()
+            .all(|m| m.allocated_bytes == 1 << 20 && m.metadata_copy));
+        assert_eq!(
+            usage.iter().map(|m| m.capacity_bytes).sum::<u64>(),
+            pool.info().capacity_bytes
+        );
+        let error = pool.erase().unwrap_err().to_string();
+        assert!(error.contains("it holds volume v"), "{error}");
+        let mut pool = self::pool();
+        pool.delete_volume("v").unwrap();
+        let mut media = pool.erase().unwrap();
+        assert!(Pool::probe(&mut media).iter().all(Option::is_none));
     }
 
     #[test]

@@ -37,6 +37,8 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "stats"),
     ("GET", "pools"),
     ("POST", "pools"),
+    ("GET", "pools/{pool}"),
+    ("DELETE", "pools/{pool}"),
     ("POST", "pools/{pool}/clear-failure"),
     ("POST", "subsystems/{nqn}/namespaces/{nsid}/clear-failure"),
     ("GET", "volumes"),
@@ -347,6 +349,8 @@ fn operation(
                 force: p.force,
             }
         }
+        ("GET", "pools/{pool}") => AdminOp::ShowPool(param(0)),
+        ("DELETE", "pools/{pool}") => AdminOp::DeletePool(param(0)),
         ("POST", "pools/{pool}/clear-failure") => AdminOp::ClearPoolFailure(param(0)),
         ("POST", "subsystems/{nqn}/namespaces/{nsid}/clear-failure") => {
             AdminOp::ClearNamespaceFailure {

@@ -8,7 +8,7 @@
 use crate::api::DEFAULT_API_LISTEN;
 use crate::config::parse_size_text;
 use crate::metrics::Stats;
-use crate::volumes::{HostView, PoolView, VolumeView, DEFAULT_CHUNK_BYTES};
+use crate::volumes::{HostView, PoolDetail, PoolView, VolumeView, DEFAULT_CHUNK_BYTES};
 use serde_json::{json, Value};
 use std::time::Duration;
 use weft_http as http;
@@ -33,6 +33,7 @@ pub struct AdminArgs {
 enum Show {
     Done(&'static str),
     Pools,
+    Pool,
     Volumes,
     Volume,
     Hosts,
@@ -141,6 +142,14 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
         ("pool", "list") => {
             known(&[])?;
             ("GET", "pools".to_string(), None, Show::Pools)
+        }
+        ("pool", "show") => {
+            known(&[])?;
+            ("GET", format!("pools/{}", operand(1, "pool name")?), None, Show::Pool)
+        }
+        ("pool", "delete") => {
+            known(&[])?;
+            ("DELETE", format!("pools/{}", operand(1, "pool name")?), None, Show::Done("deleted"))
         }
         ("pool", "clear-failure") => {
             known(&[])?;
@@ -363,6 +372,7 @@ pub fn run(args: AdminArgs) -> Result<(), String> {
     match args.show {
         Show::Done(what) => println!("{what}"),
         Show::Pools => print_pools(&decode::<Vec<PoolView>>(value)?),
+        Show::Pool => print_pool(&decode(value)?),
         Show::Volumes => print_volumes(&decode::<Vec<VolumeView>>(value)?),
         Show::Volume => print_volume(&decode(value)?),
         Show::Hosts => print_hosts(&decode::<Vec<HostView>>(value)?),
@@ -561,6 +571,26 @@ fn print_pools(pools: &[PoolView]) {
                 pool.name
             );
         }
+    }
+}
+
+fn print_pool(detail: &PoolDetail) {
+    print_pools(std::slice::from_ref(&detail.pool));
+    println!();
+    println!(
+        "{:<40} {:>10} {:>10} {:>10} {:>8}  STATE",
+        "DEVICE", "SIZE", "CAPACITY", "ALLOCATED", "METADATA"
+    );
+    for member in &detail.members {
+        println!(
+            "{:<40} {:>10} {:>10} {:>10} {:>8}  {}",
+            member.path.display(),
+            human_bytes(member.size_bytes),
+            human_bytes(member.capacity_bytes),
+            human_bytes(member.allocated_bytes),
+            if member.metadata_copy { "copy" } else { "-" },
+            member.state
+        );
     }
 }
 

@@ -63,6 +63,10 @@ pub enum AdminOp {
     },
     /// Every pool.
     ListPools,
+    /// One pool, with each of its devices.
+    ShowPool(String),
+    /// Delete a pool that holds no volume (its devices' superblocks are erased).
+    DeletePool(String),
     /// Clear a pool's failure: reopen it at its last committed state and serve it again.
     ClearPoolFailure(String),
     /// Clear the failure of a configured (file or block device) namespace.
@@ -232,6 +236,8 @@ pub enum AdminReply {
     Done,
     /// Pools.
     Pools(Vec<PoolView>),
+    /// One pool and its devices.
+    Pool(Box<PoolDetail>),
     /// Volumes.
     Volumes(Vec<VolumeView>),
     /// One volume.
@@ -317,6 +323,33 @@ pub struct PoolView {
     pub state: String,
     /// Why it failed.
     pub failure: Option<String>,
+}
+
+/// A pool with its devices, as `weft pool show` prints it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PoolDetail {
+    /// The pool.
+    #[serde(flatten)]
+    pub pool: PoolView,
+    /// Its devices, in stripe order.
+    pub members: Vec<PoolMemberView>,
+}
+
+/// One device of a pool.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PoolMemberView {
+    /// Path.
+    pub path: PathBuf,
+    /// Device size in bytes.
+    pub size_bytes: u64,
+    /// Bytes of data space on it.
+    pub capacity_bytes: u64,
+    /// Bytes of it in use.
+    pub allocated_bytes: u64,
+    /// Holds a copy of the pool's metadata (checkpoints and journal).
+    pub metadata_copy: bool,
+    /// "online", or "failed" with its pool.
+    pub state: String,
 }
 
 /// A volume as the API shows it.
@@ -661,6 +694,11 @@ impl Manager {
                 force,
             } => self.create_pool(name, devices, chunk_bytes, device_bytes, force)?,
             AdminOp::ListPools => AdminReply::Pools(self.pool_views()?),
+            AdminOp::ShowPool(name) => AdminReply::Pool(Box::new(self.pool_detail(&name)?)),
+            AdminOp::DeletePool(name) => {
+                self.delete_pool(&name)?;
+                AdminReply::Done
+            }
             AdminOp::ClearPoolFailure(name) => {
                 self.clear_pool_failure(&name, plane)?;
                 AdminReply::Done
@@ -867,6 +905,33 @@ impl Manager {
         }
         self.meters.remove(name);
         log::info!("volume {name} deleted");
+        Ok(())
+    }
+
+    /// Deletes a pool that holds no volume: forgets it, then erases its
+    /// superblocks so that its devices can make a new pool without --force.
+    /// No exports refer to it (it has no volumes), so its devices close now.
+    fn delete_pool(&mut self, name: &str) -> Result<(), AdminError> {
+        let pool = self
+            .pools
+            .get(name)
+            .ok_or_else(|| not_found("pool", name))?;
+        let volumes: Vec<&str> = pool.volumes().map(|v| v.name.as_str()).collect();
+        if !volumes.is_empty() {
+            return Err(VolumeError::invalid(
+                format!("deleting pool {name}"),
+                format!(
+                    "it holds volumes {}; delete them first (weft volume delete NAME)",
+                    volumes.join(", ")
+                ),
+            )
+            .into());
+        }
+        self.desired.delete_pool(name)?;
+        let pool = self.pools.remove(name).expect("checked");
+        self.health.remove(name);
+        pool.erase()?;
+        log::info!("pool {name} deleted");
         Ok(())
     }
 
@@ -1167,12 +1232,38 @@ impl Manager {
             .collect())
     }
 
+    fn pool_detail(&self, name: &str) -> Result<PoolDetail, AdminError> {
+        let view = self
+            .pool_views()?
+            .into_iter()
+            .find(|p| p.name == name)
+            .ok_or_else(|| not_found("pool", name))?;
+        let pool = &self.pools[name];
+        let members = view
+            .devices
+            .iter()
+            .zip(pool.member_usage())
+            .map(|(path, usage)| PoolMemberView {
+                path: path.clone(),
+                size_bytes: usage.size_bytes,
+                capacity_bytes: usage.capacity_bytes,
+                allocated_bytes: usage.allocated_bytes,
+                metadata_copy: usage.metadata_copy,
+                state: view.state.clone(),
+            })
+            .collect();
+        Ok(PoolDetail {
+            pool: view,
+            members,
+        })
+    }
+
     /// Why a pool failed, as the data plane or the pool itself saw it.
     fn pool_failure(&self, name: &str, pool: &Pool<FileMedia>) -> Option<String> {
         let data_plane = self.health.get(name).and_then(|h| h.failure());
-        data_plane
-            .map(|failure| failure.to_string())
-            .or_else(|| pool.failure().map(str::to_string))
+        pool.failure()
+            .map(str::to_string)
+            .or_else(|| data_plane.map(|failure| failure.to_string()))
     }
 
     fn volume_views(&self, plane: &DataPlane) -> Vec<VolumeView> {

@@ -596,3 +596,77 @@ fn the_api_is_served_over_tls_when_given_a_certificate() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn pools_are_shown_per_device_deleted_when_empty_and_failures_cleared_on_purpose() {
+    let dir = temp_dir("api-pools");
+    let node = start_node(&dir.join("data"), &[]);
+    let devices = [dir.join("m0.img"), dir.join("m1.img")];
+    let pool = json!({"name": "p", "devices": devices, "device_size_bytes": 64 << 20});
+    call(&node, "POST", "/api/v1/pools", Some(pool.clone()), 201);
+    let volume = json!({"name": "v", "pool": "p", "size_bytes": 8 << 20});
+    call(&node, "POST", "/api/v1/volumes", Some(volume), 201);
+    let shown = call(&node, "GET", "/api/v1/pools/p", None, 200);
+    assert_eq!(shown["state"], "online");
+    let members = shown["members"].as_array().unwrap();
+    assert_eq!(members.len(), 2);
+    assert!(members
+        .iter()
+        .all(|m| m["metadata_copy"] == true && m["state"] == "online"));
+    assert_eq!(
+        code(&call(&node, "GET", "/api/v1/pools/nope", None, 404)),
+        "not_found"
+    );
+    // Refused while it holds volumes, naming them.
+    let error = call(&node, "DELETE", "/api/v1/pools/p", None, 400);
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap()
+            .contains("it holds volumes v"),
+        "{error}"
+    );
+    // A failure can only be cleared where there is one.
+    let error = call(&node, "POST", "/api/v1/pools/p/clear-failure", None, 400);
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap()
+            .contains("has not failed"),
+        "{error}"
+    );
+    let default = "/api/v1/subsystems/nqn.2026-11.io.weft:default/namespaces";
+    let error = call(
+        &node,
+        "POST",
+        &format!("{default}/1/clear-failure"),
+        None,
+        400,
+    );
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap()
+            .contains("has not failed"),
+        "{error}"
+    );
+    call(
+        &node,
+        "POST",
+        &format!("{default}/9/clear-failure"),
+        None,
+        404,
+    );
+    call(
+        &node,
+        "POST",
+        &format!("{default}/x/clear-failure"),
+        None,
+        400,
+    );
+    // Empty: deleted, and its devices make a new pool without --force.
+    call(&node, "DELETE", "/api/v1/volumes/v", None, 200);
+    call(&node, "DELETE", "/api/v1/pools/p", None, 200);
+    assert_eq!(call(&node, "GET", "/api/v1/pools", None, 200), json!([]));
+    call(&node, "POST", "/api/v1/pools", Some(pool), 201);
+}
