@@ -68,7 +68,7 @@ pub enum InitiatorError {
         nqn: String,
     },
     /// The target refused this host.
-    #[error("{address} refused host {host_nqn} for {nqn} (allow this host NQN on the target)")]
+    #[error("{address} refused host {host_nqn} for {nqn}: allow this host NQN on the target (on weft: weft host add NAME --nqn {host_nqn}, then weft volume attach VOLUME --host NAME)")]
     HostRejected {
         /// The address.
         address: SocketAddr,

@@ -160,6 +160,18 @@ pub struct Connection {
     tx: Transmitter,
     termination: Option<Termination>,
     dsm_ranges: Vec<(u64, u64)>,
+    /// A Connect refused because the subsystem does not allow the host,
+    /// until the driver takes it (to log how to allow the host).
+    refused_host: Option<RefusedHost>,
+}
+
+/// A host a subsystem refused at Connect (Connect Invalid Host).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefusedHost {
+    /// The subsystem asked for.
+    pub subnqn: String,
+    /// The host's NQN.
+    pub hostnqn: String,
 }
 
 impl Connection {
@@ -194,6 +206,7 @@ impl Connection {
             tx: Transmitter::with_capacity(16 * 1024, depth * 4),
             termination: None,
             dsm_ranges: Vec::with_capacity(256),
+            refused_host: None,
         }
     }
 
@@ -322,6 +335,12 @@ impl Connection {
     pub fn on_closed(&mut self) {
         let state = std::mem::replace(&mut self.state, State::Closing);
         self.release_queue(state);
+    }
+
+    /// The host a Connect on this connection was refused for (Connect Invalid
+    /// Host), once; the driver logs how an operator would allow it.
+    pub fn take_refused_host(&mut self) -> Option<RefusedHost> {
+        self.refused_host.take()
     }
 
     /// The controller ID, once connected.
@@ -1120,11 +1139,23 @@ impl Connection {
                 result: u64::from(result),
                 reply_len: 0,
             },
-            Err((status, result)) => Outcome::Complete {
-                status,
-                result,
-                reply_len: 0,
-            },
+            Err((status, result)) => {
+                if status == Status::CONNECT_INVALID_HOST {
+                    // Decoded before the refusal, so it decodes again.
+                    self.refused_host =
+                        ConnectData::decode(&buffer[..CONNECT_DATA_LEN])
+                            .ok()
+                            .map(|data| RefusedHost {
+                                subnqn: data.subnqn,
+                                hostnqn: data.hostnqn,
+                            });
+                }
+                Outcome::Complete {
+                    status,
+                    result,
+                    reply_len: 0,
+                }
+            }
         }
     }
 
@@ -2112,6 +2143,10 @@ mod tests {
             "IATTR 1, IPO: the Host NQN"
         );
         assert!(target.registry.is_empty(), "no controller was created");
+        let refused = host.connection.take_refused_host().unwrap();
+        assert_eq!(refused.subnqn, TEST_NQN);
+        assert_eq!(refused.hostnqn, crate::testing::HOST_NQN);
+        assert_eq!(host.connection.take_refused_host(), None, "told once");
         let mut discovery = Pair::new(&target);
         discovery.connect_admin(DISCOVERY_NQN, 0);
         let (page, _) = discovery.read_data(&get_log_page(3, 0x70, 2048, 0));

@@ -26,6 +26,6 @@ mod transmit;
 pub mod types;
 pub mod wire;
 
-pub use connection::{Connection, SlotBuffers, Termination, Transmit, TxSegment};
+pub use connection::{Connection, RefusedHost, SlotBuffers, Termination, Transmit, TxSegment};
 pub use io::{IoError, IoKind, IoRequest};
 pub use target::{Limits, Target, TargetConfig};

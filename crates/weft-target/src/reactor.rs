@@ -31,7 +31,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use weft_proto::types::{Nsid, SlotId, Timestamp};
 use weft_proto::{
-    Connection, IoError, IoKind, IoRequest, SlotBuffers, Target, Termination, TxSegment,
+    Connection, IoError, IoKind, IoRequest, RefusedHost, SlotBuffers, Target, Termination,
+    TxSegment,
 };
 use weft_uring::{Completion, IoBuf, Op, Returned, Ring, SendBatch};
 
@@ -1132,6 +1133,9 @@ impl Reactor {
         }
         self.submit_send(index);
         let peer = self.connections[index].as_mut().expect("live connection");
+        if let Some(refused) = peer.protocol.take_refused_host() {
+            log_refused_host(peer.address, &refused, &self.exports);
+        }
         if peer.protocol.is_closed() && !peer.closing {
             begin_close(peer, "");
         }
@@ -1418,16 +1422,48 @@ fn begin_close(peer: &mut Peer, reason: &str) {
             error.status,
             error.field_offset
         ),
-        Some(Termination::KeepAliveExpired) => log::warn!(
-            "{}: keep-alive timeout expired; controller {:?} torn down",
-            peer.address,
-            peer.protocol.cntlid()
-        ),
+        Some(Termination::KeepAliveExpired) => match peer.protocol.cntlid() {
+            Some(cntlid) => log::warn!(
+                "{}: keep-alive timeout expired; controller {cntlid} torn down",
+                peer.address
+            ),
+            None => log::warn!(
+                "{}: keep-alive timeout expired; its controller torn down",
+                peer.address
+            ),
+        },
         Some(other) => log::info!("{}: connection ended: {other:?}", peer.address),
         None => log::debug!("{}: connection {reason}", peer.address),
     }
     let _ = peer.stream.shutdown(Shutdown::Both);
     peer.protocol.on_closed();
+}
+
+/// Says why a host was refused at Connect and what lets it in: for a volume,
+/// the commands that register the host and attach it.
+fn log_refused_host(address: SocketAddr, refused: &RefusedHost, exports: &Exports) {
+    let volume = exports
+        .config
+        .subsystems
+        .iter()
+        .position(|s| s.nqn == refused.subnqn)
+        .and_then(|index| exports.devices[index].first())
+        .and_then(|device| match &device.backend {
+            Backend::Volume(volume) => Some(volume.volume.as_str()),
+            Backend::Device(_) => None,
+        });
+    match volume {
+        Some(volume) => log::warn!(
+            "{address}: host {} refused for volume {volume} (Connect Invalid Host): it is not attached; to allow it: weft host add NAME --nqn {} && weft volume attach {volume} --host NAME",
+            refused.hostnqn,
+            refused.hostnqn
+        ),
+        None => log::warn!(
+            "{address}: host {} refused for {} (Connect Invalid Host): the subsystem does not allow it",
+            refused.hostnqn,
+            refused.subnqn
+        ),
+    }
 }
 
 /// A memory device's I/O, done inline: a copy costs less than a trip through io_uring.

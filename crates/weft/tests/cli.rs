@@ -106,6 +106,20 @@ fn bench_loads_a_served_namespace() {
     ]);
     assert!(!ok);
     assert!(errors.contains("namespace 7 does not exist"), "{errors}");
+    let (ok, _, errors) = weft(&[
+        "bench",
+        "--target",
+        &url,
+        "--bs",
+        "1m",
+        "--runtime",
+        "100ms",
+    ]);
+    assert!(!ok);
+    assert!(
+        errors.contains("--bs 1MiB is above this target's largest transfer, 128KiB (its MDTS); use --bs 128k or less"),
+        "{errors}"
+    );
 }
 
 #[test]

@@ -82,6 +82,12 @@ fn volumes_are_carved_served_snapshotted_and_survive_a_restart() {
     );
     assert!(!success, "an unattached host must be refused");
     assert!(errors.contains("refused host"), "{errors}");
+    assert!(errors.contains("weft host add NAME --nqn"), "{errors}");
+    let log = std::fs::read_to_string(dir.join("data.log")).unwrap();
+    assert!(
+        log.contains(&format!("host {HOST_NQN} refused for volume db1 (Connect Invalid Host): it is not attached; to allow it: weft host add NAME --nqn {HOST_NQN} && weft volume attach db1 --host NAME")),
+        "{log}"
+    );
     for volume in ["db1", "db2"] {
         ok(&node, &["volume", "attach", volume, "--host", "tester"]);
     }

@@ -462,9 +462,14 @@ fn remote(args: &BenchArgs, progress: &Arc<Progress>) -> Result<Results, String>
         ));
     }
     if args.block_bytes > controller.info.transfer_bytes_max {
+        let size = |bytes: u32| weft_storage::human_bytes(u64::from(bytes)).replace(' ', "");
         return Err(format!(
-            "--bs {} exceeds the target's largest transfer ({} bytes)",
-            args.block_bytes, controller.info.transfer_bytes_max
+            "--bs {} is above this target's largest transfer, {} (its MDTS); use --bs {} or less",
+            size(args.block_bytes),
+            size(controller.info.transfer_bytes_max),
+            size(controller.info.transfer_bytes_max)
+                .to_lowercase()
+                .trim_end_matches("ib"),
         ));
     }
     let namespace = controller.namespace(args.nsid).map_err(|e| e.to_string())?;
