@@ -58,11 +58,13 @@ Commands:
   pool, volume, snapshot
           Carve pools of devices (striped) into thin or thick volumes, each served as
           subsystem nqn.2026-11.io.weft:vol:NAME; snapshots, clones, online growth.
+          `volume set` limits a volume's IOPS and bandwidth live. After a failed fdatasync
+          or FUA write a pool (or a configured namespace) fails every I/O until
+          `clear-failure` (check the device first).
   host    Register hosts by NQN; only hosts attached to a volume may connect to it or
-          see it in discovery. After a failed fdatasync or FUA write a pool (or a configured
-          namespace) fails every I/O until `clear-failure` (check the device first). With a DH-HMAC-CHAP secret (DHHC-1:.., `nvme gen-dhchap-key`)
+          see it in discovery. With a DH-HMAC-CHAP secret (DHHC-1:.., `nvme gen-dhchap-key`)
           each of the host's queues must authenticate (NULL DH group, SHA-256/384/512);
-          with a controller secret too, the host can authenticate the node as well. `volume set` limits a volume's IOPS and bandwidth live.
+          with a controller secret too, the host can authenticate the node as well.
   serve   Export block storage over NVMe/TCP. Without --config: one 4 GiB sparse file
           namespace (DATA_DIR/default.img) as nqn.2026-11.io.weft:default on 127.0.0.1:4420.
   bench   Load a namespace through weft's user-space initiator (nvme-tcp://...), or a local
