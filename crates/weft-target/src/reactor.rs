@@ -690,11 +690,15 @@ impl Reactor {
             }
             Ok(_) => Ok(()),
             Err(error) => {
-                log::warn!("{}: namespace I/O failed: {error}", peer.address);
-                if volume_piece {
-                    note_volume_failure(peer, slot, &error);
+                // A failure that fails its store is logged once, as that.
+                let failed_store = if volume_piece {
+                    note_volume_failure(peer, slot, &error)
                 } else {
-                    self.note_device_failure(index, slot, &error);
+                    self.note_device_failure(index, slot, &error)
+                };
+                if !failed_store {
+                    let peer = self.connections[index].as_ref().expect("live connection");
+                    log::warn!("{}: namespace I/O failed: {error}", peer.address);
                 }
                 Err(classify(&error))
             }
@@ -707,21 +711,23 @@ impl Reactor {
     }
 
     /// A device op of `slot` failed: if it was a sync or a FUA write, its
-    /// namespace's device is failed from now on (logged once).
-    fn note_device_failure(&mut self, index: usize, slot: SlotId, error: &io::Error) {
+    /// namespace's device is failed from now on. True when this failure
+    /// failed the device (and was logged).
+    fn note_device_failure(&mut self, index: usize, slot: SlotId, error: &io::Error) -> bool {
         let peer = self.connections[index].as_ref().expect("live connection");
         let mark = peer.marks[usize::from(slot.0)];
         let Some(operation) = mark.sticky else {
-            return;
+            return false;
         };
         // The namespace may have left with an exports update meanwhile.
         let Some(namespace) = peer
             .subsystem
             .and_then(|subsystem| self.exports.namespace(subsystem, mark.nsid))
         else {
-            return;
+            return false;
         };
-        if namespace.health.fail(operation, error) {
+        let first = namespace.health.fail(operation, error);
+        if first {
             let failure = namespace.health.failure().expect("just failed");
             log::error!(
                 "namespace {} ({}) failed: {failure}; every I/O on it now fails until an operator checks the device and runs `weft namespace clear-failure`",
@@ -729,6 +735,7 @@ impl Reactor {
                 describe_backend(namespace)
             );
         }
+        first
     }
 
     /// Starts a Write Zeroes or Deallocate on a whole device (see [`Zeroing`]).
@@ -844,13 +851,15 @@ impl Reactor {
             }
             Next::Failed(error) => {
                 let step = entry.take().expect("zeroing in progress").step;
-                log::warn!(
-                    "{}: zeroing a namespace range failed: {error}",
-                    peer.address
-                );
-                if step == ZeroStep::Sync {
-                    peer.marks[usize::from(slot.0)].sticky = Some(FailedOperation::Sync);
-                    self.note_device_failure(index, slot, &error);
+                let sticky = step == ZeroStep::Sync;
+                peer.marks[usize::from(slot.0)].sticky = sticky.then_some(FailedOperation::Sync);
+                // A failed sync fails the device and is logged as that.
+                if !self.note_device_failure(index, slot, &error) {
+                    let peer = self.connections[index].as_ref().expect("live connection");
+                    log::warn!(
+                        "{}: zeroing a namespace range failed: {error}",
+                        peer.address
+                    );
                 }
                 let peer = self.connections[index].as_mut().expect("live connection");
                 finish_io(peer, &mut self.meters, now_ns, slot, Err(classify(&error)));
@@ -1357,16 +1366,18 @@ fn local_stats<'a>(meters: &'a mut MeterTable, meter: &Arc<Meter>) -> &'a mut Lo
 }
 
 /// A piece of the slot's volume I/O failed: if it was a FUA write, the
-/// volume's pool is failed from now on (logged once).
-fn note_volume_failure(peer: &Peer, slot: SlotId, error: &io::Error) {
+/// volume's pool is failed from now on. True when this failure failed the
+/// pool (and was logged).
+fn note_volume_failure(peer: &Peer, slot: SlotId, error: &io::Error) -> bool {
     let io = peer.volume_io[usize::from(slot.0)]
         .as_ref()
         .expect("a volume I/O in progress");
     if !matches!(io.request.kind, IoKind::Write { fua: true, .. }) {
-        return;
+        return false;
     }
     let volume = &io.backend;
-    if volume.health.fail(FailedOperation::FuaWrite, error) {
+    let first = volume.health.fail(FailedOperation::FuaWrite, error);
+    if first {
         log::error!(
             "pool {} failed: a FUA write to volume {} failed: {error}; every I/O on its volumes now fails until an operator checks its devices and runs `weft pool clear-failure {}`",
             volume.pool,
@@ -1374,6 +1385,7 @@ fn note_volume_failure(peer: &Peer, slot: SlotId, error: &io::Error) {
             volume.pool
         );
     }
+    first
 }
 
 /// The first step of zeroing `[offset, offset + len)` of `device`.
