@@ -7,7 +7,10 @@
 //! target `http_request`) and never panics.
 #![forbid(unsafe_code)]
 
+mod deadline;
 pub mod tls;
+
+pub use deadline::DeadlineStream;
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::TcpStream;

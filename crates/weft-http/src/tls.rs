@@ -3,6 +3,7 @@
 //! trusting a CA bundle in PEM. Certificates are the operator's (from their
 //! CA, or self-signed with openssl); weft does not issue any.
 
+use crate::DeadlineStream;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::{ClientConfig, ClientConnection, RootCertStore, ServerConfig, ServerConnection};
@@ -26,7 +27,7 @@ const VERSIONS: &[&SupportedProtocolVersion] = rustls::ALL_VERSIONS;
 pub struct Server(Arc<ServerConfig>);
 
 /// A connection served over TLS.
-pub type ServerStream = StreamOwned<ServerConnection, TcpStream>;
+pub type ServerStream = StreamOwned<ServerConnection, DeadlineStream>;
 
 impl Server {
     /// From PEM files: `cert_file` the certificate chain (leaf first),
@@ -53,7 +54,7 @@ impl Server {
     }
 
     /// Wraps an accepted connection; the handshake happens on first use.
-    pub fn accept(&self, stream: TcpStream) -> io::Result<ServerStream> {
+    pub fn accept(&self, stream: DeadlineStream) -> io::Result<ServerStream> {
         let connection = ServerConnection::new(Arc::clone(&self.0)).map_err(io::Error::other)?;
         Ok(StreamOwned::new(connection, stream))
     }

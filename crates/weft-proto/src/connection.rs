@@ -46,6 +46,7 @@ use crate::types::{Cid, Nsid, SlotId, Timestamp};
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// The data buffers of a connection's command slots, owned by the driver.
 pub trait SlotBuffers {
@@ -70,6 +71,9 @@ pub enum Termination {
     SubsystemRemoved,
     /// The queue's host is no longer allowed to use its subsystem.
     AccessRevoked,
+    /// No ICReq, or no completed Connect, within the setup deadline
+    /// (`Limits::icreq_timeout_ms`, `Limits::connect_timeout_ms`).
+    SetupTimeout,
 }
 
 /// Per-command state of a slot (cf. SPDK's `spdk_nvmf_tcp_req_state`).
@@ -163,6 +167,10 @@ pub struct Connection {
     /// A Connect refused because the subsystem does not allow the host,
     /// until the driver takes it (to log how to allow the host).
     refused_host: Option<RefusedHost>,
+    /// Until the queue is connected: when ICReq (then Connect) must have come.
+    /// The clock starts at the first time the driver passes (ICReq) and at
+    /// ICResp (Connect).
+    setup_deadline: Option<Timestamp>,
 }
 
 /// A host a subsystem refused at Connect (Connect Invalid Host).
@@ -207,6 +215,7 @@ impl Connection {
             termination: None,
             dsm_ranges: Vec::with_capacity(256),
             refused_host: None,
+            setup_deadline: None,
         }
     }
 
@@ -297,6 +306,7 @@ impl Connection {
     /// The next time [`Connection::handle_timeout`] must be called.
     pub fn poll_timeout(&self) -> Option<Timestamp> {
         match &self.state {
+            State::AwaitIcReq | State::AwaitConnect => self.setup_deadline,
             State::Admin(_, admin) => admin.keep_alive_deadline(),
             _ => None,
         }
@@ -304,7 +314,12 @@ impl Connection {
 
     /// Expires the keep-alive timer, or notices that the controller went away.
     pub fn handle_timeout(&mut self, now: Timestamp) {
+        let icreq_timeout = Duration::from_millis(u64::from(self.limits.icreq_timeout_ms));
         let ended = match &self.state {
+            State::AwaitIcReq | State::AwaitConnect => {
+                let deadline = *self.setup_deadline.get_or_insert(now.after(icreq_timeout));
+                (now >= deadline).then_some(Termination::SetupTimeout)
+            }
             State::Admin(_, admin) => admin
                 .keep_alive_deadline()
                 .is_some_and(|deadline| now >= deadline)
@@ -563,7 +578,12 @@ impl Connection {
         buffers: &mut impl SlotBuffers,
     ) -> Result<(), PduError> {
         match kind {
-            PduType::IcReq => self.handle_icreq(),
+            PduType::IcReq => {
+                let connect_timeout =
+                    Duration::from_millis(u64::from(self.limits.connect_timeout_ms));
+                self.setup_deadline = Some(now.after(connect_timeout));
+                self.handle_icreq()
+            }
             PduType::H2cTermReq => {
                 self.end(Termination::HostTerminated);
                 Ok(())
@@ -1245,8 +1265,20 @@ impl Connection {
         let controller = self
             .target
             .registry
-            .create(&data.subnqn, &data.hostnqn, data.host_id)
-            .map_err(|_| (Status::CONNECT_CONTROLLER_BUSY, 0))?;
+            .create(
+                &data.subnqn,
+                &data.hostnqn,
+                data.host_id,
+                self.limits.controllers_per_subsystem_max,
+            )
+            // As nvmet when it has no controller ID left: Controller Busy with DNR.
+            .map_err(|_| {
+                let busy = Status {
+                    dnr: true,
+                    ..Status::CONNECT_CONTROLLER_BUSY
+                };
+                (busy, 0)
+            })?;
         let admin = AdminQueue::new(Arc::clone(&controller), kind, connect.kato_ms, now);
         Ok(NewQueue::Admin(controller, Box::new(admin)))
     }
@@ -1266,9 +1298,9 @@ impl Connection {
             .registry
             .find(&data.subnqn, data.cntlid, &data.hostnqn, data.host_id)
             .map_err(|error| match error {
-                RegistryError::UnknownController | RegistryError::Exhausted => {
-                    invalid_data_field(16)
-                }
+                RegistryError::UnknownController
+                | RegistryError::Exhausted
+                | RegistryError::SubsystemFull => invalid_data_field(16),
             })?;
         if !controller.is_ready() {
             return Err((Status::COMMAND_SEQUENCE_ERROR, 0));
@@ -1621,6 +1653,82 @@ mod tests {
             FatalErrorStatus::HeaderDigestError as u16
         );
         assert!(io.connection.is_closed());
+    }
+
+    /// A socket that never sends ICReq holds buffers for nothing: closed at
+    /// the ICReq deadline, counted from the first time the driver passes.
+    #[test]
+    fn a_silent_socket_is_closed_at_the_icreq_deadline() {
+        let target = test_target();
+        let mut host = Pair::new(&target);
+        host.advance(Duration::ZERO);
+        assert_eq!(
+            host.connection.poll_timeout(),
+            Some(Timestamp(Duration::from_secs(10)))
+        );
+        host.advance(Duration::from_millis(9_999));
+        assert!(!host.connection.is_closed());
+        host.advance(Duration::from_millis(1));
+        assert!(host.connection.is_closed());
+        assert_eq!(
+            host.connection.termination(),
+            Some(&Termination::SetupTimeout)
+        );
+    }
+
+    /// After ICResp the queue must connect within its deadline; once
+    /// connected, the setup deadline no longer applies.
+    #[test]
+    fn connect_must_follow_icresp_within_its_deadline() {
+        let target = test_target();
+        let mut slow = Pair::new(&target);
+        slow.advance(Duration::from_secs(5));
+        slow.initialize(false, false);
+        slow.advance(Duration::from_millis(9_999));
+        assert!(
+            !slow.connection.is_closed(),
+            "10 s from ICResp, not from accept"
+        );
+        slow.advance(Duration::from_millis(1));
+        assert_eq!(
+            slow.connection.termination(),
+            Some(&Termination::SetupTimeout)
+        );
+        let mut prompt = Pair::new(&target);
+        prompt.advance(Duration::ZERO);
+        prompt.connect_admin(TEST_NQN, 0);
+        prompt.advance(Duration::from_secs(60));
+        assert!(!prompt.connection.is_closed());
+    }
+
+    /// A subsystem has at most `controllers_per_subsystem_max` controllers;
+    /// one more is refused as nvmet refuses when it has no controller ID left.
+    #[test]
+    fn controllers_per_subsystem_are_limited() {
+        let mut config = TargetConfig::clone(&test_target().config());
+        config.limits.controllers_per_subsystem_max = 2;
+        let target = Target::new(config, Arc::clone(&test_target().random));
+        let mut first = Pair::new(&target);
+        first.connect_admin(TEST_NQN, 0);
+        let mut second = Pair::new(&target);
+        second.connect_admin(TEST_NQN, 0);
+        let mut third = Pair::new(&target);
+        third.initialize(false, false);
+        let (sqe, data) = connect_command(1, 0, 31, 0, 0xFFFF, TEST_NQN);
+        let response = third.command(&sqe, &data).pop().unwrap();
+        assert_eq!(
+            response.status(),
+            Status {
+                dnr: true,
+                ..Status::CONNECT_CONTROLLER_BUSY
+            }
+        );
+        // Discovery counts on its own.
+        let mut discovery = Pair::new(&target);
+        discovery.connect_admin(DISCOVERY_NQN, 0);
+        first.connection.on_closed();
+        let mut again = Pair::new(&target);
+        again.connect_admin(TEST_NQN, 0);
     }
 
     #[test]

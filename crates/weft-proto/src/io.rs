@@ -75,6 +75,9 @@ pub enum IoError {
     /// The backing store failed earlier (an fdatasync or a FUA write):
     /// nothing is served from it until an operator clears the failure.
     Failed,
+    /// The target cannot take the command now (a queue is full): the host
+    /// may retry it.
+    Busy,
     /// Anything else.
     Other,
 }
@@ -278,6 +281,8 @@ pub fn status_of(error: IoError, is_read: bool) -> Status {
             dnr: true,
             ..Status::WRITE_FAULT
         },
+        // Not ready, without DNR: a Linux host retries the command.
+        IoError::Busy => Status::NAMESPACE_NOT_READY,
         IoError::Other => Status::INTERNAL_ERROR,
     }
 }

@@ -39,6 +39,13 @@ pub struct Limits {
     pub io_queues_max: u16,
     /// Outstanding Asynchronous Event Requests per controller (AERL + 1).
     pub async_events_max: u8,
+    /// A new connection must send ICReq within this many milliseconds (a
+    /// socket that says nothing holds buffers for nothing).
+    pub icreq_timeout_ms: u32,
+    /// After ICResp, the queue's Fabrics Connect must complete within this many milliseconds.
+    pub connect_timeout_ms: u32,
+    /// Controllers one subsystem (the discovery subsystem included) may have at once.
+    pub controllers_per_subsystem_max: u16,
 }
 
 impl Limits {
@@ -51,6 +58,9 @@ impl Limits {
         h2c_data_bytes_max: 128 * 1024,
         io_queues_max: 64,
         async_events_max: 4,
+        icreq_timeout_ms: 10_000,
+        connect_timeout_ms: 10_000,
+        controllers_per_subsystem_max: 256,
     };
 
     /// Size of every command slot's data buffer: the largest transfer, since a
@@ -351,6 +361,8 @@ impl ControllerShared {
 pub enum RegistryError {
     /// Every controller ID is in use.
     Exhausted,
+    /// The subsystem has as many controllers as it may have.
+    SubsystemFull,
     /// No live controller with that ID for that subsystem and host.
     UnknownController,
 }
@@ -369,16 +381,27 @@ struct RegistryInner {
 
 impl ControllerRegistry {
     /// Allocates a controller for an admin Connect (dynamic controller model).
+    /// `subnqn` may have `per_subsystem_max` controllers at once.
     pub fn create(
         &self,
         subnqn: &str,
         hostnqn: &str,
         host_id: [u8; 16],
+        per_subsystem_max: u16,
     ) -> Result<Arc<ControllerShared>, RegistryError> {
         let mut inner = self
             .inner
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
+        // Counted at Connect only (a scan of the live controllers, not per I/O).
+        let of_subsystem = inner
+            .controllers
+            .values()
+            .filter(|c| c.subnqn == subnqn)
+            .count();
+        if of_subsystem >= usize::from(per_subsystem_max) {
+            return Err(RegistryError::SubsystemFull);
+        }
         let cntlid = inner.free_cntlid().ok_or(RegistryError::Exhausted)?;
         let controller = Arc::new(ControllerShared {
             cntlid: Cntlid(cntlid),
@@ -530,8 +553,8 @@ mod tests {
     #[test]
     fn controller_ids_are_unique_and_reused_after_removal() {
         let registry = ControllerRegistry::default();
-        let a = registry.create("nqn.s", "nqn.h", [1; 16]).unwrap();
-        let b = registry.create("nqn.s", "nqn.h", [1; 16]).unwrap();
+        let a = registry.create("nqn.s", "nqn.h", [1; 16], 8).unwrap();
+        let b = registry.create("nqn.s", "nqn.h", [1; 16], 8).unwrap();
         assert_ne!(a.cntlid, b.cntlid);
         assert!(registry.find("nqn.s", a.cntlid.0, "nqn.h", [1; 16]).is_ok());
         assert_eq!(
@@ -584,7 +607,7 @@ mod tests {
     #[test]
     fn io_queue_claims_are_exclusive_and_reset_clears_them() {
         let registry = ControllerRegistry::default();
-        let c = registry.create("nqn.s", "nqn.h", [0; 16]).unwrap();
+        let c = registry.create("nqn.s", "nqn.h", [0; 16], 8).unwrap();
         c.set_ready(true);
         assert!(c.claim_io_queue(1));
         assert!(!c.claim_io_queue(1));

@@ -14,6 +14,7 @@ mod exports;
 pub mod health;
 mod listener;
 pub mod meter;
+mod peers;
 mod reactor;
 mod volume;
 
@@ -21,6 +22,7 @@ pub use exports::{Backend, Exports, NamespaceDevice};
 pub use health::{FailedOperation, Failure, Health};
 pub use listener::{DataPlane, StartError};
 pub use meter::Meter;
+pub use peers::PeerLimits;
 pub use volume::{
     VolumeBackend, VolumeManager, VolumeOutcome, VolumeReply, VolumeRequest, VolumeWork,
 };

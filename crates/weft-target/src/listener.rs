@@ -3,6 +3,7 @@
 //! target they all serve, whose exports an update replaces while serving.
 
 use crate::exports::Exports;
+use crate::peers::{ConnectionCounts, PeerLimits};
 use crate::reactor::{Message, ReactorHandle};
 use std::io;
 use std::net::{SocketAddr, TcpListener};
@@ -47,13 +48,15 @@ pub enum StartError {
 
 impl DataPlane {
     /// Binds every address, starts `reactors` reactor threads serving
-    /// `exports` and the accepting threads. After any activity a reactor polls
-    /// for `poll_window` before it sleeps (zero: purely interrupt driven).
+    /// `exports` and the accepting threads, which hold each listener's
+    /// connections to `peer_limits`. After any activity a reactor polls for
+    /// `poll_window` before it sleeps (zero: purely interrupt driven).
     pub fn start(
         exports: Arc<Exports>,
         addresses: &[SocketAddr],
         reactors: usize,
         poll_window: Duration,
+        peer_limits: PeerLimits,
     ) -> Result<DataPlane, StartError> {
         assert!(reactors > 0, "at least one reactor");
         let listeners = addresses
@@ -86,9 +89,10 @@ impl DataPlane {
         let reactors = Arc::new(handles);
         for listener in listeners {
             let reactors = Arc::clone(&reactors);
+            let counts = ConnectionCounts::new(peer_limits);
             std::thread::Builder::new()
                 .name("weft-accept".into())
-                .spawn(move || accept_loop(listener, &reactors))
+                .spawn(move || accept_loop(listener, &reactors, &counts))
                 .map_err(StartError::Reactor)?;
         }
         Ok(DataPlane {
@@ -140,12 +144,17 @@ impl DataPlane {
     }
 }
 
-fn accept_loop(listener: TcpListener, reactors: &[ReactorHandle]) {
+fn accept_loop(listener: TcpListener, reactors: &[ReactorHandle], counts: &Arc<ConnectionCounts>) {
     let mut next = 0;
     loop {
         match listener.accept() {
             Ok((stream, address)) => {
-                reactors[next % reactors.len()].send(Message::Connection(stream, address));
+                // Over a limit: closed at once (the stream drops), logged by `admit`.
+                let Ok(admission) = counts.admit(address) else {
+                    continue;
+                };
+                let message = Message::Connection(stream, address, admission);
+                reactors[next % reactors.len()].send(message);
                 next += 1;
             }
             Err(error) => {

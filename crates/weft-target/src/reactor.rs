@@ -18,6 +18,7 @@
 use crate::exports::{Backend, Exports, NamespaceDevice};
 use crate::health::FailedOperation;
 use crate::meter::{IoClass, LocalStats, Meter};
+use crate::peers::PeerAdmission;
 use crate::volume::{Piece, VolumeBackend, VolumeOutcome, VolumeReply, VolumeRequest, VolumeWork};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -39,8 +40,8 @@ use weft_uring::{Completion, IoBuf, Op, Returned, Ring, SendBatch};
 /// What other threads tell a reactor.
 #[derive(Debug)]
 pub(crate) enum Message {
-    /// Serve this accepted connection.
-    Connection(TcpStream, SocketAddr),
+    /// Serve this accepted connection (its place under the peer limits goes with it).
+    Connection(TcpStream, SocketAddr, PeerAdmission),
     /// Serve these exports from now on.
     Exports(Arc<Exports>),
     /// The volume manager's answer to a slow-path request.
@@ -253,6 +254,8 @@ struct Peer {
     subsystem: Option<usize>,
     ops_in_flight: u32,
     closing: bool,
+    /// Its place under the listener's connection limits, given back on release.
+    _admission: PeerAdmission,
 }
 
 /// A reactor's statistics of one meter, with the meter to publish them to.
@@ -517,7 +520,9 @@ impl Reactor {
     fn accept_messages(&mut self) {
         while let Ok(message) = self.inbox.try_recv() {
             match message {
-                Message::Connection(stream, address) => self.add_connection(stream, address),
+                Message::Connection(stream, address, admission) => {
+                    self.add_connection(stream, address, admission)
+                }
                 Message::Exports(exports) => self.swap_exports(exports),
                 Message::VolumeDone {
                     connection,
@@ -530,7 +535,7 @@ impl Reactor {
         }
     }
 
-    fn add_connection(&mut self, stream: TcpStream, address: SocketAddr) {
+    fn add_connection(&mut self, stream: TcpStream, address: SocketAddr, admission: PeerAdmission) {
         let limits = self.exports.config.limits;
         let buffers = IoBuf::new(RECEIVE_BUFFER_BYTES)
             .and_then(|receive| Ok((receive, IoBuf::new(STAGING_BYTES)?)));
@@ -546,6 +551,8 @@ impl Reactor {
         }
         let slots = usize::from(limits.queue_entries_max);
         let mut protocol = Connection::new(Arc::clone(&self.target));
+        // Starts the setup deadline (ICReq, then Connect) at accept.
+        protocol.handle_timeout(self.now());
         // The target may already hold a newer configuration whose exports are
         // still on their way here: serve this reactor's, like every other
         // connection here, until they arrive.
@@ -576,6 +583,7 @@ impl Reactor {
             subsystem: None,
             ops_in_flight: 0,
             closing: false,
+            _admission: admission,
         };
         let index = match self.free.pop() {
             Some(index) => {

@@ -17,7 +17,7 @@ use weft_proto::types::Nsid;
 use weft_proto::{Limits, TargetConfig};
 use weft_storage::faults::{FaultSwitches, FaultyDevice};
 use weft_storage::{BlockDevice, FileDevice};
-use weft_target::{Backend, DataPlane, Exports, Health, NamespaceDevice};
+use weft_target::{Backend, DataPlane, Exports, Health, NamespaceDevice, PeerLimits};
 
 const BYTES: u64 = 8 << 20;
 
@@ -70,6 +70,7 @@ fn start(name: &str) -> (DataPlane, Arc<FaultSwitches>, Arc<Health>) {
         &["127.0.0.1:0".parse().unwrap()],
         1,
         Duration::ZERO,
+        PeerLimits::DEFAULT,
     )
     .unwrap();
     (plane, switches, health)

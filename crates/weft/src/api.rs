@@ -19,8 +19,9 @@ use serde_json::{json, Value};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use weft_http::{self as http, Request};
 use weft_target::DataPlane;
 use weft_volume::{VolumeError, VolumeSpec};
@@ -68,6 +69,15 @@ struct Api {
     started: Instant,
 }
 
+/// How much of the node the API's clients may hold.
+#[derive(Debug, Clone, Copy)]
+pub struct ApiLimits {
+    /// Connections served at once; more are answered 503 at once.
+    pub connections: u32,
+    /// Time a client has to send its whole request.
+    pub request_timeout: Duration,
+}
+
 /// Binds `address` and serves the API on a thread; returns the bound address.
 pub fn start(
     address: SocketAddr,
@@ -75,6 +85,7 @@ pub fn start(
     manager: ManagerHandle,
     plane: Arc<DataPlane>,
     token: String,
+    limits: ApiLimits,
 ) -> Result<SocketAddr, String> {
     let listener = TcpListener::bind(address).map_err(|e| {
         format!("cannot listen on {address} for the API: {e} (choose another with --api-listen)")
@@ -86,17 +97,24 @@ pub fn start(
         token,
         started: Instant::now(),
     });
+    let busy = Arc::new(BusyCount::default());
     std::thread::Builder::new()
         .name("weft-api".into())
         .spawn(move || {
             for stream in listener.incoming().flatten() {
+                let Some(call) = busy.enter(limits.connections) else {
+                    refuse_busy(stream, limits.connections);
+                    continue;
+                };
+                let Ok(stream) = http::DeadlineStream::new(stream, limits.request_timeout) else {
+                    continue;
+                };
                 let api = Arc::clone(&api);
                 let tls = tls.clone();
                 let _ = std::thread::Builder::new()
                     .name("weft-api-call".into())
                     .spawn(move || {
-                        // A client that stops sending does not hold a thread forever.
-                        let _ = stream.set_read_timeout(Some(std::time::Duration::from_secs(10)));
+                        let _call = call;
                         match tls {
                             None => serve_connection(stream, &api),
                             Some(tls) => serve_tls_connection(stream, &tls, &api),
@@ -108,9 +126,57 @@ pub fn start(
     Ok(bound)
 }
 
+/// API connections being served, and whether the limit was reached (to log
+/// it once per episode, not once per refused client).
+#[derive(Debug, Default)]
+struct BusyCount {
+    active: AtomicU32,
+    refusing: AtomicBool,
+}
+
+/// One connection being served; its place is given back when it drops.
+struct BusyCall(Arc<BusyCount>);
+
+impl BusyCount {
+    fn enter(self: &Arc<Self>, limit: u32) -> Option<BusyCall> {
+        if self.active.fetch_add(1, Ordering::AcqRel) >= limit {
+            self.active.fetch_sub(1, Ordering::AcqRel);
+            if !self.refusing.swap(true, Ordering::AcqRel) {
+                log::warn!("API: {limit} connections are being served, the limit (limits.api_connections in weft.toml); answering 503 until some finish");
+            }
+            return None;
+        }
+        self.refusing.store(false, Ordering::Release);
+        Some(BusyCall(Arc::clone(self)))
+    }
+}
+
+impl Drop for BusyCall {
+    fn drop(&mut self) {
+        self.0.active.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Answers a client over the connection limit with 503 (plain HTTP, best
+/// effort, without waiting for its request).
+fn refuse_busy(mut stream: std::net::TcpStream, limit: u32) {
+    // What the client sent already is read first: closing a socket with
+    // unread data resets it, and the client could lose the answer.
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(20)));
+    let _ = stream.read(&mut [0u8; 4096]);
+    let _ = stream.set_write_timeout(Some(Duration::from_millis(100)));
+    let (status, body) = failure(
+        503,
+        "busy",
+        &format!("the node is serving {limit} API connections, its limit"),
+        "retry in a moment; raise limits.api_connections in weft.toml if this is normal load",
+    );
+    let _ = http::write_response(&mut stream, status, http::JSON, body.to_string().as_bytes());
+}
+
 /// A connection to the TLS API: plain HTTP (a first byte that cannot start a
 /// TLS handshake record, 16h) is answered in plain HTTP, naming the fix.
-fn serve_tls_connection(mut stream: std::net::TcpStream, tls: &http::tls::Server, api: &Api) {
+fn serve_tls_connection(mut stream: http::DeadlineStream, tls: &http::tls::Server, api: &Api) {
     let mut first = [0u8; 1];
     if matches!(stream.peek(&mut first), Ok(1) if first[0] != 0x16) {
         let (status, body) = failure(
@@ -578,7 +644,7 @@ fn admin_failure(error: &AdminError) -> Response {
             VolumeError::Failed { .. } => (
                 503,
                 "pool_failed",
-                "restart weft to reopen the pool at its last committed state",
+                "check the pool's devices, then run weft pool clear-failure POOL",
             ),
             VolumeError::Corrupt(_) => (500, "corrupt", "restore the pool's devices"),
         },
@@ -593,6 +659,7 @@ fn admin_failure(error: &AdminError) -> Response {
             "store",
             "check the data directory (disk full, permissions) and weft's log",
         ),
+        AdminError::ManagerBusy { .. } => (503, "busy", "retry in a moment"),
         AdminError::Node(_) => (500, "node", "check weft's log"),
     };
     failure(status, code, &message, hint)

@@ -3,6 +3,7 @@
 //! what is expected, and its translation into the data plane's exports.
 
 use crate::identity::NodeId;
+use crate::limits::{LimitsFile, NodeLimits};
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -11,7 +12,7 @@ use weft_proto::target::{
     AddressFamily, HostAccess, ListenerConfig, NamespaceConfig, SubsystemConfig,
 };
 use weft_proto::types::Nsid;
-use weft_proto::{Limits, TargetConfig};
+use weft_proto::TargetConfig;
 use weft_storage::{BlockDevice, FileDevice, RamDevice};
 use weft_target::{Exports, NamespaceDevice};
 
@@ -34,7 +35,11 @@ pub struct ConfigError {
 }
 
 impl ConfigError {
-    fn new(origin: &str, field: impl Into<String>, message: impl Into<String>) -> ConfigError {
+    pub(crate) fn new(
+        origin: &str,
+        field: impl Into<String>,
+        message: impl Into<String>,
+    ) -> ConfigError {
         ConfigError {
             origin: origin.to_string(),
             field: field.into(),
@@ -53,6 +58,8 @@ struct ConfigFile {
     api_tls_cert: Option<PathBuf>,
     api_tls_key: Option<PathBuf>,
     reactors: Option<usize>,
+    #[serde(default)]
+    limits: LimitsFile,
     #[serde(default)]
     subsystem: Vec<SubsystemFile>,
 }
@@ -105,6 +112,8 @@ pub struct ServeConfig {
     pub api_tls: Option<(PathBuf, PathBuf)>,
     /// Reactor threads.
     pub reactors: usize,
+    /// What network peers may hold.
+    pub limits: NodeLimits,
     /// Subsystems.
     pub subsystems: Vec<SubsystemSpec>,
 }
@@ -158,6 +167,7 @@ impl ServeConfig {
             api_token_file: None,
             api_tls: None,
             reactors: default_reactors(),
+            limits: NodeLimits::default(),
             subsystems: vec![SubsystemSpec {
                 nqn: DEFAULT_NQN.to_string(),
                 model: "weft".to_string(),
@@ -243,6 +253,7 @@ fn validate(file: ConfigFile, origin: &str) -> Result<ServeConfig, ConfigError> 
             ))
         }
     };
+    let limits = file.limits.validate(origin)?;
     let reactors = file.reactors.unwrap_or_else(default_reactors);
     if !(1..=256).contains(&reactors) {
         return Err(ConfigError::new(
@@ -278,6 +289,7 @@ fn validate(file: ConfigFile, origin: &str) -> Result<ServeConfig, ConfigError> 
         api_token_file: file.api_token_file,
         api_tls,
         reactors,
+        limits,
         subsystems,
     })
 }
@@ -502,7 +514,7 @@ pub fn build_exports(config: &ServeConfig, node: &NodeId) -> Result<Arc<Exports>
     let target_config = TargetConfig {
         subsystems,
         listeners,
-        limits: Limits::DEFAULT,
+        limits: config.limits.protocol,
         discovery_serial: node.serial(weft_proto::target::DISCOVERY_NQN),
         generation: 1,
     };

@@ -9,6 +9,7 @@ mod bench;
 mod cli;
 mod config;
 mod identity;
+mod limits;
 mod logger;
 mod metrics;
 mod token;
@@ -309,7 +310,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     let base = config::build_exports(&config, &node)?;
     let store = weft_control::EmbeddedStore::open(&config.data_dir).map_err(|e| e.to_string())?;
     let desired = weft_control::DesiredState::new(Box::new(store), &identity::hex(&node.0));
-    let mut manager = volumes::Manager::open(desired, node, base)?;
+    let mut manager = volumes::Manager::open(desired, node, base, config.limits.manager_queue)?;
     let exports = manager.exports();
     let plane = Arc::new(
         DataPlane::start(
@@ -317,6 +318,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
             &config.listen,
             config.reactors,
             std::time::Duration::from_micros(args.poll_us),
+            config.limits.peers,
         )
         .map_err(|e| e.to_string())?,
     );
@@ -349,6 +351,10 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         handle.clone(),
         Arc::clone(&plane),
         api_token.clone(),
+        api::ApiLimits {
+            connections: config.limits.api_connections,
+            request_timeout: config.limits.api_request_timeout,
+        },
     )?;
     let new_token = token_created.then_some(api_token.as_str());
     print_banner(

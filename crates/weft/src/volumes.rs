@@ -17,7 +17,8 @@ use crate::identity::NodeId;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
-use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
 use std::sync::Arc;
 use weft_control::{DesiredState, HostRecord, PoolRecord, QosLimits, StoreError, VolumeRecord};
 use weft_proto::auth::{DhchapSecret, HostKeys};
@@ -291,6 +292,12 @@ pub enum AdminError {
     /// The desired state could not be read or written.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The volume manager's queue is full.
+    #[error("the node is busy: its volume manager has {queue} requests queued, its limit; retry in a moment")]
+    ManagerBusy {
+        /// The queue's limit.
+        queue: u32,
+    },
     /// The node's own files failed.
     #[error("{0}")]
     Node(String),
@@ -408,16 +415,27 @@ enum Work {
     Admin(AdminOp, Sender<Result<AdminReply, AdminError>>),
 }
 
-/// A handle to the manager thread: the data plane's slow path and the API's admin calls.
+/// A handle to the manager thread: the data plane's slow path and the API's
+/// admin calls. Its queue is bounded (`limits.manager_queue`): a reactor never
+/// waits for room (the I/O is answered "not ready", which a host retries),
+/// nor does an admin call (it is refused as busy).
 #[derive(Debug, Clone)]
 pub struct ManagerHandle {
-    sender: Sender<Work>,
+    sender: SyncSender<Work>,
+    queue: u32,
+    /// The queue was full at the last attempt (logged once per episode).
+    full: Arc<AtomicBool>,
 }
 
 impl VolumeManager for ManagerHandle {
     fn submit(&self, request: VolumeRequest) {
-        if let Err(mpsc::SendError(Work::Io(request))) = self.sender.send(Work::Io(request)) {
-            request.reply.send(VolumeOutcome::Done(Err(IoError::Other)));
+        let (work, error) = match self.try_send(Work::Io(request)).map_err(|e| *e) {
+            Ok(()) => return,
+            Err(mpsc::TrySendError::Full(work)) => (work, IoError::Busy),
+            Err(mpsc::TrySendError::Disconnected(work)) => (work, IoError::Other),
+        };
+        if let Work::Io(request) = work {
+            request.reply.send(VolumeOutcome::Done(Err(error)));
         }
     }
 }
@@ -426,12 +444,42 @@ impl ManagerHandle {
     /// Runs an admin operation and waits for its result.
     pub fn call(&self, op: AdminOp) -> Result<AdminReply, AdminError> {
         let (reply, result) = mpsc::channel();
-        self.sender
-            .send(Work::Admin(op, reply))
-            .map_err(|_| AdminError::Node("the volume manager has stopped".into()))?;
+        match self.try_send(Work::Admin(op, reply)).map_err(|e| *e) {
+            Ok(()) => {}
+            Err(mpsc::TrySendError::Full(_)) => {
+                return Err(AdminError::ManagerBusy { queue: self.queue })
+            }
+            Err(mpsc::TrySendError::Disconnected(_)) => {
+                return Err(AdminError::Node("the volume manager has stopped".into()))
+            }
+        }
         result
             .recv()
             .map_err(|_| AdminError::Node("the volume manager has stopped".into()))?
+    }
+
+    /// Queues `work` without waiting; a full queue is logged once until it
+    /// has room again. The work comes back (boxed: only on refusal) with why.
+    fn try_send(&self, work: Work) -> Result<(), Box<mpsc::TrySendError<Work>>> {
+        match self.sender.try_send(work) {
+            Ok(()) => {
+                if self.full.load(Ordering::Relaxed) {
+                    self.full.store(false, Ordering::Release);
+                    log::info!("the volume manager's queue has room again");
+                }
+                Ok(())
+            }
+            Err(error) => {
+                let full = matches!(error, mpsc::TrySendError::Full(_));
+                if full && !self.full.swap(true, Ordering::AcqRel) {
+                    log::warn!(
+                        "the volume manager has {} requests queued, its limit (limits.manager_queue in weft.toml): I/O that needs it is answered Namespace Not Ready (hosts retry) and admin calls busy until it catches up",
+                        self.queue
+                    );
+                }
+                Err(Box::new(error))
+            }
+        }
     }
 }
 
@@ -454,11 +502,12 @@ pub struct Manager {
 
 impl Manager {
     /// Opens every pool the desired state lists. `base` holds the configured
-    /// (non-volume) subsystems.
+    /// (non-volume) subsystems; at most `queue` requests wait for the manager.
     pub fn open(
         desired: DesiredState,
         node: NodeId,
         base: Arc<Exports>,
+        queue: u32,
     ) -> Result<Manager, String> {
         let mut pools = BTreeMap::new();
         for (name, record) in desired.pools().map_err(|e| e.to_string())? {
@@ -477,7 +526,7 @@ impl Manager {
             .keys()
             .map(|name| (name.clone(), Arc::default()))
             .collect();
-        let (sender, inbox) = mpsc::channel();
+        let (sender, inbox) = mpsc::sync_channel(queue as usize);
         let generation = base.config.generation;
         Ok(Manager {
             node,
@@ -486,7 +535,11 @@ impl Manager {
             health,
             desired,
             meters: BTreeMap::new(),
-            handle: ManagerHandle { sender },
+            handle: ManagerHandle {
+                sender,
+                queue,
+                full: Arc::default(),
+            },
             inbox,
             generation,
             deferred: VecDeque::new(),
@@ -1423,4 +1476,49 @@ fn nonce() -> [u8; 16] {
         .map_or(0, |d| d.as_nanos());
     bytes.copy_from_slice(&now.to_le_bytes());
     bytes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use weft_proto::target::{AddressFamily, ListenerConfig};
+
+    /// A manager with no pools whose thread is not running, queue of `queue`.
+    fn idle_manager(queue: u32) -> Manager {
+        let desired = DesiredState::new(Box::new(weft_control::MemoryStore::default()), "n1");
+        let config = TargetConfig {
+            subsystems: Vec::new(),
+            listeners: vec![ListenerConfig {
+                port_id: 1,
+                family: AddressFamily::Ipv4,
+                address: "127.0.0.1".into(),
+                service: "4420".into(),
+            }],
+            limits: weft_proto::Limits::DEFAULT,
+            discovery_serial: "d".into(),
+            generation: 1,
+        };
+        let base = Arc::new(Exports::new(Arc::new(config), Vec::new()));
+        Manager::open(desired, NodeId([7; 16]), base, queue).unwrap()
+    }
+
+    /// The queue is bounded: when it is full, an admin call is refused as
+    /// busy at once instead of waiting (or growing the queue without limit).
+    #[test]
+    fn a_full_manager_queue_refuses_instead_of_growing() {
+        let manager = idle_manager(2);
+        let handle = manager.handle();
+        let (reply, _answers) = mpsc::channel();
+        for _ in 0..2 {
+            handle
+                .try_send(Work::Admin(AdminOp::ListPools, reply.clone()))
+                .unwrap();
+        }
+        let error = handle.call(AdminOp::ListPools).unwrap_err();
+        assert!(
+            matches!(error, AdminError::ManagerBusy { queue: 2 }),
+            "{error}"
+        );
+        assert!(error.to_string().contains("retry in a moment"), "{error}");
+    }
 }

@@ -670,3 +670,49 @@ fn pools_are_shown_per_device_deleted_when_empty_and_failures_cleared_on_purpose
     assert_eq!(call(&node, "GET", "/api/v1/pools", None, 200), json!([]));
     call(&node, "POST", "/api/v1/pools", Some(pool), 201);
 }
+
+/// The API's limits from weft.toml: a client that trickles its request is
+/// cut off at the request deadline, and connections over the limit are
+/// answered 503 at once while the others are served.
+#[test]
+fn the_api_limits_connections_and_the_time_to_send_a_request() {
+    use std::io::{Read, Write};
+    let dir = temp_dir("api-limits");
+    let config = dir.join("weft.toml");
+    std::fs::write(
+        &config,
+        "[limits]\napi_connections = 2\napi_request_timeout_ms = 600\n\n\
+         [[subsystem]]\nnqn = \"nqn.2026-11.io.weft:limits\"\n\
+         [[subsystem.namespace]]\nbackend = \"ram\"\nsize = \"1MiB\"\n",
+    )
+    .unwrap();
+    let node = start_node(&dir.join("data"), &["--config", config.to_str().unwrap()]);
+    // A slow client: one byte every 100 ms never finishes its request line.
+    let started = std::time::Instant::now();
+    let mut slow = std::net::TcpStream::connect(&node.api).unwrap();
+    let mut answer = String::new();
+    for byte in b"GET /api/v1/pools HTTP/1.1\r\n".iter().cycle().take(40) {
+        if slow.write_all(&[*byte]).is_err() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let _ = slow.read_to_string(&mut answer);
+    assert!(started.elapsed() < std::time::Duration::from_secs(3));
+    assert!(
+        answer.contains("400") && answer.contains("longer than the server allows"),
+        "{answer}"
+    );
+    drop(slow);
+    // Two idle connections hold both places; a third is told the node is busy.
+    let idle: Vec<_> = (0..2)
+        .map(|_| std::net::TcpStream::connect(&node.api).unwrap())
+        .collect();
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let (status, error) = api(&node, Some(&node.token), "GET", "/api/v1/pools", None);
+    assert_eq!((status, code(&error)), (503, "busy"), "{error}");
+    drop(idle);
+    // Their places come back when they are cut off or close.
+    std::thread::sleep(std::time::Duration::from_millis(800));
+    call(&node, "GET", "/api/v1/pools", None, 200);
+}

@@ -17,7 +17,7 @@ use weft_proto::testing::{self, ReceivedPdu, TEST_NQN};
 use weft_proto::types::Nsid;
 use weft_proto::{Limits, TargetConfig};
 use weft_storage::{BlockDevice, FileDevice, RamDevice};
-use weft_target::{Backend, DataPlane, Exports, NamespaceDevice};
+use weft_target::{Backend, DataPlane, Exports, NamespaceDevice, PeerLimits};
 
 pub const RAM_BYTES: u64 = 16 << 20;
 pub const FILE_BYTES: u64 = 16 << 20;
@@ -32,6 +32,11 @@ pub fn start(name: &str) -> SocketAddr {
 
 /// Starts a data plane and hands it over, so that the test can update its exports.
 pub fn start_plane(name: &str) -> DataPlane {
+    start_plane_with(name, PeerLimits::DEFAULT)
+}
+
+/// [`start_plane`] with its listener's connection limits.
+pub fn start_plane_with(name: &str, peer_limits: PeerLimits) -> DataPlane {
     let dir = std::env::temp_dir().join(format!("weft-data-plane-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let ram: Arc<dyn BlockDevice> = Arc::new(RamDevice::new(RAM_BYTES, 512).unwrap());
@@ -90,6 +95,7 @@ pub fn start_plane(name: &str) -> DataPlane {
         &["127.0.0.1:0".parse().unwrap()],
         2,
         Duration::from_micros(poll_us),
+        peer_limits,
     )
     .unwrap()
 }
