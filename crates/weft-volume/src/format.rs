@@ -311,9 +311,8 @@ impl Superblock {
     /// that never grew is written in version 1 (older builds open it).
     pub fn encode(&self) -> Vec<u8> {
         let layout = &self.layout;
-        let version_1 = self.generation == 0
-            && layout.groups().len() == 1
-            && layout.groups()[0].tag == 0;
+        let version_1 =
+            self.generation == 0 && layout.groups().len() == 1 && layout.groups()[0].tag == 0;
         let mut e = Encoder::new();
         e.bytes(&SUPERBLOCK_MAGIC);
         e.u32(if version_1 { 1 } else { FORMAT_VERSION });
@@ -597,7 +596,11 @@ mod tests {
         let new = old.grow(3, 128 << 20, 7).unwrap();
         assert_eq!(new.members, 5);
         assert_eq!(new.groups().len(), 2);
-        assert_eq!(new.groups()[1].chunks_per_member, 124, "128 MiB - 4 MiB metadata");
+        assert_eq!(
+            new.groups()[1].chunks_per_member,
+            124,
+            "128 MiB - 4 MiB metadata"
+        );
         assert_eq!(new.chunks(), 504 + 3 * 124);
         for chunk in 0..old.chunks() {
             assert_eq!(new.locate(chunk), old.locate(chunk), "chunk {chunk} moved");
@@ -609,7 +612,10 @@ mod tests {
         assert_eq!(new.member_bytes_needed(1), 256 << 20);
         assert_eq!(new.member_bytes_needed(4), 128 << 20);
         assert!(old.is_prefix_of(&new) && !new.is_prefix_of(&old));
-        assert!(!old.grow(3, 128 << 20, 8).unwrap().is_prefix_of(&new), "another tag");
+        assert!(
+            !old.grow(3, 128 << 20, 8).unwrap().is_prefix_of(&new),
+            "another tag"
+        );
         assert_eq!(new.metadata_copies(), 3);
     }
 
@@ -649,7 +655,10 @@ mod tests {
         bad[groups_at + 10] = 3; // group 0 claims 3 members: 6 in all, not 5
         let crc = crc32c::crc32c(&bad[..SUPERBLOCK_BYTES - 4]);
         bad[SUPERBLOCK_BYTES - 4..].copy_from_slice(&crc.to_le_bytes());
-        assert!(matches!(Superblock::decode(&bad), Err(FormatError::Malformed(_))));
+        assert!(matches!(
+            Superblock::decode(&bad),
+            Err(FormatError::Malformed(_))
+        ));
         let v1 = superblock().encode();
         assert_eq!(hex(&v1[8..12]), "01000000");
         assert_eq!(Superblock::decode(&v1).unwrap().layout.groups().len(), 1);

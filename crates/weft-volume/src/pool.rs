@@ -240,11 +240,9 @@ impl<M: Media> Pool<M> {
             self.superblock.generation
         );
         let superblock = self.superblock.clone();
-        write_superblocks(&mut self.media, &superblock, members).map_err(|source| {
-            VolumeError::Io {
-                context: format!("pool {}: rewriting superblocks", self.name()),
-                source,
-            }
+        write_superblocks(&mut self.media, &superblock, members).map_err(|source| VolumeError::Io {
+            context: format!("pool {}: rewriting superblocks", self.name()),
+            source,
         })
     }
 
@@ -276,7 +274,10 @@ impl<M: Media> Pool<M> {
         self.check_usable()?;
         let old = *self.layout();
         if devices.is_empty() {
-            return Err(VolumeError::invalid("device list", "give 1 or more devices to add"));
+            return Err(VolumeError::invalid(
+                "device list",
+                "give 1 or more devices to add",
+            ));
         }
         if usize::from(old.members) + devices.len() > MEMBERS_MAX {
             return Err(VolumeError::Limit(format!(
@@ -301,7 +302,11 @@ impl<M: Media> Pool<M> {
                         VolumeError::invalid(format!("device {}", added + 1), error.to_string())
                     }
                     _ => VolumeError::Io {
-                        context: format!("pool {}: opening device {} to add", self.name(), added + 1),
+                        context: format!(
+                            "pool {}: opening device {} to add",
+                            self.name(),
+                            added + 1
+                        ),
                         source: error,
                     },
                 });
@@ -387,7 +392,11 @@ impl<M: Media> Pool<M> {
                 if usize::from(copy.member) < first_new && copy.layout.is_prefix_of(&old) {
                     return Err(VolumeError::invalid(
                         format!("device {device}"),
-                        format!("it is device {} of pool {} already", copy.member + 1, self.name()),
+                        format!(
+                            "it is device {} of pool {} already",
+                            copy.member + 1,
+                            self.name()
+                        ),
                     ));
                 }
                 log::info!(
@@ -424,7 +433,8 @@ impl<M: Media> Pool<M> {
                     .write_at(member, layout.checkpoint_offset(slot), &checkpoint)?;
                 self.media
                     .write_at(member, layout.checkpoint_offset(1 - slot), &empty)?;
-                self.media.write_at(member, layout.journal_offset(), &empty)?;
+                self.media
+                    .write_at(member, layout.journal_offset(), &empty)?;
             }
         }
         for member in first_new..members {
@@ -434,7 +444,8 @@ impl<M: Media> Pool<M> {
             }
             .encode();
             self.media.write_at(member, 0, &block)?;
-            self.media.write_at(member, SUPERBLOCK_BYTES as u64, &block)?;
+            self.media
+                .write_at(member, SUPERBLOCK_BYTES as u64, &block)?;
         }
         for member in first_new..members {
             self.media.sync(member)?;
@@ -1372,7 +1383,13 @@ fn load<M: Media>(media: &mut M) -> Result<Loaded, VolumeError> {
     // The first copy wins a tie: ties only differ where none is newer.
     let best = copies
         .into_iter()
-        .reduce(|best, copy| if copy.sequence > best.sequence { copy } else { best })
+        .reduce(|best, copy| {
+            if copy.sequence > best.sequence {
+                copy
+            } else {
+                best
+            }
+        })
         .ok_or_else(|| {
             VolumeError::Corrupt(format!(
                 "pool {}: no readable metadata copy ({})",
@@ -1707,7 +1724,9 @@ mod tests {
     fn damage_metadata(media: &mut FaultyMedia, layout: &Layout, member: usize, byte: u8) {
         let start = layout.checkpoint_offset(0);
         let len = layout.journal_offset() + layout.journal_bytes - start;
-        media.write_at(member, start, &vec![byte; len as usize]).unwrap();
+        media
+            .write_at(member, start, &vec![byte; len as usize])
+            .unwrap();
         media.sync(member).unwrap();
     }
 
@@ -1763,5 +1782,162 @@ mod tests {
         assert!(gate.enter(), "the gate reopens after the delete");
         assert!(stale.is_retired(), "a stale reactor must not use the map");
         gate.leave();
+    }
+
+    const SMALL: usize = 16 << 20;
+
+    fn options(name: &str, uuid: u8) -> PoolOptions {
+        PoolOptions {
+            name: name.into(),
+            chunk_bytes: 1 << 20,
+            uuid: [uuid; 16],
+        }
+    }
+
+    fn blank(size: usize) -> FaultyMedia {
+        FaultyMedia::new(1, size, 11)
+    }
+
+    fn version(media: &mut FaultyMedia, member: usize, copy: u64) -> u8 {
+        let mut block = [0u8; 16];
+        media
+            .read_at(member, copy * SUPERBLOCK_BYTES as u64, &mut block)
+            .unwrap();
+        block[8]
+    }
+
+    /// A full one-device pool gains a device: the new units are allocatable at
+    /// once, old data stays where it was, and everything survives a reopen
+    /// (which also finds a second metadata copy on the new device).
+    #[test]
+    fn a_full_pool_grows_and_the_new_capacity_is_usable_at_once() {
+        let mut pool = Pool::create(FaultyMedia::new(1, SMALL, 3), options("g", 1)).unwrap();
+        let old_capacity = pool.info().capacity_bytes;
+        assert_eq!(old_capacity, 12 << 20, "16 MiB less 4 MiB of metadata");
+        let spec = VolumeSpec {
+            name: "v".into(),
+            size_bytes: 64 << 20,
+            block_size: 4096,
+            thick: false,
+        };
+        pool.create_volume(&spec).unwrap();
+        let fill = |pool: &mut Pool<FaultyMedia>, from: u64, to: u64| {
+            for at in (from..to).step_by(1 << 20) {
+                pool.write("v", at, &[(at >> 20) as u8 + 1; 4096])?;
+            }
+            Ok::<(), VolumeError>(())
+        };
+        fill(&mut pool, 0, old_capacity).unwrap();
+        let full = fill(&mut pool, old_capacity, old_capacity + (1 << 20)).unwrap_err();
+        assert!(matches!(full, VolumeError::PoolFull { .. }), "{full}");
+        let stale_map = Arc::clone(&pool.volume("v").unwrap().map);
+        assert_eq!(
+            version(pool.media_mut(), 0, 0),
+            1,
+            "a pool that never grew is version 1"
+        );
+
+        pool.add_members(vec![blank(SMALL)]).unwrap();
+        assert!(
+            stale_map.is_retired(),
+            "reactors with the old layout must ask"
+        );
+        assert_eq!(pool.info().members, 2);
+        assert_eq!(pool.info().capacity_bytes, 2 * old_capacity);
+        assert_eq!(pool.layout().metadata_copies(), 2);
+        fill(&mut pool, old_capacity, 2 * old_capacity).unwrap();
+        let (member, _) = pool.layout().locate(pool.layout().chunks() - 1);
+        assert_eq!(member, 1, "the new units are on the new device");
+        pool.flush().unwrap();
+        for member in 0..2 {
+            for copy in 0..2 {
+                assert_eq!(version(pool.media_mut(), member, copy), 2);
+            }
+        }
+
+        let layout = *pool.layout();
+        let mut media = pool.into_media().crash();
+        damage_metadata(&mut media, &layout, 0, 0);
+        let mut pool = Pool::open(media).unwrap();
+        assert_eq!(*pool.layout(), layout);
+        for at in (0..2 * old_capacity).step_by(1 << 20) {
+            let mut back = [0u8; 4096];
+            pool.read("v", at, &mut back).unwrap();
+            assert!(back == [(at >> 20) as u8 + 1; 4096], "at {at}");
+        }
+    }
+
+    #[test]
+    fn adding_refuses_members_other_pools_small_devices_and_too_many() {
+        let mut pool = Pool::create(FaultyMedia::new(2, SMALL, 3), options("g", 1)).unwrap();
+        let mut other = Pool::create(FaultyMedia::new(1, SMALL, 4), options("other", 2))
+            .unwrap()
+            .into_media();
+        let message = |pool: &mut Pool<FaultyMedia>, device| {
+            pool.add_members(vec![device]).unwrap_err().to_string()
+        };
+        let error = message(&mut pool, other.take_last_member().unwrap());
+        assert!(error.contains("belongs to pool other"), "{error}");
+        let error = message(&mut pool, blank(4 << 20));
+        assert!(error.contains("no room for data"), "{error}");
+        let mut copy = blank(SMALL);
+        let mut block = vec![0u8; 2 * SUPERBLOCK_BYTES];
+        pool.media_mut().read_at(1, 0, &mut block).unwrap();
+        copy.write_at(0, 0, &block).unwrap();
+        let error = message(&mut pool, copy);
+        assert!(error.contains("device 2 of pool g already"), "{error}");
+        let many = (0..63).map(|_| blank(0)).collect();
+        let error = pool.add_members(many).unwrap_err();
+        assert!(matches!(error, VolumeError::Limit(_)), "{error}");
+        assert!(error.to_string().contains("64 at most"), "{error}");
+        assert_eq!(
+            pool.media().members(),
+            2,
+            "refused devices are closed again"
+        );
+        assert!(pool.failure().is_none());
+        pool.add_members(vec![blank(SMALL), blank(SMALL)]).unwrap();
+        assert_eq!(pool.layout().groups().len(), 2);
+        assert_eq!(pool.layout().members, 4);
+        Pool::open(pool.into_media()).unwrap();
+    }
+
+    /// A device whose superblock a growth wrote before it was cut short is
+    /// not a member: listed at open it is ignored, and it can be added again.
+    #[test]
+    fn a_device_left_by_an_interrupted_growth_is_ignored_and_can_be_added_again() {
+        let mut pool = Pool::create(FaultyMedia::new(1, SMALL, 3), options("g", 1)).unwrap();
+        pool.create_volume(&VolumeSpec {
+            name: "v".into(),
+            size_bytes: 4 << 20,
+            block_size: 4096,
+            thick: false,
+        })
+        .unwrap();
+        pool.write("v", 0, &[7; 4096]).unwrap();
+        pool.flush().unwrap();
+        // Fail the first write to an old member: the new device is written.
+        pool.media_mut().fail_after_writes(5);
+        assert!(pool.add_members(vec![blank(SMALL)]).is_err());
+        assert!(pool.failure().is_some(), "the growth is in doubt");
+        let mut media = pool.into_media().crash();
+        assert_eq!(media.members(), 2);
+        assert_eq!(
+            version(&mut media, 1, 0),
+            2,
+            "the new device has its superblock"
+        );
+        let mut pool = Pool::open(media).unwrap();
+        assert_eq!(pool.layout().members, 1, "not committed: the old pool");
+        let leftover = pool.media_mut().take_last_member().unwrap();
+        pool.add_members(vec![leftover]).unwrap();
+        assert_eq!(pool.layout().members, 2);
+        let mut back = [0u8; 4096];
+        pool.read("v", 0, &mut back).unwrap();
+        assert!(back == [7; 4096]);
+        let mut pool = Pool::open(pool.into_media().crash()).unwrap();
+        assert_eq!(pool.layout().members, 2);
+        pool.read("v", 0, &mut back).unwrap();
+        assert!(back == [7; 4096], "data written before the growth survives");
     }
 }

@@ -204,9 +204,8 @@ impl Media for FaultyMedia {
 
     fn add_member(&mut self, device: FaultyMedia) -> io::Result<()> {
         self.check_alive()?;
-        let [member] = <[Member; 1]>::try_from(device.members).map_err(|_| {
-            io::Error::new(io::ErrorKind::InvalidInput, "add one device at a time")
-        })?;
+        let [member] = <[Member; 1]>::try_from(device.members)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "add one device at a time"))?;
         self.members.push(member);
         Ok(())
     }
