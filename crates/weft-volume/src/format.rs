@@ -1,15 +1,19 @@
-//! The pool's on-disk format, version 1 (docs/VOLUME-FORMAT.md describes it
-//! for humans; this module is the normative encoder and decoder).
+//! The pool's on-disk format, versions 1 and 2 (docs/VOLUME-FORMAT.md
+//! describes it for humans; this module is the normative encoder and decoder).
 //!
 //! Every member device starts with a metadata region of `meta_bytes`
 //! (a multiple of the allocation unit); data chunks follow. The region holds
-//! two copies of the superblock on every member and, on member 0 only, two
-//! checkpoint slots and the journal:
+//! two copies of the superblock on every member and, on the first three
+//! members, two checkpoint slots and the journal:
 //!
 //! ```text
 //! 0        4 KiB     8 KiB   64 KiB          +checkpoint_bytes   +checkpoint_bytes   +journal_bytes
 //! | super A | super B | ...  | checkpoint 0   | checkpoint 1      | journal (records) | (pad) | chunks...
 //! ```
+//!
+//! The chunks are striped over groups of members, one after the other: the
+//! devices the pool was created on, then those of each growth (version 2
+//! superblocks list the groups and a generation number).
 //!
 //! Superblocks, checkpoints and journal records each carry a CRC-32C, and
 //! checkpoints and records carry the pool UUID and a sequence number, so a
@@ -19,8 +23,9 @@
 use crate::codec::{Decoder, Encoder};
 use thiserror::Error;
 
-/// Format version written by this code and the only one it opens.
-pub const FORMAT_VERSION: u32 = 1;
+/// Newest format version: written once a pool has grown (a pool that never
+/// grew is written in version 1). This code opens versions 1 and 2.
+pub const FORMAT_VERSION: u32 = 2;
 /// Superblock magic.
 pub const SUPERBLOCK_MAGIC: [u8; 8] = *b"WEFTPOOL";
 /// Journal record magic.
@@ -50,7 +55,7 @@ pub enum FormatError {
     #[error("checksum mismatch")]
     BadChecksum,
     /// Written by a newer (or unknown) format version.
-    #[error("format version {0} is not supported (this weft reads version 1)")]
+    #[error("format version {0} is not supported (this weft reads versions 1 and 2)")]
     UnsupportedVersion(u32),
     /// Belongs to another pool (a stale block from a pool created earlier on the same device).
     #[error("belongs to another pool")]
@@ -62,15 +67,52 @@ pub enum FormatError {
 
 /// Copies of a pool's metadata at most (see [`Layout::metadata_copies`]).
 pub const METADATA_COPIES_MAX: usize = 3;
+/// Members of a pool at most; also the most stripe groups it can have.
+pub const MEMBERS_MAX: usize = 64;
 
-/// Sizes of the pool's regions, fixed at creation.
+/// Members added together and the chunks striped over them. A pool's chunk
+/// space is its groups one after the other: group 0 is the devices the pool
+/// was created on, each growth appends one, so no existing chunk ever moves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Group {
+    /// Number of the group's first chunk (the chunks of the groups before it).
+    pub first_chunk: u32,
+    /// Data chunks on each member of the group.
+    pub chunks_per_member: u32,
+    /// Index of the group's first member (the members of the groups before it).
+    pub first_member: u16,
+    /// Members in the group (at least one).
+    pub members: u16,
+    /// Chosen when the group is added (0 for group 0): a device left over from
+    /// an interrupted growth carries another tag than the group that took its
+    /// place, so it is never mistaken for a member.
+    pub tag: u32,
+}
+
+impl Group {
+    const EMPTY: Group = Group {
+        first_chunk: 0,
+        chunks_per_member: 0,
+        first_member: 0,
+        members: 0,
+        tag: 0,
+    };
+
+    /// Chunks in the group.
+    pub fn chunks(&self) -> u32 {
+        self.chunks_per_member * u32::from(self.members)
+    }
+}
+
+/// Sizes of the pool's regions (fixed at creation) and its stripe groups.
+///
+/// `Copy` and without heap memory: the data plane keeps one per volume and
+/// calls [`Layout::locate`] for every piece of every I/O.
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct Layout {
     /// Allocation unit in bytes (a power of two).
     pub chunk_bytes: u32,
-    /// Data chunks on each member.
-    pub chunks_per_member: u32,
-    /// Members (devices) the chunks are striped over.
+    /// Members (devices) in all groups.
     pub members: u16,
     /// Metadata region at the start of every member; data starts here.
     pub meta_bytes: u64,
@@ -78,6 +120,23 @@ pub struct Layout {
     pub checkpoint_bytes: u64,
     /// Bytes of the journal.
     pub journal_bytes: u64,
+    /// The first `group_count` are the groups; the rest stay `Group::EMPTY`
+    /// (so that equality compares only the groups).
+    groups: [Group; MEMBERS_MAX],
+    group_count: u8,
+}
+
+impl std::fmt::Debug for Layout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Layout")
+            .field("chunk_bytes", &self.chunk_bytes)
+            .field("members", &self.members)
+            .field("meta_bytes", &self.meta_bytes)
+            .field("checkpoint_bytes", &self.checkpoint_bytes)
+            .field("journal_bytes", &self.journal_bytes)
+            .field("groups", &self.groups())
+            .finish()
+    }
 }
 
 impl Layout {
@@ -94,33 +153,85 @@ impl Layout {
             CHECKPOINTS_OFFSET + 2 * checkpoint_bytes + journal_bytes,
             chunk,
         );
-        let data_bytes = member_bytes.saturating_sub(meta_bytes);
-        let chunks_per_member = u32::try_from(data_bytes / chunk).unwrap_or(u32::MAX);
-        let total = u64::from(chunks_per_member) * u64::from(members);
-        if chunks_per_member == 0 {
-            return Err(format!(
-                "a device of {member_bytes} bytes leaves no room for data after {meta_bytes} bytes of metadata; use devices of at least {} bytes",
-                meta_bytes + chunk
-            ));
-        }
-        if total >= u64::from(u32::MAX) {
-            return Err(format!(
-                "{total} allocation units are more than a pool can address; choose a larger allocation unit"
-            ));
-        }
-        Ok(Layout {
+        let empty = Layout {
             chunk_bytes,
-            chunks_per_member,
-            members,
+            members: 0,
             meta_bytes,
             checkpoint_bytes,
             journal_bytes,
-        })
+            groups: [Group::EMPTY; MEMBERS_MAX],
+            group_count: 0,
+        };
+        empty.grow(members, member_bytes, 0)
+    }
+
+    /// This layout with a new group of `members` devices of at least
+    /// `member_bytes` each appended: its chunks are numbered after every
+    /// existing one, which keeps its place.
+    pub fn grow(&self, members: u16, member_bytes: u64, tag: u32) -> Result<Layout, String> {
+        let chunk = u64::from(self.chunk_bytes);
+        let total_members = usize::from(self.members) + usize::from(members);
+        if members == 0 || total_members > MEMBERS_MAX {
+            return Err(format!(
+                "a pool has at most {MEMBERS_MAX} devices ({} now, {members} to add)",
+                self.members
+            ));
+        }
+        let data_bytes = member_bytes.saturating_sub(self.meta_bytes);
+        let chunks_per_member = u32::try_from(data_bytes / chunk).unwrap_or(u32::MAX);
+        if chunks_per_member == 0 {
+            return Err(format!(
+                "a device of {member_bytes} bytes leaves no room for data after {} bytes of metadata; use devices of at least {} bytes",
+                self.meta_bytes,
+                self.meta_bytes + chunk
+            ));
+        }
+        let total = u64::from(self.chunks()) + u64::from(chunks_per_member) * u64::from(members);
+        if total >= u64::from(u32::MAX) {
+            return Err(format!(
+                "{total} allocation units are more than a pool can address (fewer than 2^32); choose a larger allocation unit or smaller devices"
+            ));
+        }
+        let mut layout = *self;
+        layout.groups[usize::from(self.group_count)] = Group {
+            first_chunk: self.chunks(),
+            chunks_per_member,
+            first_member: self.members,
+            members,
+            tag,
+        };
+        layout.group_count += 1;
+        layout.members += members;
+        Ok(layout)
+    }
+
+    /// The stripe groups, in chunk order.
+    pub fn groups(&self) -> &[Group] {
+        &self.groups[..usize::from(self.group_count)]
+    }
+
+    /// The group added last.
+    pub fn last_group(&self) -> &Group {
+        self.groups().last().expect("a layout has a group")
+    }
+
+    /// Whether `self` is `newer` before its last groups were added (the
+    /// layout an earlier generation of the same pool had).
+    pub fn is_prefix_of(&self, newer: &Layout) -> bool {
+        let groups = self.groups();
+        self.chunk_bytes == newer.chunk_bytes
+            && self.meta_bytes == newer.meta_bytes
+            && self.checkpoint_bytes == newer.checkpoint_bytes
+            && self.journal_bytes == newer.journal_bytes
+            && groups.len() <= newer.groups().len()
+            && groups == &newer.groups()[..groups.len()]
     }
 
     /// Chunks in the pool.
     pub fn chunks(&self) -> u32 {
-        self.chunks_per_member * u32::from(self.members)
+        self.groups()
+            .last()
+            .map_or(0, |g| g.first_chunk + g.chunks())
     }
 
     /// log2 of the allocation unit.
@@ -128,13 +239,19 @@ impl Layout {
         self.chunk_bytes.trailing_zeros()
     }
 
-    /// Member and byte offset of physical chunk `chunk`: chunks are striped
-    /// round-robin over the members.
+    /// Member and byte offset of physical chunk `chunk`: a binary search
+    /// for its group (at most 64), then round-robin over the group's members.
     pub fn locate(&self, chunk: u32) -> (usize, u64) {
         debug_assert!(chunk < self.chunks(), "chunk {chunk} beyond the pool");
-        let members = u32::from(self.members);
-        let member = (chunk % members) as usize;
-        let offset = self.meta_bytes + (u64::from(chunk / members) << self.chunk_shift());
+        let groups = self.groups();
+        let index = groups
+            .partition_point(|g| g.first_chunk <= chunk)
+            .saturating_sub(1);
+        let group = &groups[index];
+        let within = chunk - group.first_chunk;
+        let members = u32::from(group.members);
+        let member = usize::from(group.first_member) + (within % members) as usize;
+        let offset = self.meta_bytes + (u64::from(within / members) << self.chunk_shift());
         (member, offset)
     }
 
@@ -149,15 +266,23 @@ impl Layout {
     }
 
     /// Members that carry a copy of the checkpoints and the journal: the
-    /// first three, or every member of a smaller pool. Losing the metadata of
-    /// one member then loses no volume.
+    /// first three, or every member of a smaller pool (a pool that grows
+    /// past three members keeps them where they are; one that grows from
+    /// one or two members gains copies on its new members). Losing the
+    /// metadata of one member then loses no volume.
     pub fn metadata_copies(&self) -> usize {
         usize::from(self.members).min(METADATA_COPIES_MAX)
     }
 
-    /// Smallest member size this layout needs.
-    pub fn member_bytes_needed(&self) -> u64 {
-        self.meta_bytes + (u64::from(self.chunks_per_member) << self.chunk_shift())
+    /// Smallest size member `member` needs in this layout.
+    pub fn member_bytes_needed(&self, member: usize) -> u64 {
+        let group = self
+            .groups()
+            .iter()
+            .rev()
+            .find(|g| usize::from(g.first_member) <= member)
+            .expect("group 0 starts at member 0");
+        self.meta_bytes + (u64::from(group.chunks_per_member) << self.chunk_shift())
     }
 }
 
@@ -173,36 +298,54 @@ pub struct Superblock {
     pub pool_uuid: [u8; 16],
     /// Pool name.
     pub pool_name: String,
-    /// This device's position in the stripe.
+    /// This device's position in the pool.
     pub member: u16,
-    /// Region sizes.
+    /// Incremented by every change of the layout (growth); 0 at creation.
+    pub generation: u64,
+    /// Region sizes and groups.
     pub layout: Layout,
 }
 
 impl Superblock {
-    /// One superblock copy, padded to [`SUPERBLOCK_BYTES`], CRC last.
+    /// One superblock copy, padded to [`SUPERBLOCK_BYTES`], CRC last. A pool
+    /// that never grew is written in version 1 (older builds open it).
     pub fn encode(&self) -> Vec<u8> {
+        let layout = &self.layout;
+        let version_1 =
+            self.generation == 0 && layout.groups().len() == 1 && layout.groups()[0].tag == 0;
         let mut e = Encoder::new();
         e.bytes(&SUPERBLOCK_MAGIC);
-        e.u32(FORMAT_VERSION);
+        e.u32(if version_1 { 1 } else { FORMAT_VERSION });
         e.u32(0); // flags, none defined
         e.bytes(&self.pool_uuid);
         e.name(&self.pool_name);
         e.u16(self.member);
-        e.u16(self.layout.members);
-        e.u32(self.layout.chunk_bytes);
-        e.u32(self.layout.chunks_per_member);
-        e.u64(self.layout.meta_bytes);
-        e.u64(self.layout.checkpoint_bytes);
-        e.u64(self.layout.journal_bytes);
+        e.u16(layout.members);
+        e.u32(layout.chunk_bytes);
+        if version_1 {
+            e.u32(layout.groups()[0].chunks_per_member);
+        }
+        e.u64(layout.meta_bytes);
+        e.u64(layout.checkpoint_bytes);
+        e.u64(layout.journal_bytes);
+        if !version_1 {
+            e.u64(self.generation);
+            e.u16(layout.groups().len() as u16);
+            for group in layout.groups() {
+                e.u16(group.members);
+                e.u32(group.chunks_per_member);
+                e.u32(group.tag);
+            }
+        }
         let mut bytes = e.into_bytes();
+        assert!(bytes.len() <= SUPERBLOCK_BYTES - 4, "64 groups fit");
         bytes.resize(SUPERBLOCK_BYTES - 4, 0);
         let crc = crc32c::crc32c(&bytes);
         bytes.extend_from_slice(&crc.to_le_bytes());
         bytes
     }
 
-    /// Decodes and checks one superblock copy.
+    /// Decodes and checks one superblock copy (version 1 or 2).
     pub fn decode(block: &[u8]) -> Result<Superblock, FormatError> {
         if block.len() < SUPERBLOCK_BYTES {
             return Err(FormatError::Truncated);
@@ -217,39 +360,74 @@ impl Superblock {
         }
         let mut d = Decoder::new(&block[8..]);
         let version = d.u32()?;
-        if version != FORMAT_VERSION {
+        if !(1..=FORMAT_VERSION).contains(&version) {
             return Err(FormatError::UnsupportedVersion(version));
         }
         let _flags = d.u32()?;
         let pool_uuid = d.array()?;
         let pool_name = d.name()?;
         let member = d.u16()?;
-        let layout = Layout {
-            members: d.u16()?,
-            chunk_bytes: d.u32()?,
-            chunks_per_member: d.u32()?,
+        let members = d.u16()?;
+        let chunk_bytes = d.u32()?;
+        let v1_chunks_per_member = if version == 1 { d.u32()? } else { 0 };
+        let mut layout = Layout {
+            chunk_bytes,
+            members: 0,
             meta_bytes: d.u64()?,
             checkpoint_bytes: d.u64()?,
             journal_bytes: d.u64()?,
+            groups: [Group::EMPTY; MEMBERS_MAX],
+            group_count: 0,
         };
-        check_layout(&layout, member)?;
+        check_regions(&layout)?;
+        let inconsistent = || FormatError::Malformed("superblock groups are inconsistent");
+        let mut generation = 0;
+        if version == 1 {
+            layout = layout
+                .grow_exactly(members, v1_chunks_per_member, 0)
+                .ok_or_else(inconsistent)?;
+        } else {
+            generation = d.u64()?;
+            let groups = d.u16()?;
+            if groups == 0 || usize::from(groups) > MEMBERS_MAX {
+                return Err(inconsistent());
+            }
+            for _ in 0..groups {
+                let (group_members, chunks_per_member, tag) = (d.u16()?, d.u32()?, d.u32()?);
+                layout = layout
+                    .grow_exactly(group_members, chunks_per_member, tag)
+                    .ok_or_else(inconsistent)?;
+            }
+        }
+        if layout.members != members || member >= members {
+            return Err(inconsistent());
+        }
         Ok(Superblock {
             pool_uuid,
             pool_name,
             member,
+            generation,
             layout,
         })
     }
 }
 
-fn check_layout(layout: &Layout, member: u16) -> Result<(), FormatError> {
+impl Layout {
+    /// Appends a group with exactly `chunks_per_member` (decoding), or None
+    /// if it breaks a limit.
+    fn grow_exactly(&self, members: u16, chunks_per_member: u32, tag: u32) -> Option<Layout> {
+        let member_bytes = self
+            .meta_bytes
+            .checked_add(u64::from(chunks_per_member).checked_mul(u64::from(self.chunk_bytes))?)?;
+        let layout = self.grow(members, member_bytes, tag).ok()?;
+        (layout.last_group().chunks_per_member == chunks_per_member).then_some(layout)
+    }
+}
+
+fn check_regions(layout: &Layout) -> Result<(), FormatError> {
     let chunk = u64::from(layout.chunk_bytes);
     let sane = layout.chunk_bytes.is_power_of_two()
         && layout.chunk_bytes >= 4096
-        && layout.members > 0
-        && member < layout.members
-        && layout.chunks_per_member > 0
-        && (layout.chunks_per_member as u64 * layout.members as u64) < u64::from(u32::MAX)
         && layout.checkpoint_bytes.is_multiple_of(META_BLOCK as u64)
         && layout.journal_bytes.is_multiple_of(META_BLOCK as u64)
         && layout.meta_bytes.is_multiple_of(chunk)
@@ -348,7 +526,19 @@ mod tests {
             pool_uuid: [0xAB; 16],
             pool_name: "fast".into(),
             member: 1,
+            generation: 0,
             layout: Layout::plan(2, 256 << 20, 1 << 20).unwrap(),
+        }
+    }
+
+    /// `superblock()` grown by a group of three devices of 128 MiB.
+    fn grown() -> Superblock {
+        let base = superblock();
+        Superblock {
+            member: 3,
+            generation: 1,
+            layout: base.layout.grow(3, 128 << 20, 0xC0FFEE).unwrap(),
+            ..base
         }
     }
 
@@ -362,7 +552,8 @@ mod tests {
             4 << 20,
             "64 KiB + 2 x 1 MiB + 1 MiB, rounded to a chunk"
         );
-        assert_eq!(layout.chunks_per_member, 252);
+        assert_eq!(layout.groups()[0].chunks_per_member, 252);
+        assert_eq!(layout.chunks(), 504);
         assert_eq!(layout.locate(0), (0, 4 << 20));
         assert_eq!(layout.locate(1), (1, 4 << 20));
         assert_eq!(layout.locate(2), (0, 5 << 20));
@@ -388,13 +579,89 @@ mod tests {
             Err(FormatError::BadMagic)
         );
         let mut newer = superblock().encode();
-        newer[8] = 2;
+        newer[8] = 3;
         let crc = crc32c::crc32c(&newer[..SUPERBLOCK_BYTES - 4]);
         newer[SUPERBLOCK_BYTES - 4..].copy_from_slice(&crc.to_le_bytes());
         assert_eq!(
             Superblock::decode(&newer),
-            Err(FormatError::UnsupportedVersion(2))
+            Err(FormatError::UnsupportedVersion(3))
         );
+    }
+
+    /// Growth appends a group: every existing chunk stays where it was, the
+    /// new chunks are numbered after them and striped over the new members.
+    #[test]
+    fn growing_appends_a_group_and_moves_no_chunk() {
+        let old = Layout::plan(2, 256 << 20, 1 << 20).unwrap();
+        let new = old.grow(3, 128 << 20, 7).unwrap();
+        assert_eq!(new.members, 5);
+        assert_eq!(new.groups().len(), 2);
+        assert_eq!(
+            new.groups()[1].chunks_per_member,
+            124,
+            "128 MiB - 4 MiB metadata"
+        );
+        assert_eq!(new.chunks(), 504 + 3 * 124);
+        for chunk in 0..old.chunks() {
+            assert_eq!(new.locate(chunk), old.locate(chunk), "chunk {chunk} moved");
+        }
+        assert_eq!(new.locate(504), (2, 4 << 20));
+        assert_eq!(new.locate(505), (3, 4 << 20));
+        assert_eq!(new.locate(507), (2, 5 << 20));
+        assert_eq!(new.locate(new.chunks() - 1), (4, (4 << 20) + (123 << 20)));
+        assert_eq!(new.member_bytes_needed(1), 256 << 20);
+        assert_eq!(new.member_bytes_needed(4), 128 << 20);
+        assert!(old.is_prefix_of(&new) && !new.is_prefix_of(&old));
+        assert!(
+            !old.grow(3, 128 << 20, 8).unwrap().is_prefix_of(&new),
+            "another tag"
+        );
+        assert_eq!(new.metadata_copies(), 3);
+    }
+
+    #[test]
+    fn growth_keeps_the_member_and_chunk_limits() {
+        let layout = Layout::plan(60, 8 << 20, 1 << 20).unwrap();
+        let error = layout.grow(5, 8 << 20, 1).unwrap_err();
+        assert!(error.contains("at most 64 devices"), "{error}");
+        assert_eq!(layout.grow(4, 8 << 20, 1).unwrap().members, 64);
+        let error = layout.grow(1, 4 << 20, 1).unwrap_err();
+        assert!(error.contains("no room for data"), "{error}");
+        // 64 KiB units: 2^32 chunks are 256 TiB; two 200 TiB members exceed it.
+        let small = Layout::plan(1, 200 << 40, 64 << 10).unwrap();
+        let error = small.grow(1, 200 << 40, 1).unwrap_err();
+        assert!(error.contains("more than a pool can address"), "{error}");
+    }
+
+    /// A pool that grew is written in version 2 (generation and groups); one
+    /// that never grew stays in version 1, which older builds open.
+    #[test]
+    fn grown_superblocks_are_version_2_and_round_trip() {
+        let block = grown().encode();
+        assert_eq!(hex(&block[8..16]), "0200000000000000", "version 2, flags 0");
+        assert_eq!(Superblock::decode(&block).unwrap(), grown());
+        let groups_at = 8 + 8 + 16 + 5 + 2 + 2 + 4 + 24;
+        assert_eq!(
+            hex(&block[groups_at..groups_at + 10]),
+            "01000000000000000200",
+            "generation 1, two groups"
+        );
+        assert_eq!(
+            hex(&block[groups_at + 10..groups_at + 30]),
+            "0200fc00000000000000".to_owned() + "0300" + "7c000000" + "eeffc000",
+            "2 members of 252 units, tag 0; 3 members of 124 units, tag 0xC0FFEE"
+        );
+        let mut bad = grown().encode();
+        bad[groups_at + 10] = 3; // group 0 claims 3 members: 6 in all, not 5
+        let crc = crc32c::crc32c(&bad[..SUPERBLOCK_BYTES - 4]);
+        bad[SUPERBLOCK_BYTES - 4..].copy_from_slice(&crc.to_le_bytes());
+        assert!(matches!(
+            Superblock::decode(&bad),
+            Err(FormatError::Malformed(_))
+        ));
+        let v1 = superblock().encode();
+        assert_eq!(hex(&v1[8..12]), "01000000");
+        assert_eq!(Superblock::decode(&v1).unwrap().layout.groups().len(), 1);
     }
 
     #[test]

@@ -27,7 +27,7 @@ pub mod state;
 pub mod testing;
 
 pub use map::{ChunkMap, Lookup, WriteGate};
-pub use media::{FileMedia, Media};
+pub use media::{DevicePath, FileMedia, Media};
 pub use pool::{MemberUsage, Pool, PoolInfo, PoolOptions, VolumeInfo, VolumeSpec};
 
 use thiserror::Error;

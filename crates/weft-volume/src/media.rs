@@ -9,7 +9,7 @@
 
 use std::io;
 use std::os::fd::RawFd;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt};
 use std::path::PathBuf;
 use weft_storage::{BlockDevice, DeviceError, FileDevice};
 use weft_uring::IoBuf;
@@ -28,6 +28,23 @@ pub trait Media {
     fn zero(&mut self, member: usize, offset: u64, len: u64) -> io::Result<()>;
     /// Makes every completed write of the member durable.
     fn sync(&mut self, member: usize) -> io::Result<()>;
+    /// What names a device to add: a path for files and block devices, a
+    /// size for memory.
+    type Device;
+    /// Opens `device` as the new last member (writes nothing to it). Refuses
+    /// (`AlreadyExists`) a device that is already a member of this media.
+    fn add_member(&mut self, device: Self::Device) -> io::Result<()>;
+    /// Closes the last member again (an addition that did not happen).
+    fn remove_last_member(&mut self);
+}
+
+/// A device to add to [`FileMedia`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DevicePath {
+    /// A file or block device.
+    pub path: PathBuf,
+    /// Creates a missing regular file sparse with this size.
+    pub create_bytes: Option<u64>,
 }
 
 /// Files or block devices.
@@ -127,6 +144,42 @@ impl Media for FileMedia {
 
     fn sync(&mut self, member: usize) -> io::Result<()> {
         weft_uring::fdatasync(self.devices[member].fd())
+    }
+
+    type Device = DevicePath;
+
+    fn add_member(&mut self, device: DevicePath) -> io::Result<()> {
+        if let Ok(new) = std::fs::metadata(&device.path) {
+            for (index, existing) in self.devices.iter().enumerate() {
+                let old = existing.file().metadata()?;
+                let same = if new.file_type().is_block_device() {
+                    old.file_type().is_block_device() && old.rdev() == new.rdev()
+                } else {
+                    (old.dev(), old.ino()) == (new.dev(), new.ino())
+                };
+                if same {
+                    return Err(io::Error::new(
+                        io::ErrorKind::AlreadyExists,
+                        format!(
+                            "{} is already device {} of this pool ({})",
+                            device.path.display(),
+                            index + 1,
+                            self.paths[index].display()
+                        ),
+                    ));
+                }
+            }
+        }
+        let opened = FileDevice::open(&device.path, device.create_bytes, 4096)
+            .map_err(|error| io::Error::other(error.to_string()))?;
+        self.devices.push(opened);
+        self.paths.push(device.path);
+        Ok(())
+    }
+
+    fn remove_last_member(&mut self) {
+        self.devices.pop();
+        self.paths.pop();
     }
 }
 

@@ -16,8 +16,8 @@
 
 use crate::codec::{Decoder, Encoder};
 use crate::format::{
-    FormatError, Frame, Layout, Superblock, CHECKPOINT_MAGIC, FRAME_HEADER_BYTES, META_BLOCK,
-    RECORD_MAGIC, SUPERBLOCK_BYTES,
+    FormatError, Frame, Layout, Superblock, CHECKPOINT_MAGIC, FRAME_HEADER_BYTES, MEMBERS_MAX,
+    META_BLOCK, RECORD_MAGIC, SUPERBLOCK_BYTES,
 };
 use crate::map::{ChunkMap, Lookup};
 use crate::media::Media;
@@ -162,6 +162,7 @@ impl<M: Media> Pool<M> {
             pool_uuid: options.uuid,
             pool_name: options.name.clone(),
             member: 0,
+            generation: 0,
             layout,
         };
         let state = PoolState::new(layout.chunks(), layout.chunk_shift());
@@ -233,8 +234,236 @@ impl<M: Media> Pool<M> {
             failed: None,
             warned_percent: 0,
         };
+        pool.repair_superblocks(&loaded.superblock_repairs)?;
         pool.resync_copies(resync)?;
         Ok(pool)
+    }
+
+    /// Rewrites the superblock copies of `members` with the committed one:
+    /// copy A of each, synced, then copy B of each, synced, so that one of
+    /// each member's copies is whole at any instant.
+    fn repair_superblocks(&mut self, members: &[usize]) -> Result<(), VolumeError> {
+        if members.is_empty() {
+            return Ok(());
+        }
+        log::warn!(
+            "pool {}: rewriting the superblocks of device(s) {:?} (generation {}: a growth was cut short or a copy is damaged)",
+            self.name(),
+            members.iter().map(|m| m + 1).collect::<Vec<_>>(),
+            self.superblock.generation
+        );
+        let superblock = self.superblock.clone();
+        write_superblocks(&mut self.media, &superblock, members).map_err(|source| VolumeError::Io {
+            context: format!("pool {}: rewriting superblocks", self.name()),
+            source,
+        })
+    }
+
+    /// Adds `devices` to the pool as one new stripe group, online: their
+    /// chunks are numbered after every existing one (nothing moves) and are
+    /// free to allocate when this returns.
+    ///
+    /// Each device must hold at least the metadata region and one allocation
+    /// unit, and must not be a member already or carry another pool's
+    /// superblock. The pool keeps at most 64 devices and fewer than 2^32
+    /// allocation units. The checkpoint region keeps the size chosen at
+    /// creation: a pool grown to many times its size runs out of room for
+    /// references before it runs out of space (changes then fail with "no
+    /// room left for metadata"; a warning says so at growth).
+    ///
+    /// Crash-atomic: the new devices' superblocks (and metadata copies, when
+    /// the pool had fewer than three members) are written and synced first;
+    /// the growth commits when the first old member's new superblock is
+    /// durable. An error before that leaves the pool as it was (usable; the
+    /// devices are closed again); an error after it fails the pool, and
+    /// `reload` (clear-failure) opens whichever layout is committed.
+    ///
+    /// Every volume gets a new map (the old one is retired): a reactor that
+    /// still holds the old layout must ask the manager rather than find a
+    /// chunk of the new group in a map it would locate with the old layout.
+    /// The caller publishes new exports (layout, member descriptors, maps)
+    /// right after.
+    pub fn add_members(&mut self, devices: Vec<M::Device>) -> Result<(), VolumeError> {
+        self.check_usable()?;
+        let old = *self.layout();
+        if devices.is_empty() {
+            return Err(VolumeError::invalid(
+                "device list",
+                "give 1 or more devices to add",
+            ));
+        }
+        if usize::from(old.members) + devices.len() > MEMBERS_MAX {
+            return Err(VolumeError::Limit(format!(
+                "pool {} has {} devices and may have {MEMBERS_MAX} at most; {} more do not fit",
+                self.name(),
+                old.members,
+                devices.len()
+            )));
+        }
+        self.commit()?;
+        let first_new = usize::from(old.members);
+        // Devices a growth that did not commit left behind are not members.
+        while self.media.members() > first_new {
+            self.media.remove_last_member();
+        }
+        for device in devices {
+            if let Err(error) = self.media.add_member(device) {
+                let added = self.media.members() - first_new;
+                self.detach_from(first_new);
+                return Err(match error.kind() {
+                    io::ErrorKind::AlreadyExists => {
+                        VolumeError::invalid(format!("device {}", added + 1), error.to_string())
+                    }
+                    _ => VolumeError::Io {
+                        context: format!(
+                            "pool {}: opening device {} to add",
+                            self.name(),
+                            added + 1
+                        ),
+                        source: error,
+                    },
+                });
+            }
+        }
+        let new = match self.plan_growth(first_new) {
+            Ok(layout) => layout,
+            Err(error) => {
+                self.detach_from(first_new);
+                return Err(error);
+            }
+        };
+        let grown = Superblock {
+            generation: self.superblock.generation + 1,
+            layout: new,
+            ..self.superblock.clone()
+        };
+        if let Err(source) = self.prepare_new_members(&grown, first_new) {
+            self.detach_from(first_new);
+            return Err(VolumeError::Io {
+                context: format!("pool {}: writing the new devices' metadata", self.name()),
+                source,
+            });
+        }
+        let old_members: Vec<usize> = (0..first_new).collect();
+        if let Err(error) = write_superblocks(&mut self.media, &grown, &old_members) {
+            let reason = format!("growth to {} devices in doubt: {error}", new.members);
+            log::error!("pool {}: {reason}", self.name());
+            self.failed = Some(reason);
+            return Err(self.failed_error());
+        }
+        self.superblock = grown;
+        self.state.grow(new.chunks());
+        self.state.renew_maps();
+        if new.metadata_copies() > old.metadata_copies() {
+            // The new copies hold a checkpoint of this state already; this
+            // makes every copy identical (same slot, empty journal).
+            if let Err(error) = self.write_checkpoint() {
+                self.failed = Some(format!("writing the metadata copies after growth: {error}"));
+                return Err(self.failed_error());
+            }
+        }
+        let references = (new.checkpoint_bytes - FRAME_HEADER_BYTES as u64) / 12;
+        if u64::from(new.chunks()) > references {
+            log::warn!(
+                "pool {}: {} allocation units now, but its metadata region (sized at creation) holds about {references} references; beyond that, changes fail with \"no room left for metadata\"",
+                self.name(),
+                new.chunks()
+            );
+        }
+        log::info!(
+            "pool {}: grew to {} devices, {} allocation units (generation {})",
+            self.name(),
+            new.members,
+            new.chunks(),
+            self.superblock.generation
+        );
+        self.warned_percent = 0;
+        Ok(())
+    }
+
+    fn detach_from(&mut self, first_new: usize) {
+        while self.media.members() > first_new {
+            self.media.remove_last_member();
+        }
+    }
+
+    /// Checks the devices attached from `first_new` on and plans the layout with them.
+    fn plan_growth(&mut self, first_new: usize) -> Result<Layout, VolumeError> {
+        let old = *self.layout();
+        for member in first_new..self.media.members() {
+            let device = member - first_new + 1;
+            for copy in read_superblock_copies(&mut self.media, member)
+                .into_iter()
+                .flatten()
+            {
+                if copy.pool_uuid != self.superblock.pool_uuid {
+                    return Err(VolumeError::invalid(
+                        format!("device {device}"),
+                        format!("it belongs to pool {}; delete that pool first, or erase the device's first 8 KiB if it is no longer used", copy.pool_name),
+                    ));
+                }
+                if usize::from(copy.member) < first_new && copy.layout.is_prefix_of(&old) {
+                    return Err(VolumeError::invalid(
+                        format!("device {device}"),
+                        format!(
+                            "it is device {} of pool {} already",
+                            copy.member + 1,
+                            self.name()
+                        ),
+                    ));
+                }
+                log::info!(
+                    "pool {}: device {device} was being added when a growth was cut short; adding it again",
+                    self.name()
+                );
+            }
+        }
+        let smallest = (first_new..self.media.members())
+            .map(|member| self.media.size_bytes(member))
+            .min()
+            .expect("devices were given");
+        let added = (self.media.members() - first_new) as u16;
+        old.grow(added, smallest, growth_tag(&self.superblock))
+            .map_err(|reason| VolumeError::invalid("devices", reason))
+    }
+
+    /// Writes what the new members carry before the growth commits: a
+    /// checkpoint of the current state where they become metadata copies,
+    /// then both superblock copies; all synced.
+    fn prepare_new_members(&mut self, grown: &Superblock, first_new: usize) -> io::Result<()> {
+        let layout = grown.layout;
+        let members = usize::from(layout.members);
+        if first_new < layout.metadata_copies() {
+            let checkpoint = Frame {
+                sequence: self.sequence,
+                payload: self.state.encode(),
+            }
+            .encode(CHECKPOINT_MAGIC, &grown.pool_uuid);
+            let empty = vec![0u8; META_BLOCK];
+            let slot = 1 - self.checkpoint_slot;
+            for member in first_new..layout.metadata_copies() {
+                self.media
+                    .write_at(member, layout.checkpoint_offset(slot), &checkpoint)?;
+                self.media
+                    .write_at(member, layout.checkpoint_offset(1 - slot), &empty)?;
+                self.media
+                    .write_at(member, layout.journal_offset(), &empty)?;
+            }
+        }
+        for member in first_new..members {
+            let block = Superblock {
+                member: member as u16,
+                ..grown.clone()
+            }
+            .encode();
+            self.media.write_at(member, 0, &block)?;
+            self.media
+                .write_at(member, SUPERBLOCK_BYTES as u64, &block)?;
+        }
+        for member in first_new..members {
+            self.media.sync(member)?;
+        }
+        Ok(())
     }
 
     /// Rewrites every metadata copy from the state just loaded when the copies
@@ -270,7 +499,7 @@ impl<M: Media> Pool<M> {
                 loaded.superblock.pool_name
             )));
         }
-        self.superblock = loaded.superblock;
+        self.superblock = loaded.superblock.clone();
         self.state = loaded.state;
         self.sequence = loaded.sequence;
         self.journal_used = loaded.journal_used;
@@ -278,6 +507,7 @@ impl<M: Media> Pool<M> {
         self.pending.clear();
         self.data_dirty = false;
         self.failed = None;
+        self.repair_superblocks(&loaded.superblock_repairs)?;
         self.resync_copies(resync)
     }
 
@@ -832,7 +1062,7 @@ impl<M: Media> Pool<M> {
     pub fn flush(&mut self) -> Result<(), VolumeError> {
         self.check_usable()?;
         self.commit()?;
-        for member in 0..self.media.members() {
+        for member in 0..usize::from(self.layout().members) {
             if let Err(error) = self.media.sync(member) {
                 let reason = format!("syncing device {member} failed: {error}");
                 log::error!(
@@ -871,7 +1101,7 @@ impl<M: Media> Pool<M> {
 
     fn write_pending(&mut self) -> io::Result<()> {
         if self.data_dirty {
-            for member in 0..self.media.members() {
+            for member in 0..usize::from(self.layout().members) {
                 self.media.sync(member)?;
             }
             self.data_dirty = false;
@@ -1176,6 +1406,8 @@ fn check_range(volume: &Volume, offset: u64, len: u64) -> Result<(), VolumeError
 /// A pool's metadata as read from its media.
 struct Loaded {
     superblock: Superblock,
+    /// Members whose superblock copies are not both the committed one.
+    superblock_repairs: Vec<usize>,
     state: PoolState,
     sequence: u64,
     journal_used: u64,
@@ -1195,15 +1427,7 @@ struct Copy {
 /// Reads the superblocks and every metadata copy; the newest readable copy
 /// (highest record sequence) is the last committed state.
 fn load<M: Media>(media: &mut M) -> Result<Loaded, VolumeError> {
-    let superblock = (0..media.members())
-        .find_map(|member| read_superblock(media, member).ok())
-        .ok_or_else(|| {
-            let error = read_superblock(media, 0)
-                .err()
-                .unwrap_or(FormatError::Truncated);
-            VolumeError::Corrupt(format!("the devices hold no readable weft pool: {error}"))
-        })?;
-    check_members(media, &superblock)?;
+    let (superblock, superblock_repairs) = load_superblocks(media)?;
     let mut copies = Vec::new();
     let mut problems = Vec::new();
     for member in 0..superblock.layout.metadata_copies() {
@@ -1240,6 +1464,7 @@ fn load<M: Media>(media: &mut M) -> Result<Loaded, VolumeError> {
     };
     Ok(Loaded {
         superblock,
+        superblock_repairs,
         state: best.state,
         sequence: best.sequence,
         journal_used: best.journal_used,
@@ -1311,67 +1536,166 @@ fn apply_payload(state: &mut PoolState, payload: &[u8]) -> Result<(), String> {
     Ok(())
 }
 
-fn read_superblock<M: Media>(media: &mut M, member: usize) -> Result<Superblock, FormatError> {
-    let mut block = vec![0u8; SUPERBLOCK_BYTES];
-    let mut first_error = FormatError::Truncated;
+/// Writes copy A of `superblock` on each of `members` and syncs each, then
+/// copy B likewise.
+fn write_superblocks<M: Media>(
+    media: &mut M,
+    superblock: &Superblock,
+    members: &[usize],
+) -> io::Result<()> {
     for copy in 0..2 {
-        if media
-            .read_at(member, (copy * SUPERBLOCK_BYTES) as u64, &mut block)
-            .is_err()
-        {
-            continue;
-        }
-        match Superblock::decode(&block) {
-            Ok(superblock) => return Ok(superblock),
-            Err(error) if copy == 0 => first_error = error,
-            Err(_) => {}
-        }
-    }
-    Err(first_error)
-}
-
-fn check_members<M: Media>(media: &mut M, first: &Superblock) -> Result<(), VolumeError> {
-    let expected = usize::from(first.layout.members);
-    if media.members() != expected {
-        return Err(VolumeError::Corrupt(format!(
-            "pool {} has {expected} devices but {} were given",
-            first.pool_name,
-            media.members()
-        )));
-    }
-    for member in 0..expected {
-        let superblock = read_superblock(media, member).map_err(|error| {
-            VolumeError::Corrupt(format!(
-                "device {} of pool {}: no readable superblock ({error})",
-                member + 1,
-                first.pool_name
-            ))
-        })?;
-        if superblock.pool_uuid != first.pool_uuid || superblock.layout != first.layout {
-            return Err(VolumeError::Corrupt(format!(
-                "device {} belongs to pool {}, not to pool {}",
-                member + 1,
-                superblock.pool_name,
-                first.pool_name
-            )));
-        }
-        if usize::from(superblock.member) != member {
-            return Err(VolumeError::Corrupt(format!(
-                "device {} of pool {} is its member {}: list the devices in their original order",
-                member + 1,
-                first.pool_name,
-                superblock.member + 1
-            )));
-        }
-        if media.size_bytes(member) < first.layout.member_bytes_needed() {
-            return Err(VolumeError::Corrupt(format!(
-                "device {} of pool {} is smaller than when the pool was created",
-                member + 1,
-                first.pool_name
-            )));
+        for &member in members {
+            let block = Superblock {
+                member: member as u16,
+                ..superblock.clone()
+            }
+            .encode();
+            media.write_at(member, (copy * SUPERBLOCK_BYTES) as u64, &block)?;
+            media.sync(member)?;
         }
     }
     Ok(())
+}
+
+/// A nonzero tag for a new group, different from any an interrupted growth
+/// may have left on a device (random; 0 is group 0's).
+fn growth_tag(superblock: &Superblock) -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write(&superblock.pool_uuid);
+    hasher.write_u64(superblock.generation);
+    if let Ok(elapsed) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+        hasher.write_u128(elapsed.as_nanos());
+    }
+    (hasher.finish() as u32).max(1)
+}
+
+/// Both superblock copies of `member`, decoded.
+fn read_superblock_copies<M: Media>(
+    media: &mut M,
+    member: usize,
+) -> [Result<Superblock, FormatError>; 2] {
+    let mut read = |copy: usize| {
+        let mut block = vec![0u8; SUPERBLOCK_BYTES];
+        media
+            .read_at(member, (copy * SUPERBLOCK_BYTES) as u64, &mut block)
+            .map_err(|_| FormatError::Truncated)?;
+        Superblock::decode(&block)
+    };
+    [read(0), read(1)]
+}
+
+/// The newest readable superblock copy of `member`.
+fn read_superblock<M: Media>(media: &mut M, member: usize) -> Result<Superblock, FormatError> {
+    let [a, b] = read_superblock_copies(media, member);
+    match (a, b) {
+        (Ok(a), Ok(b)) if b.generation > a.generation => Ok(b),
+        (Ok(a), _) => Ok(a),
+        (Err(_), Ok(b)) => Ok(b),
+        (Err(error), Err(_)) => Err(error),
+    }
+}
+
+/// Whether a superblock copy can commit its generation: it was written on a
+/// device that was a member before the generation's group was added (see
+/// docs/VOLUME-FORMAT.md, "Growth"). The superblocks a growth writes on its
+/// new devices first do not count until a device of the old layout says so.
+fn votes(superblock: &Superblock) -> bool {
+    let layout = &superblock.layout;
+    layout.groups().len() == 1 || superblock.member < layout.last_group().first_member
+}
+
+/// The committed superblock (the newest generation any voting copy of this
+/// pool holds) and the members whose copies are not both that one (a growth
+/// cut short, a torn or damaged copy): those are rewritten at open. Devices
+/// beyond the committed layout (added by a growth that did not commit) are
+/// ignored.
+fn load_superblocks<M: Media>(media: &mut M) -> Result<(Superblock, Vec<usize>), VolumeError> {
+    if media.members() == 0 {
+        return Err(VolumeError::Corrupt("no devices were given".into()));
+    }
+    let copies: Vec<_> = (0..media.members())
+        .map(|member| read_superblock_copies(media, member))
+        .collect();
+    let anchor = match &copies[0] {
+        [Ok(a), Ok(b)] if b.generation > a.generation => b,
+        [Ok(a), _] | [Err(_), Ok(a)] => a,
+        [Err(error), Err(_)] => {
+            return Err(VolumeError::Corrupt(format!(
+                "the devices hold no readable weft pool: device 1: {error}"
+            )))
+        }
+    };
+    let committed = copies
+        .iter()
+        .flatten()
+        .filter_map(|copy| copy.as_ref().ok())
+        .filter(|copy| copy.pool_uuid == anchor.pool_uuid && votes(copy))
+        .max_by_key(|copy| copy.generation)
+        .expect("device 1 is in group 0, its copies vote")
+        .clone();
+    let layout = committed.layout;
+    let name = &committed.pool_name;
+    let expected = usize::from(layout.members);
+    if media.members() < expected {
+        return Err(VolumeError::Corrupt(format!(
+            "pool {name} has {expected} devices but {} were given (a device added last must be listed too, after the others)",
+            media.members()
+        )));
+    }
+    let mut repairs = Vec::new();
+    for (member, [a, b]) in copies.iter().enumerate().take(expected) {
+        let wanted = Superblock {
+            member: member as u16,
+            ..committed.clone()
+        };
+        let valid: Vec<&Superblock> = [a, b].into_iter().filter_map(|c| c.as_ref().ok()).collect();
+        let lagging = |copy: &&Superblock| {
+            copy.pool_uuid == committed.pool_uuid
+                && usize::from(copy.member) == member
+                && copy.generation < committed.generation
+                && member < usize::from(copy.layout.members)
+                && copy.layout.is_prefix_of(&layout)
+        };
+        if !valid.contains(&&wanted) && !valid.iter().any(lagging) {
+            let device = member + 1;
+            let problem = match valid.iter().max_by_key(|c| c.generation) {
+                None => {
+                    let error = a.as_ref().err().copied().unwrap_or(FormatError::Truncated);
+                    format!("device {device} of pool {name}: no readable superblock ({error})")
+                }
+                Some(copy) if copy.pool_uuid != committed.pool_uuid => format!(
+                    "device {device} belongs to pool {}, not to pool {name}",
+                    copy.pool_name
+                ),
+                Some(copy) if usize::from(copy.member) != member => format!(
+                    "device {device} of pool {name} is its member {}: list the devices in their original order",
+                    copy.member + 1
+                ),
+                Some(copy) => format!(
+                    "device {device} carries pool {name}'s superblock of generation {} but not its layout of generation {}: it is a device left over from an interrupted growth, not the member added in its place",
+                    copy.generation, committed.generation
+                ),
+            };
+            return Err(VolumeError::Corrupt(problem));
+        }
+        if !matches!((a, b), (Ok(a), Ok(b)) if *a == wanted && *b == wanted) {
+            repairs.push(member);
+        }
+        if media.size_bytes(member) < layout.member_bytes_needed(member) {
+            return Err(VolumeError::Corrupt(format!(
+                "device {} of pool {name} is smaller than when it joined the pool",
+                member + 1
+            )));
+        }
+    }
+    if media.members() > expected {
+        log::warn!(
+            "pool {name}: ignoring {} device(s) after its {expected} members (added by a growth that did not commit; add them again)",
+            media.members() - expected
+        );
+    }
+    Ok((committed, repairs))
 }
 
 /// Reads a frame at `offset` of `member` within a region of `room` bytes.
@@ -1539,5 +1863,162 @@ mod tests {
         assert!(gate.enter(), "the gate reopens after the delete");
         assert!(stale.is_retired(), "a stale reactor must not use the map");
         gate.leave();
+    }
+
+    const SMALL: usize = 16 << 20;
+
+    fn options(name: &str, uuid: u8) -> PoolOptions {
+        PoolOptions {
+            name: name.into(),
+            chunk_bytes: 1 << 20,
+            uuid: [uuid; 16],
+        }
+    }
+
+    fn blank(size: usize) -> FaultyMedia {
+        FaultyMedia::new(1, size, 11)
+    }
+
+    fn version(media: &mut FaultyMedia, member: usize, copy: u64) -> u8 {
+        let mut block = [0u8; 16];
+        media
+            .read_at(member, copy * SUPERBLOCK_BYTES as u64, &mut block)
+            .unwrap();
+        block[8]
+    }
+
+    /// A full one-device pool gains a device: the new units are allocatable at
+    /// once, old data stays where it was, and everything survives a reopen
+    /// (which also finds a second metadata copy on the new device).
+    #[test]
+    fn a_full_pool_grows_and_the_new_capacity_is_usable_at_once() {
+        let mut pool = Pool::create(FaultyMedia::new(1, SMALL, 3), options("g", 1)).unwrap();
+        let old_capacity = pool.info().capacity_bytes;
+        assert_eq!(old_capacity, 12 << 20, "16 MiB less 4 MiB of metadata");
+        let spec = VolumeSpec {
+            name: "v".into(),
+            size_bytes: 64 << 20,
+            block_size: 4096,
+            thick: false,
+        };
+        pool.create_volume(&spec).unwrap();
+        let fill = |pool: &mut Pool<FaultyMedia>, from: u64, to: u64| {
+            for at in (from..to).step_by(1 << 20) {
+                pool.write("v", at, &[(at >> 20) as u8 + 1; 4096])?;
+            }
+            Ok::<(), VolumeError>(())
+        };
+        fill(&mut pool, 0, old_capacity).unwrap();
+        let full = fill(&mut pool, old_capacity, old_capacity + (1 << 20)).unwrap_err();
+        assert!(matches!(full, VolumeError::PoolFull { .. }), "{full}");
+        let stale_map = Arc::clone(&pool.volume("v").unwrap().map);
+        assert_eq!(
+            version(pool.media_mut(), 0, 0),
+            1,
+            "a pool that never grew is version 1"
+        );
+
+        pool.add_members(vec![blank(SMALL)]).unwrap();
+        assert!(
+            stale_map.is_retired(),
+            "reactors with the old layout must ask"
+        );
+        assert_eq!(pool.info().members, 2);
+        assert_eq!(pool.info().capacity_bytes, 2 * old_capacity);
+        assert_eq!(pool.layout().metadata_copies(), 2);
+        fill(&mut pool, old_capacity, 2 * old_capacity).unwrap();
+        let (member, _) = pool.layout().locate(pool.layout().chunks() - 1);
+        assert_eq!(member, 1, "the new units are on the new device");
+        pool.flush().unwrap();
+        for member in 0..2 {
+            for copy in 0..2 {
+                assert_eq!(version(pool.media_mut(), member, copy), 2);
+            }
+        }
+
+        let layout = *pool.layout();
+        let mut media = pool.into_media().crash();
+        damage_metadata(&mut media, &layout, 0, 0);
+        let mut pool = Pool::open(media).unwrap();
+        assert_eq!(*pool.layout(), layout);
+        for at in (0..2 * old_capacity).step_by(1 << 20) {
+            let mut back = [0u8; 4096];
+            pool.read("v", at, &mut back).unwrap();
+            assert!(back == [(at >> 20) as u8 + 1; 4096], "at {at}");
+        }
+    }
+
+    #[test]
+    fn adding_refuses_members_other_pools_small_devices_and_too_many() {
+        let mut pool = Pool::create(FaultyMedia::new(2, SMALL, 3), options("g", 1)).unwrap();
+        let mut other = Pool::create(FaultyMedia::new(1, SMALL, 4), options("other", 2))
+            .unwrap()
+            .into_media();
+        let message = |pool: &mut Pool<FaultyMedia>, device| {
+            pool.add_members(vec![device]).unwrap_err().to_string()
+        };
+        let error = message(&mut pool, other.take_last_member().unwrap());
+        assert!(error.contains("belongs to pool other"), "{error}");
+        let error = message(&mut pool, blank(4 << 20));
+        assert!(error.contains("no room for data"), "{error}");
+        let mut copy = blank(SMALL);
+        let mut block = vec![0u8; 2 * SUPERBLOCK_BYTES];
+        pool.media_mut().read_at(1, 0, &mut block).unwrap();
+        copy.write_at(0, 0, &block).unwrap();
+        let error = message(&mut pool, copy);
+        assert!(error.contains("device 2 of pool g already"), "{error}");
+        let many = (0..63).map(|_| blank(0)).collect();
+        let error = pool.add_members(many).unwrap_err();
+        assert!(matches!(error, VolumeError::Limit(_)), "{error}");
+        assert!(error.to_string().contains("64 at most"), "{error}");
+        assert_eq!(
+            pool.media().members(),
+            2,
+            "refused devices are closed again"
+        );
+        assert!(pool.failure().is_none());
+        pool.add_members(vec![blank(SMALL), blank(SMALL)]).unwrap();
+        assert_eq!(pool.layout().groups().len(), 2);
+        assert_eq!(pool.layout().members, 4);
+        Pool::open(pool.into_media()).unwrap();
+    }
+
+    /// A device whose superblock a growth wrote before it was cut short is
+    /// not a member: listed at open it is ignored, and it can be added again.
+    #[test]
+    fn a_device_left_by_an_interrupted_growth_is_ignored_and_can_be_added_again() {
+        let mut pool = Pool::create(FaultyMedia::new(1, SMALL, 3), options("g", 1)).unwrap();
+        pool.create_volume(&VolumeSpec {
+            name: "v".into(),
+            size_bytes: 4 << 20,
+            block_size: 4096,
+            thick: false,
+        })
+        .unwrap();
+        pool.write("v", 0, &[7; 4096]).unwrap();
+        pool.flush().unwrap();
+        // Fail the first write to an old member: the new device is written.
+        pool.media_mut().fail_after_writes(5);
+        assert!(pool.add_members(vec![blank(SMALL)]).is_err());
+        assert!(pool.failure().is_some(), "the growth is in doubt");
+        let mut media = pool.into_media().crash();
+        assert_eq!(media.members(), 2);
+        assert_eq!(
+            version(&mut media, 1, 0),
+            2,
+            "the new device has its superblock"
+        );
+        let mut pool = Pool::open(media).unwrap();
+        assert_eq!(pool.layout().members, 1, "not committed: the old pool");
+        let leftover = pool.media_mut().take_last_member().unwrap();
+        pool.add_members(vec![leftover]).unwrap();
+        assert_eq!(pool.layout().members, 2);
+        let mut back = [0u8; 4096];
+        pool.read("v", 0, &mut back).unwrap();
+        assert!(back == [7; 4096]);
+        let mut pool = Pool::open(pool.into_media().crash()).unwrap();
+        assert_eq!(pool.layout().members, 2);
+        pool.read("v", 0, &mut back).unwrap();
+        assert!(back == [7; 4096], "data written before the growth survives");
     }
 }

@@ -200,6 +200,26 @@ impl PoolState {
         }
     }
 
+    /// The pool grew to `chunks` chunks: the new ones are free at once (after
+    /// the free chunks it had, which are still allocated first).
+    pub fn grow(&mut self, chunks: u32) {
+        let old = self.chunks();
+        assert!(chunks >= old, "pools only grow");
+        self.refcounts.resize(chunks as usize, 0);
+        self.free.splice(0..0, (old..chunks).rev());
+    }
+
+    /// Gives every volume a copy of its map and retires the old one: whoever
+    /// still holds an old map must ask the manager from now on, and the
+    /// manager updates only the new ones.
+    pub fn renew_maps(&mut self) {
+        for volume in self.volumes.values_mut() {
+            let map = Arc::new(volume.map.resized(volume.map.len()));
+            volume.map.retire();
+            volume.map = map;
+        }
+    }
+
     /// Chunks in the pool.
     pub fn chunks(&self) -> u32 {
         self.refcounts.len() as u32

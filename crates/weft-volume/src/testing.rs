@@ -57,6 +57,18 @@ impl FaultyMedia {
         self.syncs_to_fail = count;
     }
 
+    /// Detaches the last member with what it holds (e.g. to add it to another pool).
+    pub fn take_last_member(&mut self) -> Option<FaultyMedia> {
+        let member = self.members.pop()?;
+        Some(FaultyMedia {
+            members: vec![member],
+            writes_until_failure: None,
+            syncs_to_fail: 0,
+            failed: false,
+            rng: self.rng,
+        })
+    }
+
     /// Whether the injected failure happened.
     pub fn has_failed(&self) -> bool {
         self.failed
@@ -184,6 +196,22 @@ impl Media for FaultyMedia {
             m.durable[at..at + data.len()].copy_from_slice(&data);
         }
         Ok(())
+    }
+
+    /// Media of one member (what it holds included): `FaultyMedia::new(1, size, seed)`
+    /// for a blank device.
+    type Device = FaultyMedia;
+
+    fn add_member(&mut self, device: FaultyMedia) -> io::Result<()> {
+        self.check_alive()?;
+        let [member] = <[Member; 1]>::try_from(device.members)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "add one device at a time"))?;
+        self.members.push(member);
+        Ok(())
+    }
+
+    fn remove_last_member(&mut self) {
+        self.members.pop();
     }
 }
 

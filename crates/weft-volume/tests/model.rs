@@ -457,3 +457,141 @@ fn limits_and_mistakes_get_clear_errors() {
     assert!(message(pool.clone_volume("v", "nope", "c")).contains("snapshot v@nope does not exist"));
     assert!(message(pool.create_snapshot("v", "bad@name")).contains("not allowed"));
 }
+
+/// A pool with volumes, a snapshot, a clone and data (flushed), on
+/// `members` devices, and the model of what it holds.
+fn pool_with_data(members: usize, seed: u64) -> (FaultyMedia, Model) {
+    let mut pool = Pool::create(FaultyMedia::new(members, MEMBER_BYTES, seed), options()).unwrap();
+    let mut model = Model::new();
+    let ops = [
+        Op::Create {
+            name: "a".into(),
+            size: 2 << 20,
+            thick: false,
+        },
+        Op::Write {
+            name: "a".into(),
+            offset: 4096,
+            len: 300 << 10,
+            seed: 3,
+        },
+        Op::Snapshot {
+            name: "a".into(),
+            snapshot: "s1".into(),
+        },
+        Op::Write {
+            name: "a".into(),
+            offset: 8192,
+            len: 4096,
+            seed: 4,
+        },
+        Op::Clone {
+            name: "a".into(),
+            snapshot: "s1".into(),
+            into: "b".into(),
+        },
+        Op::Create {
+            name: "c".into(),
+            size: 1 << 20,
+            thick: true,
+        },
+    ];
+    for op in &ops {
+        run(&mut pool, op).unwrap();
+        model = apply(&model, op);
+    }
+    pool.flush().unwrap();
+    (pool.into_media(), model)
+}
+
+/// Growth crashes at every write it makes (on pools of one and two devices,
+/// so that metadata copies are added too): the pool always reopens with
+/// every committed volume and byte, in the old layout or the new one, never
+/// a mix; a growth that did not commit can be done again; and once grown,
+/// the pool allocates beyond its old capacity and all of it survives a crash.
+#[test]
+fn growth_survives_a_crash_at_every_write() {
+    for members in [1, 2] {
+        for seed in 1..=4u64 {
+            let (base, model) = pool_with_data(members, seed);
+            let old_chunks = Pool::open(base.clone()).unwrap().layout().chunks();
+            let mut grown_cleanly = false;
+            for failing_write in 0.. {
+                let mut media = base.clone();
+                media.fail_after_writes(failing_write);
+                let mut pool = Pool::open(media).unwrap();
+                let result = pool.add_members(vec![FaultyMedia::new(1, MEMBER_BYTES, seed)]);
+                let failed = pool.media().has_failed();
+                assert_eq!(result.is_err(), failed, "{result:?}");
+                let media = pool.into_media().crash();
+                let context = format!("{members} device(s), seed {seed}, write {failing_write}");
+                let mut pool =
+                    Pool::open(media).unwrap_or_else(|e| panic!("{context}: reopen failed: {e}"));
+                let layout = *pool.layout();
+                assert!(
+                    layout.members as usize == members || layout.members as usize == members + 1,
+                    "{context}: {layout:?}"
+                );
+                let expected = if layout.members as usize == members {
+                    old_chunks
+                } else {
+                    old_chunks + layout.groups()[1].chunks()
+                };
+                assert_eq!(layout.chunks(), expected, "{context}");
+                let seen = observe(&mut pool);
+                consistent(&seen, &model, &model)
+                    .unwrap_or_else(|p| panic!("{context}: after the crash: {p}"));
+                if layout.members as usize == members {
+                    pool.add_members(vec![FaultyMedia::new(1, MEMBER_BYTES, seed)])
+                        .unwrap_or_else(|e| panic!("{context}: growing again: {e}"));
+                }
+                check_new_capacity(pool, model.clone(), old_chunks, &context);
+                if !failed {
+                    grown_cleanly = true;
+                    break;
+                }
+            }
+            assert!(grown_cleanly);
+        }
+    }
+}
+
+/// Allocates every free unit of a grown pool (past its old capacity) to a
+/// thick volume, crashes, and checks everything.
+fn check_new_capacity(
+    mut pool: Pool<FaultyMedia>,
+    mut model: Model,
+    old_chunks: u32,
+    context: &str,
+) {
+    let info = pool.info();
+    assert_eq!(
+        info.capacity_bytes,
+        u64::from(pool.layout().chunks()) * CHUNK
+    );
+    let free = info.capacity_bytes - info.allocated_bytes;
+    assert!(
+        free > u64::from(old_chunks) * CHUNK / 2,
+        "{context}: {free} bytes free"
+    );
+    let op = Op::Create {
+        name: "big".into(),
+        size: free,
+        thick: true,
+    };
+    run(&mut pool, &op).unwrap_or_else(|e| panic!("{context}: allocating the new units: {e}"));
+    model = apply(&model, &op);
+    let info = pool.info();
+    assert_eq!(info.allocated_bytes, info.capacity_bytes, "{context}");
+    let write = Op::Write {
+        name: "big".into(),
+        offset: free - 8192,
+        len: 8192,
+        seed: 9,
+    };
+    run(&mut pool, &write).unwrap();
+    model = apply(&model, &write);
+    let mut pool = Pool::open(pool.into_media().crash()).unwrap();
+    let seen = observe(&mut pool);
+    consistent(&seen, &model, &model).unwrap_or_else(|p| panic!("{context}: grown pool: {p}"));
+}
