@@ -1123,7 +1123,11 @@ impl<M: Media> Pool<M> {
             .map(|f| Frame::encoded_len(f.len()) as u64)
             .sum();
         if self.journal_used + needed > self.layout().journal_bytes {
-            // The state in memory includes these records: a checkpoint covers them.
+            // The state in memory includes these records: a checkpoint covers
+            // them. It takes the next sequence number, so that it is newer than
+            // the checkpoint in the other slot even when no record was
+            // journaled since that one (a commit larger than the journal).
+            self.sequence += 1;
             return self.write_checkpoint();
         }
         let mut bytes = Vec::with_capacity(needed as usize);
@@ -1840,6 +1844,32 @@ mod tests {
         pool.delete_volume("v").unwrap();
         let mut media = pool.erase().unwrap();
         assert!(Pool::probe(&mut media).iter().all(Option::is_none));
+    }
+
+    /// A commit that does not fit in the journal goes into a checkpoint; when
+    /// nothing was journaled since the other slot's checkpoint (e.g. a commit
+    /// larger than the whole journal), the new one must still be the newer,
+    /// or the open would take the older state and lose the commit.
+    #[test]
+    fn a_checkpoint_right_after_a_checkpoint_is_the_newer_one() {
+        let mut pool = pool();
+        pool.write_checkpoint().unwrap();
+        if pool.checkpoint_slot == 0 {
+            pool.write_checkpoint().unwrap();
+        }
+        // The next checkpoint lands in slot 0, the one an open prefers less
+        // on a tie; a full journal sends the next commit there.
+        pool.journal_used = pool.layout().journal_bytes;
+        let spec = VolumeSpec {
+            name: "w".into(),
+            size_bytes: 4 << 20,
+            block_size: 4096,
+            thick: false,
+        };
+        pool.create_volume(&spec).unwrap();
+        assert_eq!(pool.checkpoint_slot, 0);
+        let pool = Pool::open(pool.into_media()).unwrap();
+        assert!(pool.volume("w").is_some(), "the commit was lost at reopen");
     }
 
     #[test]
