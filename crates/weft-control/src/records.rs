@@ -20,6 +20,10 @@ pub const NQN_BYTES_MAX: usize = 223;
 pub struct PoolRecord {
     /// Member devices.
     pub devices: Vec<PathBuf>,
+    /// Devices being added (recorded before the pool's growth commits): at
+    /// the next open they are members if the pool's superblocks say so.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub adding: Vec<PathBuf>,
 }
 
 /// A host that may be given volumes.
@@ -225,6 +229,7 @@ mod tests {
         let mut state = DesiredState::new(Box::new(MemoryStore::default()), "n1");
         let pool = PoolRecord {
             devices: vec!["/dev/nvme0n1".into()],
+            adding: Vec::new(),
         };
         state.put_pool("fast", &pool).unwrap();
         state

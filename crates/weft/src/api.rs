@@ -40,6 +40,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "pools"),
     ("GET", "pools/{pool}"),
     ("DELETE", "pools/{pool}"),
+    ("POST", "pools/{pool}/devices"),
     ("POST", "pools/{pool}/clear-failure"),
     ("POST", "subsystems/{nqn}/namespaces/{nsid}/clear-failure"),
     ("GET", "volumes"),
@@ -355,6 +356,13 @@ struct CreatePool {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+struct AddDevices {
+    devices: Vec<PathBuf>,
+    device_size_bytes: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct CreateVolume {
     name: String,
     pool: Option<String>,
@@ -417,6 +425,14 @@ fn operation(
         }
         ("GET", "pools/{pool}") => AdminOp::ShowPool(param(0)),
         ("DELETE", "pools/{pool}") => AdminOp::DeletePool(param(0)),
+        ("POST", "pools/{pool}/devices") => {
+            let add: AddDevices = parse(body)?;
+            AdminOp::AddDevices {
+                pool: param(0),
+                devices: add.devices,
+                device_bytes: add.device_size_bytes,
+            }
+        }
         ("POST", "pools/{pool}/clear-failure") => AdminOp::ClearPoolFailure(param(0)),
         ("POST", "subsystems/{nqn}/namespaces/{nsid}/clear-failure") => {
             AdminOp::ClearNamespaceFailure {

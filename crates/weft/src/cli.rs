@@ -147,6 +147,20 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
             known(&[])?;
             ("GET", format!("pools/{}", operand(1, "pool name")?), None, Show::Pool)
         }
+        ("pool", "add-device") => {
+            known(&["device", "device-size"])?;
+            let devices: Vec<String> = options
+                .iter()
+                .filter(|(n, _)| n == "device")
+                .filter_map(|(_, v)| v.clone())
+                .collect();
+            if devices.is_empty() {
+                return Err("weft pool add-device POOL --device PATH [--device PATH]...: give at least one device".into());
+            }
+            let body = json!({"devices": devices, "device_size_bytes": size("device-size")?});
+            let path = format!("pools/{}/devices", operand(1, "pool name")?);
+            ("POST", path, Some(body), Show::Done("added: the new capacity is usable now"))
+        }
         ("pool", "delete") => {
             known(&[])?;
             ("DELETE", format!("pools/{}", operand(1, "pool name")?), None, Show::Done("deleted"))

@@ -34,6 +34,7 @@ Usage:
   weft pool create NAME --device PATH [--device PATH]... [--device-size SIZE]
                         [--allocation-unit SIZE] [--force]
   weft pool list | show NAME | delete NAME | clear-failure NAME
+  weft pool add-device NAME --device PATH [--device PATH]... [--device-size SIZE]   (online)
   weft namespace clear-failure NQN [--nsid N]   (a configured file or block device namespace)
   weft volume create NAME --pool POOL --size SIZE [--thick] [--block-size 512|4096]
   weft volume list | show NAME | delete NAME [--force] | resize NAME --size SIZE

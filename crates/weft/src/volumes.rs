@@ -30,7 +30,9 @@ use weft_target::{
     Backend, DataPlane, Exports, FailedOperation, Health, Meter, NamespaceDevice, VolumeBackend,
     VolumeManager, VolumeOutcome, VolumeRequest, VolumeWork,
 };
-use weft_volume::{FileMedia, Pool, PoolInfo, PoolOptions, VolumeError, VolumeInfo, VolumeSpec};
+use weft_volume::{
+    DevicePath, FileMedia, Pool, PoolInfo, PoolOptions, VolumeError, VolumeInfo, VolumeSpec,
+};
 
 /// NQN prefix of volume subsystems.
 pub const VOLUME_NQN_PREFIX: &str = "nqn.2026-11.io.weft:vol:";
@@ -68,6 +70,15 @@ pub enum AdminOp {
     ShowPool(String),
     /// Delete a pool that holds no volume (its devices' superblocks are erased).
     DeletePool(String),
+    /// Grow a pool online by `devices` (created sparse with `device_bytes` if missing).
+    AddDevices {
+        /// Pool name.
+        pool: String,
+        /// New devices, added as one stripe group.
+        devices: Vec<PathBuf>,
+        /// Size of missing files to create.
+        device_bytes: Option<u64>,
+    },
     /// Clear a pool's failure: reopen it at its last committed state and serve it again.
     ClearPoolFailure(String),
     /// Clear the failure of a configured (file or block device) namespace.
@@ -510,10 +521,15 @@ impl Manager {
         queue: u32,
     ) -> Result<Manager, String> {
         let mut pools = BTreeMap::new();
+        let mut desired = desired;
         for (name, record) in desired.pools().map_err(|e| e.to_string())? {
-            let media =
-                FileMedia::open(&record.devices, None).map_err(|e| format!("pool {name}: {e}"))?;
+            // Devices being added when weft stopped are offered after the
+            // members; the pool's superblocks say whether they joined.
+            let mut paths = record.devices.clone();
+            paths.extend(record.adding.iter().filter(|p| p.exists()).cloned());
+            let media = FileMedia::open(&paths, None).map_err(|e| format!("pool {name}: {e}"))?;
             let pool = Pool::open(media).map_err(|e| format!("pool {name}: {e}"))?;
+            reconcile_members(&mut desired, &name, &pool).map_err(|e| e.to_string())?;
             log::info!(
                 "pool {name}: {} volumes, {} of {} allocated",
                 pool.info().volumes,
@@ -748,6 +764,14 @@ impl Manager {
             } => self.create_pool(name, devices, chunk_bytes, device_bytes, force)?,
             AdminOp::ListPools => AdminReply::Pools(self.pool_views()?),
             AdminOp::ShowPool(name) => AdminReply::Pool(Box::new(self.pool_detail(&name)?)),
+            AdminOp::AddDevices {
+                pool,
+                devices,
+                device_bytes,
+            } => {
+                self.add_devices(&pool, devices, device_bytes, plane)?;
+                AdminReply::Done
+            }
             AdminOp::DeletePool(name) => {
                 self.delete_pool(&name)?;
                 AdminReply::Done
@@ -917,7 +941,11 @@ impl Manager {
             uuid,
         };
         let pool = Pool::create(media, options)?;
-        self.desired.put_pool(&name, &PoolRecord { devices })?;
+        let record = PoolRecord {
+            devices,
+            adding: Vec::new(),
+        };
+        self.desired.put_pool(&name, &record)?;
         self.health.insert(name.clone(), Arc::default());
         log::info!(
             "pool {name} created: {} in allocation units of {}",
@@ -958,6 +986,68 @@ impl Manager {
         }
         self.meters.remove(name);
         log::info!("volume {name} deleted");
+        Ok(())
+    }
+
+    /// Grows pool `name` by `devices`, online. The devices are recorded as
+    /// being added first, so that a crash at any point opens the pool with or
+    /// without them, whichever its superblocks committed; the new capacity is
+    /// allocatable when this returns, and the new exports (layout, member
+    /// descriptors, maps) are published before it does.
+    fn add_devices(
+        &mut self,
+        name: &str,
+        devices: Vec<PathBuf>,
+        device_bytes: Option<u64>,
+        plane: &DataPlane,
+    ) -> Result<(), AdminError> {
+        if devices.is_empty() {
+            return Err(VolumeError::invalid("device list", "give at least one --device").into());
+        }
+        let pools = self.desired.pools()?;
+        let mut record = pools
+            .get(name)
+            .cloned()
+            .ok_or_else(|| not_found("pool", name))?;
+        for (pool, other) in &pools {
+            let taken = other.devices.iter().chain(&other.adding);
+            if let Some(path) = taken.into_iter().find(|d| devices.contains(d)) {
+                return Err(VolumeError::invalid(
+                    format!("device {}", path.display()),
+                    format!("it is already a member of pool {pool}"),
+                )
+                .into());
+            }
+        }
+        record.adding = devices.clone();
+        self.desired.put_pool(name, &record)?;
+        let new = devices
+            .iter()
+            .map(|path| DevicePath {
+                path: path.clone(),
+                create_bytes: device_bytes,
+            })
+            .collect();
+        let pool = self.pool_mut(name)?;
+        let result = pool.add_members(new);
+        let pool = &self.pools[name];
+        note_pool_failure(pool, &self.health[name]);
+        // In doubt (the pool failed mid-growth): the record keeps the devices
+        // as being added until clear-failure or a restart reads the pool again.
+        if pool.failure().is_none() {
+            reconcile_members(&mut self.desired, name, pool)?;
+        }
+        plane.update_exports(self.exports());
+        result?;
+        log::info!(
+            "pool {name}: {} added; {} of data space",
+            devices
+                .iter()
+                .map(|d| d.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            weft_storage::human_bytes(self.pools[name].info().capacity_bytes)
+        );
         Ok(())
     }
 
@@ -1019,6 +1109,8 @@ impl Manager {
         }
         pool.reload()?;
         health.clear();
+        let pool = &self.pools[name];
+        reconcile_members(&mut self.desired, name, pool)?;
         plane.update_exports(self.exports());
         log::warn!("pool {name}: failure cleared by an operator ({failure}); serving it again from its last committed state");
         Ok(())
@@ -1362,6 +1454,34 @@ impl Manager {
             nguid: crate::identity::hex(&info.id),
         })
     }
+}
+
+/// Makes pool `name`'s record say which devices are members, as the pool
+/// read them from its superblocks (a growth cut short by a crash or failure
+/// committed or not), with nothing left "being added".
+fn reconcile_members(
+    desired: &mut DesiredState,
+    name: &str,
+    pool: &Pool<FileMedia>,
+) -> Result<(), StoreError> {
+    let members = usize::from(pool.layout().members);
+    let Some(mut record) = desired.pools()?.remove(name) else {
+        return Ok(());
+    };
+    let devices = pool.media().paths()[..members].to_vec();
+    if record.devices == devices && record.adding.is_empty() {
+        return Ok(());
+    }
+    for path in record.adding.iter().filter(|p| !devices.contains(p)) {
+        log::warn!(
+            "pool {name}: device {} was being added but did not join; add it again (weft pool add-device {name} --device {})",
+            path.display(),
+            path.display()
+        );
+    }
+    record.devices = devices;
+    record.adding.clear();
+    desired.put_pool(name, &record)
 }
 
 /// A pool's or volume's state as the API names it.

@@ -430,3 +430,81 @@ fn admin_commands_say_when_no_node_answers() {
     let errors = String::from_utf8_lossy(&output.stderr);
     assert!(errors.contains("is `weft serve` running"), "{errors}");
 }
+
+/// `weft pool add-device`: a full pool grows online, the new capacity is
+/// usable at once (a thick volume that did not fit now does), data written
+/// before and after stays, and the pool keeps its devices after a restart.
+#[test]
+fn a_pool_grows_online_and_keeps_its_new_device_after_a_restart() {
+    let dir = temp_dir("grow");
+    let [d0, d1] =
+        [dir.join("d0.img"), dir.join("d1.img")].map(|p| p.to_str().unwrap().to_string());
+    let node = start(&dir.join("data"));
+    ok(
+        &node,
+        &[
+            "pool",
+            "create",
+            "g",
+            "--device",
+            &d0,
+            "--device-size",
+            "64MiB",
+        ],
+    );
+    ok(
+        &node,
+        &[
+            "volume", "create", "small", "--pool", "g", "--size", "16MiB", "--thick",
+        ],
+    );
+    let thick = [
+        "volume", "create", "big", "--pool", "g", "--size", "96MiB", "--thick",
+    ];
+    assert!(refused(&node, &thick).contains("is full"));
+    ok(&node, &["host", "add", "tester", "--nqn", HOST_NQN]);
+    ok(&node, &["volume", "attach", "small", "--host", "tester"]);
+    let bench = |node: &Node, args: &[&str]| {
+        let url = volume_url(node, "small");
+        let mut all = vec![
+            "bench",
+            "--hostnqn",
+            HOST_NQN,
+            "--target",
+            &url,
+            "--bs",
+            "64k",
+            "--verify",
+        ];
+        all.extend_from_slice(args);
+        ok(node, &all)
+    };
+    bench(&node, &["--rw", "write", "--size", "16MiB"]);
+    let added = ok(
+        &node,
+        &[
+            "pool",
+            "add-device",
+            "g",
+            "--device",
+            &d1,
+            "--device-size",
+            "128MiB",
+        ],
+    );
+    assert!(added.contains("usable now"), "{added}");
+    ok(&node, &thick);
+    let shown = ok(&node, &["pool", "show", "g"]);
+    assert!(shown.contains(&d0) && shown.contains(&d1), "{shown}");
+    let error = refused(&node, &["pool", "add-device", "g", "--device", &d1]);
+    assert!(error.contains("already a member"), "{error}");
+    drop(node);
+    let node = start(&dir.join("data"));
+    let shown = ok(&node, &["pool", "show", "g"]);
+    assert!(
+        shown.contains(&d1),
+        "the new device after a restart: {shown}"
+    );
+    assert!(ok(&node, &["volume", "list"]).contains("big"));
+    bench(&node, &["--rw", "randrw", "--runtime", "300ms"]);
+}
