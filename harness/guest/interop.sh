@@ -4,7 +4,7 @@
 #   a discovery   b connect + identify   c fio write+verify   d header/data digests
 #   e ext4 persistence across reconnect   f restart (SIGTERM)   g malformed PDUs
 #   h data written with O_DIRECT+fsync survives kill -9
-#   i volumes (weft only): a pool over two files, two volumes connected at once, ext4
+#   i volumes (weft only): a pool over two files (grown online by a third under I/O), two volumes connected at once, ext4
 #     snapshot after fsfreeze, a clone mounted alongside shows the snapshot's files, online
 #     resize seen through the namespace-attribute-changed event + resize2fs, data intact
 #     after a weft restart, delete refused while a host is connected; host access: an
@@ -596,6 +596,16 @@ wait_size() { # DEV BYTES SECONDS: wait until DEV has BYTES
     done
     return 1
 }
+grow_under_io() { # DEV: fio writes DEV (crc32c) at 16 MiB/s while the pool gains a device
+    local dev=$1 json=$OUT/fio-grow.json pid
+    (exec fio --name=grow --filename="$dev" --rw=randwrite --bs=64k --size=$((48 * MIB)) --rate=16m \
+        --direct=1 --ioengine=libaio --iodepth=8 --verify=crc32c --do_verify=1 --verify_fatal=1 \
+        --verify_state_save=0 --output-format=json --output="$json") &
+    pid=$!
+    sleep 1
+    weft_cli pool add-device fast --device "$WEFT_POOL_DIR/pool2.img" --device-size 1GiB || { wait "$pid"; return 1; }
+    wait "$pid" && fio_summary "$json" $((48 * MIB))
+}
 refused_while_connected() { # volume delete must fail and say why
     local out
     out=$(weft_cli volume delete vol-b 2>&1) && return 1
@@ -625,6 +635,10 @@ step_volumes() {
     check "sizes 256 MiB and 128 MiB" eval '[ "$(blockdev --getsize64 "$deva")" = 268435456 ] && [ "$(blockdev --getsize64 "$devb")" = 134217728 ]'
     check "fio crc32c verify vol-b bs 4k 32 MiB" fio_verify "$devb" 4k 32
     check "fio crc32c verify vol-a bs 128k 64 MiB" fio_verify "$deva" 128k 64
+    check "a 2 GiB thick volume does not fit in the pool yet" eval '! weft_cli volume create vol-big --pool fast --size 2GiB --thick'
+    check "pool add-device (a third 1 GiB file) while fio writes and verifies vol-a" grow_under_io "$deva"
+    check "now it fits: volume create vol-big 2 GiB thick, delete it" eval 'weft_cli volume create vol-big --pool fast --size 2GiB --thick && weft_cli volume delete vol-big'
+    weft_cli pool show fast | sed 's/^/  /'
     check "volume delete refused while a host is connected" refused_while_connected
     check "mkfs.ext4 vol-a, mount" eval 'mkfs.ext4 -q -F "$deva" && mount "$deva" "$MNT"' || return
     check "write 20 MiB random + 40 small files" write_files

@@ -71,7 +71,8 @@ pub enum Termination {
     SubsystemRemoved,
     /// The queue's host is no longer allowed to use its subsystem.
     AccessRevoked,
-    /// No ICReq, or no completed Connect, within the setup deadline
+    /// No ICReq, or no completed Connect (and authentication, where the
+    /// host must authenticate), within the setup deadline
     /// (`Limits::icreq_timeout_ms`, `Limits::connect_timeout_ms`).
     SetupTimeout,
 }
@@ -307,18 +308,42 @@ impl Connection {
     pub fn poll_timeout(&self) -> Option<Timestamp> {
         match &self.state {
             State::AwaitIcReq | State::AwaitConnect => self.setup_deadline,
-            State::Admin(_, admin) => admin.keep_alive_deadline(),
-            _ => None,
+            State::Admin(queue, admin) => [
+                admin.keep_alive_deadline(),
+                self.authentication_deadline(queue),
+            ]
+            .into_iter()
+            .flatten()
+            .min(),
+            State::Io(queue, _) => self.authentication_deadline(queue),
+            State::Closing => None,
         }
     }
 
-    /// Expires the keep-alive timer, or notices that the controller went away.
+    /// When a connected queue whose host must authenticate is closed unless
+    /// it has by then: the Connect deadline covers DH-HMAC-CHAP too, or a
+    /// peer that knows an allowed host NQN but not its secret could hold
+    /// the subsystem's controllers.
+    fn authentication_deadline(&self, queue: &QueueInfo) -> Option<Timestamp> {
+        self.setup_deadline.filter(|_| !queue.authenticated())
+    }
+
+    /// Ends a queue that missed its ICReq, Connect or authentication
+    /// deadline, expires the keep-alive timer, or notices that the
+    /// controller went away.
     pub fn handle_timeout(&mut self, now: Timestamp) {
         let icreq_timeout = Duration::from_millis(u64::from(self.limits.icreq_timeout_ms));
         let ended = match &self.state {
             State::AwaitIcReq | State::AwaitConnect => {
                 let deadline = *self.setup_deadline.get_or_insert(now.after(icreq_timeout));
                 (now >= deadline).then_some(Termination::SetupTimeout)
+            }
+            State::Admin(queue, _) | State::Io(queue, _)
+                if self
+                    .authentication_deadline(queue)
+                    .is_some_and(|deadline| now >= deadline) =>
+            {
+                Some(Termination::SetupTimeout)
             }
             State::Admin(_, admin) => admin
                 .keep_alive_deadline()
@@ -2391,6 +2416,33 @@ mod tests {
         let (sqe, data) = connect_command(1, 0, 31, 0, 0xFFFF, DISCOVERY_NQN);
         let response = discovery.command(&sqe, &data).pop().unwrap();
         assert_eq!(response.result() >> 16, 0, "discovery is not authenticated");
+    }
+
+    /// A queue whose host must authenticate and does not by the Connect
+    /// deadline is closed with its controller; an authenticated one stays.
+    #[test]
+    fn a_queue_that_does_not_authenticate_by_the_connect_deadline_is_closed() {
+        let target = authenticating_target(false);
+        let mut lingering = Pair::new(&target);
+        lingering.connect_admin(TEST_NQN, 0);
+        let mut authenticated = Pair::new(&target);
+        authenticated.connect_admin(TEST_NQN, 0);
+        assert_eq!(
+            authenticated.authenticate(host_keys(false), TEST_NQN),
+            Ok(())
+        );
+        lingering.advance(Duration::from_secs(10));
+        authenticated.advance(Duration::from_secs(10));
+        assert_eq!(
+            lingering.connection.termination(),
+            Some(&Termination::SetupTimeout)
+        );
+        assert!(!authenticated.connection.is_closed());
+        assert!(
+            !target.registry.is_empty(),
+            "the authenticated controller stays"
+        );
+        lingering.connection.on_closed();
     }
 
     #[test]

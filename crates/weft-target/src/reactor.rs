@@ -1434,6 +1434,11 @@ fn io_class(kind: &IoKind) -> (IoClass, u32) {
 /// Starts closing: logs why once, shuts the socket down (which also ends a
 /// pending receive) and releases the queue in the core.
 fn begin_close(peer: &mut Peer, reason: &str) {
+    // The receive or send that the shutdown ends comes back here: the close
+    // was logged (and the queue released) already.
+    if peer.closing {
+        return;
+    }
     peer.closing = true;
     match peer.protocol.termination() {
         Some(Termination::Protocol(error)) => log::warn!(

@@ -99,12 +99,23 @@ pub fn start(
         started: Instant::now(),
     });
     let busy = Arc::new(BusyCount::default());
+    // Clients over the limit are answered 503 by one thread of their own, a
+    // few at a time (more are closed unanswered): the accepting thread never waits.
+    let (refusals, refused) = std::sync::mpsc::sync_channel::<std::net::TcpStream>(16);
+    std::thread::Builder::new()
+        .name("weft-api-busy".into())
+        .spawn(move || {
+            for stream in refused {
+                refuse_busy(stream, limits.connections);
+            }
+        })
+        .map_err(|e| e.to_string())?;
     std::thread::Builder::new()
         .name("weft-api".into())
         .spawn(move || {
             for stream in listener.incoming().flatten() {
                 let Some(call) = busy.enter(limits.connections) else {
-                    refuse_busy(stream, limits.connections);
+                    let _ = refusals.try_send(stream);
                     continue;
                 };
                 let Ok(stream) = http::DeadlineStream::new(stream, limits.request_timeout) else {
@@ -161,11 +172,11 @@ impl Drop for BusyCall {
 /// Answers a client over the connection limit with 503 (plain HTTP, best
 /// effort, without waiting for its request).
 fn refuse_busy(mut stream: std::net::TcpStream, limit: u32) {
-    // What the client sent already is read first: closing a socket with
+    // The client's request is read first (briefly): closing a socket with
     // unread data resets it, and the client could lose the answer.
-    let _ = stream.set_read_timeout(Some(Duration::from_millis(20)));
-    let _ = stream.read(&mut [0u8; 4096]);
-    let _ = stream.set_write_timeout(Some(Duration::from_millis(100)));
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
+    let _ = stream.read(&mut [0u8; 16 * 1024]);
+    let _ = stream.set_write_timeout(Some(Duration::from_millis(200)));
     let (status, body) = failure(
         503,
         "busy",
@@ -173,6 +184,9 @@ fn refuse_busy(mut stream: std::net::TcpStream, limit: u32) {
         "retry in a moment; raise limits.api_connections in weft.toml if this is normal load",
     );
     let _ = http::write_response(&mut stream, status, http::JSON, body.to_string().as_bytes());
+    // Half-close and drain what else comes, so that the close sends no reset.
+    let _ = stream.shutdown(std::net::Shutdown::Write);
+    let _ = stream.read(&mut [0u8; 16 * 1024]);
 }
 
 /// A connection to the TLS API: plain HTTP (a first byte that cannot start a
@@ -207,6 +221,19 @@ fn serve_connection(mut stream: impl Read + Write, api: &Api) {
             }
         }
         Ok(request) => api.handle(&request),
+        Err(error)
+            if matches!(
+                error.kind(),
+                std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock
+            ) =>
+        {
+            failure(
+                408,
+                "request_timeout",
+                &error.to_string(),
+                "send the whole request at once (limits.api_request_timeout_ms in weft.toml)",
+            )
+        }
         Err(error) => failure(
             400,
             "bad_request",
