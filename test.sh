@@ -19,11 +19,16 @@ cargo build --release --locked -p weft-initiator --examples
 step "cargo test (unit, protocol, seeded fuzz loops)"
 cargo test --workspace --locked
 
-step "fuzz smoke (cargo-fuzz)"
+step "fuzz smoke (cargo-fuzz, overflow checks and debug assertions on)"
 if rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
     command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked --quiet
     for target in decoders connection authentication http_request volume_open; do
-        (cd fuzz && cargo +nightly fuzz run "$target" -- -max_total_time="${WEFT_FUZZ_SECONDS:-20}" -rss_limit_mb=4096 2>&1 | tail -n 3)
+        # New inputs go to the first directory (git-ignored); the checked-in
+        # seeds (fuzz/seeds/TARGET, recorded by weft-proto's tests) start the search.
+        corpora=("corpus/$target")
+        [ -d "fuzz/seeds/$target" ] && corpora+=("seeds/$target")
+        mkdir -p "fuzz/corpus/$target"
+        (cd fuzz && cargo +nightly fuzz run --debug-assertions "$target" "${corpora[@]}" -- -max_total_time="${WEFT_FUZZ_SECONDS:-20}" -rss_limit_mb=4096 2>&1 | tail -n 3)
     done
 else
     echo "skipped: no nightly toolchain (the seeded loops in cargo test ran)"
