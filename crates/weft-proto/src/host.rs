@@ -363,7 +363,7 @@ impl HostQueue {
         slot: SlotId,
         buffers: &mut impl SlotBuffers,
     ) {
-        let mut header = [0u8; MAX_HEADER_LEN];
+        let mut header = [0u8; pdu::CAPSULE_PDO_MAX];
         let header_bytes = pdu::encode_capsule_cmd(
             self.rx.header_digest,
             self.rx.data_digest,
@@ -1106,6 +1106,54 @@ mod tests {
             violation,
             "CapsuleResp with PLEN 28: it carries no data, so its PLEN is 24"
         );
+    }
+
+    /// A CPDA of 16 (68-byte alignment) pads the 72-byte CapsuleCmd header
+    /// to 136 bytes, past the longest header: found by the `host` fuzz
+    /// target, it overran the header buffer. Every CPDA, with and without
+    /// a header digest, puts the data at the next multiple of the alignment.
+    #[test]
+    fn in_capsule_data_is_aligned_for_every_cpda() {
+        for (cpda, header_digest) in (0..=31u8).flat_map(|cpda| [(cpda, false), (cpda, true)]) {
+            let mut host = HostQueue::new(HostConfig {
+                header_digest,
+                data_digest: false,
+                queue_entries: 4,
+                in_capsule_bytes_max: 4096,
+                buffer_bytes: 4096,
+            });
+            let mut buffers = VecBuffers::new(&Limits::DEFAULT);
+            sent(&mut host);
+            let digest = if header_digest { "01" } else { "00" };
+            let mut icresp = wire::hex(&format!(
+                "01 00 80 00 80000000 0000 {cpda:02x} {digest} 00100000"
+            ));
+            icresp.resize(128, 0);
+            host.handle_input(&icresp, &mut buffers);
+            assert!(host.is_ready(), "CPDA {cpda}");
+            let write = testing::rw(io_opcode::WRITE, 0, 1, 0, 1, 0, false);
+            host.submit(write, DataTransfer::ToController(512), &mut buffers)
+                .expect("submitted");
+            let transmit = host.poll_transmit().expect("the capsule");
+            let header = transmit.bytes;
+            let (pdo, plen) = (
+                usize::from(header[3]),
+                u32::from_le_bytes([header[4], header[5], header[6], header[7]]) as usize,
+            );
+            let alignment = (usize::from(cpda) + 1) * 4;
+            let header_end: usize = 72 + if header_digest { 4 } else { 0 };
+            assert_eq!(
+                pdo,
+                header_end.div_ceil(alignment) * alignment,
+                "CPDA {cpda}"
+            );
+            assert_eq!(plen, pdo + 512);
+            assert_eq!(
+                header.len(),
+                pdo,
+                "header, digest and padding are sent inline"
+            );
+        }
     }
 
     #[test]

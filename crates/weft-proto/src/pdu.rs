@@ -16,6 +16,26 @@ pub const DIGEST_LEN: usize = 4;
 /// Longest header any PDU has (ICReq/ICResp).
 pub const MAX_HEADER_LEN: usize = 128;
 
+/// Most bytes before a CapsuleCmd's data: its 72-byte header, a header
+/// digest and the padding to the controller's alignment (CPDA + 1 dwords,
+/// up to 128 bytes). The worst case, CPDA 17, pads 76 bytes to 144.
+pub const CAPSULE_PDO_MAX: usize = capsule_pdo_max();
+
+const fn capsule_pdo_max() -> usize {
+    let header = 72 + DIGEST_LEN;
+    let (mut alignment, mut max) = (4, 0);
+    while alignment <= 128 {
+        let pdo = header.div_ceil(alignment) * alignment;
+        if pdo > max {
+            max = pdo;
+        }
+        alignment += 4;
+    }
+    max
+}
+
+const _: () = assert!(CAPSULE_PDO_MAX == 144 && CAPSULE_PDO_MAX <= u8::MAX as usize);
+
 /// PDU type values (NVMe/TCP 1.0, Figure 16).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -474,8 +494,9 @@ pub fn encode_capsule_cmd(
     pdo_alignment: usize,
     sqe: &[u8; 64],
     data_len: usize,
-    out: &mut [u8; MAX_HEADER_LEN],
+    out: &mut [u8; CAPSULE_PDO_MAX],
 ) -> usize {
+    debug_assert!((4..=128).contains(&pdo_alignment) && pdo_alignment.is_multiple_of(4));
     let hlen = PduType::CapsuleCmd.header_len();
     let hdgst = if header_digest { DIGEST_LEN } else { 0 };
     let ddgst = if data_digest && data_len > 0 {

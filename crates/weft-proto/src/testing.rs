@@ -539,7 +539,7 @@ pub fn parse_pdu(sent: &mut Vec<u8>) -> Option<ReceivedPdu> {
 
 /// A CapsuleCmd PDU carrying `sqe` and optional in-capsule data.
 pub fn capsule(header_digest: bool, data_digest: bool, sqe: &[u8; 64], data: &[u8]) -> Vec<u8> {
-    let mut header = [0u8; pdu::MAX_HEADER_LEN];
+    let mut header = [0u8; pdu::CAPSULE_PDO_MAX];
     let header_len =
         pdu::encode_capsule_cmd(header_digest, data_digest, 4, sqe, data.len(), &mut header);
     let mut pdu = header[..header_len].to_vec();
