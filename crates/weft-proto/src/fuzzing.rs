@@ -12,12 +12,13 @@
 
 use crate::auth::{ControllerExchange, DhchapSecret, HostExchange};
 use crate::command::{admin_opcode, Command, ConnectCommand, ConnectData, PropertyCommand};
+use crate::host::{DataTransfer, HostCompletion, HostConfig, HostQueue};
 use crate::io::{dsm_ranges, IoError, IoPlan};
-use crate::pdu::{CommonHeader, DataHeader, IcReq, IcResp, PduType};
-use crate::status::Status;
+use crate::pdu::{self, digest_bits, flags, CommonHeader, DataHeader, IcReq, IcResp, PduType};
+use crate::status::{Completion, Status};
 use crate::target::{Limits, Target, TargetConfig, DISCOVERY_NQN};
 use crate::testing::{self, Pair, ReceivedPdu};
-use crate::types::Nsid;
+use crate::types::{Cid, Nsid};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -328,6 +329,158 @@ pub fn authentication(data: &[u8]) {
     if host.reply(challenge, &random).is_ok() {
         let _ = host.conclude(success1);
     }
+}
+
+/// The host side of a connection (the initiator's core) on an arbitrary
+/// byte stream from a target. The first byte asks for header (bit 0) and
+/// data (bit 1) digests; the rest is read as `connection` operations of
+/// which only deliveries carry input: the bytes the target sends. Once
+/// ICResp arrives the host submits a read, a write by R2T, a write in the
+/// capsule and a command without data; after each operation it sends what
+/// it queued and takes its completions.
+pub fn host(data: &[u8]) {
+    run_host(data, |_| {});
+}
+
+/// [`host`], handing every completion to `on_completion`.
+fn run_host(data: &[u8], mut on_completion: impl FnMut(HostCompletion)) {
+    let Some((&setup, mut input)) = data.split_first() else {
+        return;
+    };
+    let mut host = HostQueue::new(HostConfig {
+        header_digest: setup & digest_bits::HEADER != 0,
+        data_digest: setup & digest_bits::DATA != 0,
+        ..HOST_FUZZ_CONFIG
+    });
+    let mut buffers = testing::VecBuffers::new(&FUZZ_LIMITS);
+    let mut submitted = false;
+    while let Some(operation) = Operation::decode(&mut input) {
+        if let Operation::Deliver(bytes) = operation {
+            host.handle_input(bytes, &mut buffers);
+        }
+        if host.is_ready() && !submitted {
+            submitted = true;
+            for (sqe, transfer) in host_commands() {
+                let _ = host.submit(sqe, transfer, &mut buffers);
+            }
+        }
+        while host.poll_transmit().is_some() {
+            host.on_transmitted();
+        }
+        while let Some(completion) = host.poll_completion() {
+            on_completion(completion);
+        }
+    }
+}
+
+/// The host queue [`host`] drives: 8 KiB transfers go by R2T, 4 KiB ones in
+/// the capsule.
+const HOST_FUZZ_CONFIG: HostConfig = HostConfig {
+    header_digest: false,
+    data_digest: false,
+    queue_entries: 8,
+    in_capsule_bytes_max: 4096,
+    buffer_bytes: FUZZ_LIMITS.transfer_bytes_max,
+};
+
+/// What [`host`] submits, CIDs 0 to 3 in order: a read of 8 KiB, a write of
+/// 8 KiB (by R2T), a write of 2 KiB (in the capsule) and a Flush.
+fn host_commands() -> [([u8; 64], DataTransfer); 4] {
+    use crate::command::io_opcode::{FLUSH, READ, WRITE};
+    [
+        (
+            testing::rw(READ, 0, 1, 0, 16, 0, false),
+            DataTransfer::FromController(8192),
+        ),
+        (
+            testing::rw(WRITE, 0, 1, 0, 16, 0, false),
+            DataTransfer::ToController(8192),
+        ),
+        (
+            testing::rw(WRITE, 0, 1, 16, 4, 0, false),
+            DataTransfer::ToController(2048),
+        ),
+        (testing::sqe(FLUSH, 0, 1, 0, false), DataTransfer::None),
+    ]
+}
+
+/// Seeds for `host`: a target answering [`host`]'s commands as weft does
+/// (ICResp, an R2T, the read's data in two C2HData PDUs, four
+/// CapsuleResps), without and with digests.
+pub fn host_seeds() -> Vec<Seed> {
+    let answers = |header_digest: bool, data_digest: bool| {
+        let mut icresp = [0u8; 128];
+        IcResp {
+            pfv: 0,
+            cpda: 0,
+            digest: digest_bits::of(header_digest, data_digest),
+            maxh2cdata: FUZZ_LIMITS.h2c_data_bytes_max,
+        }
+        .encode(&mut icresp);
+        // The host submits once ICResp is in: the answers come after.
+        let mut stream = Vec::new();
+        let mut r2t = [0u8; 28];
+        let header = DataHeader {
+            cccid: 1,
+            ttag: 1,
+            offset: 0,
+            length: 8192,
+        };
+        let len = pdu::encode_r2t(header_digest, header, &mut r2t);
+        stream.extend_from_slice(&r2t[..len]);
+        let data: Vec<u8> = (0..8192u32).map(|i| (i % 251) as u8).collect();
+        for (index, piece) in data.chunks(4096).enumerate() {
+            let header = DataHeader {
+                cccid: 0,
+                ttag: 0,
+                offset: index as u32 * 4096,
+                length: 4096,
+            };
+            let pdu_flags = if index == 1 { flags::LAST_PDU } else { 0 };
+            let mut out = [0u8; pdu::MAX_HEADER_LEN];
+            let pdo = pdu::encode_data_pdu(
+                PduType::C2hData,
+                pdu_flags,
+                header_digest,
+                data_digest,
+                4,
+                header,
+                &mut out,
+            );
+            stream.extend_from_slice(&out[..pdo]);
+            stream.extend_from_slice(piece);
+            if data_digest {
+                stream.extend_from_slice(&crate::digest::crc32c(piece).to_le_bytes());
+            }
+        }
+        for cid in 0..4 {
+            let cqe = Completion {
+                result: 0,
+                sqhd: cid + 1,
+                sqid: 1,
+                cid: Cid(cid),
+                status: Status::SUCCESS,
+            }
+            .encode();
+            let mut out = [0u8; 28];
+            let len = pdu::encode_capsule_resp(header_digest, &cqe, &mut out);
+            stream.extend_from_slice(&out[..len]);
+        }
+        let mut input = vec![digest_bits::of(header_digest, data_digest)];
+        Operation::Deliver(&icresp).encode(&mut input);
+        Operation::Deliver(&stream).encode(&mut input);
+        input
+    };
+    vec![
+        Seed {
+            name: "answers",
+            input: answers(false, false),
+        },
+        Seed {
+            name: "answers-with-digests",
+            input: answers(true, true),
+        },
+    ]
 }
 
 /// A small deterministic PRNG (xorshift64*) for the seeded fuzz loops.
@@ -711,6 +864,32 @@ mod tests {
         }
     }
 
+    /// Against its seeds the host completes all four commands successfully,
+    /// the read with the data the target sent.
+    #[test]
+    fn host_seeds_complete_every_command() {
+        for seed in host_seeds() {
+            let mut completed = Vec::new();
+            run_host(&seed.input, |completion| {
+                completed.push((completion.cid.0, completion.status));
+            });
+            completed.sort_by_key(|&(cid, _)| cid);
+            let all_succeed: Vec<_> = (0..4).map(|cid| (cid, Status::SUCCESS)).collect();
+            assert_eq!(completed, all_succeed, "{}", seed.name);
+        }
+    }
+
+    #[test]
+    fn host_survives_mutated_streams() {
+        let seeds = host_seeds();
+        let mut rng = Rng::new(0x5eed_0004);
+        for iteration in 0..20_000 {
+            let mut input = seeds[iteration % seeds.len()].input.clone();
+            rng.mutate(&mut input);
+            host(&input);
+        }
+    }
+
     #[test]
     fn operations_decode_as_encoded() {
         let bytes: Vec<u8> = (0..5000u32).map(|i| i as u8).collect();
@@ -758,6 +937,7 @@ mod tests {
         for (target, seeds) in [
             ("connection", connection_seeds()),
             ("authentication", authentication_seeds()),
+            ("host", host_seeds()),
         ] {
             let dir = seeds_dir(target);
             if write {
