@@ -617,6 +617,7 @@ fn copy_into_window(piece: &[u8], position: u64, window_offset: u64, out: &mut [
     if start >= end {
         return;
     }
+    // Offsets within the piece and the window, both slices: they fit usize.
     let from = (start - position) as usize;
     let to = (start - window_offset) as usize;
     let len = (end - start) as usize;
@@ -697,6 +698,7 @@ fn get_features(queue: &AdminQueue, command: &Command, buffer: &mut [u8]) -> Out
             granted | (granted << 16)
         }
         feature::ASYNC_EVENT_CONFIG => queue.async_event_config,
+        // Set from a u32 of milliseconds (Connect KATO or Set Features): it fits.
         feature::KEEP_ALIVE_TIMER => queue.keep_alive.map_or(0, |kato| kato.as_millis() as u32),
         feature::HOST_IDENTIFIER => {
             // Only the 128-bit extended host identifier exists over Fabrics (EXHID must be set).
