@@ -4,7 +4,7 @@
 # available), the kernel-interop test (the Linux 6.1 NVMe/TCP host in a QEMU
 # guest against weft) and weft's initiator against the guest kernel's nvmet. Installs what it needs (Debian packages, the guest image,
 # cargo-fuzz) idempotently. Run as root from anywhere: ./test.sh
-# Environment: WEFT_FUZZ_SECONDS (default 20 per target), WEFT_SKIP_VM=1 to skip the guest.
+# Environment: WEFT_FUZZ_SECONDS (default 17 per target), WEFT_SKIP_VM=1 to skip the guest.
 set -euo pipefail
 cd "$(dirname "$0")"
 step() { printf '\n=== %s\n' "$*"; }
@@ -19,11 +19,16 @@ cargo build --release --locked -p weft-initiator --examples
 step "cargo test (unit, protocol, seeded fuzz loops)"
 cargo test --workspace --locked
 
-step "fuzz smoke (cargo-fuzz)"
+step "fuzz smoke (cargo-fuzz, overflow checks and debug assertions on)"
 if rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
     command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked --quiet
-    for target in decoders connection authentication http_request volume_open; do
-        (cd fuzz && cargo +nightly fuzz run "$target" -- -max_total_time="${WEFT_FUZZ_SECONDS:-20}" -rss_limit_mb=4096 2>&1 | tail -n 3)
+    for target in decoders connection host authentication http_request volume_open; do
+        # New inputs go to the first directory (git-ignored); the checked-in
+        # seeds (fuzz/seeds/TARGET, recorded by weft-proto's tests) start the search.
+        corpora=("corpus/$target")
+        [ -d "fuzz/seeds/$target" ] && corpora+=("seeds/$target")
+        mkdir -p "fuzz/corpus/$target"
+        (cd fuzz && cargo +nightly fuzz run --debug-assertions "$target" "${corpora[@]}" -- -max_total_time="${WEFT_FUZZ_SECONDS:-17}" -rss_limit_mb=4096 2>&1 | tail -n 3)
     done
 else
     echo "skipped: no nightly toolchain (the seeded loops in cargo test ran)"

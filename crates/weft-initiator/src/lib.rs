@@ -8,9 +8,11 @@
 //! in flight on the old ones is resubmitted by the caller: the target may or
 //! may not have executed it, as with any NVMe-oF transport loss).
 
+mod identify;
 mod queue;
 mod url;
 
+pub use identify::{IdentifyError, TRANSFER_BYTES_CAP};
 pub use queue::{HeapBuffers, Queue};
 pub use url::{TargetUrl, UrlError};
 
@@ -24,7 +26,7 @@ use weft_proto::auth::{
     HostAuthError, HostExchange, HostKeys, SecureRandom, CONNECT_AUTHREQ_ATR, SECP_DHCHAP,
     SPSP_DHCHAP,
 };
-use weft_proto::command::{admin_opcode, fctype, FABRICS_OPCODE};
+use weft_proto::command::{admin_opcode, fctype, FABRICS_OPCODE, NQN_BYTES_MAX};
 use weft_proto::host::{DataTransfer, HostCompletion, HostConfig, HostError};
 use weft_proto::status::Status;
 use weft_proto::types::Nsid;
@@ -121,6 +123,41 @@ pub enum InitiatorError {
         nqn: String,
         /// What exists.
         available: Vec<u32>,
+    },
+    /// The controller reported something the initiator cannot use.
+    #[error("{address}: {source}")]
+    Identify {
+        /// The address.
+        address: SocketAddr,
+        /// What it reported.
+        #[source]
+        source: IdentifyError,
+    },
+    /// An NQN the initiator was given cannot be sent.
+    #[error("the {role} NQN is {bytes} bytes long; an NQN is 1 to {NQN_BYTES_MAX} bytes (NVMe Base 2.0, section 4.5)")]
+    NqnLength {
+        /// "host" or "subsystem".
+        role: &'static str,
+        /// Its length.
+        bytes: usize,
+    },
+    /// I/O queues of a size the controller does not allow.
+    #[error("I/O queues of {entries} entries were asked for; this controller allows 2 to {entries_max} (CAP.MQES + 1)")]
+    QueueEntries {
+        /// Asked for.
+        entries: u16,
+        /// CAP.MQES + 1.
+        entries_max: u32,
+    },
+    /// A read or write a queue cannot carry in one command.
+    #[error("a {len}-byte transfer is not 1 to 65536 whole {block_size}-byte blocks within the {buffer_bytes}-byte command buffer")]
+    Transfer {
+        /// Bytes asked for.
+        len: usize,
+        /// The block size given.
+        block_size: u32,
+        /// The command buffer's size.
+        buffer_bytes: usize,
     },
 }
 
@@ -377,15 +414,14 @@ impl Controller {
                 identify(0, nsid),
                 DataTransfer::FromController(4096),
             )?;
-            let data = &admin.buffer(done.cid.0)[..4096];
-            let blocks = u64::from_le_bytes(data[0..8].try_into().expect("8 bytes"));
-            let format = usize::from(data[26] & 0xF);
-            let lbads = data[128 + format * 4 + 2];
-            namespaces.push(Namespace {
-                nsid: Nsid(nsid),
-                blocks,
-                block_size: 1 << lbads,
-            });
+            let data = admin.buffer(done.cid.0);
+            let namespace = identify::namespace(nsid, data, self.info.transfer_bytes_max).map_err(
+                |source| InitiatorError::Identify {
+                    address: self.url.address,
+                    source,
+                },
+            )?;
+            namespaces.push(namespace);
         }
         Ok(namespaces)
     }
@@ -432,6 +468,18 @@ impl Controller {
     }
 }
 
+/// Checks that `nqn` fits the Connect data's NQN field.
+fn check_nqn(role: &'static str, nqn: &str) -> Result<(), InitiatorError> {
+    if (1..=NQN_BYTES_MAX).contains(&nqn.len()) {
+        Ok(())
+    } else {
+        Err(InitiatorError::NqnLength {
+            role,
+            bytes: nqn.len(),
+        })
+    }
+}
+
 /// Connects an admin queue, enables the controller, identifies it and asks
 /// for `io_queues` I/O queues.
 fn establish(
@@ -439,6 +487,8 @@ fn establish(
     options: &ConnectOptions,
     io_queues: u16,
 ) -> Result<(Queue, ControllerInfo), InitiatorError> {
+    check_nqn("host", &options.host_nqn)?;
+    check_nqn("subsystem", &url.nqn)?;
     let config = HostConfig {
         header_digest: options.header_digest,
         data_digest: options.data_digest,
@@ -459,6 +509,18 @@ fn establish(
             kato_ms,
         },
     )?;
+    let cap = admin
+        .execute("Property Get CAP", property_get_cap(), DataTransfer::None)?
+        .result;
+    // CAP.MQES is 0's based.
+    let entries_max = (cap & 0xFFFF) as u32 + 1;
+    let entries = options.io_queue_entries;
+    if entries < 2 || u32::from(entries) > entries_max {
+        return Err(InitiatorError::QueueEntries {
+            entries,
+            entries_max,
+        });
+    }
     admin.execute(
         "Property Set CC.EN",
         property_set(0x14, (6 << 16) | (4 << 20) | 1),
@@ -470,29 +532,19 @@ fn establish(
         identify(1, 0),
         DataTransfer::FromController(4096),
     )?;
-    let data = admin.buffer(identify.cid.0)[..4096].to_vec();
+    let data = admin.buffer(identify.cid.0).to_vec();
     let mut queues = sqe(admin_opcode::SET_FEATURES, 0);
     let requested = u32::from(io_queues.max(1) - 1);
     set_cdw(&mut queues, 10, 0x07);
     set_cdw(&mut queues, 11, requested | (requested << 16));
     let granted = admin.execute("Set Features Number of Queues", queues, DataTransfer::None)?;
-    let info = ControllerInfo {
-        cntlid,
-        serial: ascii(&data[4..24]),
-        model: ascii(&data[24..64]),
-        // MDTS in units of the minimum page size (4 KiB); 0 = no limit, capped at 1 MiB here.
-        transfer_bytes_max: match data[77] {
-            0 => 1 << 20,
-            mdts => (4096u32 << mdts.min(8)).min(1 << 20),
-        },
-        io_in_capsule_bytes: (u32::from_le_bytes([data[1792], data[1793], data[1794], data[1795]])
-            * 16)
-            .saturating_sub(64),
-        // The controller may allocate more than asked (NSQA/NCQA); the host uses what it asked for.
-        io_queues: (((granted.result & 0xFFFF) as u16).min((granted.result >> 16) as u16) + 1)
-            .min(io_queues.max(1)),
-        optional_commands: u16::from_le_bytes([data[520], data[521]]),
-    };
+    let info =
+        identify::controller_info(&data, cntlid, granted.result, io_queues).map_err(|source| {
+            InitiatorError::Identify {
+                address: url.address,
+                source,
+            }
+        })?;
     Ok((admin, info))
 }
 
@@ -678,8 +730,13 @@ pub fn set_cdw(sqe: &mut [u8; 64], n: usize, value: u32) {
     sqe[at..at + 4].copy_from_slice(&value.to_le_bytes());
 }
 
-/// A Read or Write of `blocks` blocks at `slba`.
+/// A Read or Write of `blocks` blocks (1 to 65536: NLB is 16 bits, 0's
+/// based) at `slba`.
 pub fn read_write(opcode: u8, nsid: u32, slba: u64, blocks: u32) -> [u8; 64] {
+    assert!(
+        (1..=65536).contains(&blocks),
+        "a command moves 1 to 65536 blocks, not {blocks}"
+    );
     let mut command = sqe(opcode, nsid);
     set_cdw(&mut command, 10, slba as u32);
     set_cdw(&mut command, 11, (slba >> 32) as u32);
@@ -693,18 +750,20 @@ fn identify(cns: u8, nsid: u32) -> [u8; 64] {
     command
 }
 
+/// Property Get of CAP, an 8-byte property (ATTRIB bits 2:0 = 1).
+fn property_get_cap() -> [u8; 64] {
+    let mut command = sqe(FABRICS_OPCODE, 0);
+    command[4] = fctype::PROPERTY_GET;
+    command[40] = 1;
+    command
+}
+
 fn property_set(offset: u32, value: u32) -> [u8; 64] {
     let mut command = sqe(FABRICS_OPCODE, 0);
     command[4] = fctype::PROPERTY_SET;
     command[44..48].copy_from_slice(&offset.to_le_bytes());
     command[48..52].copy_from_slice(&value.to_le_bytes());
     command
-}
-
-fn ascii(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes)
-        .trim_end_matches([' ', '\0'])
-        .to_string()
 }
 
 fn random_bytes() -> [u8; 16] {
@@ -744,5 +803,48 @@ fn check(what: &'static str, completion: HostCompletion) -> Result<HostCompletio
             what,
             status: completion.status,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An NQN longer than the Connect data's 256-byte field used to be
+    /// copied over the next field, or past the buffer's end; it is now
+    /// refused before anything is sent (the address has no listener).
+    #[test]
+    fn nqns_are_refused_before_connecting_unless_1_to_223_bytes() {
+        let url = TargetUrl {
+            address: "127.0.0.1:9".parse().expect("an address"),
+            nqn: "nqn.2026-11.io.weft:default".to_string(),
+        };
+        let options = ConnectOptions {
+            host_nqn: format!("nqn.2014-08.org.example:{}", "h".repeat(300)),
+            keep_alive: None,
+            ..ConnectOptions::default()
+        };
+        let error = Controller::connect(&url, options.clone(), 1).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "the host NQN is 324 bytes long; an NQN is 1 to 223 bytes (NVMe Base 2.0, section 4.5)"
+        );
+        let long_subsystem = TargetUrl {
+            nqn: format!("nqn.2026-11.io.weft:{}", "s".repeat(204)),
+            ..url.clone()
+        };
+        let options = ConnectOptions {
+            host_nqn: "nqn.2014-08.org.example:host".to_string(),
+            ..options
+        };
+        assert!(matches!(
+            Controller::connect(&long_subsystem, options.clone(), 1),
+            Err(InitiatorError::NqnLength {
+                role: "subsystem",
+                bytes: 224
+            })
+        ));
+        assert!(check_nqn("host", &"n".repeat(223)).is_ok());
+        assert!(check_nqn("host", "").is_err());
     }
 }

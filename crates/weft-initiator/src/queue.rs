@@ -26,6 +26,25 @@ impl HeapBuffers {
     }
 }
 
+impl HeapBuffers {
+    /// The number of `block_size`-byte blocks in `len` bytes, when one
+    /// command can move them: 1 to 65536 whole blocks within a buffer.
+    fn blocks(&self, len: usize, block_size: u32) -> Result<u32, InitiatorError> {
+        let block_bytes = block_size as usize;
+        let whole = block_bytes > 0 && len.is_multiple_of(block_bytes);
+        let blocks = if whole { len / block_bytes } else { 0 };
+        if (1..=65536).contains(&blocks) && len <= self.buffer_bytes {
+            Ok(blocks as u32)
+        } else {
+            Err(InitiatorError::Transfer {
+                len,
+                block_size,
+                buffer_bytes: self.buffer_bytes,
+            })
+        }
+    }
+}
+
 impl SlotBuffers for HeapBuffers {
     fn buffer(&mut self, slot: SlotId) -> &mut [u8] {
         let buffer = &mut self.buffers[usize::from(slot.0)];
@@ -167,12 +186,12 @@ impl Queue {
         block_size: u32,
         data: &[u8],
     ) -> Result<(), InitiatorError> {
-        let len = data.len() as u32;
+        let blocks = self.buffers.blocks(data.len(), block_size)?;
         let cid = self.next_cid();
         self.buffer(cid)[..data.len()].copy_from_slice(data);
-        let command = read_write(io_opcode::WRITE, nsid, slba, len / block_size);
-        self.execute("Write", command, DataTransfer::ToController(len))
-            .map(|_| ())
+        let command = read_write(io_opcode::WRITE, nsid, slba, blocks);
+        let transfer = DataTransfer::ToController(data.len() as u32);
+        self.execute("Write", command, transfer).map(|_| ())
     }
 
     /// Reads `len` bytes at `slba` and waits; returns the data.
@@ -183,7 +202,8 @@ impl Queue {
         block_size: u32,
         len: u32,
     ) -> Result<&[u8], InitiatorError> {
-        let command = read_write(io_opcode::READ, nsid, slba, len / block_size);
+        let blocks = self.buffers.blocks(len as usize, block_size)?;
+        let command = read_write(io_opcode::READ, nsid, slba, blocks);
         let done = self.execute("Read", command, DataTransfer::FromController(len))?;
         Ok(&self.buffer(done.cid.0)[..len as usize])
     }
@@ -261,5 +281,35 @@ impl Queue {
             }
             None => Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A length below one block used to make NLB (and the CDW12 flags above
+    /// it) wrap to all ones; a block size of 0 divided by zero.
+    #[test]
+    fn transfers_are_whole_blocks_within_a_buffer() {
+        let buffers = HeapBuffers::new(4, 128 * 1024);
+        assert_eq!(buffers.blocks(8192, 4096).ok(), Some(2));
+        assert_eq!(buffers.blocks(128 * 1024, 512).ok(), Some(256));
+        for (len, block_size) in [
+            (0, 512),
+            (511, 512),
+            (4096, 0),
+            (6000, 4096),
+            (256 * 1024, 4096),
+        ] {
+            assert!(
+                buffers.blocks(len, block_size).is_err(),
+                "{len} / {block_size}"
+            );
+        }
+        assert_eq!(
+            buffers.blocks(511, 512).unwrap_err().to_string(),
+            "a 511-byte transfer is not 1 to 65536 whole 512-byte blocks within the 131072-byte command buffer"
+        );
     }
 }

@@ -2,6 +2,7 @@
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use thiserror::Error;
+use weft_proto::command::NQN_BYTES_MAX;
 
 /// Where an NVMe/TCP subsystem is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,6 +36,12 @@ impl TargetUrl {
             .ok_or_else(|| error("the subsystem NQN is missing"))?;
         if !nqn.starts_with("nqn.") {
             return Err(error("the path is not an NQN"));
+        }
+        if nqn.len() > NQN_BYTES_MAX {
+            return Err(error(&format!(
+                "the NQN is {} bytes long; NQNs are at most {NQN_BYTES_MAX} bytes",
+                nqn.len()
+            )));
         }
         let with_port = if authority
             .rsplit_once(':')
@@ -87,5 +94,14 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("NQN is missing"));
+        let longest = format!("nqn.2026-11.io.weft:{}", "a".repeat(223 - 20));
+        assert!(TargetUrl::parse(&format!("nvme-tcp://127.0.0.1/{longest}")).is_ok());
+        let error = TargetUrl::parse(&format!("nvme-tcp://127.0.0.1/{longest}b"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("the NQN is 224 bytes long; NQNs are at most 223 bytes"),
+            "{error}"
+        );
     }
 }

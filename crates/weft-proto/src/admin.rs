@@ -485,18 +485,21 @@ struct LogRequest {
 
 impl LogRequest {
     fn decode(command: &Command) -> Result<LogRequest, Status> {
-        let dwords = ((command.cdw(11) & 0xFFFF) << 16 | command.cdw(10) >> 16) as usize + 1;
+        // NUMDU:NUMDL is 0's based: up to 2^32 dwords, 2^34 bytes, in u64.
+        let dwords = u64::from((command.cdw(11) & 0xFFFF) << 16 | command.cdw(10) >> 16) + 1;
         let offset = u64::from(command.cdw(12)) | (u64::from(command.cdw(13)) << 32);
         if offset % 4 != 0 {
             return Err(Status::INVALID_FIELD);
         }
-        if dwords * 4 != command.sgl.length as usize {
+        // The SGL length is at most a slot buffer (checked before any
+        // command runs), so the length that equals it indexes the buffer.
+        if dwords * 4 != u64::from(command.sgl.length) {
             return Err(Status::SGL_LENGTH_INVALID);
         }
         Ok(LogRequest {
             id: command.cdw(10) as u8,
             offset,
-            len: dwords * 4,
+            len: command.sgl.length as usize,
             retain_event: command.cdw(10) & (1 << 15) != 0,
         })
     }
@@ -563,8 +566,8 @@ fn copy_window(page: &[u8], offset: u64, out: &mut [u8]) {
 }
 
 /// Discovery log page for host `hostnqn`, generated only for the window
-/// [offset, offset + out.len()). Subsystems the host may not connect to are
-/// left out, as Linux nvmet does.
+/// [offset, offset + out.len()) (bytes past the page's end stay zero).
+/// Subsystems the host may not connect to are left out, as Linux nvmet does.
 fn discovery_log(config: &TargetConfig, hostnqn: &str, offset: u64, out: &mut [u8]) {
     let records =
         identify::discovery_records(&config.subsystems, &config.listeners).filter(|record| {
@@ -573,21 +576,24 @@ fn discovery_log(config: &TargetConfig, hostnqn: &str, offset: u64, out: &mut [u
                     .subsystem(record.subnqn)
                     .is_some_and(|s| s.access.allows(hostnqn))
         });
+    let count = records.clone().count() as u64;
+    let page_len = identify::DISCOVERY_HEADER_LEN as u64 + count * DISCOVERY_ENTRY_BYTES;
+    if offset >= page_len {
+        return;
+    }
+    // From here the offset lies within the page, so the window's end
+    // (offset plus at most a slot buffer) cannot overflow.
+    let window_end = offset + out.len() as u64;
     let mut header = [0u8; identify::DISCOVERY_HEADER_LEN];
-    identify::discovery_header(
-        config.generation,
-        records.clone().count() as u64,
-        &mut header,
-    );
+    identify::discovery_header(config.generation, count, &mut header);
     copy_into_window(&header, 0, offset, out);
     let mut entry = [0u8; identify::DISCOVERY_ENTRY_LEN];
-    for (index, record) in records.enumerate() {
-        let position =
-            (identify::DISCOVERY_HEADER_LEN + index * identify::DISCOVERY_ENTRY_LEN) as u64;
-        if position >= offset + out.len() as u64 {
+    for (index, record) in (0u64..).zip(records) {
+        let position = identify::DISCOVERY_HEADER_LEN as u64 + index * DISCOVERY_ENTRY_BYTES;
+        if position >= window_end {
             break;
         }
-        if position + identify::DISCOVERY_ENTRY_LEN as u64 <= offset {
+        if position + DISCOVERY_ENTRY_BYTES <= offset {
             continue;
         }
         entry.fill(0);
@@ -596,16 +602,22 @@ fn discovery_log(config: &TargetConfig, hostnqn: &str, offset: u64, out: &mut [u
     }
 }
 
+/// Length of one discovery log entry, in the u64 arithmetic of log page offsets.
+const DISCOVERY_ENTRY_BYTES: u64 = identify::DISCOVERY_ENTRY_LEN as u64;
+
 /// Copies `piece`, which sits at `position` of a log page, into the window of
-/// the page that starts at `window_offset` and is `out.len()` long.
+/// the page that starts at `window_offset` and is `out.len()` long. The
+/// window's offset comes from the host: its end saturates at u64::MAX, where
+/// no page reaches.
 fn copy_into_window(piece: &[u8], position: u64, window_offset: u64, out: &mut [u8]) {
     let piece_end = position + piece.len() as u64;
-    let window_end = window_offset + out.len() as u64;
+    let window_end = window_offset.saturating_add(out.len() as u64);
     let start = position.max(window_offset);
     let end = piece_end.min(window_end);
     if start >= end {
         return;
     }
+    // Offsets within the piece and the window, both slices: they fit usize.
     let from = (start - position) as usize;
     let to = (start - window_offset) as usize;
     let len = (end - start) as usize;
@@ -686,6 +698,7 @@ fn get_features(queue: &AdminQueue, command: &Command, buffer: &mut [u8]) -> Out
             granted | (granted << 16)
         }
         feature::ASYNC_EVENT_CONFIG => queue.async_event_config,
+        // Set from a u32 of milliseconds (Connect KATO or Set Features): it fits.
         feature::KEEP_ALIVE_TIMER => queue.keep_alive.map_or(0, |kato| kato.as_millis() as u32),
         feature::HOST_IDENTIFIER => {
             // Only the 128-bit extended host identifier exists over Fabrics (EXHID must be set).
@@ -703,6 +716,65 @@ fn get_features(queue: &AdminQueue, command: &Command, buffer: &mut [u8]) -> Out
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::target::ControllerRegistry;
+    use crate::testing;
+    use crate::wire::hex;
+
+    /// A ready admin queue of a `kind` controller of the test target.
+    fn admin_queue(kind: ControllerKind) -> (AdminQueue, Arc<TargetConfig>) {
+        let config = testing::test_target().config();
+        let subnqn = match kind {
+            ControllerKind::Io => testing::TEST_NQN,
+            ControllerKind::Discovery => crate::target::DISCOVERY_NQN,
+        };
+        let controller = ControllerRegistry::default()
+            .create(subnqn, testing::HOST_NQN, testing::HOST_ID)
+            .expect("a controller ID");
+        controller.set_ready(true);
+        let queue = AdminQueue::new(controller, kind, 0, Timestamp::default());
+        (queue, config)
+    }
+
+    fn run(queue: &mut AdminQueue, config: &TargetConfig, sqe: &str) -> (Outcome, Vec<u8>) {
+        let command = Command::decode(&hex(sqe)).expect("an SQE");
+        let mut buffer = vec![0xEE; config.limits.slot_buffer_bytes()];
+        let outcome = execute(queue, config, &command, &mut buffer, Timestamp::default());
+        (outcome, buffer)
+    }
+
+    /// Get Log Page with LPO FFFFFFFF_FFFFFFFCh, the last dword-aligned offset:
+    /// the window lies past the end of every page, so it reads as zeroes
+    /// (the end of the window used to overflow u64).
+    #[test]
+    fn log_page_offsets_near_the_end_of_u64_read_zeroes() {
+        // Discovery log (LID 70h), NUMDL FFh (1024 bytes), LPOL FFFFFFFCh, LPOU FFFFFFFFh.
+        let discovery = "02 40 0300 ffffffff 0000000000000000 0000000000000000
+                         0000000000000000 00040000 000000 5a
+                         7000ff00 00000000 fcffffff ffffffff 00000000 00000000";
+        let (mut queue, config) = admin_queue(ControllerKind::Discovery);
+        let (outcome, buffer) = run(&mut queue, &config, discovery);
+        assert_eq!(outcome, Outcome::data(1024));
+        assert!(buffer[..1024].iter().all(|&b| b == 0));
+        // SMART (LID 02h), NUMDL 7Fh (512 bytes), the same offset.
+        let smart = "02 40 0400 ffffffff 0000000000000000 0000000000000000
+                     0000000000000000 00020000 000000 5a
+                     02007f00 00000000 fcffffff ffffffff 00000000 00000000";
+        let (mut queue, config) = admin_queue(ControllerKind::Io);
+        let (outcome, buffer) = run(&mut queue, &config, smart);
+        assert_eq!(outcome, Outcome::data(512));
+        assert!(buffer[..512].iter().all(|&b| b == 0));
+    }
+
+    /// NUMDU:NUMDL FFFFFFFFh asks for 16 GiB: a length no SGL can match.
+    #[test]
+    fn the_largest_log_page_length_is_refused_by_the_sgl_check() {
+        let (mut queue, config) = admin_queue(ControllerKind::Io);
+        let all_dwords = "02 40 0500 ffffffff 0000000000000000 0000000000000000
+                          0000000000000000 00000000 000000 5a
+                          0200ffff ffff0000 00000000 00000000 00000000 00000000";
+        let (outcome, _) = run(&mut queue, &config, all_dwords);
+        assert_eq!(outcome, Outcome::status(Status::SGL_LENGTH_INVALID));
+    }
 
     #[test]
     fn log_window_copies_the_overlap_only() {
@@ -714,6 +786,8 @@ mod tests {
         assert_eq!(out, [2, 3]);
         copy_window(&[9, 9], 100, &mut out);
         assert_eq!(out, [2, 3], "an offset past the page copies nothing");
+        copy_into_window(&[9, 9], 0, u64::MAX - 1, &mut out);
+        assert_eq!(out, [2, 3], "a window ending past u64::MAX copies nothing");
     }
 
     #[test]

@@ -248,6 +248,10 @@ impl ConnectCommand {
 /// Length of the Connect command's data.
 pub const CONNECT_DATA_LEN: usize = 1024;
 
+/// Longest NQN, in bytes (NVMe Base 2.0, section 4.5): the Connect data's
+/// 256-byte NQN fields hold it and the NUL that ends it.
+pub const NQN_BYTES_MAX: usize = 223;
+
 /// Connect data (NVMe-oF 1.1, Figure 20).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConnectData {

@@ -103,7 +103,9 @@ struct Slot {
     in_capsule_len: u32,
     h2c_received: u32,
     io_plan: Option<IoPlan>,
-    io_pending: u16,
+    /// Block I/O requests still in flight: one per namespace for a broadcast
+    /// Flush, one per range for a Dataset Management.
+    io_pending: usize,
     status: Status,
 }
 
@@ -751,6 +753,8 @@ impl Connection {
             }
             return self.command_received(slot, now, buffers);
         }
+        // Cannot overflow: handle_h2c_data let only data that ends within the
+        // SGL length (a u32) through.
         entry.h2c_received += target.len as u32;
         if entry.h2c_received < entry.command.sgl.length {
             return Ok(());
@@ -768,6 +772,7 @@ impl Connection {
 
     fn advance_sqhd(&mut self) {
         if let State::Admin(queue, _) | State::Io(queue, _) = &mut self.state {
+            // SQHD is below the queue's entries, a u16: the increment fits.
             queue.sqhd = (queue.sqhd + 1) % queue.entries;
         }
     }
@@ -1016,7 +1021,7 @@ impl Connection {
         }
         let entry = &mut self.slots[usize::from(slot.0)];
         entry.state = SlotState::Executing;
-        entry.io_pending = pending as u16;
+        entry.io_pending = pending;
     }
 
     fn count_io(&self, plan: IoPlan, status: Status) {
@@ -1158,6 +1163,7 @@ impl Connection {
         if length != command.sgl.length {
             return Outcome::status(Status::SGL_LENGTH_INVALID);
         }
+        // TL/AL equals the SGL length, which prepare bounded by the slot buffer.
         let buffer = &mut buffer[..length as usize];
         if command.fctype() == fctype::AUTH_SEND {
             exchange.on_send(buffer);
@@ -1223,6 +1229,8 @@ impl Connection {
         if connect.sqsize == 0 || entries > u32::from(self.limits.queue_entries_max) {
             return Err(invalid_sqe_field(44));
         }
+        // At most queue_entries_max, a u16, as just checked.
+        let entries = entries as u16;
         let sq_flow_disabled = connect.cattr & ConnectCommand::CATTR_DISABLE_SQ_FLOW != 0;
         let queue = if connect.qid == 0 {
             self.connect_admin(&data, connect, now)?
@@ -1248,8 +1256,8 @@ impl Connection {
         };
         let info = |controller| QueueInfo {
             qid: connect.qid,
-            entries: entries as u16,
-            sqhd: 1 % entries as u16,
+            entries,
+            sqhd: 1 % entries,
             sq_flow_disabled,
             controller,
             authentication,
@@ -1263,7 +1271,7 @@ impl Connection {
         self.state = state;
         // The queue now has its negotiated number of command slots; slot 0 holds this Connect.
         self.free_slots.clear();
-        self.free_slots.extend((1..entries as u16).rev());
+        self.free_slots.extend((1..entries).rev());
         Ok(u32::from(cntlid) | result_flags)
     }
 

@@ -90,7 +90,7 @@ pub enum SubmitError {
 pub enum HostError {
     /// The controller sent a malformed or unexpected PDU; an H2CTermReq was sent.
     #[error("the target broke the protocol: {0}")]
-    Protocol(PduError),
+    Protocol(Violation),
     /// The controller ended the connection with a C2HTermReq.
     #[error("the target terminated the connection (C2HTermReq, fatal error status {status:#x})")]
     Terminated {
@@ -107,6 +107,120 @@ pub enum HostError {
     },
 }
 
+/// What a target sent that the host refuses, in words. The H2CTermReq the
+/// host answers with carries [`Violation::pdu_error`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+pub enum Violation {
+    /// A check every PDU passes failed (type, lengths, digests, sequence).
+    #[error("{0}")]
+    Header(PduError),
+    /// A PDU that carries no data (CapsuleResp, R2T) is longer than its header.
+    #[error("{pdu} with PLEN {plen}: it carries no data, so its PLEN is {expected}")]
+    NotHeaderOnly {
+        /// The PDU type.
+        pdu: PduType,
+        /// PLEN received.
+        plen: u32,
+        /// HLEN plus the header digest.
+        expected: u32,
+    },
+    /// ICResp's MAXH2CDATA is below 4 KiB or not whole dwords.
+    #[error("ICResp MAXH2CDATA is {0}; it must be a multiple of 4 and at least 4096")]
+    MaxH2cData(u32),
+    /// ICResp's CPDA is above 31.
+    #[error("ICResp CPDA is {0}; at most 31 dwords of alignment exist")]
+    Cpda(u8),
+    /// A PDU about a command that is not outstanding.
+    #[error("{pdu} for command {cid}, which is not outstanding")]
+    UnknownCommand {
+        /// The PDU type.
+        pdu: PduType,
+        /// CCCID.
+        cid: u16,
+    },
+    /// An R2T or C2HData for a command whose data does not move that way.
+    #[error("{pdu} for command {cid}, whose data {transfer}")]
+    WrongTransfer {
+        /// The PDU type.
+        pdu: PduType,
+        /// CCCID.
+        cid: u16,
+        /// Where the command's data goes instead.
+        transfer: &'static str,
+    },
+    /// C2HData whose DATAL differs from the data it carries, or that carries none.
+    #[error("C2HData for command {cid} says DATAL {datal} and carries {carried} bytes")]
+    DataLength {
+        /// CCCID.
+        cid: u16,
+        /// DATAL.
+        datal: u32,
+        /// Bytes of data in the PDU.
+        carried: usize,
+    },
+    /// Data asked for or sent beyond the command's transfer (and buffer), or none at all.
+    #[error("{pdu} for command {cid} covers bytes {offset}..{end} of its {transfer_bytes}-byte transfer")]
+    OutOfRange {
+        /// The PDU type.
+        pdu: PduType,
+        /// CCCID.
+        cid: u16,
+        /// R2TO or DATAO.
+        offset: u32,
+        /// The offset plus R2TL or DATAL.
+        end: u64,
+        /// The command's transfer length.
+        transfer_bytes: u32,
+    },
+    /// C2HData that does not start where the previous one ended.
+    #[error("C2HData for command {cid} starts at byte {offset}, but {received} bytes had arrived")]
+    OutOfOrder {
+        /// CCCID.
+        cid: u16,
+        /// DATAO.
+        offset: u32,
+        /// Bytes received before it.
+        received: u32,
+    },
+    /// C2HData with the SUCCESS flag that is not the last of its transfer.
+    #[error("C2HData for command {cid} has the SUCCESS flag but does not end the transfer")]
+    EarlySuccess {
+        /// CCCID.
+        cid: u16,
+    },
+}
+
+impl Violation {
+    /// What the H2CTermReq says: FES and FEI (NVMe/TCP 1.0, Figure 26).
+    pub fn pdu_error(&self) -> PduError {
+        match *self {
+            Violation::Header(error) => error,
+            Violation::NotHeaderOnly { .. } => PduError::field(field_offset::PLEN),
+            Violation::MaxH2cData(_) => PduError::field(12),
+            Violation::Cpda(_) => PduError::field(10),
+            // The CID of a CapsuleResp sits at byte 12 of its CQE.
+            Violation::UnknownCommand {
+                pdu: PduType::CapsuleResp,
+                ..
+            } => PduError::field(COMMON_HEADER_LEN as u32 + 12),
+            Violation::UnknownCommand { .. } | Violation::WrongTransfer { .. } => {
+                PduError::field(data_field_offset::CCCID)
+            }
+            Violation::DataLength { .. } => PduError::field(data_field_offset::DATAL),
+            Violation::OutOfRange { .. } | Violation::OutOfOrder { .. } => {
+                PduError::status(pdu::FatalErrorStatus::DataTransferOutOfRange)
+            }
+            Violation::EarlySuccess { .. } => PduError::field(field_offset::FLAGS),
+        }
+    }
+}
+
+impl From<PduError> for Violation {
+    fn from(error: PduError) -> Violation {
+        Violation::Header(error)
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
     AwaitIcResp,
@@ -118,6 +232,8 @@ enum State {
 struct Outstanding {
     active: bool,
     transfer: DataTransfer,
+    /// The data went in the capsule: no R2T may ask for it.
+    in_capsule: bool,
     received: u32,
     /// Transmissions in flight that read this command's buffer.
     sending: u16,
@@ -153,6 +269,7 @@ impl HostQueue {
         let idle = Outstanding {
             active: false,
             transfer: DataTransfer::None,
+            in_capsule: false,
             received: 0,
             sending: 0,
             data_error: false,
@@ -223,6 +340,7 @@ impl HostQueue {
         *entry = Outstanding {
             active: true,
             transfer,
+            in_capsule,
             received: 0,
             sending: 0,
             data_error: false,
@@ -245,7 +363,7 @@ impl HostQueue {
         slot: SlotId,
         buffers: &mut impl SlotBuffers,
     ) {
-        let mut header = [0u8; MAX_HEADER_LEN];
+        let mut header = [0u8; pdu::CAPSULE_PDO_MAX];
         let header_bytes = pdu::encode_capsule_cmd(
             self.rx.header_digest,
             self.rx.data_digest,
@@ -318,15 +436,15 @@ impl HostQueue {
         }
     }
 
-    fn fail(&mut self, error: PduError) {
+    fn fail(&mut self, violation: Violation) {
         let mut out = [0u8; 24 + pdu::TERM_REQ_MAX_DATA];
-        let len = pdu::encode_c2h_term_req(error, self.rx.header(), &mut out);
+        let len = pdu::encode_c2h_term_req(violation.pdu_error(), self.rx.header(), &mut out);
         out[0] = PduType::H2cTermReq as u8;
         self.tx.push_bytes(&out[..len]);
-        self.state = State::Failed(HostError::Protocol(error));
+        self.state = State::Failed(HostError::Protocol(violation));
     }
 
-    fn on_step(&mut self, step: Step, buffers: &mut impl SlotBuffers) -> Result<(), PduError> {
+    fn on_step(&mut self, step: Step, buffers: &mut impl SlotBuffers) -> Result<(), Violation> {
         match step {
             Step::NeedMore => Ok(()),
             Step::CommonHeader(common) => {
@@ -351,7 +469,7 @@ impl HostQueue {
         }
     }
 
-    fn check_common(&self, common: &CommonHeader) -> Result<PduType, PduError> {
+    fn check_common(&self, common: &CommonHeader) -> Result<PduType, Violation> {
         let kind =
             PduType::from_u8(common.pdu_type).ok_or(PduError::field(field_offset::PDU_TYPE))?;
         let expected = match self.state {
@@ -362,11 +480,22 @@ impl HostQueue {
             ),
         };
         if !expected {
-            return Err(PduError::status(pdu::FatalErrorStatus::PduSequenceError));
+            return Err(PduError::status(pdu::FatalErrorStatus::PduSequenceError).into());
         }
         self.rx.check_common(common, kind)?;
         if kind == PduType::IcResp && common.plen != 128 {
-            return Err(PduError::field(field_offset::PLEN));
+            return Err(PduError::field(field_offset::PLEN).into());
+        }
+        // Data after them would be read as the next PDU's header.
+        if matches!(kind, PduType::CapsuleResp | PduType::R2t) {
+            let expected = (kind.header_len() + self.rx.header_digest_len(kind)) as u32;
+            if common.plen != expected {
+                return Err(Violation::NotHeaderOnly {
+                    pdu: kind,
+                    plen: common.plen,
+                    expected,
+                });
+            }
         }
         Ok(kind)
     }
@@ -378,7 +507,7 @@ impl HostQueue {
         common: &CommonHeader,
         data: framing::DataLayout,
         buffers: &mut impl SlotBuffers,
-    ) -> Result<bool, PduError> {
+    ) -> Result<bool, Violation> {
         match kind {
             PduType::IcResp => self.on_icresp().map(|_| false),
             PduType::C2hTermReq => {
@@ -393,14 +522,18 @@ impl HostQueue {
         }
     }
 
-    fn on_icresp(&mut self) -> Result<(), PduError> {
+    fn on_icresp(&mut self) -> Result<(), Violation> {
         let response = IcResp::decode(self.rx.header())?;
         if response.pfv != 0 {
-            return Err(PduError::field(8));
+            return Err(PduError::field(8).into());
         }
-        // MAXH2CDATA must be at least 4 KiB (NVMe/TCP 1.0, Figure 21).
-        if response.maxh2cdata < 4096 || response.cpda > 31 {
-            return Err(PduError::field(if response.cpda > 31 { 10 } else { 12 }));
+        if response.cpda > 31 {
+            return Err(Violation::Cpda(response.cpda));
+        }
+        // MAXH2CDATA "is a multiple of dwords and should be no less than
+        // 4,096" (NVMe/TCP 1.0, Figure 21): H2CData PDUs are cut to it.
+        if response.maxh2cdata < 4096 || !response.maxh2cdata.is_multiple_of(4) {
+            return Err(Violation::MaxH2cData(response.maxh2cdata));
         }
         let asked = digest_bits::of(self.config.header_digest, self.config.data_digest);
         let granted = response.digest & (digest_bits::HEADER | digest_bits::DATA);
@@ -416,21 +549,21 @@ impl HostQueue {
         Ok(())
     }
 
-    fn active(&self, cid: u16, field: u32) -> Result<&Outstanding, PduError> {
+    fn active(&self, cid: u16, pdu: PduType) -> Result<&Outstanding, Violation> {
         self.commands
             .get(usize::from(cid))
             .filter(|entry| entry.active && !entry.completed)
-            .ok_or(PduError::field(field))
+            .ok_or(Violation::UnknownCommand { pdu, cid })
     }
 
-    fn on_capsule_resp(&mut self) -> Result<(), PduError> {
+    fn on_capsule_resp(&mut self) -> Result<(), Violation> {
         let header = self.rx.header();
         let cqe = &header[COMMON_HEADER_LEN..COMMON_HEADER_LEN + 16];
         let mut result_bytes = [0u8; 8];
         result_bytes.copy_from_slice(&cqe[..8]);
         let cid = u16::from_le_bytes([cqe[12], cqe[13]]);
         let mut status = Status::from_cqe_status(u16::from_le_bytes([cqe[14], cqe[15]]));
-        let entry = *self.active(cid, (COMMON_HEADER_LEN + 12) as u32)?;
+        let entry = *self.active(cid, PduType::CapsuleResp)?;
         if entry.data_error && status.is_success() {
             status = Status::DATA_TRANSFER_ERROR;
         }
@@ -456,17 +589,34 @@ impl HostQueue {
         }
     }
 
-    fn on_r2t(&mut self, buffers: &mut impl SlotBuffers) -> Result<(), PduError> {
+    fn on_r2t(&mut self, buffers: &mut impl SlotBuffers) -> Result<(), Violation> {
         let r2t = DataHeader::decode(self.rx.header())?;
-        let entry = *self.active(r2t.cccid, data_field_offset::CCCID)?;
-        let DataTransfer::ToController(len) = entry.transfer else {
-            return Err(PduError::field(data_field_offset::CCCID));
+        let cid = r2t.cccid;
+        let entry = *self.active(cid, PduType::R2t)?;
+        let wrong = |transfer| Violation::WrongTransfer {
+            pdu: PduType::R2t,
+            cid,
+            transfer,
         };
+        let len = match entry.transfer {
+            DataTransfer::ToController(_) if entry.in_capsule => {
+                return Err(wrong("went in the command capsule"))
+            }
+            DataTransfer::ToController(len) => len,
+            DataTransfer::FromController(_) => return Err(wrong("goes to the host")),
+            DataTransfer::None => return Err(wrong("does not exist")),
+        };
+        // R2TO + R2TL in u64: both come from the target. The data sent is
+        // the command's buffer up to its transfer length, nothing beyond.
         let end = u64::from(r2t.offset) + u64::from(r2t.length);
         if r2t.length == 0 || end > u64::from(len) {
-            return Err(PduError::status(
-                pdu::FatalErrorStatus::DataTransferOutOfRange,
-            ));
+            return Err(Violation::OutOfRange {
+                pdu: PduType::R2t,
+                cid,
+                offset: r2t.offset,
+                end,
+                transfer_bytes: len,
+            });
         }
         let mut offset = r2t.offset;
         while offset < end as u32 {
@@ -500,29 +650,56 @@ impl HostQueue {
         &mut self,
         common: &CommonHeader,
         data: framing::DataLayout,
-    ) -> Result<bool, PduError> {
+    ) -> Result<bool, Violation> {
         let header = DataHeader::decode(self.rx.header())?;
-        let entry = *self.active(header.cccid, data_field_offset::CCCID)?;
-        let DataTransfer::FromController(len) = entry.transfer else {
-            return Err(PduError::field(data_field_offset::CCCID));
+        let cid = header.cccid;
+        let entry = *self.active(cid, PduType::C2hData)?;
+        let len = match entry.transfer {
+            DataTransfer::FromController(len) => len,
+            DataTransfer::ToController(_) => {
+                return Err(Violation::WrongTransfer {
+                    pdu: PduType::C2hData,
+                    cid,
+                    transfer: "goes to the controller",
+                })
+            }
+            DataTransfer::None => {
+                return Err(Violation::WrongTransfer {
+                    pdu: PduType::C2hData,
+                    cid,
+                    transfer: "does not exist",
+                })
+            }
         };
-        if header.length as usize != data.len {
-            return Err(PduError::field(data_field_offset::DATAL));
+        if header.length as usize != data.len || data.len == 0 {
+            return Err(Violation::DataLength {
+                cid,
+                datal: header.length,
+                carried: data.len,
+            });
         }
+        // DATAO + DATAL in u64: both come from the target. The data lands in
+        // the command's buffer, which holds its transfer length and no more.
         let end = u64::from(header.offset) + u64::from(header.length);
-        if header.offset != entry.received || end > u64::from(len) {
-            return Err(PduError::status(
-                pdu::FatalErrorStatus::DataTransferOutOfRange,
-            ));
+        if end > u64::from(len) {
+            return Err(Violation::OutOfRange {
+                pdu: PduType::C2hData,
+                cid,
+                offset: header.offset,
+                end,
+                transfer_bytes: len,
+            });
         }
-        if common.flags & flags::SUCCESS != 0
-            && (common.flags & flags::LAST_PDU == 0 || end != u64::from(len))
-        {
-            return Err(PduError::field(field_offset::FLAGS));
+        if header.offset != entry.received {
+            return Err(Violation::OutOfOrder {
+                cid,
+                offset: header.offset,
+                received: entry.received,
+            });
         }
         let success = common.flags & flags::SUCCESS != 0;
-        if data.len == 0 {
-            return Ok(false);
+        if success && (common.flags & flags::LAST_PDU == 0 || end != u64::from(len)) {
+            return Err(Violation::EarlySuccess { cid });
         }
         let target = DataTarget {
             slot: SlotId(header.cccid),
@@ -566,7 +743,7 @@ mod tests {
     use super::*;
     use crate::command::{admin_opcode, io_opcode};
     use crate::testing::{self, test_target, Pair, VecBuffers, TEST_NQN};
-    use crate::Limits;
+    use crate::{wire, Limits};
 
     /// A host queue wired to a target connection in memory.
     struct Link {
@@ -745,6 +922,264 @@ mod tests {
         submitted.sort_by_key(|cid| cid.0);
         assert_eq!(completed, submitted);
         assert_eq!(io.host.outstanding(), 0);
+    }
+
+    /// A host queue past ICResp (MAXH2CDATA 4 KiB), with nothing to send.
+    fn ready_host(in_capsule_bytes_max: u32, buffer_bytes: u32) -> (HostQueue, VecBuffers) {
+        let mut host = HostQueue::new(HostConfig {
+            header_digest: false,
+            data_digest: false,
+            queue_entries: 4,
+            in_capsule_bytes_max,
+            buffer_bytes,
+        });
+        let mut buffers = VecBuffers::new(&Limits::DEFAULT);
+        sent(&mut host);
+        let mut icresp = wire::hex("01 00 80 00 80000000 0000 00 00 00100000");
+        icresp.resize(128, 0);
+        host.handle_input(&icresp, &mut buffers);
+        assert!(host.is_ready());
+        (host, buffers)
+    }
+
+    /// The inline bytes the host queued (its slot data left out).
+    fn sent(host: &mut HostQueue) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        while let Some(transmit) = host.poll_transmit() {
+            for segment in transmit.segments {
+                if let crate::TxSegment::Bytes(range) = segment {
+                    bytes.extend_from_slice(&transmit.bytes[range.clone()]);
+                }
+            }
+            host.on_transmitted();
+        }
+        bytes
+    }
+
+    /// Feeds `pdu` (hex) and returns the violation and the H2CTermReq's FES and FEI.
+    fn refused(host: &mut HostQueue, buffers: &mut VecBuffers, pdu: &str) -> (String, u16, u32) {
+        host.handle_input(&wire::hex(pdu), buffers);
+        let Some(HostError::Protocol(violation)) = host.error() else {
+            panic!("accepted: {pdu}");
+        };
+        let term = sent(host);
+        assert_eq!(term[0], PduType::H2cTermReq as u8);
+        let fes = u16::from_le_bytes([term[8], term[9]]);
+        let fei = u32::from_le_bytes([term[10], term[11], term[12], term[13]]);
+        (violation.to_string(), fes, fei)
+    }
+
+    fn submit(host: &mut HostQueue, buffers: &mut VecBuffers, transfer: DataTransfer) -> u16 {
+        let read = testing::rw(io_opcode::READ, 0, 1, 0, 8, 0, false);
+        let cid = host.submit(read, transfer, buffers).expect("submitted");
+        sent(host);
+        cid.0
+    }
+
+    #[test]
+    fn c2h_data_beyond_the_command_buffer_is_refused_with_its_range() {
+        let (mut host, mut buffers) = ready_host(0, 16 * 1024);
+        let cid = submit(&mut host, &mut buffers, DataTransfer::FromController(4096));
+        assert_eq!(cid, 0, "the first free CID");
+        // C2HData LAST_PDU, CCCID 0, DATAO 0, DATAL 8192 (PLEN 24 + 8192): more than asked for.
+        let (violation, fes, fei) = refused(
+            &mut host,
+            &mut buffers,
+            "07 04 18 18 18200000 0000 0000 00000000 00200000 00000000",
+        );
+        assert_eq!(
+            violation,
+            "C2HData for command 0 covers bytes 0..8192 of its 4096-byte transfer"
+        );
+        assert_eq!((fes, fei), (0x04, 0));
+
+        // DATAO FFFFF000h + DATAL 4096 ends at 2^32: no wrap to offset 0.
+        let (mut host, mut buffers) = ready_host(0, 16 * 1024);
+        submit(&mut host, &mut buffers, DataTransfer::FromController(4096));
+        let (violation, ..) = refused(
+            &mut host,
+            &mut buffers,
+            "07 04 18 18 18100000 0000 0000 00f0ffff 00100000 00000000",
+        );
+        assert!(
+            violation.ends_with("bytes 4294963200..4294967296 of its 4096-byte transfer"),
+            "{violation}"
+        );
+    }
+
+    #[test]
+    fn c2h_data_without_data_or_out_of_order_is_refused() {
+        let (mut host, mut buffers) = ready_host(0, 16 * 1024);
+        submit(&mut host, &mut buffers, DataTransfer::FromController(4096));
+        // DATAL 0, PLEN 24: no data at all.
+        let (violation, _, fei) = refused(
+            &mut host,
+            &mut buffers,
+            "07 04 18 00 18000000 0000 0000 00000000 00000000 00000000",
+        );
+        assert_eq!(
+            violation,
+            "C2HData for command 0 says DATAL 0 and carries 0 bytes"
+        );
+        assert_eq!(fei, 16);
+        let (mut host, mut buffers) = ready_host(0, 16 * 1024);
+        submit(&mut host, &mut buffers, DataTransfer::FromController(4096));
+        // DATAO 512 before anything arrived (4 bytes of data).
+        let (violation, ..) = refused(
+            &mut host,
+            &mut buffers,
+            "07 00 18 18 1c000000 0000 0000 00020000 04000000 00000000 a5a5a5a5",
+        );
+        assert_eq!(
+            violation,
+            "C2HData for command 0 starts at byte 512, but 0 bytes had arrived"
+        );
+    }
+
+    #[test]
+    fn r2t_beyond_the_transfer_is_refused_with_its_range() {
+        let (mut host, mut buffers) = ready_host(0, 16 * 1024);
+        let cid = submit(&mut host, &mut buffers, DataTransfer::ToController(8192));
+        assert_eq!(cid, 0, "the first free CID");
+        // R2T CCCID 0, TTAG 1, R2TO 4096, R2TL 8192: past the 8 KiB the command writes.
+        let (violation, fes, _) = refused(
+            &mut host,
+            &mut buffers,
+            "09 00 18 00 18000000 0000 0100 00100000 00200000 00000000",
+        );
+        assert_eq!(
+            violation,
+            "R2T for command 0 covers bytes 4096..12288 of its 8192-byte transfer"
+        );
+        assert_eq!(fes, 0x04);
+        // R2TO FFFFFFFFh, R2TL 1: ends at 2^32, not at 0.
+        let (mut host, mut buffers) = ready_host(0, 16 * 1024);
+        submit(&mut host, &mut buffers, DataTransfer::ToController(8192));
+        let (violation, ..) = refused(
+            &mut host,
+            &mut buffers,
+            "09 00 18 00 18000000 0000 0100 ffffffff 01000000 00000000",
+        );
+        assert!(violation.contains("4294967295..4294967296"), "{violation}");
+    }
+
+    /// Data that went in the capsule is not sent again because an R2T asks.
+    #[test]
+    fn r2t_for_in_capsule_data_is_refused() {
+        let (mut host, mut buffers) = ready_host(8192, 16 * 1024);
+        submit(&mut host, &mut buffers, DataTransfer::ToController(4096));
+        let (violation, _, fei) = refused(
+            &mut host,
+            &mut buffers,
+            "09 00 18 00 18000000 0000 0100 00000000 00100000 00000000",
+        );
+        assert_eq!(
+            violation,
+            "R2T for command 0, whose data went in the command capsule"
+        );
+        assert_eq!(fei, 8);
+    }
+
+    /// An R2T with data after its header (PLEN 32) would desynchronize the
+    /// stream: the data would be read as the next PDU's header.
+    #[test]
+    fn r2t_and_capsule_resp_carry_no_data() {
+        let (mut host, mut buffers) = ready_host(0, 16 * 1024);
+        submit(&mut host, &mut buffers, DataTransfer::ToController(8192));
+        let (violation, fes, fei) = refused(
+            &mut host,
+            &mut buffers,
+            "09 00 18 18 20000000 0000 0100 00000000 00200000 00000000 0000000000000000",
+        );
+        assert_eq!(
+            violation,
+            "R2T with PLEN 32: it carries no data, so its PLEN is 24"
+        );
+        assert_eq!((fes, fei), (0x01, 4));
+        let (mut host, mut buffers) = ready_host(0, 16 * 1024);
+        let (violation, ..) = refused(
+            &mut host,
+            &mut buffers,
+            "05 00 18 00 1c000000 00000000 00000000 0000 0000 0000 0000 00000000",
+        );
+        assert_eq!(
+            violation,
+            "CapsuleResp with PLEN 28: it carries no data, so its PLEN is 24"
+        );
+    }
+
+    /// A CPDA of 16 (68-byte alignment) pads the 72-byte CapsuleCmd header
+    /// to 136 bytes, past the longest header: found by the `host` fuzz
+    /// target, it overran the header buffer. Every CPDA, with and without
+    /// a header digest, puts the data at the next multiple of the alignment.
+    #[test]
+    fn in_capsule_data_is_aligned_for_every_cpda() {
+        for (cpda, header_digest) in (0..=31u8).flat_map(|cpda| [(cpda, false), (cpda, true)]) {
+            let mut host = HostQueue::new(HostConfig {
+                header_digest,
+                data_digest: false,
+                queue_entries: 4,
+                in_capsule_bytes_max: 4096,
+                buffer_bytes: 4096,
+            });
+            let mut buffers = VecBuffers::new(&Limits::DEFAULT);
+            sent(&mut host);
+            let digest = if header_digest { "01" } else { "00" };
+            let mut icresp = wire::hex(&format!(
+                "01 00 80 00 80000000 0000 {cpda:02x} {digest} 00100000"
+            ));
+            icresp.resize(128, 0);
+            host.handle_input(&icresp, &mut buffers);
+            assert!(host.is_ready(), "CPDA {cpda}");
+            let write = testing::rw(io_opcode::WRITE, 0, 1, 0, 1, 0, false);
+            host.submit(write, DataTransfer::ToController(512), &mut buffers)
+                .expect("submitted");
+            let transmit = host.poll_transmit().expect("the capsule");
+            let header = transmit.bytes;
+            let (pdo, plen) = (
+                usize::from(header[3]),
+                u32::from_le_bytes([header[4], header[5], header[6], header[7]]) as usize,
+            );
+            let alignment = (usize::from(cpda) + 1) * 4;
+            let header_end: usize = 72 + if header_digest { 4 } else { 0 };
+            assert_eq!(
+                pdo,
+                header_end.div_ceil(alignment) * alignment,
+                "CPDA {cpda}"
+            );
+            assert_eq!(plen, pdo + 512);
+            assert_eq!(
+                header.len(),
+                pdo,
+                "header, digest and padding are sent inline"
+            );
+        }
+    }
+
+    #[test]
+    fn icresp_maxh2cdata_must_be_whole_dwords_of_at_least_4_kib() {
+        for (maxh2cdata, hex) in [(4098, "02100000"), (2048, "00080000")] {
+            let mut host = HostQueue::new(HostConfig {
+                header_digest: false,
+                data_digest: false,
+                queue_entries: 4,
+                in_capsule_bytes_max: 0,
+                buffer_bytes: 4096,
+            });
+            let mut buffers = VecBuffers::new(&Limits::DEFAULT);
+            sent(&mut host);
+            let mut icresp = wire::hex(&format!("01 00 80 00 80000000 0000 00 00 {hex}"));
+            icresp.resize(128, 0);
+            host.handle_input(&icresp, &mut buffers);
+            assert_eq!(
+                host.error(),
+                Some(HostError::Protocol(Violation::MaxH2cData(maxh2cdata)))
+            );
+            assert_eq!(
+                host.error().unwrap().to_string(),
+                format!("the target broke the protocol: ICResp MAXH2CDATA is {maxh2cdata}; it must be a multiple of 4 and at least 4096")
+            );
+        }
     }
 
     #[test]

@@ -113,7 +113,7 @@ pub fn controller(id: &ControllerIdentity<'_>, out: &mut [u8]) -> usize {
             },
         )
         .u8(258, 3) // ACL: 4 concurrent Aborts (0's based)
-        .u8(259, id.async_events_max - 1) // AERL (0's based)
+        .u8(259, id.async_events_max - 1) // AERL (0's based; Limits::validate keeps it >= 1)
         .u8(260, 0x3) // FRMW: slot 1 read-only, one slot
         .u8(261, 0x4) // LPA: extended data for Get Log Page (offsets, NUMDU)
         .u8(262, 0) // ELPE: one error log entry (0's based)
@@ -135,7 +135,9 @@ pub fn controller(id: &ControllerIdentity<'_>, out: &mut [u8]) -> usize {
     // SGLS: SGLs supported (dword aligned granularity not required), bit 20:
     // the address field of an in-capsule data block is an offset.
     w.u32(536, (1 << 0) | (1 << 20));
-    // Fabrics: IOCCSZ and IORCSZ in 16-byte units; ICDOFF 0; FCATT 0 = dynamic model; MSDBD 1.
+    // Fabrics: IOCCSZ and IORCSZ in 16-byte units (the in-capsule limit is a
+    // multiple of 16 no larger than 2 GiB, see Limits::validate); ICDOFF 0;
+    // FCATT 0 = dynamic model; MSDBD 1.
     w.u32(1792, (64 + id.io_in_capsule_bytes) / 16)
         .u32(1796, 1)
         .u16(1800, 0)

@@ -216,6 +216,9 @@ fn lba_range(command: &Command, ns: &NamespaceConfig) -> Result<(u64, u64), Stat
     block_range(ns, slba, blocks)
 }
 
+/// `blocks` blocks at `slba` as a byte range, if it lies within the namespace.
+/// The shifts cannot overflow once the range ends within the namespace,
+/// whose size in bytes fits in u64.
 fn block_range(ns: &NamespaceConfig, slba: u64, blocks: u64) -> Result<(u64, u64), Status> {
     match slba.checked_add(blocks) {
         Some(end) if end <= ns.blocks => Ok((slba << ns.block_shift(), blocks << ns.block_shift())),

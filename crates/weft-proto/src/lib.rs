@@ -28,4 +28,4 @@ pub mod wire;
 
 pub use connection::{Connection, RefusedHost, SlotBuffers, Termination, Transmit, TxSegment};
 pub use io::{IoError, IoKind, IoRequest};
-pub use target::{Limits, Target, TargetConfig};
+pub use target::{Limits, LimitsError, Target, TargetConfig};

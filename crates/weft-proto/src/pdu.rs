@@ -16,6 +16,26 @@ pub const DIGEST_LEN: usize = 4;
 /// Longest header any PDU has (ICReq/ICResp).
 pub const MAX_HEADER_LEN: usize = 128;
 
+/// Most bytes before a CapsuleCmd's data: its 72-byte header, a header
+/// digest and the padding to the controller's alignment (CPDA + 1 dwords,
+/// up to 128 bytes). The worst case, CPDA 17, pads 76 bytes to 144.
+pub const CAPSULE_PDO_MAX: usize = capsule_pdo_max();
+
+const fn capsule_pdo_max() -> usize {
+    let header = 72 + DIGEST_LEN;
+    let (mut alignment, mut max) = (4, 0);
+    while alignment <= 128 {
+        let pdo = header.div_ceil(alignment) * alignment;
+        if pdo > max {
+            max = pdo;
+        }
+        alignment += 4;
+    }
+    max
+}
+
+const _: () = assert!(CAPSULE_PDO_MAX == 144 && CAPSULE_PDO_MAX <= u8::MAX as usize);
+
 /// PDU type values (NVMe/TCP 1.0, Figure 16).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -68,12 +88,33 @@ impl PduType {
         }
     }
 
+    /// The name the specification gives it.
+    pub fn name(self) -> &'static str {
+        match self {
+            PduType::IcReq => "ICReq",
+            PduType::IcResp => "ICResp",
+            PduType::H2cTermReq => "H2CTermReq",
+            PduType::C2hTermReq => "C2HTermReq",
+            PduType::CapsuleCmd => "CapsuleCmd",
+            PduType::CapsuleResp => "CapsuleResp",
+            PduType::H2cData => "H2CData",
+            PduType::C2hData => "C2HData",
+            PduType::R2t => "R2T",
+        }
+    }
+
     /// Whether a header digest may follow this PDU's header (never for IC and TermReq PDUs).
     pub fn may_carry_header_digest(self) -> bool {
         !matches!(
             self,
             PduType::IcReq | PduType::IcResp | PduType::H2cTermReq | PduType::C2hTermReq
         )
+    }
+}
+
+impl std::fmt::Display for PduType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
     }
 }
 
@@ -174,7 +215,7 @@ impl CommonHeader {
 
 /// A header-level protocol violation: what to put in the C2HTermReq.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
-#[error("{status:?} (field offset {field_offset})")]
+#[error("{} (FES {:#x}, FEI {field_offset})", describe(.status, *.field_offset), *.status as u16)]
 pub struct PduError {
     /// FES.
     pub status: FatalErrorStatus,
@@ -196,6 +237,35 @@ impl PduError {
         PduError {
             status,
             field_offset: 0,
+        }
+    }
+}
+
+/// A fatal error in words, naming the common-header field an invalid-field
+/// error points at.
+fn describe(status: &FatalErrorStatus, field_offset: u32) -> String {
+    match status {
+        FatalErrorStatus::InvalidHeaderField => {
+            let field = match field_offset {
+                field_offset::PDU_TYPE => " (PDU-Type)",
+                field_offset::FLAGS => " (FLAGS)",
+                field_offset::HLEN => " (HLEN)",
+                field_offset::PDO => " (PDO)",
+                field_offset::PLEN => " (PLEN)",
+                _ => "",
+            };
+            format!("invalid header field at byte {field_offset}{field}")
+        }
+        FatalErrorStatus::PduSequenceError => "a PDU out of sequence".to_string(),
+        FatalErrorStatus::HeaderDigestError => "a header digest mismatch".to_string(),
+        FatalErrorStatus::DataTransferOutOfRange => {
+            "data outside the command's transfer".to_string()
+        }
+        FatalErrorStatus::DataTransferLimitExceeded => {
+            "more data than the negotiated limits allow".to_string()
+        }
+        FatalErrorStatus::UnsupportedParameter => {
+            format!("an unsupported parameter at byte {field_offset}")
         }
     }
 }
@@ -424,8 +494,9 @@ pub fn encode_capsule_cmd(
     pdo_alignment: usize,
     sqe: &[u8; 64],
     data_len: usize,
-    out: &mut [u8; MAX_HEADER_LEN],
+    out: &mut [u8; CAPSULE_PDO_MAX],
 ) -> usize {
+    debug_assert!((4..=128).contains(&pdo_alignment) && pdo_alignment.is_multiple_of(4));
     let hlen = PduType::CapsuleCmd.header_len();
     let hdgst = if header_digest { DIGEST_LEN } else { 0 };
     let ddgst = if data_digest && data_len > 0 {
@@ -694,6 +765,18 @@ mod tests {
         assert_eq!(
             &out[..len],
             &hex("03 00 18 18 20000000 0100 02000000 00000000000000000000 0400320048000000")[..]
+        );
+    }
+
+    #[test]
+    fn pdu_errors_say_what_was_wrong() {
+        assert_eq!(
+            PduError::field(field_offset::PLEN).to_string(),
+            "invalid header field at byte 4 (PLEN) (FES 0x1, FEI 4)"
+        );
+        assert_eq!(
+            PduError::status(FatalErrorStatus::DataTransferOutOfRange).to_string(),
+            "data outside the command's transfer (FES 0x4, FEI 0)"
         );
     }
 

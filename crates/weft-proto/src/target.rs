@@ -13,16 +13,24 @@
 //! touched at Connect, at controller teardown and by Set Features, never per I/O.
 
 use crate::auth::{HostKeys, SecureRandom};
+use crate::identify::IDENTIFY_LEN;
 use crate::types::{Cntlid, Nsid};
 use std::cmp;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use thiserror::Error;
 
 /// The well-known discovery subsystem NQN (NVMe Base 2.0, section 4.5).
 pub const DISCOVERY_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";
 
 /// Limits the target advertises and enforces. Every one is a promise on the wire.
+///
+/// The framing and the command slots rely on the invariants that
+/// [`Limits::validate`] checks (a slot buffer holds any in-capsule data, an
+/// Identify structure and the Connect data; the advertised fields encode the
+/// values exactly). Limits built from configuration must be validated before
+/// they reach a [`Target`], which asserts it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     /// Largest queue (entries) a host may create: CAP.MQES + 1.
@@ -63,12 +71,111 @@ impl Limits {
         controllers_per_subsystem_max: 256,
     };
 
+    /// The largest transfer: 2 GiB, so that the PLEN of a PDU carrying a whole
+    /// transfer (plus header, padding and digest) still fits in 32 bits.
+    pub const TRANSFER_BYTES_LIMIT: u32 = 1 << 31;
+
+    /// In-capsule data a host may send on the admin queue: NVMe/TCP hosts send
+    /// up to 8 KiB there without looking at the controller (Linux's
+    /// NVME_TCP_ADMIN_CCSZ), so the admin queue must accept at least that.
+    pub const ADMIN_IN_CAPSULE_BYTES_MIN: u32 = 8 * 1024;
+
     /// Size of every command slot's data buffer: the largest transfer, since a
     /// Compare needs the host's data and the media's side by side in one
     /// buffer of twice its length, Compare transfers are limited to half of it.
     pub fn slot_buffer_bytes(&self) -> usize {
         self.transfer_bytes_max as usize
     }
+
+    /// Checks the invariants the protocol core relies on; a `Target` serves
+    /// only limits that pass.
+    pub const fn validate(&self) -> Result<(), LimitsError> {
+        // Connect's SQSIZE is 0's based and at least 1 (NVMe-oF 1.1, section 3.3).
+        if self.queue_entries_max < 2 {
+            return Err(LimitsError::QueueEntries(self.queue_entries_max));
+        }
+        // MDTS is a power of two of 4 KiB pages, and every slot buffer must
+        // hold an Identify structure (4 KiB) and the Connect data (1 KiB).
+        let transfer = self.transfer_bytes_max;
+        if !transfer.is_power_of_two()
+            || transfer < IDENTIFY_LEN as u32
+            || transfer > Limits::TRANSFER_BYTES_LIMIT
+        {
+            return Err(LimitsError::TransferBytes(transfer));
+        }
+        // In-capsule data is received into the command's slot buffer, and
+        // IOCCSZ counts 16-byte units.
+        let io = self.io_in_capsule_bytes_max;
+        if io > transfer || !io.is_multiple_of(16) {
+            return Err(LimitsError::IoInCapsuleBytes {
+                value: io,
+                transfer_bytes_max: transfer,
+            });
+        }
+        let admin = self.admin_in_capsule_bytes_max;
+        if admin < Limits::ADMIN_IN_CAPSULE_BYTES_MIN || admin > transfer {
+            return Err(LimitsError::AdminInCapsuleBytes {
+                value: admin,
+                transfer_bytes_max: transfer,
+            });
+        }
+        // MAXH2CDATA "is a multiple of dwords and should be no less than
+        // 4,096" (NVMe/TCP 1.0, Figure 21); Linux hosts refuse less.
+        let h2c = self.h2c_data_bytes_max;
+        if h2c < 4096 || !h2c.is_multiple_of(4) {
+            return Err(LimitsError::H2cDataBytes(h2c));
+        }
+        // Connected I/O queues are a 64-bit map; Set Features answers NSQA/NCQA 0's based.
+        if self.io_queues_max == 0 || self.io_queues_max > 64 {
+            return Err(LimitsError::IoQueues(self.io_queues_max));
+        }
+        // AERL is 0's based.
+        if self.async_events_max == 0 {
+            return Err(LimitsError::AsyncEvents);
+        }
+        Ok(())
+    }
+}
+
+const _: () = assert!(
+    Limits::DEFAULT.validate().is_ok(),
+    "the default limits are valid"
+);
+
+/// Why a set of [`Limits`] cannot be served, and what the limit must be instead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+pub enum LimitsError {
+    /// Fewer than two queue entries.
+    #[error("queue_entries_max is {0}; a queue has at least 2 entries (Connect SQSIZE is 0's based and at least 1)")]
+    QueueEntries(u16),
+    /// Not a power of two from 4 KiB to 2 GiB.
+    #[error("transfer_bytes_max is {0}; it must be a power of two from 4096 (an Identify structure) to 2 GiB (MDTS counts powers of two of 4 KiB pages; a PDU carrying a whole transfer must have a 32-bit PLEN)")]
+    TransferBytes(u32),
+    /// Larger than a slot buffer, or not a multiple of 16.
+    #[error("io_in_capsule_bytes_max is {value}; it must be a multiple of 16 (IOCCSZ counts 16-byte units) and at most transfer_bytes_max ({transfer_bytes_max}), the slot buffer the data lands in")]
+    IoInCapsuleBytes {
+        /// The limit given.
+        value: u32,
+        /// The slot buffer size.
+        transfer_bytes_max: u32,
+    },
+    /// Below what hosts send, or larger than a slot buffer.
+    #[error("admin_in_capsule_bytes_max is {value}; it must be at least 8192 (NVMe/TCP hosts send up to 8 KiB in admin capsules) and at most transfer_bytes_max ({transfer_bytes_max}), the slot buffer the data lands in")]
+    AdminInCapsuleBytes {
+        /// The limit given.
+        value: u32,
+        /// The slot buffer size.
+        transfer_bytes_max: u32,
+    },
+    /// Not a MAXH2CDATA a host accepts.
+    #[error("h2c_data_bytes_max is {0}; MAXH2CDATA must be a multiple of 4 and at least 4096 (NVMe/TCP 1.0, Figure 21)")]
+    H2cDataBytes(u32),
+    /// Not 1 to 64 I/O queues.
+    #[error("io_queues_max is {0}; it must be 1 to 64 (connected I/O queues are tracked in a 64-bit map)")]
+    IoQueues(u16),
+    /// No Asynchronous Event Request accepted.
+    #[error("async_events_max is 0; at least one Asynchronous Event Request must be accepted (AERL is 0's based)")]
+    AsyncEvents,
 }
 
 /// One exported namespace.
@@ -513,9 +620,18 @@ pub struct Target {
 impl Target {
     /// A target exporting `config` (a `TargetConfig` or an already shared
     /// one), with no controllers yet, drawing challenges from `random`.
+    ///
+    /// # Panics
+    /// If `config.limits` do not pass [`Limits::validate`]: the framing
+    /// relies on them, and limits from configuration are validated where the
+    /// configuration is read.
     pub fn new(config: impl Into<Arc<TargetConfig>>, random: Arc<dyn SecureRandom>) -> Arc<Target> {
+        let config = config.into();
+        if let Err(error) = config.limits.validate() {
+            panic!("a target cannot serve these limits: {error}");
+        }
         Arc::new(Target {
-            config: Mutex::new(config.into()),
+            config: Mutex::new(config),
             registry: ControllerRegistry::default(),
             random,
         })
@@ -602,6 +718,64 @@ mod tests {
         assert_eq!(back, changed, "symmetric");
         assert!(old.changed_namespaces(&old).is_empty());
         assert_eq!(subsystem(&[]).changed_namespaces(&old).len(), 4);
+    }
+
+    #[test]
+    fn limits_are_refused_when_the_framing_could_not_honour_them() {
+        fn with(change: impl FnOnce(&mut Limits)) -> Result<(), LimitsError> {
+            let mut limits = Limits::DEFAULT;
+            change(&mut limits);
+            limits.validate()
+        }
+        assert_eq!(Limits::DEFAULT.validate(), Ok(()));
+        assert_eq!(
+            with(|l| l.queue_entries_max = 1),
+            Err(LimitsError::QueueEntries(1))
+        );
+        for transfer in [0, 2048, 96 * 1024, 1 << 31 | 1 << 30] {
+            assert_eq!(
+                with(|l| l.transfer_bytes_max = transfer),
+                Err(LimitsError::TransferBytes(transfer)),
+                "{transfer}"
+            );
+        }
+        assert_eq!(
+            with(|l| l.io_in_capsule_bytes_max = 256 * 1024),
+            Err(LimitsError::IoInCapsuleBytes {
+                value: 256 * 1024,
+                transfer_bytes_max: 128 * 1024
+            })
+        );
+        assert!(with(|l| l.io_in_capsule_bytes_max = 100).is_err());
+        assert!(with(|l| l.io_in_capsule_bytes_max = 0).is_ok());
+        assert!(with(|l| l.admin_in_capsule_bytes_max = 4096).is_err());
+        assert!(with(|l| l.admin_in_capsule_bytes_max = 256 * 1024).is_err());
+        assert_eq!(
+            with(|l| l.h2c_data_bytes_max = 4094),
+            Err(LimitsError::H2cDataBytes(4094))
+        );
+        assert!(with(|l| l.h2c_data_bytes_max = 4098).is_err());
+        assert_eq!(with(|l| l.io_queues_max = 0), Err(LimitsError::IoQueues(0)));
+        assert_eq!(
+            with(|l| l.io_queues_max = 65),
+            Err(LimitsError::IoQueues(65))
+        );
+        assert_eq!(
+            with(|l| l.async_events_max = 0),
+            Err(LimitsError::AsyncEvents)
+        );
+        let message = with(|l| l.io_queues_max = 65).unwrap_err().to_string();
+        assert!(message.contains("1 to 64"), "{message}");
+    }
+
+    /// In-capsule data larger than a slot buffer used to reach the framing,
+    /// which would have written it past the buffer's end.
+    #[test]
+    #[should_panic(expected = "io_in_capsule_bytes_max is 262144")]
+    fn a_target_refuses_limits_that_fail_validation() {
+        let mut config = (*crate::testing::test_target().config()).clone();
+        config.limits.io_in_capsule_bytes_max = 256 * 1024;
+        Target::new(config, Arc::new(crate::testing::CountingRandom::default()));
     }
 
     #[test]

@@ -36,6 +36,14 @@ pub fn test_target() -> Arc<Target> {
 
 /// A target with one subsystem `nqn` and namespaces given as (NSID, blocks, block size).
 pub fn target_with(nqn: &str, namespaces: &[(u32, u64, u32)]) -> Arc<Target> {
+    Target::new(
+        config_with(nqn, namespaces, Limits::DEFAULT),
+        Arc::new(CountingRandom::default()),
+    )
+}
+
+/// The configuration of [`target_with`], with `limits`.
+pub fn config_with(nqn: &str, namespaces: &[(u32, u64, u32)], limits: Limits) -> TargetConfig {
     let namespace = |&(nsid, blocks, block_size): &(u32, u64, u32)| NamespaceConfig {
         nsid: Nsid(nsid),
         blocks,
@@ -46,28 +54,25 @@ pub fn target_with(nqn: &str, namespaces: &[(u32, u64, u32)]) -> Arc<Target> {
         thin: true,
         ready: true,
     };
-    Target::new(
-        TargetConfig {
-            subsystems: vec![SubsystemConfig {
-                nqn: nqn.into(),
-                serial: "0123456789abcdef0123".into(),
-                model: "weft".into(),
-                firmware: "0.1.0".into(),
-                namespaces: namespaces.iter().map(namespace).collect(),
-                access: HostAccess::Any,
-            }],
-            listeners: vec![ListenerConfig {
-                port_id: 1,
-                family: AddressFamily::Ipv4,
-                address: "127.0.0.1".into(),
-                service: "4420".into(),
-            }],
-            limits: Limits::DEFAULT,
-            discovery_serial: "discovery".into(),
-            generation: 1,
-        },
-        Arc::new(CountingRandom::default()),
-    )
+    TargetConfig {
+        subsystems: vec![SubsystemConfig {
+            nqn: nqn.into(),
+            serial: "0123456789abcdef0123".into(),
+            model: "weft".into(),
+            firmware: "0.1.0".into(),
+            namespaces: namespaces.iter().map(namespace).collect(),
+            access: HostAccess::Any,
+        }],
+        listeners: vec![ListenerConfig {
+            port_id: 1,
+            family: AddressFamily::Ipv4,
+            address: "127.0.0.1".into(),
+            service: "4420".into(),
+        }],
+        limits,
+        discovery_serial: "discovery".into(),
+        generation: 1,
+    }
 }
 
 /// The model host's DH-HMAC-CHAP secret in [`authenticating_target`].
@@ -89,12 +94,18 @@ pub fn host_keys(bidirectional: bool) -> HostKeys {
 pub fn authenticating_target(bidirectional: bool) -> Arc<Target> {
     let target = test_target();
     let mut config = (*target.config()).clone();
+    require_authentication(&mut config, bidirectional);
+    target.replace_config(Arc::new(config));
+    target
+}
+
+/// Opens the first subsystem of `config` to the model host only, which must
+/// authenticate with [`host_keys`].
+pub fn require_authentication(config: &mut TargetConfig, bidirectional: bool) {
     config.subsystems[0].access = HostAccess::Only(vec![AllowedHost {
         nqn: HOST_NQN.to_string(),
         keys: Some(Arc::new(host_keys(bidirectional))),
     }]);
-    target.replace_config(Arc::new(config));
-    target
 }
 
 /// Deterministic "random" bytes for tests: SplitMix64 over a counter.
@@ -118,27 +129,31 @@ impl SecureRandom for CountingRandom {
     }
 }
 
-/// Slot buffers as plain vectors.
+/// Slot buffers as plain vectors, each zeroed when first used: a connection
+/// that uses few slots (most tests, every fuzz execution) allocates little.
 #[derive(Debug)]
 pub struct VecBuffers {
     buffers: Vec<Vec<u8>>,
+    buffer_bytes: usize,
 }
 
 impl VecBuffers {
     /// Buffers for `limits`.
     pub fn new(limits: &Limits) -> VecBuffers {
         VecBuffers {
-            buffers: vec![
-                vec![0u8; limits.slot_buffer_bytes()];
-                usize::from(limits.queue_entries_max)
-            ],
+            buffers: vec![Vec::new(); usize::from(limits.queue_entries_max)],
+            buffer_bytes: limits.slot_buffer_bytes(),
         }
     }
 }
 
 impl SlotBuffers for VecBuffers {
     fn buffer(&mut self, slot: SlotId) -> &mut [u8] {
-        &mut self.buffers[usize::from(slot.0)]
+        let buffer = &mut self.buffers[usize::from(slot.0)];
+        if buffer.is_empty() {
+            buffer.resize(self.buffer_bytes, 0);
+        }
+        buffer
     }
 }
 
@@ -208,6 +223,9 @@ pub struct Pair {
     pub hold_io: bool,
     /// Held block I/O requests.
     pub held_io: Vec<IoRequest>,
+    /// When set, every delivery to the target is appended here too (the
+    /// fuzz seeds are recorded from the host model this way).
+    pub recorded: Option<Vec<Vec<u8>>>,
 }
 
 impl Pair {
@@ -230,11 +248,15 @@ impl Pair {
             data_digest: false,
             hold_io: false,
             held_io: Vec::new(),
+            recorded: None,
         }
     }
 
     /// Delivers bytes to the target and runs it until it is idle.
     pub fn send(&mut self, bytes: &[u8]) {
+        if let Some(recorded) = &mut self.recorded {
+            recorded.push(bytes.to_vec());
+        }
         self.connection
             .handle_input(bytes, self.now, &mut self.buffers);
         self.pump();
@@ -517,7 +539,7 @@ pub fn parse_pdu(sent: &mut Vec<u8>) -> Option<ReceivedPdu> {
 
 /// A CapsuleCmd PDU carrying `sqe` and optional in-capsule data.
 pub fn capsule(header_digest: bool, data_digest: bool, sqe: &[u8; 64], data: &[u8]) -> Vec<u8> {
-    let mut header = [0u8; pdu::MAX_HEADER_LEN];
+    let mut header = [0u8; pdu::CAPSULE_PDO_MAX];
     let header_len =
         pdu::encode_capsule_cmd(header_digest, data_digest, 4, sqe, data.len(), &mut header);
     let mut pdu = header[..header_len].to_vec();
