@@ -728,7 +728,7 @@ mod tests {
             ControllerKind::Discovery => crate::target::DISCOVERY_NQN,
         };
         let controller = ControllerRegistry::default()
-            .create(subnqn, testing::HOST_NQN, testing::HOST_ID)
+            .create(subnqn, testing::HOST_NQN, testing::HOST_ID, 8)
             .expect("a controller ID");
         controller.set_ready(true);
         let queue = AdminQueue::new(controller, kind, 0, Timestamp::default());

@@ -82,6 +82,9 @@ pub const FUZZ_LIMITS: Limits = Limits {
     h2c_data_bytes_max: 4096,
     io_queues_max: 4,
     async_events_max: 2,
+    icreq_timeout_ms: Limits::DEFAULT.icreq_timeout_ms,
+    connect_timeout_ms: Limits::DEFAULT.connect_timeout_ms,
+    controllers_per_subsystem_max: 8,
 };
 
 const _: () = assert!(

@@ -133,6 +133,13 @@ impl Limits {
         if self.async_events_max == 0 {
             return Err(LimitsError::AsyncEvents);
         }
+        // A zero deadline or controller count would refuse every host.
+        if self.icreq_timeout_ms == 0 || self.connect_timeout_ms == 0 {
+            return Err(LimitsError::SetupTimeout);
+        }
+        if self.controllers_per_subsystem_max == 0 {
+            return Err(LimitsError::ControllersPerSubsystem);
+        }
         Ok(())
     }
 }
@@ -176,6 +183,14 @@ pub enum LimitsError {
     /// No Asynchronous Event Request accepted.
     #[error("async_events_max is 0; at least one Asynchronous Event Request must be accepted (AERL is 0's based)")]
     AsyncEvents,
+    /// A zero ICReq or Connect deadline.
+    #[error("icreq_timeout_ms and connect_timeout_ms must be positive (0 would close every connection at once)")]
+    SetupTimeout,
+    /// No controller allowed per subsystem.
+    #[error(
+        "controllers_per_subsystem_max is 0; at least one controller per subsystem must be allowed"
+    )]
+    ControllersPerSubsystem,
 }
 
 /// One exported namespace.

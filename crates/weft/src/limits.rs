@@ -113,6 +113,10 @@ impl LimitsFile {
         )?;
         limits.api_request_timeout = Duration::from_millis(u64::from(timeout_ms));
         limits.manager_queue = positive(self.manager_queue, "manager_queue", limits.manager_queue)?;
+        limits
+            .protocol
+            .validate()
+            .map_err(|error| ConfigError::new(origin, "limits", error.to_string()))?;
         Ok(limits)
     }
 }
