@@ -12,6 +12,7 @@
 
 mod exports;
 pub mod health;
+pub mod limit;
 mod listener;
 pub mod meter;
 mod peers;
@@ -20,6 +21,7 @@ mod volume;
 
 pub use exports::{Backend, Exports, NamespaceDevice};
 pub use health::{FailedOperation, Failure, Health};
+pub use limit::LimitReached;
 pub use listener::{DataPlane, StartError};
 pub use meter::Meter;
 pub use peers::PeerLimits;

@@ -8,6 +8,7 @@
 //! (queue depth, transfers: the protocol core's `Limits`), nor how long it
 //! may take to set up (the core's ICReq and Connect deadlines).
 
+use crate::limit::LimitReached;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -44,14 +45,13 @@ pub(crate) enum Refused {
 pub(crate) struct ConnectionCounts {
     limits: PeerLimits,
     inner: Mutex<Counts>,
+    reached: LimitReached,
 }
 
 #[derive(Debug, Default)]
 struct Counts {
     total: u32,
     per_address: HashMap<IpAddr, u32>,
-    /// Connections refused since the last one accepted (for the logs).
-    refused: u64,
 }
 
 /// One admitted connection; dropping it (when the reactor releases the
@@ -67,6 +67,7 @@ impl ConnectionCounts {
         Arc::new(ConnectionCounts {
             limits,
             inner: Mutex::default(),
+            reached: LimitReached::default(),
         })
     }
 
@@ -85,7 +86,7 @@ impl ConnectionCounts {
             None
         };
         if let Some(refused) = refused {
-            if counts.refused == 0 {
+            if self.reached.refuse() {
                 match refused {
                     Refused::Listener => log::warn!(
                         "{peer}: connection refused: this listener has {} connections, its limit (limits.connections_per_listener in weft.toml); refusing more until some close",
@@ -97,15 +98,10 @@ impl ConnectionCounts {
                     ),
                 }
             }
-            counts.refused += 1;
             return Err(refused);
         }
-        if counts.refused > 0 {
-            log::info!(
-                "accepting connections again after refusing {} over a limit",
-                counts.refused
-            );
-            counts.refused = 0;
+        if let Some(refused) = self.reached.admit() {
+            log::info!("accepting connections again after refusing {refused} over a limit");
         }
         counts.total += 1;
         *counts.per_address.entry(address).or_insert(0) += 1;
@@ -165,6 +161,6 @@ mod tests {
         drop(a1);
         let _a3 = counts.admit(peer("10.0.0.1:1003")).unwrap();
         assert_eq!(counts.lock().total, 3);
-        assert_eq!(counts.lock().refused, 0, "reset when accepting again");
+        assert_eq!(counts.reached.admit(), None, "reset when accepting again");
     }
 }

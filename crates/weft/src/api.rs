@@ -19,11 +19,11 @@ use serde_json::{json, Value};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use weft_http::{self as http, Request};
-use weft_target::DataPlane;
+use weft_target::{DataPlane, LimitReached};
 use weft_volume::{VolumeError, VolumeSpec};
 
 /// Default API address.
@@ -143,7 +143,7 @@ pub fn start(
 #[derive(Debug, Default)]
 struct BusyCount {
     active: AtomicU32,
-    refusing: AtomicBool,
+    reached: LimitReached,
 }
 
 /// One connection being served; its place is given back when it drops.
@@ -153,12 +153,14 @@ impl BusyCount {
     fn enter(self: &Arc<Self>, limit: u32) -> Option<BusyCall> {
         if self.active.fetch_add(1, Ordering::AcqRel) >= limit {
             self.active.fetch_sub(1, Ordering::AcqRel);
-            if !self.refusing.swap(true, Ordering::AcqRel) {
+            if self.reached.refuse() {
                 log::warn!("API: {limit} connections are being served, the limit (limits.api_connections in weft.toml); answering 503 until some finish");
             }
             return None;
         }
-        self.refusing.store(false, Ordering::Release);
+        if let Some(refused) = self.reached.admit() {
+            log::info!("API: serving connections again after answering {refused} busy");
+        }
         Some(BusyCall(Arc::clone(self)))
     }
 }

@@ -17,7 +17,6 @@ use crate::identity::NodeId;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
 use std::sync::Arc;
 use weft_control::{DesiredState, HostRecord, PoolRecord, QosLimits, StoreError, VolumeRecord};
@@ -27,8 +26,8 @@ use weft_proto::types::Nsid;
 use weft_proto::IoError;
 use weft_target::meter::Limits;
 use weft_target::{
-    Backend, DataPlane, Exports, FailedOperation, Health, Meter, NamespaceDevice, VolumeBackend,
-    VolumeManager, VolumeOutcome, VolumeRequest, VolumeWork,
+    Backend, DataPlane, Exports, FailedOperation, Health, LimitReached, Meter, NamespaceDevice,
+    VolumeBackend, VolumeManager, VolumeOutcome, VolumeRequest, VolumeWork,
 };
 use weft_volume::{
     DevicePath, FileMedia, Pool, PoolInfo, PoolOptions, VolumeError, VolumeInfo, VolumeSpec,
@@ -434,8 +433,8 @@ enum Work {
 pub struct ManagerHandle {
     sender: SyncSender<Work>,
     queue: u32,
-    /// The queue was full at the last attempt (logged once per episode).
-    full: Arc<AtomicBool>,
+    /// Refusals since the queue was last full (logged once per episode).
+    full: Arc<LimitReached>,
 }
 
 impl VolumeManager for ManagerHandle {
@@ -474,15 +473,16 @@ impl ManagerHandle {
     fn try_send(&self, work: Work) -> Result<(), Box<mpsc::TrySendError<Work>>> {
         match self.sender.try_send(work) {
             Ok(()) => {
-                if self.full.load(Ordering::Relaxed) {
-                    self.full.store(false, Ordering::Release);
-                    log::info!("the volume manager's queue has room again");
+                if let Some(refused) = self.full.admit() {
+                    log::info!(
+                        "the volume manager's queue has room again ({refused} requests refused)"
+                    );
                 }
                 Ok(())
             }
             Err(error) => {
                 let full = matches!(error, mpsc::TrySendError::Full(_));
-                if full && !self.full.swap(true, Ordering::AcqRel) {
+                if full && self.full.refuse() {
                     log::warn!(
                         "the volume manager has {} requests queued, its limit (limits.manager_queue in weft.toml): I/O that needs it is answered Namespace Not Ready (hosts retry) and admin calls busy until it catches up",
                         self.queue
