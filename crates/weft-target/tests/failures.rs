@@ -2,6 +2,8 @@
 //! fdatasync or FUA write fails every later I/O, Flush included, until the
 //! failure is cleared; a device that cannot punch holes still zeroes.
 
+mod support;
+
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,15 +11,10 @@ use weft_initiator::{read_write, sqe, ConnectOptions, Controller, InitiatorError
 use weft_proto::command::io_opcode;
 use weft_proto::host::DataTransfer;
 use weft_proto::status::Status;
-use weft_proto::target::{
-    AddressFamily, HostAccess, ListenerConfig, NamespaceConfig, SubsystemConfig,
-};
 use weft_proto::testing::TEST_NQN;
-use weft_proto::types::Nsid;
-use weft_proto::{Limits, TargetConfig};
 use weft_storage::faults::{FaultSwitches, FaultyDevice};
 use weft_storage::{BlockDevice, FileDevice};
-use weft_target::{Backend, DataPlane, Exports, Health, NamespaceDevice, PeerLimits};
+use weft_target::{DataPlane, Health, PeerLimits};
 
 const BYTES: u64 = 8 << 20;
 
@@ -28,51 +25,12 @@ fn start(name: &str) -> (DataPlane, Arc<FaultSwitches>, Arc<Health>) {
     let file = FileDevice::open(&dir.join("ns1.img"), Some(BYTES), 4096).unwrap();
     let faulty = FaultyDevice::new(file);
     let switches = faulty.switches();
-    let device: Arc<dyn BlockDevice> = Arc::new(faulty);
     let health = Arc::new(Health::default());
-    let config = TargetConfig {
-        subsystems: vec![SubsystemConfig {
-            nqn: TEST_NQN.into(),
-            serial: "failures".into(),
-            model: "weft".into(),
-            firmware: "test".into(),
-            namespaces: vec![NamespaceConfig {
-                nsid: Nsid(1),
-                blocks: BYTES / 4096,
-                block_size: 4096,
-                nguid: [1; 16],
-                uuid: [1; 16],
-                eui64: [1; 8],
-                thin: true,
-                ready: true,
-            }],
-            access: HostAccess::Any,
-        }],
-        listeners: vec![ListenerConfig {
-            port_id: 1,
-            family: AddressFamily::Ipv4,
-            address: "127.0.0.1".into(),
-            service: "0".into(),
-        }],
-        limits: Limits::DEFAULT,
-        discovery_serial: "discovery".into(),
-        generation: 1,
-    };
-    let devices = vec![vec![NamespaceDevice {
-        nsid: Nsid(1),
-        backend: Backend::Device(device),
-        meter: Default::default(),
-        health: Arc::clone(&health),
-    }]];
-    let exports = Arc::new(Exports::new(Arc::new(config), devices));
-    let plane = DataPlane::start(
-        exports,
-        &["127.0.0.1:0".parse().unwrap()],
-        1,
-        Duration::ZERO,
-        PeerLimits::DEFAULT,
-    )
-    .unwrap();
+    let devices = vec![(
+        Arc::new(faulty) as Arc<dyn BlockDevice>,
+        Arc::clone(&health),
+    )];
+    let plane = support::serve_devices(devices, 1, Duration::ZERO, PeerLimits::DEFAULT);
     (plane, switches, health)
 }
 

@@ -104,6 +104,14 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
             .and_then(|(_, v)| v.clone())
     };
     let flag = |name: &str| options.iter().any(|(n, v)| n == name && v.is_none());
+    // Every value of a repeatable option (--device).
+    let values = |name: &str| -> Vec<String> {
+        options
+            .iter()
+            .filter(|(n, _)| n == name)
+            .filter_map(|(_, v)| v.clone())
+            .collect()
+    };
     let size = |name: &str| -> Result<Option<u64>, String> {
         option(name)
             .map(|text| parse_size_text(&text).map_err(|e| format!("--{name}: {e}")))
@@ -120,11 +128,7 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
     let (method, path, body, show) = match (noun, verb.as_str()) {
         ("pool", "create") => {
             known(&["device", "allocation-unit", "device-size", "force"])?;
-            let devices: Vec<String> = options
-                .iter()
-                .filter(|(n, _)| n == "device")
-                .filter_map(|(_, v)| v.clone())
-                .collect();
+            let devices = values("device");
             if devices.is_empty() {
                 return Err("weft pool create NAME --device PATH [--device PATH]...: give at least one device".into());
             }
@@ -149,11 +153,7 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
         }
         ("pool", "add-device") => {
             known(&["device", "device-size"])?;
-            let devices: Vec<String> = options
-                .iter()
-                .filter(|(n, _)| n == "device")
-                .filter_map(|(_, v)| v.clone())
-                .collect();
+            let devices = values("device");
             if devices.is_empty() {
                 return Err("weft pool add-device POOL --device PATH [--device PATH]...: give at least one device".into());
             }

@@ -28,6 +28,11 @@ fn code(value: &Value) -> &str {
     value["code"].as_str().unwrap()
 }
 
+/// An error's message.
+fn message(value: &Value) -> &str {
+    value["message"].as_str().unwrap()
+}
+
 const NQN_A: &str = "nqn.2014-08.org.nvmexpress:uuid:aaaaaaaa-0000-0000-0000-000000000001";
 const NQN_B: &str = "nqn.2014-08.org.nvmexpress:uuid:bbbbbbbb-0000-0000-0000-000000000002";
 
@@ -73,10 +78,7 @@ fn tokens_routes_and_the_openapi_document() {
         Some(json!({"name": "a", "nqn": NQN_A, "extra": 1})),
         400,
     );
-    assert!(
-        error["message"].as_str().unwrap().contains("unknown field"),
-        "{error}"
-    );
+    assert!(message(&error).contains("unknown field"), "{error}");
     // A token file of the operator's choosing.
     let file = dir.join("secret-token");
     std::fs::write(&file, "0123456789abcdef0123456789abcdef\n").unwrap();
@@ -279,10 +281,7 @@ fn every_route_answers_and_fails_as_documented_and_state_survives_kill_9() {
         Some(json!({"name": "web2", "nqn": NQN_A})),
         409,
     );
-    assert!(same_nqn["message"]
-        .as_str()
-        .unwrap()
-        .contains("already registered as host web1"));
+    assert!(message(&same_nqn).contains("already registered as host web1"));
     let bad_nqn = call(
         &node,
         "POST",
@@ -290,10 +289,7 @@ fn every_route_answers_and_fails_as_documented_and_state_survives_kill_9() {
         Some(json!({"name": "web2", "nqn": "web2"})),
         400,
     );
-    assert!(bad_nqn["message"]
-        .as_str()
-        .unwrap()
-        .contains("must start with"));
+    assert!(message(&bad_nqn).contains("must start with"));
     call(
         &node,
         "POST",
@@ -456,17 +452,8 @@ fn dhchap_secrets_are_checked_stored_and_never_shown(node: &Node) {
         400,
     );
     assert_eq!(code(&refused), "invalid");
-    assert!(
-        refused["message"].as_str().unwrap().contains("checksum"),
-        "{refused}"
-    );
-    assert!(
-        refused["message"]
-            .as_str()
-            .unwrap()
-            .contains("gen-dhchap-key"),
-        "{refused}"
-    );
+    assert!(message(&refused).contains("checksum"), "{refused}");
+    assert!(message(&refused).contains("gen-dhchap-key"), "{refused}");
     let controller_only = json!({"name": "web3", "nqn": nqn, "dhchap_ctrl_secret": SECRET_B});
     assert_eq!(code(&add(controller_only, 400)), "invalid");
     let same_twice = json!({"name": "web3", "nqn": nqn, "dhchap_secret": SECRET_A, "dhchap_ctrl_secret": SECRET_A});
@@ -619,22 +606,10 @@ fn pools_are_shown_per_device_deleted_when_empty_and_failures_cleared_on_purpose
     );
     // Refused while it holds volumes, naming them.
     let error = call(&node, "DELETE", "/api/v1/pools/p", None, 400);
-    assert!(
-        error["message"]
-            .as_str()
-            .unwrap()
-            .contains("it holds volumes v"),
-        "{error}"
-    );
+    assert!(message(&error).contains("it holds volumes v"), "{error}");
     // A failure can only be cleared where there is one.
     let error = call(&node, "POST", "/api/v1/pools/p/clear-failure", None, 400);
-    assert!(
-        error["message"]
-            .as_str()
-            .unwrap()
-            .contains("has not failed"),
-        "{error}"
-    );
+    assert!(message(&error).contains("has not failed"), "{error}");
     let default = "/api/v1/subsystems/nqn.2026-11.io.weft:default/namespaces";
     let error = call(
         &node,
@@ -643,13 +618,7 @@ fn pools_are_shown_per_device_deleted_when_empty_and_failures_cleared_on_purpose
         None,
         400,
     );
-    assert!(
-        error["message"]
-            .as_str()
-            .unwrap()
-            .contains("has not failed"),
-        "{error}"
-    );
+    assert!(message(&error).contains("has not failed"), "{error}");
     call(
         &node,
         "POST",

@@ -8,7 +8,7 @@
 mod support;
 
 use std::process::Command;
-use support::{ok, start_node, temp_dir};
+use support::{ok, pool_with_volume, start_node, temp_dir};
 use weft_initiator::{ConnectOptions, Controller, InitiatorError, TargetUrl};
 use weft_proto::status::Status;
 
@@ -38,24 +38,7 @@ fn a_pool_that_fails_a_metadata_write_fails_all_io_until_cleared() {
     }
     let _mount = Mount(small.clone());
     let node = start_node(&dir.join("data"), &[]);
-    let device = small.join("d0.img");
-    let device = device.to_str().unwrap();
-    ok(
-        &node,
-        &[
-            "pool",
-            "create",
-            "p",
-            "--device",
-            device,
-            "--device-size",
-            "256MiB",
-        ],
-    );
-    ok(
-        &node,
-        &["volume", "create", "v", "--pool", "p", "--size", "64MiB"],
-    );
+    pool_with_volume(&node, &small.join("d0.img"), "v", "64MiB");
     ok(&node, &["host", "add", "h", "--nqn", HOST_NQN]);
     ok(&node, &["volume", "attach", "v", "--host", "h"]);
     let url = TargetUrl::parse(&format!("{}/nqn.2026-11.io.weft:vol:v", node.nvme)).unwrap();

@@ -7,7 +7,7 @@
 mod support;
 
 use serde_json::Value;
-use support::{api, ok, start_node, temp_dir, weft, Node};
+use support::{api, ok, pool_with_volume, start_node, temp_dir, weft, Node};
 
 const HOST_NQN: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-0000000000c5";
 
@@ -63,23 +63,7 @@ fn limits_hold_live_and_after_kill_9_and_the_statistics_show_the_io() {
     let dir = temp_dir("qos");
     let data = dir.join("data");
     let node = start_node(&data, &[]);
-    let device = dir.join("pool.img");
-    ok(
-        &node,
-        &[
-            "pool",
-            "create",
-            "p",
-            "--device",
-            device.to_str().unwrap(),
-            "--device-size",
-            "256MiB",
-        ],
-    );
-    ok(
-        &node,
-        &["volume", "create", "v1", "--pool", "p", "--size", "64MiB"],
-    );
+    pool_with_volume(&node, &dir.join("pool.img"), "v1", "64MiB");
     ok(&node, &["host", "add", "bench", "--nqn", HOST_NQN]);
     ok(&node, &["volume", "attach", "v1", "--host", "bench"]);
     let (unlimited, _) = bench(&node, "v1", "randread", "4k", "16");

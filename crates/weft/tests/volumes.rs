@@ -6,7 +6,7 @@
 mod support;
 
 use std::process::Command;
-use support::{ok, refused, start_node, temp_dir, weft, Node, WEFT};
+use support::{ok, pool_with_volume, refused, start_node, temp_dir, weft, Node, WEFT};
 
 /// The host NQN the tests' initiator connects as.
 const HOST_NQN: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-00000000b0b1";
@@ -316,23 +316,7 @@ fn bench_as(node: &Node, volume: &str, extra: &[&str]) -> (bool, String, String)
 fn a_host_with_a_dhchap_secret_must_authenticate_each_queue() {
     let dir = temp_dir("dhchap");
     let node = start(&dir.join("data"));
-    let device = dir.join("d0.img");
-    ok(
-        &node,
-        &[
-            "pool",
-            "create",
-            "p",
-            "--device",
-            device.to_str().unwrap(),
-            "--device-size",
-            "64MiB",
-        ],
-    );
-    ok(
-        &node,
-        &["volume", "create", "v1", "--pool", "p", "--size", "8MiB"],
-    );
+    pool_with_volume(&node, &dir.join("d0.img"), "v1", "8MiB");
     let typo = SECRET_A.replace("ia6z", "ia7z");
     let errors = refused(
         &node,

@@ -17,7 +17,7 @@ use weft_proto::testing::{self, ReceivedPdu, TEST_NQN};
 use weft_proto::types::Nsid;
 use weft_proto::{Limits, TargetConfig};
 use weft_storage::{BlockDevice, FileDevice, RamDevice};
-use weft_target::{Backend, DataPlane, Exports, NamespaceDevice, PeerLimits};
+use weft_target::{Backend, DataPlane, Exports, Health, NamespaceDevice, PeerLimits};
 
 pub const RAM_BYTES: u64 = 16 << 20;
 pub const FILE_BYTES: u64 = 16 << 20;
@@ -42,6 +42,27 @@ pub fn start_plane_with(name: &str, peer_limits: PeerLimits) -> DataPlane {
     let ram: Arc<dyn BlockDevice> = Arc::new(RamDevice::new(RAM_BYTES, 512).unwrap());
     let file: Arc<dyn BlockDevice> =
         Arc::new(FileDevice::open(&dir.join("ns2.img"), Some(FILE_BYTES), 4096).unwrap());
+    let devices = [ram, file].map(|device| (device, Arc::default()));
+    let poll_us = std::env::var("WEFT_TEST_POLL_US")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    serve_devices(
+        devices.into(),
+        2,
+        Duration::from_micros(poll_us),
+        peer_limits,
+    )
+}
+
+/// A data plane serving `devices` as namespaces 1, 2, ... of [`TEST_NQN`]
+/// (each with its failure flag) on 127.0.0.1, port chosen by the kernel.
+pub fn serve_devices(
+    devices: Vec<(Arc<dyn BlockDevice>, Arc<Health>)>,
+    reactors: usize,
+    poll_window: Duration,
+    peer_limits: PeerLimits,
+) -> DataPlane {
     let namespace = |nsid: u32, device: &Arc<dyn BlockDevice>| NamespaceConfig {
         nsid: Nsid(nsid),
         blocks: device.size_bytes() / u64::from(device.block_size()),
@@ -58,7 +79,10 @@ pub fn start_plane_with(name: &str, peer_limits: PeerLimits) -> DataPlane {
             serial: "data-plane-test".into(),
             model: "weft".into(),
             firmware: "test".into(),
-            namespaces: vec![namespace(1, &ram), namespace(2, &file)],
+            namespaces: (1..)
+                .zip(&devices)
+                .map(|(nsid, (device, _))| namespace(nsid, device))
+                .collect(),
             access: HostAccess::Any,
         }],
         listeners: vec![ListenerConfig {
@@ -71,30 +95,21 @@ pub fn start_plane_with(name: &str, peer_limits: PeerLimits) -> DataPlane {
         discovery_serial: "discovery".into(),
         generation: 1,
     };
-    let devices = vec![vec![
-        NamespaceDevice {
-            nsid: Nsid(1),
-            backend: Backend::Device(ram),
+    let devices = (1..)
+        .zip(devices)
+        .map(|(nsid, (device, health))| NamespaceDevice {
+            nsid: Nsid(nsid),
+            backend: Backend::Device(device),
             meter: Default::default(),
-            health: Default::default(),
-        },
-        NamespaceDevice {
-            nsid: Nsid(2),
-            backend: Backend::Device(file),
-            meter: Default::default(),
-            health: Default::default(),
-        },
-    ]];
-    let exports = Arc::new(Exports::new(Arc::new(config), devices));
-    let poll_us = std::env::var("WEFT_TEST_POLL_US")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
+            health,
+        })
+        .collect();
+    let exports = Arc::new(Exports::new(Arc::new(config), vec![devices]));
     DataPlane::start(
         exports,
         &["127.0.0.1:0".parse().unwrap()],
-        2,
-        Duration::from_micros(poll_us),
+        reactors,
+        poll_window,
         peer_limits,
     )
     .unwrap()

@@ -127,6 +127,28 @@ pub fn start_node(data_dir: &std::path::Path, extra: &[&str]) -> Node {
     }
 }
 
+/// Pool `p` over `device` (a 256 MiB sparse file, created) with a thin
+/// volume `volume` of `size` (e.g. "64MiB").
+pub fn pool_with_volume(node: &Node, device: &std::path::Path, volume: &str, size: &str) {
+    let device = device.to_str().unwrap();
+    ok(
+        node,
+        &[
+            "pool",
+            "create",
+            "p",
+            "--device",
+            device,
+            "--device-size",
+            "256MiB",
+        ],
+    );
+    ok(
+        node,
+        &["volume", "create", volume, "--pool", "p", "--size", size],
+    );
+}
+
 /// Runs `weft ARGS` against `node`'s API: (success, stdout, stderr).
 pub fn weft(node: &Node, args: &[&str]) -> (bool, String, String) {
     let output = Command::new(WEFT)
