@@ -750,10 +750,6 @@ impl Reactor {
     fn start_zeroing(&mut self, index: usize, slot: SlotId, zeroing: Zeroing) {
         let peer = self.connections[index].as_mut().expect("live connection");
         peer.zeroing[usize::from(slot.0)] = Some(zeroing);
-        if zeroing.step == ZeroStep::Write {
-            let buffer = peer.slots.buffer(slot);
-            buffer.fill(0);
-        }
         self.issue_zeroing_step(index, slot);
     }
 
@@ -772,6 +768,11 @@ impl Reactor {
                 0,
             ),
             ZeroStep::Write => {
+                // The slot's buffer is the source of zeroes: cleared before
+                // the first piece, written from unchanged after.
+                if zeroing.written == 0 {
+                    peer.slots.buffer(slot).fill(0);
+                }
                 let buf = peer.slots.take(slot);
                 let piece =
                     (zeroing.len - zeroing.written).min(buf.as_slice().len() as u64) as usize;
@@ -803,10 +804,10 @@ impl Reactor {
     /// Moves the slot's zeroing on after its last op completed with `result`.
     fn continue_zeroing(&mut self, index: usize, slot: SlotId, result: io::Result<usize>) {
         enum Next {
-            /// Issue the (new) current step; `punch_refused`: switch to writing zeroes.
-            Issue {
-                punch_refused: bool,
-            },
+            /// Issue the (new) current step.
+            Issue,
+            /// The device cannot punch holes: write zeroes instead.
+            WriteInstead,
             Done,
             Failed(io::Error),
         }
@@ -817,40 +818,31 @@ impl Reactor {
         let next = match (zeroing.step, result) {
             (ZeroStep::Punch, Err(error)) if error.raw_os_error() == Some(libc::EOPNOTSUPP) => {
                 zeroing.step = ZeroStep::Write;
-                Next::Issue {
-                    punch_refused: true,
-                }
+                Next::WriteInstead
             }
             (ZeroStep::Write, Ok(0)) => Next::Failed(io::ErrorKind::WriteZero.into()),
             (ZeroStep::Write, Ok(written)) => {
                 zeroing.written += written as u64;
                 if zeroing.written < zeroing.len {
-                    Next::Issue {
-                        punch_refused: false,
-                    }
+                    Next::Issue
                 } else if zeroing.fua {
                     zeroing.step = ZeroStep::Sync;
-                    Next::Issue {
-                        punch_refused: false,
-                    }
+                    Next::Issue
                 } else {
                     Next::Done
                 }
             }
             (ZeroStep::Punch, Ok(_)) if zeroing.fua => {
                 zeroing.step = ZeroStep::Sync;
-                Next::Issue {
-                    punch_refused: false,
-                }
+                Next::Issue
             }
             (ZeroStep::Punch | ZeroStep::Sync, Ok(_)) => Next::Done,
             (_, Err(error)) => Next::Failed(error),
         };
         match next {
-            Next::Issue { punch_refused } => {
-                if punch_refused {
-                    self.refuse_punching(index, slot);
-                }
+            Next::Issue => self.issue_zeroing_step(index, slot),
+            Next::WriteInstead => {
+                self.refuse_punching(index, slot);
                 self.issue_zeroing_step(index, slot);
             }
             Next::Done => {
@@ -876,11 +868,10 @@ impl Reactor {
     }
 
     /// The slot's device refused to punch holes: later zeroing there writes
-    /// zeroes at once; this one does from now on.
+    /// zeroes at once.
     fn refuse_punching(&mut self, index: usize, slot: SlotId) {
         let peer = self.connections[index].as_mut().expect("live connection");
         let nsid = peer.marks[usize::from(slot.0)].nsid;
-        peer.slots.buffer(slot).fill(0);
         let namespace = peer
             .subsystem
             .and_then(|subsystem| self.exports.namespace(subsystem, nsid));
