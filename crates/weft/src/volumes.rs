@@ -901,18 +901,7 @@ impl Manager {
         if self.pools.contains_key(&name) {
             return Err(VolumeError::Exists { kind: "pool", name }.into());
         }
-        if devices.is_empty() {
-            return Err(VolumeError::invalid("device list", "give at least one --device").into());
-        }
-        for (pool, record) in self.desired.pools()? {
-            if let Some(path) = devices.iter().find(|d| record.devices.contains(d)) {
-                return Err(VolumeError::invalid(
-                    format!("device {}", path.display()),
-                    format!("it is already a member of pool {pool}"),
-                )
-                .into());
-            }
-        }
+        check_devices_free(&devices, &self.desired.pools()?)?;
         let mut media = FileMedia::open(&devices, device_bytes).map_err(|e| {
             VolumeError::invalid(
                 "devices",
@@ -1001,24 +990,12 @@ impl Manager {
         device_bytes: Option<u64>,
         plane: &DataPlane,
     ) -> Result<(), AdminError> {
-        if devices.is_empty() {
-            return Err(VolumeError::invalid("device list", "give at least one --device").into());
-        }
         let pools = self.desired.pools()?;
         let mut record = pools
             .get(name)
             .cloned()
             .ok_or_else(|| not_found("pool", name))?;
-        for (pool, other) in &pools {
-            let taken = other.devices.iter().chain(&other.adding);
-            if let Some(path) = taken.into_iter().find(|d| devices.contains(d)) {
-                return Err(VolumeError::invalid(
-                    format!("device {}", path.display()),
-                    format!("it is already a member of pool {pool}"),
-                )
-                .into());
-            }
-        }
+        check_devices_free(&devices, &pools)?;
         record.adding = devices.clone();
         self.desired.put_pool(name, &record)?;
         let new = devices
@@ -1454,6 +1431,28 @@ impl Manager {
             nguid: crate::identity::hex(&info.id),
         })
     }
+}
+
+/// Refuses an empty device list, or a device that is (or is being added as)
+/// a member of one of `pools`.
+fn check_devices_free(
+    devices: &[PathBuf],
+    pools: &BTreeMap<String, PoolRecord>,
+) -> Result<(), AdminError> {
+    if devices.is_empty() {
+        return Err(VolumeError::invalid("device list", "give at least one --device").into());
+    }
+    for (pool, record) in pools {
+        let taken = record.devices.iter().chain(&record.adding);
+        if let Some(path) = taken.into_iter().find(|d| devices.contains(d)) {
+            return Err(VolumeError::invalid(
+                format!("device {}", path.display()),
+                format!("it is already a member of pool {pool}"),
+            )
+            .into());
+        }
+    }
+    Ok(())
 }
 
 /// Makes pool `name`'s record say which devices are members, as the pool
