@@ -1,7 +1,9 @@
 //! The control plane's desired state: what an operator asked the node to
 //! hold (pools and their devices, hosts, which hosts may use which volume,
 //! QoS limits), kept behind the [`Store`] trait so that a single node keeps
-//! it in an embedded file and a cluster in etcd.
+//! it in an embedded file and a cluster in etcd. Records are versioned:
+//! an update names the revision it was read at, so that of two racing
+//! changes exactly one wins.
 //!
 //! This crate knows nothing of NVMe, HTTP or the data plane: the node's
 //! manager turns records into exports and the API turns them into JSON.
@@ -12,8 +14,16 @@
 #![warn(missing_docs)]
 
 pub mod durable;
+pub mod embedded;
+pub mod memory;
 pub mod records;
 pub mod store;
 
-pub use records::{check_nqn, DesiredState, HostRecord, PoolRecord, QosLimits, VolumeRecord};
-pub use store::{Change, EmbeddedStore, MemoryStore, Store, StoreError};
+pub use embedded::EmbeddedStore;
+pub use memory::{Clock, ManualClock, MemoryStore, SystemClock};
+pub use records::{
+    check_nqn, DesiredState, HostRecord, PoolRecord, QosLimits, Versioned, VolumeRecord,
+};
+pub use store::{
+    Change, Condition, Entry, LeaseId, Listing, Revision, Store, StoreError, Txn, WatchEvent,
+};

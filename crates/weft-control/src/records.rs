@@ -7,10 +7,11 @@
 //!   tagged with the volume's id so that a record left by a deleted volume
 //!   never applies to a new one of the same name.
 
-use crate::store::{Change, Store, StoreError};
+use crate::store::{Change, Condition, Revision, Store, StoreError, Txn};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 /// Longest NQN (NVMe Base 2.0, section 4.5: 223 bytes).
 pub const NQN_BYTES_MAX: usize = 223;
@@ -97,9 +98,19 @@ pub fn check_nqn(nqn: &str) -> Result<(), String> {
     }
 }
 
+/// A record with the revision that last wrote it: an update made from it
+/// fails with [`StoreError::Conflict`] if the record changed since.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Versioned<T> {
+    /// The record.
+    pub record: T,
+    /// The revision that last wrote it.
+    pub revision: Revision,
+}
+
 /// Typed access to the records of one node.
 pub struct DesiredState {
-    store: Box<dyn Store>,
+    store: Arc<dyn Store>,
     node: String,
 }
 
@@ -114,10 +125,64 @@ impl std::fmt::Debug for DesiredState {
 impl DesiredState {
     /// Records of node `node` in `store`.
     pub fn new(store: Box<dyn Store>, node: &str) -> DesiredState {
+        DesiredState::shared(Arc::from(store), node)
+    }
+
+    /// Records of node `node` in `store`, which other parts of the node use too.
+    pub fn shared(store: Arc<dyn Store>, node: &str) -> DesiredState {
         DesiredState {
             store,
             node: node.to_string(),
         }
+    }
+
+    /// The store underneath.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// The record at `key` with its revision.
+    pub fn read<T: DeserializeOwned>(&self, key: &str) -> Result<Option<Versioned<T>>, StoreError> {
+        self.store
+            .get(key)?
+            .map(|entry| {
+                Ok(Versioned {
+                    record: decode(key, entry.value)?,
+                    revision: entry.revision,
+                })
+            })
+            .transpose()
+    }
+
+    /// Records `record` at `key` if no record is there; [`StoreError::Conflict`]
+    /// if one is (someone created it first).
+    pub fn create<T: Serialize>(&self, key: &str, record: &T) -> Result<Revision, StoreError> {
+        self.store.commit(Txn {
+            conditions: vec![Condition::Absent(key.to_string())],
+            changes: vec![put(key.to_string(), record)],
+        })
+    }
+
+    /// Replaces the record at `key` if it is still at `revision`;
+    /// [`StoreError::Conflict`] if it changed or went away since.
+    pub fn update<T: Serialize>(
+        &self,
+        key: &str,
+        record: &T,
+        revision: Revision,
+    ) -> Result<Revision, StoreError> {
+        self.store.commit(Txn {
+            conditions: vec![Condition::At(key.to_string(), revision)],
+            changes: vec![put(key.to_string(), record)],
+        })
+    }
+
+    /// Removes the record at `key` if it is still at `revision`.
+    pub fn remove(&self, key: &str, revision: Revision) -> Result<Revision, StoreError> {
+        self.store.commit(Txn {
+            conditions: vec![Condition::At(key.to_string(), revision)],
+            changes: vec![Change::Delete(key.to_string())],
+        })
     }
 
     /// This node's pools, by name.
@@ -128,13 +193,13 @@ impl DesiredState {
     /// Records pool `name`.
     pub fn put_pool(&mut self, name: &str, pool: &PoolRecord) -> Result<(), StoreError> {
         let key = format!("{}{name}", self.pool_prefix());
-        self.store.commit(vec![put(key, pool)])
+        self.commit(vec![put(key, pool)])
     }
 
     /// Forgets pool `name`.
     pub fn delete_pool(&mut self, name: &str) -> Result<(), StoreError> {
         let key = format!("{}{name}", self.pool_prefix());
-        self.store.commit(vec![Change::Delete(key)])
+        self.commit(vec![Change::Delete(key)])
     }
 
     /// Every host, by name.
@@ -144,13 +209,12 @@ impl DesiredState {
 
     /// Records host `name`.
     pub fn put_host(&mut self, name: &str, host: &HostRecord) -> Result<(), StoreError> {
-        self.store.commit(vec![put(format!("hosts/{name}"), host)])
+        self.commit(vec![put(format!("hosts/{name}"), host)])
     }
 
     /// Forgets host `name`.
     pub fn delete_host(&mut self, name: &str) -> Result<(), StoreError> {
-        self.store
-            .commit(vec![Change::Delete(format!("hosts/{name}"))])
+        self.commit(vec![Change::Delete(format!("hosts/{name}"))])
     }
 
     /// Every volume record, by volume name.
@@ -172,41 +236,41 @@ impl DesiredState {
 
     /// Records volume `name`.
     pub fn put_volume(&mut self, name: &str, volume: &VolumeRecord) -> Result<(), StoreError> {
-        self.store
-            .commit(vec![put(format!("volumes/{name}"), volume)])
+        self.commit(vec![put(format!("volumes/{name}"), volume)])
     }
 
     /// Forgets volume `name`.
     pub fn delete_volume(&mut self, name: &str) -> Result<(), StoreError> {
-        self.store
-            .commit(vec![Change::Delete(format!("volumes/{name}"))])
+        self.commit(vec![Change::Delete(format!("volumes/{name}"))])
     }
 
     fn pool_prefix(&self) -> String {
         format!("nodes/{}/pools/", self.node)
     }
 
+    fn commit(&self, changes: Vec<Change>) -> Result<(), StoreError> {
+        self.store.commit(Txn::changes(changes)).map(drop)
+    }
+
     fn get<T: DeserializeOwned>(&self, key: &str) -> Result<Option<T>, StoreError> {
-        self.store
-            .get(key)?
-            .map(|value| decode(key, value))
-            .transpose()
+        Ok(self.read(key)?.map(|versioned| versioned.record))
     }
 
     fn list<T: DeserializeOwned>(&self, prefix: &str) -> Result<BTreeMap<String, T>, StoreError> {
         self.store
             .list(prefix)?
+            .entries
             .into_iter()
-            .map(|(key, value)| {
-                let record = decode(&key, value)?;
-                Ok((key[prefix.len()..].to_string(), record))
+            .map(|entry| {
+                let record = decode(&entry.key, entry.value)?;
+                Ok((entry.key[prefix.len()..].to_string(), record))
             })
             .collect()
     }
 }
 
 fn put<T: Serialize>(key: String, record: &T) -> Change {
-    Change::Put(
+    Change::put(
         key,
         serde_json::to_value(record).expect("records serialise"),
     )
@@ -222,7 +286,7 @@ fn decode<T: DeserializeOwned>(key: &str, value: serde_json::Value) -> Result<T,
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::MemoryStore;
+    use crate::MemoryStore;
 
     #[test]
     fn records_round_trip_by_name() {
@@ -260,6 +324,34 @@ mod tests {
             },
             "a new volume of the same name starts clean"
         );
+    }
+
+    #[test]
+    fn versioned_records_refuse_a_second_create_and_a_stale_update() {
+        let state = DesiredState::new(Box::new(MemoryStore::default()), "n1");
+        let host = |nqn: &str| HostRecord {
+            nqn: nqn.into(),
+            dhchap_secret: None,
+            dhchap_ctrl_secret: None,
+        };
+        let created = state.create("hosts/web1", &host("nqn.a")).unwrap();
+        assert!(matches!(
+            state.create("hosts/web1", &host("nqn.b")),
+            Err(StoreError::Conflict { .. })
+        ));
+        let read: Versioned<HostRecord> = state.read("hosts/web1").unwrap().unwrap();
+        assert_eq!(
+            (read.record.nqn.as_str(), read.revision),
+            ("nqn.a", created)
+        );
+        let updated = state.update("hosts/web1", &host("nqn.c"), created).unwrap();
+        assert!(matches!(
+            state.update("hosts/web1", &host("nqn.d"), created),
+            Err(StoreError::Conflict { .. })
+        ));
+        assert!(state.remove("hosts/web1", created).is_err());
+        state.remove("hosts/web1", updated).unwrap();
+        assert!(state.hosts().unwrap().is_empty());
     }
 
     #[test]
