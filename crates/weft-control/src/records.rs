@@ -143,15 +143,7 @@ impl DesiredState {
 
     /// The record at `key` with its revision.
     pub fn read<T: DeserializeOwned>(&self, key: &str) -> Result<Option<Versioned<T>>, StoreError> {
-        self.store
-            .get(key)?
-            .map(|entry| {
-                Ok(Versioned {
-                    record: decode(key, entry.value)?,
-                    revision: entry.revision,
-                })
-            })
-            .transpose()
+        read(self.store.as_ref(), key)
     }
 
     /// Records `record` at `key` if no record is there; [`StoreError::Conflict`]
@@ -269,14 +261,33 @@ impl DesiredState {
     }
 }
 
-fn put<T: Serialize>(key: String, record: &T) -> Change {
-    Change::put(
-        key,
-        serde_json::to_value(record).expect("records serialise"),
-    )
+/// The record at `key` in `store`, with its revision.
+pub fn read<T: DeserializeOwned>(
+    store: &dyn Store,
+    key: &str,
+) -> Result<Option<Versioned<T>>, StoreError> {
+    store
+        .get(key)?
+        .map(|entry| {
+            Ok(Versioned {
+                record: decode(key, entry.value)?,
+                revision: entry.revision,
+            })
+        })
+        .transpose()
 }
 
-fn decode<T: DeserializeOwned>(key: &str, value: serde_json::Value) -> Result<T, StoreError> {
+/// A record as the store keeps it.
+pub fn encode<T: Serialize>(record: &T) -> serde_json::Value {
+    serde_json::to_value(record).expect("records serialise")
+}
+
+fn put<T: Serialize>(key: String, record: &T) -> Change {
+    Change::put(key, encode(record))
+}
+
+/// The record `value` read at `key`.
+pub fn decode<T: DeserializeOwned>(key: &str, value: serde_json::Value) -> Result<T, StoreError> {
     serde_json::from_value(value).map_err(|error| StoreError::Corrupt {
         location: format!("key {key}"),
         message: error.to_string(),

@@ -1,0 +1,32 @@
+//! The cluster control plane of weft: what several storage nodes sharing
+//! one store (etcd) agree on.
+//!
+//! - [`records`]: the cluster's own records and their keys (the cluster's
+//!   identity, each node's membership, each node's liveness under a lease).
+//! - [`membership`]: a node joining the cluster as itself (never as a node
+//!   name held by another node, never with a data directory of another
+//!   cluster), keeping its liveness record alive, and leaving.
+//! - [`election`]: one cluster controller at a time, chosen through a
+//!   leased key; it makes the cluster-wide decisions.
+//! - [`nodes`]: each node's state as an operator sees it (up, down,
+//!   cordoned) and the operator's changes to it (cordon, remove).
+//! - [`placement`]: which node and pool a new volume goes to.
+//!
+//! Everything here is synchronous calls on a [`weft_control::Store`] with
+//! time passed in as arguments: no threads, sockets or clocks, so that the
+//! tests (and later the failover simulation) run on the in-memory store
+//! with a manual clock. The node's agent drives it from its own thread.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod election;
+pub mod membership;
+pub mod nodes;
+pub mod placement;
+pub mod records;
+
+pub use membership::{JoinError, Member, MemberConfig};
+pub use nodes::{NodeState, NodeView};
+pub use placement::{place, PlacementError, PlacementRequest};
+pub use records::{AliveRecord, ClusterRecord, MemberRecord, PoolSummary};

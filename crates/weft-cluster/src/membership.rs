@@ -1,0 +1,322 @@
+//! A node's membership: joining the cluster as itself, its heartbeat, and
+//! leaving.
+//!
+//! Joining checks, in order, that the data directory does not belong to
+//! another cluster (the first node creates the cluster's identity), that the
+//! node name is not held by another node's data directory (restore that
+//! node, or remove it first), and that no live process holds the name.
+//! Then the node's membership record is written and its liveness record
+//! put under a new lease. Each [`Member::heartbeat`] keeps the lease alive
+//! and refreshes the liveness record; a lease that ended while the store
+//! was unreachable is replaced by a new one, unless another process took
+//! the name meanwhile.
+
+use crate::election;
+use crate::records::{
+    alive_key, check_node_name, member_key, AliveRecord, ClusterRecord, MemberRecord, PoolSummary,
+    CLUSTER_KEY,
+};
+use std::sync::Arc;
+use std::time::Duration;
+use weft_control::records::{encode, read};
+use weft_control::{Change, Condition, LeaseId, Revision, Store, StoreError, Txn};
+
+/// Default time to live of a node's lease: a node that stops is shown down
+/// this long after its last heartbeat at most.
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(5);
+
+/// What a node says about itself when it joins.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberConfig {
+    /// Its name (`--node`).
+    pub name: String,
+    /// Its data directory's node id (hex).
+    pub node_id: String,
+    /// Where hosts reach its NVMe/TCP listeners (`address:port`).
+    pub nvme: Vec<String>,
+    /// Its API URL.
+    pub api: String,
+    /// Its failure domain.
+    pub zone: Option<String>,
+    /// Its lease's time to live.
+    pub lease_ttl: Duration,
+}
+
+/// What a node reports at each heartbeat.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NodeStatus {
+    /// Its pools.
+    pub pools: Vec<PoolSummary>,
+    /// Volumes it serves.
+    pub volumes: u32,
+}
+
+/// Why a node may not join.
+#[derive(Debug, thiserror::Error)]
+pub enum JoinError {
+    /// The node name is malformed.
+    #[error("{0}")]
+    Name(String),
+    /// The data directory joined another cluster before.
+    #[error("this data directory belongs to cluster {data_dir}, but the cluster store {store} holds cluster {cluster}: give the right --cluster endpoints, or a fresh --data-dir to join this cluster as a new node")]
+    OtherCluster {
+        /// Cluster id in the data directory.
+        data_dir: String,
+        /// Store location.
+        store: String,
+        /// Cluster id in the store.
+        cluster: String,
+    },
+    /// The name belongs to another node's data directory.
+    #[error("node name {name} belongs to another node (node id {holder}, {state}); this data directory's node id is {node_id}. Start that node's own data directory, choose another --node, or if that node is gone for good, `weft node remove {name}` first")]
+    NameTaken {
+        /// The name.
+        name: String,
+        /// Node id holding it.
+        holder: String,
+        /// This node's id.
+        node_id: String,
+        /// `up` or `down`.
+        state: &'static str,
+    },
+    /// A live process holds the name already (the same node started twice).
+    #[error("node {name} is already up (another weft process with this data directory holds its lease, heartbeat within the last {ttl_s} s): stop it first")]
+    AlreadyUp {
+        /// The name.
+        name: String,
+        /// Lease time to live, seconds.
+        ttl_s: u64,
+    },
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// A node that joined.
+pub struct Member {
+    store: Arc<dyn Store>,
+    config: MemberConfig,
+    cluster_id: String,
+    lease: LeaseId,
+    /// Revision of our liveness record (a change by anyone else is a takeover).
+    alive_revision: Revision,
+}
+
+impl std::fmt::Debug for Member {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Member")
+            .field("name", &self.config.name)
+            .field("cluster_id", &self.cluster_id)
+            .field("lease", &self.lease)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Member {
+    /// Joins the cluster in `store`. `known_cluster` is the cluster id the
+    /// data directory remembers (none on first start); `new_cluster` is a
+    /// random id, used if the store holds no cluster yet.
+    pub fn join(
+        store: Arc<dyn Store>,
+        config: MemberConfig,
+        known_cluster: Option<&str>,
+        new_cluster: &str,
+        now_unix_ms: u64,
+    ) -> Result<Member, JoinError> {
+        check_node_name(&config.name).map_err(JoinError::Name)?;
+        let cluster_id = cluster_identity(store.as_ref(), known_cluster, new_cluster, now_unix_ms)?;
+        claim_name(store.as_ref(), &config, now_unix_ms)?;
+        let lease = store.grant_lease(config.lease_ttl)?;
+        let mut joined = Member {
+            store,
+            config,
+            cluster_id,
+            lease,
+            alive_revision: Revision(0),
+        };
+        let status = NodeStatus::default();
+        let put = joined.alive_change(&status, now_unix_ms);
+        let txn = Txn {
+            conditions: vec![Condition::Absent(alive_key(&joined.config.name))],
+            changes: vec![put],
+        };
+        joined.alive_revision = joined.commit_alive(txn)?;
+        Ok(joined)
+    }
+
+    /// The cluster's id (for the data directory to remember).
+    pub fn cluster_id(&self) -> &str {
+        &self.cluster_id
+    }
+
+    /// Its name.
+    pub fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    /// The lease its liveness (and its controllership) lives under.
+    pub fn lease(&self) -> LeaseId {
+        self.lease
+    }
+
+    /// Keeps the lease alive and publishes `status`; then campaigns to be
+    /// the controller. Whether this node is the controller afterwards.
+    /// Called every third of the lease's time to live.
+    pub fn heartbeat(&mut self, status: &NodeStatus, now_unix_ms: u64) -> Result<bool, JoinError> {
+        match self.store.keep_alive(self.lease) {
+            Ok(()) => {
+                let txn = Txn {
+                    conditions: vec![Condition::At(
+                        alive_key(&self.config.name),
+                        self.alive_revision,
+                    )],
+                    changes: vec![self.alive_change(status, now_unix_ms)],
+                };
+                self.alive_revision = self.commit_alive(txn)?;
+            }
+            Err(StoreError::LeaseExpired { .. }) => self.rejoin(status, now_unix_ms)?,
+            Err(error) => return Err(error.into()),
+        }
+        Ok(election::campaign(
+            self.store.as_ref(),
+            &self.config.name,
+            self.lease,
+            now_unix_ms,
+        )?)
+    }
+
+    /// Ends the lease: the node is shown down at once.
+    pub fn leave(self) -> Result<(), StoreError> {
+        self.store.revoke_lease(self.lease)
+    }
+
+    /// After the lease ended (the store was unreachable longer than its
+    /// time to live): a new lease, if nobody took the name meanwhile.
+    fn rejoin(&mut self, status: &NodeStatus, now_unix_ms: u64) -> Result<(), JoinError> {
+        log::warn!(
+            "node {}: its lease ended (the cluster store was unreachable for more than {} s); joining again",
+            self.config.name,
+            self.config.lease_ttl.as_secs()
+        );
+        claim_name(self.store.as_ref(), &self.config, now_unix_ms)?;
+        self.lease = self.store.grant_lease(self.config.lease_ttl)?;
+        let txn = Txn {
+            conditions: vec![Condition::Absent(alive_key(&self.config.name))],
+            changes: vec![self.alive_change(status, now_unix_ms)],
+        };
+        self.alive_revision = self.commit_alive(txn)?;
+        Ok(())
+    }
+
+    fn alive_change(&self, status: &NodeStatus, now_unix_ms: u64) -> Change {
+        let record = AliveRecord {
+            node_id: self.config.node_id.clone(),
+            heartbeat_unix_ms: now_unix_ms,
+            pools: status.pools.clone(),
+            volumes: status.volumes,
+            version: env!("CARGO_PKG_VERSION").to_string(),
+        };
+        Change::Put {
+            key: alive_key(&self.config.name),
+            value: encode(&record),
+            lease: Some(self.lease),
+        }
+    }
+
+    /// Commits a change of our liveness record; a failed condition means
+    /// another process holds the name.
+    fn commit_alive(&self, txn: Txn) -> Result<Revision, JoinError> {
+        self.store.commit(txn).map_err(|error| match error {
+            StoreError::Conflict { .. } => JoinError::AlreadyUp {
+                name: self.config.name.clone(),
+                ttl_s: self.config.lease_ttl.as_secs(),
+            },
+            other => other.into(),
+        })
+    }
+}
+
+/// The store's cluster id, created if there is none; refused if the data
+/// directory remembers another.
+fn cluster_identity(
+    store: &dyn Store,
+    known: Option<&str>,
+    new_cluster: &str,
+    now_unix_ms: u64,
+) -> Result<String, JoinError> {
+    let existing = read::<ClusterRecord>(store, CLUSTER_KEY)?;
+    let cluster = match existing {
+        Some(found) => found.record.id,
+        None => {
+            let id = known.unwrap_or(new_cluster).to_string();
+            let record = ClusterRecord {
+                id: id.clone(),
+                created_unix_ms: now_unix_ms,
+            };
+            let txn = Txn {
+                conditions: vec![Condition::Absent(CLUSTER_KEY.into())],
+                changes: vec![Change::put(CLUSTER_KEY, encode(&record))],
+            };
+            match store.commit(txn) {
+                Ok(_) => id,
+                // Another node created it at the same moment: theirs counts.
+                Err(StoreError::Conflict { .. }) => {
+                    return cluster_identity(store, known, new_cluster, now_unix_ms)
+                }
+                Err(error) => return Err(error.into()),
+            }
+        }
+    };
+    match known {
+        Some(known) if known != cluster => Err(JoinError::OtherCluster {
+            data_dir: known.to_string(),
+            store: store.location(),
+            cluster,
+        }),
+        _ => Ok(cluster),
+    }
+}
+
+/// Writes the node's membership record unless the name belongs to another
+/// node id.
+fn claim_name(store: &dyn Store, config: &MemberConfig, now_unix_ms: u64) -> Result<(), JoinError> {
+    let key = member_key(&config.name);
+    let existing = read::<MemberRecord>(store, &key)?;
+    let cordoned = match &existing {
+        Some(found) if found.record.node_id != config.node_id => {
+            let up = store.get(&alive_key(&config.name))?.is_some();
+            return Err(JoinError::NameTaken {
+                name: config.name.clone(),
+                holder: found.record.node_id.clone(),
+                node_id: config.node_id.clone(),
+                state: if up { "up" } else { "down" },
+            });
+        }
+        Some(found) => found.record.cordoned,
+        None => false,
+    };
+    let record = MemberRecord {
+        name: config.name.clone(),
+        node_id: config.node_id.clone(),
+        nvme: config.nvme.clone(),
+        api: config.api.clone(),
+        zone: config.zone.clone(),
+        cordoned,
+        joined_unix_ms: now_unix_ms,
+        down_since_unix_ms: None,
+    };
+    let condition = match &existing {
+        Some(found) => Condition::At(key.clone(), found.revision),
+        None => Condition::Absent(key.clone()),
+    };
+    let txn = Txn {
+        conditions: vec![condition],
+        changes: vec![Change::put(key, encode(&record))],
+    };
+    match store.commit(txn) {
+        Ok(_) => Ok(()),
+        // Changed meanwhile (cordoned, marked down, or claimed): look again.
+        Err(StoreError::Conflict { .. }) => claim_name(store, config, now_unix_ms),
+        Err(error) => Err(error.into()),
+    }
+}

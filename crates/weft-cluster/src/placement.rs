@@ -1,0 +1,286 @@
+//! Where a new volume goes.
+//!
+//! Policy: among the pools of nodes that are up and not cordoned (or of the
+//! node the operator names, which must be up and not cordoned), not failed
+//! (or the pool the operator names), large enough to ever hold the volume
+//! (a thick volume: with that much free), the pool with the most free bytes
+//! wins; ties go to the first node, then pool, by name, so that the choice
+//! is the same on every node for the same cluster state.
+
+use crate::nodes::{NodeState, NodeView};
+use std::collections::BTreeMap;
+
+/// What the operator asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlacementRequest<'a> {
+    /// The volume's size.
+    pub size_bytes: u64,
+    /// Whether its space is allocated at creation.
+    pub thick: bool,
+    /// The node the operator chose.
+    pub node: Option<&'a str>,
+    /// The pool the operator chose.
+    pub pool: Option<&'a str>,
+}
+
+/// The chosen node and pool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    /// Node name.
+    pub node: String,
+    /// Pool name on that node.
+    pub pool: String,
+}
+
+/// Why no place was found.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlacementError {
+    /// The named node does not exist.
+    #[error("no node named {0}; `weft node list` shows the cluster's nodes")]
+    NoSuchNode(String),
+    /// The named node cannot take volumes.
+    #[error("node {node} is {state}: {hint}")]
+    NodeUnavailable {
+        /// The node.
+        node: String,
+        /// Its state.
+        state: NodeState,
+        /// What to do.
+        hint: &'static str,
+    },
+    /// The named pool is nowhere to be found on the eligible nodes.
+    #[error(
+        "no pool named {0} on a node that is up and not cordoned; `weft pool list` shows the pools"
+    )]
+    NoSuchPool(String),
+    /// No node can take volumes.
+    #[error("no node is up and uncordoned with a pool: create a pool (`weft pool create`) or start or uncordon a node")]
+    NoNode,
+    /// No pool is large enough.
+    #[error("no pool can hold {size_bytes} bytes{}: the largest {} has {best_bytes}; add devices (`weft pool add-device`) or ask for less", if *thick { " allocated now (thick)" } else { "" }, if *thick { "free space" } else { "capacity" })]
+    NoRoom {
+        /// Requested size.
+        size_bytes: u64,
+        /// Whether it was thick.
+        thick: bool,
+        /// The best a pool offers.
+        best_bytes: u64,
+    },
+}
+
+/// Chooses a node and pool for a new volume among `nodes`.
+pub fn place(
+    nodes: &BTreeMap<String, NodeView>,
+    request: PlacementRequest<'_>,
+) -> Result<Placement, PlacementError> {
+    if let Some(name) = request.node {
+        let node = nodes
+            .get(name)
+            .ok_or_else(|| PlacementError::NoSuchNode(name.to_string()))?;
+        match node.state() {
+            NodeState::Up => {}
+            state @ NodeState::Down => {
+                return Err(PlacementError::NodeUnavailable {
+                    node: name.to_string(),
+                    state,
+                    hint: "start it, or leave out --node to let weft choose",
+                })
+            }
+            state @ NodeState::Cordoned => {
+                return Err(PlacementError::NodeUnavailable {
+                    node: name.to_string(),
+                    state,
+                    hint: "`weft node uncordon` it first, or choose another node",
+                })
+            }
+        }
+    }
+    let candidates: Vec<(&str, &crate::records::PoolSummary)> = nodes
+        .values()
+        .filter(|node| node.state() == NodeState::Up)
+        .filter(|node| request.node.is_none_or(|name| node.member.name == name))
+        .filter_map(|node| Some((node.member.name.as_str(), node.alive.as_ref()?)))
+        .flat_map(|(name, alive)| alive.pools.iter().map(move |pool| (name, pool)))
+        .filter(|(_, pool)| !pool.failed)
+        .filter(|(_, pool)| request.pool.is_none_or(|name| pool.name == name))
+        .collect();
+    if candidates.is_empty() {
+        return Err(match request.pool {
+            Some(pool) => PlacementError::NoSuchPool(pool.to_string()),
+            None => PlacementError::NoNode,
+        });
+    }
+    let room = |pool: &crate::records::PoolSummary| {
+        if request.thick {
+            pool.free_bytes()
+        } else {
+            pool.capacity_bytes
+        }
+    };
+    let best_bytes = candidates.iter().map(|(_, p)| room(p)).max().unwrap_or(0);
+    // Most free bytes first; by name (node, then pool) among equals.
+    candidates
+        .iter()
+        .filter(|(_, pool)| room(pool) >= request.size_bytes)
+        .min_by(|(node_a, a), (node_b, b)| {
+            b.free_bytes()
+                .cmp(&a.free_bytes())
+                .then_with(|| node_a.cmp(node_b))
+                .then_with(|| a.name.cmp(&b.name))
+        })
+        .map(|(node, pool)| Placement {
+            node: node.to_string(),
+            pool: pool.name.clone(),
+        })
+        .ok_or(PlacementError::NoRoom {
+            size_bytes: request.size_bytes,
+            thick: request.thick,
+            best_bytes,
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::records::{AliveRecord, MemberRecord, PoolSummary};
+
+    const GIB: u64 = 1 << 30;
+
+    fn node(name: &str, up: bool, cordoned: bool, pools: &[(&str, u64, u64)]) -> NodeView {
+        NodeView {
+            member: MemberRecord {
+                name: name.into(),
+                node_id: format!("id-{name}"),
+                nvme: vec![],
+                api: String::new(),
+                zone: None,
+                cordoned,
+                joined_unix_ms: 0,
+                down_since_unix_ms: None,
+            },
+            alive: up.then(|| AliveRecord {
+                node_id: format!("id-{name}"),
+                heartbeat_unix_ms: 0,
+                pools: pools
+                    .iter()
+                    .map(|&(name, capacity, allocated)| PoolSummary {
+                        name: name.into(),
+                        capacity_bytes: capacity * GIB,
+                        allocated_bytes: allocated * GIB,
+                        failed: false,
+                    })
+                    .collect(),
+                volumes: 0,
+                version: String::new(),
+            }),
+            controller: false,
+        }
+    }
+
+    fn cluster() -> BTreeMap<String, NodeView> {
+        [
+            node("n1", true, false, &[("fast", 100, 90), ("slow", 100, 50)]),
+            node("n2", true, false, &[("fast", 100, 20)]),
+            node("n3", false, false, &[]),
+            node("n4", true, true, &[("fast", 1000, 0)]),
+        ]
+        .into_iter()
+        .map(|n| (n.member.name.clone(), n))
+        .collect()
+    }
+
+    fn request(size_gib: u64) -> PlacementRequest<'static> {
+        PlacementRequest {
+            size_bytes: size_gib * GIB,
+            thick: false,
+            node: None,
+            pool: None,
+        }
+    }
+
+    fn placed(node: &str, pool: &str) -> Result<Placement, PlacementError> {
+        Ok(Placement {
+            node: node.into(),
+            pool: pool.into(),
+        })
+    }
+
+    #[test]
+    fn the_pool_with_most_free_bytes_on_an_up_uncordoned_node_wins() {
+        assert_eq!(place(&cluster(), request(10)), placed("n2", "fast"));
+        let on_n1 = PlacementRequest {
+            node: Some("n1"),
+            ..request(10)
+        };
+        assert_eq!(place(&cluster(), on_n1), placed("n1", "slow"));
+        let fast = PlacementRequest {
+            pool: Some("fast"),
+            ..request(10)
+        };
+        assert_eq!(place(&cluster(), fast), placed("n2", "fast"));
+    }
+
+    #[test]
+    fn equal_pools_go_by_name_so_every_node_chooses_the_same() {
+        let nodes: BTreeMap<_, _> = [
+            node("b", true, false, &[("p", 10, 0)]),
+            node("a", true, false, &[("q", 10, 0), ("p", 10, 0)]),
+        ]
+        .into_iter()
+        .map(|n| (n.member.name.clone(), n))
+        .collect();
+        assert_eq!(place(&nodes, request(1)), placed("a", "p"));
+    }
+
+    #[test]
+    fn thin_volumes_need_capacity_and_thick_ones_free_space() {
+        assert_eq!(place(&cluster(), request(100)), placed("n2", "fast"));
+        let thick = PlacementRequest {
+            thick: true,
+            ..request(85)
+        };
+        assert_eq!(
+            place(&cluster(), thick),
+            Err(PlacementError::NoRoom {
+                size_bytes: 85 * GIB,
+                thick: true,
+                best_bytes: 80 * GIB
+            })
+        );
+        let message = place(&cluster(), request(101)).unwrap_err().to_string();
+        assert!(message.contains("add devices"), "{message}");
+    }
+
+    #[test]
+    fn down_cordoned_and_unknown_nodes_are_refused_with_what_to_do() {
+        for (name, expected) in [
+            ("n3", "is down"),
+            ("n4", "uncordon"),
+            ("n9", "no node named"),
+        ] {
+            let message = place(
+                &cluster(),
+                PlacementRequest {
+                    node: Some(name),
+                    ..request(1)
+                },
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(message.contains(expected), "{name}: {message}");
+        }
+        let none: BTreeMap<_, _> = [node("n3", false, false, &[])]
+            .into_iter()
+            .map(|n| (n.member.name.clone(), n))
+            .collect();
+        assert_eq!(place(&none, request(1)), Err(PlacementError::NoNode));
+        let pool = PlacementRequest {
+            pool: Some("nvme"),
+            ..request(1)
+        };
+        assert_eq!(
+            place(&cluster(), pool),
+            Err(PlacementError::NoSuchPool("nvme".into()))
+        );
+    }
+}
