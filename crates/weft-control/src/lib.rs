@@ -16,11 +16,13 @@
 pub mod durable;
 pub mod embedded;
 pub mod memory;
+pub mod mirror;
 pub mod records;
 pub mod store;
 
 pub use embedded::EmbeddedStore;
 pub use memory::{Clock, ManualClock, MemoryStore, SystemClock};
+pub use mirror::Mirror;
 pub use records::{
     check_nqn, DesiredState, HostRecord, PoolRecord, QosLimits, Versioned, VolumeRecord,
 };
