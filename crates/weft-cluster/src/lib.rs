@@ -11,22 +11,27 @@
 //! - [`nodes`]: each node's state as an operator sees it (up, down,
 //!   cordoned) and the operator's changes to it (cordon, remove).
 //! - [`placement`]: which node and pool a new volume goes to.
+//! - [`token`]: one API token for every node.
+//! - [`agent`]: the thread that runs a node's heartbeats.
 //!
-//! Everything here is synchronous calls on a [`weft_control::Store`] with
-//! time passed in as arguments: no threads, sockets or clocks, so that the
-//! tests (and later the failover simulation) run on the in-memory store
-//! with a manual clock. The node's agent drives it from its own thread.
+//! Everything but [`agent`] is synchronous calls on a [`weft_control::Store`]
+//! with time passed in as arguments: no threads, sockets or clocks, so that
+//! the tests (and later the failover simulation) run on the in-memory store
+//! with a manual clock; [`agent`] drives it from a thread on the real clock.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod agent;
 pub mod election;
 pub mod membership;
 pub mod nodes;
 pub mod placement;
 pub mod records;
+pub mod token;
 
-pub use membership::{JoinError, Member, MemberConfig};
+pub use agent::Agent;
+pub use membership::{JoinError, Member, MemberConfig, NodeStatus};
 pub use nodes::{NodeState, NodeView};
 pub use placement::{place, PlacementError, PlacementRequest};
 pub use records::{AliveRecord, ClusterRecord, MemberRecord, PoolSummary};
