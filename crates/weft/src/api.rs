@@ -10,10 +10,6 @@
 //! Beside them, `GET /metrics` serves the Prometheus exposition (token
 //! needed too: Prometheus sends it with `authorization: credentials_file`).
 
-use crate::volumes::{
-    AdminError, AdminOp, AdminReply, HostSecrets, ManagerHandle, QosChanges, SecretChanges,
-    DEFAULT_CHUNK_BYTES,
-};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::io::{Read, Write};
@@ -23,6 +19,10 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use weft_http::{self as http, Request};
+use weft_node::manager::{
+    AdminError, AdminOp, AdminReply, HostSecrets, ManagerHandle, QosChanges, SecretChanges,
+    DEFAULT_CHUNK_BYTES,
+};
 use weft_target::{DataPlane, LimitReached};
 use weft_volume::{VolumeError, VolumeSpec};
 
@@ -272,7 +272,7 @@ impl Api {
             return response;
         }
         if pattern == "stats" {
-            let stats = crate::metrics::collect(&self.plane, &self.started);
+            let stats = weft_node::metrics::collect(&self.plane, &self.started);
             return (200, serde_json::to_value(stats).expect("serialisable"));
         }
         let op = match operation(&request.method, pattern, &params, request) {
@@ -299,8 +299,8 @@ impl Api {
             Ok(_) => Vec::new(),
             Err(error) => return Err(admin_failure(&error)),
         };
-        let stats = crate::metrics::collect(&self.plane, &self.started);
-        Ok(crate::metrics::prometheus(&stats, &pools))
+        let stats = weft_node::metrics::collect(&self.plane, &self.started);
+        Ok(weft_node::metrics::prometheus(&stats, &pools))
     }
 
     fn authorize(&self, request: &Request) -> Result<(), Response> {

@@ -7,11 +7,11 @@
 
 use crate::api::DEFAULT_API_LISTEN;
 use crate::config::parse_size_text;
-use crate::metrics::Stats;
-use crate::volumes::{HostView, PoolDetail, PoolView, VolumeView, DEFAULT_CHUNK_BYTES};
 use serde_json::{json, Value};
 use std::time::Duration;
 use weft_http as http;
+use weft_node::manager::{HostView, PoolDetail, PoolView, VolumeView, DEFAULT_CHUNK_BYTES};
+use weft_node::metrics::Stats;
 use weft_storage::human_bytes;
 
 /// A parsed admin command.
@@ -448,7 +448,7 @@ fn top_rows(before: &Stats, now: &Stats) -> Vec<TopRow> {
                 .namespaces
                 .iter()
                 .find(|b| b.nqn == ns.nqn && b.nsid == ns.nsid);
-            let zero = crate::metrics::ClassStats::default();
+            let zero = weft_node::metrics::ClassStats::default();
             let (read, write) = earlier.map_or((&zero, &zero), |b| (&b.read, &b.write));
             let rate = |now: u64, then: u64| now.saturating_sub(then) as f64 / seconds;
             let l = ns.limits;

@@ -1,20 +1,13 @@
 //! The serve configuration: the TOML file format, its defaults (used when no
-//! file is given), validation with errors that name the file, the field and
-//! what is expected, and its translation into the data plane's exports.
+//! file is given), and validation with errors that name the file, the field
+//! and what is expected. weft-node turns the subsystems it declares into the
+//! data plane's exports.
 
-use crate::identity::NodeId;
 use crate::limits::{LimitsFile, NodeLimits};
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use weft_proto::target::{
-    AddressFamily, HostAccess, ListenerConfig, NamespaceConfig, SubsystemConfig,
-};
-use weft_proto::types::Nsid;
-use weft_proto::TargetConfig;
-use weft_storage::{BlockDevice, FileDevice, RamDevice};
-use weft_target::{Exports, NamespaceDevice};
+use weft_node::exports::{BackendSpec, NamespaceSpec, SubsystemSpec};
 
 /// NQN of the subsystem served by default.
 pub const DEFAULT_NQN: &str = "nqn.2026-11.io.weft:default";
@@ -116,45 +109,6 @@ pub struct ServeConfig {
     pub limits: NodeLimits,
     /// Subsystems.
     pub subsystems: Vec<SubsystemSpec>,
-}
-
-/// One subsystem to serve.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SubsystemSpec {
-    /// NQN.
-    pub nqn: String,
-    /// Model number.
-    pub model: String,
-    /// Namespaces.
-    pub namespaces: Vec<NamespaceSpec>,
-}
-
-/// One namespace to serve.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NamespaceSpec {
-    /// NSID.
-    pub nsid: u32,
-    /// Backend.
-    pub backend: BackendSpec,
-    /// Logical block size.
-    pub block_size: u32,
-}
-
-/// Where a namespace's blocks live.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum BackendSpec {
-    /// A file or block device; `size_bytes` creates a missing file.
-    File {
-        /// Path.
-        path: PathBuf,
-        /// Configured size.
-        size_bytes: Option<u64>,
-    },
-    /// RAM of this size.
-    Ram {
-        /// Size.
-        size_bytes: u64,
-    },
 }
 
 impl ServeConfig {
@@ -452,85 +406,6 @@ pub fn parse_size_text(text: &str) -> Result<u64, String> {
         .ok_or_else(|| {
             format!("\"{text}\" is not a size: use bytes or a number with KiB, MiB, GiB or TiB")
         })
-}
-
-/// Opens every device and builds the data plane's exports.
-pub fn build_exports(config: &ServeConfig, node: &NodeId) -> Result<Arc<Exports>, String> {
-    let mut subsystems = Vec::new();
-    let mut devices = Vec::new();
-    for subsystem in &config.subsystems {
-        let mut namespaces = Vec::new();
-        let mut subsystem_devices = Vec::new();
-        for namespace in &subsystem.namespaces {
-            let device = open_device(namespace).map_err(|error| {
-                format!(
-                    "subsystem {} namespace {}: {error}",
-                    subsystem.nqn, namespace.nsid
-                )
-            })?;
-            let (nguid, uuid, eui64) = node.namespace_ids(&subsystem.nqn, namespace.nsid);
-            namespaces.push(NamespaceConfig {
-                nsid: Nsid(namespace.nsid),
-                blocks: device.size_bytes() / u64::from(device.block_size()),
-                block_size: device.block_size(),
-                nguid,
-                uuid,
-                eui64,
-                thin: device.is_thin(),
-                ready: true,
-            });
-            subsystem_devices.push(NamespaceDevice {
-                nsid: Nsid(namespace.nsid),
-                backend: weft_target::Backend::Device(device),
-                meter: Default::default(),
-                health: Default::default(),
-            });
-        }
-        subsystems.push(SubsystemConfig {
-            nqn: subsystem.nqn.clone(),
-            serial: node.serial(&subsystem.nqn),
-            model: subsystem.model.clone(),
-            firmware: env!("CARGO_PKG_VERSION").to_string(),
-            namespaces,
-            access: HostAccess::Any,
-        });
-        devices.push(subsystem_devices);
-    }
-    let listeners = config
-        .listen
-        .iter()
-        .enumerate()
-        .map(|(index, address)| ListenerConfig {
-            port_id: index as u16 + 1,
-            family: if address.is_ipv4() {
-                AddressFamily::Ipv4
-            } else {
-                AddressFamily::Ipv6
-            },
-            address: address.ip().to_string(),
-            service: address.port().to_string(),
-        })
-        .collect();
-    let target_config = TargetConfig {
-        subsystems,
-        listeners,
-        limits: config.limits.protocol,
-        discovery_serial: node.serial(weft_proto::target::DISCOVERY_NQN),
-        generation: 1,
-    };
-    Ok(Arc::new(Exports::new(Arc::new(target_config), devices)))
-}
-
-fn open_device(namespace: &NamespaceSpec) -> Result<Arc<dyn BlockDevice>, String> {
-    match &namespace.backend {
-        BackendSpec::File { path, size_bytes } => {
-            FileDevice::open(path, *size_bytes, namespace.block_size)
-                .map(|d| Arc::new(d) as Arc<dyn BlockDevice>)
-        }
-        BackendSpec::Ram { size_bytes } => RamDevice::new(*size_bytes, namespace.block_size)
-            .map(|d| Arc::new(d) as Arc<dyn BlockDevice>),
-    }
-    .map_err(|error| error.to_string())
 }
 
 #[cfg(test)]

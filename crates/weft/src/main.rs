@@ -8,20 +8,18 @@ mod api;
 mod bench;
 mod cli;
 mod config;
-mod identity;
 mod limits;
 mod logger;
-mod metrics;
 mod token;
-mod volumes;
 
-use config::{BackendSpec, ServeConfig};
-use identity::NodeId;
+use config::ServeConfig;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use weft_node::exports::BackendSpec;
+use weft_node::{identity, AdminOp, Manager, NodeId};
 use weft_target::{Backend, DataPlane};
 
 const USAGE: &str = "\
@@ -308,10 +306,15 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         identity::hex(&node.0),
         config.data_dir.join(identity::FILE_NAME).display()
     );
-    let base = config::build_exports(&config, &node)?;
+    let base = weft_node::exports::build_exports(
+        &config.subsystems,
+        &config.listen,
+        config.limits.protocol,
+        &node,
+    )?;
     let store = weft_control::EmbeddedStore::open(&config.data_dir).map_err(|e| e.to_string())?;
     let desired = weft_control::DesiredState::new(Box::new(store), &identity::hex(&node.0));
-    let mut manager = volumes::Manager::open(desired, node, base, config.limits.manager_queue)?;
+    let mut manager = Manager::open(desired, node, base, config.limits.manager_queue)?;
     let exports = manager.exports();
     let plane = Arc::new(
         DataPlane::start(
@@ -368,7 +371,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     let signal = weft_uring::wait_for_termination_signal()
         .map_err(|e| format!("waiting for signals: {e}"))?;
     log::info!("signal {signal}: flushing namespaces and pools, exiting");
-    if let Err(error) = handle.call(volumes::AdminOp::Flush) {
+    if let Err(error) = handle.call(AdminOp::Flush) {
         log::error!("flushing pools: {error}");
     }
     plane.flush_all();

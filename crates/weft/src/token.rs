@@ -24,8 +24,8 @@ pub fn load_or_create(path: &Path) -> Result<(String, bool), String> {
             Ok((token, false))
         }
         Err(error) if error.kind() == io::ErrorKind::NotFound => {
-            let token = crate::identity::hex(
-                &crate::identity::random_bytes::<32>()
+            let token = weft_node::identity::hex(
+                &weft_node::identity::random_bytes::<32>()
                     .map_err(|e| format!("random bytes for the API token: {e}"))?,
             );
             create(path, &token).map_err(|e| format!("creating {}: {e}", path.display()))?;

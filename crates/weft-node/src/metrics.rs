@@ -7,7 +7,7 @@
 //! Everything here reads counters the reactors publish every tick; nothing
 //! touches the I/O path.
 
-use crate::volumes::{PoolView, VOLUME_NQN_PREFIX};
+use crate::manager::{PoolView, VOLUME_NQN_PREFIX};
 use serde::{Deserialize, Serialize};
 use std::fmt::Write;
 use weft_target::meter::{ClassSnapshot, Limits, LATENCY_BOUNDS_US};

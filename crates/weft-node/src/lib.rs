@@ -1,0 +1,31 @@
+//! The node agent of weft: what one storage node runs between its data
+//! plane (weft-target's reactors) and its operators.
+//!
+//! - [`manager`]: the volume manager thread, the only owner of the node's
+//!   pools. It serves the data plane's slow path (first writes,
+//!   copy-on-write, deallocation, volume Flush) and admin operations
+//!   (pools, volumes, snapshots, hosts, attachments, QoS), commits the
+//!   desired state (weft-control) before it acknowledges a change, and hands
+//!   the data plane new exports after every change.
+//! - [`exports`]: the configured subsystems (files, block devices, RAM) and
+//!   the data plane's exports built from them.
+//! - [`identity`]: the node's identity and the serial numbers and namespace
+//!   IDs derived from it.
+//! - [`metrics`]: per-namespace statistics read from the data plane's
+//!   meters, and their Prometheus exposition.
+//!
+//! What it does not do: parse configuration files or command lines (the
+//! `weft` binary), speak HTTP or define what the API shows (weft-api), touch
+//! the I/O fast path (weft-target), or define the on-disk format of pools
+//! (weft-volume).
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod exports;
+pub mod identity;
+pub mod manager;
+pub mod metrics;
+
+pub use identity::NodeId;
+pub use manager::{AdminError, AdminOp, Manager, ManagerHandle};
