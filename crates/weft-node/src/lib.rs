@@ -26,6 +26,8 @@ pub mod exports;
 pub mod identity;
 pub mod manager;
 pub mod metrics;
+pub mod status;
 
 pub use identity::NodeId;
-pub use manager::{AdminError, AdminOp, Manager, ManagerHandle};
+pub use manager::{AdminError, AdminOp, AdminReply, Manager, ManagerHandle};
+pub use status::{Authentication, HostStatus, PoolStatus, VolumeStatus};

@@ -14,7 +14,7 @@
 //! both after a restart.
 
 use crate::identity::NodeId;
-use serde::{Deserialize, Serialize};
+use crate::status::{Authentication, HostStatus, PoolStatus, VolumeStatus};
 use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
@@ -29,9 +29,7 @@ use weft_target::{
     Backend, DataPlane, Exports, FailedOperation, Health, LimitReached, Meter, NamespaceDevice,
     VolumeBackend, VolumeManager, VolumeOutcome, VolumeRequest, VolumeWork,
 };
-use weft_volume::{
-    DevicePath, FileMedia, Pool, PoolInfo, PoolOptions, VolumeError, VolumeInfo, VolumeSpec,
-};
+use weft_volume::{DevicePath, FileMedia, Pool, PoolOptions, VolumeError, VolumeInfo, VolumeSpec};
 
 /// NQN prefix of volume subsystems.
 pub const VOLUME_NQN_PREFIX: &str = "nqn.2026-11.io.weft:vol:";
@@ -240,23 +238,22 @@ impl QosChanges {
 }
 
 /// What an admin operation returns.
-#[derive(Debug, Clone, Serialize)]
-#[serde(untagged)]
+#[derive(Debug, Clone)]
 pub enum AdminReply {
     /// Nothing to report.
     Done,
     /// Pools.
-    Pools(Vec<PoolView>),
-    /// One pool and its devices.
-    Pool(Box<PoolDetail>),
+    Pools(Vec<PoolStatus>),
+    /// One pool.
+    Pool(Box<PoolStatus>),
     /// Volumes.
-    Volumes(Vec<VolumeView>),
+    Volumes(Vec<VolumeStatus>),
     /// One volume.
-    Volume(Box<VolumeView>),
+    Volume(Box<VolumeStatus>),
     /// Hosts.
-    Hosts(Vec<HostView>),
+    Hosts(Vec<HostStatus>),
     /// One host.
-    Host(HostView),
+    Host(HostStatus),
 }
 
 /// Why an admin operation failed.
@@ -311,111 +308,6 @@ pub enum AdminError {
     /// The node's own files failed.
     #[error("{0}")]
     Node(String),
-}
-
-/// A pool as the API shows it.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct PoolView {
-    /// Name.
-    pub name: String,
-    /// Member devices.
-    pub devices: Vec<PathBuf>,
-    /// Allocation unit in bytes.
-    pub allocation_unit_bytes: u32,
-    /// Bytes of data space.
-    pub capacity_bytes: u64,
-    /// Bytes allocated.
-    pub allocated_bytes: u64,
-    /// Bytes free.
-    pub free_bytes: u64,
-    /// Sum of volume sizes.
-    pub provisioned_bytes: u64,
-    /// Provisioned / capacity.
-    pub overcommit: f64,
-    /// Volumes.
-    pub volumes: usize,
-    /// Snapshots.
-    pub snapshots: usize,
-    /// "online", or "failed": every I/O on its volumes fails until cleared.
-    pub state: String,
-    /// Why it failed.
-    pub failure: Option<String>,
-}
-
-/// A pool with its devices, as `weft pool show` prints it.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct PoolDetail {
-    /// The pool.
-    #[serde(flatten)]
-    pub pool: PoolView,
-    /// Its devices, in stripe order.
-    pub members: Vec<PoolMemberView>,
-}
-
-/// One device of a pool.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct PoolMemberView {
-    /// Path.
-    pub path: PathBuf,
-    /// Device size in bytes.
-    pub size_bytes: u64,
-    /// Bytes of data space on it.
-    pub capacity_bytes: u64,
-    /// Bytes of it in use.
-    pub allocated_bytes: u64,
-    /// Holds a copy of the pool's metadata (checkpoints and journal).
-    pub metadata_copy: bool,
-    /// "online", or "failed" with its pool.
-    pub state: String,
-}
-
-/// A volume as the API shows it.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct VolumeView {
-    /// Name.
-    pub name: String,
-    /// Pool.
-    pub pool: String,
-    /// Subsystem NQN it is served as.
-    pub nqn: String,
-    /// Size in bytes.
-    pub size_bytes: u64,
-    /// Logical block size.
-    pub block_size: u32,
-    /// Preallocated.
-    pub thick: bool,
-    /// Bytes of allocation units it maps.
-    pub allocated_bytes: u64,
-    /// "volume@snapshot" it was cloned from, until flattened.
-    pub origin: Option<String>,
-    /// Snapshot names.
-    pub snapshots: Vec<String>,
-    /// Hosts connected now.
-    pub connected_hosts: Vec<String>,
-    /// Namespace NGUID (hex).
-    pub nguid: String,
-    /// Hosts allowed to connect (names).
-    pub hosts: Vec<String>,
-    /// I/O limits.
-    pub qos: QosLimits,
-    /// "online", or "failed" (its pool failed: every I/O fails until cleared).
-    pub state: String,
-    /// Why its pool failed.
-    pub failure: Option<String>,
-}
-
-/// A host as the API shows it.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct HostView {
-    /// Name.
-    pub name: String,
-    /// NQN.
-    pub nqn: String,
-    /// DH-HMAC-CHAP: "none", "host" (the host proves its secret) or
-    /// "bidirectional" (the controller proves its own too). Secrets are never shown.
-    pub dhchap: String,
-    /// Volumes attached to it.
-    pub volumes: Vec<String>,
 }
 
 /// The manager's inbox.
@@ -762,8 +654,8 @@ impl Manager {
                 device_bytes,
                 force,
             } => self.create_pool(name, devices, chunk_bytes, device_bytes, force)?,
-            AdminOp::ListPools => AdminReply::Pools(self.pool_views()?),
-            AdminOp::ShowPool(name) => AdminReply::Pool(Box::new(self.pool_detail(&name)?)),
+            AdminOp::ListPools => AdminReply::Pools(self.pool_statuses()?),
+            AdminOp::ShowPool(name) => AdminReply::Pool(Box::new(self.pool_status(&name)?)),
             AdminOp::AddDevices {
                 pool,
                 devices,
@@ -795,10 +687,10 @@ impl Manager {
                 );
                 AdminReply::Done
             }
-            AdminOp::ListVolumes => AdminReply::Volumes(self.volume_views(plane)),
+            AdminOp::ListVolumes => AdminReply::Volumes(self.volume_statuses(plane)),
             AdminOp::ShowVolume(name) => {
                 let pool = self.pool_of(&name)?;
-                AdminReply::Volume(Box::new(self.volume_view(&pool, &name, plane)?))
+                AdminReply::Volume(Box::new(self.volume_status(&pool, &name, plane)?))
             }
             AdminOp::DeleteVolume { name, force } => {
                 self.delete_volume(&name, force, plane)?;
@@ -837,7 +729,7 @@ impl Manager {
                 self.pool_mut(&pool)?.delete_snapshot(&volume, &name)?;
                 AdminReply::Done
             }
-            AdminOp::ListHosts => AdminReply::Hosts(self.host_views()?),
+            AdminOp::ListHosts => AdminReply::Hosts(self.host_statuses()?),
             AdminOp::CreateHost { name, nqn, secrets } => {
                 self.create_host(&name, nqn, secrets)?;
                 AdminReply::Done
@@ -847,7 +739,7 @@ impl Manager {
                 AdminReply::Done
             }
             AdminOp::ShowHost(name) => AdminReply::Host(
-                self.host_views()?
+                self.host_statuses()?
                     .into_iter()
                     .find(|h| h.name == name)
                     .ok_or_else(|| not_found("host", &name))?,
@@ -1211,15 +1103,15 @@ impl Manager {
     }
 
     fn delete_host(&mut self, name: &str) -> Result<(), AdminError> {
-        let view = self
-            .host_views()?
+        let host = self
+            .host_statuses()?
             .into_iter()
             .find(|h| h.name == name)
             .ok_or_else(|| not_found("host", name))?;
-        if !view.volumes.is_empty() {
+        if !host.volumes.is_empty() {
             return Err(AdminError::HostAttached {
                 host: name.to_string(),
-                volumes: view.volumes.join(", "),
+                volumes: host.volumes.join(", "),
             });
         }
         self.desired.delete_host(name)?;
@@ -1271,7 +1163,7 @@ impl Manager {
             })
     }
 
-    fn host_views(&self) -> Result<Vec<HostView>, AdminError> {
+    fn host_statuses(&self) -> Result<Vec<HostStatus>, AdminError> {
         // Only records of live volumes count (see `DesiredState::volume`).
         let records: Vec<(String, VolumeRecord)> = self
             .desired
@@ -1285,19 +1177,18 @@ impl Manager {
         let hosts = self.desired.hosts()?;
         Ok(hosts
             .into_iter()
-            .map(|(name, host)| HostView {
+            .map(|(name, host)| HostStatus {
                 volumes: records
                     .iter()
                     .filter(|(_, record)| record.hosts.contains(&name))
                     .map(|(volume, _)| volume.clone())
                     .collect(),
                 name,
-                dhchap: match (&host.dhchap_secret, &host.dhchap_ctrl_secret) {
-                    (None, _) => "none",
-                    (Some(_), None) => "host",
-                    (Some(_), Some(_)) => "bidirectional",
-                }
-                .to_string(),
+                authentication: match (&host.dhchap_secret, &host.dhchap_ctrl_secret) {
+                    (None, _) => Authentication::None,
+                    (Some(_), None) => Authentication::Host,
+                    (Some(_), Some(_)) => Authentication::Bidirectional,
+                },
                 nqn: host.nqn,
             })
             .collect())
@@ -1327,57 +1218,28 @@ impl Manager {
             .ok_or_else(|| not_found("pool", name))
     }
 
-    fn pool_views(&self) -> Result<Vec<PoolView>, AdminError> {
+    fn pool_statuses(&self) -> Result<Vec<PoolStatus>, AdminError> {
         Ok(self
             .desired
             .pools()?
             .into_iter()
             .filter_map(|(name, record)| {
                 let pool = self.pools.get(&name)?;
-                let info: PoolInfo = pool.info();
-                let failure = self.pool_failure(&name, pool);
-                Some(PoolView {
-                    name: info.name,
+                Some(PoolStatus {
                     devices: record.devices,
-                    allocation_unit_bytes: info.chunk_bytes,
-                    capacity_bytes: info.capacity_bytes,
-                    allocated_bytes: info.allocated_bytes,
-                    free_bytes: info.capacity_bytes - info.allocated_bytes,
-                    provisioned_bytes: info.provisioned_bytes,
-                    overcommit: info.provisioned_bytes as f64 / info.capacity_bytes as f64,
-                    volumes: info.volumes,
-                    snapshots: info.snapshots,
-                    state: state_name(failure.is_some()),
-                    failure,
+                    info: pool.info(),
+                    members: pool.member_usage().into(),
+                    failure: self.pool_failure(&name, pool),
                 })
             })
             .collect())
     }
 
-    fn pool_detail(&self, name: &str) -> Result<PoolDetail, AdminError> {
-        let view = self
-            .pool_views()?
+    fn pool_status(&self, name: &str) -> Result<PoolStatus, AdminError> {
+        self.pool_statuses()?
             .into_iter()
-            .find(|p| p.name == name)
-            .ok_or_else(|| not_found("pool", name))?;
-        let pool = &self.pools[name];
-        let members = view
-            .devices
-            .iter()
-            .zip(pool.member_usage())
-            .map(|(path, usage)| PoolMemberView {
-                path: path.clone(),
-                size_bytes: usage.size_bytes,
-                capacity_bytes: usage.capacity_bytes,
-                allocated_bytes: usage.allocated_bytes,
-                metadata_copy: usage.metadata_copy,
-                state: view.state.clone(),
-            })
-            .collect();
-        Ok(PoolDetail {
-            pool: view,
-            members,
-        })
+            .find(|p| p.info.name == name)
+            .ok_or_else(|| not_found("pool", name))
     }
 
     /// Why a pool failed, as the data plane or the pool itself saw it.
@@ -1388,23 +1250,23 @@ impl Manager {
             .or_else(|| data_plane.map(|failure| failure.to_string()))
     }
 
-    fn volume_views(&self, plane: &DataPlane) -> Vec<VolumeView> {
+    fn volume_statuses(&self, plane: &DataPlane) -> Vec<VolumeStatus> {
         self.pools
             .iter()
             .flat_map(|(pool_name, pool)| {
                 pool.volumes()
-                    .filter_map(|v| self.volume_view(pool_name, &v.name, plane).ok())
+                    .filter_map(|v| self.volume_status(pool_name, &v.name, plane).ok())
                     .collect::<Vec<_>>()
             })
             .collect()
     }
 
-    fn volume_view(
+    fn volume_status(
         &self,
         pool: &str,
         name: &str,
         plane: &DataPlane,
-    ) -> Result<VolumeView, AdminError> {
+    ) -> Result<VolumeStatus, AdminError> {
         let info: VolumeInfo = self
             .pools
             .get(pool)
@@ -1412,23 +1274,14 @@ impl Manager {
             .volume_info(name)?;
         let nqn = volume_nqn(name);
         let record = self.volume_record(name, &info.id);
-        let failure = self.pool_failure(pool, &self.pools[pool]);
-        Ok(VolumeView {
-            state: state_name(failure.is_some()),
-            failure,
+        Ok(VolumeStatus {
+            failure: self.pool_failure(pool, &self.pools[pool]),
             hosts: record.hosts.into_iter().collect(),
             qos: record.qos,
-            name: info.name,
             pool: pool.to_string(),
             connected_hosts: plane.connected_hosts(&nqn),
             nqn,
-            size_bytes: info.size_bytes,
-            block_size: info.block_size,
-            thick: info.thick,
-            allocated_bytes: info.allocated_bytes,
-            origin: info.origin.map(|o| format!("{}@{}", o.volume, o.snapshot)),
-            snapshots: info.snapshots.into_iter().map(|(n, _, _)| n).collect(),
-            nguid: crate::identity::hex(&info.id),
+            info,
         })
     }
 }
@@ -1481,11 +1334,6 @@ fn reconcile_members(
     record.devices = devices;
     record.adding.clear();
     desired.put_pool(name, &record)
-}
-
-/// A pool's or volume's state as the API names it.
-fn state_name(failed: bool) -> String {
-    if failed { "failed" } else { "online" }.to_string()
 }
 
 /// Shares a failure the pool itself noticed (a metadata write or a sync)

@@ -7,7 +7,8 @@
 //! Everything here reads counters the reactors publish every tick; nothing
 //! touches the I/O path.
 
-use crate::manager::{PoolView, VOLUME_NQN_PREFIX};
+use crate::manager::VOLUME_NQN_PREFIX;
+use crate::status::PoolStatus;
 use serde::{Deserialize, Serialize};
 use std::fmt::Write;
 use weft_target::meter::{ClassSnapshot, Limits, LATENCY_BOUNDS_US};
@@ -187,10 +188,10 @@ fn classes(ns: &NamespaceStats) -> [(&'static str, &ClassStats); 3] {
 }
 
 type NamespaceValue = fn(&NamespaceStats) -> u64;
-type PoolValue = fn(&PoolView) -> u64;
+type PoolValue = fn(&PoolStatus) -> u64;
 
 /// The Prometheus text exposition (format 0.0.4) of `stats` and `pools`.
-pub fn prometheus(stats: &Stats, pools: &[PoolView]) -> String {
+pub fn prometheus(stats: &Stats, pools: &[PoolStatus]) -> String {
     let mut out = Exposition(String::new());
     let labels = |ns: &NamespaceStats| {
         format!(
@@ -308,17 +309,17 @@ pub fn prometheus(stats: &Stats, pools: &[PoolView]) -> String {
     node_totals(&mut out, stats);
     let per_pool: [(&str, &str, PoolValue); 4] = [
         ("weft_pool_capacity_bytes", "Data space of the pool.", |p| {
-            p.capacity_bytes
+            p.info.capacity_bytes
         }),
         (
             "weft_pool_allocated_bytes",
             "Bytes of the pool's allocation units in use.",
-            |p| p.allocated_bytes,
+            |p| p.info.allocated_bytes,
         ),
         (
             "weft_pool_provisioned_bytes",
             "Sum of the sizes of the pool's volumes.",
-            |p| p.provisioned_bytes,
+            |p| p.info.provisioned_bytes,
         ),
         (
             "weft_pool_failed",
@@ -329,7 +330,7 @@ pub fn prometheus(stats: &Stats, pools: &[PoolView]) -> String {
     for (name, help, value) in per_pool {
         out.family(name, "gauge", help);
         for pool in pools {
-            out.sample(name, &format!("pool=\"{}\"", pool.name), value(pool));
+            out.sample(name, &format!("pool=\"{}\"", pool.info.name), value(pool));
         }
     }
     out.0

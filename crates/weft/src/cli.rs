@@ -5,12 +5,13 @@
 //! as a table, or as the API's JSON with `-o json`. Errors print the API's
 //! message (and its hint when the message alone does not say what to do).
 
-use crate::api::DEFAULT_API_LISTEN;
 use crate::config::parse_size_text;
 use serde_json::{json, Value};
 use std::time::Duration;
+use weft_api::views::{HostView, PoolDetail, PoolView, QosView, VolumeView};
+use weft_api::DEFAULT_API_LISTEN;
 use weft_http as http;
-use weft_node::manager::{HostView, PoolDetail, PoolView, VolumeView, DEFAULT_CHUNK_BYTES};
+use weft_node::manager::DEFAULT_CHUNK_BYTES;
 use weft_node::metrics::Stats;
 use weft_storage::human_bytes;
 
@@ -359,7 +360,7 @@ fn api_token(file: Option<std::path::PathBuf>) -> Result<Option<String>, String>
     if let Ok(token) = std::env::var("WEFT_API_TOKEN") {
         return Ok(Some(token));
     }
-    let default = std::path::Path::new("weft-data").join(crate::token::FILE_NAME);
+    let default = std::path::Path::new("weft-data").join(weft_api::token::FILE_NAME);
     default.exists().then(|| read(&default)).transpose()
 }
 
@@ -465,7 +466,7 @@ fn top_rows(before: &Stats, now: &Stats) -> Vec<TopRow> {
                 write_latency_us_p99: ns.write.quantile_us_since(write, 0.99),
                 queue_depth: ns.in_flight,
                 hosts: ns.connected_hosts,
-                limits: qos_summary(&weft_control::QosLimits {
+                limits: qos_summary(&QosView {
                     iops_max: (l.iops > 0).then_some(l.iops),
                     bw_max: (l.bytes > 0).then_some(l.bytes),
                     read_iops_max: (l.read_iops > 0).then_some(l.read_iops),
@@ -647,7 +648,7 @@ fn print_hosts(hosts: &[HostView]) {
 }
 
 /// "20000 IOPS, 200 MiB/s" style summary of a volume's limits.
-fn qos_summary(qos: &weft_control::QosLimits) -> String {
+fn qos_summary(qos: &QosView) -> String {
     let iops = |label: &str, limit: Option<u64>| limit.map(|n| format!("{label}{n} IOPS"));
     let bw =
         |label: &str, limit: Option<u64>| limit.map(|n| format!("{label}{}/s", human_bytes(n)));

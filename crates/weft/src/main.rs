@@ -4,13 +4,11 @@
 //! 4 GiB sparse file under ./weft-data as `nqn.2026-11.io.weft:default` on
 //! 127.0.0.1:4420; with `--config FILE`, the subsystems the file declares.
 
-mod api;
 mod bench;
 mod cli;
 mod config;
 mod limits;
 mod logger;
-mod token;
 
 use config::ServeConfig;
 use std::io::Write;
@@ -18,6 +16,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use weft_api as api;
+use weft_api::token;
 use weft_node::exports::BackendSpec;
 use weft_node::{identity, AdminOp, Manager, NodeId};
 use weft_target::{Backend, DataPlane};

@@ -1,14 +1,25 @@
 //! The node's control API (HTTP/JSON, default 127.0.0.1:9440): pools,
-//! volumes, snapshots, hosts, attachments and QoS. Every call becomes one
-//! admin operation of the volume manager; errors are `{code, message, hint}`
-//! with the HTTP status the failure calls for, mapped in one place. Every
-//! route but the OpenAPI document needs the bearer token. The API never
-//! touches the I/O path.
+//! volumes, snapshots, hosts, attachments and QoS, over weft-http. Every
+//! call becomes one admin operation of the node's volume manager (through
+//! its [`ManagerHandle`]); what the manager reports becomes the JSON views
+//! of [`views`], defined here and nowhere else. Errors are
+//! `{code, message, hint}` with the HTTP status the failure calls for,
+//! mapped in one place. Every route but the OpenAPI document needs the
+//! bearer token ([`token`]).
 //!
 //! The routes are the table [`ROUTES`]; `openapi.json` (served at
 //! `/api/v1/openapi.json`) documents each of them, which a test checks.
 //! Beside them, `GET /metrics` serves the Prometheus exposition (token
 //! needed too: Prometheus sends it with `authorization: credentials_file`).
+//!
+//! What it does not do: touch the I/O path, own or change any state itself
+//! (the manager does), or know how pools and volumes are stored.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod token;
+pub mod views;
 
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -18,6 +29,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use views::{HostView, PoolDetail, PoolView, VolumeView};
 use weft_http::{self as http, Request};
 use weft_node::manager::{
     AdminError, AdminOp, AdminReply, HostSecrets, ManagerHandle, QosChanges, SecretChanges,
@@ -284,11 +296,23 @@ impl Api {
                 pattern,
                 "pools" | "volumes" | "hosts" | "volumes/{volume}/snapshots"
             );
-        match self.manager.call(op) {
-            Ok(AdminReply::Done) => (if created { 201 } else { 200 }, json!({"ok": true})),
-            Ok(reply) => (200, serde_json::to_value(reply).expect("serialisable")),
-            Err(error) => admin_failure(&error),
-        }
+        let view = match self.manager.call(op) {
+            Ok(AdminReply::Done) => return (if created { 201 } else { 200 }, json!({"ok": true})),
+            Ok(AdminReply::Pools(pools)) => {
+                json_of(pools.iter().map(PoolView::from).collect::<Vec<_>>())
+            }
+            Ok(AdminReply::Pool(pool)) => json_of(PoolDetail::from(&*pool)),
+            Ok(AdminReply::Volumes(volumes)) => {
+                json_of(volumes.iter().map(VolumeView::from).collect::<Vec<_>>())
+            }
+            Ok(AdminReply::Volume(volume)) => json_of(VolumeView::from(&*volume)),
+            Ok(AdminReply::Hosts(hosts)) => {
+                json_of(hosts.iter().map(HostView::from).collect::<Vec<_>>())
+            }
+            Ok(AdminReply::Host(host)) => json_of(HostView::from(&host)),
+            Err(error) => return admin_failure(&error),
+        };
+        (200, view)
     }
 
     /// The Prometheus exposition.
@@ -316,7 +340,7 @@ impl Api {
                 "this API needs a bearer token",
                 hint,
             )),
-            Some(token) if crate::token::matches(&self.token, token.trim()) => Ok(()),
+            Some(token) if token::matches(&self.token, token.trim()) => Ok(()),
             Some(_) => Err(failure(
                 401,
                 "unauthorized",
@@ -643,6 +667,11 @@ fn parse<T: for<'de> Deserialize<'de>>(body: &[u8]) -> Result<T, Response> {
             "send the JSON fields this route documents (GET /api/v1/openapi.json)",
         )
     })
+}
+
+/// The JSON of a view.
+fn json_of(view: impl serde::Serialize) -> Value {
+    serde_json::to_value(view).expect("views serialise")
 }
 
 fn no_route(request: &Request) -> Response {

@@ -1,0 +1,282 @@
+//! What the API shows: the JSON form of the node's pools, volumes and hosts
+//! (documented in `openapi.json`), made from weft-node's domain structs.
+//! The CLI reads them back from the API's answers.
+
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+use weft_control::QosLimits;
+use weft_node::identity::hex;
+use weft_node::{Authentication, HostStatus, PoolStatus, VolumeStatus};
+
+/// A pool as the API shows it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PoolView {
+    /// Name.
+    pub name: String,
+    /// Member devices.
+    pub devices: Vec<PathBuf>,
+    /// Allocation unit in bytes.
+    pub allocation_unit_bytes: u32,
+    /// Bytes of data space.
+    pub capacity_bytes: u64,
+    /// Bytes allocated.
+    pub allocated_bytes: u64,
+    /// Bytes free.
+    pub free_bytes: u64,
+    /// Sum of volume sizes.
+    pub provisioned_bytes: u64,
+    /// Provisioned / capacity.
+    pub overcommit: f64,
+    /// Volumes.
+    pub volumes: usize,
+    /// Snapshots.
+    pub snapshots: usize,
+    /// "online", or "failed": every I/O on its volumes fails until cleared.
+    pub state: String,
+    /// Why it failed.
+    pub failure: Option<String>,
+}
+
+/// A pool with its devices, as `weft pool show` prints it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PoolDetail {
+    /// The pool.
+    #[serde(flatten)]
+    pub pool: PoolView,
+    /// Its devices, in stripe order.
+    pub members: Vec<PoolMemberView>,
+}
+
+/// One device of a pool.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PoolMemberView {
+    /// Path.
+    pub path: PathBuf,
+    /// Device size in bytes.
+    pub size_bytes: u64,
+    /// Bytes of data space on it.
+    pub capacity_bytes: u64,
+    /// Bytes of it in use.
+    pub allocated_bytes: u64,
+    /// Holds a copy of the pool's metadata (checkpoints and journal).
+    pub metadata_copy: bool,
+    /// "online", or "failed" with its pool.
+    pub state: String,
+}
+
+/// A volume as the API shows it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct VolumeView {
+    /// Name.
+    pub name: String,
+    /// Pool.
+    pub pool: String,
+    /// Subsystem NQN it is served as.
+    pub nqn: String,
+    /// Size in bytes.
+    pub size_bytes: u64,
+    /// Logical block size.
+    pub block_size: u32,
+    /// Preallocated.
+    pub thick: bool,
+    /// Bytes of allocation units it maps.
+    pub allocated_bytes: u64,
+    /// "volume@snapshot" it was cloned from, until flattened.
+    pub origin: Option<String>,
+    /// Snapshot names.
+    pub snapshots: Vec<String>,
+    /// Hosts connected now.
+    pub connected_hosts: Vec<String>,
+    /// Namespace NGUID (hex).
+    pub nguid: String,
+    /// Hosts allowed to connect (names).
+    pub hosts: Vec<String>,
+    /// I/O limits.
+    pub qos: QosView,
+    /// "online", or "failed" (its pool failed: every I/O fails until cleared).
+    pub state: String,
+    /// Why its pool failed.
+    pub failure: Option<String>,
+}
+
+/// A volume's I/O limits; `null` is unlimited.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct QosView {
+    /// I/O commands per second, reads and writes together.
+    pub iops_max: Option<u64>,
+    /// Bytes per second, reads and writes together.
+    pub bw_max: Option<u64>,
+    /// Read commands per second.
+    pub read_iops_max: Option<u64>,
+    /// Bytes read per second.
+    pub read_bw_max: Option<u64>,
+    /// Write commands per second.
+    pub write_iops_max: Option<u64>,
+    /// Bytes written per second.
+    pub write_bw_max: Option<u64>,
+}
+
+/// A host as the API shows it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct HostView {
+    /// Name.
+    pub name: String,
+    /// NQN.
+    pub nqn: String,
+    /// DH-HMAC-CHAP: "none", "host" (the host proves its secret) or
+    /// "bidirectional" (the controller proves its own too). Secrets are never shown.
+    pub dhchap: String,
+    /// Volumes attached to it.
+    pub volumes: Vec<String>,
+}
+
+/// A pool's or volume's state as the API names it.
+fn state_name(failure: &Option<String>) -> String {
+    if failure.is_some() {
+        "failed"
+    } else {
+        "online"
+    }
+    .to_string()
+}
+
+impl From<&PoolStatus> for PoolView {
+    fn from(pool: &PoolStatus) -> PoolView {
+        let info = &pool.info;
+        PoolView {
+            name: info.name.clone(),
+            devices: pool.devices.clone(),
+            allocation_unit_bytes: info.chunk_bytes,
+            capacity_bytes: info.capacity_bytes,
+            allocated_bytes: info.allocated_bytes,
+            free_bytes: info.capacity_bytes - info.allocated_bytes,
+            provisioned_bytes: info.provisioned_bytes,
+            overcommit: info.provisioned_bytes as f64 / info.capacity_bytes as f64,
+            volumes: info.volumes,
+            snapshots: info.snapshots,
+            state: state_name(&pool.failure),
+            failure: pool.failure.clone(),
+        }
+    }
+}
+
+impl From<&PoolStatus> for PoolDetail {
+    fn from(pool: &PoolStatus) -> PoolDetail {
+        let view = PoolView::from(pool);
+        let members = pool
+            .devices
+            .iter()
+            .zip(pool.members.iter())
+            .map(|(path, usage)| PoolMemberView {
+                path: path.clone(),
+                size_bytes: usage.size_bytes,
+                capacity_bytes: usage.capacity_bytes,
+                allocated_bytes: usage.allocated_bytes,
+                metadata_copy: usage.metadata_copy,
+                state: view.state.clone(),
+            })
+            .collect();
+        PoolDetail {
+            pool: view,
+            members,
+        }
+    }
+}
+
+impl From<&VolumeStatus> for VolumeView {
+    fn from(volume: &VolumeStatus) -> VolumeView {
+        let info = &volume.info;
+        VolumeView {
+            name: info.name.clone(),
+            pool: volume.pool.clone(),
+            nqn: volume.nqn.clone(),
+            size_bytes: info.size_bytes,
+            block_size: info.block_size,
+            thick: info.thick,
+            allocated_bytes: info.allocated_bytes,
+            origin: info
+                .origin
+                .as_ref()
+                .map(|o| format!("{}@{}", o.volume, o.snapshot)),
+            snapshots: info.snapshots.iter().map(|(n, _, _)| n.clone()).collect(),
+            connected_hosts: volume.connected_hosts.clone(),
+            nguid: hex(&info.id),
+            hosts: volume.hosts.clone(),
+            qos: QosView::from(volume.qos),
+            state: state_name(&volume.failure),
+            failure: volume.failure.clone(),
+        }
+    }
+}
+
+impl From<QosLimits> for QosView {
+    fn from(qos: QosLimits) -> QosView {
+        QosView {
+            iops_max: qos.iops_max,
+            bw_max: qos.bw_max,
+            read_iops_max: qos.read_iops_max,
+            read_bw_max: qos.read_bw_max,
+            write_iops_max: qos.write_iops_max,
+            write_bw_max: qos.write_bw_max,
+        }
+    }
+}
+
+impl From<&HostStatus> for HostView {
+    fn from(host: &HostStatus) -> HostView {
+        HostView {
+            name: host.name.clone(),
+            nqn: host.nqn.clone(),
+            dhchap: match host.authentication {
+                Authentication::None => "none",
+                Authentication::Host => "host",
+                Authentication::Bidirectional => "bidirectional",
+            }
+            .to_string(),
+            volumes: host.volumes.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use weft_volume::{MemberUsage, PoolInfo};
+
+    /// The JSON shape the CLI and the OpenAPI document expect, field for field.
+    #[test]
+    fn a_pool_shows_its_figures_state_and_members() {
+        let status = PoolStatus {
+            devices: vec!["/d0".into(), "/d1".into()],
+            info: PoolInfo {
+                name: "fast".into(),
+                uuid: [0; 16],
+                chunk_bytes: 1 << 20,
+                members: 2,
+                capacity_bytes: 4 << 20,
+                allocated_bytes: 1 << 20,
+                provisioned_bytes: 8 << 20,
+                volumes: 1,
+                snapshots: 0,
+            },
+            members: Arc::from([true, false].map(|metadata_copy| MemberUsage {
+                size_bytes: 3 << 20,
+                capacity_bytes: 2 << 20,
+                allocated_bytes: 1 << 19,
+                metadata_copy,
+            })),
+            failure: Some("fdatasync failed".into()),
+        };
+        let json = serde_json::to_value(PoolDetail::from(&status)).unwrap();
+        assert_eq!(json["name"], "fast");
+        assert_eq!(json["free_bytes"], 3 << 20);
+        assert_eq!(json["overcommit"], 2.0);
+        assert_eq!(json["state"], "failed");
+        assert_eq!(json["members"][1]["path"], "/d1");
+        assert_eq!(json["members"][1]["metadata_copy"], false);
+        assert_eq!(json["members"][0]["state"], "failed");
+        let back: PoolDetail = serde_json::from_value(json).unwrap();
+        assert_eq!(back.pool, PoolView::from(&status));
+    }
+}
