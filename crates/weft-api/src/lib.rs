@@ -1,8 +1,10 @@
 //! The node's control API (HTTP/JSON, default 127.0.0.1:9440): pools,
 //! volumes, snapshots, hosts, attachments and QoS, over weft-http. Every
-//! call becomes one admin operation of the node's volume manager (through
-//! its [`ManagerHandle`]); what the manager reports becomes the JSON views
-//! of [`views`], defined here and nowhere else. Errors are
+//! change becomes one admin operation of the node's volume manager (through
+//! its [`ManagerHandle`]); every read (lists, shows, statistics, metrics) is
+//! answered from what the node published (its [`StatusReader`]), never
+//! through the manager's queue. What the node reports becomes the JSON
+//! views of [`views`], defined here and nowhere else. Errors are
 //! `{code, message, hint}` with the HTTP status the failure calls for,
 //! mapped in one place. Every route but the OpenAPI document needs the
 //! bearer token ([`token`]).
@@ -28,14 +30,14 @@ use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use views::{HostView, PoolDetail, PoolView, VolumeView};
 use weft_http::{self as http, Request};
 use weft_node::manager::{
-    AdminError, AdminOp, AdminReply, HostSecrets, ManagerHandle, QosChanges, SecretChanges,
-    DEFAULT_CHUNK_BYTES,
+    AdminError, AdminOp, HostSecrets, ManagerHandle, QosChanges, SecretChanges, DEFAULT_CHUNK_BYTES,
 };
-use weft_target::{DataPlane, LimitReached};
+use weft_node::StatusReader;
+use weft_target::LimitReached;
 use weft_volume::{VolumeError, VolumeSpec};
 
 /// Default API address.
@@ -76,10 +78,8 @@ pub const ROUTES: &[(&str, &str)] = &[
 /// What every API call shares.
 struct Api {
     manager: ManagerHandle,
-    plane: Arc<DataPlane>,
+    status: StatusReader,
     token: String,
-    /// The clock of the statistics' timestamps.
-    started: Instant,
 }
 
 /// How much of the node the API's clients may hold.
@@ -91,12 +91,14 @@ pub struct ApiLimits {
     pub request_timeout: Duration,
 }
 
-/// Binds `address` and serves the API on a thread; returns the bound address.
+/// Binds `address` and serves the API on a thread; returns the bound
+/// address. Changes go to the node's manager through `manager`; reads come
+/// from `status`.
 pub fn start(
     address: SocketAddr,
     tls: Option<http::tls::Server>,
     manager: ManagerHandle,
-    plane: Arc<DataPlane>,
+    status: StatusReader,
     token: String,
     limits: ApiLimits,
 ) -> Result<SocketAddr, String> {
@@ -106,9 +108,8 @@ pub fn start(
     let bound = listener.local_addr().map_err(|e| e.to_string())?;
     let api = Arc::new(Api {
         manager,
-        plane,
+        status,
         token,
-        started: Instant::now(),
     });
     let busy = Arc::new(BusyCount::default());
     // Clients over the limit are answered 503 by one thread of their own, a
@@ -283,9 +284,11 @@ impl Api {
         if let Err(response) = self.authorize(request) {
             return response;
         }
-        if pattern == "stats" {
-            let stats = weft_node::metrics::collect(&self.plane, &self.started);
-            return (200, serde_json::to_value(stats).expect("serialisable"));
+        if let Some(read) = self.read(&request.method, pattern, &params) {
+            return match read {
+                Ok(view) => (200, view),
+                Err(error) => admin_failure(&error),
+            };
         }
         let op = match operation(&request.method, pattern, &params, request) {
             Ok(op) => op,
@@ -296,35 +299,44 @@ impl Api {
                 pattern,
                 "pools" | "volumes" | "hosts" | "volumes/{volume}/snapshots"
             );
-        let view = match self.manager.call(op) {
-            Ok(AdminReply::Done) => return (if created { 201 } else { 200 }, json!({"ok": true})),
-            Ok(AdminReply::Pools(pools)) => {
-                json_of(pools.iter().map(PoolView::from).collect::<Vec<_>>())
-            }
-            Ok(AdminReply::Pool(pool)) => json_of(PoolDetail::from(&*pool)),
-            Ok(AdminReply::Volumes(volumes)) => {
-                json_of(volumes.iter().map(VolumeView::from).collect::<Vec<_>>())
-            }
-            Ok(AdminReply::Volume(volume)) => json_of(VolumeView::from(&*volume)),
-            Ok(AdminReply::Hosts(hosts)) => {
-                json_of(hosts.iter().map(HostView::from).collect::<Vec<_>>())
-            }
-            Ok(AdminReply::Host(host)) => json_of(HostView::from(&host)),
-            Err(error) => return admin_failure(&error),
-        };
-        (200, view)
+        match self.manager.call(op) {
+            Ok(()) => (if created { 201 } else { 200 }, json!({"ok": true})),
+            Err(error) => admin_failure(&error),
+        }
+    }
+
+    /// The view a read route answers with, from what the node last
+    /// published (never through the manager's queue); `None` for the
+    /// routes that change something.
+    fn read(
+        &self,
+        method: &str,
+        pattern: &str,
+        params: &[String],
+    ) -> Option<Result<Value, AdminError>> {
+        let status = &self.status;
+        Some(match (method, pattern) {
+            ("GET", "stats") => Ok(json_of(status.stats())),
+            ("GET", "pools") => Ok(json_of(list::<_, PoolView>(&status.pools()))),
+            ("GET", "pools/{pool}") => status
+                .pool(&params[0])
+                .map(|pool| json_of(PoolDetail::from(&pool))),
+            ("GET", "volumes") => Ok(json_of(list::<_, VolumeView>(&status.volumes()))),
+            ("GET", "volumes/{volume}") => status
+                .volume(&params[0])
+                .map(|volume| json_of(VolumeView::from(&volume))),
+            ("GET", "hosts") => Ok(json_of(list::<_, HostView>(&status.hosts()))),
+            ("GET", "hosts/{host}") => status
+                .host(&params[0])
+                .map(|host| json_of(HostView::from(&host))),
+            _ => return None,
+        })
     }
 
     /// The Prometheus exposition.
     fn metrics(&self, request: &Request) -> Result<String, Response> {
         self.authorize(request)?;
-        let pools = match self.manager.call(AdminOp::ListPools) {
-            Ok(AdminReply::Pools(pools)) => pools,
-            Ok(_) => Vec::new(),
-            Err(error) => return Err(admin_failure(&error)),
-        };
-        let stats = weft_node::metrics::collect(&self.plane, &self.started);
-        Ok(weft_node::metrics::prometheus(&stats, &pools))
+        Ok(self.status.prometheus())
     }
 
     fn authorize(&self, request: &Request) -> Result<(), Response> {
@@ -465,7 +477,6 @@ fn operation(
     let param = |index: usize| params[index].clone();
     let body = &request.body;
     Ok(match (method, pattern) {
-        ("GET", "pools") => AdminOp::ListPools,
         ("POST", "pools") => {
             let p: CreatePool = parse(body)?;
             AdminOp::CreatePool {
@@ -476,7 +487,6 @@ fn operation(
                 force: p.force,
             }
         }
-        ("GET", "pools/{pool}") => AdminOp::ShowPool(param(0)),
         ("DELETE", "pools/{pool}") => AdminOp::DeletePool(param(0)),
         ("POST", "pools/{pool}/devices") => {
             let add: AddDevices = parse(body)?;
@@ -500,9 +510,7 @@ fn operation(
                 })?,
             }
         }
-        ("GET", "volumes") => AdminOp::ListVolumes,
         ("POST", "volumes") => create_volume(parse(body)?)?,
-        ("GET", "volumes/{volume}") => AdminOp::ShowVolume(param(0)),
         ("DELETE", "volumes/{volume}") => AdminOp::DeleteVolume {
             name: param(0),
             force: request.query.split('&').any(|q| q == "force=true"),
@@ -532,7 +540,6 @@ fn operation(
             volume: param(0),
             name: param(1),
         },
-        ("GET", "hosts") => AdminOp::ListHosts,
         ("POST", "hosts") => {
             let host: CreateHost = parse(body)?;
             AdminOp::CreateHost {
@@ -548,9 +555,10 @@ fn operation(
             name: param(0),
             changes: secret_changes(body)?,
         },
-        ("GET", "hosts/{host}") => AdminOp::ShowHost(param(0)),
         ("DELETE", "hosts/{host}") => AdminOp::DeleteHost(param(0)),
-        _ => unreachable!("every route in ROUTES but stats has an operation: {method} {pattern}"),
+        _ => {
+            unreachable!("every route in ROUTES but the reads has an operation: {method} {pattern}")
+        }
     })
 }
 
@@ -672,6 +680,11 @@ fn parse<T: for<'de> Deserialize<'de>>(body: &[u8]) -> Result<T, Response> {
 /// The JSON of a view.
 fn json_of(view: impl serde::Serialize) -> Value {
     serde_json::to_value(view).expect("views serialise")
+}
+
+/// The view `V` of each of `items`.
+fn list<'a, T, V: From<&'a T>>(items: &'a [T]) -> Vec<V> {
+    items.iter().map(V::from).collect()
 }
 
 fn no_route(request: &Request) -> Response {

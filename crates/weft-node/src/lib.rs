@@ -4,9 +4,15 @@
 //! - [`manager`]: the volume manager thread, the only owner of the node's
 //!   pools. It serves the data plane's slow path (first writes,
 //!   copy-on-write, deallocation, volume Flush) and admin operations
-//!   (pools, volumes, snapshots, hosts, attachments, QoS), commits the
-//!   desired state (weft-control) before it acknowledges a change, and hands
-//!   the data plane new exports after every change.
+//!   (pools, volumes, snapshots, hosts, attachments, QoS) from two queues,
+//!   every waiting I/O before the next admin operation; commits the desired
+//!   state (weft-control) before it acknowledges a change; and hands the
+//!   data plane new exports after every change. Its public surface: opening
+//!   it ([`Manager::open`]), a [`ManagerHandle`] to submit admin operations
+//!   (and, for the reactors, slow-path I/O), and a [`StatusReader`].
+//! - [`status`]: what the node reports (pools, volumes, hosts) as domain
+//!   structs, read from a snapshot the manager publishes after every change,
+//!   never through its queues.
 //! - [`exports`]: the configured subsystems (files, block devices, RAM) and
 //!   the data plane's exports built from them.
 //! - [`identity`]: the node's identity and the serial numbers and namespace
@@ -26,8 +32,9 @@ pub mod exports;
 pub mod identity;
 pub mod manager;
 pub mod metrics;
+mod queue;
 pub mod status;
 
 pub use identity::NodeId;
-pub use manager::{AdminError, AdminOp, AdminReply, Manager, ManagerHandle};
-pub use status::{Authentication, HostStatus, PoolStatus, VolumeStatus};
+pub use manager::{AdminError, AdminOp, Manager, ManagerHandle};
+pub use status::{Authentication, HostStatus, PoolStatus, StatusReader, VolumeStatus};

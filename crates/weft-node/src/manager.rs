@@ -1,10 +1,19 @@
 //! The volume manager: one thread that owns every pool of the node and is
-//! the only writer of their metadata. It serves two kinds of work in arrival
-//! order — the data plane's slow path (first writes, copy-on-write, I/O
-//! while a volume drains, deallocation, flush) and admin operations (pools,
-//! volumes, snapshots) — and after each change to the set of volumes or
-//! their sizes it hands the data plane new exports, in which every volume is
-//! its own subsystem `nqn.2026-11.io.weft:vol:<name>` with one namespace.
+//! the only writer of their metadata. It serves two kinds of work from two
+//! queues: the data plane's slow path (first writes, copy-on-write, I/O
+//! while a volume drains, deallocation, flush) and admin operations that
+//! change something (pools, volumes, snapshots, hosts, attachments, QoS).
+//! Every I/O request waiting is served before the next admin operation
+//! starts, and between the steps of a long one (flatten), so that admin work
+//! never holds up a host's Flush (see `queue`). After each change to the set
+//! of volumes or their sizes it hands the data plane new exports, in which
+//! every volume is its own subsystem `nqn.2026-11.io.weft:vol:<name>` with
+//! one namespace.
+//!
+//! Nothing reads the node's state through the queues: after every admin
+//! operation, and after every batch of I/O that changed allocation, the
+//! manager publishes a snapshot of its pools, volumes and hosts, which a
+//! [`StatusReader`] reads (see `status`).
 //!
 //! Allocations of many writes that arrive together are made durable by one
 //! journal commit per pool (group commit). What the devices do not hold —
@@ -13,11 +22,15 @@
 //! committed there before it is acknowledged, and exports are rebuilt from
 //! both after a restart.
 
+mod publish;
+
 use crate::identity::NodeId;
-use crate::status::{Authentication, HostStatus, PoolStatus, VolumeStatus};
-use std::collections::{BTreeMap, VecDeque};
+use crate::queue::{Inbox, Next, Refused};
+use crate::status::{Authentication, HostStatus, Published, StatusReader};
+use publish::{MemberUsageCache, Touched};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
+use std::sync::mpsc::{self, Sender};
 use std::sync::Arc;
 use weft_control::{DesiredState, HostRecord, PoolRecord, QosLimits, StoreError, VolumeRecord};
 use weft_proto::auth::{DhchapSecret, HostKeys};
@@ -29,7 +42,7 @@ use weft_target::{
     Backend, DataPlane, Exports, FailedOperation, Health, LimitReached, Meter, NamespaceDevice,
     VolumeBackend, VolumeManager, VolumeOutcome, VolumeRequest, VolumeWork,
 };
-use weft_volume::{DevicePath, FileMedia, Pool, PoolOptions, VolumeError, VolumeInfo, VolumeSpec};
+use weft_volume::{DevicePath, FileMedia, Pool, PoolOptions, VolumeError, VolumeSpec};
 
 /// NQN prefix of volume subsystems.
 pub const VOLUME_NQN_PREFIX: &str = "nqn.2026-11.io.weft:vol:";
@@ -39,13 +52,18 @@ pub const DEFAULT_CHUNK_BYTES: u32 = 1 << 20;
 const FLATTEN_STEP_CHUNKS: usize = 16;
 /// Slow-path requests handled (and committed) together at most.
 const BATCH_MAX: usize = 128;
+/// Admin operations that may wait for the manager; more are refused as busy
+/// at once. Each API connection waits for one, so this is about the API's
+/// connection limit: a deeper queue would only make callers wait longer.
+pub const ADMIN_QUEUE_MAX: u32 = 64;
 
 /// The NQN a volume is served as.
 pub fn volume_nqn(volume: &str) -> String {
     format!("{VOLUME_NQN_PREFIX}{volume}")
 }
 
-/// An admin operation.
+/// An admin operation: a change, made by the manager thread in its turn.
+/// (What the node holds is read through a [`StatusReader`] instead.)
 #[derive(Debug, Clone)]
 pub enum AdminOp {
     /// Create a pool over `devices` (created sparse with `device_bytes` if missing).
@@ -61,10 +79,6 @@ pub enum AdminOp {
         /// Overwrite devices that hold another pool.
         force: bool,
     },
-    /// Every pool.
-    ListPools,
-    /// One pool, with each of its devices.
-    ShowPool(String),
     /// Delete a pool that holds no volume (its devices' superblocks are erased).
     DeletePool(String),
     /// Grow a pool online by `devices` (created sparse with `device_bytes` if missing).
@@ -92,10 +106,6 @@ pub enum AdminOp {
         /// What to create.
         spec: VolumeSpec,
     },
-    /// Every volume.
-    ListVolumes,
-    /// One volume.
-    ShowVolume(String),
     /// Delete a volume (`force`: even with hosts connected).
     DeleteVolume {
         /// Name.
@@ -135,8 +145,6 @@ pub enum AdminOp {
         /// Snapshot name.
         name: String,
     },
-    /// Every host.
-    ListHosts,
     /// Register a host.
     CreateHost {
         /// Name.
@@ -153,8 +161,6 @@ pub enum AdminOp {
         /// Each field `None` keeps the secret, `Some(None)` removes it.
         changes: SecretChanges,
     },
-    /// One host.
-    ShowHost(String),
     /// Forget a host (refused while attached to volumes).
     DeleteHost(String),
     /// Let `host` use `volume`.
@@ -237,25 +243,6 @@ impl QosChanges {
     }
 }
 
-/// What an admin operation returns.
-#[derive(Debug, Clone)]
-pub enum AdminReply {
-    /// Nothing to report.
-    Done,
-    /// Pools.
-    Pools(Vec<PoolStatus>),
-    /// One pool.
-    Pool(Box<PoolStatus>),
-    /// Volumes.
-    Volumes(Vec<VolumeStatus>),
-    /// One volume.
-    Volume(Box<VolumeStatus>),
-    /// Hosts.
-    Hosts(Vec<HostStatus>),
-    /// One host.
-    Host(HostStatus),
-}
-
 /// Why an admin operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum AdminError {
@@ -299,7 +286,7 @@ pub enum AdminError {
     /// The desired state could not be read or written.
     #[error(transparent)]
     Store(#[from] StoreError),
-    /// The volume manager's queue is full.
+    /// The volume manager's queue of admin operations is full.
     #[error("the node is busy: its volume manager has {queue} requests queued, its limit; retry in a moment")]
     ManagerBusy {
         /// The queue's limit.
@@ -310,79 +297,76 @@ pub enum AdminError {
     Node(String),
 }
 
-/// The manager's inbox.
+/// An admin operation waiting for the manager, and where its result goes.
 #[derive(Debug)]
-enum Work {
-    Io(VolumeRequest),
-    Admin(AdminOp, Sender<Result<AdminReply, AdminError>>),
+struct Admin {
+    op: AdminOp,
+    reply: Sender<Result<(), AdminError>>,
 }
 
 /// A handle to the manager thread: the data plane's slow path and the API's
-/// admin calls. Its queue is bounded (`limits.manager_queue`): a reactor never
+/// admin calls, each with a bounded queue of its own (`limits.manager_queue`
+/// I/O requests, [`ADMIN_QUEUE_MAX`] admin operations). A reactor never
 /// waits for room (the I/O is answered "not ready", which a host retries),
 /// nor does an admin call (it is refused as busy).
 #[derive(Debug, Clone)]
 pub struct ManagerHandle {
-    sender: SyncSender<Work>,
-    queue: u32,
-    /// Refusals since the queue was last full (logged once per episode).
-    full: Arc<LimitReached>,
+    inbox: Arc<Inbox<VolumeRequest, Admin>>,
+    io_queue: u32,
+    /// I/O refused since its queue was last full (logged once per episode).
+    io_full: Arc<LimitReached>,
+    /// Admin calls refused since their queue was last full.
+    admin_full: Arc<LimitReached>,
 }
 
 impl VolumeManager for ManagerHandle {
     fn submit(&self, request: VolumeRequest) {
-        let (work, error) = match self.try_send(Work::Io(request)).map_err(|e| *e) {
-            Ok(()) => return,
-            Err(mpsc::TrySendError::Full(work)) => (work, IoError::Busy),
-            Err(mpsc::TrySendError::Disconnected(work)) => (work, IoError::Other),
+        let (request, error) = match self.inbox.push_io(request) {
+            Ok(()) => {
+                if let Some(refused) = self.io_full.admit() {
+                    log::info!("the volume manager's I/O queue has room again ({refused} requests refused)");
+                }
+                return;
+            }
+            Err(Refused::Full(request)) => {
+                if self.io_full.refuse() {
+                    log::warn!(
+                        "the volume manager has {} I/O requests queued, its limit (limits.manager_queue in weft.toml): I/O that needs it is answered Namespace Not Ready (hosts retry) until it catches up",
+                        self.io_queue
+                    );
+                }
+                (request, IoError::Busy)
+            }
+            Err(Refused::Stopped(request)) => (request, IoError::Other),
         };
-        if let Work::Io(request) = work {
-            request.reply.send(VolumeOutcome::Done(Err(error)));
-        }
+        request.reply.send(VolumeOutcome::Done(Err(error)));
     }
 }
 
 impl ManagerHandle {
     /// Runs an admin operation and waits for its result.
-    pub fn call(&self, op: AdminOp) -> Result<AdminReply, AdminError> {
+    pub fn call(&self, op: AdminOp) -> Result<(), AdminError> {
+        let stopped = || AdminError::Node("the volume manager has stopped".into());
         let (reply, result) = mpsc::channel();
-        match self.try_send(Work::Admin(op, reply)).map_err(|e| *e) {
-            Ok(()) => {}
-            Err(mpsc::TrySendError::Full(_)) => {
-                return Err(AdminError::ManagerBusy { queue: self.queue })
-            }
-            Err(mpsc::TrySendError::Disconnected(_)) => {
-                return Err(AdminError::Node("the volume manager has stopped".into()))
-            }
-        }
-        result
-            .recv()
-            .map_err(|_| AdminError::Node("the volume manager has stopped".into()))?
-    }
-
-    /// Queues `work` without waiting; a full queue is logged once until it
-    /// has room again. The work comes back (boxed: only on refusal) with why.
-    fn try_send(&self, work: Work) -> Result<(), Box<mpsc::TrySendError<Work>>> {
-        match self.sender.try_send(work) {
+        match self.inbox.push_admin(Admin { op, reply }) {
             Ok(()) => {
-                if let Some(refused) = self.full.admit() {
+                if let Some(refused) = self.admin_full.admit() {
                     log::info!(
-                        "the volume manager's queue has room again ({refused} requests refused)"
+                        "the volume manager's admin queue has room again ({refused} calls refused)"
                     );
                 }
-                Ok(())
             }
-            Err(error) => {
-                let full = matches!(error, mpsc::TrySendError::Full(_));
-                if full && self.full.refuse() {
-                    log::warn!(
-                        "the volume manager has {} requests queued, its limit (limits.manager_queue in weft.toml): I/O that needs it is answered Namespace Not Ready (hosts retry) and admin calls busy until it catches up",
-                        self.queue
-                    );
+            Err(Refused::Full(_)) => {
+                if self.admin_full.refuse() {
+                    log::warn!("the volume manager has {ADMIN_QUEUE_MAX} admin operations queued, its limit: admin calls are answered busy until it catches up");
                 }
-                Err(Box::new(error))
+                return Err(AdminError::ManagerBusy {
+                    queue: ADMIN_QUEUE_MAX,
+                });
             }
+            Err(Refused::Stopped(_)) => return Err(stopped()),
         }
+        result.recv().map_err(|_| stopped())?
     }
 }
 
@@ -398,14 +382,17 @@ pub struct Manager {
     /// Each volume's QoS limits and statistics, kept across exports updates.
     meters: BTreeMap<String, Arc<Meter>>,
     handle: ManagerHandle,
-    inbox: Receiver<Work>,
     generation: u64,
-    deferred: VecDeque<Work>,
+    /// Where the node's status is published for readers.
+    published: Arc<Published>,
+    /// Each pool's member usage, recomputed at most once a second while I/O allocates.
+    member_usage: MemberUsageCache,
 }
 
 impl Manager {
     /// Opens every pool the desired state lists. `base` holds the configured
-    /// (non-volume) subsystems; at most `queue` requests wait for the manager.
+    /// (non-volume) subsystems; at most `queue` slow-path I/O requests wait
+    /// for the manager.
     pub fn open(
         desired: DesiredState,
         node: NodeId,
@@ -434,9 +421,8 @@ impl Manager {
             .keys()
             .map(|name| (name.clone(), Arc::default()))
             .collect();
-        let (sender, inbox) = mpsc::sync_channel(queue as usize);
         let generation = base.config.generation;
-        Ok(Manager {
+        let mut manager = Manager {
             node,
             base,
             pools,
@@ -444,19 +430,28 @@ impl Manager {
             desired,
             meters: BTreeMap::new(),
             handle: ManagerHandle {
-                sender,
-                queue,
-                full: Arc::default(),
+                inbox: Arc::new(Inbox::new(queue as usize, ADMIN_QUEUE_MAX as usize)),
+                io_queue: queue,
+                io_full: Arc::default(),
+                admin_full: Arc::default(),
             },
-            inbox,
             generation,
-            deferred: VecDeque::new(),
-        })
+            published: Arc::default(),
+            member_usage: MemberUsageCache::default(),
+        };
+        manager.publish();
+        Ok(manager)
     }
 
     /// The handle (clone it for the API).
     pub fn handle(&self) -> ManagerHandle {
         self.handle.clone()
+    }
+
+    /// What the node reports, read without entering the manager's queues;
+    /// `plane` tells who is connected and what I/O it served.
+    pub fn status(&self, plane: Arc<DataPlane>) -> StatusReader {
+        StatusReader::new(Arc::clone(&self.published), plane)
     }
 
     /// The exports: configured subsystems plus one per volume.
@@ -532,43 +527,54 @@ impl Manager {
     }
 
     fn run(mut self, plane: &DataPlane) {
+        let inbox = Arc::clone(&self.handle.inbox);
+        let _stop = StopOnExit(&inbox);
         loop {
-            let first = match self.deferred.pop_front() {
-                Some(work) => work,
-                None => match self.inbox.recv() {
-                    Ok(work) => work,
-                    Err(_) => return,
-                },
-            };
-            let mut batch = vec![first];
-            while batch.len() < BATCH_MAX {
-                match self.inbox.try_recv() {
-                    Ok(work) => batch.push(work),
-                    Err(_) => break,
+            match inbox.next(BATCH_MAX, self.member_usage.refresh_due()) {
+                Next::Io(batch) => self.serve_io(batch),
+                Next::Admin(Admin { op, reply }) => {
+                    let result = self.admin(op, plane);
+                    // Published before the caller hears back, so that what
+                    // it reads next shows its change.
+                    self.publish();
+                    let _ = reply.send(result);
                 }
+                Next::Idle => self.publish_member_usage(),
             }
-            self.handle_batch(batch, plane);
         }
     }
 
-    fn handle_batch(&mut self, batch: Vec<Work>, plane: &DataPlane) {
+    /// Serves a batch of slow-path requests: one commit per pool for the
+    /// writes among them, then the new figures are published, then the
+    /// writes are let retry.
+    fn serve_io(&mut self, batch: Vec<VolumeRequest>) {
         let mut prepared = Vec::new();
-        for work in batch {
-            match work {
-                Work::Io(request) => {
-                    if let Some(request) = self.handle_io(request) {
-                        prepared.push(request);
-                    }
-                }
-                Work::Admin(op, reply) => {
-                    // Allocations staged so far are committed before an admin change.
-                    self.finish_prepared(&mut prepared);
-                    let result = self.admin(op, plane);
-                    let _ = reply.send(result);
-                }
-            }
+        let mut touched = Touched::default();
+        for request in batch {
+            touched.note(&request);
+            prepared.extend(self.handle_io(request));
         }
-        self.finish_prepared(&mut prepared);
+        let committed = self.commit_prepared(&prepared);
+        self.publish_touched(&touched);
+        for request in prepared {
+            let outcome = match committed[&request.pool] {
+                Ok(()) => VolumeOutcome::Retry,
+                Err(error) => VolumeOutcome::Done(Err(error)),
+            };
+            request.reply.send(outcome);
+        }
+    }
+
+    /// Serves every slow-path request waiting now (between the steps of a
+    /// long admin operation).
+    fn serve_waiting_io(&mut self) {
+        loop {
+            let batch = self.handle.inbox.take_io(BATCH_MAX);
+            if batch.is_empty() {
+                return;
+            }
+            self.serve_io(batch);
+        }
     }
 
     /// Serves one slow-path request; a prepared write waits for the group
@@ -613,13 +619,13 @@ impl Manager {
         None
     }
 
-    /// Commits every pool with staged allocations, then lets the writes retry.
-    fn finish_prepared(&mut self, prepared: &mut Vec<VolumeRequest>) {
-        if prepared.is_empty() {
-            return;
-        }
-        let mut committed: BTreeMap<String, Result<(), IoError>> = BTreeMap::new();
-        for request in prepared.iter() {
+    /// Commits every pool with staged allocations: the result per pool.
+    fn commit_prepared(
+        &mut self,
+        prepared: &[VolumeRequest],
+    ) -> BTreeMap<String, Result<(), IoError>> {
+        let mut committed = BTreeMap::new();
+        for request in prepared {
             if !committed.contains_key(&request.pool) {
                 let pool = self.pools.get_mut(&request.pool).expect("checked");
                 let result = pool.commit().map_err(|error| io_error(&error));
@@ -627,16 +633,10 @@ impl Manager {
                 committed.insert(request.pool.clone(), result);
             }
         }
-        for request in prepared.drain(..) {
-            let outcome = match committed[&request.pool] {
-                Ok(()) => VolumeOutcome::Retry,
-                Err(error) => VolumeOutcome::Done(Err(error)),
-            };
-            request.reply.send(outcome);
-        }
+        committed
     }
 
-    fn admin(&mut self, op: AdminOp, plane: &DataPlane) -> Result<AdminReply, AdminError> {
+    fn admin(&mut self, op: AdminOp, plane: &DataPlane) -> Result<(), AdminError> {
         let exports_change = matches!(
             op,
             AdminOp::CreateVolume { .. }
@@ -646,7 +646,7 @@ impl Manager {
                 | AdminOp::Detach { .. }
                 | AdminOp::SetHostSecrets { .. }
         );
-        let reply = match op {
+        match op {
             AdminOp::CreatePool {
                 name,
                 devices,
@@ -654,27 +654,15 @@ impl Manager {
                 device_bytes,
                 force,
             } => self.create_pool(name, devices, chunk_bytes, device_bytes, force)?,
-            AdminOp::ListPools => AdminReply::Pools(self.pool_statuses()?),
-            AdminOp::ShowPool(name) => AdminReply::Pool(Box::new(self.pool_status(&name)?)),
             AdminOp::AddDevices {
                 pool,
                 devices,
                 device_bytes,
-            } => {
-                self.add_devices(&pool, devices, device_bytes, plane)?;
-                AdminReply::Done
-            }
-            AdminOp::DeletePool(name) => {
-                self.delete_pool(&name)?;
-                AdminReply::Done
-            }
-            AdminOp::ClearPoolFailure(name) => {
-                self.clear_pool_failure(&name, plane)?;
-                AdminReply::Done
-            }
+            } => self.add_devices(&pool, devices, device_bytes, plane)?,
+            AdminOp::DeletePool(name) => self.delete_pool(&name)?,
+            AdminOp::ClearPoolFailure(name) => self.clear_pool_failure(&name, plane)?,
             AdminOp::ClearNamespaceFailure { nqn, nsid } => {
-                self.clear_namespace_failure(&nqn, nsid)?;
-                AdminReply::Done
+                self.clear_namespace_failure(&nqn, nsid)?
             }
             AdminOp::CreateVolume { pool, spec } => {
                 self.check_volume_name_free(&spec.name)?;
@@ -685,22 +673,12 @@ impl Manager {
                     spec.size_bytes,
                     if spec.thick { ", thick" } else { "" }
                 );
-                AdminReply::Done
             }
-            AdminOp::ListVolumes => AdminReply::Volumes(self.volume_statuses(plane)),
-            AdminOp::ShowVolume(name) => {
-                let pool = self.pool_of(&name)?;
-                AdminReply::Volume(Box::new(self.volume_status(&pool, &name, plane)?))
-            }
-            AdminOp::DeleteVolume { name, force } => {
-                self.delete_volume(&name, force, plane)?;
-                AdminReply::Done
-            }
+            AdminOp::DeleteVolume { name, force } => self.delete_volume(&name, force, plane)?,
             AdminOp::ResizeVolume { name, size_bytes } => {
                 let pool = self.pool_of(&name)?;
                 self.pool_mut(&pool)?.resize_volume(&name, size_bytes)?;
                 log::info!("volume {name} resized to {size_bytes} bytes");
-                AdminReply::Done
             }
             AdminOp::CloneVolume {
                 volume,
@@ -712,50 +690,22 @@ impl Manager {
                 self.pool_mut(&pool)?
                     .clone_volume(&volume, &snapshot, &name)?;
                 log::info!("volume {name} cloned from {volume}@{snapshot}");
-                AdminReply::Done
             }
-            AdminOp::FlattenVolume(name) => {
-                self.flatten(&name)?;
-                AdminReply::Done
-            }
+            AdminOp::FlattenVolume(name) => self.flatten(&name)?,
             AdminOp::CreateSnapshot { volume, name } => {
                 let pool = self.pool_of(&volume)?;
                 self.pool_mut(&pool)?.create_snapshot(&volume, &name)?;
                 log::info!("snapshot {volume}@{name} created");
-                AdminReply::Done
             }
             AdminOp::DeleteSnapshot { volume, name } => {
                 let pool = self.pool_of(&volume)?;
                 self.pool_mut(&pool)?.delete_snapshot(&volume, &name)?;
-                AdminReply::Done
             }
-            AdminOp::ListHosts => AdminReply::Hosts(self.host_statuses()?),
-            AdminOp::CreateHost { name, nqn, secrets } => {
-                self.create_host(&name, nqn, secrets)?;
-                AdminReply::Done
-            }
-            AdminOp::SetHostSecrets { name, changes } => {
-                self.set_host_secrets(&name, changes)?;
-                AdminReply::Done
-            }
-            AdminOp::ShowHost(name) => AdminReply::Host(
-                self.host_statuses()?
-                    .into_iter()
-                    .find(|h| h.name == name)
-                    .ok_or_else(|| not_found("host", &name))?,
-            ),
-            AdminOp::DeleteHost(name) => {
-                self.delete_host(&name)?;
-                AdminReply::Done
-            }
-            AdminOp::Attach { volume, host } => {
-                self.change_attachment(&volume, &host, true)?;
-                AdminReply::Done
-            }
-            AdminOp::Detach { volume, host } => {
-                self.change_attachment(&volume, &host, false)?;
-                AdminReply::Done
-            }
+            AdminOp::CreateHost { name, nqn, secrets } => self.create_host(&name, nqn, secrets)?,
+            AdminOp::SetHostSecrets { name, changes } => self.set_host_secrets(&name, changes)?,
+            AdminOp::DeleteHost(name) => self.delete_host(&name)?,
+            AdminOp::Attach { volume, host } => self.change_attachment(&volume, &host, true)?,
+            AdminOp::Detach { volume, host } => self.change_attachment(&volume, &host, false)?,
             AdminOp::SetQos { volume, changes } => {
                 let mut record = self.volume_record_checked(&volume)?;
                 changes.apply(&mut record.qos);
@@ -764,7 +714,6 @@ impl Manager {
                     meter.set_limits(data_plane_limits(&record.qos));
                 }
                 log::info!("volume {volume}: limits {:?}", record.qos);
-                AdminReply::Done
             }
             AdminOp::Flush => {
                 for (name, pool) in &mut self.pools {
@@ -772,13 +721,12 @@ impl Manager {
                     note_pool_failure(pool, &self.health[name]);
                     result?;
                 }
-                AdminReply::Done
             }
-        };
+        }
         if exports_change {
             plane.update_exports(self.exports());
         }
-        Ok(reply)
+        Ok(())
     }
 
     fn create_pool(
@@ -788,7 +736,7 @@ impl Manager {
         chunk_bytes: u32,
         device_bytes: Option<u64>,
         force: bool,
-    ) -> Result<AdminReply, AdminError> {
+    ) -> Result<(), AdminError> {
         weft_volume::check_name("pool", &name)?;
         if self.pools.contains_key(&name) {
             return Err(VolumeError::Exists { kind: "pool", name }.into());
@@ -834,7 +782,7 @@ impl Manager {
             weft_storage::human_bytes(u64::from(chunk_bytes))
         );
         self.pools.insert(name, pool);
-        Ok(AdminReply::Done)
+        Ok(())
     }
 
     fn delete_volume(
@@ -1022,7 +970,7 @@ impl Manager {
     }
 
     /// Flattens in steps, serving waiting slow-path I/O between steps (admin
-    /// work waits for the flatten to finish).
+    /// operations wait in their queue for the flatten to finish).
     fn flatten(&mut self, name: &str) -> Result<(), AdminError> {
         let pool = self.pool_of(name)?;
         let mut from = 0;
@@ -1035,14 +983,7 @@ impl Manager {
                 return Ok(());
             };
             from = next;
-            let mut prepared = Vec::new();
-            while let Ok(work) = self.inbox.try_recv() {
-                match work {
-                    Work::Io(request) => prepared.extend(self.handle_io(request)),
-                    admin => self.deferred.push_back(admin),
-                }
-            }
-            self.finish_prepared(&mut prepared);
+            self.serve_waiting_io();
         }
     }
 
@@ -1163,35 +1104,20 @@ impl Manager {
             })
     }
 
+    /// The desired-state record of every volume on the node's pools, by name.
+    fn volume_records(&self) -> BTreeMap<String, VolumeRecord> {
+        self.pools
+            .values()
+            .flat_map(|pool| pool.volumes())
+            .map(|volume| {
+                let record = self.volume_record(&volume.name, &volume.id);
+                (volume.name.clone(), record)
+            })
+            .collect()
+    }
+
     fn host_statuses(&self) -> Result<Vec<HostStatus>, AdminError> {
-        // Only records of live volumes count (see `DesiredState::volume`).
-        let records: Vec<(String, VolumeRecord)> = self
-            .desired
-            .volumes()?
-            .into_keys()
-            .filter_map(|volume| {
-                let record = self.volume_record_checked(&volume).ok()?;
-                Some((volume, record))
-            })
-            .collect();
-        let hosts = self.desired.hosts()?;
-        Ok(hosts
-            .into_iter()
-            .map(|(name, host)| HostStatus {
-                volumes: records
-                    .iter()
-                    .filter(|(_, record)| record.hosts.contains(&name))
-                    .map(|(volume, _)| volume.clone())
-                    .collect(),
-                name,
-                authentication: match (&host.dhchap_secret, &host.dhchap_ctrl_secret) {
-                    (None, _) => Authentication::None,
-                    (Some(_), None) => Authentication::Host,
-                    (Some(_), Some(_)) => Authentication::Bidirectional,
-                },
-                nqn: host.nqn,
-            })
-            .collect())
+        Ok(host_statuses(self.desired.hosts()?, &self.volume_records()))
     }
 
     fn check_volume_name_free(&self, name: &str) -> Result<(), AdminError> {
@@ -1217,73 +1143,45 @@ impl Manager {
             .get_mut(name)
             .ok_or_else(|| not_found("pool", name))
     }
+}
 
-    fn pool_statuses(&self) -> Result<Vec<PoolStatus>, AdminError> {
-        Ok(self
-            .desired
-            .pools()?
-            .into_iter()
-            .filter_map(|(name, record)| {
-                let pool = self.pools.get(&name)?;
-                Some(PoolStatus {
-                    devices: record.devices,
-                    info: pool.info(),
-                    members: pool.member_usage().into(),
-                    failure: self.pool_failure(&name, pool),
-                })
-            })
-            .collect())
+/// Stops the inbox when the manager thread ends (it only ends by a panic):
+/// the I/O waiting is answered with an error and the admin callers hear that
+/// the manager stopped, instead of waiting forever; later calls are refused.
+struct StopOnExit<'a>(&'a Inbox<VolumeRequest, Admin>);
+
+impl Drop for StopOnExit<'_> {
+    fn drop(&mut self) {
+        let (io, _admin) = self.0.stop();
+        for request in io {
+            request.reply.send(VolumeOutcome::Done(Err(IoError::Other)));
+        }
     }
+}
 
-    fn pool_status(&self, name: &str) -> Result<PoolStatus, AdminError> {
-        self.pool_statuses()?
-            .into_iter()
-            .find(|p| p.info.name == name)
-            .ok_or_else(|| not_found("pool", name))
-    }
-
-    /// Why a pool failed, as the data plane or the pool itself saw it.
-    fn pool_failure(&self, name: &str, pool: &Pool<FileMedia>) -> Option<String> {
-        let data_plane = self.health.get(name).and_then(|h| h.failure());
-        pool.failure()
-            .map(str::to_string)
-            .or_else(|| data_plane.map(|failure| failure.to_string()))
-    }
-
-    fn volume_statuses(&self, plane: &DataPlane) -> Vec<VolumeStatus> {
-        self.pools
-            .iter()
-            .flat_map(|(pool_name, pool)| {
-                pool.volumes()
-                    .filter_map(|v| self.volume_status(pool_name, &v.name, plane).ok())
-                    .collect::<Vec<_>>()
-            })
-            .collect()
-    }
-
-    fn volume_status(
-        &self,
-        pool: &str,
-        name: &str,
-        plane: &DataPlane,
-    ) -> Result<VolumeStatus, AdminError> {
-        let info: VolumeInfo = self
-            .pools
-            .get(pool)
-            .ok_or_else(|| AdminError::Node(format!("pool {pool} vanished")))?
-            .volume_info(name)?;
-        let nqn = volume_nqn(name);
-        let record = self.volume_record(name, &info.id);
-        Ok(VolumeStatus {
-            failure: self.pool_failure(pool, &self.pools[pool]),
-            hosts: record.hosts.into_iter().collect(),
-            qos: record.qos,
-            pool: pool.to_string(),
-            connected_hosts: plane.connected_hosts(&nqn),
-            nqn,
-            info,
+/// Every host, with the volumes attached to it (`records`: those of the
+/// live volumes, whose records alone count; see `DesiredState::volume`).
+fn host_statuses(
+    hosts: BTreeMap<String, HostRecord>,
+    records: &BTreeMap<String, VolumeRecord>,
+) -> Vec<HostStatus> {
+    hosts
+        .into_iter()
+        .map(|(name, host)| HostStatus {
+            volumes: records
+                .iter()
+                .filter(|(_, record)| record.hosts.contains(&name))
+                .map(|(volume, _)| volume.clone())
+                .collect(),
+            name,
+            authentication: match (&host.dhchap_secret, &host.dhchap_ctrl_secret) {
+                (None, _) => Authentication::None,
+                (Some(_), None) => Authentication::Host,
+                (Some(_), Some(_)) => Authentication::Bidirectional,
+            },
+            nqn: host.nqn,
         })
-    }
+        .collect()
 }
 
 /// Refuses an empty device list, or a device that is (or is being added as)
@@ -1418,7 +1316,7 @@ fn allowed_host(name: &str, host: &HostRecord) -> Option<AllowedHost> {
     })
 }
 
-fn not_found(kind: &'static str, name: &str) -> AdminError {
+pub(crate) fn not_found(kind: &'static str, name: &str) -> AdminError {
     VolumeError::NotFound {
         kind,
         name: name.to_string(),
@@ -1448,11 +1346,11 @@ fn nonce() -> [u8; 16] {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::status::NodeSnapshot;
     use weft_proto::target::{AddressFamily, ListenerConfig};
 
-    /// A manager with no pools whose thread is not running, queue of `queue`.
-    fn idle_manager(queue: u32) -> Manager {
-        let desired = DesiredState::new(Box::new(weft_control::MemoryStore::default()), "n1");
+    /// A manager of the pools `desired` lists whose thread is not running.
+    pub(super) fn idle_manager(desired: DesiredState) -> Manager {
         let config = TargetConfig {
             subsystems: Vec::new(),
             listeners: vec![ListenerConfig {
@@ -1466,26 +1364,207 @@ mod tests {
             generation: 1,
         };
         let base = Arc::new(Exports::new(Arc::new(config), Vec::new()));
-        Manager::open(desired, NodeId([7; 16]), base, queue).unwrap()
+        Manager::open(desired, NodeId([7; 16]), base, 16).unwrap()
     }
 
-    /// The queue is bounded: when it is full, an admin call is refused as
-    /// busy at once instead of waiting (or growing the queue without limit).
+    fn empty_desired_state() -> DesiredState {
+        DesiredState::new(Box::new(weft_control::MemoryStore::default()), "n1")
+    }
+
+    /// The NQN of host "h" of [`pool_with_volume`].
+    const HOST_NQN: &str = "nqn.2014-08.org.nvmexpress:uuid:h";
+
+    /// Desired state with pool "p" (one 64 MiB file in a directory named
+    /// after `test`, 1 MiB allocation units) holding thin volume "v" of
+    /// 8 MiB, attached to host "h"; the pool is made before a manager opens
+    /// it. The directory comes back too (for the test to remove).
+    pub(super) fn pool_with_volume(test: &str) -> (DesiredState, PathBuf) {
+        let dir = std::env::temp_dir().join(format!("weft-node-{test}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let devices = vec![dir.join("d0.img")];
+        let media = FileMedia::open(&devices, Some(64 << 20)).unwrap();
+        let options = PoolOptions {
+            name: "p".into(),
+            chunk_bytes: DEFAULT_CHUNK_BYTES,
+            uuid: [1; 16],
+        };
+        let mut pool = Pool::create(media, options).unwrap();
+        let spec = VolumeSpec {
+            name: "v".into(),
+            size_bytes: 8 << 20,
+            block_size: 4096,
+            thick: false,
+        };
+        pool.create_volume(&spec).unwrap();
+        let id = crate::identity::hex(&pool.volume_info("v").unwrap().id);
+        drop(pool);
+        let mut desired = empty_desired_state();
+        let record = PoolRecord {
+            devices,
+            adding: Vec::new(),
+        };
+        desired.put_pool("p", &record).unwrap();
+        let host = HostRecord {
+            nqn: HOST_NQN.into(),
+            dhchap_secret: None,
+            dhchap_ctrl_secret: None,
+        };
+        desired.put_host("h", &host).unwrap();
+        let volume = VolumeRecord {
+            id,
+            hosts: ["h".to_string()].into(),
+            qos: QosLimits {
+                iops_max: Some(1000),
+                ..QosLimits::default()
+            },
+        };
+        desired.put_volume("v", &volume).unwrap();
+        (desired, dir)
+    }
+
+    /// The admin queue is bounded: when it is full, an admin call is refused
+    /// as busy at once instead of waiting (or growing the queue without limit).
     #[test]
-    fn a_full_manager_queue_refuses_instead_of_growing() {
-        let manager = idle_manager(2);
+    fn a_full_admin_queue_refuses_instead_of_growing() {
+        let manager = idle_manager(empty_desired_state());
         let handle = manager.handle();
         let (reply, _answers) = mpsc::channel();
-        for _ in 0..2 {
-            handle
-                .try_send(Work::Admin(AdminOp::ListPools, reply.clone()))
-                .unwrap();
+        for _ in 0..ADMIN_QUEUE_MAX {
+            let admin = Admin {
+                op: AdminOp::Flush,
+                reply: reply.clone(),
+            };
+            handle.inbox.push_admin(admin).unwrap();
         }
-        let error = handle.call(AdminOp::ListPools).unwrap_err();
+        let error = handle.call(AdminOp::Flush).unwrap_err();
         assert!(
-            matches!(error, AdminError::ManagerBusy { queue: 2 }),
+            matches!(
+                error,
+                AdminError::ManagerBusy {
+                    queue: ADMIN_QUEUE_MAX
+                }
+            ),
             "{error}"
         );
         assert!(error.to_string().contains("retry in a moment"), "{error}");
+    }
+
+    /// Reads never enter the manager's queues: with its thread not running
+    /// and its admin queue full, what it published answers every read.
+    #[test]
+    fn reads_are_answered_from_the_published_snapshot_without_the_manager() {
+        let (desired, dir) = pool_with_volume("snapshot");
+        let manager = idle_manager(desired);
+        let (reply, _answers) = mpsc::channel();
+        for _ in 0..ADMIN_QUEUE_MAX {
+            let admin = Admin {
+                op: AdminOp::Flush,
+                reply: reply.clone(),
+            };
+            manager.handle.inbox.push_admin(admin).unwrap();
+        }
+        let snapshot = manager.published.load();
+        let pools = snapshot.pools();
+        assert_eq!(pools.len(), 1);
+        assert_eq!(pools[0].info.name, "p");
+        assert_eq!(pools[0].devices, manager.pools["p"].media().paths());
+        assert_eq!(pools[0].members.len(), 1);
+        assert_eq!(pools[0].failure, None);
+        let connected = |nqn: &str| vec![format!("host of {nqn}")];
+        let volume = snapshot.volume("v", &connected).unwrap();
+        assert_eq!(volume.pool, "p");
+        assert_eq!(volume.nqn, "nqn.2026-11.io.weft:vol:v");
+        assert_eq!(volume.info.size_bytes, 8 << 20);
+        assert_eq!(volume.hosts, ["h"]);
+        assert_eq!(volume.qos.iops_max, Some(1000));
+        assert_eq!(
+            volume.connected_hosts,
+            ["host of nqn.2026-11.io.weft:vol:v"]
+        );
+        assert_eq!(snapshot.volumes(&connected), [volume]);
+        assert!(matches!(
+            snapshot.volume("w", &connected),
+            Err(AdminError::Volume(VolumeError::NotFound {
+                kind: "volume",
+                ..
+            }))
+        ));
+        assert_eq!(snapshot.hosts.len(), 1);
+        assert_eq!(snapshot.hosts[0].volumes, ["v"]);
+        assert_eq!(snapshot.hosts[0].authentication, Authentication::None);
+        // A failure the data plane sees shows at once, without a new snapshot.
+        manager.health["p"].fail(FailedOperation::Sync, &std::io::Error::from_raw_os_error(5));
+        let failure = snapshot.pools()[0].failure.clone().unwrap();
+        assert!(failure.starts_with("fdatasync failed"), "{failure}");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// Through the data plane: a host's first write that reaches the
+    /// manager behind two admin operations is served (its allocation
+    /// committed and published) before either of them.
+    #[test]
+    fn a_host_write_queued_behind_admin_operations_is_served_first() {
+        let (desired, dir) = pool_with_volume("order");
+        let mut manager = idle_manager(desired);
+        let address = "127.0.0.1:0".parse().unwrap();
+        let plane = DataPlane::start(
+            manager.exports(),
+            &[address],
+            1,
+            std::time::Duration::ZERO,
+            weft_target::PeerLimits::DEFAULT,
+        )
+        .unwrap();
+        let plane = Arc::new(plane);
+        let url = format!("nvme-tcp://{}/{}", plane.listening[0], volume_nqn("v"));
+        let options = weft_initiator::ConnectOptions {
+            host_nqn: HOST_NQN.into(),
+            ..weft_initiator::ConnectOptions::default()
+        };
+        let url = weft_initiator::TargetUrl::parse(&url).unwrap();
+        let controller = weft_initiator::Controller::connect(&url, options, 1).unwrap();
+        let mut queue = controller.open_io_queue(1).unwrap();
+        // The manager's thread is not running yet: two admin operations
+        // wait, then the host's first write joins them.
+        let handle = manager.handle();
+        let mut replies = Vec::new();
+        for iops in [2000, 3000] {
+            let (reply, result) = mpsc::channel();
+            let changes = QosChanges {
+                iops_max: Some(Some(iops)),
+                ..QosChanges::default()
+            };
+            let volume = "v".to_string();
+            let op = AdminOp::SetQos { volume, changes };
+            handle.inbox.push_admin(Admin { op, reply }).unwrap();
+            replies.push(result);
+        }
+        let writer = std::thread::spawn(move || queue.write(1, 0, 4096, &[0xab; 4096]));
+        let waited = std::time::Instant::now();
+        while handle.inbox.queued() != (1, 2) {
+            assert!(waited.elapsed().as_secs() < 10, "{:?}", handle.inbox);
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let published = Arc::clone(&manager.published);
+        manager.spawn(Arc::clone(&plane)).unwrap();
+        writer.join().unwrap().unwrap();
+        for result in replies {
+            result.recv().unwrap().unwrap();
+        }
+        // The order of the manager's work, read from what it published.
+        let history = published.history.lock().unwrap();
+        let volume = |snapshot: &NodeSnapshot| Arc::clone(&snapshot.pools["p"].volumes["v"]);
+        let written = history
+            .iter()
+            .position(|s| volume(s).info.allocated_bytes > 0)
+            .unwrap();
+        let first_admin = history
+            .iter()
+            .position(|s| volume(s).qos.iops_max == Some(2000))
+            .unwrap();
+        assert!(written < first_admin, "{written} {first_admin}");
+        assert_eq!(volume(&history[written]).qos.iops_max, Some(1000));
+        std::fs::remove_dir_all(dir).unwrap();
     }
 }

@@ -2,10 +2,22 @@
 //! structs built from the pools (weft-volume), the desired state
 //! (weft-control) and the data plane. They carry no wire or API form: the
 //! API turns them into its JSON views.
+//!
+//! Reading them never waits for the volume manager: after every admin
+//! operation, and after every batch of slow-path I/O that changed a pool's
+//! allocation, the manager publishes an immutable snapshot, which a
+//! [`StatusReader`] reads (allocation figures may lag by one batch). What
+//! changes without the manager is read live: a failure the data plane saw,
+//! the hosts connected, the I/O statistics.
 
+use crate::manager::{not_found, AdminError};
+use crate::metrics::{self, Stats};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
 use weft_control::QosLimits;
+use weft_target::{DataPlane, Health};
 use weft_volume::{MemberUsage, PoolInfo, VolumeInfo};
 
 /// A pool: its capacity and usage, devices and state.
@@ -15,7 +27,9 @@ pub struct PoolStatus {
     pub devices: Vec<PathBuf>,
     /// Capacity and usage.
     pub info: PoolInfo,
-    /// Each member's share, in stripe order.
+    /// Each member's share, in stripe order. While writes allocate, these
+    /// figures are refreshed at most once a second (computing them reads
+    /// every allocation unit's count); the pool's own figures are not held back.
     pub members: Arc<[MemberUsage]>,
     /// Why it failed (every I/O on its volumes fails until cleared), if it did.
     pub failure: Option<String>,
@@ -62,4 +76,215 @@ pub enum Authentication {
     Host,
     /// Its own and the controller's: each side proves its secret.
     Bidirectional,
+}
+
+/// The node's pools, volumes and hosts as the manager last published them.
+#[derive(Debug, Default)]
+pub(crate) struct NodeSnapshot {
+    /// Every open pool, by name.
+    pub(crate) pools: BTreeMap<String, Arc<PoolSnapshot>>,
+    /// Every host, by name.
+    pub(crate) hosts: Arc<[HostStatus]>,
+}
+
+/// One pool in a [`NodeSnapshot`].
+#[derive(Debug, Clone)]
+pub(crate) struct PoolSnapshot {
+    /// Its devices as the desired state records them (`None`: it records
+    /// no such pool, which is then not listed).
+    pub(crate) devices: Option<Vec<PathBuf>>,
+    pub(crate) info: PoolInfo,
+    pub(crate) members: Arc<[MemberUsage]>,
+    /// The failure the pool itself noticed (a metadata write or sync).
+    pub(crate) failure: Option<String>,
+    /// Its failure flag, shared with the data plane (read live).
+    pub(crate) health: Arc<Health>,
+    /// Its volumes, by name.
+    pub(crate) volumes: BTreeMap<String, Arc<VolumeSnapshot>>,
+}
+
+/// One volume in a [`NodeSnapshot`].
+#[derive(Debug)]
+pub(crate) struct VolumeSnapshot {
+    pub(crate) info: VolumeInfo,
+    /// Names of the hosts attached to it.
+    pub(crate) hosts: Vec<String>,
+    pub(crate) qos: QosLimits,
+}
+
+impl PoolSnapshot {
+    /// Why the pool failed, as the pool itself or the data plane saw it.
+    fn failure(&self) -> Option<String> {
+        self.failure
+            .clone()
+            .or_else(|| self.health.failure().map(|failure| failure.to_string()))
+    }
+
+    fn status(&self, devices: &[PathBuf]) -> PoolStatus {
+        PoolStatus {
+            devices: devices.to_vec(),
+            info: self.info.clone(),
+            members: Arc::clone(&self.members),
+            failure: self.failure(),
+        }
+    }
+}
+
+impl NodeSnapshot {
+    /// Every pool the desired state records, by name.
+    pub(crate) fn pools(&self) -> Vec<PoolStatus> {
+        self.pools
+            .values()
+            .filter_map(|pool| Some(pool.status(pool.devices.as_deref()?)))
+            .collect()
+    }
+
+    /// Every volume, by pool then name; `connected` names the hosts
+    /// connected to a subsystem.
+    pub(crate) fn volumes(&self, connected: &dyn Fn(&str) -> Vec<String>) -> Vec<VolumeStatus> {
+        self.pools
+            .iter()
+            .flat_map(|(name, pool)| {
+                let failure = pool.failure();
+                pool.volumes
+                    .values()
+                    .map(move |volume| volume_status(name, volume, failure.clone(), connected))
+            })
+            .collect()
+    }
+
+    /// Volume `name`.
+    pub(crate) fn volume(
+        &self,
+        name: &str,
+        connected: &dyn Fn(&str) -> Vec<String>,
+    ) -> Result<VolumeStatus, AdminError> {
+        self.pools
+            .iter()
+            .find_map(|(pool_name, pool)| {
+                let volume = pool.volumes.get(name)?;
+                Some(volume_status(pool_name, volume, pool.failure(), connected))
+            })
+            .ok_or_else(|| not_found("volume", name))
+    }
+}
+
+fn volume_status(
+    pool: &str,
+    volume: &VolumeSnapshot,
+    failure: Option<String>,
+    connected: &dyn Fn(&str) -> Vec<String>,
+) -> VolumeStatus {
+    let nqn = crate::manager::volume_nqn(&volume.info.name);
+    VolumeStatus {
+        pool: pool.to_string(),
+        connected_hosts: connected(&nqn),
+        nqn,
+        info: volume.info.clone(),
+        hosts: volume.hosts.clone(),
+        qos: volume.qos,
+        failure,
+    }
+}
+
+/// Where the manager publishes its snapshots: a reader holds the lock only
+/// to clone the current one, so neither side ever waits for the other's work.
+#[derive(Debug, Default)]
+pub(crate) struct Published {
+    current: Mutex<Arc<NodeSnapshot>>,
+    /// Every snapshot published, in order: the tests read the order in
+    /// which the manager did its work from it.
+    #[cfg(test)]
+    pub(crate) history: Mutex<Vec<Arc<NodeSnapshot>>>,
+}
+
+impl Published {
+    /// The latest snapshot.
+    pub(crate) fn load(&self) -> Arc<NodeSnapshot> {
+        Arc::clone(&self.current.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Replaces the snapshot.
+    pub(crate) fn store(&self, snapshot: NodeSnapshot) {
+        let snapshot = Arc::new(snapshot);
+        #[cfg(test)]
+        self.history.lock().unwrap().push(Arc::clone(&snapshot));
+        *self.current.lock().unwrap_or_else(PoisonError::into_inner) = snapshot;
+    }
+}
+
+/// Read-only access to what the node reports: its pools, volumes and hosts
+/// (as the manager last published them), its I/O statistics and metrics.
+/// Nothing here enters the manager's queues.
+#[derive(Debug, Clone)]
+pub struct StatusReader {
+    published: Arc<Published>,
+    plane: Arc<DataPlane>,
+    /// The clock of the statistics' timestamps.
+    started: Instant,
+}
+
+impl StatusReader {
+    pub(crate) fn new(published: Arc<Published>, plane: Arc<DataPlane>) -> StatusReader {
+        StatusReader {
+            published,
+            plane,
+            started: Instant::now(),
+        }
+    }
+
+    /// Every pool, by name.
+    pub fn pools(&self) -> Vec<PoolStatus> {
+        self.published.load().pools()
+    }
+
+    /// Pool `name`.
+    pub fn pool(&self, name: &str) -> Result<PoolStatus, AdminError> {
+        let snapshot = self.published.load();
+        snapshot
+            .pools
+            .get(name)
+            .and_then(|pool| Some(pool.status(pool.devices.as_deref()?)))
+            .ok_or_else(|| not_found("pool", name))
+    }
+
+    /// Every volume, by pool then name.
+    pub fn volumes(&self) -> Vec<VolumeStatus> {
+        self.published
+            .load()
+            .volumes(&|nqn| self.plane.connected_hosts(nqn))
+    }
+
+    /// Volume `name`.
+    pub fn volume(&self, name: &str) -> Result<VolumeStatus, AdminError> {
+        self.published
+            .load()
+            .volume(name, &|nqn| self.plane.connected_hosts(nqn))
+    }
+
+    /// Every host, by name.
+    pub fn hosts(&self) -> Vec<HostStatus> {
+        self.published.load().hosts.to_vec()
+    }
+
+    /// Host `name`.
+    pub fn host(&self, name: &str) -> Result<HostStatus, AdminError> {
+        self.published
+            .load()
+            .hosts
+            .iter()
+            .find(|host| host.name == name)
+            .cloned()
+            .ok_or_else(|| not_found("host", name))
+    }
+
+    /// Every namespace's I/O statistics now.
+    pub fn stats(&self) -> Stats {
+        metrics::collect(&self.plane, &self.started)
+    }
+
+    /// The Prometheus exposition of the statistics and the pools.
+    pub fn prometheus(&self) -> String {
+        metrics::prometheus(&self.stats(), &self.pools())
+    }
 }

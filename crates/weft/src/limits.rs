@@ -14,7 +14,8 @@ use weft_target::PeerLimits;
 pub const API_CONNECTIONS_DEFAULT: u32 = 64;
 /// Time an API client has to send a whole request, by default.
 pub const API_REQUEST_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
-/// Requests the volume manager may have queued, by default (see `volumes`).
+/// Slow-path I/O requests the volume manager may have queued, by default
+/// (admin operations have a queue of their own: weft-node's `ADMIN_QUEUE_MAX`).
 pub const MANAGER_QUEUE_DEFAULT: u32 = 65_536;
 
 /// Every limit of the node.
@@ -29,7 +30,7 @@ pub struct NodeLimits {
     pub api_connections: u32,
     /// Time to send a whole API request.
     pub api_request_timeout: Duration,
-    /// Requests queued for the volume manager.
+    /// Slow-path I/O requests queued for the volume manager.
     pub manager_queue: u32,
 }
 

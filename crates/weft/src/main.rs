@@ -327,6 +327,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         .map_err(|e| e.to_string())?,
     );
     let handle = manager.handle();
+    let status = manager.status(Arc::clone(&plane));
     manager
         .spawn(Arc::clone(&plane))
         .map_err(|e| format!("cannot start the volume manager: {e}"))?;
@@ -353,7 +354,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         api_listen,
         api_tls,
         handle.clone(),
-        Arc::clone(&plane),
+        status,
         api_token.clone(),
         api::ApiLimits {
             connections: config.limits.api_connections,
