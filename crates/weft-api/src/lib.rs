@@ -20,6 +20,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod cluster;
 pub mod token;
 pub mod views;
 
@@ -73,6 +74,11 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "hosts/{host}"),
     ("PATCH", "hosts/{host}"),
     ("DELETE", "hosts/{host}"),
+    ("GET", "nodes"),
+    ("GET", "nodes/{node}"),
+    ("DELETE", "nodes/{node}"),
+    ("POST", "nodes/{node}/cordon"),
+    ("POST", "nodes/{node}/uncordon"),
 ];
 
 /// What every API call shares.
@@ -80,6 +86,8 @@ struct Api {
     manager: ManagerHandle,
     status: StatusReader,
     token: String,
+    /// Set when the node is a member of a cluster.
+    cluster: Option<cluster::Cluster>,
 }
 
 /// How much of the node the API's clients may hold.
@@ -93,7 +101,7 @@ pub struct ApiLimits {
 
 /// Binds `address` and serves the API on a thread; returns the bound
 /// address. Changes go to the node's manager through `manager`; reads come
-/// from `status`.
+/// from `status`; with `cluster`, calls about what other nodes hold go to them.
 pub fn start(
     address: SocketAddr,
     tls: Option<http::tls::Server>,
@@ -101,6 +109,7 @@ pub fn start(
     status: StatusReader,
     token: String,
     limits: ApiLimits,
+    cluster: Option<cluster::Cluster>,
 ) -> Result<SocketAddr, String> {
     let listener = TcpListener::bind(address).map_err(|e| {
         format!("cannot listen on {address} for the API: {e} (choose another with --api-listen)")
@@ -110,6 +119,7 @@ pub fn start(
         manager,
         status,
         token,
+        cluster,
     });
     let busy = Arc::new(BusyCount::default());
     // Clients over the limit are answered 503 by one thread of their own, a
@@ -284,13 +294,47 @@ impl Api {
         if let Err(response) = self.authorize(request) {
             return response;
         }
+        let mut body = None;
+        if pattern.starts_with("nodes") {
+            return match &self.cluster {
+                Some(cluster) => cluster.nodes_call(&request.method, pattern, &params),
+                None => not_a_cluster(),
+            };
+        }
+        if let Some(cluster) = &self.cluster {
+            match cluster.route(pattern, &params, request) {
+                cluster::Route::Local(replaced) => body = replaced,
+                cluster::Route::Forward(node, replaced) => {
+                    return cluster.forward(&node, request, replaced.as_deref(), &self.token)
+                }
+                cluster::Route::Gather => {
+                    return match self.read(&request.method, pattern, &params) {
+                        Some(Ok(local)) => {
+                            let local = cluster::tag_node(local, cluster.node());
+                            cluster.gather(pattern, request, local, &self.token)
+                        }
+                        Some(Err(error)) => admin_failure(&error),
+                        None => unreachable!("gathered routes are reads"),
+                    };
+                }
+                cluster::Route::Respond(response) => return response,
+            }
+        }
         if let Some(read) = self.read(&request.method, pattern, &params) {
             return match read {
-                Ok(view) => (200, view),
+                Ok(view) => (200, self.tag(pattern, view)),
                 Err(error) => admin_failure(&error),
             };
         }
-        let op = match operation(&request.method, pattern, &params, request) {
+        let body = body.as_deref().unwrap_or(&request.body);
+        let op = match operation(
+            &request.method,
+            pattern,
+            &params,
+            request,
+            body,
+            self.node(),
+        ) {
             Ok(op) => op,
             Err(response) => return response,
         };
@@ -302,6 +346,21 @@ impl Api {
         match self.manager.call(op) {
             Ok(()) => (if created { 201 } else { 200 }, json!({"ok": true})),
             Err(error) => admin_failure(&error),
+        }
+    }
+
+    /// This node's name in its cluster.
+    fn node(&self) -> Option<&str> {
+        self.cluster.as_ref().map(cluster::Cluster::node)
+    }
+
+    /// A pool or volume view with the node it is on (in a cluster).
+    fn tag(&self, pattern: &str, view: Value) -> Value {
+        match self.node() {
+            Some(node) if pattern.starts_with("pools") || pattern.starts_with("volumes") => {
+                cluster::tag_node(view, node)
+            }
+            _ => view,
         }
     }
 
@@ -412,6 +471,7 @@ fn match_pattern(pattern: &str, segments: &[&str]) -> Option<Vec<String>> {
 #[serde(deny_unknown_fields)]
 struct CreatePool {
     name: String,
+    node: Option<String>,
     devices: Vec<PathBuf>,
     allocation_unit_bytes: Option<u32>,
     device_size_bytes: Option<u64>,
@@ -430,6 +490,7 @@ struct AddDevices {
 #[serde(deny_unknown_fields)]
 struct CreateVolume {
     name: String,
+    node: Option<String>,
     pool: Option<String>,
     size_bytes: Option<u64>,
     block_size: Option<u32>,
@@ -473,12 +534,14 @@ fn operation(
     pattern: &str,
     params: &[String],
     request: &Request,
+    body: &[u8],
+    node: Option<&str>,
 ) -> Result<AdminOp, Response> {
     let param = |index: usize| params[index].clone();
-    let body = &request.body;
     Ok(match (method, pattern) {
         ("POST", "pools") => {
             let p: CreatePool = parse(body)?;
+            check_node(p.node.as_deref(), node)?;
             AdminOp::CreatePool {
                 name: p.name,
                 devices: p.devices,
@@ -510,7 +573,11 @@ fn operation(
                 })?,
             }
         }
-        ("POST", "volumes") => create_volume(parse(body)?)?,
+        ("POST", "volumes") => {
+            let create: CreateVolume = parse(body)?;
+            check_node(create.node.as_deref(), node)?;
+            create_volume(create)?
+        }
         ("DELETE", "volumes/{volume}") => AdminOp::DeleteVolume {
             name: param(0),
             force: request.query.split('&').any(|q| q == "force=true"),
@@ -562,6 +629,31 @@ fn operation(
     })
 }
 
+/// A node named in a request must be this one (the cluster routes calls
+/// for other nodes to them before they get here).
+fn check_node(asked: Option<&str>, this: Option<&str>) -> Result<(), Response> {
+    match (asked, this) {
+        (None, _) => Ok(()),
+        (Some(asked), Some(this)) if asked == this => Ok(()),
+        (Some(asked), Some(this)) => Err(failure(
+            400,
+            "invalid",
+            &format!("this is node {this}, not {asked}"),
+            "call any node's API without local=1; it forwards the call",
+        )),
+        (Some(_), None) => Err(not_a_cluster()),
+    }
+}
+
+fn not_a_cluster() -> Response {
+    failure(
+        404,
+        "not_a_cluster",
+        "this node is not a member of a cluster",
+        "start weft serve with --cluster ETCD_URLS --node NAME (see the README's Cluster section)",
+    )
+}
+
 fn create_volume(body: CreateVolume) -> Result<AdminOp, Response> {
     if let Some(source) = body.source {
         let Some((volume, snapshot)) = source.split_once('@') else {
@@ -582,7 +674,7 @@ fn create_volume(body: CreateVolume) -> Result<AdminOp, Response> {
         return Err(failure(
             400,
             "invalid",
-            "a new volume needs pool and size_bytes (or source for a clone)",
+            "a new volume needs pool and size_bytes (or source for a clone); a cluster node places it when pool is left out",
             "e.g. {\"name\": \"db1\", \"pool\": \"fast\", \"size_bytes\": 107374182400}",
         ));
     };
@@ -740,12 +832,10 @@ fn admin_failure(error: &AdminError) -> Response {
             (409, "attached", "detach the host from its volumes first")
         }
         AdminError::NqnTaken { .. } => (409, "exists", "use the existing host's name"),
-        AdminError::NameTaken { .. } => (409, "exists", "choose another name"),
-        AdminError::Store(_) => (
-            503,
-            "store",
-            "check the data directory (disk full, permissions) and weft's log",
-        ),
+        AdminError::NameTaken { .. } | AdminError::NameTakenOnNode { .. } => {
+            (409, "exists", "choose another name")
+        }
+        AdminError::Store(store) => return cluster::store_failure(store),
         AdminError::ManagerBusy { .. } => (503, "busy", "retry in a moment"),
         AdminError::Node(_) => (500, "node", "check weft's log"),
     };

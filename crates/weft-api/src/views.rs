@@ -35,6 +35,9 @@ pub struct PoolView {
     pub state: String,
     /// Why it failed.
     pub failure: Option<String>,
+    /// In a cluster: the node it is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 /// A pool with its devices, as `weft pool show` prints it.
@@ -97,6 +100,9 @@ pub struct VolumeView {
     pub state: String,
     /// Why its pool failed.
     pub failure: Option<String>,
+    /// In a cluster: the node that serves it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 /// A volume's I/O limits; `null` is unlimited.
@@ -156,6 +162,7 @@ impl From<&PoolStatus> for PoolView {
             snapshots: info.snapshots,
             state: state_name(&pool.failure),
             failure: pool.failure.clone(),
+            node: None,
         }
     }
 }
@@ -205,6 +212,7 @@ impl From<&VolumeStatus> for VolumeView {
             qos: QosView::from(volume.qos),
             state: state_name(&volume.failure),
             failure: volume.failure.clone(),
+            node: None,
         }
     }
 }
@@ -278,5 +286,84 @@ mod tests {
         assert_eq!(json["members"][0]["state"], "failed");
         let back: PoolDetail = serde_json::from_value(json).unwrap();
         assert_eq!(back.pool, PoolView::from(&status));
+    }
+}
+
+/// A node of the cluster as the API shows it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct NodeView {
+    /// Name.
+    pub name: String,
+    /// Its identity (hex; from its data directory).
+    pub node_id: String,
+    /// NVMe/TCP addresses (discovery and I/O).
+    pub nvme: Vec<String>,
+    /// API address.
+    pub api: String,
+    /// Failure domain.
+    pub zone: Option<String>,
+    /// "up", "cordoned" (up, takes no new volumes) or "down".
+    pub state: String,
+    /// Whether it is the cluster's controller now.
+    pub controller: bool,
+    /// Its last heartbeat (Unix milliseconds), while up.
+    pub heartbeat_unix_ms: Option<u64>,
+    /// When it was seen going down (Unix milliseconds).
+    pub down_since_unix_ms: Option<u64>,
+    /// Its pools as its last heartbeat reported them.
+    pub pools: Vec<NodePoolView>,
+    /// Bytes of its pools' data space.
+    pub capacity_bytes: u64,
+    /// Bytes allocated in them.
+    pub allocated_bytes: u64,
+    /// Volumes it serves.
+    pub volumes: u32,
+    /// Its weft version.
+    pub version: Option<String>,
+}
+
+/// One pool of a node, from its heartbeat.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct NodePoolView {
+    /// Name.
+    pub name: String,
+    /// Bytes of data space.
+    pub capacity_bytes: u64,
+    /// Bytes allocated.
+    pub allocated_bytes: u64,
+    /// Whether it failed.
+    pub failed: bool,
+}
+
+impl From<&weft_cluster::NodeView> for NodeView {
+    fn from(node: &weft_cluster::NodeView) -> NodeView {
+        let alive = node.alive.as_ref();
+        let pools: Vec<NodePoolView> = alive
+            .map(|a| a.pools.as_slice())
+            .unwrap_or_default()
+            .iter()
+            .map(|pool| NodePoolView {
+                name: pool.name.clone(),
+                capacity_bytes: pool.capacity_bytes,
+                allocated_bytes: pool.allocated_bytes,
+                failed: pool.failed,
+            })
+            .collect();
+        NodeView {
+            name: node.member.name.clone(),
+            node_id: node.member.node_id.clone(),
+            nvme: node.member.nvme.clone(),
+            api: node.member.api.clone(),
+            zone: node.member.zone.clone(),
+            state: node.state().to_string(),
+            controller: node.controller,
+            heartbeat_unix_ms: alive.map(|a| a.heartbeat_unix_ms),
+            down_since_unix_ms: node.member.down_since_unix_ms,
+            capacity_bytes: pools.iter().map(|p| p.capacity_bytes).sum(),
+            allocated_bytes: pools.iter().map(|p| p.allocated_bytes).sum(),
+            pools,
+            volumes: alive.map_or(0, |a| a.volumes),
+            version: alive.map(|a| a.version.clone()),
+        }
     }
 }

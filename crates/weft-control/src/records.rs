@@ -76,6 +76,13 @@ pub struct VolumeRecord {
     pub hosts: BTreeSet<String>,
     /// Its limits.
     pub qos: QosLimits,
+    /// In a cluster: the node that holds it (its name claimed for that node
+    /// before the volume is created, so that two nodes cannot both create it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// In a cluster: its pool on that node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
 }
 
 /// Checks that `nqn` is a plausible NVMe Qualified Name: starts with "nqn.",

@@ -13,6 +13,9 @@
 //! - [`status`]: what the node reports (pools, volumes, hosts) as domain
 //!   structs, read from a snapshot the manager publishes after every change,
 //!   never through its queues.
+//! - [`cluster`]: following the cluster's shared desired state (a
+//!   reconcile when records this node serves change, referrals when members
+//!   change) and the status its heartbeats publish.
 //! - [`exports`]: the configured subsystems (files, block devices, RAM) and
 //!   the data plane's exports built from them.
 //! - [`identity`]: the node's identity and the serial numbers and namespace
@@ -28,6 +31,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod cluster;
 pub mod exports;
 pub mod identity;
 pub mod manager;

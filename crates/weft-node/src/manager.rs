@@ -22,6 +22,7 @@
 //! committed there before it is acknowledged, and exports are rebuilt from
 //! both after a restart.
 
+mod claims;
 mod publish;
 
 use crate::identity::NodeId;
@@ -186,6 +187,9 @@ pub enum AdminOp {
     },
     /// Make everything durable (before exit).
     Flush,
+    /// Serve what the desired state says now (hosts, attachments, limits):
+    /// after another node of the cluster changed records this node serves.
+    Reconcile,
 }
 
 /// A host's DH-HMAC-CHAP secrets in their `DHHC-1:..` text form.
@@ -266,6 +270,14 @@ pub enum AdminError {
         volume: String,
         /// The pool that has it.
         pool: String,
+    },
+    /// In a cluster: another node holds (or is creating) a volume of that name.
+    #[error("volume {volume} already exists on node {node}; volume names are unique in the cluster (they name the NQN), choose another")]
+    NameTakenOnNode {
+        /// The name.
+        volume: String,
+        /// The node that holds it.
+        node: String,
     },
     /// A host is still attached to volumes.
     #[error("host {host} is attached to volumes {volumes}; detach it first (weft volume detach VOLUME --host {host})")]
@@ -387,6 +399,9 @@ pub struct Manager {
     published: Arc<Published>,
     /// Each pool's member usage, recomputed at most once a second while I/O allocates.
     member_usage: MemberUsageCache,
+    /// The node's name when it is a member of a cluster: volume names are
+    /// then claimed for it in the shared store before a volume is created.
+    cluster_node: Option<String>,
 }
 
 impl Manager {
@@ -438,6 +453,7 @@ impl Manager {
             generation,
             published: Arc::default(),
             member_usage: MemberUsageCache::default(),
+            cluster_node: None,
         };
         manager.publish();
         Ok(manager)
@@ -645,6 +661,7 @@ impl Manager {
                 | AdminOp::Attach { .. }
                 | AdminOp::Detach { .. }
                 | AdminOp::SetHostSecrets { .. }
+                | AdminOp::Reconcile
         );
         match op {
             AdminOp::CreatePool {
@@ -666,7 +683,10 @@ impl Manager {
             }
             AdminOp::CreateVolume { pool, spec } => {
                 self.check_volume_name_free(&spec.name)?;
-                self.pool_mut(&pool)?.create_volume(&spec)?;
+                self.pool_mut(&pool)?;
+                self.claimed(&spec.name, &pool, |manager| {
+                    Ok(manager.pool_mut(&pool)?.create_volume(&spec)?)
+                })?;
                 log::info!(
                     "volume {} created in pool {pool}: {} bytes{}",
                     spec.name,
@@ -687,8 +707,11 @@ impl Manager {
             } => {
                 self.check_volume_name_free(&name)?;
                 let pool = self.pool_of(&volume)?;
-                self.pool_mut(&pool)?
-                    .clone_volume(&volume, &snapshot, &name)?;
+                self.claimed(&name, &pool, |manager| {
+                    Ok(manager
+                        .pool_mut(&pool)?
+                        .clone_volume(&volume, &snapshot, &name)?)
+                })?;
                 log::info!("volume {name} cloned from {volume}@{snapshot}");
             }
             AdminOp::FlattenVolume(name) => self.flatten(&name)?,
@@ -714,6 +737,13 @@ impl Manager {
                     meter.set_limits(data_plane_limits(&record.qos));
                 }
                 log::info!("volume {volume}: limits {:?}", record.qos);
+            }
+            AdminOp::Reconcile => {
+                for (name, record) in self.volume_records() {
+                    if let Some(meter) = self.meters.get(&name) {
+                        meter.set_limits(data_plane_limits(&record.qos));
+                    }
+                }
             }
             AdminOp::Flush => {
                 for (name, pool) in &mut self.pools {
@@ -1418,6 +1448,7 @@ mod tests {
                 iops_max: Some(1000),
                 ..QosLimits::default()
             },
+            ..VolumeRecord::default()
         };
         desired.put_volume("v", &volume).unwrap();
         (desired, dir)

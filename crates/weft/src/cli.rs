@@ -5,6 +5,8 @@
 //! as a table, or as the API's JSON with `-o json`. Errors print the API's
 //! message (and its hint when the message alone does not say what to do).
 
+mod nodes;
+
 use crate::config::parse_size_text;
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -39,6 +41,8 @@ enum Show {
     Volume,
     Hosts,
     Host,
+    Nodes,
+    Node,
     /// Live statistics every `interval`, `count` times (None: until interrupted).
     Top {
         interval: Duration,
@@ -126,9 +130,13 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
             None => Ok(()),
         }
     };
+    // Which node's pool (`?node=`): needed only where two nodes have a pool of that name.
+    let on_node = option("node")
+        .map(|node| format!("?node={node}"))
+        .unwrap_or_default();
     let (method, path, body, show) = match (noun, verb.as_str()) {
         ("pool", "create") => {
-            known(&["device", "allocation-unit", "device-size", "force"])?;
+            known(&["device", "allocation-unit", "device-size", "force", "node"])?;
             let devices = values("device");
             if devices.is_empty() {
                 return Err("weft pool create NAME --device PATH [--device PATH]...: give at least one device".into());
@@ -141,6 +149,7 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
                 "allocation_unit_bytes": unit,
                 "device_size_bytes": size("device-size")?,
                 "force": flag("force"),
+                "node": option("node"),
             });
             ("POST", "pools".to_string(), Some(body), Show::Done("created"))
         }
@@ -149,26 +158,26 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
             ("GET", "pools".to_string(), None, Show::Pools)
         }
         ("pool", "show") => {
-            known(&[])?;
-            ("GET", format!("pools/{}", operand(1, "pool name")?), None, Show::Pool)
+            known(&["node"])?;
+            ("GET", format!("pools/{}{on_node}", operand(1, "pool name")?), None, Show::Pool)
         }
         ("pool", "add-device") => {
-            known(&["device", "device-size"])?;
+            known(&["device", "device-size", "node"])?;
             let devices = values("device");
             if devices.is_empty() {
                 return Err("weft pool add-device POOL --device PATH [--device PATH]...: give at least one device".into());
             }
             let body = json!({"devices": devices, "device_size_bytes": size("device-size")?});
-            let path = format!("pools/{}/devices", operand(1, "pool name")?);
+            let path = format!("pools/{}/devices{on_node}", operand(1, "pool name")?);
             ("POST", path, Some(body), Show::Done("added: the new capacity is usable now"))
         }
         ("pool", "delete") => {
-            known(&[])?;
-            ("DELETE", format!("pools/{}", operand(1, "pool name")?), None, Show::Done("deleted"))
+            known(&["node"])?;
+            ("DELETE", format!("pools/{}{on_node}", operand(1, "pool name")?), None, Show::Done("deleted"))
         }
         ("pool", "clear-failure") => {
-            known(&[])?;
-            let path = format!("pools/{}/clear-failure", operand(1, "pool name")?);
+            known(&["node"])?;
+            let path = format!("pools/{}/clear-failure{on_node}", operand(1, "pool name")?);
             ("POST", path, None, Show::Done("cleared: the pool is served again from its last committed state"))
         }
         ("namespace", "clear-failure") => {
@@ -178,13 +187,13 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
             ("POST", path, None, Show::Done("cleared"))
         }
         ("volume", "create") => {
-            known(&["pool", "size", "thick", "block-size"])?;
-            let pool = option("pool").ok_or("weft volume create NAME --pool POOL --size SIZE: give --pool")?;
-            let size_bytes = size("size")?.ok_or("weft volume create NAME --pool POOL --size SIZE: give --size, e.g. 100GiB")?;
+            known(&["pool", "size", "thick", "block-size", "node"])?;
+            let size_bytes = size("size")?.ok_or("weft volume create NAME --size SIZE [--pool POOL]: give --size, e.g. 100GiB")?;
             let block_size = size("block-size")?.unwrap_or(4096);
             let body = json!({
                 "name": operand(1, "volume name")?,
-                "pool": pool,
+                "pool": option("pool"),
+                "node": option("node"),
                 "size_bytes": size_bytes,
                 "block_size": block_size,
                 "thick": flag("thick"),
@@ -298,6 +307,10 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
             known(&[])?;
             ("DELETE", format!("hosts/{}", operand(1, "host name")?), None, Show::Done("deleted"))
         }
+        ("node", _) => {
+            known(&[])?;
+            nodes::command(&verb, operand(1, "node name"))?
+        }
         ("snapshot", "create" | "delete") => {
             known(&[])?;
             let target = operand(1, "VOLUME@SNAPSHOT")?;
@@ -392,6 +405,8 @@ pub fn run(args: AdminArgs) -> Result<(), String> {
         Show::Volume => print_volume(&decode(value)?),
         Show::Hosts => print_hosts(&decode::<Vec<HostView>>(value)?),
         Show::Host => print_hosts(&[decode(value)?]),
+        Show::Nodes => nodes::print_list(&decode::<Vec<weft_api::views::NodeView>>(value)?),
+        Show::Node => nodes::print_one(&decode(value)?),
         Show::Top { .. } => unreachable!("handled above"),
     }
     Ok(())
@@ -556,9 +571,22 @@ fn decode<T: serde::de::DeserializeOwned>(value: Value) -> Result<T, String> {
 }
 
 fn print_pools(pools: &[PoolView]) {
+    let cluster = pools.iter().any(|p| p.node.is_some());
+    let node_column = |node: &Option<String>| match cluster {
+        true => format!("{:<10} ", node.as_deref().unwrap_or("-")),
+        false => String::new(),
+    };
     println!(
-        "{:<16} {:>10} {:>10} {:>10} {:>11} {:>10} {:>7} {:>5}",
-        "NAME", "CAPACITY", "ALLOCATED", "FREE", "PROVISIONED", "OVERCOMMIT", "VOLUMES", "UNIT"
+        "{}{:<16} {:>10} {:>10} {:>10} {:>11} {:>10} {:>7} {:>5}",
+        node_column(&Some("NODE".into())),
+        "NAME",
+        "CAPACITY",
+        "ALLOCATED",
+        "FREE",
+        "PROVISIONED",
+        "OVERCOMMIT",
+        "VOLUMES",
+        "UNIT"
     );
     for pool in pools {
         let used = pool.allocated_bytes as f64 / pool.capacity_bytes as f64 * 100.0;
@@ -570,7 +598,8 @@ fn print_pools(pools: &[PoolView]) {
             ""
         };
         println!(
-            "{:<16} {:>10} {:>10} {:>10} {:>11} {:>9.2}x {:>7} {:>5}{warning}",
+            "{}{:<16} {:>10} {:>10} {:>10} {:>11} {:>9.2}x {:>7} {:>5}{warning}",
+            node_column(&pool.node),
             pool.name,
             human_bytes(pool.capacity_bytes),
             human_bytes(pool.allocated_bytes),
@@ -610,14 +639,37 @@ fn print_pool(detail: &PoolDetail) {
 }
 
 fn print_volumes(volumes: &[VolumeView]) {
+    let cluster = volumes.iter().any(|v| v.node.is_some());
+    let node_column = |node: &Option<String>| match cluster {
+        true => format!("{:<10} ", node.as_deref().unwrap_or("-")),
+        false => String::new(),
+    };
     println!(
-        "{:<20} {:<12} {:>10} {:>10} {:<5} {:>9} {:>5}  NQN",
-        "NAME", "POOL", "SIZE", "ALLOCATED", "TYPE", "SNAPSHOTS", "HOSTS"
+        "{:<20} {}{:<12} {:>10} {:>10} {:<5} {:>9} {:>5}  NQN",
+        "NAME",
+        node_column(&Some("NODE".into())),
+        "POOL",
+        "SIZE",
+        "ALLOCATED",
+        "TYPE",
+        "SNAPSHOTS",
+        "HOSTS"
     );
     for v in volumes {
+        if v.state == "unavailable" {
+            println!(
+                "{:<20} {}{:<12} unavailable: {}",
+                v.name,
+                node_column(&v.node),
+                v.pool,
+                v.failure.as_deref().unwrap_or("its node does not answer")
+            );
+            continue;
+        }
         println!(
-            "{:<20} {:<12} {:>10} {:>10} {:<5} {:>9} {:>5}  {}",
+            "{:<20} {}{:<12} {:>10} {:>10} {:<5} {:>9} {:>5}  {}",
             v.name,
+            node_column(&v.node),
             v.pool,
             human_bytes(v.size_bytes),
             human_bytes(v.allocated_bytes),
@@ -672,6 +724,9 @@ fn qos_summary(qos: &QosView) -> String {
 
 fn print_volume(v: &VolumeView) {
     println!("name        {}", v.name);
+    if let Some(node) = &v.node {
+        println!("node        {node}");
+    }
     println!("pool        {}", v.pool);
     println!("nqn         {}", v.nqn);
     println!(
@@ -682,6 +737,7 @@ fn print_volume(v: &VolumeView) {
     );
     println!("type        {}", if v.thick { "thick" } else { "thin" });
     match &v.failure {
+        Some(failure) if v.state == "unavailable" => println!("state       unavailable: {failure}"),
         Some(failure) => println!(
             "state       failed ({failure}): every I/O fails until `weft pool clear-failure {}`",
             v.pool

@@ -55,6 +55,7 @@ struct ConfigFile {
     limits: LimitsFile,
     #[serde(default)]
     subsystem: Vec<SubsystemFile>,
+    cluster: Option<crate::cluster::ClusterFile>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -109,6 +110,8 @@ pub struct ServeConfig {
     pub limits: NodeLimits,
     /// Subsystems.
     pub subsystems: Vec<SubsystemSpec>,
+    /// The cluster this node is a member of (None: a single node).
+    pub cluster: Option<crate::cluster::ClusterSpec>,
 }
 
 impl ServeConfig {
@@ -135,6 +138,7 @@ impl ServeConfig {
                 }],
             }],
             data_dir,
+            cluster: None,
         }
     }
 
@@ -216,7 +220,11 @@ fn validate(file: ConfigFile, origin: &str) -> Result<ServeConfig, ConfigError> 
             format!("{reactors} is not between 1 and 256"),
         ));
     }
-    if file.subsystem.is_empty() {
+    let cluster = file
+        .cluster
+        .map(|cluster| cluster.validate(origin))
+        .transpose()?;
+    if file.subsystem.is_empty() && cluster.is_none() {
         return Err(ConfigError::new(
             origin,
             "subsystem",
@@ -245,6 +253,7 @@ fn validate(file: ConfigFile, origin: &str) -> Result<ServeConfig, ConfigError> 
         reactors,
         limits,
         subsystems,
+        cluster,
     })
 }
 

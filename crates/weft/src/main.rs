@@ -6,6 +6,7 @@
 
 mod bench;
 mod cli;
+mod cluster;
 mod config;
 mod limits;
 mod logger;
@@ -28,19 +29,21 @@ weft: NVMe/TCP storage node
 Usage:
   weft serve [--config FILE] [--listen ADDR:PORT]... [--data-dir DIR] [--api-listen ADDR:PORT]
              [--api-token-file FILE] [--reactors N] [--poll-us N] [--log-level LEVEL]
+             [--cluster http://ETCD:2379[,...] --node NAME [--advertise ADDR] [--zone ZONE]]
 
   weft pool create NAME --device PATH [--device PATH]... [--device-size SIZE]
-                        [--allocation-unit SIZE] [--force]
-  weft pool list | show NAME | delete NAME | clear-failure NAME
+                        [--allocation-unit SIZE] [--force] [--node NODE]
+  weft pool list | show NAME | delete NAME | clear-failure NAME   [--node NODE]
   weft pool add-device NAME --device PATH [--device PATH]... [--device-size SIZE]   (online)
   weft namespace clear-failure NQN [--nsid N]   (a configured file or block device namespace)
-  weft volume create NAME --pool POOL --size SIZE [--thick] [--block-size 512|4096]
+  weft volume create NAME --size SIZE [--pool POOL] [--node NODE] [--thick] [--block-size 512|4096]
   weft volume list | show NAME | delete NAME [--force] | resize NAME --size SIZE
   weft volume clone VOLUME@SNAPSHOT NAME | flatten NAME
   weft snapshot create VOLUME@SNAPSHOT | delete VOLUME@SNAPSHOT
   weft host add NAME --nqn NQN [--dhchap-secret S [--dhchap-ctrl-secret S]] | list | show NAME
   weft host set NAME [--dhchap-secret S|none] [--dhchap-ctrl-secret S|none] | delete NAME
   weft volume attach VOLUME --host HOST | detach VOLUME --host HOST
+  weft node list | show NAME | cordon NAME | uncordon NAME | remove NAME   (a cluster)
   weft top [--interval D] [--count N]   live per-volume IOPS, MiB/s, p99 latency, queue depth
   weft volume set VOLUME [--iops-max N] [--bw-max SIZE] [--read-iops-max N] [--read-bw-max SIZE]
                          [--write-iops-max N] [--write-bw-max SIZE]     (none removes a limit)
@@ -65,6 +68,10 @@ Commands:
           see it in discovery. With a DH-HMAC-CHAP secret (DHHC-1:.., `nvme gen-dhchap-key`)
           each of the host's queues must authenticate (NULL DH group, SHA-256/384/512);
           with a controller secret too, the host can authenticate the node as well.
+  node    A cluster's storage nodes: state (up, cordoned, down), addresses, heartbeat,
+          pools, capacity, volumes. Cordoned nodes get no new volumes; `remove` forgets a
+          node that is down and holds no volume. --node chooses a pool's or volume's node
+          (by default a volume goes to the up, uncordoned node with the most free bytes).
   serve   Export block storage over NVMe/TCP. Without --config: one 4 GiB sparse file
           namespace (DATA_DIR/default.img) as nqn.2026-11.io.weft:default on 127.0.0.1:4420.
   bench   Load a namespace through weft's user-space initiator (nvme-tcp://...), or a local
@@ -106,6 +113,13 @@ Serve options:
                        --api https://HOST:PORT with --api-ca FILE (or WEFT_API_CA)
   --api-token-file FILE  the API's bearer token (default DATA_DIR/api-token, created with a
                        new random token at the first start; config: api_token_file)
+  --cluster URLS       join the cluster whose desired state is in etcd at URLS (comma-
+                       separated client URLs; config: [cluster] endpoints); any node's API
+                       then shows and changes the whole cluster. Without it: a single node
+  --node NAME          this node's name in the cluster (config: [cluster] node)
+  --advertise ADDR     the IP address hosts and other nodes reach this node at (default:
+                       the listen address; config: [cluster] advertise)
+  --zone ZONE          this node's failure domain (config: [cluster] zone)
   --reactors N         data plane threads (default: one per CPU)
   --poll-us N          after activity, reactors busy-poll N microseconds before
                        sleeping (default 0: interrupt driven, no idle CPU use)
@@ -126,6 +140,7 @@ struct ServeArgs {
     api_token_file: Option<PathBuf>,
     api_tls_cert: Option<PathBuf>,
     api_tls_key: Option<PathBuf>,
+    cluster: cluster::ClusterArgs,
 }
 
 enum Command {
@@ -164,13 +179,13 @@ fn parse_args() -> Result<Command, String> {
                 }
                 if matches!(
                     name.as_str(),
-                    "pool" | "volume" | "snapshot" | "host" | "namespace" | "top"
+                    "pool" | "volume" | "snapshot" | "host" | "namespace" | "top" | "node"
                 ) {
                     return cli::parse(&name, &mut parser).map(Command::Admin);
                 }
                 if name != "serve" {
                     return Err(format!(
-                        "unknown command \"{name}\"; the commands are serve, pool, volume, snapshot, host, top and bench (see weft --help)"
+                        "unknown command \"{name}\"; the commands are serve, pool, volume, snapshot, host, node, top and bench (see weft --help)"
                     ));
                 }
                 command = Some(name);
@@ -195,6 +210,18 @@ fn parse_args() -> Result<Command, String> {
             Long("api-tls-key") => {
                 args.api_tls_key = Some(parser.value().map_err(|e| e.to_string())?.into())
             }
+            Long("cluster") => {
+                let text = string_value(&mut parser, "--cluster")?;
+                args.cluster.endpoints =
+                    Some(text.split(',').map(|url| url.trim().to_string()).collect());
+            }
+            Long("node") => args.cluster.node = Some(string_value(&mut parser, "--node")?),
+            Long("advertise") => {
+                let text = string_value(&mut parser, "--advertise")?;
+                args.cluster.advertise =
+                    Some(cluster::parse_advertise(&text).map_err(|m| format!("--advertise: {m}"))?);
+            }
+            Long("zone") => args.cluster.zone = Some(string_value(&mut parser, "--zone")?),
             Long("config") => args.config = Some(parser.value().map_err(|e| e.to_string())?.into()),
             Long("data-dir") => {
                 args.data_dir = Some(parser.value().map_err(|e| e.to_string())?.into())
@@ -255,6 +282,16 @@ fn parse_args() -> Result<Command, String> {
     }
 }
 
+/// The next option value as text.
+fn string_value(parser: &mut lexopt::Parser, option: &str) -> Result<String, String> {
+    use lexopt::prelude::*;
+    parser
+        .value()
+        .map_err(|e| e.to_string())?
+        .string()
+        .map_err(|_| format!("{option} is not UTF-8"))
+}
+
 fn run(command: Command) -> Result<(), String> {
     match command {
         Command::Help => {
@@ -289,6 +326,12 @@ fn serve(args: ServeArgs) -> Result<(), String> {
                 .unwrap_or_else(|| PathBuf::from("weft-data")),
         ),
     };
+    config.cluster = args.cluster.apply(config.cluster.take())?;
+    if config.cluster.is_some() && args.config.is_none() {
+        // A cluster node serves volumes; a default file namespace of one
+        // NQN on every node would look like one subsystem to hosts.
+        config.subsystems.clear();
+    }
     if let Some(dir) = args.data_dir {
         config.data_dir = dir;
     }
@@ -306,15 +349,65 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         identity::hex(&node.0),
         config.data_dir.join(identity::FILE_NAME).display()
     );
+    let api_listen = match args.api_listen.or(config.api_listen) {
+        Some(address) => address,
+        None => config::parse_listen(api::DEFAULT_API_LISTEN)?,
+    };
+    let token_path = args
+        .api_token_file
+        .clone()
+        .or_else(|| config.api_token_file.clone())
+        .unwrap_or_else(|| config.data_dir.join(token::FILE_NAME));
+    let api_tls = match (args.api_tls_cert.clone(), args.api_tls_key.clone()) {
+        (Some(cert), Some(key)) => Some((cert, key)),
+        (None, None) => config.api_tls.clone(),
+        _ => return Err("--api-tls-cert and --api-tls-key go together (PEM files)".into()),
+    };
+    let api_tls = api_tls
+        .map(|(cert, key)| weft_http::tls::Server::from_pem_files(&cert, &key))
+        .transpose()?;
+    let api_scheme = if api_tls.is_some() { "https" } else { "http" };
+    let connected = config
+        .cluster
+        .as_ref()
+        .map(|spec| cluster::Connected::connect(spec, &token_path))
+        .transpose()?;
+    let (api_token, token_created) = token::load_or_create(&token_path)?;
+    let member = match connected {
+        Some(connected) => {
+            let api = (api_scheme, api_listen);
+            let joined = connected.join(
+                &config.data_dir,
+                &node,
+                &config.listen,
+                api,
+                &api_token,
+                &token_path,
+            )?;
+            Some(joined)
+        }
+        None => None,
+    };
     let base = weft_node::exports::build_exports(
         &config.subsystems,
         &config.listen,
         config.limits.protocol,
         &node,
     )?;
-    let store = weft_control::EmbeddedStore::open(&config.data_dir).map_err(|e| e.to_string())?;
-    let desired = weft_control::DesiredState::new(Box::new(store), &identity::hex(&node.0));
+    let desired = match &member {
+        Some(member) => member.desired_state(),
+        None => {
+            let store =
+                weft_control::EmbeddedStore::open(&config.data_dir).map_err(|e| e.to_string())?;
+            weft_control::DesiredState::new(Box::new(store), &identity::hex(&node.0))
+        }
+    };
     let mut manager = Manager::open(desired, node, base, config.limits.manager_queue)?;
+    if let Some(member) = &member {
+        manager
+            .join_cluster(member.name())
+            .map_err(|e| format!("checking this node's volume records: {e}"))?;
+    }
     let exports = manager.exports();
     let plane = Arc::new(
         DataPlane::start(
@@ -328,39 +421,25 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     );
     let handle = manager.handle();
     let status = manager.status(Arc::clone(&plane));
+    let api_cluster = member.as_ref().map(cluster::Member::api);
     manager
         .spawn(Arc::clone(&plane))
         .map_err(|e| format!("cannot start the volume manager: {e}"))?;
-    let api_listen = match args.api_listen.or(config.api_listen) {
-        Some(address) => address,
-        None => config::parse_listen(api::DEFAULT_API_LISTEN)?,
-    };
-    let token_path = args
-        .api_token_file
-        .clone()
-        .or_else(|| config.api_token_file.clone())
-        .unwrap_or_else(|| config.data_dir.join(token::FILE_NAME));
-    let (api_token, token_created) = token::load_or_create(&token_path)?;
-    let api_tls = match (args.api_tls_cert.clone(), args.api_tls_key.clone()) {
-        (Some(cert), Some(key)) => Some((cert, key)),
-        (None, None) => config.api_tls.clone(),
-        _ => return Err("--api-tls-cert and --api-tls-key go together (PEM files)".into()),
-    };
-    let api_tls = api_tls
-        .map(|(cert, key)| weft_http::tls::Server::from_pem_files(&cert, &key))
-        .transpose()?;
-    let api_scheme = if api_tls.is_some() { "https" } else { "http" };
     let api_address = api::start(
         api_listen,
         api_tls,
         handle.clone(),
-        status,
+        status.clone(),
         api_token.clone(),
         api::ApiLimits {
             connections: config.limits.api_connections,
             request_timeout: config.limits.api_request_timeout,
         },
+        api_cluster,
     )?;
+    let running = member
+        .map(|member| member.run(handle.clone(), status))
+        .transpose()?;
     let new_token = token_created.then_some(api_token.as_str());
     print_banner(
         &config,
@@ -372,6 +451,9 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     let signal = weft_uring::wait_for_termination_signal()
         .map_err(|e| format!("waiting for signals: {e}"))?;
     log::info!("signal {signal}: flushing namespaces and pools, exiting");
+    if let Some(running) = running {
+        running.stop();
+    }
     if let Err(error) = handle.call(AdminOp::Flush) {
         log::error!("flushing pools: {error}");
     }

@@ -1,0 +1,500 @@
+//! The API of a cluster node: every node's API shows and changes the whole
+//! cluster. A call about something another node holds (a volume, a pool)
+//! is forwarded to that node's API, marked `local=1` so that it is not
+//! forwarded again, and its answer passed back as it is; lists are
+//! gathered from every node that is up (volumes of nodes that are down are
+//! shown `unavailable`); a new volume is placed first (weft-cluster's
+//! policy: most free bytes among up, uncordoned nodes) and created by the
+//! node chosen. Nodes themselves (`nodes/...`) are records in the store,
+//! read and changed here.
+//!
+//! Nodes call each other with the cluster's API token (one for the
+//! cluster: weft-cluster's `token`), over the API address each advertises.
+//!
+//! What it does not do: hold state (the store does) or create anything
+//! itself (the owning node's volume manager does).
+
+use crate::views::NodeView as NodeJson;
+use crate::{failure, Response};
+use serde_json::{json, Value};
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+use weft_cluster::nodes::{self, NodeError};
+use weft_cluster::placement::{place, PlacementError, PlacementRequest};
+use weft_cluster::NodeView;
+use weft_control::{Store, StoreError, VolumeRecord};
+use weft_http::{self as http, Request};
+
+/// How long a forwarded call may take (creating a thick volume writes it).
+const FORWARD_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The query mark of a call forwarded by another node.
+const LOCAL_MARK: &str = "local=1";
+
+/// What the API of a cluster node needs.
+pub struct Cluster {
+    store: Arc<dyn Store>,
+    node: String,
+}
+
+impl std::fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster")
+            .field("node", &self.node)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Where a call is served.
+pub(crate) enum Route {
+    /// Here, with this body instead of the request's if given.
+    Local(Option<Vec<u8>>),
+    /// By node `.0`'s API, with this body instead of the request's if given.
+    Forward(String, Option<Vec<u8>>),
+    /// By every node that is up, answers merged.
+    Gather,
+    /// Answered at once.
+    Respond(Response),
+}
+
+impl Cluster {
+    /// The API of node `node`, whose copy of the cluster's store is `store`.
+    pub fn new(store: Arc<dyn Store>, node: &str) -> Cluster {
+        Cluster {
+            store,
+            node: node.to_string(),
+        }
+    }
+
+    /// This node's name.
+    pub(crate) fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// Where the call `request`, matched as `pattern` with `params`, is served.
+    pub(crate) fn route(&self, pattern: &str, params: &[String], request: &Request) -> Route {
+        if is_forwarded(request) {
+            return Route::Local(None);
+        }
+        let result = match (request.method.as_str(), pattern) {
+            ("GET", "volumes" | "pools") => Ok(Route::Gather),
+            ("POST", "volumes") => self.route_new_volume(&request.body),
+            ("POST", "pools") => self.route_new_pool(&request.body),
+            (_, pattern) if pattern.starts_with("volumes/{volume}") => {
+                self.route_volume(&params[0])
+            }
+            (_, pattern) if pattern.starts_with("pools/{pool}") => {
+                self.route_pool(&params[0], &request.query)
+            }
+            _ => Ok(Route::Local(None)),
+        };
+        result.unwrap_or_else(Route::Respond)
+    }
+
+    /// A volume's calls go to the node that holds it.
+    fn route_volume(&self, volume: &str) -> Result<Route, Response> {
+        match self.volume_node(volume)? {
+            Some(node) if node != self.node => Ok(Route::Forward(node, None)),
+            _ => Ok(Route::Local(None)),
+        }
+    }
+
+    /// The node a volume's record names (none: no such volume in the cluster).
+    fn volume_node(&self, volume: &str) -> Result<Option<String>, Response> {
+        let record = weft_control::records::read::<VolumeRecord>(
+            self.store.as_ref(),
+            &format!("volumes/{volume}"),
+        )
+        .map_err(|e| store_failure(&e))?;
+        Ok(record.and_then(|found| found.record.node))
+    }
+
+    /// A new volume: a clone is made beside its source; otherwise placed
+    /// (unless both node and pool are given) and created by the node chosen.
+    fn route_new_volume(&self, body: &[u8]) -> Result<Route, Response> {
+        let mut fields: serde_json::Map<String, Value> = crate::parse(body)?;
+        if let Some(source) = fields.get("source").and_then(Value::as_str) {
+            let volume = source.split('@').next().unwrap_or_default();
+            return match self.volume_node(volume)? {
+                Some(node) if node != self.node => Ok(Route::Forward(node, None)),
+                _ => Ok(Route::Local(None)),
+            };
+        }
+        let text = |name: &str| fields.get(name).and_then(Value::as_str).map(str::to_string);
+        let (node, pool) = (text("node"), text("pool"));
+        let size_bytes = fields.get("size_bytes").and_then(Value::as_u64);
+        let (node, pool) = match (node, pool, size_bytes) {
+            (Some(node), Some(pool), _) => (node, pool),
+            // The node that creates it says what is missing.
+            (node, pool, None) => (
+                node.unwrap_or_else(|| self.node.clone()),
+                pool.unwrap_or_default(),
+            ),
+            (node, pool, Some(size_bytes)) => {
+                let nodes = nodes::list(self.store.as_ref()).map_err(|e| store_failure(&e))?;
+                let request = PlacementRequest {
+                    size_bytes,
+                    thick: fields
+                        .get("thick")
+                        .and_then(Value::as_bool)
+                        .unwrap_or(false),
+                    node: node.as_deref(),
+                    pool: pool.as_deref(),
+                };
+                let placed = place(&nodes, request).map_err(|e| placement_failure(&e))?;
+                (placed.node, placed.pool)
+            }
+        };
+        fields.insert("node".into(), json!(node));
+        if !pool.is_empty() {
+            fields.insert("pool".into(), json!(pool));
+        }
+        let body = Some(Value::Object(fields).to_string().into_bytes());
+        Ok(self.to_node(node, body))
+    }
+
+    /// A new pool is made by the node named (this one by default).
+    fn route_new_pool(&self, body: &[u8]) -> Result<Route, Response> {
+        let fields: serde_json::Map<String, Value> = crate::parse(body)?;
+        let node = fields.get("node").and_then(Value::as_str);
+        Ok(match node {
+            Some(node) if node != self.node => {
+                nodes::get(self.store.as_ref(), node).map_err(|e| node_failure(&e))?;
+                Route::Forward(node.to_string(), None)
+            }
+            _ => Route::Local(None),
+        })
+    }
+
+    /// A pool's calls go to its node: the one named by `?node=`, or the
+    /// only one with a pool of that name.
+    fn route_pool(&self, pool: &str, query: &str) -> Result<Route, Response> {
+        if let Some(node) = query_value(query, "node") {
+            return Ok(self.to_node(node.to_string(), None));
+        }
+        let holders = self.pool_nodes(pool)?;
+        match holders.as_slice() {
+            [] => Ok(Route::Local(None)),
+            [node] => Ok(self.to_node(node.clone(), None)),
+            several => Err(failure(
+                409,
+                "ambiguous",
+                &format!("nodes {} each have a pool {pool}", several.join(", ")),
+                "name the node: --node NODE (API: ?node=NODE)",
+            )),
+        }
+    }
+
+    /// The nodes with a pool named `pool`.
+    fn pool_nodes(&self, pool: &str) -> Result<Vec<String>, Response> {
+        let listing = self.store.list("nodes/").map_err(|e| store_failure(&e))?;
+        Ok(listing
+            .entries
+            .iter()
+            .filter_map(|entry| {
+                let (node, rest) = entry.key["nodes/".len()..].split_once('/')?;
+                (rest == format!("pools/{pool}")).then(|| node.to_string())
+            })
+            .collect())
+    }
+
+    fn to_node(&self, node: String, body: Option<Vec<u8>>) -> Route {
+        if node == self.node {
+            Route::Local(body)
+        } else {
+            Route::Forward(node, body)
+        }
+    }
+
+    /// Sends `request` (with `body` instead of its own if given) to node
+    /// `node`'s API and answers what it answers.
+    pub(crate) fn forward(
+        &self,
+        node: &str,
+        request: &Request,
+        body: Option<&[u8]>,
+        token: &str,
+    ) -> Response {
+        let view = match nodes::get(self.store.as_ref(), node) {
+            Ok(view) => view,
+            Err(error) => return node_failure(&error),
+        };
+        if !view.is_alive() {
+            return failure(
+                503,
+                "node_down",
+                &format!("node {node}, which holds it, is down"),
+                &format!("start weft on {node} again (its data dir keeps everything); `weft node list` shows the nodes"),
+            );
+        }
+        call_node(&view, request, body.or(Some(&request.body)), token)
+    }
+
+    /// Merges a list (`volumes` or `pools`) from every node that is up;
+    /// `local` is this node's own. A node that does not answer is named in
+    /// the log and its items are missing (volumes: shown unavailable).
+    pub(crate) fn gather(
+        &self,
+        pattern: &str,
+        request: &Request,
+        local: Value,
+        token: &str,
+    ) -> Response {
+        let nodes = match nodes::list(self.store.as_ref()) {
+            Ok(nodes) => nodes,
+            Err(error) => return store_failure(&error),
+        };
+        let mut items: Vec<Value> = local.as_array().cloned().unwrap_or_default();
+        let mut answered = BTreeSet::from([self.node.clone()]);
+        for (name, view) in &nodes {
+            if *name == self.node || !view.is_alive() {
+                continue;
+            }
+            match call_node(view, request, None, token) {
+                (200, Value::Array(theirs)) => {
+                    items.extend(theirs);
+                    answered.insert(name.clone());
+                }
+                (status, body) => log::warn!("listing {pattern} of node {name}: {status} {body}"),
+            }
+        }
+        if pattern == "volumes" {
+            match self.unavailable_volumes(&answered) {
+                Ok(missing) => items.extend(missing),
+                Err(response) => return response,
+            }
+        }
+        (200, Value::Array(items))
+    }
+
+    /// Volumes recorded on nodes that did not answer.
+    fn unavailable_volumes(&self, answered: &BTreeSet<String>) -> Result<Vec<Value>, Response> {
+        let listing = self.store.list("volumes/").map_err(|e| store_failure(&e))?;
+        let mut missing = Vec::new();
+        for entry in listing.entries {
+            let name = &entry.key["volumes/".len()..];
+            let Ok(record) = serde_json::from_value::<VolumeRecord>(entry.value) else {
+                continue;
+            };
+            let Some(node) = record.node.filter(|node| !answered.contains(node)) else {
+                continue;
+            };
+            missing.push(json!({
+                "name": name,
+                "node": node,
+                "pool": record.pool.unwrap_or_default(),
+                "nqn": weft_node::manager::volume_nqn(name),
+                "size_bytes": 0, "block_size": 0, "thick": false, "allocated_bytes": 0,
+                "origin": null, "snapshots": [], "connected_hosts": [], "nguid": "",
+                "hosts": record.hosts, "qos": crate::views::QosView::from(record.qos),
+                "state": "unavailable",
+                "failure": format!("node {node}, which holds it, is down or does not answer"),
+            }));
+        }
+        Ok(missing)
+    }
+
+    /// The answer of a `nodes` route.
+    pub(crate) fn nodes_call(&self, method: &str, pattern: &str, params: &[String]) -> Response {
+        let store = self.store.as_ref();
+        let result = match (method, pattern) {
+            ("GET", "nodes") => nodes::list(store)
+                .map(|nodes| json!(nodes.values().map(NodeJson::from).collect::<Vec<_>>()))
+                .map_err(NodeError::from),
+            ("GET", "nodes/{node}") => {
+                nodes::get(store, &params[0]).map(|n| json!(NodeJson::from(&n)))
+            }
+            ("POST", "nodes/{node}/cordon") => {
+                nodes::set_cordoned(store, &params[0], true).map(|()| json!({"ok": true}))
+            }
+            ("POST", "nodes/{node}/uncordon") => {
+                nodes::set_cordoned(store, &params[0], false).map(|()| json!({"ok": true}))
+            }
+            ("DELETE", "nodes/{node}") => {
+                self.remove_node(&params[0]).map(|()| json!({"ok": true}))
+            }
+            _ => unreachable!("every nodes route is answered: {method} {pattern}"),
+        };
+        match result {
+            Ok(value) => (200, value),
+            Err(error) => node_failure(&error),
+        }
+    }
+
+    /// Forgets a node that is down and holds no volume, with its pools' records.
+    fn remove_node(&self, name: &str) -> Result<(), NodeError> {
+        let store = self.store.as_ref();
+        let volumes = store
+            .list("volumes/")?
+            .entries
+            .into_iter()
+            .filter(|entry| {
+                serde_json::from_value::<VolumeRecord>(entry.value.clone())
+                    .is_ok_and(|record| record.node.as_deref() == Some(name))
+            })
+            .map(|entry| entry.key["volumes/".len()..].to_string())
+            .collect();
+        let own = store
+            .list(&format!("nodes/{name}/"))?
+            .entries
+            .into_iter()
+            .map(|entry| entry.key)
+            .collect();
+        nodes::remove(store, name, volumes, own)
+    }
+}
+
+/// Whether another node forwarded this call (it is served here, not again forwarded).
+fn is_forwarded(request: &Request) -> bool {
+    request.query.split('&').any(|part| part == LOCAL_MARK)
+}
+
+/// The value of `name` in a query string.
+fn query_value<'a>(query: &'a str, name: &str) -> Option<&'a str> {
+    query
+        .split('&')
+        .find_map(|part| part.strip_prefix(name)?.strip_prefix('='))
+}
+
+/// Calls node `view`'s API with `request` marked as forwarded.
+fn call_node(view: &NodeView, request: &Request, body: Option<&[u8]>, token: &str) -> Response {
+    let node = &view.member.name;
+    let api = &view.member.api;
+    let unreachable = |error: String| {
+        failure(
+            502,
+            "node_unreachable",
+            &format!("node {node} (API {api}) did not answer: {error}"),
+            "check that weft runs on it and that this node reaches its API address (--advertise)",
+        )
+    };
+    let endpoint = match http::Endpoint::parse(api, None) {
+        Ok(endpoint) => endpoint,
+        Err(error) => return unreachable(error),
+    };
+    let query = if request.query.is_empty() {
+        LOCAL_MARK.to_string()
+    } else {
+        format!("{}&{LOCAL_MARK}", request.query)
+    };
+    let path = format!("{}?{query}", request.path);
+    let body = body.filter(|_| request.method != "GET");
+    match http::call(
+        &endpoint,
+        Some(token),
+        &request.method,
+        &path,
+        body,
+        FORWARD_TIMEOUT,
+    ) {
+        Ok((status, bytes)) => match serde_json::from_slice(&bytes) {
+            Ok(value) => (status, value),
+            Err(error) => unreachable(format!("its answer is not JSON: {error}")),
+        },
+        Err(error) => unreachable(error.to_string()),
+    }
+}
+
+/// Adds `"node": NODE` to a view or to each view of a list.
+pub(crate) fn tag_node(mut value: Value, node: &str) -> Value {
+    match &mut value {
+        Value::Array(items) => items.iter_mut().for_each(|item| tag_object(item, node)),
+        item => tag_object(item, node),
+    }
+    value
+}
+
+fn tag_object(item: &mut Value, node: &str) {
+    if let Value::Object(fields) = item {
+        fields.insert("node".into(), json!(node));
+    }
+}
+
+/// The one place store errors become HTTP statuses.
+pub(crate) fn store_failure(error: &StoreError) -> Response {
+    let message = error.to_string();
+    match error {
+        StoreError::Unavailable { .. } => failure(
+            503,
+            "store_unavailable",
+            &message,
+            "volumes keep serving I/O; check the store named (etcd: is it up and reachable from this node? a file: disk full, permissions) and retry",
+        ),
+        StoreError::Conflict { .. } => failure(
+            409,
+            "conflict",
+            &message,
+            "another call changed it at the same time; read it again and retry",
+        ),
+        StoreError::LeaseExpired { .. } | StoreError::Compacted { .. } => {
+            failure(503, "store", &message, "retry in a moment")
+        }
+        StoreError::Corrupt { .. } => failure(
+            500,
+            "store_corrupt",
+            &message,
+            "check the data directory (disk full, permissions) and weft's log",
+        ),
+    }
+}
+
+fn node_failure(error: &NodeError) -> Response {
+    let message = error.to_string();
+    match error {
+        NodeError::NotFound(_) => failure(
+            404,
+            "not_found",
+            &message,
+            "`weft node list` shows the nodes",
+        ),
+        NodeError::Up(_) => failure(409, "node_up", &message, "stop weft on it, then remove it"),
+        NodeError::HoldsVolumes { .. } => {
+            failure(409, "holds_volumes", &message, "delete its volumes first")
+        }
+        NodeError::Store(store) => store_failure(store),
+    }
+}
+
+fn placement_failure(error: &PlacementError) -> Response {
+    let message = error.to_string();
+    let (status, code) = match error {
+        PlacementError::NoSuchNode(_) | PlacementError::NoSuchPool(_) => (404, "not_found"),
+        PlacementError::NoRoom { .. } => (507, "no_room"),
+        _ => (409, "unplaceable"),
+    };
+    failure(
+        status,
+        code,
+        &message,
+        "`weft node list` shows each node's state and pools",
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forwarded_calls_are_recognised_and_queries_read() {
+        let request = |query: &str| Request {
+            method: "GET".into(),
+            path: "/api/v1/volumes".into(),
+            query: query.into(),
+            authorization: None,
+            body: Vec::new(),
+        };
+        assert!(is_forwarded(&request("local=1")));
+        assert!(is_forwarded(&request("force=true&local=1")));
+        assert!(!is_forwarded(&request("local=10")));
+        assert_eq!(query_value("force=true&node=n2", "node"), Some("n2"));
+        assert_eq!(query_value("nodes=n2", "node"), None);
+    }
+
+    #[test]
+    fn views_are_tagged_with_their_node() {
+        let list = tag_node(json!([{"name": "a"}, {"name": "b"}]), "n1");
+        assert_eq!(list[1]["node"], "n1");
+        assert_eq!(tag_node(json!({"name": "a"}), "n2")["node"], "n2");
+    }
+}

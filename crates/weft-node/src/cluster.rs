@@ -1,0 +1,140 @@
+//! What a storage node does as a member of a cluster, beside serving: it
+//! follows the shared desired state and converges its data plane to it,
+//! and reports its pools at each heartbeat.
+//!
+//! - Records another node changed (a host's NQN or secrets, an attachment
+//!   or limit of a volume this node serves) reach the volume manager as one
+//!   [`AdminOp::Reconcile`], which rebuilds the exports from the store's
+//!   records: a node that was down, or cut off from the store, catches up
+//!   the same way once its copy of the store (weft-control's `Mirror`) has
+//!   caught up.
+//! - A change of the cluster's members (a node joined, left, went down)
+//!   calls the caller's `on_members`, which updates the referrals of the
+//!   node's discovery controller.
+//!
+//! - [`join`]: joining at start (token, cluster identity, node name).
+//!
+//! What it does not do: keep the lease (weft-cluster's agent), or decide
+//! anything cluster-wide.
+
+pub mod join;
+
+use crate::manager::{AdminOp, ManagerHandle};
+use crate::status::StatusReader;
+use std::sync::mpsc::Receiver;
+use std::time::Duration;
+use weft_cluster::membership::NodeStatus;
+use weft_cluster::records::{PoolSummary, ALIVE_PREFIX, MEMBERS_PREFIX};
+
+/// How long changes are gathered before one reconcile (a burst of record
+/// changes, e.g. a relist after the store came back, costs one rebuild).
+const GATHER: Duration = Duration::from_millis(50);
+
+/// Wait between attempts while a reconcile fails (the manager is busy).
+const RETRY: Duration = Duration::from_secs(1);
+
+/// What kinds of records changed.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Changed {
+    served: bool,
+    members: bool,
+}
+
+impl Changed {
+    fn note(&mut self, key: &str) {
+        if key.starts_with("hosts/") || key.starts_with("volumes/") {
+            self.served = true;
+        } else if key.starts_with(MEMBERS_PREFIX) || key.starts_with(ALIVE_PREFIX) {
+            self.members = true;
+        }
+    }
+}
+
+/// Follows `changes` (keys changed in the store) on a thread of its own
+/// until the store's copy goes away: served records become reconciles of
+/// `manager`, member changes calls of `on_members` (called once at start).
+pub fn follow(
+    changes: Receiver<String>,
+    manager: ManagerHandle,
+    on_members: impl Fn() + Send + 'static,
+) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name("cluster-follow".into())
+        .spawn(move || {
+            on_members();
+            while let Ok(first) = changes.recv() {
+                let mut changed = Changed::default();
+                changed.note(&first);
+                std::thread::sleep(GATHER);
+                for key in changes.try_iter() {
+                    changed.note(&key);
+                }
+                if changed.members {
+                    on_members();
+                }
+                if changed.served {
+                    reconcile(&manager);
+                }
+            }
+        })
+        .map(drop)
+}
+
+/// Asks the manager to serve what the store says, until it has.
+fn reconcile(manager: &ManagerHandle) {
+    let mut failing = false;
+    loop {
+        match manager.call(AdminOp::Reconcile) {
+            Ok(()) => {
+                if failing {
+                    log::info!("the node serves the cluster's desired state again");
+                }
+                return;
+            }
+            Err(error) => {
+                if !failing {
+                    log::warn!("applying the cluster's desired state: {error}; retrying");
+                    failing = true;
+                }
+                std::thread::sleep(RETRY);
+            }
+        }
+    }
+}
+
+/// The node's pools and volume count, as its heartbeat publishes them.
+pub fn node_status(status: &StatusReader) -> NodeStatus {
+    let pools = status.pools();
+    NodeStatus {
+        volumes: pools
+            .iter()
+            .map(|pool| u32::try_from(pool.info.volumes).unwrap_or(u32::MAX))
+            .sum(),
+        pools: pools
+            .into_iter()
+            .map(|pool| PoolSummary {
+                name: pool.info.name,
+                capacity_bytes: pool.info.capacity_bytes,
+                allocated_bytes: pool.info.allocated_bytes,
+                failed: pool.failure.is_some(),
+            })
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn changes_are_sorted_into_served_records_and_members() {
+        let mut changed = Changed::default();
+        changed.note("nodes/n1/pools/fast");
+        assert_eq!(changed, Changed::default(), "pools are the node's own");
+        changed.note("hosts/web1");
+        assert!(changed.served && !changed.members);
+        let mut changed = Changed::default();
+        changed.note("cluster/alive/n2");
+        assert!(changed.members && !changed.served);
+    }
+}

@@ -1,0 +1,281 @@
+//! Volume names in a cluster. A volume's name is its NQN, so it must be
+//! unique among all nodes: before a node creates a volume it claims the
+//! name in the shared store (compare-and-swap on `volumes/<name>`, so of two
+//! nodes creating `db1` at once exactly one wins), then creates it, then
+//! records the new volume's id. A claim whose creation failed is given
+//! back; one left by a crash in between is found at the next start.
+//!
+//! A single node (no cluster) claims nothing: its own pools are the only
+//! place a name can be taken.
+
+use super::{AdminError, Manager};
+use crate::identity;
+use weft_control::{Revision, StoreError, VolumeRecord};
+
+fn volume_key(name: &str) -> String {
+    format!("volumes/{name}")
+}
+
+impl Manager {
+    /// Makes the manager a member of a cluster as node `node`: from now on
+    /// volume names are claimed in the shared store. The records of the
+    /// volumes this node holds are checked first: each names this node and
+    /// its pool, and claims left by a creation that never finished are given
+    /// back.
+    pub fn join_cluster(&mut self, node: &str) -> Result<(), StoreError> {
+        self.cluster_node = Some(node.to_string());
+        let local: Vec<(String, String, String)> = self
+            .pools
+            .iter()
+            .flat_map(|(pool_name, pool)| {
+                pool.volumes()
+                    .map(move |v| (pool_name.clone(), v.name.clone(), identity::hex(&v.id)))
+            })
+            .collect();
+        for (pool, name, id) in &local {
+            self.record_local_volume(node, pool, name, id)?;
+        }
+        for (name, record) in self.desired.volumes()? {
+            let ours = record.node.as_deref() == Some(node);
+            if !ours || local.iter().any(|(_, local, _)| *local == name) {
+                continue;
+            }
+            let key = volume_key(&name);
+            if record.id.is_empty() {
+                if let Some(found) = self.desired.read::<VolumeRecord>(&key)? {
+                    self.desired.remove(&key, found.revision)?;
+                    log::info!("volume {name}: its creation on this node never finished; the name is free again");
+                }
+            } else {
+                log::warn!("volume {name} is recorded on this node (pool {}), but none of its pools holds it; `weft volume delete {name}` forgets it", record.pool.as_deref().unwrap_or("?"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs `create` (which creates volume `name` in `pool`) under a claim
+    /// of the name when the node is in a cluster.
+    pub(super) fn claimed(
+        &mut self,
+        name: &str,
+        pool: &str,
+        create: impl FnOnce(&mut Manager) -> Result<(), AdminError>,
+    ) -> Result<(), AdminError> {
+        let Some(node) = self.cluster_node.clone() else {
+            return create(self);
+        };
+        let key = volume_key(name);
+        let claim = VolumeRecord {
+            node: Some(node.clone()),
+            pool: Some(pool.to_string()),
+            ..VolumeRecord::default()
+        };
+        let revision = self.claim(name, &node, &claim)?;
+        if let Err(error) = create(self) {
+            if let Err(store) = self.desired.remove(&key, revision) {
+                log::warn!("volume {name}: giving back its name after a failed creation: {store} (the next start does)");
+            }
+            return Err(error);
+        }
+        let id = self.pools[pool].volume_info(name)?.id;
+        let record = VolumeRecord {
+            id: identity::hex(&id),
+            ..claim
+        };
+        self.desired.update(&key, &record, revision)?;
+        Ok(())
+    }
+
+    /// Claims `name` for `node`: a new record, or ours left by a creation
+    /// that never finished (the volume is not in our pools, checked before).
+    fn claim(&self, name: &str, node: &str, claim: &VolumeRecord) -> Result<Revision, AdminError> {
+        let key = volume_key(name);
+        let taken = |record: VolumeRecord| AdminError::NameTakenOnNode {
+            volume: name.to_string(),
+            node: record.node.unwrap_or_else(|| "unknown".into()),
+        };
+        let result = match self.desired.read::<VolumeRecord>(&key)? {
+            None => self.desired.create(&key, claim),
+            Some(found) if found.record.node.as_deref() == Some(node) => {
+                self.desired.update(&key, claim, found.revision)
+            }
+            Some(found) => return Err(taken(found.record)),
+        };
+        match result {
+            Ok(revision) => Ok(revision),
+            Err(StoreError::Conflict { .. }) => {
+                let winner = self.desired.read::<VolumeRecord>(&key)?;
+                Err(taken(winner.map(|found| found.record).unwrap_or_default()))
+            }
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    /// Makes the record of local volume `name` say it is here.
+    fn record_local_volume(
+        &mut self,
+        node: &str,
+        pool: &str,
+        name: &str,
+        id: &str,
+    ) -> Result<(), StoreError> {
+        let key = volume_key(name);
+        let found = self.desired.read::<VolumeRecord>(&key)?;
+        let mut record = match &found {
+            Some(found) if found.record.node.as_deref().is_some_and(|n| n != node) => {
+                log::error!(
+                    "volume {name} of pool {pool} is also recorded on node {}: hosts see only one of them; rename or delete one",
+                    found.record.node.as_deref().unwrap_or_default()
+                );
+                return Ok(());
+            }
+            // Attachments and limits of this very volume are kept.
+            Some(found) if found.record.id == id => found.record.clone(),
+            _ => VolumeRecord::default(),
+        };
+        let wanted = VolumeRecord {
+            id: id.to_string(),
+            node: Some(node.to_string()),
+            pool: Some(pool.to_string()),
+            hosts: std::mem::take(&mut record.hosts),
+            qos: record.qos,
+        };
+        match found {
+            Some(found) if found.record == wanted => {}
+            Some(found) => {
+                self.desired.update(&key, &wanted, found.revision)?;
+            }
+            None => {
+                self.desired.create(&key, &wanted)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::idle_manager;
+    use super::*;
+    use std::path::PathBuf;
+    use std::sync::Arc;
+    use weft_control::{DesiredState, MemoryStore, PoolRecord, Store};
+    use weft_volume::{FileMedia, Pool, PoolOptions, VolumeSpec};
+
+    /// A manager of node `node` in the cluster whose store is `store`, with
+    /// an empty pool "p" (a 64 MiB file under `dir`).
+    fn member(store: &Arc<dyn Store>, node: &str, dir: &std::path::Path) -> Manager {
+        let devices = vec![dir.join(format!("{node}.img"))];
+        let options = PoolOptions {
+            name: "p".into(),
+            chunk_bytes: crate::manager::DEFAULT_CHUNK_BYTES,
+            uuid: [2; 16],
+        };
+        drop(Pool::create(FileMedia::open(&devices, Some(64 << 20)).unwrap(), options).unwrap());
+        let mut desired = DesiredState::shared(Arc::clone(store), node);
+        let record = PoolRecord {
+            devices,
+            adding: Vec::new(),
+        };
+        desired.put_pool("p", &record).unwrap();
+        let mut manager = idle_manager(desired);
+        manager.join_cluster(node).unwrap();
+        manager
+    }
+
+    fn create(name: &str) -> impl FnOnce(&mut Manager) -> Result<(), AdminError> + '_ {
+        move |manager| {
+            let spec = VolumeSpec {
+                name: name.into(),
+                size_bytes: 4 << 20,
+                block_size: 4096,
+                thick: false,
+            };
+            Ok(manager.pool_mut("p")?.create_volume(&spec)?)
+        }
+    }
+
+    fn scratch(test: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("weft-claims-{test}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn record(store: &Arc<dyn Store>, name: &str) -> Option<VolumeRecord> {
+        weft_control::records::read::<VolumeRecord>(store.as_ref(), &volume_key(name))
+            .unwrap()
+            .map(|found| found.record)
+    }
+
+    #[test]
+    fn a_volume_name_is_won_by_one_node_of_the_cluster() {
+        let dir = scratch("won");
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::default());
+        let mut n1 = member(&store, "n1", &dir);
+        let mut n2 = member(&store, "n2", &dir);
+        n1.claimed("db1", "p", create("db1")).unwrap();
+        let mut ran = false;
+        let refused = n2.claimed("db1", "p", |_| {
+            ran = true;
+            Ok(())
+        });
+        assert!(
+            matches!(refused, Err(AdminError::NameTakenOnNode { ref node, .. }) if node == "n1"),
+            "{refused:?}"
+        );
+        assert!(!ran, "the loser creates nothing");
+        let won = record(&store, "db1").unwrap();
+        assert_eq!(won.node.as_deref(), Some("n1"));
+        assert_eq!(won.pool.as_deref(), Some("p"));
+        assert_eq!(
+            won.id,
+            identity::hex(&n1.pools["p"].volume_info("db1").unwrap().id)
+        );
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_failed_creation_gives_its_name_back() {
+        let dir = scratch("failed");
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::default());
+        let mut n1 = member(&store, "n1", &dir);
+        let failed = n1.claimed("db1", "p", |_| Err(AdminError::Node("disk on fire".into())));
+        assert!(failed.is_err());
+        assert_eq!(record(&store, "db1"), None);
+        let mut n2 = member(&store, "n2", &dir);
+        n2.claimed("db1", "p", create("db1")).unwrap();
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_restart_gives_back_unfinished_claims_and_records_its_volumes() {
+        let dir = scratch("restart");
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::default());
+        let mut n1 = member(&store, "n1", &dir);
+        n1.claimed("db1", "p", create("db1")).unwrap();
+        // A crash between the claim and the creation leaves a claim without id.
+        let unfinished = VolumeRecord {
+            node: Some("n1".into()),
+            pool: Some("p".into()),
+            ..VolumeRecord::default()
+        };
+        let desired = DesiredState::shared(Arc::clone(&store), "n1");
+        desired.create(&volume_key("db2"), &unfinished).unwrap();
+        // A record lost (or written before the node joined a cluster) is made again.
+        let db1 = weft_control::records::read::<VolumeRecord>(store.as_ref(), &volume_key("db1"))
+            .unwrap()
+            .unwrap();
+        desired.remove(&volume_key("db1"), db1.revision).unwrap();
+        drop(n1);
+        let mut again = idle_manager(DesiredState::shared(Arc::clone(&store), "n1"));
+        again.join_cluster("n1").unwrap();
+        assert_eq!(
+            record(&store, "db2"),
+            None,
+            "the unfinished claim is given back"
+        );
+        assert_eq!(record(&store, "db1"), Some(db1.record));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}

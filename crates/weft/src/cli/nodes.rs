@@ -1,0 +1,120 @@
+//! `weft node list|show|cordon|uncordon|remove`: the cluster's nodes.
+
+use super::Show;
+use serde_json::Value;
+use weft_api::views::NodeView;
+use weft_storage::human_bytes;
+
+/// Method, API path, body and how to print the answer of `weft node VERB`.
+pub(super) fn command(
+    verb: &str,
+    name: Result<String, String>,
+) -> Result<(&'static str, String, Option<Value>, Show), String> {
+    Ok(match verb {
+        "list" => ("GET", "nodes".to_string(), None, Show::Nodes),
+        "show" => ("GET", format!("nodes/{}", name?), None, Show::Node),
+        "cordon" => (
+            "POST",
+            format!("nodes/{}/cordon", name?),
+            None,
+            Show::Done("cordoned: no new volume is placed on it"),
+        ),
+        "uncordon" => (
+            "POST",
+            format!("nodes/{}/uncordon", name?),
+            None,
+            Show::Done("uncordoned"),
+        ),
+        "remove" => (
+            "DELETE",
+            format!("nodes/{}", name?),
+            None,
+            Show::Done("removed"),
+        ),
+        _ => {
+            return Err(format!(
+                "unknown command `weft node {verb}`; the node commands are list, show, cordon, uncordon and remove"
+            ))
+        }
+    })
+}
+
+/// Time since `unix_ms`, e.g. "2s ago".
+fn ago(unix_ms: Option<u64>) -> String {
+    let Some(then) = unix_ms else {
+        return "-".into();
+    };
+    let now = weft_cluster::agent::unix_ms();
+    let seconds = now.saturating_sub(then) / 1000;
+    match seconds {
+        0..=119 => format!("{seconds}s ago"),
+        120..=7199 => format!("{}m ago", seconds / 60),
+        _ => format!("{}h ago", seconds / 3600),
+    }
+}
+
+pub(super) fn print_list(nodes: &[NodeView]) {
+    println!(
+        "{:<10} {:<9} {:<22} {:<28} {:>10} {:>10} {:>7}  POOLS",
+        "NAME", "STATE", "NVME/TCP", "API", "HEARTBEAT", "CAPACITY", "VOLUMES"
+    );
+    for node in nodes {
+        let state = if node.controller {
+            format!("{}*", node.state)
+        } else {
+            node.state.clone()
+        };
+        let pools: Vec<&str> = node.pools.iter().map(|p| p.name.as_str()).collect();
+        println!(
+            "{:<10} {:<9} {:<22} {:<28} {:>10} {:>10} {:>7}  {}",
+            node.name,
+            state,
+            node.nvme.join(","),
+            node.api,
+            ago(node.heartbeat_unix_ms),
+            human_bytes(node.capacity_bytes),
+            node.volumes,
+            if pools.is_empty() {
+                "-".into()
+            } else {
+                pools.join(", ")
+            }
+        );
+    }
+    if nodes.iter().any(|n| n.controller) {
+        println!("(* the cluster's controller)");
+    }
+}
+
+pub(super) fn print_one(node: &NodeView) {
+    println!("name        {}", node.name);
+    println!(
+        "state       {}{}",
+        node.state,
+        if node.controller { " (controller)" } else { "" }
+    );
+    if let Some(since) = node.down_since_unix_ms {
+        println!("down since  {}", ago(Some(since)));
+    }
+    println!("node id     {}", node.node_id);
+    println!("nvme/tcp    {}", node.nvme.join(", "));
+    println!("api         {}", node.api);
+    println!("zone        {}", node.zone.as_deref().unwrap_or("-"));
+    println!("heartbeat   {}", ago(node.heartbeat_unix_ms));
+    println!("version     {}", node.version.as_deref().unwrap_or("-"));
+    println!("volumes     {}", node.volumes);
+    println!(
+        "capacity    {} ({} allocated)",
+        human_bytes(node.capacity_bytes),
+        human_bytes(node.allocated_bytes)
+    );
+    for pool in &node.pools {
+        println!(
+            "  pool {:<16} {:>10} {:>10} allocated{}",
+            pool.name,
+            human_bytes(pool.capacity_bytes),
+            human_bytes(pool.allocated_bytes),
+            if pool.failed { "  FAILED" } else { "" }
+        );
+    }
+}
