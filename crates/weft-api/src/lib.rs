@@ -35,7 +35,8 @@ use std::time::Duration;
 use views::{HostView, PoolDetail, PoolView, VolumeView};
 use weft_http::{self as http, Request};
 use weft_node::manager::{
-    AdminError, AdminOp, HostSecrets, ManagerHandle, QosChanges, SecretChanges, DEFAULT_CHUNK_BYTES,
+    AdminError, AdminOp, HostSecrets, ManagerHandle, QosChanges, SecretChanges, VolumeIdentity,
+    DEFAULT_CHUNK_BYTES,
 };
 use weft_node::StatusReader;
 use weft_target::LimitReached;
@@ -99,11 +100,19 @@ pub struct ApiLimits {
     pub request_timeout: Duration,
 }
 
-/// Binds `address` and serves the API on a thread; returns the bound
-/// address. Changes go to the node's manager through `manager`; reads come
-/// from `status`; with `cluster`, calls about what other nodes hold go to them.
+/// Binds the API's address (before the node starts, so that a cluster
+/// node can advertise the port bound).
+pub fn bind(address: SocketAddr) -> Result<TcpListener, String> {
+    TcpListener::bind(address).map_err(|e| {
+        format!("cannot listen on {address} for the API: {e} (choose another with --api-listen)")
+    })
+}
+
+/// Serves the API on `listener` on a thread; returns its address. Changes
+/// go to the node's manager through `manager`; reads come from `status`;
+/// with `cluster`, calls about what other nodes hold go to them.
 pub fn start(
-    address: SocketAddr,
+    listener: TcpListener,
     tls: Option<http::tls::Server>,
     manager: ManagerHandle,
     status: StatusReader,
@@ -111,9 +120,6 @@ pub fn start(
     limits: ApiLimits,
     cluster: Option<cluster::Cluster>,
 ) -> Result<SocketAddr, String> {
-    let listener = TcpListener::bind(address).map_err(|e| {
-        format!("cannot listen on {address} for the API: {e} (choose another with --api-listen)")
-    })?;
     let bound = listener.local_addr().map_err(|e| e.to_string())?;
     let api = Arc::new(Api {
         manager,
@@ -491,6 +497,9 @@ struct AddDevices {
 struct CreateVolume {
     name: String,
     node: Option<String>,
+    nqn: Option<String>,
+    uuid: Option<String>,
+    nguid: Option<String>,
     pool: Option<String>,
     size_bytes: Option<u64>,
     block_size: Option<u32>,
@@ -678,7 +687,9 @@ fn create_volume(body: CreateVolume) -> Result<AdminOp, Response> {
             "e.g. {\"name\": \"db1\", \"pool\": \"fast\", \"size_bytes\": 107374182400}",
         ));
     };
+    let identity = volume_identity(&body.nqn, &body.uuid, &body.nguid)?;
     Ok(AdminOp::CreateVolume {
+        identity,
         pool,
         spec: VolumeSpec {
             name: body.name,
@@ -686,6 +697,45 @@ fn create_volume(body: CreateVolume) -> Result<AdminOp, Response> {
             block_size: body.block_size.unwrap_or(4096),
             thick: body.thick,
         },
+    })
+}
+
+/// The identity chosen for a new volume, checked: any valid NQN (as nvmet
+/// accepts), a UUID and an NGUID of 32 hex digits (dashes allowed), not all zero.
+fn volume_identity(
+    nqn: &Option<String>,
+    uuid: &Option<String>,
+    nguid: &Option<String>,
+) -> Result<VolumeIdentity, Response> {
+    let invalid = |message: String, hint: &str| failure(400, "invalid", &message, hint);
+    if let Some(nqn) = nqn {
+        weft_control::check_nqn(nqn)
+            .map_err(|m| invalid(format!("nqn: {m}"), "give the NQN hosts know the volume by"))?;
+        if nqn == weft_proto::target::DISCOVERY_NQN {
+            return Err(invalid(
+                format!("nqn: {nqn} is the discovery subsystem's"),
+                "give the volume's own NQN",
+            ));
+        }
+    }
+    let bytes = |field: &str, text: &Option<String>| -> Result<Option<[u8; 16]>, Response> {
+        text.as_deref()
+            .map(|text| {
+                weft_node::identity::parse_hex16(text)
+                    .filter(|bytes| *bytes != [0; 16])
+                    .ok_or_else(|| {
+                        invalid(
+                            format!("{field}: {text:?} is not 32 hex digits (or is all zero)"),
+                            "e.g. 6f1c9b0e-2a4d-4e8b-9c55-0d3e7a1b2c4d",
+                        )
+                    })
+            })
+            .transpose()
+    };
+    Ok(VolumeIdentity {
+        nqn: nqn.clone(),
+        uuid: bytes("uuid", uuid)?,
+        nguid: bytes("nguid", nguid)?,
     })
 }
 
@@ -832,9 +882,9 @@ fn admin_failure(error: &AdminError) -> Response {
             (409, "attached", "detach the host from its volumes first")
         }
         AdminError::NqnTaken { .. } => (409, "exists", "use the existing host's name"),
-        AdminError::NameTaken { .. } | AdminError::NameTakenOnNode { .. } => {
-            (409, "exists", "choose another name")
-        }
+        AdminError::NameTaken { .. }
+        | AdminError::NameTakenOnNode { .. }
+        | AdminError::IdentityTaken { .. } => (409, "exists", "choose another name"),
         AdminError::Store(store) => return cluster::store_failure(store),
         AdminError::ManagerBusy { .. } => (503, "busy", "retry in a moment"),
         AdminError::Node(_) => (500, "node", "check weft's log"),

@@ -83,6 +83,16 @@ pub struct VolumeRecord {
     /// In a cluster: its pool on that node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool: Option<String>,
+    /// Its subsystem NQN when one was chosen at creation (else
+    /// `nqn.2026-11.io.weft:vol:<name>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nqn: Option<String>,
+    /// Its namespace UUID (32 hex digits) when one was chosen (else its id).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+    /// Its namespace NGUID (32 hex digits) when one was chosen (else its id).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nguid: Option<String>,
 }
 
 /// Checks that `nqn` is a plausible NVMe Qualified Name: starts with "nqn.",

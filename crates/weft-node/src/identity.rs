@@ -95,7 +95,9 @@ pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn parse_hex16(text: &str) -> Option<[u8; 16]> {
+/// 16 bytes from 32 hex digits (dashes, as in a UUID, are skipped).
+pub fn parse_hex16(text: &str) -> Option<[u8; 16]> {
+    let text: String = text.chars().filter(|c| *c != '-').collect();
     if text.len() != 32 || !text.is_ascii() {
         return None;
     }

@@ -106,6 +106,8 @@ pub enum AdminOp {
         pool: String,
         /// What to create.
         spec: VolumeSpec,
+        /// The identity hosts see, where chosen.
+        identity: VolumeIdentity,
     },
     /// Delete a volume (`force`: even with hosts connected).
     DeleteVolume {
@@ -190,6 +192,48 @@ pub enum AdminOp {
     /// Serve what the desired state says now (hosts, attachments, limits):
     /// after another node of the cluster changed records this node serves.
     Reconcile,
+}
+
+/// What a host sees of a volume, when chosen at its creation (so that hosts
+/// move from another target without changing their configuration); each
+/// `None` is weft's choice: `nqn.2026-11.io.weft:vol:<name>`, and the
+/// volume's id as UUID and NGUID.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VolumeIdentity {
+    /// Subsystem NQN.
+    pub nqn: Option<String>,
+    /// Namespace UUID.
+    pub uuid: Option<[u8; 16]>,
+    /// Namespace NGUID.
+    pub nguid: Option<[u8; 16]>,
+}
+
+/// The identity a volume is served with: from its record where chosen,
+/// else derived from its name and id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServedIdentity {
+    /// Subsystem NQN.
+    pub nqn: String,
+    /// Namespace UUID.
+    pub uuid: [u8; 16],
+    /// Namespace NGUID.
+    pub nguid: [u8; 16],
+}
+
+impl ServedIdentity {
+    /// Volume `name` with id `id` as `record` describes it.
+    pub fn of(name: &str, id: &[u8; 16], record: &VolumeRecord) -> ServedIdentity {
+        let bytes = |text: &Option<String>| {
+            text.as_deref()
+                .and_then(crate::identity::parse_hex16)
+                .unwrap_or(*id)
+        };
+        ServedIdentity {
+            nqn: record.nqn.clone().unwrap_or_else(|| volume_nqn(name)),
+            uuid: bytes(&record.uuid),
+            nguid: bytes(&record.nguid),
+        }
+    }
 }
 
 /// A host's DH-HMAC-CHAP secrets in their `DHHC-1:..` text form.
@@ -278,6 +322,16 @@ pub enum AdminError {
         volume: String,
         /// The node that holds it.
         node: String,
+    },
+    /// A volume's chosen NQN, UUID or NGUID is another volume's.
+    #[error("{what} {value} is already volume {volume}'s; hosts would take them for one volume: choose another")]
+    IdentityTaken {
+        /// "NQN", "UUID" or "NGUID".
+        what: &'static str,
+        /// The value.
+        value: String,
+        /// The volume that has it.
+        volume: String,
     },
     /// A host is still attached to volumes.
     #[error("host {host} is attached to volumes {volumes}; detach it first (weft volume detach VOLUME --host {host})")]
@@ -483,8 +537,9 @@ impl Manager {
             let member_fds = pool.media().fds();
             let health = &self.health[pool_name];
             for volume in pool.volumes() {
-                let nqn = volume_nqn(&volume.name);
                 let record = self.volume_record(&volume.name, &volume.id);
+                let served = ServedIdentity::of(&volume.name, &volume.id, &record);
+                let nqn = served.nqn;
                 let meter = Arc::clone(self.meters.entry(volume.name.clone()).or_default());
                 let limits = data_plane_limits(&record.qos);
                 if meter.limits() != limits {
@@ -504,8 +559,8 @@ impl Manager {
                         nsid: Nsid(1),
                         blocks: volume.size_bytes / u64::from(volume.block_size),
                         block_size: volume.block_size,
-                        nguid: volume.id,
-                        uuid: volume.id,
+                        nguid: served.nguid,
+                        uuid: served.uuid,
                         eui64: volume.id[8..].try_into().expect("8 bytes"),
                         thin: !volume.thick,
                         ready: true,
@@ -681,10 +736,15 @@ impl Manager {
             AdminOp::ClearNamespaceFailure { nqn, nsid } => {
                 self.clear_namespace_failure(&nqn, nsid)?
             }
-            AdminOp::CreateVolume { pool, spec } => {
+            AdminOp::CreateVolume {
+                pool,
+                spec,
+                identity,
+            } => {
                 self.check_volume_name_free(&spec.name)?;
                 self.pool_mut(&pool)?;
-                self.claimed(&spec.name, &pool, |manager| {
+                let chosen = self.check_identity_free(&spec.name, &identity)?;
+                self.claimed(&spec.name, &pool, chosen, |manager| {
                     Ok(manager.pool_mut(&pool)?.create_volume(&spec)?)
                 })?;
                 log::info!(
@@ -707,7 +767,7 @@ impl Manager {
             } => {
                 self.check_volume_name_free(&name)?;
                 let pool = self.pool_of(&volume)?;
-                self.claimed(&name, &pool, |manager| {
+                self.claimed(&name, &pool, VolumeRecord::default(), |manager| {
                     Ok(manager
                         .pool_mut(&pool)?
                         .clone_volume(&volume, &snapshot, &name)?)
@@ -822,7 +882,7 @@ impl Manager {
         plane: &DataPlane,
     ) -> Result<(), AdminError> {
         let pool = self.pool_of(name)?;
-        let nqn = volume_nqn(name);
+        let nqn = self.served_nqn(name)?;
         let hosts = plane.connected_hosts(&nqn);
         if !hosts.is_empty() && !force {
             return Err(AdminError::Busy {
@@ -987,12 +1047,17 @@ impl Manager {
         Ok(())
     }
 
+    /// The exports without volume `volume`'s subsystem.
     fn exports_without(&mut self, volume: &str) -> Arc<Exports> {
         let exports = self.exports();
-        let nqn = volume_nqn(volume);
         let mut config = TargetConfig::clone(&exports.config);
         let mut devices = exports.devices.clone();
-        if let Some(index) = config.subsystems.iter().position(|s| s.nqn == nqn) {
+        let serves = |namespaces: &Vec<NamespaceDevice>| {
+            namespaces
+                .iter()
+                .any(|device| matches!(&device.backend, Backend::Volume(v) if v.volume == volume))
+        };
+        if let Some(index) = devices.iter().position(serves) {
             config.subsystems.remove(index);
             devices.remove(index);
         }
@@ -1147,7 +1212,19 @@ impl Manager {
     }
 
     fn host_statuses(&self) -> Result<Vec<HostStatus>, AdminError> {
-        Ok(host_statuses(self.desired.hosts()?, &self.volume_records()))
+        Ok(host_statuses(
+            self.desired.hosts()?,
+            &self.attachment_records()?,
+        ))
+    }
+
+    /// The volume records that say which hosts are attached where: in a
+    /// cluster every volume's (hosts are the cluster's), else this node's.
+    fn attachment_records(&self) -> Result<BTreeMap<String, VolumeRecord>, StoreError> {
+        match self.cluster_node {
+            Some(_) => self.desired.volumes(),
+            None => Ok(self.volume_records()),
+        }
     }
 
     fn check_volume_name_free(&self, name: &str) -> Result<(), AdminError> {

@@ -7,12 +7,11 @@
 //! Everything here reads counters the reactors publish every tick; nothing
 //! touches the I/O path.
 
-use crate::manager::VOLUME_NQN_PREFIX;
 use crate::status::PoolStatus;
 use serde::{Deserialize, Serialize};
 use std::fmt::Write;
 use weft_target::meter::{ClassSnapshot, Limits, LATENCY_BOUNDS_US};
-use weft_target::DataPlane;
+use weft_target::{Backend, DataPlane};
 
 /// Totals of one class of I/O.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -138,10 +137,10 @@ pub fn collect(plane: &DataPlane, clock: &std::time::Instant) -> Stats {
             namespaces.push(NamespaceStats {
                 nqn: subsystem.nqn.clone(),
                 nsid: device.nsid.0,
-                volume: subsystem
-                    .nqn
-                    .strip_prefix(VOLUME_NQN_PREFIX)
-                    .map(str::to_string),
+                volume: match &device.backend {
+                    Backend::Volume(volume) => Some(volume.volume.clone()),
+                    Backend::Device(_) => None,
+                },
                 in_flight: snapshot.in_flight,
                 connected_hosts,
                 read: snapshot.read.into(),

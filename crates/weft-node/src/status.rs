@@ -42,6 +42,10 @@ pub struct VolumeStatus {
     pub pool: String,
     /// The subsystem NQN it is served as.
     pub nqn: String,
+    /// Its namespace UUID.
+    pub uuid: [u8; 16],
+    /// Its namespace NGUID.
+    pub nguid: [u8; 16],
     /// Size, block size, allocation, origin, snapshots.
     pub info: VolumeInfo,
     /// Names of the hosts attached to it.
@@ -107,6 +111,8 @@ pub(crate) struct PoolSnapshot {
 #[derive(Debug)]
 pub(crate) struct VolumeSnapshot {
     pub(crate) info: VolumeInfo,
+    /// What hosts see it as.
+    pub(crate) identity: crate::manager::ServedIdentity,
     /// Names of the hosts attached to it.
     pub(crate) hosts: Vec<String>,
     pub(crate) qos: QosLimits,
@@ -175,8 +181,10 @@ fn volume_status(
     failure: Option<String>,
     connected: &dyn Fn(&str) -> Vec<String>,
 ) -> VolumeStatus {
-    let nqn = crate::manager::volume_nqn(&volume.info.name);
+    let nqn = volume.identity.nqn.clone();
     VolumeStatus {
+        uuid: volume.identity.uuid,
+        nguid: volume.identity.nguid,
         pool: pool.to_string(),
         connected_hosts: connected(&nqn),
         nqn,

@@ -187,13 +187,16 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
             ("POST", path, None, Show::Done("cleared"))
         }
         ("volume", "create") => {
-            known(&["pool", "size", "thick", "block-size", "node"])?;
+            known(&["pool", "size", "thick", "block-size", "node", "nqn", "uuid", "nguid"])?;
             let size_bytes = size("size")?.ok_or("weft volume create NAME --size SIZE [--pool POOL]: give --size, e.g. 100GiB")?;
             let block_size = size("block-size")?.unwrap_or(4096);
             let body = json!({
                 "name": operand(1, "volume name")?,
                 "pool": option("pool"),
                 "node": option("node"),
+                "nqn": option("nqn"),
+                "uuid": option("uuid"),
+                "nguid": option("nguid"),
                 "size_bytes": size_bytes,
                 "block_size": block_size,
                 "thick": flag("thick"),
@@ -746,6 +749,7 @@ fn print_volume(v: &VolumeView) {
     }
     println!("allocated   {}", human_bytes(v.allocated_bytes));
     println!("nguid       {}", v.nguid);
+    println!("uuid        {}", v.uuid);
     if let Some(origin) = &v.origin {
         println!("origin      {origin}");
     }

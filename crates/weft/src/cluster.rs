@@ -209,6 +209,11 @@ pub fn member_config(
             .find(|ip| !ip.is_unspecified())
             .ok_or("the node listens on every address (0.0.0.0 or ::): give --advertise ADDRESS, the one other nodes and hosts reach it at")?,
     };
+    if let Some(any) = listening.iter().find(|a| a.port() == 0) {
+        return Err(format!(
+            "a cluster node advertises its NVMe/TCP ports: listen on a port of your choice, not {any}"
+        ));
+    }
     let at = |port: u16| SocketAddr::new(advertise, port).to_string();
     Ok(MemberConfig {
         name: spec.node.clone(),
@@ -298,6 +303,16 @@ impl Member {
     /// Its name.
     pub fn name(&self) -> &str {
         &self.connected.spec.node
+    }
+
+    /// One line for the banner: who it is in which cluster.
+    pub fn describe(&self) -> String {
+        format!(
+            "node {} of cluster {} (store {})",
+            self.name(),
+            self.member.cluster_id(),
+            self.connected.remote.location()
+        )
     }
 
     /// Its records in the cluster's desired state (read from the local copy).

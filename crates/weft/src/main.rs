@@ -37,6 +37,7 @@ Usage:
   weft pool add-device NAME --device PATH [--device PATH]... [--device-size SIZE]   (online)
   weft namespace clear-failure NQN [--nsid N]   (a configured file or block device namespace)
   weft volume create NAME --size SIZE [--pool POOL] [--node NODE] [--thick] [--block-size 512|4096]
+                     [--nqn NQN] [--uuid UUID] [--nguid HEX]   (what hosts see; default weft's)
   weft volume list | show NAME | delete NAME [--force] | resize NAME --size SIZE
   weft volume clone VOLUME@SNAPSHOT NAME | flatten NAME
   weft snapshot create VOLUME@SNAPSHOT | delete VOLUME@SNAPSHOT
@@ -367,6 +368,8 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         .map(|(cert, key)| weft_http::tls::Server::from_pem_files(&cert, &key))
         .transpose()?;
     let api_scheme = if api_tls.is_some() { "https" } else { "http" };
+    let api_listener = api::bind(api_listen)?;
+    let api_bound = api_listener.local_addr().map_err(|e| e.to_string())?;
     let connected = config
         .cluster
         .as_ref()
@@ -375,7 +378,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     let (api_token, token_created) = token::load_or_create(&token_path)?;
     let member = match connected {
         Some(connected) => {
-            let api = (api_scheme, api_listen);
+            let api = (api_scheme, api_bound);
             let joined = connected.join(
                 &config.data_dir,
                 &node,
@@ -426,7 +429,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         .spawn(Arc::clone(&plane))
         .map_err(|e| format!("cannot start the volume manager: {e}"))?;
     let api_address = api::start(
-        api_listen,
+        api_listener,
         api_tls,
         handle.clone(),
         status.clone(),
@@ -437,6 +440,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         },
         api_cluster,
     )?;
+    let membership = member.as_ref().map(cluster::Member::describe);
     let running = member
         .map(|member| member.run(handle.clone(), status))
         .transpose()?;
@@ -447,6 +451,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         &plane,
         (api_scheme, api_address),
         (&token_path, new_token),
+        membership.as_deref(),
     );
     let signal = weft_uring::wait_for_termination_signal()
         .map_err(|e| format!("waiting for signals: {e}"))?;
@@ -467,6 +472,7 @@ fn print_banner(
     plane: &DataPlane,
     (api_scheme, api_address): (&str, SocketAddr),
     (token_path, new_token): (&std::path::Path, Option<&str>),
+    membership: Option<&str>,
 ) {
     // A banner nobody reads (stdout closed) must not stop the node.
     let mut out = std::io::stdout().lock();
@@ -485,6 +491,9 @@ fn print_banner(
         say!("  listening  {address}  (discovery and I/O)");
     }
     say!("  api        {api_scheme}://{api_address}  (weft pool|volume|snapshot|host ...)");
+    if let Some(membership) = membership {
+        say!("  cluster    {membership}");
+    }
     match new_token {
         Some(token) => say!(
             "  api token  {token}\n             (new; shown once, kept in {})",

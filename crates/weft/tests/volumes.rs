@@ -492,3 +492,74 @@ fn a_pool_grows_online_and_keeps_its_new_device_after_a_restart() {
     assert!(ok(&node, &["volume", "list"]).contains("big"));
     bench(&node, &["--rw", "randrw", "--runtime", "300ms"]);
 }
+
+/// A volume created with the NQN, UUID and NGUID a host already knows
+/// (moved from another target) is served as them, keeps them across a
+/// restart and a delete and re-create, and no other volume may take them.
+#[test]
+fn a_volume_may_be_given_the_identity_hosts_know() {
+    let dir = temp_dir("identity");
+    const NQN: &str = "nqn.2014-08.com.example:storage:legacy-db";
+    const UUID: &str = "6f1c9b0e-2a4d-4e8b-9c55-0d3e7a1b2c4d";
+    const NGUID: &str = "0123456789abcdef0123456789abcdef";
+    let create = [
+        "volume", "create", "legacy", "--pool", "p", "--size", "8MiB", "--nqn", NQN, "--uuid",
+        UUID, "--nguid", NGUID,
+    ];
+    let check = |node: &Node| {
+        let shown: serde_json::Value =
+            serde_json::from_str(&ok(node, &["volume", "show", "legacy", "-o", "json"])).unwrap();
+        assert_eq!(
+            (
+                shown["nqn"].as_str(),
+                shown["uuid"].as_str(),
+                shown["nguid"].as_str()
+            ),
+            (Some(NQN), Some(UUID), Some(NGUID)),
+            "{shown}"
+        );
+        let url = format!("{}/{NQN}", node.nvme);
+        let (success, out, errors) = weft(
+            node,
+            &[
+                "bench",
+                "--hostnqn",
+                HOST_NQN,
+                "--target",
+                &url,
+                "--runtime",
+                "200ms",
+                "--verify",
+            ],
+        );
+        assert!(success, "{out}{errors}");
+    };
+    {
+        let node = start(&dir.join("data"));
+        pool_with_volume(&node, &dir.join("d0.img"), "v1", "8MiB");
+        ok(&node, &create);
+        ok(&node, &["host", "add", "h", "--nqn", HOST_NQN]);
+        ok(&node, &["volume", "attach", "legacy", "--host", "h"]);
+        check(&node);
+        let taken = [
+            "volume", "create", "other", "--pool", "p", "--size", "8MiB", "--nqn", NQN,
+        ];
+        assert!(refused(&node, &taken).contains("already volume legacy's"));
+        let taken = [
+            "volume", "create", "other", "--pool", "p", "--size", "8MiB", "--uuid", NGUID,
+        ];
+        assert!(refused(&node, &taken).contains("already volume legacy's"));
+        let bad = [
+            "volume", "create", "other", "--pool", "p", "--size", "8MiB", "--uuid", "xyz",
+        ];
+        assert!(refused(&node, &bad).contains("32 hex digits"));
+    }
+    let node = start(&dir.join("data"));
+    check(&node);
+    ok(&node, &["volume", "delete", "legacy"]);
+    ok(&node, &create);
+    ok(&node, &["volume", "attach", "legacy", "--host", "h"]);
+    check(&node);
+    drop(node);
+    let _ = std::fs::remove_dir_all(&dir);
+}

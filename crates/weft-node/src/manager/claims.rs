@@ -8,7 +8,7 @@
 //! A single node (no cluster) claims nothing: its own pools are the only
 //! place a name can be taken.
 
-use super::{AdminError, Manager};
+use super::{AdminError, Manager, ServedIdentity, VolumeIdentity};
 use crate::identity;
 use weft_control::{Revision, StoreError, VolumeRecord};
 
@@ -54,21 +54,32 @@ impl Manager {
     }
 
     /// Runs `create` (which creates volume `name` in `pool`) under a claim
-    /// of the name when the node is in a cluster.
+    /// of the name when the node is in a cluster; `chosen` holds the
+    /// identity chosen for it (recorded with it).
     pub(super) fn claimed(
         &mut self,
         name: &str,
         pool: &str,
+        chosen: VolumeRecord,
         create: impl FnOnce(&mut Manager) -> Result<(), AdminError>,
     ) -> Result<(), AdminError> {
         let Some(node) = self.cluster_node.clone() else {
-            return create(self);
+            create(self)?;
+            if chosen != VolumeRecord::default() {
+                let id = self.pools[pool].volume_info(name)?.id;
+                let record = VolumeRecord {
+                    id: identity::hex(&id),
+                    ..chosen
+                };
+                self.desired.put_volume(name, &record)?;
+            }
+            return Ok(());
         };
         let key = volume_key(name);
         let claim = VolumeRecord {
             node: Some(node.clone()),
             pool: Some(pool.to_string()),
-            ..VolumeRecord::default()
+            ..chosen
         };
         let revision = self.claim(name, &node, &claim)?;
         if let Err(error) = create(self) {
@@ -84,6 +95,68 @@ impl Manager {
         };
         self.desired.update(&key, &record, revision)?;
         Ok(())
+    }
+
+    /// The NQN volume `name` (of this node) is served as.
+    pub(super) fn served_nqn(&self, name: &str) -> Result<String, AdminError> {
+        let pool = self.pool_of(name)?;
+        let id = self.pools[&pool].volume_info(name)?.id;
+        let record = self.volume_record(name, &id);
+        Ok(ServedIdentity::of(name, &id, &record).nqn)
+    }
+
+    /// Checks that no other volume (of the cluster, or of this node) is
+    /// served with what `identity` chooses for volume `name`; the record
+    /// fields that keep the choice.
+    pub(super) fn check_identity_free(
+        &self,
+        name: &str,
+        identity: &VolumeIdentity,
+    ) -> Result<VolumeRecord, AdminError> {
+        let chosen = VolumeRecord {
+            nqn: identity.nqn.clone(),
+            uuid: identity.uuid.map(|b| identity::hex(&b)),
+            nguid: identity.nguid.map(|b| identity::hex(&b)),
+            ..VolumeRecord::default()
+        };
+        if chosen == VolumeRecord::default() {
+            return Ok(chosen);
+        }
+        let mut served: Vec<(String, ServedIdentity)> = Vec::new();
+        for (other, record) in self.desired.volumes()? {
+            let id = identity::parse_hex16(&record.id).unwrap_or_default();
+            served.push((other.clone(), ServedIdentity::of(&other, &id, &record)));
+        }
+        for pool in self.pools.values() {
+            for volume in pool.volumes() {
+                let record = self.volume_record(&volume.name, &volume.id);
+                served.push((
+                    volume.name.clone(),
+                    ServedIdentity::of(&volume.name, &volume.id, &record),
+                ));
+            }
+        }
+        let taken = |what, value: String, volume: &str| AdminError::IdentityTaken {
+            what,
+            value,
+            volume: volume.to_string(),
+        };
+        for (other, them) in served.iter().filter(|(other, _)| other != name) {
+            if identity.nqn.as_ref() == Some(&them.nqn) {
+                return Err(taken("NQN", them.nqn.clone(), other));
+            }
+            for (what, mine) in [("UUID", identity.uuid), ("NGUID", identity.nguid)] {
+                if mine.is_some_and(|bytes| bytes == them.uuid || bytes == them.nguid) {
+                    return Err(taken(what, identity::hex(&mine.unwrap_or_default()), other));
+                }
+            }
+        }
+        if let Some(nqn) = &identity.nqn {
+            if self.base.config.subsystems.iter().any(|s| &s.nqn == nqn) {
+                return Err(taken("NQN", nqn.clone(), "(a configured subsystem)"));
+            }
+        }
+        Ok(chosen)
     }
 
     /// Claims `name` for `node`: a new record, or ours left by a creation
@@ -121,7 +194,7 @@ impl Manager {
     ) -> Result<(), StoreError> {
         let key = volume_key(name);
         let found = self.desired.read::<VolumeRecord>(&key)?;
-        let mut record = match &found {
+        let record = match &found {
             Some(found) if found.record.node.as_deref().is_some_and(|n| n != node) => {
                 log::error!(
                     "volume {name} of pool {pool} is also recorded on node {}: hosts see only one of them; rename or delete one",
@@ -129,7 +202,7 @@ impl Manager {
                 );
                 return Ok(());
             }
-            // Attachments and limits of this very volume are kept.
+            // Attachments, limits and identity of this very volume are kept.
             Some(found) if found.record.id == id => found.record.clone(),
             _ => VolumeRecord::default(),
         };
@@ -137,8 +210,7 @@ impl Manager {
             id: id.to_string(),
             node: Some(node.to_string()),
             pool: Some(pool.to_string()),
-            hosts: std::mem::take(&mut record.hosts),
-            qos: record.qos,
+            ..record
         };
         match found {
             Some(found) if found.record == wanted => {}
@@ -214,9 +286,10 @@ mod tests {
         let store: Arc<dyn Store> = Arc::new(MemoryStore::default());
         let mut n1 = member(&store, "n1", &dir);
         let mut n2 = member(&store, "n2", &dir);
-        n1.claimed("db1", "p", create("db1")).unwrap();
+        n1.claimed("db1", "p", VolumeRecord::default(), create("db1"))
+            .unwrap();
         let mut ran = false;
-        let refused = n2.claimed("db1", "p", |_| {
+        let refused = n2.claimed("db1", "p", VolumeRecord::default(), |_| {
             ran = true;
             Ok(())
         });
@@ -240,11 +313,14 @@ mod tests {
         let dir = scratch("failed");
         let store: Arc<dyn Store> = Arc::new(MemoryStore::default());
         let mut n1 = member(&store, "n1", &dir);
-        let failed = n1.claimed("db1", "p", |_| Err(AdminError::Node("disk on fire".into())));
+        let failed = n1.claimed("db1", "p", VolumeRecord::default(), |_| {
+            Err(AdminError::Node("disk on fire".into()))
+        });
         assert!(failed.is_err());
         assert_eq!(record(&store, "db1"), None);
         let mut n2 = member(&store, "n2", &dir);
-        n2.claimed("db1", "p", create("db1")).unwrap();
+        n2.claimed("db1", "p", VolumeRecord::default(), create("db1"))
+            .unwrap();
         std::fs::remove_dir_all(dir).unwrap();
     }
 
@@ -253,7 +329,8 @@ mod tests {
         let dir = scratch("restart");
         let store: Arc<dyn Store> = Arc::new(MemoryStore::default());
         let mut n1 = member(&store, "n1", &dir);
-        n1.claimed("db1", "p", create("db1")).unwrap();
+        n1.claimed("db1", "p", VolumeRecord::default(), create("db1"))
+            .unwrap();
         // A crash between the claim and the creation leaves a claim without id.
         let unfinished = VolumeRecord {
             node: Some("n1".into()),

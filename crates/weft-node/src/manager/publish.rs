@@ -139,6 +139,7 @@ impl Manager {
                     let info = pool.volume_info(&volume.name).ok()?;
                     let record = volume_records.get(&volume.name)?;
                     let snapshot = VolumeSnapshot {
+                        identity: super::ServedIdentity::of(&volume.name, &volume.id, record),
                         info,
                         hosts: record.hosts.iter().cloned().collect(),
                         qos: record.qos,
@@ -160,7 +161,10 @@ impl Manager {
         self.member_usage
             .pools
             .retain(|name, _| self.pools.contains_key(name));
-        let hosts = super::host_statuses(hosts, &volume_records).into();
+        let attachments = self
+            .attachment_records()
+            .unwrap_or_else(|_| volume_records.clone());
+        let hosts = super::host_statuses(hosts, &attachments).into();
         self.published.store(NodeSnapshot { pools, hosts });
     }
 
@@ -186,6 +190,7 @@ impl Manager {
                     continue;
                 };
                 let after = VolumeSnapshot {
+                    identity: before.identity.clone(),
                     info,
                     hosts: before.hosts.clone(),
                     qos: before.qos,

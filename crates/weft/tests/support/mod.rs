@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod etcd;
+
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 
@@ -20,8 +22,8 @@ impl Drop for Server {
     }
 }
 
-/// Runs `weft serve ARGS` and returns once its banner (up to the first
-/// `nvme connect` line) is out, with the banner.
+/// Runs `weft serve ARGS` and returns once its banner (up to the
+/// `nvme discover` line) is out, with the banner.
 pub fn spawn_serve(args: &[&std::ffi::OsStr]) -> (Server, String) {
     spawn_serve_logging(args, Stdio::null())
 }
@@ -42,7 +44,7 @@ pub fn spawn_serve_logging(args: &[&std::ffi::OsStr], log: impl Into<Stdio>) -> 
         let line = line.unwrap();
         banner.push_str(&line);
         banner.push('\n');
-        if line.contains("nvme connect") {
+        if line.contains("nvme discover") {
             break;
         }
     }
@@ -83,6 +85,12 @@ pub struct Node {
 /// Starts `weft serve` with `data_dir` (and `extra` arguments) on ports the
 /// kernel picks; returns when the banner is out.
 pub fn start_node(data_dir: &std::path::Path, extra: &[&str]) -> Node {
+    start_node_on(data_dir, "127.0.0.1:0", extra)
+}
+
+/// [`start_node`] with NVMe/TCP on `listen`. Dropping the node kills it
+/// (SIGKILL, as a crash).
+pub fn start_node_on(data_dir: &std::path::Path, listen: &str, extra: &[&str]) -> Node {
     let mut args: Vec<&std::ffi::OsStr> = vec![
         "--reactors".as_ref(),
         "2".as_ref(),
@@ -91,7 +99,7 @@ pub fn start_node(data_dir: &std::path::Path, extra: &[&str]) -> Node {
         "--data-dir".as_ref(),
         data_dir.as_os_str(),
         "--listen".as_ref(),
-        "127.0.0.1:0".as_ref(),
+        listen.as_ref(),
     ];
     args.extend(extra.iter().map(std::ffi::OsStr::new));
     // The log goes next to the data directory, for a failed test's post-mortem.
@@ -102,7 +110,7 @@ pub fn start_node(data_dir: &std::path::Path, extra: &[&str]) -> Node {
         .open(&log_path)
         .unwrap();
     let (server, banner) = spawn_serve_logging(&args, log);
-    if !banner.contains("nvme connect") {
+    if !banner.contains("nvme discover") {
         let log = std::fs::read_to_string(&log_path).unwrap_or_default();
         panic!("weft serve stopped before its banner was out: {banner}\nits log:\n{log}");
     }
