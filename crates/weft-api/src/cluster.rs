@@ -260,7 +260,11 @@ impl Cluster {
             }
         }
         if pattern == "volumes" {
-            match self.unavailable_volumes(&answered) {
+            let listed: BTreeSet<String> = items
+                .iter()
+                .filter_map(|item| Some(item["name"].as_str()?.to_string()))
+                .collect();
+            match self.unlisted_volumes(&answered, &listed) {
                 Ok(missing) => items.extend(missing),
                 Err(response) => return response,
             }
@@ -268,8 +272,14 @@ impl Cluster {
         (200, Value::Array(items))
     }
 
-    /// Volumes recorded on nodes that did not answer.
-    fn unavailable_volumes(&self, answered: &BTreeSet<String>) -> Result<Vec<Value>, Response> {
+    /// Volumes recorded but not listed: `unavailable` when their node did
+    /// not answer, `missing` when it did (a creation that never finished, a
+    /// pool lost), so that neither disappears silently.
+    fn unlisted_volumes(
+        &self,
+        answered: &BTreeSet<String>,
+        listed: &BTreeSet<String>,
+    ) -> Result<Vec<Value>, Response> {
         let listing = self.store.list("volumes/").map_err(|e| store_failure(&e))?;
         let mut missing = Vec::new();
         for entry in listing.entries {
@@ -277,8 +287,13 @@ impl Cluster {
             let Ok(record) = serde_json::from_value::<VolumeRecord>(entry.value) else {
                 continue;
             };
-            let Some(node) = record.node.filter(|node| !answered.contains(node)) else {
+            let Some(node) = record.node.filter(|_| !listed.contains(name)) else {
                 continue;
+            };
+            let (state, failure) = if answered.contains(&node) {
+                ("missing", format!("recorded on node {node}, which does not hold it (a creation that did not finish, or its pool was lost); `weft volume delete {name}` forgets it"))
+            } else {
+                ("unavailable", format!("node {node}, which holds it, is down or does not answer"))
             };
             missing.push(json!({
                 "name": name,
@@ -288,8 +303,8 @@ impl Cluster {
                 "size_bytes": 0, "block_size": 0, "thick": false, "allocated_bytes": 0,
                 "origin": null, "snapshots": [], "connected_hosts": [], "nguid": "",
                 "hosts": record.hosts, "qos": crate::views::QosView::from(record.qos),
-                "state": "unavailable",
-                "failure": format!("node {node}, which holds it, is down or does not answer"),
+                "state": state,
+                "failure": failure,
             }));
         }
         Ok(missing)

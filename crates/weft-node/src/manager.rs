@@ -881,7 +881,14 @@ impl Manager {
         force: bool,
         plane: &DataPlane,
     ) -> Result<(), AdminError> {
-        let pool = self.pool_of(name)?;
+        let pool = match self.pool_of(name) {
+            Ok(pool) => pool,
+            Err(_) if self.forget_missing(name)? => {
+                log::info!("volume {name}: its record is forgotten (none of this node's pools held it)");
+                return Ok(());
+            }
+            Err(error) => return Err(error),
+        };
         let nqn = self.served_nqn(name)?;
         let hosts = plane.connected_hosts(&nqn);
         if !hosts.is_empty() && !force {

@@ -659,12 +659,13 @@ fn print_volumes(volumes: &[VolumeView]) {
         "HOSTS"
     );
     for v in volumes {
-        if v.state == "unavailable" {
+        if matches!(v.state.as_str(), "unavailable" | "missing") {
             println!(
-                "{:<20} {}{:<12} unavailable: {}",
+                "{:<20} {}{:<12} {}: {}",
                 v.name,
                 node_column(&v.node),
                 v.pool,
+                v.state,
                 v.failure.as_deref().unwrap_or("its node does not answer")
             );
             continue;
@@ -740,7 +741,9 @@ fn print_volume(v: &VolumeView) {
     );
     println!("type        {}", if v.thick { "thick" } else { "thin" });
     match &v.failure {
-        Some(failure) if v.state == "unavailable" => println!("state       unavailable: {failure}"),
+        Some(failure) if matches!(v.state.as_str(), "unavailable" | "missing") => {
+            println!("state       {}: {failure}", v.state)
+        }
         Some(failure) => println!(
             "state       failed ({failure}): every I/O fails until `weft pool clear-failure {}`",
             v.pool

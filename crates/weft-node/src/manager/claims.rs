@@ -97,6 +97,22 @@ impl Manager {
         Ok(())
     }
 
+    /// Forgets the record of volume `name` if it says this node holds it
+    /// (it does not: called when no pool has it); whether there was one.
+    pub(super) fn forget_missing(&mut self, name: &str) -> Result<bool, AdminError> {
+        let Some(node) = &self.cluster_node else {
+            return Ok(false);
+        };
+        let key = volume_key(name);
+        match self.desired.read::<VolumeRecord>(&key)? {
+            Some(found) if found.record.node.as_deref() == Some(node) => {
+                self.desired.remove(&key, found.revision)?;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
     /// The NQN volume `name` (of this node) is served as.
     pub(super) fn served_nqn(&self, name: &str) -> Result<String, AdminError> {
         let pool = self.pool_of(name)?;

@@ -1,0 +1,225 @@
+#!/usr/bin/env python3
+"""Control-plane figures of a weft cluster on this machine: etcd (one member)
+and three `weft serve` nodes on loopback, a pool on each.
+
+Measures, through node n1's API (so most calls are forwarded or gathered):
+  - volume create latency (placement, forward, claim in etcd, creation) and
+    create-to-servable (until weft's initiator connects to the new volume);
+  - with VOLUMES volumes and HOSTS hosts (every volume attached to a host):
+    `volume list` latency (gathered from three nodes), create latency,
+    keys in etcd, and the resident memory each volume costs a node.
+Prints a table and writes JSON (default .cache/bench/cluster/result.json).
+
+Usage: harness/bench-cluster.py [--weft target/release/weft] [--volumes 1000]
+       [--hosts 100] [--json FILE]      (a benchmark: outside CI; --volumes 30 is the smoke)
+"""
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HOST_NQN = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-0000000bc1a5"
+
+
+def quantile(values, q):
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+class Cluster:
+    def __init__(self, weft, work):
+        self.weft = weft
+        self.work = work
+        self.processes = []
+        self.etcd_url = "http://127.0.0.1:23791"
+        self.nodes = []
+
+    def start(self):
+        etcd_log = open(os.path.join(self.work, "etcd.log"), "w")
+        self.processes.append(subprocess.Popen(
+            ["etcd", "--data-dir", os.path.join(self.work, "etcd"),
+             "--listen-client-urls", self.etcd_url, "--advertise-client-urls", self.etcd_url,
+             "--listen-peer-urls", "http://127.0.0.1:23801",
+             "--initial-advertise-peer-urls", "http://127.0.0.1:23801",
+             "--initial-cluster", "default=http://127.0.0.1:23801"],
+            stdout=subprocess.DEVNULL, stderr=etcd_log))
+        self.wait(lambda: subprocess.run(
+            ["etcdctl", "--endpoints", self.etcd_url, "put", "bench", "ok"],
+            capture_output=True, env=dict(os.environ, ETCDCTL_API="3")).returncode == 0, "etcd")
+        for index in range(3):
+            name = f"n{index + 1}"
+            data = os.path.join(self.work, name)
+            os.makedirs(data, exist_ok=True)
+            args = [self.weft, "serve", "--cluster", self.etcd_url, "--node", name,
+                    "--listen", f"127.0.0.1:{15600 + index}",
+                    "--api-listen", f"127.0.0.1:{15700 + index}", "--data-dir", data,
+                    "--reactors", "1"]
+            if index > 0:
+                args += ["--api-token-file", os.path.join(self.work, "n1", "api-token")]
+            log = open(os.path.join(self.work, f"{name}.log"), "w")
+            self.processes.append(subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log))
+            node = {"name": name, "api": f"http://127.0.0.1:{15700 + index}",
+                    "nvme": f"127.0.0.1:{15600 + index}", "pid": self.processes[-1].pid}
+            self.nodes.append(node)
+            token_file = os.path.join(self.work, "n1", "api-token")
+            self.wait(lambda: os.path.exists(token_file), "n1's token")
+            self.token = open(token_file).read().strip()
+            self.wait(lambda: self.call(node, "GET", "stats")[0] == 200, name)
+
+    def wait(self, check, what, limit=30):
+        deadline = time.time() + limit
+        while not check():
+            if time.time() > deadline:
+                sys.exit(f"bench-cluster: {what} did not come up; logs in {self.work}")
+            time.sleep(0.1)
+
+    def call(self, node, method, path, body=None):
+        request = urllib.request.Request(
+            f"{node['api']}/api/v1/{path}", method=method,
+            data=None if body is None else json.dumps(body).encode(),
+            headers={"Authorization": f"Bearer {getattr(self, 'token', '')}",
+                     "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=60) as answer:
+                return answer.status, json.loads(answer.read() or b"null")
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read() or b"null")
+        except (urllib.error.URLError, ConnectionError):
+            return 0, None
+
+    def must(self, node, method, path, body=None):
+        status, answer = self.call(node, method, path, body)
+        if status not in (200, 201):
+            sys.exit(f"bench-cluster: {method} {path}: {status} {answer}")
+        return answer
+
+    def stop(self):
+        for process in reversed(self.processes):
+            process.send_signal(signal.SIGTERM)
+        for process in self.processes:
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+def rss_kib(pid):
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def timed(action):
+    start = time.perf_counter()
+    result = action()
+    return (time.perf_counter() - start) * 1000, result
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--weft", default=os.path.join(ROOT, "target/release/weft"))
+    parser.add_argument("--volumes", type=int, default=1000)
+    parser.add_argument("--hosts", type=int, default=100)
+    parser.add_argument("--json", default=os.path.join(ROOT, ".cache/bench/cluster/result.json"))
+    args = parser.parse_args()
+    work = os.path.join(ROOT, ".cache/bench/cluster/run")
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    cluster = Cluster(args.weft, work)
+    try:
+        cluster.start()
+        n1 = cluster.nodes[0]
+        for node in cluster.nodes:
+            device = os.path.join(work, node["name"], "p.img")
+            cluster.must(n1, "POST", "pools", {"name": "p", "node": node["name"],
+                                               "devices": [device],
+                                               "device_size_bytes": 256 << 30})
+        rss_before = {node["name"]: rss_kib(node["pid"]) for node in cluster.nodes}
+        cluster.wait(lambda: all(len(n["pools"]) == 1 for n in cluster.must(n1, "GET", "nodes")),
+                     "heartbeats with pools")
+        for index in range(args.hosts):
+            nqn = HOST_NQN if index == 0 else f"nqn.2014-08.org.nvmexpress:uuid:bench-host-{index}"
+            cluster.must(n1, "POST", "hosts", {"name": f"h{index}", "nqn": nqn})
+        create_ms, servable_ms = [], []
+        for index in range(args.volumes):
+            name = f"v{index}"
+            ms, _ = timed(lambda: cluster.must(n1, "POST", "volumes",
+                                               {"name": name, "size_bytes": 16 << 20}))
+            create_ms.append(ms)
+            cluster.must(n1, "POST", f"volumes/{name}/hosts", {"host": f"h{index % args.hosts}"})
+            if index % max(1, args.volumes // 20) == 0 and index % args.hosts == 0:
+                servable_ms.append(servable(cluster, name, ms))
+        list_ms = [timed(lambda: cluster.must(n1, "GET", "volumes"))[0] for _ in range(20)]
+        listed = len(cluster.must(n1, "GET", "volumes"))
+        late_create_ms = []
+        for index in range(20):
+            name = f"late{index}"
+            late_create_ms.append(timed(lambda: cluster.must(
+                n1, "POST", "volumes", {"name": name, "size_bytes": 16 << 20}))[0])
+        keys = subprocess.run(["etcdctl", "--endpoints", cluster.etcd_url, "get", "--prefix",
+                               "/weft/", "--keys-only"], capture_output=True, text=True,
+                              env=dict(os.environ, ETCDCTL_API="3")).stdout.split()
+        per_node = {n["name"]: n["volumes"] for n in cluster.must(n1, "GET", "nodes")}
+        rss_per_volume = [
+            (rss_kib(node["pid"]) - rss_before[node["name"]]) / max(1, per_node[node["name"]])
+            for node in cluster.nodes]
+        result = {
+            "volumes": args.volumes, "hosts": args.hosts, "listed": listed,
+            "create_ms_p50": quantile(create_ms, 0.5), "create_ms_p99": quantile(create_ms, 0.99),
+            "servable_ms_p50": quantile(servable_ms, 0.5),
+            "servable_ms_p99": quantile(servable_ms, 0.99),
+            "servable_samples": len(servable_ms),
+            "list_ms_p50": quantile(list_ms, 0.5), "list_ms_p99": quantile(list_ms, 0.99),
+            "create_at_scale_ms_p50": quantile(late_create_ms, 0.5),
+            "create_at_scale_ms_p99": quantile(late_create_ms, 0.99),
+            "etcd_keys": len(keys),
+            "rss_kib_per_volume": statistics.mean(rss_per_volume),
+            "volumes_per_node": per_node,
+        }
+    finally:
+        cluster.stop()
+    os.makedirs(os.path.dirname(args.json), exist_ok=True)
+    with open(args.json, "w") as out:
+        json.dump(result, out, indent=2)
+    print(f"{'figure':<44} {'p50':>10} {'p99':>10}")
+    for label, key in [("volume create (through n1, ms)", "create_ms"),
+                       ("create to servable (ms)", "servable_ms"),
+                       (f"volume list, {args.volumes} volumes (ms)", "list_ms"),
+                       (f"create with {args.volumes} volumes (ms)", "create_at_scale_ms")]:
+        print(f"{label:<44} {result[key + '_p50']:>10.1f} {result[key + '_p99']:>10.1f}")
+    print(f"keys in etcd: {result['etcd_keys']} ({args.volumes + 20} volumes, {args.hosts} hosts,"
+          f" 3 nodes); resident memory per volume on a node: "
+          f"{result['rss_kib_per_volume']:.0f} KiB; per node {per_node}")
+    print(f"(JSON: {args.json})")
+
+
+def servable(cluster, name, create_ms):
+    """Milliseconds from the create call until weft's initiator reads the new
+    volume (the create's own time plus the wait after it)."""
+    owner = next(v for v in cluster.must(cluster.nodes[0], "GET", "volumes")
+                 if v["name"] == name)["node"]
+    nvme = next(n for n in cluster.nodes if n["name"] == owner)["nvme"]
+    url = f"nvme-tcp://{nvme}/nqn.2026-11.io.weft:vol:{name}"
+    start = time.perf_counter()
+    while True:
+        done = subprocess.run([cluster.weft, "bench", "--target", url, "--hostnqn", HOST_NQN,
+                               "--rw", "read", "--size", "4k"], capture_output=True)
+        if done.returncode == 0:
+            return create_ms + (time.perf_counter() - start) * 1000
+        if time.perf_counter() - start > 10:
+            sys.exit(f"bench-cluster: {name} not servable: {done.stderr.decode()}")
+
+
+if __name__ == "__main__":
+    main()
