@@ -13,6 +13,8 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+#[cfg(any(test, feature = "testing"))]
+pub mod conformance;
 pub mod durable;
 pub mod embedded;
 pub mod memory;

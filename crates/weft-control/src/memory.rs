@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// Changes kept for watchers that start after an older revision.
-const HISTORY_MAX: usize = 4096;
+pub(crate) const HISTORY_MAX: usize = 4096;
 
 /// Where a store's leases get their time.
 pub trait Clock: Send + Sync {
