@@ -180,7 +180,10 @@ impl Cluster {
             several => Err(failure(
                 409,
                 "ambiguous",
-                &format!("nodes {} each have a pool {pool}", several.join(", ")),
+                &format!(
+                    "nodes {} each have a pool {pool}: name one with --node NODE",
+                    several.join(", ")
+                ),
                 "name the node: --node NODE (API: ?node=NODE)",
             )),
         }
@@ -293,7 +296,10 @@ impl Cluster {
             let (state, failure) = if answered.contains(&node) {
                 ("missing", format!("recorded on node {node}, which does not hold it (a creation that did not finish, or its pool was lost); `weft volume delete {name}` forgets it"))
             } else {
-                ("unavailable", format!("node {node}, which holds it, is down or does not answer"))
+                (
+                    "unavailable",
+                    format!("node {node}, which holds it, is down or does not answer"),
+                )
             };
             missing.push(json!({
                 "name": name,

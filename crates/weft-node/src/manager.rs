@@ -884,7 +884,9 @@ impl Manager {
         let pool = match self.pool_of(name) {
             Ok(pool) => pool,
             Err(_) if self.forget_missing(name)? => {
-                log::info!("volume {name}: its record is forgotten (none of this node's pools held it)");
+                log::info!(
+                    "volume {name}: its record is forgotten (none of this node's pools held it)"
+                );
                 return Ok(());
             }
             Err(error) => return Err(error),

@@ -13,6 +13,7 @@ use std::time::Duration;
 use weft_cluster::membership::DEFAULT_LEASE_TTL;
 use weft_cluster::{Agent, MemberConfig};
 use weft_control::{DesiredState, Mirror, Store};
+use weft_etcd::{EtcdConfig, EtcdStore, EtcdTls};
 use weft_node::cluster::join;
 use weft_node::{identity, ManagerHandle, NodeId, StatusReader};
 
@@ -352,10 +353,26 @@ impl Running {
     }
 }
 
-/// Connects to etcd.
+/// Connects to etcd (as the configured user, over TLS when a CA is given).
 fn connect_etcd(spec: &ClusterSpec) -> Result<Arc<dyn Store>, String> {
-    let _ = spec;
-    Err("etcd is not connected yet".into())
+    let mut config = EtcdConfig::new(spec.endpoints.clone());
+    if let (Some(user), Some(file)) = (&spec.etcd_user, &spec.etcd_password_file) {
+        let password = std::fs::read_to_string(file)
+            .map_err(|e| format!("etcd_password_file {}: {e}", file.display()))?;
+        config.user = Some((
+            user.clone(),
+            password.trim_end_matches(['\r', '\n']).to_string(),
+        ));
+    }
+    if let Some(ca) = &spec.etcd_ca {
+        config.tls = Some(EtcdTls {
+            ca: ca.clone(),
+            cert: spec.etcd_cert.clone(),
+            key: spec.etcd_key.clone(),
+        });
+    }
+    let store = EtcdStore::connect(config).map_err(|e| e.to_string())?;
+    Ok(Arc::new(store))
 }
 
 #[cfg(test)]
