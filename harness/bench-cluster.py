@@ -170,7 +170,9 @@ def main():
         keys = subprocess.run(["etcdctl", "--endpoints", cluster.etcd_url, "get", "--prefix",
                                "/weft/", "--keys-only"], capture_output=True, text=True,
                               env=dict(os.environ, ETCDCTL_API="3")).stdout.split()
-        per_node = {n["name"]: n["volumes"] for n in cluster.must(n1, "GET", "nodes")}
+        per_node = {node["name"]: 0 for node in cluster.nodes}
+        for volume in cluster.must(n1, "GET", "volumes"):
+            per_node[volume["node"]] += 1
         rss_per_volume = [
             (rss_kib(node["pid"]) - rss_before[node["name"]]) / max(1, per_node[node["name"]])
             for node in cluster.nodes]

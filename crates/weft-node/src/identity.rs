@@ -92,7 +92,14 @@ pub fn random_bytes<const N: usize>() -> io::Result<[u8; N]> {
 
 /// Lower-case hex of `bytes`.
 pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    // One allocation: this runs for every volume at every exports rebuild.
+    let mut text = String::with_capacity(bytes.len() * 2);
+    for byte in bytes {
+        text.push(char::from(DIGITS[usize::from(byte >> 4)]));
+        text.push(char::from(DIGITS[usize::from(byte & 15)]));
+    }
+    text
 }
 
 /// 16 bytes from 32 hex digits (dashes, as in a UUID, are skipped).

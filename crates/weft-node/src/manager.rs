@@ -535,6 +535,8 @@ impl Manager {
         });
         for (pool_name, pool) in &self.pools {
             let member_fds = pool.media().fds();
+            // One copy per pool and rebuild: each volume's backend shares it.
+            let layout = Arc::new(*pool.layout());
             let health = &self.health[pool_name];
             for volume in pool.volumes() {
                 let record = self.volume_record(&volume.name, &volume.id);
@@ -572,7 +574,7 @@ impl Manager {
                     volume: volume.name.clone(),
                     map: Arc::clone(&volume.map),
                     gate: Arc::clone(&volume.gate),
-                    layout: *pool.layout(),
+                    layout: Arc::clone(&layout),
                     member_fds: member_fds.clone(),
                     manager: Arc::new(self.handle.clone()),
                     health: Arc::clone(health),

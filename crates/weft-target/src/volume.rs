@@ -29,7 +29,7 @@ pub struct VolumeBackend {
     /// The volume's I/O gate.
     pub gate: Arc<WriteGate>,
     /// The pool's stripe geometry.
-    pub layout: Layout,
+    pub layout: Arc<Layout>,
     /// Descriptors of the pool's members, in stripe order; open as long as the pool is.
     pub member_fds: Vec<RawFd>,
     /// Where slow-path work goes.
@@ -190,7 +190,7 @@ mod tests {
             volume: "v".into(),
             map,
             gate: Arc::default(),
-            layout,
+            layout: Arc::new(layout),
             member_fds: vec![10, 11],
             manager: Arc::new(Nowhere),
             health: Arc::default(),
