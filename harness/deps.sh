@@ -2,7 +2,8 @@
 # Installs the Debian packages weft's tests need on the host, only those missing:
 # qemu (the guest), debootstrap/e2fsprogs/cpio (the guest image), iproute2, a C compiler
 # (ring, the API's TLS crypto, builds C), openssl (the API TLS test makes a certificate),
-# etcd (the cluster tests run a real one) and protoc (etcd-client's build generates its gRPC code).
+# protoc (etcd-client compiles etcd's gRPC API at build time) and etcd with etcdctl (the
+# cluster store's tests run real members; harness/etcd.sh starts them by hand).
 # The guest image itself carries nvme-cli and fio (harness/vm/build-image.sh).
 set -euo pipefail
 missing=()
@@ -17,9 +18,9 @@ need python3 python3
 need flock util-linux
 need cc gcc
 need openssl openssl
+need protoc protobuf-compiler
 need etcd etcd-server
 need etcdctl etcd-client
-need protoc protobuf-compiler
 if [ ${#missing[@]} -gt 0 ]; then
     echo "deps: installing ${missing[*]}"
     apt-get update -q

@@ -16,7 +16,8 @@
 //!   too far behind (or whose store connection breaks) is told to list again.
 //!
 //! Implementations: [`crate::MemoryStore`], [`crate::EmbeddedStore`], and
-//! etcd (in the cluster crate).
+//! etcd (`weft_etcd::EtcdStore`); `conformance` (feature `testing`) is the
+//! suite that holds them to the memory store's behaviour.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;

@@ -32,6 +32,9 @@ pub(crate) enum Failure {
     /// The user may not touch these keys.
     #[error("permission denied")]
     PermissionDenied,
+    /// The TLS handshake failed on a certificate (not worth retrying).
+    #[error("{0}")]
+    Tls(String),
     /// Anything else etcd refused, in its words.
     #[error("{0}")]
     Refused(String),
@@ -45,13 +48,13 @@ impl From<etcd_client::Error> for Failure {
                 match (failure, std::error::Error::source(&status)) {
                     // tonic's "tcp connect error" says why only in its sources.
                     (Failure::Unreachable(cause), Some(source)) => {
-                        Failure::Unreachable(format!("{cause}: {}", root_cause(source)))
+                        Failure::unreachable(with_root_cause(cause, source))
                     }
                     (failure, _) => failure,
                 }
             }
             etcd_client::Error::TransportError(error) => {
-                Failure::Unreachable(format!("{error}: {}", root_cause(&error)))
+                Failure::unreachable(with_root_cause(error.to_string(), &error))
             }
             etcd_client::Error::IoError(error) => Failure::Unreachable(error.to_string()),
             other => Failure::Refused(other.to_string()),
@@ -60,6 +63,15 @@ impl From<etcd_client::Error> for Failure {
 }
 
 impl Failure {
+    /// A failure to reach a member, unless it was its certificate.
+    fn unreachable(cause: String) -> Failure {
+        if cause.to_lowercase().contains("certificate") {
+            Failure::Tls(cause)
+        } else {
+            Failure::Unreachable(cause)
+        }
+    }
+
     /// Sorts a gRPC status by its code and etcd's message (etcd's error
     /// values are only distinguished by their text).
     pub(crate) fn of_status(code: Code, message: &str) -> Failure {
@@ -94,14 +106,20 @@ impl Failure {
     }
 }
 
-/// The innermost source of an error: the useful part of a transport error
-/// ("Connection refused"), under layers that repeat "tcp connect error".
-fn root_cause(error: &(dyn std::error::Error + 'static)) -> String {
+/// `text` followed by the innermost source of `error`: the useful part of
+/// a transport error ("Connection refused"), under layers that repeat "tcp
+/// connect error".
+fn with_root_cause(text: String, error: &(dyn std::error::Error + 'static)) -> String {
     let mut innermost = error;
     while let Some(source) = innermost.source() {
         innermost = source;
     }
-    innermost.to_string()
+    let root = innermost.to_string();
+    if text.contains(&root) {
+        text
+    } else {
+        format!("{text}: {root}")
+    }
 }
 
 /// What a store's messages name.
@@ -146,6 +164,10 @@ impl Context {
                 "etcd requires a user and password (its authentication is enabled); configure them"
                     .to_string()
             }
+            Failure::Tls(cause) => format!(
+                "TLS with etcd at {} failed: {cause}; check the CA and client certificates",
+                self.endpoints
+            ),
             Failure::PermissionDenied => format!(
                 "etcd user {:?} may not read or write the keys under {}: permission denied",
                 self.user.as_deref().unwrap_or(""),

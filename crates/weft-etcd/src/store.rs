@@ -54,7 +54,9 @@ impl Retry {
         match (self, failure) {
             (Retry::Unreachable, Failure::Unreachable(_)) => true,
             (Retry::NotSent, Failure::Unreachable(cause)) => {
-                cause.contains("connect") || cause.contains("no leader")
+                // Not "connection ...": a connection that broke may have
+                // carried the request.
+                cause.contains("tcp connect error") || cause.contains("no leader")
             }
             _ => false,
         }
@@ -63,7 +65,7 @@ impl Retry {
 
 /// The cluster's desired state in etcd.
 pub struct EtcdStore {
-    /// Runs every request and watch; dropped last, ending the watches.
+    /// Runs every request and watch; dropping it ends the watches.
     runtime: tokio::runtime::Runtime,
     members: Members,
     keys: Keys,
@@ -144,6 +146,7 @@ impl EtcdStore {
             let deadline = Instant::now() + timeout;
             let mut last = None;
             let mut failed_in_turn = 0;
+            let mut maybe_applied = false;
             loop {
                 let patience = match retry {
                     Retry::Unreachable => timeout / 2,
@@ -161,7 +164,10 @@ impl EtcdStore {
                     Ok(Err(failure)) if !retry.allows(&failure) => return Err(failure),
                     Ok(Err(failure)) => last = Some(failure),
                     // A commit that got no answer may yet be applied.
-                    Err(_) if retry == Retry::NotSent => break,
+                    Err(_) if retry == Retry::NotSent => {
+                        maybe_applied = true;
+                        break;
+                    }
                     Err(_) => {}
                 }
                 self.members.failed(index);
@@ -180,6 +186,9 @@ impl EtcdStore {
             let mut cause = format!("no answer within {timeout:?}");
             if let Some(last) = last {
                 cause.push_str(&format!(" (last error: {last})"));
+            }
+            if maybe_applied {
+                cause.push_str("; the change may or may not have been made: read it again");
             }
             Err(Failure::Unreachable(cause))
         })
@@ -478,6 +487,8 @@ mod tests {
         assert!(Retry::NotSent.allows(&refused));
         assert!(Retry::NotSent.allows(&Failure::Unreachable("no leader".into())));
         assert!(!Retry::NotSent.allows(&timed_out));
+        let broken = Failure::Unreachable("h2 protocol error: connection reset".into());
+        assert!(!Retry::NotSent.allows(&broken));
         assert!(Retry::Unreachable.allows(&timed_out));
         assert!(!Retry::Unreachable.allows(&Failure::LeaseNotFound));
     }

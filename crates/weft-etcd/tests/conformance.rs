@@ -92,3 +92,24 @@ fn keys_live_under_the_prefix_in_etcd() {
     assert_eq!(neighbour.list("").expect("list").entries, []);
     assert!(store.location().contains(&etcd.endpoints()[0]));
 }
+
+#[test]
+fn long_listings_are_read_in_pages_of_one_revision() {
+    let etcd = Etcd::start(1, "pages");
+    let store = etcd.store("/weft/");
+    // etcd takes at most 128 changes per transaction.
+    for chunk in 0..5 {
+        let changes = (0..120)
+            .map(|n| Change::put(format!("volumes/v{:04}", chunk * 120 + n), json!(n)))
+            .collect();
+        store.commit(Txn::changes(changes)).expect("commit");
+    }
+    let last = store
+        .commit(Txn::changes(vec![Change::put("volumesx", json!(0))]))
+        .expect("commit");
+    let listing = store.list("volumes/").expect("list");
+    assert_eq!(listing.revision, last);
+    let keys: Vec<String> = listing.entries.into_iter().map(|e| e.key).collect();
+    let expected: Vec<String> = (0..600).map(|n| format!("volumes/v{n:04}")).collect();
+    assert_eq!(keys, expected);
+}

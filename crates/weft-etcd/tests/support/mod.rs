@@ -10,7 +10,7 @@ use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
-use weft_etcd::{EtcdConfig, EtcdStore};
+use weft_etcd::{EtcdConfig, EtcdStore, EtcdTls};
 
 /// How long a cluster may take to elect a leader.
 const START_TIMEOUT: Duration = Duration::from_secs(20);
@@ -32,6 +32,73 @@ pub fn binary(name: &str) -> PathBuf {
     }
 }
 
+/// PEM files of a test CA and the certificates it signed for 127.0.0.1.
+#[derive(Debug, Clone)]
+pub struct Certificates {
+    /// The CA's certificate.
+    pub ca: PathBuf,
+    /// The members' certificate and key.
+    pub server: (PathBuf, PathBuf),
+    /// A client certificate and key.
+    pub client: (PathBuf, PathBuf),
+}
+
+impl Certificates {
+    /// Makes a CA and its certificates in `dir` with openssl.
+    fn make(dir: &Path) -> Certificates {
+        std::fs::create_dir_all(dir).expect("certificate directory");
+        // Every argument is one word: split at spaces.
+        let run = |line: String| {
+            let args: Vec<&str> = line.split_whitespace().collect();
+            let output = Command::new("openssl")
+                .current_dir(dir)
+                .args(&args)
+                .output()
+                .expect("openssl is installed (harness/deps.sh installs it)");
+            assert!(
+                output.status.success(),
+                "openssl {line}: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        };
+        let new_key = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
+        run(format!(
+            "req -x509 {new_key} -days 1 -subj /CN=weft-test-CA \
+             -addext basicConstraints=critical,CA:TRUE \
+             -addext keyUsage=critical,keyCertSign,cRLSign -keyout ca.key -out ca.pem"
+        ));
+        std::fs::write(
+            dir.join("leaf.ext"),
+            "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n\
+             basicConstraints=critical,CA:FALSE\n",
+        )
+        .expect("extensions");
+        for name in ["server", "client"] {
+            run(format!(
+                "req -new {new_key} -subj /CN={name} -keyout {name}.key -out {name}.csr"
+            ));
+            run(format!(
+                "x509 -req -in {name}.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 \
+                 -extfile leaf.ext -out {name}.pem"
+            ));
+        }
+        Certificates {
+            ca: dir.join("ca.pem"),
+            server: (dir.join("server.pem"), dir.join("server.key")),
+            client: (dir.join("client.pem"), dir.join("client.key")),
+        }
+    }
+
+    /// TLS settings of a client with the client certificate.
+    pub fn client_tls(&self) -> EtcdTls {
+        EtcdTls {
+            ca: self.ca.clone(),
+            cert: Some(self.client.0.clone()),
+            key: Some(self.client.1.clone()),
+        }
+    }
+}
+
 /// One member.
 struct Member {
     name: String,
@@ -45,11 +112,28 @@ pub struct Etcd {
     dir: PathBuf,
     members: Vec<Member>,
     initial_cluster: String,
+    /// Members serve clients over TLS and require client certificates.
+    tls: Option<Certificates>,
 }
 
 impl Etcd {
     /// Starts `count` members and waits until they have a leader.
     pub fn start(count: usize, test: &str) -> Etcd {
+        Etcd::launch(count, test, false)
+    }
+
+    /// Starts one member that serves clients over TLS only, to clients
+    /// with a certificate from [`Etcd::certificates`].
+    pub fn start_tls(test: &str) -> Etcd {
+        Etcd::launch(1, test, true)
+    }
+
+    /// The certificates of a cluster started with [`Etcd::start_tls`].
+    pub fn certificates(&self) -> &Certificates {
+        self.tls.as_ref().expect("a TLS cluster")
+    }
+
+    fn launch(count: usize, test: &str, tls: bool) -> Etcd {
         let dir = std::env::temp_dir().join(format!("weft-etcd-{test}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("temporary directory");
@@ -66,10 +150,12 @@ impl Etcd {
             .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer_port))
             .collect::<Vec<_>>()
             .join(",");
+        let tls = tls.then(|| Certificates::make(&dir.join("tls")));
         let mut etcd = Etcd {
             dir,
             members,
             initial_cluster,
+            tls,
         };
         for n in 0..count {
             etcd.spawn(n);
@@ -80,9 +166,10 @@ impl Etcd {
 
     /// The client URLs of every member (stopped or not).
     pub fn endpoints(&self) -> Vec<String> {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
         self.members
             .iter()
-            .map(|m| format!("http://127.0.0.1:{}", m.client_port))
+            .map(|m| format!("{scheme}://127.0.0.1:{}", m.client_port))
             .collect()
     }
 
@@ -92,6 +179,7 @@ impl Etcd {
         let mut config = EtcdConfig::new(self.endpoints());
         config.prefix = prefix.to_string();
         config.request_timeout = Duration::from_secs(3);
+        config.tls = self.tls.as_ref().map(Certificates::client_tls);
         config
     }
 
@@ -139,18 +227,23 @@ impl Etcd {
             .filter(|(member, _)| member.child.is_some())
             .map(|(_, endpoint)| endpoint)
             .collect();
-        Command::new(binary("etcdctl"))
+        let mut command = Command::new(binary("etcdctl"));
+        command
             .env("ETCDCTL_API", "3")
             .arg(format!("--endpoints={}", endpoints.join(",")))
-            .arg("--dial-timeout=3s")
-            .args(args)
-            .output()
-            .expect("run etcdctl")
+            .arg("--dial-timeout=3s");
+        if let Some(tls) = &self.tls {
+            command
+                .arg(format!("--cacert={}", tls.ca.display()))
+                .arg(format!("--cert={}", tls.client.0.display()))
+                .arg(format!("--key={}", tls.client.1.display()));
+        }
+        command.args(args).output().expect("run etcdctl")
     }
 
     fn spawn(&mut self, n: usize) {
         let member = &self.members[n];
-        let client = format!("http://127.0.0.1:{}", member.client_port);
+        let client = self.endpoints()[n].clone();
         let peer = format!("http://127.0.0.1:{}", member.peer_port);
         let data = self.dir.join(&member.name);
         let log = std::fs::OpenOptions::new()
@@ -158,7 +251,15 @@ impl Etcd {
             .append(true)
             .open(self.dir.join(format!("{}.log", member.name)))
             .expect("member log");
-        let child = Command::new(binary("etcd"))
+        let mut command = Command::new(binary("etcd"));
+        if let Some(tls) = &self.tls {
+            command
+                .arg(format!("--trusted-ca-file={}", tls.ca.display()))
+                .arg(format!("--cert-file={}", tls.server.0.display()))
+                .arg(format!("--key-file={}", tls.server.1.display()))
+                .arg("--client-cert-auth");
+        }
+        let child = command
             .arg(format!("--name={}", member.name))
             .arg(format!("--data-dir={}", data.display()))
             .arg(format!("--listen-client-urls={client}"))
@@ -189,7 +290,7 @@ impl Etcd {
                 continue;
             }
             let port = self.members[n].client_port;
-            while !healthy(port) {
+            while !self.healthy(n, port) {
                 if let Some(status) = self.members[n]
                     .child
                     .as_mut()
@@ -233,7 +334,21 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-/// Whether the member at `port` answers its /health endpoint with true.
+impl Etcd {
+    /// Whether member `n` says the cluster is healthy.
+    fn healthy(&self, n: usize, port: u16) -> bool {
+        if self.tls.is_none() {
+            return healthy(port);
+        }
+        let endpoint = &self.endpoints()[n];
+        self.try_etcdctl(&["endpoint", "health", &format!("--endpoints={endpoint}")])
+            .status
+            .success()
+    }
+}
+
+/// Whether the plain member at `port` answers its /health endpoint with
+/// true.
 fn healthy(port: u16) -> bool {
     use std::io::{Read, Write};
     let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
