@@ -17,17 +17,21 @@
 use crate::views::NodeView as NodeJson;
 use crate::{failure, Response};
 use serde_json::{json, Value};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use weft_cluster::nodes::{self, NodeError};
-use weft_cluster::placement::{place, PlacementError, PlacementRequest};
+use weft_cluster::placement::{place, Placement, PlacementError, PlacementRequest};
 use weft_cluster::NodeView;
 use weft_control::{Store, StoreError, VolumeRecord};
 use weft_http::{self as http, Request};
 
 /// How long a forwarded call may take (creating a thick volume writes it).
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// How long placement waits for a heartbeat to report a pool just created
+/// (heartbeats are a third of the lease apart: 1.7 s by default).
+const HEARTBEAT_WAIT: Duration = Duration::from_secs(3);
 
 /// The query mark of a call forwarded by another node.
 const LOCAL_MARK: &str = "local=1";
@@ -132,17 +136,11 @@ impl Cluster {
                 pool.unwrap_or_default(),
             ),
             (node, pool, Some(size_bytes)) => {
-                let nodes = nodes::list(self.store.as_ref()).map_err(|e| store_failure(&e))?;
-                let request = PlacementRequest {
-                    size_bytes,
-                    thick: fields
-                        .get("thick")
-                        .and_then(Value::as_bool)
-                        .unwrap_or(false),
-                    node: node.as_deref(),
-                    pool: pool.as_deref(),
-                };
-                let placed = place(&nodes, request).map_err(|e| placement_failure(&e))?;
+                let thick = fields
+                    .get("thick")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false);
+                let placed = self.place(size_bytes, thick, node.as_deref(), pool.as_deref())?;
                 (placed.node, placed.pool)
             }
         };
@@ -152,6 +150,73 @@ impl Cluster {
         }
         let body = Some(Value::Object(fields).to_string().into_bytes());
         Ok(self.to_node(node, body))
+    }
+
+    /// Where a new volume goes (weft-cluster's policy). Pools are known
+    /// to placement from heartbeats, a third of the lease apart: a pool
+    /// whose record is in the store but not yet in its node's heartbeat
+    /// (just created) is waited for, briefly, rather than refused.
+    fn place(
+        &self,
+        size_bytes: u64,
+        thick: bool,
+        node: Option<&str>,
+        pool: Option<&str>,
+    ) -> Result<Placement, Response> {
+        let deadline = Instant::now() + HEARTBEAT_WAIT;
+        loop {
+            let nodes = nodes::list(self.store.as_ref()).map_err(|e| store_failure(&e))?;
+            let volumes_by_node = self.volumes_by_node()?;
+            let request = PlacementRequest {
+                size_bytes,
+                thick,
+                node,
+                pool,
+                volumes_by_node: &volumes_by_node,
+            };
+            match place(&nodes, request) {
+                Ok(placed) => return Ok(placed),
+                Err(PlacementError::NoSuchPool(_) | PlacementError::NoNode)
+                    if Instant::now() < deadline && self.pool_recorded(pool, &nodes)? =>
+                {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Err(error) => return Err(placement_failure(&error)),
+            }
+        }
+    }
+
+    /// Whether an up node has a pool (named `pool`, if given) in the store.
+    fn pool_recorded(
+        &self,
+        pool: Option<&str>,
+        nodes: &BTreeMap<String, NodeView>,
+    ) -> Result<bool, Response> {
+        let listing = self.store.list("nodes/").map_err(|e| store_failure(&e))?;
+        Ok(listing.entries.iter().any(|entry| {
+            let Some((node, rest)) = entry.key["nodes/".len()..].split_once('/') else {
+                return false;
+            };
+            let named = rest
+                .strip_prefix("pools/")
+                .is_some_and(|name| pool.is_none_or(|pool| pool == name));
+            named && nodes.get(node).is_some_and(NodeView::is_alive)
+        }))
+    }
+
+    /// How many volumes the store records on each node.
+    fn volumes_by_node(&self) -> Result<BTreeMap<String, usize>, Response> {
+        let listing = self.store.list("volumes/").map_err(|e| store_failure(&e))?;
+        let mut counts = BTreeMap::new();
+        for entry in listing.entries {
+            if let Ok(VolumeRecord {
+                node: Some(node), ..
+            }) = serde_json::from_value(entry.value)
+            {
+                *counts.entry(node).or_insert(0) += 1;
+            }
+        }
+        Ok(counts)
     }
 
     /// A new pool is made by the node named (this one by default).

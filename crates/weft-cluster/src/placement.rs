@@ -3,9 +3,14 @@
 //! Policy: among the pools of nodes that are up and not cordoned (or of the
 //! node the operator names, which must be up and not cordoned), not failed
 //! (or the pool the operator names), large enough to ever hold the volume
-//! (a thick volume: with that much free), the pool with the most free bytes
-//! wins; ties go to the first node, then pool, by name, so that the choice
-//! is the same on every node for the same cluster state.
+//! (a thick volume: with that much free), the pool with the most room
+//! wins: for a thick volume the most free bytes, for a thin one the most
+//! bytes not yet promised to volumes (capacity less provisioned sizes, as a
+//! thin volume's size is a promise: otherwise every thin volume would go to
+//! one node until hosts write). Ties go to the node with the fewest volumes
+//! recorded in the store (fresher than heartbeats: a burst of creates
+//! between two heartbeats spreads), then to the first node and pool by name,
+//! so that the choice is the same on every node for the same cluster state.
 
 use crate::nodes::{NodeState, NodeView};
 use std::collections::BTreeMap;
@@ -21,6 +26,8 @@ pub struct PlacementRequest<'a> {
     pub node: Option<&'a str>,
     /// The pool the operator chose.
     pub pool: Option<&'a str>,
+    /// How many volumes the store records on each node.
+    pub volumes_by_node: &'a BTreeMap<String, usize>,
 }
 
 /// The chosen node and pool.
@@ -117,14 +124,23 @@ pub fn place(
             pool.capacity_bytes
         }
     };
+    let score = |pool: &crate::records::PoolSummary| {
+        if request.thick {
+            pool.free_bytes()
+        } else {
+            pool.unpromised_bytes()
+        }
+    };
+    let volumes = |node: &str| request.volumes_by_node.get(node).copied().unwrap_or(0);
     let best_bytes = candidates.iter().map(|(_, p)| room(p)).max().unwrap_or(0);
-    // Most free bytes first; by name (node, then pool) among equals.
+    // Most room first; then fewest volumes; by name (node, then pool) among equals.
     candidates
         .iter()
         .filter(|(_, pool)| room(pool) >= request.size_bytes)
         .min_by(|(node_a, a), (node_b, b)| {
-            b.free_bytes()
-                .cmp(&a.free_bytes())
+            score(b)
+                .cmp(&score(a))
+                .then_with(|| volumes(node_a).cmp(&volumes(node_b)))
                 .then_with(|| node_a.cmp(node_b))
                 .then_with(|| a.name.cmp(&b.name))
         })
@@ -167,6 +183,7 @@ mod tests {
                         name: name.into(),
                         capacity_bytes: capacity * GIB,
                         allocated_bytes: allocated * GIB,
+                        provisioned_bytes: allocated * GIB,
                         failed: false,
                     })
                     .collect(),
@@ -189,12 +206,15 @@ mod tests {
         .collect()
     }
 
+    static NO_VOLUMES: BTreeMap<String, usize> = BTreeMap::new();
+
     fn request(size_gib: u64) -> PlacementRequest<'static> {
         PlacementRequest {
             size_bytes: size_gib * GIB,
             thick: false,
             node: None,
             pool: None,
+            volumes_by_node: &NO_VOLUMES,
         }
     }
 
@@ -230,6 +250,36 @@ mod tests {
         .map(|n| (n.member.name.clone(), n))
         .collect();
         assert_eq!(place(&nodes, request(1)), placed("a", "p"));
+        // Between heartbeats, volumes recorded since spread the next ones.
+        let recorded = BTreeMap::from([("a".to_string(), 2)]);
+        let spread = PlacementRequest {
+            volumes_by_node: &recorded,
+            ..request(1)
+        };
+        assert_eq!(place(&nodes, spread), placed("b", "p"));
+    }
+
+    #[test]
+    fn thin_volumes_go_where_least_is_promised() {
+        let mut nodes: BTreeMap<_, _> = [
+            node("a", true, false, &[("p", 10, 1)]),
+            node("b", true, false, &[("p", 10, 1)]),
+        ]
+        .into_iter()
+        .map(|n| (n.member.name.clone(), n))
+        .collect();
+        let pools = &mut nodes.get_mut("a").unwrap().alive.as_mut().unwrap().pools;
+        pools[0].provisioned_bytes = 8 * GIB;
+        assert_eq!(place(&nodes, request(1)), placed("b", "p"));
+        let thick = PlacementRequest {
+            thick: true,
+            ..request(1)
+        };
+        assert_eq!(
+            place(&nodes, thick),
+            placed("a", "p"),
+            "equal free space: by name"
+        );
     }
 
     #[test]

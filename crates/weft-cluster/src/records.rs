@@ -75,6 +75,9 @@ pub struct PoolSummary {
     pub capacity_bytes: u64,
     /// Bytes allocated to volumes and snapshots.
     pub allocated_bytes: u64,
+    /// Sum of its volumes' sizes (thin volumes may promise more than the capacity).
+    #[serde(default)]
+    pub provisioned_bytes: u64,
     /// Whether the pool has failed (no volume goes there).
     #[serde(default)]
     pub failed: bool,
@@ -84,6 +87,11 @@ impl PoolSummary {
     /// Bytes not yet allocated.
     pub fn free_bytes(&self) -> u64 {
         self.capacity_bytes.saturating_sub(self.allocated_bytes)
+    }
+
+    /// Bytes not yet promised to volumes.
+    pub fn unpromised_bytes(&self) -> u64 {
+        self.capacity_bytes.saturating_sub(self.provisioned_bytes)
     }
 }
 
@@ -150,8 +158,10 @@ mod tests {
             name: "p".into(),
             capacity_bytes: 10,
             allocated_bytes: 12,
+            provisioned_bytes: 20,
             failed: false,
         };
         assert_eq!(pool.free_bytes(), 0);
+        assert_eq!(pool.unpromised_bytes(), 0);
     }
 }

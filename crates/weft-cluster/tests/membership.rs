@@ -46,6 +46,7 @@ fn nodes_join_one_cluster_and_show_up_with_their_status() {
             name: "fast".into(),
             capacity_bytes: 100,
             allocated_bytes: 10,
+            provisioned_bytes: 10,
             failed: false,
         }],
         volumes: 3,

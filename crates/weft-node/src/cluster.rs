@@ -116,6 +116,7 @@ pub fn node_status(status: &StatusReader) -> NodeStatus {
                 name: pool.info.name,
                 capacity_bytes: pool.info.capacity_bytes,
                 allocated_bytes: pool.info.allocated_bytes,
+                provisioned_bytes: pool.info.provisioned_bytes,
                 failed: pool.failure.is_some(),
             })
             .collect(),
