@@ -34,6 +34,9 @@ else
     echo "skipped: no nightly toolchain (the seeded loops in cargo test ran)"
 fi
 
+step "benchmark smoke: control plane of a three-node cluster on etcd (the full run: harness/bench-cluster.py)"
+python3 harness/bench-cluster.py --volumes 30 --hosts 10 --json .cache/bench/cluster/smoke.json
+
 if [ "${WEFT_SKIP_VM:-}" = 1 ]; then
     step "kernel interop skipped (WEFT_SKIP_VM=1)"
 else
