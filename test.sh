@@ -1,8 +1,9 @@
 #!/bin/bash
 # Runs every test of weft: unit and in-memory protocol tests, seeded fuzz loops,
 # a short cargo-fuzz smoke run of each fuzz target (when a nightly toolchain is
-# available), the kernel-interop test (the Linux 6.1 NVMe/TCP host in a QEMU
-# guest against weft) and weft's initiator against the guest kernel's nvmet. Installs what it needs (Debian packages, the guest image,
+# available), the cluster tests on a real etcd, a benchmark smoke, the kernel-interop
+# test (the Linux 6.1 NVMe/TCP host in a QEMU guest against weft), weft's initiator
+# against the guest kernel's nvmet and the Linux host against a three-node cluster. Installs what it needs (Debian packages, the guest image,
 # cargo-fuzz) idempotently. Run as root from anywhere: ./test.sh
 # Environment: WEFT_FUZZ_SECONDS (default 17 per target), WEFT_SKIP_VM=1 to skip the guest.
 set -euo pipefail
@@ -44,5 +45,7 @@ else
     harness/interop.sh --weft target/release/weft
     step "weft's initiator against the Linux kernel's nvmet (in the QEMU guest)"
     harness/initiator-peers.sh
+    step "a weft cluster (etcd and three nodes) from the Linux host: referrals, connect-all, fio verify"
+    harness/cluster-interop.sh --weft target/release/weft
 fi
 step "all tests passed"

@@ -21,10 +21,13 @@ pub mod join;
 
 use crate::manager::{AdminOp, ManagerHandle};
 use crate::status::StatusReader;
+use std::net::SocketAddr;
 use std::sync::mpsc::Receiver;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use weft_cluster::membership::NodeStatus;
 use weft_cluster::records::{PoolSummary, ALIVE_PREFIX, MEMBERS_PREFIX};
+use weft_control::Store;
 
 /// How long changes are gathered before one reconcile (a burst of record
 /// changes, e.g. a relist after the store came back, costs one rebuild).
@@ -98,6 +101,38 @@ fn reconcile(manager: &ManagerHandle) {
                 }
                 std::thread::sleep(RETRY);
             }
+        }
+    }
+}
+
+/// Keeps the discovery log's referrals on the other nodes that are up:
+/// called when members change, it tells `manager` only when they differ
+/// from what it last told. Nodes that are down are left out (a host's
+/// `nvme connect-all` would wait for each).
+pub fn referral_keeper(
+    store: Arc<dyn Store>,
+    own: String,
+    manager: ManagerHandle,
+) -> impl Fn() + Send + 'static {
+    let told: Mutex<Option<Vec<SocketAddr>>> = Mutex::new(None);
+    move || {
+        let nodes = match weft_cluster::nodes::list(store.as_ref()) {
+            Ok(nodes) => nodes,
+            Err(error) => return log::warn!("referrals not updated: {error}"),
+        };
+        let mut referrals: Vec<SocketAddr> = nodes
+            .values()
+            .filter(|node| node.member.name != own && node.is_alive())
+            .flat_map(|node| node.member.nvme.iter().filter_map(|a| a.parse().ok()))
+            .collect();
+        referrals.sort();
+        let mut told = told.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if told.as_ref() == Some(&referrals) {
+            return;
+        }
+        match manager.call(AdminOp::SetReferrals(referrals.clone())) {
+            Ok(()) => *told = Some(referrals),
+            Err(error) => log::warn!("referrals not updated: {error}"),
         }
     }
 }

@@ -58,6 +58,7 @@ pub enum BackendSpec {
 pub fn build_exports(
     subsystems: &[SubsystemSpec],
     listen: &[SocketAddr],
+    referrals: &[SocketAddr],
     limits: weft_proto::Limits,
     node: &NodeId,
 ) -> Result<Arc<Exports>, String> {
@@ -101,11 +102,25 @@ pub fn build_exports(
         });
         devices.push(subsystem_devices);
     }
-    let listeners = listen
+    let target_config = TargetConfig {
+        subsystems: configs,
+        listeners: ports(listen),
+        limits,
+        referrals: ports(referrals),
+        discovery_serial: node.serial(weft_proto::target::DISCOVERY_NQN),
+        generation: 1,
+    };
+    Ok(Arc::new(Exports::new(Arc::new(target_config), devices)))
+}
+
+/// Listeners (or referrals) as the discovery log reports them: port IDs
+/// count from 1 in the order given.
+pub fn ports(addresses: &[SocketAddr]) -> Vec<ListenerConfig> {
+    addresses
         .iter()
         .enumerate()
         .map(|(index, address)| ListenerConfig {
-            port_id: index as u16 + 1,
+            port_id: u16::try_from(index + 1).unwrap_or(u16::MAX),
             family: if address.is_ipv4() {
                 AddressFamily::Ipv4
             } else {
@@ -114,15 +129,7 @@ pub fn build_exports(
             address: address.ip().to_string(),
             service: address.port().to_string(),
         })
-        .collect();
-    let target_config = TargetConfig {
-        subsystems: configs,
-        listeners,
-        limits,
-        discovery_serial: node.serial(weft_proto::target::DISCOVERY_NQN),
-        generation: 1,
-    };
-    Ok(Arc::new(Exports::new(Arc::new(target_config), devices)))
+        .collect()
 }
 
 fn open_device(namespace: &NamespaceSpec) -> Result<Arc<dyn BlockDevice>, String> {

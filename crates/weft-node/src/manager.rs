@@ -192,6 +192,9 @@ pub enum AdminOp {
     /// Serve what the desired state says now (hosts, attachments, limits):
     /// after another node of the cluster changed records this node serves.
     Reconcile,
+    /// List these discovery controllers (the cluster's other nodes) as
+    /// referrals in the discovery log, beside the configured ones.
+    SetReferrals(Vec<std::net::SocketAddr>),
 }
 
 /// What a host sees of a volume, when chosen at its creation (so that hosts
@@ -456,6 +459,8 @@ pub struct Manager {
     /// The node's name when it is a member of a cluster: volume names are
     /// then claimed for it in the shared store before a volume is created.
     cluster_node: Option<String>,
+    /// The cluster's other nodes' discovery controllers, listed as referrals.
+    cluster_referrals: Vec<std::net::SocketAddr>,
 }
 
 impl Manager {
@@ -508,6 +513,7 @@ impl Manager {
             published: Arc::default(),
             member_usage: MemberUsageCache::default(),
             cluster_node: None,
+            cluster_referrals: Vec::new(),
         };
         manager.publish();
         Ok(manager)
@@ -585,6 +591,15 @@ impl Manager {
                     meter,
                     health: Arc::clone(health),
                 }]);
+            }
+        }
+        for referral in crate::exports::ports(&self.cluster_referrals) {
+            if !config
+                .referrals
+                .iter()
+                .any(|r| r.address == referral.address && r.service == referral.service)
+            {
+                config.referrals.push(referral);
             }
         }
         config.generation = self.generation;
@@ -719,6 +734,7 @@ impl Manager {
                 | AdminOp::Detach { .. }
                 | AdminOp::SetHostSecrets { .. }
                 | AdminOp::Reconcile
+                | AdminOp::SetReferrals(_)
         );
         match op {
             AdminOp::CreatePool {
@@ -799,6 +815,10 @@ impl Manager {
                     meter.set_limits(data_plane_limits(&record.qos));
                 }
                 log::info!("volume {volume}: limits {:?}", record.qos);
+            }
+            AdminOp::SetReferrals(referrals) => {
+                log::info!("discovery referrals: {referrals:?}");
+                self.cluster_referrals = referrals;
             }
             AdminOp::Reconcile => {
                 for (name, record) in self.volume_records() {
@@ -1478,6 +1498,7 @@ mod tests {
                 service: "4420".into(),
             }],
             limits: weft_proto::Limits::DEFAULT,
+            referrals: Vec::new(),
             discovery_serial: "d".into(),
             generation: 1,
         };

@@ -570,12 +570,13 @@ fn copy_window(page: &[u8], offset: u64, out: &mut [u8]) {
 /// Subsystems the host may not connect to are left out, as Linux nvmet does.
 fn discovery_log(config: &TargetConfig, hostnqn: &str, offset: u64, out: &mut [u8]) {
     let records =
-        identify::discovery_records(&config.subsystems, &config.listeners).filter(|record| {
-            record.is_discovery
-                || config
-                    .subsystem(record.subnqn)
-                    .is_some_and(|s| s.access.allows(hostnqn))
-        });
+        identify::discovery_records(&config.subsystems, &config.listeners, &config.referrals)
+            .filter(|record| {
+                record.kind != identify::RecordKind::Nvm
+                    || config
+                        .subsystem(record.subnqn)
+                        .is_some_and(|s| s.access.allows(hostnqn))
+            });
     let count = records.clone().count() as u64;
     let page_len = identify::DISCOVERY_HEADER_LEN as u64 + count * DISCOVERY_ENTRY_BYTES;
     if offset >= page_len {

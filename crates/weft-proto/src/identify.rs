@@ -281,37 +281,56 @@ pub const DISCOVERY_HEADER_LEN: usize = 1024;
 /// Length of one discovery log entry.
 pub const DISCOVERY_ENTRY_LEN: usize = 1024;
 
+/// What a discovery log record names (its SUBTYPE, NVMe-oF 1.1 Figure 39).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordKind {
+    /// An NVM subsystem (SUBTYPE 2).
+    Nvm,
+    /// This discovery subsystem (SUBTYPE 3, "current discovery subsystem").
+    CurrentDiscovery,
+    /// Another discovery subsystem to ask as well (SUBTYPE 1, "referral").
+    Referral,
+}
+
 /// One discovery log record: a subsystem reachable through a listener.
 #[derive(Debug, Clone, Copy)]
 pub struct DiscoveryRecord<'a> {
     /// Subsystem NQN.
     pub subnqn: &'a str,
-    /// Whether the record names a discovery subsystem (the current one) or an NVM subsystem.
-    pub is_discovery: bool,
-    /// The listener.
+    /// What it names.
+    pub kind: RecordKind,
+    /// Where it is reached.
     pub listener: &'a ListenerConfig,
 }
 
 /// All records of the discovery log: every NVM subsystem on every listener,
 /// then the discovery subsystem itself on every listener (as nvmet reports it,
-/// so that `nvme discover` shows the current discovery controller too).
+/// so that `nvme discover` shows the current discovery controller too), then
+/// the referrals to other discovery controllers (as nvmet lists its
+/// configured referrals).
 pub fn discovery_records<'a>(
     subsystems: &'a [SubsystemConfig],
     listeners: &'a [ListenerConfig],
+    referrals: &'a [ListenerConfig],
 ) -> impl Iterator<Item = DiscoveryRecord<'a>> + Clone {
     let nvm = subsystems.iter().flat_map(move |s| {
         listeners.iter().map(move |l| DiscoveryRecord {
             subnqn: &s.nqn,
-            is_discovery: false,
+            kind: RecordKind::Nvm,
             listener: l,
         })
     });
     let discovery = listeners.iter().map(|l| DiscoveryRecord {
         subnqn: DISCOVERY_NQN,
-        is_discovery: true,
+        kind: RecordKind::CurrentDiscovery,
         listener: l,
     });
-    nvm.chain(discovery)
+    let referred = referrals.iter().map(|r| DiscoveryRecord {
+        subnqn: DISCOVERY_NQN,
+        kind: RecordKind::Referral,
+        listener: r,
+    });
+    nvm.chain(discovery).chain(referred)
 }
 
 /// Writes the discovery log page header.
@@ -328,13 +347,20 @@ pub fn discovery_entry(record: &DiscoveryRecord<'_>, out: &mut [u8]) {
         AddressFamily::Ipv4 => 1,
         AddressFamily::Ipv6 => 2,
     };
-    // SUBTYPE 3: current discovery subsystem; 2: NVM subsystem.
-    let subtype = if record.is_discovery { 3 } else { 2 };
+    let subtype = match record.kind {
+        RecordKind::Referral => 1,
+        RecordKind::Nvm => 2,
+        RecordKind::CurrentDiscovery => 3,
+    };
     Writer::new(out)
         .u8(0, 3) // TRTYPE: TCP
         .u8(1, adrfam)
         .u8(2, subtype)
-        .u8(3, 0x2) // TREQ: secure channel not required
+        // TREQ 0: secure channel "not specified", as weft serves no TLS. Not
+        // "not required" (10b), which says TLS is offered: libnvme (1.3, Debian
+        // bookworm) then asks the kernel for it and `nvme connect-all` fails
+        // where the kernel has no TLS (6.1: "unknown parameter 'tls'").
+        .u8(3, 0)
         .u16(4, record.listener.port_id)
         .u16(6, 0xFFFF) // CNTLID: dynamic controller model
         .u16(8, 32) // ASQSZ: admin queue entries the host should use
@@ -440,14 +466,37 @@ mod tests {
         discovery_entry(
             &DiscoveryRecord {
                 subnqn: "nqn.x:y",
-                is_discovery: false,
+                kind: RecordKind::Nvm,
                 listener: &listener,
             },
             &mut out,
         );
-        assert_eq!(&out[0..4], &[3, 1, 2, 2]);
+        assert_eq!(&out[0..4], &[3, 1, 2, 0]);
         assert_eq!(ascii_field(&out[32..64]), "4420");
         assert_eq!(ascii_field(&out[256..512]), "nqn.x:y");
         assert_eq!(ascii_field(&out[512..768]), "10.0.2.2");
+    }
+
+    /// A referral (NVMe-oF 1.1 Figure 39: SUBTYPE 01h, the well-known
+    /// discovery NQN) as Linux nvmet formats one: TRTYPE TCP, ADRFAM IPv4,
+    /// TREQ "not specified", the referred port's PORTID, CNTLID FFFFh, ASQSZ 32.
+    #[test]
+    fn referral_entry_bytes() {
+        let referred = ListenerConfig {
+            port_id: 2,
+            family: AddressFamily::Ipv4,
+            address: "10.0.0.6".into(),
+            service: "4421".into(),
+        };
+        let mut out = vec![0u8; DISCOVERY_ENTRY_LEN];
+        let record = discovery_records(&[], &[], std::slice::from_ref(&referred))
+            .next()
+            .unwrap();
+        discovery_entry(&record, &mut out);
+        assert_eq!(out[0..10], hex("030101000200ffff2000")[..]);
+        assert_eq!(ascii_field(&out[32..64]), "4421");
+        assert_eq!(ascii_field(&out[256..512]), DISCOVERY_NQN);
+        assert_eq!(ascii_field(&out[512..768]), "10.0.0.6");
+        assert_eq!(out[768], 0, "TSAS: no security");
     }
 }

@@ -367,6 +367,10 @@ pub struct TargetConfig {
     pub subsystems: Vec<SubsystemConfig>,
     /// Listeners (discovery and I/O on the same ports).
     pub listeners: Vec<ListenerConfig>,
+    /// Discovery controllers elsewhere (other nodes of a cluster), listed in
+    /// the discovery log as referrals so that a host that discovers through
+    /// this node finds them too. The caller leaves this node's own out.
+    pub referrals: Vec<ListenerConfig>,
     /// Limits.
     pub limits: Limits,
     /// Serial number of the discovery controller.

@@ -70,6 +70,7 @@ pub fn config_with(nqn: &str, namespaces: &[(u32, u64, u32)], limits: Limits) ->
             service: "4420".into(),
         }],
         limits,
+        referrals: Vec::new(),
         discovery_serial: "discovery".into(),
         generation: 1,
     }

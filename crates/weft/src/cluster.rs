@@ -24,6 +24,7 @@ pub struct ClusterFile {
     endpoints: Vec<String>,
     node: String,
     advertise: Option<String>,
+    api_advertise: Option<String>,
     zone: Option<String>,
     etcd_user: Option<String>,
     etcd_password_file: Option<PathBuf>,
@@ -43,6 +44,9 @@ pub struct ClusterSpec {
     /// The address other nodes and hosts reach this node at (None: the
     /// listen address, unless it is unspecified).
     pub advertise: Option<IpAddr>,
+    /// The URL other nodes call this node's API at, when not the advertised
+    /// address (e.g. a management network apart from the storage network).
+    pub api_advertise: Option<String>,
     /// Failure domain.
     pub zone: Option<String>,
     /// etcd user (with its password in `etcd_password_file`).
@@ -95,10 +99,16 @@ impl ClusterFile {
                 ))
             }
         };
+        let api_advertise = self
+            .api_advertise
+            .map(|url| check_api_url(&url).map(|()| url))
+            .transpose()
+            .map_err(|m| error("api_advertise", m))?;
         Ok(ClusterSpec {
             endpoints,
             node: self.node,
             advertise,
+            api_advertise,
             zone: self.zone,
             etcd_user: self.etcd_user,
             etcd_password_file: self.etcd_password_file,
@@ -121,6 +131,8 @@ pub struct ClusterArgs {
     pub advertise: Option<IpAddr>,
     /// `--zone ZONE`.
     pub zone: Option<String>,
+    /// `--api-advertise URL`.
+    pub api_advertise: Option<String>,
 }
 
 impl ClusterArgs {
@@ -135,6 +147,7 @@ impl ClusterArgs {
                     .clone()
                     .ok_or("--cluster needs --node NAME: this node's name in the cluster, e.g. n1")?,
                 advertise: None,
+                api_advertise: None,
                 zone: None,
                 etcd_user: None,
                 etcd_password_file: None,
@@ -143,7 +156,12 @@ impl ClusterArgs {
                 etcd_key: None,
                 lease_ttl: DEFAULT_LEASE_TTL,
             },
-            (None, None) if self.node.is_some() || self.advertise.is_some() || self.zone.is_some() => {
+            (None, None)
+                if self.node.is_some()
+                    || self.advertise.is_some()
+                    || self.zone.is_some()
+                    || self.api_advertise.is_some() =>
+            {
                 return Err("--node, --advertise and --zone are for a cluster node: give --cluster ETCD_URLS too".into())
             }
             (None, None) => return Ok(None),
@@ -156,6 +174,10 @@ impl ClusterArgs {
             spec.node = node;
         }
         spec.advertise = self.advertise.or(spec.advertise);
+        if let Some(url) = self.api_advertise {
+            check_api_url(&url).map_err(|m| format!("--api-advertise: {m}"))?;
+            spec.api_advertise = Some(url);
+        }
         spec.zone = self.zone.or(spec.zone);
         Ok(Some(spec))
     }
@@ -187,6 +209,19 @@ pub fn check_endpoints(endpoints: &[String]) -> Result<Vec<String>, String> {
     Ok(endpoints.to_vec())
 }
 
+/// Checks an API URL: `http://HOST:PORT` or `https://HOST:PORT`.
+fn check_api_url(url: &str) -> Result<(), String> {
+    let rest = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"));
+    match rest.and_then(|r| r.rsplit_once(':')) {
+        Some((_, port)) if port.trim_end_matches('/').parse::<u16>().is_ok() => Ok(()),
+        _ => Err(format!(
+            "{url:?} is not an API URL, e.g. http://10.1.0.5:9440"
+        )),
+    }
+}
+
 /// Parses the advertised address (an IP address, without port).
 pub fn parse_advertise(text: &str) -> Result<IpAddr, String> {
     text.parse().map_err(|_| {
@@ -202,25 +237,16 @@ pub fn member_config(
     listening: &[SocketAddr],
     api: (&str, SocketAddr),
 ) -> Result<MemberConfig, String> {
-    let advertise = match spec.advertise {
-        Some(address) => address,
-        None => listening
-            .iter()
-            .map(SocketAddr::ip)
-            .find(|ip| !ip.is_unspecified())
-            .ok_or("the node listens on every address (0.0.0.0 or ::): give --advertise ADDRESS, the one other nodes and hosts reach it at")?,
-    };
-    if let Some(any) = listening.iter().find(|a| a.port() == 0) {
-        return Err(format!(
-            "a cluster node advertises its NVMe/TCP ports: listen on a port of your choice, not {any}"
-        ));
-    }
-    let at = |port: u16| SocketAddr::new(advertise, port).to_string();
+    let advertise = advertised_ip(spec, listening)?;
+    let nvme = advertised(spec, listening)?;
     Ok(MemberConfig {
         name: spec.node.clone(),
         node_id: node_id.to_string(),
-        nvme: listening.iter().map(|a| at(a.port())).collect(),
-        api: format!("{}://{}", api.0, at(api.1.port())),
+        nvme: nvme.iter().map(SocketAddr::to_string).collect(),
+        api: spec
+            .api_advertise
+            .clone()
+            .unwrap_or_else(|| format!("{}://{}", api.0, SocketAddr::new(advertise, api.1.port()))),
         zone: spec.zone.clone(),
         lease_ttl: spec.lease_ttl,
     })
@@ -340,7 +366,13 @@ impl Member {
             move || weft_node::cluster::node_status(&reader),
         )
         .map_err(|e| format!("cannot start the cluster agent: {e}"))?;
-        weft_node::cluster::follow(self.connected.mirror.subscribe(), manager, || {})
+        let mirror: Arc<dyn Store> = self.connected.mirror.clone();
+        let referrals = weft_node::cluster::referral_keeper(
+            mirror,
+            self.connected.spec.node.clone(),
+            manager.clone(),
+        );
+        weft_node::cluster::follow(self.connected.mirror.subscribe(), manager, referrals)
             .map_err(|e| format!("cannot follow the cluster store: {e}"))?;
         Ok(Running { agent })
     }
@@ -351,6 +383,34 @@ impl Running {
     pub fn stop(self) {
         self.agent.stop();
     }
+}
+
+/// The address hosts and other nodes reach this node at.
+fn advertised_ip(spec: &ClusterSpec, listening: &[SocketAddr]) -> Result<IpAddr, String> {
+    match spec.advertise {
+        Some(address) => Ok(address),
+        None => listening
+            .iter()
+            .map(SocketAddr::ip)
+            .find(|ip| !ip.is_unspecified())
+            .ok_or_else(|| "the node listens on every address (0.0.0.0 or ::): give --advertise ADDRESS, the one other nodes and hosts reach it at".into()),
+    }
+}
+
+/// The NVMe/TCP addresses hosts and other nodes reach this node at: each
+/// listener's port at the advertised address (what its discovery log and
+/// the other nodes' referrals report).
+pub fn advertised(spec: &ClusterSpec, listening: &[SocketAddr]) -> Result<Vec<SocketAddr>, String> {
+    let advertise = advertised_ip(spec, listening)?;
+    if let Some(any) = listening.iter().find(|a| a.port() == 0) {
+        return Err(format!(
+            "a cluster node advertises its NVMe/TCP ports: listen on a port of your choice, not {any}"
+        ));
+    }
+    Ok(listening
+        .iter()
+        .map(|a| SocketAddr::new(advertise, a.port()))
+        .collect())
 }
 
 /// Connects to etcd (as the configured user, over TLS when a CA is given).

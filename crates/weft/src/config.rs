@@ -46,6 +46,8 @@ impl ConfigError {
 struct ConfigFile {
     data_dir: Option<PathBuf>,
     listen: Option<Vec<String>>,
+    #[serde(default)]
+    referrals: Vec<String>,
     api_listen: Option<String>,
     api_token_file: Option<PathBuf>,
     api_tls_cert: Option<PathBuf>,
@@ -98,6 +100,8 @@ pub struct ServeConfig {
     pub data_dir: PathBuf,
     /// Listen addresses.
     pub listen: Vec<SocketAddr>,
+    /// Other targets' discovery controllers, listed as referrals.
+    pub referrals: Vec<SocketAddr>,
     /// Control API address (None: the default).
     pub api_listen: Option<SocketAddr>,
     /// The API's bearer token file (None: DATA_DIR/api-token).
@@ -120,6 +124,7 @@ impl ServeConfig {
         let path = data_dir.join("default.img");
         ServeConfig {
             listen: vec![DEFAULT_LISTEN.parse().expect("valid default address")],
+            referrals: Vec::new(),
             api_listen: None,
             api_token_file: None,
             api_tls: None,
@@ -193,6 +198,15 @@ fn validate(file: ConfigFile, origin: &str) -> Result<ServeConfig, ConfigError> 
             "at least one address is needed, e.g. [\"127.0.0.1:4420\"]",
         ));
     }
+    let referrals = file
+        .referrals
+        .iter()
+        .enumerate()
+        .map(|(index, text)| {
+            parse_listen(text)
+                .map_err(|message| ConfigError::new(origin, format!("referrals[{index}]"), message))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let api_listen = file
         .api_listen
         .as_deref()
@@ -247,6 +261,7 @@ fn validate(file: ConfigFile, origin: &str) -> Result<ServeConfig, ConfigError> 
     Ok(ServeConfig {
         data_dir,
         listen,
+        referrals,
         api_listen,
         api_token_file: file.api_token_file,
         api_tls,

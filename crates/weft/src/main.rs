@@ -29,7 +29,8 @@ weft: NVMe/TCP storage node
 Usage:
   weft serve [--config FILE] [--listen ADDR:PORT]... [--data-dir DIR] [--api-listen ADDR:PORT]
              [--api-token-file FILE] [--reactors N] [--poll-us N] [--log-level LEVEL]
-             [--cluster http://ETCD:2379[,...] --node NAME [--advertise ADDR] [--zone ZONE]]
+             [--cluster http://ETCD:2379[,...] --node NAME [--advertise ADDR] [--zone ZONE]
+              [--api-advertise URL]]
 
   weft pool create NAME --device PATH [--device PATH]... [--device-size SIZE]
                         [--allocation-unit SIZE] [--force] [--node NODE]
@@ -121,6 +122,8 @@ Serve options:
   --advertise ADDR     the IP address hosts and other nodes reach this node at (default:
                        the listen address; config: [cluster] advertise)
   --zone ZONE          this node's failure domain (config: [cluster] zone)
+  --api-advertise URL  the URL other nodes call this node's API at (default: the advertised
+                       address and the API's port; config: [cluster] api_advertise)
   --reactors N         data plane threads (default: one per CPU)
   --poll-us N          after activity, reactors busy-poll N microseconds before
                        sleeping (default 0: interrupt driven, no idle CPU use)
@@ -223,6 +226,9 @@ fn parse_args() -> Result<Command, String> {
                     Some(cluster::parse_advertise(&text).map_err(|m| format!("--advertise: {m}"))?);
             }
             Long("zone") => args.cluster.zone = Some(string_value(&mut parser, "--zone")?),
+            Long("api-advertise") => {
+                args.cluster.api_advertise = Some(string_value(&mut parser, "--api-advertise")?)
+            }
             Long("config") => args.config = Some(parser.value().map_err(|e| e.to_string())?.into()),
             Long("data-dir") => {
                 args.data_dir = Some(parser.value().map_err(|e| e.to_string())?.into())
@@ -391,9 +397,15 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         }
         None => None,
     };
+    // What the discovery log reports: a cluster node's advertised address.
+    let reported = match &config.cluster {
+        Some(spec) => cluster::advertised(spec, &config.listen)?,
+        None => config.listen.clone(),
+    };
     let base = weft_node::exports::build_exports(
         &config.subsystems,
-        &config.listen,
+        &reported,
+        &config.referrals,
         config.limits.protocol,
         &node,
     )?;

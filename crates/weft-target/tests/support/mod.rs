@@ -92,6 +92,7 @@ pub fn serve_devices(
             service: "0".into(),
         }],
         limits: Limits::DEFAULT,
+        referrals: Vec::new(),
         discovery_serial: "discovery".into(),
         generation: 1,
     };

@@ -1,0 +1,73 @@
+#!/bin/bash
+# Cluster interop: the Linux 6.1 NVMe/TCP host (nvme-cli 2.3, fio) in the QEMU guest against
+# a weft cluster on this machine: etcd (harness/etcd.sh, one member) and three
+# `weft serve --cluster` nodes on loopback, advertising 10.0.2.2 (the host as the guest sees
+# it through slirp). A volume lives on each node; the guest (harness/guest/cluster.sh)
+# registers itself as a host and attaches the volumes through node 1's API, checks that
+# node 1's discovery log refers to nodes 2 and 3, connects everything with one
+# `nvme connect-all` against node 1, and runs fio write+verify on each volume.
+# Usage: harness/cluster-interop.sh [--weft BIN]   (as root; the guest image is built once)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPO=$PWD
+WEFT=target/release/weft
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --weft) WEFT=$2; shift 2 ;;
+        *) echo "usage: $0 [--weft BIN]" >&2; exit 2 ;;
+    esac
+done
+die() { echo "cluster-interop: $*" >&2; exit 2; }
+[ "$(id -u)" = 0 ] || die "run as root (qemu)"
+[ -x "$WEFT" ] || die "no weft binary at $WEFT (cargo build --release, or --weft PATH)"
+WEFT=$(realpath "$WEFT")
+echo "cluster-interop: guest image $(harness/vm/build-image.sh)"
+
+WORK=$REPO/.cache/cluster-interop
+SHARE=$WORK/share
+NVME_PORT=14450 API_PORT=14460
+harness/etcd.sh stop "$WORK/etcd" >/dev/null 2>&1 || true
+rm -rf "$WORK"
+mkdir -p "$SHARE"
+PIDS=()
+cleanup() {
+    for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    harness/etcd.sh stop "$WORK/etcd" >/dev/null 2>&1 || true
+}
+trap cleanup EXIT
+ENDPOINTS=$(WEFT_ETCD_PORT_BASE=23850 harness/etcd.sh start 1 "$WORK/etcd")
+
+node() { # INDEX: starts node nINDEX (1-based)
+    local i=$1 extra=()
+    [ "$i" = 1 ] || extra=(--api-token-file "$WORK/n1/api-token")
+    # Hosts (the guest) reach the nodes as 10.0.2.2, the nodes each other on loopback.
+    "$WEFT" serve --cluster "$ENDPOINTS" --node "n$i" --advertise 10.0.2.2 \
+        --api-advertise "http://127.0.0.1:$((API_PORT + i - 1))" \
+        --listen "127.0.0.1:$((NVME_PORT + i - 1))" --api-listen "127.0.0.1:$((API_PORT + i - 1))" \
+        --data-dir "$WORK/n$i" "${extra[@]}" > "$WORK/n$i.out" 2> "$WORK/n$i.log" &
+    PIDS+=($!)
+    for _ in $(seq 100); do grep -q "nvme discover" "$WORK/n$i.out" 2>/dev/null && return; sleep 0.1; done
+    die "node n$i did not start: $(tail -3 "$WORK/n$i.log")"
+}
+node 1
+cp "$WORK/n1/api-token" "$SHARE/api-token"
+node 2
+node 3
+cli() { WEFT_API=127.0.0.1:$API_PORT WEFT_API_TOKEN=$(cat "$WORK/n1/api-token") "$WEFT" "$@"; }
+for i in 1 2 3; do
+    cli pool create p --node "n$i" --device "$WORK/n$i/p.img" --device-size 1GiB >/dev/null
+    cli volume create "v$i" --size 64MiB --node "n$i" >/dev/null
+done
+cli volume list
+
+echo "cluster-interop: etcd $ENDPOINTS, nodes on 127.0.0.1:$NVME_PORT-$((NVME_PORT + 2)) (API $API_PORT-$((API_PORT + 2))); console -> $WORK/run.log"
+set +e
+harness/vm/vm-run.sh -n slirp -s "$SHARE" -c 2 -t 900 -e "WEFT_PORT=$NVME_PORT" \
+    -e "WEFT_API_PORT=$API_PORT" harness/guest/cluster.sh 2>&1 | tee "$WORK/run.log"
+rc=${PIPESTATUS[0]}
+set -e
+panics=$(grep -lE "panicked at|fatal runtime error" "$WORK"/n*.log || true)
+[ -z "$panics" ] || { echo "cluster-interop: panic in $panics"; rc=1; }
+[ "$rc" = 0 ] && grep -q '^cluster: PASS' "$SHARE/.lab/console.log" || { echo "cluster-interop: FAIL (guest exit $rc)"; exit 1; }
+echo "cluster-interop: PASS"

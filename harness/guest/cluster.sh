@@ -1,0 +1,68 @@
+#!/bin/bash
+# Cluster interop, guest side (started by harness/cluster-interop.sh): three weft nodes on
+# the host (reached as $LAB_HOST_IP, ports WEFT_PORT..+2, APIs WEFT_API_PORT..+2) each hold
+# one volume (v1 on n1, v2 on n2, v3 on n3). Registers this guest as a host through node
+# 1's API, attaches the three volumes, then: node 1's discovery log lists v1 and referrals
+# to nodes 2 and 3; `nvme connect-all` against node 1 alone connects all three volumes;
+# fio write+verify on each; disconnect. Prints "cluster: PASS" when every check passed.
+set -uo pipefail
+ADDR=${LAB_HOST_IP:?needs slirp}
+PORT=${WEFT_PORT:-14450} API_PORT=${WEFT_API_PORT:-14460}
+FAILS=0
+ok() { echo "  ok: $*"; }
+fail() { echo "FAIL: $*"; FAILS=$((FAILS + 1)); }
+weft_cli() {
+    WEFT_API=$ADDR:$API_PORT WEFT_API_TOKEN=$(cat "$LAB_SHARE/api-token") \
+        timeout 120 "$WEFT_DIR/target/release/weft" "$@"
+}
+modprobe nvme-tcp
+[ -s /etc/nvme/hostnqn ] || { mkdir -p /etc/nvme && nvme gen-hostnqn > /etc/nvme/hostnqn; }
+HOSTNQN=$(cat /etc/nvme/hostnqn)
+
+echo "=== register this host through node 1 and attach the volumes of all three nodes"
+weft_cli host add guest --nqn "$HOSTNQN" && ok "host added" || fail "host add"
+for v in v1 v2 v3; do weft_cli volume attach "$v" --host guest && ok "$v attached" || fail "attach $v"; done
+weft_cli node list
+
+echo "=== node 1's discovery log: its volume and referrals to the others"
+nvme discover -t tcp -a "$ADDR" -s "$PORT" > /tmp/disc.txt 2>&1 || fail "nvme discover"
+cat /tmp/disc.txt
+grep -q "nqn.2026-11.io.weft:vol:v1" /tmp/disc.txt && ok "v1 listed" || fail "v1 not listed"
+grep -q "nqn.2026-11.io.weft:vol:v2" /tmp/disc.txt && fail "v2 listed by node 1 (it is node 2's)" || ok "v2 not listed by node 1"
+referrals=$(grep -ci "referral" /tmp/disc.txt)
+[ "$referrals" -ge 2 ] && ok "$referrals referral entries" || fail "referrals: $referrals, want 2"
+for p in $((PORT + 1)) $((PORT + 2)); do
+    grep -q "trsvcid: *$p" /tmp/disc.txt && ok "referral to port $p" || fail "no entry with port $p"
+done
+
+echo "=== nvme connect-all through node 1 alone"
+dmesg -C
+timeout 300 nvme connect-all -t tcp -a "$ADDR" -s "$PORT" 2>&1 | tail -5
+sleep 2
+dmesg | tail -20 | sed 's/^/  kernel: /'
+nvme list-subsys 2>&1 | grep -E "nqn|tcp" | sed 's/^/  /'
+for v in v1 v2 v3; do
+    dev=''
+    for _ in $(seq 20); do
+        # The multipath head of the volume's subsystem (not a path's nvmeXcYnZ).
+        for subsys in /sys/class/nvme-subsystem/nvme-subsys*; do
+            [ "$(cat "$subsys/subsysnqn" 2>/dev/null)" = "nqn.2026-11.io.weft:vol:$v" ] || continue
+            dev=$(ls "$subsys" | grep -E '^nvme[0-9]+n[0-9]+$' | head -1)
+        done
+        [ -n "$dev" ] && break
+        sleep 0.5
+    done
+    if [ -z "$dev" ]; then fail "$v: no block device after connect-all"; continue; fi
+    ok "$v connected as /dev/$dev"
+    if timeout 300 fio --name="verify-$v" --filename="/dev/$dev" --rw=randwrite --bs=4k --size=16m \
+        --direct=1 --ioengine=libaio --iodepth=8 --verify=crc32c --do_verify=1 \
+        --output-format=terse > "/tmp/fio-$v.txt" 2>&1; then
+        ok "$v: fio write+verify"
+    else
+        fail "$v: fio: $(tail -3 "/tmp/fio-$v.txt")"
+    fi
+done
+nvme disconnect-all >/dev/null 2>&1
+for v in v1 v2 v3; do weft_cli volume detach "$v" --host guest >/dev/null || fail "detach $v"; done
+
+if [ "$FAILS" = 0 ]; then echo "cluster: PASS"; else echo "cluster: FAIL ($FAILS)"; exit 1; fi
