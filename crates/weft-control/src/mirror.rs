@@ -7,6 +7,12 @@
 //! store's changes. When the remote store is lost, the copy keeps serving
 //! what it last saw and the thread lists again once the store is back.
 //!
+//! While the follower knows the remote store is lost (its watch broke and
+//! it cannot list or watch again), writes fail at once rather than after
+//! the remote store's timeout: a node's volume manager commits from the
+//! thread that also serves the data plane's slow path, which must not wait
+//! on an unreachable store more than once.
+//!
 //! Readers may see other nodes' changes a moment late; every decision that
 //! must not act on stale records is a transaction with conditions on their
 //! revisions, checked by the remote store.
@@ -94,6 +100,8 @@ pub struct Mirror {
     remote: Arc<dyn Store>,
     copy: Arc<Mutex<Copy>>,
     stop: Arc<AtomicBool>,
+    /// Whether the follower knows the remote store is unreachable.
+    lost: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for Mirror {
@@ -114,10 +122,12 @@ impl Mirror {
         copy.replace(listing);
         let copy = Arc::new(Mutex::new(copy));
         let stop = Arc::new(AtomicBool::new(false));
+        let lost = Arc::new(AtomicBool::new(false));
         let follower = Follower {
             remote: Arc::clone(&remote),
             copy: Arc::clone(&copy),
             stop: Arc::clone(&stop),
+            lost: Arc::clone(&lost),
         };
         std::thread::Builder::new()
             .name("store-mirror".into())
@@ -126,7 +136,12 @@ impl Mirror {
                 location: remote.location(),
                 message: format!("cannot start the mirror's thread: {error}"),
             })?;
-        Ok(Mirror { remote, copy, stop })
+        Ok(Mirror {
+            remote,
+            copy,
+            stop,
+            lost,
+        })
     }
 
     /// The key of every change the copy takes from now on ("" when it was
@@ -153,6 +168,7 @@ struct Follower {
     remote: Arc<dyn Store>,
     copy: Arc<Mutex<Copy>>,
     stop: Arc<AtomicBool>,
+    lost: Arc<AtomicBool>,
 }
 
 impl Follower {
@@ -161,6 +177,7 @@ impl Follower {
         while !self.stop.load(Ordering::Relaxed) {
             match self.remote.watch("", after) {
                 Ok(events) => {
+                    self.lost.store(false, Ordering::Relaxed);
                     if lost {
                         log::info!(
                             "the cluster store {} is reachable again",
@@ -172,6 +189,7 @@ impl Follower {
                 }
                 Err(StoreError::Compacted { .. }) => {}
                 Err(error) => {
+                    self.lost.store(true, Ordering::Relaxed);
                     if !lost {
                         log::warn!("{error}; volumes keep serving from the last known state, changes wait until it is back");
                         lost = true;
@@ -186,7 +204,10 @@ impl Follower {
                     after = listing.revision;
                     self.copy.lock().expect("mirror lock").replace(listing);
                 }
-                Err(_) => std::thread::sleep(RETRY),
+                Err(_) => {
+                    self.lost.store(true, Ordering::Relaxed);
+                    std::thread::sleep(RETRY);
+                }
             }
         }
     }
@@ -244,6 +265,12 @@ impl Store for Mirror {
     }
 
     fn commit(&self, txn: Txn) -> Result<Revision, StoreError> {
+        if self.lost.load(Ordering::Relaxed) {
+            return Err(StoreError::Unavailable {
+                location: self.remote.location(),
+                message: "the cluster store is unreachable (this node lost it and retries every second); the change was not made".into(),
+            });
+        }
         let changes = txn.changes.clone();
         let revision = self.remote.commit(txn)?;
         let mut copy = self.copy.lock().expect("mirror lock");

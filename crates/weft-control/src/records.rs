@@ -125,7 +125,8 @@ pub struct Versioned<T> {
     pub revision: Revision,
 }
 
-/// Typed access to the records of one node.
+/// Typed access to the records of one node (a clone shares the store).
+#[derive(Clone)]
 pub struct DesiredState {
     store: Arc<dyn Store>,
     node: String,

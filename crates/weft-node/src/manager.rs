@@ -51,6 +51,8 @@ pub const VOLUME_NQN_PREFIX: &str = "nqn.2026-11.io.weft:vol:";
 pub const DEFAULT_CHUNK_BYTES: u32 = 1 << 20;
 /// Allocation units a flatten copies between two looks at waiting I/O.
 const FLATTEN_STEP_CHUNKS: usize = 16;
+/// How often slow-path I/O is looked for while a store write is in flight.
+const STORE_WAIT_POLL: std::time::Duration = std::time::Duration::from_micros(200);
 /// Slow-path requests handled (and committed) together at most.
 const BATCH_MAX: usize = 128;
 /// Admin operations that may wait for the manager; more are refused as busy
@@ -655,6 +657,25 @@ impl Manager {
 
     /// Serves every slow-path request waiting now (between the steps of a
     /// long admin operation).
+    /// Runs `write`, a change to the desired state (a commit to the store,
+    /// which may wait on the network or a disk's fsync), on a helper thread
+    /// while this thread keeps serving the data plane's slow path: a host's
+    /// first writes and Flush never wait on the cluster store.
+    fn store_write<T: Send>(&mut self, write: impl FnOnce(&mut DesiredState) -> T + Send) -> T {
+        let mut desired = self.desired.clone();
+        std::thread::scope(|scope| {
+            let writer = scope.spawn(move || write(&mut desired));
+            while !writer.is_finished() {
+                self.serve_waiting_io();
+                std::thread::sleep(STORE_WAIT_POLL);
+            }
+            match writer.join() {
+                Ok(result) => result,
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        })
+    }
+
     fn serve_waiting_io(&mut self) {
         loop {
             let batch = self.handle.inbox.take_io(BATCH_MAX);
@@ -810,7 +831,7 @@ impl Manager {
             AdminOp::SetQos { volume, changes } => {
                 let mut record = self.volume_record_checked(&volume)?;
                 changes.apply(&mut record.qos);
-                self.desired.put_volume(&volume, &record)?;
+                self.store_write(|d| d.put_volume(&volume, &record))?;
                 if let Some(meter) = self.meters.get(&volume) {
                     meter.set_limits(data_plane_limits(&record.qos));
                 }
@@ -886,7 +907,7 @@ impl Manager {
             devices,
             adding: Vec::new(),
         };
-        self.desired.put_pool(&name, &record)?;
+        self.store_write(|d| d.put_pool(&name, &record))?;
         self.health.insert(name.clone(), Arc::default());
         log::info!(
             "pool {name} created: {} in allocation units of {}",
@@ -926,7 +947,7 @@ impl Manager {
         // Forget who may use it, stop serving it (hosts are disconnected),
         // then release its space. A crash in between leaves a volume that no
         // host may use, never a new volume that inherits old permissions.
-        self.desired.delete_volume(name)?;
+        self.store_write(|d| d.delete_volume(name))?;
         let mut exports = self.exports_without(name);
         plane.update_exports(exports.clone());
         if let Err(error) = self.pool_mut(&pool)?.delete_volume(name) {
@@ -958,7 +979,7 @@ impl Manager {
             .ok_or_else(|| not_found("pool", name))?;
         check_devices_free(&devices, &pools)?;
         record.adding = devices.clone();
-        self.desired.put_pool(name, &record)?;
+        self.store_write(|d| d.put_pool(name, &record))?;
         let new = devices
             .iter()
             .map(|path| DevicePath {
@@ -1008,7 +1029,7 @@ impl Manager {
             )
             .into());
         }
-        self.desired.delete_pool(name)?;
+        self.store_write(|d| d.delete_pool(name))?;
         let pool = self.pools.remove(name).expect("checked");
         self.health.remove(name);
         pool.erase()?;
@@ -1142,7 +1163,17 @@ impl Manager {
             dhchap_secret: secrets.host,
             dhchap_ctrl_secret: secrets.controller,
         };
-        self.desired.put_host(name, &record)?;
+        // Created only if absent: of two nodes adding one host name at once, one wins.
+        match self.store_write(|d| d.create(&format!("hosts/{name}"), &record)) {
+            Err(StoreError::Conflict { .. }) => {
+                return Err(VolumeError::Exists {
+                    kind: "host",
+                    name: name.to_string(),
+                }
+                .into())
+            }
+            result => result?,
+        };
         log::info!("host {name} added");
         Ok(())
     }
@@ -1164,7 +1195,7 @@ impl Manager {
             controller: record.dhchap_ctrl_secret.clone(),
         };
         check_secrets(name, &secrets)?;
-        self.desired.put_host(name, &record)?;
+        self.store_write(|d| d.put_host(name, &record))?;
         log::info!("host {name}: DH-HMAC-CHAP secrets changed (used from its next connection)");
         Ok(())
     }
@@ -1181,7 +1212,7 @@ impl Manager {
                 volumes: host.volumes.join(", "),
             });
         }
-        self.desired.delete_host(name)?;
+        self.store_write(|d| d.delete_host(name))?;
         log::info!("host {name} removed");
         Ok(())
     }
@@ -1202,7 +1233,7 @@ impl Manager {
             record.hosts.remove(host)
         };
         if changed {
-            self.desired.put_volume(volume, &record)?;
+            self.store_write(|d| d.put_volume(volume, &record))?;
             let verb = if attach {
                 "attached to"
             } else {
@@ -1705,6 +1736,117 @@ mod tests {
             .unwrap();
         assert!(written < first_admin, "{written} {first_admin}");
         assert_eq!(volume(&history[written]).qos.iops_max, Some(1000));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// A store whose commits wait until the test opens it (a cluster store
+    /// that is slow or unreachable).
+    struct GatedStore {
+        inner: Arc<dyn weft_control::Store>,
+        open: std::sync::Mutex<bool>,
+        opened: std::sync::Condvar,
+        /// Commits waiting at the gate.
+        waiting: std::sync::atomic::AtomicUsize,
+    }
+
+    impl weft_control::Store for GatedStore {
+        fn get(&self, key: &str) -> Result<Option<weft_control::Entry>, StoreError> {
+            self.inner.get(key)
+        }
+        fn list(&self, prefix: &str) -> Result<weft_control::Listing, StoreError> {
+            self.inner.list(prefix)
+        }
+        fn commit(&self, txn: weft_control::Txn) -> Result<weft_control::Revision, StoreError> {
+            let open = self.open.lock().unwrap();
+            self.waiting
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            drop(self.opened.wait_while(open, |open| !*open).unwrap());
+            self.inner.commit(txn)
+        }
+        fn grant_lease(
+            &self,
+            ttl: std::time::Duration,
+        ) -> Result<weft_control::LeaseId, StoreError> {
+            self.inner.grant_lease(ttl)
+        }
+        fn keep_alive(&self, lease: weft_control::LeaseId) -> Result<(), StoreError> {
+            self.inner.keep_alive(lease)
+        }
+        fn revoke_lease(&self, lease: weft_control::LeaseId) -> Result<(), StoreError> {
+            self.inner.revoke_lease(lease)
+        }
+        fn watch(
+            &self,
+            prefix: &str,
+            after: weft_control::Revision,
+        ) -> Result<mpsc::Receiver<weft_control::WatchEvent>, StoreError> {
+            self.inner.watch(prefix, after)
+        }
+        fn location(&self) -> String {
+            "gated".into()
+        }
+    }
+
+    /// An admin operation whose commit to the store hangs (etcd slow or
+    /// gone) does not hold up a host's first write: the manager serves
+    /// slow-path I/O while the commit waits.
+    #[test]
+    fn a_host_write_is_served_while_a_store_commit_hangs() {
+        let (desired, dir) = pool_with_volume("gated");
+        let gate = Arc::new(GatedStore {
+            inner: Arc::clone(desired.store()),
+            open: std::sync::Mutex::new(false),
+            opened: std::sync::Condvar::new(),
+            waiting: std::sync::atomic::AtomicUsize::new(0),
+        });
+        let store: Arc<dyn weft_control::Store> = gate.clone();
+        let mut manager = idle_manager(DesiredState::shared(store, "n1"));
+        let plane = Arc::new(
+            DataPlane::start(
+                manager.exports(),
+                &["127.0.0.1:0".parse().unwrap()],
+                1,
+                std::time::Duration::ZERO,
+                weft_target::PeerLimits::DEFAULT,
+            )
+            .unwrap(),
+        );
+        let url = format!("nvme-tcp://{}/{}", plane.listening[0], volume_nqn("v"));
+        let options = weft_initiator::ConnectOptions {
+            host_nqn: HOST_NQN.into(),
+            ..weft_initiator::ConnectOptions::default()
+        };
+        let url = weft_initiator::TargetUrl::parse(&url).unwrap();
+        let controller = weft_initiator::Controller::connect(&url, options, 1).unwrap();
+        let mut queue = controller.open_io_queue(1).unwrap();
+        let handle = manager.handle();
+        manager.spawn(Arc::clone(&plane)).unwrap();
+        let admin = std::thread::spawn(move || {
+            let changes = QosChanges {
+                iops_max: Some(Some(2000)),
+                ..QosChanges::default()
+            };
+            let volume = "v".to_string();
+            handle.call(AdminOp::SetQos { volume, changes })
+        });
+        let waited = std::time::Instant::now();
+        while gate.waiting.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+            assert!(
+                waited.elapsed().as_secs() < 10,
+                "the admin call never committed"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        // The first write of a thin volume needs the manager (allocation).
+        queue.write(1, 0, 4096, &[0xcd; 4096]).unwrap();
+        assert!(
+            !admin.is_finished(),
+            "the admin call waits for its commit ({:?})",
+            waited.elapsed()
+        );
+        *gate.open.lock().unwrap() = true;
+        gate.opened.notify_all();
+        admin.join().unwrap().unwrap();
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

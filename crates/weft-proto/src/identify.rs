@@ -356,11 +356,12 @@ pub fn discovery_entry(record: &DiscoveryRecord<'_>, out: &mut [u8]) {
         .u8(0, 3) // TRTYPE: TCP
         .u8(1, adrfam)
         .u8(2, subtype)
-        // TREQ 0: secure channel "not specified", as weft serves no TLS. Not
-        // "not required" (10b), which says TLS is offered: libnvme (1.3, Debian
-        // bookworm) then asks the kernel for it and `nvme connect-all` fails
-        // where the kernel has no TLS (6.1: "unknown parameter 'tls'").
-        .u8(3, 0)
+        // TREQ 04h, as nvmet reports a TCP port: secure channel "not
+        // specified" (weft serves no TLS) and SQ flow control may be disabled
+        // (weft supports it). Not "not required" (02h), which says TLS is
+        // offered: libnvme 1.3 (Debian bookworm) then asks the kernel for it
+        // and `nvme connect-all` fails on 6.1 ("unknown parameter 'tls'").
+        .u8(3, 0x04)
         .u16(4, record.listener.port_id)
         .u16(6, 0xFFFF) // CNTLID: dynamic controller model
         .u16(8, 32) // ASQSZ: admin queue entries the host should use
@@ -471,7 +472,7 @@ mod tests {
             },
             &mut out,
         );
-        assert_eq!(&out[0..4], &[3, 1, 2, 0]);
+        assert_eq!(&out[0..4], &[3, 1, 2, 4]);
         assert_eq!(ascii_field(&out[32..64]), "4420");
         assert_eq!(ascii_field(&out[256..512]), "nqn.x:y");
         assert_eq!(ascii_field(&out[512..768]), "10.0.2.2");
@@ -479,7 +480,7 @@ mod tests {
 
     /// A referral (NVMe-oF 1.1 Figure 39: SUBTYPE 01h, the well-known
     /// discovery NQN) as Linux nvmet formats one: TRTYPE TCP, ADRFAM IPv4,
-    /// TREQ "not specified", the referred port's PORTID, CNTLID FFFFh, ASQSZ 32.
+    /// TREQ 04h, the referred port's PORTID, CNTLID FFFFh, ASQSZ 32.
     #[test]
     fn referral_entry_bytes() {
         let referred = ListenerConfig {
@@ -493,7 +494,7 @@ mod tests {
             .next()
             .unwrap();
         discovery_entry(&record, &mut out);
-        assert_eq!(out[0..10], hex("030101000200ffff2000")[..]);
+        assert_eq!(out[0..10], hex("030101040200ffff2000")[..]);
         assert_eq!(ascii_field(&out[32..64]), "4421");
         assert_eq!(ascii_field(&out[256..512]), DISCOVERY_NQN);
         assert_eq!(ascii_field(&out[512..768]), "10.0.0.6");

@@ -242,11 +242,19 @@ fn three_nodes_share_one_desired_state_in_etcd() {
     etcd.stop_member(1);
     let (success, out) = verify(&n2, "v2", "randread");
     assert!(success, "I/O must not wait for etcd: {out}");
+    // Once the node knows the store is lost, changes fail at once: its
+    // volume manager, which also serves slow-path I/O, does not wait.
+    let asked = Instant::now();
     let errors = refused(
         &n1,
         &["volume", "create", "v5", "--size", "8MiB", "--node", "n1"],
     );
     assert!(errors.contains("unreachable"), "{errors}");
+    assert!(
+        asked.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        asked.elapsed()
+    );
     let (status, body) = support::api(
         &n1,
         Some(&n1.token),

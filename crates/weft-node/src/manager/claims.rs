@@ -43,7 +43,7 @@ impl Manager {
             let key = volume_key(&name);
             if record.id.is_empty() {
                 if let Some(found) = self.desired.read::<VolumeRecord>(&key)? {
-                    self.desired.remove(&key, found.revision)?;
+                    self.store_write(|d| d.remove(&key, found.revision))?;
                     log::info!("volume {name}: its creation on this node never finished; the name is free again");
                 }
             } else {
@@ -71,7 +71,7 @@ impl Manager {
                     id: identity::hex(&id),
                     ..chosen
                 };
-                self.desired.put_volume(name, &record)?;
+                self.store_write(|d| d.put_volume(name, &record))?;
             }
             return Ok(());
         };
@@ -83,7 +83,7 @@ impl Manager {
         };
         let revision = self.claim(name, &node, &claim)?;
         if let Err(error) = create(self) {
-            if let Err(store) = self.desired.remove(&key, revision) {
+            if let Err(store) = self.store_write(|d| d.remove(&key, revision)) {
                 log::warn!("volume {name}: giving back its name after a failed creation: {store} (the next start does)");
             }
             return Err(error);
@@ -93,7 +93,7 @@ impl Manager {
             id: identity::hex(&id),
             ..claim
         };
-        self.desired.update(&key, &record, revision)?;
+        self.store_write(|d| d.update(&key, &record, revision))?;
         Ok(())
     }
 
@@ -106,7 +106,7 @@ impl Manager {
         let key = volume_key(name);
         match self.desired.read::<VolumeRecord>(&key)? {
             Some(found) if found.record.node.as_deref() == Some(node) => {
-                self.desired.remove(&key, found.revision)?;
+                self.store_write(|d| d.remove(&key, found.revision))?;
                 Ok(true)
             }
             _ => Ok(false),
@@ -177,16 +177,21 @@ impl Manager {
 
     /// Claims `name` for `node`: a new record, or ours left by a creation
     /// that never finished (the volume is not in our pools, checked before).
-    fn claim(&self, name: &str, node: &str, claim: &VolumeRecord) -> Result<Revision, AdminError> {
+    fn claim(
+        &mut self,
+        name: &str,
+        node: &str,
+        claim: &VolumeRecord,
+    ) -> Result<Revision, AdminError> {
         let key = volume_key(name);
         let taken = |record: VolumeRecord| AdminError::NameTakenOnNode {
             volume: name.to_string(),
             node: record.node.unwrap_or_else(|| "unknown".into()),
         };
         let result = match self.desired.read::<VolumeRecord>(&key)? {
-            None => self.desired.create(&key, claim),
+            None => self.store_write(|d| d.create(&key, claim)),
             Some(found) if found.record.node.as_deref() == Some(node) => {
-                self.desired.update(&key, claim, found.revision)
+                self.store_write(|d| d.update(&key, claim, found.revision))
             }
             Some(found) => return Err(taken(found.record)),
         };
@@ -231,10 +236,10 @@ impl Manager {
         match found {
             Some(found) if found.record == wanted => {}
             Some(found) => {
-                self.desired.update(&key, &wanted, found.revision)?;
+                self.store_write(|d| d.update(&key, &wanted, found.revision))?;
             }
             None => {
-                self.desired.create(&key, &wanted)?;
+                self.store_write(|d| d.create(&key, &wanted))?;
             }
         }
         Ok(())
