@@ -1678,24 +1678,7 @@ mod tests {
     fn a_host_write_queued_behind_admin_operations_is_served_first() {
         let (desired, dir) = pool_with_volume("order");
         let mut manager = idle_manager(desired);
-        let address = "127.0.0.1:0".parse().unwrap();
-        let plane = DataPlane::start(
-            manager.exports(),
-            &[address],
-            1,
-            std::time::Duration::ZERO,
-            weft_target::PeerLimits::DEFAULT,
-        )
-        .unwrap();
-        let plane = Arc::new(plane);
-        let url = format!("nvme-tcp://{}/{}", plane.listening[0], volume_nqn("v"));
-        let options = weft_initiator::ConnectOptions {
-            host_nqn: HOST_NQN.into(),
-            ..weft_initiator::ConnectOptions::default()
-        };
-        let url = weft_initiator::TargetUrl::parse(&url).unwrap();
-        let controller = weft_initiator::Controller::connect(&url, options, 1).unwrap();
-        let mut queue = controller.open_io_queue(1).unwrap();
+        let (plane, _controller, mut queue) = served_volume(&mut manager);
         // The manager's thread is not running yet: two admin operations
         // wait, then the host's first write joins them.
         let handle = manager.handle();
@@ -1737,6 +1720,35 @@ mod tests {
         assert!(written < first_admin, "{written} {first_admin}");
         assert_eq!(volume(&history[written]).qos.iops_max, Some(1000));
         std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// A data plane serving `manager`'s exports, and an I/O queue of host
+    /// [`HOST_NQN`] on volume "v" (with its controller, which must live as
+    /// long as the queue).
+    fn served_volume(
+        manager: &mut Manager,
+    ) -> (
+        Arc<DataPlane>,
+        weft_initiator::Controller,
+        weft_initiator::Queue,
+    ) {
+        let plane = DataPlane::start(
+            manager.exports(),
+            &["127.0.0.1:0".parse().unwrap()],
+            1,
+            std::time::Duration::ZERO,
+            weft_target::PeerLimits::DEFAULT,
+        )
+        .unwrap();
+        let url = format!("nvme-tcp://{}/{}", plane.listening[0], volume_nqn("v"));
+        let options = weft_initiator::ConnectOptions {
+            host_nqn: HOST_NQN.into(),
+            ..weft_initiator::ConnectOptions::default()
+        };
+        let url = weft_initiator::TargetUrl::parse(&url).unwrap();
+        let controller = weft_initiator::Controller::connect(&url, options, 1).unwrap();
+        let queue = controller.open_io_queue(1).unwrap();
+        (Arc::new(plane), controller, queue)
     }
 
     /// A store whose commits wait until the test opens it (a cluster store
@@ -1801,24 +1813,7 @@ mod tests {
         });
         let store: Arc<dyn weft_control::Store> = gate.clone();
         let mut manager = idle_manager(DesiredState::shared(store, "n1"));
-        let plane = Arc::new(
-            DataPlane::start(
-                manager.exports(),
-                &["127.0.0.1:0".parse().unwrap()],
-                1,
-                std::time::Duration::ZERO,
-                weft_target::PeerLimits::DEFAULT,
-            )
-            .unwrap(),
-        );
-        let url = format!("nvme-tcp://{}/{}", plane.listening[0], volume_nqn("v"));
-        let options = weft_initiator::ConnectOptions {
-            host_nqn: HOST_NQN.into(),
-            ..weft_initiator::ConnectOptions::default()
-        };
-        let url = weft_initiator::TargetUrl::parse(&url).unwrap();
-        let controller = weft_initiator::Controller::connect(&url, options, 1).unwrap();
-        let mut queue = controller.open_io_queue(1).unwrap();
+        let (plane, _controller, mut queue) = served_volume(&mut manager);
         let handle = manager.handle();
         manager.spawn(Arc::clone(&plane)).unwrap();
         let admin = std::thread::spawn(move || {
