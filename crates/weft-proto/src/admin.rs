@@ -81,6 +81,9 @@ mod cc {
 
 /// Asynchronous Event Configuration (feature 0Bh) bit 8: Namespace Attribute Notices.
 const AEC_NAMESPACE_ATTRIBUTE_NOTICES: u32 = 1 << 8;
+/// Asynchronous Event Configuration bit 31: Discovery Log Page Change Notices
+/// (a discovery controller's; NVMe Base 2.0, Figure 317).
+const AEC_DISCOVERY_LOG_CHANGE_NOTICES: u32 = 1 << 31;
 
 /// Completion DW0 of an Asynchronous Event Request (NVMe Base 2.0, section
 /// 5.2.1): event type in bits 2:0, event information in bits 15:8 and the log
@@ -92,6 +95,11 @@ const fn async_event(event_type: u8, information: u8, log_page: u8) -> u32 {
 /// Notice (event type 2h) / Namespace Attribute Changed (information 00h) /
 /// Changed Namespace List (log page 04h).
 pub const NAMESPACE_ATTRIBUTE_CHANGED: u32 = async_event(0x2, 0x00, log_id::CHANGED_NAMESPACES);
+
+/// Notice (event type 2h) / Discovery Log Page Change (information F0h) /
+/// Discovery log page (70h): what Linux nvmet sends, and what a host's
+/// persistent discovery connection acts on (udev: connect what is new).
+pub const DISCOVERY_LOG_CHANGED: u32 = async_event(0x2, 0xF0, log_id::DISCOVERY);
 
 /// CSTS bits.
 mod csts {
@@ -199,6 +207,7 @@ pub struct AdminQueue {
     async_event_config: u32,
     changed_namespaces: ChangedNamespaces,
     namespace_notice: NoticeState,
+    discovery_notice: NoticeState,
     /// Slots holding outstanding Asynchronous Event Requests.
     pub parked_events: Vec<SlotId>,
 }
@@ -222,6 +231,7 @@ impl AdminQueue {
             async_event_config: 0,
             changed_namespaces: ChangedNamespaces::default(),
             namespace_notice: NoticeState::Idle,
+            discovery_notice: NoticeState::Idle,
             parked_events: Vec::new(),
         }
     }
@@ -242,14 +252,32 @@ impl AdminQueue {
         }
     }
 
+    /// The configuration changed from `old` to `new` under this discovery
+    /// controller: if what its host's discovery log lists changed, raises a
+    /// Discovery Log Page Change event (when the host enabled those notices
+    /// and the event type is not masked), as nvmet does.
+    pub fn discovery_changed(&mut self, old: &TargetConfig, new: &TargetConfig) {
+        debug_assert_eq!(self.kind, ControllerKind::Discovery);
+        let host = &self.controller.hostnqn;
+        let changed = !host_discovery_records(old, host).eq(host_discovery_records(new, host));
+        let enabled = self.async_event_config & AEC_DISCOVERY_LOG_CHANGE_NOTICES != 0;
+        if changed && enabled && self.discovery_notice == NoticeState::Idle {
+            self.discovery_notice = NoticeState::Pending;
+        }
+    }
+
     /// The completion DW0 of an event waiting to be reported, if any; the
     /// caller completes an Asynchronous Event Request with it.
     pub fn take_async_event(&mut self) -> Option<u32> {
-        if self.namespace_notice != NoticeState::Pending {
-            return None;
+        if self.namespace_notice == NoticeState::Pending {
+            self.namespace_notice = NoticeState::Masked;
+            return Some(NAMESPACE_ATTRIBUTE_CHANGED);
         }
-        self.namespace_notice = NoticeState::Masked;
-        Some(NAMESPACE_ATTRIBUTE_CHANGED)
+        if self.discovery_notice == NoticeState::Pending {
+            self.discovery_notice = NoticeState::Masked;
+            return Some(DISCOVERY_LOG_CHANGED);
+        }
+        None
     }
 
     /// When the keep-alive timer expires, if it runs.
@@ -523,6 +551,10 @@ fn get_log_page(
             return Outcome::status(Status::INVALID_LOG_PAGE);
         }
         discovery_log(config, &queue.controller.hostnqn, request.offset, out);
+        // Reading the page with RAE cleared clears the event (NVMe Base 2.0, section 5.2).
+        if !request.retain_event {
+            queue.discovery_notice = NoticeState::Idle;
+        }
         return Outcome::data(request.len);
     }
     if queue.kind == ControllerKind::Discovery || subsystem.is_none() {
@@ -569,14 +601,7 @@ fn copy_window(page: &[u8], offset: u64, out: &mut [u8]) {
 /// [offset, offset + out.len()) (bytes past the page's end stay zero).
 /// Subsystems the host may not connect to are left out, as Linux nvmet does.
 fn discovery_log(config: &TargetConfig, hostnqn: &str, offset: u64, out: &mut [u8]) {
-    let records =
-        identify::discovery_records(&config.subsystems, &config.listeners, &config.referrals)
-            .filter(|record| {
-                record.kind != identify::RecordKind::Nvm
-                    || config
-                        .subsystem(record.subnqn)
-                        .is_some_and(|s| s.access.allows(hostnqn))
-            });
+    let records = host_discovery_records(config, hostnqn);
     let count = records.clone().count() as u64;
     let page_len = identify::DISCOVERY_HEADER_LEN as u64 + count * DISCOVERY_ENTRY_BYTES;
     if offset >= page_len {
@@ -601,6 +626,22 @@ fn discovery_log(config: &TargetConfig, hostnqn: &str, offset: u64, out: &mut [u
         identify::discovery_entry(&record, &mut entry);
         copy_into_window(&entry, position, offset, out);
     }
+}
+
+/// The records of host `hostnqn`'s discovery log: subsystems it may not
+/// connect to are left out, as Linux nvmet does.
+fn host_discovery_records<'a>(
+    config: &'a TargetConfig,
+    hostnqn: &'a str,
+) -> impl Iterator<Item = identify::DiscoveryRecord<'a>> + Clone {
+    identify::discovery_records(&config.subsystems, &config.listeners, &config.referrals).filter(
+        move |record| {
+            record.kind != identify::RecordKind::Nvm
+                || config
+                    .subsystem(record.subnqn)
+                    .is_some_and(|s| s.access.allows(hostnqn))
+        },
+    )
 }
 
 /// Length of one discovery log entry, in the u64 arithmetic of log page offsets.

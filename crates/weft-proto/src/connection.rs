@@ -444,6 +444,10 @@ impl Connection {
                 }
                 true
             }
+            State::Admin(_, admin) => {
+                admin.discovery_changed(old, &self.config);
+                true
+            }
             _ => true,
         }
     }
@@ -1430,7 +1434,7 @@ mod tests {
     use crate::auth::{DhchapSecret, FailureReason, HostAuthError, HostKeys};
     use crate::command::{admin_opcode, io_opcode};
     use crate::pdu::PduType;
-    use crate::target::{AllowedHost, HostAccess};
+    use crate::target::{AddressFamily, AllowedHost, HostAccess, ListenerConfig};
     use crate::testing::*;
     use crate::wire::{ascii_field, hex};
     use std::time::Duration;
@@ -2147,6 +2151,65 @@ mod tests {
             512,
             "NCAP"
         );
+    }
+
+    /// A discovery controller with Discovery Log Page Change Notices enabled
+    /// gets one event when what its host's log lists changes (a subsystem,
+    /// a referral), none for changes it cannot see, and none again until it
+    /// reads the log with RAE cleared.
+    #[test]
+    fn a_discovery_log_change_completes_a_parked_async_event_request() {
+        let target = test_target();
+        let mut discovery = Pair::new(&target);
+        discovery.connect_admin(DISCOVERY_NQN, 0);
+        let (controller, _) = discovery.read_data(&identify(2, 1, 0));
+        assert_eq!(
+            u32::from_le_bytes(controller[92..96].try_into().unwrap()),
+            1 << 31,
+            "OAES: Discovery Log Page Change Notices"
+        );
+        let response = discovery.simple(&async_event_config(3, 1 << 31));
+        assert_eq!(response.status(), Status::SUCCESS);
+        discovery.send(&discovery.capsule(&async_event_request(4), &[]));
+        // A subsystem this host may not connect to: its log does not change.
+        discovery.update_config(update(&target, |config| {
+            let mut hidden = subsystem("nqn.2026-11.io.weft:hidden");
+            hidden.access = HostAccess::Only(Vec::new());
+            config.subsystems.push(hidden);
+        }));
+        assert!(
+            discovery.receive().is_none(),
+            "nothing this host sees changed"
+        );
+        discovery.update_config(update(&target, |config| {
+            config.referrals.push(ListenerConfig {
+                port_id: 1,
+                family: AddressFamily::Ipv4,
+                address: "10.0.0.7".into(),
+                service: "4420".into(),
+            });
+        }));
+        let event = discovery.expect();
+        assert_eq!(event.cid(), 4);
+        assert_eq!(
+            event.result() as u32,
+            0x0070_F002,
+            "Notice, Discovery Log Page Change, log page 70h"
+        );
+        // Masked until the host reads the log page (RAE cleared).
+        discovery.send(&discovery.capsule(&async_event_request(5), &[]));
+        discovery.update_config(update(&target, |config| {
+            config.subsystems.push(subsystem("nqn.2026-11.io.weft:new"));
+        }));
+        assert!(discovery.receive().is_none(), "masked");
+        let (_, response) = discovery.read_data(&get_log_page(6, 0x70, 1024, 0));
+        assert_eq!(response.status(), Status::SUCCESS);
+        discovery.update_config(update(&target, |config| {
+            config
+                .subsystems
+                .push(subsystem("nqn.2026-11.io.weft:newer"));
+        }));
+        assert_eq!(discovery.expect().result() as u32, 0x0070_F002);
     }
 
     #[test]

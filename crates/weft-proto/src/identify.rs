@@ -131,6 +131,9 @@ pub fn controller(id: &ControllerIdentity<'_>, out: &mut [u8]) -> usize {
             // VWC: present; bits 2:1 = 11b, Flush with NSID FFFFFFFFh is supported.
             .u8(525, 0x7)
             .u32(540, id.max_nsid); // MNAN
+    } else {
+        // OAES bit 31: Discovery Log Page Change Notices.
+        w.u32(92, 1 << 31);
     }
     // SGLS: SGLs supported (dword aligned granularity not required), bit 20:
     // the address field of an in-capsule data block is an offset.
@@ -293,7 +296,7 @@ pub enum RecordKind {
 }
 
 /// One discovery log record: a subsystem reachable through a listener.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DiscoveryRecord<'a> {
     /// Subsystem NQN.
     pub subnqn: &'a str,
