@@ -4,7 +4,9 @@
 # one volume (v1 on n1, v2 on n2, v3 on n3). Registers this guest as a host through node
 # 1's API, attaches the three volumes, then: node 1's discovery log lists v1 and referrals
 # to nodes 2 and 3; `nvme connect-all` against node 1 alone connects all three volumes;
-# fio write+verify on each; disconnect. Prints "cluster: PASS" when every check passed.
+# fio write+verify on each; a persistent discovery connection gets a Discovery Log Page
+# Change event when a fourth volume is attached; disconnect. Prints "cluster: PASS" when
+# every check passed.
 set -uo pipefail
 ADDR=${LAB_HOST_IP:?needs slirp}
 PORT=${WEFT_PORT:-14450} API_PORT=${WEFT_API_PORT:-14460}
@@ -62,7 +64,19 @@ for v in v1 v2 v3; do
         fail "$v: fio: $(tail -3 "/tmp/fio-$v.txt")"
     fi
 done
+echo "=== a persistent discovery connection hears of a volume attached later"
+udevadm monitor --kernel --property > /tmp/uevents 2>&1 &
+monitor=$!
+nvme discover -t tcp -a "$ADDR" -s "$PORT" --persistent > /dev/null 2>&1 || fail "nvme discover --persistent"
+sleep 1
+weft_cli volume create v4 --size 16MiB --node n1 > /dev/null && weft_cli volume attach v4 --host guest \
+    || fail "create and attach v4"
+for _ in $(seq 20); do grep -q "NVME_AEN=0x70f002" /tmp/uevents && break; sleep 0.5; done
+kill "$monitor" 2>/dev/null
+grep -q "NVME_AEN=0x70f002" /tmp/uevents && ok "kernel event NVME_AEN=0x70f002 (Discovery Log Page Change)" \
+    || fail "no Discovery Log Page Change event: $(grep NVME_AEN /tmp/uevents | head -3)"
+
 nvme disconnect-all >/dev/null 2>&1
-for v in v1 v2 v3; do weft_cli volume detach "$v" --host guest >/dev/null || fail "detach $v"; done
+for v in v1 v2 v3 v4; do weft_cli volume detach "$v" --host guest >/dev/null || fail "detach $v"; done
 
 if [ "$FAILS" = 0 ]; then echo "cluster: PASS"; else echo "cluster: FAIL ($FAILS)"; exit 1; fi
