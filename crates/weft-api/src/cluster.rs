@@ -192,16 +192,24 @@ impl Cluster {
         pool: Option<&str>,
         nodes: &BTreeMap<String, NodeView>,
     ) -> Result<bool, Response> {
-        let listing = self.store.list("nodes/").map_err(|e| store_failure(&e))?;
-        Ok(listing.entries.iter().any(|entry| {
-            let Some((node, rest)) = entry.key["nodes/".len()..].split_once('/') else {
-                return false;
-            };
-            let named = rest
-                .strip_prefix("pools/")
-                .is_some_and(|name| pool.is_none_or(|pool| pool == name));
-            named && nodes.get(node).is_some_and(NodeView::is_alive)
+        Ok(self.recorded_pools()?.into_iter().any(|(node, name)| {
+            pool.is_none_or(|pool| pool == name) && nodes.get(&node).is_some_and(NodeView::is_alive)
         }))
+    }
+
+    /// Every pool recorded in the store, as (node, pool): the keys
+    /// `nodes/<node>/pools/<pool>`.
+    fn recorded_pools(&self) -> Result<Vec<(String, String)>, Response> {
+        let listing = self.store.list("nodes/").map_err(|e| store_failure(&e))?;
+        Ok(listing
+            .entries
+            .iter()
+            .filter_map(|entry| {
+                let (node, rest) = entry.key["nodes/".len()..].split_once('/')?;
+                let pool = rest.strip_prefix("pools/")?;
+                Some((node.to_string(), pool.to_string()))
+            })
+            .collect())
     }
 
     /// How many volumes the store records on each node.
@@ -256,14 +264,10 @@ impl Cluster {
 
     /// The nodes with a pool named `pool`.
     fn pool_nodes(&self, pool: &str) -> Result<Vec<String>, Response> {
-        let listing = self.store.list("nodes/").map_err(|e| store_failure(&e))?;
-        Ok(listing
-            .entries
-            .iter()
-            .filter_map(|entry| {
-                let (node, rest) = entry.key["nodes/".len()..].split_once('/')?;
-                (rest == format!("pools/{pool}")).then(|| node.to_string())
-            })
+        let recorded = self.recorded_pools()?.into_iter();
+        Ok(recorded
+            .filter(|(_, name)| name == pool)
+            .map(|(node, _)| node)
             .collect())
     }
 

@@ -140,19 +140,6 @@ pub struct HostView {
 }
 
 /// A pool's or volume's state as the API names it.
-/// A UUID as 8-4-4-4-12 lower-case hex digits.
-pub fn uuid_text(bytes: &[u8; 16]) -> String {
-    let hex = hex(bytes);
-    format!(
-        "{}-{}-{}-{}-{}",
-        &hex[..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..]
-    )
-}
-
 fn state_name(failure: &Option<String>) -> String {
     if failure.is_some() {
         "failed"
@@ -224,7 +211,7 @@ impl From<&VolumeStatus> for VolumeView {
             snapshots: info.snapshots.iter().map(|(n, _, _)| n.clone()).collect(),
             connected_hosts: volume.connected_hosts.clone(),
             nguid: hex(&volume.nguid),
-            uuid: uuid_text(&volume.uuid),
+            uuid: weft_proto::types::uuid_text(&volume.uuid),
             hosts: volume.hosts.clone(),
             qos: QosView::from(volume.qos),
             state: state_name(&volume.failure),

@@ -222,7 +222,7 @@ pub struct ConnectOptions {
 impl Default for ConnectOptions {
     fn default() -> Self {
         let host_id = random_bytes();
-        let uuid = format_uuid(&host_id);
+        let uuid = weft_proto::types::uuid_text(&host_id);
         ConnectOptions {
             header_digest: false,
             data_digest: false,
@@ -780,18 +780,6 @@ fn random_bytes() -> [u8; 16] {
         bytes = nanos.to_le_bytes();
     }
     bytes
-}
-
-fn format_uuid(bytes: &[u8; 16]) -> String {
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &hex[..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..]
-    )
 }
 
 /// A finished command's outcome, or the command's failure as an error.

@@ -841,13 +841,9 @@ impl Manager {
                 log::info!("discovery referrals: {referrals:?}");
                 self.cluster_referrals = referrals;
             }
-            AdminOp::Reconcile => {
-                for (name, record) in self.volume_records() {
-                    if let Some(meter) = self.meters.get(&name) {
-                        meter.set_limits(data_plane_limits(&record.qos));
-                    }
-                }
-            }
+            // Rebuilding the exports (below) applies hosts, attachments,
+            // identities and every volume's limits from the records.
+            AdminOp::Reconcile => {}
             AdminOp::Flush => {
                 for (name, pool) in &mut self.pools {
                     let result = pool.flush();

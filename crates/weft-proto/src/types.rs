@@ -4,6 +4,19 @@
 use std::fmt;
 use std::time::Duration;
 
+/// A UUID in its text form, 8-4-4-4-12 lower-case hex digits (as a host NQN
+/// `nqn.2014-08.org.nvmexpress:uuid:...` and `nvme id-ns` write it).
+pub fn uuid_text(bytes: &[u8; 16]) -> String {
+    let mut text = String::with_capacity(36);
+    for (index, byte) in bytes.iter().enumerate() {
+        if matches!(index, 4 | 6 | 8 | 10) {
+            text.push('-');
+        }
+        text.push_str(&format!("{byte:02x}"));
+    }
+    text
+}
+
 /// Namespace identifier (NSID). 0 is invalid, 0xFFFF_FFFF means "all namespaces".
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Nsid(pub u32);
@@ -59,5 +72,16 @@ impl Timestamp {
     /// `self + duration`.
     pub fn after(self, duration: Duration) -> Timestamp {
         Timestamp(self.0 + duration)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uuids_are_written_8_4_4_4_12() {
+        let bytes: [u8; 16] = core::array::from_fn(|i| i as u8 * 0x11);
+        assert_eq!(uuid_text(&bytes), "00112233-4455-6677-8899-aabbccddeeff");
     }
 }

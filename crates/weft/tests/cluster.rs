@@ -58,27 +58,19 @@ fn node_state(node: &Node, name: &str) -> String {
 
 /// `weft bench --verify` as the test host against `volume` on `node`.
 fn verify(node: &Node, volume: &str, rw: &str) -> (bool, String) {
-    let url = format!("{}/nqn.2026-11.io.weft:vol:{volume}", node.nvme);
-    let (success, out, errors) = weft(
-        node,
-        &[
-            "bench",
-            "--hostnqn",
-            HOST_NQN,
-            "--target",
-            &url,
-            "--rw",
-            rw,
-            "--bs",
-            "4k",
-            "--iodepth",
-            "4",
-            "--size",
-            "4MiB",
-            "--verify",
-        ],
-    );
-    (success, format!("{out}{errors}"))
+    let nqn = format!("nqn.2026-11.io.weft:vol:{volume}");
+    let options = [
+        "--rw",
+        rw,
+        "--bs",
+        "4k",
+        "--iodepth",
+        "4",
+        "--size",
+        "4MiB",
+        "--verify",
+    ];
+    support::bench(node, HOST_NQN, &nqn, &options)
 }
 
 #[test]

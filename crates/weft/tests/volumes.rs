@@ -518,21 +518,9 @@ fn a_volume_may_be_given_the_identity_hosts_know() {
             (Some(NQN), Some(UUID), Some(NGUID)),
             "{shown}"
         );
-        let url = format!("{}/{NQN}", node.nvme);
-        let (success, out, errors) = weft(
-            node,
-            &[
-                "bench",
-                "--hostnqn",
-                HOST_NQN,
-                "--target",
-                &url,
-                "--runtime",
-                "200ms",
-                "--verify",
-            ],
-        );
-        assert!(success, "{out}{errors}");
+        let (success, out) =
+            support::bench(node, HOST_NQN, NQN, &["--runtime", "200ms", "--verify"]);
+        assert!(success, "{out}");
     };
     {
         let node = start(&dir.join("data"));

@@ -172,6 +172,16 @@ pub fn weft(node: &Node, args: &[&str]) -> (bool, String, String) {
     )
 }
 
+/// `weft bench` as host `host_nqn` against subsystem `nqn` of `node`, with
+/// `options` (e.g. `--verify`): (success, stdout and stderr).
+pub fn bench(node: &Node, host_nqn: &str, nqn: &str, options: &[&str]) -> (bool, String) {
+    let url = format!("{}/{nqn}", node.nvme);
+    let mut args = vec!["bench", "--hostnqn", host_nqn, "--target", &url];
+    args.extend_from_slice(options);
+    let (success, out, errors) = weft(node, &args);
+    (success, format!("{out}{errors}"))
+}
+
 /// `weft ARGS` that must succeed; its stdout.
 pub fn ok(node: &Node, args: &[&str]) -> String {
     let (success, out, errors) = weft(node, args);
