@@ -5,7 +5,8 @@
 # test (the Linux 6.1 NVMe/TCP host in a QEMU guest against weft), weft's initiator
 # against the guest kernel's nvmet and the Linux host against a three-node cluster. Installs what it needs (Debian packages, the guest image,
 # cargo-fuzz) idempotently. Run as root from anywhere: ./test.sh
-# Environment: WEFT_FUZZ_SECONDS (default 17 per target), WEFT_SKIP_VM=1 to skip the guest.
+# Environment: WEFT_FUZZ_SECONDS (default 17 per target), WEFT_SIM_SEEDS (default 4000),
+# WEFT_SKIP_VM=1 to skip the guest.
 set -euo pipefail
 cd "$(dirname "$0")"
 step() { printf '\n=== %s\n' "$*"; }
@@ -19,6 +20,10 @@ cargo build --release --locked -p weft-initiator --examples
 
 step "cargo test (unit, protocol, seeded fuzz loops)"
 cargo test --workspace --locked
+
+step "replication simulation (VOPR-style): ${WEFT_SIM_SEEDS:=4000} seeds of crashes, pauses and partitions"
+# A failing seed prints itself and how to replay it.
+WEFT_SIM_SEEDS=$WEFT_SIM_SEEDS cargo test --release --locked -p weft-sim --test vopr seeds -- --nocapture
 
 step "fuzz smoke (cargo-fuzz, overflow checks and debug assertions on)"
 if rustup toolchain list 2>/dev/null | grep -q '^nightly'; then

@@ -1,0 +1,46 @@
+//! The replication core of weft, sans-IO: how a replicated volume's primary
+//! and its replicas keep every acknowledged write on every in-sync replica,
+//! lose a replica without losing a write, bring it back with a partial
+//! rebuild, and hand the primary role over without two primaries ever
+//! acknowledging writes.
+//!
+//! Nothing here does I/O, reads a clock or starts a thread (as `weft-proto`
+//! and quinn-proto): the primary is a state machine fed with host commands,
+//! completions, replies and the time, and it answers with [`Action`]s that
+//! its driver carries out in order. Two drivers exist: the seeded simulation
+//! in `weft-sim`, which crashes, pauses and partitions nodes by the thousand,
+//! and (later) the node's reactors and manager.
+//!
+//! - [`types`]: node ids, epochs, fencing tokens, extents and regions.
+//! - [`regions`]: sets of regions (dirty and write-intent bitmaps).
+//! - [`record`]: the volume's replica set as the store holds it.
+//! - [`replica`]: what a replica checks before it applies a write (its fence).
+//! - [`primary`]: the primary's state machine.
+//! - [`controller`]: the cluster controller's promotion of a new primary.
+//!
+//! The rules every part keeps (docs/REPLICATION-DESIGN.md explains why):
+//! - A write, Flush or FUA write is acknowledged only once the primary and
+//!   every replica the store's record calls in-sync have completed it.
+//! - A replica leaves the in-sync set by a compare-and-swap on the record,
+//!   under the primary's epoch, before any write it missed is acknowledged.
+//! - A replica applies only the writes of the primary session that fenced it
+//!   last, and fencing tokens only grow: a deposed primary can never again
+//!   get a write acknowledged by a replica the new primary fenced.
+//! - A primary serves reads only while its lease is valid, and the
+//!   controller promotes only after that lease has ended.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod controller;
+pub mod primary;
+pub mod record;
+pub mod regions;
+pub mod replica;
+pub mod types;
+
+pub use primary::{Action, HostResult, Primary, PrimaryConfig, PrimaryPhase, ToReplica};
+pub use record::{Member, MemberState, ReplicaSet};
+pub use regions::RegionSet;
+pub use replica::{FromReplica, Replica};
+pub use types::{Epoch, Extent, Geometry, NodeId, OpId, Token};

@@ -1,0 +1,1079 @@
+//! The primary of a replicated volume, as a state machine.
+//!
+//! The driver feeds it host commands (`host_*`), completions of the local
+//! I/O it asked for (`local_done`), replicas' answers (`replica_reply`), the
+//! store's answers to its record changes (`committed`, `commit_failed`,
+//! `record_changed`), its lease (`set_lease`) and the time (`tick`), and
+//! carries out the [`Action`]s it takes from `poll_action`, in order. The
+//! driver holds the data: a host write's buffer and a copy's region live
+//! under the op's [`OpId`] until the op completes.
+//!
+//! Its life: **Fencing** every replica the record calls in sync with a new
+//! token, collecting their write intents; **Resyncing** the regions any of
+//! them (or this node) may hold unconfirmed writes in, from this node's copy;
+//! **Active**, serving the host; **Deposed** as soon as it learns of a newer
+//! epoch, after which it completes nothing but with a path error.
+//!
+//! What it does not do: pick replicas, talk to the store, or decide to
+//! become primary (the controller promotes; the driver then builds a
+//! `Primary` after fencing its own node's replica with session 0 of the new
+//! epoch, so that the old primary's writes stop there too).
+
+use crate::record::{MemberState, ReplicaSet};
+use crate::regions::RegionSet;
+use crate::replica::FromReplica;
+use crate::types::{Epoch, Extent, Geometry, NodeId, OpId, Token};
+use std::collections::{BTreeMap, VecDeque};
+use std::time::Duration;
+
+/// What a primary needs to know about its volume and its patience.
+#[derive(Debug, Clone, Copy)]
+pub struct PrimaryConfig {
+    /// This node.
+    pub me: NodeId,
+    /// The volume's size and region size.
+    pub geometry: Geometry,
+    /// A replica that has not answered within this long is faulted.
+    pub replica_timeout: Duration,
+    /// How often a faulted replica is asked to come back.
+    pub reattach_interval: Duration,
+    /// Rebuild copies in flight at once.
+    pub copies_in_flight_max: usize,
+}
+
+/// The primary's stage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PrimaryPhase {
+    /// Fencing the in-sync replicas.
+    Fencing,
+    /// Copying the regions that may differ to the in-sync replicas.
+    Resyncing,
+    /// Serving.
+    Active,
+    /// A newer epoch exists: serves nothing.
+    Deposed,
+}
+
+/// How a host command ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostResult {
+    /// Done (for a read: the data is what the op's local read returned).
+    Ok,
+    /// Not served on this path, for now: the primary is being set up or
+    /// handed over, or its lease ran out (ANA Transition). Retry, on any path.
+    Transition,
+    /// Not served on this path: this node is no longer primary (ANA Inaccessible).
+    Inaccessible,
+}
+
+/// A message from the primary to a replica.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToReplica {
+    /// Take `token` as the fence: only it may write from now on.
+    Fence {
+        /// The new fence.
+        token: Token,
+    },
+    /// A host write (data: the op's host buffer).
+    Write {
+        /// The session.
+        token: Token,
+        /// The op.
+        op: OpId,
+        /// Where.
+        extent: Extent,
+        /// Force unit access: durable before it is done.
+        fua: bool,
+    },
+    /// A rebuild or resync copy (data: what the op's local read returned).
+    Copy {
+        /// The session.
+        token: Token,
+        /// The op.
+        op: OpId,
+        /// Where (one region).
+        extent: Extent,
+    },
+    /// Make every completed write durable.
+    Flush {
+        /// The session.
+        token: Token,
+        /// The op.
+        op: OpId,
+    },
+    /// Every in-sync replica holds the writes of these regions: drop them from the write intent.
+    Clean {
+        /// The session.
+        token: Token,
+        /// The regions.
+        regions: Vec<u32>,
+    },
+}
+
+/// What the driver does next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Add `region` to this node's persistent write intent, durably,
+    /// before carrying out the actions that follow.
+    IntentSet(u32),
+    /// Drop `region` from this node's write intent (need not be durable at once).
+    IntentClear(u32),
+    /// Write the op's data locally.
+    LocalWrite {
+        /// The op.
+        op: OpId,
+        /// Where.
+        extent: Extent,
+        /// Force unit access.
+        fua: bool,
+    },
+    /// Read into the op's buffer locally.
+    LocalRead {
+        /// The op.
+        op: OpId,
+        /// Where.
+        extent: Extent,
+    },
+    /// Flush the local device.
+    LocalFlush {
+        /// The op.
+        op: OpId,
+    },
+    /// Send to a replica.
+    Send {
+        /// The replica's node.
+        to: NodeId,
+        /// The message.
+        msg: ToReplica,
+    },
+    /// Replace the record at `base_revision` by `record` (compare-and-swap);
+    /// answer with `committed` or `commit_failed`.
+    Commit {
+        /// The revision the change is based on.
+        base_revision: u64,
+        /// The record wanted.
+        record: ReplicaSet,
+    },
+    /// Complete the host command.
+    Complete {
+        /// The op.
+        op: OpId,
+        /// How.
+        result: HostResult,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LinkState {
+    /// A fence is out. `rejoin`: a faulted replica coming back (else an
+    /// in-sync one at promotion).
+    Fencing { deadline: Duration, rejoin: bool },
+    /// In sync: gets every write and its answer is required.
+    Live,
+    /// Fenced, being copied to; gets writes to regions it has, answers not required.
+    Rebuilding,
+    /// Rebuilt; the record is being changed to in-sync. Answers required.
+    Joining,
+    /// Gets nothing; asked back at `retry_at`.
+    Down { retry_at: Duration },
+}
+
+#[derive(Debug)]
+struct Link {
+    token: Token,
+    state: LinkState,
+    /// Regions it lacks (or, while resyncing, regions still to copy to it).
+    dirty: RegionSet,
+    /// Whether it must be rebuilt in full (its dirty set is not known).
+    full: bool,
+}
+
+impl Link {
+    /// Whether the record should call it in sync.
+    fn wants_in_sync(&self) -> bool {
+        matches!(
+            self.state,
+            LinkState::Live | LinkState::Joining | LinkState::Fencing { rejoin: false, .. }
+        )
+    }
+
+    fn required(&self) -> bool {
+        matches!(self.state, LinkState::Live | LinkState::Joining)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OpKind {
+    Write { extent: Extent, fua: bool },
+    Read { extent: Extent },
+    Flush,
+    Copy { to: NodeId, region: u32 },
+}
+
+#[derive(Debug)]
+struct Op {
+    kind: OpKind,
+    /// Waiting for an overlapping write or copy to finish.
+    queued: bool,
+    local_pending: bool,
+    /// Replicas whose answer is required, not yet received.
+    required: Vec<NodeId>,
+    /// Rebuilding replicas sent to, answer not yet received.
+    optional: Vec<NodeId>,
+    deadline: Duration,
+    /// The host has its completion.
+    answered: bool,
+}
+
+impl Op {
+    fn is_host(&self) -> bool {
+        !matches!(self.kind, OpKind::Copy { .. })
+    }
+
+    fn extent(&self, geometry: &Geometry) -> Option<Extent> {
+        match self.kind {
+            OpKind::Write { extent, .. } => Some(extent),
+            OpKind::Copy { region, .. } => Some(geometry.extent_of(region)),
+            OpKind::Read { .. } | OpKind::Flush => None,
+        }
+    }
+
+    fn finished(&self) -> bool {
+        !self.queued && !self.local_pending && self.required.is_empty() && self.optional.is_empty()
+    }
+}
+
+/// The primary of one replicated volume.
+#[derive(Debug)]
+pub struct Primary {
+    config: PrimaryConfig,
+    phase: PrimaryPhase,
+    record: ReplicaSet,
+    revision: u64,
+    commit_in_flight: bool,
+    commit_retry_at: Option<Duration>,
+    /// Records asked for whose outcome is not known (the answer was lost),
+    /// with the revision they were based on. Until a later revision is seen,
+    /// each may be the store's.
+    uncertain: Vec<(u64, ReplicaSet)>,
+    links: BTreeMap<NodeId, Link>,
+    sessions: u32,
+    ops: BTreeMap<OpId, Op>,
+    next_internal_op: u64,
+    /// This node's write intent, as persisted.
+    intent: RegionSet,
+    /// Writes in flight per region.
+    writes_in_region: Vec<u32>,
+    /// Regions whose writes all completed, to clean.
+    to_clean: Vec<u32>,
+    /// Regions to resync at promotion.
+    resync: RegionSet,
+    lease_until: Duration,
+    actions: VecDeque<Action>,
+}
+
+/// Internal op ids (copies) count down from the top, host op ids up from 0.
+const INTERNAL_OP_BASE: u64 = 1 << 63;
+
+impl Primary {
+    /// The primary of `record` (at `revision`), which names this node primary,
+    /// with this node's persisted write `intent`. Starts fencing.
+    pub fn new(
+        config: PrimaryConfig,
+        record: ReplicaSet,
+        revision: u64,
+        intent: RegionSet,
+        now: Duration,
+    ) -> Primary {
+        assert_eq!(record.primary, config.me, "promoted in the record");
+        let regions = config.geometry.regions();
+        assert_eq!(intent.capacity(), regions);
+        let mut primary = Primary {
+            config,
+            phase: PrimaryPhase::Fencing,
+            links: BTreeMap::new(),
+            sessions: 0,
+            ops: BTreeMap::new(),
+            next_internal_op: INTERNAL_OP_BASE,
+            resync: intent.clone(),
+            intent,
+            writes_in_region: vec![0; regions as usize],
+            to_clean: Vec::new(),
+            lease_until: Duration::ZERO,
+            actions: VecDeque::new(),
+            commit_in_flight: false,
+            commit_retry_at: None,
+            uncertain: Vec::new(),
+            revision,
+            record,
+        };
+        let members: Vec<_> = primary.record.members.clone();
+        for member in members.iter().filter(|m| m.node != config.me) {
+            let link = Link {
+                token: Token::default(),
+                state: LinkState::Down { retry_at: now },
+                dirty: RegionSet::new(regions),
+                // Faulted under an earlier epoch: what it missed is unknown here.
+                full: true,
+            };
+            primary.links.insert(member.node, link);
+            if member.state == MemberState::InSync {
+                primary.send_fence(member.node, false, now);
+            }
+        }
+        primary.fencing_progress(now);
+        primary
+    }
+
+    /// The stage.
+    pub fn phase(&self) -> PrimaryPhase {
+        self.phase
+    }
+
+    /// The epoch this primary serves.
+    pub fn epoch(&self) -> Epoch {
+        self.record.epoch
+    }
+
+    /// The record as last committed or seen.
+    pub fn record(&self) -> &ReplicaSet {
+        &self.record
+    }
+
+    /// Whether this path is the one to use (ANA Optimized): serving, with a valid lease.
+    pub fn optimized(&self, now: Duration) -> bool {
+        self.phase == PrimaryPhase::Active && now < self.lease_until
+    }
+
+    /// The lease of this node runs until `until` (as this node sees it,
+    /// with margin for the store's view). A lease that lapsed is not taken
+    /// back: meanwhile another primary may have been promoted, so this one
+    /// steps down (and the driver, if the record still names this node,
+    /// asks for a new epoch).
+    pub fn set_lease(&mut self, until: Duration, now: Duration) {
+        if self.lease_lapsed(now) {
+            return self.depose();
+        }
+        self.lease_until = self.lease_until.max(until);
+    }
+
+    fn lease_lapsed(&self, now: Duration) -> bool {
+        self.lease_until > Duration::ZERO && now >= self.lease_until
+    }
+
+    /// The next action, if any.
+    pub fn poll_action(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+
+    /// Regions a replica still lacks, if it is being rebuilt or is faulted (progress).
+    pub fn dirty_regions(&self, node: NodeId) -> Option<u32> {
+        let link = self.links.get(&node)?;
+        match link.state {
+            LinkState::Live | LinkState::Joining => None,
+            _ if link.full => Some(self.config.geometry.regions()),
+            _ => Some(link.dirty.len()),
+        }
+    }
+
+    /// Each replica's link, as a word: `fencing`, `in-sync`, `rebuilding`,
+    /// `joining` or `down`.
+    pub fn links(&self) -> Vec<(NodeId, &'static str)> {
+        self.links
+            .iter()
+            .map(|(&node, link)| {
+                let word = match link.state {
+                    LinkState::Fencing { .. } => "fencing",
+                    LinkState::Live => "in-sync",
+                    LinkState::Rebuilding => "rebuilding",
+                    LinkState::Joining => "joining",
+                    LinkState::Down { .. } => "down",
+                };
+                (node, word)
+            })
+            .collect()
+    }
+
+    // ---- host commands ----
+
+    /// A host write of `extent` (its data is the driver's, under `op`).
+    pub fn host_write(&mut self, op: OpId, extent: Extent, fua: bool, now: Duration) {
+        assert!(op.0 < INTERNAL_OP_BASE, "host op ids are below 2^63");
+        if let Some(refusal) = self.refusal(now) {
+            return self.complete(op, refusal);
+        }
+        self.ops.insert(
+            op,
+            Op {
+                kind: OpKind::Write { extent, fua },
+                queued: true,
+                local_pending: false,
+                required: Vec::new(),
+                optional: Vec::new(),
+                deadline: now,
+                answered: false,
+            },
+        );
+        self.start_queued(now);
+    }
+
+    /// A host read of `extent`, served from this node's copy.
+    pub fn host_read(&mut self, op: OpId, extent: Extent, now: Duration) {
+        if let Some(refusal) = self.refusal(now) {
+            return self.complete(op, refusal);
+        }
+        self.ops.insert(op, new_op(OpKind::Read { extent }, now));
+        self.actions.push_back(Action::LocalRead { op, extent });
+    }
+
+    /// A host flush: every write completed before it becomes durable on
+    /// every in-sync replica.
+    pub fn host_flush(&mut self, op: OpId, now: Duration) {
+        if let Some(refusal) = self.refusal(now) {
+            return self.complete(op, refusal);
+        }
+        let mut flush = new_op(OpKind::Flush, now);
+        flush.deadline = now + self.config.replica_timeout;
+        for (&node, link) in &self.links {
+            if link.required() {
+                flush.required.push(node);
+                self.actions.push_back(Action::Send {
+                    to: node,
+                    msg: ToReplica::Flush {
+                        token: link.token,
+                        op,
+                    },
+                });
+            }
+        }
+        self.ops.insert(op, flush);
+        self.actions.push_back(Action::LocalFlush { op });
+    }
+
+    fn refusal(&self, now: Duration) -> Option<HostResult> {
+        match self.phase {
+            PrimaryPhase::Deposed => Some(HostResult::Inaccessible),
+            PrimaryPhase::Active if now < self.lease_until => None,
+            _ => Some(HostResult::Transition),
+        }
+    }
+
+    fn complete(&mut self, op: OpId, result: HostResult) {
+        self.actions.push_back(Action::Complete { op, result });
+    }
+
+    // ---- completions and replies ----
+
+    /// The local read, write or flush of `op` is done.
+    pub fn local_done(&mut self, op: OpId, now: Duration) {
+        let Some(entry) = self.ops.get_mut(&op) else {
+            return;
+        };
+        entry.local_pending = false;
+        if let OpKind::Copy { to, region } = entry.kind {
+            // The region is read: send it, unless the replica fell out meanwhile.
+            let Some(link) = self.links.get(&to) else {
+                return;
+            };
+            let sendable = matches!(
+                link.state,
+                LinkState::Live | LinkState::Rebuilding | LinkState::Joining
+            );
+            if sendable {
+                entry.deadline = now + self.config.replica_timeout;
+                if self.phase == PrimaryPhase::Resyncing {
+                    entry.required.push(to);
+                } else {
+                    entry.optional.push(to);
+                }
+                let extent = self.config.geometry.extent_of(region);
+                let msg = ToReplica::Copy {
+                    token: link.token,
+                    op,
+                    extent,
+                };
+                self.actions.push_back(Action::Send { to, msg });
+            }
+        }
+        self.progress(op, now);
+        self.pump(now);
+    }
+
+    /// A replica's answer.
+    pub fn replica_reply(&mut self, from: NodeId, reply: FromReplica, now: Duration) {
+        if self.phase == PrimaryPhase::Deposed {
+            return;
+        }
+        let Some(link) = self.links.get(&from) else {
+            return;
+        };
+        match reply {
+            FromReplica::Fenced { token, intent } if token == link.token => {
+                self.fenced(from, intent, now);
+            }
+            FromReplica::Done { token, op } if token == link.token => {
+                if let Some(entry) = self.ops.get_mut(&op) {
+                    entry.required.retain(|&n| n != from);
+                    entry.optional.retain(|&n| n != from);
+                    self.progress(op, now);
+                }
+            }
+            FromReplica::Refused { token, current } if token == link.token => {
+                if current.epoch > self.record.epoch {
+                    // A newer primary fenced it: this one is deposed.
+                    self.depose();
+                } else {
+                    // It restarted, or this session is stale: out it goes.
+                    self.link_failed(from, now);
+                }
+            }
+            // An answer to an earlier session.
+            _ => {}
+        }
+        self.pump(now);
+    }
+
+    fn fenced(&mut self, node: NodeId, intent: RegionSet, now: Duration) {
+        let geometry = self.config.geometry;
+        let link = self.links.get_mut(&node).expect("a link");
+        let LinkState::Fencing { rejoin, .. } = link.state else {
+            return;
+        };
+        if rejoin {
+            // It may hold writes others lack (its intent) and lacks what
+            // it missed (dirty), or everything if that is not known here.
+            if link.full {
+                link.dirty = RegionSet::full(geometry.regions());
+                link.full = false;
+            } else {
+                link.dirty.union_with(&intent);
+            }
+            link.state = LinkState::Rebuilding;
+        } else {
+            link.state = LinkState::Live;
+            link.full = false;
+            self.resync.union_with(&intent);
+            self.fencing_progress(now);
+        }
+    }
+
+    // ---- the store ----
+
+    /// The record change asked for was committed at `revision`.
+    pub fn committed(&mut self, revision: u64, record: ReplicaSet, now: Duration) {
+        self.commit_in_flight = false;
+        self.uncertain.pop();
+        self.adopt(revision, record, now);
+    }
+
+    /// The record change failed: the record changed meanwhile (`current`)
+    /// or the store could not be reached (`None`, retried later).
+    pub fn commit_failed(&mut self, current: Option<(u64, ReplicaSet)>, now: Duration) {
+        self.commit_in_flight = false;
+        match current {
+            Some((revision, record)) => {
+                self.uncertain.pop();
+                self.adopt(revision, record, now)
+            }
+            None => self.commit_retry_at = Some(now + self.config.replica_timeout),
+        }
+    }
+
+    /// The record changed in the store (seen by a watch or a read).
+    pub fn record_changed(&mut self, revision: u64, record: ReplicaSet, now: Duration) {
+        if revision > self.revision {
+            self.adopt(revision, record, now);
+        }
+    }
+
+    fn adopt(&mut self, revision: u64, record: ReplicaSet, now: Duration) {
+        if self.phase == PrimaryPhase::Deposed {
+            return;
+        }
+        if record.epoch != self.record.epoch || record.primary != self.config.me {
+            return self.depose();
+        }
+        if revision >= self.revision {
+            self.revision = revision;
+            self.record = record;
+        }
+        // A later revision tells what became of every change based on an earlier one.
+        self.uncertain.retain(|(base, _)| *base >= revision);
+        for (&node, link) in self.links.iter_mut() {
+            if link.state == LinkState::Joining && self.record.is_in_sync(node) {
+                link.state = LinkState::Live;
+            }
+        }
+        self.maybe_commit();
+        let ops: Vec<OpId> = self.ops.keys().copied().collect();
+        for op in ops {
+            self.progress(op, now);
+        }
+        self.pump(now);
+    }
+
+    /// The record this primary wants: its links' standing over the last one seen.
+    fn wanted_record(&self) -> ReplicaSet {
+        let mut wanted = self.record.clone();
+        for (&node, link) in &self.links {
+            let state = if link.wants_in_sync() {
+                MemberState::InSync
+            } else if self.record.is_in_sync(node) {
+                MemberState::Faulted {
+                    epoch: self.record.epoch,
+                }
+            } else {
+                continue;
+            };
+            if self.record.state_of(node).is_some() {
+                wanted.set_state(node, state);
+            }
+        }
+        wanted
+    }
+
+    fn maybe_commit(&mut self) {
+        if self.commit_in_flight || self.phase == PrimaryPhase::Deposed {
+            return;
+        }
+        let wanted = self.wanted_record();
+        // With a change of unknown outcome, commit even an unchanged record:
+        // once a later revision exists, the unknown change can no longer land.
+        if wanted != self.record || !self.uncertain.is_empty() {
+            self.commit_in_flight = true;
+            self.commit_retry_at = None;
+            self.uncertain.push((self.revision, wanted.clone()));
+            self.actions.push_back(Action::Commit {
+                base_revision: self.revision,
+                record: wanted,
+            });
+        }
+    }
+
+    /// Whether a replica this primary dropped is still in sync in the
+    /// record: then no write may be acknowledged (it may have missed it).
+    fn faults_pending(&self) -> bool {
+        self.links
+            .iter()
+            .any(|(&node, link)| !link.wants_in_sync() && self.maybe_in_sync(node))
+    }
+
+    /// Whether the store may call `node` in sync: the record says so, or a
+    /// change whose outcome is unknown does.
+    fn maybe_in_sync(&self, node: NodeId) -> bool {
+        self.record.is_in_sync(node) || self.uncertain.iter().any(|(_, r)| r.is_in_sync(node))
+    }
+
+    fn depose(&mut self) {
+        if self.phase == PrimaryPhase::Deposed {
+            return;
+        }
+        self.phase = PrimaryPhase::Deposed;
+        let ops = std::mem::take(&mut self.ops);
+        for (op, entry) in ops {
+            if entry.is_host() && !entry.answered {
+                self.complete(op, HostResult::Inaccessible);
+            }
+        }
+    }
+
+    // ---- time ----
+
+    /// The time is `now`: timeouts, faulted replicas asked back, copies, cleaning.
+    pub fn tick(&mut self, now: Duration) {
+        if self.lease_lapsed(now) {
+            self.depose();
+        }
+        if self.phase == PrimaryPhase::Deposed {
+            return;
+        }
+        let mut late = Vec::new();
+        for entry in self.ops.values() {
+            if now >= entry.deadline {
+                late.extend(entry.required.iter().chain(&entry.optional).copied());
+            }
+        }
+        for (&node, link) in &self.links {
+            if matches!(link.state, LinkState::Fencing { deadline, .. } if now >= deadline) {
+                late.push(node);
+            }
+        }
+        late.sort();
+        late.dedup();
+        for node in late {
+            self.link_failed(node, now);
+        }
+        if self.commit_retry_at.is_some_and(|at| now >= at) {
+            self.maybe_commit();
+        }
+        if self.phase == PrimaryPhase::Active {
+            let rejoining: Vec<NodeId> = self
+                .links
+                .iter()
+                .filter(|(&node, link)| {
+                    matches!(link.state, LinkState::Down { retry_at } if now >= retry_at)
+                        && !self.maybe_in_sync(node)
+                })
+                .map(|(&node, _)| node)
+                .collect();
+            for node in rejoining {
+                self.send_fence(node, true, now);
+            }
+        }
+        self.pump(now);
+    }
+
+    fn send_fence(&mut self, node: NodeId, rejoin: bool, now: Duration) {
+        self.sessions += 1;
+        let token = Token {
+            epoch: self.record.epoch,
+            session: self.sessions,
+        };
+        let link = self.links.get_mut(&node).expect("a link");
+        link.token = token;
+        link.state = LinkState::Fencing {
+            deadline: now + self.config.replica_timeout,
+            rejoin,
+        };
+        self.actions.push_back(Action::Send {
+            to: node,
+            msg: ToReplica::Fence { token },
+        });
+    }
+
+    /// A replica did not answer in time, refused, or its answer was lost.
+    fn link_failed(&mut self, node: NodeId, now: Duration) {
+        let geometry = self.config.geometry;
+        let promoting = self.phase != PrimaryPhase::Active;
+        let Some(link) = self.links.get_mut(&node) else {
+            return;
+        };
+        if matches!(link.state, LinkState::Down { .. }) {
+            return;
+        }
+        if promoting && !matches!(link.state, LinkState::Fencing { rejoin: true, .. }) {
+            // What it holds against the resync set is not known.
+            link.full = true;
+        }
+        link.state = LinkState::Down {
+            retry_at: now + self.config.reattach_interval,
+        };
+        // Everything in flight to it, it may have missed.
+        for entry in self.ops.values_mut() {
+            let sent = entry.required.contains(&node) || entry.optional.contains(&node);
+            entry.required.retain(|&n| n != node);
+            entry.optional.retain(|&n| n != node);
+            let missed = match entry.kind {
+                OpKind::Write { .. } => !entry.queued,
+                OpKind::Copy { to, .. } => to == node || sent,
+                _ => false,
+            };
+            if missed {
+                if let Some(extent) = entry.extent(&geometry) {
+                    for region in geometry.regions_of(&extent) {
+                        link.dirty.insert(region);
+                    }
+                }
+            }
+        }
+        self.maybe_commit();
+        let ops: Vec<OpId> = self.ops.keys().copied().collect();
+        for op in ops {
+            self.progress(op, now);
+        }
+        self.fencing_progress(now);
+    }
+
+    // ---- progress ----
+
+    fn progress(&mut self, op: OpId, now: Duration) {
+        let faults_pending = self.faults_pending();
+        let Some(entry) = self.ops.get_mut(&op) else {
+            return;
+        };
+        if entry.is_host()
+            && !entry.answered
+            && !entry.queued
+            && !entry.local_pending
+            && entry.required.is_empty()
+            && !faults_pending
+        {
+            entry.answered = true;
+            let result = match entry.kind {
+                // A read is only as good as the lease it completes under.
+                OpKind::Read { .. } if now >= self.lease_until => HostResult::Transition,
+                _ => HostResult::Ok,
+            };
+            self.actions.push_back(Action::Complete { op, result });
+        }
+        let done = entry.finished() && (entry.answered || !entry.is_host());
+        if done {
+            let entry = self.ops.remove(&op).expect("present");
+            self.retire(entry, now);
+        }
+    }
+
+    fn retire(&mut self, entry: Op, now: Duration) {
+        match entry.kind {
+            OpKind::Write { extent, .. } => {
+                for region in self.config.geometry.regions_of(&extent) {
+                    let count = &mut self.writes_in_region[region as usize];
+                    *count -= 1;
+                    if *count == 0 {
+                        self.to_clean.push(region);
+                    }
+                }
+                self.start_queued(now);
+            }
+            OpKind::Copy { .. } => self.start_queued(now),
+            OpKind::Read { .. } | OpKind::Flush => {}
+        }
+    }
+
+    /// Rebuilding replicas with nothing left to copy or in flight join:
+    /// from now on their answers are required; then the record says so.
+    fn rebuilt(&mut self) {
+        let mut joined = false;
+        for (&node, link) in self.links.iter_mut() {
+            let busy = self.ops.values().any(|op| {
+                op.optional.contains(&node)
+                    || matches!(op.kind, OpKind::Copy { to, .. } if to == node)
+            });
+            if link.state == LinkState::Rebuilding && link.dirty.is_empty() && !busy {
+                link.state = LinkState::Joining;
+                joined = true;
+            }
+        }
+        if joined {
+            self.maybe_commit();
+        }
+    }
+
+    /// Starts queued writes that no longer overlap a write or copy in flight.
+    fn start_queued(&mut self, now: Duration) {
+        if self.phase != PrimaryPhase::Active {
+            return;
+        }
+        let geometry = self.config.geometry;
+        let queued: Vec<OpId> = self
+            .ops
+            .iter()
+            .filter(|(_, op)| op.queued)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in queued {
+            let OpKind::Write { extent, fua } = self.ops[&id].kind else {
+                continue;
+            };
+            let blocked = self.ops.iter().any(|(&other, op)| {
+                other != id
+                    && !op.queued
+                    && op.extent(&geometry).is_some_and(|e| e.overlaps(&extent))
+            });
+            // Queued writes keep their order: an earlier queued write that
+            // overlaps goes first.
+            let behind = self.ops.range(..id).any(|(_, op)| {
+                op.queued
+                    && matches!(op.kind, OpKind::Write { extent: e, .. } if e.overlaps(&extent))
+            });
+            if !blocked && !behind {
+                self.start_write(id, extent, fua, now);
+            }
+        }
+    }
+
+    fn start_write(&mut self, op: OpId, extent: Extent, fua: bool, now: Duration) {
+        let geometry = self.config.geometry;
+        for region in geometry.regions_of(&extent) {
+            self.writes_in_region[region as usize] += 1;
+            if self.intent.insert(region) {
+                self.actions.push_back(Action::IntentSet(region));
+            }
+        }
+        let mut required = Vec::new();
+        let mut optional = Vec::new();
+        for (&node, link) in self.links.iter_mut() {
+            let has_all = geometry
+                .regions_of(&extent)
+                .all(|r| !link.dirty.contains(r));
+            let send = match link.state {
+                LinkState::Live | LinkState::Joining => {
+                    required.push(node);
+                    true
+                }
+                LinkState::Rebuilding if has_all => {
+                    optional.push(node);
+                    true
+                }
+                _ => {
+                    for region in geometry.regions_of(&extent) {
+                        link.dirty.insert(region);
+                    }
+                    false
+                }
+            };
+            if send {
+                let msg = ToReplica::Write {
+                    token: link.token,
+                    op,
+                    extent,
+                    fua,
+                };
+                self.actions.push_back(Action::Send { to: node, msg });
+            }
+        }
+        let entry = self.ops.get_mut(&op).expect("queued");
+        entry.queued = false;
+        entry.local_pending = true;
+        entry.required = required;
+        entry.optional = optional;
+        entry.deadline = now + self.config.replica_timeout;
+        self.actions
+            .push_back(Action::LocalWrite { op, extent, fua });
+    }
+
+    /// Moves promotion and rebuilds along: copies, stage changes, cleaning.
+    fn pump(&mut self, now: Duration) {
+        if self.phase == PrimaryPhase::Deposed {
+            return;
+        }
+        self.start_copies(now);
+        if self.phase == PrimaryPhase::Active {
+            self.rebuilt();
+        }
+        if self.phase == PrimaryPhase::Resyncing && self.resync_done() {
+            self.phase = PrimaryPhase::Active;
+            self.to_clean.extend(self.resync.iter());
+            self.resync = RegionSet::new(self.config.geometry.regions());
+        }
+        self.clean();
+    }
+
+    fn fencing_progress(&mut self, now: Duration) {
+        if self.phase != PrimaryPhase::Fencing {
+            return;
+        }
+        let fencing = self
+            .links
+            .values()
+            .any(|l| matches!(l.state, LinkState::Fencing { rejoin: false, .. }));
+        if fencing {
+            return;
+        }
+        // Every in-sync replica is fenced or dropped: copy what may differ.
+        self.phase = PrimaryPhase::Resyncing;
+        for link in self.links.values_mut() {
+            if link.state == LinkState::Live {
+                link.dirty = self.resync.clone();
+            }
+        }
+        self.pump(now);
+    }
+
+    fn resync_done(&self) -> bool {
+        !self.faults_pending()
+            && self
+                .links
+                .values()
+                .all(|l| l.state != LinkState::Live || l.dirty.is_empty())
+            && !self
+                .ops
+                .values()
+                .any(|op| matches!(op.kind, OpKind::Copy { .. }))
+    }
+
+    fn start_copies(&mut self, now: Duration) {
+        let geometry = self.config.geometry;
+        let copying_state = match self.phase {
+            PrimaryPhase::Resyncing => LinkState::Live,
+            PrimaryPhase::Active => LinkState::Rebuilding,
+            _ => return,
+        };
+        loop {
+            let in_flight = self
+                .ops
+                .values()
+                .filter(|op| matches!(op.kind, OpKind::Copy { .. }))
+                .count();
+            if in_flight >= self.config.copies_in_flight_max {
+                return;
+            }
+            let busy = |region: u32, ops: &BTreeMap<OpId, Op>| {
+                let extent = geometry.extent_of(region);
+                ops.values().any(|op| {
+                    op.extent(&geometry).is_some_and(|e| e.overlaps(&extent))
+                        && !matches!(op.kind, OpKind::Write { .. } if op.queued)
+                })
+            };
+            let next = self.links.iter().find_map(|(&node, link)| {
+                (link.state == copying_state)
+                    .then(|| link.dirty.iter().find(|&r| !busy(r, &self.ops)))
+                    .flatten()
+                    .map(|region| (node, region))
+            });
+            let Some((to, region)) = next else {
+                return;
+            };
+            self.links
+                .get_mut(&to)
+                .expect("a link")
+                .dirty
+                .remove(region);
+            let op = OpId(self.next_internal_op);
+            self.next_internal_op += 1;
+            let mut copy = new_op(OpKind::Copy { to, region }, now);
+            copy.local_pending = true;
+            self.ops.insert(op, copy);
+            let extent = geometry.extent_of(region);
+            self.actions.push_back(Action::LocalRead { op, extent });
+        }
+    }
+
+    /// Regions whose writes every in-sync replica completed leave the write
+    /// intents (this node's, and the replicas' by a Clean message).
+    fn clean(&mut self) {
+        if self.to_clean.is_empty() || self.faults_pending() {
+            return;
+        }
+        let mut regions: Vec<u32> = std::mem::take(&mut self.to_clean)
+            .into_iter()
+            .filter(|&r| self.writes_in_region[r as usize] == 0 && !self.resync.contains(r))
+            .collect();
+        regions.sort_unstable();
+        regions.dedup();
+        if regions.is_empty() {
+            return;
+        }
+        for &region in &regions {
+            if self.intent.remove(region) {
+                self.actions.push_back(Action::IntentClear(region));
+            }
+        }
+        for (&node, link) in &self.links {
+            if matches!(
+                link.state,
+                LinkState::Live | LinkState::Joining | LinkState::Rebuilding
+            ) {
+                self.actions.push_back(Action::Send {
+                    to: node,
+                    msg: ToReplica::Clean {
+                        token: link.token,
+                        regions: regions.clone(),
+                    },
+                });
+            }
+        }
+    }
+}
+
+fn new_op(kind: OpKind, now: Duration) -> Op {
+    Op {
+        kind,
+        queued: false,
+        local_pending: matches!(kind, OpKind::Read { .. } | OpKind::Flush),
+        required: Vec::new(),
+        optional: Vec::new(),
+        deadline: now,
+        answered: false,
+    }
+}

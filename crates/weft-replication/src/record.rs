@@ -1,0 +1,99 @@
+//! A replicated volume's replica set as the store holds it: who is primary,
+//! under which epoch, and which replicas are in sync. Every change is a
+//! compare-and-swap on the record's revision: a promotion by the controller
+//! (new epoch, new primary), a replica leaving or rejoining the in-sync set
+//! by the primary of the current epoch.
+
+use crate::types::{Epoch, NodeId};
+use serde::{Deserialize, Serialize};
+
+/// A replica's standing in the record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MemberState {
+    /// Holds every acknowledged write; its acknowledgement is required.
+    InSync,
+    /// Out of the in-sync set since `epoch`: it missed writes and must be
+    /// rebuilt. Only the primary that faulted it (the same epoch) knows
+    /// which regions it missed; under a later epoch it is rebuilt in full.
+    Faulted {
+        /// The epoch under which it was faulted.
+        epoch: Epoch,
+    },
+}
+
+/// One replica of the volume (the primary is one too, always in sync).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    /// The node that holds it.
+    pub node: NodeId,
+    /// Its standing.
+    pub state: MemberState,
+}
+
+/// The replica set of one volume.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicaSet {
+    /// The primary's term.
+    pub epoch: Epoch,
+    /// The node that serves the volume.
+    pub primary: NodeId,
+    /// Every replica, the primary's included, by node.
+    pub members: Vec<Member>,
+}
+
+impl ReplicaSet {
+    /// A new volume's replica set: every replica in sync (they are all
+    /// empty), `nodes[0]` primary, epoch 1.
+    pub fn new(nodes: &[NodeId]) -> ReplicaSet {
+        assert!(!nodes.is_empty(), "a volume has a replica");
+        ReplicaSet {
+            epoch: Epoch(1),
+            primary: nodes[0],
+            members: nodes
+                .iter()
+                .map(|&node| Member {
+                    node,
+                    state: MemberState::InSync,
+                })
+                .collect(),
+        }
+    }
+
+    /// The standing of `node`'s replica, if it holds one.
+    pub fn state_of(&self, node: NodeId) -> Option<MemberState> {
+        self.members
+            .iter()
+            .find(|m| m.node == node)
+            .map(|m| m.state)
+    }
+
+    /// Whether `node` is in the in-sync set.
+    pub fn is_in_sync(&self, node: NodeId) -> bool {
+        self.state_of(node) == Some(MemberState::InSync)
+    }
+
+    /// Sets `node`'s standing.
+    ///
+    /// # Panics
+    /// If `node` holds no replica, or is the primary and `state` is not in sync.
+    pub fn set_state(&mut self, node: NodeId, state: MemberState) {
+        assert!(
+            node != self.primary || state == MemberState::InSync,
+            "the primary is in sync"
+        );
+        let member = self
+            .members
+            .iter_mut()
+            .find(|m| m.node == node)
+            .expect("a member");
+        member.state = state;
+    }
+
+    /// The in-sync replicas other than the primary.
+    pub fn in_sync_secondaries(&self) -> impl Iterator<Item = NodeId> + '_ {
+        self.members
+            .iter()
+            .filter(|m| m.node != self.primary && m.state == MemberState::InSync)
+            .map(|m| m.node)
+    }
+}

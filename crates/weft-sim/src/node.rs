@@ -1,0 +1,646 @@
+//! A simulated storage node: what the node's data plane and control loop do
+//! for one replicated volume, driving `weft-replication`'s state machines.
+//!
+//! Persistent across a crash: the disk's blocks, the replica's fence, the
+//! write intent and the last epoch this node served as primary. Everything
+//! else is lost with the process.
+
+use crate::rng::Rng;
+use crate::world::{Endpoint, Event, HostCmd, Msg, Outbox, SimConfig, StoreReq, StoreResp};
+use std::collections::BTreeMap;
+use std::time::Duration;
+use weft_replication::{
+    Action, Epoch, Extent, FromReplica, Geometry, HostResult, NodeId, OpId, Primary, PrimaryConfig,
+    PrimaryPhase, RegionSet, Replica, ReplicaSet, ToReplica, Token,
+};
+
+const RENEW_EVERY: Duration = Duration::from_millis(250);
+const POLL_EVERY: Duration = Duration::from_millis(100);
+const STORE_TIMEOUT: Duration = Duration::from_millis(500);
+/// A node stops trusting its lease this long before the store's view of it ends.
+const LEASE_MARGIN: Duration = Duration::from_millis(100);
+
+enum Role {
+    Replica(Replica),
+    Primary(Box<Primary>),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StoreAsk {
+    Renew { sent: Duration },
+    Get,
+    Commit,
+    Bump,
+}
+
+enum Local {
+    Write { extent: Extent, data: Vec<u64> },
+    Read { extent: Extent },
+    Flush,
+}
+
+pub struct Node {
+    id: NodeId,
+    geometry: Geometry,
+    lease_ttl: Duration,
+    replica_timeout: Duration,
+    incarnation: u64,
+    // Persistent.
+    pub disk: Vec<u64>,
+    fence: Token,
+    intent: RegionSet,
+    served_epoch: Epoch,
+    // Lost in a crash.
+    role: Role,
+    record: Option<(u64, ReplicaSet)>,
+    lease_until: Duration,
+    may_register_at: Duration,
+    last_renew: Option<Duration>,
+    last_poll: Option<Duration>,
+    asks: BTreeMap<u64, (StoreAsk, Duration)>,
+    next_tag: u64,
+    /// Host commands by primary op: (host op, attempt).
+    host_ops: BTreeMap<OpId, (u64, u32)>,
+    next_op: u64,
+    buffers: BTreeMap<OpId, Vec<u64>>,
+    local: BTreeMap<u64, (OpId, Local)>,
+    next_local: u64,
+    optimized: bool,
+    /// `WEFT_SIM_DEBUG_BLOCK`: trace every write to this block, and the
+    /// primary's view at every completion.
+    debug_block: Option<u64>,
+}
+
+impl Node {
+    pub fn new(id: NodeId, geometry: Geometry, config: &SimConfig) -> Node {
+        let regions = geometry.regions();
+        Node {
+            id,
+            geometry,
+            lease_ttl: config.lease_ttl,
+            replica_timeout: config.replica_timeout,
+            incarnation: 0,
+            disk: vec![0; geometry.blocks as usize],
+            fence: Token::default(),
+            intent: RegionSet::new(regions),
+            served_epoch: Epoch(0),
+            role: Role::Replica(Replica::new(
+                geometry,
+                Token::default(),
+                RegionSet::new(regions),
+            )),
+            record: None,
+            lease_until: Duration::ZERO,
+            may_register_at: Duration::ZERO,
+            last_renew: None,
+            last_poll: None,
+            asks: BTreeMap::new(),
+            next_tag: 0,
+            host_ops: BTreeMap::new(),
+            next_op: 0,
+            buffers: BTreeMap::new(),
+            local: BTreeMap::new(),
+            next_local: 0,
+            optimized: false,
+            debug_block: std::env::var("WEFT_SIM_DEBUG_BLOCK")
+                .ok()
+                .and_then(|b| b.parse().ok()),
+        }
+    }
+
+    pub fn incarnation(&self) -> u64 {
+        self.incarnation
+    }
+
+    pub fn is_active_primary(&self) -> bool {
+        matches!(&self.role, Role::Primary(p) if p.phase() == PrimaryPhase::Active)
+    }
+
+    pub fn describe(&self) -> String {
+        let role = match &self.role {
+            Role::Replica(r) => format!("replica fenced {:?}", r.fence_token()),
+            Role::Primary(p) => format!("primary {:?} epoch {}", p.phase(), p.epoch().0),
+        };
+        format!(
+            "{} {role}, lease until {:?}, host ops {}",
+            self.id,
+            self.lease_until,
+            self.host_ops.len()
+        )
+    }
+
+    /// The process dies: local writes in flight reach the disk or not.
+    pub fn crash(&mut self, _now: Duration, rng: &mut Rng) {
+        for (_, (_, local)) in std::mem::take(&mut self.local) {
+            if let Local::Write { extent, data } = local {
+                if rng.chance(500_000) {
+                    self.apply(extent, &data);
+                }
+            }
+        }
+        self.incarnation += 1;
+        self.role = Role::Replica(Replica::new(self.geometry, self.fence, self.intent.clone()));
+        self.record = None;
+        self.lease_until = Duration::ZERO;
+        self.last_renew = None;
+        self.last_poll = None;
+        self.asks.clear();
+        self.host_ops.clear();
+        self.buffers.clear();
+        self.optimized = false;
+    }
+
+    /// The process starts again; it joins once its old lease has surely
+    /// ended, as `weft serve` does.
+    pub fn restart(&mut self, now: Duration) {
+        self.may_register_at = now + self.lease_ttl;
+    }
+
+    fn apply(&mut self, extent: Extent, data: &[u64]) {
+        let start = extent.block as usize;
+        self.disk[start..start + data.len()].copy_from_slice(data);
+    }
+
+    fn read(&self, extent: Extent) -> Vec<u64> {
+        let start = extent.block as usize;
+        self.disk[start..start + extent.blocks as usize].to_vec()
+    }
+
+    fn ask(&mut self, ask: StoreAsk, req: StoreReq, now: Duration, out: &mut Outbox) {
+        self.next_tag += 1;
+        self.asks.insert(self.next_tag, (ask, now));
+        out.send(
+            Endpoint::Store,
+            Msg::StoreReq {
+                tag: self.next_tag,
+                req,
+            },
+        );
+    }
+
+    pub fn tick(&mut self, now: Duration, rng: &mut Rng, out: &mut Outbox) {
+        if now >= self.may_register_at && self.last_renew.is_none_or(|t| now >= t + RENEW_EVERY) {
+            self.last_renew = Some(now);
+            self.ask(StoreAsk::Renew { sent: now }, StoreReq::Renew, now, out);
+        }
+        if self.last_poll.is_none_or(|t| now >= t + POLL_EVERY) {
+            self.last_poll = Some(now);
+            self.ask(StoreAsk::Get, StoreReq::Get, now, out);
+        }
+        let expired: Vec<(u64, StoreAsk)> = self
+            .asks
+            .iter()
+            .filter(|(_, (_, sent))| now >= *sent + STORE_TIMEOUT)
+            .map(|(&tag, &(ask, _))| (tag, ask))
+            .collect();
+        for (tag, ask) in expired {
+            self.asks.remove(&tag);
+            if ask == StoreAsk::Commit {
+                if let Role::Primary(primary) = &mut self.role {
+                    primary.commit_failed(None, now);
+                }
+            }
+        }
+        if let Role::Primary(primary) = &mut self.role {
+            primary.tick(now);
+        }
+        self.drive(now, rng, out);
+    }
+
+    pub fn receive(
+        &mut self,
+        from: Endpoint,
+        msg: Msg,
+        now: Duration,
+        rng: &mut Rng,
+        out: &mut Outbox,
+    ) {
+        match msg {
+            Msg::StoreResp { tag, resp } => self.store_answer(tag, resp, now, out),
+            Msg::Io { op, attempt, cmd } => self.host_command(op, attempt, cmd, now, out),
+            Msg::AnaQuery => out.send(
+                Endpoint::Host,
+                Msg::AnaState {
+                    optimized: self.is_optimized(now),
+                },
+            ),
+            Msg::ToReplica { msg, data } => {
+                let Endpoint::Node(primary) = from else {
+                    return;
+                };
+                self.replica_message(primary, msg, data, rng, out);
+            }
+            Msg::FromReplica(reply) => {
+                let Endpoint::Node(replica) = from else {
+                    return;
+                };
+                if let Role::Primary(primary) = &mut self.role {
+                    primary.replica_reply(replica, reply, now);
+                }
+            }
+            Msg::IoDone { .. } | Msg::AnaState { .. } | Msg::StoreReq { .. } => {}
+        }
+        self.drive(now, rng, out);
+    }
+
+    fn is_optimized(&self, now: Duration) -> bool {
+        matches!(&self.role, Role::Primary(p) if p.optimized(now))
+    }
+
+    fn store_answer(&mut self, tag: u64, resp: StoreResp, now: Duration, out: &mut Outbox) {
+        let Some((ask, _)) = self.asks.remove(&tag) else {
+            return;
+        };
+        match (ask, resp) {
+            (StoreAsk::Renew { sent }, StoreResp::Renewed) => {
+                self.lease_until = self.lease_until.max(sent + self.lease_ttl - LEASE_MARGIN);
+                if let Role::Primary(primary) = &mut self.role {
+                    primary.set_lease(self.lease_until, now);
+                }
+            }
+            (StoreAsk::Commit, StoreResp::CasOk { revision, record }) => {
+                if let Role::Primary(primary) = &mut self.role {
+                    primary.committed(revision, record.clone(), now);
+                }
+                self.record_seen(revision, record, now, out);
+            }
+            (StoreAsk::Commit, StoreResp::CasFailed { revision, record }) => {
+                if let Role::Primary(primary) = &mut self.role {
+                    primary.commit_failed(Some((revision, record.clone())), now);
+                }
+                self.record_seen(revision, record, now, out);
+            }
+            (
+                StoreAsk::Get | StoreAsk::Bump,
+                StoreResp::Record { revision, record }
+                | StoreResp::CasOk { revision, record }
+                | StoreResp::CasFailed { revision, record },
+            ) => self.record_seen(revision, record, now, out),
+            _ => {}
+        }
+    }
+
+    /// The record at `revision`: follow it (become primary, or stop being one).
+    fn record_seen(&mut self, revision: u64, record: ReplicaSet, now: Duration, out: &mut Outbox) {
+        if self
+            .record
+            .as_ref()
+            .is_some_and(|(known, _)| *known > revision)
+        {
+            return;
+        }
+        self.record = Some((revision, record.clone()));
+        if let Role::Primary(primary) = &mut self.role {
+            primary.record_changed(revision, record.clone(), now);
+            if primary.phase() != PrimaryPhase::Deposed {
+                return;
+            }
+        }
+        if record.primary != self.id {
+            return;
+        }
+        let lease_valid = now < self.lease_until;
+        if !lease_valid
+            || matches!(&self.role, Role::Primary(p) if p.phase() != PrimaryPhase::Deposed)
+        {
+            return;
+        }
+        if record.epoch > self.served_epoch {
+            self.become_primary(revision, record, now, out);
+        } else if !self.asks.values().any(|(a, _)| *a == StoreAsk::Bump) {
+            // This node served this epoch before it restarted: it takes a
+            // new one, so that its fences are new.
+            let mut next = record.clone();
+            next.epoch = record.epoch.next();
+            out.note(format!("asks to serve again under epoch {}", next.epoch.0));
+            self.ask(
+                StoreAsk::Bump,
+                StoreReq::Cas {
+                    base: revision,
+                    record: next,
+                },
+                now,
+                out,
+            );
+        }
+    }
+
+    fn become_primary(
+        &mut self,
+        revision: u64,
+        record: ReplicaSet,
+        now: Duration,
+        out: &mut Outbox,
+    ) {
+        // Fence this node's own replica first: the old primary's writes stop here too.
+        let own = Token {
+            epoch: record.epoch,
+            session: 0,
+        };
+        let mut replica = Replica::new(self.geometry, self.fence, self.intent.clone());
+        if !matches!(replica.fence(own), FromReplica::Fenced { .. }) {
+            out.note(format!(
+                "cannot serve epoch {}: fenced by {:?}",
+                record.epoch.0, self.fence
+            ));
+            return;
+        }
+        self.fence = own;
+        self.served_epoch = record.epoch;
+        out.note(format!(
+            "primary of epoch {} at r{revision}",
+            record.epoch.0
+        ));
+        let config = PrimaryConfig {
+            me: self.id,
+            geometry: self.geometry,
+            replica_timeout: self.replica_timeout,
+            reattach_interval: Duration::from_millis(300),
+            copies_in_flight_max: 4,
+        };
+        let mut primary = Primary::new(config, record, revision, self.intent.clone(), now);
+        primary.set_lease(self.lease_until, now);
+        self.role = Role::Primary(Box::new(primary));
+        self.host_ops.clear();
+        self.buffers.clear();
+    }
+
+    fn host_command(
+        &mut self,
+        host_op: u64,
+        attempt: u32,
+        cmd: HostCmd,
+        now: Duration,
+        out: &mut Outbox,
+    ) {
+        let Role::Primary(primary) = &mut self.role else {
+            out.send(
+                Endpoint::Host,
+                Msg::IoDone {
+                    op: host_op,
+                    attempt,
+                    result: HostResult::Inaccessible,
+                    data: Vec::new(),
+                },
+            );
+            return;
+        };
+        self.next_op += 1;
+        let op = OpId(self.next_op);
+        self.host_ops.insert(op, (host_op, attempt));
+        match cmd {
+            HostCmd::Read(extent) => primary.host_read(op, extent, now),
+            HostCmd::Write(extent, data) => {
+                self.buffers.insert(op, data);
+                primary.host_write(op, extent, false, now);
+            }
+            HostCmd::Flush => primary.host_flush(op, now),
+        }
+    }
+
+    fn replica_message(
+        &mut self,
+        primary: NodeId,
+        msg: ToReplica,
+        data: Vec<u64>,
+        rng: &mut Rng,
+        out: &mut Outbox,
+    ) {
+        let token = token_of(&msg);
+        if let Role::Primary(own) = &self.role {
+            if token.epoch > own.epoch() {
+                // A newer primary: this one was deposed without knowing it.
+                out.note(format!("deposed by a fence of epoch {}", token.epoch.0));
+                self.role =
+                    Role::Replica(Replica::new(self.geometry, self.fence, self.intent.clone()));
+                self.host_ops.clear();
+                self.buffers.clear();
+            }
+        }
+        let Role::Replica(replica) = &mut self.role else {
+            // A primary's own replica is fenced by its epoch's session 0.
+            if !matches!(msg, ToReplica::Clean { .. }) {
+                let current = self.fence;
+                let reply = FromReplica::Refused { token, current };
+                out.send(Endpoint::Node(primary), Msg::FromReplica(reply));
+            }
+            return;
+        };
+        let disk_time = Duration::from_micros(rng.range(20, 400));
+        let answer = |reply: FromReplica, out: &mut Outbox, incarnation: u64, node: NodeId| {
+            out.after(
+                disk_time,
+                Event::ReplicaAnswer {
+                    node,
+                    incarnation,
+                    to: primary,
+                    reply,
+                },
+            );
+        };
+        match msg {
+            ToReplica::Fence { token } => {
+                let reply = replica.fence(token);
+                out.note(format!(
+                    "fence {token:?} from {primary}: {}",
+                    matches!(reply, FromReplica::Fenced { .. })
+                ));
+                self.fence = replica.fence_token();
+                answer(reply, out, self.incarnation, self.id);
+            }
+            ToReplica::Write {
+                token, op, extent, ..
+            }
+            | ToReplica::Copy { token, op, extent } => {
+                if !replica.admits(token) {
+                    let reply = replica.refusal(token);
+                    return answer(reply, out, self.incarnation, self.id);
+                }
+                if replica.will_write(&extent) {
+                    self.intent = replica.intent().clone();
+                }
+                assert_eq!(data.len(), extent.blocks as usize, "data for the extent");
+                if self
+                    .debug_block
+                    .is_some_and(|b| extent.block <= b && b < extent.end())
+                {
+                    out.note(format!(
+                        "applies from {primary} {token:?} op {op:?} {extent:?} {data:?}"
+                    ));
+                }
+                self.apply(extent, &data);
+                answer(
+                    FromReplica::Done { token, op },
+                    out,
+                    self.incarnation,
+                    self.id,
+                );
+            }
+            ToReplica::Flush { token, op } => {
+                let reply = if replica.admits(token) {
+                    FromReplica::Done { token, op }
+                } else {
+                    replica.refusal(token)
+                };
+                answer(reply, out, self.incarnation, self.id);
+            }
+            ToReplica::Clean { token, regions } => {
+                if replica.admits(token) && replica.clean(&regions) {
+                    self.intent = replica.intent().clone();
+                }
+            }
+        }
+    }
+
+    pub fn local_done(
+        &mut self,
+        incarnation: u64,
+        id: u64,
+        now: Duration,
+        rng: &mut Rng,
+        out: &mut Outbox,
+    ) {
+        if incarnation != self.incarnation {
+            return;
+        }
+        let Some((op, local)) = self.local.remove(&id) else {
+            return;
+        };
+        match local {
+            Local::Write { extent, data } => self.apply(extent, &data),
+            Local::Read { extent } => {
+                let data = self.read(extent);
+                self.buffers.insert(op, data);
+            }
+            Local::Flush => {}
+        }
+        if let Role::Primary(primary) = &mut self.role {
+            primary.local_done(op, now);
+        }
+        self.drive(now, rng, out);
+    }
+
+    /// Carries out what the primary asks, in order.
+    fn drive(&mut self, now: Duration, rng: &mut Rng, out: &mut Outbox) {
+        while let Role::Primary(primary) = &mut self.role {
+            let Some(action) = primary.poll_action() else {
+                break;
+            };
+            self.act(action, now, rng, out);
+        }
+        if let Role::Primary(primary) = &self.role {
+            if primary.phase() == PrimaryPhase::Deposed {
+                out.note("deposed".to_string());
+                self.role =
+                    Role::Replica(Replica::new(self.geometry, self.fence, self.intent.clone()));
+                self.host_ops.clear();
+                self.buffers.clear();
+            }
+        }
+        let optimized = self.is_optimized(now);
+        if optimized != self.optimized {
+            // An ANA change notice to the host.
+            self.optimized = optimized;
+            out.send(Endpoint::Host, Msg::AnaState { optimized });
+        }
+    }
+
+    fn act(&mut self, action: Action, now: Duration, rng: &mut Rng, out: &mut Outbox) {
+        if matches!(
+            action,
+            Action::Commit { .. }
+                | Action::Send {
+                    msg: ToReplica::Fence { .. },
+                    ..
+                }
+        ) {
+            out.note(format!("{action:?}"));
+        }
+        match action {
+            Action::IntentSet(region) => {
+                self.intent.insert(region);
+            }
+            Action::IntentClear(region) => {
+                self.intent.remove(region);
+            }
+            Action::LocalWrite { op, extent, .. } => {
+                let data = self.buffers.get(&op).expect("the host's data").clone();
+                self.local_io(op, Local::Write { extent, data }, rng, out);
+            }
+            Action::LocalRead { op, extent } => self.local_io(op, Local::Read { extent }, rng, out),
+            Action::LocalFlush { op } => self.local_io(op, Local::Flush, rng, out),
+            Action::Send { to, msg } => {
+                let data = match &msg {
+                    ToReplica::Write { op, .. } | ToReplica::Copy { op, .. } => {
+                        self.buffers.get(op).expect("data to send").clone()
+                    }
+                    _ => Vec::new(),
+                };
+                out.send(Endpoint::Node(to), Msg::ToReplica { msg, data });
+            }
+            Action::Commit {
+                base_revision,
+                record,
+            } => self.ask(
+                StoreAsk::Commit,
+                StoreReq::Cas {
+                    base: base_revision,
+                    record,
+                },
+                now,
+                out,
+            ),
+            Action::Complete { op, result } => {
+                if self.debug_block.is_some() {
+                    if let Role::Primary(p) = &self.role {
+                        out.note(format!(
+                            "complete {op:?} {result:?} links {:?} record {:?}",
+                            p.links(),
+                            p.record().members
+                        ));
+                    }
+                }
+                let data = self.buffers.remove(&op).unwrap_or_default();
+                if let Some((host_op, attempt)) = self.host_ops.remove(&op) {
+                    let data = if result == HostResult::Ok {
+                        data
+                    } else {
+                        Vec::new()
+                    };
+                    out.send(
+                        Endpoint::Host,
+                        Msg::IoDone {
+                            op: host_op,
+                            attempt,
+                            result,
+                            data,
+                        },
+                    );
+                }
+            }
+        }
+    }
+
+    fn local_io(&mut self, op: OpId, local: Local, rng: &mut Rng, out: &mut Outbox) {
+        self.next_local += 1;
+        self.local.insert(self.next_local, (op, local));
+        out.after(
+            Duration::from_micros(rng.range(20, 400)),
+            Event::LocalDone {
+                node: self.id,
+                incarnation: self.incarnation,
+                op: self.next_local,
+            },
+        );
+    }
+}
+
+fn token_of(msg: &ToReplica) -> Token {
+    match msg {
+        ToReplica::Fence { token }
+        | ToReplica::Write { token, .. }
+        | ToReplica::Copy { token, .. }
+        | ToReplica::Flush { token, .. }
+        | ToReplica::Clean { token, .. } => *token,
+    }
+}
