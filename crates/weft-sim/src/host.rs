@@ -92,6 +92,18 @@ impl Host {
         }
     }
 
+    /// Whether `block` has a write outstanding (its content is in flux).
+    pub fn writing(&self, block: u64) -> bool {
+        self.commands
+            .values()
+            .any(|c| matches!(&c.cmd, HostCmd::Write(e, _) if e.block <= block && block < e.end()))
+    }
+
+    /// The value of the last acknowledged write of `block`.
+    pub fn acked(&self, block: u64) -> u64 {
+        self.acked[block as usize]
+    }
+
     pub fn verified(&self) -> bool {
         self.verify == Verify::Done
     }

@@ -367,11 +367,33 @@ impl World {
                 return Err(self.stuck());
             }
             self.dispatch(next.event)?;
+            self.check_in_sync()?;
             if healed && self.finished()? {
                 return Ok(());
             }
         }
         Err("the event queue ran dry".to_string())
+    }
+
+    /// After every step: every replica the store calls in sync holds the
+    /// last acknowledged write of every block that has no write outstanding.
+    fn check_in_sync(&self) -> Result<(), String> {
+        let record = self.store.record();
+        for member in record.members.iter().filter(|m| record.is_in_sync(m.node)) {
+            let disk = &self.nodes[member.node.0 as usize].disk;
+            for (block, &value) in disk.iter().enumerate() {
+                let block = block as u64;
+                if value != self.host.acked(block) && !self.host.writing(block) {
+                    return Err(format!(
+                        "{} is in sync in the store's record (epoch {}) but holds {value} in block {block}, whose last acknowledged write is {}",
+                        member.node,
+                        record.epoch.0,
+                        self.host.acked(block)
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// After the faults: the host drained and verified everything, and every
