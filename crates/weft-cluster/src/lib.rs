@@ -33,5 +33,5 @@ pub mod token;
 pub use agent::Agent;
 pub use membership::{JoinError, Member, MemberConfig, NodeStatus};
 pub use nodes::{NodeState, NodeView};
-pub use placement::{place, PlacementError, PlacementRequest};
+pub use placement::{place, place_replicas, PlacementError, PlacementRequest};
 pub use records::{AliveRecord, ClusterRecord, MemberRecord, PoolSummary};

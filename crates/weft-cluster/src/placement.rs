@@ -11,6 +11,12 @@
 //! recorded in the store (fresher than heartbeats: a burst of creates
 //! between two heartbeats spreads), then to the first node and pool by name,
 //! so that the choice is the same on every node for the same cluster state.
+//!
+//! A replicated volume's first replica (its primary) is placed that way;
+//! each further one the same way among the nodes not chosen yet, in zones
+//! not chosen yet (a node without a zone is a zone of its own), so that one
+//! zone's loss never takes every replica. Too few zones is an error, not a
+//! silent doubling up.
 
 use crate::nodes::{NodeState, NodeView};
 use std::collections::BTreeMap;
@@ -63,6 +69,14 @@ pub enum PlacementError {
     /// No node can take volumes.
     #[error("no node is up and uncordoned with a pool: create a pool (`weft pool create`) or start or uncordon a node")]
     NoNode,
+    /// Fewer eligible zones than replicas.
+    #[error("{replicas} replicas need {replicas} nodes in distinct zones with a pool that can hold the volume; only {found} were found: ask for fewer replicas, or add, start or uncordon nodes (in other zones)")]
+    TooFewZones {
+        /// Replicas asked for.
+        replicas: usize,
+        /// Nodes found in distinct zones.
+        found: usize,
+    },
     /// No pool is large enough.
     #[error("no pool can hold {size_bytes} bytes{}: the largest {} has {best_bytes}; add devices (`weft pool add-device`) or ask for less", if *thick { " allocated now (thick)" } else { "" }, if *thick { "free space" } else { "capacity" })]
     NoRoom {
@@ -153,6 +167,50 @@ pub fn place(
             thick: request.thick,
             best_bytes,
         })
+}
+
+/// Chooses a node and pool for each of `replicas` replicas of a new volume:
+/// the first as [`place`] does (it honours the operator's node), the others
+/// on other nodes in other zones (the operator's pool name, if given, on each).
+pub fn place_replicas(
+    nodes: &BTreeMap<String, NodeView>,
+    request: PlacementRequest<'_>,
+    replicas: usize,
+) -> Result<Vec<Placement>, PlacementError> {
+    assert!(replicas >= 1, "a volume has a replica");
+    let mut chosen = vec![place(nodes, request)?];
+    while chosen.len() < replicas {
+        let zones: Vec<&str> = chosen.iter().map(|p| zone(&nodes[&p.node])).collect();
+        let rest: BTreeMap<String, NodeView> = nodes
+            .iter()
+            .filter(|(_, view)| !zones.contains(&zone(view)))
+            .map(|(name, view)| (name.clone(), view.clone()))
+            .collect();
+        let others = PlacementRequest {
+            node: None,
+            ..request
+        };
+        match place(&rest, others) {
+            Ok(placement) => chosen.push(placement),
+            Err(
+                PlacementError::NoNode
+                | PlacementError::NoSuchPool(_)
+                | PlacementError::NoRoom { .. },
+            ) => {
+                return Err(PlacementError::TooFewZones {
+                    replicas,
+                    found: chosen.len(),
+                })
+            }
+            Err(other) => return Err(other),
+        }
+    }
+    Ok(chosen)
+}
+
+/// A node's zone: the one it carries, else its name (a zone of its own).
+fn zone(node: &NodeView) -> &str {
+    node.member.zone.as_deref().unwrap_or(&node.member.name)
 }
 
 #[cfg(test)]
@@ -299,6 +357,40 @@ mod tests {
         );
         let message = place(&cluster(), request(101)).unwrap_err().to_string();
         assert!(message.contains("add devices"), "{message}");
+    }
+
+    #[test]
+    fn replicas_go_to_distinct_nodes_and_zones() {
+        let nodes = cluster();
+        let two = place_replicas(&nodes, request(10), 2).unwrap();
+        assert_eq!(
+            two,
+            [placed("n2", "fast").unwrap(), placed("n1", "slow").unwrap()]
+        );
+        let pinned = PlacementRequest {
+            node: Some("n1"),
+            ..request(10)
+        };
+        let on_n1 = place_replicas(&nodes, pinned, 2).unwrap();
+        assert_eq!(
+            (on_n1[0].node.as_str(), on_n1[1].node.as_str()),
+            ("n1", "n2")
+        );
+        assert_eq!(
+            place_replicas(&nodes, request(10), 3),
+            Err(PlacementError::TooFewZones {
+                replicas: 3,
+                found: 2
+            }),
+            "n3 is down and n4 cordoned"
+        );
+        let mut zoned = cluster();
+        zoned.get_mut("n1").unwrap().member.zone = Some("rack-a".into());
+        zoned.get_mut("n2").unwrap().member.zone = Some("rack-a".into());
+        let message = place_replicas(&zoned, request(10), 2)
+            .unwrap_err()
+            .to_string();
+        assert!(message.contains("distinct zones"), "{message}");
     }
 
     #[test]
