@@ -6,6 +6,7 @@ use crate::identity::NodeId;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use weft_proto::ana::AnaConfig;
 use weft_proto::target::{
     AddressFamily, HostAccess, ListenerConfig, NamespaceConfig, SubsystemConfig,
 };
@@ -99,6 +100,7 @@ pub fn build_exports(
             firmware: env!("CARGO_PKG_VERSION").to_string(),
             namespaces,
             access: HostAccess::Any,
+            ana: AnaConfig::DEFAULT,
         });
         devices.push(subsystem_devices);
     }

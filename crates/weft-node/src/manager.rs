@@ -34,6 +34,7 @@ use std::path::PathBuf;
 use std::sync::mpsc::{self, Sender};
 use std::sync::Arc;
 use weft_control::{DesiredState, HostRecord, PoolRecord, QosLimits, StoreError, VolumeRecord};
+use weft_proto::ana::AnaConfig;
 use weft_proto::auth::{DhchapSecret, HostKeys};
 use weft_proto::target::{AllowedHost, HostAccess, NamespaceConfig, SubsystemConfig, TargetConfig};
 use weft_proto::types::Nsid;
@@ -576,6 +577,7 @@ impl Manager {
                         ready: true,
                     }],
                     access: HostAccess::Only(allowed),
+                    ana: AnaConfig::DEFAULT,
                 });
                 let backend = VolumeBackend {
                     pool: pool_name.clone(),

@@ -9,6 +9,11 @@
 //! Namespace List log page, and a Namespace Attribute Changed event tells the
 //! host to look (a Linux host then re-identifies its namespaces and picks up
 //! a new size).
+//!
+//! An I/O controller also reports its subsystem's ANA group and state (see
+//! [`crate::ana`]) in the ANA log page, and an ANA Change event tells the
+//! host when the state changed (a Linux host then reads the page and moves
+//! its I/O to the paths that serve it).
 
 use crate::command::{admin_opcode, fctype, Command, PropertyCommand};
 use crate::identify::{self, cns, log_id, ControllerIdentity, ControllerKind, Health};
@@ -81,6 +86,9 @@ mod cc {
 
 /// Asynchronous Event Configuration (feature 0Bh) bit 8: Namespace Attribute Notices.
 const AEC_NAMESPACE_ATTRIBUTE_NOTICES: u32 = 1 << 8;
+/// Asynchronous Event Configuration bit 11: Asymmetric Namespace Access
+/// Change Notices (NVMe Base 2.0, Figure 317).
+const AEC_ANA_CHANGE_NOTICES: u32 = 1 << 11;
 /// Asynchronous Event Configuration bit 31: Discovery Log Page Change Notices
 /// (a discovery controller's; NVMe Base 2.0, Figure 317).
 const AEC_DISCOVERY_LOG_CHANGE_NOTICES: u32 = 1 << 31;
@@ -95,6 +103,11 @@ const fn async_event(event_type: u8, information: u8, log_page: u8) -> u32 {
 /// Notice (event type 2h) / Namespace Attribute Changed (information 00h) /
 /// Changed Namespace List (log page 04h).
 pub const NAMESPACE_ATTRIBUTE_CHANGED: u32 = async_event(0x2, 0x00, log_id::CHANGED_NAMESPACES);
+
+/// Notice (event type 2h) / Asymmetric Namespace Access Change (information
+/// 03h) / ANA log page (0Ch): what nvmet sends when an ANA group's state
+/// changes, and what makes a Linux host re-read the ANA log page.
+pub const ANA_CHANGED: u32 = async_event(0x2, 0x03, log_id::ANA);
 
 /// Notice (event type 2h) / Discovery Log Page Change (information F0h) /
 /// Discovery log page (70h): what Linux nvmet sends, and what a host's
@@ -207,6 +220,12 @@ pub struct AdminQueue {
     async_event_config: u32,
     changed_namespaces: ChangedNamespaces,
     namespace_notice: NoticeState,
+    /// CHGCNT of the ANA log page: "each time the contents of this log page
+    /// changes, this value shall be incremented" (NVMe Base 2.0, Figure
+    /// 223), rolling over from FFFFFFFF_FFFFFFFFh to 0. Starts at 0, as
+    /// nvmet's count does.
+    ana_change_count: u64,
+    ana_notice: NoticeState,
     discovery_notice: NoticeState,
     /// Slots holding outstanding Asynchronous Event Requests.
     pub parked_events: Vec<SlotId>,
@@ -231,6 +250,8 @@ impl AdminQueue {
             async_event_config: 0,
             changed_namespaces: ChangedNamespaces::default(),
             namespace_notice: NoticeState::Idle,
+            ana_change_count: 0,
+            ana_notice: NoticeState::Idle,
             discovery_notice: NoticeState::Idle,
             parked_events: Vec::new(),
         }
@@ -249,6 +270,30 @@ impl AdminQueue {
         let enabled = self.async_event_config & AEC_NAMESPACE_ATTRIBUTE_NOTICES != 0;
         if !changed.is_empty() && enabled && self.namespace_notice == NoticeState::Idle {
             self.namespace_notice = NoticeState::Pending;
+        }
+    }
+
+    /// The configuration changed from `old` to `new` under this I/O
+    /// controller's subsystem: if what the ANA log page reports changed, its
+    /// change count moves on; if the group or its state changed, raises an
+    /// ANA Change event when the host enabled those notices and the event
+    /// type is not masked (NVMe Base 2.0, section 5.2: masked once reported,
+    /// until the host reads the ANA log page with RAE cleared).
+    pub fn ana_changed(&mut self, old: &SubsystemConfig, new: &SubsystemConfig) {
+        debug_assert_eq!(self.kind, ControllerKind::Io);
+        let group_changed = old.ana != new.ana;
+        let nsid = |ns: &crate::target::NamespaceConfig| ns.nsid;
+        let nsids_changed = !old
+            .namespaces
+            .iter()
+            .map(nsid)
+            .eq(new.namespaces.iter().map(nsid));
+        if group_changed || nsids_changed {
+            self.ana_change_count = self.ana_change_count.wrapping_add(1);
+        }
+        let enabled = self.async_event_config & AEC_ANA_CHANGE_NOTICES != 0;
+        if group_changed && enabled && self.ana_notice == NoticeState::Idle {
+            self.ana_notice = NoticeState::Pending;
         }
     }
 
@@ -272,6 +317,10 @@ impl AdminQueue {
         if self.namespace_notice == NoticeState::Pending {
             self.namespace_notice = NoticeState::Masked;
             return Some(NAMESPACE_ATTRIBUTE_CHANGED);
+        }
+        if self.ana_notice == NoticeState::Pending {
+            self.ana_notice = NoticeState::Masked;
+            return Some(ANA_CHANGED);
         }
         if self.discovery_notice == NoticeState::Pending {
             self.discovery_notice = NoticeState::Masked;
@@ -436,7 +485,9 @@ fn identify(
             return Outcome::status(Status::INVALID_NAMESPACE)
         }
         // An inactive NSID returns a zeroed structure.
-        cns::NAMESPACE => active.map_or(identify::IDENTIFY_LEN, |ns| identify::namespace(ns, out)),
+        cns::NAMESPACE => active.map_or(identify::IDENTIFY_LEN, |ns| {
+            identify::namespace(ns, &subsystem.ana, out)
+        }),
         cns::ACTIVE_NAMESPACES | cns::CS_ACTIVE_NAMESPACES
             if cns == cns::ACTIVE_NAMESPACES || csi == 0 =>
         {
@@ -456,7 +507,7 @@ fn identify(
         },
         cns::CS_CONTROLLER if csi == 0 => identify::IDENTIFY_LEN,
         cns::CS_INDEPENDENT_NAMESPACE => active.map_or(identify::IDENTIFY_LEN, |ns| {
-            identify::cs_independent_namespace(ns, out)
+            identify::cs_independent_namespace(ns, &subsystem.ana, out)
         }),
         cns::COMMAND_SETS => identify::command_sets(out),
         _ => return Outcome::status(Status::INVALID_FIELD),
@@ -487,6 +538,10 @@ fn controller_identity<'a>(
             0,
         ),
     };
+    let (max_nsid, max_namespaces) = match subsystem {
+        Some(_) => identify::namespace_limits(max_nsid, limits.transfer_bytes_max),
+        None => (0, 0),
+    };
     ControllerIdentity {
         kind: queue.kind,
         cntlid: queue.controller.cntlid,
@@ -495,6 +550,7 @@ fn controller_identity<'a>(
         model,
         firmware,
         max_nsid,
+        max_namespaces,
         mdts,
         max_commands: limits.queue_entries_max,
         io_in_capsule_bytes: limits.io_in_capsule_bytes_max,
@@ -505,11 +561,17 @@ fn controller_identity<'a>(
 /// Get Log Page fields (NVMe Base 2.0, Figures 197-200).
 struct LogRequest {
     id: u8,
+    /// LSP (CDW10 bits 14:08): log specific field.
+    specific: u8,
     offset: u64,
     len: usize,
     /// RAE (CDW10 bit 15): reading the page leaves its event uncleared.
     retain_event: bool,
 }
+
+/// LSP bit 0 of the ANA log page: Return Groups Only (RGO), the group
+/// descriptors without their NSIDs (NVMe Base 2.0, Figure 199).
+const ANA_LSP_GROUPS_ONLY: u8 = 1 << 0;
 
 impl LogRequest {
     fn decode(command: &Command) -> Result<LogRequest, Status> {
@@ -526,6 +588,7 @@ impl LogRequest {
         }
         Ok(LogRequest {
             id: command.cdw(10) as u8,
+            specific: ((command.cdw(10) >> 8) & 0x7F) as u8,
             offset,
             len: command.sgl.length as usize,
             retain_event: command.cdw(10) & (1 << 15) != 0,
@@ -557,17 +620,19 @@ fn get_log_page(
         }
         return Outcome::data(request.len);
     }
-    if queue.kind == ControllerKind::Discovery || subsystem.is_none() {
+    let Some(subsystem) = subsystem.filter(|_| queue.kind == ControllerKind::Io) else {
         return Outcome::status(Status::INVALID_LOG_PAGE);
+    };
+    if request.id == log_id::ANA {
+        ana_log(queue, subsystem, &request, out);
+        return Outcome::data(request.len);
     }
     // Every other page fits in 4 KiB: build it whole, then copy the window asked for.
     let mut page = [0u8; 4096];
     let page_len = match request.id {
         log_id::ERROR => identify::ERROR_ENTRY_LEN,
         log_id::SMART => identify::smart(&health(&queue.controller), &mut page),
-        log_id::FIRMWARE_SLOT => {
-            identify::firmware_slot(subsystem.map_or("", |s| s.firmware.as_str()), &mut page)
-        }
+        log_id::FIRMWARE_SLOT => identify::firmware_slot(&subsystem.firmware, &mut page),
         log_id::CHANGED_NAMESPACES => changed_namespace_list(queue, &request, &mut page),
         _ => return Outcome::status(Status::INVALID_LOG_PAGE),
     };
@@ -585,6 +650,59 @@ fn changed_namespace_list(queue: &mut AdminQueue, request: &LogRequest, page: &m
         queue.namespace_notice = NoticeState::Idle;
     }
     len
+}
+
+/// The ANA log page (NVMe Base 2.0, section 5.16.1.13) of an I/O controller,
+/// generated only for the window [offset, offset + out.len()) (bytes past
+/// the page's end stay zero): one group descriptor, the subsystem's group
+/// with its state, followed by the subsystem's NSIDs in ascending order
+/// unless the host asked for groups only (RGO). Reading it with RAE cleared
+/// clears the ANA Change event, which unmasks the event type (section 5.2).
+///
+/// The page is at most 16 + 32 + 4 * NSIDs bytes, within the ANA log page a
+/// Linux host sizes from NANAGRPID and MNAN (see
+/// [`identify::namespace_limits`]), which fits MDTS.
+fn ana_log(
+    queue: &mut AdminQueue,
+    subsystem: &SubsystemConfig,
+    request: &LogRequest,
+    out: &mut [u8],
+) {
+    let groups_only = request.specific & ANA_LSP_GROUPS_ONLY != 0;
+    let namespaces: &[crate::target::NamespaceConfig] = if groups_only {
+        &[]
+    } else {
+        &subsystem.namespaces
+    };
+    debug_assert!(namespaces
+        .windows(2)
+        .all(|pair| pair[0].nsid < pair[1].nsid));
+    let offset = request.offset;
+    let mut header = [0u8; identify::ANA_HEADER_LEN];
+    identify::ana_header(queue.ana_change_count, 1, &mut header);
+    copy_into_window(&header, 0, offset, out);
+    let mut descriptor = [0u8; identify::ANA_DESCRIPTOR_LEN];
+    // NNSIDS: a subsystem's namespaces fit a u32 (NSIDs are distinct u32s).
+    identify::ana_group_descriptor(
+        &subsystem.ana,
+        namespaces.len() as u32,
+        queue.ana_change_count,
+        &mut descriptor,
+    );
+    const DESCRIPTOR_AT: u64 = identify::ANA_HEADER_LEN as u64;
+    copy_into_window(&descriptor, DESCRIPTOR_AT, offset, out);
+    const NSIDS_AT: u64 = DESCRIPTOR_AT + identify::ANA_DESCRIPTOR_LEN as u64;
+    let window_end = offset.saturating_add(out.len() as u64);
+    for (index, ns) in (0u64..).zip(namespaces) {
+        let position = NSIDS_AT + index * 4;
+        if position >= window_end {
+            break;
+        }
+        copy_into_window(&ns.nsid.0.to_le_bytes(), position, offset, out);
+    }
+    if !request.retain_event {
+        queue.ana_notice = NoticeState::Idle;
+    }
 }
 
 /// Copies `page[offset..]` into `out`; bytes past the page's end stay zero.
@@ -852,5 +970,8 @@ mod tests {
     #[test]
     fn async_event_dword_zero_layout() {
         assert_eq!(NAMESPACE_ATTRIBUTE_CHANGED, 0x0004_0002);
+        // Linux: NVME_AER_NOTICE (2) | NVME_AER_NOTICE_ANA (03h) << 8 | NVME_LOG_ANA (0Ch) << 16.
+        assert_eq!(ANA_CHANGED, 0x000C_0302);
+        assert_eq!(DISCOVERY_LOG_CHANGED, 0x0070_F002);
     }
 }

@@ -404,10 +404,13 @@ impl Connection {
     }
 
     /// Serves `config` from now on, in place of the previous snapshot. An I/O
-    /// queue follows its subsystem to its new position in the list; the admin
+    /// queue follows its subsystem to its new position in the list (and
+    /// serves or fails I/O by the subsystem's new ANA state); the admin
     /// queue of an I/O controller records the namespaces that changed and,
     /// if the host enabled Namespace Attribute Notices, reports them through
-    /// an Asynchronous Event Request. Both end when their subsystem is gone.
+    /// an Asynchronous Event Request, and likewise a change of the
+    /// subsystem's ANA state if the host enabled ANA Change Notices. Both
+    /// end when their subsystem is gone.
     /// The limits must not change (see [`Target::replace_config`]).
     pub fn update_config(&mut self, config: Arc<TargetConfig>) {
         debug_assert_eq!(config.limits, self.limits);
@@ -441,6 +444,7 @@ impl Connection {
                 };
                 if let Some(old) = old.subsystem(nqn) {
                     admin.namespaces_changed(old, new);
+                    admin.ana_changed(old, new);
                 }
                 true
             }
@@ -486,20 +490,23 @@ impl Connection {
         }
     }
 
-    /// Completes the oldest parked Asynchronous Event Request with the event
-    /// waiting to be reported, if both exist.
+    /// Completes the oldest parked Asynchronous Event Requests with the
+    /// events waiting to be reported, one each, while both exist (one update
+    /// may raise a Namespace Attribute Changed and an ANA Change event).
     fn report_async_event(&mut self) {
-        let State::Admin(_, admin) = &mut self.state else {
-            return;
-        };
-        if admin.parked_events.is_empty() {
-            return;
+        loop {
+            let State::Admin(_, admin) = &mut self.state else {
+                return;
+            };
+            if admin.parked_events.is_empty() {
+                return;
+            }
+            let Some(event) = admin.take_async_event() else {
+                return;
+            };
+            let slot = admin.parked_events.remove(0);
+            self.respond(slot, Status::SUCCESS, u64::from(event));
         }
-        let Some(event) = admin.take_async_event() else {
-            return;
-        };
-        let slot = admin.parked_events.remove(0);
-        self.respond(slot, Status::SUCCESS, u64::from(event));
     }
 
     fn release_queue(&mut self, state: State) {
@@ -1431,6 +1438,7 @@ fn transfer_of(command: &Command, in_capsule_len: u32) -> Result<Transfer, Statu
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ana::{AnaConfig, AnaGroupId, AnaState};
     use crate::auth::{DhchapSecret, FailureReason, HostAuthError, HostKeys};
     use crate::command::{admin_opcode, io_opcode};
     use crate::pdu::PduType;
@@ -2565,6 +2573,258 @@ mod tests {
             open.simple(&receive).status(),
             Status::COMMAND_SEQUENCE_ERROR
         );
+    }
+
+    // ----- Asymmetric Namespace Access -----
+
+    /// Makes the test subsystem's ANA group `group` with `state`.
+    fn set_ana(target: &Arc<Target>, group: u32, state: AnaState) -> Arc<TargetConfig> {
+        update(target, |config| {
+            config.subsystems[0].ana = AnaConfig {
+                group: AnaGroupId::new(group).expect("a valid group"),
+                state,
+            };
+        })
+    }
+
+    /// Get Log Page ANA (0Ch) of `len` bytes at `offset`, with LSP bit 0
+    /// (Return Groups Only) and RAE as asked.
+    fn ana_log_page(cid: u16, len: u32, offset: u64, groups_only: bool, retain: bool) -> [u8; 64] {
+        let mut command = get_log_page(cid, 0x0C, len, offset);
+        let cdw10 = 0x0C
+            | (u32::from(groups_only) << 8)
+            | (u32::from(retain) << 15)
+            | ((len / 4 - 1) << 16);
+        set_cdw(&mut command, 10, cdw10);
+        command
+    }
+
+    fn read_ana_log(host: &mut Pair, command: &[u8; 64]) -> Vec<u8> {
+        let (page, response) = host.read_data(command);
+        assert_eq!(response.status(), Status::SUCCESS);
+        page
+    }
+
+    /// Identify Controller of an I/O controller reports ANA (CMIC bit 3,
+    /// OAES bit 11, ANATT, ANACAP, ANAGRPMAX, NANAGRPID) with MNAN between 1
+    /// and NN; both Identify Namespace structures report the subsystem's
+    /// group; a discovery controller reports none of it.
+    #[test]
+    fn identify_reports_ana() {
+        let target = test_target();
+        set_ana(&target, 3, AnaState::NonOptimized);
+        let mut admin = Pair::new(&target);
+        admin.connect_admin(TEST_NQN, 0);
+        let (controller, _) = admin.read_data(&identify(2, 1, 0));
+        assert_eq!(
+            controller[76], 0x0A,
+            "CMIC: multi-controller, ANA reporting"
+        );
+        assert_eq!(controller[92..96], hex("00090000"), "OAES: bits 8 and 11");
+        assert_eq!(
+            controller[342..352],
+            hex("0a 5f 40000000 40000000"),
+            "ANATT 10 s, ANACAP, ANAGRPMAX 64, NANAGRPID 64"
+        );
+        assert_eq!(controller[516..520], hex("02000000"), "NN");
+        assert_eq!(controller[540..544], hex("02000000"), "MNAN");
+        let (ns, _) = admin.read_data(&identify(3, 0, 2));
+        assert_eq!(ns[92..96], hex("03000000"), "ANAGRPID");
+        assert_eq!(ns[16..24], ns[0..8], "NUSE: the path serves the namespace");
+        let (independent, _) = admin.read_data(&identify(4, 8, 1));
+        assert_eq!(independent[4..8], hex("03000000"), "ANAGRPID");
+        let mut discovery = Pair::new(&target);
+        discovery.connect_admin(DISCOVERY_NQN, 0);
+        let (controller, _) = discovery.read_data(&identify(2, 1, 0));
+        assert_eq!(controller[76], 0x02, "CMIC: no ANA");
+        assert_eq!(controller[342..352], [0; 10]);
+        assert_eq!(
+            discovery
+                .simple(&ana_log_page(3, 4096, 0, false, false))
+                .status(),
+            Status::INVALID_LOG_PAGE
+        );
+    }
+
+    /// The ANA log page of a subsystem in group 3, Inaccessible, with
+    /// namespaces 1 and 2: the header (CHGCNT 0, NGRPS 1), one group
+    /// descriptor (ANAGRPID 3, NNSIDS 2, CHGCNT 0, ANAS 03h) and the NSIDs;
+    /// with RGO the descriptor alone (NNSIDS 0); a window at an offset.
+    #[test]
+    fn ana_log_page_bytes() {
+        let target = test_target();
+        set_ana(&target, 3, AnaState::Inaccessible);
+        let mut admin = Pair::new(&target);
+        admin.connect_admin(TEST_NQN, 0);
+        let header = "0000000000000000 0100 000000000000";
+        let descriptor = "03000000 02000000 0000000000000000 03 000000000000000000000000000000";
+        let nsids = "01000000 02000000";
+        let page = read_ana_log(&mut admin, &ana_log_page(2, 64, 0, false, false));
+        assert_eq!(
+            page,
+            hex(&format!("{header} {descriptor} {nsids} {}", "00".repeat(8)))
+        );
+        // Linux reads 16 + 64 * 32 + MNAN * 4 bytes: the rest is zeroes.
+        let page = read_ana_log(
+            &mut admin,
+            &ana_log_page(3, 16 + 64 * 32 + 2 * 4, 0, false, false),
+        );
+        assert_eq!(
+            page[..56],
+            hex(&format!("{header} {descriptor} {nsids}"))[..]
+        );
+        assert!(page[56..].iter().all(|&b| b == 0));
+        // Return Groups Only: NNSIDS 0 and no NSIDs.
+        let groups = read_ana_log(&mut admin, &ana_log_page(4, 64, 0, true, false));
+        let descriptor_alone =
+            "03000000 00000000 0000000000000000 03 000000000000000000000000000000";
+        assert_eq!(
+            groups,
+            hex(&format!("{header} {descriptor_alone} {}", "00".repeat(16)))
+        );
+        // From offset 20 (NNSIDS), 36 bytes: up to and including the last NSID.
+        let window = read_ana_log(&mut admin, &ana_log_page(5, 36, 20, false, false));
+        assert_eq!(
+            window,
+            hex("02000000 0000000000000000 03 000000000000000000000000000000 01000000 02000000")
+        );
+        // Past the page's end: zeroes.
+        let beyond = read_ana_log(&mut admin, &ana_log_page(6, 8, 56, false, false));
+        assert_eq!(beyond, [0; 8]);
+    }
+
+    /// An Optimized -> Inaccessible change completes a parked Asynchronous
+    /// Event Request with ANA Change (Notice 2h, information 03h, log page
+    /// 0Ch) when the host enabled ANA Change Notices (AEC bit 11), and moves
+    /// the page's change count; the event type stays masked until the host
+    /// reads the ANA log page with RAE cleared.
+    #[test]
+    fn an_ana_state_change_completes_a_parked_async_event_request() {
+        let target = test_target();
+        let mut admin = Pair::new(&target);
+        admin.connect_admin(TEST_NQN, 0);
+        assert_eq!(
+            admin.simple(&async_event_config(2, 1 << 11)).status(),
+            Status::SUCCESS
+        );
+        let mut get_config = sqe(admin_opcode::GET_FEATURES, 3, 0, 0, false);
+        set_cdw(&mut get_config, 10, 0x0B);
+        assert_eq!(admin.simple(&get_config).result(), 1 << 11, "AEC as set");
+        admin.send(&admin.capsule(&async_event_request(4), &[]));
+        assert!(admin.receive().is_none());
+        admin.update_config(set_ana(&target, 1, AnaState::Inaccessible));
+        let event = admin.expect();
+        assert_eq!((event.cid(), event.status()), (4, Status::SUCCESS));
+        assert_eq!(
+            event.result() as u32,
+            0x000C_0302,
+            "Notice, ANA Change, log page 0Ch"
+        );
+        // Masked: a change back is not reported, not even after a read with RAE.
+        admin.send(&admin.capsule(&async_event_request(5), &[]));
+        admin.update_config(set_ana(&target, 1, AnaState::Change));
+        assert!(admin.receive().is_none(), "masked");
+        let page = read_ana_log(&mut admin, &ana_log_page(6, 48, 0, true, true));
+        assert_eq!(page[0..8], hex("0200000000000000"), "CHGCNT: two changes");
+        assert_eq!(page[24..32], hex("0200000000000000"), "the group's CHGCNT");
+        assert_eq!(page[32], 0x0F, "ANAS: change");
+        admin.update_config(set_ana(&target, 1, AnaState::Optimized));
+        assert!(admin.receive().is_none(), "RAE kept the event, so the mask");
+        read_ana_log(&mut admin, &ana_log_page(7, 48, 0, true, false));
+        admin.update_config(set_ana(&target, 1, AnaState::Inaccessible));
+        let event = admin.expect();
+        assert_eq!((event.cid(), event.result() as u32), (5, 0x000C_0302));
+        // A configuration update that leaves the group as it was reports nothing.
+        read_ana_log(&mut admin, &ana_log_page(8, 48, 0, true, false));
+        admin.send(&admin.capsule(&async_event_request(9), &[]));
+        admin.update_config(update(&target, |config| config.generation += 1));
+        assert!(admin.receive().is_none());
+    }
+
+    #[test]
+    fn no_ana_event_unless_the_host_enabled_ana_change_notices() {
+        let target = test_target();
+        let mut admin = admin_with_notices(&target); // namespace notices only
+        admin.send(&admin.capsule(&async_event_request(4), &[]));
+        admin.update_config(set_ana(&target, 1, AnaState::Inaccessible));
+        assert!(admin.receive().is_none(), "no event reported");
+        // The page reports the new state all the same.
+        let page = read_ana_log(&mut admin, &ana_log_page(5, 48, 0, true, false));
+        assert_eq!((page[0], page[32]), (1, 0x03), "CHGCNT 1, Inaccessible");
+    }
+
+    /// One update that resizes a namespace and changes the ANA state raises
+    /// both events, and two parked requests report both.
+    #[test]
+    fn one_update_reports_a_namespace_and_an_ana_event() {
+        let target = test_target();
+        let mut admin = Pair::new(&target);
+        admin.connect_admin(TEST_NQN, 0);
+        admin.simple(&async_event_config(2, (1 << 8) | (1 << 11)));
+        admin.send(&admin.capsule(&async_event_request(3), &[]));
+        admin.send(&admin.capsule(&async_event_request(4), &[]));
+        admin.update_config(update(&target, |config| {
+            config.subsystems[0].namespaces[0].blocks = 1024;
+            config.subsystems[0].ana.state = AnaState::Change;
+        }));
+        let first = admin.expect();
+        let second = admin.expect();
+        assert_eq!((first.cid(), first.result() as u32), (3, 0x0004_0002));
+        assert_eq!((second.cid(), second.result() as u32), (4, 0x000C_0302));
+    }
+
+    /// Reads and writes on a path whose group is Inaccessible complete with
+    /// Asymmetric Access Inaccessible (SCT 3h, SC 02h), and in Change with
+    /// Asymmetric Access Transition (SC 03h), DNR clear, before any data
+    /// moves; the path serves them again once Non-optimized.
+    #[test]
+    fn io_on_a_path_that_does_not_serve_it_fails_with_a_path_status() {
+        let target = test_target();
+        let (mut admin, mut io) = ready_io_queue(&target);
+        for (state, sc) in [(AnaState::Inaccessible, 0x02), (AnaState::Change, 0x03)] {
+            let config = set_ana(&target, 1, state);
+            io.update_config(Arc::clone(&config));
+            admin.update_config(config);
+            let (data, read) = io.read_data(&rw(io_opcode::READ, 1, 1, 0, 1, 512, false));
+            assert!(data.is_empty(), "no data for a refused read");
+            let in_capsule = io
+                .command(&rw(io_opcode::WRITE, 2, 2, 0, 1, 4096, true), &[0xAB; 4096])
+                .pop()
+                .unwrap();
+            // By R2T: refused at once, without asking for the data.
+            let by_r2t = io.simple(&rw(io_opcode::WRITE, 3, 1, 0, 16, 8192, false));
+            for response in [read, in_capsule, by_r2t] {
+                let status = response.status();
+                assert_eq!(
+                    (status.sct, status.sc, status.dnr),
+                    (crate::status::StatusCodeType::Path, sc, false),
+                    "{state}"
+                );
+                // CQE DW3 status field: DNR (bit 15 of the 16 bits) clear, SCT 3.
+                let raw = u16::from_le_bytes([response.header[22], response.header[23]]);
+                assert_eq!(raw >> 1, 0x0300 | sc as u16);
+            }
+        }
+        assert!(io.disks[&2].iter().all(|&b| b == 0), "nothing written");
+        let config = set_ana(&target, 1, AnaState::NonOptimized);
+        io.update_config(Arc::clone(&config));
+        admin.update_config(config);
+        let (_, read) = io.read_data(&rw(io_opcode::READ, 4, 1, 0, 1, 512, false));
+        assert_eq!(read.status(), Status::SUCCESS);
+    }
+
+    /// A write waiting for its data when the path becomes Inaccessible
+    /// completes with the path status once its data arrived, unwritten.
+    #[test]
+    fn a_write_waiting_for_its_data_fails_when_the_path_becomes_inaccessible() {
+        let target = test_target();
+        let (_admin, mut io) = ready_io_queue(&target);
+        io.send(&io.capsule(&rw(io_opcode::WRITE, 1, 2, 0, 2, 8192, false), &[]));
+        let r2t = DataHeader::decode(&io.expect().header).unwrap();
+        io.update_config(set_ana(&target, 1, AnaState::Inaccessible));
+        io.send(&io.h2c_data(1, r2t.ttag, 0, &[0xEE; 8192], true));
+        assert_eq!(io.expect().status(), Status::ANA_INACCESSIBLE);
+        assert!(io.disks[&2].iter().all(|&b| b == 0), "nothing written");
     }
 
     /// Hex text of a captured stream, without its `#` comment lines.

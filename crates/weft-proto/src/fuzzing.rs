@@ -114,7 +114,9 @@ mod setup {
 #[derive(Debug)]
 struct Fixture {
     config: Arc<TargetConfig>,
-    /// Namespace 1 shrunk to half, namespace 2 removed.
+    /// Namespace 1 shrunk to half, namespace 2 removed, the ANA group
+    /// Non-optimized (still serving I/O, so that the seeds' I/O after an
+    /// update reaches the namespaces).
     updated: Arc<TargetConfig>,
 }
 
@@ -132,9 +134,10 @@ fn fixture(authentication: Option<bool>) -> Fixture {
         testing::require_authentication(&mut config, bidirectional);
     }
     let mut updated = config.clone();
-    let namespaces = &mut updated.subsystems[0].namespaces;
-    namespaces[0].blocks /= 2;
-    namespaces.truncate(1);
+    let subsystem = &mut updated.subsystems[0];
+    subsystem.namespaces[0].blocks /= 2;
+    subsystem.namespaces.truncate(1);
+    subsystem.ana.state = crate::ana::AnaState::NonOptimized;
     updated.generation += 1;
     Fixture {
         config: Arc::new(config),
@@ -550,7 +553,7 @@ pub struct Seed {
 /// Seeds for `connection`: the host model's byte streams through every
 /// stage, I/O queues (in-capsule and R2T transfers, with and without
 /// digests, across a configuration update), DH-HMAC-CHAP on admin and I/O
-/// queues, keep-alive expiry and namespace notices.
+/// queues, keep-alive expiry, namespace and ANA notices.
 pub fn connection_seeds() -> Vec<Seed> {
     use crate::command::io_opcode::{
         COMPARE, DATASET_MANAGEMENT, FLUSH, READ, WRITE, WRITE_ZEROES,
@@ -580,7 +583,13 @@ pub fn connection_seeds() -> Vec<Seed> {
                     Status::SUCCESS
                 );
             }
-            for (cid, lid, len) in [(8, 0x02, 512), (9, 0x03, 512), (10, 0x04, 4096)] {
+            let logs = [
+                (8, 0x02, 512),
+                (9, 0x03, 512),
+                (10, 0x04, 4096),
+                (15, 0x0C, 4096),
+            ];
+            for (cid, lid, len) in logs {
                 let (_, response) = host.read_data(&get_log_page(cid, lid, len, 0));
                 assert_eq!(response.status(), Status::SUCCESS);
             }
@@ -712,6 +721,23 @@ pub fn connection_seeds() -> Vec<Seed> {
                 crate::admin::NAMESPACE_ATTRIBUTE_CHANGED
             );
             let (_, response) = host.read_data(&get_log_page(5, 0x04, 4096, 0));
+            response.status()
+        }),
+        record("admin-ana-notice", 0x02, |recorder| {
+            let host = recorder.host();
+            let mut notices = sqe(admin_opcode::SET_FEATURES, 3, 0, 0, false);
+            set_cdw(&mut notices, 10, 0x0B);
+            set_cdw(&mut notices, 11, 1 << 11);
+            host.simple(&notices);
+            host.command(&sqe(admin_opcode::ASYNC_EVENT_REQUEST, 4, 0, 0, false), &[]);
+            recorder.operation(Operation::UpdateConfig);
+            let host = recorder.host();
+            assert_eq!(host.expect().result() as u32, crate::admin::ANA_CHANGED);
+            // Groups only (LSP bit 0), at an offset, then the whole page.
+            let mut groups = get_log_page(5, 0x0C, 32, 16);
+            set_cdw(&mut groups, 10, 0x0C | (1 << 8) | (7 << 16));
+            assert_eq!(host.read_data(&groups).1.status(), Status::SUCCESS);
+            let (_, response) = host.read_data(&get_log_page(6, 0x0C, 2096, 0));
             response.status()
         }),
     ]

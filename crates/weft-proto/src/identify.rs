@@ -3,6 +3,7 @@
 //! zeroed output buffer and returns the structure's length; what to put in the
 //! fields comes from the target configuration and the controller's state.
 
+use crate::ana::{AnaConfig, AnaState, ANA_GROUPS_MAX};
 use crate::target::{
     AddressFamily, ListenerConfig, NamespaceConfig, SubsystemConfig, DISCOVERY_NQN,
 };
@@ -44,6 +45,8 @@ pub mod log_id {
     pub const FIRMWARE_SLOT: u8 = 0x03;
     /// Changed Namespace List.
     pub const CHANGED_NAMESPACES: u8 = 0x04;
+    /// Asymmetric Namespace Access.
+    pub const ANA: u8 = 0x0C;
     /// Discovery.
     pub const DISCOVERY: u8 = 0x70;
 }
@@ -74,6 +77,9 @@ pub struct ControllerIdentity<'a> {
     pub firmware: &'a str,
     /// Highest NSID (NN).
     pub max_nsid: u32,
+    /// Maximum Number of Allowed Namespaces (MNAN), 1 to NN on an I/O
+    /// controller (see [`namespace_limits`]).
+    pub max_namespaces: u32,
     /// MDTS as a power of two of 4 KiB pages.
     pub mdts: u8,
     /// Maximum outstanding commands per queue.
@@ -89,6 +95,43 @@ pub const NVME_VERSION: u32 = 0x0001_0300;
 /// Keep Alive granularity in 100 ms units (KAS).
 pub const KEEP_ALIVE_GRANULARITY_100MS: u16 = 10;
 
+/// ANA Transition Time (ANATT), seconds: the longest a group stays in the
+/// Change state. A Linux host resets the controller when a group is still
+/// in Change after twice this long. nvmet reports 10 s as well.
+pub const ANA_TRANSITION_SECONDS: u8 = 10;
+
+/// ANACAP (NVMe Base 2.0, Figure 275): bits 0 to 4, the controller reports
+/// the Optimized, Non-optimized, Inaccessible, Persistent Loss and Change
+/// states (as nvmet); bit 6, a namespace's ANAGRPID does not change while
+/// it is attached (a subsystem's group on a node is fixed, see
+/// [`AnaConfig`]). Bit 7 (a non-zero ANAGRPID in Namespace Management) stays
+/// clear: weft has no Namespace Management command.
+pub const ANA_CAPABILITIES: u8 = 0x1F | (1 << 6);
+
+/// NN and MNAN for a subsystem whose highest NSID is `max_nsid`, on a
+/// controller whose largest transfer is `transfer_bytes_max` bytes.
+///
+/// A Linux host that sees CMIC bit 3 (ANA reporting) refuses the controller
+/// unless 1 <= MNAN <= NN ("Invalid MNAN value"), and disables ANA if the
+/// ANA log page it sizes, ANA header + NANAGRPID descriptors + MNAN NSIDs,
+/// exceeds MDTS ("ANA log page size larger than MDTS"). So NN is at least 1,
+/// and MNAN is NN capped at what fits the transfer; with the 4 KiB
+/// transfer every valid [`crate::Limits`] allows at least, that is 508.
+pub const fn namespace_limits(max_nsid: u32, transfer_bytes_max: u32) -> (u32, u32) {
+    let nn = if max_nsid == 0 { 1 } else { max_nsid };
+    let room = transfer_bytes_max.saturating_sub(ANA_LOG_FIXED_LEN as u32) / 4;
+    let mnan = if nn < room { nn } else { room };
+    (nn, mnan)
+}
+
+/// The ANA log page without NSIDs, at its largest: the header and one
+/// descriptor per group a controller may report (NANAGRPID).
+const ANA_LOG_FIXED_LEN: usize = ANA_HEADER_LEN + ANA_GROUPS_MAX as usize * ANA_DESCRIPTOR_LEN;
+
+// The smallest transfer a valid Limits allows holds the largest ANA log a
+// host sizes for one namespace, so MNAN is never 0.
+const _: () = assert!(ANA_LOG_FIXED_LEN + 4 <= IDENTIFY_LEN);
+
 /// Identify Controller (NVMe Base 2.0, Figure 275; Fabrics fields NVMe-oF 1.1, Figure 36).
 pub fn controller(id: &ControllerIdentity<'_>, out: &mut [u8]) -> usize {
     let mut w = Writer::new(out);
@@ -99,7 +142,9 @@ pub fn controller(id: &ControllerIdentity<'_>, out: &mut [u8]) -> usize {
         // CMIC bit 1: the subsystem may have two or more controllers (one per
         // connected host, as with nvmet). A Linux host then puts the namespace
         // behind a multipath head, which holds I/O while a controller
-        // reconnects instead of failing it.
+        // reconnects instead of failing it. Bit 3 (ANA reporting) is an I/O
+        // controller's, below: a discovery controller has no namespaces,
+        // and NN 0 would fail Linux's MNAN check.
         .u8(76, 1 << 1)
         .u8(77, id.mdts)
         .u16(78, id.cntlid.0)
@@ -121,8 +166,16 @@ pub fn controller(id: &ControllerIdentity<'_>, out: &mut [u8]) -> usize {
         .u16(514, id.max_commands)
         .ascii(768, 256, id.subnqn, 0);
     if id.kind == ControllerKind::Io {
-        // OAES bit 8: Namespace Attribute Notices.
-        w.u32(92, 1 << 8)
+        // CMIC bit 3: the controller reports ANA states (its subsystem's
+        // group, in the ANA log page). A Linux host then picks the paths
+        // of a multipath namespace by their ANA state.
+        w.u8(76, (1 << 1) | (1 << 3))
+            // OAES bit 8: Namespace Attribute Notices; bit 11: ANA Change Notices.
+            .u32(92, (1 << 8) | (1 << 11))
+            .u8(342, ANA_TRANSITION_SECONDS) // ANATT
+            .u8(343, ANA_CAPABILITIES) // ANACAP
+            .u32(344, ANA_GROUPS_MAX) // ANAGRPMAX
+            .u32(348, ANA_GROUPS_MAX) // NANAGRPID
             .u8(512, 0x66) // SQES: 64-byte entries
             .u8(513, 0x44) // CQES: 16-byte entries
             .u32(516, id.max_nsid) // NN
@@ -130,7 +183,7 @@ pub fn controller(id: &ControllerIdentity<'_>, out: &mut [u8]) -> usize {
             .u16(520, (1 << 0) | (1 << 2) | (1 << 3))
             // VWC: present; bits 2:1 = 11b, Flush with NSID FFFFFFFFh is supported.
             .u8(525, 0x7)
-            .u32(540, id.max_nsid); // MNAN
+            .u32(540, id.max_namespaces); // MNAN
     } else {
         // OAES bit 31: Discovery Log Page Change Notices.
         w.u32(92, 1 << 31);
@@ -157,12 +210,19 @@ pub fn controller(id: &ControllerIdentity<'_>, out: &mut [u8]) -> usize {
 /// (every host attached to a volume gets its own controller).
 const NMIC_SHARED: u8 = 1;
 
-/// Identify Namespace, NVM command set (NVMe NVM Command Set 1.0, Figure 97).
-pub fn namespace(ns: &NamespaceConfig, out: &mut [u8]) -> usize {
+/// Identify Namespace, NVM command set (NVMe NVM Command Set 1.0, Figure
+/// 97), of a namespace in ANA group `ana`.
+pub fn namespace(ns: &NamespaceConfig, ana: &AnaConfig, out: &mut [u8]) -> usize {
+    // NUSE: thin accounting comes with the volume manager. It is 0 while
+    // the path cannot reach the namespace's data, as nvmet reports it.
+    let used = match ana.state {
+        AnaState::Inaccessible | AnaState::PersistentLoss => 0,
+        _ => ns.blocks,
+    };
     let mut w = Writer::new(out);
     w.u64(0, ns.blocks) // NSZE
         .u64(8, ns.blocks) // NCAP
-        .u64(16, ns.blocks) // NUSE: thin accounting comes with the volume manager
+        .u64(16, used) // NUSE
         // NSFEAT: bit 0 thin provisioning, bit 3 NGUID/EUI64 never reused.
         .u8(24, (ns.thin as u8) | (1 << 3))
         .u8(25, 0) // NLBAF: one format (0's based)
@@ -170,6 +230,7 @@ pub fn namespace(ns: &NamespaceConfig, out: &mut [u8]) -> usize {
         .u8(30, NMIC_SHARED)
         // DLFEAT: deallocated blocks read as zeroes (001b), Write Zeroes may deallocate (bit 3).
         .u8(33, 0x1 | (1 << 3))
+        .u32(92, ana.group.get()) // ANAGRPID
         .bytes(104, &ns.nguid)
         .bytes(120, &ns.eui64)
         .u32(128, ns.block_shift() << 16); // LBAF0: MS 0, LBADS, RP 0
@@ -209,12 +270,14 @@ pub fn namespace_descriptors(ns: &NamespaceConfig, out: &mut [u8]) -> usize {
     IDENTIFY_LEN
 }
 
-/// I/O Command Set Independent Identify Namespace (NVMe Base 2.0, Figure 281).
-pub fn cs_independent_namespace(ns: &NamespaceConfig, out: &mut [u8]) -> usize {
-    // NSFEAT and NMIC mirror the NVM structure; ANAGRPID 0; NSTAT bit 0: ready.
+/// I/O Command Set Independent Identify Namespace (NVMe Base 2.0, Figure
+/// 281), of a namespace in ANA group `ana`.
+pub fn cs_independent_namespace(ns: &NamespaceConfig, ana: &AnaConfig, out: &mut [u8]) -> usize {
+    // NSFEAT and NMIC mirror the NVM structure; NSTAT bit 0: ready.
     Writer::new(out)
         .u8(0, ns.thin as u8 | (1 << 3))
         .u8(1, NMIC_SHARED)
+        .u32(4, ana.group.get()) // ANAGRPID
         .u8(14, ns.ready as u8);
     IDENTIFY_LEN
 }
@@ -277,6 +340,28 @@ pub fn changed_namespaces(nsids: &[Nsid], out: &mut [u8]) -> usize {
         w.u32(index * 4, nsid.0);
     }
     CHANGED_NAMESPACES_MAX * 4
+}
+
+/// Length of the ANA log page header (NVMe Base 2.0, Figure 223).
+pub const ANA_HEADER_LEN: usize = 16;
+/// Length of an ANA Group Descriptor without its NSIDs (Figure 224).
+pub const ANA_DESCRIPTOR_LEN: usize = 32;
+
+/// The ANA log page header: CHGCNT, the change count of the page, and
+/// NGRPS, the number of group descriptors that follow.
+pub fn ana_header(change_count: u64, groups: u16, out: &mut [u8]) {
+    Writer::new(out).u64(0, change_count).u16(8, groups);
+}
+
+/// An ANA Group Descriptor: ANAGRPID, NNSIDS (the NSIDs that follow it,
+/// 0 when the host asked for groups only), CHGCNT and ANAS. The NSIDs
+/// themselves, ascending, are the caller's to append.
+pub fn ana_group_descriptor(ana: &AnaConfig, nsids: u32, change_count: u64, out: &mut [u8]) {
+    Writer::new(out)
+        .u32(0, ana.group.get())
+        .u32(4, nsids)
+        .u64(8, change_count)
+        .u8(16, ana.state.code());
 }
 
 /// Discovery log header length and entry length (NVMe-oF 1.1, Figures 38 and 39).
@@ -374,14 +459,23 @@ pub fn discovery_entry(record: &DiscoveryRecord<'_>, out: &mut [u8]) {
         .u8(768, 0); // TSAS: SECTYPE none
 }
 
-// Sizes fixed by the specifications (NVMe Base 2.0 Figures 207, 275; NVMe-oF 1.1 Figure 38-39).
+// Sizes fixed by the specifications (NVMe Base 2.0 Figures 207, 223-224, 275; NVMe-oF 1.1 Figure 38-39).
 const _: () = assert!(IDENTIFY_LEN == 4096 && SMART_LEN == 512 && ERROR_ENTRY_LEN == 64);
+const _: () = assert!(ANA_HEADER_LEN == 16 && ANA_DESCRIPTOR_LEN == 32);
 const _: () = assert!(DISCOVERY_HEADER_LEN == 1024 && DISCOVERY_ENTRY_LEN == 1024);
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ana::AnaGroupId;
     use crate::wire::{ascii_field, hex};
+
+    fn ana(group: u32, state: AnaState) -> AnaConfig {
+        AnaConfig {
+            group: AnaGroupId::new(group).unwrap(),
+            state,
+        }
+    }
 
     fn ns() -> NamespaceConfig {
         NamespaceConfig {
@@ -399,23 +493,75 @@ mod tests {
     #[test]
     fn identify_namespace_fields() {
         let mut out = vec![0u8; IDENTIFY_LEN];
-        namespace(&ns(), &mut out);
+        namespace(&ns(), &AnaConfig::DEFAULT, &mut out);
         assert_eq!(u64::from_le_bytes(out[0..8].try_into().unwrap()), 1 << 20);
+        assert_eq!(u64::from_le_bytes(out[16..24].try_into().unwrap()), 1 << 20);
         assert_eq!(out[24], 0x9);
         assert_eq!(out[30], 1, "NMIC: shared");
+        assert_eq!(out[92..96], hex("01000000"), "ANAGRPID");
         assert_eq!(&out[104..120], &[0x11; 16]);
         assert_eq!(out[130], 12, "LBADS of a 4 KiB block");
+    }
+
+    /// ANAGRPID at bytes 95:92 (Linux's struct nvme_id_ns anagrpid); NUSE 0
+    /// while the group is Inaccessible, as nvmet reports it.
+    #[test]
+    fn identify_namespace_reports_its_ana_group() {
+        let mut out = vec![0u8; IDENTIFY_LEN];
+        namespace(&ns(), &ana(3, AnaState::Inaccessible), &mut out);
+        assert_eq!(out[92..96], hex("03000000"));
+        assert_eq!(out[16..24], [0; 8], "NUSE");
+        assert_eq!(
+            u64::from_le_bytes(out[0..8].try_into().unwrap()),
+            1 << 20,
+            "NSZE"
+        );
+        out.fill(0);
+        namespace(&ns(), &ana(64, AnaState::NonOptimized), &mut out);
+        assert_eq!(out[92..96], hex("40000000"));
+        assert_eq!(u64::from_le_bytes(out[16..24].try_into().unwrap()), 1 << 20);
     }
 
     #[test]
     fn command_set_independent_namespace_fields() {
         let mut out = vec![0u8; IDENTIFY_LEN];
-        cs_independent_namespace(&ns(), &mut out);
-        // NSFEAT, NMIC, NSTAT at the offsets of Linux's struct nvme_id_ns_cs_indep.
+        cs_independent_namespace(&ns(), &ana(3, AnaState::Optimized), &mut out);
+        // NSFEAT, NMIC, ANAGRPID, NSTAT at the offsets of Linux's struct nvme_id_ns_cs_indep.
         assert_eq!(
             out[0..16],
-            hex("09 01 00 00 00000000 00 00 0000 0000 01 00")
+            hex("09 01 00 00 03000000 00 00 0000 0000 01 00")
         );
+    }
+
+    #[test]
+    fn ana_log_header_and_descriptor_bytes() {
+        let mut header = [0u8; ANA_HEADER_LEN];
+        ana_header(0x0102_0304_0506_0708, 1, &mut header);
+        assert_eq!(header[..], hex("0807060504030201 0100 000000000000"));
+        let mut descriptor = [0u8; ANA_DESCRIPTOR_LEN];
+        ana_group_descriptor(&ana(3, AnaState::Change), 2, 5, &mut descriptor);
+        assert_eq!(
+            descriptor[..],
+            hex("03000000 02000000 0500000000000000 0f 000000000000000000000000000000")
+        );
+    }
+
+    /// NN and MNAN as a Linux host checks them with ANA reported: MNAN at
+    /// least 1 and at most NN, and the ANA log page it sizes from NANAGRPID
+    /// and MNAN within MDTS.
+    #[test]
+    fn mnan_is_positive_at_most_nn_and_the_ana_log_fits_the_transfer() {
+        assert_eq!(namespace_limits(0, 4096), (1, 1));
+        assert_eq!(namespace_limits(2, 128 * 1024), (2, 2));
+        assert_eq!(namespace_limits(u32::MAX - 1, 4096), (u32::MAX - 1, 508));
+        for transfer in [4096, 8192, 128 * 1024, 1 << 31] {
+            for max_nsid in [0, 1, 2, 507, 508, 4096, 1 << 20, u32::MAX - 1] {
+                let (nn, mnan) = namespace_limits(max_nsid, transfer);
+                assert!(1 <= mnan && mnan <= nn, "{max_nsid} {transfer}");
+                let host_log_len = 16 + u64::from(ANA_GROUPS_MAX) * 32 + u64::from(mnan) * 4;
+                assert!(host_log_len <= u64::from(transfer), "{max_nsid} {transfer}");
+            }
+        }
     }
 
     #[test]
@@ -440,6 +586,7 @@ mod tests {
             model: "weft",
             firmware: "0.1.0",
             max_nsid: 2,
+            max_namespaces: 2,
             mdts: 5,
             max_commands: 128,
             io_in_capsule_bytes: 16384,
@@ -448,14 +595,35 @@ mod tests {
         controller(&id, &mut out);
         assert_eq!(ascii_field(&out[4..24]), "0123456789abcdef0123");
         assert_eq!(ascii_field(&out[24..64]), "weft");
-        assert_eq!(out[76], 0x2, "CMIC: two or more controllers");
+        assert_eq!(out[76], 0xA, "CMIC: two or more controllers, ANA reporting");
         assert_eq!(out[77], 5);
         assert_eq!(u16::from_le_bytes([out[78], out[79]]), 7);
+        assert_eq!(out[92..96], hex("00090000"), "OAES: bits 8 and 11");
+        assert_eq!(out[261], 0x4, "LPA: extended data only, as before ANA");
+        // ANATT, ANACAP, ANAGRPMAX, NANAGRPID at the offsets of Linux's
+        // struct nvme_id_ctrl (after ENDGIDMAX at 340).
+        assert_eq!(out[340..352], hex("0000 0a 5f 40000000 40000000"));
+        assert_eq!(out[352..356], [0; 4], "PELS");
+        assert_eq!(out[516..520], hex("02000000"), "NN");
+        assert_eq!(out[540..544], hex("02000000"), "MNAN");
         assert_eq!(ascii_field(&out[768..1024]), "nqn.2026-11.io.weft:default");
         assert_eq!(
             u32::from_le_bytes(out[1792..1796].try_into().unwrap()),
             1028
         );
+        // A discovery controller reports no ANA.
+        let discovery = ControllerIdentity {
+            kind: ControllerKind::Discovery,
+            max_nsid: 0,
+            max_namespaces: 0,
+            ..id
+        };
+        out.fill(0);
+        controller(&discovery, &mut out);
+        assert_eq!(out[76], 0x2, "CMIC: no ANA reporting");
+        assert_eq!(out[92..96], hex("00000080"), "OAES: bit 31 only");
+        assert_eq!(out[340..356], [0; 16]);
+        assert_eq!(out[540..544], [0; 4]);
     }
 
     #[test]

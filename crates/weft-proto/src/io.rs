@@ -1,6 +1,12 @@
 //! NVM command set I/O commands: validation of a command against its
 //! namespace (before any data moves), the block I/O requests the data plane
 //! executes, and the status an I/O failure maps to.
+//!
+//! A command reaches a namespace only through a path that serves it: when
+//! the subsystem's ANA group is Inaccessible, in Persistent Loss or in
+//! Change on this target, every command that accesses a namespace fails
+//! with the matching path status (see [`crate::ana::AnaState::io_status`]),
+//! which the host retries on another path.
 
 use crate::command::{io_opcode, Command};
 use crate::status::Status;
@@ -119,12 +125,24 @@ pub enum IoPlan {
 impl IoPlan {
     /// Validates an I/O command against the subsystem (NVM Command Set 1.0, section 3).
     /// `transfer_bytes_max` is the slot buffer size.
+    ///
+    /// The order of the checks is nvmet's: the opcode, the namespace, then
+    /// the path's ANA state, then the command's own fields.
     pub fn from_command(
         command: &Command,
         subsystem: &SubsystemConfig,
         transfer_bytes_max: u32,
     ) -> Result<IoPlan, Status> {
+        // "If the ANA state is ... Inaccessible ... then commands that ...
+        // access user data ... shall be aborted" (NVMe Base 2.0, 8.1.3.3;
+        // Persistent Loss 8.1.3.4 and Change 8.1.3.5 alike). Every
+        // namespace of the subsystem is in its one group, so a Flush of all
+        // namespaces is refused as one of any.
+        let path = subsystem.ana.state.io_status();
         if command.opcode == io_opcode::FLUSH && command.nsid == Nsid::BROADCAST {
+            if let Some(status) = path {
+                return Err(status);
+            }
             return Ok(IoPlan::Flush {
                 nsid: Nsid::BROADCAST,
             });
@@ -144,6 +162,9 @@ impl IoPlan {
         let ns = subsystem
             .namespace(command.nsid)
             .ok_or(Status::INVALID_NAMESPACE)?;
+        if let Some(status) = path {
+            return Err(status);
+        }
         if !ns.ready {
             return Err(Status::NAMESPACE_NOT_READY);
         }
@@ -293,6 +314,7 @@ pub fn status_of(error: IoError, is_read: bool) -> Status {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ana::{AnaConfig, AnaState};
     use crate::target::HostAccess;
     use crate::wire::hex;
 
@@ -313,6 +335,7 @@ mod tests {
                 ready: true,
             }],
             access: HostAccess::Any,
+            ana: AnaConfig::DEFAULT,
         }
     }
 
@@ -375,6 +398,53 @@ mod tests {
             IoPlan::from_command(&huge, &s, 65536),
             Err(Status::LBA_OUT_OF_RANGE)
         );
+    }
+
+    /// Every command that accesses a namespace fails on a path whose group
+    /// does not serve I/O, with the state's path status and DNR clear; an
+    /// unknown NSID or opcode still gets its own status first, as in nvmet.
+    #[test]
+    fn paths_that_do_not_serve_io_fail_namespace_commands() {
+        let commands = [
+            command(io_opcode::READ, 1, 512, 0, 0),
+            command(io_opcode::WRITE, 1, 512, 0, 0),
+            command(io_opcode::COMPARE, 1, 512, 0, 0),
+            command(io_opcode::FLUSH, 1, 0, 0, 0),
+            command(io_opcode::FLUSH, Nsid::BROADCAST.0, 0, 0, 0),
+            command(io_opcode::WRITE_ZEROES, 1, 0, 0, 0),
+            command(io_opcode::DATASET_MANAGEMENT, 1, 16, 0, 0),
+        ];
+        let mut s = subsystem();
+        for state in [AnaState::Optimized, AnaState::NonOptimized] {
+            s.ana.state = state;
+            for c in &commands {
+                assert!(IoPlan::from_command(c, &s, 65536).is_ok(), "{state} {c:?}");
+            }
+        }
+        for (state, status) in [
+            (AnaState::Inaccessible, Status::ANA_INACCESSIBLE),
+            (AnaState::PersistentLoss, Status::ANA_PERSISTENT_LOSS),
+            (AnaState::Change, Status::ANA_TRANSITION),
+        ] {
+            s.ana.state = state;
+            for c in &commands {
+                assert_eq!(IoPlan::from_command(c, &s, 65536), Err(status), "{c:?}");
+                assert!(!status.dnr);
+            }
+            // Beyond the namespace: the path status all the same (nvmet checks the range later).
+            assert_eq!(
+                IoPlan::from_command(&command(io_opcode::READ, 1, 512, 100, 0), &s, 65536),
+                Err(status)
+            );
+            assert_eq!(
+                IoPlan::from_command(&command(io_opcode::READ, 2, 512, 0, 0), &s, 65536),
+                Err(Status::INVALID_NAMESPACE)
+            );
+            assert_eq!(
+                IoPlan::from_command(&command(0x7e, 1, 0, 0, 0), &s, 65536),
+                Err(Status::INVALID_OPCODE)
+            );
+        }
     }
 
     #[test]

@@ -9,6 +9,7 @@
 #![warn(missing_docs)]
 
 pub mod admin;
+pub mod ana;
 pub mod auth;
 pub mod command;
 pub mod connection;

@@ -115,6 +115,17 @@ statuses! {
     UNRECOVERED_READ_ERROR = (Media, 0x81, false);
     /// Compare Failure.
     COMPARE_FAILURE = (Media, 0x85, true);
+    /// Asymmetric Access Persistent Loss (path related status, NVMe Base
+    /// 2.0, Figure 104): the namespace's ANA group is in Persistent Loss on
+    /// this controller. Without DNR: another path may serve the command.
+    ANA_PERSISTENT_LOSS = (Path, 0x01, false);
+    /// Asymmetric Access Inaccessible: the namespace's ANA group is
+    /// Inaccessible on this controller. Without DNR: another path may
+    /// serve the command.
+    ANA_INACCESSIBLE = (Path, 0x02, false);
+    /// Asymmetric Access Transition: the namespace's ANA group is changing
+    /// state on this controller. Without DNR: the host retries.
+    ANA_TRANSITION = (Path, 0x03, false);
 }
 
 impl Status {
@@ -187,6 +198,16 @@ mod tests {
         assert_eq!(
             Status::from_cqe_status(Status::COMPARE_FAILURE.field() << 1),
             Status::COMPARE_FAILURE
+        );
+        // Asymmetric Access Inaccessible: SCT 3h, SC 02h, no DNR -> 0x0302.
+        assert_eq!(Status::ANA_INACCESSIBLE.field(), 0x0302);
+        assert_eq!(
+            Status::from_cqe_status(Status::ANA_TRANSITION.field() << 1),
+            Status::ANA_TRANSITION
+        );
+        assert_eq!(
+            Status::ANA_INACCESSIBLE.to_string(),
+            "ANA_INACCESSIBLE (SCT 3h, SC 02h)"
         );
     }
 

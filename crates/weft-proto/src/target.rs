@@ -11,12 +11,20 @@
 //!
 //! The registry is the only other state shared between connections. It is
 //! touched at Connect, at controller teardown and by Set Features, never per I/O.
+//!
+//! Controller IDs are unique within the registry, and each registry hands
+//! them out from its own range ([`ControllerRegistry::with_range`]): a host
+//! refuses a second controller with the CNTLID of one it has in the same
+//! subsystem (Linux: "Duplicate cntlid"), so nodes that export the same
+//! subsystem allocate from disjoint ranges ([`cntlid_range_for_ordinal`]).
 
+use crate::ana::AnaConfig;
 use crate::auth::{HostKeys, SecureRandom};
 use crate::identify::IDENTIFY_LEN;
 use crate::types::{Cntlid, Nsid};
 use std::cmp;
 use std::collections::BTreeMap;
+use std::ops::RangeInclusive;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use thiserror::Error;
@@ -241,6 +249,9 @@ pub struct SubsystemConfig {
     pub namespaces: Vec<NamespaceConfig>,
     /// Hosts allowed to connect and to see it in the discovery log.
     pub access: HostAccess,
+    /// The ANA group of every namespace of the subsystem on this target, and
+    /// its state: whether I/O through this target's controllers is served.
+    pub ana: AnaConfig,
 }
 
 /// Which hosts may associate with a subsystem. A host that may not is refused
@@ -493,10 +504,64 @@ pub enum RegistryError {
     UnknownController,
 }
 
-/// Live controllers of the target, keyed by controller ID (unique across subsystems).
-#[derive(Debug, Default)]
+/// Why a range of controller IDs cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum CntlidRangeError {
+    /// Empty, or reaching outside 1 to FFEFh.
+    #[error("controller IDs {start:#06x}..={end:#06x} are not a range of dynamic controller IDs (a non-empty range within 0x0001..=0xffef)")]
+    Range {
+        /// First ID of the range.
+        start: u16,
+        /// Last ID of the range.
+        end: u16,
+    },
+    /// A node ordinal whose range would pass FFEFh.
+    #[error("node ordinal {0} has no controller ID range: ordinals 0 to {max} have one (0x400 IDs each, within 0x0001..=0xffef)", max = CNTLID_ORDINALS - 1)]
+    Ordinal(u16),
+}
+
+/// Controller IDs of node ordinal `k` in a cluster whose nodes export the
+/// same subsystems: `k * 0x400 + 1 ..= k * 0x400 + 0x3FF`, so that no two
+/// nodes hand a host the same CNTLID in one subsystem. Ordinals 0 to 62
+/// have a range within the dynamic controller IDs (1 to FFEFh).
+pub fn cntlid_range_for_ordinal(k: u16) -> Result<RangeInclusive<u16>, CntlidRangeError> {
+    if k >= CNTLID_ORDINALS {
+        return Err(CntlidRangeError::Ordinal(k));
+    }
+    let base = k * CNTLID_ORDINAL_STRIDE;
+    Ok(base + 1..=base + CNTLID_ORDINAL_STRIDE - 1)
+}
+
+/// Controller IDs set aside per node ordinal (ID 0 of each block is unused).
+const CNTLID_ORDINAL_STRIDE: u16 = 0x400;
+
+/// Node ordinals with a controller ID range: the last one, 62, ends at FBFFh.
+pub const CNTLID_ORDINALS: u16 = 63;
+
+const _: () = assert!(
+    (CNTLID_ORDINALS as u32) * (CNTLID_ORDINAL_STRIDE as u32) - 1 <= Cntlid::MAX_DYNAMIC as u32
+        && (CNTLID_ORDINALS as u32 + 1) * (CNTLID_ORDINAL_STRIDE as u32) - 1
+            > Cntlid::MAX_DYNAMIC as u32,
+    "every ordinal's range lies within the dynamic controller IDs, and the next would not"
+);
+
+/// Live controllers of the target, keyed by controller ID (unique across
+/// subsystems), allocated from the registry's range.
+#[derive(Debug)]
 pub struct ControllerRegistry {
     inner: Mutex<RegistryInner>,
+    /// Controller IDs this registry hands out.
+    range: RangeInclusive<u16>,
+}
+
+impl Default for ControllerRegistry {
+    /// Every dynamic controller ID, 1 to FFEFh.
+    fn default() -> ControllerRegistry {
+        ControllerRegistry {
+            inner: Mutex::default(),
+            range: 1..=Cntlid::MAX_DYNAMIC,
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -506,6 +571,24 @@ struct RegistryInner {
 }
 
 impl ControllerRegistry {
+    /// A registry that hands out controller IDs from `range` only, which must
+    /// be a non-empty range of dynamic controller IDs (within 1 to FFEFh).
+    pub fn with_range(range: RangeInclusive<u16>) -> Result<ControllerRegistry, CntlidRangeError> {
+        let (start, end) = (*range.start(), *range.end());
+        if start == 0 || start > end || end > Cntlid::MAX_DYNAMIC {
+            return Err(CntlidRangeError::Range { start, end });
+        }
+        Ok(ControllerRegistry {
+            inner: Mutex::default(),
+            range,
+        })
+    }
+
+    /// The controller IDs this registry hands out.
+    pub fn range(&self) -> RangeInclusive<u16> {
+        self.range.clone()
+    }
+
     /// Allocates a controller for an admin Connect (dynamic controller model).
     /// `subnqn` may have `per_subsystem_max` controllers at once.
     pub fn create(
@@ -528,7 +611,9 @@ impl ControllerRegistry {
         if of_subsystem >= usize::from(per_subsystem_max) {
             return Err(RegistryError::SubsystemFull);
         }
-        let cntlid = inner.free_cntlid().ok_or(RegistryError::Exhausted)?;
+        let cntlid = inner
+            .free_cntlid(&self.range)
+            .ok_or(RegistryError::Exhausted)?;
         let controller = Arc::new(ControllerShared {
             cntlid: Cntlid(cntlid),
             subnqn: subnqn.to_string(),
@@ -609,10 +694,14 @@ impl ControllerRegistry {
 }
 
 impl RegistryInner {
-    fn free_cntlid(&mut self) -> Option<u16> {
-        for _ in 0..Cntlid::MAX_DYNAMIC {
-            self.next_cntlid = if self.next_cntlid >= Cntlid::MAX_DYNAMIC {
-                1
+    /// The next free ID of `range` after the last one handed out, wrapping
+    /// from the range's end to its start (so that a just released ID is not
+    /// reused at once).
+    fn free_cntlid(&mut self, range: &RangeInclusive<u16>) -> Option<u16> {
+        let (start, end) = (*range.start(), *range.end());
+        for _ in range.clone() {
+            self.next_cntlid = if self.next_cntlid < start || self.next_cntlid >= end {
+                start
             } else {
                 self.next_cntlid + 1
             };
@@ -645,13 +734,34 @@ impl Target {
     /// relies on them, and limits from configuration are validated where the
     /// configuration is read.
     pub fn new(config: impl Into<Arc<TargetConfig>>, random: Arc<dyn SecureRandom>) -> Arc<Target> {
-        let config = config.into();
+        Target::with_registry(config.into(), random, ControllerRegistry::default())
+    }
+
+    /// [`Target::new`], handing out controller IDs from `range` only (see
+    /// [`cntlid_range_for_ordinal`] for a cluster node's).
+    ///
+    /// # Panics
+    /// As [`Target::new`].
+    pub fn with_cntlid_range(
+        config: impl Into<Arc<TargetConfig>>,
+        random: Arc<dyn SecureRandom>,
+        range: RangeInclusive<u16>,
+    ) -> Result<Arc<Target>, CntlidRangeError> {
+        let registry = ControllerRegistry::with_range(range)?;
+        Ok(Target::with_registry(config.into(), random, registry))
+    }
+
+    fn with_registry(
+        config: Arc<TargetConfig>,
+        random: Arc<dyn SecureRandom>,
+        registry: ControllerRegistry,
+    ) -> Arc<Target> {
         if let Err(error) = config.limits.validate() {
             panic!("a target cannot serve these limits: {error}");
         }
         Arc::new(Target {
             config: Mutex::new(config),
-            registry: ControllerRegistry::default(),
+            registry,
             random,
         })
     }
@@ -706,6 +816,95 @@ mod tests {
         assert_eq!(registry.len(), 1);
     }
 
+    fn create(registry: &ControllerRegistry) -> Result<Arc<ControllerShared>, RegistryError> {
+        registry.create("nqn.s", "nqn.h", [1; 16], u16::MAX)
+    }
+
+    #[test]
+    fn controller_ids_stay_in_the_registry_range_and_wrap_within_it() {
+        let registry = ControllerRegistry::with_range(0x401..=0x403).unwrap();
+        let ids: Vec<u16> = (0..3)
+            .map(|_| create(&registry).unwrap().cntlid.0)
+            .collect();
+        assert_eq!(ids, [0x401, 0x402, 0x403]);
+        assert_eq!(
+            create(&registry).unwrap_err(),
+            RegistryError::Exhausted,
+            "three IDs, three controllers"
+        );
+        registry.remove(Cntlid(0x402));
+        assert_eq!(create(&registry).unwrap().cntlid, Cntlid(0x402));
+        registry.remove(Cntlid(0x401));
+        registry.remove(Cntlid(0x403));
+        // The next ID after the last one handed out (402h), wrapping at the range's end.
+        assert_eq!(create(&registry).unwrap().cntlid, Cntlid(0x403));
+        assert_eq!(create(&registry).unwrap().cntlid, Cntlid(0x401));
+        assert_eq!(create(&registry).unwrap_err(), RegistryError::Exhausted);
+        assert_eq!(registry.len(), 3);
+    }
+
+    #[test]
+    fn a_one_id_range_and_the_default_range() {
+        let registry = ControllerRegistry::with_range(0xFFEF..=0xFFEF).unwrap();
+        assert_eq!(create(&registry).unwrap().cntlid, Cntlid(0xFFEF));
+        assert_eq!(create(&registry).unwrap_err(), RegistryError::Exhausted);
+        assert_eq!(ControllerRegistry::default().range(), 1..=0xFFEF);
+        assert_eq!(
+            create(&ControllerRegistry::default()).unwrap().cntlid,
+            Cntlid(1)
+        );
+    }
+
+    #[test]
+    fn registry_ranges_are_dynamic_controller_ids() {
+        for (start, end) in [(0, 5), (1, 0xFFF0), (9, 8), (0xFFF0, 0xFFFF)] {
+            assert_eq!(
+                ControllerRegistry::with_range(start..=end).unwrap_err(),
+                CntlidRangeError::Range { start, end }
+            );
+        }
+        assert!(ControllerRegistry::with_range(1..=0xFFEF).is_ok());
+    }
+
+    #[test]
+    fn each_node_ordinal_has_its_own_controller_ids() {
+        assert_eq!(cntlid_range_for_ordinal(0), Ok(0x0001..=0x03FF));
+        assert_eq!(cntlid_range_for_ordinal(1), Ok(0x0401..=0x07FF));
+        assert_eq!(cntlid_range_for_ordinal(62), Ok(0xF801..=0xFBFF));
+        assert_eq!(
+            cntlid_range_for_ordinal(63),
+            Err(CntlidRangeError::Ordinal(63))
+        );
+        assert_eq!(
+            cntlid_range_for_ordinal(u16::MAX),
+            Err(CntlidRangeError::Ordinal(u16::MAX))
+        );
+        let ranges: Vec<_> = (0..CNTLID_ORDINALS)
+            .map(|k| cntlid_range_for_ordinal(k).unwrap())
+            .collect();
+        for pair in ranges.windows(2) {
+            assert!(pair[0].end() < pair[1].start(), "disjoint and increasing");
+        }
+        for range in ranges {
+            assert!(ControllerRegistry::with_range(range).is_ok());
+        }
+        let message = CntlidRangeError::Ordinal(63).to_string();
+        assert!(message.contains("ordinals 0 to 62"), "{message}");
+    }
+
+    #[test]
+    fn a_target_with_a_range_hands_out_its_ids() {
+        let config = (*crate::testing::test_target().config()).clone();
+        let random = Arc::new(crate::testing::CountingRandom::default());
+        let target =
+            Target::with_cntlid_range(config.clone(), random.clone(), 0x801..=0xBFF).unwrap();
+        assert_eq!(target.registry.range(), 0x801..=0xBFF);
+        assert_eq!(
+            Target::with_cntlid_range(config, random, 0..=3).unwrap_err(),
+            CntlidRangeError::Range { start: 0, end: 3 }
+        );
+    }
+
     fn subsystem(namespaces: &[(u32, u64)]) -> SubsystemConfig {
         let namespace = |&(nsid, blocks): &(u32, u64)| NamespaceConfig {
             nsid: Nsid(nsid),
@@ -724,6 +923,7 @@ mod tests {
             firmware: "f".into(),
             namespaces: namespaces.iter().map(namespace).collect(),
             access: HostAccess::Any,
+            ana: AnaConfig::DEFAULT,
         }
     }
 

@@ -3,6 +3,7 @@
 //! drives a [`Connection`] the way the data plane does, with RAM namespaces.
 //! Deterministic: time only moves when a test says so.
 
+use crate::ana::AnaConfig;
 use crate::auth::{
     DhchapSecret, HostAuthError, HostExchange, HostKeys, SecureRandom, SECP_DHCHAP, SPSP_DHCHAP,
 };
@@ -62,6 +63,7 @@ pub fn config_with(nqn: &str, namespaces: &[(u32, u64, u32)], limits: Limits) ->
             firmware: "0.1.0".into(),
             namespaces: namespaces.iter().map(namespace).collect(),
             access: HostAccess::Any,
+            ana: AnaConfig::DEFAULT,
         }],
         listeners: vec![ListenerConfig {
             port_id: 1,

@@ -7,6 +7,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::Duration;
+use weft_proto::ana::AnaConfig;
 use weft_proto::command::admin_opcode;
 use weft_proto::pdu::{DataHeader, PduType};
 use weft_proto::status::Status;
@@ -84,6 +85,7 @@ pub fn serve_devices(
                 .map(|(nsid, (device, _))| namespace(nsid, device))
                 .collect(),
             access: HostAccess::Any,
+            ana: AnaConfig::DEFAULT,
         }],
         listeners: vec![ListenerConfig {
             port_id: 1,
