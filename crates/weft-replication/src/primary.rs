@@ -14,6 +14,12 @@
 //! **Active**, serving the host; **Deposed** as soon as it learns of a newer
 //! epoch, after which it completes nothing but with a path error.
 //!
+//! A planned move (the record's `move_to`): the primary stops taking host
+//! commands (ANA Transition), lets those in flight finish, and commits the
+//! next epoch with the target as primary itself; it stays an in-sync
+//! replica. No lease has to run out, so the host pauses only for the drain
+//! and the new primary's fencing.
+//!
 //! What it does not do: pick replicas, talk to the store, or decide to
 //! become primary (the controller promotes; the driver then builds a
 //! `Primary` after fencing its own node's replica with session 0 of the new
@@ -342,7 +348,7 @@ impl Primary {
 
     /// Whether this path is the one to use (ANA Optimized): serving, with a valid lease.
     pub fn optimized(&self, now: Duration) -> bool {
-        self.phase == PrimaryPhase::Active && now < self.lease_until
+        self.phase == PrimaryPhase::Active && now < self.lease_until && !self.handing_over()
     }
 
     /// The lease of this node runs until `until` (as this node sees it,
@@ -453,7 +459,7 @@ impl Primary {
     fn refusal(&self, now: Duration) -> Option<HostResult> {
         match self.phase {
             PrimaryPhase::Deposed => Some(HostResult::Inaccessible),
-            PrimaryPhase::Active if now < self.lease_until => None,
+            PrimaryPhase::Active if now < self.lease_until && !self.handing_over() => None,
             _ => Some(HostResult::Transition),
         }
     }
@@ -612,9 +618,55 @@ impl Primary {
         self.pump(now);
     }
 
-    /// The record this primary wants: its links' standing over the last one seen.
+    /// The target of the move the record asks for, if this primary can
+    /// hand over to it: an in-sync replica it reaches.
+    fn move_target(&self) -> Option<NodeId> {
+        let target = self.record.move_to?;
+        let live = self
+            .links
+            .get(&target)
+            .is_some_and(|l| l.state == LinkState::Live);
+        (self.phase == PrimaryPhase::Active && live && self.record.is_in_sync(target))
+            .then_some(target)
+    }
+
+    /// Whether a planned move is under way: no new host commands.
+    fn handing_over(&self) -> bool {
+        self.move_target().is_some()
+    }
+
+    /// Hands over once nothing is in flight and the record is settled.
+    fn try_hand_over(&mut self) {
+        if self.commit_in_flight
+            || !self.uncertain.is_empty()
+            || self.faults_pending()
+            || self.ops.values().any(Op::is_host)
+            || self.wanted_record() != self.record
+        {
+            return;
+        }
+        let Some(target) = self.move_target() else {
+            return;
+        };
+        let mut next = self.record.clone();
+        next.epoch = self.record.epoch.next();
+        next.primary = target;
+        next.move_to = None;
+        self.commit_in_flight = true;
+        self.uncertain.push((self.revision, next.clone()));
+        self.actions.push_back(Action::Commit {
+            base_revision: self.revision,
+            record: next,
+        });
+    }
+
+    /// The record this primary wants: its links' standing over the last one
+    /// seen, and a move it cannot make dropped.
     fn wanted_record(&self) -> ReplicaSet {
         let mut wanted = self.record.clone();
+        if self.record.move_to.is_some() && self.move_target().is_none() {
+            wanted.move_to = None;
+        }
         for (&node, link) in &self.links {
             let state = if link.wants_in_sync() {
                 MemberState::InSync
@@ -947,6 +999,7 @@ impl Primary {
             self.resync = RegionSet::new(self.config.geometry.regions());
         }
         self.clean();
+        self.try_hand_over();
     }
 
     fn fencing_progress(&mut self, now: Duration) {

@@ -39,6 +39,11 @@ pub struct ReplicaSet {
     pub primary: NodeId,
     /// Every replica, the primary's included, by node.
     pub members: Vec<Member>,
+    /// A planned move of the primary role to this in-sync replica, asked for
+    /// by the operator (`move-primary`, `node drain`). The primary drains
+    /// and hands over itself, without waiting for any lease.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub move_to: Option<NodeId>,
 }
 
 impl ReplicaSet {
@@ -56,6 +61,7 @@ impl ReplicaSet {
                     state: MemberState::InSync,
                 })
                 .collect(),
+            move_to: None,
         }
     }
 

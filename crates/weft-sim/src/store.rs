@@ -17,6 +17,8 @@ pub struct Store {
     lease_ends: BTreeMap<NodeId, Duration>,
     lease_ttl: Duration,
     promotion_delay: Duration,
+    /// Planned moves asked for, and done.
+    pub moves: (u64, u64),
 }
 
 impl Store {
@@ -27,6 +29,7 @@ impl Store {
             lease_ends: nodes.iter().map(|&n| (n, config.lease_ttl)).collect(),
             lease_ttl: config.lease_ttl,
             promotion_delay: config.promotion_delay,
+            moves: (0, 0),
         }
     }
 
@@ -53,6 +56,9 @@ impl Store {
             },
             StoreReq::Cas { base, record } => {
                 if base == self.revision {
+                    if self.record.move_to == Some(record.primary) {
+                        self.moves.1 += 1;
+                    }
                     self.revision += 1;
                     out.note(format!("commit r{} by {from}: {record:?}", self.revision));
                     self.record = record;
@@ -69,6 +75,20 @@ impl Store {
             }
         };
         out.send(Endpoint::Node(from), Msg::StoreResp { tag, resp });
+    }
+
+    /// The operator asks to move the primary role to another in-sync
+    /// replica (`weft volume move-primary`), unless a move is pending.
+    pub fn ask_move(&mut self, pick: u64, out: &mut Outbox) {
+        let candidates: Vec<NodeId> = self.record.in_sync_secondaries().collect();
+        if self.record.move_to.is_some() || candidates.is_empty() {
+            return;
+        }
+        let target = candidates[pick as usize % candidates.len()];
+        self.record.move_to = Some(target);
+        self.moves.0 += 1;
+        self.revision += 1;
+        out.note(format!("r{}: move the primary to {target}", self.revision));
     }
 
     /// The controller: promote when the primary's lease ended a promotion delay ago.

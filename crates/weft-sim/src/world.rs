@@ -63,8 +63,12 @@ pub struct Report {
     pub retries: u64,
     /// Faults injected.
     pub faults: u64,
-    /// Promotions (epochs after the first).
+    /// Promotions and planned moves (epochs after the first).
     pub promotions: u64,
+    /// Planned moves of the primary asked for.
+    pub moves_asked: u64,
+    /// Planned moves done by the primary handing over.
+    pub moves_done: u64,
     /// Longest time without any host completion while commands were outstanding.
     pub longest_pause: Duration,
 }
@@ -430,6 +434,7 @@ impl World {
         self.report.retries = self.host.stats.retries;
         self.report.longest_pause = self.host.stats.longest_pause;
         self.report.promotions = record.epoch.0 - 1;
+        (self.report.moves_asked, self.report.moves_done) = self.store.moves;
         Ok(true)
     }
 
@@ -643,6 +648,12 @@ impl World {
                     ));
                     self.schedule(back, Event::Heal { a, b });
                 }
+            }
+            8 if self.rng.chance(500_000) => {
+                let pick = self.rng.next_u64();
+                let mut out = Outbox::default();
+                self.store.ask_move(pick, &mut out);
+                self.flush_outbox(Endpoint::Store, out);
             }
             _ => {
                 let a = self.random_endpoint();
