@@ -1130,3 +1130,181 @@ fn new_op(kind: OpKind, now: Duration) -> Op {
         answered: false,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    fn config() -> PrimaryConfig {
+        PrimaryConfig {
+            me: NodeId(0),
+            geometry: Geometry {
+                blocks: 16,
+                region_blocks: 4,
+            },
+            replica_timeout: 200 * MS,
+            reattach_interval: 300 * MS,
+            copies_in_flight_max: 2,
+        }
+    }
+
+    fn drain(primary: &mut Primary) -> Vec<Action> {
+        std::iter::from_fn(|| primary.poll_action()).collect()
+    }
+
+    /// A primary of n0 with n1 in sync, fenced and serving.
+    fn active() -> (Primary, Token) {
+        let record = ReplicaSet::new(&[NodeId(0), NodeId(1)]);
+        let regions = config().geometry.regions();
+        let mut primary =
+            Primary::new(config(), record, 1, RegionSet::new(regions), Duration::ZERO);
+        primary.set_lease(1000 * MS, Duration::ZERO);
+        let token = Token {
+            epoch: Epoch(1),
+            session: 1,
+        };
+        assert_eq!(
+            drain(&mut primary),
+            [Action::Send {
+                to: NodeId(1),
+                msg: ToReplica::Fence { token }
+            }]
+        );
+        let intent = RegionSet::new(regions);
+        primary.replica_reply(NodeId(1), FromReplica::Fenced { token, intent }, MS);
+        assert_eq!(primary.phase(), PrimaryPhase::Active);
+        (primary, token)
+    }
+
+    fn completions(actions: &[Action]) -> Vec<(OpId, HostResult)> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Complete { op, result } => Some((*op, *result)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_write_completes_once_local_and_every_in_sync_replica_are_done() {
+        let (mut primary, token) = active();
+        let extent = Extent {
+            block: 5,
+            blocks: 2,
+        };
+        primary.host_write(OpId(1), extent, false, 2 * MS);
+        let actions = drain(&mut primary);
+        assert_eq!(actions[0], Action::IntentSet(1), "intent before the write");
+        assert!(actions.contains(&Action::LocalWrite {
+            op: OpId(1),
+            extent,
+            fua: false
+        }));
+        primary.local_done(OpId(1), 3 * MS);
+        assert!(
+            completions(&drain(&mut primary)).is_empty(),
+            "n1 has not answered"
+        );
+        let done = FromReplica::Done { token, op: OpId(1) };
+        primary.replica_reply(NodeId(1), done, 4 * MS);
+        let actions = drain(&mut primary);
+        assert_eq!(completions(&actions), [(OpId(1), HostResult::Ok)]);
+        assert!(
+            actions.contains(&Action::IntentClear(1)),
+            "then the intent is cleaned"
+        );
+    }
+
+    #[test]
+    fn a_silent_replica_leaves_the_record_before_the_write_completes() {
+        let (mut primary, _) = active();
+        primary.host_write(
+            OpId(1),
+            Extent {
+                block: 0,
+                blocks: 1,
+            },
+            false,
+            2 * MS,
+        );
+        primary.local_done(OpId(1), 3 * MS);
+        drain(&mut primary);
+        primary.tick(300 * MS);
+        let actions = drain(&mut primary);
+        assert!(
+            completions(&actions).is_empty(),
+            "held until the store agrees"
+        );
+        let Some(Action::Commit {
+            base_revision,
+            record,
+        }) = actions
+            .iter()
+            .find(|a| matches!(a, Action::Commit { .. }))
+            .cloned()
+        else {
+            panic!("no commit in {actions:?}")
+        };
+        assert_eq!(base_revision, 1);
+        assert_eq!(
+            record.state_of(NodeId(1)),
+            Some(MemberState::Faulted { epoch: Epoch(1) })
+        );
+        primary.committed(2, record, 301 * MS);
+        assert_eq!(
+            completions(&drain(&mut primary)),
+            [(OpId(1), HostResult::Ok)]
+        );
+        assert_eq!(primary.dirty_regions(NodeId(1)), Some(1), "what it missed");
+    }
+
+    #[test]
+    fn a_fence_by_a_newer_epoch_deposes_the_primary() {
+        let (mut primary, token) = active();
+        primary.host_write(
+            OpId(1),
+            Extent {
+                block: 0,
+                blocks: 1,
+            },
+            false,
+            2 * MS,
+        );
+        drain(&mut primary);
+        let current = Token {
+            epoch: Epoch(2),
+            session: 1,
+        };
+        primary.replica_reply(NodeId(1), FromReplica::Refused { token, current }, 3 * MS);
+        assert_eq!(primary.phase(), PrimaryPhase::Deposed);
+        assert_eq!(
+            completions(&drain(&mut primary)),
+            [(OpId(1), HostResult::Inaccessible)]
+        );
+    }
+
+    #[test]
+    fn reads_need_a_valid_lease_and_a_lapsed_lease_is_not_taken_back() {
+        let (mut primary, _) = active();
+        let extent = Extent {
+            block: 0,
+            blocks: 1,
+        };
+        primary.host_read(OpId(1), extent, 2 * MS);
+        primary.local_done(OpId(1), 3 * MS);
+        assert_eq!(
+            completions(&drain(&mut primary)),
+            [(OpId(1), HostResult::Ok)]
+        );
+        primary.host_read(OpId(2), extent, 1000 * MS);
+        assert_eq!(
+            completions(&drain(&mut primary)),
+            [(OpId(2), HostResult::Transition)]
+        );
+        primary.set_lease(2000 * MS, 1001 * MS);
+        assert_eq!(primary.phase(), PrimaryPhase::Deposed);
+    }
+}
