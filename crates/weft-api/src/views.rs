@@ -306,6 +306,9 @@ pub struct NodeView {
     pub api: String,
     /// Failure domain.
     pub zone: Option<String>,
+    /// Its ordinal in the cluster: it hands out NVMe controller IDs
+    /// `ordinal * 0x400 + 1 ..= ordinal * 0x400 + 0x3ff`.
+    pub ordinal: Option<u16>,
     /// "up", "cordoned" (up, takes no new volumes) or "down".
     pub state: String,
     /// Whether it is the cluster's controller now.
@@ -359,6 +362,7 @@ impl From<&weft_cluster::NodeView> for NodeView {
             nvme: node.member.nvme.clone(),
             api: node.member.api.clone(),
             zone: node.member.zone.clone(),
+            ordinal: node.member.ordinal,
             state: node.state().to_string(),
             controller: node.controller,
             heartbeat_unix_ms: alive.map(|a| a.heartbeat_unix_ms),

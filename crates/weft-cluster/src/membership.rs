@@ -13,8 +13,8 @@
 
 use crate::election;
 use crate::records::{
-    alive_key, check_node_name, member_key, AliveRecord, ClusterRecord, MemberRecord, PoolSummary,
-    CLUSTER_KEY,
+    alive_key, check_node_name, member_key, ordinal_key, AliveRecord, ClusterRecord, MemberRecord,
+    PoolSummary, CLUSTER_KEY, ORDINALS_MAX, ORDINALS_PREFIX,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -87,6 +87,9 @@ pub enum JoinError {
         /// Lease time to live, seconds.
         ttl_s: u64,
     },
+    /// Every ordinal is taken.
+    #[error("the cluster has {ORDINALS_MAX} nodes, as many as it can hold: `weft node remove` a node that is gone for good first")]
+    Full,
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -98,6 +101,7 @@ pub struct Member {
     config: MemberConfig,
     cluster_id: String,
     lease: LeaseId,
+    ordinal: u16,
     /// Revision of our liveness record (a change by anyone else is a takeover).
     alive_revision: Revision,
 }
@@ -125,13 +129,14 @@ impl Member {
     ) -> Result<Member, JoinError> {
         check_node_name(&config.name).map_err(JoinError::Name)?;
         let cluster_id = cluster_identity(store.as_ref(), known_cluster, new_cluster, now_unix_ms)?;
-        claim_name(store.as_ref(), &config, now_unix_ms)?;
+        let ordinal = claim_name(store.as_ref(), &config, now_unix_ms)?;
         let lease = store.grant_lease(config.lease_ttl)?;
         let mut joined = Member {
             store,
             config,
             cluster_id,
             lease,
+            ordinal,
             alive_revision: Revision(0),
         };
         let status = NodeStatus::default();
@@ -152,6 +157,11 @@ impl Member {
     /// Its name.
     pub fn name(&self) -> &str {
         &self.config.name
+    }
+
+    /// Its ordinal: unique in the cluster, kept for the node's life.
+    pub fn ordinal(&self) -> u16 {
+        self.ordinal
     }
 
     /// The lease its liveness (and its controllership) lives under.
@@ -236,6 +246,19 @@ impl Member {
     }
 }
 
+/// The smallest ordinal nobody claimed.
+fn free_ordinal(store: &dyn Store) -> Result<u16, JoinError> {
+    let taken: Vec<String> = store
+        .list(ORDINALS_PREFIX)?
+        .entries
+        .into_iter()
+        .map(|entry| entry.key)
+        .collect();
+    (0..ORDINALS_MAX)
+        .find(|&k| !taken.contains(&ordinal_key(k)))
+        .ok_or(JoinError::Full)
+}
+
 /// The store's cluster id, created if there is none; refused if the data
 /// directory remembers another.
 fn cluster_identity(
@@ -278,8 +301,13 @@ fn cluster_identity(
 }
 
 /// Writes the node's membership record unless the name belongs to another
-/// node id.
-fn claim_name(store: &dyn Store, config: &MemberConfig, now_unix_ms: u64) -> Result<(), JoinError> {
+/// node id, with an ordinal: the one it had, else the smallest free one.
+/// Returns the ordinal.
+fn claim_name(
+    store: &dyn Store,
+    config: &MemberConfig,
+    now_unix_ms: u64,
+) -> Result<u16, JoinError> {
     let key = member_key(&config.name);
     let existing = read::<MemberRecord>(store, &key)?;
     let cordoned = match &existing {
@@ -295,6 +323,11 @@ fn claim_name(store: &dyn Store, config: &MemberConfig, now_unix_ms: u64) -> Res
         Some(found) => found.record.cordoned,
         None => false,
     };
+    let kept = existing.as_ref().and_then(|found| found.record.ordinal);
+    let ordinal = match kept {
+        Some(ordinal) => ordinal,
+        None => free_ordinal(store)?,
+    };
     let record = MemberRecord {
         name: config.name.clone(),
         node_id: config.node_id.clone(),
@@ -304,17 +337,25 @@ fn claim_name(store: &dyn Store, config: &MemberConfig, now_unix_ms: u64) -> Res
         cordoned,
         joined_unix_ms: now_unix_ms,
         down_since_unix_ms: None,
+        ordinal: Some(ordinal),
     };
-    let condition = match &existing {
+    let mut conditions = vec![match &existing {
         Some(found) => Condition::At(key.clone(), found.revision),
         None => Condition::Absent(key.clone()),
-    };
-    let txn = Txn {
-        conditions: vec![condition],
-        changes: vec![Change::put(key, encode(&record))],
-    };
-    match store.commit(txn) {
-        Ok(_) => Ok(()),
+    }];
+    let mut changes = vec![Change::put(key, encode(&record))];
+    if kept.is_none() {
+        conditions.push(Condition::Absent(ordinal_key(ordinal)));
+        changes.push(Change::put(
+            ordinal_key(ordinal),
+            config.name.clone().into(),
+        ));
+    }
+    match store.commit(Txn {
+        conditions,
+        changes,
+    }) {
+        Ok(_) => Ok(ordinal),
         // Changed meanwhile (cordoned, marked down, or claimed): look again.
         Err(StoreError::Conflict { .. }) => claim_name(store, config, now_unix_ms),
         Err(error) => Err(error.into()),

@@ -154,6 +154,9 @@ pub fn remove(
         });
     }
     let mut changes = vec![Change::Delete(member_key(name))];
+    if let Some(ordinal) = found.record.ordinal {
+        changes.push(Change::Delete(crate::records::ordinal_key(ordinal)));
+    }
     changes.extend(node_records.into_iter().map(Change::Delete));
     store.commit(Txn {
         conditions: vec![

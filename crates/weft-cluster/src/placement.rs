@@ -231,6 +231,7 @@ mod tests {
                 cordoned,
                 joined_unix_ms: 0,
                 down_since_unix_ms: None,
+                ordinal: None,
             },
             alive: up.then(|| AliveRecord {
                 node_id: format!("id-{name}"),

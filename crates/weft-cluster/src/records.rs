@@ -9,6 +9,10 @@
 //!   exists exactly while the node is up, and carries its heartbeat and
 //!   capacity.
 //! - `cluster/controller`: the elected controller, under its lease.
+//! - `cluster/ordinals/<k>`: the node holding ordinal `k` (its name): a small
+//!   number, unique in the cluster and kept for the node's life, from which
+//!   the node draws its NVMe controller IDs and its ANA group (two nodes
+//!   exporting one subsystem must never give a host the same controller ID).
 
 use serde::{Deserialize, Serialize};
 
@@ -20,12 +24,23 @@ pub const MEMBERS_PREFIX: &str = "cluster/members/";
 pub const ALIVE_PREFIX: &str = "cluster/alive/";
 /// Key of the elected controller.
 pub const CONTROLLER_KEY: &str = "cluster/controller";
+/// Prefix of ordinal claims.
+pub const ORDINALS_PREFIX: &str = "cluster/ordinals/";
+/// Ordinals are `0..ORDINALS_MAX`: each takes a range of 1,023 controller
+/// IDs (`weft_proto::target::cntlid_range_for_ordinal`), and the dynamic
+/// controller IDs end at FFEFh.
+pub const ORDINALS_MAX: u16 = 63;
 /// Longest node name (a DNS label).
 pub const NODE_NAME_BYTES_MAX: usize = 63;
 
 /// Key of node `name`'s membership record.
 pub fn member_key(name: &str) -> String {
     format!("{MEMBERS_PREFIX}{name}")
+}
+
+/// Key of the claim of ordinal `k`.
+pub fn ordinal_key(k: u16) -> String {
+    format!("{ORDINALS_PREFIX}{k}")
 }
 
 /// Key of node `name`'s liveness record.
@@ -64,6 +79,10 @@ pub struct MemberRecord {
     /// When the controller saw it go down (Unix milliseconds), if it is down.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub down_since_unix_ms: Option<u64>,
+    /// Its ordinal (see `cluster/ordinals/`); records written before
+    /// ordinals existed have none until the node joins again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ordinal: Option<u16>,
 }
 
 /// One pool of a node, as placement and `weft node list` see it.

@@ -194,3 +194,22 @@ fn cordon_and_remove_follow_the_rules() {
     Member::join(store.clone(), config("n2", "cc"), None, "c1", 0).unwrap();
     drop(n1);
 }
+
+#[test]
+fn each_node_keeps_its_own_ordinal_and_a_removed_node_frees_it() {
+    let (store, clock) = store();
+    let n1 = join(&store, "n1", "aa");
+    let n2 = join(&store, "n2", "bb");
+    assert_eq!((n1.ordinal(), n2.ordinal()), (0, 1));
+    n2.leave().unwrap();
+    let n3 = join(&store, "n3", "cc");
+    assert_eq!(n3.ordinal(), 2, "n2 is down, not gone: its ordinal stays");
+    let n2 = join(&store, "n2", "bb");
+    assert_eq!(n2.ordinal(), 1, "back with its ordinal");
+    n2.leave().unwrap();
+    nodes::remove(store.as_ref(), "n2", vec![], vec![]).unwrap();
+    clock.advance(Duration::from_secs(1));
+    let n4 = join(&store, "n4", "dd");
+    assert_eq!(n4.ordinal(), 1, "n2's ordinal is free again");
+    drop((n1, n3));
+}

@@ -204,6 +204,7 @@ mod tests {
                 cordoned: false,
                 joined_unix_ms: 0,
                 down_since_unix_ms: None,
+                ordinal: None,
             },
             alive: None,
             controller: false,

@@ -1736,6 +1736,7 @@ mod tests {
             1,
             std::time::Duration::ZERO,
             weft_target::PeerLimits::DEFAULT,
+            weft_proto::target::DYNAMIC_CNTLIDS,
         )
         .unwrap();
         let url = format!("nvme-tcp://{}/{}", plane.listening[0], volume_nqn("v"));

@@ -532,6 +532,9 @@ pub fn cntlid_range_for_ordinal(k: u16) -> Result<RangeInclusive<u16>, CntlidRan
     Ok(base + 1..=base + CNTLID_ORDINAL_STRIDE - 1)
 }
 
+/// Every dynamic controller ID: what a target on its own hands out.
+pub const DYNAMIC_CNTLIDS: RangeInclusive<u16> = 1..=Cntlid::MAX_DYNAMIC;
+
 /// Controller IDs set aside per node ordinal (ID 0 of each block is unused).
 const CNTLID_ORDINAL_STRIDE: u16 = 0x400;
 

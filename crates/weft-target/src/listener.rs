@@ -7,6 +7,7 @@ use crate::peers::{ConnectionCounts, PeerLimits};
 use crate::reactor::{Message, ReactorHandle};
 use std::io;
 use std::net::{SocketAddr, TcpListener};
+use std::ops::RangeInclusive;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use thiserror::Error;
@@ -41,6 +42,9 @@ pub enum StartError {
     /// The kernel's random source (for authentication challenges) is not readable.
     #[error("cannot open /dev/urandom: {0}")]
     Random(#[source] io::Error),
+    /// The controller ID range is not one a target can serve.
+    #[error("{0}")]
+    ControllerIds(#[source] weft_proto::target::CntlidRangeError),
     /// A reactor thread or its io_uring could not be created.
     #[error("cannot start reactor: {0}")]
     Reactor(#[source] io::Error),
@@ -51,12 +55,15 @@ impl DataPlane {
     /// `exports` and the accepting threads, which hold each listener's
     /// connections to `peer_limits`. After any activity a reactor polls for
     /// `poll_window` before it sleeps (zero: purely interrupt driven).
+    /// Controllers get IDs from `controller_ids` (a cluster node's own range,
+    /// so that nodes exporting one subsystem never give a host the same ID).
     pub fn start(
         exports: Arc<Exports>,
         addresses: &[SocketAddr],
         reactors: usize,
         poll_window: Duration,
         peer_limits: PeerLimits,
+        controller_ids: RangeInclusive<u16>,
     ) -> Result<DataPlane, StartError> {
         assert!(reactors > 0, "at least one reactor");
         let listeners = addresses
@@ -70,7 +77,12 @@ impl DataPlane {
             .map(|l| l.local_addr().expect("bound sockets have an address"))
             .collect();
         let random = OsRandom::open().map_err(StartError::Random)?;
-        let target = Target::new(Arc::clone(&exports.config), Arc::new(random));
+        let target = Target::with_cntlid_range(
+            Arc::clone(&exports.config),
+            Arc::new(random),
+            controller_ids,
+        )
+        .map_err(StartError::ControllerIds)?;
         let epoch = Instant::now();
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         let handles = (0..reactors)

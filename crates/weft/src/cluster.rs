@@ -332,11 +332,20 @@ impl Member {
         &self.connected.spec.node
     }
 
+    /// The controller IDs this node hands out: its ordinal's range, so that
+    /// a host connected to several nodes exporting one subsystem never sees
+    /// one ID twice.
+    pub fn controller_ids(&self) -> Result<std::ops::RangeInclusive<u16>, String> {
+        weft_proto::target::cntlid_range_for_ordinal(self.member.ordinal())
+            .map_err(|e| e.to_string())
+    }
+
     /// One line for the banner: who it is in which cluster.
     pub fn describe(&self) -> String {
         format!(
-            "node {} of cluster {} (store {})",
+            "node {} (ordinal {}) of cluster {} (store {})",
             self.name(),
+            self.member.ordinal(),
             self.member.cluster_id(),
             self.connected.remote.location()
         )

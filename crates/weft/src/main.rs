@@ -424,6 +424,10 @@ fn serve(args: ServeArgs) -> Result<(), String> {
             .map_err(|e| format!("checking this node's volume records: {e}"))?;
     }
     let exports = manager.exports();
+    let controller_ids = match &member {
+        Some(member) => member.controller_ids()?,
+        None => weft_proto::target::DYNAMIC_CNTLIDS,
+    };
     let plane = Arc::new(
         DataPlane::start(
             exports.clone(),
@@ -431,6 +435,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
             config.reactors,
             std::time::Duration::from_micros(args.poll_us),
             config.limits.peers,
+            controller_ids,
         )
         .map_err(|e| e.to_string())?,
     );

@@ -134,6 +134,15 @@ fn three_nodes_share_one_desired_state_in_etcd() {
                 .all(|n| n["state"] == "up" && n["pools"].as_array().unwrap().len() == 1)
         },
     );
+    // Each node its own ordinal, hence its own controller IDs.
+    let mut ordinals: Vec<u64> = json(&n2, &["node", "list"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["ordinal"].as_u64().expect("an ordinal"))
+        .collect();
+    ordinals.sort();
+    assert_eq!(ordinals, [0, 1, 2]);
 
     // Volumes created through one node, served by another.
     ok(

@@ -114,6 +114,7 @@ pub fn serve_devices(
         reactors,
         poll_window,
         peer_limits,
+        weft_proto::target::DYNAMIC_CNTLIDS,
     )
     .unwrap()
 }

@@ -100,6 +100,13 @@ pub(super) fn print_one(node: &NodeView) {
     println!("nvme/tcp    {}", node.nvme.join(", "));
     println!("api         {}", node.api);
     println!("zone        {}", node.zone.as_deref().unwrap_or("-"));
+    if let Some(ordinal) = node.ordinal {
+        let first = u32::from(ordinal) * 0x400 + 1;
+        println!(
+            "ordinal     {ordinal} (controller IDs {first:#06x}..={:#06x})",
+            first + 0x3fe
+        );
+    }
     println!("heartbeat   {}", ago(node.heartbeat_unix_ms));
     println!("version     {}", node.version.as_deref().unwrap_or("-"));
     println!("volumes     {}", node.volumes);
