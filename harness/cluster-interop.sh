@@ -5,7 +5,8 @@
 # it through slirp). A volume lives on each node; the guest (harness/guest/cluster.sh)
 # registers itself as a host and attaches the volumes through node 1's API, checks that
 # node 1's discovery log refers to nodes 2 and 3, connects everything with one
-# `nvme connect-all` against node 1, and runs fio write+verify on each volume.
+# `nvme connect-all` against node 1, and runs fio write+verify on each volume. A volume with
+# three replicas is one multipath device with one ANA-optimized path and two inaccessible ones.
 # Usage: harness/cluster-interop.sh [--weft BIN]   (as root; the guest image is built once)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -59,7 +60,10 @@ for i in 1 2 3; do
     cli pool create p --node "n$i" --device "$WORK/n$i/p.img" --device-size 1GiB >/dev/null
     cli volume create "v$i" --size 64MiB --node "n$i" >/dev/null
 done
+# A replicated volume: a replica on each node, one primary (ANA optimized).
+cli volume create rep --size 64MiB --replicas 3 >/dev/null
 cli volume list
+cli volume show rep
 
 echo "cluster-interop: etcd $ENDPOINTS, nodes on 127.0.0.1:$NVME_PORT-$((NVME_PORT + 2)) (API $API_PORT-$((API_PORT + 2))); console -> $WORK/run.log"
 set +e

@@ -4,9 +4,10 @@
 # one volume (v1 on n1, v2 on n2, v3 on n3). Registers this guest as a host through node
 # 1's API, attaches the three volumes, then: node 1's discovery log lists v1 and referrals
 # to nodes 2 and 3; `nvme connect-all` against node 1 alone connects all three volumes;
-# fio write+verify on each; a persistent discovery connection gets a Discovery Log Page
-# Change event when a fourth volume is attached; disconnect. Prints "cluster: PASS" when
-# every check passed.
+# fio write+verify on each; the replicated volume `rep` (a replica on each node) is one
+# multipath device whose paths are one ANA optimized (its primary) and two inaccessible; a
+# persistent discovery connection gets a Discovery Log Page Change event when a fourth
+# volume is attached; disconnect. Prints "cluster: PASS" when every check passed.
 set -uo pipefail
 ADDR=${LAB_HOST_IP:?needs slirp}
 PORT=${WEFT_PORT:-14450} API_PORT=${WEFT_API_PORT:-14460}
@@ -23,7 +24,7 @@ HOSTNQN=$(cat /etc/nvme/hostnqn)
 
 echo "=== register this host through node 1 and attach the volumes of all three nodes"
 weft_cli host add guest --nqn "$HOSTNQN" && ok "host added" || fail "host add"
-for v in v1 v2 v3; do weft_cli volume attach "$v" --host guest && ok "$v attached" || fail "attach $v"; done
+for v in v1 v2 v3 rep; do weft_cli volume attach "$v" --host guest && ok "$v attached" || fail "attach $v"; done
 weft_cli node list
 
 echo "=== node 1's discovery log: its volume and referrals to the others"
@@ -43,7 +44,7 @@ timeout 300 nvme connect-all -t tcp -a "$ADDR" -s "$PORT" 2>&1 | tail -5
 sleep 2
 dmesg | tail -20 | sed 's/^/  kernel: /'
 nvme list-subsys 2>&1 | grep -E "nqn|tcp" | sed 's/^/  /'
-for v in v1 v2 v3; do
+for v in v1 v2 v3 rep; do
     dev=''
     for _ in $(seq 20); do
         # The multipath head of the volume's subsystem (not a path's nvmeXcYnZ).
@@ -64,6 +65,23 @@ for v in v1 v2 v3; do
         fail "$v: fio: $(tail -3 "/tmp/fio-$v.txt")"
     fi
 done
+echo "=== the replicated volume: one multipath device, one optimized path, the others inaccessible"
+for subsys in /sys/class/nvme-subsystem/nvme-subsys*; do
+    [ "$(cat "$subsys/subsysnqn" 2>/dev/null)" = "nqn.2026-11.io.weft:vol:rep" ] || continue
+    states=$(cat "$subsys"/nvme*/nvme*c*n*/ana_state 2>/dev/null | sort | tr '\n' ' ')
+    paths=$(ls -d "$subsys"/nvme[0-9]* 2>/dev/null | grep -cE '/nvme[0-9]+$')
+    echo "  rep: $paths paths, ANA states: $states"
+    [ "$paths" = 3 ] && ok "rep: 3 paths (one per node)" || fail "rep: $paths paths, want 3"
+    [ "$states" = "inaccessible inaccessible optimized " ] && ok "rep: one optimized path, two inaccessible" \
+        || fail "rep: ANA states '$states'"
+    for ctrl in "$subsys"/nvme[0-9]*; do
+        [[ $(basename "$ctrl") =~ ^nvme[0-9]+$ ]] || continue
+        echo "  $(basename "$ctrl"): cntlid $(cat "$ctrl/cntlid") $(cat "$ctrl/address")"
+    done
+done
+dmesg | grep -iE "I/O error|duplicate|IDs don't match|ANA" | sed 's/^/  kernel: /'
+dmesg | grep -qiE "I/O error|duplicate cntlid|IDs don't match" && fail "kernel errors (above)" || ok "no kernel I/O or identity errors"
+
 echo "=== a persistent discovery connection hears of a volume attached later"
 udevadm monitor --kernel --property > /tmp/uevents 2>&1 &
 monitor=$!
@@ -77,6 +95,6 @@ grep -q "NVME_AEN=0x70f002" /tmp/uevents && ok "kernel event NVME_AEN=0x70f002 (
     || fail "no Discovery Log Page Change event: $(grep NVME_AEN /tmp/uevents | head -3)"
 
 nvme disconnect-all >/dev/null 2>&1
-for v in v1 v2 v3 v4; do weft_cli volume detach "$v" --host guest >/dev/null || fail "detach $v"; done
+for v in v1 v2 v3 v4 rep; do weft_cli volume detach "$v" --host guest >/dev/null || fail "detach $v"; done
 
 if [ "$FAILS" = 0 ]; then echo "cluster: PASS"; else echo "cluster: FAIL ($FAILS)"; exit 1; fi

@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use weft_cluster::nodes::{self, NodeError};
-use weft_cluster::placement::{place, Placement, PlacementError, PlacementRequest};
+use weft_cluster::placement::{place_replicas, Placement, PlacementError, PlacementRequest};
 use weft_cluster::NodeView;
 use weft_control::{Store, StoreError, VolumeRecord};
 use weft_http::{self as http, Request};
@@ -60,6 +60,14 @@ pub(crate) enum Route {
     Gather,
     /// Answered at once.
     Respond(Response),
+    /// A replicated volume's deletion: its replicas on these nodes first
+    /// (each a local call), then the primary's node, which forgets the record.
+    DeleteReplicated {
+        /// Nodes of the replicas other than the primary.
+        replicas: Vec<String>,
+        /// The primary's node.
+        primary: String,
+    },
 }
 
 impl Cluster {
@@ -85,6 +93,7 @@ impl Cluster {
             ("GET", "volumes" | "pools") => Ok(Route::Gather),
             ("POST", "volumes") => self.route_new_volume(&request.body),
             ("POST", "pools") => self.route_new_pool(&request.body),
+            ("DELETE", "volumes/{volume}") => self.route_volume_deletion(&params[0]),
             (_, pattern) if pattern.starts_with("volumes/{volume}") => {
                 self.route_volume(&params[0])
             }
@@ -102,6 +111,41 @@ impl Cluster {
             Some(node) if node != self.node => Ok(Route::Forward(node, None)),
             _ => Ok(Route::Local(None)),
         }
+    }
+
+    /// A volume's deletion goes to the node that holds it; a replicated
+    /// volume's to every replica's node, each of which must be up (a
+    /// replica left behind would hold the name and space on its node).
+    fn route_volume_deletion(&self, volume: &str) -> Result<Route, Response> {
+        let record = weft_control::records::read::<VolumeRecord>(
+            self.store.as_ref(),
+            &format!("volumes/{volume}"),
+        )
+        .map_err(|e| store_failure(&e))?;
+        let Some(replication) = record.and_then(|found| found.record.replication) else {
+            return self.route_volume(volume);
+        };
+        let replicas: Vec<String> = replication
+            .members
+            .iter()
+            .map(|m| m.node.clone())
+            .filter(|node| *node != replication.primary)
+            .collect();
+        for node in replicas.iter().chain([&replication.primary]) {
+            let view = nodes::get(self.store.as_ref(), node).map_err(|e| node_failure(&e))?;
+            if !view.is_alive() {
+                return Err(failure(
+                    503,
+                    "node_down",
+                    &format!("node {node}, which holds a replica of {volume}, is down: the replica cannot be deleted now"),
+                    &format!("start weft on {node} again, then delete; if {node} is gone for good, `weft node remove {node}` first"),
+                ));
+            }
+        }
+        Ok(Route::DeleteReplicated {
+            replicas,
+            primary: replication.primary,
+        })
     }
 
     /// The node a volume's record names (none: no such volume in the cluster).
@@ -140,8 +184,18 @@ impl Cluster {
                     .get("thick")
                     .and_then(Value::as_bool)
                     .unwrap_or(false);
-                let placed = self.place(size_bytes, thick, node.as_deref(), pool.as_deref())?;
-                (placed.node, placed.pool)
+                let replicas = replica_count(&fields)?;
+                let wanted = (node.as_deref(), pool.as_deref());
+                let mut placed = self.place(size_bytes, thick, wanted, replicas)?;
+                if replicas > 1 {
+                    let placements: Vec<Value> = placed
+                        .iter()
+                        .map(|p| json!({"node": p.node, "pool": p.pool}))
+                        .collect();
+                    fields.insert("placements".into(), Value::Array(placements));
+                }
+                let primary = placed.swap_remove(0);
+                (primary.node, primary.pool)
             }
         };
         fields.insert("node".into(), json!(node));
@@ -160,9 +214,9 @@ impl Cluster {
         &self,
         size_bytes: u64,
         thick: bool,
-        node: Option<&str>,
-        pool: Option<&str>,
-    ) -> Result<Placement, Response> {
+        (node, pool): (Option<&str>, Option<&str>),
+        replicas: usize,
+    ) -> Result<Vec<Placement>, Response> {
         let deadline = Instant::now() + HEARTBEAT_WAIT;
         loop {
             let nodes = nodes::list(self.store.as_ref()).map_err(|e| store_failure(&e))?;
@@ -174,7 +228,7 @@ impl Cluster {
                 pool,
                 volumes_by_node: &volumes_by_node,
             };
-            match place(&nodes, request) {
+            match place_replicas(&nodes, request, replicas) {
                 Ok(placed) => return Ok(placed),
                 Err(PlacementError::NoSuchPool(_) | PlacementError::NoNode)
                     if Instant::now() < deadline && self.pool_recorded(pool, &nodes)? =>
@@ -436,6 +490,25 @@ impl Cluster {
 }
 
 /// Whether another node forwarded this call (it is served here, not again forwarded).
+/// The most replicas a volume may have.
+const REPLICAS_MAX: u64 = 3;
+
+/// How many copies a new volume asks for (1 to [`REPLICAS_MAX`]).
+fn replica_count(fields: &serde_json::Map<String, Value>) -> Result<usize, Response> {
+    match fields.get("replicas") {
+        None | Some(Value::Null) => Ok(1),
+        Some(value) => match value.as_u64() {
+            Some(n @ 1..=REPLICAS_MAX) => Ok(n as usize),
+            _ => Err(failure(
+                400,
+                "invalid",
+                &format!("replicas is {value}; a volume has 1 to {REPLICAS_MAX} replicas"),
+                "ask for 2 or 3 replicas (on as many nodes in distinct zones), or 1",
+            )),
+        },
+    }
+}
+
 fn is_forwarded(request: &Request) -> bool {
     request.query.split('&').any(|part| part == LOCAL_MARK)
 }

@@ -35,8 +35,8 @@ use std::time::Duration;
 use views::{HostView, PoolDetail, PoolView, VolumeView};
 use weft_http::{self as http, Request};
 use weft_node::manager::{
-    AdminError, AdminOp, HostSecrets, ManagerHandle, QosChanges, SecretChanges, VolumeIdentity,
-    DEFAULT_CHUNK_BYTES,
+    AdminError, AdminOp, HostSecrets, ManagerHandle, QosChanges, ReplicaPlacement, SecretChanges,
+    VolumeIdentity, DEFAULT_CHUNK_BYTES,
 };
 use weft_node::StatusReader;
 use weft_target::LimitReached;
@@ -324,6 +324,21 @@ impl Api {
                     };
                 }
                 cluster::Route::Respond(response) => return response,
+                cluster::Route::DeleteReplicated { replicas, primary } => {
+                    for node in replicas.iter().chain([&primary]) {
+                        let (status, answer) = if node == cluster.node() {
+                            self.local_call(pattern, &params, request, &request.body)
+                        } else {
+                            cluster.forward(node, request, None, &self.token)
+                        };
+                        // A replica that was never created is no obstacle.
+                        let missing = status == 404 && *node != primary;
+                        if status >= 300 && !missing {
+                            return (status, answer);
+                        }
+                    }
+                    return (200, json!({"ok": true}));
+                }
             }
         }
         if let Some(read) = self.read(&request.method, pattern, &params) {
@@ -333,14 +348,18 @@ impl Api {
             };
         }
         let body = body.as_deref().unwrap_or(&request.body);
-        let op = match operation(
-            &request.method,
-            pattern,
-            &params,
-            request,
-            body,
-            self.node(),
-        ) {
+        self.local_call(pattern, &params, request, body)
+    }
+
+    /// Serves a change on this node.
+    fn local_call(
+        &self,
+        pattern: &str,
+        params: &[String],
+        request: &Request,
+        body: &[u8],
+    ) -> Response {
+        let op = match operation(&request.method, pattern, params, request, body, self.node()) {
             Ok(op) => op,
             Err(response) => return response,
         };
@@ -386,7 +405,17 @@ impl Api {
             ("GET", "pools/{pool}") => status
                 .pool(&params[0])
                 .map(|pool| json_of(PoolDetail::from(&pool))),
-            ("GET", "volumes") => Ok(json_of(list::<_, VolumeView>(&status.volumes()))),
+            ("GET", "volumes") => {
+                // A replica is listed by its primary's node only.
+                let node = self.node();
+                let served_here = |v: &weft_node::VolumeStatus| {
+                    v.replication
+                        .as_ref()
+                        .is_none_or(|r| Some(r.primary.as_str()) == node)
+                };
+                let volumes: Vec<_> = status.volumes().into_iter().filter(served_here).collect();
+                Ok(json_of(list::<_, VolumeView>(&volumes)))
+            }
             ("GET", "volumes/{volume}") => status
                 .volume(&params[0])
                 .map(|volume| json_of(VolumeView::from(&volume))),
@@ -506,6 +535,18 @@ struct CreateVolume {
     #[serde(default)]
     thick: bool,
     source: Option<String>,
+    /// Copies on distinct nodes (a cluster's; default 1).
+    replicas: Option<u32>,
+    /// Where each replica goes, the first the primary: set by the node
+    /// that placed them when it routes the call.
+    placements: Option<Vec<ReplicaPlacementBody>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReplicaPlacementBody {
+    node: String,
+    pool: String,
 }
 
 #[derive(Deserialize)]
@@ -688,8 +729,21 @@ fn create_volume(body: CreateVolume) -> Result<AdminOp, Response> {
         ));
     };
     let identity = volume_identity(&body.nqn, &body.uuid, &body.nguid)?;
+    let replicas: Vec<ReplicaPlacement> = body
+        .placements
+        .unwrap_or_default()
+        .into_iter()
+        .map(|p| ReplicaPlacement {
+            node: p.node,
+            pool: p.pool,
+        })
+        .collect();
+    if body.replicas.unwrap_or(1) > 1 && replicas.is_empty() {
+        return Err(not_a_cluster());
+    }
     Ok(AdminOp::CreateVolume {
         identity,
+        replicas,
         pool,
         spec: VolumeSpec {
             name: body.name,
@@ -888,6 +942,12 @@ fn admin_failure(error: &AdminError) -> Response {
         AdminError::Store(store) => return cluster::store_failure(store),
         AdminError::ManagerBusy { .. } => (503, "busy", "retry in a moment"),
         AdminError::Node(_) => (500, "node", "check weft's log"),
+        AdminError::Invalid(_) => (400, "invalid", "correct the request as the message says"),
+        AdminError::NotForReplicated { .. } => (
+            409,
+            "replicated",
+            "create a volume of one copy for this, or wait for a later weft",
+        ),
     };
     failure(status, code, &message, hint)
 }

@@ -106,6 +106,46 @@ pub struct VolumeView {
     /// In a cluster: the node that serves it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
+    /// A replicated volume's replicas, the primary first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<Vec<ReplicaView>>,
+}
+
+/// One replica of a replicated volume.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ReplicaView {
+    /// The node that holds it.
+    pub node: String,
+    /// Its pool there.
+    pub pool: String,
+    /// "primary" (serves hosts) or "replica".
+    pub role: String,
+    /// "in-sync", or "faulted" (to be rebuilt).
+    pub state: String,
+}
+
+fn replica_views(replication: &weft_control::ReplicationRecord) -> Vec<ReplicaView> {
+    let mut views: Vec<ReplicaView> = replication
+        .members
+        .iter()
+        .map(|member| ReplicaView {
+            node: member.node.clone(),
+            pool: member.pool.clone(),
+            role: if member.node == replication.primary {
+                "primary"
+            } else {
+                "replica"
+            }
+            .into(),
+            state: match member.state {
+                weft_control::ReplicaState::InSync => "in-sync",
+                weft_control::ReplicaState::Faulted { .. } => "faulted",
+            }
+            .into(),
+        })
+        .collect();
+    views.sort_by_key(|view| view.role != "primary");
+    views
 }
 
 /// A volume's I/O limits; `null` is unlimited.
@@ -217,6 +257,7 @@ impl From<&VolumeStatus> for VolumeView {
             state: state_name(&volume.failure),
             failure: volume.failure.clone(),
             node: None,
+            replicas: volume.replication.as_ref().map(replica_views),
         }
     }
 }

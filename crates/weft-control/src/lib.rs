@@ -26,7 +26,8 @@ pub use embedded::EmbeddedStore;
 pub use memory::{Clock, ManualClock, MemoryStore, SystemClock};
 pub use mirror::Mirror;
 pub use records::{
-    check_nqn, DesiredState, HostRecord, PoolRecord, QosLimits, Versioned, VolumeRecord,
+    check_nqn, DesiredState, HostRecord, PoolRecord, QosLimits, ReplicaRecord, ReplicaState,
+    ReplicationRecord, Versioned, VolumeRecord,
 };
 pub use store::{
     Change, Condition, Entry, LeaseId, Listing, Revision, Store, StoreError, Txn, WatchEvent,

@@ -5,7 +5,8 @@
 //! - `hosts/<name>`: a host's NQN (and, later, its authentication secret).
 //! - `volumes/<name>`: which hosts may use the volume and its QoS limits,
 //!   tagged with the volume's id so that a record left by a deleted volume
-//!   never applies to a new one of the same name.
+//!   never applies to a new one of the same name; for a replicated volume,
+//!   its replicas ([`ReplicationRecord`]).
 
 use crate::store::{Change, Condition, Revision, Store, StoreError, Txn};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
@@ -93,6 +94,60 @@ pub struct VolumeRecord {
     /// Its namespace NGUID (32 hex digits) when one was chosen (else its id).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nguid: Option<String>,
+    /// A replicated volume's replicas. Its `node` and `pool` are the
+    /// primary's; its identity (`uuid`, `nguid`) is always recorded, since
+    /// every replica serves the same one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replication: Option<ReplicationRecord>,
+}
+
+/// Where a replicated volume lives and which replica serves it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicationRecord {
+    /// The primary's term: every promotion bumps it (compare-and-swap).
+    pub epoch: u64,
+    /// The node whose replica serves hosts.
+    pub primary: String,
+    /// Every replica, the primary's included.
+    pub members: Vec<ReplicaRecord>,
+    /// Size of every replica, bytes.
+    pub size_bytes: u64,
+    /// Logical block size of every replica.
+    pub block_size: u32,
+    /// Whether every replica is thick (its space allocated at creation).
+    #[serde(default)]
+    pub thick: bool,
+}
+
+impl ReplicationRecord {
+    /// The replica on `node`, if it holds one.
+    pub fn member(&self, node: &str) -> Option<&ReplicaRecord> {
+        self.members.iter().find(|m| m.node == node)
+    }
+}
+
+/// One replica of a replicated volume.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicaRecord {
+    /// The node that holds it.
+    pub node: String,
+    /// Its pool there.
+    pub pool: String,
+    /// Its standing.
+    pub state: ReplicaState,
+}
+
+/// A replica's standing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReplicaState {
+    /// Holds every acknowledged write.
+    InSync,
+    /// Out of the in-sync set since epoch `epoch`: to be rebuilt.
+    Faulted {
+        /// The epoch it was faulted under.
+        epoch: u64,
+    },
 }
 
 /// Checks that `nqn` is a plausible NVMe Qualified Name: starts with "nqn.",
@@ -236,8 +291,15 @@ impl DesiredState {
     /// (deleted) volume of that name does not count.
     pub fn volume(&self, name: &str, id: &str) -> Result<VolumeRecord, StoreError> {
         let record: Option<VolumeRecord> = self.get(&format!("volumes/{name}"))?;
+        // A replica's local id is not the record's (the primary's): the
+        // record applies to it while it names this node among the replicas.
+        let holds_replica = |r: &VolumeRecord| {
+            r.replication
+                .as_ref()
+                .is_some_and(|replication| replication.member(&self.node).is_some())
+        };
         Ok(record
-            .filter(|r| r.id == id)
+            .filter(|r| r.id == id || holds_replica(r))
             .unwrap_or_else(|| VolumeRecord {
                 id: id.to_string(),
                 ..VolumeRecord::default()

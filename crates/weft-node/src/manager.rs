@@ -24,6 +24,9 @@
 
 mod claims;
 mod publish;
+mod replicas;
+
+pub use replicas::ReplicaPlacement;
 
 use crate::identity::NodeId;
 use crate::queue::{Inbox, Next, Refused};
@@ -34,7 +37,6 @@ use std::path::PathBuf;
 use std::sync::mpsc::{self, Sender};
 use std::sync::Arc;
 use weft_control::{DesiredState, HostRecord, PoolRecord, QosLimits, StoreError, VolumeRecord};
-use weft_proto::ana::AnaConfig;
 use weft_proto::auth::{DhchapSecret, HostKeys};
 use weft_proto::target::{AllowedHost, HostAccess, NamespaceConfig, SubsystemConfig, TargetConfig};
 use weft_proto::types::Nsid;
@@ -111,6 +113,8 @@ pub enum AdminOp {
         spec: VolumeSpec,
         /// The identity hosts see, where chosen.
         identity: VolumeIdentity,
+        /// Where its replicas go, the first this node's (none: one copy).
+        replicas: Vec<ReplicaPlacement>,
     },
     /// Delete a volume (`force`: even with hosts connected).
     DeleteVolume {
@@ -367,6 +371,17 @@ pub enum AdminError {
     /// The node's own files failed.
     #[error("{0}")]
     Node(String),
+    /// The request cannot be served as asked.
+    #[error("{0}")]
+    Invalid(String),
+    /// Not done for replicated volumes yet.
+    #[error("{what} is not supported for replicated volumes yet (volume {volume} has replicas)")]
+    NotForReplicated {
+        /// What was asked.
+        what: &'static str,
+        /// The volume.
+        volume: String,
+    },
 }
 
 /// An admin operation waiting for the manager, and where its result goes.
@@ -462,6 +477,8 @@ pub struct Manager {
     /// The node's name when it is a member of a cluster: volume names are
     /// then claimed for it in the shared store before a volume is created.
     cluster_node: Option<String>,
+    /// The node's ordinal in its cluster (ANA group ordinal + 1).
+    cluster_ordinal: u16,
     /// The cluster's other nodes' discovery controllers, listed as referrals.
     cluster_referrals: Vec<std::net::SocketAddr>,
 }
@@ -516,6 +533,7 @@ impl Manager {
             published: Arc::default(),
             member_usage: MemberUsageCache::default(),
             cluster_node: None,
+            cluster_ordinal: 0,
             cluster_referrals: Vec::new(),
         };
         manager.publish();
@@ -561,9 +579,18 @@ impl Manager {
                     .iter()
                     .filter_map(|name| allowed_host(name, hosts.get(name)?))
                     .collect();
+                // Every replica serves the record's identity; a volume of
+                // one copy keeps the ids it always had.
+                let (serial, eui64) = match record.replication {
+                    Some(_) => (
+                        replicas::replicated_serial(&served.uuid),
+                        &served.nguid[8..],
+                    ),
+                    None => (self.node.serial(&nqn), &volume.id[8..]),
+                };
                 config.subsystems.push(SubsystemConfig {
                     nqn: nqn.clone(),
-                    serial: self.node.serial(&nqn),
+                    serial,
                     model: "weft volume".into(),
                     firmware: env!("CARGO_PKG_VERSION").to_string(),
                     namespaces: vec![NamespaceConfig {
@@ -572,12 +599,12 @@ impl Manager {
                         block_size: volume.block_size,
                         nguid: served.nguid,
                         uuid: served.uuid,
-                        eui64: volume.id[8..].try_into().expect("8 bytes"),
+                        eui64: eui64.try_into().expect("8 bytes"),
                         thin: !volume.thick,
                         ready: true,
                     }],
                     access: HostAccess::Only(allowed),
-                    ana: AnaConfig::DEFAULT,
+                    ana: self.ana_of(&record),
                 });
                 let backend = VolumeBackend {
                     pool: pool_name.clone(),
@@ -781,10 +808,12 @@ impl Manager {
                 pool,
                 spec,
                 identity,
+                replicas,
             } => {
                 self.check_volume_name_free(&spec.name)?;
                 self.pool_mut(&pool)?;
-                let chosen = self.check_identity_free(&spec.name, &identity)?;
+                let mut chosen = self.check_identity_free(&spec.name, &identity)?;
+                chosen.replication = self.new_replication(&spec, &pool, &replicas)?;
                 self.claimed(&spec.name, &pool, chosen, |manager| {
                     Ok(manager.pool_mut(&pool)?.create_volume(&spec)?)
                 })?;
@@ -797,6 +826,7 @@ impl Manager {
             }
             AdminOp::DeleteVolume { name, force } => self.delete_volume(&name, force, plane)?,
             AdminOp::ResizeVolume { name, size_bytes } => {
+                self.refuse_replicated(&name, "resizing")?;
                 let pool = self.pool_of(&name)?;
                 self.pool_mut(&pool)?.resize_volume(&name, size_bytes)?;
                 log::info!("volume {name} resized to {size_bytes} bytes");
@@ -806,6 +836,7 @@ impl Manager {
                 snapshot,
                 name,
             } => {
+                self.refuse_replicated(&volume, "cloning")?;
                 self.check_volume_name_free(&name)?;
                 let pool = self.pool_of(&volume)?;
                 self.claimed(&name, &pool, VolumeRecord::default(), |manager| {
@@ -817,6 +848,7 @@ impl Manager {
             }
             AdminOp::FlattenVolume(name) => self.flatten(&name)?,
             AdminOp::CreateSnapshot { volume, name } => {
+                self.refuse_replicated(&volume, "a snapshot")?;
                 let pool = self.pool_of(&volume)?;
                 self.pool_mut(&pool)?.create_snapshot(&volume, &name)?;
                 log::info!("snapshot {volume}@{name} created");
@@ -845,7 +877,7 @@ impl Manager {
             }
             // Rebuilding the exports (below) applies hosts, attachments,
             // identities and every volume's limits from the records.
-            AdminOp::Reconcile => {}
+            AdminOp::Reconcile => self.create_missing_replicas(),
             AdminOp::Flush => {
                 for (name, pool) in &mut self.pools {
                     let result = pool.flush();
@@ -945,7 +977,10 @@ impl Manager {
         // Forget who may use it, stop serving it (hosts are disconnected),
         // then release its space. A crash in between leaves a volume that no
         // host may use, never a new volume that inherits old permissions.
-        self.store_write(|d| d.delete_volume(name))?;
+        // A replica another node serves leaves the record to that node.
+        if !self.is_secondary(name) {
+            self.store_write(|d| d.delete_volume(name))?;
+        }
         let mut exports = self.exports_without(name);
         plane.update_exports(exports.clone());
         if let Err(error) = self.pool_mut(&pool)?.delete_volume(name) {

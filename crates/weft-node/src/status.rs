@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
-use weft_control::QosLimits;
+use weft_control::{QosLimits, ReplicationRecord};
 use weft_target::{DataPlane, Health};
 use weft_volume::{MemberUsage, PoolInfo, VolumeInfo};
 
@@ -56,6 +56,8 @@ pub struct VolumeStatus {
     pub connected_hosts: Vec<String>,
     /// Why its pool failed, if it did.
     pub failure: Option<String>,
+    /// A replicated volume's replicas.
+    pub replication: Option<ReplicationRecord>,
 }
 
 /// A host that may be given volumes.
@@ -116,6 +118,7 @@ pub(crate) struct VolumeSnapshot {
     /// Names of the hosts attached to it.
     pub(crate) hosts: Vec<String>,
     pub(crate) qos: QosLimits,
+    pub(crate) replication: Option<ReplicationRecord>,
 }
 
 impl PoolSnapshot {
@@ -192,6 +195,7 @@ fn volume_status(
         hosts: volume.hosts.clone(),
         qos: volume.qos,
         failure,
+        replication: volume.replication.clone(),
     }
 }
 

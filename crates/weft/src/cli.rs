@@ -187,9 +187,13 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
             ("POST", path, None, Show::Done("cleared"))
         }
         ("volume", "create") => {
-            known(&["pool", "size", "thick", "block-size", "node", "nqn", "uuid", "nguid"])?;
+            known(&["pool", "size", "thick", "block-size", "node", "nqn", "uuid", "nguid", "replicas"])?;
             let size_bytes = size("size")?.ok_or("weft volume create NAME --size SIZE [--pool POOL]: give --size, e.g. 100GiB")?;
             let block_size = size("block-size")?.unwrap_or(4096);
+            let replicas = match option("replicas") {
+                None => 1,
+                Some(text) => text.parse::<u32>().map_err(|_| format!("--replicas {text}: give a number of copies, 1 to 3"))?,
+            };
             let body = json!({
                 "name": operand(1, "volume name")?,
                 "pool": option("pool"),
@@ -200,6 +204,7 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
                 "size_bytes": size_bytes,
                 "block_size": block_size,
                 "thick": flag("thick"),
+                "replicas": replicas,
             });
             ("POST", "volumes".to_string(), Some(body), Show::Done("created"))
         }
@@ -774,4 +779,10 @@ fn print_volume(v: &VolumeView) {
     println!("attached    {}", list(&v.hosts));
     println!("connected   {}", list(&v.connected_hosts));
     println!("limits      {}", qos_summary(&v.qos));
+    for replica in v.replicas.iter().flatten() {
+        println!(
+            "replica     {} pool {}: {}, {}",
+            replica.node, replica.pool, replica.role, replica.state
+        );
+    }
 }

@@ -332,12 +332,16 @@ impl Member {
         &self.connected.spec.node
     }
 
+    /// Its ordinal in the cluster.
+    pub fn ordinal(&self) -> u16 {
+        self.member.ordinal()
+    }
+
     /// The controller IDs this node hands out: its ordinal's range, so that
     /// a host connected to several nodes exporting one subsystem never sees
     /// one ID twice.
     pub fn controller_ids(&self) -> Result<std::ops::RangeInclusive<u16>, String> {
-        weft_proto::target::cntlid_range_for_ordinal(self.member.ordinal())
-            .map_err(|e| e.to_string())
+        weft_proto::target::cntlid_range_for_ordinal(self.ordinal()).map_err(|e| e.to_string())
     }
 
     /// One line for the banner: who it is in which cluster.

@@ -37,7 +37,7 @@ Usage:
   weft pool list | show NAME | delete NAME | clear-failure NAME   [--node NODE]
   weft pool add-device NAME --device PATH [--device PATH]... [--device-size SIZE]   (online)
   weft namespace clear-failure NQN [--nsid N]   (a configured file or block device namespace)
-  weft volume create NAME --size SIZE [--pool POOL] [--node NODE] [--thick] [--block-size 512|4096]
+  weft volume create NAME --size SIZE [--pool POOL] [--node NODE] [--replicas N] [--thick] [--block-size 512|4096]
                      [--nqn NQN] [--uuid UUID] [--nguid HEX]   (what hosts see; default weft's)
   weft volume list | show NAME | delete NAME [--force] | resize NAME --size SIZE
   weft volume clone VOLUME@SNAPSHOT NAME | flatten NAME
@@ -420,7 +420,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     let mut manager = Manager::open(desired, node, base, config.limits.manager_queue)?;
     if let Some(member) = &member {
         manager
-            .join_cluster(member.name())
+            .join_cluster(member.name(), member.ordinal())
             .map_err(|e| format!("checking this node's volume records: {e}"))?;
     }
     let exports = manager.exports();

@@ -205,6 +205,74 @@ fn three_nodes_share_one_desired_state_in_etcd() {
     let (success, out) = verify(&n2, "v2", "randwrite");
     assert!(success, "{out}");
 
+    // A replicated volume: a replica on each node, one primary.
+    ok(
+        &n2,
+        &[
+            "volume",
+            "create",
+            "rep",
+            "--size",
+            "16MiB",
+            "--replicas",
+            "3",
+        ],
+    );
+    ok(&n1, &["volume", "attach", "rep", "--host", "tester"]);
+    let rep = json(&n3, &["volume", "show", "rep"]);
+    let replicas = rep["replicas"].as_array().unwrap().clone();
+    let mut holders: Vec<&str> = replicas
+        .iter()
+        .map(|r| r["node"].as_str().unwrap())
+        .collect();
+    assert_eq!(replicas[0]["role"], "primary", "{rep}");
+    assert!(replicas.iter().all(|r| r["state"] == "in-sync"), "{rep}");
+    let primary = holders[0].to_string();
+    holders.sort();
+    assert_eq!(holders, ["n1", "n2", "n3"], "{rep}");
+    let listed = json(&n1, &["volume", "list"]);
+    let times = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|v| v["name"] == "rep")
+        .count();
+    assert_eq!(times, 1, "listed once, by its primary's node: {listed}");
+    let named = [("n1", &n1), ("n2", &n2), ("n3", &n3)];
+    let by_name = |name: &str| named.iter().find(|(n, _)| *n == name).unwrap().1;
+    for (_, node) in named {
+        eventually(Duration::from_secs(10), "every replica created", || {
+            let (status, _) = support::api(
+                node,
+                Some(&node.token),
+                "GET",
+                "/api/v1/volumes/rep?local=1",
+                None,
+            );
+            status == 200
+        });
+    }
+    // The primary serves it; the others answer I/O with an ANA path
+    // status (Inaccessible), so that a multipath host uses the primary.
+    let (success, out) = verify(by_name(&primary), "rep", "randwrite");
+    assert!(success, "{out}");
+    let secondary = named.iter().find(|(n, _)| *n != primary).unwrap().1;
+    let (success, out) = verify(secondary, "rep", "randread");
+    assert!(!success, "a secondary must not serve I/O: {out}");
+    let errors = refused(&n1, &["volume", "resize", "rep", "--size", "32MiB"]);
+    assert!(errors.contains("replicated"), "{errors}");
+    ok(&n3, &["volume", "delete", "rep"]);
+    for (name, node) in named {
+        let (status, body) = support::api(
+            node,
+            Some(&node.token),
+            "GET",
+            "/api/v1/volumes/rep?local=1",
+            None,
+        );
+        assert_eq!(status, 404, "{name}: {body}");
+    }
+
     // A node killed is down within its lease; its volumes are unavailable.
     drop(n3);
     let took = eventually(Duration::from_secs(10), "n3 shown down", || {

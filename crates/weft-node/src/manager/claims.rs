@@ -22,8 +22,9 @@ impl Manager {
     /// volumes this node holds are checked first: each names this node and
     /// its pool, and claims left by a creation that never finished are given
     /// back.
-    pub fn join_cluster(&mut self, node: &str) -> Result<(), StoreError> {
+    pub fn join_cluster(&mut self, node: &str, ordinal: u16) -> Result<(), StoreError> {
         self.cluster_node = Some(node.to_string());
+        self.cluster_ordinal = ordinal;
         let local: Vec<(String, String, String)> = self
             .pools
             .iter()
@@ -50,6 +51,7 @@ impl Manager {
                 log::warn!("volume {name} is recorded on this node (pool {}), but none of its pools holds it; `weft volume delete {name}` forgets it", record.pool.as_deref().unwrap_or("?"));
             }
         }
+        self.create_missing_replicas();
         Ok(())
     }
 
@@ -88,11 +90,16 @@ impl Manager {
             }
             return Err(error);
         }
-        let id = self.pools[pool].volume_info(name)?.id;
-        let record = VolumeRecord {
-            id: identity::hex(&id),
+        let id = identity::hex(&self.pools[pool].volume_info(name)?.id);
+        let mut record = VolumeRecord {
+            id: id.clone(),
             ..claim
         };
+        if record.replication.is_some() {
+            // Every replica serves one identity: the record's, never a local id.
+            record.uuid.get_or_insert_with(|| id.clone());
+            record.nguid.get_or_insert(id);
+        }
         self.store_write(|d| d.update(&key, &record, revision))?;
         Ok(())
     }
@@ -247,7 +254,7 @@ impl Manager {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::super::tests::idle_manager;
     use super::*;
     use std::path::PathBuf;
@@ -257,7 +264,11 @@ mod tests {
 
     /// A manager of node `node` in the cluster whose store is `store`, with
     /// an empty pool "p" (a 64 MiB file under `dir`).
-    fn member(store: &Arc<dyn Store>, node: &str, dir: &std::path::Path) -> Manager {
+    pub(in crate::manager) fn member(
+        store: &Arc<dyn Store>,
+        node: &str,
+        dir: &std::path::Path,
+    ) -> Manager {
         let devices = vec![dir.join(format!("{node}.img"))];
         let options = PoolOptions {
             name: "p".into(),
@@ -272,11 +283,13 @@ mod tests {
         };
         desired.put_pool("p", &record).unwrap();
         let mut manager = idle_manager(desired);
-        manager.join_cluster(node).unwrap();
+        manager.join_cluster(node, 0).unwrap();
         manager
     }
 
-    fn create(name: &str) -> impl FnOnce(&mut Manager) -> Result<(), AdminError> + '_ {
+    pub(in crate::manager) fn create(
+        name: &str,
+    ) -> impl FnOnce(&mut Manager) -> Result<(), AdminError> + '_ {
         move |manager| {
             let spec = VolumeSpec {
                 name: name.into(),
@@ -288,7 +301,7 @@ mod tests {
         }
     }
 
-    fn scratch(test: &str) -> PathBuf {
+    pub(in crate::manager) fn scratch(test: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("weft-claims-{test}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
@@ -367,7 +380,7 @@ mod tests {
         desired.remove(&volume_key("db1"), db1.revision).unwrap();
         drop(n1);
         let mut again = idle_manager(DesiredState::shared(Arc::clone(&store), "n1"));
-        again.join_cluster("n1").unwrap();
+        again.join_cluster("n1", 0).unwrap();
         assert_eq!(
             record(&store, "db2"),
             None,

@@ -143,6 +143,7 @@ impl Manager {
                         info,
                         hosts: record.hosts.iter().cloned().collect(),
                         qos: record.qos,
+                        replication: record.replication.clone(),
                     };
                     Some((volume.name.clone(), Arc::new(snapshot)))
                 })
@@ -194,6 +195,7 @@ impl Manager {
                     info,
                     hosts: before.hosts.clone(),
                     qos: before.qos,
+                    replication: before.replication.clone(),
                 };
                 snapshot.volumes.insert(volume.clone(), Arc::new(after));
             }

@@ -1,0 +1,249 @@
+//! Replicated volumes as one node holds them: the record a new replicated
+//! volume is claimed with, the replicas this node must hold (created when
+//! the record names this node and none of its pools has the volume yet),
+//! and how each replica is served: every replica's node exports the
+//! volume's subsystem with the same identity (from the record), in an ANA
+//! group of its own (the node's ordinal + 1), Optimized on the primary and
+//! Inaccessible elsewhere, so that a Linux host connected to every node
+//! sees one multipath device and sends I/O to the primary only.
+//!
+//! What this does not do yet: copy writes to the replicas, fail over, or
+//! rebuild (the replication core, `weft-replication`, is not wired in).
+//! Until then a secondary replica holds no data.
+
+use super::{AdminError, Manager};
+use crate::identity;
+use weft_control::{ReplicaRecord, ReplicaState, ReplicationRecord, VolumeRecord};
+use weft_proto::ana::{AnaConfig, AnaGroupId, AnaState};
+use weft_volume::VolumeSpec;
+
+/// Where one replica of a new volume goes (placement chose it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplicaPlacement {
+    /// Node.
+    pub node: String,
+    /// Pool on that node.
+    pub pool: String,
+}
+
+impl Manager {
+    /// The replication record of a new volume `spec` with `replicas`
+    /// (the first is this node's, in `pool`), or none for one copy.
+    pub(super) fn new_replication(
+        &self,
+        spec: &VolumeSpec,
+        pool: &str,
+        replicas: &[ReplicaPlacement],
+    ) -> Result<Option<ReplicationRecord>, AdminError> {
+        if replicas.len() <= 1 {
+            return Ok(None);
+        }
+        let invalid = |message: String| AdminError::Invalid(message);
+        let Some(node) = self.cluster_node.as_deref() else {
+            return Err(invalid(
+                "replicas need a cluster: start weft serve with --cluster".into(),
+            ));
+        };
+        if replicas[0].node != node || replicas[0].pool != pool {
+            return Err(invalid(format!(
+                "the first replica must be this node's ({node}, pool {pool}), not {} pool {}",
+                replicas[0].node, replicas[0].pool
+            )));
+        }
+        let mut nodes: Vec<&str> = replicas.iter().map(|r| r.node.as_str()).collect();
+        nodes.sort_unstable();
+        nodes.dedup();
+        if nodes.len() != replicas.len() {
+            return Err(invalid("every replica must be on a node of its own".into()));
+        }
+        Ok(Some(ReplicationRecord {
+            epoch: 1,
+            primary: node.to_string(),
+            members: replicas
+                .iter()
+                .map(|r| ReplicaRecord {
+                    node: r.node.clone(),
+                    pool: r.pool.clone(),
+                    state: ReplicaState::InSync,
+                })
+                .collect(),
+            size_bytes: spec.size_bytes,
+            block_size: spec.block_size,
+            thick: spec.thick,
+        }))
+    }
+
+    /// Creates the replicas the records give this node that none of its
+    /// pools holds yet. Each failure is logged and tried again at the next
+    /// reconcile: one replica's trouble never stops the others.
+    pub(super) fn create_missing_replicas(&mut self) {
+        let Some(node) = self.cluster_node.clone() else {
+            return;
+        };
+        let records = match self.desired.volumes() {
+            Ok(records) => records,
+            Err(error) => {
+                log::warn!("replicas: cannot read the volume records: {error}");
+                return;
+            }
+        };
+        for (name, record) in records {
+            let Some(replication) = &record.replication else {
+                continue;
+            };
+            let Some(member) = replication.member(&node) else {
+                continue;
+            };
+            if replication.primary == node || self.pool_of(&name).is_ok() {
+                continue;
+            }
+            let spec = VolumeSpec {
+                name: name.clone(),
+                size_bytes: replication.size_bytes,
+                block_size: replication.block_size,
+                thick: replication.thick,
+            };
+            let created = self
+                .pool_mut(&member.pool)
+                .and_then(|pool| Ok(pool.create_volume(&spec)?));
+            match created {
+                Ok(()) => log::info!(
+                    "volume {name}: replica created in pool {} (primary {})",
+                    member.pool,
+                    replication.primary
+                ),
+                Err(error) => log::warn!(
+                    "volume {name}: cannot create its replica in pool {}: {error}",
+                    member.pool
+                ),
+            }
+        }
+    }
+
+    /// How this node serves a volume with `record`: its own group, with
+    /// the state the record gives this node's replica.
+    pub(super) fn ana_of(&self, record: &VolumeRecord) -> AnaConfig {
+        let Some(replication) = &record.replication else {
+            return AnaConfig::DEFAULT;
+        };
+        let group =
+            AnaGroupId::new(u32::from(self.cluster_ordinal) + 1).expect("ordinals count from 0");
+        let primary = self.cluster_node.as_deref() == Some(replication.primary.as_str());
+        AnaConfig {
+            group,
+            state: if primary {
+                AnaState::Optimized
+            } else {
+                AnaState::Inaccessible
+            },
+        }
+    }
+
+    /// Refuses `what` for a replicated volume: its replicas would differ.
+    pub(super) fn refuse_replicated(
+        &self,
+        name: &str,
+        what: &'static str,
+    ) -> Result<(), AdminError> {
+        let record = self
+            .desired
+            .read::<VolumeRecord>(&format!("volumes/{name}"))?;
+        match record {
+            Some(found) if found.record.replication.is_some() => {
+                Err(AdminError::NotForReplicated {
+                    what,
+                    volume: name.to_string(),
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether volume `name`'s local copy is a replica another node serves
+    /// (its record names another primary).
+    pub(super) fn is_secondary(&self, name: &str) -> bool {
+        let Some(node) = self.cluster_node.as_deref() else {
+            return false;
+        };
+        let Ok(Some(found)) = self
+            .desired
+            .read::<VolumeRecord>(&format!("volumes/{name}"))
+        else {
+            return false;
+        };
+        found
+            .record
+            .replication
+            .is_some_and(|r| r.primary != node && r.member(node).is_some())
+    }
+}
+
+/// The serial number every replica of a volume reports: from its UUID, so
+/// that the host sees one subsystem whichever node it asks.
+pub(super) fn replicated_serial(uuid: &[u8; 16]) -> String {
+    identity::hex(uuid)[..20].to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::claims::tests::{create, member, scratch};
+    use super::*;
+    use std::sync::Arc;
+    use weft_control::{MemoryStore, Store};
+
+    #[test]
+    fn every_replica_is_served_with_the_record_identity_and_one_is_optimized() {
+        let dir = scratch("replicas");
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::default());
+        let mut n1 = member(&store, "n1", &dir);
+        let mut n2 = member(&store, "n2", &dir);
+        n2.cluster_ordinal = 1;
+        let spec = VolumeSpec {
+            name: "db1".into(),
+            size_bytes: 4 << 20,
+            block_size: 4096,
+            thick: false,
+        };
+        let placements = [("n1", "p"), ("n2", "p")].map(|(node, pool)| ReplicaPlacement {
+            node: node.into(),
+            pool: pool.into(),
+        });
+        let chosen = VolumeRecord {
+            replication: n1.new_replication(&spec, "p", &placements).unwrap(),
+            ..VolumeRecord::default()
+        };
+        n1.claimed("db1", "p", chosen, create("db1")).unwrap();
+        assert!(n2.pool_of("db1").is_err(), "not yet seen");
+        n2.create_missing_replicas();
+        assert!(n2.is_secondary("db1") && !n1.is_secondary("db1"));
+        let nqn = "nqn.2026-11.io.weft:vol:db1";
+        let (e1, e2) = (n1.exports(), n2.exports());
+        let (s1, s2) = (
+            e1.config.subsystem(nqn).unwrap(),
+            e2.config.subsystem(nqn).unwrap(),
+        );
+        let (ns1, ns2) = (&s1.namespaces[0], &s2.namespaces[0]);
+        assert_eq!(
+            (ns1.nguid, ns1.uuid, ns1.eui64, &s1.serial),
+            (ns2.nguid, ns2.uuid, ns2.eui64, &s2.serial),
+            "one identity on every node"
+        );
+        assert_eq!((s1.ana.group.get(), s1.ana.state), (1, AnaState::Optimized));
+        assert_eq!(
+            (s2.ana.group.get(), s2.ana.state),
+            (2, AnaState::Inaccessible)
+        );
+        assert!(matches!(
+            n1.refuse_replicated("db1", "resizing"),
+            Err(AdminError::NotForReplicated { .. })
+        ));
+        let on_one_node = [("n1", "p"), ("n1", "p")].map(|(node, pool)| ReplicaPlacement {
+            node: node.into(),
+            pool: pool.into(),
+        });
+        assert!(matches!(
+            n1.new_replication(&spec, "p", &on_one_node),
+            Err(AdminError::Invalid(_))
+        ));
+    }
+}
