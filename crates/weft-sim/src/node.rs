@@ -1,9 +1,11 @@
 //! A simulated storage node: what the node's data plane and control loop do
 //! for one replicated volume, driving `weft-replication`'s state machines.
 //!
-//! Persistent across a crash: the disk's blocks, the replica's fence, the
-//! write intent and the last epoch this node served as primary. Everything
-//! else is lost with the process.
+//! Persistent across a crash: the disk's blocks, the write intent and the
+//! last epoch this node served as primary. Everything else is lost with the
+//! process, the replica's fence included: a restart kills every connection,
+//! so no session older than the next fence can speak to it again, and it
+//! admits nothing until fenced anew.
 
 use crate::rng::Rng;
 use crate::world::{Endpoint, Event, HostCmd, Msg, Outbox, SimConfig, StoreReq, StoreResp};
@@ -47,10 +49,10 @@ pub struct Node {
     incarnation: u64,
     // Persistent.
     pub disk: Vec<u64>,
-    fence: Token,
     intent: RegionSet,
     served_epoch: Epoch,
     // Lost in a crash.
+    fence: Token,
     role: Role,
     record: Option<(u64, ReplicaSet)>,
     lease_until: Duration,
@@ -139,6 +141,7 @@ impl Node {
             }
         }
         self.incarnation += 1;
+        self.fence = Token::default();
         self.role = Role::Replica(Replica::new(self.geometry, self.fence, self.intent.clone()));
         self.record = None;
         self.lease_until = Duration::ZERO;

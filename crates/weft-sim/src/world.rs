@@ -168,9 +168,13 @@ pub enum Msg {
 /// Something that happens at a time.
 #[derive(Debug)]
 pub enum Event {
+    /// A message arrives. Messages to a node travel on a connection to one
+    /// incarnation of it: if it restarted meanwhile, they are lost (as TCP's
+    /// are when the process at the other end dies).
     Deliver {
         from: Endpoint,
         to: Endpoint,
+        to_incarnation: u64,
         msg: Msg,
     },
     NodeTick {
@@ -467,7 +471,17 @@ impl World {
         }
         let mut out = Outbox::default();
         let actor = match event {
-            Event::Deliver { from, to, msg } => {
+            Event::Deliver {
+                from,
+                to,
+                to_incarnation,
+                msg,
+            } => {
+                if let Endpoint::Node(node) = to {
+                    if self.nodes[node.0 as usize].incarnation() != to_incarnation {
+                        return Ok(());
+                    }
+                }
                 match to {
                     Endpoint::Host => self.host.receive(from, msg, self.now, &mut out)?,
                     Endpoint::Store => {
@@ -583,6 +597,10 @@ impl World {
             let arrival =
                 (self.now + delay).max(self.last_arrival.get(&key).copied().unwrap_or_default());
             self.last_arrival.insert(key, arrival);
+            let to_incarnation = match to {
+                Endpoint::Node(node) => self.nodes[node.0 as usize].incarnation(),
+                _ => 0,
+            };
             self.seq += 1;
             self.queue.push(Scheduled {
                 at: arrival,
@@ -590,6 +608,7 @@ impl World {
                 event: Event::Deliver {
                     from: actor,
                     to,
+                    to_incarnation,
                     msg,
                 },
             });
