@@ -101,6 +101,7 @@ pub fn build_exports(
             namespaces,
             access: HostAccess::Any,
             ana: AnaConfig::DEFAULT,
+            fenced: false,
         });
         devices.push(subsystem_devices);
     }

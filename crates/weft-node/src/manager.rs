@@ -605,6 +605,7 @@ impl Manager {
                     }],
                     access: HostAccess::Only(allowed),
                     ana: self.ana_of(&record),
+                    fenced: false,
                 });
                 let backend = VolumeBackend {
                     pool: pool_name.clone(),

@@ -757,7 +757,7 @@ fn host_discovery_records<'a>(
             record.kind != identify::RecordKind::Nvm
                 || config
                     .subsystem(record.subnqn)
-                    .is_some_and(|s| s.access.allows(hostnqn))
+                    .is_some_and(|s| s.access.allows(hostnqn) && !s.fenced)
         },
     )
 }

@@ -29,6 +29,7 @@ use crate::command::{
     fctype, Command, ConnectCommand, ConnectData, DataDirection, SglKind, CONNECT_DATA_LEN,
 };
 use crate::digest::crc32c;
+use crate::fence::{FenceToken, FENCE_FEATURE};
 use crate::framing::{DataLayout, DataTarget, Framer, Step};
 use crate::identify::ControllerKind;
 use crate::io::{self, IoError, IoKind, IoPlan, IoRequest};
@@ -107,7 +108,20 @@ struct Slot {
     /// Flush, one per range for a Dataset Management.
     io_pending: usize,
     status: Status,
+    /// Counted in its controller's fenced I/O in flight (a fenced subsystem's I/O).
+    fenced: bool,
 }
+
+/// A fence Set Features waiting for the previous holder's I/O to drain.
+#[derive(Debug)]
+struct FenceWait {
+    slot: SlotId,
+    previous: Arc<ControllerShared>,
+    check_at: Timestamp,
+}
+
+/// How often a waiting fence looks at the previous holder's I/O.
+const FENCE_DRAIN_CHECK: Duration = Duration::from_millis(1);
 
 /// Per-queue state that exists once Connect succeeded.
 #[derive(Debug)]
@@ -174,6 +188,12 @@ pub struct Connection {
     /// The clock starts at the first time the driver passes (ICReq) and at
     /// ICResp (Connect).
     setup_deadline: Option<Timestamp>,
+    /// The controller whose fenced I/O this connection counts (an I/O queue
+    /// of a fenced subsystem), kept after the queue closes: commands still
+    /// executing count until the media answers.
+    fence_controller: Option<Arc<ControllerShared>>,
+    /// An admin queue's fence waiting for the previous holder to drain.
+    fence_wait: Option<FenceWait>,
 }
 
 /// A host a subsystem refused at Connect (Connect Invalid Host).
@@ -202,6 +222,7 @@ impl Connection {
             io_plan: None,
             io_pending: 0,
             status: Status::SUCCESS,
+            fenced: false,
         };
         Connection {
             target,
@@ -219,6 +240,8 @@ impl Connection {
             dsm_ranges: Vec::with_capacity(256),
             refused_host: None,
             setup_deadline: None,
+            fence_controller: None,
+            fence_wait: None,
         }
     }
 
@@ -251,6 +274,12 @@ impl Connection {
         buffers: &mut impl SlotBuffers,
     ) {
         if matches!(self.state, State::Closing) {
+            // The media answered: a fenced command no longer counts.
+            let entry = &mut self.slots[usize::from(slot.0)];
+            entry.io_pending = entry.io_pending.saturating_sub(1);
+            if entry.io_pending == 0 {
+                self.fenced_done(slot);
+            }
             return;
         }
         let entry = &mut self.slots[usize::from(slot.0)];
@@ -274,6 +303,7 @@ impl Connection {
             return;
         }
         let status = entry.status;
+        self.fenced_done(slot);
         self.count_io(plan, status);
         match plan {
             IoPlan::Read { len, .. } if status.is_success() => {
@@ -313,6 +343,7 @@ impl Connection {
             State::Admin(queue, admin) => [
                 admin.keep_alive_deadline(),
                 self.authentication_deadline(queue),
+                self.fence_wait.as_ref().map(|wait| wait.check_at),
             ]
             .into_iter()
             .flatten()
@@ -334,6 +365,7 @@ impl Connection {
     /// deadline, expires the keep-alive timer, or notices that the
     /// controller went away.
     pub fn handle_timeout(&mut self, now: Timestamp) {
+        self.check_fence_drain(now);
         let icreq_timeout = Duration::from_millis(u64::from(self.limits.icreq_timeout_ms));
         let ended = match &self.state {
             State::AwaitIcReq | State::AwaitConnect => {
@@ -510,8 +542,18 @@ impl Connection {
     }
 
     fn release_queue(&mut self, state: State) {
+        // Commands that will never run no longer count against a fence.
+        for index in 0..self.slots.len() {
+            if self.slots[index].state != SlotState::Executing {
+                self.fenced_done(SlotId(index as u16));
+            }
+        }
+        self.fence_wait = None;
         match state {
-            State::Admin(queue, _) => self.target.registry.remove(queue.controller.cntlid),
+            State::Admin(queue, _) => {
+                self.target.fences.forget(&queue.controller);
+                self.target.registry.remove(queue.controller.cntlid)
+            }
             State::Io(queue, io) => queue.controller.release_io_queue(queue.qid, io.epoch),
             _ => {}
         }
@@ -829,11 +871,23 @@ impl Connection {
             }
         }
         let transfer = transfer_of(&command, entry.in_capsule_len)?;
-        if let State::Io(_, io) = &self.state {
+        if let State::Io(queue, io) = &self.state {
             if !command.is_fabrics() {
                 let subsystem = &self.config.subsystems[io.subsystem];
                 let plan =
                     IoPlan::from_command(&command, subsystem, self.limits.transfer_bytes_max)?;
+                if subsystem.fenced {
+                    // Only the fence holder's I/O runs (see crate::fence); it
+                    // counts until done, so that a new fence can wait for it.
+                    if !queue.controller.holds_fence() {
+                        return Err(Status::RESERVATION_CONFLICT);
+                    }
+                    queue.controller.fenced_io_admitted();
+                    self.slots[usize::from(slot.0)].fenced = true;
+                    let controller = &queue.controller;
+                    self.fence_controller
+                        .get_or_insert_with(|| Arc::clone(controller));
+                }
                 self.slots[usize::from(slot.0)].io_plan = Some(plan);
             }
         }
@@ -871,6 +925,7 @@ impl Connection {
                 let outcome = self.connect(&command, buffers.buffer(slot), now);
                 self.finish(slot, outcome, buffers);
             }
+            State::Admin(..) if is_fence_command(&command) => self.fence(slot, &command, now),
             State::Admin(_, admin) => {
                 let outcome =
                     admin::execute(admin, &self.config, &command, buffers.buffer(slot), now);
@@ -1069,6 +1124,7 @@ impl Connection {
         reply_len: u32,
         buffers: &mut impl SlotBuffers,
     ) {
+        self.fenced_done(slot);
         let sq_flow_disabled = match &self.state {
             State::Admin(queue, _) | State::Io(queue, _) => queue.sq_flow_disabled,
             _ => false,
@@ -1093,6 +1149,7 @@ impl Connection {
 
     /// Completes a command that sends no data: its CapsuleResp, and the slot is free.
     fn respond(&mut self, slot: SlotId, status: Status, result: u64) {
+        self.fenced_done(slot);
         self.push_response(slot, status, result);
         self.release(slot);
     }
@@ -1151,6 +1208,61 @@ impl Connection {
 
     fn release(&mut self, slot: SlotId) {
         release(&mut self.slots, &mut self.free_slots, slot);
+    }
+
+    // ----- Replica fence (see crate::fence) -----
+
+    /// A fence Set Features: take the fence of this controller's subsystem,
+    /// answering once the previous holder's I/O in flight is done.
+    fn fence(&mut self, slot: SlotId, command: &Command, now: Timestamp) {
+        let State::Admin(queue, _) = &self.state else {
+            unreachable!("fences are taken on admin queues")
+        };
+        let fenced = self
+            .config
+            .subsystem(&queue.controller.subnqn)
+            .is_some_and(|s| s.fenced);
+        if !fenced || !queue.controller.is_ready() {
+            return self.respond(slot, Status::INVALID_FIELD, 0);
+        }
+        let token = FenceToken::from_cdws(command.cdw(11), command.cdw(12), command.cdw(13));
+        match self.target.fences.fence(token, &queue.controller) {
+            // The result carries the current epoch: the asker learns of a newer primary.
+            Err(current) => self.respond(slot, Status::RESERVATION_CONFLICT, current.epoch),
+            Ok(Some(previous)) if previous.fenced_io_in_flight() > 0 => {
+                self.slots[usize::from(slot.0)].state = SlotState::Parked;
+                self.fence_wait = Some(FenceWait {
+                    slot,
+                    previous,
+                    check_at: now.after(FENCE_DRAIN_CHECK),
+                });
+            }
+            Ok(_) => self.respond(slot, Status::SUCCESS, 0),
+        }
+    }
+
+    /// Answers a waiting fence once the previous holder drained.
+    fn check_fence_drain(&mut self, now: Timestamp) {
+        let Some(wait) = &mut self.fence_wait else {
+            return;
+        };
+        if wait.previous.fenced_io_in_flight() > 0 {
+            wait.check_at = now.after(FENCE_DRAIN_CHECK);
+            return;
+        }
+        let slot = wait.slot;
+        self.fence_wait = None;
+        self.respond(slot, Status::SUCCESS, 0);
+    }
+
+    /// Slot `slot`'s command no longer counts against a fence (done, or never to run).
+    fn fenced_done(&mut self, slot: SlotId) {
+        let entry = &mut self.slots[usize::from(slot.0)];
+        if std::mem::take(&mut entry.fenced) {
+            if let Some(controller) = &self.fence_controller {
+                controller.fenced_io_done();
+            }
+        }
     }
 
     // ----- Authentication -----
@@ -1375,6 +1487,13 @@ fn release(slots: &mut [Slot], free_slots: &mut Vec<u16>, slot: SlotId) {
     debug_assert_ne!(entry.state, SlotState::Free, "slot released twice");
     entry.state = SlotState::Free;
     free_slots.push(slot.0);
+}
+
+/// Whether `command` is weft's replica fence (Set Features, FID C0h).
+fn is_fence_command(command: &Command) -> bool {
+    !command.is_fabrics()
+        && command.opcode == crate::command::admin_opcode::SET_FEATURES
+        && command.cdw(10) as u8 == FENCE_FEATURE
 }
 
 /// Refuses a host the subsystem does not allow with Connect Invalid Host,
@@ -2811,6 +2930,72 @@ mod tests {
         admin.update_config(config);
         let (_, read) = io.read_data(&rw(io_opcode::READ, 4, 1, 0, 1, 512, false));
         assert_eq!(read.status(), Status::SUCCESS);
+    }
+
+    /// weft's replica fence (Set Features C0h, token in CDW11-13).
+    fn fence_command(cid: u16, epoch: u64, session: u32) -> [u8; 64] {
+        let mut command = sqe(admin_opcode::SET_FEATURES, cid, 0, 0, false);
+        set_cdw(&mut command, 10, u32::from(crate::fence::FENCE_FEATURE));
+        let [cdw11, cdw12, cdw13] = crate::fence::FenceToken { epoch, session }.cdws();
+        set_cdw(&mut command, 11, cdw11);
+        set_cdw(&mut command, 12, cdw12);
+        set_cdw(&mut command, 13, cdw13);
+        command
+    }
+
+    /// On a fenced (replica) subsystem only the fence holder's I/O runs; a
+    /// new fence is answered once the previous holder's I/O in flight is
+    /// done, so that no older write reaches the media afterwards; tokens
+    /// only grow, and a refused fence learns the current epoch.
+    #[test]
+    fn only_the_fence_holder_writes_and_a_new_fence_waits_for_the_old_holders_io() {
+        let target = test_target();
+        update(&target, |config| config.subsystems[0].fenced = true);
+        let (mut admin_a, mut io_a) = ready_io_queue(&target);
+        let (mut admin_b, mut io_b) = ready_io_queue(&target);
+        let write = |cid| rw(io_opcode::WRITE, cid, 2, 0, 1, 4096, true);
+        let unfenced = io_a.command(&write(1), &[1; 4096]).pop().unwrap();
+        assert_eq!(unfenced.status(), Status::RESERVATION_CONFLICT);
+        assert_eq!(
+            admin_a.simple(&fence_command(5, 1, 1)).status(),
+            Status::SUCCESS
+        );
+        let fenced = io_a.command(&write(2), &[2; 4096]).pop().unwrap();
+        assert_eq!(fenced.status(), Status::SUCCESS);
+        // A write of A's in flight on the media when B takes the fence.
+        io_a.hold_io = true;
+        io_a.send(&io_a.capsule(&write(3), &[3; 4096]));
+        assert_eq!(io_a.held_io.len(), 1);
+        admin_b.send(&admin_b.capsule(&fence_command(6, 2, 1), &[]));
+        assert!(admin_b.receive().is_none(), "B's fence waits for A's write");
+        admin_b.advance(Duration::from_millis(5));
+        assert!(admin_b.receive().is_none(), "still in flight");
+        let refused = io_a.command(&write(4), &[4; 4096]).pop().unwrap();
+        assert_eq!(
+            refused.status(),
+            Status::RESERVATION_CONFLICT,
+            "A lost it at once"
+        );
+        let held = io_a.held_io.pop().unwrap();
+        io_a.execute(held);
+        io_a.pump();
+        assert_eq!(io_a.expect().status(), Status::SUCCESS, "A's write done");
+        admin_b.advance(Duration::from_millis(1));
+        assert_eq!(admin_b.expect().status(), Status::SUCCESS, "then B's fence");
+        let by_b = io_b.command(&write(5), &[5; 4096]).pop().unwrap();
+        assert_eq!(by_b.status(), Status::SUCCESS);
+        assert_eq!(io_b.disks[&2][..4096], [5; 4096]);
+        // A deposed primary's fence is refused and learns epoch 2.
+        let stale = admin_a.simple(&fence_command(7, 1, 9));
+        assert_eq!(
+            (stale.status(), stale.result()),
+            (Status::RESERVATION_CONFLICT, 2)
+        );
+        // A fence on a subsystem that is not fenced is an invalid field.
+        update(&target, |config| config.subsystems[0].fenced = false);
+        admin_b.update_config(target.config());
+        let invalid = admin_b.simple(&fence_command(8, 3, 1));
+        assert_eq!(invalid.status(), Status::INVALID_FIELD);
     }
 
     /// A write waiting for its data when the path becomes Inaccessible

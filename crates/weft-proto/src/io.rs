@@ -336,6 +336,7 @@ mod tests {
             }],
             access: HostAccess::Any,
             ana: AnaConfig::DEFAULT,
+            fenced: false,
         }
     }
 

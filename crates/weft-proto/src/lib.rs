@@ -14,6 +14,7 @@ pub mod auth;
 pub mod command;
 pub mod connection;
 pub mod digest;
+pub mod fence;
 mod framing;
 pub mod fuzzing;
 pub mod host;

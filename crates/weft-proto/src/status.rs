@@ -83,6 +83,9 @@ statuses! {
     SGL_TYPE_INVALID = (Generic, 0x11, true);
     /// SGL Offset Invalid.
     SGL_OFFSET_INVALID = (Generic, 0x16, true);
+    /// Reservation Conflict: another controller holds the namespace (for
+    /// weft's replica subsystems: another primary session holds the fence).
+    RESERVATION_CONFLICT = (Generic, 0x18, true);
     /// Transient Transport Error: retrying may succeed (data digest mismatch).
     TRANSIENT_TRANSPORT_ERROR = (Generic, 0x22, false);
     /// LBA Out of Range.

@@ -249,6 +249,9 @@ pub struct SubsystemConfig {
     pub namespaces: Vec<NamespaceConfig>,
     /// Hosts allowed to connect and to see it in the discovery log.
     pub access: HostAccess,
+    /// A replica subsystem: only the controller holding its fence may run
+    /// I/O (see [`crate::fence`]); it is never listed in discovery logs.
+    pub fenced: bool,
     /// The ANA group of every namespace of the subsystem on this target, and
     /// its state: whether I/O through this target's controllers is served.
     pub ana: AnaConfig,
@@ -440,9 +443,39 @@ pub struct ControllerShared {
     pub write_cache_enabled: AtomicBool,
     /// Health counters.
     pub counters: ControllerCounters,
+    /// It holds its (fenced) subsystem's fence: its I/O may run (see [`crate::fence`]).
+    fence_holder: AtomicBool,
+    /// I/O commands on a fenced subsystem admitted and not yet done: a new
+    /// fence is answered once the previous holder's count is zero.
+    fenced_io_in_flight: AtomicU32,
 }
 
 impl ControllerShared {
+    /// Whether it holds its subsystem's fence.
+    pub fn holds_fence(&self) -> bool {
+        self.fence_holder.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn set_fence_holder(&self, holds: bool) {
+        self.fence_holder.store(holds, Ordering::Release);
+    }
+
+    /// An I/O command on a fenced subsystem was admitted.
+    pub(crate) fn fenced_io_admitted(&self) {
+        self.fenced_io_in_flight.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// An admitted I/O command on a fenced subsystem is done (or will never run).
+    pub(crate) fn fenced_io_done(&self) {
+        let before = self.fenced_io_in_flight.fetch_sub(1, Ordering::AcqRel);
+        debug_assert!(before > 0, "more fenced I/O done than admitted");
+    }
+
+    /// Its I/O commands on a fenced subsystem admitted and not yet done.
+    pub fn fenced_io_in_flight(&self) -> u32 {
+        self.fenced_io_in_flight.load(Ordering::Acquire)
+    }
+
     /// Whether the controller still exists.
     pub fn is_alive(&self) -> bool {
         self.alive.load(Ordering::Acquire)
@@ -629,6 +662,8 @@ impl ControllerRegistry {
             io_queues_connected: AtomicU64::new(0),
             write_cache_enabled: AtomicBool::new(true),
             counters: ControllerCounters::default(),
+            fence_holder: AtomicBool::new(false),
+            fenced_io_in_flight: AtomicU32::new(0),
         });
         inner.controllers.insert(cntlid, Arc::clone(&controller));
         Ok(controller)
@@ -724,6 +759,8 @@ pub struct Target {
     config: Mutex<Arc<TargetConfig>>,
     /// Live controllers.
     pub registry: ControllerRegistry,
+    /// Fences of the fenced subsystems.
+    pub fences: crate::fence::Fences,
     /// Random bytes for DH-HMAC-CHAP challenges.
     pub random: Arc<dyn SecureRandom>,
 }
@@ -765,6 +802,7 @@ impl Target {
         Arc::new(Target {
             config: Mutex::new(config),
             registry,
+            fences: crate::fence::Fences::default(),
             random,
         })
     }
@@ -927,6 +965,7 @@ mod tests {
             namespaces: namespaces.iter().map(namespace).collect(),
             access: HostAccess::Any,
             ana: AnaConfig::DEFAULT,
+            fenced: false,
         }
     }
 

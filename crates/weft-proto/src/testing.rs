@@ -64,6 +64,7 @@ pub fn config_with(nqn: &str, namespaces: &[(u32, u64, u32)], limits: Limits) ->
             namespaces: namespaces.iter().map(namespace).collect(),
             access: HostAccess::Any,
             ana: AnaConfig::DEFAULT,
+            fenced: false,
         }],
         listeners: vec![ListenerConfig {
             port_id: 1,

@@ -86,6 +86,7 @@ pub fn serve_devices(
                 .collect(),
             access: HostAccess::Any,
             ana: AnaConfig::DEFAULT,
+            fenced: false,
         }],
         listeners: vec![ListenerConfig {
             port_id: 1,
