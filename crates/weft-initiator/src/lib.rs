@@ -27,6 +27,7 @@ use weft_proto::auth::{
     SPSP_DHCHAP,
 };
 use weft_proto::command::{admin_opcode, fctype, FABRICS_OPCODE, NQN_BYTES_MAX};
+use weft_proto::fence::{FenceToken, FENCE_FEATURE};
 use weft_proto::host::{DataTransfer, HostCompletion, HostConfig, HostError};
 use weft_proto::status::Status;
 use weft_proto::types::Nsid;
@@ -392,6 +393,26 @@ impl Controller {
 
     fn admin(&self) -> MutexGuard<'_, Queue> {
         lock(&self.admin)
+    }
+
+    /// Takes the fence of a weft replica subsystem with `token` (see
+    /// `weft_proto::fence`). `Ok(Err(epoch))`: refused, the fence is held
+    /// under `epoch` (a newer primary's, or this one's own older token).
+    pub fn fence(&self, token: FenceToken) -> Result<Result<(), u64>, InitiatorError> {
+        let mut command = sqe(admin_opcode::SET_FEATURES, 0);
+        set_cdw(&mut command, 10, u32::from(FENCE_FEATURE));
+        for (n, value) in (11..).zip(token.cdws()) {
+            set_cdw(&mut command, n, value);
+        }
+        let done = self.admin().run(command, DataTransfer::None)?;
+        match done.status {
+            Status::SUCCESS => Ok(Ok(())),
+            Status::RESERVATION_CONFLICT => Ok(Err(done.result)),
+            status => Err(InitiatorError::Command {
+                what: "Set Features (replica fence)",
+                status,
+            }),
+        }
     }
 
     /// The active namespaces.

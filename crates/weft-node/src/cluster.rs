@@ -123,7 +123,7 @@ pub fn referral_keeper(
     own: String,
     manager: ManagerHandle,
 ) -> impl Fn() + Send + 'static {
-    let told: Mutex<Option<Vec<SocketAddr>>> = Mutex::new(None);
+    let told: Mutex<Option<(Vec<SocketAddr>, Vec<String>)>> = Mutex::new(None);
     move || {
         let nodes = match weft_cluster::nodes::list(store.as_ref()) {
             Ok(nodes) => nodes,
@@ -137,12 +137,17 @@ pub fn referral_keeper(
             .flat_map(|node| node.member.nvme.iter().filter_map(|a| a.parse().ok()))
             .collect();
         referrals.sort();
+        let peers: Vec<String> = nodes.keys().filter(|name| **name != own).cloned().collect();
         let mut told = told.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if told.as_ref() == Some(&referrals) {
+        if told.as_ref() == Some(&(referrals.clone(), peers.clone())) {
             return;
         }
-        match manager.call(AdminOp::SetReferrals(referrals.clone())) {
-            Ok(()) => *told = Some(referrals),
+        let op = AdminOp::SetPeers {
+            referrals: referrals.clone(),
+            nodes: peers.clone(),
+        };
+        match manager.call(op) {
+            Ok(()) => *told = Some((referrals, peers)),
             Err(error) => log::warn!("referrals not updated: {error}"),
         }
     }

@@ -26,7 +26,7 @@ mod claims;
 mod publish;
 mod replicas;
 
-pub use replicas::ReplicaPlacement;
+pub use replicas::{node_host_nqn, replica_nqn, ReplicaPlacement};
 
 use crate::identity::NodeId;
 use crate::queue::{Inbox, Next, Refused};
@@ -199,9 +199,16 @@ pub enum AdminOp {
     /// Serve what the desired state says now (hosts, attachments, limits):
     /// after another node of the cluster changed records this node serves.
     Reconcile,
-    /// List these discovery controllers (the cluster's other nodes) as
-    /// referrals in the discovery log, beside the configured ones.
-    SetReferrals(Vec<std::net::SocketAddr>),
+    /// The cluster's other nodes: their discovery controllers are listed
+    /// as referrals in the discovery log (beside the configured ones), and
+    /// they (all of them, up or down) may connect to this node's replica
+    /// subsystems.
+    SetPeers {
+        /// Discovery controllers to refer hosts to.
+        referrals: Vec<std::net::SocketAddr>,
+        /// Names of the cluster's other nodes.
+        nodes: Vec<String>,
+    },
 }
 
 /// What a host sees of a volume, when chosen at its creation (so that hosts
@@ -481,6 +488,8 @@ pub struct Manager {
     cluster_ordinal: u16,
     /// The cluster's other nodes' discovery controllers, listed as referrals.
     cluster_referrals: Vec<std::net::SocketAddr>,
+    /// The cluster's other nodes, by name: they may use its replica subsystems.
+    cluster_peers: Vec<String>,
 }
 
 impl Manager {
@@ -535,6 +544,7 @@ impl Manager {
             cluster_node: None,
             cluster_ordinal: 0,
             cluster_referrals: Vec::new(),
+            cluster_peers: Vec::new(),
         };
         manager.publish();
         Ok(manager)
@@ -607,7 +617,7 @@ impl Manager {
                     ana: self.ana_of(&record),
                     fenced: false,
                 });
-                let backend = VolumeBackend {
+                let backend = Arc::new(VolumeBackend {
                     pool: pool_name.clone(),
                     volume: volume.name.clone(),
                     map: Arc::clone(&volume.map),
@@ -616,10 +626,24 @@ impl Manager {
                     member_fds: member_fds.clone(),
                     manager: Arc::new(self.handle.clone()),
                     health: Arc::clone(health),
-                };
+                });
+                if record.replication.is_some() {
+                    // The primary writes to this replica through its
+                    // private, fenced subsystem (same volume, no QoS).
+                    let volume_subsystem = config.subsystems.last().expect("pushed");
+                    config
+                        .subsystems
+                        .push(self.replica_subsystem(&volume.name, volume_subsystem));
+                    devices.push(vec![NamespaceDevice {
+                        nsid: Nsid(1),
+                        backend: Backend::Volume(Arc::clone(&backend)),
+                        meter: Arc::default(),
+                        health: Arc::clone(health),
+                    }]);
+                }
                 devices.push(vec![NamespaceDevice {
                     nsid: Nsid(1),
-                    backend: Backend::Volume(Arc::new(backend)),
+                    backend: Backend::Volume(backend),
                     meter,
                     health: Arc::clone(health),
                 }]);
@@ -785,7 +809,7 @@ impl Manager {
                 | AdminOp::Detach { .. }
                 | AdminOp::SetHostSecrets { .. }
                 | AdminOp::Reconcile
-                | AdminOp::SetReferrals(_)
+                | AdminOp::SetPeers { .. }
         );
         match op {
             AdminOp::CreatePool {
@@ -872,9 +896,10 @@ impl Manager {
                 }
                 log::info!("volume {volume}: limits {:?}", record.qos);
             }
-            AdminOp::SetReferrals(referrals) => {
-                log::info!("discovery referrals: {referrals:?}");
+            AdminOp::SetPeers { referrals, nodes } => {
+                log::info!("discovery referrals: {referrals:?}; peer nodes: {nodes:?}");
                 self.cluster_referrals = referrals;
+                self.cluster_peers = nodes;
             }
             // Rebuilding the exports (below) applies hosts, attachments,
             // identities and every volume's limits from the records.
@@ -1576,7 +1601,7 @@ mod tests {
     }
 
     /// The NQN of host "h" of [`pool_with_volume`].
-    const HOST_NQN: &str = "nqn.2014-08.org.nvmexpress:uuid:h";
+    pub(super) const HOST_NQN: &str = "nqn.2014-08.org.nvmexpress:uuid:h";
 
     /// Desired state with pool "p" (one 64 MiB file in a directory named
     /// after `test`, 1 MiB allocation units) holding thin volume "v" of

@@ -15,6 +15,7 @@ use super::{AdminError, Manager};
 use crate::identity;
 use weft_control::{ReplicaRecord, ReplicaState, ReplicationRecord, VolumeRecord};
 use weft_proto::ana::{AnaConfig, AnaGroupId, AnaState};
+use weft_proto::target::{AllowedHost, HostAccess, SubsystemConfig};
 use weft_volume::VolumeSpec;
 
 /// Where one replica of a new volume goes (placement chose it).
@@ -178,6 +179,48 @@ impl Manager {
     }
 }
 
+/// The subsystem through which a volume's primary writes to the replica on
+/// another node: private (never in a discovery log, only the cluster's
+/// nodes may connect) and fenced (only the primary session holding the
+/// fence may run I/O).
+pub fn replica_nqn(volume: &str) -> String {
+    format!("nqn.2026-11.io.weft:replica:{volume}")
+}
+
+/// The host NQN a node connects to other nodes' replica subsystems with.
+pub fn node_host_nqn(node: &str) -> String {
+    format!("nqn.2026-11.io.weft:node:{node}")
+}
+
+impl Manager {
+    /// The replica subsystem of `volume`, whose host-facing subsystem is
+    /// `served`: the same namespace, for the cluster's other nodes only.
+    pub(super) fn replica_subsystem(
+        &self,
+        volume: &str,
+        served: &SubsystemConfig,
+    ) -> SubsystemConfig {
+        let peers = self
+            .cluster_peers
+            .iter()
+            .map(|node| AllowedHost {
+                nqn: node_host_nqn(node),
+                keys: None,
+            })
+            .collect();
+        SubsystemConfig {
+            nqn: replica_nqn(volume),
+            access: HostAccess::Only(peers),
+            ana: AnaConfig {
+                group: served.ana.group,
+                state: AnaState::Optimized,
+            },
+            fenced: true,
+            ..served.clone()
+        }
+    }
+}
+
 /// The serial number every replica of a volume reports: from its UUID, so
 /// that the host sees one subsystem whichever node it asks.
 pub(super) fn replicated_serial(uuid: &[u8; 16]) -> String {
@@ -245,5 +288,92 @@ mod tests {
             n1.new_replication(&spec, "p", &on_one_node),
             Err(AdminError::Invalid(_))
         ));
+        // Each node also exports its replica on a fenced, private subsystem.
+        n2.cluster_peers = vec!["n1".into()];
+        let replica = n2.exports();
+        let private = replica.config.subsystem(&replica_nqn("db1")).unwrap();
+        assert!(private.fenced && private.access.allows(&node_host_nqn("n1")));
+        assert!(!private.access.allows(crate::manager::tests::HOST_NQN));
+    }
+
+    /// The primary's node writes to a replica through the replica
+    /// subsystem, over NVMe/TCP, once it holds the fence; a newer fence
+    /// shuts it out.
+    #[test]
+    fn a_replica_takes_writes_from_the_fence_holder_only() {
+        let dir = scratch("replica-fence");
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::default());
+        let mut n1 = member(&store, "n1", &dir);
+        let mut n2 = member(&store, "n2", &dir);
+        let spec = VolumeSpec {
+            name: "db1".into(),
+            size_bytes: 4 << 20,
+            block_size: 4096,
+            thick: false,
+        };
+        let placements = [("n1", "p"), ("n2", "p")].map(|(node, pool)| ReplicaPlacement {
+            node: node.into(),
+            pool: pool.into(),
+        });
+        let chosen = VolumeRecord {
+            replication: n1.new_replication(&spec, "p", &placements).unwrap(),
+            ..VolumeRecord::default()
+        };
+        n1.claimed("db1", "p", chosen, create("db1")).unwrap();
+        n2.create_missing_replicas();
+        n2.cluster_peers = vec!["n1".into()];
+        let plane = weft_target::DataPlane::start(
+            n2.exports(),
+            &["127.0.0.1:0".parse().unwrap()],
+            1,
+            std::time::Duration::ZERO,
+            weft_target::PeerLimits::DEFAULT,
+            weft_proto::target::DYNAMIC_CNTLIDS,
+        )
+        .unwrap();
+        let handle = n2.handle();
+        let plane = Arc::new(plane);
+        n2.spawn(Arc::clone(&plane)).unwrap();
+        let url = format!("nvme-tcp://{}/{}", plane.listening[0], replica_nqn("db1"));
+        let url = weft_initiator::TargetUrl::parse(&url).unwrap();
+        let as_node = |node: &str| weft_initiator::ConnectOptions {
+            host_nqn: node_host_nqn(node),
+            ..weft_initiator::ConnectOptions::default()
+        };
+        let host = weft_initiator::ConnectOptions {
+            host_nqn: crate::manager::tests::HOST_NQN.into(),
+            ..weft_initiator::ConnectOptions::default()
+        };
+        assert!(
+            weft_initiator::Controller::connect(&url, host, 1).is_err(),
+            "hosts may not connect to a replica subsystem"
+        );
+        let old = weft_initiator::Controller::connect(&url, as_node("n1"), 1).unwrap();
+        let mut old_queue = old.open_io_queue(1).unwrap();
+        let refused = old_queue.write(1, 0, 4096, &[1; 4096]).unwrap_err();
+        assert!(
+            matches!(refused, weft_initiator::InitiatorError::Command { status, .. }
+                if status == weft_proto::status::Status::RESERVATION_CONFLICT),
+            "{refused}"
+        );
+        let token = |epoch, session| weft_proto::fence::FenceToken { epoch, session };
+        assert_eq!(old.fence(token(1, 1)).unwrap(), Ok(()));
+        old_queue.write(1, 0, 4096, &[1; 4096]).unwrap();
+        // A newer session (or primary) takes the fence: the old one is out.
+        let new = weft_initiator::Controller::connect(&url, as_node("n1"), 1).unwrap();
+        let mut new_queue = new.open_io_queue(1).unwrap();
+        assert_eq!(new.fence(token(1, 1)).unwrap(), Err(1), "tokens only grow");
+        assert_eq!(new.fence(token(2, 1)).unwrap(), Ok(()));
+        assert!(old_queue.write(1, 0, 4096, &[9; 4096]).is_err());
+        assert_eq!(
+            old.fence(token(1, 7)).unwrap(),
+            Err(2),
+            "deposed: learns epoch 2"
+        );
+        new_queue.write(1, 1, 4096, &[2; 4096]).unwrap();
+        assert_eq!(new_queue.read(1, 0, 4096, 4096).unwrap(), &[1; 4096][..]);
+        assert_eq!(new_queue.read(1, 1, 4096, 4096).unwrap(), &[2; 4096][..]);
+        drop((old_queue, new_queue, old, new));
+        handle.call(crate::manager::AdminOp::Flush).unwrap();
     }
 }
