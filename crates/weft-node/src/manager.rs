@@ -26,7 +26,7 @@ mod claims;
 mod publish;
 mod replicas;
 
-pub use replicas::{node_host_nqn, replica_nqn, ReplicaPlacement};
+pub use replicas::{node_host_nqn, replica_keys, replica_nqn, ReplicaPlacement};
 
 use crate::identity::NodeId;
 use crate::queue::{Inbox, Next, Refused};
@@ -490,6 +490,8 @@ pub struct Manager {
     cluster_referrals: Vec<std::net::SocketAddr>,
     /// The cluster's other nodes, by name: they may use its replica subsystems.
     cluster_peers: Vec<String>,
+    /// What a node proves to use a replica subsystem (from the cluster's token).
+    cluster_keys: Option<Arc<HostKeys>>,
 }
 
 impl Manager {
@@ -545,6 +547,7 @@ impl Manager {
             cluster_ordinal: 0,
             cluster_referrals: Vec::new(),
             cluster_peers: Vec::new(),
+            cluster_keys: None,
         };
         manager.publish();
         Ok(manager)

@@ -227,6 +227,18 @@ impl DhchapSecret {
         })
     }
 
+    /// A 32-byte secret derived from a shared `seed` for one `purpose`
+    /// (HMAC-SHA-256 of the purpose under the seed), transformed with
+    /// SHA-256: parties that share the seed (a cluster's nodes, from its
+    /// token) agree on it without another secret to distribute.
+    pub fn derived(seed: &[u8], purpose: &str) -> DhchapSecret {
+        let key = HashFunction::Sha256.hmac(seed, &[purpose.as_bytes()]);
+        DhchapSecret {
+            key: key.as_ref().to_vec(),
+            transform: Some(HashFunction::Sha256),
+        }
+    }
+
     /// A new random secret of `key_len` bytes (32, 48 or 64).
     pub fn generate(
         random: &dyn SecureRandom,

@@ -21,10 +21,17 @@ impl Manager {
     /// volume names are claimed in the shared store. The records of the
     /// volumes this node holds are checked first: each names this node and
     /// its pool, and claims left by a creation that never finished are given
-    /// back.
-    pub fn join_cluster(&mut self, node: &str, ordinal: u16) -> Result<(), StoreError> {
+    /// back. `token` is the cluster's API token: the nodes' secret for each
+    /// other's replica subsystems derives from it.
+    pub fn join_cluster(
+        &mut self,
+        node: &str,
+        ordinal: u16,
+        token: &str,
+    ) -> Result<(), StoreError> {
         self.cluster_node = Some(node.to_string());
         self.cluster_ordinal = ordinal;
+        self.cluster_keys = Some(std::sync::Arc::new(super::replicas::replica_keys(token)));
         let local: Vec<(String, String, String)> = self
             .pools
             .iter()
@@ -283,7 +290,7 @@ pub(super) mod tests {
         };
         desired.put_pool("p", &record).unwrap();
         let mut manager = idle_manager(desired);
-        manager.join_cluster(node, 0).unwrap();
+        manager.join_cluster(node, 0, "token").unwrap();
         manager
     }
 
@@ -380,7 +387,7 @@ pub(super) mod tests {
         desired.remove(&volume_key("db1"), db1.revision).unwrap();
         drop(n1);
         let mut again = idle_manager(DesiredState::shared(Arc::clone(&store), "n1"));
-        again.join_cluster("n1", 0).unwrap();
+        again.join_cluster("n1", 0, "token").unwrap();
         assert_eq!(
             record(&store, "db2"),
             None,

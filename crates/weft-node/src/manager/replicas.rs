@@ -15,6 +15,7 @@ use super::{AdminError, Manager};
 use crate::identity;
 use weft_control::{ReplicaRecord, ReplicaState, ReplicationRecord, VolumeRecord};
 use weft_proto::ana::{AnaConfig, AnaGroupId, AnaState};
+use weft_proto::auth::{DhchapSecret, HostKeys};
 use weft_proto::target::{AllowedHost, HostAccess, SubsystemConfig};
 use weft_volume::VolumeSpec;
 
@@ -192,6 +193,20 @@ pub fn node_host_nqn(node: &str) -> String {
     format!("nqn.2026-11.io.weft:node:{node}")
 }
 
+/// The DH-HMAC-CHAP secrets with which nodes connect to each other's
+/// replica subsystems, both ways (the node proves it is one of the
+/// cluster's, the replica's node proves it too): derived from the cluster's
+/// API token, which every node holds.
+pub fn replica_keys(cluster_token: &str) -> HostKeys {
+    HostKeys {
+        host: DhchapSecret::derived(cluster_token.as_bytes(), "weft replica: node"),
+        controller: Some(DhchapSecret::derived(
+            cluster_token.as_bytes(),
+            "weft replica: replica",
+        )),
+    }
+}
+
 impl Manager {
     /// The replica subsystem of `volume`, whose host-facing subsystem is
     /// `served`: the same namespace, for the cluster's other nodes only.
@@ -205,7 +220,7 @@ impl Manager {
             .iter()
             .map(|node| AllowedHost {
                 nqn: node_host_nqn(node),
-                keys: None,
+                keys: self.cluster_keys.clone(),
             })
             .collect();
         SubsystemConfig {
@@ -338,8 +353,19 @@ mod tests {
         let url = weft_initiator::TargetUrl::parse(&url).unwrap();
         let as_node = |node: &str| weft_initiator::ConnectOptions {
             host_nqn: node_host_nqn(node),
+            dhchap: Some(replica_keys("token")),
             ..weft_initiator::ConnectOptions::default()
         };
+        let without_secret = weft_initiator::ConnectOptions {
+            host_nqn: node_host_nqn("n1"),
+            ..weft_initiator::ConnectOptions::default()
+        };
+        let unproven = weft_initiator::Controller::connect(&url, without_secret, 1)
+            .and_then(|c| c.open_io_queue(1).map(drop));
+        assert!(
+            unproven.is_err(),
+            "a node proves it is one of the cluster's"
+        );
         let host = weft_initiator::ConnectOptions {
             host_nqn: crate::manager::tests::HOST_NQN.into(),
             ..weft_initiator::ConnectOptions::default()
