@@ -60,8 +60,9 @@ pub(crate) enum Route {
     Gather,
     /// Answered at once.
     Respond(Response),
-    /// A replicated volume's deletion: its replicas on these nodes first
-    /// (each a local call), then the primary's node, which forgets the record.
+    /// A replicated volume's deletion: the primary's node first (it refuses
+    /// while hosts are connected, and forgets the record), then each
+    /// replica's node (a local call each).
     DeleteReplicated {
         /// Nodes of the replicas other than the primary.
         replicas: Vec<String>,
@@ -489,7 +490,6 @@ impl Cluster {
     }
 }
 
-/// Whether another node forwarded this call (it is served here, not again forwarded).
 /// The most replicas a volume may have.
 const REPLICAS_MAX: u64 = 3;
 
@@ -509,6 +509,7 @@ fn replica_count(fields: &serde_json::Map<String, Value>) -> Result<usize, Respo
     }
 }
 
+/// Whether another node forwarded this call (it is served here, not again forwarded).
 fn is_forwarded(request: &Request) -> bool {
     request.query.split('&').any(|part| part == LOCAL_MARK)
 }

@@ -325,7 +325,7 @@ impl Api {
                 }
                 cluster::Route::Respond(response) => return response,
                 cluster::Route::DeleteReplicated { replicas, primary } => {
-                    for node in replicas.iter().chain([&primary]) {
+                    for node in [&primary].into_iter().chain(&replicas) {
                         let (status, answer) = if node == cluster.node() {
                             self.local_call(pattern, &params, request, &request.body)
                         } else {

@@ -630,26 +630,28 @@ impl Manager {
                     manager: Arc::new(self.handle.clone()),
                     health: Arc::clone(health),
                 });
-                if record.replication.is_some() {
-                    // The primary writes to this replica through its
-                    // private, fenced subsystem (same volume, no QoS).
-                    let volume_subsystem = config.subsystems.last().expect("pushed");
-                    config
-                        .subsystems
-                        .push(self.replica_subsystem(&volume.name, volume_subsystem));
-                    devices.push(vec![NamespaceDevice {
-                        nsid: Nsid(1),
-                        backend: Backend::Volume(Arc::clone(&backend)),
-                        meter: Arc::default(),
-                        health: Arc::clone(health),
-                    }]);
-                }
+                // Devices pair with subsystems by position.
                 devices.push(vec![NamespaceDevice {
                     nsid: Nsid(1),
-                    backend: Backend::Volume(backend),
+                    backend: Backend::Volume(Arc::clone(&backend)),
                     meter,
                     health: Arc::clone(health),
                 }]);
+                if record.replication.is_some() {
+                    // The primary writes to this replica through its
+                    // private, fenced subsystem: the same volume, with a
+                    // meter of its own (hosts' limits do not apply).
+                    let volume_subsystem = config.subsystems.last().expect("pushed");
+                    let replica = self.replica_subsystem(&volume.name, volume_subsystem);
+                    let meter = self.meters.entry(replica.nqn.clone()).or_default();
+                    devices.push(vec![NamespaceDevice {
+                        nsid: Nsid(1),
+                        backend: Backend::Volume(backend),
+                        meter: Arc::clone(meter),
+                        health: Arc::clone(health),
+                    }]);
+                    config.subsystems.push(replica);
+                }
             }
         }
         for referral in crate::exports::ports(&self.cluster_referrals) {
@@ -1018,6 +1020,7 @@ impl Manager {
             return Err(error.into());
         }
         self.meters.remove(name);
+        self.meters.remove(&replicas::replica_nqn(name));
         log::info!("volume {name} deleted");
         Ok(())
     }
@@ -1171,7 +1174,9 @@ impl Manager {
                 .iter()
                 .any(|device| matches!(&device.backend, Backend::Volume(v) if v.volume == volume))
         };
-        if let Some(index) = devices.iter().position(serves) {
+        // A replicated volume is served twice: to hosts, and to its primary
+        // (the replica subsystem).
+        while let Some(index) = devices.iter().position(serves) {
             config.subsystems.remove(index);
             devices.remove(index);
         }

@@ -108,19 +108,18 @@ struct Slot {
     /// Flush, one per range for a Dataset Management.
     io_pending: usize,
     status: Status,
-    /// Counted in its controller's fenced I/O in flight (a fenced subsystem's I/O).
+    /// Counted in its controller's fenced I/O on its way to the media.
     fenced: bool,
 }
 
-/// A fence Set Features waiting for the previous holder's I/O to drain.
+/// A fence Set Features waiting for the other controllers' I/O to drain.
 #[derive(Debug)]
 struct FenceWait {
     slot: SlotId,
-    previous: Arc<ControllerShared>,
     check_at: Timestamp,
 }
 
-/// How often a waiting fence looks at the previous holder's I/O.
+/// How often a waiting fence looks at the other controllers' I/O.
 const FENCE_DRAIN_CHECK: Duration = Duration::from_millis(1);
 
 /// Per-queue state that exists once Connect succeeded.
@@ -542,12 +541,6 @@ impl Connection {
     }
 
     fn release_queue(&mut self, state: State) {
-        // Commands that will never run no longer count against a fence.
-        for index in 0..self.slots.len() {
-            if self.slots[index].state != SlotState::Executing {
-                self.fenced_done(SlotId(index as u16));
-            }
-        }
         self.fence_wait = None;
         match state {
             State::Admin(queue, _) => {
@@ -876,17 +869,10 @@ impl Connection {
                 let subsystem = &self.config.subsystems[io.subsystem];
                 let plan =
                     IoPlan::from_command(&command, subsystem, self.limits.transfer_bytes_max)?;
-                if subsystem.fenced {
-                    // Only the fence holder's I/O runs (see crate::fence); it
-                    // counts until done, so that a new fence can wait for it.
-                    if !queue.controller.holds_fence() {
-                        return Err(Status::RESERVATION_CONFLICT);
-                    }
-                    queue.controller.fenced_io_admitted();
-                    self.slots[usize::from(slot.0)].fenced = true;
-                    let controller = &queue.controller;
-                    self.fence_controller
-                        .get_or_insert_with(|| Arc::clone(controller));
+                // Only the fence holder's I/O runs (see crate::fence): refused
+                // here at once, and checked again when it reaches the media.
+                if subsystem.fenced && !queue.controller.holds_fence() {
+                    return Err(Status::RESERVATION_CONFLICT);
                 }
                 self.slots[usize::from(slot.0)].io_plan = Some(plan);
             }
@@ -975,6 +961,9 @@ impl Connection {
     }
 
     fn start_io(&mut self, slot: SlotId, buffers: &mut impl SlotBuffers) {
+        if !self.enter_fence(slot) {
+            return self.complete(slot, Status::RESERVATION_CONFLICT, 0, 0, buffers);
+        }
         let entry = &mut self.slots[usize::from(slot.0)];
         let plan = entry.io_plan.expect("I/O commands are planned in prepare");
         let State::Io(queue, io_queue) = &self.state else {
@@ -1213,7 +1202,7 @@ impl Connection {
     // ----- Replica fence (see crate::fence) -----
 
     /// A fence Set Features: take the fence of this controller's subsystem,
-    /// answering once the previous holder's I/O in flight is done.
+    /// answering once no other controller's I/O is on its way to the media.
     fn fence(&mut self, slot: SlotId, command: &Command, now: Timestamp) {
         let State::Admin(queue, _) = &self.state else {
             unreachable!("fences are taken on admin queues")
@@ -1225,34 +1214,60 @@ impl Connection {
         if !fenced || !queue.controller.is_ready() {
             return self.respond(slot, Status::INVALID_FIELD, 0);
         }
+        if self.fence_wait.is_some() {
+            // One fence at a time per controller.
+            return self.respond(slot, Status::COMMAND_SEQUENCE_ERROR, 0);
+        }
         let token = FenceToken::from_cdws(command.cdw(11), command.cdw(12), command.cdw(13));
-        match self.target.fences.fence(token, &queue.controller) {
+        let fences = &self.target.fences;
+        match fences.fence(token, &queue.controller) {
             // The result carries the current epoch: the asker learns of a newer primary.
             Err(current) => self.respond(slot, Status::RESERVATION_CONFLICT, current.epoch),
-            Ok(Some(previous)) if previous.fenced_io_in_flight() > 0 => {
+            Ok(()) if fences.drained(&queue.controller) => self.respond(slot, Status::SUCCESS, 0),
+            Ok(()) => {
                 self.slots[usize::from(slot.0)].state = SlotState::Parked;
                 self.fence_wait = Some(FenceWait {
                     slot,
-                    previous,
                     check_at: now.after(FENCE_DRAIN_CHECK),
                 });
             }
-            Ok(_) => self.respond(slot, Status::SUCCESS, 0),
         }
     }
 
-    /// Answers a waiting fence once the previous holder drained.
+    /// Answers a waiting fence once the other controllers drained.
     fn check_fence_drain(&mut self, now: Timestamp) {
-        let Some(wait) = &mut self.fence_wait else {
+        let (Some(wait), State::Admin(queue, _)) = (&mut self.fence_wait, &self.state) else {
             return;
         };
-        if wait.previous.fenced_io_in_flight() > 0 {
+        if !self.target.fences.drained(&queue.controller) {
             wait.check_at = now.after(FENCE_DRAIN_CHECK);
             return;
         }
         let slot = wait.slot;
         self.fence_wait = None;
         self.respond(slot, Status::SUCCESS, 0);
+    }
+
+    /// Counts slot `slot`'s command against its subsystem's fence as it
+    /// goes to the media; false if the controller no longer holds the fence
+    /// (the command must not run).
+    fn enter_fence(&mut self, slot: SlotId) -> bool {
+        let State::Io(queue, io) = &self.state else {
+            return true;
+        };
+        if !self.config.subsystems[io.subsystem].fenced {
+            return true;
+        }
+        let controller = &queue.controller;
+        if self.fence_controller.is_none() {
+            self.target.fences.join(controller);
+            self.fence_controller = Some(Arc::clone(controller));
+        }
+        if !controller.fenced_io_enter() {
+            return false;
+        }
+        self.slots[usize::from(slot.0)].fenced = true;
+        true
     }
 
     /// Slot `slot`'s command no longer counts against a fence (done, or never to run).
@@ -2985,11 +3000,27 @@ mod tests {
         let by_b = io_b.command(&write(5), &[5; 4096]).pop().unwrap();
         assert_eq!(by_b.status(), Status::SUCCESS);
         assert_eq!(io_b.disks[&2][..4096], [5; 4096]);
-        // A deposed primary's fence is refused and learns epoch 2.
+        // A write by R2T admitted under B's fence, whose data arrives after
+        // C took it, is refused then: it never reaches the media.
+        let (mut admin_c, _io_c) = ready_io_queue(&target);
+        io_b.send(&io_b.capsule(&rw(io_opcode::WRITE, 6, 2, 2, 2, 8192, false), &[]));
+        let r2t = io_b.expect();
+        let header = crate::pdu::DataHeader::decode(&r2t.header).unwrap();
+        assert_eq!(
+            admin_c.simple(&fence_command(9, 3, 1)).status(),
+            Status::SUCCESS
+        );
+        io_b.send(&io_b.h2c_data(header.cccid, header.ttag, 0, &[6; 8192], true));
+        assert_eq!(io_b.expect().status(), Status::RESERVATION_CONFLICT);
+        assert!(
+            io_b.disks[&2][8192..16384].iter().all(|&b| b == 0),
+            "not written"
+        );
+        // A deposed primary's fence is refused and learns the current epoch.
         let stale = admin_a.simple(&fence_command(7, 1, 9));
         assert_eq!(
             (stale.status(), stale.result()),
-            (Status::RESERVATION_CONFLICT, 2)
+            (Status::RESERVATION_CONFLICT, 3)
         );
         // A fence on a subsystem that is not fenced is an invalid field.
         update(&target, |config| config.subsystems[0].fenced = false);

@@ -11,11 +11,13 @@
 //! with Reservation Conflict, and the current epoch in the completion's
 //! result, so that a deposed primary learns a newer one exists.
 //!
-//! Taking the fence takes it from the previous holder at once (its new
-//! commands are refused), but the Set Features completes only once the
-//! previous holder's commands in flight are done: after the answer, no
-//! write of an older session can still reach the media. The registry only
-//! records; the connection parks the Set Features until the drain.
+//! Taking the fence takes it from every other controller at once (their new
+//! commands are refused, and a write whose data arrives later is refused
+//! then), but the Set Features completes only once no other controller of
+//! the subsystem has a command on its way to the media: after the answer,
+//! no write of an older session can reach the media. Commands count from
+//! the moment they are handed to the media (not while their data is still
+//! awaited, which an unreachable old primary could make last for ever).
 //!
 //! What this does not do: persist the fence (a restarted target admits
 //! nothing until fenced anew, and a restart ends every connection, so no
@@ -53,69 +55,106 @@ impl FenceToken {
     }
 }
 
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct Fence {
     token: FenceToken,
     holder: Option<Arc<ControllerShared>>,
+    /// Controllers that have run fenced I/O on the subsystem: a new fence
+    /// waits until none but the new holder has any on its way.
+    participants: Vec<Arc<ControllerShared>>,
 }
 
 /// The fences of a target's fenced subsystems, by subsystem NQN. Touched by
-/// fence commands and controller teardown only, never per I/O (a
-/// controller's own flag says whether it holds a fence).
+/// fence commands, an I/O queue's first fenced command and controller
+/// teardown, never per I/O (a controller's own flag says whether it holds
+/// its fence, and its own counter what it has on its way to the media).
 #[derive(Debug, Default)]
 pub struct Fences {
     inner: Mutex<BTreeMap<String, Fence>>,
 }
 
 impl Fences {
-    /// `controller` asks to fence its subsystem with `token`. On success the
-    /// previous holder, if any, no longer holds it and is returned: the
-    /// caller answers once its commands in flight are done. Refused with
-    /// the current token if `token` is not larger.
+    /// `controller` asks to fence its subsystem with `token`: on success it
+    /// holds the fence and every other controller lost it; the caller
+    /// answers once [`Fences::drained`]. Refused with the current token if
+    /// `token` is not larger.
     pub fn fence(
         &self,
         token: FenceToken,
         controller: &Arc<ControllerShared>,
-    ) -> Result<Option<Arc<ControllerShared>>, FenceToken> {
-        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        let fence = inner
-            .entry(controller.subnqn.clone())
-            .or_insert_with(|| Fence {
-                token: FenceToken::default(),
-                holder: None,
-            });
+    ) -> Result<(), FenceToken> {
+        let mut inner = self.lock();
+        let fence = inner.entry(controller.subnqn.clone()).or_default();
         if token <= fence.token {
             return Err(fence.token);
         }
         fence.token = token;
-        controller.set_fence_holder(true);
-        let previous = fence.holder.replace(Arc::clone(controller));
-        if let Some(previous) = &previous {
+        if let Some(previous) = fence.holder.replace(Arc::clone(controller)) {
             previous.set_fence_holder(false);
         }
-        Ok(previous.filter(|p| !Arc::ptr_eq(p, controller)))
+        controller.set_fence_holder(true);
+        Ok(())
+    }
+
+    /// Whether no controller of `holder`'s subsystem but `holder` has fenced
+    /// I/O on its way to the media (participants that are gone and idle are
+    /// forgotten).
+    pub fn drained(&self, holder: &ControllerShared) -> bool {
+        let mut inner = self.lock();
+        let Some(fence) = inner.get_mut(&holder.subnqn) else {
+            return true;
+        };
+        fence
+            .participants
+            .retain(|c| c.is_alive() || c.fenced_io_in_flight() > 0);
+        fence
+            .participants
+            .iter()
+            .all(|c| c.cntlid == holder.cntlid || c.fenced_io_in_flight() == 0)
+    }
+
+    /// `controller` is about to run fenced I/O for the first time on a queue.
+    pub fn join(&self, controller: &Arc<ControllerShared>) {
+        let mut inner = self.lock();
+        let fence = inner.entry(controller.subnqn.clone()).or_default();
+        if !fence
+            .participants
+            .iter()
+            .any(|c| Arc::ptr_eq(c, controller))
+        {
+            fence.participants.push(Arc::clone(controller));
+        }
     }
 
     /// The current token of subsystem `subnqn`'s fence (the default before any).
     pub fn token(&self, subnqn: &str) -> FenceToken {
-        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        inner.get(subnqn).map(|f| f.token).unwrap_or_default()
+        self.lock().get(subnqn).map(|f| f.token).unwrap_or_default()
     }
 
     /// A controller is torn down: it holds nothing any more (the token stays,
     /// so that only a larger one may fence again).
-    pub fn forget(&self, controller: &ControllerShared) {
-        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+    pub fn forget(&self, controller: &Arc<ControllerShared>) {
+        let mut inner = self.lock();
         if let Some(fence) = inner.get_mut(&controller.subnqn) {
             if fence
                 .holder
                 .as_ref()
-                .is_some_and(|h| h.cntlid == controller.cntlid)
+                .is_some_and(|h| Arc::ptr_eq(h, controller))
             {
                 fence.holder = None;
             }
         }
         controller.set_fence_holder(false);
+    }
+
+    /// Forgets the fences of subsystems that are no longer exported (a
+    /// volume deleted and created again starts from epoch 1).
+    pub fn retain(&self, exported: impl Fn(&str) -> bool) {
+        self.lock().retain(|subnqn, _| exported(subnqn));
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Fence>> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -129,22 +168,21 @@ mod tests {
     }
 
     #[test]
-    fn tokens_only_grow_and_the_last_fence_holds() {
+    fn tokens_only_grow_and_a_fence_waits_for_every_other_controller() {
         let registry = ControllerRegistry::default();
         let a = registry.create("nqn.r", "nqn.a", [1; 16], 8).unwrap();
         let b = registry.create("nqn.r", "nqn.b", [2; 16], 8).unwrap();
         let fences = Fences::default();
-        assert_eq!(
-            fences.fence(token(1, 1), &a).unwrap().map(|c| c.cntlid),
-            None
-        );
-        assert!(a.holds_fence() && !b.holds_fence());
-        let previous = fences.fence(token(2, 1), &b).unwrap().unwrap();
-        assert_eq!(
-            previous.cntlid, a.cntlid,
-            "a must drain before b is answered"
-        );
+        assert!(!a.fenced_io_enter(), "no fence: no I/O");
+        fences.fence(token(1, 1), &a).unwrap();
+        fences.join(&a);
+        assert!(a.fenced_io_enter() && a.holds_fence() && !b.holds_fence());
+        fences.fence(token(2, 1), &b).unwrap();
         assert!(!a.holds_fence() && b.holds_fence());
+        assert!(!fences.drained(&b), "a's write is on its way");
+        assert!(!a.fenced_io_enter(), "a's next is refused");
+        a.fenced_io_done();
+        assert!(fences.drained(&b));
         assert_eq!(fences.fence(token(1, 9), &a).unwrap_err(), token(2, 1));
         assert_eq!(fences.fence(token(2, 1), &a).unwrap_err(), token(2, 1));
         fences.forget(&b);
@@ -153,6 +191,12 @@ mod tests {
             fences.token("nqn.r"),
             token(2, 1),
             "the token outlives its holder"
+        );
+        fences.retain(|_| false);
+        assert_eq!(
+            fences.token("nqn.r"),
+            FenceToken::default(),
+            "gone with its subsystem"
         );
     }
 

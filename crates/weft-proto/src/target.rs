@@ -456,24 +456,34 @@ impl ControllerShared {
         self.fence_holder.load(Ordering::Acquire)
     }
 
+    /// Gives or takes the fence. Sequentially consistent with
+    /// [`ControllerShared::fenced_io_enter`]: a fencer that clears the old
+    /// holder's flag and then reads its count either sees an I/O that
+    /// entered, or that I/O sees the flag cleared.
     pub(crate) fn set_fence_holder(&self, holds: bool) {
-        self.fence_holder.store(holds, Ordering::Release);
+        self.fence_holder.store(holds, Ordering::SeqCst);
     }
 
-    /// An I/O command on a fenced subsystem was admitted.
-    pub(crate) fn fenced_io_admitted(&self) {
-        self.fenced_io_in_flight.fetch_add(1, Ordering::AcqRel);
+    /// An I/O command on a fenced subsystem is about to reach the media:
+    /// counted if the controller holds the fence (true), refused otherwise.
+    pub(crate) fn fenced_io_enter(&self) -> bool {
+        self.fenced_io_in_flight.fetch_add(1, Ordering::SeqCst);
+        if self.fence_holder.load(Ordering::SeqCst) {
+            return true;
+        }
+        self.fenced_io_done();
+        false
     }
 
-    /// An admitted I/O command on a fenced subsystem is done (or will never run).
+    /// A counted I/O command on a fenced subsystem is done.
     pub(crate) fn fenced_io_done(&self) {
-        let before = self.fenced_io_in_flight.fetch_sub(1, Ordering::AcqRel);
-        debug_assert!(before > 0, "more fenced I/O done than admitted");
+        let before = self.fenced_io_in_flight.fetch_sub(1, Ordering::SeqCst);
+        debug_assert!(before > 0, "more fenced I/O done than entered");
     }
 
-    /// Its I/O commands on a fenced subsystem admitted and not yet done.
+    /// Its I/O commands on a fenced subsystem on their way to the media.
     pub fn fenced_io_in_flight(&self) -> u32 {
-        self.fenced_io_in_flight.load(Ordering::Acquire)
+        self.fenced_io_in_flight.load(Ordering::SeqCst)
     }
 
     /// Whether the controller still exists.
@@ -822,6 +832,8 @@ impl Target {
             current.limits, config.limits,
             "the limits of a target never change"
         );
+        self.fences
+            .retain(|nqn| config.subsystem(nqn).is_some_and(|s| s.fenced));
         *current = config;
     }
 

@@ -230,6 +230,16 @@ impl Manager {
         let key = volume_key(name);
         let found = self.desired.read::<VolumeRecord>(&key)?;
         let record = match &found {
+            // A replica of a volume another node serves: its record is that node's.
+            Some(found)
+                if found
+                    .record
+                    .replication
+                    .as_ref()
+                    .is_some_and(|r| r.primary != node && r.member(node).is_some()) =>
+            {
+                return Ok(());
+            }
             Some(found) if found.record.node.as_deref().is_some_and(|n| n != node) => {
                 log::error!(
                     "volume {name} of pool {pool} is also recorded on node {}: hosts see only one of them; rename or delete one",

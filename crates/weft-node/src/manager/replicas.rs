@@ -280,6 +280,15 @@ mod tests {
             e1.config.subsystem(nqn).unwrap(),
             e2.config.subsystem(nqn).unwrap(),
         );
+        // Devices pair with subsystems by position: the host-facing one
+        // carries the volume's meter (its limits and statistics).
+        let at = e1.config.subsystem_index(nqn).unwrap();
+        assert!(Arc::ptr_eq(&e1.devices[at][0].meter, &n1.meters["db1"]));
+        let replica_at = e1.config.subsystem_index(&replica_nqn("db1")).unwrap();
+        assert!(!Arc::ptr_eq(
+            &e1.devices[replica_at][0].meter,
+            &n1.meters["db1"]
+        ));
         let (ns1, ns2) = (&s1.namespaces[0], &s2.namespaces[0]);
         assert_eq!(
             (ns1.nguid, ns1.uuid, ns1.eui64, &s1.serial),
