@@ -192,6 +192,10 @@ struct Link {
     dirty: RegionSet,
     /// Whether it must be rebuilt in full (its dirty set is not known).
     full: bool,
+    /// Rebuilt, and a Flush made everything it was sent durable: it may join.
+    flushed: bool,
+    /// It was sent a write since its join flush was sent.
+    written_since_flush: bool,
 }
 
 impl Link {
@@ -210,10 +214,22 @@ impl Link {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum OpKind {
-    Write { extent: Extent, fua: bool },
-    Read { extent: Extent },
+    Write {
+        extent: Extent,
+        fua: bool,
+    },
+    Read {
+        extent: Extent,
+    },
     Flush,
-    Copy { to: NodeId, region: u32 },
+    Copy {
+        to: NodeId,
+        region: u32,
+    },
+    /// Makes a rebuilt replica's writes durable before it joins.
+    JoinFlush {
+        to: NodeId,
+    },
 }
 
 #[derive(Debug)]
@@ -233,14 +249,14 @@ struct Op {
 
 impl Op {
     fn is_host(&self) -> bool {
-        !matches!(self.kind, OpKind::Copy { .. })
+        !matches!(self.kind, OpKind::Copy { .. } | OpKind::JoinFlush { .. })
     }
 
     fn extent(&self, geometry: &Geometry) -> Option<Extent> {
         match self.kind {
             OpKind::Write { extent, .. } => Some(extent),
             OpKind::Copy { region, .. } => Some(geometry.extent_of(region)),
-            OpKind::Read { .. } | OpKind::Flush => None,
+            OpKind::Read { .. } | OpKind::Flush | OpKind::JoinFlush { .. } => None,
         }
     }
 
@@ -321,6 +337,8 @@ impl Primary {
                 dirty: RegionSet::new(regions),
                 // Faulted under an earlier epoch: what it missed is unknown here.
                 full: true,
+                flushed: false,
+                written_since_flush: false,
             };
             primary.links.insert(member.node, link);
             if member.state == MemberState::InSync {
@@ -402,9 +420,10 @@ impl Primary {
 
     // ---- host commands ----
 
-    /// A host write of `extent` (its data is the driver's, under `op`).
+    /// A host write of `extent` (its data is the driver's, under `op`, an id
+    /// never given before).
     pub fn host_write(&mut self, op: OpId, extent: Extent, fua: bool, now: Duration) {
-        assert!(op.0 < INTERNAL_OP_BASE, "host op ids are below 2^63");
+        self.check_op_id(op);
         if let Some(refusal) = self.refusal(now) {
             return self.complete(op, refusal);
         }
@@ -425,6 +444,7 @@ impl Primary {
 
     /// A host read of `extent`, served from this node's copy.
     pub fn host_read(&mut self, op: OpId, extent: Extent, now: Duration) {
+        self.check_op_id(op);
         if let Some(refusal) = self.refusal(now) {
             return self.complete(op, refusal);
         }
@@ -435,6 +455,7 @@ impl Primary {
     /// A host flush: every write completed before it becomes durable on
     /// every in-sync replica.
     pub fn host_flush(&mut self, op: OpId, now: Duration) {
+        self.check_op_id(op);
         if let Some(refusal) = self.refusal(now) {
             return self.complete(op, refusal);
         }
@@ -454,6 +475,13 @@ impl Primary {
         }
         self.ops.insert(op, flush);
         self.actions.push_back(Action::LocalFlush { op });
+    }
+
+    /// Host op ids are unique for the primary's life (an answered op may
+    /// stay tracked while a rebuilding replica's answer is due) and below 2^63.
+    fn check_op_id(&self, op: OpId) {
+        assert!(op.0 < INTERNAL_OP_BASE, "host op ids are below 2^63");
+        debug_assert!(!self.ops.contains_key(&op), "op id {op:?} reused");
     }
 
     fn refusal(&self, now: Duration) -> Option<HostResult> {
@@ -810,6 +838,7 @@ impl Primary {
         link.state = LinkState::Down {
             retry_at: now + self.config.reattach_interval,
         };
+        link.flushed = false;
         // Everything in flight to it, it may have missed.
         for entry in self.ops.values_mut() {
             let sent = entry.required.contains(&node) || entry.optional.contains(&node);
@@ -878,23 +907,48 @@ impl Primary {
                 self.start_queued(now);
             }
             OpKind::Copy { .. } => self.start_queued(now),
+            OpKind::JoinFlush { to } => {
+                if let Some(link) = self.links.get_mut(&to) {
+                    let clean = link.state == LinkState::Rebuilding && !link.written_since_flush;
+                    link.flushed = clean;
+                }
+            }
             OpKind::Read { .. } | OpKind::Flush => {}
         }
     }
 
     /// Rebuilding replicas with nothing left to copy or in flight join:
     /// from now on their answers are required; then the record says so.
-    fn rebuilt(&mut self) {
+    /// Rebuilding replicas with nothing left to copy or in flight are
+    /// flushed, then join (a replica that joins holds durably what it was sent).
+    fn rebuilt(&mut self, now: Duration) {
         let mut joined = false;
+        let mut to_flush = Vec::new();
         for (&node, link) in self.links.iter_mut() {
             let busy = self.ops.values().any(|op| {
                 op.optional.contains(&node)
-                    || matches!(op.kind, OpKind::Copy { to, .. } if to == node)
+                    || matches!(op.kind, OpKind::Copy { to, .. } | OpKind::JoinFlush { to } if to == node)
             });
-            if link.state == LinkState::Rebuilding && link.dirty.is_empty() && !busy {
+            if link.state != LinkState::Rebuilding || !link.dirty.is_empty() || busy {
+                continue;
+            }
+            if link.flushed {
                 link.state = LinkState::Joining;
                 joined = true;
+            } else {
+                link.written_since_flush = false;
+                to_flush.push((node, link.token));
             }
+        }
+        for (to, token) in to_flush {
+            let op = OpId(self.next_internal_op);
+            self.next_internal_op += 1;
+            let mut flush = new_op(OpKind::JoinFlush { to }, now);
+            flush.optional.push(to);
+            flush.deadline = now + self.config.replica_timeout;
+            self.ops.insert(op, flush);
+            let msg = ToReplica::Flush { token, op };
+            self.actions.push_back(Action::Send { to, msg });
         }
         if joined {
             self.maybe_commit();
@@ -955,6 +1009,8 @@ impl Primary {
                 }
                 LinkState::Rebuilding if has_all => {
                     optional.push(node);
+                    link.written_since_flush = true;
+                    link.flushed = false;
                     true
                 }
                 _ => {
@@ -991,7 +1047,7 @@ impl Primary {
         }
         self.start_copies(now);
         if self.phase == PrimaryPhase::Active {
-            self.rebuilt();
+            self.rebuilt(now);
         }
         if self.phase == PrimaryPhase::Resyncing && self.resync_done() {
             self.phase = PrimaryPhase::Active;
