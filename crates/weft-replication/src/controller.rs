@@ -22,6 +22,7 @@ pub fn promote(record: &ReplicaSet, up: impl Fn(NodeId) -> bool) -> Option<Repli
     let mut next = record.clone();
     next.epoch = record.epoch.next();
     next.primary = candidate;
+    next.previous = Some(record.primary);
     next.move_to = None;
     next.set_state(record.primary, MemberState::Faulted { epoch: next.epoch });
     Some(next)

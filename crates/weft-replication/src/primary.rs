@@ -230,6 +230,15 @@ enum OpKind {
     JoinFlush {
         to: NodeId,
     },
+    /// Makes this node's copy durable before it is left the only one in sync.
+    SoleFlush,
+}
+
+/// The local flush before this node is left the only copy in sync.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SoleFlush {
+    Running(OpId),
+    Done,
 }
 
 #[derive(Debug)]
@@ -249,14 +258,19 @@ struct Op {
 
 impl Op {
     fn is_host(&self) -> bool {
-        !matches!(self.kind, OpKind::Copy { .. } | OpKind::JoinFlush { .. })
+        !matches!(
+            self.kind,
+            OpKind::Copy { .. } | OpKind::JoinFlush { .. } | OpKind::SoleFlush
+        )
     }
 
     fn extent(&self, geometry: &Geometry) -> Option<Extent> {
         match self.kind {
             OpKind::Write { extent, .. } => Some(extent),
             OpKind::Copy { region, .. } => Some(geometry.extent_of(region)),
-            OpKind::Read { .. } | OpKind::Flush | OpKind::JoinFlush { .. } => None,
+            OpKind::Read { .. } | OpKind::Flush | OpKind::JoinFlush { .. } | OpKind::SoleFlush => {
+                None
+            }
         }
     }
 
@@ -290,6 +304,9 @@ pub struct Primary {
     to_clean: Vec<u32>,
     /// Regions to resync at promotion.
     resync: RegionSet,
+    /// The flush before being left the only copy in sync (reset when a
+    /// replica joins again).
+    sole_flush: Option<SoleFlush>,
     lease_until: Duration,
     actions: VecDeque<Action>,
 }
@@ -318,6 +335,7 @@ impl Primary {
             ops: BTreeMap::new(),
             next_internal_op: INTERNAL_OP_BASE,
             resync: intent.clone(),
+            sole_flush: None,
             intent,
             writes_in_region: vec![0; regions as usize],
             to_clean: Vec::new(),
@@ -542,8 +560,16 @@ impl Primary {
             return;
         };
         match reply {
-            FromReplica::Fenced { token, intent } if token == link.token => {
-                self.fenced(from, intent, now);
+            FromReplica::Fenced {
+                token,
+                intent,
+                unclean,
+            } if token == link.token => {
+                if unclean {
+                    self.unclean(from, now);
+                } else {
+                    self.fenced(from, intent, now);
+                }
             }
             FromReplica::Done { token, op } if token == link.token => {
                 if let Some(entry) = self.ops.get_mut(&op) {
@@ -565,6 +591,22 @@ impl Primary {
             _ => {}
         }
         self.pump(now);
+    }
+
+    /// A replica that lost power may lack writes it acknowledged: rebuilt
+    /// in full, never relied on as it is (one fenced at promotion is faulted).
+    fn unclean(&mut self, node: NodeId, now: Duration) {
+        let regions = self.config.geometry.regions();
+        let link = self.links.get_mut(&node).expect("a link");
+        let LinkState::Fencing { rejoin, .. } = link.state else {
+            return;
+        };
+        link.full = true;
+        if rejoin {
+            self.fenced(node, RegionSet::new(regions), now);
+        } else {
+            self.link_failed(node, now);
+        }
     }
 
     fn fenced(&mut self, node: NodeId, intent: RegionSet, now: Duration) {
@@ -638,6 +680,18 @@ impl Primary {
                 link.state = LinkState::Live;
             }
         }
+        // A replica faulted by someone else (itself, after losing power):
+        // never put back in sync without a rebuild.
+        let dropped: Vec<NodeId> = self
+            .links
+            .iter()
+            .filter(|(&node, link)| link.state == LinkState::Live && !self.maybe_in_sync(node))
+            .map(|(&node, _)| node)
+            .collect();
+        for node in dropped {
+            self.links.get_mut(&node).expect("a link").full = true;
+            self.link_failed(node, now);
+        }
         self.maybe_commit();
         let ops: Vec<OpId> = self.ops.keys().copied().collect();
         for op in ops {
@@ -679,6 +733,7 @@ impl Primary {
         let mut next = self.record.clone();
         next.epoch = self.record.epoch.next();
         next.primary = target;
+        next.previous = Some(self.config.me);
         next.move_to = None;
         self.commit_in_flight = true;
         self.uncertain.push((self.revision, next.clone()));
@@ -717,6 +772,13 @@ impl Primary {
             return;
         }
         let wanted = self.wanted_record();
+        // Left the only copy in sync, this node must first hold durably what
+        // the replicas it drops held for it (acknowledged, maybe unflushed here).
+        let alone = wanted.in_sync_secondaries().next().is_none()
+            && self.record.in_sync_secondaries().next().is_some();
+        if alone && !self.sole_flushed() {
+            return;
+        }
         // With a change of unknown outcome, commit even an unchanged record:
         // once a later revision exists, the unknown change can no longer land.
         if wanted != self.record || !self.uncertain.is_empty() {
@@ -728,6 +790,23 @@ impl Primary {
                 record: wanted,
             });
         }
+    }
+
+    /// Whether a local flush started after the writes in flight completed
+    /// is done; starts one if none is under way.
+    fn sole_flushed(&mut self) -> bool {
+        if self.sole_flush == Some(SoleFlush::Done) {
+            return true;
+        }
+        if self.sole_flush.is_none() {
+            let op = OpId(self.next_internal_op);
+            self.next_internal_op += 1;
+            self.sole_flush = Some(SoleFlush::Running(op));
+            self.ops
+                .insert(op, new_op(OpKind::SoleFlush, Duration::ZERO));
+            self.actions.push_back(Action::LocalFlush { op });
+        }
+        false
     }
 
     /// Whether a replica this primary dropped is still in sync in the
@@ -913,6 +992,10 @@ impl Primary {
                     link.flushed = clean;
                 }
             }
+            OpKind::SoleFlush => {
+                self.sole_flush = Some(SoleFlush::Done);
+                self.maybe_commit();
+            }
             OpKind::Read { .. } | OpKind::Flush => {}
         }
     }
@@ -935,6 +1018,7 @@ impl Primary {
             if link.flushed {
                 link.state = LinkState::Joining;
                 joined = true;
+                self.sole_flush = None;
             } else {
                 link.written_since_flush = false;
                 to_flush.push((node, link.token));
@@ -1179,7 +1263,10 @@ fn new_op(kind: OpKind, now: Duration) -> Op {
     Op {
         kind,
         queued: false,
-        local_pending: matches!(kind, OpKind::Read { .. } | OpKind::Flush),
+        local_pending: matches!(
+            kind,
+            OpKind::Read { .. } | OpKind::Flush | OpKind::SoleFlush
+        ),
         required: Vec::new(),
         optional: Vec::new(),
         deadline: now,
@@ -1229,7 +1316,12 @@ mod tests {
             }]
         );
         let intent = RegionSet::new(regions);
-        primary.replica_reply(NodeId(1), FromReplica::Fenced { token, intent }, MS);
+        let fenced = FromReplica::Fenced {
+            token,
+            intent,
+            unclean: false,
+        };
+        primary.replica_reply(NodeId(1), fenced, MS);
         assert_eq!(primary.phase(), PrimaryPhase::Active);
         (primary, token)
     }
@@ -1289,6 +1381,15 @@ mod tests {
         primary.local_done(OpId(1), 3 * MS);
         drain(&mut primary);
         primary.tick(300 * MS);
+        // Left the only copy in sync, n0 first makes its copy durable.
+        let flush = drain(&mut primary)
+            .into_iter()
+            .find_map(|a| match a {
+                Action::LocalFlush { op } => Some(op),
+                _ => None,
+            })
+            .expect("a local flush first");
+        primary.local_done(flush, 301 * MS);
         let actions = drain(&mut primary);
         assert!(
             completions(&actions).is_empty(),
@@ -1309,7 +1410,7 @@ mod tests {
             record.state_of(NodeId(1)),
             Some(MemberState::Faulted { epoch: Epoch(1) })
         );
-        primary.committed(2, record, 301 * MS);
+        primary.committed(2, record, 302 * MS);
         assert_eq!(
             completions(&drain(&mut primary)),
             [(OpId(1), HostResult::Ok)]

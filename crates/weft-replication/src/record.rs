@@ -44,6 +44,11 @@ pub struct ReplicaSet {
     /// and hands over itself, without waiting for any lease.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub move_to: Option<NodeId>,
+    /// The primary of the epoch before (promoted from, or handed over
+    /// from): a new primary that never served and lost power gives the
+    /// role back to it, the one copy known to hold every acknowledged write.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous: Option<NodeId>,
 }
 
 impl ReplicaSet {
@@ -62,6 +67,7 @@ impl ReplicaSet {
                 })
                 .collect(),
             move_to: None,
+            previous: None,
         }
     }
 

@@ -20,6 +20,10 @@ pub enum FromReplica {
         token: Token,
         /// The replica's write-intent bitmap.
         intent: RegionSet,
+        /// Its node lost power since a primary last wrote to it: it may
+        /// lack writes it had acknowledged (they were not flushed), so it
+        /// must be rebuilt in full.
+        unclean: bool,
     },
     /// The write, copy or flush `op` of session `token` is done (durably for a flush or FUA).
     Done {
@@ -48,18 +52,33 @@ pub struct Replica {
     attached: bool,
     intent: RegionSet,
     geometry: Geometry,
+    /// Power was lost: reported in every fence until a primary writes or
+    /// copies to it under a fence that reported it (it then knows).
+    unclean: bool,
+    unclean_reported_to: Option<Token>,
 }
 
 impl Replica {
-    /// A replica as it starts: its persisted fence and write intent, no live session.
-    pub fn new(geometry: Geometry, fence: Token, intent: RegionSet) -> Replica {
+    /// A replica as it starts: its fence and persisted write intent, no
+    /// live session; `unclean` if its node lost power since a primary last
+    /// wrote to it (persisted by the driver: a boot whose id differs from
+    /// the one recorded at the last write).
+    pub fn new(geometry: Geometry, fence: Token, intent: RegionSet, unclean: bool) -> Replica {
         assert_eq!(intent.capacity(), geometry.regions());
         Replica {
             fence,
             attached: false,
             intent,
             geometry,
+            unclean,
+            unclean_reported_to: None,
         }
+    }
+
+    /// Whether it is still to be rebuilt in full after a power loss (the
+    /// driver persists this).
+    pub fn unclean(&self) -> bool {
+        self.unclean
     }
 
     /// A fence request. Accepted only with a larger token (tokens only
@@ -73,9 +92,13 @@ impl Replica {
         }
         self.fence = token;
         self.attached = true;
+        if self.unclean {
+            self.unclean_reported_to = Some(token);
+        }
         FromReplica::Fenced {
             token,
             intent: self.intent.clone(),
+            unclean: self.unclean,
         }
     }
 
@@ -95,6 +118,10 @@ impl Replica {
     /// Records the regions of a write about to be applied (before it is:
     /// the driver persists the intent first). Returns whether the intent changed.
     pub fn will_write(&mut self, extent: &crate::Extent) -> bool {
+        if self.unclean && self.unclean_reported_to == Some(self.fence) {
+            // The primary writing to it knows it must rebuild it in full.
+            self.unclean = false;
+        }
         let mut changed = false;
         for region in self.geometry.regions_of(extent) {
             changed |= self.intent.insert(region);
@@ -141,7 +168,7 @@ mod tests {
             blocks: 8,
             region_blocks: 4,
         };
-        let mut replica = Replica::new(geometry, token(1, 1), RegionSet::new(2));
+        let mut replica = Replica::new(geometry, token(1, 1), RegionSet::new(2), false);
         assert!(
             !replica.admits(token(1, 1)),
             "a restarted replica awaits a new fence"

@@ -33,7 +33,7 @@ struct Command {
 impl Command {
     fn extent(&self) -> Option<Extent> {
         match &self.cmd {
-            HostCmd::Read(extent) | HostCmd::Write(extent, _) => Some(*extent),
+            HostCmd::Read(extent) | HostCmd::Write(extent, _, _) => Some(*extent),
             HostCmd::Flush => None,
         }
     }
@@ -94,9 +94,9 @@ impl Host {
 
     /// Whether `block` has a write outstanding (its content is in flux).
     pub fn writing(&self, block: u64) -> bool {
-        self.commands
-            .values()
-            .any(|c| matches!(&c.cmd, HostCmd::Write(e, _) if e.block <= block && block < e.end()))
+        self.commands.values().any(
+            |c| matches!(&c.cmd, HostCmd::Write(e, _, _) if e.block <= block && block < e.end()),
+        )
     }
 
     /// The value of the last acknowledged write of `block`.
@@ -166,7 +166,7 @@ impl Host {
                     self.next_value
                 })
                 .collect();
-            HostCmd::Write(extent, values)
+            HostCmd::Write(extent, values, rng.chance(125_000))
         } else {
             HostCmd::Read(extent)
         };
@@ -316,7 +316,7 @@ impl Host {
         let command = self.commands.remove(&op).expect("present");
         self.last_completion = now;
         match command.cmd {
-            HostCmd::Write(extent, values) => {
+            HostCmd::Write(extent, values, _) => {
                 let start = extent.block as usize;
                 self.acked[start..start + values.len()].copy_from_slice(&values);
                 self.stats.writes += 1;

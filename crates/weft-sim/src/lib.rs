@@ -10,7 +10,12 @@
 //! nvme multipath does) issues random writes, reads and flushes, never two
 //! at once on one block. Meanwhile nodes crash and restart, pause (a hung
 //! process, SIGSTOP), are partitioned from each other, from the store or
-//! from the host, and links turn slow or lose messages.
+//! from the host, and links turn slow or lose messages. A node may also lose
+//! power: each block written since its last flush (or FUA write) keeps its
+//! new content or loses it; the host issues FUA writes and flushes. A power
+//! loss is injected only while another replica is in sync and no other node
+//! is still to be rebuilt from one: two copies lost at once may lose
+//! unflushed acknowledged writes, as NVMe allows for one device.
 //!
 //! Checked all along: every read returns exactly what the last acknowledged
 //! write of each block wrote (no acknowledged write lost, no stale read).
@@ -19,8 +24,8 @@
 //! in-sync set and every in-sync replica holds the primary's data.
 //!
 //! What it does not model: the NVMe/TCP wire (that is `weft-proto`'s, with
-//! its own tests), power loss (a crash here is a process crash: what reached
-//! the kernel stays), and more than one volume.
+//! its own tests), disk errors, replacing a replica on another node, and
+//! more than one volume.
 //!
 //! A run is a function of its seed: `run(seed)` twice gives the same trace.
 

@@ -12,8 +12,8 @@ use crate::world::{Endpoint, Event, HostCmd, Msg, Outbox, SimConfig, StoreReq, S
 use std::collections::BTreeMap;
 use std::time::Duration;
 use weft_replication::{
-    Action, Epoch, Extent, FromReplica, Geometry, HostResult, NodeId, OpId, Primary, PrimaryConfig,
-    PrimaryPhase, RegionSet, Replica, ReplicaSet, ToReplica, Token,
+    Action, Epoch, Extent, FromReplica, Geometry, HostResult, MemberState, NodeId, OpId, Primary,
+    PrimaryConfig, PrimaryPhase, RegionSet, Replica, ReplicaSet, ToReplica, Token,
 };
 
 const RENEW_EVERY: Duration = Duration::from_millis(250);
@@ -36,8 +36,14 @@ enum StoreAsk {
 }
 
 enum Local {
-    Write { extent: Extent, data: Vec<u64> },
-    Read { extent: Extent },
+    Write {
+        extent: Extent,
+        data: Vec<u64>,
+        fua: bool,
+    },
+    Read {
+        extent: Extent,
+    },
     Flush,
 }
 
@@ -49,8 +55,16 @@ pub struct Node {
     incarnation: u64,
     // Persistent.
     pub disk: Vec<u64>,
+    /// What the disk holds durably: what survives a power loss (`disk` is
+    /// what reads see, the volatile cache included).
+    durable: Vec<u64>,
     intent: RegionSet,
     served_epoch: Epoch,
+    /// Power was lost since a primary last wrote here (the boot id changed).
+    unclean: bool,
+    /// An unclean node takes itself out of the in-sync set before it joins
+    /// the cluster again (so that nobody promotes it or counts on it).
+    may_register: bool,
     // Lost in a crash.
     fence: Token,
     role: Role,
@@ -83,6 +97,9 @@ impl Node {
             replica_timeout: config.replica_timeout,
             incarnation: 0,
             disk: vec![0; geometry.blocks as usize],
+            durable: vec![0; geometry.blocks as usize],
+            unclean: false,
+            may_register: true,
             fence: Token::default(),
             intent: RegionSet::new(regions),
             served_epoch: Epoch(0),
@@ -90,6 +107,7 @@ impl Node {
                 geometry,
                 Token::default(),
                 RegionSet::new(regions),
+                false,
             )),
             record: None,
             lease_until: Duration::ZERO,
@@ -134,15 +152,20 @@ impl Node {
     /// The process dies: local writes in flight reach the disk or not.
     pub fn crash(&mut self, _now: Duration, rng: &mut Rng) {
         for (_, (_, local)) in std::mem::take(&mut self.local) {
-            if let Local::Write { extent, data } = local {
+            if let Local::Write { extent, data, fua } = local {
                 if rng.chance(500_000) {
-                    self.apply(extent, &data);
+                    self.apply(extent, &data, fua);
                 }
             }
         }
         self.incarnation += 1;
         self.fence = Token::default();
-        self.role = Role::Replica(Replica::new(self.geometry, self.fence, self.intent.clone()));
+        self.role = Role::Replica(Replica::new(
+            self.geometry,
+            self.fence,
+            self.intent.clone(),
+            self.unclean,
+        ));
         self.record = None;
         self.lease_until = Duration::ZERO;
         self.last_renew = None;
@@ -153,15 +176,47 @@ impl Node {
         self.optimized = false;
     }
 
+    /// The machine loses power: the process dies and each block written
+    /// since its last flush keeps its new content or loses it.
+    pub fn power_loss(&mut self, now: Duration, rng: &mut Rng) {
+        self.crash(now, rng);
+        for block in 0..self.disk.len() {
+            if self.disk[block] != self.durable[block] && rng.chance(500_000) {
+                self.disk[block] = self.durable[block];
+            }
+        }
+        self.durable.clone_from(&self.disk);
+        self.unclean = true;
+        self.may_register = false;
+        self.role = Role::Replica(Replica::new(
+            self.geometry,
+            self.fence,
+            self.intent.clone(),
+            true,
+        ));
+    }
+
+    /// Whether the node lost power and is not rebuilt yet.
+    pub fn is_unclean(&self) -> bool {
+        self.unclean
+    }
+
     /// The process starts again; it joins once its old lease has surely
     /// ended, as `weft serve` does.
     pub fn restart(&mut self, now: Duration) {
         self.may_register_at = now + self.lease_ttl;
     }
 
-    fn apply(&mut self, extent: Extent, data: &[u64]) {
+    fn apply(&mut self, extent: Extent, data: &[u64], durable: bool) {
         let start = extent.block as usize;
         self.disk[start..start + data.len()].copy_from_slice(data);
+        if durable {
+            self.durable[start..start + data.len()].copy_from_slice(data);
+        }
+    }
+
+    fn flush(&mut self) {
+        self.durable.clone_from(&self.disk);
     }
 
     fn read(&self, extent: Extent) -> Vec<u64> {
@@ -182,7 +237,8 @@ impl Node {
     }
 
     pub fn tick(&mut self, now: Duration, rng: &mut Rng, out: &mut Outbox) {
-        if now >= self.may_register_at && self.last_renew.is_none_or(|t| now >= t + RENEW_EVERY) {
+        let may_renew = self.may_register && now >= self.may_register_at;
+        if may_renew && self.last_renew.is_none_or(|t| now >= t + RENEW_EVERY) {
             self.last_renew = Some(now);
             self.ask(StoreAsk::Renew { sent: now }, StoreReq::Renew, now, out);
         }
@@ -293,6 +349,13 @@ impl Node {
             return;
         }
         self.record = Some((revision, record.clone()));
+        if !self.may_register {
+            if self.unclean {
+                return self.leave_in_sync_set(revision, &record, now, out);
+            }
+            // A primary is rebuilding it in full: it may join again.
+            self.may_register = true;
+        }
         if let Role::Primary(primary) = &mut self.role {
             primary.record_changed(revision, record.clone(), now);
             if primary.phase() != PrimaryPhase::Deposed {
@@ -315,6 +378,7 @@ impl Node {
             // new one, so that its fences are new.
             let mut next = record.clone();
             next.epoch = record.epoch.next();
+            next.previous = Some(self.id);
             out.note(format!("asks to serve again under epoch {}", next.epoch.0));
             self.ask(
                 StoreAsk::Bump,
@@ -326,6 +390,64 @@ impl Node {
                 out,
             );
         }
+    }
+
+    /// After a power loss: out of the in-sync set before joining again (the
+    /// primary role to another in-sync replica if there is one; the sole
+    /// copy carries on with what it has).
+    fn leave_in_sync_set(
+        &mut self,
+        revision: u64,
+        record: &ReplicaSet,
+        now: Duration,
+        out: &mut Outbox,
+    ) {
+        if !record.is_in_sync(self.id) {
+            self.may_register = true;
+            return;
+        }
+        if self.asks.values().any(|(a, _)| *a == StoreAsk::Bump) {
+            return;
+        }
+        let mut next = record.clone();
+        if record.primary == self.id {
+            // Promoted while it was down, never served: the previous primary
+            // holds every acknowledged write. Else another in-sync replica
+            // does. Else this copy is all there is.
+            let never_served = self.served_epoch < record.epoch;
+            // The previous primary holds every acknowledged write if it was
+            // in sync until this epoch (faulted only by the promotion).
+            let complete = |p: NodeId| {
+                record.is_in_sync(p)
+                    || record.state_of(p)
+                        == Some(MemberState::Faulted {
+                            epoch: record.epoch,
+                        })
+            };
+            let previous = record
+                .previous
+                .filter(|&p| never_served && p != self.id && complete(p));
+            let Some(other) = previous.or_else(|| record.in_sync_secondaries().next()) else {
+                self.may_register = true;
+                return;
+            };
+            next.epoch = record.epoch.next();
+            next.primary = other;
+            next.previous = Some(self.id);
+            next.move_to = None;
+            next.set_state(other, MemberState::InSync);
+        }
+        next.set_state(self.id, MemberState::Faulted { epoch: next.epoch });
+        out.note(format!("lost power: leaves the in-sync set ({next:?})"));
+        self.ask(
+            StoreAsk::Bump,
+            StoreReq::Cas {
+                base: revision,
+                record: next,
+            },
+            now,
+            out,
+        );
     }
 
     fn become_primary(
@@ -340,7 +462,8 @@ impl Node {
             epoch: record.epoch,
             session: 0,
         };
-        let mut replica = Replica::new(self.geometry, self.fence, self.intent.clone());
+        let mut replica =
+            Replica::new(self.geometry, self.fence, self.intent.clone(), self.unclean);
         if !matches!(replica.fence(own), FromReplica::Fenced { .. }) {
             out.note(format!(
                 "cannot serve epoch {}: fenced by {:?}",
@@ -350,6 +473,8 @@ impl Node {
         }
         self.fence = own;
         self.served_epoch = record.epoch;
+        // Its copy is the reference now: others are resynced from it.
+        self.unclean = false;
         out.note(format!(
             "primary of epoch {} at r{revision}",
             record.epoch.0
@@ -393,9 +518,9 @@ impl Node {
         self.host_ops.insert(op, (host_op, attempt));
         match cmd {
             HostCmd::Read(extent) => primary.host_read(op, extent, now),
-            HostCmd::Write(extent, data) => {
+            HostCmd::Write(extent, data, fua) => {
                 self.buffers.insert(op, data);
-                primary.host_write(op, extent, false, now);
+                primary.host_write(op, extent, fua, now);
             }
             HostCmd::Flush => primary.host_flush(op, now),
         }
@@ -414,8 +539,12 @@ impl Node {
             if token.epoch > own.epoch() {
                 // A newer primary: this one was deposed without knowing it.
                 out.note(format!("deposed by a fence of epoch {}", token.epoch.0));
-                self.role =
-                    Role::Replica(Replica::new(self.geometry, self.fence, self.intent.clone()));
+                self.role = Role::Replica(Replica::new(
+                    self.geometry,
+                    self.fence,
+                    self.intent.clone(),
+                    self.unclean,
+                ));
                 self.host_ops.clear();
                 self.buffers.clear();
             }
@@ -451,10 +580,17 @@ impl Node {
                 self.fence = replica.fence_token();
                 answer(reply, out, self.incarnation, self.id);
             }
-            ToReplica::Write {
-                token, op, extent, ..
-            }
-            | ToReplica::Copy { token, op, extent } => {
+            msg @ (ToReplica::Write { .. } | ToReplica::Copy { .. }) => {
+                let (token, op, extent, fua) = match msg {
+                    ToReplica::Write {
+                        token,
+                        op,
+                        extent,
+                        fua,
+                    } => (token, op, extent, fua),
+                    ToReplica::Copy { token, op, extent } => (token, op, extent, false),
+                    _ => unreachable!("matched above"),
+                };
                 if !replica.admits(token) {
                     let reply = replica.refusal(token);
                     return answer(reply, out, self.incarnation, self.id);
@@ -462,6 +598,7 @@ impl Node {
                 if replica.will_write(&extent) {
                     self.intent = replica.intent().clone();
                 }
+                self.unclean = replica.unclean();
                 assert_eq!(data.len(), extent.blocks as usize, "data for the extent");
                 if self
                     .debug_block
@@ -471,7 +608,7 @@ impl Node {
                         "applies from {primary} {token:?} op {op:?} {extent:?} {data:?}"
                     ));
                 }
-                self.apply(extent, &data);
+                self.apply(extent, &data, fua);
                 answer(
                     FromReplica::Done { token, op },
                     out,
@@ -481,6 +618,7 @@ impl Node {
             }
             ToReplica::Flush { token, op } => {
                 let reply = if replica.admits(token) {
+                    self.flush();
                     FromReplica::Done { token, op }
                 } else {
                     replica.refusal(token)
@@ -510,12 +648,12 @@ impl Node {
             return;
         };
         match local {
-            Local::Write { extent, data } => self.apply(extent, &data),
+            Local::Write { extent, data, fua } => self.apply(extent, &data, fua),
             Local::Read { extent } => {
                 let data = self.read(extent);
                 self.buffers.insert(op, data);
             }
-            Local::Flush => {}
+            Local::Flush => self.flush(),
         }
         if let Role::Primary(primary) = &mut self.role {
             primary.local_done(op, now);
@@ -534,8 +672,12 @@ impl Node {
         if let Role::Primary(primary) = &self.role {
             if primary.phase() == PrimaryPhase::Deposed {
                 out.note("deposed".to_string());
-                self.role =
-                    Role::Replica(Replica::new(self.geometry, self.fence, self.intent.clone()));
+                self.role = Role::Replica(Replica::new(
+                    self.geometry,
+                    self.fence,
+                    self.intent.clone(),
+                    self.unclean,
+                ));
                 self.host_ops.clear();
                 self.buffers.clear();
             }
@@ -566,9 +708,9 @@ impl Node {
             Action::IntentClear(region) => {
                 self.intent.remove(region);
             }
-            Action::LocalWrite { op, extent, .. } => {
+            Action::LocalWrite { op, extent, fua } => {
                 let data = self.buffers.get(&op).expect("the host's data").clone();
-                self.local_io(op, Local::Write { extent, data }, rng, out);
+                self.local_io(op, Local::Write { extent, data, fua }, rng, out);
             }
             Action::LocalRead { op, extent } => self.local_io(op, Local::Read { extent }, rng, out),
             Action::LocalFlush { op } => self.local_io(op, Local::Flush, rng, out),

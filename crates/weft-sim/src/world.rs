@@ -63,6 +63,8 @@ pub struct Report {
     pub retries: u64,
     /// Faults injected.
     pub faults: u64,
+    /// Of which power losses.
+    pub power_losses: u64,
     /// Promotions and planned moves (epochs after the first).
     pub promotions: u64,
     /// Planned moves of the primary asked for.
@@ -111,7 +113,8 @@ pub enum Endpoint {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HostCmd {
     Read(Extent),
-    Write(Extent, Vec<u64>),
+    /// A write; with force unit access when the flag is set.
+    Write(Extent, Vec<u64>, bool),
     Flush,
 }
 
@@ -384,10 +387,15 @@ impl World {
     }
 
     /// After every step: every replica the store calls in sync holds the
-    /// last acknowledged write of every block that has no write outstanding.
+    /// last acknowledged write of every block that has no write outstanding
+    /// (but one whose node lost power: it may have lost unflushed writes
+    /// until it leaves the in-sync set and is rebuilt; the reads check that
+    /// nobody relies on it meanwhile).
     fn check_in_sync(&self) -> Result<(), String> {
         let record = self.store.record();
-        for member in record.members.iter().filter(|m| record.is_in_sync(m.node)) {
+        let trusted =
+            |node: NodeId| record.is_in_sync(node) && !self.nodes[node.0 as usize].is_unclean();
+        for member in record.members.iter().filter(|m| trusted(m.node)) {
             let disk = &self.nodes[member.node.0 as usize].disk;
             for (block, &value) in disk.iter().enumerate() {
                 let block = block as u64;
@@ -411,7 +419,8 @@ impl World {
             return Ok(false);
         }
         let record = self.store.record().clone();
-        if record.members.iter().any(|m| !record.is_in_sync(m.node)) {
+        let rebuilt = !self.nodes.iter().any(Node::is_unclean);
+        if !rebuilt || record.members.iter().any(|m| !record.is_in_sync(m.node)) {
             return Ok(false);
         }
         let primary = &self.nodes[record.primary.0 as usize];
@@ -615,6 +624,16 @@ impl World {
         }
     }
 
+    fn power_loss_safe(&self) -> bool {
+        let record = self.store.record();
+        let in_sync = record
+            .members
+            .iter()
+            .filter(|m| record.is_in_sync(m.node))
+            .count();
+        in_sync >= 2 && !self.nodes.iter().any(Node::is_unclean)
+    }
+
     fn unwell(&self) -> usize {
         self.liveness.iter().filter(|&&l| l != Liveness::Up).count()
     }
@@ -635,7 +654,7 @@ impl World {
         let index = node.0 as usize;
         let may_fail = self.unwell() + 1 < usize::from(self.config.nodes)
             && self.liveness[index] == Liveness::Up;
-        match self.rng.range(0, 10) {
+        match self.rng.range(0, 11) {
             0..=2 if may_fail => {
                 self.liveness[index] = Liveness::Down;
                 let now = self.now;
@@ -643,6 +662,19 @@ impl World {
                 self.backlog[index].clear();
                 let back = Duration::from_millis(self.rng.range(200, 4000));
                 self.note(format!("crash {node}, restart in {back:?}"));
+                self.schedule(back, Event::Restart { node });
+            }
+            // Power loss: only while another replica holds every
+            // acknowledged write (two in sync, nobody else unclean), or an
+            // unflushed acknowledged write may be lost for good, as NVMe allows.
+            9 if may_fail && self.power_loss_safe() => {
+                self.liveness[index] = Liveness::Down;
+                let now = self.now;
+                self.nodes[index].power_loss(now, &mut self.rng);
+                self.report.power_losses += 1;
+                self.backlog[index].clear();
+                let back = Duration::from_millis(self.rng.range(200, 4000));
+                self.note(format!("power loss {node}, back in {back:?}"));
                 self.schedule(back, Event::Restart { node });
             }
             3..=4 if may_fail => {
