@@ -21,7 +21,7 @@ cargo build --release --locked -p weft-initiator --examples
 step "cargo test (unit, protocol, seeded fuzz loops)"
 cargo test --workspace --locked
 
-step "replication simulation (VOPR-style): ${WEFT_SIM_SEEDS:=4000} seeds of crashes, pauses and partitions"
+step "replication simulation (VOPR-style): ${WEFT_SIM_SEEDS:=4000} seeds of crashes, pauses, power losses and partitions"
 # A failing seed prints itself and how to replay it.
 WEFT_SIM_SEEDS=$WEFT_SIM_SEEDS cargo test --release --locked -p weft-sim --test vopr seeds -- --nocapture
 
