@@ -124,6 +124,11 @@ impl ReplicationRecord {
     pub fn member(&self, node: &str) -> Option<&ReplicaRecord> {
         self.members.iter().find(|m| m.node == node)
     }
+
+    /// Whether `node` holds a replica another node serves.
+    pub fn is_secondary(&self, node: &str) -> bool {
+        self.primary != node && self.member(node).is_some()
+    }
 }
 
 /// One replica of a replicated volume.

@@ -1279,6 +1279,10 @@ mod tests {
     use super::*;
 
     const MS: Duration = Duration::from_millis(1);
+    const BLOCK_0: Extent = Extent {
+        block: 0,
+        blocks: 1,
+    };
 
     fn config() -> PrimaryConfig {
         PrimaryConfig {
@@ -1369,15 +1373,7 @@ mod tests {
     #[test]
     fn a_silent_replica_leaves_the_record_before_the_write_completes() {
         let (mut primary, _) = active();
-        primary.host_write(
-            OpId(1),
-            Extent {
-                block: 0,
-                blocks: 1,
-            },
-            false,
-            2 * MS,
-        );
+        primary.host_write(OpId(1), BLOCK_0, false, 2 * MS);
         primary.local_done(OpId(1), 3 * MS);
         drain(&mut primary);
         primary.tick(300 * MS);
@@ -1421,15 +1417,7 @@ mod tests {
     #[test]
     fn a_fence_by_a_newer_epoch_deposes_the_primary() {
         let (mut primary, token) = active();
-        primary.host_write(
-            OpId(1),
-            Extent {
-                block: 0,
-                blocks: 1,
-            },
-            false,
-            2 * MS,
-        );
+        primary.host_write(OpId(1), BLOCK_0, false, 2 * MS);
         drain(&mut primary);
         let current = Token {
             epoch: Epoch(2),

@@ -160,20 +160,22 @@ impl Node {
         }
         self.incarnation += 1;
         self.fence = Token::default();
-        self.role = Role::Replica(Replica::new(
-            self.geometry,
-            self.fence,
-            self.intent.clone(),
-            self.unclean,
-        ));
+        self.become_replica();
         self.record = None;
         self.lease_until = Duration::ZERO;
         self.last_renew = None;
         self.last_poll = None;
         self.asks.clear();
+        self.optimized = false;
+    }
+
+    /// Serves as a replica from now on (after a restart or a deposition):
+    /// fenced as before, admitting nothing until fenced anew.
+    fn become_replica(&mut self) {
+        let replica = Replica::new(self.geometry, self.fence, self.intent.clone(), self.unclean);
+        self.role = Role::Replica(replica);
         self.host_ops.clear();
         self.buffers.clear();
-        self.optimized = false;
     }
 
     /// The machine loses power: the process dies and each block written
@@ -188,12 +190,7 @@ impl Node {
         self.durable.clone_from(&self.disk);
         self.unclean = true;
         self.may_register = false;
-        self.role = Role::Replica(Replica::new(
-            self.geometry,
-            self.fence,
-            self.intent.clone(),
-            true,
-        ));
+        self.become_replica();
     }
 
     /// Whether the node lost power and is not rebuilt yet.
@@ -380,15 +377,7 @@ impl Node {
             next.epoch = record.epoch.next();
             next.previous = Some(self.id);
             out.note(format!("asks to serve again under epoch {}", next.epoch.0));
-            self.ask(
-                StoreAsk::Bump,
-                StoreReq::Cas {
-                    base: revision,
-                    record: next,
-                },
-                now,
-                out,
-            );
+            self.ask_record(revision, next, now, out);
         }
     }
 
@@ -439,15 +428,17 @@ impl Node {
         }
         next.set_state(self.id, MemberState::Faulted { epoch: next.epoch });
         out.note(format!("lost power: leaves the in-sync set ({next:?})"));
-        self.ask(
-            StoreAsk::Bump,
-            StoreReq::Cas {
-                base: revision,
-                record: next,
-            },
-            now,
-            out,
-        );
+        self.ask_record(revision, next, now, out);
+    }
+
+    /// Asks the store to replace the record at `revision` by `next`: a change
+    /// of this node's own standing, one at a time.
+    fn ask_record(&mut self, revision: u64, next: ReplicaSet, now: Duration, out: &mut Outbox) {
+        let cas = StoreReq::Cas {
+            base: revision,
+            record: next,
+        };
+        self.ask(StoreAsk::Bump, cas, now, out);
     }
 
     fn become_primary(
@@ -539,14 +530,7 @@ impl Node {
             if token.epoch > own.epoch() {
                 // A newer primary: this one was deposed without knowing it.
                 out.note(format!("deposed by a fence of epoch {}", token.epoch.0));
-                self.role = Role::Replica(Replica::new(
-                    self.geometry,
-                    self.fence,
-                    self.intent.clone(),
-                    self.unclean,
-                ));
-                self.host_ops.clear();
-                self.buffers.clear();
+                self.become_replica();
             }
         }
         let Role::Replica(replica) = &mut self.role else {
@@ -672,14 +656,7 @@ impl Node {
         if let Role::Primary(primary) = &self.role {
             if primary.phase() == PrimaryPhase::Deposed {
                 out.note("deposed".to_string());
-                self.role = Role::Replica(Replica::new(
-                    self.geometry,
-                    self.fence,
-                    self.intent.clone(),
-                    self.unclean,
-                ));
-                self.host_ops.clear();
-                self.buffers.clear();
+                self.become_replica();
             }
         }
         let optimized = self.is_optimized(now);

@@ -236,7 +236,7 @@ impl Manager {
                     .record
                     .replication
                     .as_ref()
-                    .is_some_and(|r| r.primary != node && r.member(node).is_some()) =>
+                    .is_some_and(|r| r.is_secondary(node)) =>
             {
                 return Ok(());
             }

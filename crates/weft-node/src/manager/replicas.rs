@@ -176,7 +176,7 @@ impl Manager {
         found
             .record
             .replication
-            .is_some_and(|r| r.primary != node && r.member(node).is_some())
+            .is_some_and(|r| r.is_secondary(node))
     }
 }
 
@@ -249,28 +249,42 @@ mod tests {
     use std::sync::Arc;
     use weft_control::{MemoryStore, Store};
 
-    #[test]
-    fn every_replica_is_served_with_the_record_identity_and_one_is_optimized() {
-        let dir = scratch("replicas");
-        let store: Arc<dyn Store> = Arc::new(MemoryStore::default());
-        let mut n1 = member(&store, "n1", &dir);
-        let mut n2 = member(&store, "n2", &dir);
-        n2.cluster_ordinal = 1;
-        let spec = VolumeSpec {
+    fn spec() -> VolumeSpec {
+        VolumeSpec {
             name: "db1".into(),
             size_bytes: 4 << 20,
             block_size: 4096,
             thick: false,
-        };
-        let placements = [("n1", "p"), ("n2", "p")].map(|(node, pool)| ReplicaPlacement {
+        }
+    }
+
+    fn placements(on: [(&str, &str); 2]) -> [ReplicaPlacement; 2] {
+        on.map(|(node, pool)| ReplicaPlacement {
             node: node.into(),
             pool: pool.into(),
-        });
+        })
+    }
+
+    /// Nodes n1 (ordinal 0) and n2 (ordinal 1) of one cluster; n1 creates
+    /// volume "db1" with a replica on each; n2 has not seen it yet.
+    fn replicated_volume(test: &str) -> (Manager, Manager) {
+        let dir = scratch(test);
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::default());
+        let mut n1 = member(&store, "n1", &dir);
+        let mut n2 = member(&store, "n2", &dir);
+        n2.cluster_ordinal = 1;
+        let placements = placements([("n1", "p"), ("n2", "p")]);
         let chosen = VolumeRecord {
-            replication: n1.new_replication(&spec, "p", &placements).unwrap(),
+            replication: n1.new_replication(&spec(), "p", &placements).unwrap(),
             ..VolumeRecord::default()
         };
         n1.claimed("db1", "p", chosen, create("db1")).unwrap();
+        (n1, n2)
+    }
+
+    #[test]
+    fn every_replica_is_served_with_the_record_identity_and_one_is_optimized() {
+        let (mut n1, mut n2) = replicated_volume("replicas");
         assert!(n2.pool_of("db1").is_err(), "not yet seen");
         n2.create_missing_replicas();
         assert!(n2.is_secondary("db1") && !n1.is_secondary("db1"));
@@ -304,12 +318,9 @@ mod tests {
             n1.refuse_replicated("db1", "resizing"),
             Err(AdminError::NotForReplicated { .. })
         ));
-        let on_one_node = [("n1", "p"), ("n1", "p")].map(|(node, pool)| ReplicaPlacement {
-            node: node.into(),
-            pool: pool.into(),
-        });
+        let on_one_node = placements([("n1", "p"), ("n1", "p")]);
         assert!(matches!(
-            n1.new_replication(&spec, "p", &on_one_node),
+            n1.new_replication(&spec(), "p", &on_one_node),
             Err(AdminError::Invalid(_))
         ));
         // Each node also exports its replica on a fenced, private subsystem.
@@ -325,25 +336,7 @@ mod tests {
     /// shuts it out.
     #[test]
     fn a_replica_takes_writes_from_the_fence_holder_only() {
-        let dir = scratch("replica-fence");
-        let store: Arc<dyn Store> = Arc::new(MemoryStore::default());
-        let mut n1 = member(&store, "n1", &dir);
-        let mut n2 = member(&store, "n2", &dir);
-        let spec = VolumeSpec {
-            name: "db1".into(),
-            size_bytes: 4 << 20,
-            block_size: 4096,
-            thick: false,
-        };
-        let placements = [("n1", "p"), ("n2", "p")].map(|(node, pool)| ReplicaPlacement {
-            node: node.into(),
-            pool: pool.into(),
-        });
-        let chosen = VolumeRecord {
-            replication: n1.new_replication(&spec, "p", &placements).unwrap(),
-            ..VolumeRecord::default()
-        };
-        n1.claimed("db1", "p", chosen, create("db1")).unwrap();
+        let (_n1, mut n2) = replicated_volume("replica-fence");
         n2.create_missing_replicas();
         n2.cluster_peers = vec!["n1".into()];
         let plane = weft_target::DataPlane::start(
