@@ -29,6 +29,7 @@ use weft_proto::auth::{
 use weft_proto::command::{admin_opcode, fctype, FABRICS_OPCODE, NQN_BYTES_MAX};
 use weft_proto::fence::{FenceToken, FENCE_FEATURE};
 use weft_proto::host::{DataTransfer, HostCompletion, HostConfig, HostError};
+use weft_proto::intent::{IntentLogHeader, INTENT_LOG, INTENT_LOG_HEADER_LEN};
 use weft_proto::status::Status;
 use weft_proto::types::Nsid;
 
@@ -268,6 +269,17 @@ pub struct Namespace {
     pub block_size: u32,
 }
 
+/// A replica's write intent, as its target reported it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplicaIntent {
+    /// Marked regions, ascending.
+    pub regions: Vec<u32>,
+    /// Power was lost since a primary last wrote there.
+    pub unclean: bool,
+    /// Bytes per region.
+    pub region_bytes: u64,
+}
+
 /// A connected controller: its admin queue, its keep-alive and what it reported.
 #[derive(Debug)]
 pub struct Controller {
@@ -413,6 +425,44 @@ impl Controller {
                 status,
             }),
         }
+    }
+
+    /// The write intent of a weft replica subsystem (see
+    /// `weft_proto::intent`): its marked regions and whether it is unclean.
+    pub fn write_intent(&self) -> Result<ReplicaIntent, InitiatorError> {
+        let mut admin = self.admin();
+        let mut read = |offset: u64, len: u32| {
+            let dwords = len / 4 - 1;
+            let mut command = sqe(admin_opcode::GET_LOG_PAGE, 0xFFFF_FFFF);
+            set_cdw(
+                &mut command,
+                10,
+                u32::from(INTENT_LOG) | ((dwords & 0xFFFF) << 16),
+            );
+            set_cdw(&mut command, 11, dwords >> 16);
+            set_cdw(&mut command, 12, offset as u32);
+            set_cdw(&mut command, 13, (offset >> 32) as u32);
+            let transfer = DataTransfer::FromController(len);
+            let done = admin.execute("Get Log Page (write intent)", command, transfer)?;
+            Ok::<_, InitiatorError>(admin.buffer(done.cid.0)[..len as usize].to_vec())
+        };
+        let header = read(0, INTENT_LOG_HEADER_LEN as u32)?;
+        let header = IntentLogHeader::decode(header[..].try_into().expect("16 bytes"));
+        let mut regions = Vec::with_capacity(header.marked as usize);
+        // In pieces within the admin queue's transfer size.
+        let piece_regions = ADMIN_BUFFER_BYTES / 4;
+        while regions.len() < header.marked as usize {
+            let left = header.marked - regions.len() as u32;
+            let count = left.min(piece_regions);
+            let offset = INTENT_LOG_HEADER_LEN as u64 + regions.len() as u64 * 4;
+            let data = read(offset, count * 4)?;
+            regions.extend(weft_proto::intent::clean_regions(&data, count));
+        }
+        Ok(ReplicaIntent {
+            regions,
+            unclean: header.unclean,
+            region_bytes: header.region_bytes,
+        })
     }
 
     /// The active namespaces.

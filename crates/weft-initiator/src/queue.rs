@@ -226,6 +226,21 @@ impl Queue {
             .map(|_| ())
     }
 
+    /// Drops `regions` (at most `weft_proto::intent::CLEAN_REGIONS_MAX`)
+    /// from a weft replica's write intent: the vendor Clean command.
+    pub fn clean(&mut self, nsid: u32, regions: &[u32]) -> Result<(), InitiatorError> {
+        let len = regions.len() * 4;
+        let cid = self.next_cid();
+        for (slot, region) in self.buffer(cid)[..len].chunks_exact_mut(4).zip(regions) {
+            slot.copy_from_slice(&region.to_le_bytes());
+        }
+        let mut command = sqe(weft_proto::intent::CLEAN_OPCODE, nsid);
+        set_cdw(&mut command, 10, regions.len() as u32);
+        let transfer = DataTransfer::ToController(len as u32);
+        self.execute("Clean (write intent)", command, transfer)
+            .map(|_| ())
+    }
+
     /// Dataset Management with the Deallocate attribute over `(slba, blocks)` ranges.
     pub fn deallocate(&mut self, nsid: u32, ranges: &[(u64, u32)]) -> Result<(), InitiatorError> {
         assert!(

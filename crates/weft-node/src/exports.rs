@@ -102,6 +102,7 @@ pub fn build_exports(
             access: HostAccess::Any,
             ana: AnaConfig::DEFAULT,
             fenced: false,
+            intent: None,
         });
         devices.push(subsystem_devices);
     }

@@ -23,6 +23,7 @@
 //! both after a restart.
 
 mod claims;
+mod intents;
 mod publish;
 mod replicas;
 
@@ -492,6 +493,10 @@ pub struct Manager {
     cluster_peers: Vec<String>,
     /// What a node proves to use a replica subsystem (from the cluster's token).
     cluster_keys: Option<Arc<HostKeys>>,
+    /// The node's data directory in a cluster (its replicas' write intents live there).
+    cluster_dir: Option<PathBuf>,
+    /// The write intents of this node's replicas, by volume.
+    intents: BTreeMap<String, Arc<intents::IntentFile>>,
 }
 
 impl Manager {
@@ -548,6 +553,8 @@ impl Manager {
             cluster_referrals: Vec::new(),
             cluster_peers: Vec::new(),
             cluster_keys: None,
+            cluster_dir: None,
+            intents: BTreeMap::new(),
         };
         manager.publish();
         Ok(manager)
@@ -619,6 +626,7 @@ impl Manager {
                     access: HostAccess::Only(allowed),
                     ana: self.ana_of(&record),
                     fenced: false,
+                    intent: None,
                 });
                 let backend = Arc::new(VolumeBackend {
                     pool: pool_name.clone(),
@@ -629,6 +637,7 @@ impl Manager {
                     member_fds: member_fds.clone(),
                     manager: Arc::new(self.handle.clone()),
                     health: Arc::clone(health),
+                    intent: None,
                 });
                 // Devices pair with subsystems by position.
                 devices.push(vec![NamespaceDevice {
@@ -640,13 +649,25 @@ impl Manager {
                 if record.replication.is_some() {
                     // The primary writes to this replica through its
                     // private, fenced subsystem: the same volume, with a
-                    // meter of its own (hosts' limits do not apply).
+                    // meter of its own (hosts' limits do not apply), and
+                    // the replica's write intent checked before each write.
+                    let intent = intents::intent_of(
+                        &mut self.intents,
+                        self.cluster_dir.as_deref(),
+                        &volume.name,
+                        volume.size_bytes,
+                    );
                     let volume_subsystem = config.subsystems.last().expect("pushed");
-                    let replica = self.replica_subsystem(&volume.name, volume_subsystem);
+                    let mut replica = self.replica_subsystem(&volume.name, volume_subsystem);
+                    replica.intent.clone_from(&intent);
                     let meter = self.meters.entry(replica.nqn.clone()).or_default();
+                    let backend = VolumeBackend {
+                        intent,
+                        ..VolumeBackend::clone(&backend)
+                    };
                     devices.push(vec![NamespaceDevice {
                         nsid: Nsid(1),
-                        backend: Backend::Volume(backend),
+                        backend: Backend::Volume(Arc::new(backend)),
                         meter: Arc::clone(meter),
                         health: Arc::clone(health),
                     }]);
@@ -679,8 +700,17 @@ impl Manager {
         let inbox = Arc::clone(&self.handle.inbox);
         let _stop = StopOnExit(&inbox);
         loop {
-            match inbox.next(BATCH_MAX, self.member_usage.refresh_due()) {
-                Next::Io(batch) => self.serve_io(batch),
+            let intents_due = (!self.intents.is_empty())
+                .then(|| std::time::Instant::now() + intents::PERSIST_INTERVAL);
+            let due = match (self.member_usage.refresh_due(), intents_due) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            match inbox.next(BATCH_MAX, due) {
+                Next::Io(batch) => {
+                    self.serve_io(batch);
+                    self.persist_cleared_intents();
+                }
                 Next::Admin(Admin { op, reply }) => {
                     let result = self.admin(op, plane);
                     // Published before the caller hears back, so that what
@@ -688,7 +718,10 @@ impl Manager {
                     self.publish();
                     let _ = reply.send(result);
                 }
-                Next::Idle => self.publish_member_usage(),
+                Next::Idle => {
+                    self.publish_member_usage();
+                    self.persist_cleared_intents();
+                }
             }
         }
     }
@@ -761,8 +794,13 @@ impl Manager {
                 .send(VolumeOutcome::Done(Err(IoError::Failed)));
             return None;
         }
+        if let VolumeWork::MarkIntent { offset, len } = request.work {
+            let outcome = self.mark_intent(&request.volume, offset, len);
+            request.reply.send(outcome);
+            return None;
+        }
         let result = match request.work {
-            VolumeWork::Wait => Ok(()),
+            VolumeWork::Wait | VolumeWork::MarkIntent { .. } => Ok(()),
             VolumeWork::PrepareWrite { offset, len } => {
                 match pool.prepare_write(&request.volume, offset, len) {
                     Ok(()) => return Some(request),
@@ -1021,6 +1059,9 @@ impl Manager {
         }
         self.meters.remove(name);
         self.meters.remove(&replicas::replica_nqn(name));
+        if let Some(intent) = self.intents.remove(name) {
+            intent.remove();
+        }
         log::info!("volume {name} deleted");
         Ok(())
     }

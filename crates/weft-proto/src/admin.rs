@@ -627,6 +627,13 @@ fn get_log_page(
         ana_log(queue, subsystem, &request, out);
         return Outcome::data(request.len);
     }
+    if request.id == crate::intent::INTENT_LOG {
+        let Some(intent) = &subsystem.intent else {
+            return Outcome::status(Status::INVALID_LOG_PAGE);
+        };
+        intent.log_page(request.offset, out);
+        return Outcome::data(request.len);
+    }
     // Every other page fits in 4 KiB: build it whole, then copy the window asked for.
     let mut page = [0u8; 4096];
     let page_len = match request.id {

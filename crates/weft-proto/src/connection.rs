@@ -1069,6 +1069,16 @@ impl Connection {
                     self.dsm_ranges.len()
                 }
             }
+            IoPlan::Clean { regions } => {
+                let subsystem = &self.config.subsystems[io_queue.subsystem];
+                let intent = subsystem
+                    .intent
+                    .as_ref()
+                    .expect("planned: it has an intent");
+                let data = &buffers.buffer(slot)[..regions as usize * 4];
+                intent.clean(crate::intent::clean_regions(data, regions));
+                0
+            }
         };
         if pending == 0 {
             self.complete(slot, Status::SUCCESS, 0, 0, buffers);
@@ -3027,6 +3037,61 @@ mod tests {
         admin_b.update_config(target.config());
         let invalid = admin_b.simple(&fence_command(8, 3, 1));
         assert_eq!(invalid.status(), Status::INVALID_FIELD);
+    }
+
+    /// A replica subsystem's write intent: its log page (C0h) lists the
+    /// marked regions; Clean (81h) drops regions, only from the fence
+    /// holder, and only where the subsystem has an intent.
+    #[test]
+    fn the_intent_log_page_lists_marked_regions_and_clean_drops_them() {
+        use crate::intent::{WriteIntent, CLEAN_OPCODE, INTENT_LOG};
+        let target = test_target();
+        let intent = Arc::new(WriteIntent::new(64 << 20, 20, [3, 9, 40], false));
+        update(&target, |config| {
+            config.subsystems[0].fenced = true;
+            config.subsystems[0].intent = Some(Arc::clone(&intent));
+        });
+        let (mut admin, mut io) = ready_io_queue(&target);
+        let (mut other_admin, _other_io) = ready_io_queue(&target);
+        let (page, response) = admin.read_data(&get_log_page(1, INTENT_LOG, 32, 0));
+        assert_eq!(response.status(), Status::SUCCESS);
+        assert_eq!(
+            page.iter().map(|b| format!("{b:02x}")).collect::<String>(),
+            "0300000000000000000010000000000003000000090000002800000000000000"
+        );
+        let clean = |cid: u16, regions: &[u32]| {
+            let data: Vec<u8> = regions.iter().flat_map(|r| r.to_le_bytes()).collect();
+            let mut command = sqe(CLEAN_OPCODE, cid, 2, data.len() as u32, true);
+            set_cdw(&mut command, 10, regions.len() as u32);
+            (command, data)
+        };
+        let (command, data) = clean(2, &[9, 40]);
+        let refused = io.command(&command, &data).pop().unwrap();
+        assert_eq!(refused.status(), Status::RESERVATION_CONFLICT, "not fenced");
+        assert_eq!(
+            admin.simple(&fence_command(3, 1, 1)).status(),
+            Status::SUCCESS
+        );
+        let done = io.command(&command, &data).pop().unwrap();
+        assert_eq!(done.status(), Status::SUCCESS);
+        assert_eq!(intent.marked(), vec![3]);
+        assert!(intent.take_cleared(), "the node persists it again");
+        let (mut wrong, data) = clean(4, &[3]);
+        set_cdw(&mut wrong, 10, 2);
+        let short = io.command(&wrong, &data).pop().unwrap();
+        assert_eq!(short.status(), Status::SGL_LENGTH_INVALID);
+        // The page from another controller, at an offset: the one region left.
+        let (page, _) = other_admin.read_data(&get_log_page(5, INTENT_LOG, 4, 16));
+        assert_eq!(page, 3u32.to_le_bytes());
+        // Without an intent: no page, no Clean.
+        update(&target, |config| config.subsystems[0].intent = None);
+        admin.update_config(target.config());
+        io.update_config(target.config());
+        let none = admin.simple(&get_log_page(6, INTENT_LOG, 16, 0));
+        assert_eq!(none.status(), Status::INVALID_LOG_PAGE);
+        let (command, data) = clean(7, &[3]);
+        let invalid = io.command(&command, &data).pop().unwrap();
+        assert_eq!(invalid.status(), Status::INVALID_OPCODE);
     }
 
     /// A write waiting for its data when the path becomes Inaccessible

@@ -88,6 +88,19 @@ pub enum IoError {
     Other,
 }
 
+impl IoKind {
+    /// The byte range a write, Write Zeroes or Deallocate changes.
+    pub fn written_range(&self) -> Option<(u64, u64)> {
+        match *self {
+            IoKind::Write { offset, len, .. } => Some((offset, u64::from(len))),
+            IoKind::WriteZeroes { offset, len, .. } | IoKind::Deallocate { offset, len } => {
+                Some((offset, len))
+            }
+            IoKind::Read { .. } | IoKind::Flush => None,
+        }
+    }
+}
+
 /// A validated I/O command: what to do once its data (if any) is in the slot buffer.
 /// Fields are byte offsets and lengths on the namespace, as in [`IoKind`].
 #[allow(missing_docs)]
@@ -120,6 +133,9 @@ pub enum IoPlan {
         ranges: u16,
         deallocate: bool,
     },
+    /// Clean: drop `regions` regions (u32s in the slot buffer) from the
+    /// replica's write intent (see [`crate::intent`]).
+    Clean { regions: u32 },
 }
 
 impl IoPlan {
@@ -146,6 +162,9 @@ impl IoPlan {
             return Ok(IoPlan::Flush {
                 nsid: Nsid::BROADCAST,
             });
+        }
+        if command.opcode == crate::intent::CLEAN_OPCODE {
+            return clean(command, subsystem);
         }
         let known = matches!(
             command.opcode,
@@ -187,6 +206,23 @@ impl IoPlan {
             opcode => data_command(opcode, command, ns, transfer_bytes_max),
         }
     }
+}
+
+/// A Clean: only on a subsystem with a write intent (a replica subsystem),
+/// with 1 to [`crate::intent::CLEAN_REGIONS_MAX`] regions in CDW10 and
+/// exactly their bytes of data.
+fn clean(command: &Command, subsystem: &SubsystemConfig) -> Result<IoPlan, Status> {
+    if subsystem.intent.is_none() {
+        return Err(Status::INVALID_OPCODE);
+    }
+    let regions = command.cdw(10);
+    if !(1..=crate::intent::CLEAN_REGIONS_MAX).contains(&regions) {
+        return Err(Status::INVALID_FIELD);
+    }
+    if command.sgl.length != regions * 4 {
+        return Err(Status::SGL_LENGTH_INVALID);
+    }
+    Ok(IoPlan::Clean { regions })
 }
 
 fn data_command(
@@ -337,6 +373,7 @@ mod tests {
             access: HostAccess::Any,
             ana: AnaConfig::DEFAULT,
             fenced: false,
+            intent: None,
         }
     }
 

@@ -19,6 +19,7 @@ mod framing;
 pub mod fuzzing;
 pub mod host;
 pub mod identify;
+pub mod intent;
 pub mod io;
 pub mod pdu;
 pub mod status;

@@ -252,6 +252,9 @@ pub struct SubsystemConfig {
     /// A replica subsystem: only the controller holding its fence may run
     /// I/O (see [`crate::fence`]); it is never listed in discovery logs.
     pub fenced: bool,
+    /// A replica subsystem's write intent (see [`crate::intent`]): served
+    /// as its log page, cleaned by the Clean I/O command.
+    pub intent: Option<Arc<crate::intent::WriteIntent>>,
     /// The ANA group of every namespace of the subsystem on this target, and
     /// its state: whether I/O through this target's controllers is served.
     pub ana: AnaConfig,
@@ -978,6 +981,7 @@ mod tests {
             access: HostAccess::Any,
             ana: AnaConfig::DEFAULT,
             fenced: false,
+            intent: None,
         }
     }
 

@@ -65,6 +65,7 @@ pub fn config_with(nqn: &str, namespaces: &[(u32, u64, u32)], limits: Limits) ->
             access: HostAccess::Any,
             ana: AnaConfig::DEFAULT,
             fenced: false,
+            intent: None,
         }],
         listeners: vec![ListenerConfig {
             port_id: 1,

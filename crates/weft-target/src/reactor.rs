@@ -889,6 +889,14 @@ impl Reactor {
     /// A read or write on a volume: direct when the gate admits it and the
     /// map allows it, else through the manager.
     fn submit_volume_io(&mut self, index: usize, request: IoRequest, volume: Arc<VolumeBackend>) {
+        if let Some(intent) = &volume.intent {
+            if let Some((offset, len)) = request.kind.written_range() {
+                if !intent.covers(offset, len) {
+                    let work = VolumeWork::MarkIntent { offset, len };
+                    return self.ask_manager(index, request, &volume, work);
+                }
+            }
+        }
         let (offset, len, write) = match request.kind {
             IoKind::Read { offset, len, .. } => (offset, len, false),
             IoKind::Write { offset, len, .. } => (offset, len, true),

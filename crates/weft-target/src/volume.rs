@@ -14,11 +14,13 @@ use crate::reactor::{Mailbox, Message};
 use std::fmt;
 use std::os::fd::RawFd;
 use std::sync::Arc;
+use weft_proto::intent::WriteIntent;
 use weft_proto::{IoError, IoRequest};
 use weft_volume::format::Layout;
 use weft_volume::{ChunkMap, Lookup, WriteGate};
 
 /// A volume behind a namespace.
+#[derive(Clone)]
 pub struct VolumeBackend {
     /// Pool name.
     pub pool: String,
@@ -36,6 +38,10 @@ pub struct VolumeBackend {
     pub manager: Arc<dyn VolumeManager>,
     /// The pool's failure flag (shared by its volumes and the manager).
     pub health: Arc<Health>,
+    /// On a replica subsystem: the replica's write intent. A write to a
+    /// region it does not cover goes to the manager first, which marks the
+    /// region durably (see `weft_proto::intent`).
+    pub intent: Option<Arc<WriteIntent>>,
 }
 
 impl fmt::Debug for VolumeBackend {
@@ -121,6 +127,14 @@ pub enum VolumeWork {
         /// Length in bytes.
         len: u64,
     },
+    /// Mark the replica's write-intent regions under the range, durably,
+    /// then say retry.
+    MarkIntent {
+        /// Byte offset on the volume.
+        offset: u64,
+        /// Length in bytes.
+        len: u64,
+    },
     /// Nothing to change: say retry once the volume's gate is open and the
     /// reactor holds the current map (answers are ordered after exports updates).
     Wait,
@@ -194,6 +208,7 @@ mod tests {
             member_fds: vec![10, 11],
             manager: Arc::new(Nowhere),
             health: Arc::default(),
+            intent: None,
         };
         assert_eq!(backend.piece(4096, 8192), (Piece::Zeroes, 8192));
         // Straddles chunks 0 and 1: only the part in chunk 0 first.

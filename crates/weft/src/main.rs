@@ -420,7 +420,12 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     let mut manager = Manager::open(desired, node, base, config.limits.manager_queue)?;
     if let Some(member) = &member {
         manager
-            .join_cluster(member.name(), member.ordinal(), &api_token)
+            .join_cluster(
+                member.name(),
+                member.ordinal(),
+                &api_token,
+                &config.data_dir,
+            )
             .map_err(|e| format!("checking this node's volume records: {e}"))?;
     }
     let exports = manager.exports();

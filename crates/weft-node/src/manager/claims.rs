@@ -22,14 +22,17 @@ impl Manager {
     /// volumes this node holds are checked first: each names this node and
     /// its pool, and claims left by a creation that never finished are given
     /// back. `token` is the cluster's API token: the nodes' secret for each
-    /// other's replica subsystems derives from it.
+    /// other's replica subsystems derives from it. `data_dir` is the node's
+    /// data directory (its replicas' write intents are kept there).
     pub fn join_cluster(
         &mut self,
         node: &str,
         ordinal: u16,
         token: &str,
+        data_dir: &std::path::Path,
     ) -> Result<(), StoreError> {
         self.cluster_node = Some(node.to_string());
+        self.cluster_dir = Some(data_dir.to_path_buf());
         self.cluster_ordinal = ordinal;
         self.cluster_keys = Some(std::sync::Arc::new(super::replicas::replica_keys(token)));
         let local: Vec<(String, String, String)> = self
@@ -300,7 +303,9 @@ pub(super) mod tests {
         };
         desired.put_pool("p", &record).unwrap();
         let mut manager = idle_manager(desired);
-        manager.join_cluster(node, 0, "token").unwrap();
+        manager
+            .join_cluster(node, 0, "token", &dir.join(node))
+            .unwrap();
         manager
     }
 
@@ -397,7 +402,9 @@ pub(super) mod tests {
         desired.remove(&volume_key("db1"), db1.revision).unwrap();
         drop(n1);
         let mut again = idle_manager(DesiredState::shared(Arc::clone(&store), "n1"));
-        again.join_cluster("n1", 0, "token").unwrap();
+        again
+            .join_cluster("n1", 0, "token", &dir.join("n1"))
+            .unwrap();
         assert_eq!(
             record(&store, "db2"),
             None,

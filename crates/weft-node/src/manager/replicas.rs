@@ -337,6 +337,7 @@ mod tests {
     #[test]
     fn a_replica_takes_writes_from_the_fence_holder_only() {
         let (_n1, mut n2) = replicated_volume("replica-fence");
+        let intent_path = n2.cluster_dir.clone().unwrap();
         n2.create_missing_replicas();
         n2.cluster_peers = vec!["n1".into()];
         let plane = weft_target::DataPlane::start(
@@ -401,6 +402,18 @@ mod tests {
         new_queue.write(1, 1, 4096, &[2; 4096]).unwrap();
         assert_eq!(new_queue.read(1, 0, 4096, 4096).unwrap(), &[1; 4096][..]);
         assert_eq!(new_queue.read(1, 1, 4096, 4096).unwrap(), &[2; 4096][..]);
+        // Each write marked its region in the write intent, durably, first.
+        let intent = |c: &weft_initiator::Controller| c.write_intent().unwrap().regions;
+        new_queue.write(1, 3 << 8, 4096, &[3; 4096]).unwrap();
+        assert_eq!(intent(&new), vec![0, 3]);
+        let file = std::fs::read_to_string(intent_path.join("replicas/db1.intent")).unwrap();
+        assert!(file.ends_with("marked 0,3\n"), "{file}");
+        new_queue.clean(1, &[0]).unwrap();
+        assert_eq!(intent(&new), vec![3]);
+        assert!(
+            old_queue.clean(1, &[3]).is_err(),
+            "only from the fence holder"
+        );
         drop((old_queue, new_queue, old, new));
         handle.call(crate::manager::AdminOp::Flush).unwrap();
     }

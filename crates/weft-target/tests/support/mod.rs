@@ -87,6 +87,7 @@ pub fn serve_devices(
             access: HostAccess::Any,
             ana: AnaConfig::DEFAULT,
             fenced: false,
+            intent: None,
         }],
         listeners: vec![ListenerConfig {
             port_id: 1,

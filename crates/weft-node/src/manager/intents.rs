@@ -1,0 +1,234 @@
+//! The write intents of this node's replicas, persisted (see
+//! `weft_proto::intent` for what an intent is and who reads it).
+//!
+//! One small text file per replicated volume under the node's data
+//! directory (`replicas/<volume>.intent`), replaced whole (written beside,
+//! synced, renamed, directory synced): a region is on disk before the data
+//! plane may write to it. Cleared regions are written lazily, at most once a
+//! second, by the manager thread. The file also names the boot (the
+//! kernel's boot id) it was last written under: a replica found under
+//! another boot may have lost unflushed writes anywhere, so it reports
+//! itself unclean (a full rebuild) until a primary writes to it.
+//!
+//! What this does not do: decide what to mark (the data plane and the
+//! primary's replicator do) or read the intent of another node.
+
+use super::Manager;
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::{self, Write};
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use weft_proto::intent::WriteIntent;
+use weft_proto::IoError;
+use weft_target::VolumeOutcome;
+
+/// log2 of a region's size: 1 MiB, the pools' allocation unit.
+pub(crate) const REGION_SHIFT: u32 = 20;
+
+/// How often cleared regions are written, at most.
+pub(super) const PERSIST_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
+const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
+
+/// A replica's write intent and its file.
+#[derive(Debug)]
+pub(crate) struct IntentFile {
+    path: PathBuf,
+    intent: Arc<WriteIntent>,
+    /// Serialises rewrites of the file.
+    writing: Mutex<()>,
+}
+
+impl IntentFile {
+    /// The intent of `volume` (`size_bytes`) as its file under `dir` holds
+    /// it. A missing file is a new replica: nothing marked, clean. A file
+    /// that cannot be read marks everything, unclean.
+    pub(crate) fn open(dir: &Path, volume: &str, size_bytes: u64) -> IntentFile {
+        let path = dir.join("replicas").join(format!("{volume}.intent"));
+        let every_region = || (0..size_bytes.div_ceil(1 << REGION_SHIFT) as u32).collect();
+        let (marked, unclean) = match fs::read_to_string(&path) {
+            Ok(text) => match parse(&text) {
+                Some((boot, marked)) => (marked, boot != current_boot()),
+                None => {
+                    log::warn!("{}: unreadable, every region is marked", path.display());
+                    (every_region(), true)
+                }
+            },
+            Err(error) if error.kind() == io::ErrorKind::NotFound => (Vec::new(), false),
+            Err(error) => {
+                log::warn!("{}: {error}; every region is marked", path.display());
+                (every_region(), true)
+            }
+        };
+        let intent = WriteIntent::new(size_bytes, REGION_SHIFT, marked, unclean);
+        IntentFile {
+            path,
+            intent: Arc::new(intent),
+            writing: Mutex::new(()),
+        }
+    }
+
+    /// The live intent the data plane checks.
+    pub(crate) fn intent(&self) -> &Arc<WriteIntent> {
+        &self.intent
+    }
+
+    /// Marks `regions` durably (and the replica clean: it is written under
+    /// this boot), then in the live intent.
+    pub(crate) fn mark(&self, regions: Range<u32>) -> io::Result<()> {
+        let _writing = self.writing.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut marked = self.intent.marked();
+        marked.extend(regions.clone().filter(|r| !self.intent.is_marked(*r)));
+        marked.sort_unstable();
+        self.write(&marked)?;
+        self.intent.mark(regions);
+        self.intent.set_clean();
+        Ok(())
+    }
+
+    /// Writes the file again if regions were cleared since the last time.
+    pub(crate) fn persist_cleared(&self) -> io::Result<()> {
+        if !self.intent.take_cleared() {
+            return Ok(());
+        }
+        let _writing = self.writing.lock().unwrap_or_else(PoisonError::into_inner);
+        // Unclean stays unclean: the file keeps its old boot until a write.
+        if self.intent.unclean() {
+            return Ok(());
+        }
+        self.write(&self.intent.marked())
+    }
+
+    fn write(&self, marked: &[u32]) -> io::Result<()> {
+        let dir = self.path.parent().expect("under replicas/");
+        fs::create_dir_all(dir)?;
+        let list: Vec<String> = marked.iter().map(u32::to_string).collect();
+        let text = format!("boot {}\nmarked {}\n", current_boot(), list.join(","));
+        let beside = self.path.with_extension("intent.new");
+        let mut file = fs::File::create(&beside)?;
+        file.write_all(text.as_bytes())?;
+        file.sync_all()?;
+        fs::rename(&beside, &self.path)?;
+        fs::File::open(dir)?.sync_all()
+    }
+
+    /// Forgets the file (the replica is deleted).
+    pub(crate) fn remove(&self) {
+        let _ = fs::remove_file(&self.path);
+    }
+}
+
+impl Manager {
+    /// The slow path of a replica write to regions its intent lacks: marks
+    /// them durably, then the write may retry.
+    pub(super) fn mark_intent(&mut self, volume: &str, offset: u64, len: u64) -> VolumeOutcome {
+        let Some(file) = self.intents.get(volume) else {
+            log::error!("volume {volume}: a replica write without a write intent");
+            return VolumeOutcome::Done(Err(IoError::Other));
+        };
+        let regions = file.intent().regions_of(offset, len);
+        match file.mark(regions) {
+            Ok(()) => VolumeOutcome::Retry,
+            Err(error) => {
+                log::warn!("volume {volume}: cannot persist its write intent: {error}");
+                VolumeOutcome::Done(Err(IoError::Media))
+            }
+        }
+    }
+
+    /// Writes the intents whose regions were cleared since the last time.
+    pub(super) fn persist_cleared_intents(&mut self) {
+        for (volume, file) in &self.intents {
+            if let Err(error) = file.persist_cleared() {
+                log::warn!("volume {volume}: cannot persist its write intent: {error}");
+            }
+        }
+    }
+}
+
+/// The write intent of this node's replica of `volume`, loaded from `dir`
+/// at first use (none outside a cluster: no replicas there).
+pub(super) fn intent_of(
+    intents: &mut BTreeMap<String, Arc<IntentFile>>,
+    dir: Option<&Path>,
+    volume: &str,
+    size_bytes: u64,
+) -> Option<Arc<WriteIntent>> {
+    let dir = dir?;
+    let file = intents
+        .entry(volume.to_string())
+        .or_insert_with(|| Arc::new(IntentFile::open(dir, volume, size_bytes)));
+    Some(Arc::clone(file.intent()))
+}
+
+fn parse(text: &str) -> Option<(String, Vec<u32>)> {
+    let mut lines = text.lines();
+    let boot = lines.next()?.strip_prefix("boot ")?.to_string();
+    let list = lines.next()?.strip_prefix("marked ")?;
+    let marked = list
+        .split(',')
+        .filter(|item| !item.is_empty())
+        .map(|item| item.parse().ok())
+        .collect::<Option<Vec<u32>>>()?;
+    Some((boot, marked))
+}
+
+fn current_boot() -> String {
+    fs::read_to_string(BOOT_ID)
+        .map(|id| id.trim().to_string())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir(test: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("weft-intents-{test}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        dir
+    }
+
+    #[test]
+    fn marked_regions_survive_a_restart_and_cleared_ones_are_written_lazily() {
+        let dir = dir("restart");
+        let file = IntentFile::open(&dir, "db1", 8 << 20);
+        assert!(file.intent().marked().is_empty() && !file.intent().unclean());
+        file.mark(2..4).unwrap();
+        file.mark(3..5).unwrap();
+        assert_eq!(file.intent().marked(), vec![2, 3, 4]);
+        let again = IntentFile::open(&dir, "db1", 8 << 20);
+        assert_eq!(again.intent().marked(), vec![2, 3, 4]);
+        assert!(!again.intent().unclean(), "same boot");
+        again.intent().clean([3]);
+        again.persist_cleared().unwrap();
+        let third = IntentFile::open(&dir, "db1", 8 << 20);
+        assert_eq!(third.intent().marked(), vec![2, 4]);
+        third.remove();
+        assert!(IntentFile::open(&dir, "db1", 8 << 20)
+            .intent()
+            .marked()
+            .is_empty());
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_file_from_another_boot_is_unclean_until_a_write_and_a_bad_one_marks_everything() {
+        let dir = dir("boot");
+        fs::create_dir_all(dir.join("replicas")).unwrap();
+        fs::write(dir.join("replicas/db1.intent"), "boot other\nmarked 1\n").unwrap();
+        let file = IntentFile::open(&dir, "db1", 4 << 20);
+        assert!(file.intent().unclean());
+        assert!(!file.intent().covers(1 << 20, 4096));
+        file.mark(1..2).unwrap();
+        assert!(file.intent().covers(1 << 20, 4096), "clean once written");
+        assert!(!IntentFile::open(&dir, "db1", 4 << 20).intent().unclean());
+        fs::write(dir.join("replicas/db1.intent"), "garbage").unwrap();
+        let bad = IntentFile::open(&dir, "db1", 4 << 20);
+        assert_eq!(bad.intent().marked(), vec![0, 1, 2, 3]);
+        assert!(bad.intent().unclean());
+        let _ = fs::remove_dir_all(&dir);
+    }
+}
