@@ -149,14 +149,18 @@ impl Cluster {
         })
     }
 
-    /// The node a volume's record names (none: no such volume in the cluster).
+    /// The node a volume's record names: a replicated volume's primary
+    /// (none: no such volume in the cluster).
     fn volume_node(&self, volume: &str) -> Result<Option<String>, Response> {
         let record = weft_control::records::read::<VolumeRecord>(
             self.store.as_ref(),
             &format!("volumes/{volume}"),
         )
         .map_err(|e| store_failure(&e))?;
-        Ok(record.and_then(|found| found.record.node))
+        Ok(record.and_then(|found| match found.record.replication {
+            Some(replication) => Some(replication.primary),
+            None => found.record.node,
+        }))
     }
 
     /// A new volume: a clone is made beside its source; otherwise placed

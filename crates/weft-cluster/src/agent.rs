@@ -1,16 +1,18 @@
 //! The thread that keeps a node in the cluster: a heartbeat every third of
 //! the lease's time to live (keeping the lease alive and publishing the
 //! node's pools and volume count), and, while this node is the controller,
-//! its duties (noting nodes that went down). It never touches the data
+//! its duties (noting nodes that went down, promoting a new primary for
+//! replicated volumes whose primary's node is down). It never touches the data
 //! plane: a store that is unreachable only delays heartbeats, and the node
 //! shows down in the cluster until they succeed again.
 
+use crate::lease::LeaseClock;
 use crate::membership::{JoinError, Member, NodeStatus};
-use crate::nodes;
+use crate::{nodes, replicas};
 use std::sync::mpsc::{self, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use weft_control::Store;
 
 /// The running heartbeat; [`Agent::stop`] leaves the cluster.
@@ -22,12 +24,13 @@ pub struct Agent {
 
 impl Agent {
     /// Starts heartbeats for `member`; `status` is asked for the node's
-    /// pools and volumes at each one.
+    /// pools and volumes at each one; each successful one renews `lease`.
     pub fn start(
         member: Member,
         store: Arc<dyn Store>,
         interval: Duration,
         status: impl Fn() -> NodeStatus + Send + 'static,
+        lease: Arc<LeaseClock>,
     ) -> std::io::Result<Agent> {
         let (stop, stopped) = mpsc::channel();
         let thread = std::thread::Builder::new()
@@ -36,7 +39,10 @@ impl Agent {
                 let mut member = member;
                 let mut failing = false;
                 loop {
-                    beat(&mut member, store.as_ref(), &status(), &mut failing);
+                    let sent = Instant::now();
+                    if beat(&mut member, store.as_ref(), &status(), &mut failing) {
+                        lease.renewed(sent, member.lease_ttl());
+                    }
                     match stopped.recv_timeout(interval) {
                         Err(RecvTimeoutError::Timeout) => {}
                         Ok(()) | Err(RecvTimeoutError::Disconnected) => break,
@@ -58,13 +64,22 @@ impl Agent {
     }
 }
 
+/// How long after a node is noted down the controller promotes new
+/// primaries for its volumes: its lease already ended in the store, this
+/// covers clock-rate differences between the nodes.
+pub const PROMOTION_DELAY: Duration = Duration::from_millis(500);
+
 /// One heartbeat and, for the controller, its duties. Failures are logged
-/// once until the next success.
-fn beat(member: &mut Member, store: &dyn Store, status: &NodeStatus, failing: &mut bool) {
+/// once until the next success. Whether the lease was kept alive.
+fn beat(member: &mut Member, store: &dyn Store, status: &NodeStatus, failing: &mut bool) -> bool {
     let now = unix_ms();
+    let mut renewed = false;
     let result = member.heartbeat(status, now).and_then(|controller| {
+        renewed = true;
         if controller {
             nodes::note_down_nodes(store, member.lease(), now)?;
+            let delay = PROMOTION_DELAY.as_millis() as u64;
+            replicas::promote_primaries(store, member.lease(), now, delay)?;
         }
         Ok(())
     });
@@ -86,6 +101,7 @@ fn beat(member: &mut Member, store: &dyn Store, status: &NodeStatus, failing: &m
         }
         Err(_) => {}
     }
+    renewed
 }
 
 /// Milliseconds since the Unix epoch (what records show as times).

@@ -3,6 +3,7 @@
 //!
 //! - [`records`]: the cluster's own records and their keys (the cluster's
 //!   identity, each node's membership, each node's liveness under a lease).
+//! - [`lease`]: how long a node may trust its own lease.
 //! - [`membership`]: a node joining the cluster as itself (never as a node
 //!   name held by another node, never with a data directory of another
 //!   cluster), keeping its liveness record alive, and leaving.
@@ -11,6 +12,8 @@
 //! - [`nodes`]: each node's state as an operator sees it (up, down,
 //!   cordoned) and the operator's changes to it (cordon, remove).
 //! - [`placement`]: which node and pool a new volume goes to.
+//! - [`replicas`]: replicated volumes' records as the replication core
+//!   sees them, and the controller's promotion of a new primary.
 //! - [`token`]: one API token for every node.
 //! - [`agent`]: the thread that runs a node's heartbeats.
 //!
@@ -24,13 +27,16 @@
 
 pub mod agent;
 pub mod election;
+pub mod lease;
 pub mod membership;
 pub mod nodes;
 pub mod placement;
 pub mod records;
+pub mod replicas;
 pub mod token;
 
 pub use agent::Agent;
+pub use lease::LeaseClock;
 pub use membership::{JoinError, Member, MemberConfig, NodeStatus};
 pub use nodes::{NodeState, NodeView};
 pub use placement::{place, place_replicas, PlacementError, PlacementRequest};

@@ -164,6 +164,11 @@ impl Member {
         self.ordinal
     }
 
+    /// Its lease's time to live.
+    pub fn lease_ttl(&self) -> Duration {
+        self.config.lease_ttl
+    }
+
     /// The lease its liveness (and its controllership) lives under.
     pub fn lease(&self) -> LeaseId {
         self.lease

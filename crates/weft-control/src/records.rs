@@ -117,6 +117,13 @@ pub struct ReplicationRecord {
     /// Whether every replica is thick (its space allocated at creation).
     #[serde(default)]
     pub thick: bool,
+    /// A planned move: the primary hands its role to this node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub move_to: Option<String>,
+    /// The primary of the epoch before (it holds every write acknowledged
+    /// until then; a node promoted while it was down may give the role back).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous: Option<String>,
 }
 
 impl ReplicationRecord {

@@ -92,6 +92,18 @@ impl Queue {
         Ok(queue)
     }
 
+    /// Bounds every read and write on the connection: a peer that stops
+    /// answering fails the waiting call after `timeout` instead of blocking it forever.
+    pub fn set_io_timeout(
+        &self,
+        timeout: Option<std::time::Duration>,
+    ) -> Result<(), InitiatorError> {
+        let address = self.address;
+        let io = |source| InitiatorError::Io { address, source };
+        self.stream.set_read_timeout(timeout).map_err(io)?;
+        self.stream.set_write_timeout(timeout).map_err(io)
+    }
+
     /// The data buffer of command `cid`.
     pub fn buffer(&mut self, cid: u16) -> &mut [u8] {
         self.buffers.buffer(SlotId(cid))

@@ -22,6 +22,8 @@
 //!   IDs derived from it.
 //! - [`metrics`]: per-namespace statistics read from the data plane's
 //!   meters, and their Prometheus exposition.
+//! - `replication`: a replicated volume's primary (its replicator thread,
+//!   its links to the replicas, its local copy).
 //!
 //! What it does not do: parse configuration files or command lines (the
 //! `weft` binary), speak HTTP or define what the API shows (weft-api), touch
@@ -37,6 +39,7 @@ pub mod identity;
 pub mod manager;
 pub mod metrics;
 mod queue;
+mod replication;
 pub mod status;
 
 pub use identity::NodeId;

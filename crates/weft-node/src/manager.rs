@@ -23,9 +23,10 @@
 //! both after a restart.
 
 mod claims;
-mod intents;
+pub(crate) mod intents;
+mod primaries;
 mod publish;
-mod replicas;
+pub(crate) mod replicas;
 
 pub use replicas::{node_host_nqn, replica_keys, replica_nqn, ReplicaPlacement};
 
@@ -439,6 +440,14 @@ impl VolumeManager for ManagerHandle {
 }
 
 impl ManagerHandle {
+    /// Queues an admin operation without waiting (nor learning) its
+    /// result; dropped if the queue is full (a replicator asks for a
+    /// reconcile this way: it must never wait on the manager).
+    pub(crate) fn notify(&self, op: AdminOp) {
+        let (reply, _) = mpsc::channel();
+        let _ = self.inbox.push_admin(Admin { op, reply });
+    }
+
     /// Runs an admin operation and waits for its result.
     pub fn call(&self, op: AdminOp) -> Result<(), AdminError> {
         let stopped = || AdminError::Node("the volume manager has stopped".into());
@@ -497,6 +506,10 @@ pub struct Manager {
     cluster_dir: Option<PathBuf>,
     /// The write intents of this node's replicas, by volume.
     intents: BTreeMap<String, Arc<intents::IntentFile>>,
+    /// How long the node may trust its cluster lease (a primary serves within it).
+    cluster_lease: Option<Arc<weft_cluster::LeaseClock>>,
+    /// The replicators of the replicated volumes this node is primary of.
+    replicators: BTreeMap<String, crate::replication::replicator::ReplicatorHandle>,
 }
 
 impl Manager {
@@ -555,6 +568,8 @@ impl Manager {
             cluster_keys: None,
             cluster_dir: None,
             intents: BTreeMap::new(),
+            cluster_lease: None,
+            replicators: BTreeMap::new(),
         };
         manager.publish();
         Ok(manager)
@@ -580,11 +595,15 @@ impl Manager {
             log::error!("{error}; volumes are exported to no host");
             BTreeMap::new()
         });
-        for (pool_name, pool) in &self.pools {
+        // Out of `self` while volumes are exported: starting a replicator
+        // needs the rest of the manager (put back below; nothing returns early).
+        let pools = std::mem::take(&mut self.pools);
+        for (pool_name, pool) in &pools {
             let member_fds = pool.media().fds();
+            let member_paths = pool.media().paths().to_vec();
             // One copy per pool and rebuild: each volume's backend shares it.
             let layout = Arc::new(*pool.layout());
-            let health = &self.health[pool_name];
+            let health = &Arc::clone(&self.health[pool_name]);
             for volume in pool.volumes() {
                 let record = self.volume_record(&volume.name, &volume.id);
                 let served = ServedIdentity::of(&volume.name, &volume.id, &record);
@@ -628,7 +647,7 @@ impl Manager {
                     fenced: false,
                     intent: None,
                 });
-                let backend = Arc::new(VolumeBackend {
+                let mut backend = Arc::new(VolumeBackend {
                     pool: pool_name.clone(),
                     volume: volume.name.clone(),
                     map: Arc::clone(&volume.map),
@@ -638,7 +657,21 @@ impl Manager {
                     manager: Arc::new(self.handle.clone()),
                     health: Arc::clone(health),
                     intent: None,
+                    replicated: None,
                 });
+                let replicated =
+                    self.replicated_path(&volume.name, &record, &backend, &member_paths);
+                if let Some(path) = &replicated {
+                    let subsystem = config.subsystems.last_mut().expect("pushed");
+                    if record.replication.as_ref().map(|r| &r.primary) == self.cluster_node.as_ref()
+                    {
+                        subsystem.ana.state = Self::replicated_ana_state(path);
+                    }
+                    backend = Arc::new(VolumeBackend {
+                        replicated: Some(Arc::clone(path)),
+                        ..VolumeBackend::clone(&backend)
+                    });
+                }
                 // Devices pair with subsystems by position.
                 devices.push(vec![NamespaceDevice {
                     nsid: Nsid(1),
@@ -663,6 +696,7 @@ impl Manager {
                     let meter = self.meters.entry(replica.nqn.clone()).or_default();
                     let backend = VolumeBackend {
                         intent,
+                        replicated: None,
                         ..VolumeBackend::clone(&backend)
                     };
                     devices.push(vec![NamespaceDevice {
@@ -675,6 +709,7 @@ impl Manager {
                 }
             }
         }
+        self.pools = pools;
         for referral in crate::exports::ports(&self.cluster_referrals) {
             if !config
                 .referrals
@@ -1062,6 +1097,7 @@ impl Manager {
         if let Some(intent) = self.intents.remove(name) {
             intent.remove();
         }
+        self.stop_replicator(name);
         log::info!("volume {name} deleted");
         Ok(())
     }

@@ -84,6 +84,12 @@ pub enum IoError {
     /// The target cannot take the command now (a queue is full): the host
     /// may retry it.
     Busy,
+    /// Not served on this path for now (a replicated volume's primary is
+    /// being set up or handed over): ANA Transition, retried on any path.
+    PathTransition,
+    /// Not served on this path (this node is not the volume's primary):
+    /// ANA Inaccessible, retried on another path.
+    PathInaccessible,
     /// Anything else.
     Other,
 }
@@ -343,6 +349,8 @@ pub fn status_of(error: IoError, is_read: bool) -> Status {
         },
         // Not ready, without DNR: a Linux host retries the command.
         IoError::Busy => Status::NAMESPACE_NOT_READY,
+        IoError::PathTransition => Status::ANA_TRANSITION,
+        IoError::PathInaccessible => Status::ANA_INACCESSIBLE,
         IoError::Other => Status::INTERNAL_ERROR,
     }
 }

@@ -17,6 +17,7 @@ mod listener;
 pub mod meter;
 mod peers;
 mod reactor;
+pub mod replicated;
 mod volume;
 
 pub use exports::{Backend, Exports, NamespaceDevice};

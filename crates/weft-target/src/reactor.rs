@@ -19,6 +19,7 @@ use crate::exports::{Backend, Exports, NamespaceDevice};
 use crate::health::FailedOperation;
 use crate::meter::{IoClass, LocalStats, Meter};
 use crate::peers::PeerAdmission;
+use crate::replicated::{Replicated, ReplicatedIo, ReplicatedWork};
 use crate::volume::{Piece, VolumeBackend, VolumeOutcome, VolumeReply, VolumeRequest, VolumeWork};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -889,6 +890,16 @@ impl Reactor {
     /// A read or write on a volume: direct when the gate admits it and the
     /// map allows it, else through the manager.
     fn submit_volume_io(&mut self, index: usize, request: IoRequest, volume: Arc<VolumeBackend>) {
+        if let Some(replicated) = &volume.replicated {
+            if let Some(error) = replicated.refusal() {
+                let now_ns = self.now_ns();
+                let peer = self.connections[index].as_mut().expect("live connection");
+                return finish_io(peer, &mut self.meters, now_ns, request.slot, Err(error));
+            }
+            if !matches!(request.kind, IoKind::Read { .. }) {
+                return self.replicate(index, request, replicated);
+            }
+        }
         if let Some(intent) = &volume.intent {
             if let Some((offset, len)) = request.kind.written_range() {
                 if !intent.covers(offset, len) {
@@ -1014,6 +1025,48 @@ impl Reactor {
         self.push_block_io(index, slot, op);
     }
 
+    /// Hands a replicated volume's write or flush to its replicator (the
+    /// data copied); the connection stays alive until it answers.
+    fn replicate(&mut self, index: usize, request: IoRequest, replicated: &Replicated) {
+        let peer = self.connections[index].as_mut().expect("live connection");
+        let work = match request.kind {
+            IoKind::Write {
+                offset,
+                len,
+                buffer_offset,
+                fua,
+            } => {
+                let at = buffer_offset as usize;
+                let data = peer.slots.buffer(request.slot)[at..at + len as usize].to_vec();
+                ReplicatedWork::Write { offset, data, fua }
+            }
+            IoKind::WriteZeroes {
+                offset,
+                len,
+                deallocate,
+                fua,
+            } => ReplicatedWork::Zeroes {
+                offset,
+                len,
+                deallocate,
+                fua,
+            },
+            IoKind::Deallocate { offset, len } => ReplicatedWork::Zeroes {
+                offset,
+                len,
+                deallocate: true,
+                fua: false,
+            },
+            IoKind::Flush => ReplicatedWork::Flush,
+            IoKind::Read { .. } => unreachable!("reads are served here"),
+        };
+        peer.ops_in_flight += 1;
+        replicated.submit(ReplicatedIo {
+            work,
+            reply: VolumeReply::reactor(Arc::clone(&self.mailbox), index, request),
+        });
+    }
+
     /// Hands an I/O to the volume manager; the connection stays alive until it answers.
     fn ask_manager(
         &mut self,
@@ -1028,11 +1081,7 @@ impl Reactor {
             pool: volume.pool.clone(),
             volume: volume.volume.clone(),
             work,
-            reply: VolumeReply {
-                mailbox: Arc::clone(&self.mailbox),
-                connection: index,
-                request,
-            },
+            reply: VolumeReply::reactor(Arc::clone(&self.mailbox), index, request),
         });
     }
 

@@ -11,9 +11,10 @@
 
 use crate::health::Health;
 use crate::reactor::{Mailbox, Message};
+use crate::replicated::Replicated;
 use std::fmt;
 use std::os::fd::RawFd;
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use weft_proto::intent::WriteIntent;
 use weft_proto::{IoError, IoRequest};
 use weft_volume::format::Layout;
@@ -42,6 +43,9 @@ pub struct VolumeBackend {
     /// region it does not cover goes to the manager first, which marks the
     /// region durably (see `weft_proto::intent`).
     pub intent: Option<Arc<WriteIntent>>,
+    /// On a replicated volume's primary: where its writes and flushes go
+    /// (see [`crate::replicated`]).
+    pub replicated: Option<Arc<Replicated>>,
 }
 
 impl fmt::Debug for VolumeBackend {
@@ -160,22 +164,58 @@ pub enum VolumeOutcome {
     Done(Result<(), IoError>),
 }
 
-/// Return address of a slow-path request: the reactor, connection and I/O.
+/// Return address of a slow-path request: the reactor, connection and I/O
+/// that asked, or a channel (the replicator of a replicated volume asks the
+/// manager too).
 #[derive(Debug)]
 pub struct VolumeReply {
-    pub(crate) mailbox: Arc<Mailbox>,
-    pub(crate) connection: usize,
-    pub(crate) request: IoRequest,
+    to: ReplyTo,
+}
+
+#[derive(Debug)]
+enum ReplyTo {
+    Reactor {
+        mailbox: Arc<Mailbox>,
+        connection: usize,
+        request: IoRequest,
+    },
+    Channel(mpsc::Sender<VolumeOutcome>),
 }
 
 impl VolumeReply {
-    /// Sends the answer to the reactor that asked.
+    pub(crate) fn reactor(mailbox: Arc<Mailbox>, connection: usize, request: IoRequest) -> Self {
+        VolumeReply {
+            to: ReplyTo::Reactor {
+                mailbox,
+                connection,
+                request,
+            },
+        }
+    }
+
+    /// An answer sent to `sender`.
+    pub fn channel(sender: mpsc::Sender<VolumeOutcome>) -> VolumeReply {
+        VolumeReply {
+            to: ReplyTo::Channel(sender),
+        }
+    }
+
+    /// Sends the answer to whoever asked.
     pub fn send(self, outcome: VolumeOutcome) {
-        self.mailbox.send(Message::VolumeDone {
-            connection: self.connection,
-            request: self.request,
-            outcome,
-        });
+        match self.to {
+            ReplyTo::Reactor {
+                mailbox,
+                connection,
+                request,
+            } => mailbox.send(Message::VolumeDone {
+                connection,
+                request,
+                outcome,
+            }),
+            ReplyTo::Channel(sender) => {
+                let _ = sender.send(outcome);
+            }
+        }
     }
 }
 
@@ -209,6 +249,7 @@ mod tests {
             manager: Arc::new(Nowhere),
             health: Arc::default(),
             intent: None,
+            replicated: None,
         };
         assert_eq!(backend.piece(4096, 8192), (Piece::Zeroes, 8192));
         // Straddles chunks 0 and 1: only the part in chunk 0 first.

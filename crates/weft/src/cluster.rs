@@ -369,7 +369,14 @@ impl Member {
 
     /// Starts heartbeats (publishing what `status` reports) and following
     /// the store (changes become reconciles through `manager`).
-    pub fn run(self, manager: ManagerHandle, status: StatusReader) -> Result<Running, String> {
+    /// Each successful heartbeat renews `lease` (replicated volumes'
+    /// primaries serve within it).
+    pub fn run(
+        self,
+        manager: ManagerHandle,
+        status: StatusReader,
+        lease: Arc<weft_cluster::LeaseClock>,
+    ) -> Result<Running, String> {
         let interval = self.connected.spec.lease_ttl / 3;
         let reader = status.clone();
         let agent = Agent::start(
@@ -377,6 +384,7 @@ impl Member {
             Arc::clone(&self.connected.remote),
             interval,
             move || weft_node::cluster::node_status(&reader),
+            lease,
         )
         .map_err(|e| format!("cannot start the cluster agent: {e}"))?;
         let mirror: Arc<dyn Store> = self.connected.mirror.clone();

@@ -418,6 +418,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         }
     };
     let mut manager = Manager::open(desired, node, base, config.limits.manager_queue)?;
+    let lease = Arc::new(weft_cluster::LeaseClock::default());
     if let Some(member) = &member {
         manager
             .join_cluster(
@@ -425,6 +426,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
                 member.ordinal(),
                 &api_token,
                 &config.data_dir,
+                Arc::clone(&lease),
             )
             .map_err(|e| format!("checking this node's volume records: {e}"))?;
     }
@@ -464,7 +466,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     )?;
     let membership = member.as_ref().map(cluster::Member::describe);
     let running = member
-        .map(|member| member.run(handle.clone(), status))
+        .map(|member| member.run(handle.clone(), status, lease))
         .transpose()?;
     let new_token = token_created.then_some(api_token.as_str());
     print_banner(

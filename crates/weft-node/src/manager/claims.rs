@@ -23,16 +23,20 @@ impl Manager {
     /// its pool, and claims left by a creation that never finished are given
     /// back. `token` is the cluster's API token: the nodes' secret for each
     /// other's replica subsystems derives from it. `data_dir` is the node's
-    /// data directory (its replicas' write intents are kept there).
+    /// data directory (its replicas' write intents are kept there). `lease`
+    /// says how long the node may trust its cluster lease (the primaries of
+    /// replicated volumes serve within it).
     pub fn join_cluster(
         &mut self,
         node: &str,
         ordinal: u16,
         token: &str,
         data_dir: &std::path::Path,
+        lease: std::sync::Arc<weft_cluster::LeaseClock>,
     ) -> Result<(), StoreError> {
         self.cluster_node = Some(node.to_string());
         self.cluster_dir = Some(data_dir.to_path_buf());
+        self.cluster_lease = Some(lease);
         self.cluster_ordinal = ordinal;
         self.cluster_keys = Some(std::sync::Arc::new(super::replicas::replica_keys(token)));
         let local: Vec<(String, String, String)> = self
@@ -304,7 +308,7 @@ pub(super) mod tests {
         desired.put_pool("p", &record).unwrap();
         let mut manager = idle_manager(desired);
         manager
-            .join_cluster(node, 0, "token", &dir.join(node))
+            .join_cluster(node, 0, "token", &dir.join(node), Arc::default())
             .unwrap();
         manager
     }
@@ -403,7 +407,7 @@ pub(super) mod tests {
         drop(n1);
         let mut again = idle_manager(DesiredState::shared(Arc::clone(&store), "n1"));
         again
-            .join_cluster("n1", 0, "token", &dir.join("n1"))
+            .join_cluster("n1", 0, "token", &dir.join("n1"), Arc::default())
             .unwrap();
         assert_eq!(
             record(&store, "db2"),

@@ -7,9 +7,8 @@
 //! Inaccessible elsewhere, so that a Linux host connected to every node
 //! sees one multipath device and sends I/O to the primary only.
 //!
-//! What this does not do yet: copy writes to the replicas, fail over, or
-//! rebuild (the replication core, `weft-replication`, is not wired in).
-//! Until then a secondary replica holds no data.
+//! What this does not do: copy writes to the replicas, fail over or
+//! rebuild (the primary's replicator does, `crate::replication`).
 
 use super::{AdminError, Manager};
 use crate::identity;
@@ -72,6 +71,8 @@ impl Manager {
             size_bytes: spec.size_bytes,
             block_size: spec.block_size,
             thick: spec.thick,
+            move_to: None,
+            previous: None,
         }))
     }
 
@@ -209,15 +210,17 @@ pub fn replica_keys(cluster_token: &str) -> HostKeys {
 
 impl Manager {
     /// The replica subsystem of `volume`, whose host-facing subsystem is
-    /// `served`: the same namespace, for the cluster's other nodes only.
+    /// `served`: the same namespace, for the cluster's nodes only.
     pub(super) fn replica_subsystem(
         &self,
         volume: &str,
         served: &SubsystemConfig,
     ) -> SubsystemConfig {
+        // This node too: a new primary fences its own replica through it.
         let peers = self
             .cluster_peers
             .iter()
+            .chain(self.cluster_node.as_ref())
             .map(|node| AllowedHost {
                 nqn: node_host_nqn(node),
                 keys: self.cluster_keys.clone(),
@@ -283,7 +286,7 @@ mod tests {
     }
 
     #[test]
-    fn every_replica_is_served_with_the_record_identity_and_one_is_optimized() {
+    fn every_replica_is_served_with_the_record_identity_in_a_group_of_its_node() {
         let (mut n1, mut n2) = replicated_volume("replicas");
         assert!(n2.pool_of("db1").is_err(), "not yet seen");
         n2.create_missing_replicas();
@@ -309,7 +312,9 @@ mod tests {
             (ns2.nguid, ns2.uuid, ns2.eui64, &s2.serial),
             "one identity on every node"
         );
-        assert_eq!((s1.ana.group.get(), s1.ana.state), (1, AnaState::Optimized));
+        // The primary's path is in Change until its replicator serves
+        // (here never: the node has no lease).
+        assert_eq!((s1.ana.group.get(), s1.ana.state), (1, AnaState::Change));
         assert_eq!(
             (s2.ana.group.get(), s2.ana.state),
             (2, AnaState::Inaccessible)

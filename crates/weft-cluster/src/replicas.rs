@@ -1,0 +1,199 @@
+//! Replicated volumes in the cluster: the volume record's replication part
+//! as the replication core sees it (a `ReplicaSet`, nodes numbered by their
+//! position in the record's member list), and the controller's duty of
+//! promoting a new primary when a primary's node has been down for the
+//! promotion delay (`weft_replication::controller::promote`, committed by
+//! compare-and-swap on the volume record while holding the controller key).
+//!
+//! What this does not do: serve, fence or copy anything (the primary's
+//! replicator in `weft-node` does).
+
+use crate::election;
+use crate::nodes::{self, NodeView};
+use std::collections::BTreeMap;
+use weft_control::records::{encode, read};
+use weft_control::{
+    Change, Condition, LeaseId, ReplicaState, ReplicationRecord, Store, StoreError, Txn,
+    VolumeRecord,
+};
+use weft_replication::{Epoch, Member, MemberState, NodeId, ReplicaSet};
+
+/// The volume records' key prefix.
+const VOLUMES: &str = "volumes/";
+
+/// The record's replica set: node `i` is the record's member `i`.
+pub fn replica_set(record: &ReplicationRecord) -> ReplicaSet {
+    let id = |name: &str| node_id(record, name).expect("a member");
+    ReplicaSet {
+        epoch: Epoch(record.epoch),
+        primary: id(&record.primary),
+        members: record
+            .members
+            .iter()
+            .enumerate()
+            .map(|(index, member)| Member {
+                node: NodeId(index as u16),
+                state: match member.state {
+                    ReplicaState::InSync => MemberState::InSync,
+                    ReplicaState::Faulted { epoch } => MemberState::Faulted {
+                        epoch: Epoch(epoch),
+                    },
+                },
+            })
+            .collect(),
+        move_to: record.move_to.as_deref().and_then(|n| node_id(record, n)),
+        previous: record.previous.as_deref().and_then(|n| node_id(record, n)),
+    }
+}
+
+/// `record` changed as `set` says (same members, same order).
+pub fn with_replica_set(record: &ReplicationRecord, set: &ReplicaSet) -> ReplicationRecord {
+    let mut next = record.clone();
+    next.epoch = set.epoch.0;
+    next.primary = node_name(record, set.primary).to_string();
+    next.move_to = set.move_to.map(|n| node_name(record, n).to_string());
+    next.previous = set.previous.map(|n| node_name(record, n).to_string());
+    for (index, member) in next.members.iter_mut().enumerate() {
+        if let Some(state) = set.state_of(NodeId(index as u16)) {
+            member.state = match state {
+                MemberState::InSync => ReplicaState::InSync,
+                MemberState::Faulted { epoch } => ReplicaState::Faulted { epoch: epoch.0 },
+            };
+        }
+    }
+    next
+}
+
+/// The replication core's id of node `name`.
+pub fn node_id(record: &ReplicationRecord, name: &str) -> Option<NodeId> {
+    let index = record.members.iter().position(|m| m.node == name)?;
+    Some(NodeId(index as u16))
+}
+
+/// The name of the replication core's node `id`.
+pub fn node_name(record: &ReplicationRecord, id: NodeId) -> &str {
+    &record.members[usize::from(id.0)].node
+}
+
+/// The controller's duty: for every replicated volume whose primary's node
+/// has been down for `delay_ms`, promote an in-sync replica on a live node.
+/// Does nothing unless `lease` holds the controller key, in the same
+/// transaction as each change. The volumes promoted.
+pub fn promote_primaries(
+    store: &dyn Store,
+    lease: LeaseId,
+    now_unix_ms: u64,
+    delay_ms: u64,
+) -> Result<Vec<String>, StoreError> {
+    let Some(held) = election::held_at(store, lease)? else {
+        return Ok(Vec::new());
+    };
+    let nodes = nodes::list(store)?;
+    let mut promoted = Vec::new();
+    for entry in store.list(VOLUMES)?.entries {
+        let name = entry.key[VOLUMES.len()..].to_string();
+        let Some(found) = read::<VolumeRecord>(store, &entry.key)? else {
+            continue;
+        };
+        let Some(replication) = &found.record.replication else {
+            continue;
+        };
+        let Some(next) = promotion(replication, &nodes, now_unix_ms, delay_ms) else {
+            continue;
+        };
+        let mut record = found.record.clone();
+        record.replication = Some(next.clone());
+        let txn = Txn {
+            conditions: vec![
+                election::holds(held),
+                Condition::At(entry.key.clone(), found.revision),
+            ],
+            changes: vec![Change::put(entry.key.clone(), encode(&record))],
+        };
+        match store.commit(txn) {
+            Ok(_) => {
+                log::warn!(
+                    "volume {name}: primary {} is down; {} is primary of epoch {}",
+                    replication.primary,
+                    next.primary,
+                    next.epoch
+                );
+                promoted.push(name);
+            }
+            // Changed meanwhile, or no longer the controller: next time.
+            Err(StoreError::Conflict { .. }) => {}
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(promoted)
+}
+
+/// The record after a promotion, if one is due.
+fn promotion(
+    record: &ReplicationRecord,
+    nodes: &BTreeMap<String, NodeView>,
+    now_unix_ms: u64,
+    delay_ms: u64,
+) -> Option<ReplicationRecord> {
+    let down_long_enough = |name: &str| {
+        nodes.get(name).is_none_or(|view| {
+            !view.is_alive()
+                && view
+                    .member
+                    .down_since_unix_ms
+                    .is_some_and(|since| now_unix_ms >= since + delay_ms)
+        })
+    };
+    if !down_long_enough(&record.primary) {
+        return None;
+    }
+    let set = replica_set(record);
+    let up = |id: NodeId| {
+        let name = node_name(record, id);
+        name != record.primary && nodes.get(name).is_some_and(NodeView::is_alive)
+    };
+    let next = weft_replication::controller::promote(&set, up)?;
+    Some(with_replica_set(record, &next))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use weft_control::ReplicaRecord;
+
+    fn record() -> ReplicationRecord {
+        ReplicationRecord {
+            epoch: 3,
+            primary: "n2".into(),
+            members: ["n1", "n2", "n3"]
+                .iter()
+                .map(|node| ReplicaRecord {
+                    node: node.to_string(),
+                    pool: "p".into(),
+                    state: ReplicaState::InSync,
+                })
+                .collect(),
+            size_bytes: 1 << 30,
+            block_size: 4096,
+            thick: false,
+            move_to: None,
+            previous: Some("n1".into()),
+        }
+    }
+
+    #[test]
+    fn the_replica_set_numbers_nodes_by_their_place_in_the_record() {
+        let record = record();
+        let set = replica_set(&record);
+        assert_eq!((set.epoch, set.primary), (Epoch(3), NodeId(1)));
+        assert_eq!(set.previous, Some(NodeId(0)));
+        let mut next = set.clone();
+        next.epoch = Epoch(4);
+        next.primary = NodeId(2);
+        next.set_state(NodeId(1), MemberState::Faulted { epoch: Epoch(4) });
+        let changed = with_replica_set(&record, &next);
+        assert_eq!((changed.epoch, changed.primary.as_str()), (4, "n3"));
+        assert_eq!(changed.members[1].state, ReplicaState::Faulted { epoch: 4 });
+        assert_eq!(replica_set(&changed), next);
+    }
+}

@@ -1,0 +1,43 @@
+//! Replicated volumes' data path on their primary: the replicator thread
+//! that drives the replication core (`weft_replication::Primary`) for one
+//! volume, the links that carry its messages to the replicas' nodes over
+//! NVMe/TCP, and its synchronous access to the local copy.
+//!
+//! - [`replicator`]: the thread, its events and its actions.
+//! - [`link`]: one primary session with one replica (connect, fence, read
+//!   the write intent, then writes, copies, flushes and cleans in order).
+//! - [`local`]: the primary's own copy, read and written synchronously.
+//!
+//! What this does not do: decide who is primary (the cluster controller
+//! promotes, `weft_cluster::replicas`), or serve reads (the reactors do,
+//! while the replicator says this node serves).
+
+mod link;
+mod local;
+pub(crate) mod replicator;
+
+use weft_control::ReplicationRecord;
+use weft_replication::{FromReplica, NodeId};
+use weft_target::replicated::ReplicatedIo;
+
+/// What reaches a replicator.
+pub(crate) enum Event {
+    /// A host write, Write Zeroes, Deallocate or Flush from a reactor.
+    Host(ReplicatedIo),
+    /// A replica's answer (from its link).
+    Replica { node: NodeId, reply: FromReplica },
+    /// The record change asked for was made, at `revision`.
+    Committed {
+        revision: u64,
+        record: ReplicationRecord,
+    },
+    /// The record change was not made: the record as it is now, if known.
+    CommitFailed(Option<(u64, ReplicationRecord)>),
+    /// The record at a new revision (none: the volume is gone).
+    Record {
+        revision: u64,
+        record: Option<ReplicationRecord>,
+    },
+    /// Stop serving (the volume is deleted, or the node stops).
+    Stop,
+}

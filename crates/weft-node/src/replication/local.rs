@@ -1,0 +1,151 @@
+//! The primary's own copy of a replicated volume, as its replicator reads
+//! and writes it: synchronously, through descriptors of its own on the
+//! pool's members (O_DIRECT, as the reactors'), after the volume's chunk
+//! map says where each piece lives. What the map cannot serve yet (a first
+//! write to a chunk, a closed gate) and what changes metadata (Write
+//! Zeroes, Deallocate, Flush) goes to the volume manager, as the reactors'
+//! slow path does, and the replicator waits for its answer.
+//!
+//! What this does not do: allocate or commit metadata itself (only the
+//! manager does), or serve hosts (the reactors do).
+
+use std::sync::mpsc;
+use std::sync::Arc;
+use weft_proto::IoError;
+use weft_target::{VolumeBackend, VolumeOutcome, VolumeReply, VolumeRequest, VolumeWork};
+use weft_volume::{FileMedia, Lookup, Media};
+
+/// A volume's local copy.
+pub(crate) struct LocalVolume {
+    backend: Arc<VolumeBackend>,
+    media: FileMedia,
+}
+
+impl LocalVolume {
+    /// The copy `backend` serves, through new descriptors on `members` (the
+    /// pool's member paths, in order).
+    pub(crate) fn open(
+        backend: Arc<VolumeBackend>,
+        members: &[std::path::PathBuf],
+    ) -> Result<LocalVolume, String> {
+        let media = FileMedia::open(members, None).map_err(|e| e.to_string())?;
+        Ok(LocalVolume { backend, media })
+    }
+
+    /// Writes `data` at `offset`; durable first if `fua`.
+    pub(crate) fn write(&mut self, offset: u64, data: &[u8], fua: bool) -> Result<(), IoError> {
+        let len = data.len() as u64;
+        loop {
+            if !self.backend.gate.enter() {
+                self.ask(VolumeWork::Wait)?;
+                continue;
+            }
+            if self.backend.map.is_retired() || !self.writable(offset, len) {
+                self.backend.gate.leave();
+                self.ask(VolumeWork::PrepareWrite { offset, len })?;
+                continue;
+            }
+            let written = self.write_mapped(offset, data, fua);
+            self.backend.gate.leave();
+            return written;
+        }
+    }
+
+    fn write_mapped(&mut self, offset: u64, data: &[u8], fua: bool) -> Result<(), IoError> {
+        let mut done = 0;
+        let mut members = Vec::new();
+        while done < data.len() {
+            let (location, piece) = self.locate(offset + done as u64, data.len() - done);
+            let (member, at) = location.expect("checked writable");
+            self.media
+                .write_at(member, at, &data[done..done + piece])
+                .map_err(|e| media_error(&e))?;
+            members.push(member);
+            done += piece;
+        }
+        if fua {
+            members.sort_unstable();
+            members.dedup();
+            for member in members {
+                self.media.sync(member).map_err(|e| media_error(&e))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads `len` bytes at `offset` (unwritten chunks read as zeroes).
+    pub(crate) fn read(&mut self, offset: u64, len: usize) -> Result<Vec<u8>, IoError> {
+        let mut data = vec![0u8; len];
+        let mut done = 0;
+        while done < len {
+            let (location, piece) = self.locate(offset + done as u64, len - done);
+            if let Some((member, at)) = location {
+                self.media
+                    .read_at(member, at, &mut data[done..done + piece])
+                    .map_err(|e| media_error(&e))?;
+            }
+            done += piece;
+        }
+        Ok(data)
+    }
+
+    /// Zeroes (or deallocates) a range, through the manager.
+    pub(crate) fn zeroes(&mut self, offset: u64, len: u64, fua: bool) -> Result<(), IoError> {
+        self.ask(VolumeWork::Deallocate { offset, len, fua })
+    }
+
+    /// Makes every completed write durable, through the manager (which
+    /// also commits the volume's metadata).
+    pub(crate) fn flush(&mut self) -> Result<(), IoError> {
+        self.ask(VolumeWork::Flush)
+    }
+
+    /// Where the piece of `[offset, offset + len)` in its first chunk lies
+    /// (member and byte offset, or none if unwritten), and its length.
+    fn locate(&self, offset: u64, len: usize) -> (Option<(usize, u64)>, usize) {
+        let shift = self.backend.layout.chunk_shift();
+        let within = offset & ((1u64 << shift) - 1);
+        let piece = ((1u64 << shift) - within).min(len as u64) as usize;
+        let location = match self.backend.map.lookup((offset >> shift) as usize) {
+            Lookup::Unmapped => None,
+            Lookup::Mapped { chunk, .. } => {
+                let (member, base) = self.backend.layout.locate(chunk);
+                Some((member, base + within))
+            }
+        };
+        (location, piece)
+    }
+
+    fn writable(&self, offset: u64, len: u64) -> bool {
+        let shift = self.backend.layout.chunk_shift();
+        let first = offset >> shift;
+        let last = (offset + len.max(1) - 1) >> shift;
+        (first..=last).all(|index| {
+            matches!(
+                self.backend.map.lookup(index as usize),
+                Lookup::Mapped { writable: true, .. }
+            )
+        })
+    }
+
+    /// Asks the manager and waits for its answer: `Retry` is success here.
+    fn ask(&self, work: VolumeWork) -> Result<(), IoError> {
+        let (sender, answer) = mpsc::channel();
+        self.backend.manager.submit(VolumeRequest {
+            pool: self.backend.pool.clone(),
+            volume: self.backend.volume.clone(),
+            work,
+            reply: VolumeReply::channel(sender),
+        });
+        match answer.recv() {
+            Ok(VolumeOutcome::Retry) => Ok(()),
+            Ok(VolumeOutcome::Done(result)) => result,
+            Err(mpsc::RecvError) => Err(IoError::Other),
+        }
+    }
+}
+
+fn media_error(error: &std::io::Error) -> IoError {
+    log::warn!("replicated volume, local copy: {error}");
+    IoError::Media
+}

@@ -1,0 +1,665 @@
+//! The replicator: one thread per replicated volume this node is the
+//! primary of. It drives the replication core's `Primary` as `weft-sim`'s
+//! node does: host writes and flushes come from the reactors, replicas'
+//! answers from the link threads, the record's changes from a poller and
+//! the store's answers from commit threads, all as [`Event`]s on one
+//! channel; the actions go out in order (local I/O synchronously through
+//! [`LocalVolume`], messages to the links, commits to helper threads).
+//!
+//! Before it serves an epoch it persists that it did (`replicas/<volume>.epoch`):
+//! a primary that restarts, or comes back after losing its lease, under an
+//! epoch it already served asks for the next one instead, so that its
+//! fences are new. It fences its own node's replica subsystem with session
+//! 0 of the epoch first, so that the old primary's writes stop there too.
+//!
+//! It tells the data plane whether the node serves (`Replicated`'s flag)
+//! and the manager when that changes (the ANA state follows).
+
+use super::link::{Link, LinkTarget, Outgoing, Payload};
+use super::local::LocalVolume;
+use super::Event;
+use crate::manager::intents::IntentFile;
+use crate::manager::replicas::replica_nqn;
+use crate::manager::{AdminOp, ManagerHandle};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::Arc;
+use std::time::Duration;
+use weft_cluster::replicas::{node_id, replica_set, with_replica_set};
+use weft_cluster::LeaseClock;
+use weft_control::{DesiredState, ReplicationRecord, StoreError, VolumeRecord};
+use weft_initiator::ConnectOptions;
+use weft_proto::IoError;
+use weft_replication::{
+    Action, Extent, Geometry, HostResult, NodeId, OpId, Primary, PrimaryConfig, PrimaryPhase,
+    RegionSet, ToReplica,
+};
+use weft_target::replicated::{Replicated, ReplicatedIo, ReplicatedSink, ReplicatedWork, Serving};
+use weft_target::{VolumeBackend, VolumeOutcome, VolumeReply};
+
+/// How often the primary looks at the time (timeouts, lease, rejoins).
+const TICK: Duration = Duration::from_millis(20);
+/// How often the record is read again (the mirror is local: cheap).
+const RECORD_POLL: Duration = Duration::from_millis(100);
+/// A replica that has not answered within this long is faulted.
+const REPLICA_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often a faulted replica is asked back.
+const REATTACH_INTERVAL: Duration = Duration::from_secs(1);
+
+/// What a replicator needs.
+pub(crate) struct ReplicatorSetup {
+    pub(crate) volume: String,
+    pub(crate) me: String,
+    pub(crate) replication: ReplicationRecord,
+    pub(crate) revision: u64,
+    pub(crate) backend: Arc<VolumeBackend>,
+    pub(crate) members: Vec<PathBuf>,
+    pub(crate) intent: Arc<IntentFile>,
+    pub(crate) desired: DesiredState,
+    pub(crate) lease: Arc<LeaseClock>,
+    pub(crate) connect: ConnectOptions,
+    pub(crate) manager: ManagerHandle,
+    pub(crate) dir: PathBuf,
+}
+
+/// A running replicator, as the manager holds it.
+#[derive(Debug)]
+pub(crate) struct ReplicatorHandle {
+    /// The volume's path through the data plane (its backend carries it).
+    pub(crate) path: Arc<Replicated>,
+    events: Sender<Event>,
+    finished: Arc<AtomicBool>,
+}
+
+impl ReplicatorHandle {
+    /// Whether its thread still runs.
+    pub(crate) fn is_running(&self) -> bool {
+        !self.finished.load(Ordering::Acquire)
+    }
+
+    /// Asks it to stop (it completes what it holds as Inaccessible); does not wait.
+    pub(crate) fn stop(&self) {
+        let _ = self.events.send(Event::Stop);
+    }
+}
+
+struct Sink(Sender<Event>);
+
+impl ReplicatedSink for Sink {
+    fn submit(&self, io: ReplicatedIo) {
+        if let Err(mpsc::SendError(Event::Host(io))) = self.0.send(Event::Host(io)) {
+            io.reply
+                .send(VolumeOutcome::Done(Err(IoError::PathInaccessible)));
+        }
+    }
+}
+
+/// Starts the replicator of `setup.volume`.
+pub(crate) fn start(setup: ReplicatorSetup) -> std::io::Result<ReplicatorHandle> {
+    let (events, inbox) = mpsc::channel();
+    let path = Arc::new(Replicated::new(Box::new(Sink(events.clone()))));
+    let finished = Arc::new(AtomicBool::new(false));
+    let handle = ReplicatorHandle {
+        path: Arc::clone(&path),
+        events: events.clone(),
+        finished: Arc::clone(&finished),
+    };
+    std::thread::Builder::new()
+        .name(format!("replicator-{}", setup.volume))
+        .spawn(move || {
+            let volume = setup.volume.clone();
+            match Replicator::begin(setup, events, path.clone()) {
+                Ok(Some(mut replicator)) => replicator.run(&inbox),
+                Ok(None) => {}
+                Err(error) => {
+                    log::warn!("volume {volume}: cannot serve as primary yet: {error}");
+                    // The manager starts another at its next reconcile.
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+            }
+            path.set_serving(Serving::Inaccessible);
+            // Whatever the reactors handed over meanwhile.
+            while let Ok(event) = inbox.try_recv() {
+                if let Event::Host(io) = event {
+                    io.reply
+                        .send(VolumeOutcome::Done(Err(IoError::PathInaccessible)));
+                }
+            }
+            finished.store(true, Ordering::Release);
+        })?;
+    Ok(handle)
+}
+
+/// A host command or copy in flight, with its data.
+struct OpData {
+    reply: Option<VolumeReply>,
+    payload: Option<Payload>,
+    /// The local part failed (the host gets this error).
+    error: Option<IoError>,
+}
+
+struct Replicator {
+    volume: String,
+    primary: Primary,
+    replication: ReplicationRecord,
+    revision: u64,
+    block_size: u64,
+    local: LocalVolume,
+    intent: Arc<IntentFile>,
+    targets: BTreeMap<NodeId, LinkTarget>,
+    links: BTreeMap<NodeId, Link>,
+    ops: BTreeMap<OpId, OpData>,
+    next_op: u64,
+    events: Sender<Event>,
+    path: Arc<Replicated>,
+    desired: DesiredState,
+    lease: Arc<LeaseClock>,
+    manager: ManagerHandle,
+    serving: Serving,
+    stop_poller: Arc<AtomicBool>,
+    /// The record went away or its replicas changed: stop.
+    gone: bool,
+}
+
+impl Replicator {
+    /// Takes the epoch (a new one if this node served it before), fences
+    /// its own replica and builds the primary; none if this node may not
+    /// serve (a newer primary exists).
+    fn begin(
+        setup: ReplicatorSetup,
+        events: Sender<Event>,
+        path: Arc<Replicated>,
+    ) -> Result<Option<Replicator>, String> {
+        let ReplicatorSetup {
+            volume,
+            me,
+            mut replication,
+            mut revision,
+            backend,
+            members,
+            intent,
+            desired,
+            lease,
+            connect,
+            manager,
+            dir,
+        } = setup;
+        let epoch_file = dir.join("replicas").join(format!("{volume}.epoch"));
+        let served = served_epoch(&epoch_file);
+        if replication.epoch <= served {
+            // Served before (a restart, or a lapsed lease): a new epoch.
+            let mut next = replication.clone();
+            next.epoch = replication.epoch + 1;
+            next.previous = Some(me.clone());
+            match commit(&desired, &volume, revision, next) {
+                Event::Committed {
+                    revision: new,
+                    record,
+                } => {
+                    log::info!("volume {volume}: serves again under epoch {}", record.epoch);
+                    (replication, revision) = (record, new);
+                }
+                _ => return Ok(None),
+            }
+        }
+        write_served_epoch(&epoch_file, replication.epoch)
+            .map_err(|e| format!("{}: {e}", epoch_file.display()))?;
+        let own_target = LinkTarget {
+            node: node_id(&replication, &me).ok_or("this node holds no replica")?,
+            name: me.clone(),
+            store: Arc::clone(desired.store()),
+            nqn: replica_nqn(&volume),
+            options: connect.clone(),
+            block_size: u64::from(replication.block_size) as u32,
+            regions: intent.intent().regions(),
+        };
+        // The old primary's writes stop here too (session 0 of this epoch).
+        match super::link::fence_own(&own_target, replication.epoch) {
+            Ok(true) => {}
+            Ok(false) => {
+                log::info!("volume {volume}: a newer primary fenced this node's replica");
+                return Ok(None);
+            }
+            Err(error) => return Err(format!("fencing this node's replica: {error}")),
+        }
+        let geometry = Geometry {
+            blocks: replication.size_bytes / u64::from(replication.block_size),
+            region_blocks: intent.intent().region_bytes() / u64::from(replication.block_size),
+        };
+        let config = PrimaryConfig {
+            me: own_target.node,
+            geometry,
+            replica_timeout: REPLICA_TIMEOUT,
+            reattach_interval: REATTACH_INTERVAL,
+            copies_in_flight_max: 4,
+        };
+        let mut marked = RegionSet::new(geometry.regions());
+        for region in intent.intent().marked() {
+            marked.insert(region);
+        }
+        let now = lease.now();
+        let mut primary = Primary::new(config, replica_set(&replication), revision, marked, now);
+        primary.set_lease(lease.until(), now);
+        let targets = replication
+            .members
+            .iter()
+            .filter(|member| member.node != me)
+            .map(|member| {
+                let node = node_id(&replication, &member.node).expect("a member");
+                let target = LinkTarget {
+                    node,
+                    name: member.node.clone(),
+                    ..own_target.clone()
+                };
+                (node, target)
+            })
+            .collect();
+        let local = LocalVolume::open(backend, &members)?;
+        let stop_poller = Arc::new(AtomicBool::new(false));
+        poll_record(
+            desired.clone(),
+            volume.clone(),
+            events.clone(),
+            Arc::clone(&stop_poller),
+        );
+        log::info!(
+            "volume {volume}: primary of epoch {} (revision {revision})",
+            replication.epoch
+        );
+        Ok(Some(Replicator {
+            volume,
+            primary,
+            block_size: u64::from(replication.block_size),
+            replication,
+            revision,
+            local,
+            intent,
+            targets,
+            links: BTreeMap::new(),
+            ops: BTreeMap::new(),
+            next_op: 0,
+            events,
+            path,
+            desired,
+            lease,
+            manager,
+            serving: Serving::Transition,
+            stop_poller,
+            gone: false,
+        }))
+    }
+
+    fn run(&mut self, inbox: &Receiver<Event>) {
+        loop {
+            let now = self.lease.now();
+            self.primary.set_lease(self.lease.until(), now);
+            self.primary.tick(now);
+            self.drive();
+            self.publish(now);
+            if self.gone || self.primary.phase() == PrimaryPhase::Deposed {
+                log::info!("volume {}: no longer primary", self.volume);
+                break;
+            }
+            match inbox.recv_timeout(TICK) {
+                Ok(Event::Stop) | Err(RecvTimeoutError::Disconnected) => break,
+                Ok(event) => self.handle(event),
+                Err(RecvTimeoutError::Timeout) => {}
+            }
+            while let Ok(event) = inbox.try_recv() {
+                if matches!(event, Event::Stop) {
+                    return self.finish();
+                }
+                self.handle(event);
+            }
+        }
+        self.finish();
+    }
+
+    fn finish(&mut self) {
+        self.stop_poller.store(true, Ordering::Release);
+        self.path.set_serving(Serving::Inaccessible);
+        for (_, op) in std::mem::take(&mut self.ops) {
+            if let Some(reply) = op.reply {
+                reply.send(VolumeOutcome::Done(Err(IoError::PathInaccessible)));
+            }
+        }
+        self.links.clear();
+        self.manager.notify(AdminOp::Reconcile);
+    }
+
+    /// Tells the data plane (and the manager, for ANA) whether it serves.
+    fn publish(&mut self, now: Duration) {
+        let serving = match self.primary.phase() {
+            _ if self.primary.optimized(now) => Serving::Yes,
+            PrimaryPhase::Deposed => Serving::Inaccessible,
+            _ => Serving::Transition,
+        };
+        if serving != self.serving {
+            self.serving = serving;
+            self.path.set_serving(serving);
+            log::info!("volume {}: {serving:?}", self.volume);
+            self.manager.notify(AdminOp::Reconcile);
+        }
+    }
+
+    fn handle(&mut self, event: Event) {
+        let now = self.lease.now();
+        match event {
+            Event::Host(io) => self.host(io, now),
+            Event::Replica { node, reply } => self.primary.replica_reply(node, reply, now),
+            Event::Committed { revision, record } => {
+                self.primary.committed(revision, replica_set(&record), now);
+                self.adopt(revision, record);
+            }
+            Event::CommitFailed(current) => {
+                let current = current.map(|(revision, record)| {
+                    let set = replica_set(&record);
+                    self.adopt(revision, record);
+                    (revision, set)
+                });
+                self.primary.commit_failed(current, now);
+            }
+            Event::Record { revision, record } => match record {
+                Some(record) if same_members(&record, &self.replication) => {
+                    self.primary
+                        .record_changed(revision, replica_set(&record), now);
+                    self.adopt(revision, record);
+                }
+                // Deleted, or its replicas changed: another replicator's job.
+                _ => self.gone = true,
+            },
+            Event::Stop => {}
+        }
+        self.drive();
+    }
+
+    fn adopt(&mut self, revision: u64, record: ReplicationRecord) {
+        if revision >= self.revision {
+            self.revision = revision;
+            self.replication = record;
+        }
+    }
+
+    fn host(&mut self, io: ReplicatedIo, now: Duration) {
+        self.next_op += 1;
+        let op = OpId(self.next_op);
+        let ReplicatedIo { work, reply } = io;
+        let (extent, fua, payload) = match work {
+            ReplicatedWork::Write { offset, data, fua } => {
+                let extent = self.extent(offset, data.len() as u64);
+                (Some(extent), fua, Some(Payload::Data(Arc::new(data))))
+            }
+            ReplicatedWork::Zeroes {
+                offset,
+                len,
+                deallocate,
+                fua,
+            } => {
+                let extent = self.extent(offset, len);
+                let blocks = extent.blocks;
+                let payload = Payload::Zeroes {
+                    deallocate,
+                    blocks: u64::from(blocks),
+                };
+                (Some(extent), fua, Some(payload))
+            }
+            ReplicatedWork::Flush => (None, false, None),
+        };
+        self.ops.insert(
+            op,
+            OpData {
+                reply: Some(reply),
+                payload,
+                error: None,
+            },
+        );
+        match extent {
+            Some(extent) => self.primary.host_write(op, extent, fua, now),
+            None => self.primary.host_flush(op, now),
+        }
+    }
+
+    fn extent(&self, offset: u64, len: u64) -> Extent {
+        Extent {
+            block: offset / self.block_size,
+            blocks: (len / self.block_size) as u32,
+        }
+    }
+
+    /// Carries out the primary's actions, in order.
+    fn drive(&mut self) {
+        while let Some(action) = self.primary.poll_action() {
+            self.act(action);
+        }
+    }
+
+    fn act(&mut self, action: Action) {
+        let now = self.lease.now();
+        match action {
+            Action::IntentSet(region) => {
+                if let Err(error) = self.intent.mark(region..region + 1) {
+                    log::error!(
+                        "volume {}: write intent not persisted: {error}",
+                        self.volume
+                    );
+                }
+            }
+            Action::IntentClear(region) => self.intent.intent().clean([region]),
+            Action::LocalWrite { op, extent, fua } => {
+                let offset = extent.block * self.block_size;
+                let result = match self.ops.get(&op).and_then(|o| o.payload.clone()) {
+                    Some(Payload::Data(data)) => self.local.write(offset, &data, fua),
+                    Some(Payload::Zeroes { .. }) => {
+                        let len = u64::from(extent.blocks) * self.block_size;
+                        self.local.zeroes(offset, len, fua)
+                    }
+                    None => Err(IoError::Other),
+                };
+                self.local_done(op, result, now);
+            }
+            Action::LocalRead { op, extent } => {
+                let offset = extent.block * self.block_size;
+                let len = u64::from(extent.blocks) * self.block_size;
+                let result = self.local.read(offset, len as usize).map(|data| {
+                    let entry = self.ops.entry(op).or_insert_with(|| OpData {
+                        reply: None,
+                        payload: None,
+                        error: None,
+                    });
+                    // A region of zeroes (unwritten, mostly) is deallocated
+                    // on the replica, not written: a thin replica stays thin.
+                    entry.payload = Some(if data.iter().all(|&b| b == 0) {
+                        Payload::Zeroes {
+                            deallocate: true,
+                            blocks: u64::from(extent.blocks),
+                        }
+                    } else {
+                        Payload::Data(Arc::new(data))
+                    });
+                });
+                self.local_done(op, result, now);
+            }
+            Action::LocalFlush { op } => {
+                let result = self.local.flush();
+                self.local_done(op, result, now);
+            }
+            Action::Send { to, msg } => self.send(to, msg),
+            Action::Commit {
+                base_revision,
+                record,
+            } => {
+                let next = with_replica_set(&self.replication, &record);
+                let states: Vec<String> = next
+                    .members
+                    .iter()
+                    .map(|m| format!("{} {:?}", m.node, m.state))
+                    .collect();
+                log::info!(
+                    "volume {}: record change: epoch {}, primary {}, {}",
+                    self.volume,
+                    next.epoch,
+                    next.primary,
+                    states.join(", ")
+                );
+                let (desired, volume) = (self.desired.clone(), self.volume.clone());
+                let events = self.events.clone();
+                std::thread::spawn(move || {
+                    let _ = events.send(commit(&desired, &volume, base_revision, next));
+                });
+            }
+            Action::Complete { op, result } => {
+                let Some(entry) = self.ops.remove(&op) else {
+                    return;
+                };
+                if let Some(reply) = entry.reply {
+                    let outcome = match (result, entry.error) {
+                        (HostResult::Ok, None) => Ok(()),
+                        (HostResult::Ok, Some(error)) => Err(error),
+                        (HostResult::Transition, _) => Err(IoError::PathTransition),
+                        (HostResult::Inaccessible, _) => Err(IoError::PathInaccessible),
+                    };
+                    reply.send(VolumeOutcome::Done(outcome));
+                }
+            }
+        }
+    }
+
+    fn local_done(&mut self, op: OpId, result: Result<(), IoError>, now: Duration) {
+        if let Err(error) = result {
+            log::warn!("volume {}: local I/O failed: {error:?}", self.volume);
+            if let Some(entry) = self.ops.get_mut(&op) {
+                entry.error = Some(error);
+            }
+        }
+        self.primary.local_done(op, now);
+    }
+
+    fn send(&mut self, to: NodeId, msg: ToReplica) {
+        if let ToReplica::Fence { token } = msg {
+            // A new session: a new connection (the old one ends with its link).
+            let Some(target) = self.targets.get(&to) else {
+                return;
+            };
+            let link = Link::start(target.clone(), token, self.events.clone());
+            self.links.insert(to, link);
+            return;
+        }
+        let payload = match &msg {
+            ToReplica::Write { op, .. } | ToReplica::Copy { op, .. } => {
+                self.ops.get(op).and_then(|o| o.payload.clone())
+            }
+            ToReplica::Flush { .. } | ToReplica::Clean { .. } | ToReplica::Fence { .. } => None,
+        };
+        if let Some(link) = self.links.get(&to) {
+            link.send(Outgoing { msg, payload });
+        }
+    }
+}
+
+/// Whether two records name the same replicas in the same order (node ids
+/// are positions in the list).
+fn same_members(a: &ReplicationRecord, b: &ReplicationRecord) -> bool {
+    a.members.len() == b.members.len()
+        && a.members
+            .iter()
+            .zip(&b.members)
+            .all(|(x, y)| x.node == y.node)
+}
+
+/// Replaces the volume record's replication part at `base` (compare-and-swap).
+fn commit(
+    desired: &DesiredState,
+    volume: &str,
+    base: u64,
+    replication: ReplicationRecord,
+) -> Event {
+    let key = format!("volumes/{volume}");
+    let current = |desired: &DesiredState| match desired.read::<VolumeRecord>(&key) {
+        Ok(Some(found)) if found.revision.0 > base => found
+            .record
+            .replication
+            .map(|record| (found.revision.0, record)),
+        _ => None,
+    };
+    let found = match desired.read::<VolumeRecord>(&key) {
+        Ok(Some(found)) => found,
+        Ok(None) | Err(_) => return Event::CommitFailed(None),
+    };
+    if found.revision.0 > base {
+        return Event::CommitFailed(current(desired));
+    }
+    let mut record = found.record;
+    record.replication = Some(replication.clone());
+    match desired.update(&key, &record, weft_control::Revision(base)) {
+        Ok(revision) => Event::Committed {
+            revision: revision.0,
+            record: replication,
+        },
+        Err(StoreError::Conflict { .. }) => Event::CommitFailed(current(desired)),
+        Err(error) => {
+            log::warn!("volume {volume}: record change not made: {error}");
+            Event::CommitFailed(None)
+        }
+    }
+}
+
+/// Reads the record every [`RECORD_POLL`] and reports each new revision.
+fn poll_record(
+    desired: DesiredState,
+    volume: String,
+    events: Sender<Event>,
+    stop: Arc<AtomicBool>,
+) {
+    let key = format!("volumes/{volume}");
+    let spawned = std::thread::Builder::new()
+        .name(format!("record-{volume}"))
+        .spawn(move || {
+            let mut seen = 0;
+            while !stop.load(Ordering::Acquire) {
+                match desired.read::<VolumeRecord>(&key) {
+                    Ok(Some(found)) if found.revision.0 != seen => {
+                        seen = found.revision.0;
+                        let event = Event::Record {
+                            revision: seen,
+                            record: found.record.replication,
+                        };
+                        if events.send(event).is_err() {
+                            return;
+                        }
+                    }
+                    Ok(None) => {
+                        let _ = events.send(Event::Record {
+                            revision: u64::MAX,
+                            record: None,
+                        });
+                        return;
+                    }
+                    _ => {}
+                }
+                std::thread::sleep(RECORD_POLL);
+            }
+        });
+    if let Err(error) = spawned {
+        log::error!("cannot start the record poller: {error}");
+    }
+}
+
+fn served_epoch(path: &std::path::Path) -> u64 {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|text| text.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+fn write_served_epoch(path: &std::path::Path, epoch: u64) -> std::io::Result<()> {
+    let dir = path.parent().expect("under replicas/");
+    std::fs::create_dir_all(dir)?;
+    let beside = path.with_extension("epoch.new");
+    let file = std::fs::File::create(&beside)?;
+    std::io::Write::write_all(&mut &file, format!("{epoch}\n").as_bytes())?;
+    file.sync_all()?;
+    std::fs::rename(&beside, path)?;
+    std::fs::File::open(dir)?.sync_all()
+}

@@ -1,0 +1,194 @@
+//! Replicated volumes on real processes: etcd (Debian's etcd-server) and
+//! three `weft serve` nodes on loopback, a host played by weft's own
+//! initiator. Writes acknowledged by the primary are on every replica: the
+//! primary killed (SIGKILL), the cluster controller promotes a replica
+//! within its lease and the promotion delay, and the new primary serves
+//! every acknowledged write and takes new ones.
+
+mod support;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+use support::etcd::{free_port, Etcd};
+use support::{ok, start_node_on, temp_dir, Node};
+use weft_initiator::{ConnectOptions, Controller, InitiatorError, Queue, TargetUrl};
+use weft_proto::status::StatusCodeType;
+
+const HOST_NQN: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-0000000ae9a1";
+const NQN: &str = "nqn.2026-11.io.weft:vol:rep";
+const BLOCK: u32 = 4096;
+
+fn node(dir: &Path, name: &str, endpoints: &str, token_file: Option<&Path>) -> Node {
+    let data = dir.join(name);
+    let mut extra = vec!["--cluster", endpoints, "--node", name];
+    let token_path;
+    if let Some(file) = token_file {
+        token_path = file.to_str().unwrap().to_string();
+        extra.extend(["--api-token-file", &token_path]);
+    }
+    let listen = format!("127.0.0.1:{}", free_port());
+    let mut node = start_node_on(&data, &listen, &extra);
+    let file = token_file.map_or(data.join("api-token"), Path::to_path_buf);
+    node.token = std::fs::read_to_string(file).unwrap().trim().to_string();
+    node
+}
+
+/// The primary as `volume show` names it (empty while the call fails: it is
+/// served by the primary's node, which may be down).
+fn primary_of(node: &Node) -> String {
+    let path = "/api/v1/volumes/rep";
+    let (status, shown) = support::api(node, Some(&node.token), "GET", path, None);
+    if status != 200 {
+        return String::new();
+    }
+    shown["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["role"] == "primary")
+        .map(|r| r["node"].as_str().unwrap().to_string())
+        .unwrap_or_default()
+}
+
+/// How many replicas `volume show` calls in sync.
+fn in_sync(node: &Node) -> usize {
+    let path = "/api/v1/volumes/rep";
+    let (status, shown) = support::api(node, Some(&node.token), "GET", path, None);
+    if status != 200 {
+        return 0;
+    }
+    let replicas = shown["replicas"].as_array().unwrap();
+    replicas.iter().filter(|r| r["state"] == "in-sync").count()
+}
+
+/// Polls `check` until it holds (or panics after 30 s, naming `what`).
+fn eventually(what: &str, mut check: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    while !check() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{what}: not within 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    start.elapsed()
+}
+
+/// An I/O queue to `node`'s volume subsystem as the attached host.
+fn connect(node: &Node) -> (Controller, Queue) {
+    let url = TargetUrl::parse(&format!("{}/{NQN}", node.nvme)).unwrap();
+    let options = ConnectOptions {
+        host_nqn: HOST_NQN.into(),
+        ..ConnectOptions::default()
+    };
+    let controller = Controller::connect(&url, options, 1).unwrap();
+    let queue = controller.open_io_queue(1).unwrap();
+    (controller, queue)
+}
+
+/// Runs `io` until it succeeds, as a multipath host does while the path is
+/// in ANA Transition (the primary fencing and resyncing): path statuses are
+/// retried, anything else fails the test.
+fn retrying<T>(what: &str, mut io: impl FnMut() -> Result<T, InitiatorError>) -> T {
+    let start = Instant::now();
+    loop {
+        match io() {
+            Ok(value) => return value,
+            Err(InitiatorError::Command { status, .. })
+                if status.sct == StatusCodeType::Path
+                    && start.elapsed() < Duration::from_secs(20) =>
+            {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(error) => panic!("{what}: {error}"),
+        }
+    }
+}
+
+fn pattern(block: u64, generation: u8) -> Vec<u8> {
+    let mut data = vec![generation; BLOCK as usize];
+    data[..8].copy_from_slice(&block.to_le_bytes());
+    data
+}
+
+#[test]
+fn a_replicated_volume_keeps_its_acknowledged_writes_when_its_primary_is_killed() {
+    let dir = temp_dir("replication");
+    let etcd = Etcd::start(1, &dir);
+    let endpoints = etcd.endpoints();
+    let n1 = node(&dir, "n1", &endpoints, None);
+    let token_file = dir.join("n1").join("api-token");
+    let n2 = node(&dir, "n2", &endpoints, Some(&token_file));
+    let n3 = node(&dir, "n3", &endpoints, Some(&token_file));
+    for name in ["n1", "n2", "n3"] {
+        let device = dir.join(name).join("p.img");
+        let device = device.to_str().unwrap();
+        let args = ["pool", "create", "p", "--node", name, "--device", device];
+        let mut args = args.to_vec();
+        args.extend(["--device-size", "256MiB"]);
+        ok(&n1, &args);
+    }
+    ok(&n1, &["host", "add", "tester", "--nqn", HOST_NQN]);
+    // Placement sees a node's pools once its heartbeat published them.
+    let create = ["volume", "create", "rep", "--size", "16MiB"];
+    let create = [&create[..], &["--replicas", "3"]].concat();
+    eventually("the volume created", || support::weft(&n1, &create).0);
+    ok(&n1, &["volume", "attach", "rep", "--host", "tester"]);
+    let mut nodes = vec![("n1", Some(n1)), ("n2", Some(n2)), ("n3", Some(n3))];
+    let first = primary_of(nodes[0].1.as_ref().unwrap());
+    let node_of = |nodes: &[(&str, Option<Node>)], name: &str| -> usize {
+        nodes.iter().position(|(n, _)| *n == name).unwrap()
+    };
+
+    // Writes through the primary, each acknowledged once on every replica.
+    let at = node_of(&nodes, &first);
+    let (controller, mut queue) = connect(nodes[at].1.as_ref().unwrap());
+    for block in 0..256u64 {
+        let data = pattern(block, 1);
+        retrying("write", || queue.write(1, block, BLOCK, &data));
+    }
+    retrying("flush", || queue.flush(1));
+    drop((queue, controller));
+
+    // Replicas that were not there yet (a new volume's replicas are created
+    // as their nodes see its record) are rebuilt and join the in-sync set.
+    let took = eventually("every replica in sync", || {
+        in_sync(nodes[at].1.as_ref().unwrap()) == 3
+    });
+    eprintln!("every replica in sync after {took:?}");
+
+    // The primary dies; a replica takes over with every acknowledged write.
+    let killed = Instant::now();
+    nodes[at].1 = None;
+    let survivor = nodes.iter().find_map(|(_, n)| n.as_ref()).unwrap();
+    let mut second = String::new();
+    eventually("a promotion", || {
+        second = primary_of(survivor);
+        !second.is_empty() && second != first
+    });
+    eprintln!(
+        "{second} promoted {:?} after {first}'s kill",
+        killed.elapsed()
+    );
+    let at = node_of(&nodes, &second);
+    let (controller, mut queue) = connect(nodes[at].1.as_ref().unwrap());
+    let read = |queue: &mut Queue, block: u64| {
+        retrying("read", || {
+            queue.read(1, block, BLOCK, BLOCK).map(<[u8]>::to_vec)
+        })
+    };
+    let first_read = read(&mut queue, 0);
+    eprintln!("the new primary served after {:?}", killed.elapsed());
+    assert_eq!(first_read, pattern(0, 1));
+    for block in 1..256u64 {
+        assert_eq!(read(&mut queue, block), pattern(block, 1), "block {block}");
+    }
+    // And takes new writes, on the replica left.
+    for block in 0..16u64 {
+        let data = pattern(block, 2);
+        retrying("write", || queue.write(1, block, BLOCK, &data));
+        assert_eq!(read(&mut queue, block), data);
+    }
+    drop((queue, controller));
+    drop(etcd);
+}
