@@ -190,5 +190,30 @@ fn a_replicated_volume_keeps_its_acknowledged_writes_when_its_primary_is_killed(
         assert_eq!(read(&mut queue, block), data);
     }
     drop((queue, controller));
+
+    // The old primary comes back as a replica: rebuilt, in sync again.
+    let old = node_of(&nodes, &first);
+    nodes[old].1 = Some(node(&dir, &first, &endpoints, Some(&token_file)));
+    let took = eventually("the old primary rebuilt and in sync", || {
+        in_sync(nodes[at].1.as_ref().unwrap()) == 3
+    });
+    eprintln!("{first} back in sync {took:?} after its restart");
+
+    // The second primary dies too: whoever is promoted has every write.
+    nodes[at].1 = None;
+    let survivor = nodes.iter().find_map(|(_, n)| n.as_ref()).unwrap();
+    let mut third = String::new();
+    eventually("a second promotion", || {
+        third = primary_of(survivor);
+        !third.is_empty() && third != second
+    });
+    let at = node_of(&nodes, &third);
+    let (controller, mut queue) = connect(nodes[at].1.as_ref().unwrap());
+    for block in 0..256u64 {
+        let generation = if block < 16 { 2 } else { 1 };
+        let expected = pattern(block, generation);
+        assert_eq!(read(&mut queue, block), expected, "block {block} on {third}");
+    }
+    drop((queue, controller));
     drop(etcd);
 }
