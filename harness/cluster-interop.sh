@@ -6,7 +6,10 @@
 # registers itself as a host and attaches the volumes through node 1's API, checks that
 # node 1's discovery log refers to nodes 2 and 3, connects everything with one
 # `nvme connect-all` against node 1, and runs fio write+verify on each volume. A volume with
-# three replicas is one multipath device with one ANA-optimized path and two inaccessible ones.
+# three replicas is one multipath device with one ANA-optimized path and two inaccessible ones;
+# fio writes to it while its primary's node is killed (kill -9, on the guest's request through
+# the share: REQUEST files "kill nI" / "start nI", answered with REQUEST.done): the host's
+# multipath resumes on the promoted replica with no I/O error, and everything written reads back.
 # Usage: harness/cluster-interop.sh [--weft BIN]   (as root; the guest image is built once)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,6 +36,8 @@ mkdir -p "$SHARE"
 PIDS=()
 cleanup() {
     for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+    # Nodes the guest had restarted (from the request server's subshell).
+    pkill -TERM -f -- "--data-dir $WORK/n" 2>/dev/null || true
     wait 2>/dev/null || true
     harness/etcd.sh stop "$WORK/etcd" >/dev/null 2>&1 || true
 }
@@ -46,15 +51,19 @@ node() { # INDEX: starts node nINDEX (1-based)
     "$WEFT" serve --cluster "$ENDPOINTS" --node "n$i" --advertise 10.0.2.2 \
         --api-advertise "http://127.0.0.1:$((API_PORT + i - 1))" \
         --listen "127.0.0.1:$((NVME_PORT + i - 1))" --api-listen "127.0.0.1:$((API_PORT + i - 1))" \
-        --data-dir "$WORK/n$i" "${extra[@]}" > "$WORK/n$i.out" 2> "$WORK/n$i.log" &
+        --data-dir "$WORK/n$i" "${extra[@]}" > "$WORK/n$i.out" 2>> "$WORK/n$i.log" &
     PIDS+=($!)
     for _ in $(seq 100); do grep -q "nvme discover" "$WORK/n$i.out" 2>/dev/null && return; sleep 0.1; done
     die "node n$i did not start: $(tail -3 "$WORK/n$i.log")"
 }
+declare -A PID_OF
 node 1
+PID_OF[n1]=${PIDS[-1]}
 cp "$WORK/n1/api-token" "$SHARE/api-token"
 node 2
+PID_OF[n2]=${PIDS[-1]}
 node 3
+PID_OF[n3]=${PIDS[-1]}
 cli() { WEFT_API=127.0.0.1:$API_PORT WEFT_API_TOKEN=$(cat "$WORK/n1/api-token") "$WEFT" "$@"; }
 for i in 1 2 3; do
     cli pool create p --node "n$i" --device "$WORK/n$i/p.img" --device-size 1GiB >/dev/null
@@ -64,6 +73,22 @@ done
 cli volume create rep --size 64MiB --replicas 3 >/dev/null
 cli volume list
 cli volume show rep
+
+# The guest asks for node kills and restarts through the share (it cannot reach our processes).
+serve_requests() {
+    while sleep 0.2; do
+        [ -e "$SHARE/REQUEST" ] || continue
+        read -r verb name < "$SHARE/REQUEST"
+        rm -f "$SHARE/REQUEST"
+        case "$verb" in
+            kill) kill -9 "${PID_OF[$name]}" && echo "cluster-interop: killed $name" ;;
+            start) node "${name#n}"; PID_OF[$name]=${PIDS[-1]}; echo "cluster-interop: started $name" ;;
+        esac
+        touch "$SHARE/REQUEST.done"
+    done
+}
+serve_requests &
+PIDS+=($!)
 
 echo "cluster-interop: etcd $ENDPOINTS, nodes on 127.0.0.1:$NVME_PORT-$((NVME_PORT + 2)) (API $API_PORT-$((API_PORT + 2))); console -> $WORK/run.log"
 set +e

@@ -6,8 +6,11 @@
 # to nodes 2 and 3; `nvme connect-all` against node 1 alone connects all three volumes;
 # fio write+verify on each; the replicated volume `rep` (a replica on each node) is one
 # multipath device whose paths are one ANA optimized (its primary) and two inaccessible; a
-# persistent discovery connection gets a Discovery Log Page Change event when a fourth
-# volume is attached; disconnect. Prints "cluster: PASS" when every check passed.
+# failover: fio writes to `rep` while the host kills its primary's node (asked through the
+# share), without an I/O error, and reads everything back from the promoted replica; the
+# killed node restarts and is rebuilt; a persistent discovery connection gets a Discovery
+# Log Page Change event when a fourth volume is attached; disconnect. Prints
+# "cluster: PASS" when every check passed.
 set -uo pipefail
 ADDR=${LAB_HOST_IP:?needs slirp}
 PORT=${WEFT_PORT:-14450} API_PORT=${WEFT_API_PORT:-14460}
@@ -81,6 +84,65 @@ for subsys in /sys/class/nvme-subsystem/nvme-subsys*; do
 done
 dmesg | grep -iE "I/O error|duplicate|IDs don't match|ANA" | sed 's/^/  kernel: /'
 dmesg | grep -qiE "I/O error|duplicate cntlid|IDs don't match" && fail "kernel errors (above)" || ok "no kernel I/O or identity errors"
+
+echo "=== failover: fio writes to rep while its primary's node is killed"
+weft_on() { # INDEX ARGS: the CLI against node INDEX's API (1-based)
+    local i=$1; shift
+    WEFT_API=$ADDR:$((API_PORT + i - 1)) WEFT_API_TOKEN=$(cat "$LAB_SHARE/api-token") \
+        timeout 60 "$WEFT_DIR/target/release/weft" "$@"
+}
+request() { # VERB NODE: the host kills or starts a node; waits until it did
+    rm -f "$LAB_SHARE/REQUEST.done"
+    echo "$1 $2" > "$LAB_SHARE/REQUEST"
+    for _ in $(seq 300); do [ -e "$LAB_SHARE/REQUEST.done" ] && return 0; sleep 0.2; done
+    return 1
+}
+rep_field() { # INDEX ROLE|STATE: from `volume show rep` through node INDEX
+    weft_on "$1" volume show rep -o json 2>/dev/null | tr -d ' \n' | tr '{' '\n' | grep '"role"' |
+        sed -n "s/.*\"node\":\"\([^\"]*\)\"[^}]*\"role\":\"\([^\"]*\)\"[^}]*\"state\":\"\([^\"]*\)\".*/\1 \2 \3/p"
+}
+rep_dev=''
+for subsys in /sys/class/nvme-subsystem/nvme-subsys*; do
+    [ "$(cat "$subsys/subsysnqn" 2>/dev/null)" = "nqn.2026-11.io.weft:vol:rep" ] || continue
+    rep_dev=$(ls "$subsys" | grep -E '^nvme[0-9]+n[0-9]+$' | head -1)
+done
+first=$(rep_field 1 | awk '$2 == "primary" {print $1}')
+echo "  rep on /dev/$rep_dev, primary $first"
+survivor=1; [ "$first" = n1 ] && survivor=2
+FIO_FAILOVER=(--name=failover --filename="/dev/$rep_dev" --rw=randwrite --bs=4k --size=24m --direct=1
+    --ioengine=libaio --iodepth=4 --verify=crc32c --randseed=7 --output-format=terse)
+dmesg -C
+timeout 300 fio "${FIO_FAILOVER[@]}" --rate_iops=200 --do_verify=0 > /tmp/fio-failover.txt 2>&1 &
+fio_pid=$!
+sleep 5
+killed_at=$(date +%s.%N)
+request kill "$first" && ok "host killed $first (kill -9)" || fail "kill $first not done"
+second=''
+for _ in $(seq 60); do
+    second=$(rep_field "$survivor" | awk '$2 == "primary" {print $1}')
+    [ -n "$second" ] && [ "$second" != "$first" ] && break
+    sleep 0.5
+done
+promoted_at=$(date +%s.%N)
+[ -n "$second" ] && [ "$second" != "$first" ] && ok "rep: $second promoted $(awk "BEGIN {print $promoted_at - $killed_at}") s after the kill" \
+    || fail "rep: no promotion (primary '$second')"
+if wait "$fio_pid"; then ok "rep: fio wrote through the failover without an error"; else fail "rep: fio: $(tail -3 /tmp/fio-failover.txt)"; fi
+if timeout 300 fio "${FIO_FAILOVER[@]}" --verify_only > /tmp/fio-reread.txt 2>&1; then
+    ok "rep: everything fio wrote reads back from the new primary"
+else
+    fail "rep: verify after failover: $(tail -3 /tmp/fio-reread.txt)"
+fi
+dmesg | grep -iE "I/O error|ANA|nvme" | tail -12 | sed 's/^/  kernel: /'
+dmesg | grep -qi "I/O error" && fail "kernel I/O errors during the failover" || ok "no kernel I/O error"
+request start "$first" && ok "host restarted $first" || fail "restart $first not done"
+in_sync=0
+for _ in $(seq 60); do
+    in_sync=$(rep_field "$survivor" | grep -c "in-sync")
+    [ "$in_sync" = 3 ] && break
+    sleep 1
+done
+[ "$in_sync" = 3 ] && ok "rep: $first rebuilt, every replica in sync" || fail "rep: $in_sync replicas in sync, want 3"
+rep_field "$survivor" | sed 's/^/  /'
 
 echo "=== a persistent discovery connection hears of a volume attached later"
 udevadm monitor --kernel --property > /tmp/uevents 2>&1 &

@@ -77,9 +77,14 @@ fn beat(member: &mut Member, store: &dyn Store, status: &NodeStatus, failing: &m
     let result = member.heartbeat(status, now).and_then(|controller| {
         renewed = true;
         if controller {
-            nodes::note_down_nodes(store, member.lease(), now)?;
+            let noted = nodes::note_down_nodes(store, member.lease(), now)?;
+            if !noted.is_empty() {
+                // Promote in this beat rather than the next (a third of the
+                // lease later): failover is the lease plus this delay.
+                std::thread::sleep(PROMOTION_DELAY);
+            }
             let delay = PROMOTION_DELAY.as_millis() as u64;
-            replicas::promote_primaries(store, member.lease(), now, delay)?;
+            replicas::promote_primaries(store, member.lease(), unix_ms(), delay)?;
         }
         Ok(())
     });

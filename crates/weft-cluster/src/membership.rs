@@ -34,6 +34,8 @@ pub struct MemberConfig {
     pub node_id: String,
     /// Where hosts reach its NVMe/TCP listeners (`address:port`).
     pub nvme: Vec<String>,
+    /// Where the other nodes reach them (replication), if not there.
+    pub peer_nvme: Vec<String>,
     /// Its API URL.
     pub api: String,
     /// Its failure domain.
@@ -337,6 +339,7 @@ fn claim_name(
         name: config.name.clone(),
         node_id: config.node_id.clone(),
         nvme: config.nvme.clone(),
+        peer_nvme: config.peer_nvme.clone(),
         api: config.api.clone(),
         zone: config.zone.clone(),
         cordoned,

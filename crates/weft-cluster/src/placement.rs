@@ -226,6 +226,7 @@ mod tests {
                 name: name.into(),
                 node_id: format!("id-{name}"),
                 nvme: vec![],
+                peer_nvme: Vec::new(),
                 api: String::new(),
                 zone: None,
                 cordoned,

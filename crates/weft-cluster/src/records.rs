@@ -66,6 +66,10 @@ pub struct MemberRecord {
     pub node_id: String,
     /// Where hosts reach its NVMe/TCP listeners (`address:port`).
     pub nvme: Vec<String>,
+    /// Where the other nodes reach them, for replication, when that is not
+    /// where hosts do (none: the same).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub peer_nvme: Vec<String>,
     /// Its API (`http[s]://address:port`).
     pub api: String,
     /// Its failure domain, if the operator gave one.

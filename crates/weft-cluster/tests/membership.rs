@@ -20,6 +20,7 @@ fn config(name: &str, node_id: &str) -> MemberConfig {
         name: name.into(),
         node_id: node_id.into(),
         nvme: vec![format!("127.0.0.1:44{}", &name[1..])],
+        peer_nvme: Vec::new(),
         api: format!("http://127.0.0.1:94{}", &name[1..]),
         zone: None,
         lease_ttl: TTL,

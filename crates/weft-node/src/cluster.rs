@@ -204,6 +204,7 @@ mod tests {
                 name: name.into(),
                 node_id: String::new(),
                 nvme: vec![],
+                peer_nvme: Vec::new(),
                 api: String::new(),
                 zone: None,
                 cordoned: false,

@@ -230,7 +230,8 @@ pub fn parse_advertise(text: &str) -> Result<IpAddr, String> {
 }
 
 /// What the node tells the cluster about itself: its NVMe/TCP addresses
-/// (each listener's port at the advertised address) and its API's URL.
+/// (each listener's port at the advertised address; for the other nodes,
+/// the listeners' own addresses when they are specific ones) and its API's URL.
 pub fn member_config(
     spec: &ClusterSpec,
     node_id: &str,
@@ -243,6 +244,7 @@ pub fn member_config(
         name: spec.node.clone(),
         node_id: node_id.to_string(),
         nvme: nvme.iter().map(SocketAddr::to_string).collect(),
+        peer_nvme: peer_addresses(listening, &nvme),
         api: spec
             .api_advertise
             .clone()
@@ -250,6 +252,18 @@ pub fn member_config(
         zone: spec.zone.clone(),
         lease_ttl: spec.lease_ttl,
     })
+}
+
+/// Where the other nodes reach this node's listeners: the listeners'
+/// addresses when they are specific and differ from what hosts are told
+/// (a node on a private network that hosts reach through another address),
+/// else nothing (the advertised ones).
+fn peer_addresses(listening: &[SocketAddr], advertised: &[SocketAddr]) -> Vec<String> {
+    let specific = listening.iter().all(|a| !a.ip().is_unspecified());
+    if !specific || listening == advertised {
+        return Vec::new();
+    }
+    listening.iter().map(SocketAddr::to_string).collect()
 }
 
 /// A node connected to its cluster's store, not yet a member.

@@ -212,7 +212,11 @@ fn a_replicated_volume_keeps_its_acknowledged_writes_when_its_primary_is_killed(
     for block in 0..256u64 {
         let generation = if block < 16 { 2 } else { 1 };
         let expected = pattern(block, generation);
-        assert_eq!(read(&mut queue, block), expected, "block {block} on {third}");
+        assert_eq!(
+            read(&mut queue, block),
+            expected,
+            "block {block} on {third}"
+        );
     }
     drop((queue, controller));
     drop(etcd);
