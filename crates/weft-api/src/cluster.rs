@@ -72,6 +72,10 @@ pub(crate) enum Route {
 }
 
 impl Cluster {
+    /// The cluster's records (this node's mirror of them).
+    pub(crate) fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
     /// The API of node `node`, whose copy of the cluster's store is `store`.
     pub fn new(store: Arc<dyn Store>, node: &str) -> Cluster {
         Cluster {
@@ -95,6 +99,12 @@ impl Cluster {
             ("POST", "volumes") => self.route_new_volume(&request.body),
             ("POST", "pools") => self.route_new_pool(&request.body),
             ("DELETE", "volumes/{volume}") => self.route_volume_deletion(&params[0]),
+            ("POST", "volumes/{volume}/move-primary") => {
+                let to = serde_json::from_slice::<Value>(&request.body)
+                    .ok()
+                    .and_then(|body| body["to"].as_str().map(str::to_string));
+                Ok(Route::Respond(self.move_primary(&params[0], to.as_deref())))
+            }
             (_, pattern) if pattern.starts_with("volumes/{volume}") => {
                 self.route_volume(&params[0])
             }
@@ -463,6 +473,7 @@ impl Cluster {
             ("DELETE", "nodes/{node}") => {
                 self.remove_node(&params[0]).map(|()| json!({"ok": true}))
             }
+            ("POST", "nodes/{node}/drain") => return self.drain(&params[0]),
             _ => unreachable!("every nodes route is answered: {method} {pattern}"),
         };
         match result {
@@ -565,6 +576,24 @@ fn call_node(view: &NodeView, request: &Request, body: Option<&[u8]>, token: &st
 }
 
 /// Adds `"node": NODE` to a view or to each view of a list.
+impl Cluster {
+    /// `view` (a volume's) with its replicas as the volume record has them
+    /// now: the node's published status follows the record a moment later.
+    pub(crate) fn live_replicas(&self, mut view: Value) -> Value {
+        let Some(name) = view["name"].as_str() else {
+            return view;
+        };
+        let key = format!("volumes/{name}");
+        let record = weft_control::records::read::<VolumeRecord>(self.store.as_ref(), &key);
+        if let Ok(Some(found)) = record {
+            if let Some(replication) = &found.record.replication {
+                view["replicas"] = json!(crate::views::replica_views(replication));
+            }
+        }
+        view
+    }
+}
+
 pub(crate) fn tag_node(mut value: Value, node: &str) -> Value {
     match &mut value {
         Value::Array(items) => items.iter_mut().for_each(|item| tag_object(item, node)),
@@ -607,7 +636,7 @@ pub(crate) fn store_failure(error: &StoreError) -> Response {
     }
 }
 
-fn node_failure(error: &NodeError) -> Response {
+pub(crate) fn node_failure(error: &NodeError) -> Response {
     let message = error.to_string();
     match error {
         NodeError::NotFound(_) => failure(

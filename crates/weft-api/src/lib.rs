@@ -21,6 +21,7 @@
 #![warn(missing_docs)]
 
 pub mod cluster;
+mod moves;
 pub mod token;
 pub mod views;
 
@@ -65,6 +66,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("DELETE", "volumes/{volume}"),
     ("POST", "volumes/{volume}/resize"),
     ("POST", "volumes/{volume}/flatten"),
+    ("POST", "volumes/{volume}/move-primary"),
     ("PATCH", "volumes/{volume}/qos"),
     ("POST", "volumes/{volume}/hosts"),
     ("DELETE", "volumes/{volume}/hosts/{host}"),
@@ -80,6 +82,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("DELETE", "nodes/{node}"),
     ("POST", "nodes/{node}/cordon"),
     ("POST", "nodes/{node}/uncordon"),
+    ("POST", "nodes/{node}/drain"),
 ];
 
 /// What every API call shares.
@@ -379,13 +382,20 @@ impl Api {
         self.cluster.as_ref().map(cluster::Cluster::node)
     }
 
-    /// A pool or volume view with the node it is on (in a cluster).
+    /// A pool or volume view with the node it is on (in a cluster), and a
+    /// volume's replicas as the cluster's record has them now.
     fn tag(&self, pattern: &str, view: Value) -> Value {
-        match self.node() {
-            Some(node) if pattern.starts_with("pools") || pattern.starts_with("volumes") => {
-                cluster::tag_node(view, node)
-            }
+        let Some(cluster) = &self.cluster else {
+            return view;
+        };
+        let view = match pattern {
+            "volumes/{volume}" => cluster.live_replicas(view),
             _ => view,
+        };
+        if pattern.starts_with("pools") || pattern.starts_with("volumes") {
+            cluster::tag_node(view, cluster.node())
+        } else {
+            view
         }
     }
 
@@ -673,6 +683,8 @@ fn operation(
             changes: secret_changes(body)?,
         },
         ("DELETE", "hosts/{host}") => AdminOp::DeleteHost(param(0)),
+        // A cluster serves it before it gets here.
+        ("POST", "volumes/{volume}/move-primary") => return Err(not_a_cluster()),
         _ => {
             unreachable!("every route in ROUTES but the reads has an operation: {method} {pattern}")
         }

@@ -124,7 +124,7 @@ pub struct ReplicaView {
     pub state: String,
 }
 
-fn replica_views(replication: &weft_control::ReplicationRecord) -> Vec<ReplicaView> {
+pub(crate) fn replica_views(replication: &weft_control::ReplicationRecord) -> Vec<ReplicaView> {
     let mut views: Vec<ReplicaView> = replication
         .members
         .iter()

@@ -128,6 +128,159 @@ pub fn promote_primaries(
     Ok(promoted)
 }
 
+/// Why a planned move of a primary was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum MoveError {
+    /// No such volume.
+    #[error("volume {0} does not exist")]
+    NotFound(String),
+    /// A volume of one copy.
+    #[error("volume {0} has one copy: it has no primary to move")]
+    NotReplicated(String),
+    /// The target holds no replica.
+    #[error("node {to} holds no replica of {volume} (its replicas are on {members})")]
+    NotAMember {
+        /// The volume.
+        volume: String,
+        /// The node asked for.
+        to: String,
+        /// The nodes that hold one.
+        members: String,
+    },
+    /// The target's replica is not in sync (being rebuilt).
+    #[error("the replica of {volume} on {to} is not in sync (it is being rebuilt)")]
+    NotInSync {
+        /// The volume.
+        volume: String,
+        /// The node asked for.
+        to: String,
+    },
+    /// The target's node is down.
+    #[error("node {0} is down")]
+    TargetDown(String),
+    /// No replica can take over.
+    #[error("no in-sync replica of {0} is on another node that is up")]
+    NoTarget(String),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Where a planned move stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MoveOutcome {
+    /// The target is primary.
+    Done,
+    /// The primary has not handed over yet.
+    Pending,
+    /// The primary dropped the move (the target did not answer, or fell
+    /// out of sync), or another primary took over meanwhile: who is primary now.
+    Dropped(String),
+}
+
+/// Asks the primary of `volume` to hand its role to `to` (or, if none, to
+/// the in-sync replica on an up node, uncordoned ones first): sets the
+/// record's `move_to` by compare-and-swap; the primary drains and hands
+/// over itself. The target, and whether it is primary already.
+pub fn request_move(
+    store: &dyn Store,
+    volume: &str,
+    to: Option<&str>,
+) -> Result<(String, bool), MoveError> {
+    let key = format!("{VOLUMES}{volume}");
+    let found = read::<VolumeRecord>(store, &key)?
+        .ok_or_else(|| MoveError::NotFound(volume.to_string()))?;
+    let mut record = found.record;
+    let replication = record
+        .replication
+        .as_mut()
+        .ok_or_else(|| MoveError::NotReplicated(volume.to_string()))?;
+    let nodes = nodes::list(store)?;
+    let up = |name: &str| nodes.get(name).is_some_and(NodeView::is_alive);
+    let target = match to {
+        Some(to) => {
+            let member = replication
+                .member(to)
+                .ok_or_else(|| MoveError::NotAMember {
+                    volume: volume.to_string(),
+                    to: to.to_string(),
+                    members: replication
+                        .members
+                        .iter()
+                        .map(|m| m.node.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                })?;
+            if member.state != ReplicaState::InSync {
+                return Err(MoveError::NotInSync {
+                    volume: volume.to_string(),
+                    to: to.to_string(),
+                });
+            }
+            if !up(to) {
+                return Err(MoveError::TargetDown(to.to_string()));
+            }
+            to.to_string()
+        }
+        None => {
+            let cordoned = |name: &str| nodes.get(name).is_some_and(|n| n.member.cordoned);
+            let mut candidates: Vec<&str> = replication
+                .members
+                .iter()
+                .filter(|m| m.node != replication.primary && m.state == ReplicaState::InSync)
+                .map(|m| m.node.as_str())
+                .filter(|name| up(name))
+                .collect();
+            candidates.sort_by_key(|name| cordoned(name));
+            let first = candidates
+                .first()
+                .ok_or_else(|| MoveError::NoTarget(volume.to_string()))?;
+            first.to_string()
+        }
+    };
+    if replication.primary == target {
+        return Ok((target, true));
+    }
+    replication.move_to = Some(target.clone());
+    let txn = Txn {
+        conditions: vec![Condition::At(key.clone(), found.revision)],
+        changes: vec![Change::put(key, encode(&record))],
+    };
+    store.commit(txn)?;
+    Ok((target, false))
+}
+
+/// Where the move of `volume`'s primary to `to` stands.
+pub fn move_outcome(store: &dyn Store, volume: &str, to: &str) -> Result<MoveOutcome, MoveError> {
+    let found = read::<VolumeRecord>(store, &format!("{VOLUMES}{volume}"))?
+        .ok_or_else(|| MoveError::NotFound(volume.to_string()))?;
+    let replication = found
+        .record
+        .replication
+        .ok_or_else(|| MoveError::NotReplicated(volume.to_string()))?;
+    Ok(if replication.primary == to {
+        MoveOutcome::Done
+    } else if replication.move_to.as_deref() == Some(to) {
+        MoveOutcome::Pending
+    } else {
+        MoveOutcome::Dropped(replication.primary)
+    })
+}
+
+/// The replicated volumes whose primary is on `node`.
+pub fn primaries_on(store: &dyn Store, node: &str) -> Result<Vec<String>, StoreError> {
+    let mut volumes = Vec::new();
+    for entry in store.list(VOLUMES)?.entries {
+        let Some(found) = read::<VolumeRecord>(store, &entry.key)? else {
+            continue;
+        };
+        if found.record.replication.is_some_and(|r| r.primary == node) {
+            volumes.push(entry.key[VOLUMES.len()..].to_string());
+        }
+    }
+    Ok(volumes)
+}
+
 /// The record after a promotion, if one is due.
 fn promotion(
     record: &ReplicationRecord,

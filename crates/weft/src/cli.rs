@@ -239,6 +239,12 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
             let path = format!("volumes/{}/flatten", operand(1, "volume name")?);
             ("POST", path, None, Show::Done("flattened"))
         }
+        ("volume", "move-primary") => {
+            known(&["to"])?;
+            let path = format!("volumes/{}/move-primary", operand(1, "volume name")?);
+            let body = option("to").map(|to| json!({"to": to}));
+            ("POST", path, body.or(Some(json!({}))), Show::Done("moved"))
+        }
         ("volume", "attach" | "detach") => {
             known(&["host"])?;
             let volume = operand(1, "volume name")?;

@@ -41,11 +41,12 @@ Usage:
                      [--nqn NQN] [--uuid UUID] [--nguid HEX]   (what hosts see; default weft's)
   weft volume list | show NAME | delete NAME [--force] | resize NAME --size SIZE
   weft volume clone VOLUME@SNAPSHOT NAME | flatten NAME
+  weft volume move-primary NAME [--to NODE]   (a replicated volume's primary, planned)
   weft snapshot create VOLUME@SNAPSHOT | delete VOLUME@SNAPSHOT
   weft host add NAME --nqn NQN [--dhchap-secret S [--dhchap-ctrl-secret S]] | list | show NAME
   weft host set NAME [--dhchap-secret S|none] [--dhchap-ctrl-secret S|none] | delete NAME
   weft volume attach VOLUME --host HOST | detach VOLUME --host HOST
-  weft node list | show NAME | cordon NAME | uncordon NAME | remove NAME   (a cluster)
+  weft node list | show NAME | cordon NAME | uncordon NAME | drain NAME | remove NAME   (a cluster)
   weft top [--interval D] [--count N]   live per-volume IOPS, MiB/s, p99 latency, queue depth
   weft volume set VOLUME [--iops-max N] [--bw-max SIZE] [--read-iops-max N] [--read-bw-max SIZE]
                          [--write-iops-max N] [--write-bw-max SIZE]     (none removes a limit)

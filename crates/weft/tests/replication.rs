@@ -221,3 +221,77 @@ fn a_replicated_volume_keeps_its_acknowledged_writes_when_its_primary_is_killed(
     drop((queue, controller));
     drop(etcd);
 }
+
+#[test]
+fn a_planned_move_and_a_drain_hand_the_primary_over_with_every_write() {
+    let dir = temp_dir("replication-move");
+    let etcd = Etcd::start(1, &dir);
+    let endpoints = etcd.endpoints();
+    let n1 = node(&dir, "n1", &endpoints, None);
+    let token_file = dir.join("n1").join("api-token");
+    let n2 = node(&dir, "n2", &endpoints, Some(&token_file));
+    let n3 = node(&dir, "n3", &endpoints, Some(&token_file));
+    let nodes = [("n1", &n1), ("n2", &n2), ("n3", &n3)];
+    for (name, _) in nodes {
+        let device = dir.join(name).join("p.img");
+        let device = device.to_str().unwrap();
+        let args = ["pool", "create", "p", "--node", name, "--device", device];
+        let mut args = args.to_vec();
+        args.extend(["--device-size", "256MiB"]);
+        ok(&n1, &args);
+    }
+    ok(&n1, &["host", "add", "tester", "--nqn", HOST_NQN]);
+    let create = ["volume", "create", "rep", "--size", "16MiB"];
+    let create = [&create[..], &["--replicas", "3"]].concat();
+    eventually("the volume created", || support::weft(&n1, &create).0);
+    ok(&n1, &["volume", "attach", "rep", "--host", "tester"]);
+    let by_name = |name: &str| nodes.iter().find(|(n, _)| *n == name).unwrap().1;
+    let first = primary_of(&n1);
+    let (controller, mut queue) = connect(by_name(&first));
+    for block in 0..64u64 {
+        let data = pattern(block, 1);
+        retrying("write", || queue.write(1, block, BLOCK, &data));
+    }
+    drop((queue, controller));
+    eventually("every replica in sync", || in_sync(&n1) == 3);
+
+    // A planned move: the primary drains and hands over; no lease to wait for.
+    let to = nodes.iter().find(|(n, _)| *n != first).unwrap().0;
+    let asked = Instant::now();
+    let moved = ok(&n3, &["volume", "move-primary", "rep", "--to", to]);
+    assert!(moved.contains("moved"), "{moved}");
+    assert_eq!(primary_of(&n1), to);
+    let (controller, mut queue) = connect(by_name(to));
+    let data = pattern(64, 2);
+    retrying("write", || queue.write(1, 64, BLOCK, &data));
+    let paused = asked.elapsed();
+    eprintln!(
+        "moved from {first} to {to}: the new primary took a write {paused:?} after the request"
+    );
+    for block in 0..64u64 {
+        let read = retrying("read", || {
+            queue.read(1, block, BLOCK, BLOCK).map(<[u8]>::to_vec)
+        });
+        assert_eq!(read, pattern(block, 1), "block {block} after the move");
+    }
+    drop((queue, controller));
+    assert_eq!(in_sync(&n1), 3, "the old primary stays in sync");
+
+    // A drain moves every primary off the node (and cordons it).
+    let drained = ok(&n1, &["node", "drain", to]);
+    assert!(drained.contains("drained"), "{drained}");
+    let third = primary_of(&n1);
+    assert_ne!(third, to);
+    let (controller, mut queue) = connect(by_name(&third));
+    let read = retrying("read", || {
+        queue.read(1, 64, BLOCK, BLOCK).map(<[u8]>::to_vec)
+    });
+    assert_eq!(read, pattern(64, 2), "the write made before the drain");
+    drop((queue, controller));
+    let shown = ok(&n1, &["node", "show", to]);
+    assert!(shown.contains("cordoned"), "{shown}");
+    // Errors say what to do.
+    let errors = support::refused(&n1, &["volume", "move-primary", "rep", "--to", "n9"]);
+    assert!(errors.contains("holds no replica"), "{errors}");
+    drop(etcd);
+}

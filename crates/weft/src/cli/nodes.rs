@@ -31,9 +31,15 @@ pub(super) fn command(
             None,
             Show::Done("removed"),
         ),
+        "drain" => (
+            "POST",
+            format!("nodes/{}/drain", name?),
+            None,
+            Show::Done("drained: cordoned, and no replicated volume's primary is on it"),
+        ),
         _ => {
             return Err(format!(
-                "unknown command `weft node {verb}`; the node commands are list, show, cordon, uncordon and remove"
+                "unknown command `weft node {verb}`; the node commands are list, show, cordon, uncordon, drain and remove"
             ))
         }
     })
