@@ -109,10 +109,11 @@ done
 first=$(rep_field 1 | awk '$2 == "primary" {print $1}')
 echo "  rep on /dev/$rep_dev, primary $first"
 survivor=1; [ "$first" = n1 ] && survivor=2
-FIO_FAILOVER=(--name=failover --filename="/dev/$rep_dev" --rw=randwrite --bs=4k --size=24m --direct=1
-    --ioengine=libaio --iodepth=4 --verify=crc32c --randseed=7 --output-format=terse)
+FIO_REP=(--filename="/dev/$rep_dev" --rw=randwrite --bs=4k --size=24m --direct=1
+    --ioengine=libaio --iodepth=4 --verify=crc32c --randseed=7)
 dmesg -C
-timeout 300 fio "${FIO_FAILOVER[@]}" --rate_iops=200 --do_verify=0 > /tmp/fio-failover.txt 2>&1 &
+timeout 300 fio --name=failover "${FIO_REP[@]}" --rate_iops=200 --do_verify=0 --output-format=json \
+    > /tmp/fio-failover.txt 2>&1 &
 fio_pid=$!
 sleep 5
 killed_at=$(date +%s.%N)
@@ -126,8 +127,16 @@ done
 promoted_at=$(date +%s.%N)
 [ -n "$second" ] && [ "$second" != "$first" ] && ok "rep: $second promoted $(awk "BEGIN {print $promoted_at - $killed_at}") s after the kill" \
     || fail "rep: no promotion (primary '$second')"
-if wait "$fio_pid"; then ok "rep: fio wrote through the failover without an error"; else fail "rep: fio: $(tail -3 /tmp/fio-failover.txt)"; fi
-if timeout 300 fio "${FIO_FAILOVER[@]}" --verify_only > /tmp/fio-reread.txt 2>&1; then
+max_write_ms() { # FIO_JSON: the longest a write took, in ms (the host's pause)
+    sed -n '/"write"/,/"trim"/p' "$1" | grep -A3 '"clat_ns"' | grep '"max"' | head -1 |
+        tr -dc '0-9' | awk '{printf "%d", $1 / 1000000}'
+}
+if wait "$fio_pid"; then
+    ok "rep: fio wrote through the failover without an error (longest write $(max_write_ms /tmp/fio-failover.txt) ms)"
+else
+    fail "rep: fio: $(tail -3 /tmp/fio-failover.txt)"
+fi
+if timeout 300 fio --name=failover "${FIO_REP[@]}" --verify_only > /tmp/fio-reread.txt 2>&1; then
     ok "rep: everything fio wrote reads back from the new primary"
 else
     fail "rep: verify after failover: $(tail -3 /tmp/fio-reread.txt)"
@@ -143,6 +152,20 @@ for _ in $(seq 60); do
 done
 [ "$in_sync" = 3 ] && ok "rep: $first rebuilt, every replica in sync" || fail "rep: $in_sync replicas in sync, want 3"
 rep_field "$survivor" | sed 's/^/  /'
+echo "=== a planned move back to $first while fio writes"
+timeout 300 fio --name=move "${FIO_REP[@]}" --size=8m --rate_iops=200 --do_verify=0 \
+    --output-format=json > /tmp/fio-move.txt 2>&1 &
+fio_pid=$!
+sleep 3
+moved=$(weft_on "$survivor" volume move-primary rep --to "$first" 2>&1)
+echo "  $moved"
+[ "$(rep_field "$survivor" | awk '$2 == "primary" {print $1}')" = "$first" ] && ok "rep: $first is primary again" \
+    || fail "rep: move to $first: $moved"
+if wait "$fio_pid"; then
+    ok "rep: fio wrote through the move without an error (longest write $(max_write_ms /tmp/fio-move.txt) ms)"
+else
+    fail "rep: fio during the move: $(tail -3 /tmp/fio-move.txt)"
+fi
 
 echo "=== a persistent discovery connection hears of a volume attached later"
 udevadm monitor --kernel --property > /tmp/uevents 2>&1 &

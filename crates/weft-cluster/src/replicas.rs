@@ -281,6 +281,88 @@ pub fn primaries_on(store: &dyn Store, node: &str) -> Result<Vec<String>, StoreE
     Ok(volumes)
 }
 
+/// After a power loss (writes this node acknowledged since its last flush
+/// may be gone, anywhere): takes `node` out of the in-sync set of `volume`
+/// before the node joins the cluster again, so that nobody promotes it or
+/// counts on its copy (the simulation's rule, `weft-sim`'s node). If it is
+/// the primary, the role goes to the previous primary when this node never
+/// served the epoch (`served_epoch` is the last it did) and that one held
+/// every write; else to another in-sync replica; with none, this copy is all
+/// there is and stays. Whether the record changed.
+pub fn leave_in_sync_set(
+    store: &dyn Store,
+    volume: &str,
+    node: &str,
+    served_epoch: u64,
+) -> Result<bool, StoreError> {
+    let key = format!("{VOLUMES}{volume}");
+    for _ in 0..CAS_ATTEMPTS {
+        let Some(found) = read::<VolumeRecord>(store, &key)? else {
+            return Ok(false);
+        };
+        let Some(replication) = &found.record.replication else {
+            return Ok(false);
+        };
+        let Some(me) = node_id(replication, node) else {
+            return Ok(false);
+        };
+        let set = replica_set(replication);
+        if !set.is_in_sync(me) {
+            return Ok(false);
+        }
+        let Some(next) = without_unclean(&set, me, served_epoch) else {
+            return Ok(false);
+        };
+        let mut record = found.record.clone();
+        record.replication = Some(with_replica_set(replication, &next));
+        let txn = Txn {
+            conditions: vec![Condition::At(key.clone(), found.revision)],
+            changes: vec![Change::put(key.clone(), encode(&record))],
+        };
+        match store.commit(txn) {
+            Ok(_) => {
+                log::warn!(
+                    "volume {volume}: this node may have lost power: its replica left the in-sync set (primary {}, epoch {})",
+                    node_name(replication, next.primary),
+                    next.epoch.0
+                );
+                return Ok(true);
+            }
+            Err(StoreError::Conflict { .. }) => continue,
+            Err(error) => return Err(error),
+        }
+    }
+    Err(StoreError::Conflict { key })
+}
+
+/// Compare-and-swap attempts before giving up on a busy record.
+const CAS_ATTEMPTS: usize = 5;
+
+/// The replica set without unclean node `me` in sync (none: `me` is the
+/// only copy in sync, which carries on with what it has).
+fn without_unclean(set: &ReplicaSet, me: NodeId, served_epoch: u64) -> Option<ReplicaSet> {
+    let mut next = set.clone();
+    if set.primary == me {
+        let never_served = served_epoch < set.epoch.0;
+        // The previous primary holds every acknowledged write if it was in
+        // sync until this epoch (faulted only by the promotion).
+        let complete = |p: NodeId| {
+            set.is_in_sync(p) || set.state_of(p) == Some(MemberState::Faulted { epoch: set.epoch })
+        };
+        let previous = set
+            .previous
+            .filter(|&p| never_served && p != me && complete(p));
+        let other = previous.or_else(|| set.in_sync_secondaries().next())?;
+        next.epoch = set.epoch.next();
+        next.primary = other;
+        next.previous = Some(me);
+        next.move_to = None;
+        next.set_state(other, MemberState::InSync);
+    }
+    next.set_state(me, MemberState::Faulted { epoch: next.epoch });
+    Some(next)
+}
+
 /// The record after a promotion, if one is due.
 fn promotion(
     record: &ReplicationRecord,
@@ -332,6 +414,35 @@ mod tests {
             move_to: None,
             previous: Some("n1".into()),
         }
+    }
+
+    #[test]
+    fn an_unclean_node_leaves_the_in_sync_set_and_gives_back_a_never_served_primary_role() {
+        let set = replica_set(&record());
+        // A secondary: faulted, under the same epoch.
+        let next = without_unclean(&set, NodeId(2), 0).unwrap();
+        assert_eq!((next.primary, next.epoch), (NodeId(1), Epoch(3)));
+        assert_eq!(
+            next.state_of(NodeId(2)),
+            Some(MemberState::Faulted { epoch: Epoch(3) })
+        );
+        // The primary, promoted while it was down (never served epoch 3):
+        // back to the previous primary, which held every write.
+        let mut promoted = set.clone();
+        promoted.set_state(NodeId(0), MemberState::Faulted { epoch: Epoch(3) });
+        let next = without_unclean(&promoted, NodeId(1), 2).unwrap();
+        assert_eq!((next.primary, next.epoch), (NodeId(0), Epoch(4)));
+        assert_eq!(
+            next.state_of(NodeId(1)),
+            Some(MemberState::Faulted { epoch: Epoch(4) })
+        );
+        // It served epoch 3: another in-sync replica takes over.
+        let next = without_unclean(&promoted, NodeId(1), 3).unwrap();
+        assert_eq!(next.primary, NodeId(2));
+        // The only copy in sync carries on.
+        let mut alone = promoted.clone();
+        alone.set_state(NodeId(2), MemberState::Faulted { epoch: Epoch(3) });
+        assert_eq!(without_unclean(&alone, NodeId(1), 3), None);
     }
 
     #[test]

@@ -24,6 +24,7 @@
 
 mod claims;
 pub(crate) mod intents;
+pub use intents::{replicas_after_power_loss, UncleanReplica};
 mod primaries;
 mod publish;
 pub(crate) mod replicas;

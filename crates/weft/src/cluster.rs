@@ -297,6 +297,28 @@ impl Connected {
         })
     }
 
+    /// Before joining: the replicas this node holds that may have lost
+    /// writes in a power loss (their write intent was written under another
+    /// boot) leave their volumes' in-sync sets, so that no host's write is
+    /// served from, or counted on, a copy that lost it.
+    pub fn leave_in_sync_sets_after_power_loss(&self, data_dir: &Path) -> Result<(), String> {
+        for unclean in weft_node::manager::replicas_after_power_loss(data_dir) {
+            weft_cluster::replicas::leave_in_sync_set(
+                self.remote.as_ref(),
+                &unclean.volume,
+                &self.spec.node,
+                unclean.served_epoch,
+            )
+            .map_err(|e| {
+                format!(
+                    "volume {}: leaving its in-sync set after a reboot: {e}",
+                    unclean.volume
+                )
+            })?;
+        }
+        Ok(())
+    }
+
     /// Joins the cluster as this data directory's node, listening on
     /// `listen` (NVMe/TCP) and serving its API as `api`.
     pub fn join(

@@ -386,6 +386,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     let member = match connected {
         Some(connected) => {
             let api = (api_scheme, api_bound);
+            connected.leave_in_sync_sets_after_power_loss(&config.data_dir)?;
             let joined = connected.join(
                 &config.data_dir,
                 &node,

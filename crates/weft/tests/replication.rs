@@ -295,3 +295,69 @@ fn a_planned_move_and_a_drain_hand_the_primary_over_with_every_write() {
     assert!(errors.contains("holds no replica"), "{errors}");
     drop(etcd);
 }
+
+#[test]
+fn a_replica_whose_node_rebooted_leaves_the_in_sync_set_before_it_joins_again() {
+    let dir = temp_dir("replication-reboot");
+    let etcd = Etcd::start(1, &dir);
+    let endpoints = etcd.endpoints();
+    let n1 = node(&dir, "n1", &endpoints, None);
+    let token_file = dir.join("n1").join("api-token");
+    let mut others = [
+        ("n2", Some(node(&dir, "n2", &endpoints, Some(&token_file)))),
+        ("n3", Some(node(&dir, "n3", &endpoints, Some(&token_file)))),
+    ];
+    for name in ["n1", "n2", "n3"] {
+        let device = dir.join(name).join("p.img");
+        let device = device.to_str().unwrap();
+        let args = ["pool", "create", "p", "--node", name, "--device", device];
+        let mut args = args.to_vec();
+        args.extend(["--device-size", "256MiB"]);
+        ok(&n1, &args);
+    }
+    ok(&n1, &["host", "add", "tester", "--nqn", HOST_NQN]);
+    let create = ["volume", "create", "rep", "--size", "16MiB", "--node", "n1"];
+    let create = [&create[..], &["--replicas", "3"]].concat();
+    eventually("the volume created", || support::weft(&n1, &create).0);
+    ok(&n1, &["volume", "attach", "rep", "--host", "tester"]);
+    assert_eq!(primary_of(&n1), "n1");
+    let (controller, mut queue) = connect(&n1);
+    for block in 0..32u64 {
+        let data = pattern(block, 1);
+        retrying("write", || queue.write(1, block, BLOCK, &data));
+    }
+    eventually("every replica in sync", || in_sync(&n1) == 3);
+
+    // n3 goes down with no I/O in flight (the primary does not notice) and
+    // comes back after a reboot: its write intent names another boot.
+    others[1].1 = None;
+    eventually("n3 shown down", || {
+        let (_, view) = support::api(&n1, Some(&n1.token), "GET", "/api/v1/nodes/n3", None);
+        view["state"] == "down"
+    });
+    let intent = dir.join("n3").join("replicas").join("rep.intent");
+    let text = std::fs::read_to_string(&intent).unwrap();
+    let (_, rest) = text.split_once('\n').unwrap();
+    std::fs::write(&intent, format!("boot another-boot\n{rest}")).unwrap();
+    others[1].1 = Some(node(&dir, "n3", &endpoints, Some(&token_file)));
+    let path = "/api/v1/volumes/rep";
+    let (_, shown) = support::api(&n1, Some(&n1.token), "GET", path, None);
+    let n3 = shown["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["node"] == "n3")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        n3["state"], "faulted",
+        "out of the in-sync set at once: {shown}"
+    );
+    // The primary rebuilds it in full once it writes to it.
+    let data = pattern(40, 2);
+    retrying("write", || queue.write(1, 40, BLOCK, &data));
+    let took = eventually("n3 rebuilt", || in_sync(&n1) == 3);
+    eprintln!("n3 rebuilt and in sync {took:?} after a write");
+    drop((queue, controller));
+    drop(etcd);
+}

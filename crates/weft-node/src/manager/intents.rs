@@ -163,6 +163,60 @@ pub(super) fn intent_of(
     Some(Arc::clone(file.intent()))
 }
 
+/// A replica of this node that may have lost writes in a power loss.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UncleanReplica {
+    /// Its volume.
+    pub volume: String,
+    /// The last epoch this node served the volume as primary (0: never).
+    pub served_epoch: u64,
+}
+
+/// The replicas under `data_dir` whose write intent was last written under
+/// another boot of the machine: a power loss (or any reboot: the two cannot
+/// be told apart yet) may have lost their unflushed writes. The node takes
+/// them out of the in-sync set before it joins its cluster again.
+pub fn replicas_after_power_loss(data_dir: &Path) -> Vec<UncleanReplica> {
+    let Ok(entries) = fs::read_dir(data_dir.join("replicas")) else {
+        return Vec::new();
+    };
+    let boot = current_boot();
+    let mut unclean = Vec::new();
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let Some(volume) = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_suffix(".intent"))
+        else {
+            continue;
+        };
+        let written = fs::read_to_string(&path).ok();
+        let same_boot = written
+            .as_deref()
+            .and_then(parse)
+            .is_some_and(|(written_boot, _)| written_boot == boot);
+        if !same_boot {
+            unclean.push(UncleanReplica {
+                volume: volume.to_string(),
+                served_epoch: served_epoch(
+                    &data_dir.join("replicas").join(format!("{volume}.epoch")),
+                ),
+            });
+        }
+    }
+    unclean.sort_by(|a, b| a.volume.cmp(&b.volume));
+    unclean
+}
+
+/// The last epoch this node served a volume in, from its file (0: none).
+pub(crate) fn served_epoch(path: &Path) -> u64 {
+    fs::read_to_string(path)
+        .ok()
+        .and_then(|text| text.trim().parse().ok())
+        .unwrap_or(0)
+}
+
 fn parse(text: &str) -> Option<(String, Vec<u32>)> {
     let mut lines = text.lines();
     let boot = lines.next()?.strip_prefix("boot ")?.to_string();
@@ -211,6 +265,23 @@ mod tests {
             .intent()
             .marked()
             .is_empty());
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn replicas_written_under_another_boot_are_found_with_their_served_epoch() {
+        let dir = dir("power");
+        let file = IntentFile::open(&dir, "same", 4 << 20);
+        file.mark(0..1).unwrap();
+        fs::write(dir.join("replicas/old.intent"), "boot other\nmarked 1\n").unwrap();
+        fs::write(dir.join("replicas/old.epoch"), "7\n").unwrap();
+        assert_eq!(
+            replicas_after_power_loss(&dir),
+            vec![UncleanReplica {
+                volume: "old".into(),
+                served_epoch: 7
+            }]
+        );
         let _ = fs::remove_dir_all(&dir);
     }
 

@@ -187,7 +187,7 @@ impl Replicator {
             dir,
         } = setup;
         let epoch_file = dir.join("replicas").join(format!("{volume}.epoch"));
-        let served = served_epoch(&epoch_file);
+        let served = crate::manager::intents::served_epoch(&epoch_file);
         if replication.epoch <= served {
             // Served before (a restart, or a lapsed lease): a new epoch.
             let mut next = replication.clone();
@@ -644,13 +644,6 @@ fn poll_record(
     if let Err(error) = spawned {
         log::error!("cannot start the record poller: {error}");
     }
-}
-
-fn served_epoch(path: &std::path::Path) -> u64 {
-    std::fs::read_to_string(path)
-        .ok()
-        .and_then(|text| text.trim().parse().ok())
-        .unwrap_or(0)
 }
 
 fn write_served_epoch(path: &std::path::Path, epoch: u64) -> std::io::Result<()> {
