@@ -587,7 +587,19 @@ impl Cluster {
         let record = weft_control::records::read::<VolumeRecord>(self.store.as_ref(), &key);
         if let Ok(Some(found)) = record {
             if let Some(replication) = &found.record.replication {
-                view["replicas"] = json!(crate::views::replica_views(replication));
+                // The rebuilds' progress is this node's (its primary's).
+                let rebuilds: Vec<crate::views::ReplicaRebuild> = view["replicas"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|replica| {
+                        let node = replica["node"].as_str()?.to_string();
+                        let rebuild = serde_json::from_value(replica["rebuild"].clone()).ok()?;
+                        Some((node, rebuild))
+                    })
+                    .collect();
+                let replicas = crate::views::replica_views(replication, &rebuilds);
+                view["replicas"] = json!(replicas);
             }
         }
         view

@@ -120,33 +120,76 @@ pub struct ReplicaView {
     pub pool: String,
     /// "primary" (serves hosts) or "replica".
     pub role: String,
-    /// "in-sync", or "faulted" (to be rebuilt).
+    /// "in-sync", "rebuilding" (being copied to) or "faulted" (to be rebuilt).
     pub state: String,
+    /// While it is rebuilt: its progress.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rebuild: Option<RebuildView>,
 }
 
-pub(crate) fn replica_views(replication: &weft_control::ReplicationRecord) -> Vec<ReplicaView> {
+/// A rebuild's progress.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RebuildView {
+    /// Bytes copied.
+    pub done_bytes: u64,
+    /// Bytes to copy in all.
+    pub total_bytes: u64,
+    /// Bytes per second since it began.
+    pub rate_bytes_per_s: u64,
+    /// Seconds left at that rate (null before anything was copied).
+    pub eta_s: Option<u64>,
+}
+
+impl From<&weft_node::status::RebuildStatus> for RebuildView {
+    fn from(rebuild: &weft_node::status::RebuildStatus) -> Self {
+        RebuildView {
+            done_bytes: rebuild.done_bytes,
+            total_bytes: rebuild.total_bytes,
+            rate_bytes_per_s: rebuild.rate_bytes_per_s,
+            eta_s: rebuild.eta_s,
+        }
+    }
+}
+
+/// The replicas of `replication`, primary first, with the progress of
+/// those being rebuilt (`rebuilds`, known on the primary's node).
+pub(crate) fn replica_views(
+    replication: &weft_control::ReplicationRecord,
+    rebuilds: &[ReplicaRebuild],
+) -> Vec<ReplicaView> {
     let mut views: Vec<ReplicaView> = replication
         .members
         .iter()
-        .map(|member| ReplicaView {
-            node: member.node.clone(),
-            pool: member.pool.clone(),
-            role: if member.node == replication.primary {
-                "primary"
-            } else {
-                "replica"
-            }
-            .into(),
-            state: match member.state {
+        .map(|member| {
+            let rebuild = rebuilds
+                .iter()
+                .find(|(node, _)| *node == member.node)
+                .map(|(_, view)| view.clone());
+            let state = match member.state {
                 weft_control::ReplicaState::InSync => "in-sync",
+                weft_control::ReplicaState::Faulted { .. } if rebuild.is_some() => "rebuilding",
                 weft_control::ReplicaState::Faulted { .. } => "faulted",
+            };
+            ReplicaView {
+                node: member.node.clone(),
+                pool: member.pool.clone(),
+                role: if member.node == replication.primary {
+                    "primary"
+                } else {
+                    "replica"
+                }
+                .into(),
+                state: state.into(),
+                rebuild,
             }
-            .into(),
         })
         .collect();
     views.sort_by_key(|view| view.role != "primary");
     views
 }
+
+/// A replica's node and its rebuild's progress.
+pub(crate) type ReplicaRebuild = (String, RebuildView);
 
 /// A volume's I/O limits; `null` is unlimited.
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -257,7 +300,14 @@ impl From<&VolumeStatus> for VolumeView {
             state: state_name(&volume.failure),
             failure: volume.failure.clone(),
             node: None,
-            replicas: volume.replication.as_ref().map(replica_views),
+            replicas: volume.replication.as_ref().map(|replication| {
+                let rebuilds: Vec<ReplicaRebuild> = volume
+                    .rebuilds
+                    .iter()
+                    .map(|r| (r.replica.clone(), RebuildView::from(r)))
+                    .collect();
+                replica_views(replication, &rebuilds)
+            }),
         }
     }
 }

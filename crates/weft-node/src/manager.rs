@@ -24,6 +24,7 @@
 
 mod claims;
 pub(crate) mod intents;
+pub use claims::ClusterRole;
 pub use intents::{replicas_after_power_loss, UncleanReplica};
 mod primaries;
 mod publish;
@@ -511,6 +512,8 @@ pub struct Manager {
     cluster_lease: Option<Arc<weft_cluster::LeaseClock>>,
     /// The replicators of the replicated volumes this node is primary of.
     replicators: BTreeMap<String, crate::replication::replicator::ReplicatorHandle>,
+    /// How fast a replicator copies to a replica it rebuilds.
+    rebuild_bytes_per_s: u64,
 }
 
 impl Manager {
@@ -571,6 +574,7 @@ impl Manager {
             intents: BTreeMap::new(),
             cluster_lease: None,
             replicators: BTreeMap::new(),
+            rebuild_bytes_per_s: u64::MAX,
         };
         manager.publish();
         Ok(manager)

@@ -335,6 +335,37 @@ pub fn prometheus(stats: &Stats, pools: &[PoolStatus]) -> String {
     out.0
 }
 
+/// Appends the rebuilds in progress (volume, replica) to an exposition.
+pub fn rebuilds(text: &mut String, rebuilds: &[(String, crate::status::RebuildStatus)]) {
+    let mut out = Exposition(std::mem::take(text));
+    type RebuildValue = fn(&crate::status::RebuildStatus) -> u64;
+    let families: [(&str, &str, RebuildValue); 3] = [
+        (
+            "weft_rebuild_done_bytes",
+            "Bytes a rebuilding replica has been copied.",
+            |r| r.done_bytes,
+        ),
+        (
+            "weft_rebuild_total_bytes",
+            "Bytes a rebuilding replica is to be copied in all.",
+            |r| r.total_bytes,
+        ),
+        (
+            "weft_rebuild_rate_bytes_per_second",
+            "Copy rate of a rebuild since it began.",
+            |r| r.rate_bytes_per_s,
+        ),
+    ];
+    for (name, help, value) in families {
+        out.family(name, "gauge", help);
+        for (volume, rebuild) in rebuilds {
+            let labels = format!("volume=\"{volume}\",replica=\"{}\"", rebuild.replica);
+            out.sample(name, &labels, value(rebuild));
+        }
+    }
+    *text = out.0;
+}
+
 /// Node-wide sums of the namespace counters.
 fn node_totals(out: &mut Exposition, stats: &Stats) {
     let sum =

@@ -7,6 +7,7 @@
 //! - [`link`]: one primary session with one replica (connect, fence, read
 //!   the write intent, then writes, copies, flushes and cleans in order).
 //! - [`local`]: the primary's own copy, read and written synchronously.
+//! - [`progress`]: the rebuilds' progress as `volume show` and `/metrics` read it.
 //!
 //! What this does not do: decide who is primary (the cluster controller
 //! promotes, `weft_cluster::replicas`), or serve reads (the reactors do,
@@ -14,6 +15,7 @@
 
 mod link;
 mod local;
+pub(crate) mod progress;
 pub(crate) mod replicator;
 
 use weft_control::ReplicationRecord;

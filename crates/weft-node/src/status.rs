@@ -58,6 +58,23 @@ pub struct VolumeStatus {
     pub failure: Option<String>,
     /// A replicated volume's replicas.
     pub replication: Option<ReplicationRecord>,
+    /// Its replicas being rebuilt (on its primary's node).
+    pub rebuilds: Vec<RebuildStatus>,
+}
+
+/// A replica being rebuilt by its primary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RebuildStatus {
+    /// The replica's node.
+    pub replica: String,
+    /// Bytes copied.
+    pub done_bytes: u64,
+    /// Bytes to copy in all.
+    pub total_bytes: u64,
+    /// Bytes per second since the rebuild began.
+    pub rate_bytes_per_s: u64,
+    /// Seconds left at that rate (none before anything was copied).
+    pub eta_s: Option<u64>,
 }
 
 /// A host that may be given volumes.
@@ -196,6 +213,7 @@ fn volume_status(
         qos: volume.qos,
         failure,
         replication: volume.replication.clone(),
+        rebuilds: Vec::new(),
     }
 }
 
@@ -204,6 +222,8 @@ fn volume_status(
 #[derive(Debug, Default)]
 pub(crate) struct Published {
     current: Mutex<Arc<NodeSnapshot>>,
+    /// Rebuilds in progress, as the replicators publish them.
+    pub(crate) rebuilds: crate::replication::progress::Rebuilds,
     /// Every snapshot published, in order: the tests read the order in
     /// which the manager did its work from it.
     #[cfg(test)]
@@ -262,16 +282,24 @@ impl StatusReader {
 
     /// Every volume, by pool then name.
     pub fn volumes(&self) -> Vec<VolumeStatus> {
-        self.published
+        let mut volumes = self
+            .published
             .load()
-            .volumes(&|nqn| self.plane.connected_hosts(nqn))
+            .volumes(&|nqn| self.plane.connected_hosts(nqn));
+        for volume in &mut volumes {
+            volume.rebuilds = self.published.rebuilds.of(&volume.info.name);
+        }
+        volumes
     }
 
     /// Volume `name`.
     pub fn volume(&self, name: &str) -> Result<VolumeStatus, AdminError> {
-        self.published
+        let mut volume = self
+            .published
             .load()
-            .volume(name, &|nqn| self.plane.connected_hosts(nqn))
+            .volume(name, &|nqn| self.plane.connected_hosts(nqn))?;
+        volume.rebuilds = self.published.rebuilds.of(name);
+        Ok(volume)
     }
 
     /// Every host, by name.
@@ -295,8 +323,10 @@ impl StatusReader {
         metrics::collect(&self.plane, &self.started)
     }
 
-    /// The Prometheus exposition of the statistics and the pools.
+    /// The Prometheus exposition of the statistics, the pools and the rebuilds.
     pub fn prometheus(&self) -> String {
-        metrics::prometheus(&self.stats(), &self.pools())
+        let mut text = metrics::prometheus(&self.stats(), &self.pools());
+        metrics::rebuilds(&mut text, &self.published.rebuilds.all());
+        text
     }
 }

@@ -408,13 +408,19 @@ impl Primary {
         self.actions.pop_front()
     }
 
-    /// Regions a replica still lacks, if it is being rebuilt or is faulted (progress).
+    /// Regions a replica still lacks, if it is being rebuilt or is faulted
+    /// (progress): those left to copy and those being copied.
     pub fn dirty_regions(&self, node: NodeId) -> Option<u32> {
         let link = self.links.get(&node)?;
+        let copying = self
+            .ops
+            .values()
+            .filter(|op| matches!(op.kind, OpKind::Copy { to, .. } if to == node))
+            .count() as u32;
         match link.state {
             LinkState::Live | LinkState::Joining => None,
             _ if link.full => Some(self.config.geometry.regions()),
-            _ => Some(link.dirty.len()),
+            _ => Some(link.dirty.len() + copying),
         }
     }
 

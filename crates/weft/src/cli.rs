@@ -786,8 +786,18 @@ fn print_volume(v: &VolumeView) {
     println!("connected   {}", list(&v.connected_hosts));
     println!("limits      {}", qos_summary(&v.qos));
     for replica in v.replicas.iter().flatten() {
+        let progress = replica.rebuild.as_ref().map_or(String::new(), |r| {
+            let percent = (r.done_bytes * 100).checked_div(r.total_bytes).unwrap_or(0);
+            let eta = r.eta_s.map_or("-".to_string(), |s| format!("{s} s"));
+            format!(
+                " {percent}% ({} of {}, {}/s, {eta} left)",
+                weft_storage::human_bytes(r.done_bytes),
+                weft_storage::human_bytes(r.total_bytes),
+                weft_storage::human_bytes(r.rate_bytes_per_s)
+            )
+        });
         println!(
-            "replica     {} pool {}: {}, {}",
+            "replica     {} pool {}: {}, {}{progress}",
             replica.node, replica.pool, replica.role, replica.state
         );
     }

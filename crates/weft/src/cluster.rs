@@ -32,7 +32,11 @@ pub struct ClusterFile {
     etcd_cert: Option<PathBuf>,
     etcd_key: Option<PathBuf>,
     lease_ttl_ms: Option<u64>,
+    rebuild_mib_per_s: Option<u64>,
 }
+
+/// A replica is rebuilt at most this fast by default (MiB/s, per volume).
+pub const REBUILD_MIB_PER_S_DEFAULT: u64 = 256;
 
 /// A validated cluster membership.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,6 +65,8 @@ pub struct ClusterSpec {
     pub etcd_key: Option<PathBuf>,
     /// The node's lease: it is shown down this long after its last heartbeat.
     pub lease_ttl: Duration,
+    /// How fast a primary on this node copies to a replica it rebuilds (per volume).
+    pub rebuild_bytes_per_s: u64,
 }
 
 impl ClusterFile {
@@ -99,6 +105,13 @@ impl ClusterFile {
                 ))
             }
         };
+        let rebuild_mib_per_s = self.rebuild_mib_per_s.unwrap_or(REBUILD_MIB_PER_S_DEFAULT);
+        if !(1..=100_000).contains(&rebuild_mib_per_s) {
+            return Err(error(
+                "rebuild_mib_per_s",
+                format!("{rebuild_mib_per_s} is not between 1 and 100000"),
+            ));
+        }
         let api_advertise = self
             .api_advertise
             .map(|url| check_api_url(&url).map(|()| url))
@@ -116,6 +129,7 @@ impl ClusterFile {
             etcd_cert: self.etcd_cert,
             etcd_key: self.etcd_key,
             lease_ttl,
+            rebuild_bytes_per_s: rebuild_mib_per_s << 20,
         })
     }
 }
@@ -155,6 +169,7 @@ impl ClusterArgs {
                 etcd_cert: None,
                 etcd_key: None,
                 lease_ttl: DEFAULT_LEASE_TTL,
+                rebuild_bytes_per_s: REBUILD_MIB_PER_S_DEFAULT << 20,
             },
             (None, None)
                 if self.node.is_some()
@@ -378,6 +393,11 @@ impl Member {
     /// one ID twice.
     pub fn controller_ids(&self) -> Result<std::ops::RangeInclusive<u16>, String> {
         weft_proto::target::cntlid_range_for_ordinal(self.ordinal()).map_err(|e| e.to_string())
+    }
+
+    /// How fast its primaries copy to a replica they rebuild.
+    pub fn rebuild_bytes_per_s(&self) -> u64 {
+        self.connected.spec.rebuild_bytes_per_s
     }
 
     /// One line for the banner: who it is in which cluster.

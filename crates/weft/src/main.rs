@@ -423,13 +423,14 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     let lease = Arc::new(weft_cluster::LeaseClock::default());
     if let Some(member) = &member {
         manager
-            .join_cluster(
-                member.name(),
-                member.ordinal(),
-                &api_token,
-                &config.data_dir,
-                Arc::clone(&lease),
-            )
+            .join_cluster(weft_node::manager::ClusterRole {
+                node: member.name().to_string(),
+                ordinal: member.ordinal(),
+                token: api_token.clone(),
+                data_dir: config.data_dir.clone(),
+                lease: Arc::clone(&lease),
+                rebuild_bytes_per_s: member.rebuild_bytes_per_s(),
+            })
             .map_err(|e| format!("checking this node's volume records: {e}"))?;
     }
     let exports = manager.exports();

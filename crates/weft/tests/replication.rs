@@ -19,8 +19,34 @@ const NQN: &str = "nqn.2026-11.io.weft:vol:rep";
 const BLOCK: u32 = 4096;
 
 fn node(dir: &Path, name: &str, endpoints: &str, token_file: Option<&Path>) -> Node {
+    node_configured(dir, name, endpoints, token_file, "")
+}
+
+/// [`node`] with more of weft.toml's `[cluster]` table (`cluster`, lines).
+fn node_configured(
+    dir: &Path,
+    name: &str,
+    endpoints: &str,
+    token_file: Option<&Path>,
+    cluster: &str,
+) -> Node {
     let data = dir.join(name);
-    let mut extra = vec!["--cluster", endpoints, "--node", name];
+    let config = dir.join(format!("{name}.toml"));
+    let urls: Vec<String> = endpoints.split(',').map(|e| format!("{e:?}")).collect();
+    let table = format!(
+        "[cluster]\nendpoints = [{}]\nnode = {name:?}\n{cluster}\n",
+        urls.join(", ")
+    );
+    std::fs::write(&config, table).unwrap();
+    let config = config.to_str().unwrap().to_string();
+    let mut extra = vec![
+        "--config",
+        config.as_str(),
+        "--cluster",
+        endpoints,
+        "--node",
+        name,
+    ];
     let token_path;
     if let Some(file) = token_file {
         token_path = file.to_str().unwrap().to_string();
@@ -301,7 +327,8 @@ fn a_replica_whose_node_rebooted_leaves_the_in_sync_set_before_it_joins_again() 
     let dir = temp_dir("replication-reboot");
     let etcd = Etcd::start(1, &dir);
     let endpoints = etcd.endpoints();
-    let n1 = node(&dir, "n1", &endpoints, None);
+    // The primary rebuilds at 8 MiB/s: 2 s for the 16 MiB volume.
+    let n1 = node_configured(&dir, "n1", &endpoints, None, "rebuild_mib_per_s = 8");
     let token_file = dir.join("n1").join("api-token");
     let mut others = [
         ("n2", Some(node(&dir, "n2", &endpoints, Some(&token_file)))),
@@ -353,11 +380,29 @@ fn a_replica_whose_node_rebooted_leaves_the_in_sync_set_before_it_joins_again() 
         n3["state"], "faulted",
         "out of the in-sync set at once: {shown}"
     );
-    // The primary rebuilds it in full once it writes to it.
+    // The primary rebuilds it in full once it writes to it, under its
+    // bandwidth limit, showing the progress.
     let data = pattern(40, 2);
     retrying("write", || queue.write(1, 40, BLOCK, &data));
+    let mut progress = serde_json::Value::Null;
+    eventually("n3 shown rebuilding", || {
+        let (_, shown) = support::api(&n1, Some(&n1.token), "GET", path, None);
+        let replicas = shown["replicas"].as_array().cloned().unwrap_or_default();
+        let n3 = replicas.iter().find(|r| r["node"] == "n3").cloned();
+        progress = n3.map(|r| r["rebuild"].clone()).unwrap_or_default();
+        // A full rebuild: it lost power.
+        progress["total_bytes"] == 16 << 20
+    });
+    let (_, metrics) = support::api(&n1, Some(&n1.token), "GET", "/metrics", None);
+    let metrics = metrics.as_str().unwrap_or_default().to_string();
+    let total = "weft_rebuild_total_bytes{volume=\"rep\",replica=\"n3\"} 16777216";
+    assert!(metrics.contains(total), "{metrics}");
     let took = eventually("n3 rebuilt", || in_sync(&n1) == 3);
-    eprintln!("n3 rebuilt and in sync {took:?} after a write");
+    eprintln!("n3 rebuilt and in sync {took:?} after a write ({progress})");
+    assert!(
+        took > Duration::from_millis(1000),
+        "16 MiB at 8 MiB/s took {took:?}"
+    );
     drop((queue, controller));
     drop(etcd);
 }

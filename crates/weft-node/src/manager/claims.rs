@@ -9,6 +9,27 @@
 //! place a name can be taken.
 
 use super::{AdminError, Manager, ServedIdentity, VolumeIdentity};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// Who a node is in its cluster, as the manager needs it.
+#[derive(Debug, Clone)]
+pub struct ClusterRole {
+    /// Its name.
+    pub node: String,
+    /// Its ordinal (ANA group and controller-ID range).
+    pub ordinal: u16,
+    /// The cluster's API token: the nodes' secret for each other's replica
+    /// subsystems derives from it.
+    pub token: String,
+    /// Its data directory (its replicas' write intents are kept there).
+    pub data_dir: PathBuf,
+    /// How long it may trust its cluster lease (the primaries of
+    /// replicated volumes serve within it).
+    pub lease: Arc<weft_cluster::LeaseClock>,
+    /// How fast its primaries copy to a replica they rebuild (per volume).
+    pub rebuild_bytes_per_s: u64,
+}
 use crate::identity;
 use weft_control::{Revision, StoreError, VolumeRecord};
 
@@ -17,28 +38,27 @@ fn volume_key(name: &str) -> String {
 }
 
 impl Manager {
-    /// Makes the manager a member of a cluster as node `node`: from now on
+    /// Makes the manager a member of a cluster as `role.node`: from now on
     /// volume names are claimed in the shared store. The records of the
     /// volumes this node holds are checked first: each names this node and
     /// its pool, and claims left by a creation that never finished are given
-    /// back. `token` is the cluster's API token: the nodes' secret for each
-    /// other's replica subsystems derives from it. `data_dir` is the node's
-    /// data directory (its replicas' write intents are kept there). `lease`
-    /// says how long the node may trust its cluster lease (the primaries of
-    /// replicated volumes serve within it).
-    pub fn join_cluster(
-        &mut self,
-        node: &str,
-        ordinal: u16,
-        token: &str,
-        data_dir: &std::path::Path,
-        lease: std::sync::Arc<weft_cluster::LeaseClock>,
-    ) -> Result<(), StoreError> {
+    /// back. `role` says who the node is in the cluster.
+    pub fn join_cluster(&mut self, role: ClusterRole) -> Result<(), StoreError> {
+        let ClusterRole {
+            node,
+            ordinal,
+            token,
+            data_dir,
+            lease,
+            rebuild_bytes_per_s,
+        } = role;
+        let node = node.as_str();
         self.cluster_node = Some(node.to_string());
-        self.cluster_dir = Some(data_dir.to_path_buf());
-        self.cluster_lease = Some(lease);
         self.cluster_ordinal = ordinal;
-        self.cluster_keys = Some(std::sync::Arc::new(super::replicas::replica_keys(token)));
+        self.cluster_keys = Some(std::sync::Arc::new(super::replicas::replica_keys(&token)));
+        self.cluster_dir = Some(data_dir);
+        self.cluster_lease = Some(lease);
+        self.rebuild_bytes_per_s = rebuild_bytes_per_s;
         let local: Vec<(String, String, String)> = self
             .pools
             .iter()
@@ -307,10 +327,20 @@ pub(super) mod tests {
         };
         desired.put_pool("p", &record).unwrap();
         let mut manager = idle_manager(desired);
+        manager.join_cluster(role(node, dir)).unwrap();
         manager
-            .join_cluster(node, 0, "token", &dir.join(node), Arc::default())
-            .unwrap();
-        manager
+    }
+
+    /// Node `node` (ordinal 0) of a cluster with token "token", its data under `dir/node`.
+    pub(in crate::manager) fn role(node: &str, dir: &std::path::Path) -> ClusterRole {
+        ClusterRole {
+            node: node.into(),
+            ordinal: 0,
+            token: "token".into(),
+            data_dir: dir.join(node),
+            lease: Arc::default(),
+            rebuild_bytes_per_s: 256 << 20,
+        }
     }
 
     pub(in crate::manager) fn create(
@@ -406,9 +436,7 @@ pub(super) mod tests {
         desired.remove(&volume_key("db1"), db1.revision).unwrap();
         drop(n1);
         let mut again = idle_manager(DesiredState::shared(Arc::clone(&store), "n1"));
-        again
-            .join_cluster("n1", 0, "token", &dir.join("n1"), Arc::default())
-            .unwrap();
+        again.join_cluster(role("n1", &dir)).unwrap();
         assert_eq!(
             record(&store, "db2"),
             None,

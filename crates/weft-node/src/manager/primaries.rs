@@ -84,6 +84,8 @@ impl Manager {
             },
             manager: self.handle.clone(),
             dir,
+            published: Arc::clone(&self.published),
+            rebuild_bytes_per_s: self.rebuild_bytes_per_s,
         };
         match replicator::start(setup) {
             Ok(running) => {

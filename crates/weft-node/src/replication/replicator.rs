@@ -17,10 +17,12 @@
 
 use super::link::{Link, LinkTarget, Outgoing, Payload};
 use super::local::LocalVolume;
+use super::progress::Tracker;
 use super::Event;
 use crate::manager::intents::IntentFile;
 use crate::manager::replicas::replica_nqn;
 use crate::manager::{AdminOp, ManagerHandle};
+use crate::status::RebuildStatus;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -62,6 +64,10 @@ pub(crate) struct ReplicatorSetup {
     pub(crate) connect: ConnectOptions,
     pub(crate) manager: ManagerHandle,
     pub(crate) dir: PathBuf,
+    /// Where the rebuilds' progress is published.
+    pub(crate) published: Arc<crate::status::Published>,
+    /// How fast copies to rebuilt replicas go, at most.
+    pub(crate) rebuild_bytes_per_s: u64,
 }
 
 /// A running replicator, as the manager holds it.
@@ -161,6 +167,14 @@ struct Replicator {
     stop_poller: Arc<AtomicBool>,
     /// The record went away or its replicas changed: stop.
     gone: bool,
+    published: Arc<crate::status::Published>,
+    /// Rebuilds in progress, by replica.
+    trackers: BTreeMap<NodeId, Tracker>,
+    /// The rebuilds' progress as last published.
+    shown: Vec<RebuildStatus>,
+    limiter: CopyLimiter,
+    /// Copies' local reads held back by the rebuild bandwidth limit.
+    deferred: std::collections::VecDeque<(OpId, Extent)>,
 }
 
 impl Replicator {
@@ -185,6 +199,8 @@ impl Replicator {
             connect,
             manager,
             dir,
+            published,
+            rebuild_bytes_per_s,
         } = setup;
         let epoch_file = dir.join("replicas").join(format!("{volume}.epoch"));
         let served = crate::manager::intents::served_epoch(&epoch_file);
@@ -288,6 +304,11 @@ impl Replicator {
             serving: Serving::Transition,
             stop_poller,
             gone: false,
+            published,
+            trackers: BTreeMap::new(),
+            shown: Vec::new(),
+            limiter: CopyLimiter::new(rebuild_bytes_per_s),
+            deferred: std::collections::VecDeque::new(),
         }))
     }
 
@@ -296,8 +317,10 @@ impl Replicator {
             let now = self.lease.now();
             self.primary.set_lease(self.lease.until(), now);
             self.primary.tick(now);
+            self.release_copies();
             self.drive();
             self.publish(now);
+            self.track_rebuilds();
             if self.gone || self.primary.phase() == PrimaryPhase::Deposed {
                 log::info!("volume {}: no longer primary", self.volume);
                 break;
@@ -319,6 +342,7 @@ impl Replicator {
 
     fn finish(&mut self) {
         self.stop_poller.store(true, Ordering::Release);
+        self.published.rebuilds.set(&self.volume, Vec::new());
         self.path.set_serving(Serving::Inaccessible);
         for (_, op) in std::mem::take(&mut self.ops) {
             if let Some(reply) = op.reply {
@@ -460,26 +484,14 @@ impl Replicator {
                 self.local_done(op, result, now);
             }
             Action::LocalRead { op, extent } => {
-                let offset = extent.block * self.block_size;
-                let len = u64::from(extent.blocks) * self.block_size;
-                let result = self.local.read(offset, len as usize).map(|data| {
-                    let entry = self.ops.entry(op).or_insert_with(|| OpData {
-                        reply: None,
-                        payload: None,
-                        error: None,
-                    });
-                    // A region of zeroes (unwritten, mostly) is deallocated
-                    // on the replica, not written: a thin replica stays thin.
-                    entry.payload = Some(if data.iter().all(|&b| b == 0) {
-                        Payload::Zeroes {
-                            deallocate: true,
-                            blocks: u64::from(extent.blocks),
-                        }
-                    } else {
-                        Payload::Data(Arc::new(data))
-                    });
-                });
-                self.local_done(op, result, now);
+                // Every local read here is a copy's (hosts' reads stay in
+                // the reactors): under the rebuild bandwidth limit.
+                let bytes = u64::from(extent.blocks) * self.block_size;
+                if !self.deferred.is_empty() || !self.limiter.take(bytes) {
+                    self.deferred.push_back((op, extent));
+                    return;
+                }
+                self.copy_read(op, extent, now);
             }
             Action::LocalFlush { op } => {
                 let result = self.local.flush();
@@ -489,40 +501,110 @@ impl Replicator {
             Action::Commit {
                 base_revision,
                 record,
-            } => {
-                let next = with_replica_set(&self.replication, &record);
-                let states: Vec<String> = next
-                    .members
-                    .iter()
-                    .map(|m| format!("{} {:?}", m.node, m.state))
-                    .collect();
-                log::info!(
-                    "volume {}: record change: epoch {}, primary {}, {}",
-                    self.volume,
-                    next.epoch,
-                    next.primary,
-                    states.join(", ")
-                );
-                let (desired, volume) = (self.desired.clone(), self.volume.clone());
-                let events = self.events.clone();
-                std::thread::spawn(move || {
-                    let _ = events.send(commit(&desired, &volume, base_revision, next));
-                });
+            } => self.commit(base_revision, &record),
+            Action::Complete { op, result } => self.complete(op, result),
+        }
+    }
+
+    /// Copies' reads the bandwidth limit lets through now.
+    fn release_copies(&mut self) {
+        while let Some(&(op, extent)) = self.deferred.front() {
+            let bytes = u64::from(extent.blocks) * self.block_size;
+            if !self.limiter.take(bytes) {
+                return;
             }
-            Action::Complete { op, result } => {
-                let Some(entry) = self.ops.remove(&op) else {
-                    return;
-                };
-                if let Some(reply) = entry.reply {
-                    let outcome = match (result, entry.error) {
-                        (HostResult::Ok, None) => Ok(()),
-                        (HostResult::Ok, Some(error)) => Err(error),
-                        (HostResult::Transition, _) => Err(IoError::PathTransition),
-                        (HostResult::Inaccessible, _) => Err(IoError::PathInaccessible),
-                    };
-                    reply.send(VolumeOutcome::Done(outcome));
+            self.deferred.pop_front();
+            let now = self.lease.now();
+            self.copy_read(op, extent, now);
+        }
+    }
+
+    /// Publishes the progress of every replica being rebuilt.
+    fn track_rebuilds(&mut self) {
+        let region_bytes = self.intent.intent().region_bytes();
+        let mut shown = Vec::new();
+        for (node, state) in self.primary.links() {
+            // From its fence on (its whole dirty set is known then), if the
+            // record calls it faulted (an in-sync replica is fenced at promotion).
+            let faulted = !self.replication.members[usize::from(node.0)]
+                .state
+                .eq(&weft_control::ReplicaState::InSync);
+            let rebuilding = state == "rebuilding" || (state == "fencing" && faulted);
+            let left = self.primary.dirty_regions(node);
+            let Some(left) = left.filter(|_| rebuilding) else {
+                self.trackers.remove(&node);
+                continue;
+            };
+            let tracker = self
+                .trackers
+                .entry(node)
+                .or_insert_with(|| Tracker::new(left));
+            let name = weft_cluster::replicas::node_name(&self.replication, node);
+            shown.push(tracker.status(name, left, region_bytes));
+        }
+        if shown != self.shown {
+            self.published.rebuilds.set(&self.volume, shown.clone());
+            self.shown = shown;
+        }
+    }
+
+    /// Reads a region to copy (a region of zeroes, unwritten mostly, is
+    /// deallocated on the replica, not written: a thin replica stays thin).
+    fn copy_read(&mut self, op: OpId, extent: Extent, now: Duration) {
+        let offset = extent.block * self.block_size;
+        let len = u64::from(extent.blocks) * self.block_size;
+        let result = self.local.read(offset, len as usize).map(|data| {
+            let payload = if data.iter().all(|&b| b == 0) {
+                Payload::Zeroes {
+                    deallocate: true,
+                    blocks: u64::from(extent.blocks),
                 }
-            }
+            } else {
+                Payload::Data(Arc::new(data))
+            };
+            let entry = self.ops.entry(op).or_insert_with(|| OpData {
+                reply: None,
+                payload: None,
+                error: None,
+            });
+            entry.payload = Some(payload);
+        });
+        self.local_done(op, result, now);
+    }
+
+    fn commit(&mut self, base_revision: u64, record: &weft_replication::ReplicaSet) {
+        let next = with_replica_set(&self.replication, record);
+        let states: Vec<String> = next
+            .members
+            .iter()
+            .map(|m| format!("{} {:?}", m.node, m.state))
+            .collect();
+        log::info!(
+            "volume {}: record change: epoch {}, primary {}, {}",
+            self.volume,
+            next.epoch,
+            next.primary,
+            states.join(", ")
+        );
+        let (desired, volume) = (self.desired.clone(), self.volume.clone());
+        let events = self.events.clone();
+        std::thread::spawn(move || {
+            let _ = events.send(commit(&desired, &volume, base_revision, next));
+        });
+    }
+
+    fn complete(&mut self, op: OpId, result: HostResult) {
+        let Some(entry) = self.ops.remove(&op) else {
+            return;
+        };
+        if let Some(reply) = entry.reply {
+            let outcome = match (result, entry.error) {
+                (HostResult::Ok, None) => Ok(()),
+                (HostResult::Ok, Some(error)) => Err(error),
+                (HostResult::Transition, _) => Err(IoError::PathTransition),
+                (HostResult::Inaccessible, _) => Err(IoError::PathInaccessible),
+            };
+            reply.send(VolumeOutcome::Done(outcome));
         }
     }
 
@@ -655,4 +737,37 @@ fn write_served_epoch(path: &std::path::Path, epoch: u64) -> std::io::Result<()>
     file.sync_all()?;
     std::fs::rename(&beside, path)?;
     std::fs::File::open(dir)?.sync_all()
+}
+
+/// A token bucket on the bytes copied to rebuilt replicas (a burst of a
+/// tenth of a second, and at least one region, may pass at once).
+struct CopyLimiter {
+    bytes_per_s: u64,
+    allowance: f64,
+    last: std::time::Instant,
+}
+
+impl CopyLimiter {
+    fn new(bytes_per_s: u64) -> CopyLimiter {
+        CopyLimiter {
+            bytes_per_s,
+            allowance: 0.0,
+            last: std::time::Instant::now(),
+        }
+    }
+
+    /// Whether `bytes` may be copied now (taken from the allowance if so).
+    fn take(&mut self, bytes: u64) -> bool {
+        let now = std::time::Instant::now();
+        let burst = (self.bytes_per_s as f64 / 10.0).max(bytes as f64);
+        let earned = now.duration_since(self.last).as_secs_f64() * self.bytes_per_s as f64;
+        self.allowance = (self.allowance + earned).min(burst);
+        self.last = now;
+        if self.allowance >= bytes as f64 {
+            self.allowance -= bytes as f64;
+            true
+        } else {
+            false
+        }
+    }
 }
