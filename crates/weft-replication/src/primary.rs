@@ -45,6 +45,10 @@ pub struct PrimaryConfig {
     pub reattach_interval: Duration,
     /// Rebuild copies in flight at once.
     pub copies_in_flight_max: usize,
+    /// How long a region stays in the write intents after its last write
+    /// completed (md's bitmap delay): a region written again meanwhile
+    /// costs no intent update, at the price of a larger resync at promotion.
+    pub clean_delay: Duration,
 }
 
 /// The primary's stage.
@@ -300,8 +304,8 @@ pub struct Primary {
     intent: RegionSet,
     /// Writes in flight per region.
     writes_in_region: Vec<u32>,
-    /// Regions whose writes all completed, to clean.
-    to_clean: Vec<u32>,
+    /// Regions whose writes all completed, to clean, with when the last did.
+    to_clean: BTreeMap<u32, Duration>,
     /// Regions to resync at promotion.
     resync: RegionSet,
     /// The flush before being left the only copy in sync (reset when a
@@ -338,7 +342,7 @@ impl Primary {
             sole_flush: None,
             intent,
             writes_in_region: vec![0; regions as usize],
-            to_clean: Vec::new(),
+            to_clean: BTreeMap::new(),
             lease_until: Duration::ZERO,
             actions: VecDeque::new(),
             commit_in_flight: false,
@@ -687,11 +691,17 @@ impl Primary {
             }
         }
         // A replica faulted by someone else (itself, after losing power):
-        // never put back in sync without a rebuild.
+        // never put back in sync without a rebuild, whether it was live or
+        // still being fenced as an in-sync one at promotion.
         let dropped: Vec<NodeId> = self
             .links
             .iter()
-            .filter(|(&node, link)| link.state == LinkState::Live && !self.maybe_in_sync(node))
+            .filter(|(&node, link)| {
+                matches!(
+                    link.state,
+                    LinkState::Live | LinkState::Fencing { rejoin: false, .. }
+                ) && !self.maybe_in_sync(node)
+            })
             .map(|(&node, _)| node)
             .collect();
         for node in dropped {
@@ -986,7 +996,7 @@ impl Primary {
                     let count = &mut self.writes_in_region[region as usize];
                     *count -= 1;
                     if *count == 0 {
-                        self.to_clean.push(region);
+                        self.to_clean.insert(region, now);
                     }
                 }
                 self.start_queued(now);
@@ -1141,10 +1151,12 @@ impl Primary {
         }
         if self.phase == PrimaryPhase::Resyncing && self.resync_done() {
             self.phase = PrimaryPhase::Active;
-            self.to_clean.extend(self.resync.iter());
+            let resynced: Vec<u32> = self.resync.iter().collect();
+            self.to_clean
+                .extend(resynced.into_iter().map(|region| (region, now)));
             self.resync = RegionSet::new(self.config.geometry.regions());
         }
-        self.clean();
+        self.clean(now);
         self.try_hand_over();
     }
 
@@ -1230,16 +1242,24 @@ impl Primary {
 
     /// Regions whose writes every in-sync replica completed leave the write
     /// intents (this node's, and the replicas' by a Clean message).
-    fn clean(&mut self) {
+    fn clean(&mut self, now: Duration) {
         if self.to_clean.is_empty() || self.faults_pending() {
             return;
         }
-        let mut regions: Vec<u32> = std::mem::take(&mut self.to_clean)
+        let delay = self.config.clean_delay;
+        let due: Vec<u32> = self
+            .to_clean
+            .iter()
+            .filter(|&(_, &idle_since)| now >= idle_since + delay)
+            .map(|(&region, _)| region)
+            .collect();
+        for region in &due {
+            self.to_clean.remove(region);
+        }
+        let regions: Vec<u32> = due
             .into_iter()
             .filter(|&r| self.writes_in_region[r as usize] == 0 && !self.resync.contains(r))
             .collect();
-        regions.sort_unstable();
-        regions.dedup();
         if regions.is_empty() {
             return;
         }
@@ -1300,6 +1320,7 @@ mod tests {
             replica_timeout: 200 * MS,
             reattach_interval: 300 * MS,
             copies_in_flight_max: 2,
+            clean_delay: Duration::ZERO,
         }
     }
 

@@ -52,6 +52,7 @@ pub struct Node {
     geometry: Geometry,
     lease_ttl: Duration,
     replica_timeout: Duration,
+    clean_delay: Duration,
     incarnation: u64,
     // Persistent.
     pub disk: Vec<u64>,
@@ -95,6 +96,7 @@ impl Node {
             geometry,
             lease_ttl: config.lease_ttl,
             replica_timeout: config.replica_timeout,
+            clean_delay: config.clean_delay,
             incarnation: 0,
             disk: vec![0; geometry.blocks as usize],
             durable: vec![0; geometry.blocks as usize],
@@ -476,6 +478,7 @@ impl Node {
             replica_timeout: self.replica_timeout,
             reattach_interval: Duration::from_millis(300),
             copies_in_flight_max: 4,
+            clean_delay: self.clean_delay,
         };
         let mut primary = Primary::new(config, record, revision, self.intent.clone(), now);
         primary.set_lease(self.lease_until, now);

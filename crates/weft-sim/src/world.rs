@@ -32,6 +32,8 @@ pub struct SimConfig {
     pub replica_timeout: Duration,
     /// A host command not answered within this long is retried on another path.
     pub host_timeout: Duration,
+    /// How long regions stay in the write intents after their last write.
+    pub clean_delay: Duration,
 }
 
 impl Default for SimConfig {
@@ -46,6 +48,7 @@ impl Default for SimConfig {
             promotion_delay: Duration::from_millis(300),
             replica_timeout: Duration::from_millis(200),
             host_timeout: Duration::from_millis(800),
+            clean_delay: Duration::from_millis(100),
         }
     }
 }

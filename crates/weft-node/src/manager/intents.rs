@@ -37,8 +37,8 @@ const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
 pub(crate) struct IntentFile {
     path: PathBuf,
     intent: Arc<WriteIntent>,
-    /// Serialises rewrites of the file.
-    writing: Mutex<()>,
+    /// The regions the file holds (its rewrites serialised under it).
+    persisted: Mutex<Vec<u32>>,
 }
 
 impl IntentFile {
@@ -63,10 +63,11 @@ impl IntentFile {
             }
         };
         let intent = WriteIntent::new(size_bytes, REGION_SHIFT, marked, unclean);
+        let persisted = intent.marked();
         IntentFile {
             path,
             intent: Arc::new(intent),
-            writing: Mutex::new(()),
+            persisted: Mutex::new(persisted),
         }
     }
 
@@ -76,13 +77,22 @@ impl IntentFile {
     }
 
     /// Marks `regions` durably (and the replica clean: it is written under
-    /// this boot), then in the live intent.
+    /// this boot), then in the live intent. Regions the file still holds
+    /// (cleared since, not yet persisted cleared) cost no write.
     pub(crate) fn mark(&self, regions: Range<u32>) -> io::Result<()> {
-        let _writing = self.writing.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut marked = self.intent.marked();
-        marked.extend(regions.clone().filter(|r| !self.intent.is_marked(*r)));
-        marked.sort_unstable();
-        self.write(&marked)?;
+        let mut persisted = self
+            .persisted
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let on_disk = regions.clone().all(|r| persisted.binary_search(&r).is_ok());
+        if !on_disk || self.intent.unclean() {
+            let mut marked = self.intent.marked();
+            marked.extend(regions.clone().filter(|r| !self.intent.is_marked(*r)));
+            marked.sort_unstable();
+            marked.dedup();
+            self.write(&marked)?;
+            *persisted = marked;
+        }
         self.intent.mark(regions);
         self.intent.set_clean();
         Ok(())
@@ -93,12 +103,18 @@ impl IntentFile {
         if !self.intent.take_cleared() {
             return Ok(());
         }
-        let _writing = self.writing.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut persisted = self
+            .persisted
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         // Unclean stays unclean: the file keeps its old boot until a write.
         if self.intent.unclean() {
             return Ok(());
         }
-        self.write(&self.intent.marked())
+        let marked = self.intent.marked();
+        self.write(&marked)?;
+        *persisted = marked;
+        Ok(())
     }
 
     fn write(&self, marked: &[u32]) -> io::Result<()> {

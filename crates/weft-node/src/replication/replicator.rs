@@ -47,6 +47,9 @@ const TICK: Duration = Duration::from_millis(20);
 const RECORD_POLL: Duration = Duration::from_millis(100);
 /// A replica that has not answered within this long is faulted.
 const REPLICA_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a region stays in the write intents after its last write (a
+/// region written again meanwhile costs no intent update: md's default is 5 s).
+const CLEAN_DELAY: Duration = Duration::from_secs(2);
 /// How often a faulted replica is asked back.
 const REATTACH_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -250,6 +253,7 @@ impl Replicator {
             replica_timeout: REPLICA_TIMEOUT,
             reattach_interval: REATTACH_INTERVAL,
             copies_in_flight_max: 4,
+            clean_delay: CLEAN_DELAY,
         };
         let mut marked = RegionSet::new(geometry.regions());
         for region in intent.intent().marked() {
@@ -452,10 +456,29 @@ impl Replicator {
         }
     }
 
-    /// Carries out the primary's actions, in order.
+    /// Carries out the primary's actions, in order, but for its local I/O:
+    /// that waits (in its own order) until the messages queued with it went
+    /// out, so that the replicas write while this node does. Nothing is
+    /// acknowledged before both are done, a write intent is still durable
+    /// before the local write that follows it, and overlapping writes are
+    /// never in flight together (the primary queues them).
     fn drive(&mut self) {
-        while let Some(action) = self.primary.poll_action() {
-            self.act(action);
+        loop {
+            let mut local = Vec::new();
+            while let Some(action) = self.primary.poll_action() {
+                match action {
+                    Action::LocalWrite { .. }
+                    | Action::LocalRead { .. }
+                    | Action::LocalFlush { .. } => local.push(action),
+                    action => self.act(action),
+                }
+            }
+            if local.is_empty() {
+                return;
+            }
+            for action in local {
+                self.act(action);
+            }
         }
     }
 

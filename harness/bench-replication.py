@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""What replication costs on this machine: etcd (one member) and three
+`weft serve` nodes on loopback (harness/bench-cluster.py's cluster), a
+volume of one copy and a volume of three replicas on node n1, side by side
+in one run, loaded by `weft bench` (weft's initiator) as the same host:
+
+  - 4k random writes at QD1 (mean and p99 latency: the replication adder)
+    and QD32 (IOPS: the ratio of three copies to one), alternated per round;
+  - a full rebuild: a replica whose node "rebooted" (its write intent names
+    another boot) is rebuilt at the node's default limit; bytes, seconds, rate;
+  - a planned move: `volume move-primary`, request to answer, in ms.
+
+Prints a table and writes JSON (default .cache/bench/replication/result.json).
+
+Usage: harness/bench-replication.py [--weft target/release/weft] [--runtime 5s]
+       [--rounds 3] [--json FILE]     (a benchmark: outside CI; --runtime 1s --rounds 1 is the smoke)
+"""
+
+import argparse
+import importlib.util
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HOST_NQN = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-0000000bc1a5"
+SIZE = 256 << 20
+
+
+def load_cluster():
+    spec = importlib.util.spec_from_file_location(
+        "bench_cluster", os.path.join(ROOT, "harness", "bench-cluster.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.Cluster
+
+
+def bench(cluster, volume, iodepth, runtime):
+    """`weft bench` 4k randwrite on `volume` (on n1): (iops, mean us, p99 us)."""
+    url = f"nvme-tcp://{cluster.nodes[0]['nvme']}/nqn.2026-11.io.weft:vol:{volume}"
+    done = subprocess.run(
+        [cluster.weft, "bench", "--target", url, "--hostnqn", HOST_NQN, "--rw", "randwrite",
+         "--bs", "4k", "--iodepth", str(iodepth), "--runtime", runtime, "--size", "64MiB",
+         "--json"], capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"bench-replication: bench {volume} QD{iodepth}: {done.stderr}")
+    write = json.loads(done.stdout)["jobs"][0]["write"]
+    percentiles = write["lat_ns"]["percentile"]
+    p99 = percentiles.get("99.000000", max(percentiles.values(), default=0))
+    return write["iops"], write["lat_ns"]["mean"] / 1000, p99 / 1000
+
+
+def replicas(cluster, volume):
+    answer = cluster.must(cluster.nodes[0], "GET", f"volumes/{volume}")
+    return answer.get("replicas") or []
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--weft", default=os.path.join(ROOT, "target/release/weft"))
+    parser.add_argument("--runtime", default="5s")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", default=os.path.join(ROOT, ".cache/bench/replication/result.json"))
+    args = parser.parse_args()
+    work = os.path.join(ROOT, ".cache/bench/replication/run")
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    cluster = load_cluster()(args.weft, work)
+    try:
+        cluster.start()
+        n1 = cluster.nodes[0]
+        for node in cluster.nodes:
+            device = os.path.join(work, node["name"], "p.img")
+            cluster.must(n1, "POST", "pools", {"name": "p", "node": node["name"],
+                                               "devices": [device],
+                                               "device_size_bytes": 2 << 30})
+        cluster.wait(lambda: all(len(n["pools"]) == 1 for n in cluster.must(n1, "GET", "nodes")),
+                     "heartbeats with pools")
+        cluster.must(n1, "POST", "hosts", {"name": "bench", "nqn": HOST_NQN})
+        cluster.must(n1, "POST", "volumes", {"name": "single", "size_bytes": SIZE, "node": "n1"})
+        cluster.must(n1, "POST", "volumes", {"name": "rep", "size_bytes": SIZE, "node": "n1",
+                                             "replicas": 3})
+        for volume in ["single", "rep"]:
+            cluster.must(n1, "POST", f"volumes/{volume}/hosts", {"host": "bench"})
+        cluster.wait(lambda: sum(r["state"] == "in-sync" for r in replicas(cluster, "rep")) == 3,
+                     "three replicas in sync")
+        # Written once whole (thin volumes allocate on first write).
+        for volume in ["single", "rep"]:
+            bench(cluster, volume, 32, "1s")
+        samples = {(v, qd): [] for v in ["single", "rep"] for qd in [1, 32]}
+        for _ in range(args.rounds):
+            for qd in [1, 32]:
+                for volume in ["single", "rep"]:
+                    samples[(volume, qd)].append(bench(cluster, volume, qd, args.runtime))
+        figures = {}
+        for (volume, qd), runs in samples.items():
+            figures[f"{volume}_qd{qd}"] = {
+                "iops": statistics.median(r[0] for r in runs),
+                "mean_us": statistics.median(r[1] for r in runs),
+                "p99_us": statistics.median(r[2] for r in runs),
+            }
+        rebuild = measure_rebuild(cluster, work)
+        move_ms = measure_move(cluster)
+    finally:
+        cluster.stop()
+    result = {
+        "runtime": args.runtime, "rounds": args.rounds, "figures": figures,
+        "qd1_write_adder_us": figures["rep_qd1"]["mean_us"] - figures["single_qd1"]["mean_us"],
+        "qd32_write_ratio": figures["rep_qd32"]["iops"] / figures["single_qd32"]["iops"],
+        "rebuild": rebuild, "move_primary_ms": move_ms,
+    }
+    os.makedirs(os.path.dirname(args.json), exist_ok=True)
+    with open(args.json, "w") as out:
+        json.dump(result, out, indent=2)
+    print(f"{'4k randwrite':<24} {'1 copy':>12} {'3 replicas':>12} {'ratio / adder':>14}")
+    for qd in [1, 32]:
+        one, three = figures[f"single_qd{qd}"], figures[f"rep_qd{qd}"]
+        print(f"{f'QD{qd} IOPS':<24} {one['iops']:>12.0f} {three['iops']:>12.0f}"
+              f" {three['iops'] / one['iops']:>13.2f}x")
+        print(f"{f'QD{qd} mean latency (us)':<24} {one['mean_us']:>12.0f} {three['mean_us']:>12.0f}"
+              f" {three['mean_us'] - one['mean_us']:>+13.0f}")
+        print(f"{f'QD{qd} p99 latency (us)':<24} {one['p99_us']:>12.0f} {three['p99_us']:>12.0f}"
+              f" {three['p99_us'] - one['p99_us']:>+13.0f}")
+    print(f"full rebuild of a {SIZE >> 20} MiB replica: {rebuild['seconds']:.1f} s,"
+          f" {rebuild['rate_mib_s']:.0f} MiB/s (limit {rebuild['limit_mib_s']} MiB/s)")
+    print(f"planned move (move-primary, request to answer): {move_ms:.0f} ms")
+    print(f"(JSON: {args.json})")
+
+
+def measure_rebuild(cluster, work):
+    """n3 stops, its replica's intent is made to name another boot (a power
+    loss), n3 starts again: the time until it is in sync once more."""
+    n3 = cluster.nodes[2]
+    process = cluster.processes[n3["process"]]
+    process.kill()
+    process.wait()
+    intent = os.path.join(work, "n3", "replicas", "rep.intent")
+    lines = open(intent).read().split("\n", 1)
+    with open(intent, "w") as out:
+        out.write("boot another-boot\n" + lines[1])
+    log = open(os.path.join(work, "n3.log"), "a")
+    cluster.wait(lambda: cluster.must(cluster.nodes[0], "GET", "nodes/n3")["state"] == "down",
+                 "n3 shown down")
+    cluster.processes[n3["process"]] = subprocess.Popen(
+        n3["args"], stdout=subprocess.DEVNULL, stderr=log)
+    cluster.wait(lambda: cluster.call(n3, "GET", "stats")[0] == 200, "n3 again")
+    # The primary notices at its next write to n3: one write starts it.
+    bench(cluster, "rep", 1, "200ms")
+    start = time.perf_counter()
+    cluster.wait(lambda: sum(r["state"] == "in-sync" for r in replicas(cluster, "rep")) == 3,
+                 "n3 rebuilt", limit=600)
+    seconds = time.perf_counter() - start
+    return {"bytes": SIZE, "seconds": seconds, "rate_mib_s": (SIZE >> 20) / seconds,
+            "limit_mib_s": 256}
+
+
+def measure_move(cluster):
+    start = time.perf_counter()
+    cluster.must(cluster.nodes[0], "POST", "volumes/rep/move-primary", {"to": "n2"})
+    return (time.perf_counter() - start) * 1000
+
+
+if __name__ == "__main__":
+    main()
