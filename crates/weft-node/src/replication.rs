@@ -6,7 +6,7 @@
 //! - [`replicator`]: the thread, its events and its actions.
 //! - [`link`]: one primary session with one replica (connect, fence, read
 //!   the write intent, then writes, copies, flushes and cleans in order).
-//! - [`local`]: the primary's own copy, read and written synchronously.
+//! - [`local`]: the primary's own copy, read and written by a few worker threads.
 //! - [`progress`]: the rebuilds' progress as `volume show` and `/metrics` read it.
 //!
 //! What this does not do: decide who is primary (the cluster controller
@@ -28,6 +28,11 @@ pub(crate) enum Event {
     Host(ReplicatedIo),
     /// A replica's answer (from its link).
     Replica { node: NodeId, reply: FromReplica },
+    /// A local I/O finished (from a local I/O worker).
+    LocalDone {
+        op: weft_replication::OpId,
+        result: local::LocalResult,
+    },
     /// The record change asked for was made, at `revision`.
     Committed {
         revision: u64,

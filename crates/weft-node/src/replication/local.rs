@@ -1,10 +1,11 @@
 //! The primary's own copy of a replicated volume, as its replicator reads
-//! and writes it: synchronously, through descriptors of its own on the
-//! pool's members (O_DIRECT, as the reactors'), after the volume's chunk
-//! map says where each piece lives. What the map cannot serve yet (a first
-//! write to a chunk, a closed gate) and what changes metadata (Write
-//! Zeroes, Deallocate, Flush) goes to the volume manager, as the reactors'
-//! slow path does, and the replicator waits for its answer.
+//! and writes it: [`LocalPool`]'s worker threads, each a [`LocalVolume`]
+//! doing synchronous I/O through descriptors of its own on the pool's
+//! members (O_DIRECT, as the reactors'), after the volume's chunk map says
+//! where each piece lives. What the map cannot serve yet (a first write to
+//! a chunk, a closed gate) and what changes metadata (Write Zeroes,
+//! Deallocate, Flush) goes to the volume manager, as the reactors' slow
+//! path does, and the worker waits for its answer.
 //!
 //! What this does not do: allocate or commit metadata itself (only the
 //! manager does), or serve hosts (the reactors do).
@@ -148,4 +149,87 @@ impl LocalVolume {
 fn media_error(error: &std::io::Error) -> IoError {
     log::warn!("replicated volume, local copy: {error}");
     IoError::Media
+}
+
+/// What a local I/O worker does.
+#[derive(Debug)]
+pub(crate) enum LocalWork {
+    /// Write `data` at byte `offset`.
+    Write {
+        offset: u64,
+        data: Arc<Vec<u8>>,
+        fua: bool,
+    },
+    /// Zero (or deallocate) `len` bytes at `offset`.
+    Zeroes { offset: u64, len: u64, fua: bool },
+    /// Read `len` bytes at `offset` (a rebuild copy).
+    Read { offset: u64, len: usize },
+    /// Make every completed write durable.
+    Flush,
+}
+
+/// A local I/O's result: the data of a read.
+pub(crate) type LocalResult = Result<Option<Vec<u8>>, IoError>;
+
+/// A few threads doing the replicator's local I/O in parallel, each with
+/// descriptors of its own; results come back to the replicator as events.
+/// The replication core never has two overlapping writes (or a write and a
+/// copy of one region) in flight, so their order among workers is free;
+/// a Flush covers the writes completed before it, as NVMe's does.
+pub(crate) struct LocalPool {
+    jobs: mpsc::Sender<(weft_replication::OpId, LocalWork)>,
+}
+
+/// Local I/O workers per replicated volume.
+const WORKERS: usize = 4;
+
+impl LocalPool {
+    /// Starts the workers on `backend`'s volume; each result goes to
+    /// `done` as `(op, result)` through `wrap`.
+    pub(crate) fn start<E: Send + 'static>(
+        backend: &Arc<VolumeBackend>,
+        members: &[std::path::PathBuf],
+        done: mpsc::Sender<E>,
+        wrap: fn(weft_replication::OpId, LocalResult) -> E,
+    ) -> Result<LocalPool, String> {
+        let (jobs, queue) = mpsc::channel::<(weft_replication::OpId, LocalWork)>();
+        let queue = Arc::new(std::sync::Mutex::new(queue));
+        for index in 0..WORKERS {
+            let mut volume = LocalVolume::open(Arc::clone(backend), members)?;
+            let (queue, done) = (Arc::clone(&queue), done.clone());
+            std::thread::Builder::new()
+                .name(format!("local-io-{index}"))
+                .spawn(move || loop {
+                    let job = queue
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .recv();
+                    let Ok((op, work)) = job else {
+                        return;
+                    };
+                    let result = volume.run(work);
+                    if done.send(wrap(op, result)).is_err() {
+                        return;
+                    }
+                })
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(LocalPool { jobs })
+    }
+
+    /// Queues `work` for op `op`.
+    pub(crate) fn submit(&self, op: weft_replication::OpId, work: LocalWork) {
+        let _ = self.jobs.send((op, work));
+    }
+}
+
+impl LocalVolume {
+    fn run(&mut self, work: LocalWork) -> LocalResult {
+        match work {
+            LocalWork::Write { offset, data, fua } => self.write(offset, &data, fua).map(|()| None),
+            LocalWork::Zeroes { offset, len, fua } => self.zeroes(offset, len, fua).map(|()| None),
+            LocalWork::Read { offset, len } => self.read(offset, len).map(Some),
+            LocalWork::Flush => self.flush().map(|()| None),
+        }
+    }
 }

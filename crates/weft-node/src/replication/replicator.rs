@@ -16,7 +16,7 @@
 //! and the manager when that changes (the ANA state follows).
 
 use super::link::{Link, LinkTarget, Outgoing, Payload};
-use super::local::LocalVolume;
+use super::local::{LocalPool, LocalResult, LocalWork};
 use super::progress::Tracker;
 use super::Event;
 use crate::manager::intents::IntentFile;
@@ -155,7 +155,7 @@ struct Replicator {
     replication: ReplicationRecord,
     revision: u64,
     block_size: u64,
-    local: LocalVolume,
+    local: LocalPool,
     intent: Arc<IntentFile>,
     targets: BTreeMap<NodeId, LinkTarget>,
     links: BTreeMap<NodeId, Link>,
@@ -276,7 +276,8 @@ impl Replicator {
                 (node, target)
             })
             .collect();
-        let local = LocalVolume::open(backend, &members)?;
+        let local_done = |op, result| Event::LocalDone { op, result };
+        let local = LocalPool::start(&backend, &members, events.clone(), local_done)?;
         let stop_poller = Arc::new(AtomicBool::new(false));
         poll_record(
             desired.clone(),
@@ -377,6 +378,7 @@ impl Replicator {
         match event {
             Event::Host(io) => self.host(io, now),
             Event::Replica { node, reply } => self.primary.replica_reply(node, reply, now),
+            Event::LocalDone { op, result } => self.local_finished(op, result),
             Event::Committed { revision, record } => {
                 self.primary.committed(revision, replica_set(&record), now);
                 self.adopt(revision, record);
@@ -496,15 +498,15 @@ impl Replicator {
             Action::IntentClear(region) => self.intent.intent().clean([region]),
             Action::LocalWrite { op, extent, fua } => {
                 let offset = extent.block * self.block_size;
-                let result = match self.ops.get(&op).and_then(|o| o.payload.clone()) {
-                    Some(Payload::Data(data)) => self.local.write(offset, &data, fua),
+                let work = match self.ops.get(&op).and_then(|o| o.payload.clone()) {
+                    Some(Payload::Data(data)) => LocalWork::Write { offset, data, fua },
                     Some(Payload::Zeroes { .. }) => {
                         let len = u64::from(extent.blocks) * self.block_size;
-                        self.local.zeroes(offset, len, fua)
+                        LocalWork::Zeroes { offset, len, fua }
                     }
-                    None => Err(IoError::Other),
+                    None => return self.local_done(op, Err(IoError::Other), now),
                 };
-                self.local_done(op, result, now);
+                self.local.submit(op, work);
             }
             Action::LocalRead { op, extent } => {
                 // Every local read here is a copy's (hosts' reads stay in
@@ -514,12 +516,9 @@ impl Replicator {
                     self.deferred.push_back((op, extent));
                     return;
                 }
-                self.copy_read(op, extent, now);
+                self.copy_read(op, extent);
             }
-            Action::LocalFlush { op } => {
-                let result = self.local.flush();
-                self.local_done(op, result, now);
-            }
+            Action::LocalFlush { op } => self.local.submit(op, LocalWork::Flush),
             Action::Send { to, msg } => self.send(to, msg),
             Action::Commit {
                 base_revision,
@@ -537,8 +536,7 @@ impl Replicator {
                 return;
             }
             self.deferred.pop_front();
-            let now = self.lease.now();
-            self.copy_read(op, extent, now);
+            self.copy_read(op, extent);
         }
     }
 
@@ -571,16 +569,27 @@ impl Replicator {
         }
     }
 
-    /// Reads a region to copy (a region of zeroes, unwritten mostly, is
-    /// deallocated on the replica, not written: a thin replica stays thin).
-    fn copy_read(&mut self, op: OpId, extent: Extent, now: Duration) {
+    /// Reads a region to copy.
+    fn copy_read(&mut self, op: OpId, extent: Extent) {
         let offset = extent.block * self.block_size;
-        let len = u64::from(extent.blocks) * self.block_size;
-        let result = self.local.read(offset, len as usize).map(|data| {
+        let len = (u64::from(extent.blocks) * self.block_size) as usize;
+        self.local.submit(op, LocalWork::Read { offset, len });
+    }
+
+    /// A local I/O finished (a copy's read carries its data: a region of
+    /// zeroes, unwritten mostly, is deallocated on the replica, not
+    /// written, so that a thin replica stays thin).
+    fn local_finished(&mut self, op: OpId, result: LocalResult) {
+        let now = self.lease.now();
+        let result = result.map(|read| {
+            let Some(data) = read else {
+                return;
+            };
+            let blocks = data.len() as u64 / self.block_size;
             let payload = if data.iter().all(|&b| b == 0) {
                 Payload::Zeroes {
                     deallocate: true,
-                    blocks: u64::from(extent.blocks),
+                    blocks,
                 }
             } else {
                 Payload::Data(Arc::new(data))
