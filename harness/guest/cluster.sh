@@ -153,6 +153,7 @@ done
 [ "$in_sync" = 3 ] && ok "rep: $first rebuilt, every replica in sync" || fail "rep: $in_sync replicas in sync, want 3"
 rep_field "$survivor" | sed 's/^/  /'
 echo "=== a planned move back to $first while fio writes"
+dmesg -C
 timeout 300 fio --name=move "${FIO_REP[@]}" --size=8m --rate_iops=200 --do_verify=0 \
     --output-format=json > /tmp/fio-move.txt 2>&1 &
 fio_pid=$!
@@ -161,6 +162,7 @@ moved=$(weft_on "$survivor" volume move-primary rep --to "$first" 2>&1)
 echo "  $moved"
 [ "$(rep_field "$survivor" | awk '$2 == "primary" {print $1}')" = "$first" ] && ok "rep: $first is primary again" \
     || fail "rep: move to $first: $moved"
+dmesg | grep -iE "ana|nvme" | tail -8 | sed 's/^/  kernel: /'
 if wait "$fio_pid"; then
     ok "rep: fio wrote through the move without an error (longest write $(max_write_ms /tmp/fio-move.txt) ms)"
 else

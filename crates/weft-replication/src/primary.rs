@@ -746,6 +746,9 @@ impl Primary {
         let Some(target) = self.move_target() else {
             return;
         };
+        // Every write is done everywhere: the intents can be emptied now,
+        // so that the new primary has (almost) nothing to resync.
+        self.clean_regions(None);
         let mut next = self.record.clone();
         next.epoch = self.record.epoch.next();
         next.primary = target;
@@ -1243,6 +1246,12 @@ impl Primary {
     /// Regions whose writes every in-sync replica completed leave the write
     /// intents (this node's, and the replicas' by a Clean message).
     fn clean(&mut self, now: Duration) {
+        self.clean_regions(Some(now));
+    }
+
+    /// Cleans the regions idle for the clean delay at `now` (all idle ones
+    /// if none).
+    fn clean_regions(&mut self, now: Option<Duration>) {
         if self.to_clean.is_empty() || self.faults_pending() {
             return;
         }
@@ -1250,7 +1259,7 @@ impl Primary {
         let due: Vec<u32> = self
             .to_clean
             .iter()
-            .filter(|&(_, &idle_since)| now >= idle_since + delay)
+            .filter(|&(_, &idle_since)| now.is_none_or(|now| now >= idle_since + delay))
             .map(|(&region, _)| region)
             .collect();
         for region in &due {
