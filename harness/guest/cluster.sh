@@ -152,6 +152,19 @@ for _ in $(seq 60); do
 done
 [ "$in_sync" = 3 ] && ok "rep: $first rebuilt, every replica in sync" || fail "rep: $in_sync replicas in sync, want 3"
 rep_field "$survivor" | sed 's/^/  /'
+# The host reconnects to a restarted node every 10 s (its reconnect delay):
+# the move is measured once every path of rep is live again.
+live=0
+for _ in $(seq 40); do
+    live=0
+    for subsys in /sys/class/nvme-subsystem/nvme-subsys*; do
+        [ "$(cat "$subsys/subsysnqn" 2>/dev/null)" = "nqn.2026-11.io.weft:vol:rep" ] || continue
+        live=$(cat "$subsys"/nvme[0-9]*/state 2>/dev/null | grep -c '^live$')
+    done
+    [ "$live" = 3 ] && break
+    sleep 0.5
+done
+[ "$live" = 3 ] && ok "rep: every path live again" || fail "rep: $live paths live, want 3"
 echo "=== a planned move back to $first while fio writes"
 dmesg -C
 timeout 300 fio --name=move "${FIO_REP[@]}" --size=8m --rate_iops=200 --do_verify=0 \

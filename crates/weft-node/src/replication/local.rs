@@ -178,6 +178,8 @@ pub(crate) type LocalResult = Result<Option<Vec<u8>>, IoError>;
 /// a Flush covers the writes completed before it, as NVMe's does.
 pub(crate) struct LocalPool {
     jobs: mpsc::Sender<(weft_replication::OpId, LocalWork)>,
+    /// Jobs queued or running.
+    pending: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// Local I/O workers per replicated volume.
@@ -194,9 +196,11 @@ impl LocalPool {
     ) -> Result<LocalPool, String> {
         let (jobs, queue) = mpsc::channel::<(weft_replication::OpId, LocalWork)>();
         let queue = Arc::new(std::sync::Mutex::new(queue));
+        let pending = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         for index in 0..WORKERS {
             let mut volume = LocalVolume::open(Arc::clone(backend), members)?;
             let (queue, done) = (Arc::clone(&queue), done.clone());
+            let pending = Arc::clone(&pending);
             std::thread::Builder::new()
                 .name(format!("local-io-{index}"))
                 .spawn(move || loop {
@@ -208,18 +212,35 @@ impl LocalPool {
                         return;
                     };
                     let result = volume.run(work);
+                    pending.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
                     if done.send(wrap(op, result)).is_err() {
                         return;
                     }
                 })
                 .map_err(|e| e.to_string())?;
         }
-        Ok(LocalPool { jobs })
+        Ok(LocalPool { jobs, pending })
     }
 
     /// Queues `work` for op `op`.
     pub(crate) fn submit(&self, op: weft_replication::OpId, work: LocalWork) {
+        self.pending
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         let _ = self.jobs.send((op, work));
+    }
+
+    /// Waits until no local I/O is queued or running (at most `limit`): a
+    /// deposed primary's writes must be on its copy, or never, before it
+    /// serves as a replica again. Whether it drained.
+    pub(crate) fn drain(&self, limit: std::time::Duration) -> bool {
+        let start = std::time::Instant::now();
+        while self.pending.load(std::sync::atomic::Ordering::Acquire) > 0 {
+            if start.elapsed() >= limit {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        true
     }
 }
 

@@ -355,6 +355,12 @@ impl Replicator {
             }
         }
         self.links.clear();
+        if !self.local.drain(Duration::from_secs(10)) {
+            log::error!(
+                "volume {}: local writes still running 10 s after this node stopped being primary",
+                self.volume
+            );
+        }
         self.manager.notify(AdminOp::Reconcile);
     }
 
