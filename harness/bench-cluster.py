@@ -87,6 +87,14 @@ class Cluster:
         node["pid"] = self.processes[node["process"]].pid
         self.wait(lambda: self.call(node, "GET", "stats")[0] == 200, node["name"])
 
+    def create_pools(self, device_bytes):
+        """Pool "p" on every node (a sparse file of `device_bytes`), through n1."""
+        for node in self.nodes:
+            device = os.path.join(self.work, node["name"], "p.img")
+            self.must(self.nodes[0], "POST", "pools", {"name": "p", "node": node["name"],
+                                                       "devices": [device],
+                                                       "device_size_bytes": device_bytes})
+
     def wait(self, check, what, limit=30):
         deadline = time.time() + limit
         while not check():
@@ -152,11 +160,7 @@ def main():
     try:
         cluster.start()
         n1 = cluster.nodes[0]
-        for node in cluster.nodes:
-            device = os.path.join(work, node["name"], "p.img")
-            cluster.must(n1, "POST", "pools", {"name": "p", "node": node["name"],
-                                               "devices": [device],
-                                               "device_size_bytes": 256 << 30})
+        cluster.create_pools(256 << 30)
         rss_before = {node["name"]: rss_kib(node["pid"]) for node in cluster.nodes}
         cluster.wait(lambda: all(len(n["pools"]) == 1 for n in cluster.must(n1, "GET", "nodes")),
                      "heartbeats with pools")

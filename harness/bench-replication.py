@@ -73,11 +73,7 @@ def main():
     try:
         cluster.start()
         n1 = cluster.nodes[0]
-        for node in cluster.nodes:
-            device = os.path.join(work, node["name"], "p.img")
-            cluster.must(n1, "POST", "pools", {"name": "p", "node": node["name"],
-                                               "devices": [device],
-                                               "device_size_bytes": 2 << 30})
+        cluster.create_pools(2 << 30)
         cluster.wait(lambda: all(len(n["pools"]) == 1 for n in cluster.must(n1, "GET", "nodes")),
                      "heartbeats with pools")
         cluster.must(n1, "POST", "hosts", {"name": "bench", "nqn": HOST_NQN})

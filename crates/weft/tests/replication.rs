@@ -131,6 +131,33 @@ fn retrying<T>(what: &str, mut io: impl FnMut() -> Result<T, InitiatorError>) ->
     }
 }
 
+/// Through `n1`: a pool on each of n1, n2 and n3, the host "tester", and
+/// volume "rep" (16 MiB, three replicas, `extra` options) attached to it.
+fn replicated_volume(n1: &Node, dir: &Path, extra: &[&str]) {
+    for name in ["n1", "n2", "n3"] {
+        let device = dir.join(name).join("p.img");
+        let device = device.to_str().unwrap();
+        let args = ["pool", "create", "p", "--node", name, "--device", device];
+        let mut args = args.to_vec();
+        args.extend(["--device-size", "256MiB"]);
+        ok(n1, &args);
+    }
+    ok(n1, &["host", "add", "tester", "--nqn", HOST_NQN]);
+    // Placement sees a node's pools once its heartbeat published them.
+    let create = [
+        "volume",
+        "create",
+        "rep",
+        "--size",
+        "16MiB",
+        "--replicas",
+        "3",
+    ];
+    let create = [&create[..], extra].concat();
+    eventually("the volume created", || support::weft(n1, &create).0);
+    ok(n1, &["volume", "attach", "rep", "--host", "tester"]);
+}
+
 fn pattern(block: u64, generation: u8) -> Vec<u8> {
     let mut data = vec![generation; BLOCK as usize];
     data[..8].copy_from_slice(&block.to_le_bytes());
@@ -146,20 +173,7 @@ fn a_replicated_volume_keeps_its_acknowledged_writes_when_its_primary_is_killed(
     let token_file = dir.join("n1").join("api-token");
     let n2 = node(&dir, "n2", &endpoints, Some(&token_file));
     let n3 = node(&dir, "n3", &endpoints, Some(&token_file));
-    for name in ["n1", "n2", "n3"] {
-        let device = dir.join(name).join("p.img");
-        let device = device.to_str().unwrap();
-        let args = ["pool", "create", "p", "--node", name, "--device", device];
-        let mut args = args.to_vec();
-        args.extend(["--device-size", "256MiB"]);
-        ok(&n1, &args);
-    }
-    ok(&n1, &["host", "add", "tester", "--nqn", HOST_NQN]);
-    // Placement sees a node's pools once its heartbeat published them.
-    let create = ["volume", "create", "rep", "--size", "16MiB"];
-    let create = [&create[..], &["--replicas", "3"]].concat();
-    eventually("the volume created", || support::weft(&n1, &create).0);
-    ok(&n1, &["volume", "attach", "rep", "--host", "tester"]);
+    replicated_volume(&n1, &dir, &[]);
     let mut nodes = vec![("n1", Some(n1)), ("n2", Some(n2)), ("n3", Some(n3))];
     let first = primary_of(nodes[0].1.as_ref().unwrap());
     let node_of = |nodes: &[(&str, Option<Node>)], name: &str| -> usize {
@@ -258,19 +272,7 @@ fn a_planned_move_and_a_drain_hand_the_primary_over_with_every_write() {
     let n2 = node(&dir, "n2", &endpoints, Some(&token_file));
     let n3 = node(&dir, "n3", &endpoints, Some(&token_file));
     let nodes = [("n1", &n1), ("n2", &n2), ("n3", &n3)];
-    for (name, _) in nodes {
-        let device = dir.join(name).join("p.img");
-        let device = device.to_str().unwrap();
-        let args = ["pool", "create", "p", "--node", name, "--device", device];
-        let mut args = args.to_vec();
-        args.extend(["--device-size", "256MiB"]);
-        ok(&n1, &args);
-    }
-    ok(&n1, &["host", "add", "tester", "--nqn", HOST_NQN]);
-    let create = ["volume", "create", "rep", "--size", "16MiB"];
-    let create = [&create[..], &["--replicas", "3"]].concat();
-    eventually("the volume created", || support::weft(&n1, &create).0);
-    ok(&n1, &["volume", "attach", "rep", "--host", "tester"]);
+    replicated_volume(&n1, &dir, &[]);
     let by_name = |name: &str| nodes.iter().find(|(n, _)| *n == name).unwrap().1;
     let first = primary_of(&n1);
     let (controller, mut queue) = connect(by_name(&first));
@@ -334,19 +336,7 @@ fn a_replica_whose_node_rebooted_leaves_the_in_sync_set_before_it_joins_again() 
         ("n2", Some(node(&dir, "n2", &endpoints, Some(&token_file)))),
         ("n3", Some(node(&dir, "n3", &endpoints, Some(&token_file)))),
     ];
-    for name in ["n1", "n2", "n3"] {
-        let device = dir.join(name).join("p.img");
-        let device = device.to_str().unwrap();
-        let args = ["pool", "create", "p", "--node", name, "--device", device];
-        let mut args = args.to_vec();
-        args.extend(["--device-size", "256MiB"]);
-        ok(&n1, &args);
-    }
-    ok(&n1, &["host", "add", "tester", "--nqn", HOST_NQN]);
-    let create = ["volume", "create", "rep", "--size", "16MiB", "--node", "n1"];
-    let create = [&create[..], &["--replicas", "3"]].concat();
-    eventually("the volume created", || support::weft(&n1, &create).0);
-    ok(&n1, &["volume", "attach", "rep", "--host", "tester"]);
+    replicated_volume(&n1, &dir, &["--node", "n1"]);
     assert_eq!(primary_of(&n1), "n1");
     let (controller, mut queue) = connect(&n1);
     for block in 0..32u64 {
