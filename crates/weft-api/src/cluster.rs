@@ -22,6 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use weft_cluster::nodes::{self, NodeError};
 use weft_cluster::placement::{place_replicas, Placement, PlacementError, PlacementRequest};
+use weft_cluster::replica_members::replace_replicas_on;
 use weft_cluster::NodeView;
 use weft_control::{Store, StoreError, VolumeRecord};
 use weft_http::{self as http, Request};
@@ -104,6 +105,9 @@ impl Cluster {
                     .ok()
                     .and_then(|body| body["to"].as_str().map(str::to_string));
                 Ok(Route::Respond(self.move_primary(&params[0], to.as_deref())))
+            }
+            ("PATCH", "volumes/{volume}/replicas") => {
+                Ok(Route::Respond(self.set_replicas(&params[0], &request.body)))
             }
             (_, pattern) if pattern.starts_with("volumes/{volume}") => {
                 self.route_volume(&params[0])
@@ -235,7 +239,8 @@ impl Cluster {
         let deadline = Instant::now() + HEARTBEAT_WAIT;
         loop {
             let nodes = nodes::list(self.store.as_ref()).map_err(|e| store_failure(&e))?;
-            let volumes_by_node = self.volumes_by_node()?;
+            let volumes_by_node = weft_cluster::placement::volumes_by_node(self.store.as_ref())
+                .map_err(|e| store_failure(&e))?;
             let request = PlacementRequest {
                 size_bytes,
                 thick,
@@ -279,21 +284,6 @@ impl Cluster {
                 Some((node.to_string(), pool.to_string()))
             })
             .collect())
-    }
-
-    /// How many volumes the store records on each node.
-    fn volumes_by_node(&self) -> Result<BTreeMap<String, usize>, Response> {
-        let listing = self.store.list("volumes/").map_err(|e| store_failure(&e))?;
-        let mut counts = BTreeMap::new();
-        for entry in listing.entries {
-            if let Ok(VolumeRecord {
-                node: Some(node), ..
-            }) = serde_json::from_value(entry.value)
-            {
-                *counts.entry(node).or_insert(0) += 1;
-            }
-        }
-        Ok(counts)
     }
 
     /// A new pool is made by the node named (this one by default).
@@ -470,9 +460,7 @@ impl Cluster {
             ("POST", "nodes/{node}/uncordon") => {
                 nodes::set_cordoned(store, &params[0], false).map(|()| json!({"ok": true}))
             }
-            ("DELETE", "nodes/{node}") => {
-                self.remove_node(&params[0]).map(|()| json!({"ok": true}))
-            }
+            ("DELETE", "nodes/{node}") => return self.remove_node(&params[0]),
             ("POST", "nodes/{node}/drain") => return self.drain(&params[0]),
             _ => unreachable!("every nodes route is answered: {method} {pattern}"),
         };
@@ -482,31 +470,61 @@ impl Cluster {
         }
     }
 
-    /// Forgets a node that is down and holds no volume, with its pools' records.
-    fn remove_node(&self, name: &str) -> Result<(), NodeError> {
+    /// Forgets a node that is down, with its pools' records: the replicas it
+    /// held are replaced on other nodes first (it is lost for good); a volume
+    /// of one copy, or a primary, on it keeps it.
+    fn remove_node(&self, name: &str) -> Response {
         let store = self.store.as_ref();
-        let volumes = store
-            .list("volumes/")?
+        match nodes::get(store, name) {
+            Ok(view) if view.is_alive() => return node_failure(&NodeError::Up(name.to_string())),
+            Ok(_) => {}
+            Err(error) => return node_failure(&error),
+        }
+        let replaced = match replace_replicas_on(store, name) {
+            Ok(replaced) => replaced,
+            Err(error) => return crate::replicas::replica_change_failure(&error),
+        };
+        let held = |record: &VolumeRecord| match &record.replication {
+            Some(replication) => replication.member(name).is_some(),
+            None => record.node.as_deref() == Some(name),
+        };
+        let listing = match store.list("volumes/") {
+            Ok(listing) => listing,
+            Err(error) => return store_failure(&error),
+        };
+        let volumes = listing
             .entries
             .into_iter()
             .filter(|entry| {
                 serde_json::from_value::<VolumeRecord>(entry.value.clone())
-                    .is_ok_and(|record| record.node.as_deref() == Some(name))
+                    .is_ok_and(|record| held(&record))
             })
             .map(|entry| entry.key["volumes/".len()..].to_string())
             .collect();
-        let own = store
-            .list(&format!("nodes/{name}/"))?
-            .entries
-            .into_iter()
-            .map(|entry| entry.key)
-            .collect();
-        nodes::remove(store, name, volumes, own)
+        let own = match store.list(&format!("nodes/{name}/")) {
+            Ok(listing) => listing.entries.into_iter().map(|entry| entry.key).collect(),
+            Err(error) => return store_failure(&error),
+        };
+        match nodes::remove(store, name, volumes, own) {
+            Ok(()) => {
+                let replaced: Vec<Value> = replaced
+                    .iter()
+                    .flat_map(|(volume, change)| {
+                        change
+                            .added
+                            .iter()
+                            .map(move |p| json!({"volume": volume, "node": p.node, "pool": p.pool}))
+                    })
+                    .collect();
+                (200, json!({"ok": true, "replaced": replaced}))
+            }
+            Err(error) => node_failure(&error),
+        }
     }
 }
 
 /// The most replicas a volume may have.
-const REPLICAS_MAX: u64 = 3;
+const REPLICAS_MAX: u64 = weft_cluster::replica_members::REPLICAS_MAX as u64;
 
 /// How many copies a new volume asks for (1 to [`REPLICAS_MAX`]).
 fn replica_count(fields: &serde_json::Map<String, Value>) -> Result<usize, Response> {
@@ -665,7 +683,7 @@ pub(crate) fn node_failure(error: &NodeError) -> Response {
     }
 }
 
-fn placement_failure(error: &PlacementError) -> Response {
+pub(crate) fn placement_failure(error: &PlacementError) -> Response {
     let message = error.to_string();
     let (status, code) = match error {
         PlacementError::NoSuchNode(_) | PlacementError::NoSuchPool(_) => (404, "not_found"),

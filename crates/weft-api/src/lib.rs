@@ -22,6 +22,7 @@
 
 pub mod cluster;
 mod moves;
+mod replicas;
 pub mod token;
 pub mod views;
 
@@ -68,6 +69,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "volumes/{volume}/flatten"),
     ("POST", "volumes/{volume}/move-primary"),
     ("PATCH", "volumes/{volume}/qos"),
+    ("PATCH", "volumes/{volume}/replicas"),
     ("POST", "volumes/{volume}/hosts"),
     ("DELETE", "volumes/{volume}/hosts/{host}"),
     ("POST", "volumes/{volume}/snapshots"),
@@ -684,7 +686,9 @@ fn operation(
         },
         ("DELETE", "hosts/{host}") => AdminOp::DeleteHost(param(0)),
         // A cluster serves it before it gets here.
-        ("POST", "volumes/{volume}/move-primary") => return Err(not_a_cluster()),
+        ("POST", "volumes/{volume}/move-primary") | ("PATCH", "volumes/{volume}/replicas") => {
+            return Err(not_a_cluster())
+        }
         _ => {
             unreachable!("every route in ROUTES but the reads has an operation: {method} {pattern}")
         }

@@ -2,13 +2,15 @@
 //! the lease's time to live (keeping the lease alive and publishing the
 //! node's pools and volume count), and, while this node is the controller,
 //! its duties (noting nodes that went down, promoting a new primary for
-//! replicated volumes whose primary's node is down). It never touches the data
+//! replicated volumes whose primary's node is down, replacing replicas
+//! whose node stayed down past the replace delay). It never touches the data
 //! plane: a store that is unreachable only delays heartbeats, and the node
 //! shows down in the cluster until they succeed again.
 
 use crate::lease::LeaseClock;
 use crate::membership::{JoinError, Member, NodeStatus};
-use crate::{nodes, replicas};
+use crate::{nodes, replica_members, replicas};
+use std::collections::BTreeSet;
 use std::sync::mpsc::{self, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -25,22 +27,29 @@ pub struct Agent {
 impl Agent {
     /// Starts heartbeats for `member`; `status` is asked for the node's
     /// pools and volumes at each one; each successful one renews `lease`.
+    /// As the controller, it replaces replicas whose node has been down
+    /// for `replace_after`.
     pub fn start(
         member: Member,
         store: Arc<dyn Store>,
         interval: Duration,
         status: impl Fn() -> NodeStatus + Send + 'static,
         lease: Arc<LeaseClock>,
+        replace_after: Duration,
     ) -> std::io::Result<Agent> {
         let (stop, stopped) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("cluster-agent".into())
             .spawn(move || {
                 let mut member = member;
-                let mut failing = false;
+                let mut state = BeatState {
+                    failing: false,
+                    replace_after_ms: replace_after.as_millis() as u64,
+                    unplaced: BTreeSet::new(),
+                };
                 loop {
                     let sent = Instant::now();
-                    if beat(&mut member, store.as_ref(), &status(), &mut failing) {
+                    if beat(&mut member, store.as_ref(), &status(), &mut state) {
                         lease.renewed(sent, member.lease_ttl());
                     }
                     match stopped.recv_timeout(interval) {
@@ -69,10 +78,31 @@ impl Agent {
 /// covers clock-rate differences between the nodes.
 pub const PROMOTION_DELAY: Duration = Duration::from_millis(500);
 
+/// How long a replica's node may stay down before the controller replaces
+/// the replica by default (Ceph marks an OSD out after 10 minutes).
+pub const REPLACE_AFTER_DEFAULT: Duration = Duration::from_secs(600);
+
+/// What the heartbeats remember between beats.
+struct BeatState {
+    /// Heartbeats fail (logged once until the next success).
+    failing: bool,
+    replace_after_ms: u64,
+    /// Replicas that found no new place (logged once until they do).
+    unplaced: BTreeSet<String>,
+}
+
 /// One heartbeat and, for the controller, its duties. Failures are logged
 /// once until the next success. Whether the lease was kept alive.
-fn beat(member: &mut Member, store: &dyn Store, status: &NodeStatus, failing: &mut bool) -> bool {
+fn beat(
+    member: &mut Member,
+    store: &dyn Store,
+    status: &NodeStatus,
+    state: &mut BeatState,
+) -> bool {
     let now = unix_ms();
+    let failing = &mut state.failing;
+    let unplaced = &mut state.unplaced;
+    let replace_after_ms = state.replace_after_ms;
     let mut renewed = false;
     let result = member.heartbeat(status, now).and_then(|controller| {
         renewed = true;
@@ -85,6 +115,13 @@ fn beat(member: &mut Member, store: &dyn Store, status: &NodeStatus, failing: &m
             }
             let delay = PROMOTION_DELAY.as_millis() as u64;
             replicas::promote_primaries(store, member.lease(), unix_ms(), delay)?;
+            let replaced = replica_members::replace_lost_replicas(
+                store,
+                member.lease(),
+                now,
+                replace_after_ms,
+            )?;
+            note_replacements(replaced, unplaced);
         }
         Ok(())
     });
@@ -107,6 +144,24 @@ fn beat(member: &mut Member, store: &dyn Store, status: &NodeStatus, failing: &m
         Err(_) => {}
     }
     renewed
+}
+
+/// Logs replacements that found no place once (until they do).
+fn note_replacements(outcomes: Vec<replica_members::Replacement>, unplaced: &mut BTreeSet<String>) {
+    for (volume, outcome) in outcomes {
+        match outcome {
+            Ok(_) => {
+                unplaced.remove(&volume);
+            }
+            Err(error) => {
+                if unplaced.insert(volume.clone()) {
+                    log::warn!(
+                        "volume {volume}: a replica on a lost node cannot be replaced yet: {error}"
+                    );
+                }
+            }
+        }
+    }
 }
 
 /// Milliseconds since the Unix epoch (what records show as times).

@@ -14,6 +14,8 @@
 //! - [`placement`]: which node and pool a new volume goes to.
 //! - [`replicas`]: replicated volumes' records as the replication core
 //!   sees them, and the controller's promotion of a new primary.
+//! - [`replica_members`]: adding, removing and replacing a replicated
+//!   volume's replicas.
 //! - [`token`]: one API token for every node.
 //! - [`agent`]: the thread that runs a node's heartbeats.
 //!
@@ -32,6 +34,7 @@ pub mod membership;
 pub mod nodes;
 pub mod placement;
 pub mod records;
+pub mod replica_members;
 pub mod replicas;
 pub mod token;
 

@@ -20,6 +20,7 @@
 
 use crate::nodes::{NodeState, NodeView};
 use std::collections::BTreeMap;
+use weft_control::{Store, StoreError, VolumeRecord};
 
 /// What the operator asked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -178,34 +179,76 @@ pub fn place_replicas(
     replicas: usize,
 ) -> Result<Vec<Placement>, PlacementError> {
     assert!(replicas >= 1, "a volume has a replica");
-    let mut chosen = vec![place(nodes, request)?];
-    while chosen.len() < replicas {
-        let zones: Vec<&str> = chosen.iter().map(|p| zone(&nodes[&p.node])).collect();
+    let first = place(nodes, request)?;
+    let others = PlacementRequest {
+        node: None,
+        ..request
+    };
+    let mut chosen = place_more(nodes, others, &[first.node.as_str()], replicas - 1)?;
+    chosen.insert(0, first);
+    Ok(chosen)
+}
+
+/// Chooses a node and pool for each of `count` more replicas of a volume
+/// whose replicas are on the nodes `taken` (up or not, even forgotten):
+/// each on another node in another zone, as [`place`] chooses among those.
+pub fn place_more(
+    nodes: &BTreeMap<String, NodeView>,
+    request: PlacementRequest<'_>,
+    taken: &[&str],
+    count: usize,
+) -> Result<Vec<Placement>, PlacementError> {
+    let mut zones: Vec<String> = taken
+        .iter()
+        .map(|name| nodes.get(*name).map_or(*name, zone).to_string())
+        .collect();
+    let mut chosen: Vec<Placement> = Vec::new();
+    while chosen.len() < count {
         let rest: BTreeMap<String, NodeView> = nodes
             .iter()
-            .filter(|(_, view)| !zones.contains(&zone(view)))
+            .filter(|(_, view)| !zones.iter().any(|z| z == zone(view)))
             .map(|(name, view)| (name.clone(), view.clone()))
             .collect();
-        let others = PlacementRequest {
-            node: None,
-            ..request
-        };
-        match place(&rest, others) {
-            Ok(placement) => chosen.push(placement),
+        match place(&rest, request) {
+            Ok(placement) => {
+                zones.push(zone(&nodes[&placement.node]).to_string());
+                chosen.push(placement);
+            }
             Err(
                 PlacementError::NoNode
                 | PlacementError::NoSuchPool(_)
                 | PlacementError::NoRoom { .. },
             ) => {
                 return Err(PlacementError::TooFewZones {
-                    replicas,
-                    found: chosen.len(),
+                    replicas: taken.len() + count,
+                    found: taken.len() + chosen.len(),
                 })
             }
             Err(other) => return Err(other),
         }
     }
     Ok(chosen)
+}
+
+/// How many volumes (replicas included) the store records on each node:
+/// placement's tie-breaker.
+pub fn volumes_by_node(store: &dyn Store) -> Result<BTreeMap<String, usize>, StoreError> {
+    let mut counts = BTreeMap::new();
+    for entry in store.list("volumes/")?.entries {
+        let Ok(record) = serde_json::from_value::<VolumeRecord>(entry.value) else {
+            continue;
+        };
+        let mut holders: Vec<String> = record.node.into_iter().collect();
+        if let Some(replication) = record.replication {
+            holders.extend(replication.members.into_iter().map(|m| m.node));
+        }
+        holders.sort_unstable();
+        holders.dedup();
+        for node in holders {
+            *counts.entry(node).or_insert(0) += 1;
+        }
+    }
+    Ok(counts)
 }
 
 /// A node's zone: the one it carries, else its name (a zone of its own).

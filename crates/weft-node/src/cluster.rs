@@ -65,6 +65,9 @@ pub fn follow(
         .name("cluster-follow".into())
         .spawn(move || {
             on_members();
+            // What changed while the node was away (e.g. its replica
+            // replaced) is in the store's copy already: serve it.
+            reconcile(&manager);
             while let Ok(first) = changes.recv() {
                 let mut changed = Changed::default();
                 changed.note(&first);

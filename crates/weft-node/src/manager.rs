@@ -986,7 +986,10 @@ impl Manager {
             }
             // Rebuilding the exports (below) applies hosts, attachments,
             // identities and every volume's limits from the records.
-            AdminOp::Reconcile => self.create_missing_replicas(),
+            AdminOp::Reconcile => {
+                self.drop_removed_replicas(plane);
+                self.create_missing_replicas();
+            }
             AdminOp::Flush => {
                 for (name, pool) in &mut self.pools {
                     let result = pool.flush();
@@ -1090,11 +1093,22 @@ impl Manager {
         if !self.is_secondary(name) {
             self.store_write(|d| d.delete_volume(name))?;
         }
-        let mut exports = self.exports_without(name);
-        plane.update_exports(exports.clone());
-        if let Err(error) = self.pool_mut(&pool)?.delete_volume(name) {
-            exports = self.exports();
-            plane.update_exports(exports);
+        self.discard_volume(name, &pool, plane)?;
+        log::info!("volume {name} deleted");
+        Ok(())
+    }
+
+    /// Stops serving volume `name` of `pool` (hosts are disconnected), then
+    /// releases its space and what the node kept beside it.
+    pub(super) fn discard_volume(
+        &mut self,
+        name: &str,
+        pool: &str,
+        plane: &DataPlane,
+    ) -> Result<(), AdminError> {
+        plane.update_exports(self.exports_without(name));
+        if let Err(error) = self.pool_mut(pool)?.delete_volume(name) {
+            plane.update_exports(self.exports());
             return Err(error.into());
         }
         self.meters.remove(name);
@@ -1103,7 +1117,6 @@ impl Manager {
             intent.remove();
         }
         self.stop_replicator(name);
-        log::info!("volume {name} deleted");
         Ok(())
     }
 

@@ -43,6 +43,8 @@ enum Show {
     Host,
     Nodes,
     Node,
+    /// The replicas added and removed.
+    ReplicaChange,
     /// Live statistics every `interval`, `count` times (None: until interrupted).
     Top {
         interval: Duration,
@@ -257,6 +259,13 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
                 ("DELETE", path, None, Show::Done("detached"))
             }
         }
+        ("volume", "set") if option("replicas").is_some() => {
+            known(&["replicas"]).map_err(|_| "weft volume set VOLUME --replicas N: give --replicas alone (limits in a second call)".to_string())?;
+            let text = option("replicas").expect("given");
+            let count: u64 = text.parse().map_err(|_| format!("--replicas {text}: give a number of copies, 1 to 3"))?;
+            let path = format!("volumes/{}/replicas", operand(1, "volume name")?);
+            ("PATCH", path, Some(json!({"count": count})), Show::ReplicaChange)
+        }
         ("volume", "set") => {
             let names: Vec<&str> = QOS_OPTIONS.iter().map(|(o, _)| *o).collect();
             known(&names)?;
@@ -267,7 +276,7 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
                 }
             }
             if body.is_empty() {
-                return Err("weft volume set VOLUME: give at least one of --iops-max N, --bw-max SIZE (per second), --read-iops-max, --read-bw-max, --write-iops-max, --write-bw-max (\"none\" removes a limit)".into());
+                return Err("weft volume set VOLUME: give --replicas N, or at least one of --iops-max N, --bw-max SIZE (per second), --read-iops-max, --read-bw-max, --write-iops-max, --write-bw-max (\"none\" removes a limit)".into());
             }
             let path = format!("volumes/{}/qos", operand(1, "volume name")?);
             ("PATCH", path, Some(serde_json::Value::Object(body)), Show::Done("limits set"))
@@ -421,6 +430,7 @@ pub fn run(args: AdminArgs) -> Result<(), String> {
         Show::Host => print_hosts(&[decode(value)?]),
         Show::Nodes => nodes::print_list(&decode::<Vec<weft_api::views::NodeView>>(value)?),
         Show::Node => nodes::print_one(&decode(value)?),
+        Show::ReplicaChange => print_replica_change(value),
         Show::Top { .. } => unreachable!("handled above"),
     }
     Ok(())
@@ -734,6 +744,48 @@ fn qos_summary(qos: &QosView) -> String {
         "unlimited".to_string()
     } else {
         parts.join(", ")
+    }
+}
+
+/// What `volume set --replicas` did.
+fn print_replica_change(value: serde_json::Value) {
+    let placed = |list: &serde_json::Value| -> Vec<String> {
+        list.as_array()
+            .into_iter()
+            .flatten()
+            .map(|p| {
+                format!(
+                    "{} (pool {})",
+                    p["node"].as_str().unwrap_or("?"),
+                    p["pool"].as_str().unwrap_or("?")
+                )
+            })
+            .collect()
+    };
+    let added = placed(&value["added"]);
+    let removed: Vec<&str> = value["removed"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|n| n.as_str())
+        .collect();
+    if added.is_empty() && removed.is_empty() {
+        println!(
+            "unchanged: {} replicas",
+            value["replicas"].as_array().map_or(0, Vec::len)
+        );
+    }
+    if !added.is_empty() {
+        println!(
+            "added on {}: being built in full (`weft volume show` tells the progress)",
+            added.join(", ")
+        );
+    }
+    if !removed.is_empty() {
+        println!(
+            "removed from {}: their copies are deleted",
+            removed.join(", ")
+        );
     }
 }
 

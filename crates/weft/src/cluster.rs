@@ -33,6 +33,7 @@ pub struct ClusterFile {
     etcd_key: Option<PathBuf>,
     lease_ttl_ms: Option<u64>,
     rebuild_mib_per_s: Option<u64>,
+    replace_replica_after_s: Option<u64>,
 }
 
 /// A replica is rebuilt at most this fast by default (MiB/s, per volume).
@@ -67,6 +68,9 @@ pub struct ClusterSpec {
     pub lease_ttl: Duration,
     /// How fast a primary on this node copies to a replica it rebuilds (per volume).
     pub rebuild_bytes_per_s: u64,
+    /// How long a replica's node may be down before the controller (when
+    /// this node is it) replaces the replica elsewhere.
+    pub replace_replica_after: Duration,
 }
 
 impl ClusterFile {
@@ -112,6 +116,16 @@ impl ClusterFile {
                 format!("{rebuild_mib_per_s} is not between 1 and 100000"),
             ));
         }
+        let replace_replica_after = match self.replace_replica_after_s {
+            None => weft_cluster::agent::REPLACE_AFTER_DEFAULT,
+            Some(s) if (1..=30 * 86_400).contains(&s) => Duration::from_secs(s),
+            Some(s) => {
+                return Err(error(
+                    "replace_replica_after_s",
+                    format!("{s} is not between 1 and 2592000 (30 days)"),
+                ))
+            }
+        };
         let api_advertise = self
             .api_advertise
             .map(|url| check_api_url(&url).map(|()| url))
@@ -130,6 +144,7 @@ impl ClusterFile {
             etcd_key: self.etcd_key,
             lease_ttl,
             rebuild_bytes_per_s: rebuild_mib_per_s << 20,
+            replace_replica_after,
         })
     }
 }
@@ -170,6 +185,7 @@ impl ClusterArgs {
                 etcd_key: None,
                 lease_ttl: DEFAULT_LEASE_TTL,
                 rebuild_bytes_per_s: REBUILD_MIB_PER_S_DEFAULT << 20,
+                replace_replica_after: weft_cluster::agent::REPLACE_AFTER_DEFAULT,
             },
             (None, None)
                 if self.node.is_some()
@@ -441,6 +457,7 @@ impl Member {
             interval,
             move || weft_node::cluster::node_status(&reader),
             lease,
+            self.connected.spec.replace_replica_after,
         )
         .map_err(|e| format!("cannot start the cluster agent: {e}"))?;
         let mirror: Arc<dyn Store> = self.connected.mirror.clone();

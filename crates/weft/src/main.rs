@@ -42,6 +42,7 @@ Usage:
   weft volume list | show NAME | delete NAME [--force] | resize NAME --size SIZE
   weft volume clone VOLUME@SNAPSHOT NAME | flatten NAME
   weft volume move-primary NAME [--to NODE]   (a replicated volume's primary, planned)
+  weft volume set NAME --replicas N   (1 to 3: add replicas, built in full, or remove some)
   weft snapshot create VOLUME@SNAPSHOT | delete VOLUME@SNAPSHOT
   weft host add NAME --nqn NQN [--dhchap-secret S [--dhchap-ctrl-secret S]] | list | show NAME
   weft host set NAME [--dhchap-secret S|none] [--dhchap-ctrl-secret S|none] | delete NAME
@@ -73,7 +74,8 @@ Commands:
           with a controller secret too, the host can authenticate the node as well.
   node    A cluster's storage nodes: state (up, cordoned, down), addresses, heartbeat,
           pools, capacity, volumes. Cordoned nodes get no new volumes; `remove` forgets a
-          node that is down and holds no volume. --node chooses a pool's or volume's node
+          node that is down (lost for good), replacing its replicas on other nodes first.
+          --node chooses a pool's or volume's node
           (by default a volume goes to the up, uncordoned node with the most free bytes).
   serve   Export block storage over NVMe/TCP. Without --config: one 4 GiB sparse file
           namespace (DATA_DIR/default.img) as nqn.2026-11.io.weft:default on 127.0.0.1:4420.

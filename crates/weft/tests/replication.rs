@@ -132,8 +132,8 @@ fn retrying<T>(what: &str, mut io: impl FnMut() -> Result<T, InitiatorError>) ->
 }
 
 /// Through `n1`: a pool on each of n1, n2 and n3, the host "tester", and
-/// volume "rep" (16 MiB, three replicas, `extra` options) attached to it.
-fn replicated_volume(n1: &Node, dir: &Path, extra: &[&str]) {
+/// volume "rep" (16 MiB, `replicas` replicas, `extra` options) attached to it.
+fn replicated_volume(n1: &Node, dir: &Path, replicas: &str, extra: &[&str]) {
     for name in ["n1", "n2", "n3"] {
         let device = dir.join(name).join("p.img");
         let device = device.to_str().unwrap();
@@ -151,7 +151,7 @@ fn replicated_volume(n1: &Node, dir: &Path, extra: &[&str]) {
         "--size",
         "16MiB",
         "--replicas",
-        "3",
+        replicas,
     ];
     let create = [&create[..], extra].concat();
     eventually("the volume created", || support::weft(n1, &create).0);
@@ -173,7 +173,7 @@ fn a_replicated_volume_keeps_its_acknowledged_writes_when_its_primary_is_killed(
     let token_file = dir.join("n1").join("api-token");
     let n2 = node(&dir, "n2", &endpoints, Some(&token_file));
     let n3 = node(&dir, "n3", &endpoints, Some(&token_file));
-    replicated_volume(&n1, &dir, &[]);
+    replicated_volume(&n1, &dir, "3", &[]);
     let mut nodes = vec![("n1", Some(n1)), ("n2", Some(n2)), ("n3", Some(n3))];
     let first = primary_of(nodes[0].1.as_ref().unwrap());
     let node_of = |nodes: &[(&str, Option<Node>)], name: &str| -> usize {
@@ -272,7 +272,7 @@ fn a_planned_move_and_a_drain_hand_the_primary_over_with_every_write() {
     let n2 = node(&dir, "n2", &endpoints, Some(&token_file));
     let n3 = node(&dir, "n3", &endpoints, Some(&token_file));
     let nodes = [("n1", &n1), ("n2", &n2), ("n3", &n3)];
-    replicated_volume(&n1, &dir, &[]);
+    replicated_volume(&n1, &dir, "3", &[]);
     let by_name = |name: &str| nodes.iter().find(|(n, _)| *n == name).unwrap().1;
     let first = primary_of(&n1);
     let (controller, mut queue) = connect(by_name(&first));
@@ -336,7 +336,7 @@ fn a_replica_whose_node_rebooted_leaves_the_in_sync_set_before_it_joins_again() 
         ("n2", Some(node(&dir, "n2", &endpoints, Some(&token_file)))),
         ("n3", Some(node(&dir, "n3", &endpoints, Some(&token_file)))),
     ];
-    replicated_volume(&n1, &dir, &["--node", "n1"]);
+    replicated_volume(&n1, &dir, "3", &["--node", "n1"]);
     assert_eq!(primary_of(&n1), "n1");
     let (controller, mut queue) = connect(&n1);
     for block in 0..32u64 {
@@ -394,5 +394,123 @@ fn a_replica_whose_node_rebooted_leaves_the_in_sync_set_before_it_joins_again() 
         "16 MiB at 8 MiB/s took {took:?}"
     );
     drop((queue, controller));
+    drop(etcd);
+}
+
+/// The nodes holding volume "rep"'s replicas, as `volume show` lists them.
+fn replica_nodes(node: &Node) -> Vec<String> {
+    let path = "/api/v1/volumes/rep";
+    let (_, shown) = support::api(node, Some(&node.token), "GET", path, None);
+    let mut nodes: Vec<String> = shown["replicas"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| r["node"].as_str().unwrap().to_string())
+        .collect();
+    nodes.sort();
+    nodes
+}
+
+/// How many volumes `node`'s pool "p" holds.
+fn volumes_in_pool(via: &Node, node: &str) -> u64 {
+    let path = format!("/api/v1/pools/p?node={node}");
+    let (_, pool) = support::api(via, Some(&via.token), "GET", &path, None);
+    pool["volumes"].as_u64().unwrap_or(u64::MAX)
+}
+
+/// Reads blocks `0..blocks` through `node` (generation 1 expected).
+fn check_blocks(node: &Node, blocks: u64, what: &str) {
+    let (controller, mut queue) = connect(node);
+    for block in 0..blocks {
+        let read = retrying("read", || {
+            queue.read(1, block, BLOCK, BLOCK).map(<[u8]>::to_vec)
+        });
+        assert_eq!(read, pattern(block, 1), "block {block} {what}");
+    }
+    drop((queue, controller));
+}
+
+type Nodes<'a> = Vec<(&'a str, Option<Node>)>;
+
+/// Node `name`, which must be up.
+fn up<'a>(nodes: &'a Nodes, name: &str) -> &'a Node {
+    let at = nodes.iter().position(|(n, _)| *n == name).unwrap();
+    nodes[at].1.as_ref().unwrap()
+}
+
+#[test]
+fn replicas_are_added_removed_and_replaced_when_their_node_stays_down() {
+    let dir = temp_dir("replication-members");
+    let etcd = Etcd::start(1, &dir);
+    let endpoints = etcd.endpoints();
+    // Whichever node is the controller replaces a replica down for 2 s.
+    let fast = "replace_replica_after_s = 2";
+    let n1 = node_configured(&dir, "n1", &endpoints, None, fast);
+    let token_file = dir.join("n1").join("api-token");
+    let n2 = node_configured(&dir, "n2", &endpoints, Some(&token_file), fast);
+    let n3 = node_configured(&dir, "n3", &endpoints, Some(&token_file), fast);
+    let mut nodes: Nodes = vec![("n1", Some(n1)), ("n2", Some(n2)), ("n3", Some(n3))];
+    replicated_volume(up(&nodes, "n1"), &dir, "2", &["--node", "n1"]);
+    let (controller, mut queue) = connect(up(&nodes, "n1"));
+    for block in 0..64u64 {
+        let data = pattern(block, 1);
+        retrying("write", || queue.write(1, block, BLOCK, &data));
+    }
+    drop((queue, controller));
+    let n1 = up(&nodes, "n1");
+    eventually("both replicas in sync", || in_sync(n1) == 2);
+    let before = replica_nodes(n1);
+
+    // A third replica: placed on the node left, built in full, in sync.
+    let added = ok(n1, &["volume", "set", "rep", "--replicas", "3"]);
+    assert!(added.contains("added on"), "{added}");
+    let third = ["n2", "n3"]
+        .into_iter()
+        .find(|n| !before.iter().any(|b| b == n))
+        .unwrap();
+    assert!(added.contains(third), "{added}");
+    let took = eventually("the third replica in sync", || in_sync(n1) == 3);
+    eprintln!("a third replica on {third} in sync {took:?} after it was asked for");
+    // It holds every write: served from it after a planned move.
+    ok(n1, &["volume", "move-primary", "rep", "--to", third]);
+    check_blocks(up(&nodes, third), 64, "on the added replica");
+
+    // Back to two: a replica other than the primary goes, and its node
+    // deletes its copy.
+    let removed = ok(n1, &["volume", "set", "rep", "--replicas", "2"]);
+    assert!(removed.contains("removed from"), "{removed}");
+    let kept = replica_nodes(n1);
+    assert_eq!(kept.len(), 2);
+    assert!(
+        kept.iter().any(|n| n == third),
+        "the primary stays: {kept:?}"
+    );
+    let spare = ["n1", "n2", "n3"]
+        .into_iter()
+        .find(|n| !kept.iter().any(|k| k == n))
+        .unwrap();
+    eventually("the removed replica's copy deleted", || {
+        volumes_in_pool(n1, spare) == 0
+    });
+    let unchanged = ok(n1, &["volume", "set", "rep", "--replicas", "2"]);
+    assert!(unchanged.contains("unchanged"), "{unchanged}");
+    let refused = support::refused(n1, &["volume", "set", "rep", "--replicas", "4"]);
+    assert!(refused.contains("1 to 3 replicas"), "{refused}");
+
+    // The other replica's node goes down and stays down: the controller
+    // replaces it on the spare node, rebuilt in full from the primary.
+    let lost = kept.iter().find(|n| *n != third).unwrap().clone();
+    let at = nodes.iter().position(|(n, _)| *n == lost).unwrap();
+    nodes[at].1 = None;
+    let via = nodes.iter().find_map(|(_, n)| n.as_ref()).unwrap();
+    let took = eventually("the lost replica replaced", || {
+        replica_nodes(via).iter().any(|n| n == spare)
+    });
+    eventually("the replacement in sync", || in_sync(via) == 2);
+    eprintln!("{lost}'s replica replaced on {spare} {took:?} after {lost} went down");
+    ok(via, &["volume", "move-primary", "rep", "--to", spare]);
+    check_blocks(up(&nodes, spare), 64, "on the replacement");
+    // The lost node holds nothing now: it can be forgotten.
+    ok(via, &["node", "remove", &lost]);
     drop(etcd);
 }

@@ -267,6 +267,16 @@ impl Manager {
             {
                 return Ok(());
             }
+            // A replica that left the volume: the reconcile deletes it.
+            Some(found)
+                if found
+                    .record
+                    .replication
+                    .as_ref()
+                    .is_some_and(|r| r.member(node).is_none()) =>
+            {
+                return Ok(());
+            }
             Some(found) if found.record.node.as_deref().is_some_and(|n| n != node) => {
                 log::error!(
                     "volume {name} of pool {pool} is also recorded on node {}: hosts see only one of them; rename or delete one",

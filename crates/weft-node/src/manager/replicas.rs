@@ -123,6 +123,48 @@ impl Manager {
         }
     }
 
+    /// Deletes the replicas this node holds that their records no longer
+    /// name (removed by `volume set --replicas`, or replaced while this
+    /// node was down): the primary no longer counts on them. Each failure
+    /// is logged and tried again at the next reconcile.
+    pub(super) fn drop_removed_replicas(&mut self, plane: &weft_target::DataPlane) {
+        let Some(node) = self.cluster_node.clone() else {
+            return;
+        };
+        let local: Vec<(String, String)> = self
+            .pools
+            .iter()
+            .flat_map(|(pool, p)| p.volumes().map(move |v| (pool.clone(), v.name.clone())))
+            .collect();
+        for (pool, name) in local {
+            let Ok(Some(found)) = self
+                .desired
+                .read::<VolumeRecord>(&format!("volumes/{name}"))
+            else {
+                continue;
+            };
+            let Some(replication) = &found.record.replication else {
+                continue;
+            };
+            if replication.member(&node).is_some() || replication.primary == node {
+                continue;
+            }
+            let dropped = self
+                .pool_mut(&pool)
+                .and_then(|p| Ok(p.check_deletable(&name)?))
+                .and_then(|()| self.discard_volume(&name, &pool, plane));
+            match dropped {
+                Ok(()) => log::info!(
+                    "volume {name}: this node's replica left the volume (primary {}); its copy in pool {pool} is deleted",
+                    replication.primary
+                ),
+                Err(error) => log::warn!(
+                    "volume {name}: this node's replica left the volume, but its copy in pool {pool} cannot be deleted: {error}"
+                ),
+            }
+        }
+    }
+
     /// How this node serves a volume with `record`: its own group, with
     /// the state the record gives this node's replica.
     pub(super) fn ana_of(&self, record: &VolumeRecord) -> AnaConfig {

@@ -17,6 +17,7 @@
 
 use super::Event;
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
 use std::sync::Arc;
 use std::time::Duration;
@@ -71,6 +72,9 @@ pub(crate) struct LinkTarget {
     pub(crate) block_size: u32,
     /// The volume's regions (the size of the intent).
     pub(crate) regions: u32,
+    /// The last attach failed and was logged: the next failures are not
+    /// (a node down for long would fill the log every few seconds).
+    pub(crate) unreachable: Arc<AtomicBool>,
 }
 
 /// A running session; dropping it ends the session once its thread
@@ -144,12 +148,19 @@ impl Session {
         };
         let (controller, queue) = match attach_patiently(&target, token) {
             Ok(Attached::Fenced { connection, reply }) => {
+                if target.unreachable.swap(false, Ordering::Relaxed) {
+                    log::info!("replica on node {}: reached again", target.name);
+                }
                 report(reply);
                 *connection
             }
             Ok(Attached::Refused(reply)) => return report(reply),
             Err(error) => {
-                log::info!("replica on node {}: {error}", target.name);
+                if target.unreachable.swap(true, Ordering::Relaxed) {
+                    log::debug!("replica on node {}: {error}", target.name);
+                } else {
+                    log::info!("replica on node {}: {error} (tried again every second; logged again once reached)", target.name);
+                }
                 return report(refused);
             }
         };

@@ -119,9 +119,11 @@ pub(crate) fn start(setup: ReplicatorSetup) -> std::io::Result<ReplicatorHandle>
         .name(format!("replicator-{}", setup.volume))
         .spawn(move || {
             let volume = setup.volume.clone();
+            let manager = setup.manager.clone();
             match Replicator::begin(setup, events, path.clone()) {
                 Ok(Some(mut replicator)) => replicator.run(&inbox),
-                Ok(None) => {}
+                // Not now: the record is read again at the next reconcile.
+                Ok(None) => std::thread::sleep(Duration::from_millis(200)),
                 Err(error) => {
                     log::warn!("volume {volume}: cannot serve as primary yet: {error}");
                     // The manager starts another at its next reconcile.
@@ -137,6 +139,9 @@ pub(crate) fn start(setup: ReplicatorSetup) -> std::io::Result<ReplicatorHandle>
                 }
             }
             finished.store(true, Ordering::Release);
+            // Once it shows finished: the reconcile starts another replicator
+            // if the record still names this node primary (its members changed).
+            manager.notify(AdminOp::Reconcile);
         })?;
     Ok(handle)
 }
@@ -233,6 +238,7 @@ impl Replicator {
             options: connect.clone(),
             block_size: u64::from(replication.block_size) as u32,
             regions: intent.intent().regions(),
+            unreachable: Arc::default(),
         };
         // The old primary's writes stop here too (session 0 of this epoch).
         match super::link::fence_own(&own_target, replication.epoch) {
@@ -271,6 +277,7 @@ impl Replicator {
                 let target = LinkTarget {
                     node,
                     name: member.node.clone(),
+                    unreachable: Arc::default(),
                     ..own_target.clone()
                 };
                 (node, target)
@@ -361,7 +368,6 @@ impl Replicator {
                 self.volume
             );
         }
-        self.manager.notify(AdminOp::Reconcile);
     }
 
     /// Tells the data plane (and the manager, for ANA) whether it serves.

@@ -1,0 +1,95 @@
+//! Changing a replicated volume's replicas through the API:
+//! `PATCH volumes/{volume}/replicas` (`{"count": N}`) adds replicas on
+//! other nodes (built in full in the background: `volume show` tells their
+//! progress) or removes the least useful ones. Any node serves it: it is a
+//! change of the volume record (`weft_cluster::replica_members`), which the
+//! primary and the replicas' nodes carry out.
+
+use crate::cluster::{placement_failure, store_failure, Cluster};
+use crate::{failure, Response};
+use serde::Deserialize;
+use serde_json::json;
+use weft_cluster::replica_members::{set_replica_count, ReplicaChangeError, REPLICAS_MAX};
+use weft_control::records::read;
+use weft_control::VolumeRecord;
+
+/// The body of `PATCH volumes/{volume}/replicas`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Count {
+    count: usize,
+}
+
+impl Cluster {
+    /// Gives `volume` the number of replicas `body` asks for.
+    pub(crate) fn set_replicas(&self, volume: &str, body: &[u8]) -> Response {
+        let Count { count } = match crate::parse(body) {
+            Ok(count) => count,
+            Err(response) => return response,
+        };
+        let store = self.store().as_ref();
+        let change = match set_replica_count(store, volume, count) {
+            Ok(change) => change,
+            Err(error) => return replica_change_failure(&error),
+        };
+        let replicas = match read::<VolumeRecord>(store, &format!("volumes/{volume}")) {
+            Ok(found) => found
+                .and_then(|f| f.record.replication)
+                .map(|r| r.members)
+                .unwrap_or_default(),
+            Err(error) => return store_failure(&error),
+        };
+        let replicas: Vec<_> = replicas
+            .iter()
+            .map(|m| json!({"node": m.node, "pool": m.pool}))
+            .collect();
+        let added: Vec<_> = change
+            .added
+            .iter()
+            .map(|p| json!({"node": p.node, "pool": p.pool}))
+            .collect();
+        (
+            200,
+            json!({"replicas": replicas, "added": added, "removed": change.removed}),
+        )
+    }
+}
+
+/// The HTTP answer to a refused change of replicas.
+pub(crate) fn replica_change_failure(error: &ReplicaChangeError) -> Response {
+    let message = error.to_string();
+    match error {
+        ReplicaChangeError::NotFound(_) => failure(
+            404,
+            "not_found",
+            &message,
+            "`weft volume list` shows the volumes",
+        ),
+        ReplicaChangeError::NotReplicated(_) => failure(
+            400,
+            "not_replicated",
+            &message,
+            "create a new volume with --replicas and copy the data over",
+        ),
+        ReplicaChangeError::Count(_) => failure(
+            400,
+            "invalid",
+            &message,
+            &format!("give --replicas 1 to {REPLICAS_MAX}"),
+        ),
+        ReplicaChangeError::PrimaryDown { .. } => failure(
+            409,
+            "primary_down",
+            &message,
+            "wait until `weft volume show` names a primary on an up node, then try again",
+        ),
+        ReplicaChangeError::HoldsPrimary { .. } => failure(
+            409,
+            "holds_primary",
+            &message,
+            "move the primary away (`weft node drain`), or start the node again",
+        ),
+        ReplicaChangeError::Placement(error) => placement_failure(error),
+        ReplicaChangeError::Store(error) => store_failure(error),
+    }
+}

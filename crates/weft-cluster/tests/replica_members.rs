@@ -1,0 +1,189 @@
+//! Adding, removing and replacing a replicated volume's replicas on the
+//! in-memory store with a manual clock: deterministic, no sleeps.
+
+use std::sync::Arc;
+use std::time::Duration;
+use weft_cluster::membership::{Member, MemberConfig, NodeStatus};
+use weft_cluster::replica_members::{
+    replace_lost_replicas, replace_replicas_on, set_replica_count, ReplicaChangeError,
+};
+use weft_cluster::{nodes, PoolSummary};
+use weft_control::records::{encode, read};
+use weft_control::{
+    Change, ManualClock, MemoryStore, ReplicaRecord, ReplicaState, ReplicationRecord, Store, Txn,
+    VolumeRecord,
+};
+
+const TTL: Duration = Duration::from_secs(5);
+
+fn store() -> (Arc<dyn Store>, Arc<ManualClock>) {
+    let clock = Arc::new(ManualClock::default());
+    (Arc::new(MemoryStore::with_clock(clock.clone())), clock)
+}
+
+fn status() -> NodeStatus {
+    NodeStatus {
+        pools: vec![PoolSummary {
+            name: "p".into(),
+            capacity_bytes: 1 << 30,
+            allocated_bytes: 0,
+            provisioned_bytes: 0,
+            failed: false,
+        }],
+        volumes: 0,
+    }
+}
+
+/// Nodes n1..n4 up with a pool each; n1 is the controller.
+fn cluster(store: &Arc<dyn Store>) -> Vec<Member> {
+    (1..=4)
+        .map(|i| {
+            let name = format!("n{i}");
+            let config = MemberConfig {
+                name: name.clone(),
+                node_id: format!("id{i}"),
+                nvme: vec![format!("127.0.0.1:442{i}")],
+                peer_nvme: Vec::new(),
+                api: format!("http://127.0.0.1:944{i}"),
+                zone: None,
+                lease_ttl: TTL,
+            };
+            let mut member = Member::join(store.clone(), config, None, "c1", 0).unwrap();
+            member.heartbeat(&status(), 0).unwrap();
+            member
+        })
+        .collect()
+}
+
+/// Volume "db" on n1 (primary) and n2, both in sync.
+fn volume(store: &Arc<dyn Store>) {
+    let member = |node: &str| ReplicaRecord {
+        node: node.into(),
+        pool: "p".into(),
+        state: ReplicaState::InSync,
+    };
+    let record = VolumeRecord {
+        id: "ab".into(),
+        node: Some("n1".into()),
+        pool: Some("p".into()),
+        replication: Some(ReplicationRecord {
+            epoch: 1,
+            primary: "n1".into(),
+            members: vec![member("n1"), member("n2")],
+            size_bytes: 1 << 20,
+            block_size: 4096,
+            thick: false,
+            move_to: None,
+            previous: None,
+        }),
+        ..VolumeRecord::default()
+    };
+    let txn = Txn {
+        conditions: vec![],
+        changes: vec![Change::put("volumes/db".to_string(), encode(&record))],
+    };
+    store.commit(txn).unwrap();
+}
+
+fn members(store: &Arc<dyn Store>) -> Vec<(String, ReplicaState)> {
+    let found = read::<VolumeRecord>(store.as_ref(), "volumes/db")
+        .unwrap()
+        .unwrap();
+    let replication = found.record.replication.unwrap();
+    replication
+        .members
+        .into_iter()
+        .map(|m| (m.node, m.state))
+        .collect()
+}
+
+#[test]
+fn replicas_are_added_as_never_in_sync_and_removed_least_useful_first() {
+    let (store, _) = store();
+    let _members = cluster(&store);
+    volume(&store);
+    let change = set_replica_count(store.as_ref(), "db", 3).unwrap();
+    assert_eq!(change.added.len(), 1);
+    let added = change.added[0].node.clone();
+    assert!(added == "n3" || added == "n4", "{added}");
+    let now = members(&store);
+    assert_eq!(now[2], (added.clone(), ReplicaState::Faulted { epoch: 0 }));
+    // Unchanged: nothing written.
+    let same = set_replica_count(store.as_ref(), "db", 3).unwrap();
+    assert!(same.added.is_empty() && same.removed.is_empty());
+    // Down to one: the faulted (new) one first, then the other; never the primary.
+    let change = set_replica_count(store.as_ref(), "db", 1).unwrap();
+    assert_eq!(change.removed, vec![added, "n2".to_string()]);
+    assert_eq!(members(&store), vec![("n1".into(), ReplicaState::InSync)]);
+    assert!(matches!(
+        set_replica_count(store.as_ref(), "db", 4),
+        Err(ReplicaChangeError::Count(4))
+    ));
+    assert!(matches!(
+        set_replica_count(store.as_ref(), "nope", 2),
+        Err(ReplicaChangeError::NotFound(_))
+    ));
+}
+
+#[test]
+fn a_replica_down_past_the_delay_is_replaced_only_while_the_primary_is_up() {
+    let (store, clock) = store();
+    let mut members = cluster(&store);
+    volume(&store);
+    // n2 stops heartbeating; the others go on.
+    let beat = |members: &mut Vec<Member>, ms: u64| {
+        for member in members.iter_mut().filter(|m| m.name() != "n2") {
+            member.heartbeat(&status(), ms).unwrap();
+        }
+    };
+    clock.advance(Duration::from_secs(3));
+    beat(&mut members, 3000);
+    clock.advance(Duration::from_secs(3));
+    beat(&mut members, 6000);
+    let controller = members[0].lease();
+    nodes::note_down_nodes(store.as_ref(), controller, 6000).unwrap();
+    let replaced = replace_lost_replicas(store.as_ref(), controller, 7000, 10_000).unwrap();
+    assert!(replaced.is_empty(), "not down long enough yet");
+    let replaced = replace_lost_replicas(store.as_ref(), controller, 16_000, 10_000).unwrap();
+    assert_eq!(replaced.len(), 1);
+    let change = replaced[0].1.as_ref().unwrap();
+    assert_eq!(change.removed, vec!["n2".to_string()]);
+    let now = members_of(&store);
+    assert_eq!(now.len(), 2);
+    assert!(now.iter().all(|n| n != "n2"), "{now:?}");
+    // Only the controller does it.
+    let n3 = members[2].lease();
+    assert!(replace_lost_replicas(store.as_ref(), n3, 99_000, 0)
+        .unwrap()
+        .is_empty());
+    // The primary's node down: no replica changes (a down primary and an
+    // in-sync replica: either may be the copy to come back).
+    for ms in [9000, 12_000] {
+        clock.advance(Duration::from_secs(3));
+        for member in members.iter_mut().skip(2) {
+            member.heartbeat(&status(), ms).unwrap();
+        }
+    }
+    let refused = set_replica_count(store.as_ref(), "db", 1).unwrap_err();
+    assert!(
+        matches!(refused, ReplicaChangeError::PrimaryDown { .. }),
+        "{refused}"
+    );
+}
+
+#[test]
+fn a_lost_node_cannot_give_up_a_primary() {
+    let (store, _) = store();
+    let _members = cluster(&store);
+    volume(&store);
+    let refused = replace_replicas_on(store.as_ref(), "n1").unwrap_err();
+    assert!(matches!(refused, ReplicaChangeError::HoldsPrimary { .. }));
+    assert!(refused.to_string().contains("move-primary"), "{refused}");
+    let replaced = replace_replicas_on(store.as_ref(), "n2").unwrap();
+    assert_eq!(replaced[0].0, "db");
+    assert!(members_of(&store).iter().all(|n| n != "n2"));
+}
+
+fn members_of(store: &Arc<dyn Store>) -> Vec<String> {
+    members(store).into_iter().map(|(node, _)| node).collect()
+}
