@@ -10,6 +10,8 @@
 # fio writes to it while its primary's node is killed (kill -9, on the guest's request through
 # the share: REQUEST files "kill nI" / "start nI", answered with REQUEST.done): the host's
 # multipath resumes on the promoted replica with no I/O error, and everything written reads back.
+# Then the same through a hung primary (SIGSTOP/SIGCONT: "stop nI" / "cont nI"), a replica's
+# death, a node drain, and ext4 on the volume through a kill mid-write.
 # Usage: harness/cluster-interop.sh [--weft BIN]   (as root; the guest image is built once)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -78,10 +80,13 @@ cli volume show rep
 serve_requests() {
     while sleep 0.2; do
         [ -e "$SHARE/REQUEST" ] || continue
-        read -r verb name < "$SHARE/REQUEST"
+        # Written whole by a rename; a read that fails is tried again.
+        read -r verb name < "$SHARE/REQUEST" || continue
         rm -f "$SHARE/REQUEST"
         case "$verb" in
             kill) kill -9 "${PID_OF[$name]}" && echo "cluster-interop: killed $name" ;;
+            stop) kill -STOP "${PID_OF[$name]}" && echo "cluster-interop: stopped $name" ;;
+            cont) kill -CONT "${PID_OF[$name]}" && echo "cluster-interop: continued $name" ;;
             start) node "${name#n}"; PID_OF[$name]=${PIDS[-1]}; echo "cluster-interop: started $name" ;;
         esac
         touch "$SHARE/REQUEST.done"
@@ -92,10 +97,12 @@ PIDS+=($!)
 
 echo "cluster-interop: etcd $ENDPOINTS, nodes on 127.0.0.1:$NVME_PORT-$((NVME_PORT + 2)) (API $API_PORT-$((API_PORT + 2))); console -> $WORK/run.log"
 set +e
-harness/vm/vm-run.sh -n slirp -s "$SHARE" -c 2 -t 900 -e "WEFT_PORT=$NVME_PORT" \
+harness/vm/vm-run.sh -n slirp -s "$SHARE" -c 2 -t 1500 -e "WEFT_PORT=$NVME_PORT" \
     -e "WEFT_API_PORT=$API_PORT" harness/guest/cluster.sh 2>&1 | tee "$WORK/run.log"
 rc=${PIPESTATUS[0]}
 set -e
+echo "cluster-interop: rebuilds, as the primaries logged them:"
+grep -h "rebuilt:" "$WORK"/n*.log | sed 's/^/  /' || true
 panics=$(grep -lE "panicked at|fatal runtime error" "$WORK"/n*.log || true)
 [ -z "$panics" ] || { echo "cluster-interop: panic in $panics"; rc=1; }
 [ "$rc" = 0 ] && grep -q '^cluster: PASS' "$SHARE/.lab/console.log" || { echo "cluster-interop: FAIL (guest exit $rc)"; exit 1; }

@@ -8,7 +8,9 @@
 # multipath device whose paths are one ANA optimized (its primary) and two inaccessible; a
 # failover: fio writes to `rep` while the host kills its primary's node (asked through the
 # share), without an I/O error, and reads everything back from the promoted replica; the
-# killed node restarts and is rebuilt; a persistent discovery connection gets a Discovery
+# killed node restarts and is rebuilt; the same through a hung primary (SIGSTOP, then
+# SIGCONT), a replica's death, a `node drain`, and with ext4 on it (fsck clean, synced files
+# intact after the primary's kill mid-write); a persistent discovery connection gets a Discovery
 # Log Page Change event when a fourth volume is attached; disconnect. Prints
 # "cluster: PASS" when every check passed.
 set -uo pipefail
@@ -93,7 +95,7 @@ weft_on() { # INDEX ARGS: the CLI against node INDEX's API (1-based)
 }
 request() { # VERB NODE: the host kills or starts a node; waits until it did
     rm -f "$LAB_SHARE/REQUEST.done"
-    echo "$1 $2" > "$LAB_SHARE/REQUEST"
+    echo "$1 $2" > "$LAB_SHARE/REQUEST.tmp" && mv "$LAB_SHARE/REQUEST.tmp" "$LAB_SHARE/REQUEST"
     for _ in $(seq 300); do [ -e "$LAB_SHARE/REQUEST.done" ] && return 0; sleep 0.2; done
     return 1
 }
@@ -181,6 +183,131 @@ if wait "$fio_pid"; then
 else
     fail "rep: fio during the move: $(tail -3 /tmp/fio-move.txt)"
 fi
+
+primary_via() { rep_field "$1" | awk '$2 == "primary" {print $1}'; }
+up_except() { # NODE: the index of another node (an API to ask while NODE is down)
+    local i
+    for i in 1 2 3; do [ "n$i" != "$1" ] && { echo "$i"; return; }; done
+}
+wait_in_sync() { # INDEX WANT: until `volume show` through node INDEX lists WANT in sync
+    local n=0
+    for _ in $(seq 90); do
+        n=$(rep_field "$1" | grep -c "in-sync")
+        [ "$n" = "$2" ] && return 0
+        sleep 1
+    done
+    echo "  $n in sync, want $2"; rep_field "$1" | sed 's/^/  /'; return 1
+}
+wait_paths_live() { # every path of rep live (the host reconnects every 10 s)
+    local live=0
+    for _ in $(seq 60); do
+        for subsys in /sys/class/nvme-subsystem/nvme-subsys*; do
+            [ "$(cat "$subsys/subsysnqn" 2>/dev/null)" = "nqn.2026-11.io.weft:vol:rep" ] || continue
+            live=$(cat "$subsys"/nvme[0-9]*/state 2>/dev/null | grep -c '^live$')
+        done
+        [ "$live" = 3 ] && return 0
+        sleep 0.5
+    done
+    return 1
+}
+wait_promotion() { # OLD INDEX: until a node other than OLD is primary; prints it
+    local now=''
+    for _ in $(seq 120); do
+        now=$(primary_via "$2")
+        [ -n "$now" ] && [ "$now" != "$1" ] && { echo "$now"; return 0; }
+        sleep 0.5
+    done
+    return 1
+}
+fio_under() { # NAME: fio writes to rep in the background (FIO_PID), verified later
+    dmesg -C
+    timeout 300 fio --name="$1" "${FIO_REP[@]}" --size=16m --rate_iops=200 --do_verify=0 \
+        --output-format=json > "/tmp/fio-$1.txt" 2>&1 &
+    FIO_PID=$!
+    sleep 3
+}
+fio_result() { # NAME WHAT: fio ended without an error, and what it wrote reads back
+    if wait "$FIO_PID"; then
+        ok "rep: fio wrote through $2 without an error (longest write $(max_write_ms "/tmp/fio-$1.txt") ms)"
+    else
+        fail "rep: fio during $2: $(tail -3 "/tmp/fio-$1.txt")"
+    fi
+    if timeout 300 fio --name="$1" "${FIO_REP[@]}" --size=16m --verify_only > "/tmp/fio-$1-verify.txt" 2>&1; then
+        ok "rep: everything fio wrote through $2 reads back"
+    else
+        fail "rep: verify after $2: $(tail -3 "/tmp/fio-$1-verify.txt")"
+    fi
+    dmesg | grep -qi "I/O error" && fail "kernel I/O errors during $2" || ok "no kernel I/O error during $2"
+}
+
+echo "=== a hung primary: its node stopped (SIGSTOP) while fio writes, continued after the failover"
+wait_paths_live || fail "rep: not every path live"
+hung=$(primary_via "$survivor")
+via=$(up_except "$hung")
+fio_under hung
+request stop "$hung" && ok "host stopped $hung (SIGSTOP)" || fail "stop $hung not done"
+promoted=$(wait_promotion "$hung" "$via") && ok "rep: $promoted promoted while $hung hangs" \
+    || fail "rep: no promotion while $hung hangs"
+request cont "$hung" && ok "host continued $hung (SIGCONT)" || fail "cont $hung not done"
+fio_result hung "a hung primary"
+dmesg | grep -iE "keep-alive|timeout|ana|reset" | tail -6 | sed 's/^/  kernel: /'
+wait_in_sync "$via" 3 && ok "rep: $hung back in sync (it stepped down when its lease lapsed)" \
+    || fail "rep: $hung not back in sync"
+
+echo "=== a replica's node killed while fio writes, restarted, partially rebuilt"
+wait_paths_live || fail "rep: not every path live"
+primary=$(primary_via "$via")
+victim=''
+for i in 1 2 3; do [ "n$i" != "$primary" ] && victim=n$i; done
+via=$(up_except "$victim")
+fio_under secondary
+request kill "$victim" && ok "host killed $victim, a replica (kill -9)" || fail "kill $victim not done"
+sleep 3
+request start "$victim" && ok "host restarted $victim" || fail "restart $victim not done"
+fio_result secondary "a replica's death"
+wait_in_sync "$via" 3 && ok "rep: $victim rebuilt (the harness prints what was copied), in sync" \
+    || fail "rep: $victim not back in sync"
+
+echo "=== node drain of the primary's node while fio writes"
+wait_paths_live || fail "rep: not every path live"
+primary=$(primary_via "$via")
+fio_under drain
+drained=$(weft_on "$via" node drain "$primary" 2>&1)
+echo "  $drained"
+now=$(primary_via "$via")
+[ -n "$now" ] && [ "$now" != "$primary" ] && ok "rep: drained $primary, $now is primary" \
+    || fail "rep: drain of $primary: $drained"
+fio_result drain "a drain"
+weft_on "$via" node uncordon "$primary" > /dev/null || fail "uncordon $primary"
+
+echo "=== ext4 on rep: the primary killed mid-write; fsck clean, synced files intact"
+wait_paths_live || fail "rep: not every path live"
+primary=$(primary_via "$via")
+via=$(up_except "$primary")
+mkdir -p /mnt/rep
+if mkfs.ext4 -q -F "/dev/$rep_dev" && mount "/dev/$rep_dev" /mnt/rep; then
+    for i in $(seq 8); do head -c 1M /dev/urandom > "/mnt/rep/synced$i"; done
+    sync
+    (cd /mnt/rep && sha256sum synced*) > /tmp/synced.sha256
+    ( for i in $(seq 40); do head -c 256K /dev/urandom > "/mnt/rep/more$i" && sync "/mnt/rep/more$i" || exit 1; done ) \
+        > /tmp/writer.txt 2>&1 &
+    writer=$!
+    sleep 2
+    dmesg -C
+    request kill "$primary" && ok "host killed $primary mid-write" || fail "kill $primary not done"
+    wait_promotion "$primary" "$via" > /dev/null && ok "rep: a replica promoted" || fail "rep: no promotion"
+    wait "$writer" && ok "rep: the writer carried on through the failover" || fail "rep: writer: $(cat /tmp/writer.txt)"
+    umount /mnt/rep || fail "umount"
+    if fsck.ext4 -fn "/dev/$rep_dev" > /tmp/fsck.txt 2>&1; then ok "fsck.ext4 -fn: clean"; else fail "fsck: $(tail -5 /tmp/fsck.txt)"; fi
+    mount "/dev/$rep_dev" /mnt/rep && (cd /mnt/rep && sha256sum -c --quiet /tmp/synced.sha256) \
+        && ok "every file synced before the kill matches its checksum" || fail "synced files differ"
+    umount /mnt/rep
+else
+    fail "mkfs.ext4 or mount of /dev/$rep_dev"
+fi
+dmesg | grep -qi "I/O error\|EXT4-fs error" && fail "kernel I/O or ext4 errors" || ok "no kernel I/O or ext4 error"
+request start "$primary" && ok "host restarted $primary" || fail "restart $primary not done"
+wait_in_sync "$via" 3 && ok "rep: $primary rebuilt, in sync" || fail "rep: $primary not back in sync"
 
 echo "=== a persistent discovery connection hears of a volume attached later"
 udevadm monitor --kernel --property > /tmp/uevents 2>&1 &

@@ -484,6 +484,11 @@ impl Cluster {
             Ok(replaced) => replaced,
             Err(error) => return crate::replicas::replica_change_failure(&error),
         };
+        for (volume, _) in &replaced {
+            if let Err(response) = self.await_retired(volume) {
+                return response;
+            }
+        }
         let held = |record: &VolumeRecord| match &record.replication {
             Some(replication) => replication.member(name).is_some(),
             None => record.node.as_deref() == Some(name),

@@ -1,15 +1,20 @@
 //! Changing a replicated volume's replicas through the API:
 //! `PATCH volumes/{volume}/replicas` (`{"count": N}`) adds replicas on
 //! other nodes (built in full in the background: `volume show` tells their
-//! progress) or removes the least useful ones. Any node serves it: it is a
-//! change of the volume record (`weft_cluster::replica_members`), which the
-//! primary and the replicas' nodes carry out.
+//! progress) or removes the least useful ones (the call waits until the
+//! primary has taken them out of its in-sync set and they left the record).
+//! Any node serves it: it is a change of the volume record
+//! (`weft_cluster::replica_members`), which the primary and the replicas'
+//! nodes carry out.
 
 use crate::cluster::{placement_failure, store_failure, Cluster};
 use crate::{failure, Response};
 use serde::Deserialize;
 use serde_json::json;
-use weft_cluster::replica_members::{set_replica_count, ReplicaChangeError, REPLICAS_MAX};
+use std::time::{Duration, Instant};
+use weft_cluster::replica_members::{
+    finish_retirements, set_replica_count, ReplicaChangeError, REPLICAS_MAX,
+};
 use weft_control::records::read;
 use weft_control::VolumeRecord;
 
@@ -32,6 +37,9 @@ impl Cluster {
             Ok(change) => change,
             Err(error) => return replica_change_failure(&error),
         };
+        if let Err(response) = self.await_retired(volume) {
+            return response;
+        }
         let replicas = match read::<VolumeRecord>(store, &format!("volumes/{volume}")) {
             Ok(found) => found
                 .and_then(|f| f.record.replication)
@@ -54,6 +62,33 @@ impl Cluster {
         )
     }
 }
+
+impl Cluster {
+    /// Waits until the replicas `volume` retires have left its record (the
+    /// primary takes them out of the in-sync set first).
+    pub(crate) fn await_retired(&self, volume: &str) -> Result<(), Response> {
+        let start = Instant::now();
+        loop {
+            match finish_retirements(self.store().as_ref(), volume) {
+                Ok(true) => return Ok(()),
+                Ok(false) if start.elapsed() < RETIRE_WAIT => std::thread::sleep(POLL),
+                Ok(false) => {
+                    return Err(failure(
+                        504,
+                        "retire_pending",
+                        &format!("the primary of {volume} has not taken the retired replicas out of its in-sync set within {RETIRE_WAIT:?}"),
+                        "they leave once it has (the cluster controller finishes it): `weft volume show` tells; is the primary's node up?",
+                    ))
+                }
+                Err(error) => return Err(store_failure(&error)),
+            }
+        }
+    }
+}
+
+/// How long a call waits for retired replicas to leave.
+const RETIRE_WAIT: Duration = Duration::from_secs(20);
+const POLL: Duration = Duration::from_millis(50);
 
 /// The HTTP answer to a refused change of replicas.
 pub(crate) fn replica_change_failure(error: &ReplicaChangeError) -> Response {

@@ -120,7 +120,8 @@ pub struct ReplicaView {
     pub pool: String,
     /// "primary" (serves hosts) or "replica".
     pub role: String,
-    /// "in-sync", "rebuilding" (being copied to) or "faulted" (to be rebuilt).
+    /// "in-sync", "rebuilding" (being copied to), "faulted" (to be rebuilt)
+    /// or "retiring" (being removed).
     pub state: String,
     /// While it is rebuilt: its progress.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -165,7 +166,9 @@ pub(crate) fn replica_views(
                 .iter()
                 .find(|(node, _)| *node == member.node)
                 .map(|(_, view)| view.clone());
+            let retiring = replication.retire.contains(&member.node);
             let state = match member.state {
+                _ if retiring => "retiring",
                 weft_control::ReplicaState::InSync => "in-sync",
                 weft_control::ReplicaState::Faulted { .. } if rebuild.is_some() => "rebuilding",
                 weft_control::ReplicaState::Faulted { .. } => "faulted",

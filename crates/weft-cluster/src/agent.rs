@@ -122,6 +122,7 @@ fn beat(
                 replace_after_ms,
             )?;
             note_replacements(replaced, unplaced);
+            replica_members::finish_all_retirements(store)?;
         }
         Ok(())
     });

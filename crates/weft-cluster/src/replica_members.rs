@@ -6,19 +6,24 @@
 //!
 //! A new replica enters the record faulted under epoch 0 (it never held
 //! anything): the primary rebuilds it in full, then puts it in sync itself.
-//! A removed one leaves the record, and its node deletes its copy when it
-//! sees that. Every change needs the primary's node up: the primary holds
-//! every acknowledged write, so a copy that may be the last complete one
-//! (a down primary's in-sync replica) is never dropped. The primary's
-//! replicator starts again on a change of members, under a new epoch, as
-//! after a restart (what the failover simulation covers): the host's I/O
-//! pauses for its fencing, well under a second.
+//! A replica to remove is retired (the record's `retire`): the primary
+//! takes it out of the in-sync set, flushing first if it is left the only
+//! copy in sync, and then it leaves the record ([`finish_retirements`], by
+//! whoever comes next: the call that asked, or the controller). Removing an
+//! in-sync replica outright could lose writes the primary acknowledged but
+//! had not flushed, if the primary then lost power: the simulation found it.
+//! Its node deletes its copy when it sees it gone. Changes are asked for
+//! only while the primary's node is up. The primary's replicator starts
+//! again on a change of members, under a new epoch, as after a restart
+//! (what the failover simulation covers): the host's I/O pauses for its
+//! fencing, well under a second.
 //!
 //! What this does not do: create, copy or delete any data (the nodes do).
 
 use crate::election;
 use crate::nodes::{self, NodeView};
 use crate::placement::{place_more, volumes_by_node, Placement, PlacementError, PlacementRequest};
+use crate::replicas::{replica_set, with_replica_set};
 use std::collections::BTreeMap;
 use weft_control::records::{encode, read, Versioned};
 use weft_control::{
@@ -73,7 +78,7 @@ pub enum ReplicaChangeError {
 pub struct ReplicaChange {
     /// New replicas (to be built in full).
     pub added: Vec<Placement>,
-    /// Nodes whose replicas left the volume.
+    /// Nodes whose replicas are retired (they leave the record once out of sync).
     pub removed: Vec<String>,
 }
 
@@ -86,9 +91,10 @@ impl ReplicaChange {
 /// A replacement of a volume's lost replicas, or why it found no place.
 pub type Replacement = (String, Result<ReplicaChange, ReplicaChangeError>);
 
-/// Gives `volume` `count` replicas: new ones placed on other nodes in other
-/// zones, or the least useful ones removed (faulted first, then those on
-/// down nodes; never the primary).
+/// Gives `volume` `count` replicas: replicas being retired are kept again
+/// first, then new ones placed on other nodes in other zones; or the least
+/// useful ones retired (faulted first, then those on down nodes; never the
+/// primary).
 pub fn set_replica_count(
     store: &dyn Store,
     volume: &str,
@@ -98,12 +104,30 @@ pub fn set_replica_count(
         return Err(ReplicaChangeError::Count(count));
     }
     change_members(store, volume, |replication, nodes| {
-        let members = replication.members.len();
-        let removed = removable(replication, nodes)
+        let staying = replication.members.len() - replication.retire.len();
+        if count >= staying {
+            let kept: Vec<String> = replication
+                .retire
+                .iter()
+                .take(count - staying)
+                .cloned()
+                .collect();
+            let added = count - staying - kept.len();
+            return Ok(Decision {
+                retire: Vec::new(),
+                keep: kept,
+                add: added,
+            });
+        }
+        let retire = removable(replication, nodes)
             .into_iter()
-            .take(members.saturating_sub(count))
+            .take(staying - count)
             .collect();
-        Ok((removed, count.saturating_sub(members)))
+        Ok(Decision {
+            retire,
+            keep: Vec::new(),
+            add: 0,
+        })
     })
 }
 
@@ -125,9 +149,16 @@ pub fn replace_replicas_on(
             });
         }
         let change = change_members(store, &volume, |replication, _| {
-            Ok(match replication.member(lost) {
-                Some(_) => (vec![lost.to_string()], 1),
-                None => (Vec::new(), 0),
+            let replace =
+                replication.member(lost).is_some() && !replication.retire.iter().any(|n| n == lost);
+            Ok(Decision {
+                retire: if replace {
+                    vec![lost.to_string()]
+                } else {
+                    Vec::new()
+                },
+                keep: Vec::new(),
+                add: usize::from(replace),
             })
         })?;
         if !change.is_empty() {
@@ -166,20 +197,30 @@ pub fn replace_lost_replicas(
             .members
             .iter()
             .filter(|m| m.node != replication.primary && lost(&m.node))
+            .filter(|m| !replication.retire.contains(&m.node))
             .map(|m| m.node.clone())
             .collect();
         if gone.is_empty() || !up(&nodes, &replication.primary) {
             continue;
         }
-        let outcome = change_members_as(store, &volume, Some(held), |replication, _| {
-            let still: Vec<String> = gone
-                .iter()
-                .filter(|node| replication.member(node).is_some())
-                .cloned()
-                .collect();
-            let replacements = still.len();
-            Ok((still, replacements))
-        });
+        let outcome = change_members_as(
+            store,
+            &volume,
+            Some(held),
+            &|replication: &ReplicationRecord, _: &BTreeMap<String, NodeView>| {
+                let still: Vec<String> = gone
+                    .iter()
+                    .filter(|node| replication.member(node).is_some())
+                    .filter(|node| !replication.retire.contains(node))
+                    .cloned()
+                    .collect();
+                Ok(Decision {
+                    add: still.len(),
+                    retire: still,
+                    keep: Vec::new(),
+                })
+            },
+        );
         match outcome {
             Ok(change) if change.is_empty() => {}
             // Changed meanwhile, or no longer the controller: next time.
@@ -191,7 +232,8 @@ pub fn replace_lost_replicas(
     Ok(outcomes)
 }
 
-/// The volume's non-primary replicas, the first to go first: faulted ones,
+/// The volume's non-primary replicas not being retired, the first to go
+/// first: faulted ones,
 /// then those on down nodes, then the rest; the last in the record first
 /// among equals.
 fn removable(replication: &ReplicationRecord, nodes: &BTreeMap<String, NodeView>) -> Vec<String> {
@@ -199,7 +241,7 @@ fn removable(replication: &ReplicationRecord, nodes: &BTreeMap<String, NodeView>
         .members
         .iter()
         .enumerate()
-        .filter(|(_, m)| m.node != replication.primary)
+        .filter(|(_, m)| m.node != replication.primary && !replication.retire.contains(&m.node))
         .collect();
     let rank = |m: &ReplicaRecord| match (m.state, up(nodes, &m.node)) {
         (ReplicaState::Faulted { .. }, _) => 0,
@@ -231,16 +273,35 @@ fn replicated_volumes(store: &dyn Store) -> Result<Vec<(String, ReplicationRecor
     Ok(volumes)
 }
 
-/// What a change decides from the record and the nodes: the nodes to drop
-/// and how many replicas to add.
-type Decision = Result<(Vec<String>, usize), ReplicaChangeError>;
+/// What a change decides from the record and the nodes.
+#[derive(Debug, Default)]
+struct Decision {
+    /// Replicas to retire.
+    retire: Vec<String>,
+    /// Replicas being retired to keep after all.
+    keep: Vec<String>,
+    /// How many new replicas to add.
+    add: usize,
+}
+
+impl Decision {
+    fn is_empty(&self) -> bool {
+        self.retire.is_empty() && self.keep.is_empty() && self.add == 0
+    }
+}
+
+type Decide<'a> = dyn Fn(&ReplicationRecord, &BTreeMap<String, NodeView>) -> Result<Decision, ReplicaChangeError>
+    + 'a;
 
 fn change_members(
     store: &dyn Store,
     volume: &str,
-    decide: impl Fn(&ReplicationRecord, &BTreeMap<String, NodeView>) -> Decision,
+    decide: impl Fn(
+        &ReplicationRecord,
+        &BTreeMap<String, NodeView>,
+    ) -> Result<Decision, ReplicaChangeError>,
 ) -> Result<ReplicaChange, ReplicaChangeError> {
-    change_members_as(store, volume, None, decide)
+    change_members_as(store, volume, None, &decide)
 }
 
 /// Applies `decide` to `volume`'s record by compare-and-swap (as the
@@ -250,7 +311,7 @@ fn change_members_as(
     store: &dyn Store,
     volume: &str,
     controller: Option<weft_control::Revision>,
-    decide: impl Fn(&ReplicationRecord, &BTreeMap<String, NodeView>) -> Decision,
+    decide: &Decide<'_>,
 ) -> Result<ReplicaChange, ReplicaChangeError> {
     let key = format!("volumes/{volume}");
     let attempts = if controller.is_some() {
@@ -267,8 +328,8 @@ fn change_members_as(
             .as_ref()
             .ok_or_else(|| ReplicaChangeError::NotReplicated(volume.to_string()))?;
         let nodes = nodes::list(store)?;
-        let (removed, added) = decide(replication, &nodes)?;
-        if removed.is_empty() && added == 0 {
+        let decision = decide(replication, &nodes)?;
+        if decision.is_empty() {
             return Ok(ReplicaChange::default());
         }
         if !up(&nodes, &replication.primary) {
@@ -277,7 +338,7 @@ fn change_members_as(
                 node: replication.primary.clone(),
             });
         }
-        let (next, change) = changed(store, &found, &nodes, &removed, added)?;
+        let (next, change) = changed(store, &found, &nodes, &decision)?;
         let mut conditions = vec![Condition::At(key.clone(), found.revision)];
         conditions.extend(controller.map(election::holds));
         let txn = Txn {
@@ -287,7 +348,7 @@ fn change_members_as(
         match store.commit(txn) {
             Ok(_) => {
                 log::info!(
-                    "volume {volume}: replicas added on {:?}, removed from {:?}",
+                    "volume {volume}: replicas added on {:?}, retired on {:?}",
                     change.added.iter().map(|p| &p.node).collect::<Vec<_>>(),
                     change.removed
                 );
@@ -300,33 +361,26 @@ fn change_members_as(
     Err(StoreError::Conflict { key }.into())
 }
 
-/// The record without the replicas on `removed`, with `added` new ones.
+/// The record with `decision` applied.
 fn changed(
     store: &dyn Store,
     found: &Versioned<VolumeRecord>,
     nodes: &BTreeMap<String, NodeView>,
-    removed: &[String],
-    added: usize,
+    decision: &Decision,
 ) -> Result<(VolumeRecord, ReplicaChange), ReplicaChangeError> {
     let mut record = found.record.clone();
     let replication = record.replication.as_mut().expect("replicated");
-    replication.members.retain(|m| !removed.contains(&m.node));
+    replication.retire.retain(|n| !decision.keep.contains(n));
+    replication.retire.extend(decision.retire.iter().cloned());
     if replication
         .move_to
         .as_ref()
-        .is_some_and(|to| removed.contains(to))
+        .is_some_and(|to| replication.retire.contains(to))
     {
         replication.move_to = None;
     }
-    if replication
-        .previous
-        .as_ref()
-        .is_some_and(|p| removed.contains(p))
-    {
-        replication.previous = None;
-    }
-    // The new ones go to zones none of the replicas kept or dropped is in
-    // (a dropped node may come back).
+    // The new ones go to zones none of the replicas (retired or not) is in:
+    // a retired node may come back.
     let taken: Vec<&str> = found
         .record
         .replication
@@ -341,20 +395,20 @@ fn changed(
         pool: None,
         volumes_by_node: &volumes,
     };
-    let placed = match place_more(nodes, request, &taken, added) {
-        Err(PlacementError::TooFewZones { .. }) if !removed.is_empty() => {
-            // Replacing: the dropped node's zone may take the new one.
-            let kept: Vec<&str> = replication
-                .members
+    let placed = match place_more(nodes, request, &taken, decision.add) {
+        Err(PlacementError::TooFewZones { .. }) if !decision.retire.is_empty() => {
+            // Replacing: the retired node's zone may take the new one.
+            let kept: Vec<&str> = taken
                 .iter()
-                .map(|m| m.node.as_str())
+                .copied()
+                .filter(|n| !decision.retire.iter().any(|r| r == n))
                 .collect();
-            let without_dropped: BTreeMap<String, NodeView> = nodes
+            let others: BTreeMap<String, NodeView> = nodes
                 .iter()
-                .filter(|(name, _)| !removed.contains(name))
+                .filter(|(name, _)| !decision.retire.contains(name))
                 .map(|(name, view)| (name.clone(), view.clone()))
                 .collect();
-            place_more(&without_dropped, request, &kept, added)?
+            place_more(&others, request, &kept, decision.add)?
         }
         placed => placed?,
     };
@@ -369,7 +423,57 @@ fn changed(
         record,
         ReplicaChange {
             added: placed,
-            removed: removed.to_vec(),
+            removed: decision.retire.clone(),
         },
     ))
+}
+
+/// Drops from `volume`'s record the retired replicas the primary took out
+/// of the in-sync set (anyone may: they hold nothing another copy lacks).
+/// Whether every replica retired is gone.
+pub fn finish_retirements(store: &dyn Store, volume: &str) -> Result<bool, StoreError> {
+    let key = format!("volumes/{volume}");
+    for _ in 0..CAS_ATTEMPTS {
+        let Some(found) = read::<VolumeRecord>(store, &key)? else {
+            return Ok(true);
+        };
+        let Some(replication) = &found.record.replication else {
+            return Ok(true);
+        };
+        let set = replica_set(replication);
+        let Some(next) = set.without_retired() else {
+            return Ok(replication.retire.is_empty());
+        };
+        let mut record = found.record.clone();
+        let left = with_replica_set(replication, &next);
+        let gone: Vec<&str> = replication
+            .members
+            .iter()
+            .map(|m| m.node.as_str())
+            .filter(|n| left.member(n).is_none())
+            .collect();
+        let done = left.retire.is_empty();
+        log::info!("volume {volume}: retired replicas on {gone:?} leave");
+        record.replication = Some(left);
+        let txn = Txn {
+            conditions: vec![Condition::At(key.clone(), found.revision)],
+            changes: vec![Change::put(key.clone(), encode(&record))],
+        };
+        match store.commit(txn) {
+            Ok(_) => return Ok(done),
+            Err(StoreError::Conflict { .. }) => continue,
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(false)
+}
+
+/// The controller's duty: [`finish_retirements`] of every volume.
+pub fn finish_all_retirements(store: &dyn Store) -> Result<(), StoreError> {
+    for (volume, replication) in replicated_volumes(store)? {
+        if !replication.retire.is_empty() {
+            finish_retirements(store, &volume)?;
+        }
+    }
+    Ok(())
 }

@@ -13,8 +13,8 @@ use crate::nodes::{self, NodeView};
 use std::collections::BTreeMap;
 use weft_control::records::{encode, read};
 use weft_control::{
-    Change, Condition, LeaseId, ReplicaState, ReplicationRecord, Store, StoreError, Txn,
-    VolumeRecord,
+    Change, Condition, LeaseId, ReplicaRecord, ReplicaState, ReplicationRecord, Store, StoreError,
+    Txn, VolumeRecord,
 };
 use weft_replication::{Epoch, Member, MemberState, NodeId, ReplicaSet};
 
@@ -43,24 +43,34 @@ pub fn replica_set(record: &ReplicationRecord) -> ReplicaSet {
             .collect(),
         move_to: record.move_to.as_deref().and_then(|n| node_id(record, n)),
         previous: record.previous.as_deref().and_then(|n| node_id(record, n)),
+        retire: record
+            .retire
+            .iter()
+            .filter_map(|n| node_id(record, n))
+            .collect(),
     }
 }
 
-/// `record` changed as `set` says (same members, same order).
+/// `record` changed as `set` says (its members, or some of them, in order).
 pub fn with_replica_set(record: &ReplicationRecord, set: &ReplicaSet) -> ReplicationRecord {
+    let name = |n: NodeId| node_name(record, n).to_string();
     let mut next = record.clone();
     next.epoch = set.epoch.0;
-    next.primary = node_name(record, set.primary).to_string();
-    next.move_to = set.move_to.map(|n| node_name(record, n).to_string());
-    next.previous = set.previous.map(|n| node_name(record, n).to_string());
-    for (index, member) in next.members.iter_mut().enumerate() {
-        if let Some(state) = set.state_of(NodeId(index as u16)) {
-            member.state = match state {
+    next.primary = name(set.primary);
+    next.move_to = set.move_to.map(name);
+    next.previous = set.previous.map(name);
+    next.retire = set.retire.iter().map(|&n| name(n)).collect();
+    next.members = set
+        .members
+        .iter()
+        .map(|member| ReplicaRecord {
+            state: match member.state {
                 MemberState::InSync => ReplicaState::InSync,
                 MemberState::Faulted { epoch } => ReplicaState::Faulted { epoch: epoch.0 },
-            };
-        }
-    }
+            },
+            ..record.members[usize::from(member.node.0)].clone()
+        })
+        .collect();
     next
 }
 
@@ -357,6 +367,7 @@ fn without_unclean(set: &ReplicaSet, me: NodeId, served_epoch: u64) -> Option<Re
         next.primary = other;
         next.previous = Some(me);
         next.move_to = None;
+        next.retire.retain(|&n| n != other);
         next.set_state(other, MemberState::InSync);
     }
     next.set_state(me, MemberState::Faulted { epoch: next.epoch });
@@ -413,6 +424,7 @@ mod tests {
             thick: false,
             move_to: None,
             previous: Some("n1".into()),
+            retire: Vec::new(),
         }
     }
 

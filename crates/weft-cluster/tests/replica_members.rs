@@ -5,7 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use weft_cluster::membership::{Member, MemberConfig, NodeStatus};
 use weft_cluster::replica_members::{
-    replace_lost_replicas, replace_replicas_on, set_replica_count, ReplicaChangeError,
+    finish_retirements, replace_lost_replicas, replace_replicas_on, set_replica_count,
+    ReplicaChangeError,
 };
 use weft_cluster::{nodes, PoolSummary};
 use weft_control::records::{encode, read};
@@ -75,6 +76,7 @@ fn volume(store: &Arc<dyn Store>) {
             thick: false,
             move_to: None,
             previous: None,
+            retire: Vec::new(),
         }),
         ..VolumeRecord::default()
     };
@@ -97,8 +99,35 @@ fn members(store: &Arc<dyn Store>) -> Vec<(String, ReplicaState)> {
         .collect()
 }
 
+/// What the primary does with a retired replica: takes it out of the in-sync set.
+fn fault(store: &Arc<dyn Store>, node: &str) {
+    let found = read::<VolumeRecord>(store.as_ref(), "volumes/db")
+        .unwrap()
+        .unwrap();
+    let mut record = found.record;
+    let replication = record.replication.as_mut().unwrap();
+    let member = replication
+        .members
+        .iter_mut()
+        .find(|m| m.node == node)
+        .unwrap();
+    member.state = ReplicaState::Faulted { epoch: 1 };
+    let txn = Txn {
+        conditions: vec![],
+        changes: vec![Change::put("volumes/db".to_string(), encode(&record))],
+    };
+    store.commit(txn).unwrap();
+}
+
+fn retiring(store: &Arc<dyn Store>) -> Vec<String> {
+    let found = read::<VolumeRecord>(store.as_ref(), "volumes/db")
+        .unwrap()
+        .unwrap();
+    found.record.replication.unwrap().retire
+}
+
 #[test]
-fn replicas_are_added_as_never_in_sync_and_removed_least_useful_first() {
+fn replicas_are_added_as_never_in_sync_and_retired_least_useful_first() {
     let (store, _) = store();
     let _members = cluster(&store);
     volume(&store);
@@ -111,9 +140,20 @@ fn replicas_are_added_as_never_in_sync_and_removed_least_useful_first() {
     // Unchanged: nothing written.
     let same = set_replica_count(store.as_ref(), "db", 3).unwrap();
     assert!(same.added.is_empty() && same.removed.is_empty());
-    // Down to one: the faulted (new) one first, then the other; never the primary.
+    // Down to one: the faulted (new) one first, then the other; never the
+    // primary. Retired: the faulted one leaves at once, the in-sync one
+    // once the primary took it out of the in-sync set.
     let change = set_replica_count(store.as_ref(), "db", 1).unwrap();
     assert_eq!(change.removed, vec![added, "n2".to_string()]);
+    assert!(!finish_retirements(store.as_ref(), "db").unwrap());
+    assert_eq!(members_of(&store), vec!["n1", "n2"]);
+    assert_eq!(retiring(&store), vec!["n2"]);
+    // Asked for two again meanwhile: n2 is kept, nothing is added.
+    let kept = set_replica_count(store.as_ref(), "db", 2).unwrap();
+    assert!(kept.added.is_empty() && retiring(&store).is_empty());
+    set_replica_count(store.as_ref(), "db", 1).unwrap();
+    fault(&store, "n2");
+    assert!(finish_retirements(store.as_ref(), "db").unwrap());
     assert_eq!(members(&store), vec![("n1".into(), ReplicaState::InSync)]);
     assert!(matches!(
         set_replica_count(store.as_ref(), "db", 4),
@@ -148,6 +188,15 @@ fn a_replica_down_past_the_delay_is_replaced_only_while_the_primary_is_up() {
     assert_eq!(replaced.len(), 1);
     let change = replaced[0].1.as_ref().unwrap();
     assert_eq!(change.removed, vec!["n2".to_string()]);
+    assert_eq!(change.added.len(), 1);
+    // Retired once: the next beats add nothing more.
+    assert!(
+        replace_lost_replicas(store.as_ref(), controller, 17_000, 10_000)
+            .unwrap()
+            .is_empty()
+    );
+    fault(&store, "n2");
+    assert!(finish_retirements(store.as_ref(), "db").unwrap());
     let now = members_of(&store);
     assert_eq!(now.len(), 2);
     assert!(now.iter().all(|n| n != "n2"), "{now:?}");
@@ -181,7 +230,8 @@ fn a_lost_node_cannot_give_up_a_primary() {
     assert!(refused.to_string().contains("move-primary"), "{refused}");
     let replaced = replace_replicas_on(store.as_ref(), "n2").unwrap();
     assert_eq!(replaced[0].0, "db");
-    assert!(members_of(&store).iter().all(|n| n != "n2"));
+    assert_eq!(retiring(&store), vec!["n2"]);
+    assert_eq!(members_of(&store).len(), 3, "a new replica beside");
 }
 
 fn members_of(store: &Arc<dyn Store>) -> Vec<String> {

@@ -124,6 +124,11 @@ pub struct ReplicationRecord {
     /// until then; a node promoted while it was down may give the role back).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub previous: Option<String>,
+    /// Replicas being removed: the primary takes each out of the in-sync
+    /// set (flushing first if it is left the only copy in sync), then it
+    /// leaves the record (`weft_replication::ReplicaSet::retire`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub retire: Vec<String>,
 }
 
 impl ReplicationRecord {

@@ -25,6 +25,8 @@ pub fn promote(record: &ReplicaSet, up: impl Fn(NodeId) -> bool) -> Option<Repli
     next.previous = Some(record.primary);
     next.move_to = None;
     next.set_state(record.primary, MemberState::Faulted { epoch: next.epoch });
+    // Being retired, it may have been the only other copy: it serves now.
+    next.retire.retain(|&node| node != candidate);
     Some(next)
 }
 

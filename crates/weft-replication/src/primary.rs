@@ -14,6 +14,9 @@
 //! **Active**, serving the host; **Deposed** as soon as it learns of a newer
 //! epoch, after which it completes nothing but with a path error.
 //!
+//! A change of the record's members deposes the primary too: its driver
+//! serves again under the next epoch with a new `Primary`.
+//!
 //! A planned move (the record's `move_to`): the primary stops taking host
 //! commands (ANA Transition), lets those in flight finish, and commits the
 //! next epoch with the target as primary itself; it stays an in-sync
@@ -367,6 +370,7 @@ impl Primary {
                 primary.send_fence(member.node, false, now);
             }
         }
+        primary.retire_links(now);
         primary.fencing_progress(now);
         primary
     }
@@ -679,6 +683,14 @@ impl Primary {
         if record.epoch != self.record.epoch || record.primary != self.config.me {
             return self.depose();
         }
+        // Replicas added or removed (by the operator or the controller):
+        // this primary stops, and the driver starts a new one under the
+        // next epoch, which fences the members it now has. Rather than
+        // grow or shrink live links: a change is rare, a restart is the
+        // path every failover takes already.
+        if !record.same_members(&self.record) {
+            return self.depose();
+        }
         if revision >= self.revision {
             self.revision = revision;
             self.record = record;
@@ -708,12 +720,31 @@ impl Primary {
             self.links.get_mut(&node).expect("a link").full = true;
             self.link_failed(node, now);
         }
+        self.retire_links(now);
         self.maybe_commit();
         let ops: Vec<OpId> = self.ops.keys().copied().collect();
         for op in ops {
             self.progress(op, now);
         }
         self.pump(now);
+    }
+
+    /// Stops writing to the replicas the record retires: the record then
+    /// takes them out of the in-sync set (after a local flush if this node
+    /// is left the only copy in sync), and whoever writes the record next
+    /// drops them.
+    fn retire_links(&mut self, now: Duration) {
+        let retired: Vec<NodeId> = self
+            .record
+            .retire
+            .iter()
+            .copied()
+            .filter(|&node| node != self.config.me)
+            .collect();
+        for node in retired {
+            self.link_failed(node, now);
+        }
+        self.maybe_commit();
     }
 
     /// The target of the move the record asks for, if this primary can
@@ -763,9 +794,14 @@ impl Primary {
     }
 
     /// The record this primary wants: its links' standing over the last one
-    /// seen, and a move it cannot make dropped.
+    /// seen, a move it cannot make dropped, and no previous primary.
     fn wanted_record(&self) -> ReplicaSet {
         let mut wanted = self.record.clone();
+        // The previous primary matters only while this epoch's primary
+        // never served (it lost power before): this one serves (its driver
+        // recorded the epoch before building it). Cleared, a retired
+        // previous primary may leave the record.
+        wanted.previous = None;
         if self.record.move_to.is_some() && self.move_target().is_none() {
             wanted.move_to = None;
         }
@@ -891,6 +927,7 @@ impl Primary {
                 .filter(|(&node, link)| {
                     matches!(link.state, LinkState::Down { retry_at } if now >= retry_at)
                         && !self.maybe_in_sync(node)
+                        && !self.record.retire.contains(&node)
                 })
                 .map(|(&node, _)| node)
                 .collect();

@@ -49,6 +49,14 @@ pub struct ReplicaSet {
     /// role back to it, the one copy known to hold every acknowledged write.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub previous: Option<NodeId>,
+    /// Replicas the operator (or the controller, for a lost node) removes.
+    /// An in-sync one cannot simply leave the record: it may hold the only
+    /// other copy of writes the primary acknowledged but has not flushed
+    /// (a power loss of the primary then loses them). The primary takes it
+    /// out of the in-sync set itself, flushing first if it is left the only
+    /// copy in sync; a faulted one then leaves the record, whoever writes it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub retire: Vec<NodeId>,
 }
 
 impl ReplicaSet {
@@ -68,7 +76,18 @@ impl ReplicaSet {
                 .collect(),
             move_to: None,
             previous: None,
+            retire: Vec::new(),
         }
+    }
+
+    /// Whether `other` names the same nodes as replicas (in any order,
+    /// whatever their standing).
+    pub fn same_members(&self, other: &ReplicaSet) -> bool {
+        self.members.len() == other.members.len()
+            && self
+                .members
+                .iter()
+                .all(|m| other.state_of(m.node).is_some())
     }
 
     /// The standing of `node`'s replica, if it holds one.
@@ -101,11 +120,55 @@ impl ReplicaSet {
         member.state = state;
     }
 
+    /// The record without the retired replicas that left the in-sync set
+    /// (none: nothing to drop).
+    pub fn without_retired(&self) -> Option<ReplicaSet> {
+        // Never the previous primary: it may hold writes the primary lost
+        // (a primary that lost power before it served gives it the role back).
+        let gone = |node: NodeId| {
+            node != self.primary
+                && Some(node) != self.previous
+                && self.retire.contains(&node)
+                && !self.is_in_sync(node)
+        };
+        if !self.members.iter().any(|m| gone(m.node)) {
+            return None;
+        }
+        let mut next = self.clone();
+        next.members.retain(|m| !gone(m.node));
+        next.retire.retain(|&node| !gone(node));
+        Some(next)
+    }
+
     /// The in-sync replicas other than the primary.
     pub fn in_sync_secondaries(&self) -> impl Iterator<Item = NodeId> + '_ {
         self.members
             .iter()
             .filter(|m| m.node != self.primary && m.state == MemberState::InSync)
             .map(|m| m.node)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_retired_replicas_out_of_sync_leave_and_never_the_previous_primary() {
+        let mut record = ReplicaSet::new(&[NodeId(0), NodeId(1), NodeId(2)]);
+        record.retire = vec![NodeId(1), NodeId(2)];
+        assert_eq!(record.without_retired(), None, "both still in sync");
+        record.set_state(NodeId(1), MemberState::Faulted { epoch: Epoch(1) });
+        record.set_state(NodeId(2), MemberState::Faulted { epoch: Epoch(1) });
+        record.previous = Some(NodeId(2));
+        let next = record.without_retired().unwrap();
+        assert!(next.state_of(NodeId(1)).is_none());
+        assert_eq!(
+            next.retire,
+            vec![NodeId(2)],
+            "it may hold writes the primary lost"
+        );
+        assert!(next.state_of(NodeId(2)).is_some());
+        assert!(!next.same_members(&record) && record.same_members(&record));
     }
 }

@@ -426,6 +426,7 @@ impl Node {
             next.primary = other;
             next.previous = Some(self.id);
             next.move_to = None;
+            next.retire.retain(|&n| n != other);
             next.set_state(other, MemberState::InSync);
         }
         next.set_state(self.id, MemberState::Faulted { epoch: next.epoch });

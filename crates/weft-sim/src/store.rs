@@ -9,7 +9,7 @@
 use crate::world::{Endpoint, Msg, Outbox, SimConfig, StoreReq, StoreResp};
 use std::collections::BTreeMap;
 use std::time::Duration;
-use weft_replication::{controller, NodeId, ReplicaSet};
+use weft_replication::{controller, Epoch, Member, MemberState, NodeId, ReplicaSet};
 
 pub struct Store {
     record: ReplicaSet,
@@ -19,6 +19,9 @@ pub struct Store {
     promotion_delay: Duration,
     /// Planned moves asked for, and done.
     pub moves: (u64, u64),
+    /// Replicas added and removed by the operator.
+    pub member_changes: u64,
+    nodes: Vec<NodeId>,
 }
 
 impl Store {
@@ -30,6 +33,8 @@ impl Store {
             lease_ttl: config.lease_ttl,
             promotion_delay: config.promotion_delay,
             moves: (0, 0),
+            member_changes: 0,
+            nodes: nodes.to_vec(),
         }
     }
 
@@ -91,8 +96,60 @@ impl Store {
         out.note(format!("r{}: move the primary to {target}", self.revision));
     }
 
-    /// The controller: promote when the primary's lease ended a promotion delay ago.
+    /// The operator removes a replica other than the primary (`weft volume
+    /// set --replicas`, keeping two), or adds one on a node that holds none
+    /// (faulted under epoch 0: never held anything); only while the
+    /// primary's lease holds, as weft-cluster's `replica_members` does. A
+    /// removed replica is retired: the primary takes it out of the in-sync
+    /// set, and [`Store::tick`] drops it then.
+    pub fn change_members(&mut self, pick: u64, now: Duration, out: &mut Outbox) {
+        if !self.up(self.record.primary, now) || self.record.move_to.is_some() {
+            return;
+        }
+        let outside: Vec<NodeId> = self
+            .nodes
+            .iter()
+            .copied()
+            .filter(|&n| self.record.state_of(n).is_none())
+            .collect();
+        let staying: Vec<NodeId> = self
+            .record
+            .members
+            .iter()
+            .map(|m| m.node)
+            .filter(|&n| n != self.record.primary && !self.record.retire.contains(&n))
+            .collect();
+        let mut next = self.record.clone();
+        if !outside.is_empty() && (staying.len() < 2 || pick.is_multiple_of(2)) {
+            let node = outside[(pick / 2) as usize % outside.len()];
+            next.members.push(Member {
+                node,
+                state: MemberState::Faulted { epoch: Epoch(0) },
+            });
+        } else if staying.len() >= 2 {
+            let node = staying[(pick / 2) as usize % staying.len()];
+            next.retire.push(node);
+        } else {
+            return;
+        }
+        self.revision += 1;
+        self.member_changes += 1;
+        out.note(format!("r{}: members change: {next:?}", self.revision));
+        self.record = next;
+    }
+
+    /// The controller: drop retired replicas once out of sync; promote when
+    /// the primary's lease ended a promotion delay ago.
     pub fn tick(&mut self, now: Duration, out: &mut Outbox) {
+        // Retired replicas the primary took out of the in-sync set leave.
+        if let Some(next) = self.record.without_retired() {
+            self.revision += 1;
+            out.note(format!(
+                "r{}: retired replicas leave: {next:?}",
+                self.revision
+            ));
+            self.record = next;
+        }
         let ended = self
             .lease_ends
             .get(&self.record.primary)

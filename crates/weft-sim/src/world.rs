@@ -74,6 +74,8 @@ pub struct Report {
     pub moves_asked: u64,
     /// Planned moves done by the primary handing over.
     pub moves_done: u64,
+    /// Replicas added or removed by the operator.
+    pub member_changes: u64,
     /// Longest time without any host completion while commands were outstanding.
     pub longest_pause: Duration,
 }
@@ -422,7 +424,11 @@ impl World {
             return Ok(false);
         }
         let record = self.store.record().clone();
-        let rebuilt = !self.nodes.iter().any(Node::is_unclean);
+        // Nodes the operator took out of the volume are never rebuilt.
+        let rebuilt = !record
+            .members
+            .iter()
+            .any(|m| self.nodes[m.node.0 as usize].is_unclean());
         if !rebuilt || record.members.iter().any(|m| !record.is_in_sync(m.node)) {
             return Ok(false);
         }
@@ -451,6 +457,7 @@ impl World {
         self.report.longest_pause = self.host.stats.longest_pause;
         self.report.promotions = record.epoch.0 - 1;
         (self.report.moves_asked, self.report.moves_done) = self.store.moves;
+        self.report.member_changes = self.store.member_changes;
         Ok(true)
     }
 
@@ -707,6 +714,13 @@ impl World {
                 let pick = self.rng.next_u64();
                 let mut out = Outbox::default();
                 self.store.ask_move(pick, &mut out);
+                self.flush_outbox(Endpoint::Store, out);
+            }
+            10 if self.rng.chance(300_000) => {
+                let pick = self.rng.next_u64();
+                let now = self.now;
+                let mut out = Outbox::default();
+                self.store.change_members(pick, now, &mut out);
                 self.flush_outbox(Endpoint::Store, out);
             }
             _ => {

@@ -18,7 +18,7 @@ fn seeds() {
     let count = env_u64("WEFT_SIM_SEEDS").unwrap_or(200);
     let base = env_u64("WEFT_SIM_SEED_BASE").unwrap_or(0);
     let config = SimConfig::default();
-    let mut totals = (0, 0, 0, 0, std::time::Duration::ZERO, 0, 0, 0);
+    let mut totals = (0, 0, 0, 0, std::time::Duration::ZERO, 0, 0, 0, 0);
     for seed in base..base + count {
         match run(seed, &config) {
             Ok(report) => {
@@ -30,13 +30,14 @@ fn seeds() {
                 totals.5 += report.moves_asked;
                 totals.6 += report.moves_done;
                 totals.7 += report.power_losses;
+                totals.8 += report.member_changes;
             }
             Err(failure) => panic!("{failure}"),
         }
     }
     println!(
-        "{count} seeds from {base}: {} writes and {} reads checked, {} faults ({} power losses), {} new epochs ({} of {} planned moves done), longest host pause {:?}",
-        totals.0, totals.1, totals.3, totals.7, totals.2, totals.6, totals.5, totals.4
+        "{count} seeds from {base}: {} writes and {} reads checked, {} faults ({} power losses), {} new epochs ({} of {} planned moves done), {} replicas added or removed, longest host pause {:?}",
+        totals.0, totals.1, totals.3, totals.7, totals.2, totals.6, totals.5, totals.8, totals.4
     );
 }
 

@@ -73,6 +73,7 @@ impl Manager {
             thick: spec.thick,
             move_to: None,
             previous: None,
+            retire: Vec::new(),
         }))
     }
 

@@ -57,6 +57,16 @@ impl Tracker {
         }
     }
 
+    /// Regions to copy in all (the most seen).
+    pub(crate) fn total(&self) -> u32 {
+        self.total
+    }
+
+    /// Since it began.
+    pub(crate) fn elapsed(&self) -> std::time::Duration {
+        self.started.elapsed()
+    }
+
     /// The status with `left` regions of `region_bytes` still to copy.
     pub(crate) fn status(&mut self, replica: &str, left: u32, region_bytes: u64) -> RebuildStatus {
         self.total = self.total.max(left);

@@ -395,6 +395,11 @@ impl Replicator {
                 self.primary.committed(revision, replica_set(&record), now);
                 self.adopt(revision, record);
             }
+            // Its members changed (the core numbers them by their place):
+            // another replicator's job, as for a record seen changed.
+            Event::CommitFailed(Some((_, record))) if !same_members(&record, &self.replication) => {
+                self.gone = true
+            }
             Event::CommitFailed(current) => {
                 let current = current.map(|(revision, record)| {
                     let set = replica_set(&record);
@@ -565,7 +570,17 @@ impl Replicator {
             let rebuilding = state == "rebuilding" || (state == "fencing" && faulted);
             let left = self.primary.dirty_regions(node);
             let Some(left) = left.filter(|_| rebuilding) else {
-                self.trackers.remove(&node);
+                let ended = self.trackers.remove(&node);
+                if let Some(tracker) = ended.filter(|_| matches!(state, "joining" | "in-sync")) {
+                    let name = weft_cluster::replicas::node_name(&self.replication, node);
+                    log::info!(
+                        "volume {}: replica on {name} rebuilt: {} MiB copied of {} MiB in {:.1} s",
+                        self.volume,
+                        (u64::from(tracker.total()) * region_bytes) >> 20,
+                        self.replication.size_bytes >> 20,
+                        tracker.elapsed().as_secs_f64()
+                    );
+                }
                 continue;
             };
             let tracker = self
