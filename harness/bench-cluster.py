@@ -36,9 +36,11 @@ def quantile(values, q):
 
 
 class Cluster:
-    def __init__(self, weft, work):
+    def __init__(self, weft, work, cluster_toml=""):
         self.weft = weft
         self.work = work
+        # More lines of each node's [cluster] table (e.g. "lease_ttl_ms = 3000").
+        self.cluster_toml = cluster_toml
         self.processes = []
         self.etcd_url = "http://127.0.0.1:23791"
         self.nodes = []
@@ -65,6 +67,12 @@ class Cluster:
                     "--reactors", "1"]
             if index > 0:
                 args += ["--api-token-file", os.path.join(self.work, "n1", "api-token")]
+            if self.cluster_toml:
+                config = os.path.join(self.work, f"{name}.toml")
+                with open(config, "w") as out:
+                    out.write(f'[cluster]\nendpoints = ["{self.etcd_url}"]\nnode = "{name}"\n'
+                              f"{self.cluster_toml}\n")
+                args += ["--config", config]
             log = open(os.path.join(self.work, f"{name}.log"), "a")
             self.processes.append(subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log))
             node = {"name": name, "api": f"http://127.0.0.1:{15700 + index}",

@@ -8,12 +8,17 @@ in one run, loaded by `weft bench` (weft's initiator) as the same host:
     and QD32 (IOPS: the ratio of three copies to one), alternated per round;
   - a full rebuild: a replica whose node "rebooted" (its write intent names
     another boot) is rebuilt at the node's default limit; bytes, seconds, rate;
-  - a planned move: `volume move-primary`, request to answer, in ms.
+  - a planned move: `volume move-primary`, request to answer, in ms;
+  - unplanned failovers: the primary's node killed (SIGKILL) N times, each
+    time the pause until a write succeeds on the new primary (the host tries
+    every node in turn, as multipath does), p50 and max; the node restarts
+    and is rebuilt before the next.
 
 Prints a table and writes JSON (default .cache/bench/replication/result.json).
 
 Usage: harness/bench-replication.py [--weft target/release/weft] [--runtime 5s]
-       [--rounds 3] [--json FILE]     (a benchmark: outside CI; --runtime 1s --rounds 1 is the smoke)
+       [--rounds 3] [--failovers 20] [--lease-ms MS] [--json FILE]
+       (a benchmark: outside CI; --runtime 1s --rounds 1 --failovers 1 is the smoke)
 """
 
 import argparse
@@ -64,12 +69,15 @@ def main():
     parser.add_argument("--weft", default=os.path.join(ROOT, "target/release/weft"))
     parser.add_argument("--runtime", default="5s")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--failovers", type=int, default=20)
+    parser.add_argument("--lease-ms", type=int, help="the nodes' lease_ttl_ms (default weft's)")
     parser.add_argument("--json", default=os.path.join(ROOT, ".cache/bench/replication/result.json"))
     args = parser.parse_args()
     work = os.path.join(ROOT, ".cache/bench/replication/run")
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
-    cluster = load_cluster()(args.weft, work)
+    lease = f"lease_ttl_ms = {args.lease_ms}" if args.lease_ms else ""
+    cluster = load_cluster()(args.weft, work, lease)
     try:
         cluster.start()
         n1 = cluster.nodes[0]
@@ -101,6 +109,7 @@ def main():
             }
         rebuild = measure_rebuild(cluster, work)
         move_ms = measure_move(cluster)
+        pauses = [measure_failover(cluster, work) for _ in range(args.failovers)]
     finally:
         cluster.stop()
     result = {
@@ -108,6 +117,7 @@ def main():
         "qd1_write_adder_us": figures["rep_qd1"]["mean_us"] - figures["single_qd1"]["mean_us"],
         "qd32_write_ratio": figures["rep_qd32"]["iops"] / figures["single_qd32"]["iops"],
         "rebuild": rebuild, "move_primary_ms": move_ms,
+        "lease_ttl_ms": args.lease_ms or 5000, "failover_pauses_s": pauses,
     }
     os.makedirs(os.path.dirname(args.json), exist_ok=True)
     with open(args.json, "w") as out:
@@ -124,6 +134,10 @@ def main():
     print(f"full rebuild of a {SIZE >> 20} MiB replica: {rebuild['seconds']:.1f} s,"
           f" {rebuild['rate_mib_s']:.0f} MiB/s (limit {rebuild['limit_mib_s']} MiB/s)")
     print(f"planned move (move-primary, request to answer): {move_ms:.0f} ms")
+    if pauses:
+        print(f"unplanned failover, kill to the first write on the new primary, lease"
+              f" {result['lease_ttl_ms']} ms, {len(pauses)} kills: p50"
+              f" {statistics.median(pauses):.1f} s, max {max(pauses):.1f} s")
     print(f"(JSON: {args.json})")
 
 
@@ -152,6 +166,57 @@ def measure_rebuild(cluster, work):
     seconds = time.perf_counter() - start
     return {"bytes": SIZE, "seconds": seconds, "rate_mib_s": (SIZE >> 20) / seconds,
             "limit_mib_s": 256}
+
+
+def primary_of(cluster, via):
+    code, answer = cluster.call(via, "GET", "volumes/rep")
+    if code != 200:
+        return None
+    return next((r["node"] for r in answer.get("replicas") or [] if r["role"] == "primary"), None)
+
+
+def write_once(cluster, node):
+    """One 4k write to `rep` through `node`: whether it was acknowledged."""
+    url = f"nvme-tcp://{node['nvme']}/nqn.2026-11.io.weft:vol:rep"
+    done = subprocess.run(
+        [cluster.weft, "bench", "--target", url, "--hostnqn", HOST_NQN, "--rw", "randwrite",
+         "--bs", "4k", "--iodepth", "1", "--runtime", "20ms", "--size", "1MiB", "--json"],
+        capture_output=True, text=True)
+    return done.returncode == 0
+
+
+def measure_failover(cluster, work):
+    """Kills the primary's node; seconds until a write is acknowledged
+    again (through whichever node serves); then restarts the node and waits
+    until every replica is in sync."""
+    n1 = next(n for n in cluster.nodes if cluster.call(n, "GET", "stats")[0] == 200)
+    name = primary_of(cluster, n1)
+    victim = next(n for n in cluster.nodes if n["name"] == name)
+    others = [n for n in cluster.nodes if n is not victim]
+    process = cluster.processes[victim["process"]]
+    process.kill()
+    killed = time.perf_counter()
+    process.wait()
+    deadline = killed + 60
+    while time.perf_counter() < deadline:
+        if any(write_once(cluster, node) for node in others):
+            break
+        time.sleep(0.02)
+    else:
+        sys.exit(f"bench-replication: no write acknowledged within 60 s of killing {name}")
+    pause = time.perf_counter() - killed
+    log = open(os.path.join(work, f"{name}.log"), "a")
+    cluster.processes[victim["process"]] = subprocess.Popen(
+        victim["args"], stdout=subprocess.DEVNULL, stderr=log)
+    cluster.wait(lambda: cluster.call(victim, "GET", "stats")[0] == 200, f"{name} again")
+    cluster.wait(lambda: sum(r["state"] == "in-sync" for r in replicas_via(cluster, others[0])) == 3,
+                 f"{name} rebuilt", limit=120)
+    return pause
+
+
+def replicas_via(cluster, node):
+    code, answer = cluster.call(node, "GET", "volumes/rep")
+    return (answer.get("replicas") or []) if code == 200 else []
 
 
 def measure_move(cluster):
