@@ -20,8 +20,18 @@ use weft_control::Store;
 /// The running heartbeat; [`Agent::stop`] leaves the cluster.
 #[derive(Debug)]
 pub struct Agent {
-    stop: Sender<()>,
+    signals: Sender<Signal>,
     thread: JoinHandle<()>,
+}
+
+/// What the agent's thread is told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Signal {
+    /// Leave the cluster.
+    Stop,
+    /// A node's liveness record ended: beat now (as the controller, note it
+    /// down and promote) rather than at the next interval.
+    Wake,
 }
 
 impl Agent {
@@ -37,7 +47,7 @@ impl Agent {
         lease: Arc<LeaseClock>,
         replace_after: Duration,
     ) -> std::io::Result<Agent> {
-        let (stop, stopped) = mpsc::channel();
+        let (signals, received) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("cluster-agent".into())
             .spawn(move || {
@@ -52,9 +62,9 @@ impl Agent {
                     if beat(&mut member, store.as_ref(), &status(), &mut state) {
                         lease.renewed(sent, member.lease_ttl());
                     }
-                    match stopped.recv_timeout(interval) {
-                        Err(RecvTimeoutError::Timeout) => {}
-                        Ok(()) | Err(RecvTimeoutError::Disconnected) => break,
+                    match received.recv_timeout(interval) {
+                        Err(RecvTimeoutError::Timeout) | Ok(Signal::Wake) => {}
+                        Ok(Signal::Stop) | Err(RecvTimeoutError::Disconnected) => break,
                     }
                 }
                 let name = member.name().to_string();
@@ -63,12 +73,37 @@ impl Agent {
                     Err(error) => log::warn!("node {name} leaving the cluster: {error}"),
                 }
             })?;
-        Ok(Agent { stop, thread })
+        Ok(Agent { signals, thread })
+    }
+
+    /// Follows `changes` (keys changed in `store`, this node's copy of the
+    /// cluster's) on a thread of its own: when a node's liveness record
+    /// ends, the agent beats at once, so that the controller notes the node
+    /// down and promotes new primaries for its volumes without waiting up
+    /// to a heartbeat interval (a third of the lease).
+    pub fn wake_on_departures(
+        &self,
+        changes: mpsc::Receiver<String>,
+        store: Arc<dyn Store>,
+    ) -> std::io::Result<()> {
+        let signals = self.signals.clone();
+        std::thread::Builder::new()
+            .name("cluster-departures".into())
+            .spawn(move || {
+                for key in changes {
+                    let ended = key.starts_with(crate::records::ALIVE_PREFIX)
+                        && matches!(store.get(&key), Ok(None));
+                    if ended && signals.send(Signal::Wake).is_err() {
+                        break;
+                    }
+                }
+            })
+            .map(drop)
     }
 
     /// Stops the heartbeats and ends the node's lease.
     pub fn stop(self) {
-        let _ = self.stop.send(());
+        let _ = self.signals.send(Signal::Stop);
         let _ = self.thread.join();
     }
 }

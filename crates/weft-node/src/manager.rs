@@ -29,6 +29,7 @@ pub use intents::{replicas_after_power_loss, UncleanReplica};
 mod primaries;
 mod publish;
 pub(crate) mod replicas;
+mod shutdown;
 
 pub use replicas::{node_host_nqn, replica_keys, replica_nqn, ReplicaPlacement};
 
@@ -198,8 +199,12 @@ pub enum AdminOp {
         /// The limits to change: `Some(None)` removes one.
         changes: QosChanges,
     },
-    /// Make everything durable (before exit).
+    /// Make everything durable.
     Flush,
+    /// Before exit: stop serving as a primary, stop every write to a
+    /// replicated volume, make everything durable, and record that the
+    /// replicas were shut down cleanly (see `manager/shutdown.rs`).
+    Shutdown,
     /// Serve what the desired state says now (hosts, attachments, limits):
     /// after another node of the cluster changed records this node serves.
     Reconcile,
@@ -514,6 +519,8 @@ pub struct Manager {
     replicators: BTreeMap<String, crate::replication::replicator::ReplicatorHandle>,
     /// How fast a replicator copies to a replica it rebuilds.
     rebuild_bytes_per_s: u64,
+    /// Shut down (before exit): no replicator starts, no replicated write runs.
+    shut_down: bool,
 }
 
 impl Manager {
@@ -575,6 +582,7 @@ impl Manager {
             cluster_lease: None,
             replicators: BTreeMap::new(),
             rebuild_bytes_per_s: u64::MAX,
+            shut_down: false,
         };
         manager.publish();
         Ok(manager)
@@ -834,6 +842,13 @@ impl Manager {
                 .send(VolumeOutcome::Done(Err(IoError::Failed)));
             return None;
         }
+        if self.shut_down && self.intents.contains_key(&request.volume) {
+            // A replicated volume after a clean shutdown: nothing more lands.
+            request
+                .reply
+                .send(VolumeOutcome::Done(Err(IoError::PathInaccessible)));
+            return None;
+        }
         if let VolumeWork::MarkIntent { offset, len } = request.work {
             let outcome = self.mark_intent(&request.volume, offset, len);
             request.reply.send(outcome);
@@ -990,13 +1005,8 @@ impl Manager {
                 self.drop_removed_replicas(plane);
                 self.create_missing_replicas();
             }
-            AdminOp::Flush => {
-                for (name, pool) in &mut self.pools {
-                    let result = pool.flush();
-                    note_pool_failure(pool, &self.health[name]);
-                    result?;
-                }
-            }
+            AdminOp::Flush => self.flush_pools()?,
+            AdminOp::Shutdown => self.shut_down()?,
         }
         if exports_change {
             plane.update_exports(self.exports());

@@ -461,6 +461,9 @@ impl Member {
         )
         .map_err(|e| format!("cannot start the cluster agent: {e}"))?;
         let mirror: Arc<dyn Store> = self.connected.mirror.clone();
+        agent
+            .wake_on_departures(self.connected.mirror.subscribe(), Arc::clone(&mirror))
+            .map_err(|e| format!("cannot start the cluster agent: {e}"))?;
         let referrals = weft_node::cluster::referral_keeper(
             mirror,
             self.connected.spec.node.clone(),

@@ -485,11 +485,13 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     let signal = weft_uring::wait_for_termination_signal()
         .map_err(|e| format!("waiting for signals: {e}"))?;
     log::info!("signal {signal}: flushing namespaces and pools, exiting");
+    // Primaries stop serving before the node leaves its cluster (which lets
+    // the controller promote others at once): never two serving at a time.
+    if let Err(error) = handle.call(AdminOp::Shutdown) {
+        log::error!("shutting down the volumes: {error}");
+    }
     if let Some(running) = running {
         running.stop();
-    }
-    if let Err(error) = handle.call(AdminOp::Flush) {
-        log::error!("flushing pools: {error}");
     }
     plane.flush_all();
     Ok(())

@@ -514,3 +514,63 @@ fn replicas_are_added_removed_and_replaced_when_their_node_stays_down() {
     ok(via, &["node", "remove", &lost]);
     drop(etcd);
 }
+
+#[test]
+fn a_node_shut_down_cleanly_keeps_its_replicas_clean_and_hands_its_primaries_on() {
+    let dir = temp_dir("replication-shutdown");
+    let etcd = Etcd::start(1, &dir);
+    let endpoints = etcd.endpoints();
+    let n1 = node(&dir, "n1", &endpoints, None);
+    let token_file = dir.join("n1").join("api-token");
+    let n2 = node(&dir, "n2", &endpoints, Some(&token_file));
+    let n3 = node(&dir, "n3", &endpoints, Some(&token_file));
+    replicated_volume(&n1, &dir, "3", &["--node", "n1"]);
+    let (controller, mut queue) = connect(&n1);
+    for block in 0..32u64 {
+        let data = pattern(block, 1);
+        retrying("write", || queue.write(1, block, BLOCK, &data));
+    }
+    drop((queue, controller));
+    eventually("every replica in sync", || in_sync(&n1) == 3);
+
+    // A replica's node stopped by the operator: its intent records the
+    // clean shutdown, so that it comes back in sync (no power-loss rebuild,
+    // whatever boot it comes back under).
+    assert!(n3.terminate().success(), "a clean exit");
+    let intent = dir.join("n3").join("replicas").join("rep.intent");
+    let text = std::fs::read_to_string(&intent).unwrap();
+    assert!(text.starts_with("boot shutdown\n"), "{text}");
+    let n3 = node(&dir, "n3", &endpoints, Some(&token_file));
+    assert_eq!(in_sync(&n3), 3, "still in sync after a clean restart");
+    let text = std::fs::read_to_string(&intent).unwrap();
+    assert!(
+        !text.starts_with("boot shutdown"),
+        "a crash from now on is one: {text}"
+    );
+
+    // The primary's node stopped by the operator: it stops serving, leaves
+    // the cluster, and another primary serves every write at once (no
+    // lease to wait for).
+    let stopped = Instant::now();
+    assert!(n1.terminate().success(), "a clean exit");
+    let mut next = String::new();
+    eventually("a promotion", || {
+        next = primary_of(&n2);
+        !next.is_empty() && next != "n1"
+    });
+    let survivor = if next == "n2" { &n2 } else { &n3 };
+    let (controller, mut queue) = connect(survivor);
+    let read = retrying("read", || {
+        queue.read(1, 0, BLOCK, BLOCK).map(<[u8]>::to_vec)
+    });
+    eprintln!("{next} served {:?} after n1's SIGTERM", stopped.elapsed());
+    assert_eq!(read, pattern(0, 1));
+    for block in 1..32u64 {
+        let read = retrying("read", || {
+            queue.read(1, block, BLOCK, BLOCK).map(<[u8]>::to_vec)
+        });
+        assert_eq!(read, pattern(block, 1), "block {block}");
+    }
+    drop((queue, controller));
+    drop(etcd);
+}

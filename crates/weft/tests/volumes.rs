@@ -127,7 +127,10 @@ fn volumes_are_carved_served_snapshotted_and_survive_a_restart() {
         "{show}"
     );
     let error = refused(&node, &["volume", "set", "db2"]);
-    assert!(error.contains("give at least one of --iops-max"), "{error}");
+    assert!(
+        error.contains("--replicas N, or at least one of --iops-max"),
+        "{error}"
+    );
     let error = refused(&node, &["volume", "set", "db2", "--bw-max", "lots"]);
     assert!(error.contains("--bw-max"), "{error}");
     let error = refused(&node, &["host", "delete", "tester"]);

@@ -8,7 +8,10 @@
 //! second, by the manager thread. The file also names the boot (the
 //! kernel's boot id) it was last written under: a replica found under
 //! another boot may have lost unflushed writes anywhere, so it reports
-//! itself unclean (a full rebuild) until a primary writes to it.
+//! itself unclean (a full rebuild) until a primary writes to it. A clean
+//! shutdown writes `boot shutdown` instead, after the last write was
+//! flushed: found at the next start, under any boot, the replica is clean,
+//! and the file is rewritten under the new boot before anything is served.
 //!
 //! What this does not do: decide what to mark (the data plane and the
 //! primary's replicator do) or read the intent of another node.
@@ -32,6 +35,9 @@ pub(super) const PERSIST_INTERVAL: std::time::Duration = std::time::Duration::fr
 
 const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
 
+/// The boot a file names after a clean shutdown: valid under any boot.
+const SHUT_DOWN: &str = "shutdown";
+
 /// A replica's write intent and its file.
 #[derive(Debug)]
 pub(crate) struct IntentFile {
@@ -48,9 +54,13 @@ impl IntentFile {
     pub(crate) fn open(dir: &Path, volume: &str, size_bytes: u64) -> IntentFile {
         let path = dir.join("replicas").join(format!("{volume}.intent"));
         let every_region = || (0..size_bytes.div_ceil(1 << REGION_SHIFT) as u32).collect();
+        let mut shut_down = false;
         let (marked, unclean) = match fs::read_to_string(&path) {
             Ok(text) => match parse(&text) {
-                Some((boot, marked)) => (marked, boot != current_boot()),
+                Some((boot, marked)) => {
+                    shut_down = boot == SHUT_DOWN;
+                    (marked, !shut_down && boot != current_boot())
+                }
                 None => {
                     log::warn!("{}: unreadable, every region is marked", path.display());
                     (every_region(), true)
@@ -62,13 +72,36 @@ impl IntentFile {
                 (every_region(), true)
             }
         };
-        let intent = WriteIntent::new(size_bytes, REGION_SHIFT, marked, unclean);
+        // A crash from now on must not pass for the clean shutdown.
+        let rewritten = !shut_down || write_file(&path, &current_boot(), &marked).is_ok();
+        if !rewritten {
+            log::warn!(
+                "{}: cannot be written; the replica counts as unclean",
+                path.display()
+            );
+        }
+        let intent = WriteIntent::new(size_bytes, REGION_SHIFT, marked, unclean || !rewritten);
         let persisted = intent.marked();
         IntentFile {
             path,
             intent: Arc::new(intent),
             persisted: Mutex::new(persisted),
         }
+    }
+
+    /// After the last write was flushed (a clean shutdown): records that
+    /// the replica holds every write it acknowledged, under any boot.
+    /// False if it is unclean (it stays so).
+    pub(crate) fn mark_shut_down(&self) -> io::Result<bool> {
+        let persisted = self
+            .persisted
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if self.intent.unclean() {
+            return Ok(false);
+        }
+        write_file(&self.path, SHUT_DOWN, &persisted)?;
+        Ok(true)
     }
 
     /// The live intent the data plane checks.
@@ -118,16 +151,7 @@ impl IntentFile {
     }
 
     fn write(&self, marked: &[u32]) -> io::Result<()> {
-        let dir = self.path.parent().expect("under replicas/");
-        fs::create_dir_all(dir)?;
-        let list: Vec<String> = marked.iter().map(u32::to_string).collect();
-        let text = format!("boot {}\nmarked {}\n", current_boot(), list.join(","));
-        let beside = self.path.with_extension("intent.new");
-        let mut file = fs::File::create(&beside)?;
-        file.write_all(text.as_bytes())?;
-        file.sync_all()?;
-        fs::rename(&beside, &self.path)?;
-        fs::File::open(dir)?.sync_all()
+        write_file(&self.path, &current_boot(), marked)
     }
 
     /// Forgets the file (the replica is deleted).
@@ -189,8 +213,8 @@ pub struct UncleanReplica {
 }
 
 /// The replicas under `data_dir` whose write intent was last written under
-/// another boot of the machine: a power loss (or any reboot: the two cannot
-/// be told apart yet) may have lost their unflushed writes. The node takes
+/// another boot of the machine, without a clean shutdown since: a power
+/// loss (or a crash of the machine) may have lost their unflushed writes. The node takes
 /// them out of the in-sync set before it joins its cluster again.
 pub fn replicas_after_power_loss(data_dir: &Path) -> Vec<UncleanReplica> {
     let Ok(entries) = fs::read_dir(data_dir.join("replicas")) else {
@@ -211,7 +235,7 @@ pub fn replicas_after_power_loss(data_dir: &Path) -> Vec<UncleanReplica> {
         let same_boot = written
             .as_deref()
             .and_then(parse)
-            .is_some_and(|(written_boot, _)| written_boot == boot);
+            .is_some_and(|(written_boot, _)| written_boot == boot || written_boot == SHUT_DOWN);
         if !same_boot {
             unclean.push(UncleanReplica {
                 volume: volume.to_string(),
@@ -223,6 +247,21 @@ pub fn replicas_after_power_loss(data_dir: &Path) -> Vec<UncleanReplica> {
     }
     unclean.sort_by(|a, b| a.volume.cmp(&b.volume));
     unclean
+}
+
+/// Replaces the intent file at `path` whole (written beside, synced,
+/// renamed, directory synced): written under `boot`, holding `marked`.
+fn write_file(path: &Path, boot: &str, marked: &[u32]) -> io::Result<()> {
+    let dir = path.parent().expect("under replicas/");
+    fs::create_dir_all(dir)?;
+    let list: Vec<String> = marked.iter().map(u32::to_string).collect();
+    let text = format!("boot {boot}\nmarked {}\n", list.join(","));
+    let beside = path.with_extension("intent.new");
+    let mut file = fs::File::create(&beside)?;
+    file.write_all(text.as_bytes())?;
+    file.sync_all()?;
+    fs::rename(&beside, path)?;
+    fs::File::open(dir)?.sync_all()
 }
 
 /// The last epoch this node served a volume in, from its file (0: none).
@@ -316,6 +355,37 @@ mod tests {
         let bad = IntentFile::open(&dir, "db1", 4 << 20);
         assert_eq!(bad.intent().marked(), vec![0, 1, 2, 3]);
         assert!(bad.intent().unclean());
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_clean_shutdown_is_clean_under_any_boot_until_the_node_starts_again() {
+        let dir = dir("shutdown");
+        let file = IntentFile::open(&dir, "db1", 4 << 20);
+        file.mark(1..2).unwrap();
+        assert!(file.mark_shut_down().unwrap());
+        let path = dir.join("replicas/db1.intent");
+        assert_eq!(
+            fs::read_to_string(&path).unwrap(),
+            "boot shutdown\nmarked 1\n"
+        );
+        assert!(
+            replicas_after_power_loss(&dir).is_empty(),
+            "clean, whatever the boot"
+        );
+        let again = IntentFile::open(&dir, "db1", 4 << 20);
+        assert!(!again.intent().unclean());
+        assert_eq!(again.intent().marked(), vec![1]);
+        let text = fs::read_to_string(&path).unwrap();
+        assert!(
+            text.starts_with(&format!("boot {}\n", current_boot())),
+            "{text}"
+        );
+        // An unclean replica stays unclean through a clean shutdown.
+        fs::write(&path, "boot other\nmarked 1\n").unwrap();
+        let unclean = IntentFile::open(&dir, "db1", 4 << 20);
+        assert!(!unclean.mark_shut_down().unwrap());
+        assert_eq!(replicas_after_power_loss(&dir).len(), 1);
         let _ = fs::remove_dir_all(&dir);
     }
 }

@@ -58,6 +58,9 @@ impl Manager {
         if let Some(running) = self.replicators.get(name).filter(|r| r.is_running()) {
             return Some(Arc::clone(&running.path));
         }
+        if self.shut_down {
+            return Some(refusing());
+        }
         let found = self
             .desired
             .read::<VolumeRecord>(&format!("volumes/{name}"));

@@ -82,6 +82,16 @@ pub struct Node {
     pub token: String,
 }
 
+impl Node {
+    /// Stops the node as an operator does (SIGTERM), and waits until it exited.
+    pub fn terminate(mut self) -> std::process::ExitStatus {
+        let pid = self._server.0.id().to_string();
+        let sent = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        assert!(sent.success(), "kill -TERM {pid}");
+        self._server.0.wait().unwrap()
+    }
+}
+
 /// Starts `weft serve` with `data_dir` (and `extra` arguments) on ports the
 /// kernel picks; returns when the banner is out.
 pub fn start_node(data_dir: &std::path::Path, extra: &[&str]) -> Node {
