@@ -6,6 +6,7 @@ in one run, loaded by `weft bench` (weft's initiator) as the same host:
 
   - 4k random writes at QD1 (mean and p99 latency: the replication adder)
     and QD32 (IOPS: the ratio of three copies to one), alternated per round;
+    the same with 4k random reads (served by the primary's own copy);
   - a full rebuild: a replica whose node "rebooted" (its write intent names
     another boot) is rebuilt at the node's default limit; bytes, seconds, rate;
   - a planned move: `volume move-primary`, request to answer, in ms;
@@ -44,19 +45,19 @@ def load_cluster():
     return module.Cluster
 
 
-def bench(cluster, volume, iodepth, runtime):
-    """`weft bench` 4k randwrite on `volume` (on n1): (iops, mean us, p99 us)."""
+def bench(cluster, volume, iodepth, runtime, rw="randwrite"):
+    """`weft bench` 4k `rw` on `volume` (on n1): (iops, mean us, p99 us)."""
     url = f"nvme-tcp://{cluster.nodes[0]['nvme']}/nqn.2026-11.io.weft:vol:{volume}"
     done = subprocess.run(
-        [cluster.weft, "bench", "--target", url, "--hostnqn", HOST_NQN, "--rw", "randwrite",
+        [cluster.weft, "bench", "--target", url, "--hostnqn", HOST_NQN, "--rw", rw,
          "--bs", "4k", "--iodepth", str(iodepth), "--runtime", runtime, "--size", "64MiB",
          "--json"], capture_output=True, text=True)
     if done.returncode != 0:
-        sys.exit(f"bench-replication: bench {volume} QD{iodepth}: {done.stderr}")
-    write = json.loads(done.stdout)["jobs"][0]["write"]
-    percentiles = write["lat_ns"]["percentile"]
+        sys.exit(f"bench-replication: bench {volume} {rw} QD{iodepth}: {done.stderr}")
+    side = json.loads(done.stdout)["jobs"][0]["read" if rw == "randread" else "write"]
+    percentiles = side["lat_ns"]["percentile"]
     p99 = percentiles.get("99.000000", max(percentiles.values(), default=0))
-    return write["iops"], write["lat_ns"]["mean"] / 1000, p99 / 1000
+    return side["iops"], side["lat_ns"]["mean"] / 1000, p99 / 1000
 
 
 def replicas(cluster, volume):
@@ -95,14 +96,18 @@ def main():
         # Written once whole (thin volumes allocate on first write).
         for volume in ["single", "rep"]:
             bench(cluster, volume, 32, "1s")
-        samples = {(v, qd): [] for v in ["single", "rep"] for qd in [1, 32]}
+        samples = {(v, qd, rw): [] for v in ["single", "rep"] for qd in [1, 32]
+                   for rw in ["randwrite", "randread"]}
         for _ in range(args.rounds):
-            for qd in [1, 32]:
-                for volume in ["single", "rep"]:
-                    samples[(volume, qd)].append(bench(cluster, volume, qd, args.runtime))
+            for rw in ["randwrite", "randread"]:
+                for qd in [1, 32]:
+                    for volume in ["single", "rep"]:
+                        samples[(volume, qd, rw)].append(
+                            bench(cluster, volume, qd, args.runtime, rw))
         figures = {}
-        for (volume, qd), runs in samples.items():
-            figures[f"{volume}_qd{qd}"] = {
+        for (volume, qd, rw), runs in samples.items():
+            suffix = "" if rw == "randwrite" else "_read"
+            figures[f"{volume}_qd{qd}{suffix}"] = {
                 "iops": statistics.median(r[0] for r in runs),
                 "mean_us": statistics.median(r[1] for r in runs),
                 "p99_us": statistics.median(r[2] for r in runs),
@@ -116,21 +121,23 @@ def main():
         "runtime": args.runtime, "rounds": args.rounds, "figures": figures,
         "qd1_write_adder_us": figures["rep_qd1"]["mean_us"] - figures["single_qd1"]["mean_us"],
         "qd32_write_ratio": figures["rep_qd32"]["iops"] / figures["single_qd32"]["iops"],
+        "qd32_read_ratio": figures["rep_qd32_read"]["iops"] / figures["single_qd32_read"]["iops"],
         "rebuild": rebuild, "move_primary_ms": move_ms,
         "lease_ttl_ms": args.lease_ms or 5000, "failover_pauses_s": pauses,
     }
     os.makedirs(os.path.dirname(args.json), exist_ok=True)
     with open(args.json, "w") as out:
         json.dump(result, out, indent=2)
-    print(f"{'4k randwrite':<24} {'1 copy':>12} {'3 replicas':>12} {'ratio / adder':>14}")
-    for qd in [1, 32]:
-        one, three = figures[f"single_qd{qd}"], figures[f"rep_qd{qd}"]
-        print(f"{f'QD{qd} IOPS':<24} {one['iops']:>12.0f} {three['iops']:>12.0f}"
-              f" {three['iops'] / one['iops']:>13.2f}x")
-        print(f"{f'QD{qd} mean latency (us)':<24} {one['mean_us']:>12.0f} {three['mean_us']:>12.0f}"
-              f" {three['mean_us'] - one['mean_us']:>+13.0f}")
-        print(f"{f'QD{qd} p99 latency (us)':<24} {one['p99_us']:>12.0f} {three['p99_us']:>12.0f}"
-              f" {three['p99_us'] - one['p99_us']:>+13.0f}")
+    for rw, suffix in [("randwrite", ""), ("randread", "_read")]:
+        print(f"{'4k ' + rw:<24} {'1 copy':>12} {'3 replicas':>12} {'ratio / adder':>14}")
+        for qd in [1, 32]:
+            one, three = figures[f"single_qd{qd}{suffix}"], figures[f"rep_qd{qd}{suffix}"]
+            print(f"{f'QD{qd} IOPS':<24} {one['iops']:>12.0f} {three['iops']:>12.0f}"
+                  f" {three['iops'] / one['iops']:>13.2f}x")
+            print(f"{f'QD{qd} mean latency (us)':<24} {one['mean_us']:>12.0f}"
+                  f" {three['mean_us']:>12.0f} {three['mean_us'] - one['mean_us']:>+13.0f}")
+            print(f"{f'QD{qd} p99 latency (us)':<24} {one['p99_us']:>12.0f}"
+                  f" {three['p99_us']:>12.0f} {three['p99_us'] - one['p99_us']:>+13.0f}")
     print(f"full rebuild of a {SIZE >> 20} MiB replica: {rebuild['seconds']:.1f} s,"
           f" {rebuild['rate_mib_s']:.0f} MiB/s (limit {rebuild['limit_mib_s']} MiB/s)")
     print(f"planned move (move-primary, request to answer): {move_ms:.0f} ms")

@@ -22,8 +22,11 @@ use weft_control::records::{encode, read};
 use weft_control::{Change, Condition, LeaseId, Revision, Store, StoreError, Txn};
 
 /// Default time to live of a node's lease: a node that stops is shown down
-/// this long after its last heartbeat at most.
-pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(5);
+/// this long after its last heartbeat at most. Failover takes about this
+/// plus 1.5 s (the promotion delay, the new primary's fencing): 3 s keeps
+/// it under the 5 s goal (docs/PERFORMANCE.md), and a node tolerates
+/// heartbeats (every second) that take up to 1.7 s before it steps down.
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(3);
 
 /// What a node says about itself when it joins.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -357,6 +357,7 @@ fn a_replica_whose_node_rebooted_leaves_the_in_sync_set_before_it_joins_again() 
     let (_, rest) = text.split_once('\n').unwrap();
     std::fs::write(&intent, format!("boot another-boot\n{rest}")).unwrap();
     others[1].1 = Some(node(&dir, "n3", &endpoints, Some(&token_file)));
+    let restarted = Instant::now();
     let path = "/api/v1/volumes/rep";
     let (_, shown) = support::api(&n1, Some(&n1.token), "GET", path, None);
     let n3 = shown["replicas"]
@@ -366,12 +367,12 @@ fn a_replica_whose_node_rebooted_leaves_the_in_sync_set_before_it_joins_again() 
         .find(|r| r["node"] == "n3")
         .unwrap()
         .clone();
-    assert_eq!(
-        n3["state"], "faulted",
+    assert!(
+        n3["state"] == "faulted" || n3["state"] == "rebuilding",
         "out of the in-sync set at once: {shown}"
     );
-    // The primary rebuilds it in full once it writes to it, under its
-    // bandwidth limit, showing the progress.
+    // The primary rebuilds it in full (when it sees the fault, or at its
+    // next write to it), under its bandwidth limit, showing the progress.
     let data = pattern(40, 2);
     retrying("write", || queue.write(1, 40, BLOCK, &data));
     let mut progress = serde_json::Value::Null;
@@ -387,10 +388,11 @@ fn a_replica_whose_node_rebooted_leaves_the_in_sync_set_before_it_joins_again() 
     let metrics = metrics.as_str().unwrap_or_default().to_string();
     let total = "weft_rebuild_total_bytes{volume=\"rep\",replica=\"n3\"} 16777216";
     assert!(metrics.contains(total), "{metrics}");
-    let took = eventually("n3 rebuilt", || in_sync(&n1) == 3);
-    eprintln!("n3 rebuilt and in sync {took:?} after a write ({progress})");
+    eventually("n3 rebuilt", || in_sync(&n1) == 3);
+    let took = restarted.elapsed();
+    eprintln!("n3 rebuilt and in sync {took:?} after its restart ({progress})");
     assert!(
-        took > Duration::from_millis(1000),
+        took > Duration::from_millis(1500),
         "16 MiB at 8 MiB/s took {took:?}"
     );
     drop((queue, controller));
