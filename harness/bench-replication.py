@@ -123,7 +123,7 @@ def main():
         "qd32_write_ratio": figures["rep_qd32"]["iops"] / figures["single_qd32"]["iops"],
         "qd32_read_ratio": figures["rep_qd32_read"]["iops"] / figures["single_qd32_read"]["iops"],
         "rebuild": rebuild, "move_primary_ms": move_ms,
-        "lease_ttl_ms": args.lease_ms or 5000, "failover_pauses_s": pauses,
+        "lease_ttl_ms": args.lease_ms or 3000, "failover_pauses_s": pauses,
     }
     os.makedirs(os.path.dirname(args.json), exist_ok=True)
     with open(args.json, "w") as out:
