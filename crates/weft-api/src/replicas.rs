@@ -37,8 +37,10 @@ impl Cluster {
             Ok(change) => change,
             Err(error) => return replica_change_failure(&error),
         };
-        if let Err(response) = self.await_retired(volume) {
-            return response;
+        if !change.removed.is_empty() {
+            if let Err(response) = self.await_retired(volume) {
+                return response;
+            }
         }
         let replicas = match read::<VolumeRecord>(store, &format!("volumes/{volume}")) {
             Ok(found) => found
@@ -47,6 +49,13 @@ impl Cluster {
                 .unwrap_or_default(),
             Err(error) => return store_failure(&error),
         };
+        // Removed: what left the record (a retirement may have been undone
+        // by a promotion of that very replica meanwhile).
+        let removed: Vec<&String> = change
+            .removed
+            .iter()
+            .filter(|node| !replicas.iter().any(|m| &m.node == *node))
+            .collect();
         let replicas: Vec<_> = replicas
             .iter()
             .map(|m| json!({"node": m.node, "pool": m.pool}))
@@ -58,7 +67,7 @@ impl Cluster {
             .collect();
         (
             200,
-            json!({"replicas": replicas, "added": added, "removed": change.removed}),
+            json!({"replicas": replicas, "added": added, "removed": removed}),
         )
     }
 }
@@ -122,7 +131,7 @@ pub(crate) fn replica_change_failure(error: &ReplicaChangeError) -> Response {
             409,
             "holds_primary",
             &message,
-            "move the primary away (`weft node drain`), or start the node again",
+            "`weft volume show` tells which replicas are in sync and where",
         ),
         ReplicaChangeError::Placement(error) => placement_failure(error),
         ReplicaChangeError::Store(error) => store_failure(error),

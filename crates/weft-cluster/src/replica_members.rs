@@ -23,7 +23,7 @@
 use crate::election;
 use crate::nodes::{self, NodeView};
 use crate::placement::{place_more, volumes_by_node, Placement, PlacementError, PlacementRequest};
-use crate::replicas::{replica_set, with_replica_set};
+use crate::replicas::{replica_set, with_replica_set, CAS_ATTEMPTS};
 use std::collections::BTreeMap;
 use weft_control::records::{encode, read, Versioned};
 use weft_control::{
@@ -33,9 +33,6 @@ use weft_control::{
 
 /// The most replicas a volume may have.
 pub const REPLICAS_MAX: usize = 3;
-
-/// Compare-and-swap attempts before giving up on a busy record.
-const CAS_ATTEMPTS: usize = 5;
 
 /// Why a change of replicas was refused.
 #[derive(Debug, thiserror::Error)]
@@ -58,7 +55,7 @@ pub enum ReplicaChangeError {
         node: String,
     },
     /// A node that holds the volume's primary cannot be given up.
-    #[error("node {node} holds the primary of {volume}: move it first (`weft volume move-primary {volume}`)")]
+    #[error("node {node} holds the primary of {volume}, and no in-sync replica of it is up to be promoted: start {node} again (or the node of an in-sync replica), then retry")]
     HoldsPrimary {
         /// The volume.
         volume: String,
@@ -137,16 +134,18 @@ pub fn replace_replicas_on(
     store: &dyn Store,
     lost: &str,
 ) -> Result<Vec<(String, ReplicaChange)>, ReplicaChangeError> {
+    let volumes = replicated_volumes(store)?;
+    // Nothing changes unless every volume can give the node up.
+    if let Some((volume, _)) = volumes.iter().find(|(_, r)| r.primary == lost) {
+        return Err(ReplicaChangeError::HoldsPrimary {
+            volume: volume.clone(),
+            node: lost.to_string(),
+        });
+    }
     let mut changed = Vec::new();
-    for (volume, replication) in replicated_volumes(store)? {
+    for (volume, replication) in volumes {
         if replication.member(lost).is_none() {
             continue;
-        }
-        if replication.primary == lost {
-            return Err(ReplicaChangeError::HoldsPrimary {
-                volume,
-                node: lost.to_string(),
-            });
         }
         let change = change_members(store, &volume, |replication, _| {
             let replace =
@@ -261,12 +260,14 @@ fn up(nodes: &BTreeMap<String, NodeView>, name: &str) -> bool {
 
 /// Every replicated volume's name and replication record.
 fn replicated_volumes(store: &dyn Store) -> Result<Vec<(String, ReplicationRecord)>, StoreError> {
+    // One listing, its values decoded (no read per volume: the controller
+    // does this at every heartbeat).
     let mut volumes = Vec::new();
     for entry in store.list("volumes/")?.entries {
-        let Some(found) = read::<VolumeRecord>(store, &entry.key)? else {
+        let Ok(record) = serde_json::from_value::<VolumeRecord>(entry.value) else {
             continue;
         };
-        if let Some(replication) = found.record.replication {
+        if let Some(replication) = record.replication {
             volumes.push((entry.key["volumes/".len()..].to_string(), replication));
         }
     }

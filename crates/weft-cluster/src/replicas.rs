@@ -346,7 +346,7 @@ pub fn leave_in_sync_set(
 }
 
 /// Compare-and-swap attempts before giving up on a busy record.
-const CAS_ATTEMPTS: usize = 5;
+pub(crate) const CAS_ATTEMPTS: usize = 5;
 
 /// The replica set without unclean node `me` in sync (none: `me` is the
 /// only copy in sync, which carries on with what it has).

@@ -227,7 +227,7 @@ fn a_lost_node_cannot_give_up_a_primary() {
     volume(&store);
     let refused = replace_replicas_on(store.as_ref(), "n1").unwrap_err();
     assert!(matches!(refused, ReplicaChangeError::HoldsPrimary { .. }));
-    assert!(refused.to_string().contains("move-primary"), "{refused}");
+    assert!(refused.to_string().contains("start n1 again"), "{refused}");
     let replaced = replace_replicas_on(store.as_ref(), "n2").unwrap();
     assert_eq!(replaced[0].0, "db");
     assert_eq!(retiring(&store), vec!["n2"]);

@@ -18,7 +18,11 @@ pub fn promote(record: &ReplicaSet, up: impl Fn(NodeId) -> bool) -> Option<Repli
     if up(record.primary) {
         return None;
     }
-    let candidate = record.in_sync_secondaries().find(|&node| up(node))?;
+    // A replica being retired only if no other can take over.
+    let candidates = || record.in_sync_secondaries().filter(|&node| up(node));
+    let candidate = candidates()
+        .find(|node| !record.retire.contains(node))
+        .or_else(|| candidates().next())?;
     let mut next = record.clone();
     next.epoch = record.epoch.next();
     next.primary = candidate;

@@ -744,6 +744,7 @@ impl Primary {
         for node in retired {
             self.link_failed(node, now);
         }
+        // A link that was down already: its fault is committed here.
         self.maybe_commit();
     }
 

@@ -81,7 +81,9 @@ impl ReplicaSet {
     }
 
     /// Whether `other` names the same nodes as replicas (in any order,
-    /// whatever their standing).
+    /// whatever their standing). Meaningful where node ids are stable
+    /// across records (the simulation's); a driver that numbers nodes by
+    /// their place in a list compares their names too.
     pub fn same_members(&self, other: &ReplicaSet) -> bool {
         self.members.len() == other.members.len()
             && self

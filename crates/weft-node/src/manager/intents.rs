@@ -22,6 +22,7 @@ use std::fs;
 use std::io::{self, Write};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use weft_proto::intent::WriteIntent;
 use weft_proto::IoError;
@@ -38,6 +39,9 @@ const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
 /// The boot a file names after a clean shutdown: valid under any boot.
 const SHUT_DOWN: &str = "shutdown";
 
+/// The boot a new replica's file names when it may lack writes: none.
+const NEW_REPLICA: &str = "new-replica";
+
 /// A replica's write intent and its file.
 #[derive(Debug)]
 pub(crate) struct IntentFile {
@@ -45,6 +49,8 @@ pub(crate) struct IntentFile {
     intent: Arc<WriteIntent>,
     /// The regions the file holds (its rewrites serialised under it).
     persisted: Mutex<Vec<u32>>,
+    /// The file records a clean shutdown: it is not written again.
+    shut_down: AtomicBool,
 }
 
 impl IntentFile {
@@ -86,6 +92,7 @@ impl IntentFile {
             path,
             intent: Arc::new(intent),
             persisted: Mutex::new(persisted),
+            shut_down: AtomicBool::new(false),
         }
     }
 
@@ -101,6 +108,7 @@ impl IntentFile {
             return Ok(false);
         }
         write_file(&self.path, SHUT_DOWN, &persisted)?;
+        self.shut_down.store(true, Ordering::Release);
         Ok(true)
     }
 
@@ -131,7 +139,8 @@ impl IntentFile {
         Ok(())
     }
 
-    /// Writes the file again if regions were cleared since the last time.
+    /// Writes the file again if regions were cleared since the last time
+    /// (never after the clean shutdown was recorded: that stays).
     pub(crate) fn persist_cleared(&self) -> io::Result<()> {
         if !self.intent.take_cleared() {
             return Ok(());
@@ -140,6 +149,9 @@ impl IntentFile {
             .persisted
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
+        if self.shut_down.load(Ordering::Acquire) {
+            return Ok(());
+        }
         // Unclean stays unclean: the file keeps its old boot until a write.
         if self.intent.unclean() {
             return Ok(());
@@ -247,6 +259,15 @@ pub fn replicas_after_power_loss(data_dir: &Path) -> Vec<UncleanReplica> {
     }
     unclean.sort_by(|a, b| a.volume.cmp(&b.volume));
     unclean
+}
+
+/// Writes the intent file of a replica just created for a member that may
+/// have missed writes (added to the volume, or whose copy was lost): it
+/// names no boot this machine has, so the replica reports itself unclean
+/// and is rebuilt in full, whatever a primary thinks it copied before.
+pub(super) fn create_unclean(dir: &Path, volume: &str) -> io::Result<()> {
+    let path = dir.join("replicas").join(format!("{volume}.intent"));
+    write_file(&path, NEW_REPLICA, &[])
 }
 
 /// Replaces the intent file at `path` whole (written beside, synced,

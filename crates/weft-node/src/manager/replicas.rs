@@ -107,9 +107,20 @@ impl Manager {
                 block_size: replication.block_size,
                 thick: replication.thick,
             };
-            let created = self
-                .pool_mut(&member.pool)
-                .and_then(|pool| Ok(pool.create_volume(&spec)?));
+            // A copy made for a new volume (epoch 1, every replica in sync)
+            // is as empty as the others; any other may lack writes.
+            let fresh = replication.epoch == 1 && member.state == ReplicaState::InSync;
+            // The intent first: a copy never exists without it.
+            let intent = match (&self.cluster_dir, fresh) {
+                (Some(dir), false) => super::intents::create_unclean(dir, &name)
+                    .map_err(|error| format!("its write intent file: {error}")),
+                _ => Ok(()),
+            };
+            let created = intent.and_then(|()| {
+                self.pool_mut(&member.pool)
+                    .and_then(|pool| Ok(pool.create_volume(&spec)?))
+                    .map_err(|error| error.to_string())
+            });
             match created {
                 Ok(()) => log::info!(
                     "volume {name}: replica created in pool {} (primary {})",

@@ -40,6 +40,9 @@ impl Manager {
                 log::warn!("replicators still running {REPLICATORS_STOP:?} after being stopped: the replicas are not marked clean");
                 return self.flush_pools();
             }
+            // Their local I/O's slow path is this thread's (refused now:
+            // what they hold ends with a path error, retried elsewhere).
+            self.serve_waiting_io();
             std::thread::sleep(Duration::from_millis(10));
         }
         // Writes to replicated volumes: those in flight drain, later ones

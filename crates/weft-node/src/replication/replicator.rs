@@ -122,8 +122,9 @@ pub(crate) fn start(setup: ReplicatorSetup) -> std::io::Result<ReplicatorHandle>
             let manager = setup.manager.clone();
             match Replicator::begin(setup, events, path.clone()) {
                 Ok(Some(mut replicator)) => replicator.run(&inbox),
-                // Not now: the record is read again at the next reconcile.
-                Ok(None) => std::thread::sleep(Duration::from_millis(200)),
+                // Not now (a newer primary, or this node's copy of the
+                // store is behind): tried again at the next reconcile.
+                Ok(None) => std::thread::sleep(Duration::from_secs(1)),
                 Err(error) => {
                     log::warn!("volume {volume}: cannot serve as primary yet: {error}");
                     // The manager starts another at its next reconcile.
