@@ -126,6 +126,9 @@ pub struct ReplicaView {
     /// While it is rebuilt: its progress.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rebuild: Option<RebuildView>,
+    /// Why it is not in sync, when it is faulted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// A rebuild's progress.
@@ -173,7 +176,21 @@ pub(crate) fn replica_views(
                 weft_control::ReplicaState::Faulted { .. } if rebuild.is_some() => "rebuilding",
                 weft_control::ReplicaState::Faulted { .. } => "faulted",
             };
+            let reason = match member.state {
+                weft_control::ReplicaState::Faulted { .. } if retiring => None,
+                weft_control::ReplicaState::Faulted { epoch: 0 } => {
+                    Some("new: built in full once its node answers".to_string())
+                }
+                weft_control::ReplicaState::Faulted { epoch } if epoch < replication.epoch => Some(format!(
+                    "out of sync since epoch {epoch} (node down, I/O error or too slow): built in full once its node answers"
+                )),
+                weft_control::ReplicaState::Faulted { .. } => Some(
+                    "missed writes (node down, I/O error, too slow, or a power loss): rebuilt once its node answers".to_string(),
+                ),
+                weft_control::ReplicaState::InSync => None,
+            };
             ReplicaView {
+                reason,
                 node: member.node.clone(),
                 pool: member.pool.clone(),
                 role: if member.node == replication.primary {
@@ -384,6 +401,50 @@ mod tests {
         assert_eq!(json["members"][0]["state"], "failed");
         let back: PoolDetail = serde_json::from_value(json).unwrap();
         assert_eq!(back.pool, PoolView::from(&status));
+    }
+
+    #[test]
+    fn replicas_show_primary_first_and_why_one_is_not_in_sync() {
+        use weft_control::{ReplicaRecord, ReplicaState, ReplicationRecord};
+        let member = |node: &str, state| ReplicaRecord {
+            node: node.into(),
+            pool: "p".into(),
+            state,
+        };
+        let replication = ReplicationRecord {
+            epoch: 4,
+            primary: "n2".into(),
+            members: vec![
+                member("n1", ReplicaState::Faulted { epoch: 3 }),
+                member("n2", ReplicaState::InSync),
+                member("n3", ReplicaState::Faulted { epoch: 0 }),
+                member("n4", ReplicaState::InSync),
+            ],
+            size_bytes: 1 << 20,
+            block_size: 4096,
+            thick: false,
+            move_to: None,
+            previous: None,
+            retire: vec!["n4".into()],
+        };
+        let views = replica_views(&replication, &[]);
+        let shown: Vec<(&str, &str, &str)> = views
+            .iter()
+            .map(|v| (v.node.as_str(), v.role.as_str(), v.state.as_str()))
+            .collect();
+        assert_eq!(
+            shown,
+            vec![
+                ("n2", "primary", "in-sync"),
+                ("n1", "replica", "faulted"),
+                ("n3", "replica", "faulted"),
+                ("n4", "replica", "retiring"),
+            ]
+        );
+        let reason = |i: usize| views[i].reason.clone().unwrap_or_default();
+        assert!(reason(1).contains("since epoch 3") && reason(1).contains("in full"));
+        assert!(reason(2).starts_with("new"), "{}", reason(2));
+        assert!(views[0].reason.is_none() && views[3].reason.is_none());
     }
 }
 

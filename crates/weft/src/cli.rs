@@ -848,8 +848,12 @@ fn print_volume(v: &VolumeView) {
                 weft_storage::human_bytes(r.rate_bytes_per_s)
             )
         });
+        let reason = match (&replica.reason, &replica.rebuild) {
+            (Some(reason), None) => format!(" ({reason})"),
+            _ => String::new(),
+        };
         println!(
-            "replica     {} pool {}: {}, {}{progress}",
+            "replica     {} pool {}: {}, {}{progress}{reason}",
             replica.node, replica.pool, replica.role, replica.state
         );
     }
