@@ -60,9 +60,10 @@ def bench(cluster, volume, iodepth, runtime, rw="randwrite"):
     return side["iops"], side["lat_ns"]["mean"] / 1000, p99 / 1000
 
 
-def replicas(cluster, volume):
-    answer = cluster.must(cluster.nodes[0], "GET", f"volumes/{volume}")
-    return answer.get("replicas") or []
+def replicas(cluster, volume, via=None):
+    """`volume`'s replicas as `volume show` through `via` (n1 by default) lists them."""
+    code, answer = cluster.call(via or cluster.nodes[0], "GET", f"volumes/{volume}")
+    return (answer.get("replicas") or []) if code == 200 else []
 
 
 def main():
@@ -176,10 +177,7 @@ def measure_rebuild(cluster, work):
 
 
 def primary_of(cluster, via):
-    code, answer = cluster.call(via, "GET", "volumes/rep")
-    if code != 200:
-        return None
-    return next((r["node"] for r in answer.get("replicas") or [] if r["role"] == "primary"), None)
+    return next((r["node"] for r in replicas(cluster, "rep", via) if r["role"] == "primary"), None)
 
 
 def write_once(cluster, node):
@@ -216,14 +214,9 @@ def measure_failover(cluster, work):
     cluster.processes[victim["process"]] = subprocess.Popen(
         victim["args"], stdout=subprocess.DEVNULL, stderr=log)
     cluster.wait(lambda: cluster.call(victim, "GET", "stats")[0] == 200, f"{name} again")
-    cluster.wait(lambda: sum(r["state"] == "in-sync" for r in replicas_via(cluster, others[0])) == 3,
+    cluster.wait(lambda: sum(r["state"] == "in-sync" for r in replicas(cluster, "rep", others[0])) == 3,
                  f"{name} rebuilt", limit=120)
     return pause
-
-
-def replicas_via(cluster, node):
-    code, answer = cluster.call(node, "GET", "volumes/rep")
-    return (answer.get("replicas") or []) if code == 200 else []
 
 
 def measure_move(cluster):

@@ -23,7 +23,7 @@
 use crate::election;
 use crate::nodes::{self, NodeView};
 use crate::placement::{place_more, volumes_by_node, Placement, PlacementError, PlacementRequest};
-use crate::replicas::{replica_set, with_replica_set, CAS_ATTEMPTS};
+use crate::replicas::{replica_set, replicated_volumes, with_replica_set, CAS_ATTEMPTS};
 use std::collections::BTreeMap;
 use weft_control::records::{encode, read, Versioned};
 use weft_control::{
@@ -256,22 +256,6 @@ fn removable(replication: &ReplicationRecord, nodes: &BTreeMap<String, NodeView>
 
 fn up(nodes: &BTreeMap<String, NodeView>, name: &str) -> bool {
     nodes.get(name).is_some_and(NodeView::is_alive)
-}
-
-/// Every replicated volume's name and replication record.
-fn replicated_volumes(store: &dyn Store) -> Result<Vec<(String, ReplicationRecord)>, StoreError> {
-    // One listing, its values decoded (no read per volume: the controller
-    // does this at every heartbeat).
-    let mut volumes = Vec::new();
-    for entry in store.list("volumes/")?.entries {
-        let Ok(record) = serde_json::from_value::<VolumeRecord>(entry.value) else {
-            continue;
-        };
-        if let Some(replication) = record.replication {
-            volumes.push((entry.key["volumes/".len()..].to_string(), replication));
-        }
-    }
-    Ok(volumes)
 }
 
 /// What a change decides from the record and the nodes.

@@ -279,13 +279,25 @@ pub fn move_outcome(store: &dyn Store, volume: &str, to: &str) -> Result<MoveOut
 
 /// The replicated volumes whose primary is on `node`.
 pub fn primaries_on(store: &dyn Store, node: &str) -> Result<Vec<String>, StoreError> {
+    Ok(replicated_volumes(store)?
+        .into_iter()
+        .filter(|(_, replication)| replication.primary == node)
+        .map(|(volume, _)| volume)
+        .collect())
+}
+
+/// Every replicated volume's name and replication record, from one listing
+/// (its values decoded: no read per volume).
+pub(crate) fn replicated_volumes(
+    store: &dyn Store,
+) -> Result<Vec<(String, ReplicationRecord)>, StoreError> {
     let mut volumes = Vec::new();
     for entry in store.list(VOLUMES)?.entries {
-        let Some(found) = read::<VolumeRecord>(store, &entry.key)? else {
+        let Ok(record) = serde_json::from_value::<VolumeRecord>(entry.value) else {
             continue;
         };
-        if found.record.replication.is_some_and(|r| r.primary == node) {
-            volumes.push(entry.key[VOLUMES.len()..].to_string());
+        if let Some(replication) = record.replication {
+            volumes.push((entry.key[VOLUMES.len()..].to_string(), replication));
         }
     }
     Ok(volumes)

@@ -7,7 +7,7 @@
 
 mod support;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use support::etcd::{free_port, Etcd};
 use support::{ok, start_node_on, temp_dir, Node};
@@ -57,6 +57,26 @@ fn node_configured(
     let file = token_file.map_or(data.join("api-token"), Path::to_path_buf);
     node.token = std::fs::read_to_string(file).unwrap().trim().to_string();
     node
+}
+
+/// etcd and nodes n1, n2 and n3 (each with the `[cluster]` lines
+/// `cluster`), sharing n1's API token: (etcd, its endpoints, the token file, the nodes).
+fn three_nodes(dir: &Path, cluster: &str) -> (Etcd, String, PathBuf, [Node; 3]) {
+    let etcd = Etcd::start(1, dir);
+    let endpoints = etcd.endpoints();
+    let n1 = node_configured(dir, "n1", &endpoints, None, cluster);
+    let token_file = dir.join("n1").join("api-token");
+    let n2 = node_configured(dir, "n2", &endpoints, Some(&token_file), cluster);
+    let n3 = node_configured(dir, "n3", &endpoints, Some(&token_file), cluster);
+    (etcd, endpoints, token_file, [n1, n2, n3])
+}
+
+/// Writes generation 1 of `blocks`, each acknowledged on every replica.
+fn write_blocks(queue: &mut Queue, blocks: std::ops::Range<u64>) {
+    for block in blocks {
+        let data = pattern(block, 1);
+        retrying("write", || queue.write(1, block, BLOCK, &data));
+    }
 }
 
 /// The primary as `volume show` names it (empty while the call fails: it is
@@ -167,12 +187,7 @@ fn pattern(block: u64, generation: u8) -> Vec<u8> {
 #[test]
 fn a_replicated_volume_keeps_its_acknowledged_writes_when_its_primary_is_killed() {
     let dir = temp_dir("replication");
-    let etcd = Etcd::start(1, &dir);
-    let endpoints = etcd.endpoints();
-    let n1 = node(&dir, "n1", &endpoints, None);
-    let token_file = dir.join("n1").join("api-token");
-    let n2 = node(&dir, "n2", &endpoints, Some(&token_file));
-    let n3 = node(&dir, "n3", &endpoints, Some(&token_file));
+    let (etcd, endpoints, token_file, [n1, n2, n3]) = three_nodes(&dir, "");
     replicated_volume(&n1, &dir, "3", &[]);
     let mut nodes = vec![("n1", Some(n1)), ("n2", Some(n2)), ("n3", Some(n3))];
     let first = primary_of(nodes[0].1.as_ref().unwrap());
@@ -183,10 +198,7 @@ fn a_replicated_volume_keeps_its_acknowledged_writes_when_its_primary_is_killed(
     // Writes through the primary, each acknowledged once on every replica.
     let at = node_of(&nodes, &first);
     let (controller, mut queue) = connect(nodes[at].1.as_ref().unwrap());
-    for block in 0..256u64 {
-        let data = pattern(block, 1);
-        retrying("write", || queue.write(1, block, BLOCK, &data));
-    }
+    write_blocks(&mut queue, 0..256);
     retrying("flush", || queue.flush(1));
     drop((queue, controller));
 
@@ -265,21 +277,13 @@ fn a_replicated_volume_keeps_its_acknowledged_writes_when_its_primary_is_killed(
 #[test]
 fn a_planned_move_and_a_drain_hand_the_primary_over_with_every_write() {
     let dir = temp_dir("replication-move");
-    let etcd = Etcd::start(1, &dir);
-    let endpoints = etcd.endpoints();
-    let n1 = node(&dir, "n1", &endpoints, None);
-    let token_file = dir.join("n1").join("api-token");
-    let n2 = node(&dir, "n2", &endpoints, Some(&token_file));
-    let n3 = node(&dir, "n3", &endpoints, Some(&token_file));
+    let (etcd, _, _, [n1, n2, n3]) = three_nodes(&dir, "");
     let nodes = [("n1", &n1), ("n2", &n2), ("n3", &n3)];
     replicated_volume(&n1, &dir, "3", &[]);
     let by_name = |name: &str| nodes.iter().find(|(n, _)| *n == name).unwrap().1;
     let first = primary_of(&n1);
     let (controller, mut queue) = connect(by_name(&first));
-    for block in 0..64u64 {
-        let data = pattern(block, 1);
-        retrying("write", || queue.write(1, block, BLOCK, &data));
-    }
+    write_blocks(&mut queue, 0..64);
     drop((queue, controller));
     eventually("every replica in sync", || in_sync(&n1) == 3);
 
@@ -327,22 +331,13 @@ fn a_planned_move_and_a_drain_hand_the_primary_over_with_every_write() {
 #[test]
 fn a_replica_whose_node_rebooted_leaves_the_in_sync_set_before_it_joins_again() {
     let dir = temp_dir("replication-reboot");
-    let etcd = Etcd::start(1, &dir);
-    let endpoints = etcd.endpoints();
     // The primary rebuilds at 8 MiB/s: 2 s for the 16 MiB volume.
-    let n1 = node_configured(&dir, "n1", &endpoints, None, "rebuild_mib_per_s = 8");
-    let token_file = dir.join("n1").join("api-token");
-    let mut others = [
-        ("n2", Some(node(&dir, "n2", &endpoints, Some(&token_file)))),
-        ("n3", Some(node(&dir, "n3", &endpoints, Some(&token_file)))),
-    ];
+    let (etcd, endpoints, token_file, [n1, n2, n3]) = three_nodes(&dir, "rebuild_mib_per_s = 8");
+    let mut others = [("n2", Some(n2)), ("n3", Some(n3))];
     replicated_volume(&n1, &dir, "3", &["--node", "n1"]);
     assert_eq!(primary_of(&n1), "n1");
     let (controller, mut queue) = connect(&n1);
-    for block in 0..32u64 {
-        let data = pattern(block, 1);
-        retrying("write", || queue.write(1, block, BLOCK, &data));
-    }
+    write_blocks(&mut queue, 0..32);
     eventually("every replica in sync", || in_sync(&n1) == 3);
 
     // n3 goes down with no I/O in flight (the primary does not notice) and
@@ -443,21 +438,12 @@ fn up<'a>(nodes: &'a Nodes, name: &str) -> &'a Node {
 #[test]
 fn replicas_are_added_removed_and_replaced_when_their_node_stays_down() {
     let dir = temp_dir("replication-members");
-    let etcd = Etcd::start(1, &dir);
-    let endpoints = etcd.endpoints();
     // Whichever node is the controller replaces a replica down for 2 s.
-    let fast = "replace_replica_after_s = 2";
-    let n1 = node_configured(&dir, "n1", &endpoints, None, fast);
-    let token_file = dir.join("n1").join("api-token");
-    let n2 = node_configured(&dir, "n2", &endpoints, Some(&token_file), fast);
-    let n3 = node_configured(&dir, "n3", &endpoints, Some(&token_file), fast);
+    let (etcd, _, _, [n1, n2, n3]) = three_nodes(&dir, "replace_replica_after_s = 2");
     let mut nodes: Nodes = vec![("n1", Some(n1)), ("n2", Some(n2)), ("n3", Some(n3))];
     replicated_volume(up(&nodes, "n1"), &dir, "2", &["--node", "n1"]);
     let (controller, mut queue) = connect(up(&nodes, "n1"));
-    for block in 0..64u64 {
-        let data = pattern(block, 1);
-        retrying("write", || queue.write(1, block, BLOCK, &data));
-    }
+    write_blocks(&mut queue, 0..64);
     drop((queue, controller));
     let n1 = up(&nodes, "n1");
     eventually("both replicas in sync", || in_sync(n1) == 2);
@@ -520,18 +506,10 @@ fn replicas_are_added_removed_and_replaced_when_their_node_stays_down() {
 #[test]
 fn a_node_shut_down_cleanly_keeps_its_replicas_clean_and_hands_its_primaries_on() {
     let dir = temp_dir("replication-shutdown");
-    let etcd = Etcd::start(1, &dir);
-    let endpoints = etcd.endpoints();
-    let n1 = node(&dir, "n1", &endpoints, None);
-    let token_file = dir.join("n1").join("api-token");
-    let n2 = node(&dir, "n2", &endpoints, Some(&token_file));
-    let n3 = node(&dir, "n3", &endpoints, Some(&token_file));
+    let (etcd, endpoints, token_file, [n1, n2, n3]) = three_nodes(&dir, "");
     replicated_volume(&n1, &dir, "3", &["--node", "n1"]);
     let (controller, mut queue) = connect(&n1);
-    for block in 0..32u64 {
-        let data = pattern(block, 1);
-        retrying("write", || queue.write(1, block, BLOCK, &data));
-    }
+    write_blocks(&mut queue, 0..32);
     drop((queue, controller));
     eventually("every replica in sync", || in_sync(&n1) == 3);
 
