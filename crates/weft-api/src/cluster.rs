@@ -177,13 +177,43 @@ impl Cluster {
         }))
     }
 
+    /// Where a clone of `source` (VOLUME@SNAPSHOT) is made: beside its
+    /// source; for a replicated volume on a node whose copy holds the
+    /// snapshot (`wanted` if given, else the primary if it holds it, else
+    /// the first that does). The node checks it holds it.
+    fn clone_node(&self, source: &str, wanted: Option<&str>) -> Result<Option<String>, Response> {
+        let (volume, snapshot) = source.split_once('@').unwrap_or((source, ""));
+        let record = weft_control::records::read::<VolumeRecord>(
+            self.store.as_ref(),
+            &format!("volumes/{volume}"),
+        )
+        .map_err(|e| store_failure(&e))?;
+        let Some(found) = record else {
+            return Ok(None);
+        };
+        let Some(replication) = found.record.replication else {
+            return Ok(found.record.node);
+        };
+        let holders = replication
+            .snapshot(snapshot)
+            .map(|s| s.nodes.clone())
+            .unwrap_or_default();
+        Ok(Some(match wanted {
+            Some(node) => node.to_string(),
+            None if holders.contains(&replication.primary) || holders.is_empty() => {
+                replication.primary
+            }
+            None => holders[0].clone(),
+        }))
+    }
+
     /// A new volume: a clone is made beside its source; otherwise placed
     /// (unless both node and pool are given) and created by the node chosen.
     fn route_new_volume(&self, body: &[u8]) -> Result<Route, Response> {
         let mut fields: serde_json::Map<String, Value> = crate::parse(body)?;
         if let Some(source) = fields.get("source").and_then(Value::as_str) {
-            let volume = source.split('@').next().unwrap_or_default();
-            return match self.volume_node(volume)? {
+            let wanted = fields.get("node").and_then(Value::as_str);
+            return match self.clone_node(source, wanted)? {
                 Some(node) if node != self.node => Ok(Route::Forward(node, None)),
                 _ => Ok(Route::Local(None)),
             };
@@ -623,6 +653,9 @@ impl Cluster {
                     .collect();
                 let replicas = crate::views::replica_views(replication, &rebuilds);
                 view["replicas"] = json!(replicas);
+                let copies = crate::views::snapshot_copies(replication);
+                view["snapshots"] = json!(copies.iter().map(|s| &s.name).collect::<Vec<_>>());
+                view["snapshot_copies"] = json!(copies);
             }
         }
         view

@@ -959,6 +959,7 @@ fn admin_failure(error: &AdminError) -> Response {
         AdminError::ManagerBusy { .. } => (503, "busy", "retry in a moment"),
         AdminError::Node(_) => (500, "node", "check weft's log"),
         AdminError::Invalid(_) => (400, "invalid", "correct the request as the message says"),
+        AdminError::Unavailable(_) => (503, "unavailable", "retry in a moment"),
         AdminError::NotForReplicated { .. } => (
             409,
             "replicated",

@@ -109,6 +109,36 @@ pub struct VolumeView {
     /// A replicated volume's replicas, the primary first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replicas: Option<Vec<ReplicaView>>,
+    /// A replicated volume's snapshots: where each is held.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_copies: Option<Vec<SnapshotCopiesView>>,
+}
+
+/// A replicated volume's snapshot and the nodes whose copies hold it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SnapshotCopiesView {
+    /// Its name.
+    pub name: String,
+    /// "taken", or "taking" (being taken, or left so by a failure: delete
+    /// it or take it again).
+    pub state: String,
+    /// The nodes whose copies hold it (a clone is made on one of them).
+    pub nodes: Vec<String>,
+}
+
+/// The snapshots of `replication`, as the record lists them.
+pub(crate) fn snapshot_copies(
+    replication: &weft_control::ReplicationRecord,
+) -> Vec<SnapshotCopiesView> {
+    replication
+        .snapshots
+        .iter()
+        .map(|s| SnapshotCopiesView {
+            name: s.name.clone(),
+            state: if s.taking { "taking" } else { "taken" }.into(),
+            nodes: s.nodes.clone(),
+        })
+        .collect()
 }
 
 /// One replica of a replicated volume.
@@ -311,7 +341,14 @@ impl From<&VolumeStatus> for VolumeView {
                 .origin
                 .as_ref()
                 .map(|o| format!("{}@{}", o.volume, o.snapshot)),
-            snapshots: info.snapshots.iter().map(|(n, _, _)| n.clone()).collect(),
+            snapshots: match &volume.replication {
+                Some(replication) => replication
+                    .snapshots
+                    .iter()
+                    .map(|s| s.name.clone())
+                    .collect(),
+                None => info.snapshots.iter().map(|(n, _, _)| n.clone()).collect(),
+            },
             connected_hosts: volume.connected_hosts.clone(),
             nguid: hex(&volume.nguid),
             uuid: weft_proto::types::uuid_text(&volume.uuid),
@@ -328,6 +365,7 @@ impl From<&VolumeStatus> for VolumeView {
                     .collect();
                 replica_views(replication, &rebuilds)
             }),
+            snapshot_copies: volume.replication.as_ref().map(snapshot_copies),
         }
     }
 }
@@ -426,6 +464,7 @@ mod tests {
             move_to: None,
             previous: None,
             retire: vec!["n4".into()],
+            snapshots: Vec::new(),
         };
         let views = replica_views(&replication, &[]);
         let shown: Vec<(&str, &str, &str)> = views

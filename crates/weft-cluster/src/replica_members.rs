@@ -404,6 +404,12 @@ fn changed(
             pool: placement.pool.clone(),
             state: ReplicaState::Faulted { epoch: 0 },
         }));
+    // A new copy holds no snapshot, even on a node whose earlier copy did.
+    for snapshot in &mut replication.snapshots {
+        snapshot
+            .nodes
+            .retain(|node| !placed.iter().any(|p| &p.node == node));
+    }
     Ok((
         record,
         ReplicaChange {

@@ -437,6 +437,7 @@ mod tests {
             move_to: None,
             previous: Some("n1".into()),
             retire: Vec::new(),
+            snapshots: Vec::new(),
         }
     }
 

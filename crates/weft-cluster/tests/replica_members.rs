@@ -77,6 +77,7 @@ fn volume(store: &Arc<dyn Store>) {
             move_to: None,
             previous: None,
             retire: Vec::new(),
+            snapshots: Vec::new(),
         }),
         ..VolumeRecord::default()
     };

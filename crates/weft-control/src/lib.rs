@@ -27,7 +27,7 @@ pub use memory::{Clock, ManualClock, MemoryStore, SystemClock};
 pub use mirror::Mirror;
 pub use records::{
     check_nqn, DesiredState, HostRecord, PoolRecord, QosLimits, ReplicaRecord, ReplicaState,
-    ReplicationRecord, Versioned, VolumeRecord,
+    ReplicatedSnapshot, ReplicationRecord, Versioned, VolumeRecord,
 };
 pub use store::{
     Change, Condition, Entry, LeaseId, Listing, Revision, Store, StoreError, Txn, WatchEvent,

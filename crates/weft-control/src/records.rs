@@ -129,12 +129,37 @@ pub struct ReplicationRecord {
     /// leaves the record (`weft_replication::ReplicaSet::retire`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub retire: Vec<String>,
+    /// Its snapshots, each taken by the primary on its own copy and every
+    /// in-sync replica at one point of the write stream.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub snapshots: Vec<ReplicatedSnapshot>,
+}
+
+/// A snapshot of a replicated volume.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicatedSnapshot {
+    /// Its name.
+    pub name: String,
+    /// The nodes whose copies hold it (empty while it is being taken). A
+    /// node's copy made again later (a replica added back) holds none, and
+    /// the node leaves every list when it is added.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<String>,
+    /// Being taken: the primary quiesces the volume's writes and asks every
+    /// copy in sync. One left so by a failure can be deleted, or taken again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub taking: bool,
 }
 
 impl ReplicationRecord {
     /// The replica on `node`, if it holds one.
     pub fn member(&self, node: &str) -> Option<&ReplicaRecord> {
         self.members.iter().find(|m| m.node == node)
+    }
+
+    /// The snapshot called `name`, if any.
+    pub fn snapshot(&self, name: &str) -> Option<&ReplicatedSnapshot> {
+        self.snapshots.iter().find(|s| s.name == name)
     }
 
     /// Whether `node` holds a replica another node serves.

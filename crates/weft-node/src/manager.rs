@@ -30,6 +30,7 @@ mod primaries;
 mod publish;
 pub(crate) mod replicas;
 mod shutdown;
+pub(crate) mod snapshots;
 
 pub use replicas::{node_host_nqn, replica_keys, replica_nqn, ReplicaPlacement};
 
@@ -390,6 +391,10 @@ pub enum AdminError {
     /// The request cannot be served as asked.
     #[error("{0}")]
     Invalid(String),
+    /// Not now (a replicated volume is failing over, or a replica did not
+    /// answer in time): the same request may succeed in a moment.
+    #[error("{0}")]
+    Unavailable(String),
     /// Not done for replicated volumes yet.
     #[error("{what} is not supported for replicated volumes yet (volume {volume} has replicas)")]
     NotForReplicated {
@@ -521,6 +526,9 @@ pub struct Manager {
     rebuild_bytes_per_s: u64,
     /// Shut down (before exit): no replicator starts, no replicated write runs.
     shut_down: bool,
+    /// Where the admin operation being run answers; an operation that
+    /// answers later (a replicated volume's snapshot) takes it.
+    caller: Option<Sender<Result<(), AdminError>>>,
 }
 
 impl Manager {
@@ -581,6 +589,7 @@ impl Manager {
             intents: BTreeMap::new(),
             cluster_lease: None,
             replicators: BTreeMap::new(),
+            caller: None,
             rebuild_bytes_per_s: u64::MAX,
             shut_down: false,
         };
@@ -760,11 +769,14 @@ impl Manager {
                     self.persist_cleared_intents();
                 }
                 Next::Admin(Admin { op, reply }) => {
+                    self.caller = Some(reply);
                     let result = self.admin(op, plane);
                     // Published before the caller hears back, so that what
                     // it reads next shows its change.
                     self.publish();
-                    let _ = reply.send(result);
+                    if let Some(reply) = self.caller.take() {
+                        let _ = reply.send(result);
+                    }
                 }
                 Next::Idle => {
                     self.publish_member_usage();
@@ -866,6 +878,9 @@ impl Manager {
                 .deallocate(&request.volume, offset, len)
                 .and_then(|()| if fua { pool.flush() } else { Ok(()) }),
             VolumeWork::Flush => pool.flush(),
+            VolumeWork::Snapshot(name) => {
+                snapshots::replica_snapshot(pool, &request.volume, name.as_str())
+            }
         };
         note_pool_failure(pool, health);
         let outcome = match (request.work, result) {
@@ -959,7 +974,7 @@ impl Manager {
                 snapshot,
                 name,
             } => {
-                self.refuse_replicated(&volume, "cloning")?;
+                self.check_replicated_clone(&volume, &snapshot)?;
                 self.check_volume_name_free(&name)?;
                 let pool = self.pool_of(&volume)?;
                 self.claimed(&name, &pool, VolumeRecord::default(), |manager| {
@@ -970,11 +985,29 @@ impl Manager {
                 log::info!("volume {name} cloned from {volume}@{snapshot}");
             }
             AdminOp::FlattenVolume(name) => self.flatten(&name)?,
+            AdminOp::CreateSnapshot { volume, name }
+                if self.replicated_record(&volume)?.is_some() =>
+            {
+                // Answered by the volume's replicator once taken (or at once
+                // if refused here).
+                let Some(reply) = self.caller.take() else {
+                    return Err(AdminError::Node(
+                        "a snapshot asked for with nobody to answer".into(),
+                    ));
+                };
+                if let Err(error) = self.create_replicated_snapshot(&volume, &name, reply.clone()) {
+                    let _ = reply.send(Err(error));
+                }
+            }
             AdminOp::CreateSnapshot { volume, name } => {
-                self.refuse_replicated(&volume, "a snapshot")?;
                 let pool = self.pool_of(&volume)?;
                 self.pool_mut(&pool)?.create_snapshot(&volume, &name)?;
                 log::info!("snapshot {volume}@{name} created");
+            }
+            AdminOp::DeleteSnapshot { volume, name }
+                if self.replicated_record(&volume)?.is_some() =>
+            {
+                self.delete_replicated_snapshot(&volume, &name)?
             }
             AdminOp::DeleteSnapshot { volume, name } => {
                 let pool = self.pool_of(&volume)?;
@@ -1002,6 +1035,7 @@ impl Manager {
             // Rebuilding the exports (below) applies hosts, attachments,
             // identities and every volume's limits from the records.
             AdminOp::Reconcile => {
+                self.drop_stale_snapshots();
                 self.drop_removed_replicas(plane);
                 self.create_missing_replicas();
             }
@@ -1095,6 +1129,7 @@ impl Manager {
                 nqn,
             });
         }
+        self.check_replicated_snapshots_gone(name, &pool)?;
         self.pool_mut(&pool)?.check_deletable(name)?;
         // Forget who may use it, stop serving it (hosts are disconnected),
         // then release its space. A crash in between leaves a volume that no

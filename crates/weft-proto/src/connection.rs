@@ -1079,6 +1079,10 @@ impl Connection {
                 intent.clean(crate::intent::clean_regions(data, regions));
                 0
             }
+            IoPlan::Snapshot { nsid, name_len } => {
+                push(nsid, IoKind::Snapshot { name_len });
+                1
+            }
         };
         if pending == 0 {
             self.complete(slot, Status::SUCCESS, 0, 0, buffers);
@@ -3092,6 +3096,49 @@ mod tests {
         let (command, data) = clean(7, &[3]);
         let invalid = io.command(&command, &data).pop().unwrap();
         assert_eq!(invalid.status(), Status::INVALID_OPCODE);
+    }
+
+    /// A replica's Snapshot (85h) reaches the data plane with its name,
+    /// only from the fence holder, only where the subsystem has an intent,
+    /// with a name of 1 to 64 bytes that is exactly its data.
+    #[test]
+    fn a_snapshot_command_carries_its_name_to_the_data_plane() {
+        use crate::intent::{WriteIntent, SNAPSHOT_OPCODE};
+        let target = test_target();
+        let intent = Arc::new(WriteIntent::new(64 << 20, 20, [], false));
+        update(&target, |config| {
+            config.subsystems[0].fenced = true;
+            config.subsystems[0].intent = Some(Arc::clone(&intent));
+        });
+        let (mut admin, mut io) = ready_io_queue(&target);
+        let snapshot = |cid: u16, name: &[u8], declared: u32| {
+            let mut command = sqe(SNAPSHOT_OPCODE, cid, 1, name.len() as u32, true);
+            set_cdw(&mut command, 10, declared);
+            command
+        };
+        let refused = io.command(&snapshot(2, b"s1", 2), b"s1").pop().unwrap();
+        assert_eq!(refused.status(), Status::RESERVATION_CONFLICT, "not fenced");
+        assert_eq!(
+            admin.simple(&fence_command(3, 1, 1)).status(),
+            Status::SUCCESS
+        );
+        let done = io.command(&snapshot(4, b"s1", 2), b"s1").pop().unwrap();
+        assert_eq!(done.status(), Status::SUCCESS);
+        assert_eq!(io.snapshots, vec!["s1".to_string()]);
+        let short = io.command(&snapshot(5, b"s1", 3), b"s1").pop().unwrap();
+        assert_eq!(short.status(), Status::SGL_LENGTH_INVALID);
+        let long = [b'a'; 65];
+        let too_long = io.command(&snapshot(6, &long, 65), &long).pop().unwrap();
+        assert_eq!(too_long.status(), Status::INVALID_FIELD);
+        let mut other_ns = snapshot(7, b"s2", 2);
+        other_ns[4..8].copy_from_slice(&9u32.to_le_bytes());
+        let missing = io.command(&other_ns, b"s2").pop().unwrap();
+        assert_eq!(missing.status(), Status::INVALID_NAMESPACE);
+        update(&target, |config| config.subsystems[0].intent = None);
+        io.update_config(target.config());
+        let invalid = io.command(&snapshot(8, b"s3", 2), b"s3").pop().unwrap();
+        assert_eq!(invalid.status(), Status::INVALID_OPCODE);
+        assert_eq!(io.snapshots.len(), 1, "only the valid one ran");
     }
 
     /// A write waiting for its data when the path becomes Inaccessible

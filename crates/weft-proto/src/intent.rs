@@ -22,6 +22,12 @@
 //!   replica, so its unflushed writes may be gone anywhere; the primary
 //!   rebuilds it in full. Every write goes to the slow path until a write
 //!   clears it.
+//! - The primary takes a snapshot of the replica's copy with the vendor I/O
+//!   command Snapshot ([`SNAPSHOT_OPCODE`], 85h, data from host to
+//!   controller: the snapshot's name, CDW10 its length in bytes). It too
+//!   travels behind the writes; the primary sends it once every write before
+//!   it completed, so that every copy's snapshot holds the same writes. The
+//!   node takes it (replacing one of that name) in its slow path.
 //!
 //! Lock-free: one relaxed atomic load per region to check a write.
 
@@ -34,6 +40,15 @@ pub const INTENT_LOG: u8 = 0xC0;
 /// I/O opcode of Clean (vendor specific): CDW10 holds the number of regions,
 /// the data their indices as little-endian u32s.
 pub const CLEAN_OPCODE: u8 = 0x81;
+
+/// I/O opcode of Snapshot (vendor specific; bits 1:0 = 01b, data from
+/// host to controller, as Figure 81 requires): CDW10 holds the name's
+/// length, the data the name.
+pub const SNAPSHOT_OPCODE: u8 = 0x85;
+
+/// The longest snapshot name a Snapshot command carries (the volume
+/// manager's name limit).
+pub const SNAPSHOT_NAME_BYTES_MAX: u32 = 64;
 
 /// Bytes before the region list in the intent log page.
 pub const INTENT_LOG_HEADER_LEN: usize = 16;

@@ -69,6 +69,12 @@ pub enum IoKind {
         /// Length in bytes.
         len: u64,
     },
+    /// Take a snapshot of a replica's copy (a replica subsystem's vendor
+    /// command): its name is the first `name_len` bytes of the slot buffer.
+    Snapshot {
+        /// Length of the name in bytes.
+        name_len: u32,
+    },
 }
 
 /// How a block I/O failed, as the data plane classifies it.
@@ -102,7 +108,7 @@ impl IoKind {
             IoKind::WriteZeroes { offset, len, .. } | IoKind::Deallocate { offset, len } => {
                 Some((offset, len))
             }
-            IoKind::Read { .. } | IoKind::Flush => None,
+            IoKind::Read { .. } | IoKind::Flush | IoKind::Snapshot { .. } => None,
         }
     }
 }
@@ -142,6 +148,9 @@ pub enum IoPlan {
     /// Clean: drop `regions` regions (u32s in the slot buffer) from the
     /// replica's write intent (see [`crate::intent`]).
     Clean { regions: u32 },
+    /// Snapshot: take a snapshot of the replica's copy, named by the first
+    /// `name_len` bytes of the slot buffer (see [`crate::intent`]).
+    Snapshot { nsid: Nsid, name_len: u32 },
 }
 
 impl IoPlan {
@@ -171,6 +180,9 @@ impl IoPlan {
         }
         if command.opcode == crate::intent::CLEAN_OPCODE {
             return clean(command, subsystem);
+        }
+        if command.opcode == crate::intent::SNAPSHOT_OPCODE {
+            return snapshot(command, subsystem);
         }
         let known = matches!(
             command.opcode,
@@ -229,6 +241,29 @@ fn clean(command: &Command, subsystem: &SubsystemConfig) -> Result<IoPlan, Statu
         return Err(Status::SGL_LENGTH_INVALID);
     }
     Ok(IoPlan::Clean { regions })
+}
+
+/// A Snapshot: only on a subsystem with a write intent (a replica
+/// subsystem), for one of its namespaces, with a name of 1 to
+/// [`crate::intent::SNAPSHOT_NAME_BYTES_MAX`] bytes (CDW10) as its data.
+fn snapshot(command: &Command, subsystem: &SubsystemConfig) -> Result<IoPlan, Status> {
+    if subsystem.intent.is_none() {
+        return Err(Status::INVALID_OPCODE);
+    }
+    let ns = subsystem
+        .namespace(command.nsid)
+        .ok_or(Status::INVALID_NAMESPACE)?;
+    let name_len = command.cdw(10);
+    if !(1..=crate::intent::SNAPSHOT_NAME_BYTES_MAX).contains(&name_len) {
+        return Err(Status::INVALID_FIELD);
+    }
+    if command.sgl.length != name_len {
+        return Err(Status::SGL_LENGTH_INVALID);
+    }
+    Ok(IoPlan::Snapshot {
+        nsid: ns.nsid,
+        name_len,
+    })
 }
 
 fn data_command(

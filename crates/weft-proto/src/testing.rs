@@ -231,6 +231,8 @@ pub struct Pair {
     /// When set, every delivery to the target is appended here too (the
     /// fuzz seeds are recorded from the host model this way).
     pub recorded: Option<Vec<Vec<u8>>>,
+    /// Names of the snapshots replica Snapshot commands asked for, in order.
+    pub snapshots: Vec<String>,
 }
 
 impl Pair {
@@ -254,6 +256,7 @@ impl Pair {
             hold_io: false,
             held_io: Vec::new(),
             recorded: None,
+            snapshots: Vec::new(),
         }
     }
 
@@ -341,6 +344,11 @@ impl Pair {
             IoKind::Flush => {}
             IoKind::WriteZeroes { offset, len, .. } | IoKind::Deallocate { offset, len } => {
                 disk[offset as usize..(offset + len) as usize].fill(0);
+            }
+            IoKind::Snapshot { name_len } => {
+                let name = &buffer[..name_len as usize];
+                self.snapshots
+                    .push(String::from_utf8_lossy(name).into_owned());
             }
         }
         self.connection

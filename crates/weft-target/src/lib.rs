@@ -27,5 +27,6 @@ pub use listener::{DataPlane, StartError};
 pub use meter::Meter;
 pub use peers::PeerLimits;
 pub use volume::{
-    VolumeBackend, VolumeManager, VolumeOutcome, VolumeReply, VolumeRequest, VolumeWork,
+    SnapshotName, VolumeBackend, VolumeManager, VolumeOutcome, VolumeReply, VolumeRequest,
+    VolumeWork,
 };

@@ -20,7 +20,9 @@ use crate::health::FailedOperation;
 use crate::meter::{IoClass, LocalStats, Meter};
 use crate::peers::PeerAdmission;
 use crate::replicated::{Replicated, ReplicatedIo, ReplicatedWork};
-use crate::volume::{Piece, VolumeBackend, VolumeOutcome, VolumeReply, VolumeRequest, VolumeWork};
+use crate::volume::{
+    Piece, SnapshotName, VolumeBackend, VolumeOutcome, VolumeReply, VolumeRequest, VolumeWork,
+};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::fs::File;
@@ -926,6 +928,7 @@ impl Reactor {
                 };
                 return self.ask_manager(index, request, &volume, work);
             }
+            IoKind::Snapshot { .. } => unreachable!("snapshots are routed before"),
         };
         if !volume.gate.enter() {
             return self.ask_manager(index, request, &volume, VolumeWork::Wait);
@@ -1059,12 +1062,42 @@ impl Reactor {
             },
             IoKind::Flush => ReplicatedWork::Flush,
             IoKind::Read { .. } => unreachable!("reads are served here"),
+            IoKind::Snapshot { .. } => unreachable!("snapshots are taken on replica subsystems"),
         };
         peer.ops_in_flight += 1;
         replicated.submit(ReplicatedIo {
             work,
             reply: VolumeReply::reactor(Arc::clone(&self.mailbox), index, request),
         });
+    }
+
+    /// A replica's Snapshot command: the manager takes it (a device
+    /// namespace has no snapshots: refused).
+    fn snapshot(
+        &mut self,
+        index: usize,
+        request: IoRequest,
+        volume: Option<Arc<VolumeBackend>>,
+        name_len: u32,
+    ) {
+        let peer = self.connections[index].as_mut().expect("live connection");
+        let name = SnapshotName::new(&peer.slots.buffer(request.slot)[..name_len as usize]);
+        match (volume, name) {
+            (Some(volume), Some(name)) => {
+                self.ask_manager(index, request, &volume, VolumeWork::Snapshot(name))
+            }
+            _ => {
+                let now_ns = self.now_ns();
+                let peer = self.connections[index].as_mut().expect("live connection");
+                finish_io(
+                    peer,
+                    &mut self.meters,
+                    now_ns,
+                    request.slot,
+                    Err(IoError::Other),
+                );
+            }
+        }
     }
 
     /// Hands an I/O to the volume manager; the connection stays alive until it answers.
@@ -1317,6 +1350,13 @@ impl Reactor {
             let result = Err(IoError::Failed);
             return finish_io(peer, &mut self.meters, now_ns, request.slot, result);
         }
+        if let IoKind::Snapshot { name_len } = request.kind {
+            let volume = match &namespace.backend {
+                Backend::Volume(volume) => Some(Arc::clone(volume)),
+                Backend::Device(_) => None,
+            };
+            return self.snapshot(index, request, volume, name_len);
+        }
         let device = match &namespace.backend {
             Backend::Device(device) => device.as_ref(),
             Backend::Volume(volume) => {
@@ -1384,6 +1424,7 @@ impl Reactor {
             IoKind::Deallocate { offset, len } => {
                 return self.start_zeroing(index, slot, zeroing(device, offset, len, false))
             }
+            IoKind::Snapshot { .. } => unreachable!("snapshots never reach a device"),
         };
         peer.io_len[usize::from(slot.0)] = expected;
         peer.ops_in_flight += 1;
@@ -1473,9 +1514,10 @@ fn io_class(kind: &IoKind) -> (IoClass, u32) {
     match *kind {
         IoKind::Read { len, .. } => (IoClass::Read, len),
         IoKind::Write { len, .. } => (IoClass::Write, len),
-        IoKind::Flush | IoKind::WriteZeroes { .. } | IoKind::Deallocate { .. } => {
-            (IoClass::Other, 0)
-        }
+        IoKind::Flush
+        | IoKind::WriteZeroes { .. }
+        | IoKind::Deallocate { .. }
+        | IoKind::Snapshot { .. } => (IoClass::Other, 0),
     }
 }
 
@@ -1567,6 +1609,7 @@ fn memory_io(
         IoKind::WriteZeroes { offset, len, .. } | IoKind::Deallocate { offset, len } => {
             device.zero_inline(offset, len)
         }
+        IoKind::Snapshot { .. } => unreachable!("snapshots never reach a device"),
     }
 }
 

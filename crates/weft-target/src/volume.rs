@@ -153,6 +153,48 @@ pub enum VolumeWork {
     },
     /// Make every completed write durable, then give the result.
     Flush,
+    /// Take a snapshot of the volume called `name` (replacing one of that
+    /// name), then give the result: a replica's copy, at the point of the
+    /// write stream where its primary asked.
+    Snapshot(SnapshotName),
+}
+
+/// A snapshot's name, carried inline so that slow-path work stays `Copy`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct SnapshotName {
+    bytes: [u8; SnapshotName::BYTES_MAX],
+    len: u8,
+}
+
+impl SnapshotName {
+    /// The longest name (the volume manager's limit).
+    pub const BYTES_MAX: usize = weft_proto::intent::SNAPSHOT_NAME_BYTES_MAX as usize;
+
+    /// The name in `bytes`: none if empty, too long or not UTF-8 (the
+    /// manager checks it as it checks any name).
+    pub fn new(bytes: &[u8]) -> Option<SnapshotName> {
+        if bytes.is_empty() || bytes.len() > Self::BYTES_MAX || std::str::from_utf8(bytes).is_err()
+        {
+            return None;
+        }
+        let mut name = SnapshotName {
+            bytes: [0; Self::BYTES_MAX],
+            len: bytes.len() as u8,
+        };
+        name.bytes[..bytes.len()].copy_from_slice(bytes);
+        Some(name)
+    }
+
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.bytes[..usize::from(self.len)]).expect("checked in new")
+    }
+}
+
+impl fmt::Debug for SnapshotName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", self.as_str())
+    }
 }
 
 /// The manager's answer.
@@ -226,6 +268,16 @@ mod tests {
     struct Nowhere;
     impl VolumeManager for Nowhere {
         fn submit(&self, _request: VolumeRequest) {}
+    }
+
+    #[test]
+    fn snapshot_names_are_carried_inline_within_the_limit() {
+        assert_eq!(SnapshotName::new(b"s1").unwrap().as_str(), "s1");
+        let longest = [b'a'; 64];
+        assert_eq!(SnapshotName::new(&longest).unwrap().as_str().len(), 64);
+        assert!(SnapshotName::new(&[b'a'; 65]).is_none());
+        assert!(SnapshotName::new(b"").is_none());
+        assert!(SnapshotName::new(&[0xFF, 0xFE]).is_none(), "not UTF-8");
     }
 
     #[test]

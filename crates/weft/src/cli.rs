@@ -231,9 +231,9 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
             ("POST", path, Some(json!({"size_bytes": size_bytes})), Show::Done("resized"))
         }
         ("volume", "clone") => {
-            known(&[])?;
+            known(&["node"])?;
             let source = operand(1, "source VOLUME@SNAPSHOT")?;
-            let body = json!({"name": operand(2, "new volume name")?, "source": source});
+            let body = json!({"name": operand(2, "new volume name")?, "source": source, "node": option("node")});
             ("POST", "volumes".to_string(), Some(body), Show::Done("cloned"))
         }
         ("volume", "flatten") => {
@@ -819,14 +819,6 @@ fn print_volume(v: &VolumeView) {
     if let Some(origin) = &v.origin {
         println!("origin      {origin}");
     }
-    println!(
-        "snapshots   {}",
-        if v.snapshots.is_empty() {
-            "-".to_string()
-        } else {
-            v.snapshots.join(", ")
-        }
-    );
     let list = |items: &[String]| {
         if items.is_empty() {
             "-".to_string()
@@ -834,6 +826,19 @@ fn print_volume(v: &VolumeView) {
             items.join(", ")
         }
     };
+    match &v.snapshot_copies {
+        Some(copies) if !copies.is_empty() => {
+            for copy in copies {
+                println!(
+                    "snapshot    {}: {}, on {}",
+                    copy.name,
+                    copy.state,
+                    list(&copy.nodes)
+                );
+            }
+        }
+        _ => println!("snapshots   {}", list(&v.snapshots)),
+    }
     println!("attached    {}", list(&v.hosts));
     println!("connected   {}", list(&v.connected_hosts));
     println!("limits      {}", qos_summary(&v.qos));

@@ -40,7 +40,7 @@ Usage:
   weft volume create NAME --size SIZE [--pool POOL] [--node NODE] [--replicas N] [--thick] [--block-size 512|4096]
                      [--nqn NQN] [--uuid UUID] [--nguid HEX]   (what hosts see; default weft's)
   weft volume list | show NAME | delete NAME [--force] | resize NAME --size SIZE
-  weft volume clone VOLUME@SNAPSHOT NAME | flatten NAME
+  weft volume clone VOLUME@SNAPSHOT NAME [--node NODE] | flatten NAME
   weft volume move-primary NAME [--to NODE]   (a replicated volume's primary, planned)
   weft volume set NAME --replicas N   (1 to 3: add replicas, built in full, or remove some)
   weft snapshot create VOLUME@SNAPSHOT | delete VOLUME@SNAPSHOT

@@ -554,3 +554,91 @@ fn a_node_shut_down_cleanly_keeps_its_replicas_clean_and_hands_its_primaries_on(
     drop((queue, controller));
     drop(etcd);
 }
+
+/// An I/O queue to volume `volume`'s subsystem on `node`, as the host.
+fn connect_to(node: &Node, volume: &str) -> (Controller, Queue) {
+    let nqn = format!("nqn.2026-11.io.weft:vol:{volume}");
+    let url = TargetUrl::parse(&format!("{}/{nqn}", node.nvme)).unwrap();
+    let options = ConnectOptions {
+        host_nqn: HOST_NQN.into(),
+        ..ConnectOptions::default()
+    };
+    let controller = Controller::connect(&url, options, 1).unwrap();
+    let queue = controller.open_io_queue(1).unwrap();
+    (controller, queue)
+}
+
+#[test]
+fn a_snapshot_of_a_replicated_volume_holds_the_same_writes_on_every_copy() {
+    const BLOCKS: u64 = 512;
+    let dir = temp_dir("replication-snapshot");
+    let (etcd, _, _, [n1, n2, n3]) = three_nodes(&dir, "");
+    let nodes = [("n1", &n1), ("n2", &n2), ("n3", &n3)];
+    replicated_volume(&n1, &dir, "3", &["--node", "n1"]);
+    let (controller, mut queue) = connect(&n1);
+    write_blocks(&mut queue, 0..BLOCKS);
+    eventually("every replica in sync", || in_sync(&n1) == 3);
+
+    // The snapshot is taken while the host rewrites every block in order,
+    // each write acknowledged before the next is sent.
+    let writer = std::thread::spawn(move || {
+        for block in 0..BLOCKS {
+            let data = pattern(block, 2);
+            retrying("write", || queue.write(1, block, BLOCK, &data));
+        }
+        drop((queue, controller));
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    let taken = Instant::now();
+    ok(&n2, &["snapshot", "create", "rep@s1"]);
+    eprintln!("snapshot taken in {:?}", taken.elapsed());
+    writer.join().unwrap();
+    let shown = ok(&n3, &["volume", "show", "rep"]);
+    assert!(shown.contains("snapshot    s1: taken, on n1, "), "{shown}");
+    let again = support::refused(&n1, &["snapshot", "create", "rep@s1"]);
+    assert!(again.contains("exists"), "{again}");
+
+    // A clone of it on each node, from that node's copy: every clone holds
+    // the same blocks, the rewrite up to one block and none after it.
+    let mut contents = Vec::new();
+    for (name, node) in nodes {
+        let clone = format!("c{name}");
+        ok(&n1, &["volume", "clone", "rep@s1", &clone, "--node", name]);
+        ok(&n1, &["volume", "attach", &clone, "--host", "tester"]);
+        let (controller, mut queue) = connect_to(node, &clone);
+        let blocks: Vec<Vec<u8>> = (0..BLOCKS)
+            .map(|block| queue.read(1, block, BLOCK, BLOCK).unwrap().to_vec())
+            .collect();
+        drop((queue, controller));
+        contents.push(blocks);
+    }
+    let rewritten = contents[0].iter().take_while(|data| data[8] == 2).count() as u64;
+    eprintln!("the snapshot holds the rewrite of blocks 0..{rewritten}");
+    for block in 0..BLOCKS {
+        let generation = if block < rewritten { 2 } else { 1 };
+        assert_eq!(contents[0][block as usize], pattern(block, generation));
+    }
+    assert!(
+        contents.iter().all(|c| *c == contents[0]),
+        "the copies differ"
+    );
+
+    // Deleted: from the record and from every node's copy; the clones stay.
+    ok(&n3, &["snapshot", "delete", "rep@s1"]);
+    let shown = ok(&n1, &["volume", "show", "rep"]);
+    assert!(shown.contains("snapshots   -"), "{shown}");
+    for (name, _) in nodes {
+        eventually("the snapshot deleted on every node", || {
+            let path = format!("/api/v1/pools/p?node={name}");
+            let (_, pool) = support::api(&n1, Some(&n1.token), "GET", &path, None);
+            pool["snapshots"].as_u64() == Some(0)
+        });
+    }
+    let (controller, mut queue) = connect_to(&n2, "cn2");
+    assert_eq!(
+        queue.read(1, 0, BLOCK, BLOCK).unwrap().to_vec(),
+        contents[0][0]
+    );
+    drop((queue, controller));
+    drop(etcd);
+}

@@ -31,7 +31,9 @@ impl Touched {
             VolumeWork::Flush => {
                 self.pools.entry(request.pool.clone()).or_default();
             }
-            VolumeWork::PrepareWrite { .. } | VolumeWork::Deallocate { .. } => {
+            VolumeWork::PrepareWrite { .. }
+            | VolumeWork::Deallocate { .. }
+            | VolumeWork::Snapshot(_) => {
                 self.pools
                     .entry(request.pool.clone())
                     .or_default()

@@ -74,6 +74,7 @@ impl Manager {
             move_to: None,
             previous: None,
             retire: Vec::new(),
+            snapshots: Vec::new(),
         }))
     }
 
@@ -162,8 +163,8 @@ impl Manager {
                 continue;
             }
             let dropped = self
-                .pool_mut(&pool)
-                .and_then(|p| Ok(p.check_deletable(&name)?))
+                .drop_copy_snapshots(&pool, &name)
+                .and_then(|()| Ok(self.pool_mut(&pool)?.check_deletable(&name)?))
                 .and_then(|()| self.discard_volume(&name, &pool, plane));
             match dropped {
                 Ok(()) => log::info!(

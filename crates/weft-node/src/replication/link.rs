@@ -50,11 +50,18 @@ pub(crate) enum Payload {
     Zeroes { deallocate: bool, blocks: u64 },
 }
 
-/// A message for the replica, with the data of a write or copy.
+/// A message for the replica.
 #[derive(Debug)]
-pub(crate) struct Outgoing {
-    pub(crate) msg: ToReplica,
-    pub(crate) payload: Option<Payload>,
+pub(crate) enum Outgoing {
+    /// The replication core's, with the data of a write or copy.
+    Core {
+        msg: ToReplica,
+        payload: Option<Payload>,
+    },
+    /// Take a snapshot of the replica's copy (see `super::snapshot`); the
+    /// answer comes as [`Event::SnapshotTaken`], and a failure does not end
+    /// the session.
+    Snapshot { name: String },
 }
 
 /// Where a link connects and how.
@@ -109,6 +116,8 @@ impl Link {
 #[derive(Debug, Clone, Copy)]
 struct Part {
     op: Option<OpId>,
+    /// A Snapshot command.
+    snapshot: bool,
 }
 
 /// A command built from a message, with its data.
@@ -210,7 +219,10 @@ impl Session {
 
     /// Turns a message into commands, queued for submission.
     fn build(&mut self, outgoing: Outgoing) {
-        let Outgoing { msg, payload } = outgoing;
+        let (msg, payload) = match outgoing {
+            Outgoing::Core { msg, payload } => (msg, payload),
+            Outgoing::Snapshot { name } => return self.build_snapshot(&name),
+        };
         match msg {
             ToReplica::Fence { .. } => {
                 debug_assert!(false, "a fence starts a new session");
@@ -236,6 +248,21 @@ impl Session {
                 }
             }
         }
+    }
+
+    fn build_snapshot(&mut self, name: &str) {
+        let mut command = sqe(weft_proto::intent::SNAPSHOT_OPCODE, NSID);
+        set_cdw(&mut command, 10, name.len() as u32);
+        let transfer = DataTransfer::ToController(name.len() as u32);
+        self.waiting.push_back(Built {
+            command,
+            transfer,
+            data: Some(name.as_bytes().to_vec()),
+            part: Part {
+                op: None,
+                snapshot: true,
+            },
+        });
     }
 
     fn build_write(&mut self, op: OpId, block: u64, payload: Option<Payload>, fua: bool) {
@@ -286,7 +313,10 @@ impl Session {
             command,
             transfer,
             data,
-            part: Part { op },
+            part: Part {
+                op,
+                snapshot: false,
+            },
         });
     }
 
@@ -318,6 +348,17 @@ impl Session {
         if status == Status::RESERVATION_CONFLICT {
             // Fenced by someone else: this session is over.
             return Err("fenced by a newer session".into());
+        }
+        if part.snapshot {
+            if !status.is_success() {
+                log::warn!("replica {:?}: snapshot not taken: {status}", self.node);
+            }
+            let taken = status.is_success();
+            let _ = self.events.send(Event::SnapshotTaken {
+                node: self.node,
+                taken,
+            });
+            return Ok(());
         }
         if !status.is_success() {
             return Err(format!("command failed: {status}"));

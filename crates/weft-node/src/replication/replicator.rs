@@ -18,10 +18,11 @@
 use super::link::{Link, LinkTarget, Outgoing, Payload};
 use super::local::{LocalPool, LocalResult, LocalWork};
 use super::progress::Tracker;
+use super::snapshot::{Step, Taking};
 use super::Event;
 use crate::manager::intents::IntentFile;
 use crate::manager::replicas::replica_nqn;
-use crate::manager::{AdminOp, ManagerHandle};
+use crate::manager::{AdminError, AdminOp, ManagerHandle};
 use crate::status::RebuildStatus;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -35,11 +36,14 @@ use weft_control::{DesiredState, ReplicationRecord, StoreError, VolumeRecord};
 use weft_initiator::ConnectOptions;
 use weft_proto::IoError;
 use weft_replication::{
-    Action, Extent, Geometry, HostResult, NodeId, OpId, Primary, PrimaryConfig, PrimaryPhase,
-    RegionSet, ToReplica,
+    Action, Extent, FromReplica, Geometry, HostResult, NodeId, OpId, Primary, PrimaryConfig,
+    PrimaryPhase, RegionSet, ToReplica,
 };
 use weft_target::replicated::{Replicated, ReplicatedIo, ReplicatedSink, ReplicatedWork, Serving};
-use weft_target::{VolumeBackend, VolumeOutcome, VolumeReply};
+use weft_target::{
+    SnapshotName, VolumeBackend, VolumeManager, VolumeOutcome, VolumeReply, VolumeRequest,
+    VolumeWork,
+};
 
 /// How often the primary looks at the time (timeouts, lease, rejoins).
 const TICK: Duration = Duration::from_millis(20);
@@ -91,6 +95,20 @@ impl ReplicatorHandle {
     /// Asks it to stop (it completes what it holds as Inaccessible); does not wait.
     pub(crate) fn stop(&self) {
         let _ = self.events.send(Event::Stop);
+    }
+
+    /// Asks it to take snapshot `name` of every copy in sync; `reply` hears
+    /// the result (see `super::snapshot`).
+    pub(crate) fn snapshot(&self, name: String, reply: Sender<Result<(), AdminError>>) {
+        let event = Event::Snapshot {
+            name,
+            reply: reply.clone(),
+        };
+        if self.events.send(event).is_err() {
+            let _ = reply.send(Err(AdminError::Unavailable(
+                "this node stopped being the volume's primary; try again".into(),
+            )));
+        }
     }
 }
 
@@ -184,6 +202,12 @@ struct Replicator {
     limiter: CopyLimiter,
     /// Copies' local reads held back by the rebuild bandwidth limit.
     deferred: std::collections::VecDeque<(OpId, Extent)>,
+    /// This node's name and the volume's pool here.
+    me: String,
+    pool: String,
+    /// A snapshot being taken, and the host writes held back meanwhile.
+    snapshot: Option<Taking>,
+    held: std::collections::VecDeque<ReplicatedIo>,
 }
 
 impl Replicator {
@@ -297,7 +321,12 @@ impl Replicator {
             "volume {volume}: primary of epoch {} (revision {revision})",
             replication.epoch
         );
+        let pool = backend.pool.clone();
         Ok(Some(Replicator {
+            me,
+            pool,
+            snapshot: None,
+            held: std::collections::VecDeque::new(),
             volume,
             primary,
             block_size: u64::from(replication.block_size),
@@ -332,6 +361,7 @@ impl Replicator {
             self.primary.tick(now);
             self.release_copies();
             self.drive();
+            self.advance_snapshot();
             self.publish(now);
             self.track_rebuilds();
             if self.gone || self.primary.phase() == PrimaryPhase::Deposed {
@@ -355,6 +385,17 @@ impl Replicator {
 
     fn finish(&mut self) {
         self.stop_poller.store(true, Ordering::Release);
+        if let Some(taking) = self.snapshot.take() {
+            let error = format!(
+                "volume {}: this node stopped being its primary while snapshot {} was taken; try again",
+                self.volume, taking.name
+            );
+            taking.fail(AdminError::Unavailable(error));
+        }
+        for io in std::mem::take(&mut self.held) {
+            io.reply
+                .send(VolumeOutcome::Done(Err(IoError::PathInaccessible)));
+        }
         self.published.rebuilds.set(&self.volume, Vec::new());
         self.path.set_serving(Serving::Inaccessible);
         for (_, op) in std::mem::take(&mut self.ops) {
@@ -390,7 +431,23 @@ impl Replicator {
         let now = self.lease.now();
         match event {
             Event::Host(io) => self.host(io, now),
-            Event::Replica { node, reply } => self.primary.replica_reply(node, reply, now),
+            Event::Replica { node, reply } => {
+                if let (Some(taking), FromReplica::Refused { .. }) = (&mut self.snapshot, &reply) {
+                    taking.answer(node, false);
+                }
+                self.primary.replica_reply(node, reply, now)
+            }
+            Event::Snapshot { name, reply } => self.begin_snapshot(name, reply),
+            Event::SnapshotTaken { node, taken } => {
+                if let Some(taking) = &mut self.snapshot {
+                    taking.answer(node, taken);
+                }
+            }
+            Event::SnapshotLocal(result) => {
+                if let Some(taking) = &mut self.snapshot {
+                    taking.local_answer(result);
+                }
+            }
             Event::LocalDone { op, result } => self.local_finished(op, result),
             Event::Committed { revision, record } => {
                 self.primary.committed(revision, replica_set(&record), now);
@@ -431,6 +488,10 @@ impl Replicator {
     }
 
     fn host(&mut self, io: ReplicatedIo, now: Duration) {
+        if self.snapshot.is_some() {
+            // After the snapshot, in the order they came.
+            return self.held.push_back(io);
+        }
         self.next_op += 1;
         let op = OpId(self.next_op);
         let ReplicatedIo { work, reply } = io;
@@ -695,8 +756,108 @@ impl Replicator {
             ToReplica::Flush { .. } | ToReplica::Clean { .. } | ToReplica::Fence { .. } => None,
         };
         if let Some(link) = self.links.get(&to) {
-            link.send(Outgoing { msg, payload });
+            link.send(Outgoing::Core { msg, payload });
         }
+    }
+
+    /// A snapshot asked for: taken unless one is under way or this node
+    /// does not serve now.
+    fn begin_snapshot(&mut self, name: String, reply: Sender<Result<(), AdminError>>) {
+        let refusal = if self.snapshot.is_some() {
+            Some(format!(
+                "volume {}: another snapshot is being taken; try again when it is done",
+                self.volume
+            ))
+        } else if self.serving != Serving::Yes {
+            Some(format!(
+                "volume {}: its primary is being set up or handed over; try again in a moment",
+                self.volume
+            ))
+        } else {
+            None
+        };
+        match refusal {
+            Some(refusal) => {
+                let _ = reply.send(Err(AdminError::Unavailable(refusal)));
+            }
+            None => self.snapshot = Some(Taking::new(name, reply)),
+        }
+    }
+
+    /// Moves the snapshot under way on (see `super::snapshot`).
+    fn advance_snapshot(&mut self) {
+        let Some(taking) = &mut self.snapshot else {
+            return;
+        };
+        let writes_in_flight = self.ops.values().any(|op| op.reply.is_some());
+        match taking.step(writes_in_flight, &self.volume) {
+            Step::Waiting => {}
+            Step::Ask => {
+                let in_sync: Vec<NodeId> = self
+                    .primary
+                    .links()
+                    .into_iter()
+                    .filter(|&(node, state)| state == "in-sync" && self.links.contains_key(&node))
+                    .map(|(node, _)| node)
+                    .collect();
+                for node in &in_sync {
+                    let name = taking.name.clone();
+                    self.links[node].send(Outgoing::Snapshot { name });
+                }
+                taking.asked(in_sync);
+                self.snapshot_local();
+            }
+            Step::Done(result) => {
+                let taking = self.snapshot.take().expect("under way");
+                match result {
+                    Ok(replicas) => {
+                        let mut nodes = vec![self.me.clone()];
+                        nodes.extend(replicas.into_iter().map(|node| {
+                            weft_cluster::replicas::node_name(&self.replication, node).to_string()
+                        }));
+                        taking.record(self.desired.clone(), self.volume.clone(), nodes);
+                    }
+                    Err(error) => taking.fail(error),
+                }
+                let now = self.lease.now();
+                for io in std::mem::take(&mut self.held) {
+                    self.host(io, now);
+                }
+            }
+        }
+    }
+
+    /// Asks the manager to take the snapshot of this node's copy.
+    fn snapshot_local(&self) {
+        let name = self
+            .snapshot
+            .as_ref()
+            .map(|t| t.name.as_str())
+            .unwrap_or("");
+        let Some(name) = SnapshotName::new(name.as_bytes()) else {
+            let _ = self
+                .events
+                .send(Event::SnapshotLocal(Err("not a snapshot name".into())));
+            return;
+        };
+        let (sender, answer) = mpsc::channel();
+        self.manager.submit(VolumeRequest {
+            pool: self.pool.clone(),
+            volume: self.volume.clone(),
+            work: VolumeWork::Snapshot(name),
+            reply: VolumeReply::channel(sender),
+        });
+        let events = self.events.clone();
+        std::thread::spawn(move || {
+            let result = match answer.recv() {
+                Ok(VolumeOutcome::Done(Ok(()))) => Ok(()),
+                Ok(VolumeOutcome::Done(Err(error))) => Err(format!("{error:?}")),
+                Ok(VolumeOutcome::Retry) | Err(_) => {
+                    Err("the volume manager did not take it".into())
+                }
+            };
+            let _ = events.send(Event::SnapshotLocal(result));
+        });
     }
 }
 
