@@ -960,11 +960,6 @@ fn admin_failure(error: &AdminError) -> Response {
         AdminError::Node(_) => (500, "node", "check weft's log"),
         AdminError::Invalid(_) => (400, "invalid", "correct the request as the message says"),
         AdminError::Unavailable(_) => (503, "unavailable", "retry in a moment"),
-        AdminError::NotForReplicated { .. } => (
-            409,
-            "replicated",
-            "create a volume of one copy for this, or wait for a later weft",
-        ),
     };
     failure(status, code, &message, hint)
 }

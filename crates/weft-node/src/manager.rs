@@ -23,6 +23,7 @@
 //! both after a restart.
 
 mod claims;
+mod growth;
 pub(crate) mod intents;
 pub use claims::ClusterRole;
 pub use intents::{replicas_after_power_loss, UncleanReplica};
@@ -395,14 +396,6 @@ pub enum AdminError {
     /// answer in time): the same request may succeed in a moment.
     #[error("{0}")]
     Unavailable(String),
-    /// Not done for replicated volumes yet.
-    #[error("{what} is not supported for replicated volumes yet (volume {volume} has replicas)")]
-    NotForReplicated {
-        /// What was asked.
-        what: &'static str,
-        /// The volume.
-        volume: String,
-    },
 }
 
 /// An admin operation waiting for the manager, and where its result goes.
@@ -529,6 +522,9 @@ pub struct Manager {
     /// Where the admin operation being run answers; an operation that
     /// answers later (a replicated volume's snapshot) takes it.
     caller: Option<Sender<Result<(), AdminError>>>,
+    /// Slow-path answers to send once the data plane has new exports (a
+    /// replica's copy grown).
+    after_exports: Vec<(weft_target::VolumeReply, Result<(), IoError>)>,
 }
 
 impl Manager {
@@ -590,6 +586,7 @@ impl Manager {
             cluster_lease: None,
             replicators: BTreeMap::new(),
             caller: None,
+            after_exports: Vec::new(),
             rebuild_bytes_per_s: u64::MAX,
             shut_down: false,
         };
@@ -766,6 +763,7 @@ impl Manager {
             match inbox.next(BATCH_MAX, due) {
                 Next::Io(batch) => {
                     self.serve_io(batch);
+                    self.answer_after_exports(plane);
                     self.persist_cleared_intents();
                 }
                 Next::Admin(Admin { op, reply }) => {
@@ -777,6 +775,7 @@ impl Manager {
                     if let Some(reply) = self.caller.take() {
                         let _ = reply.send(result);
                     }
+                    self.answer_after_exports(plane);
                 }
                 Next::Idle => {
                     self.publish_member_usage();
@@ -804,6 +803,17 @@ impl Manager {
                 Err(error) => VolumeOutcome::Done(Err(error)),
             };
             request.reply.send(outcome);
+        }
+    }
+
+    /// Sends the answers that wait for new exports, after updating them.
+    fn answer_after_exports(&mut self, plane: &DataPlane) {
+        if self.after_exports.is_empty() {
+            return;
+        }
+        plane.update_exports(self.exports());
+        for (reply, result) in std::mem::take(&mut self.after_exports) {
+            reply.send(VolumeOutcome::Done(result));
         }
     }
 
@@ -866,8 +876,15 @@ impl Manager {
             request.reply.send(outcome);
             return None;
         }
+        if let VolumeWork::Grow { size_bytes } = request.work {
+            // Answered once the data plane serves the new size: the
+            // primary writes past the old end right after.
+            let result = self.grow_copy(&request.pool, &request.volume, size_bytes);
+            self.after_exports.push((request.reply, result));
+            return None;
+        }
         let result = match request.work {
-            VolumeWork::Wait | VolumeWork::MarkIntent { .. } => Ok(()),
+            VolumeWork::Wait | VolumeWork::MarkIntent { .. } | VolumeWork::Grow { .. } => Ok(()),
             VolumeWork::PrepareWrite { offset, len } => {
                 match pool.prepare_write(&request.volume, offset, len) {
                     Ok(()) => return Some(request),
@@ -963,8 +980,21 @@ impl Manager {
                 );
             }
             AdminOp::DeleteVolume { name, force } => self.delete_volume(&name, force, plane)?,
+            AdminOp::ResizeVolume { name, size_bytes }
+                if self.replicated_record(&name)?.is_some() =>
+            {
+                // Answered by the volume's replicator once grown (or at
+                // once if refused here).
+                let Some(reply) = self.caller.take() else {
+                    return Err(AdminError::Node(
+                        "a resize asked for with nobody to answer".into(),
+                    ));
+                };
+                if let Err(error) = self.grow_replicated(&name, size_bytes, reply.clone()) {
+                    let _ = reply.send(Err(error));
+                }
+            }
             AdminOp::ResizeVolume { name, size_bytes } => {
-                self.refuse_replicated(&name, "resizing")?;
                 let pool = self.pool_of(&name)?;
                 self.pool_mut(&pool)?.resize_volume(&name, size_bytes)?;
                 log::info!("volume {name} resized to {size_bytes} bytes");
@@ -1035,6 +1065,7 @@ impl Manager {
             // Rebuilding the exports (below) applies hosts, attachments,
             // identities and every volume's limits from the records.
             AdminOp::Reconcile => {
+                self.grow_copies_to_records();
                 self.drop_stale_snapshots();
                 self.drop_removed_replicas(plane);
                 self.create_missing_replicas();

@@ -8,18 +8,18 @@
 //!   the write intent, then writes, copies, flushes and cleans in order).
 //! - [`local`]: the primary's own copy, read and written by a few worker threads.
 //! - [`progress`]: the rebuilds' progress as `volume show` and `/metrics` read it.
-//! - [`snapshot`]: a snapshot taken at one point of the write stream on
-//!   every copy in sync.
+//! - [`barrier`]: a snapshot taken, or a growth made, at one point of the
+//!   write stream on every copy in sync.
 //!
 //! What this does not do: decide who is primary (the cluster controller
 //! promotes, `weft_cluster::replicas`), or serve reads (the reactors do,
 //! while the replicator says this node serves).
 
+pub(crate) mod barrier;
 mod link;
 mod local;
 pub(crate) mod progress;
 pub(crate) mod replicator;
-mod snapshot;
 
 use weft_control::ReplicationRecord;
 use weft_replication::{FromReplica, NodeId};
@@ -48,15 +48,15 @@ pub(crate) enum Event {
         revision: u64,
         record: Option<ReplicationRecord>,
     },
-    /// Take a snapshot (the manager announced it in the record).
-    Snapshot {
-        name: String,
+    /// Take a snapshot or grow, on every copy in sync (`barrier`).
+    Barrier {
+        op: barrier::BarrierOp,
         reply: std::sync::mpsc::Sender<Result<(), crate::manager::AdminError>>,
     },
-    /// A replica answered a Snapshot command.
-    SnapshotTaken { node: NodeId, taken: bool },
-    /// The primary's own copy took the snapshot, or why not.
-    SnapshotLocal(Result<(), String>),
+    /// A replica answered a barrier's command.
+    BarrierDone { node: NodeId, done: bool },
+    /// The primary's own copy made the barrier's change, or why not.
+    BarrierLocal(Result<(), String>),
     /// Stop serving (the volume is deleted, or the node stops).
     Stop,
 }

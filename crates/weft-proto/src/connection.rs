@@ -1083,6 +1083,10 @@ impl Connection {
                 push(nsid, IoKind::Snapshot { name_len });
                 1
             }
+            IoPlan::Grow { nsid, size_bytes } => {
+                push(nsid, IoKind::Grow { size_bytes });
+                1
+            }
         };
         if pending == 0 {
             self.complete(slot, Status::SUCCESS, 0, 0, buffers);
@@ -3139,6 +3143,40 @@ mod tests {
         let invalid = io.command(&snapshot(8, b"s3", 2), b"s3").pop().unwrap();
         assert_eq!(invalid.status(), Status::INVALID_OPCODE);
         assert_eq!(io.snapshots.len(), 1, "only the valid one ran");
+    }
+
+    /// A replica's Grow (84h) reaches the data plane with the new size
+    /// (in CDW10-11), never smaller than the namespace, in whole blocks.
+    #[test]
+    fn a_grow_command_carries_the_new_size_to_the_data_plane() {
+        use crate::intent::{WriteIntent, GROW_OPCODE};
+        let target = test_target();
+        let intent = Arc::new(WriteIntent::new(64 << 20, 20, [], false));
+        update(&target, |config| {
+            config.subsystems[0].fenced = true;
+            config.subsystems[0].intent = Some(intent);
+        });
+        let (mut admin, mut io) = ready_io_queue(&target);
+        let grow = |cid: u16, size_bytes: u64| {
+            let mut command = sqe(GROW_OPCODE, cid, 1, 0, false);
+            set_cdw(&mut command, 10, size_bytes as u32);
+            set_cdw(&mut command, 11, (size_bytes >> 32) as u32);
+            command
+        };
+        // Namespace 1: 512 blocks of 512 bytes.
+        let refused = io.command(&grow(2, 1 << 20), &[]).pop().unwrap();
+        assert_eq!(refused.status(), Status::RESERVATION_CONFLICT, "not fenced");
+        assert_eq!(
+            admin.simple(&fence_command(3, 1, 1)).status(),
+            Status::SUCCESS
+        );
+        let done = io.command(&grow(4, 1 << 20), &[]).pop().unwrap();
+        assert_eq!(done.status(), Status::SUCCESS);
+        assert_eq!(io.disks[&1].len(), 1 << 20);
+        for (cid, size) in [(5, 128 << 10), (6, (1 << 20) + 100)] {
+            let invalid = io.command(&grow(cid, size), &[]).pop().unwrap();
+            assert_eq!(invalid.status(), Status::INVALID_FIELD, "{size} bytes");
+        }
     }
 
     /// A write waiting for its data when the path becomes Inaccessible

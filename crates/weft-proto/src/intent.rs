@@ -28,6 +28,10 @@
 //!   travels behind the writes; the primary sends it once every write before
 //!   it completed, so that every copy's snapshot holds the same writes. The
 //!   node takes it (replacing one of that name) in its slow path.
+//! - The primary grows the replica's copy with the vendor I/O command Grow
+//!   ([`GROW_OPCODE`], 84h, no data: the new size in bytes in CDW10 (low)
+//!   and CDW11 (high)), sent the same way: a volume grows on every copy in
+//!   sync before the primary writes past the old end.
 //!
 //! Lock-free: one relaxed atomic load per region to check a write.
 
@@ -45,6 +49,10 @@ pub const CLEAN_OPCODE: u8 = 0x81;
 /// host to controller, as Figure 81 requires): CDW10 holds the name's
 /// length, the data the name.
 pub const SNAPSHOT_OPCODE: u8 = 0x85;
+
+/// I/O opcode of Grow (vendor specific; bits 1:0 = 00b, no data): the new
+/// size in bytes in CDW10 (low half) and CDW11 (high half).
+pub const GROW_OPCODE: u8 = 0x84;
 
 /// The longest snapshot name a Snapshot command carries (the volume
 /// manager's name limit).

@@ -75,6 +75,12 @@ pub enum IoKind {
         /// Length of the name in bytes.
         name_len: u32,
     },
+    /// Grow a replica's copy to `size_bytes` (a replica subsystem's vendor
+    /// command).
+    Grow {
+        /// The new size in bytes.
+        size_bytes: u64,
+    },
 }
 
 /// How a block I/O failed, as the data plane classifies it.
@@ -108,7 +114,9 @@ impl IoKind {
             IoKind::WriteZeroes { offset, len, .. } | IoKind::Deallocate { offset, len } => {
                 Some((offset, len))
             }
-            IoKind::Read { .. } | IoKind::Flush | IoKind::Snapshot { .. } => None,
+            IoKind::Read { .. } | IoKind::Flush | IoKind::Snapshot { .. } | IoKind::Grow { .. } => {
+                None
+            }
         }
     }
 }
@@ -151,6 +159,8 @@ pub enum IoPlan {
     /// Snapshot: take a snapshot of the replica's copy, named by the first
     /// `name_len` bytes of the slot buffer (see [`crate::intent`]).
     Snapshot { nsid: Nsid, name_len: u32 },
+    /// Grow: grow the replica's copy to `size_bytes` (see [`crate::intent`]).
+    Grow { nsid: Nsid, size_bytes: u64 },
 }
 
 impl IoPlan {
@@ -183,6 +193,9 @@ impl IoPlan {
         }
         if command.opcode == crate::intent::SNAPSHOT_OPCODE {
             return snapshot(command, subsystem);
+        }
+        if command.opcode == crate::intent::GROW_OPCODE {
+            return grow(command, subsystem);
         }
         let known = matches!(
             command.opcode,
@@ -263,6 +276,29 @@ fn snapshot(command: &Command, subsystem: &SubsystemConfig) -> Result<IoPlan, St
     Ok(IoPlan::Snapshot {
         nsid: ns.nsid,
         name_len,
+    })
+}
+
+/// A Grow: only on a subsystem with a write intent (a replica subsystem),
+/// for one of its namespaces, to a size of whole blocks no smaller than the
+/// namespace (the node checks the rest, as for any resize).
+fn grow(command: &Command, subsystem: &SubsystemConfig) -> Result<IoPlan, Status> {
+    if subsystem.intent.is_none() {
+        return Err(Status::INVALID_OPCODE);
+    }
+    let ns = subsystem
+        .namespace(command.nsid)
+        .ok_or(Status::INVALID_NAMESPACE)?;
+    let size_bytes = u64::from(command.cdw(10)) | (u64::from(command.cdw(11)) << 32);
+    if size_bytes < ns.size_bytes() || size_bytes % u64::from(ns.block_size) != 0 {
+        return Err(Status::INVALID_FIELD);
+    }
+    if command.sgl.length != 0 {
+        return Err(Status::SGL_LENGTH_INVALID);
+    }
+    Ok(IoPlan::Grow {
+        nsid: ns.nsid,
+        size_bytes,
     })
 }
 

@@ -928,7 +928,9 @@ impl Reactor {
                 };
                 return self.ask_manager(index, request, &volume, work);
             }
-            IoKind::Snapshot { .. } => unreachable!("snapshots are routed before"),
+            IoKind::Snapshot { .. } | IoKind::Grow { .. } => {
+                unreachable!("replica control is routed before")
+            }
         };
         if !volume.gate.enter() {
             return self.ask_manager(index, request, &volume, VolumeWork::Wait);
@@ -1062,7 +1064,9 @@ impl Reactor {
             },
             IoKind::Flush => ReplicatedWork::Flush,
             IoKind::Read { .. } => unreachable!("reads are served here"),
-            IoKind::Snapshot { .. } => unreachable!("snapshots are taken on replica subsystems"),
+            IoKind::Snapshot { .. } | IoKind::Grow { .. } => {
+                unreachable!("taken on replica subsystems")
+            }
         };
         peer.ops_in_flight += 1;
         replicated.submit(ReplicatedIo {
@@ -1071,21 +1075,25 @@ impl Reactor {
         });
     }
 
-    /// A replica's Snapshot command: the manager takes it (a device
-    /// namespace has no snapshots: refused).
-    fn snapshot(
+    /// A replica's Snapshot or Grow command: the manager carries it out (a
+    /// device namespace has no snapshots, nor grows: refused).
+    fn replica_control(
         &mut self,
         index: usize,
         request: IoRequest,
         volume: Option<Arc<VolumeBackend>>,
-        name_len: u32,
     ) {
         let peer = self.connections[index].as_mut().expect("live connection");
-        let name = SnapshotName::new(&peer.slots.buffer(request.slot)[..name_len as usize]);
-        match (volume, name) {
-            (Some(volume), Some(name)) => {
-                self.ask_manager(index, request, &volume, VolumeWork::Snapshot(name))
+        let work = match request.kind {
+            IoKind::Snapshot { name_len } => {
+                SnapshotName::new(&peer.slots.buffer(request.slot)[..name_len as usize])
+                    .map(VolumeWork::Snapshot)
             }
+            IoKind::Grow { size_bytes } => Some(VolumeWork::Grow { size_bytes }),
+            _ => None,
+        };
+        match (volume, work) {
+            (Some(volume), Some(work)) => self.ask_manager(index, request, &volume, work),
             _ => {
                 let now_ns = self.now_ns();
                 let peer = self.connections[index].as_mut().expect("live connection");
@@ -1350,12 +1358,12 @@ impl Reactor {
             let result = Err(IoError::Failed);
             return finish_io(peer, &mut self.meters, now_ns, request.slot, result);
         }
-        if let IoKind::Snapshot { name_len } = request.kind {
+        if matches!(request.kind, IoKind::Snapshot { .. } | IoKind::Grow { .. }) {
             let volume = match &namespace.backend {
                 Backend::Volume(volume) => Some(Arc::clone(volume)),
                 Backend::Device(_) => None,
             };
-            return self.snapshot(index, request, volume, name_len);
+            return self.replica_control(index, request, volume);
         }
         let device = match &namespace.backend {
             Backend::Device(device) => device.as_ref(),
@@ -1424,7 +1432,9 @@ impl Reactor {
             IoKind::Deallocate { offset, len } => {
                 return self.start_zeroing(index, slot, zeroing(device, offset, len, false))
             }
-            IoKind::Snapshot { .. } => unreachable!("snapshots never reach a device"),
+            IoKind::Snapshot { .. } | IoKind::Grow { .. } => {
+                unreachable!("replica control never reaches a device")
+            }
         };
         peer.io_len[usize::from(slot.0)] = expected;
         peer.ops_in_flight += 1;
@@ -1517,7 +1527,8 @@ fn io_class(kind: &IoKind) -> (IoClass, u32) {
         IoKind::Flush
         | IoKind::WriteZeroes { .. }
         | IoKind::Deallocate { .. }
-        | IoKind::Snapshot { .. } => (IoClass::Other, 0),
+        | IoKind::Snapshot { .. }
+        | IoKind::Grow { .. } => (IoClass::Other, 0),
     }
 }
 
@@ -1609,7 +1620,9 @@ fn memory_io(
         IoKind::WriteZeroes { offset, len, .. } | IoKind::Deallocate { offset, len } => {
             device.zero_inline(offset, len)
         }
-        IoKind::Snapshot { .. } => unreachable!("snapshots never reach a device"),
+        IoKind::Snapshot { .. } | IoKind::Grow { .. } => {
+            unreachable!("replica control never reaches a device")
+        }
     }
 }
 

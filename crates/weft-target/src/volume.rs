@@ -157,6 +157,12 @@ pub enum VolumeWork {
     /// name), then give the result: a replica's copy, at the point of the
     /// write stream where its primary asked.
     Snapshot(SnapshotName),
+    /// Grow the volume to `size_bytes` (no smaller), then give the result:
+    /// a replica's copy, before its primary writes past the old end.
+    Grow {
+        /// The new size in bytes.
+        size_bytes: u64,
+    },
 }
 
 /// A snapshot's name, carried inline so that slow-path work stays `Copy`.

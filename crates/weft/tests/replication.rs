@@ -642,3 +642,47 @@ fn a_snapshot_of_a_replicated_volume_holds_the_same_writes_on_every_copy() {
     drop((queue, controller));
     drop(etcd);
 }
+
+#[test]
+fn a_replicated_volume_grows_on_every_copy_and_takes_writes_past_its_old_end() {
+    let dir = temp_dir("replication-grow");
+    let (etcd, _, _, [n1, n2, n3]) = three_nodes(&dir, "");
+    replicated_volume(&n1, &dir, "3", &["--node", "n1"]);
+    let (controller, mut queue) = connect(&n1);
+    write_blocks(&mut queue, 0..64);
+    drop((queue, controller));
+    eventually("every replica in sync", || in_sync(&n1) == 3);
+
+    let grown = ok(&n2, &["volume", "resize", "rep", "--size", "32MiB"]);
+    assert!(grown.contains("resized"), "{grown}");
+    let shown = ok(&n3, &["volume", "show", "rep"]);
+    assert!(shown.contains("32 MiB"), "{shown}");
+    let shrink = support::refused(&n1, &["volume", "resize", "rep", "--size", "8MiB"]);
+    assert!(shrink.contains("only grow"), "{shrink}");
+
+    // Past the old end (16 MiB = 4096 blocks), through the primary: once it
+    // serves the new size (the host retries meanwhile).
+    let (controller, mut queue) = connect(&n1);
+    let past = 6000u64;
+    let data = pattern(past, 3);
+    retrying("write past the old end", || {
+        queue.write(1, past, BLOCK, &data)
+    });
+    drop((queue, controller));
+    eventually("every replica in sync", || in_sync(&n1) == 3);
+    // Every copy holds it: served by each node in turn.
+    for (name, node) in [("n2", &n2), ("n3", &n3)] {
+        ok(&n1, &["volume", "move-primary", "rep", "--to", name]);
+        let (controller, mut queue) = connect(node);
+        let read = retrying("read", || {
+            queue.read(1, past, BLOCK, BLOCK).map(<[u8]>::to_vec)
+        });
+        assert_eq!(read, data, "block {past} on {name}");
+        let read = retrying("read", || {
+            queue.read(1, 5, BLOCK, BLOCK).map(<[u8]>::to_vec)
+        });
+        assert_eq!(read, pattern(5, 1), "block 5 on {name}");
+        drop((queue, controller));
+    }
+    drop(etcd);
+}

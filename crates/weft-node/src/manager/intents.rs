@@ -96,6 +96,28 @@ impl IntentFile {
         }
     }
 
+    /// The same file for the replica grown to `size_bytes`: its marked
+    /// regions and standing kept, more regions to mark. The data plane
+    /// checks the new intent once the exports are updated.
+    pub(crate) fn resized(&self, size_bytes: u64) -> IntentFile {
+        let persisted = self
+            .persisted
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let intent = WriteIntent::new(
+            size_bytes,
+            REGION_SHIFT,
+            self.intent.marked(),
+            self.intent.unclean(),
+        );
+        IntentFile {
+            path: self.path.clone(),
+            intent: Arc::new(intent),
+            persisted: Mutex::new(persisted.clone()),
+            shut_down: AtomicBool::new(self.shut_down.load(Ordering::Acquire)),
+        }
+    }
+
     /// After the last write was flushed (a clean shutdown): records that
     /// the replica holds every write it acknowledged, under any boot.
     /// False if it is unclean (it stays so).

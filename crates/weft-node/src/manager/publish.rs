@@ -33,7 +33,8 @@ impl Touched {
             }
             VolumeWork::PrepareWrite { .. }
             | VolumeWork::Deallocate { .. }
-            | VolumeWork::Snapshot(_) => {
+            | VolumeWork::Snapshot(_)
+            | VolumeWork::Grow { .. } => {
                 self.pools
                     .entry(request.pool.clone())
                     .or_default()

@@ -197,26 +197,6 @@ impl Manager {
         }
     }
 
-    /// Refuses `what` for a replicated volume: its replicas would differ.
-    pub(super) fn refuse_replicated(
-        &self,
-        name: &str,
-        what: &'static str,
-    ) -> Result<(), AdminError> {
-        let record = self
-            .desired
-            .read::<VolumeRecord>(&format!("volumes/{name}"))?;
-        match record {
-            Some(found) if found.record.replication.is_some() => {
-                Err(AdminError::NotForReplicated {
-                    what,
-                    volume: name.to_string(),
-                })
-            }
-            _ => Ok(()),
-        }
-    }
-
     /// Whether volume `name`'s local copy is a replica another node serves
     /// (its record names another primary).
     pub(super) fn is_secondary(&self, name: &str) -> bool {
@@ -374,10 +354,6 @@ mod tests {
             (s2.ana.group.get(), s2.ana.state),
             (2, AnaState::Inaccessible)
         );
-        assert!(matches!(
-            n1.refuse_replicated("db1", "resizing"),
-            Err(AdminError::NotForReplicated { .. })
-        ));
         let on_one_node = placements([("n1", "p"), ("n1", "p")]);
         assert!(matches!(
             n1.new_replication(&spec(), "p", &on_one_node),

@@ -15,7 +15,8 @@
 //! volume manager does, directly).
 
 use super::{AdminError, Manager};
-use weft_control::{DesiredState, ReplicatedSnapshot, StoreError, VolumeRecord};
+use crate::replication::barrier::BarrierOp;
+use weft_control::{DesiredState, ReplicatedSnapshot, ReplicationRecord, StoreError, VolumeRecord};
 use weft_volume::{check_name, FileMedia, Pool, VolumeError};
 
 impl Manager {
@@ -51,7 +52,7 @@ impl Manager {
         let (volume_key, snapshot) = (format!("volumes/{volume}"), name.to_string());
         self.store_write(move |desired| announce(desired, &volume_key, &snapshot))?;
         match self.replicators.get(volume) {
-            Some(replicator) => replicator.snapshot(name.to_string(), reply),
+            Some(replicator) => replicator.barrier(BarrierOp::Snapshot(name.to_string()), reply),
             None => {
                 let _ = reply.send(Err(not_serving()));
             }
@@ -266,12 +267,24 @@ fn forget(desired: &DesiredState, key: &str, name: &str) -> Result<(), AdminErro
     })
 }
 
-/// Changes the snapshot list of the replicated volume at `key`
-/// (compare-and-swap, tried again while others change the record).
+/// Changes the snapshot list of the replicated volume at `key`.
 pub(crate) fn change_record(
     desired: &DesiredState,
     key: &str,
     change: impl Fn(&str, &mut Vec<ReplicatedSnapshot>) -> Result<(), AdminError>,
+) -> Result<(), AdminError> {
+    let volume = key.trim_start_matches("volumes/");
+    change_replication(desired, key, |replication| {
+        change(volume, &mut replication.snapshots)
+    })
+}
+
+/// Changes the replication record of the volume at `key`
+/// (compare-and-swap, tried again while others change the record).
+pub(crate) fn change_replication(
+    desired: &DesiredState,
+    key: &str,
+    change: impl Fn(&mut ReplicationRecord) -> Result<(), AdminError>,
 ) -> Result<(), AdminError> {
     let volume = key.trim_start_matches("volumes/");
     loop {
@@ -283,7 +296,7 @@ pub(crate) fn change_record(
             .replication
             .as_mut()
             .ok_or_else(|| AdminError::Invalid(format!("volume {volume} is not replicated")))?;
-        change(volume, &mut replication.snapshots)?;
+        change(replication)?;
         match desired.update(key, &record, found.revision) {
             Ok(_) => return Ok(()),
             Err(StoreError::Conflict { .. }) => continue,

@@ -15,6 +15,7 @@
 //! Messages longer than the target's transfer size (a 1 MiB rebuild copy)
 //! go as several commands; the message is done when all are.
 
+use super::barrier::BarrierOp;
 use super::Event;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -58,10 +59,10 @@ pub(crate) enum Outgoing {
         msg: ToReplica,
         payload: Option<Payload>,
     },
-    /// Take a snapshot of the replica's copy (see `super::snapshot`); the
-    /// answer comes as [`Event::SnapshotTaken`], and a failure does not end
-    /// the session.
-    Snapshot { name: String },
+    /// Take a snapshot of the replica's copy, or grow it (see
+    /// `super::barrier`); the answer comes as [`Event::BarrierDone`], and a
+    /// failure does not end the session.
+    Barrier(BarrierOp),
 }
 
 /// Where a link connects and how.
@@ -116,8 +117,8 @@ impl Link {
 #[derive(Debug, Clone, Copy)]
 struct Part {
     op: Option<OpId>,
-    /// A Snapshot command.
-    snapshot: bool,
+    /// A barrier's command (Snapshot or Grow).
+    barrier: bool,
 }
 
 /// A command built from a message, with its data.
@@ -221,7 +222,7 @@ impl Session {
     fn build(&mut self, outgoing: Outgoing) {
         let (msg, payload) = match outgoing {
             Outgoing::Core { msg, payload } => (msg, payload),
-            Outgoing::Snapshot { name } => return self.build_snapshot(&name),
+            Outgoing::Barrier(op) => return self.build_barrier(&op),
         };
         match msg {
             ToReplica::Fence { .. } => {
@@ -250,17 +251,28 @@ impl Session {
         }
     }
 
-    fn build_snapshot(&mut self, name: &str) {
-        let mut command = sqe(weft_proto::intent::SNAPSHOT_OPCODE, NSID);
-        set_cdw(&mut command, 10, name.len() as u32);
-        let transfer = DataTransfer::ToController(name.len() as u32);
+    fn build_barrier(&mut self, op: &BarrierOp) {
+        let (command, transfer, data) = match op {
+            BarrierOp::Snapshot(name) => {
+                let mut command = sqe(weft_proto::intent::SNAPSHOT_OPCODE, NSID);
+                set_cdw(&mut command, 10, name.len() as u32);
+                let transfer = DataTransfer::ToController(name.len() as u32);
+                (command, transfer, Some(name.as_bytes().to_vec()))
+            }
+            BarrierOp::Grow(size_bytes) => {
+                let mut command = sqe(weft_proto::intent::GROW_OPCODE, NSID);
+                set_cdw(&mut command, 10, *size_bytes as u32);
+                set_cdw(&mut command, 11, (*size_bytes >> 32) as u32);
+                (command, DataTransfer::None, None)
+            }
+        };
         self.waiting.push_back(Built {
             command,
             transfer,
-            data: Some(name.as_bytes().to_vec()),
+            data,
             part: Part {
                 op: None,
-                snapshot: true,
+                barrier: true,
             },
         });
     }
@@ -313,10 +325,7 @@ impl Session {
             command,
             transfer,
             data,
-            part: Part {
-                op,
-                snapshot: false,
-            },
+            part: Part { op, barrier: false },
         });
     }
 
@@ -349,14 +358,17 @@ impl Session {
             // Fenced by someone else: this session is over.
             return Err("fenced by a newer session".into());
         }
-        if part.snapshot {
+        if part.barrier {
             if !status.is_success() {
-                log::warn!("replica {:?}: snapshot not taken: {status}", self.node);
+                log::warn!(
+                    "replica {:?}: a snapshot or growth failed: {status}",
+                    self.node
+                );
             }
-            let taken = status.is_success();
-            let _ = self.events.send(Event::SnapshotTaken {
+            let done = status.is_success();
+            let _ = self.events.send(Event::BarrierDone {
                 node: self.node,
-                taken,
+                done,
             });
             return Ok(());
         }

@@ -15,10 +15,10 @@
 //! It tells the data plane whether the node serves (`Replicated`'s flag)
 //! and the manager when that changes (the ANA state follows).
 
+use super::barrier::{Barrier, BarrierOp, Step};
 use super::link::{Link, LinkTarget, Outgoing, Payload};
 use super::local::{LocalPool, LocalResult, LocalWork};
 use super::progress::Tracker;
-use super::snapshot::{Step, Taking};
 use super::Event;
 use crate::manager::intents::IntentFile;
 use crate::manager::replicas::replica_nqn;
@@ -97,11 +97,11 @@ impl ReplicatorHandle {
         let _ = self.events.send(Event::Stop);
     }
 
-    /// Asks it to take snapshot `name` of every copy in sync; `reply` hears
-    /// the result (see `super::snapshot`).
-    pub(crate) fn snapshot(&self, name: String, reply: Sender<Result<(), AdminError>>) {
-        let event = Event::Snapshot {
-            name,
+    /// Asks it to take a snapshot, or grow, on every copy in sync; `reply`
+    /// hears the result (see `super::barrier`).
+    pub(crate) fn barrier(&self, op: BarrierOp, reply: Sender<Result<(), AdminError>>) {
+        let event = Event::Barrier {
+            op,
             reply: reply.clone(),
         };
         if self.events.send(event).is_err() {
@@ -205,8 +205,10 @@ struct Replicator {
     /// This node's name and the volume's pool here.
     me: String,
     pool: String,
-    /// A snapshot being taken, and the host writes held back meanwhile.
-    snapshot: Option<Taking>,
+    /// A barrier under way, and the host writes held back meanwhile.
+    barrier: Option<Barrier>,
+    /// Blocks the core serves (the volume's size when this primary began).
+    blocks: u64,
     held: std::collections::VecDeque<ReplicatedIo>,
 }
 
@@ -325,7 +327,8 @@ impl Replicator {
         Ok(Some(Replicator {
             me,
             pool,
-            snapshot: None,
+            barrier: None,
+            blocks: geometry.blocks,
             held: std::collections::VecDeque::new(),
             volume,
             primary,
@@ -361,7 +364,7 @@ impl Replicator {
             self.primary.tick(now);
             self.release_copies();
             self.drive();
-            self.advance_snapshot();
+            self.advance_barrier();
             self.publish(now);
             self.track_rebuilds();
             if self.gone || self.primary.phase() == PrimaryPhase::Deposed {
@@ -385,12 +388,12 @@ impl Replicator {
 
     fn finish(&mut self) {
         self.stop_poller.store(true, Ordering::Release);
-        if let Some(taking) = self.snapshot.take() {
+        if let Some(barrier) = self.barrier.take() {
             let error = format!(
-                "volume {}: this node stopped being its primary while snapshot {} was taken; try again",
-                self.volume, taking.name
+                "volume {}: this node stopped being its primary during its {}; try again",
+                self.volume, barrier.op
             );
-            taking.fail(AdminError::Unavailable(error));
+            barrier.fail(AdminError::Unavailable(error));
         }
         for io in std::mem::take(&mut self.held) {
             io.reply
@@ -432,20 +435,20 @@ impl Replicator {
         match event {
             Event::Host(io) => self.host(io, now),
             Event::Replica { node, reply } => {
-                if let (Some(taking), FromReplica::Refused { .. }) = (&mut self.snapshot, &reply) {
-                    taking.answer(node, false);
+                if let (Some(barrier), FromReplica::Refused { .. }) = (&mut self.barrier, &reply) {
+                    barrier.answer(node, false);
                 }
                 self.primary.replica_reply(node, reply, now)
             }
-            Event::Snapshot { name, reply } => self.begin_snapshot(name, reply),
-            Event::SnapshotTaken { node, taken } => {
-                if let Some(taking) = &mut self.snapshot {
-                    taking.answer(node, taken);
+            Event::Barrier { op, reply } => self.begin_barrier(op, reply),
+            Event::BarrierDone { node, done } => {
+                if let Some(barrier) = &mut self.barrier {
+                    barrier.answer(node, done);
                 }
             }
-            Event::SnapshotLocal(result) => {
-                if let Some(taking) = &mut self.snapshot {
-                    taking.local_answer(result);
+            Event::BarrierLocal(result) => {
+                if let Some(barrier) = &mut self.barrier {
+                    barrier.local_answer(result);
                 }
             }
             Event::LocalDone { op, result } => self.local_finished(op, result),
@@ -488,8 +491,8 @@ impl Replicator {
     }
 
     fn host(&mut self, io: ReplicatedIo, now: Duration) {
-        if self.snapshot.is_some() {
-            // After the snapshot, in the order they came.
+        if self.barrier.is_some() {
+            // After the barrier, in the order they came.
             return self.held.push_back(io);
         }
         self.next_op += 1;
@@ -516,6 +519,12 @@ impl Replicator {
             }
             ReplicatedWork::Flush => (None, false, None),
         };
+        if extent.is_some_and(|e| e.block + u64::from(e.blocks) > self.blocks) {
+            // Past the end this primary began with: the volume grew, and
+            // the primary of the new size takes it in a moment.
+            reply.send(VolumeOutcome::Done(Err(IoError::PathTransition)));
+            return;
+        }
         self.ops.insert(
             op,
             OpData {
@@ -760,12 +769,12 @@ impl Replicator {
         }
     }
 
-    /// A snapshot asked for: taken unless one is under way or this node
+    /// A barrier asked for: made unless one is under way or this node
     /// does not serve now.
-    fn begin_snapshot(&mut self, name: String, reply: Sender<Result<(), AdminError>>) {
-        let refusal = if self.snapshot.is_some() {
+    fn begin_barrier(&mut self, op: BarrierOp, reply: Sender<Result<(), AdminError>>) {
+        let refusal = if self.barrier.is_some() {
             Some(format!(
-                "volume {}: another snapshot is being taken; try again when it is done",
+                "volume {}: a snapshot or growth is under way; try again when it is done",
                 self.volume
             ))
         } else if self.serving != Serving::Yes {
@@ -780,17 +789,17 @@ impl Replicator {
             Some(refusal) => {
                 let _ = reply.send(Err(AdminError::Unavailable(refusal)));
             }
-            None => self.snapshot = Some(Taking::new(name, reply)),
+            None => self.barrier = Some(Barrier::new(op, reply)),
         }
     }
 
-    /// Moves the snapshot under way on (see `super::snapshot`).
-    fn advance_snapshot(&mut self) {
-        let Some(taking) = &mut self.snapshot else {
+    /// Moves the barrier under way on (see `super::barrier`).
+    fn advance_barrier(&mut self) {
+        let Some(barrier) = &mut self.barrier else {
             return;
         };
         let writes_in_flight = self.ops.values().any(|op| op.reply.is_some());
-        match taking.step(writes_in_flight, &self.volume) {
+        match barrier.step(writes_in_flight, &self.volume) {
             Step::Waiting => {}
             Step::Ask => {
                 let in_sync: Vec<NodeId> = self
@@ -801,23 +810,23 @@ impl Replicator {
                     .map(|(node, _)| node)
                     .collect();
                 for node in &in_sync {
-                    let name = taking.name.clone();
-                    self.links[node].send(Outgoing::Snapshot { name });
+                    self.links[node].send(Outgoing::Barrier(barrier.op.clone()));
                 }
-                taking.asked(in_sync);
-                self.snapshot_local();
+                barrier.asked(in_sync);
+                let op = barrier.op.clone();
+                self.barrier_local(&op);
             }
             Step::Done(result) => {
-                let taking = self.snapshot.take().expect("under way");
+                let barrier = self.barrier.take().expect("under way");
                 match result {
                     Ok(replicas) => {
                         let mut nodes = vec![self.me.clone()];
                         nodes.extend(replicas.into_iter().map(|node| {
                             weft_cluster::replicas::node_name(&self.replication, node).to_string()
                         }));
-                        taking.record(self.desired.clone(), self.volume.clone(), nodes);
+                        barrier.record(self.desired.clone(), self.volume.clone(), nodes);
                     }
-                    Err(error) => taking.fail(error),
+                    Err(error) => barrier.fail(error),
                 }
                 let now = self.lease.now();
                 for io in std::mem::take(&mut self.held) {
@@ -827,24 +836,27 @@ impl Replicator {
         }
     }
 
-    /// Asks the manager to take the snapshot of this node's copy.
-    fn snapshot_local(&self) {
-        let name = self
-            .snapshot
-            .as_ref()
-            .map(|t| t.name.as_str())
-            .unwrap_or("");
-        let Some(name) = SnapshotName::new(name.as_bytes()) else {
+    /// Asks the manager to make the barrier's change on this node's copy.
+    fn barrier_local(&self, op: &BarrierOp) {
+        let work = match op {
+            BarrierOp::Snapshot(name) => {
+                SnapshotName::new(name.as_bytes()).map(VolumeWork::Snapshot)
+            }
+            BarrierOp::Grow(size_bytes) => Some(VolumeWork::Grow {
+                size_bytes: *size_bytes,
+            }),
+        };
+        let Some(work) = work else {
             let _ = self
                 .events
-                .send(Event::SnapshotLocal(Err("not a snapshot name".into())));
+                .send(Event::BarrierLocal(Err("not a snapshot name".into())));
             return;
         };
         let (sender, answer) = mpsc::channel();
         self.manager.submit(VolumeRequest {
             pool: self.pool.clone(),
             volume: self.volume.clone(),
-            work: VolumeWork::Snapshot(name),
+            work,
             reply: VolumeReply::channel(sender),
         });
         let events = self.events.clone();
@@ -853,18 +865,20 @@ impl Replicator {
                 Ok(VolumeOutcome::Done(Ok(()))) => Ok(()),
                 Ok(VolumeOutcome::Done(Err(error))) => Err(format!("{error:?}")),
                 Ok(VolumeOutcome::Retry) | Err(_) => {
-                    Err("the volume manager did not take it".into())
+                    Err("the volume manager did not make it".into())
                 }
             };
-            let _ = events.send(Event::SnapshotLocal(result));
+            let _ = events.send(Event::BarrierLocal(result));
         });
     }
 }
 
 /// Whether two records name the same replicas in the same order (node ids
-/// are positions in the list).
+/// are positions in the list) and the same size: the core's shape. A change
+/// of either is served by a new primary (under the next epoch).
 fn same_members(a: &ReplicationRecord, b: &ReplicationRecord) -> bool {
-    a.members.len() == b.members.len()
+    a.size_bytes == b.size_bytes
+        && a.members.len() == b.members.len()
         && a.members
             .iter()
             .zip(&b.members)

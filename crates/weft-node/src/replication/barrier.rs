@@ -1,20 +1,26 @@
-//! A replicated volume's snapshot, as its primary's replicator takes it:
+//! A change every copy of a replicated volume makes at one point of its
+//! write stream, as the primary's replicator carries it out: a snapshot, or
+//! growing the volume.
 //!
 //! 1. The host's writes and flushes that arrive are held back (reads go on).
 //! 2. Once those in flight have completed everywhere, the primary's own copy
-//!    (through the manager) and every replica in sync (a Snapshot command
-//!    on its link, behind every write it completed) take the snapshot.
-//! 3. The held writes go on; the record names the nodes whose copies hold it.
+//!    (through the manager) and every replica in sync (a vendor command on
+//!    its link, behind every write it completed) make the change.
+//! 3. The held writes go on, and the record says what changed: the nodes
+//!    whose copies hold the snapshot, or the volume's new size.
 //!
 //! Every copy's snapshot therefore holds the same writes: each acknowledged
 //! before it was asked for, none acknowledged after. A replica that does not
 //! answer (or fails) simply does not hold it; the primary's own copy must.
+//! A replica in sync that did not grow fails the first write past its old
+//! end and is faulted like any replica that fails a write.
 //!
-//! What this does not do: choose or check the name, write the record's
-//! entry that announces the snapshot (the manager does both before it asks),
-//! or delete snapshots (each node does, after the record).
+//! What this does not do: check the request, write the record's entry that
+//! announces a snapshot (the manager does both before it asks), delete
+//! snapshots (each node does, after the record), or grow copies out of sync
+//! (their nodes do, after the record).
 
-use crate::manager::snapshots::change_record;
+use crate::manager::snapshots::{change_record, change_replication};
 use crate::manager::AdminError;
 use std::collections::BTreeMap;
 use std::sync::mpsc::Sender;
@@ -22,14 +28,32 @@ use std::time::{Duration, Instant};
 use weft_control::DesiredState;
 use weft_replication::NodeId;
 
-/// How long a snapshot may take, from the request to every answer: the
-/// writes in flight finishing, then each copy taking it. The host's held
+/// How long a barrier may take, from the request to every answer: the
+/// writes in flight finishing, then each copy's change. The host's held
 /// writes wait at most this long (Linux waits 30 s for a command).
-pub(crate) const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const BARRIER_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// A snapshot being taken.
-pub(crate) struct Taking {
-    pub(crate) name: String,
+/// What every copy does at the barrier.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum BarrierOp {
+    /// Take the snapshot of this name.
+    Snapshot(String),
+    /// Grow to this many bytes.
+    Grow(u64),
+}
+
+impl std::fmt::Display for BarrierOp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BarrierOp::Snapshot(name) => write!(f, "snapshot {name}"),
+            BarrierOp::Grow(size_bytes) => write!(f, "growth to {size_bytes} bytes"),
+        }
+    }
+}
+
+/// A barrier under way.
+pub(crate) struct Barrier {
+    pub(crate) op: BarrierOp,
     reply: Sender<Result<(), AdminError>>,
     started: Instant,
     /// The replicas asked (none yet while writes in flight finish), each
@@ -39,21 +63,21 @@ pub(crate) struct Taking {
     local: Option<Result<(), String>>,
 }
 
-/// Where a snapshot stands.
+/// Where a barrier stands.
 pub(crate) enum Step {
     /// Waiting for writes in flight to finish, or for answers.
     Waiting,
     /// No write in flight any more: ask these copies.
     Ask,
-    /// Done: the replicas that hold it (the primary's copy does), or why
-    /// it failed.
+    /// Done: the replicas that made the change (the primary's copy did),
+    /// or why it failed.
     Done(Result<Vec<NodeId>, AdminError>),
 }
 
-impl Taking {
-    pub(crate) fn new(name: String, reply: Sender<Result<(), AdminError>>) -> Taking {
-        Taking {
-            name,
+impl Barrier {
+    pub(crate) fn new(op: BarrierOp, reply: Sender<Result<(), AdminError>>) -> Barrier {
+        Barrier {
+            op,
             reply,
             started: Instant::now(),
             asked: None,
@@ -63,15 +87,16 @@ impl Taking {
 
     /// What to do next, given whether host writes are still in flight.
     pub(crate) fn step(&self, writes_in_flight: bool, volume: &str) -> Step {
-        let late = self.started.elapsed() > SNAPSHOT_TIMEOUT;
+        let late = self.started.elapsed() > BARRIER_TIMEOUT;
         let Some(asked) = &self.asked else {
             if !writes_in_flight {
                 return Step::Ask;
             }
             if late {
                 return Step::Done(Err(AdminError::Unavailable(format!(
-                    "volume {volume}: its writes in flight did not finish within {} s, so no snapshot was taken; try again",
-                    SNAPSHOT_TIMEOUT.as_secs()
+                    "volume {volume}: its writes in flight did not finish within {} s, so its {} was not made; try again",
+                    BARRIER_TIMEOUT.as_secs(),
+                    self.op
                 ))));
             }
             return Step::Waiting;
@@ -79,8 +104,8 @@ impl Taking {
         let answered = asked.values().all(Option::is_some);
         match &self.local {
             Some(Err(error)) => Step::Done(Err(AdminError::Node(format!(
-                "volume {volume}: the primary's copy did not take snapshot {}: {error}",
-                self.name
+                "volume {volume}: the primary's copy failed its {}: {error}",
+                self.op
             )))),
             Some(Ok(())) if answered || late => Step::Done(Ok(asked
                 .iter()
@@ -88,9 +113,9 @@ impl Taking {
                 .map(|(&node, _)| node)
                 .collect())),
             None if late => Step::Done(Err(AdminError::Unavailable(format!(
-                "volume {volume}: the primary's copy did not take snapshot {} within {} s; try again",
-                self.name,
-                SNAPSHOT_TIMEOUT.as_secs()
+                "volume {volume}: the primary's copy did not finish its {} within {} s; try again",
+                self.op,
+                BARRIER_TIMEOUT.as_secs()
             )))),
             _ => Step::Waiting,
         }
@@ -118,14 +143,21 @@ impl Taking {
         let _ = self.reply.send(Err(error));
     }
 
-    /// Records that `nodes` hold it (on a helper thread: the store may
-    /// wait), then answers the caller.
+    /// Records the change (on a helper thread: the store may wait): the
+    /// snapshot held by `nodes`, or the new size; then answers the caller.
     pub(crate) fn record(self, desired: DesiredState, volume: String, nodes: Vec<String>) {
-        let Taking { name, reply, .. } = self;
+        let Barrier { op, reply, .. } = self;
         std::thread::spawn(move || {
-            let result = mark_taken(&desired, &volume, &name, nodes);
+            let key = format!("volumes/{volume}");
+            let result = match &op {
+                BarrierOp::Snapshot(name) => mark_taken(&desired, &key, name, &nodes),
+                BarrierOp::Grow(size_bytes) => change_replication(&desired, &key, |r| {
+                    r.size_bytes = r.size_bytes.max(*size_bytes);
+                    Ok(())
+                }),
+            };
             if result.is_ok() {
-                log::info!("volume {volume}: snapshot {name} taken");
+                log::info!("volume {volume}: {op} made on {}", nodes.join(", "));
             }
             let _ = reply.send(result);
         });
@@ -135,12 +167,11 @@ impl Taking {
 /// Sets the record's entry of snapshot `name`: held by `nodes`, taken.
 fn mark_taken(
     desired: &DesiredState,
-    volume: &str,
+    key: &str,
     name: &str,
-    nodes: Vec<String>,
+    nodes: &[String],
 ) -> Result<(), AdminError> {
-    let key = format!("volumes/{volume}");
-    change_record(desired, &key, |volume, snapshots| {
+    change_record(desired, key, |volume, snapshots| {
         let entry = snapshots
             .iter_mut()
             .find(|s| s.name == name)
@@ -149,7 +180,7 @@ fn mark_taken(
                     "snapshot {volume}@{name} was deleted while it was taken"
                 ))
             })?;
-        entry.nodes = nodes.clone();
+        entry.nodes = nodes.to_vec();
         entry.taking = false;
         Ok(())
     })
@@ -163,7 +194,7 @@ mod tests {
     #[test]
     fn a_snapshot_waits_for_writes_then_for_every_answer() {
         let (reply, _) = mpsc::channel();
-        let mut taking = Taking::new("s1".into(), reply);
+        let mut taking = Barrier::new(BarrierOp::Snapshot("s1".into()), reply);
         assert!(matches!(taking.step(true, "v"), Step::Waiting));
         assert!(matches!(taking.step(false, "v"), Step::Ask));
         taking.asked([NodeId(1), NodeId(2)]);
@@ -184,7 +215,7 @@ mod tests {
     #[test]
     fn the_primarys_own_copy_must_take_it() {
         let (reply, _) = mpsc::channel();
-        let mut taking = Taking::new("s1".into(), reply);
+        let mut taking = Barrier::new(BarrierOp::Snapshot("s1".into()), reply);
         taking.asked([]);
         taking.local_answer(Err("pool full".into()));
         match taking.step(false, "v") {

@@ -1,0 +1,119 @@
+//! Growing a replicated volume. Its primary's replicator grows every copy
+//! in sync at one point of the write stream (`crate::replication::barrier`),
+//! then records the new size; it then serves again under the next epoch,
+//! with the new size. Every other copy (out of sync, or on a node that was
+//! down) grows when its node reconciles with the record.
+//!
+//! What this does not do: shrink (no volume does).
+
+use super::{AdminError, Manager};
+use crate::replication::barrier::BarrierOp;
+use std::sync::mpsc::Sender;
+use weft_volume::VolumeError;
+
+impl Manager {
+    /// Grows replicated `volume` to `size_bytes`; `reply` hears back from
+    /// its replicator once every copy in sync grew and the record says so.
+    pub(super) fn grow_replicated(
+        &mut self,
+        volume: &str,
+        size_bytes: u64,
+        reply: Sender<Result<(), AdminError>>,
+    ) -> Result<(), AdminError> {
+        let replication = self
+            .replicated_record(volume)?
+            .ok_or_else(|| AdminError::Invalid(format!("volume {volume} is not replicated")))?;
+        let current = replication.size_bytes;
+        if size_bytes < current {
+            return Err(VolumeError::invalid(
+                format!("size {size_bytes} for volume {volume}"),
+                format!("volumes only grow (it is {current} bytes); shrinking would drop data — clone into a smaller volume instead"),
+            )
+            .into());
+        }
+        if !size_bytes.is_multiple_of(u64::from(replication.block_size)) {
+            return Err(VolumeError::invalid(
+                format!("size {size_bytes} for volume {volume}"),
+                format!(
+                    "give a multiple of its {}-byte blocks",
+                    replication.block_size
+                ),
+            )
+            .into());
+        }
+        if size_bytes == current {
+            let _ = reply.send(Ok(()));
+            return Ok(());
+        }
+        match self.replicators.get(volume).filter(|r| r.is_running()) {
+            Some(replicator) => replicator.barrier(BarrierOp::Grow(size_bytes), reply),
+            None => {
+                let me = self.cluster_node.clone().unwrap_or_default();
+                return Err(AdminError::Unavailable(format!(
+                    "volume {volume}: this node ({me}) does not serve it now (it fails over, or another node is its primary); try again in a moment"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Grows this node's copies of replicated volumes to their records'
+    /// size (copies out of sync when their primary grew the volume).
+    pub(super) fn grow_copies_to_records(&mut self) {
+        let copies: Vec<(String, String, u64)> = self
+            .pools
+            .iter()
+            .flat_map(|(pool, p)| {
+                p.volumes()
+                    .map(move |v| (pool.clone(), v.name.clone(), v.size_bytes))
+            })
+            .filter(|(_, volume, _)| self.intents.contains_key(volume))
+            .collect();
+        for (pool, volume, size_bytes) in copies {
+            if let Ok(Some(replication)) = self.replicated_record(&volume) {
+                if replication.size_bytes > size_bytes {
+                    let _ = self.grow_copy(&pool, &volume, replication.size_bytes);
+                }
+            }
+        }
+    }
+
+    /// Grows this node's copy of a replicated volume to `size_bytes` (as
+    /// its primary asks, or its record says) and its write intent with it;
+    /// the caller updates the exports.
+    pub(super) fn grow_copy(
+        &mut self,
+        pool: &str,
+        volume: &str,
+        size_bytes: u64,
+    ) -> Result<(), weft_proto::IoError> {
+        let grown = self.pool_mut(pool).and_then(|p| {
+            let current = p.volume_info(volume)?.size_bytes;
+            if size_bytes > current {
+                p.resize_volume(volume, size_bytes)?;
+            }
+            Ok(current)
+        });
+        let current = grown.map_err(|error| {
+            log::warn!(
+                "volume {volume}: this node's copy not grown to {size_bytes} bytes: {error}"
+            );
+            weft_proto::IoError::Other
+        })?;
+        if let Some(file) = self.intents.get(volume) {
+            if file.intent().regions() < regions_of(size_bytes) {
+                let resized = std::sync::Arc::new(file.resized(size_bytes));
+                self.intents.insert(volume.to_string(), resized);
+            }
+        }
+        if size_bytes > current {
+            log::info!("volume {volume}: this node's copy grown to {size_bytes} bytes");
+        }
+        Ok(())
+    }
+}
+
+/// Write-intent regions of a copy of `size_bytes`.
+fn regions_of(size_bytes: u64) -> u32 {
+    size_bytes.div_ceil(1 << super::intents::REGION_SHIFT) as u32
+}
