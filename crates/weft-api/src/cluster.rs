@@ -163,18 +163,25 @@ impl Cluster {
         })
     }
 
-    /// The node a volume's record names: a replicated volume's primary
-    /// (none: no such volume in the cluster).
-    fn volume_node(&self, volume: &str) -> Result<Option<String>, Response> {
+    /// The record of `volume`, if the cluster has it.
+    fn volume_record(&self, volume: &str) -> Result<Option<VolumeRecord>, Response> {
         let record = weft_control::records::read::<VolumeRecord>(
             self.store.as_ref(),
             &format!("volumes/{volume}"),
         )
         .map_err(|e| store_failure(&e))?;
-        Ok(record.and_then(|found| match found.record.replication {
-            Some(replication) => Some(replication.primary),
-            None => found.record.node,
-        }))
+        Ok(record.map(|found| found.record))
+    }
+
+    /// The node a volume's record names: a replicated volume's primary
+    /// (none: no such volume in the cluster).
+    fn volume_node(&self, volume: &str) -> Result<Option<String>, Response> {
+        Ok(self
+            .volume_record(volume)?
+            .and_then(|record| match record.replication {
+                Some(replication) => Some(replication.primary),
+                None => record.node,
+            }))
     }
 
     /// Where a clone of `source` (VOLUME@SNAPSHOT) is made: beside its
@@ -183,20 +190,25 @@ impl Cluster {
     /// the first that does). The node checks it holds it.
     fn clone_node(&self, source: &str, wanted: Option<&str>) -> Result<Option<String>, Response> {
         let (volume, snapshot) = source.split_once('@').unwrap_or((source, ""));
-        let record = weft_control::records::read::<VolumeRecord>(
-            self.store.as_ref(),
-            &format!("volumes/{volume}"),
-        )
-        .map_err(|e| store_failure(&e))?;
-        let Some(found) = record else {
+        let Some(record) = self.volume_record(volume)? else {
             return Ok(None);
         };
-        let Some(replication) = found.record.replication else {
-            return Ok(found.record.node);
+        let Some(replication) = record.replication else {
+            if let (Some(wanted), Some(node)) = (wanted, &record.node) {
+                if wanted != node {
+                    return Err(failure(
+                        400,
+                        "invalid",
+                        &format!("volume {volume} is on node {node}: a clone of it is made there, not on {wanted}"),
+                        "leave --node out, or give its node",
+                    ));
+                }
+            }
+            return Ok(record.node);
         };
         let holders = replication
             .snapshot(snapshot)
-            .map(|s| s.nodes.clone())
+            .map(|s| replication.holders(s))
             .unwrap_or_default();
         Ok(Some(match wanted {
             Some(node) => node.to_string(),
@@ -653,9 +665,8 @@ impl Cluster {
                     .collect();
                 let replicas = crate::views::replica_views(replication, &rebuilds);
                 view["replicas"] = json!(replicas);
-                let copies = crate::views::snapshot_copies(replication);
-                view["snapshots"] = json!(copies.iter().map(|s| &s.name).collect::<Vec<_>>());
-                view["snapshot_copies"] = json!(copies);
+                view["snapshots"] = json!(crate::views::snapshot_names(replication));
+                view["snapshot_copies"] = json!(crate::views::snapshot_copies(replication));
             }
         }
         view

@@ -136,8 +136,17 @@ pub(crate) fn snapshot_copies(
         .map(|s| SnapshotCopiesView {
             name: s.name.clone(),
             state: if s.taking { "taking" } else { "taken" }.into(),
-            nodes: s.nodes.clone(),
+            nodes: replication.holders(s),
         })
+        .collect()
+}
+
+/// The names of the snapshots of `replication`.
+pub(crate) fn snapshot_names(replication: &weft_control::ReplicationRecord) -> Vec<String> {
+    replication
+        .snapshots
+        .iter()
+        .map(|s| s.name.clone())
         .collect()
 }
 
@@ -342,11 +351,7 @@ impl From<&VolumeStatus> for VolumeView {
                 .as_ref()
                 .map(|o| format!("{}@{}", o.volume, o.snapshot)),
             snapshots: match &volume.replication {
-                Some(replication) => replication
-                    .snapshots
-                    .iter()
-                    .map(|s| s.name.clone())
-                    .collect(),
+                Some(replication) => snapshot_names(replication),
                 None => info.snapshots.iter().map(|(n, _, _)| n.clone()).collect(),
             },
             connected_hosts: volume.connected_hosts.clone(),

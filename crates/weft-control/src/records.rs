@@ -162,6 +162,17 @@ impl ReplicationRecord {
         self.snapshots.iter().find(|s| s.name == name)
     }
 
+    /// The nodes whose copies hold `snapshot`: those it names that are
+    /// members still (a member that left took its copy with it).
+    pub fn holders(&self, snapshot: &ReplicatedSnapshot) -> Vec<String> {
+        snapshot
+            .nodes
+            .iter()
+            .filter(|node| self.member(node).is_some())
+            .cloned()
+            .collect()
+    }
+
     /// Whether `node` holds a replica another node serves.
     pub fn is_secondary(&self, node: &str) -> bool {
         self.primary != node && self.member(node).is_some()

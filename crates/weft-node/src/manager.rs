@@ -522,6 +522,9 @@ pub struct Manager {
     /// Where the admin operation being run answers; an operation that
     /// answers later (a replicated volume's snapshot) takes it.
     caller: Option<Sender<Result<(), AdminError>>>,
+    /// Snapshots taken for a primary, by (volume, name), with when: kept
+    /// while this node's copy of the store has not seen them announced.
+    fresh_snapshots: BTreeMap<(String, String), std::time::Instant>,
     /// Slow-path answers to send once the data plane has new exports (a
     /// replica's copy grown).
     after_exports: Vec<(weft_target::VolumeReply, Result<(), IoError>)>,
@@ -587,6 +590,7 @@ impl Manager {
             replicators: BTreeMap::new(),
             caller: None,
             after_exports: Vec::new(),
+            fresh_snapshots: BTreeMap::new(),
             rebuild_bytes_per_s: u64::MAX,
             shut_down: false,
         };
@@ -896,7 +900,12 @@ impl Manager {
                 .and_then(|()| if fua { pool.flush() } else { Ok(()) }),
             VolumeWork::Flush => pool.flush(),
             VolumeWork::Snapshot(name) => {
-                snapshots::replica_snapshot(pool, &request.volume, name.as_str())
+                let taken = snapshots::replica_snapshot(pool, &request.volume, name.as_str());
+                if taken.is_ok() {
+                    let key = (request.volume.clone(), name.as_str().to_string());
+                    self.fresh_snapshots.insert(key, std::time::Instant::now());
+                }
+                taken
             }
         };
         note_pool_failure(pool, health);
@@ -1160,7 +1169,8 @@ impl Manager {
                 nqn,
             });
         }
-        self.check_replicated_snapshots_gone(name, &pool)?;
+        self.check_no_replicated_snapshots(name)?;
+        self.drop_stale_copy_snapshots(name, &pool)?;
         self.pool_mut(&pool)?.check_deletable(name)?;
         // Forget who may use it, stop serving it (hosts are disconnected),
         // then release its space. A crash in between leaves a volume that no

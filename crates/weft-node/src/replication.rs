@@ -21,6 +21,8 @@ mod local;
 pub(crate) mod progress;
 pub(crate) mod replicator;
 
+use crate::manager::AdminError;
+use std::sync::mpsc::Sender;
 use weft_control::ReplicationRecord;
 use weft_replication::{FromReplica, NodeId};
 use weft_target::replicated::ReplicatedIo;
@@ -51,12 +53,20 @@ pub(crate) enum Event {
     /// Take a snapshot or grow, on every copy in sync (`barrier`).
     Barrier {
         op: barrier::BarrierOp,
-        reply: std::sync::mpsc::Sender<Result<(), crate::manager::AdminError>>,
+        reply: Sender<Result<(), AdminError>>,
     },
-    /// A replica answered a barrier's command.
-    BarrierDone { node: NodeId, done: bool },
-    /// The primary's own copy made the barrier's change, or why not.
-    BarrierLocal(Result<(), String>),
+    /// Barrier `seq`'s snapshot was announced in the record, or why not.
+    BarrierAnnounced {
+        seq: u64,
+        result: Result<(), AdminError>,
+    },
+    /// A replica answered barrier `seq`'s command.
+    BarrierDone { node: NodeId, seq: u64, done: bool },
+    /// The primary's own copy made barrier `seq`'s change, or why not.
+    BarrierLocal {
+        seq: u64,
+        result: Result<(), String>,
+    },
     /// Stop serving (the volume is deleted, or the node stops).
     Stop,
 }

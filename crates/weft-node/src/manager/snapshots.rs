@@ -2,22 +2,33 @@
 //! record lists them (`ReplicationRecord::snapshots`): the record is the
 //! one word on which exist and which nodes' copies hold each.
 //!
-//! - Create (on the primary's node): the record announces it as being
-//!   taken, then the volume's replicator takes it on every copy in sync at
-//!   one point of the write stream (`crate::replication::snapshot`) and
-//!   answers the caller once the record names the nodes that hold it.
-//! - Delete: this node's copy first (where a clone of it refuses), then the
-//!   record's entry; every other node deletes its copy when it reconciles.
-//! - Reconcile: a copy's snapshot the record does not list (deleted, or a
-//!   copy the record says does not hold it) is deleted.
+//! - Create (on the primary's node): the volume's replicator announces it
+//!   in the record as being taken, takes it on every copy in sync at one
+//!   point of the write stream (`crate::replication::barrier`) and answers
+//!   the caller once the record names the nodes that hold it.
+//! - Delete: the record's entry first, then this node's copy; every other
+//!   node deletes its copy's when it reconciles. Clones made from it keep
+//!   their data (the pool shares allocation units).
+//! - Reconcile: a copy's snapshot the record does not give it (deleted, or
+//!   a copy the record says does not hold it) is deleted; except one taken
+//!   for a primary a moment ago that this node has not seen listed yet (the
+//!   command can outrun the store's announcement), for up to 30 s.
 //!
 //! What this does not do: take snapshots of volumes of one copy (the
 //! volume manager does, directly).
 
 use super::{AdminError, Manager};
 use crate::replication::barrier::BarrierOp;
+use std::time::Duration;
 use weft_control::{DesiredState, ReplicatedSnapshot, ReplicationRecord, StoreError, VolumeRecord};
-use weft_volume::{check_name, FileMedia, Pool, VolumeError};
+use weft_volume::{check_name, FileMedia, Pool, VolumeError, SNAPSHOTS_PER_VOLUME_MAX};
+
+/// How long a snapshot taken for a primary is kept while this node's copy
+/// of the store does not list it yet.
+const FRESH_SNAPSHOT_GRACE: Duration = Duration::from_secs(30);
+
+/// How many times a record change is tried against concurrent changes.
+const CAS_ATTEMPTS: usize = 8;
 
 impl Manager {
     /// The record of `volume` if it is replicated.
@@ -40,23 +51,8 @@ impl Manager {
         reply: std::sync::mpsc::Sender<Result<(), AdminError>>,
     ) -> Result<(), AdminError> {
         check_name("snapshot", name)?;
-        let me = self.cluster_node.clone().unwrap_or_default();
-        let not_serving = || {
-            AdminError::Unavailable(format!(
-                "volume {volume}: this node ({me}) does not serve it now (it fails over, or another node is its primary); try again in a moment"
-            ))
-        };
-        if !self.replicators.get(volume).is_some_and(|r| r.is_running()) {
-            return Err(not_serving());
-        }
-        let (volume_key, snapshot) = (format!("volumes/{volume}"), name.to_string());
-        self.store_write(move |desired| announce(desired, &volume_key, &snapshot))?;
-        match self.replicators.get(volume) {
-            Some(replicator) => replicator.barrier(BarrierOp::Snapshot(name.to_string()), reply),
-            None => {
-                let _ = reply.send(Err(not_serving()));
-            }
-        }
+        let replicator = self.serving_replicator(volume)?;
+        replicator.barrier(BarrierOp::Snapshot(name.to_string()), reply);
         Ok(())
     }
 
@@ -77,15 +73,43 @@ impl Manager {
             }
             .into());
         }
-        if let Ok(pool) = self.pool_of(volume) {
-            if self.has_local_snapshot(&pool, volume, name) {
-                self.pool_mut(&pool)?.delete_snapshot(volume, name)?;
-            }
+        let taking = self
+            .replicators
+            .get(volume)
+            .and_then(|r| r.snapshot_taken());
+        if taking.as_deref() == Some(name) {
+            return Err(AdminError::Unavailable(format!(
+                "snapshot {volume}@{name} is being taken; delete it once that is done"
+            )));
         }
         let (key, snapshot) = (format!("volumes/{volume}"), name.to_string());
         self.store_write(move |desired| forget(desired, &key, &snapshot))?;
+        if let Ok(pool) = self.pool_of(volume) {
+            if self.has_local_snapshot(&pool, volume, name) {
+                if let Err(error) = self.pool_mut(&pool)?.delete_snapshot(volume, name) {
+                    log::warn!("snapshot {volume}@{name}: this node's copy is deleted at its next reconcile: {error}");
+                }
+            }
+        }
         log::info!("snapshot {volume}@{name} deleted (every copy's, as its node reconciles)");
         Ok(())
+    }
+
+    /// The running replicator of `volume` (this node is its primary and
+    /// serves it), or why not.
+    pub(super) fn serving_replicator(
+        &self,
+        volume: &str,
+    ) -> Result<&crate::replication::replicator::ReplicatorHandle, AdminError> {
+        self.replicators
+            .get(volume)
+            .filter(|r| r.is_running())
+            .ok_or_else(|| {
+                let me = self.cluster_node.clone().unwrap_or_default();
+                AdminError::Unavailable(format!(
+                    "volume {volume}: this node ({me}) does not serve it now (it fails over, or another node is its primary); try again in a moment"
+                ))
+            })
     }
 
     /// Deletes the snapshots of this node's replicated copies that the
@@ -94,6 +118,8 @@ impl Manager {
         let Some(me) = self.cluster_node.clone() else {
             return;
         };
+        self.fresh_snapshots
+            .retain(|_, taken| taken.elapsed() < FRESH_SNAPSHOT_GRACE);
         for (pool, volume, snapshot) in self.local_snapshots() {
             let Ok(Some(replication)) = self.replicated_record(&volume) else {
                 continue;
@@ -101,9 +127,15 @@ impl Manager {
             if replication.member(&me).is_none() {
                 continue; // the copy itself goes (drop_removed_replicas)
             }
-            let kept = replication
-                .snapshot(&snapshot)
-                .is_some_and(|s| s.taking || s.nodes.contains(&me));
+            let fresh = (volume.clone(), snapshot.clone());
+            let kept = match replication.snapshot(&snapshot) {
+                Some(listed) => {
+                    // Seen listed: from now on the record alone decides.
+                    self.fresh_snapshots.remove(&fresh);
+                    listed.taking || replication.holders(listed).contains(&me)
+                }
+                None => self.fresh_snapshots.contains_key(&fresh),
+            };
             if kept {
                 continue;
             }
@@ -115,7 +147,7 @@ impl Manager {
                     "snapshot {volume}@{snapshot}: deleted from this node's copy (the volume's record does not give it to this copy)"
                 ),
                 Err(error) => log::warn!(
-                    "snapshot {volume}@{snapshot}: deleted from the volume, but this node's copy cannot drop it yet: {error}"
+                    "snapshot {volume}@{snapshot}: not given to this node's copy by the volume's record, but it cannot be deleted yet: {error}"
                 ),
             }
         }
@@ -142,25 +174,17 @@ impl Manager {
             Some(s) if s.taking => Err(AdminError::Unavailable(format!(
                 "snapshot {volume}@{snapshot} is still being taken (or its taking failed: delete it and take it again)"
             ))),
-            Some(s) if !s.nodes.contains(&me) => Err(AdminError::Invalid(format!(
+            Some(s) if !replication.holders(s).contains(&me) => Err(AdminError::Invalid(format!(
                 "snapshot {volume}@{snapshot} is held by the copies on {}, not on {me}: clone it on one of them (--node)",
-                s.nodes.join(", ")
+                replication.holders(s).join(", ")
             ))),
             Some(_) => Ok(()),
         }
     }
 
-    /// A replicated volume is deleted only once its record lists no
-    /// snapshot; what its copy here still has then is stale (a taking that
-    /// failed, a deletion not reconciled yet) and goes with it.
-    pub(super) fn check_replicated_snapshots_gone(
-        &mut self,
-        volume: &str,
-        pool: &str,
-    ) -> Result<(), AdminError> {
-        if !self.intents.contains_key(volume) {
-            return Ok(()); // a volume of one copy: the pool checks
-        }
+    /// Refuses to delete replicated `volume` while its record lists
+    /// snapshots (none for a volume of one copy: its pool checks).
+    pub(super) fn check_no_replicated_snapshots(&self, volume: &str) -> Result<(), AdminError> {
         match self.replicated_record(volume)? {
             Some(replication) if !replication.snapshots.is_empty() => {
                 let names: Vec<&str> = replication
@@ -174,8 +198,23 @@ impl Manager {
                 }
                 .into())
             }
-            _ => self.drop_copy_snapshots(pool, volume),
+            _ => Ok(()),
         }
+    }
+
+    /// Before a replicated copy is deleted (its record lists no snapshot,
+    /// or is gone): the snapshots it still has are stale (a taking that
+    /// failed, a deletion not reconciled yet) and go first. A copy is
+    /// known for replicated by its write intent: its record may be gone.
+    pub(super) fn drop_stale_copy_snapshots(
+        &mut self,
+        volume: &str,
+        pool: &str,
+    ) -> Result<(), AdminError> {
+        if self.intents.contains_key(volume) {
+            self.drop_copy_snapshots(pool, volume)?;
+        }
+        Ok(())
     }
 
     /// Deletes every snapshot of a copy about to be discarded.
@@ -221,12 +260,15 @@ impl Manager {
 
 /// A replica's snapshot, as its primary asks (`weft_proto::intent`): one
 /// of that name left by an attempt that failed is replaced, since only the
-/// primary's word makes a replicated volume's snapshots.
+/// primary's word makes a replicated volume's snapshots. The pool is
+/// flushed first: a snapshot holds every write acknowledged before it,
+/// through a power loss too (no rebuild repairs a snapshot).
 pub(super) fn replica_snapshot(
     pool: &mut Pool<FileMedia>,
     volume: &str,
     name: &str,
 ) -> Result<(), VolumeError> {
+    pool.flush()?;
     let info = pool.volume_info(volume)?;
     if info.snapshots.iter().any(|(taken, ..)| taken == name) {
         pool.delete_snapshot(volume, name)?;
@@ -237,8 +279,9 @@ pub(super) fn replica_snapshot(
 }
 
 /// Adds snapshot `name` to the record at `key` as being taken (kept if
-/// an earlier attempt left it so; refused if it was taken).
-fn announce(desired: &DesiredState, key: &str, name: &str) -> Result<(), AdminError> {
+/// an earlier attempt left it so; refused if it was taken, or if the
+/// volume has as many snapshots as a volume may).
+pub(crate) fn announce(desired: &DesiredState, key: &str, name: &str) -> Result<(), AdminError> {
     change_record(desired, key, |volume, snapshots| {
         match snapshots.iter().find(|s| s.name == name) {
             Some(s) if !s.taking => Err(VolumeError::Exists {
@@ -247,6 +290,10 @@ fn announce(desired: &DesiredState, key: &str, name: &str) -> Result<(), AdminEr
             }
             .into()),
             Some(_) => Ok(()),
+            None if snapshots.len() >= SNAPSHOTS_PER_VOLUME_MAX => Err(VolumeError::Limit(format!(
+                "volume {volume} has {SNAPSHOTS_PER_VOLUME_MAX} snapshots, the most a volume may have; delete one first"
+            ))
+            .into()),
             None => {
                 snapshots.push(ReplicatedSnapshot {
                     name: name.to_string(),
@@ -279,15 +326,15 @@ pub(crate) fn change_record(
     })
 }
 
-/// Changes the replication record of the volume at `key`
-/// (compare-and-swap, tried again while others change the record).
+/// Changes the replication record of the volume at `key` (compare-and-swap,
+/// tried again a few times while others change the record).
 pub(crate) fn change_replication(
     desired: &DesiredState,
     key: &str,
     change: impl Fn(&mut ReplicationRecord) -> Result<(), AdminError>,
 ) -> Result<(), AdminError> {
     let volume = key.trim_start_matches("volumes/");
-    loop {
+    for _ in 0..CAS_ATTEMPTS {
         let found = desired
             .read::<VolumeRecord>(key)?
             .ok_or_else(|| AdminError::Invalid(format!("volume {volume} was deleted")))?;
@@ -303,4 +350,7 @@ pub(crate) fn change_replication(
             Err(error) => return Err(error.into()),
         }
     }
+    Err(AdminError::Unavailable(format!(
+        "volume {volume}: its record changed {CAS_ATTEMPTS} times while this change was tried; try again"
+    )))
 }

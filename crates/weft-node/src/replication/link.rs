@@ -62,7 +62,7 @@ pub(crate) enum Outgoing {
     /// Take a snapshot of the replica's copy, or grow it (see
     /// `super::barrier`); the answer comes as [`Event::BarrierDone`], and a
     /// failure does not end the session.
-    Barrier(BarrierOp),
+    Barrier { seq: u64, op: BarrierOp },
 }
 
 /// Where a link connects and how.
@@ -113,12 +113,13 @@ impl Link {
     }
 }
 
-/// One command of a message in flight.
+/// What a command in flight belongs to.
 #[derive(Debug, Clone, Copy)]
-struct Part {
-    op: Option<OpId>,
-    /// A barrier's command (Snapshot or Grow).
-    barrier: bool,
+enum Part {
+    /// A message of the core (a Clean has no op).
+    Core(Option<OpId>),
+    /// Barrier `seq`'s command (Snapshot or Grow).
+    Barrier(u64),
 }
 
 /// A command built from a message, with its data.
@@ -222,7 +223,7 @@ impl Session {
     fn build(&mut self, outgoing: Outgoing) {
         let (msg, payload) = match outgoing {
             Outgoing::Core { msg, payload } => (msg, payload),
-            Outgoing::Barrier(op) => return self.build_barrier(&op),
+            Outgoing::Barrier { seq, op } => return self.build_barrier(seq, &op),
         };
         match msg {
             ToReplica::Fence { .. } => {
@@ -236,7 +237,7 @@ impl Session {
             }
             ToReplica::Flush { op, .. } => {
                 let command = sqe(io_opcode::FLUSH, NSID);
-                self.push(command, DataTransfer::None, None, Some(op));
+                self.push(command, DataTransfer::None, None, Part::Core(Some(op)));
             }
             ToReplica::Clean { regions, .. } => {
                 let most = weft_proto::intent::CLEAN_REGIONS_MAX as usize;
@@ -245,13 +246,13 @@ impl Session {
                     let mut command = sqe(weft_proto::intent::CLEAN_OPCODE, NSID);
                     set_cdw(&mut command, 10, chunk.len() as u32);
                     let transfer = DataTransfer::ToController(data.len() as u32);
-                    self.push(command, transfer, Some(data), None);
+                    self.push(command, transfer, Some(data), Part::Core(None));
                 }
             }
         }
     }
 
-    fn build_barrier(&mut self, op: &BarrierOp) {
+    fn build_barrier(&mut self, seq: u64, op: &BarrierOp) {
         let (command, transfer, data) = match op {
             BarrierOp::Snapshot(name) => {
                 let mut command = sqe(weft_proto::intent::SNAPSHOT_OPCODE, NSID);
@@ -266,15 +267,7 @@ impl Session {
                 (command, DataTransfer::None, None)
             }
         };
-        self.waiting.push_back(Built {
-            command,
-            transfer,
-            data,
-            part: Part {
-                op: None,
-                barrier: true,
-            },
-        });
+        self.push(command, transfer, data, Part::Barrier(seq));
     }
 
     fn build_write(&mut self, op: OpId, block: u64, payload: Option<Payload>, fua: bool) {
@@ -289,7 +282,12 @@ impl Session {
                     let mut command = read_write(io_opcode::WRITE, NSID, slba, blocks);
                     set_cdw(&mut command, 12, (blocks - 1) | fua_bit);
                     let transfer = DataTransfer::ToController(piece.len() as u32);
-                    self.push(command, transfer, Some(piece.to_vec()), Some(op));
+                    self.push(
+                        command,
+                        transfer,
+                        Some(piece.to_vec()),
+                        Part::Core(Some(op)),
+                    );
                 }
             }
             Some(Payload::Zeroes { deallocate, blocks }) => {
@@ -301,7 +299,7 @@ impl Session {
                     let mut command =
                         read_write(io_opcode::WRITE_ZEROES, NSID, block + done, count);
                     set_cdw(&mut command, 12, (count - 1) | deac | fua_bit);
-                    self.push(command, DataTransfer::None, None, Some(op));
+                    self.push(command, DataTransfer::None, None, Part::Core(Some(op)));
                     done += u64::from(count);
                 }
             }
@@ -316,16 +314,16 @@ impl Session {
         command: [u8; 64],
         transfer: DataTransfer,
         data: Option<Vec<u8>>,
-        op: Option<OpId>,
+        part: Part,
     ) {
-        if let Some(op) = op {
+        if let Part::Core(Some(op)) = part {
             *self.parts_left.entry(op).or_default() += 1;
         }
         self.waiting.push_back(Built {
             command,
             transfer,
             data,
-            part: Part { op, barrier: false },
+            part,
         });
     }
 
@@ -358,25 +356,22 @@ impl Session {
             // Fenced by someone else: this session is over.
             return Err("fenced by a newer session".into());
         }
-        if part.barrier {
-            if !status.is_success() {
-                log::warn!(
-                    "replica {:?}: a snapshot or growth failed: {status}",
-                    self.node
-                );
+        let op = match part {
+            Part::Barrier(seq) => {
+                if !status.is_success() {
+                    log::warn!(
+                        "replica {:?}: a snapshot or growth failed: {status}",
+                        self.node
+                    );
+                }
+                let done = status.is_success();
+                let node = self.node;
+                let _ = self.events.send(Event::BarrierDone { node, seq, done });
+                return Ok(());
             }
-            let done = status.is_success();
-            let _ = self.events.send(Event::BarrierDone {
-                node: self.node,
-                done,
-            });
-            return Ok(());
-        }
-        if !status.is_success() {
-            return Err(format!("command failed: {status}"));
-        }
-        let Some(op) = part.op else {
-            return Ok(());
+            _ if !status.is_success() => return Err(format!("command failed: {status}")),
+            Part::Core(None) => return Ok(()),
+            Part::Core(Some(op)) => op,
         };
         let left = self.parts_left.get_mut(&op).expect("counted at push");
         *left -= 1;

@@ -15,7 +15,7 @@
 //! It tells the data plane whether the node serves (`Replicated`'s flag)
 //! and the manager when that changes (the ANA state follows).
 
-use super::barrier::{Barrier, BarrierOp, Step};
+use super::barrier::{announce_snapshot, Barrier, BarrierOp, Step};
 use super::link::{Link, LinkTarget, Outgoing, Payload};
 use super::local::{LocalPool, LocalResult, LocalWork};
 use super::progress::Tracker;
@@ -28,7 +28,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use weft_cluster::replicas::{node_id, replica_set, with_replica_set};
 use weft_cluster::LeaseClock;
@@ -84,6 +84,8 @@ pub(crate) struct ReplicatorHandle {
     pub(crate) path: Arc<Replicated>,
     events: Sender<Event>,
     finished: Arc<AtomicBool>,
+    /// The snapshot being taken now, if any.
+    taking: Arc<Mutex<Option<String>>>,
 }
 
 impl ReplicatorHandle {
@@ -95,6 +97,14 @@ impl ReplicatorHandle {
     /// Asks it to stop (it completes what it holds as Inaccessible); does not wait.
     pub(crate) fn stop(&self) {
         let _ = self.events.send(Event::Stop);
+    }
+
+    /// The snapshot it is taking now, if any.
+    pub(crate) fn snapshot_taken(&self) -> Option<String> {
+        self.taking
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// Asks it to take a snapshot, or grow, on every copy in sync; `reply`
@@ -128,17 +138,19 @@ pub(crate) fn start(setup: ReplicatorSetup) -> std::io::Result<ReplicatorHandle>
     let (events, inbox) = mpsc::channel();
     let path = Arc::new(Replicated::new(Box::new(Sink(events.clone()))));
     let finished = Arc::new(AtomicBool::new(false));
+    let taking = Arc::new(Mutex::new(None));
     let handle = ReplicatorHandle {
         path: Arc::clone(&path),
         events: events.clone(),
         finished: Arc::clone(&finished),
+        taking: Arc::clone(&taking),
     };
     std::thread::Builder::new()
         .name(format!("replicator-{}", setup.volume))
         .spawn(move || {
             let volume = setup.volume.clone();
             let manager = setup.manager.clone();
-            match Replicator::begin(setup, events, path.clone()) {
+            match Replicator::begin(setup, events, path.clone(), taking) {
                 Ok(Some(mut replicator)) => replicator.run(&inbox),
                 // Not now (a newer primary, or this node's copy of the
                 // store is behind): tried again at the next reconcile.
@@ -150,11 +162,18 @@ pub(crate) fn start(setup: ReplicatorSetup) -> std::io::Result<ReplicatorHandle>
                 }
             }
             path.set_serving(Serving::Inaccessible);
-            // Whatever the reactors handed over meanwhile.
+            // Whatever the reactors and the manager handed over meanwhile.
             while let Ok(event) = inbox.try_recv() {
-                if let Event::Host(io) = event {
-                    io.reply
-                        .send(VolumeOutcome::Done(Err(IoError::PathInaccessible)));
+                match event {
+                    Event::Host(io) => io
+                        .reply
+                        .send(VolumeOutcome::Done(Err(IoError::PathInaccessible))),
+                    Event::Barrier { op, reply } => {
+                        let _ = reply.send(Err(AdminError::Unavailable(format!(
+                            "volume {volume}: its primary stopped serving here (it fails over, or its replicas changed) before its {op}; try again"
+                        ))));
+                    }
+                    _ => {}
                 }
             }
             finished.store(true, Ordering::Release);
@@ -207,6 +226,10 @@ struct Replicator {
     pool: String,
     /// A barrier under way, and the host writes held back meanwhile.
     barrier: Option<Barrier>,
+    /// Barriers begun (each one's number).
+    barriers: u64,
+    /// The snapshot being taken, as the manager may ask.
+    taking: Arc<Mutex<Option<String>>>,
     /// Blocks the core serves (the volume's size when this primary began).
     blocks: u64,
     held: std::collections::VecDeque<ReplicatedIo>,
@@ -220,6 +243,7 @@ impl Replicator {
         setup: ReplicatorSetup,
         events: Sender<Event>,
         path: Arc<Replicated>,
+        taking: Arc<Mutex<Option<String>>>,
     ) -> Result<Option<Replicator>, String> {
         let ReplicatorSetup {
             volume,
@@ -328,6 +352,8 @@ impl Replicator {
             me,
             pool,
             barrier: None,
+            barriers: 0,
+            taking,
             blocks: geometry.blocks,
             held: std::collections::VecDeque::new(),
             volume,
@@ -388,12 +414,12 @@ impl Replicator {
 
     fn finish(&mut self) {
         self.stop_poller.store(true, Ordering::Release);
-        if let Some(barrier) = self.barrier.take() {
+        if self.barrier.is_some() {
             let error = format!(
-                "volume {}: this node stopped being its primary during its {}; try again",
-                self.volume, barrier.op
+                "volume {}: its primary stopped serving here (it fails over, or its replicas changed); try again",
+                self.volume
             );
-            barrier.fail(AdminError::Unavailable(error));
+            self.fail_barrier(AdminError::Unavailable(error));
         }
         for io in std::mem::take(&mut self.held) {
             io.reply
@@ -436,19 +462,25 @@ impl Replicator {
             Event::Host(io) => self.host(io, now),
             Event::Replica { node, reply } => {
                 if let (Some(barrier), FromReplica::Refused { .. }) = (&mut self.barrier, &reply) {
-                    barrier.answer(node, false);
+                    barrier.session_ended(node);
                 }
                 self.primary.replica_reply(node, reply, now)
             }
             Event::Barrier { op, reply } => self.begin_barrier(op, reply),
-            Event::BarrierDone { node, done } => {
-                if let Some(barrier) = &mut self.barrier {
-                    barrier.answer(node, done);
+            Event::BarrierAnnounced { seq, result } => {
+                let failed = self.barrier.as_mut().and_then(|b| b.announced(seq, result));
+                if let Some(error) = failed {
+                    self.fail_barrier(error);
                 }
             }
-            Event::BarrierLocal(result) => {
+            Event::BarrierDone { node, seq, done } => {
                 if let Some(barrier) = &mut self.barrier {
-                    barrier.local_answer(result);
+                    barrier.answer(node, seq, done);
+                }
+            }
+            Event::BarrierLocal { seq, result } => {
+                if let Some(barrier) = &mut self.barrier {
+                    barrier.local_answer(seq, result);
                 }
             }
             Event::LocalDone { op, result } => self.local_finished(op, result),
@@ -491,7 +523,7 @@ impl Replicator {
     }
 
     fn host(&mut self, io: ReplicatedIo, now: Duration) {
-        if self.barrier.is_some() {
+        if self.barrier.as_ref().is_some_and(Barrier::holds_writes) {
             // After the barrier, in the order they came.
             return self.held.push_back(io);
         }
@@ -789,7 +821,32 @@ impl Replicator {
             Some(refusal) => {
                 let _ = reply.send(Err(AdminError::Unavailable(refusal)));
             }
-            None => self.barrier = Some(Barrier::new(op, reply)),
+            None => {
+                self.barriers += 1;
+                if let BarrierOp::Snapshot(name) = &op {
+                    *self.taking.lock().unwrap_or_else(PoisonError::into_inner) =
+                        Some(name.clone());
+                }
+                self.barrier = Some(Barrier::new(op, self.barriers, reply));
+            }
+        }
+    }
+
+    /// Ends the barrier under way with `error`; the held writes go on.
+    fn fail_barrier(&mut self, error: AdminError) {
+        if let Some(barrier) = self.barrier.take() {
+            barrier.fail(error, self.desired.clone(), self.volume.clone());
+        }
+        self.barrier_ended();
+    }
+
+    /// The barrier is over: nothing is taken now, and the held writes go on
+    /// in the order they came.
+    fn barrier_ended(&mut self) {
+        *self.taking.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        let now = self.lease.now();
+        for io in std::mem::take(&mut self.held) {
+            self.host(io, now);
         }
     }
 
@@ -801,6 +858,16 @@ impl Replicator {
         let writes_in_flight = self.ops.values().any(|op| op.reply.is_some());
         match barrier.step(writes_in_flight, &self.volume) {
             Step::Waiting => {}
+            Step::Announce => {
+                let BarrierOp::Snapshot(name) = barrier.op.clone() else {
+                    unreachable!("only snapshots are announced")
+                };
+                let (seq, events) = (barrier.seq, self.events.clone());
+                let announced = move |result| {
+                    let _ = events.send(Event::BarrierAnnounced { seq, result });
+                };
+                announce_snapshot(self.desired.clone(), self.volume.clone(), name, announced);
+            }
             Step::Ask => {
                 let in_sync: Vec<NodeId> = self
                     .primary
@@ -809,35 +876,38 @@ impl Replicator {
                     .filter(|&(node, state)| state == "in-sync" && self.links.contains_key(&node))
                     .map(|(node, _)| node)
                     .collect();
+                let (seq, op) = (barrier.seq, barrier.op.clone());
                 for node in &in_sync {
-                    self.links[node].send(Outgoing::Barrier(barrier.op.clone()));
+                    let op = op.clone();
+                    self.links[node].send(Outgoing::Barrier { seq, op });
                 }
                 barrier.asked(in_sync);
-                let op = barrier.op.clone();
-                self.barrier_local(&op);
+                self.barrier_local(seq, &op);
             }
-            Step::Done(result) => {
+            Step::Done(Ok(_)) if !self.primary.optimized(self.lease.now()) => {
+                // The lease lapsed meanwhile: another primary may write to
+                // this node's copy through its replica subsystem already.
+                let error = format!(
+                    "volume {}: its primary's lease lapsed during its {}; try again",
+                    self.volume, barrier.op
+                );
+                self.fail_barrier(AdminError::Unavailable(error));
+            }
+            Step::Done(Ok(replicas)) => {
                 let barrier = self.barrier.take().expect("under way");
-                match result {
-                    Ok(replicas) => {
-                        let mut nodes = vec![self.me.clone()];
-                        nodes.extend(replicas.into_iter().map(|node| {
-                            weft_cluster::replicas::node_name(&self.replication, node).to_string()
-                        }));
-                        barrier.record(self.desired.clone(), self.volume.clone(), nodes);
-                    }
-                    Err(error) => barrier.fail(error),
-                }
-                let now = self.lease.now();
-                for io in std::mem::take(&mut self.held) {
-                    self.host(io, now);
-                }
+                let mut nodes = vec![self.me.clone()];
+                nodes.extend(replicas.into_iter().map(|node| {
+                    weft_cluster::replicas::node_name(&self.replication, node).to_string()
+                }));
+                barrier.record(self.desired.clone(), self.volume.clone(), nodes);
+                self.barrier_ended();
             }
+            Step::Done(Err(error)) => self.fail_barrier(error),
         }
     }
 
     /// Asks the manager to make the barrier's change on this node's copy.
-    fn barrier_local(&self, op: &BarrierOp) {
+    fn barrier_local(&self, seq: u64, op: &BarrierOp) {
         let work = match op {
             BarrierOp::Snapshot(name) => {
                 SnapshotName::new(name.as_bytes()).map(VolumeWork::Snapshot)
@@ -847,9 +917,8 @@ impl Replicator {
             }),
         };
         let Some(work) = work else {
-            let _ = self
-                .events
-                .send(Event::BarrierLocal(Err("not a snapshot name".into())));
+            let result = Err("not a snapshot name".to_string());
+            let _ = self.events.send(Event::BarrierLocal { seq, result });
             return;
         };
         let (sender, answer) = mpsc::channel();
@@ -863,12 +932,14 @@ impl Replicator {
         std::thread::spawn(move || {
             let result = match answer.recv() {
                 Ok(VolumeOutcome::Done(Ok(()))) => Ok(()),
-                Ok(VolumeOutcome::Done(Err(error))) => Err(format!("{error:?}")),
-                Ok(VolumeOutcome::Retry) | Err(_) => {
-                    Err("the volume manager did not make it".into())
+                Ok(VolumeOutcome::Done(Err(IoError::NoSpace))) => {
+                    Err("its pool is full, or its metadata is".to_string())
+                }
+                Ok(VolumeOutcome::Done(Err(_))) | Ok(VolumeOutcome::Retry) | Err(_) => {
+                    Err("the volume manager refused it (its log says why)".to_string())
                 }
             };
-            let _ = events.send(Event::BarrierLocal(result));
+            let _ = events.send(Event::BarrierLocal { seq, result });
         });
     }
 }
