@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
 """What replication costs on this machine: etcd (one member) and three
 `weft serve` nodes on loopback (harness/bench-cluster.py's cluster), a
-volume of one copy and a volume of three replicas on node n1, side by side
-in one run, loaded by `weft bench` (weft's initiator) as the same host:
+volume of one copy, one of two replicas and one of three on node n1, side
+by side in one run, loaded by `weft bench` (weft's initiator) as the same host:
 
   - 4k random writes at QD1 (mean and p99 latency: the replication adder)
-    and QD32 (IOPS: the ratio of three copies to one), alternated per round;
+    and QD32 (IOPS: the ratio of two and three copies to one), alternated
+    per round;
     the same with 4k random reads (served by the primary's own copy);
-  - a full rebuild: a replica whose node "rebooted" (its write intent names
-    another boot) is rebuilt at the node's default limit; bytes, seconds, rate;
+  - a full rebuild: a third 1 GiB volume, written whole, whose replica on
+    n3 "rebooted" (its write intent names another boot) is rebuilt at the
+    node's default limit (bytes, seconds, rate), and the host's 4k random
+    reads at QD1 on it meanwhile against the same reads before (mean, p99);
   - a planned move: `volume move-primary`, request to answer, in ms;
   - unplanned failovers: the primary's node killed (SIGKILL) N times, each
     time the pause until a write succeeds on the new primary (the host tries
@@ -18,8 +21,10 @@ in one run, loaded by `weft bench` (weft's initiator) as the same host:
 Prints a table and writes JSON (default .cache/bench/replication/result.json).
 
 Usage: harness/bench-replication.py [--weft target/release/weft] [--runtime 5s]
-       [--rounds 3] [--failovers 20] [--lease-ms MS] [--json FILE]
-       (a benchmark: outside CI; --runtime 1s --rounds 1 --failovers 1 is the smoke)
+       [--rounds 3] [--failovers 20] [--lease-ms MS] [--rebuild-mib-s 256]
+       [--read-runtime 2s] [--json FILE]
+       (a benchmark: outside CI; --runtime 1s --rounds 1 --failovers 1
+       --read-runtime 500ms is the smoke)
 """
 
 import argparse
@@ -35,6 +40,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOST_NQN = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-0000000bc1a5"
 SIZE = 256 << 20
+# One copy, two replicas, three replicas: side by side, alternated.
+VOLUMES = ["single", "rep2", "rep"]
 
 
 def load_cluster():
@@ -45,16 +52,18 @@ def load_cluster():
     return module.Cluster
 
 
-def bench(cluster, volume, iodepth, runtime, rw="randwrite"):
-    """`weft bench` 4k `rw` on `volume` (on n1): (iops, mean us, p99 us)."""
+def bench(cluster, volume, iodepth, runtime, rw="randwrite", bs="4k", size="64MiB"):
+    """`weft bench` `bs` `rw` on `volume` (on n1) over its first `size`
+    (one pass if `runtime` is None): (iops, mean us, p99 us)."""
     url = f"nvme-tcp://{cluster.nodes[0]['nvme']}/nqn.2026-11.io.weft:vol:{volume}"
+    timing = ["--runtime", runtime] if runtime else []
     done = subprocess.run(
         [cluster.weft, "bench", "--target", url, "--hostnqn", HOST_NQN, "--rw", rw,
-         "--bs", "4k", "--iodepth", str(iodepth), "--runtime", runtime, "--size", "64MiB",
-         "--json"], capture_output=True, text=True)
+         "--bs", bs, "--iodepth", str(iodepth), "--size", size, "--json"] + timing,
+        capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"bench-replication: bench {volume} {rw} QD{iodepth}: {done.stderr}")
-    side = json.loads(done.stdout)["jobs"][0]["read" if rw == "randread" else "write"]
+    side = json.loads(done.stdout)["jobs"][0]["read" if "read" in rw else "write"]
     percentiles = side["lat_ns"]["percentile"]
     p99 = percentiles.get("99.000000", max(percentiles.values(), default=0))
     return side["iops"], side["lat_ns"]["mean"] / 1000, p99 / 1000
@@ -72,14 +81,19 @@ def main():
     parser.add_argument("--runtime", default="5s")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--failovers", type=int, default=20)
+    parser.add_argument("--read-runtime", default="2s",
+                        help="host reads before and during the rebuild, each")
     parser.add_argument("--lease-ms", type=int, help="the nodes' lease_ttl_ms (default weft's)")
+    parser.add_argument("--rebuild-mib-s", type=int, default=256,
+                        help="the nodes' rebuild_mib_per_s (weft's default 256)")
     parser.add_argument("--json", default=os.path.join(ROOT, ".cache/bench/replication/result.json"))
     args = parser.parse_args()
     work = os.path.join(ROOT, ".cache/bench/replication/run")
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
-    lease = f"lease_ttl_ms = {args.lease_ms}" if args.lease_ms else ""
-    cluster = load_cluster()(args.weft, work, lease)
+    lease = f"lease_ttl_ms = {args.lease_ms}\n" if args.lease_ms else ""
+    limit = f"rebuild_mib_per_s = {args.rebuild_mib_s}\n"
+    cluster = load_cluster()(args.weft, work, lease + limit)
     try:
         cluster.start()
         n1 = cluster.nodes[0]
@@ -88,21 +102,25 @@ def main():
                      "heartbeats with pools")
         cluster.must(n1, "POST", "hosts", {"name": "bench", "nqn": HOST_NQN})
         cluster.must(n1, "POST", "volumes", {"name": "single", "size_bytes": SIZE, "node": "n1"})
-        cluster.must(n1, "POST", "volumes", {"name": "rep", "size_bytes": SIZE, "node": "n1",
-                                             "replicas": 3})
-        for volume in ["single", "rep"]:
+        for name, copies in [("rep2", 2), ("rep", 3)]:
+            cluster.must(n1, "POST", "volumes", {"name": name, "size_bytes": SIZE, "node": "n1",
+                                                 "replicas": copies})
+        for volume in VOLUMES:
             cluster.must(n1, "POST", f"volumes/{volume}/hosts", {"host": "bench"})
-        cluster.wait(lambda: sum(r["state"] == "in-sync" for r in replicas(cluster, "rep")) == 3,
-                     "three replicas in sync")
+        for name, copies in [("rep2", 2), ("rep", 3)]:
+            cluster.wait(lambda: sum(r["state"] == "in-sync"
+                                     for r in replicas(cluster, name)) == copies,
+                         f"{name}'s replicas in sync")
+            cluster.wait(lambda: write_once(cluster, n1, name), f"{name} served")
         # Written once whole (thin volumes allocate on first write).
-        for volume in ["single", "rep"]:
+        for volume in VOLUMES:
             bench(cluster, volume, 32, "1s")
-        samples = {(v, qd, rw): [] for v in ["single", "rep"] for qd in [1, 32]
+        samples = {(v, qd, rw): [] for v in VOLUMES for qd in [1, 32]
                    for rw in ["randwrite", "randread"]}
         for _ in range(args.rounds):
             for rw in ["randwrite", "randread"]:
                 for qd in [1, 32]:
-                    for volume in ["single", "rep"]:
+                    for volume in VOLUMES:
                         samples[(volume, qd, rw)].append(
                             bench(cluster, volume, qd, args.runtime, rw))
         figures = {}
@@ -113,7 +131,7 @@ def main():
                 "mean_us": statistics.median(r[1] for r in runs),
                 "p99_us": statistics.median(r[2] for r in runs),
             }
-        rebuild = measure_rebuild(cluster, work)
+        rebuild = measure_rebuild(cluster, work, args.read_runtime, args.rebuild_mib_s)
         move_ms = measure_move(cluster)
         pauses = [measure_failover(cluster, work) for _ in range(args.failovers)]
     finally:
@@ -123,6 +141,8 @@ def main():
         "qd1_write_adder_us": figures["rep_qd1"]["mean_us"] - figures["single_qd1"]["mean_us"],
         "qd32_write_ratio": figures["rep_qd32"]["iops"] / figures["single_qd32"]["iops"],
         "qd32_read_ratio": figures["rep_qd32_read"]["iops"] / figures["single_qd32_read"]["iops"],
+        "qd1_write_adder_us_2": figures["rep2_qd1"]["mean_us"] - figures["single_qd1"]["mean_us"],
+        "qd32_write_ratio_2": figures["rep2_qd32"]["iops"] / figures["single_qd32"]["iops"],
         "rebuild": rebuild, "move_primary_ms": move_ms,
         "lease_ttl_ms": args.lease_ms or 3000, "failover_pauses_s": pauses,
     }
@@ -130,17 +150,23 @@ def main():
     with open(args.json, "w") as out:
         json.dump(result, out, indent=2)
     for rw, suffix in [("randwrite", ""), ("randread", "_read")]:
-        print(f"{'4k ' + rw:<24} {'1 copy':>12} {'3 replicas':>12} {'ratio / adder':>14}")
+        print(f"{'4k ' + rw:<24} {'1 copy':>10} {'2 replicas':>11} {'3 replicas':>11}"
+              f" {'2 / 1':>8} {'3 / 1':>8}")
         for qd in [1, 32]:
-            one, three = figures[f"single_qd{qd}{suffix}"], figures[f"rep_qd{qd}{suffix}"]
-            print(f"{f'QD{qd} IOPS':<24} {one['iops']:>12.0f} {three['iops']:>12.0f}"
-                  f" {three['iops'] / one['iops']:>13.2f}x")
-            print(f"{f'QD{qd} mean latency (us)':<24} {one['mean_us']:>12.0f}"
-                  f" {three['mean_us']:>12.0f} {three['mean_us'] - one['mean_us']:>+13.0f}")
-            print(f"{f'QD{qd} p99 latency (us)':<24} {one['p99_us']:>12.0f}"
-                  f" {three['p99_us']:>12.0f} {three['p99_us'] - one['p99_us']:>+13.0f}")
-    print(f"full rebuild of a {SIZE >> 20} MiB replica: {rebuild['seconds']:.1f} s,"
+            one, two, three = (figures[f"{v}_qd{qd}{suffix}"] for v in VOLUMES)
+            print(f"{f'QD{qd} IOPS':<24} {one['iops']:>10.0f} {two['iops']:>11.0f}"
+                  f" {three['iops']:>11.0f} {two['iops'] / one['iops']:>7.2f}x"
+                  f" {three['iops'] / one['iops']:>7.2f}x")
+            for key, label in [("mean_us", "mean"), ("p99_us", "p99")]:
+                print(f"{f'QD{qd} {label} latency (us)':<24} {one[key]:>10.0f} {two[key]:>11.0f}"
+                      f" {three[key]:>11.0f} {two[key] - one[key]:>+8.0f}"
+                      f" {three[key] - one[key]:>+8.0f}")
+    print(f"full rebuild of a {rebuild['bytes'] >> 20} MiB replica: {rebuild['seconds']:.1f} s,"
           f" {rebuild['rate_mib_s']:.0f} MiB/s (limit {rebuild['limit_mib_s']} MiB/s)")
+    quiet, busy = rebuild["reads_before"], rebuild["reads_during"]
+    print(f"4k randread QD1 on it, before / during the rebuild: mean {quiet['mean_us']:.0f} /"
+          f" {busy['mean_us']:.0f} us, p99 {quiet['p99_us']:.0f} / {busy['p99_us']:.0f} us"
+          f" ({busy['p99_us'] / quiet['p99_us']:.2f}x)")
     print(f"planned move (move-primary, request to answer): {move_ms:.0f} ms")
     if pauses:
         print(f"unplanned failover, kill to the first write on the new primary, lease"
@@ -149,40 +175,55 @@ def main():
     print(f"(JSON: {args.json})")
 
 
-def measure_rebuild(cluster, work):
-    """n3 stops, its replica's intent is made to name another boot (a power
-    loss), n3 starts again: the time until it is in sync once more."""
-    n3 = cluster.nodes[2]
+def measure_rebuild(cluster, work, read_runtime, limit_mib_s):
+    """Volume `big` (1 GiB, three replicas) written whole; n3 stops, its
+    replica's intent is made to name another boot (a power loss), n3 starts
+    again: the time until it is in sync once more, and the host's reads on
+    `big` before and while it is rebuilt."""
+    n1, n3 = cluster.nodes[0], cluster.nodes[2]
+    size = 1 << 30
+    cluster.must(n1, "POST", "volumes", {"name": "big", "size_bytes": size, "node": "n1",
+                                         "replicas": 3})
+    cluster.must(n1, "POST", "volumes/big/hosts", {"host": "bench"})
+    cluster.wait(lambda: sum(r["state"] == "in-sync" for r in replicas(cluster, "big")) == 3,
+                 "big in sync")
+    # Its primary serves a moment after the record says so (ANA Transition before).
+    cluster.wait(lambda: write_once(cluster, n1, "big"), "big served")
+    bench(cluster, "big", 8, None, rw="write", bs="128k", size="1GiB")
+    before = bench(cluster, "big", 1, read_runtime, rw="randread", size="1GiB")
     process = cluster.processes[n3["process"]]
     process.kill()
     process.wait()
-    intent = os.path.join(work, "n3", "replicas", "rep.intent")
+    intent = os.path.join(work, "n3", "replicas", "big.intent")
     lines = open(intent).read().split("\n", 1)
     with open(intent, "w") as out:
         out.write("boot another-boot\n" + lines[1])
     log = open(os.path.join(work, "n3.log"), "a")
-    cluster.wait(lambda: cluster.must(cluster.nodes[0], "GET", "nodes/n3")["state"] == "down",
-                 "n3 shown down")
+    cluster.wait(lambda: cluster.must(n1, "GET", "nodes/n3")["state"] == "down", "n3 shown down")
     cluster.processes[n3["process"]] = subprocess.Popen(
         n3["args"], stdout=subprocess.DEVNULL, stderr=log)
     cluster.wait(lambda: cluster.call(n3, "GET", "stats")[0] == 200, "n3 again")
     # The primary notices at its next write to n3: one write starts it.
-    bench(cluster, "rep", 1, "200ms")
+    bench(cluster, "big", 1, "200ms", size="1GiB")
     start = time.perf_counter()
-    cluster.wait(lambda: sum(r["state"] == "in-sync" for r in replicas(cluster, "rep")) == 3,
+    during = bench(cluster, "big", 1, read_runtime, rw="randread", size="1GiB")
+    rebuilding = any(r["state"] == "rebuilding" for r in replicas(cluster, "big"))
+    cluster.wait(lambda: sum(r["state"] == "in-sync" for r in replicas(cluster, "big")) == 3,
                  "n3 rebuilt", limit=600)
     seconds = time.perf_counter() - start
-    return {"bytes": SIZE, "seconds": seconds, "rate_mib_s": (SIZE >> 20) / seconds,
-            "limit_mib_s": 256}
+    reads = lambda r: {"iops": r[0], "mean_us": r[1], "p99_us": r[2]}
+    return {"bytes": size, "seconds": seconds, "rate_mib_s": (size >> 20) / seconds,
+            "limit_mib_s": limit_mib_s, "reads_before": reads(before), "reads_during": reads(during),
+            "rebuilding_to_the_end": rebuilding}
 
 
 def primary_of(cluster, via):
     return next((r["node"] for r in replicas(cluster, "rep", via) if r["role"] == "primary"), None)
 
 
-def write_once(cluster, node):
-    """One 4k write to `rep` through `node`: whether it was acknowledged."""
-    url = f"nvme-tcp://{node['nvme']}/nqn.2026-11.io.weft:vol:rep"
+def write_once(cluster, node, volume="rep"):
+    """One 4k write to `volume` through `node`: whether it was acknowledged."""
+    url = f"nvme-tcp://{node['nvme']}/nqn.2026-11.io.weft:vol:{volume}"
     done = subprocess.run(
         [cluster.weft, "bench", "--target", url, "--hostnqn", HOST_NQN, "--rw", "randwrite",
          "--bs", "4k", "--iodepth", "1", "--runtime", "20ms", "--size", "1MiB", "--json"],

@@ -9,8 +9,9 @@
 # failover: fio writes to `rep` while the host kills its primary's node (asked through the
 # share), without an I/O error, and reads everything back from the promoted replica; the
 # killed node restarts and is rebuilt; the same through a hung primary (SIGSTOP, then
-# SIGCONT), a replica's death, a `node drain`, and with ext4 on it (fsck clean, synced files
-# intact after the primary's kill mid-write); a persistent discovery connection gets a Discovery
+# SIGCONT), a replica's death, a `node drain`, a snapshot and an online growth, and with ext4
+# on it (fsck clean, synced files intact after the primary's kill mid-write); a persistent
+# discovery connection gets a Discovery
 # Log Page Change event when a fourth volume is attached; disconnect. Prints
 # "cluster: PASS" when every check passed.
 set -uo pipefail
@@ -279,6 +280,25 @@ now=$(primary_via "$via")
     || fail "rep: drain of $primary: $drained"
 fio_result drain "a drain"
 weft_on "$via" node uncordon "$primary" > /dev/null || fail "uncordon $primary"
+
+echo "=== a snapshot of rep and its growth online while fio writes"
+wait_paths_live || fail "rep: not every path live"
+fio_under barrier
+taken=$(weft_on "$via" snapshot create rep@s1 2>&1) && ok "rep: snapshot s1 taken under fio" \
+    || fail "rep: snapshot: $taken"
+grown=$(weft_on "$via" volume resize rep --size 96MiB 2>&1) && ok "rep: grown to 96 MiB under fio" \
+    || fail "rep: resize: $grown"
+fio_result barrier "a snapshot and a growth"
+for _ in $(seq 40); do
+    [ "$(blockdev --getsize64 "/dev/$rep_dev")" = $((96 << 20)) ] && break
+    sleep 0.5
+done
+size=$(blockdev --getsize64 "/dev/$rep_dev")
+[ "$size" = $((96 << 20)) ] && ok "the host's multipath device is 96 MiB now" \
+    || fail "the host sees $size bytes, not 96 MiB"
+weft_on "$via" volume show rep | grep -q "snapshot    s1: taken, on n[1-3], n[1-3], n[1-3]" \
+    && ok "rep: s1 is held by all three copies" || fail "rep: $(weft_on "$via" volume show rep | grep snapshot)"
+weft_on "$via" snapshot delete rep@s1 > /dev/null || fail "rep: snapshot delete"
 
 echo "=== ext4 on rep: the primary killed mid-write; fsck clean, synced files intact"
 wait_paths_live || fail "rep: not every path live"

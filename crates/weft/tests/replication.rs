@@ -15,7 +15,6 @@ use weft_initiator::{ConnectOptions, Controller, InitiatorError, Queue, TargetUr
 use weft_proto::status::StatusCodeType;
 
 const HOST_NQN: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-0000000ae9a1";
-const NQN: &str = "nqn.2026-11.io.weft:vol:rep";
 const BLOCK: u32 = 4096;
 
 fn node(dir: &Path, name: &str, endpoints: &str, token_file: Option<&Path>) -> Node {
@@ -120,9 +119,15 @@ fn eventually(what: &str, mut check: impl FnMut() -> bool) -> Duration {
     start.elapsed()
 }
 
-/// An I/O queue to `node`'s volume subsystem as the attached host.
+/// An I/O queue to volume "rep"'s subsystem on `node`, as the attached host.
 fn connect(node: &Node) -> (Controller, Queue) {
-    let url = TargetUrl::parse(&format!("{}/{NQN}", node.nvme)).unwrap();
+    connect_to(node, "rep")
+}
+
+/// An I/O queue to volume `volume`'s subsystem on `node`, as the host.
+fn connect_to(node: &Node, volume: &str) -> (Controller, Queue) {
+    let nqn = format!("nqn.2026-11.io.weft:vol:{volume}");
+    let url = TargetUrl::parse(&format!("{}/{nqn}", node.nvme)).unwrap();
     let options = ConnectOptions {
         host_nqn: HOST_NQN.into(),
         ..ConnectOptions::default()
@@ -176,6 +181,17 @@ fn replicated_volume(n1: &Node, dir: &Path, replicas: &str, extra: &[&str]) {
     let create = [&create[..], extra].concat();
     eventually("the volume created", || support::weft(n1, &create).0);
     ok(n1, &["volume", "attach", "rep", "--host", "tester"]);
+}
+
+/// [`replicated_volume`] with three replicas, its primary on n1, blocks
+/// `0..blocks` written through n1 and every replica in sync: the queue
+/// that wrote them.
+fn written_on_n1(n1: &Node, dir: &Path, blocks: u64) -> (Controller, Queue) {
+    replicated_volume(n1, dir, "3", &["--node", "n1"]);
+    let (controller, mut queue) = connect(n1);
+    write_blocks(&mut queue, 0..blocks);
+    eventually("every replica in sync", || in_sync(n1) == 3);
+    (controller, queue)
 }
 
 fn pattern(block: u64, generation: u8) -> Vec<u8> {
@@ -507,11 +523,7 @@ fn replicas_are_added_removed_and_replaced_when_their_node_stays_down() {
 fn a_node_shut_down_cleanly_keeps_its_replicas_clean_and_hands_its_primaries_on() {
     let dir = temp_dir("replication-shutdown");
     let (etcd, endpoints, token_file, [n1, n2, n3]) = three_nodes(&dir, "");
-    replicated_volume(&n1, &dir, "3", &["--node", "n1"]);
-    let (controller, mut queue) = connect(&n1);
-    write_blocks(&mut queue, 0..32);
-    drop((queue, controller));
-    eventually("every replica in sync", || in_sync(&n1) == 3);
+    drop(written_on_n1(&n1, &dir, 32));
 
     // A replica's node stopped by the operator: its intent records the
     // clean shutdown, so that it comes back in sync (no power-loss rebuild,
@@ -555,29 +567,13 @@ fn a_node_shut_down_cleanly_keeps_its_replicas_clean_and_hands_its_primaries_on(
     drop(etcd);
 }
 
-/// An I/O queue to volume `volume`'s subsystem on `node`, as the host.
-fn connect_to(node: &Node, volume: &str) -> (Controller, Queue) {
-    let nqn = format!("nqn.2026-11.io.weft:vol:{volume}");
-    let url = TargetUrl::parse(&format!("{}/{nqn}", node.nvme)).unwrap();
-    let options = ConnectOptions {
-        host_nqn: HOST_NQN.into(),
-        ..ConnectOptions::default()
-    };
-    let controller = Controller::connect(&url, options, 1).unwrap();
-    let queue = controller.open_io_queue(1).unwrap();
-    (controller, queue)
-}
-
 #[test]
 fn a_snapshot_of_a_replicated_volume_holds_the_same_writes_on_every_copy() {
     const BLOCKS: u64 = 512;
     let dir = temp_dir("replication-snapshot");
     let (etcd, _, _, [n1, n2, n3]) = three_nodes(&dir, "");
     let nodes = [("n1", &n1), ("n2", &n2), ("n3", &n3)];
-    replicated_volume(&n1, &dir, "3", &["--node", "n1"]);
-    let (controller, mut queue) = connect(&n1);
-    write_blocks(&mut queue, 0..BLOCKS);
-    eventually("every replica in sync", || in_sync(&n1) == 3);
+    let (controller, mut queue) = written_on_n1(&n1, &dir, BLOCKS);
 
     // The snapshot is taken while the host rewrites every block in order,
     // each write acknowledged before the next is sent.
@@ -647,14 +643,21 @@ fn a_snapshot_of_a_replicated_volume_holds_the_same_writes_on_every_copy() {
 fn a_replicated_volume_grows_on_every_copy_and_takes_writes_past_its_old_end() {
     let dir = temp_dir("replication-grow");
     let (etcd, _, _, [n1, n2, n3]) = three_nodes(&dir, "");
-    replicated_volume(&n1, &dir, "3", &["--node", "n1"]);
-    let (controller, mut queue) = connect(&n1);
-    write_blocks(&mut queue, 0..64);
-    drop((queue, controller));
-    eventually("every replica in sync", || in_sync(&n1) == 3);
+    let (controller, mut queue) = written_on_n1(&n1, &dir, 64);
 
+    // Grown while the host writes: its writes wait for the barrier, then
+    // for the primary of the new size.
+    let writer = std::thread::spawn(move || {
+        for block in 0..512u64 {
+            let data = pattern(block % 64, 1);
+            retrying("write", || queue.write(1, block % 64, BLOCK, &data));
+        }
+        drop((queue, controller));
+    });
+    std::thread::sleep(Duration::from_millis(20));
     let grown = ok(&n2, &["volume", "resize", "rep", "--size", "32MiB"]);
     assert!(grown.contains("resized"), "{grown}");
+    writer.join().unwrap();
     let shown = ok(&n3, &["volume", "show", "rep"]);
     assert!(shown.contains("32 MiB"), "{shown}");
     let shrink = support::refused(&n1, &["volume", "resize", "rep", "--size", "8MiB"]);
@@ -684,5 +687,8 @@ fn a_replicated_volume_grows_on_every_copy_and_takes_writes_past_its_old_end() {
         assert_eq!(read, pattern(5, 1), "block 5 on {name}");
         drop((queue, controller));
     }
+    // No write was left behind by the primary of the old size.
+    let log = std::fs::read_to_string(dir.join("n1.log")).unwrap();
+    assert!(!log.contains("still running"), "{log}");
     drop(etcd);
 }

@@ -895,11 +895,22 @@ impl Replicator {
             }
             Step::Done(Ok(replicas)) => {
                 let barrier = self.barrier.take().expect("under way");
+                let grown = matches!(barrier.op, BarrierOp::Grow(_));
                 let mut nodes = vec![self.me.clone()];
                 nodes.extend(replicas.into_iter().map(|node| {
                     weft_cluster::replicas::node_name(&self.replication, node).to_string()
                 }));
                 barrier.record(self.desired.clone(), self.volume.clone(), nodes);
+                if grown {
+                    // The core serves a fixed size, and this node's copy
+                    // has a new chunk map: a primary of the new size takes
+                    // over (the next epoch); the held writes retry there.
+                    self.gone = true;
+                    for io in std::mem::take(&mut self.held) {
+                        io.reply
+                            .send(VolumeOutcome::Done(Err(IoError::PathTransition)));
+                    }
+                }
                 self.barrier_ended();
             }
             Step::Done(Err(error)) => self.fail_barrier(error),
