@@ -2,7 +2,7 @@
 # Installs the Debian packages weft's tests need on the host, only those missing:
 # qemu (the guest), debootstrap/e2fsprogs/cpio (the guest image), iproute2, a C compiler
 # (ring, the API's TLS crypto, builds C), openssl (the API TLS test makes a certificate),
-# protoc (etcd-client compiles etcd's gRPC API at build time) and etcd with etcdctl (the
+# protoc and its well-known types (etcd-client compiles etcd's gRPC API at build time) and etcd with etcdctl (the
 # cluster store's tests run real members; harness/etcd.sh starts them by hand).
 # The guest image itself carries nvme-cli and fio (harness/vm/build-image.sh).
 set -euo pipefail
@@ -20,6 +20,9 @@ need cc gcc
 need openssl openssl
 need protoc protobuf-compiler
 need etcd etcd-server
+# protoc's well-known types (google/protobuf/descriptor.proto), which etcd's API imports:
+# a recommendation of protobuf-compiler, so not installed with it here.
+[ -f /usr/include/google/protobuf/descriptor.proto ] || missing+=(libprotobuf-dev)
 need etcdctl etcd-client
 if [ ${#missing[@]} -gt 0 ]; then
     echo "deps: installing ${missing[*]}"

@@ -296,8 +296,11 @@ done
 size=$(blockdev --getsize64 "/dev/$rep_dev")
 [ "$size" = $((96 << 20)) ] && ok "the host's multipath device is 96 MiB now" \
     || fail "the host sees $size bytes, not 96 MiB"
-weft_on "$via" volume show rep | grep -q "snapshot    s1: taken, on n[1-3], n[1-3], n[1-3]" \
-    && ok "rep: s1 is held by all three copies" || fail "rep: $(weft_on "$via" volume show rep | grep snapshot)"
+# The output is read whole first: grep -q leaves at its match, and under pipefail a
+# writer that meets the closed pipe would fail the pipeline.
+shown=$(weft_on "$via" volume show rep)
+grep -q "snapshot    s1: taken, on n[1-3], n[1-3], n[1-3]" <<< "$shown" \
+    && ok "rep: s1 is held by all three copies" || fail "rep: $(grep snapshot <<< "$shown")"
 weft_on "$via" snapshot delete rep@s1 > /dev/null || fail "rep: snapshot delete"
 
 echo "=== ext4 on rep: the primary killed mid-write; fsck clean, synced files intact"

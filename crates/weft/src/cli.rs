@@ -414,14 +414,14 @@ pub fn run(args: AdminArgs) -> Result<(), String> {
     }
     let value = request(&args)?;
     if args.json {
-        println!(
+        outln!(
             "{}",
             serde_json::to_string_pretty(&value).expect("valid JSON")
         );
         return Ok(());
     }
     match args.show {
-        Show::Done(what) => println!("{what}"),
+        Show::Done(what) => outln!("{what}"),
         Show::Pools => print_pools(&decode::<Vec<PoolView>>(value)?),
         Show::Pool => print_pool(&decode(value)?),
         Show::Volumes => print_volumes(&decode::<Vec<VolumeView>>(value)?),
@@ -447,13 +447,13 @@ fn top(args: &AdminArgs, interval: Duration, count: Option<u64>) -> Result<(), S
         std::thread::sleep(interval);
         let now: Stats = decode(request(args)?)?;
         if args.json {
-            println!(
+            outln!(
                 "{}",
                 serde_json::to_string(&top_rows(&before, &now)).expect("valid JSON")
             );
         } else {
             if terminal {
-                print!("\x1b[H\x1b[2J");
+                out!("\x1b[H\x1b[2J");
             }
             print_top(&args.api, interval, &top_rows(&before, &now));
         }
@@ -525,11 +525,11 @@ fn top_rows(before: &Stats, now: &Stats) -> Vec<TopRow> {
 }
 
 fn print_top(api: &str, interval: Duration, rows: &[TopRow]) {
-    println!(
+    outln!(
         "weft top: {api}, every {:.1} s (Ctrl-C quits); latency is the target's service time",
         interval.as_secs_f64()
     );
-    println!(
+    outln!(
         "{:<32} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>4} {:>5}  LIMITS",
         "VOLUME / NAMESPACE",
         "R IOPS",
@@ -547,7 +547,7 @@ fn print_top(api: &str, interval: Duration, rows: &[TopRow]) {
         None => "-".to_string(),
     };
     for row in rows {
-        println!(
+        outln!(
             "{:<32} {:>9.0} {:>9.0} {:>9.1} {:>9.1} {:>9} {:>9} {:>4} {:>5}  {}",
             row.name,
             row.read_iops,
@@ -600,7 +600,7 @@ fn print_pools(pools: &[PoolView]) {
         true => format!("{:<10} ", node.as_deref().unwrap_or("-")),
         false => String::new(),
     };
-    println!(
+    outln!(
         "{}{:<16} {:>10} {:>10} {:>10} {:>11} {:>10} {:>7} {:>5}",
         node_column(&Some("NODE".into())),
         "NAME",
@@ -621,7 +621,7 @@ fn print_pools(pools: &[PoolView]) {
         } else {
             ""
         };
-        println!(
+        outln!(
             "{}{:<16} {:>10} {:>10} {:>10} {:>11} {:>9.2}x {:>7} {:>5}{warning}",
             node_column(&pool.node),
             pool.name,
@@ -634,7 +634,7 @@ fn print_pools(pools: &[PoolView]) {
             human_bytes(u64::from(pool.allocation_unit_bytes)),
         );
         if let Some(failure) = &pool.failure {
-            println!(
+            outln!(
                 "  FAILED: {failure}; every I/O on its volumes fails until you check its devices and run `weft pool clear-failure {}`",
                 pool.name
             );
@@ -644,13 +644,17 @@ fn print_pools(pools: &[PoolView]) {
 
 fn print_pool(detail: &PoolDetail) {
     print_pools(std::slice::from_ref(&detail.pool));
-    println!();
-    println!(
+    outln!();
+    outln!(
         "{:<40} {:>10} {:>10} {:>10} {:>8}  STATE",
-        "DEVICE", "SIZE", "CAPACITY", "ALLOCATED", "METADATA"
+        "DEVICE",
+        "SIZE",
+        "CAPACITY",
+        "ALLOCATED",
+        "METADATA"
     );
     for member in &detail.members {
-        println!(
+        outln!(
             "{:<40} {:>10} {:>10} {:>10} {:>8}  {}",
             member.path.display(),
             human_bytes(member.size_bytes),
@@ -668,7 +672,7 @@ fn print_volumes(volumes: &[VolumeView]) {
         true => format!("{:<10} ", node.as_deref().unwrap_or("-")),
         false => String::new(),
     };
-    println!(
+    outln!(
         "{:<20} {}{:<12} {:>10} {:>10} {:<5} {:>9} {:>5}  NQN",
         "NAME",
         node_column(&Some("NODE".into())),
@@ -681,7 +685,7 @@ fn print_volumes(volumes: &[VolumeView]) {
     );
     for v in volumes {
         if matches!(v.state.as_str(), "unavailable" | "missing") {
-            println!(
+            outln!(
                 "{:<20} {}{:<12} {}: {}",
                 v.name,
                 node_column(&v.node),
@@ -691,7 +695,7 @@ fn print_volumes(volumes: &[VolumeView]) {
             );
             continue;
         }
-        println!(
+        outln!(
             "{:<20} {}{:<12} {:>10} {:>10} {:<5} {:>9} {:>5}  {}",
             v.name,
             node_column(&v.node),
@@ -707,9 +711,11 @@ fn print_volumes(volumes: &[VolumeView]) {
 }
 
 fn print_hosts(hosts: &[HostView]) {
-    println!(
+    outln!(
         "{:<20} {:<60} {:<14} VOLUMES",
-        "NAME", "NQN", "DH-HMAC-CHAP"
+        "NAME",
+        "NQN",
+        "DH-HMAC-CHAP"
     );
     for host in hosts {
         let volumes = if host.volumes.is_empty() {
@@ -717,9 +723,11 @@ fn print_hosts(hosts: &[HostView]) {
         } else {
             host.volumes.join(", ")
         };
-        println!(
+        outln!(
             "{:<20} {:<60} {:<14} {volumes}",
-            host.name, host.nqn, host.dhchap
+            host.name,
+            host.nqn,
+            host.dhchap
         );
     }
 }
@@ -770,19 +778,19 @@ fn print_replica_change(value: serde_json::Value) {
         .filter_map(|n| n.as_str())
         .collect();
     if added.is_empty() && removed.is_empty() {
-        println!(
+        outln!(
             "unchanged: {} replicas",
             value["replicas"].as_array().map_or(0, Vec::len)
         );
     }
     if !added.is_empty() {
-        println!(
+        outln!(
             "added on {}: being built in full (`weft volume show` tells the progress)",
             added.join(", ")
         );
     }
     if !removed.is_empty() {
-        println!(
+        outln!(
             "removed from {}: their copies are deleted",
             removed.join(", ")
         );
@@ -790,34 +798,34 @@ fn print_replica_change(value: serde_json::Value) {
 }
 
 fn print_volume(v: &VolumeView) {
-    println!("name        {}", v.name);
+    outln!("name        {}", v.name);
     if let Some(node) = &v.node {
-        println!("node        {node}");
+        outln!("node        {node}");
     }
-    println!("pool        {}", v.pool);
-    println!("nqn         {}", v.nqn);
-    println!(
+    outln!("pool        {}", v.pool);
+    outln!("nqn         {}", v.nqn);
+    outln!(
         "size        {} ({} bytes, {}-byte blocks)",
         human_bytes(v.size_bytes),
         v.size_bytes,
         v.block_size
     );
-    println!("type        {}", if v.thick { "thick" } else { "thin" });
+    outln!("type        {}", if v.thick { "thick" } else { "thin" });
     match &v.failure {
         Some(failure) if matches!(v.state.as_str(), "unavailable" | "missing") => {
-            println!("state       {}: {failure}", v.state)
+            outln!("state       {}: {failure}", v.state)
         }
-        Some(failure) => println!(
+        Some(failure) => outln!(
             "state       failed ({failure}): every I/O fails until `weft pool clear-failure {}`",
             v.pool
         ),
-        None => println!("state       {}", v.state),
+        None => outln!("state       {}", v.state),
     }
-    println!("allocated   {}", human_bytes(v.allocated_bytes));
-    println!("nguid       {}", v.nguid);
-    println!("uuid        {}", v.uuid);
+    outln!("allocated   {}", human_bytes(v.allocated_bytes));
+    outln!("nguid       {}", v.nguid);
+    outln!("uuid        {}", v.uuid);
     if let Some(origin) = &v.origin {
-        println!("origin      {origin}");
+        outln!("origin      {origin}");
     }
     let list = |items: &[String]| {
         if items.is_empty() {
@@ -829,7 +837,7 @@ fn print_volume(v: &VolumeView) {
     match &v.snapshot_copies {
         Some(copies) if !copies.is_empty() => {
             for copy in copies {
-                println!(
+                outln!(
                     "snapshot    {}: {}, on {}",
                     copy.name,
                     copy.state,
@@ -837,11 +845,11 @@ fn print_volume(v: &VolumeView) {
                 );
             }
         }
-        _ => println!("snapshots   {}", list(&v.snapshots)),
+        _ => outln!("snapshots   {}", list(&v.snapshots)),
     }
-    println!("attached    {}", list(&v.hosts));
-    println!("connected   {}", list(&v.connected_hosts));
-    println!("limits      {}", qos_summary(&v.qos));
+    outln!("attached    {}", list(&v.hosts));
+    outln!("connected   {}", list(&v.connected_hosts));
+    outln!("limits      {}", qos_summary(&v.qos));
     for replica in v.replicas.iter().flatten() {
         let progress = replica.rebuild.as_ref().map_or(String::new(), |r| {
             let percent = (r.done_bytes * 100).checked_div(r.total_bytes).unwrap_or(0);
@@ -857,9 +865,12 @@ fn print_volume(v: &VolumeView) {
             (Some(reason), None) => format!(" ({reason})"),
             _ => String::new(),
         };
-        println!(
+        outln!(
             "replica     {} pool {}: {}, {}{progress}{reason}",
-            replica.node, replica.pool, replica.role, replica.state
+            replica.node,
+            replica.pool,
+            replica.role,
+            replica.state
         );
     }
 }

@@ -4,6 +4,9 @@
 //! 4 GiB sparse file under ./weft-data as `nqn.2026-11.io.weft:default` on
 //! 127.0.0.1:4420; with `--config FILE`, the subsystems the file declares.
 
+#[macro_use]
+mod output;
+
 mod bench;
 mod cli;
 mod cluster;
@@ -305,11 +308,11 @@ fn string_value(parser: &mut lexopt::Parser, option: &str) -> Result<String, Str
 fn run(command: Command) -> Result<(), String> {
     match command {
         Command::Help => {
-            print!("{USAGE}");
+            out!("{USAGE}");
             Ok(())
         }
         Command::Version => {
-            println!("weft {}", env!("CARGO_PKG_VERSION"));
+            outln!("weft {}", env!("CARGO_PKG_VERSION"));
             Ok(())
         }
         Command::Serve(args) => serve(args),

@@ -269,3 +269,19 @@ fn errors_say_what_is_wrong() {
         "{errors}"
     );
 }
+
+/// A reader that leaves early (`weft volume show v | grep -q x` under
+/// pipefail) ends the command quietly with success, not with a panic.
+#[test]
+fn output_to_a_closed_pipe_ends_quietly() {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let output = Command::new(WEFT)
+        .arg("--help")
+        .stdout(writer)
+        .output()
+        .unwrap();
+    let errors = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{:?}: {errors}", output.status);
+    assert!(errors.is_empty(), "{errors}");
+}

@@ -355,13 +355,13 @@ fn single(args: &BenchArgs) -> Result<(), String> {
     let read = Summary::of(&results.read, results.seconds);
     let write = Summary::of(&results.write, results.seconds);
     if args.json {
-        println!(
+        outln!(
             "{}",
             fio_json(args, read.as_ref(), write.as_ref(), &results)
         );
         return Ok(());
     }
-    println!(
+    outln!(
         "weft bench: {} {} bytes, iodepth {}, {} queue(s), {:.1} s measured, {}",
         args.pattern.name(),
         args.block_bytes,
@@ -370,14 +370,14 @@ fn single(args: &BenchArgs) -> Result<(), String> {
         results.seconds,
         args.target
     );
-    println!("{}", report::header("", 6));
+    outln!("{}", report::header("", 6));
     for (name, summary) in [("read", &read), ("write", &write)] {
         if let Some(summary) = summary {
-            println!("{name:<6} {}", report::row(summary));
+            outln!("{name:<6} {}", report::row(summary));
         }
     }
     if args.verify {
-        println!(
+        outln!(
             "verify: {} reads checked against their stamps, all intact",
             results.verified
         );
@@ -541,7 +541,7 @@ fn compare(
     } else {
         sweep
     };
-    println!(
+    outln!(
         "weft bench compare: {} {} bytes, {} queue(s), {} x {} s per side, local {local_path} vs remote {remote_url}",
         args.pattern.name(),
         args.block_bytes,
@@ -549,7 +549,7 @@ fn compare(
         args.rounds,
         args.runtime.unwrap_or_default().as_secs_f64()
     );
-    println!("{}", report::header("iodepth side   ", 15));
+    outln!("{}", report::header("iodepth side   ", 15));
     let rounds = args.rounds;
     let (mut json_points, mut local_points, mut remote_points) =
         (Vec::new(), Vec::new(), Vec::new());
@@ -576,7 +576,7 @@ fn compare(
             for (direction, summary) in [("", &read), (" w", &write)] {
                 if let Some(summary) = summary {
                     let label = format!("{name}{direction}");
-                    println!("{depth:>7} {label:<7} {}", report::row(summary));
+                    outln!("{depth:>7} {label:<7} {}", report::row(summary));
                 }
             }
             sides.push((read, write));
@@ -592,7 +592,7 @@ fn compare(
         let iops_ratio = ratio(remote.iops, local.iops);
         let bw_ratio = ratio(remote.bytes_per_second, local.bytes_per_second);
         let p99_ratio = ratio(remote.at(99.0) as f64, local.at(99.0) as f64);
-        println!(
+        outln!(
             "{depth:>7} {:<7} IOPS {iops_ratio:.3}x, MiB/s {bw_ratio:.3}x, mean latency {adder_us:+.1} us ({adder_percent:+.1}%), p99 {p99_ratio:.3}x",
             "ratio",
         );
@@ -650,7 +650,7 @@ fn compare(
 fn write_file(path: &std::path::Path, contents: &str) -> Result<(), String> {
     std::fs::write(path, contents)
         .map_err(|e| format!("{}: cannot write it: {e}", path.display()))?;
-    println!("wrote {}", path.display());
+    outln!("wrote {}", path.display());
     Ok(())
 }
 
@@ -670,11 +670,11 @@ const FLOOR_REQUEST_BYTES: usize = 72;
 fn floor(args: &BenchArgs) -> Result<(), String> {
     let runtime = args.runtime.unwrap_or(Duration::from_secs(10));
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    println!(
+    outln!(
         "weft bench floor: TCP request/response on loopback, {FLOOR_REQUEST_BYTES} bytes out, {FLOOR_RESPONSE_BYTES} back, {} s each",
         runtime.as_secs_f64()
     );
-    println!("{}", report::header("depth placement    ", 19));
+    outln!("{}", report::header("depth placement    ", 19));
     let mut rows = vec![(1usize, (0usize, cpus - 1)), (32, (0, cpus - 1))];
     if cpus > 1 {
         rows.push((1, (0, 0)));
@@ -689,7 +689,7 @@ fn floor(args: &BenchArgs) -> Result<(), String> {
         let direction =
             floor_run(depth, runtime, client_cpu, server_cpu).map_err(|e| format!("floor: {e}"))?;
         if let Some(summary) = Summary::of(&direction, runtime.as_secs_f64()) {
-            println!("{depth:>5} {placement:<13} {}", report::row(&summary));
+            outln!("{depth:>5} {placement:<13} {}", report::row(&summary));
             json.push(format!(
                 "{{\"iodepth\":{depth},\"placement\":\"{placement}\",\"read\":{}}}",
                 Summary::fio_json(Some(&summary))
@@ -697,7 +697,7 @@ fn floor(args: &BenchArgs) -> Result<(), String> {
         }
     }
     if args.json {
-        println!("{{\"weft_bench_floor\":[{}]}}", json.join(","));
+        outln!("{{\"weft_bench_floor\":[{}]}}", json.join(","));
     }
     Ok(())
 }

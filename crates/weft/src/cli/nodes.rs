@@ -60,9 +60,15 @@ fn ago(unix_ms: Option<u64>) -> String {
 }
 
 pub(super) fn print_list(nodes: &[NodeView]) {
-    println!(
+    outln!(
         "{:<10} {:<9} {:<22} {:<28} {:>10} {:>10} {:>7}  POOLS",
-        "NAME", "STATE", "NVME/TCP", "API", "HEARTBEAT", "CAPACITY", "VOLUMES"
+        "NAME",
+        "STATE",
+        "NVME/TCP",
+        "API",
+        "HEARTBEAT",
+        "CAPACITY",
+        "VOLUMES"
     );
     for node in nodes {
         let state = if node.controller {
@@ -71,7 +77,7 @@ pub(super) fn print_list(nodes: &[NodeView]) {
             node.state.clone()
         };
         let pools: Vec<&str> = node.pools.iter().map(|p| p.name.as_str()).collect();
-        println!(
+        outln!(
             "{:<10} {:<9} {:<22} {:<28} {:>10} {:>10} {:>7}  {}",
             node.name,
             state,
@@ -88,41 +94,41 @@ pub(super) fn print_list(nodes: &[NodeView]) {
         );
     }
     if nodes.iter().any(|n| n.controller) {
-        println!("(* the cluster's controller)");
+        outln!("(* the cluster's controller)");
     }
 }
 
 pub(super) fn print_one(node: &NodeView) {
-    println!("name        {}", node.name);
-    println!(
+    outln!("name        {}", node.name);
+    outln!(
         "state       {}{}",
         node.state,
         if node.controller { " (controller)" } else { "" }
     );
     if let Some(since) = node.down_since_unix_ms {
-        println!("down since  {}", ago(Some(since)));
+        outln!("down since  {}", ago(Some(since)));
     }
-    println!("node id     {}", node.node_id);
-    println!("nvme/tcp    {}", node.nvme.join(", "));
-    println!("api         {}", node.api);
-    println!("zone        {}", node.zone.as_deref().unwrap_or("-"));
+    outln!("node id     {}", node.node_id);
+    outln!("nvme/tcp    {}", node.nvme.join(", "));
+    outln!("api         {}", node.api);
+    outln!("zone        {}", node.zone.as_deref().unwrap_or("-"));
     if let Some(ordinal) = node.ordinal {
         let first = u32::from(ordinal) * 0x400 + 1;
-        println!(
+        outln!(
             "ordinal     {ordinal} (controller IDs {first:#06x}..={:#06x})",
             first + 0x3fe
         );
     }
-    println!("heartbeat   {}", ago(node.heartbeat_unix_ms));
-    println!("version     {}", node.version.as_deref().unwrap_or("-"));
-    println!("volumes     {}", node.volumes);
-    println!(
+    outln!("heartbeat   {}", ago(node.heartbeat_unix_ms));
+    outln!("version     {}", node.version.as_deref().unwrap_or("-"));
+    outln!("volumes     {}", node.volumes);
+    outln!(
         "capacity    {} ({} allocated)",
         human_bytes(node.capacity_bytes),
         human_bytes(node.allocated_bytes)
     );
     for pool in &node.pools {
-        println!(
+        outln!(
             "  pool {:<16} {:>10} {:>10} allocated{}",
             pool.name,
             human_bytes(pool.capacity_bytes),
