@@ -657,7 +657,8 @@ impl Manager {
                     firmware: env!("CARGO_PKG_VERSION").to_string(),
                     namespaces: vec![NamespaceConfig {
                         nsid: Nsid(1),
-                        blocks: volume.size_bytes / u64::from(volume.block_size),
+                        blocks: served_size_bytes(volume.size_bytes, &record)
+                            / u64::from(volume.block_size),
                         block_size: volume.block_size,
                         nguid: served.nguid,
                         uuid: served.uuid,
@@ -682,8 +683,13 @@ impl Manager {
                     intent: None,
                     replicated: None,
                 });
-                let replicated =
-                    self.replicated_path(&volume.name, &record, &backend, &member_paths);
+                let replicated = self.replicated_path(
+                    &volume.name,
+                    &record,
+                    &backend,
+                    &member_paths,
+                    volume.size_bytes,
+                );
                 if let Some(path) = &replicated {
                     let subsystem = config.subsystems.last_mut().expect("pushed");
                     if record.replication.as_ref().map(|r| &r.primary) == self.cluster_node.as_ref()
@@ -715,6 +721,8 @@ impl Manager {
                     );
                     let volume_subsystem = config.subsystems.last().expect("pushed");
                     let mut replica = self.replica_subsystem(&volume.name, volume_subsystem);
+                    // The primary sees the whole copy (it grows it through here).
+                    replica.namespaces[0].blocks = volume.size_bytes / u64::from(volume.block_size);
                     replica.intent.clone_from(&intent);
                     let meter = self.meters.entry(replica.nqn.clone()).or_default();
                     let backend = VolumeBackend {
@@ -1578,6 +1586,16 @@ impl Drop for StopOnExit<'_> {
 
 /// Every host, with the volumes attached to it (`records`: those of the
 /// live volumes, whose records alone count; see `DesiredState::volume`).
+/// The size hosts are served of a local volume of `local_size_bytes`: for
+/// a replicated one, the record's, which a copy exceeds only while a growth
+/// is being recorded (a primary of the old size must not be asked past its end).
+fn served_size_bytes(local_size_bytes: u64, record: &VolumeRecord) -> u64 {
+    match &record.replication {
+        Some(replication) => local_size_bytes.min(replication.size_bytes),
+        None => local_size_bytes,
+    }
+}
+
 fn host_statuses(
     hosts: BTreeMap<String, HostRecord>,
     records: &BTreeMap<String, VolumeRecord>,

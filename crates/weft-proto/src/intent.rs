@@ -84,8 +84,10 @@ impl WriteIntent {
         marked: impl IntoIterator<Item = u32>,
         unclean: bool,
     ) -> WriteIntent {
-        let regions =
-            u32::try_from(size_bytes.div_ceil(1 << region_shift)).expect("fewer than 2^32 regions");
+        // A volume too large for 2^32 regions (refused by the node before
+        // it gets here) is covered up to the last region only: `covers`
+        // is false past it, so nothing there is written unmarked.
+        let regions = u32::try_from(size_bytes.div_ceil(1 << region_shift)).unwrap_or(u32::MAX);
         let words = (0..regions.div_ceil(64))
             .map(|_| AtomicU64::new(0))
             .collect();
@@ -123,7 +125,9 @@ impl WriteIntent {
     /// Whether a write to `[offset, offset + len)` may be applied at once:
     /// every region under it is marked, and the replica is not unclean.
     pub fn covers(&self, offset: u64, len: u64) -> bool {
+        let last = (offset + len.max(1) - 1) >> self.region_shift;
         !self.unclean.load(Ordering::Relaxed)
+            && last < u64::from(self.regions)
             && self
                 .regions_of(offset, len)
                 .all(|region| self.is_marked(region))
@@ -271,6 +275,15 @@ mod tests {
         assert_eq!(intent.regions_of(5 << 20, 4096), 3..3);
         intent.mark(0..70);
         assert_eq!(intent.marked(), vec![0, 1, 2]);
+        assert!(intent.covers(2 << 20, 4096));
+        assert!(
+            !intent.covers(3 << 20, 4096),
+            "past the end: never unmarked"
+        );
+        assert!(
+            !intent.covers((3 << 20) - 4096, 8192),
+            "spills past the end"
+        );
     }
 
     #[test]

@@ -280,8 +280,10 @@ fn snapshot(command: &Command, subsystem: &SubsystemConfig) -> Result<IoPlan, St
 }
 
 /// A Grow: only on a subsystem with a write intent (a replica subsystem),
-/// for one of its namespaces, to a size of whole blocks no smaller than the
-/// namespace (the node checks the rest, as for any resize).
+/// for one of its namespaces, to a size of whole blocks (the node checks
+/// the rest, as for any resize). A size the namespace has reached already
+/// is done: a growth tried again after its record failed finds its
+/// replicas grown.
 fn grow(command: &Command, subsystem: &SubsystemConfig) -> Result<IoPlan, Status> {
     if subsystem.intent.is_none() {
         return Err(Status::INVALID_OPCODE);
@@ -290,7 +292,7 @@ fn grow(command: &Command, subsystem: &SubsystemConfig) -> Result<IoPlan, Status
         .namespace(command.nsid)
         .ok_or(Status::INVALID_NAMESPACE)?;
     let size_bytes = u64::from(command.cdw(10)) | (u64::from(command.cdw(11)) << 32);
-    if size_bytes < ns.size_bytes() || size_bytes % u64::from(ns.block_size) != 0 {
+    if size_bytes == 0 || size_bytes % u64::from(ns.block_size) != 0 {
         return Err(Status::INVALID_FIELD);
     }
     if command.sgl.length != 0 {

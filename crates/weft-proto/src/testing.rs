@@ -345,7 +345,11 @@ impl Pair {
             IoKind::WriteZeroes { offset, len, .. } | IoKind::Deallocate { offset, len } => {
                 disk[offset as usize..(offset + len) as usize].fill(0);
             }
-            IoKind::Grow { size_bytes } => disk.resize(size_bytes as usize, 0),
+            IoKind::Grow { size_bytes } => {
+                // Grows only, as a node does: a smaller size is done already.
+                let size = disk.len().max(size_bytes as usize);
+                disk.resize(size, 0)
+            }
             IoKind::Snapshot { name_len } => {
                 let name = &buffer[..name_len as usize];
                 self.snapshots

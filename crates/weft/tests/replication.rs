@@ -692,3 +692,60 @@ fn a_replicated_volume_grows_on_every_copy_and_takes_writes_past_its_old_end() {
     assert!(!log.contains("still running"), "{log}");
     drop(etcd);
 }
+
+/// The state `volume show` gives the replica of "rep" on `node`.
+fn replica_state(via: &Node, node: &str) -> String {
+    let path = "/api/v1/volumes/rep";
+    let (_, shown) = support::api(via, Some(&via.token), "GET", path, None);
+    shown["replicas"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|r| r["node"] == node)
+        .map(|r| r["state"].as_str().unwrap_or_default().to_string())
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_copy_that_cannot_grow_falls_out_of_sync_and_catches_up_once_it_can() {
+    let dir = temp_dir("replication-grow-full");
+    let (etcd, _, _, [n1, n2, n3]) = three_nodes(&dir, "");
+    replicated_volume(&n1, &dir, "3", &["--node", "n1", "--thick"]);
+    let (controller, mut queue) = connect(&n1);
+    write_blocks(&mut queue, 0..64);
+    drop((queue, controller));
+    eventually("every replica in sync", || in_sync(&n1) == 3);
+    // n3's pool (256 MiB) keeps too little room for a thick 96 MiB copy.
+    let args = ["volume", "create", "filler", "--size", "200MiB", "--thick"];
+    ok(&n1, &[&args[..], &["--node", "n3"]].concat());
+
+    let grown = ok(&n2, &["volume", "resize", "rep", "--size", "96MiB"]);
+    assert!(grown.contains("resized"), "{grown}");
+    assert_ne!(replica_state(&n1, "n3"), "in-sync", "it did not grow");
+    let (controller, mut queue) = connect(&n1);
+    let past = 20_000u64;
+    let data = pattern(past, 3);
+    retrying("write past the old end", || {
+        queue.write(1, past, BLOCK, &data)
+    });
+    drop((queue, controller));
+    assert_eq!(in_sync(&n1), 2, "n1 and n2 hold the grown volume");
+
+    // Room again: n3's copy grows when its node reconciles, and is rebuilt.
+    ok(&n1, &["volume", "delete", "filler"]);
+    eventually("n3 back in sync", || in_sync(&n1) == 3);
+    ok(&n1, &["volume", "move-primary", "rep", "--to", "n3"]);
+    let (controller, mut queue) = connect(&n3);
+    let read = retrying("read", || {
+        queue.read(1, past, BLOCK, BLOCK).map(<[u8]>::to_vec)
+    });
+    assert_eq!(read, data, "block {past} on n3");
+    let read = retrying("read", || {
+        queue.read(1, 5, BLOCK, BLOCK).map(<[u8]>::to_vec)
+    });
+    assert_eq!(read, pattern(5, 1), "block 5 on n3");
+    drop((queue, controller));
+    let log = std::fs::read_to_string(dir.join("n1.log")).unwrap();
+    assert!(!log.contains("still running"), "{log}");
+    drop(etcd);
+}

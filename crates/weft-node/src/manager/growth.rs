@@ -24,6 +24,7 @@ impl Manager {
             .replicated_record(volume)?
             .ok_or_else(|| AdminError::Invalid(format!("volume {volume} is not replicated")))?;
         let current = replication.size_bytes;
+        super::intents::check_replicated_size(volume, size_bytes)?;
         if size_bytes < current {
             return Err(VolumeError::invalid(
                 format!("size {size_bytes} for volume {volume}"),
@@ -80,16 +81,24 @@ impl Manager {
 
     /// Grows this node's copy of a replicated volume to `size_bytes` (as
     /// its primary asks, or its record says) and its write intent with it;
-    /// the caller updates the exports.
+    /// the caller updates the exports. The pool is flushed first: the
+    /// primary faults the replicas that did not grow, and may be left the
+    /// only copy in sync, which must then hold every acknowledged write
+    /// through a power loss (as the core's flush before it is left alone).
     pub(super) fn grow_copy(
         &mut self,
         pool: &str,
         volume: &str,
         size_bytes: u64,
     ) -> Result<(), weft_proto::IoError> {
+        if size_bytes > super::intents::REPLICATED_SIZE_MAX_BYTES {
+            log::warn!("volume {volume}: refused to grow this node's copy to {size_bytes} bytes: more than a replicated volume can hold");
+            return Err(weft_proto::IoError::Other);
+        }
         let grown = self.pool_mut(pool).and_then(|p| {
             let current = p.volume_info(volume)?.size_bytes;
             if size_bytes > current {
+                p.flush()?;
                 p.resize_volume(volume, size_bytes)?;
             }
             Ok(current)
@@ -100,20 +109,11 @@ impl Manager {
             );
             weft_proto::IoError::Other
         })?;
-        if let Some(file) = self.intents.get(volume) {
-            if file.intent().regions() < regions_of(size_bytes) {
-                let resized = std::sync::Arc::new(file.resized(size_bytes));
-                self.intents.insert(volume.to_string(), resized);
-            }
-        }
+        let dir = self.cluster_dir.clone();
+        super::intents::intent_of(&mut self.intents, dir.as_deref(), volume, size_bytes);
         if size_bytes > current {
             log::info!("volume {volume}: this node's copy grown to {size_bytes} bytes");
         }
         Ok(())
     }
-}
-
-/// Write-intent regions of a copy of `size_bytes`.
-fn regions_of(size_bytes: u64) -> u32 {
-    size_bytes.div_ceil(1 << super::intents::REGION_SHIFT) as u32
 }

@@ -16,7 +16,7 @@
 //! What this does not do: decide what to mark (the data plane and the
 //! primary's replicator do) or read the intent of another node.
 
-use super::Manager;
+use super::{AdminError, Manager};
 use std::collections::BTreeMap;
 use std::fs;
 use std::io::{self, Write};
@@ -30,6 +30,21 @@ use weft_target::VolumeOutcome;
 
 /// log2 of a region's size: 1 MiB, the pools' allocation unit.
 pub(crate) const REGION_SHIFT: u32 = 20;
+
+/// The largest replicated volume: its write intent numbers regions with
+/// 32 bits (4 PiB in 1 MiB regions).
+pub(crate) const REPLICATED_SIZE_MAX_BYTES: u64 = (u32::MAX as u64) << REGION_SHIFT;
+
+/// Refuses a replicated volume larger than [`REPLICATED_SIZE_MAX_BYTES`].
+pub(super) fn check_replicated_size(volume: &str, size_bytes: u64) -> Result<(), AdminError> {
+    if size_bytes > REPLICATED_SIZE_MAX_BYTES {
+        return Err(AdminError::Invalid(format!(
+            "volume {volume}: {size_bytes} bytes is more than a replicated volume can hold \
+             ({REPLICATED_SIZE_MAX_BYTES} bytes); give a smaller size"
+        )));
+    }
+    Ok(())
+}
 
 /// How often cleared regions are written, at most.
 pub(super) const PERSIST_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
@@ -202,6 +217,11 @@ impl Manager {
             log::error!("volume {volume}: a replica write without a write intent");
             return VolumeOutcome::Done(Err(IoError::Other));
         };
+        let last = (offset + len.max(1) - 1) >> REGION_SHIFT;
+        if last >= u64::from(file.intent().regions()) {
+            log::error!("volume {volume}: a replica write past the end of its write intent");
+            return VolumeOutcome::Done(Err(IoError::Other));
+        }
         let regions = file.intent().regions_of(offset, len);
         match file.mark(regions) {
             Ok(()) => VolumeOutcome::Retry,
@@ -234,6 +254,11 @@ pub(super) fn intent_of(
     let file = intents
         .entry(volume.to_string())
         .or_insert_with(|| Arc::new(IntentFile::open(dir, volume, size_bytes)));
+    if u64::from(file.intent().regions()) < size_bytes.div_ceil(1 << REGION_SHIFT) {
+        // The copy grew (its primary asked, or its node caught up with the
+        // record): every byte of it stays covered.
+        *file = Arc::new(file.resized(size_bytes));
+    }
     Some(Arc::clone(file.intent()))
 }
 

@@ -36,13 +36,16 @@ fn refusing() -> Arc<Replicated> {
 impl Manager {
     /// The data plane's path for replicated volume `name` (none for a
     /// volume of one copy): its replicator's, started if this node is its
-    /// primary and none runs, else one that refuses everything.
+    /// primary and none runs, else one that refuses everything. A
+    /// replicator whose copy changed under it (grown: a new chunk map)
+    /// ends by itself, and the reconcile after that starts another.
     pub(super) fn replicated_path(
         &mut self,
         name: &str,
         record: &VolumeRecord,
         backend: &Arc<VolumeBackend>,
         members: &[PathBuf],
+        local_size_bytes: u64,
     ) -> Option<Arc<Replicated>> {
         let replication = record.replication.as_ref()?;
         let me = self.cluster_node.clone();
@@ -68,8 +71,14 @@ impl Manager {
             return Some(refusing());
         };
         let replication = found.record.replication?;
+        if local_size_bytes < replication.size_bytes {
+            // The volume grew while this copy was out of sync: the
+            // reconcile grows it first (`grow_copies_to_records`).
+            log::info!("volume {name}: this node's copy is smaller than the volume; it grows before it serves");
+            return Some(refusing());
+        }
         let dir = self.cluster_dir.clone()?;
-        intent_of(&mut self.intents, Some(&dir), name, replication.size_bytes)?;
+        intent_of(&mut self.intents, Some(&dir), name, local_size_bytes)?;
         let setup = ReplicatorSetup {
             volume: name.to_string(),
             me: me.clone(),

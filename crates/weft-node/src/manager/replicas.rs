@@ -51,6 +51,7 @@ impl Manager {
                 replicas[0].node, replicas[0].pool
             )));
         }
+        super::intents::check_replicated_size(&spec.name, spec.size_bytes)?;
         let mut nodes: Vec<&str> = replicas.iter().map(|r| r.node.as_str()).collect();
         nodes.sort_unstable();
         nodes.dedup();

@@ -32,7 +32,7 @@ use crate::manager::AdminError;
 use std::collections::BTreeMap;
 use std::sync::mpsc::Sender;
 use std::time::{Duration, Instant};
-use weft_control::DesiredState;
+use weft_control::{DesiredState, ReplicaState, ReplicationRecord};
 use weft_replication::NodeId;
 
 /// How long the writes in flight may take to finish once new ones are held
@@ -253,23 +253,59 @@ impl Barrier {
 
     /// Records the change (on a helper thread: the store may wait): the
     /// snapshot held by `nodes`, or the new size; then answers the caller.
-    pub(crate) fn record(self, desired: DesiredState, volume: String, nodes: Vec<String>) {
+    /// `nodes` made it (this node first), under `epoch`. The thread ends
+    /// once the record is written (or could not be).
+    pub(crate) fn record(
+        self,
+        desired: DesiredState,
+        volume: String,
+        epoch: u64,
+        nodes: Vec<String>,
+    ) -> std::thread::JoinHandle<()> {
         let Barrier { op, reply, .. } = self;
         std::thread::spawn(move || {
             let key = format!("volumes/{volume}");
             let result = match &op {
                 BarrierOp::Snapshot(name) => mark_taken(&desired, &key, name, &nodes),
                 BarrierOp::Grow(size_bytes) => change_replication(&desired, &key, |r| {
-                    r.size_bytes = r.size_bytes.max(*size_bytes);
-                    Ok(())
+                    record_growth(r, *size_bytes, epoch, &nodes)
                 }),
             };
             if result.is_ok() {
                 log::info!("volume {volume}: {op} made on {}", nodes.join(", "));
             }
             let _ = reply.send(result);
-        });
+        })
     }
+}
+
+/// The record of a volume grown to `size_bytes` by its primary of `epoch`
+/// on the copies of `grown` (its own first): every other copy in sync is
+/// faulted in the same change, since it no longer holds the whole volume
+/// (it would be promoted, and serve the new size, without the space).
+/// Refused if another primary took over meanwhile: its copies are its to grow.
+fn record_growth(
+    replication: &mut ReplicationRecord,
+    size_bytes: u64,
+    epoch: u64,
+    grown: &[String],
+) -> Result<(), AdminError> {
+    if replication.epoch != epoch || grown.first() != Some(&replication.primary) {
+        return Err(AdminError::Unavailable(
+            "the volume's primary changed while it grew; grow it again".into(),
+        ));
+    }
+    replication.size_bytes = replication.size_bytes.max(size_bytes);
+    for member in &mut replication.members {
+        if member.state == ReplicaState::InSync && !grown.contains(&member.node) {
+            log::warn!(
+                "replica on {} did not grow with the volume: out of sync",
+                member.node
+            );
+            member.state = ReplicaState::Faulted { epoch };
+        }
+    }
+    Ok(())
 }
 
 /// Writes the announcement of snapshot `name` of `volume` (on a helper
@@ -368,5 +404,56 @@ mod tests {
         let mut grow = Barrier::new(BarrierOp::Grow(1 << 30), 8, reply);
         assert!(grow.holds_writes());
         assert!(matches!(grow.step(false, "v"), Step::Ask));
+    }
+
+    fn three_copies() -> ReplicationRecord {
+        let member = |node: &str, state| weft_control::ReplicaRecord {
+            node: node.into(),
+            pool: "p".into(),
+            state,
+        };
+        ReplicationRecord {
+            epoch: 4,
+            primary: "n1".into(),
+            members: vec![
+                member("n1", ReplicaState::InSync),
+                member("n2", ReplicaState::InSync),
+                member("n3", ReplicaState::Faulted { epoch: 2 }),
+            ],
+            size_bytes: 16 << 20,
+            block_size: 4096,
+            thick: false,
+            move_to: None,
+            previous: None,
+            retire: Vec::new(),
+            snapshots: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_growth_faults_the_copies_in_sync_that_did_not_grow() {
+        let mut record = three_copies();
+        record_growth(&mut record, 32 << 20, 4, &["n1".into()]).unwrap();
+        assert_eq!(record.size_bytes, 32 << 20);
+        assert_eq!(record.members[1].state, ReplicaState::Faulted { epoch: 4 });
+        assert_eq!(
+            record.members[2].state,
+            ReplicaState::Faulted { epoch: 2 },
+            "already out of sync: grows when its node reconciles"
+        );
+        let mut record = three_copies();
+        record_growth(&mut record, 32 << 20, 4, &["n1".into(), "n2".into()]).unwrap();
+        assert_eq!(record.members[1].state, ReplicaState::InSync);
+    }
+
+    #[test]
+    fn a_growth_is_not_recorded_under_another_primary() {
+        let mut record = three_copies();
+        record.epoch = 5;
+        assert!(record_growth(&mut record, 32 << 20, 4, &["n1".into()]).is_err());
+        let mut record = three_copies();
+        record.primary = "n2".into();
+        assert!(record_growth(&mut record, 32 << 20, 4, &["n1".into()]).is_err());
+        assert_eq!(record.size_bytes, 16 << 20);
     }
 }

@@ -41,7 +41,13 @@ impl LocalVolume {
                 self.ask(VolumeWork::Wait)?;
                 continue;
             }
-            if self.backend.map.is_retired() || !self.writable(offset, len) {
+            if self.backend.map.is_retired() {
+                // The copy changed under this primary (grown): only the
+                // next one knows where its chunks are.
+                self.backend.gate.leave();
+                return Err(IoError::PathTransition);
+            }
+            if !self.writable(offset, len) {
                 self.backend.gate.leave();
                 self.ask(VolumeWork::PrepareWrite { offset, len })?;
                 continue;
@@ -76,6 +82,9 @@ impl LocalVolume {
 
     /// Reads `len` bytes at `offset` (unwritten chunks read as zeroes).
     pub(crate) fn read(&mut self, offset: u64, len: usize) -> Result<Vec<u8>, IoError> {
+        if self.backend.map.is_retired() {
+            return Err(IoError::PathTransition);
+        }
         let mut data = vec![0u8; len];
         let mut done = 0;
         while done < len {

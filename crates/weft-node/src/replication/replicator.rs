@@ -232,6 +232,10 @@ struct Replicator {
     taking: Arc<Mutex<Option<String>>>,
     /// Blocks the core serves (the volume's size when this primary began).
     blocks: u64,
+    /// The chunk map of this node's copy when this primary began: retired
+    /// once the copy changes under it (grown), and then this primary ends
+    /// (its local I/O fails with ANA Transition, the host retries on the next).
+    map: Arc<weft_volume::ChunkMap>,
     held: std::collections::VecDeque<ReplicatedIo>,
 }
 
@@ -351,6 +355,7 @@ impl Replicator {
         Ok(Some(Replicator {
             me,
             pool,
+            map: Arc::clone(&backend.map),
             barrier: None,
             barriers: 0,
             taking,
@@ -393,6 +398,14 @@ impl Replicator {
             self.advance_barrier();
             self.publish(now);
             self.track_rebuilds();
+            let growing = matches!(&self.barrier, Some(b) if matches!(b.op, BarrierOp::Grow(_)));
+            if self.map.is_retired() && !self.gone && !growing {
+                log::info!(
+                    "volume {}: its copy here changed (grown); serves again with it",
+                    self.volume
+                );
+                self.gone = true;
+            }
             if self.gone || self.primary.phase() == PrimaryPhase::Deposed {
                 log::info!("volume {}: no longer primary", self.volume);
                 break;
@@ -900,7 +913,9 @@ impl Replicator {
                 nodes.extend(replicas.into_iter().map(|node| {
                     weft_cluster::replicas::node_name(&self.replication, node).to_string()
                 }));
-                barrier.record(self.desired.clone(), self.volume.clone(), nodes);
+                let epoch = self.replication.epoch;
+                let recording =
+                    barrier.record(self.desired.clone(), self.volume.clone(), epoch, nodes);
                 if grown {
                     // The core serves a fixed size, and this node's copy
                     // has a new chunk map: a primary of the new size takes
@@ -910,6 +925,9 @@ impl Replicator {
                         io.reply
                             .send(VolumeOutcome::Done(Err(IoError::PathTransition)));
                     }
+                    // The next primary starts once this one ends: after the
+                    // size is recorded under this epoch, so that it serves it.
+                    let _ = recording.join();
                 }
                 self.barrier_ended();
             }
