@@ -355,13 +355,22 @@ impl Primary {
             record,
         };
         let members: Vec<_> = primary.record.members.clone();
+        let epoch = primary.record.epoch;
         for member in members.iter().filter(|m| m.node != config.me) {
+            // The previous primary, faulted by the promotion into this
+            // epoch: what it lacks is known here, since this node held
+            // every write it acknowledged: what this primary writes (its
+            // dirty set from now on), the regions where the copies in sync
+            // may differ (the resync set, added when it is complete), and
+            // what it wrote without an acknowledgement (its own intent, at
+            // its fence). Faulted under an earlier epoch, or never in sync:
+            // what it missed is not known here.
+            let full = member.state != MemberState::Faulted { epoch };
             let link = Link {
                 token: Token::default(),
                 state: LinkState::Down { retry_at: now },
                 dirty: RegionSet::new(regions),
-                // Faulted under an earlier epoch: what it missed is unknown here.
-                full: true,
+                full,
                 flushed: false,
                 written_since_flush: false,
             };
@@ -1212,11 +1221,15 @@ impl Primary {
         if fencing {
             return;
         }
-        // Every in-sync replica is fenced or dropped: copy what may differ.
+        // Every in-sync replica is fenced or dropped: copy what may differ,
+        // to them and to any replica whose dirty set is known (the previous
+        // primary's: it may lack those regions too).
         self.phase = PrimaryPhase::Resyncing;
         for link in self.links.values_mut() {
             if link.state == LinkState::Live {
                 link.dirty = self.resync.clone();
+            } else if !link.full {
+                link.dirty.union_with(&self.resync);
             }
         }
         self.pump(now);
@@ -1525,5 +1538,58 @@ mod tests {
         );
         primary.set_lease(2000 * MS, 1001 * MS);
         assert_eq!(primary.phase(), PrimaryPhase::Deposed);
+    }
+
+    /// n0 promoted into epoch 2: n1, the previous primary, lacks only what
+    /// n0 writes, the regions the copies may differ in (n0's intent) and
+    /// what n1 wrote unacknowledged (its intent); n2, faulted earlier, lacks
+    /// what is not known here: everything.
+    #[test]
+    fn the_previous_primary_is_rebuilt_partially_and_an_older_fault_in_full() {
+        let mut record = ReplicaSet::new(&[NodeId(0), NodeId(1), NodeId(2)]);
+        record.epoch = Epoch(2);
+        record.previous = Some(NodeId(1));
+        record.set_state(NodeId(1), MemberState::Faulted { epoch: Epoch(2) });
+        record.set_state(NodeId(2), MemberState::Faulted { epoch: Epoch(1) });
+        let regions = config().geometry.regions();
+        let mut own_intent = RegionSet::new(regions);
+        own_intent.insert(3);
+        let mut primary = Primary::new(config(), record, 5, own_intent, Duration::ZERO);
+        primary.set_lease(1000 * MS, Duration::ZERO);
+        primary.tick(MS);
+        assert_eq!(primary.phase(), PrimaryPhase::Active, "nothing to fence");
+        let fence = drain(&mut primary)
+            .into_iter()
+            .find_map(|a| match a {
+                Action::Send {
+                    to: NodeId(1),
+                    msg: ToReplica::Fence { token },
+                } => Some(token),
+                _ => None,
+            })
+            .expect("n1 asked back");
+        primary.host_write(
+            OpId(1),
+            Extent {
+                block: 5,
+                blocks: 1,
+            },
+            false,
+            2 * MS,
+        );
+        primary.local_done(OpId(1), 3 * MS);
+        drain(&mut primary);
+        assert_eq!(primary.dirty_regions(NodeId(1)), Some(2), "regions 1 and 3");
+        assert_eq!(primary.dirty_regions(NodeId(2)), Some(regions));
+
+        let mut its_intent = RegionSet::new(regions);
+        its_intent.insert(2);
+        let fenced = FromReplica::Fenced {
+            token: fence,
+            intent: its_intent,
+            unclean: false,
+        };
+        primary.replica_reply(NodeId(1), fenced, 4 * MS);
+        assert_eq!(primary.dirty_regions(NodeId(1)), Some(3), "and region 2");
     }
 }

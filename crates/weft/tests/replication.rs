@@ -266,6 +266,10 @@ fn a_replicated_volume_keeps_its_acknowledged_writes_when_its_primary_is_killed(
         in_sync(nodes[at].1.as_ref().unwrap()) == 3
     });
     eprintln!("{first} back in sync {took:?} after its restart");
+    // Only what it missed: the region of blocks 0..16 (1 MiB), not 16 MiB.
+    let log = std::fs::read_to_string(dir.join(format!("{second}.log"))).unwrap();
+    let rebuilt = format!("replica on {first} rebuilt: 1 MiB copied of 16 MiB");
+    assert!(log.contains(&rebuilt), "{log}");
 
     // The second primary dies too: whoever is promoted has every write.
     nodes[at].1 = None;
