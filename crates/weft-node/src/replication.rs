@@ -20,6 +20,7 @@ mod link;
 mod local;
 pub(crate) mod progress;
 pub(crate) mod replicator;
+mod run;
 
 use crate::manager::AdminError;
 use std::sync::mpsc::Sender;

@@ -39,7 +39,7 @@ pub mod regions;
 pub mod replica;
 pub mod types;
 
-pub use primary::{Action, HostResult, Primary, PrimaryConfig, PrimaryPhase, ToReplica};
+pub use primary::{Action, HostResult, Primary, PrimaryConfig, PrimaryPhase, Run, ToReplica};
 pub use record::{Member, MemberState, ReplicaSet};
 pub use regions::RegionSet;
 pub use replica::{FromReplica, Replica};

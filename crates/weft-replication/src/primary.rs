@@ -131,6 +131,15 @@ pub enum Action {
     IntentSet(u32),
     /// Drop `region` from this node's write intent (need not be durable at once).
     IntentClear(u32),
+    /// Add `region` to the run's kept regions ([`Run::kept`]), no later than
+    /// the `IntentClear` of it that follows becomes durable.
+    Keep(u32),
+    /// Every member is in sync: the run's kept regions and members to
+    /// rebuild in full are empty (need not be durable at once).
+    AllInSync,
+    /// Record durably that `node` is to be rebuilt in full ([`Run::full`]),
+    /// before carrying out the actions that follow.
+    Full(NodeId),
     /// Write the op's data locally.
     LocalWrite {
         /// The op.
@@ -174,6 +183,33 @@ pub enum Action {
         /// How.
         result: HostResult,
     },
+}
+
+/// What a node keeps, across restarts, of its unbroken run as primary of a
+/// volume: the epochs since `first_epoch` were all its own (it started the
+/// run when promoted, and took each later epoch from its own record). A
+/// member faulted within the run missed only regions this node wrote since,
+/// which its write intent or `kept` holds, unless it is in `full`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Run {
+    /// The epoch the run began in.
+    pub first_epoch: Epoch,
+    /// Regions cleaned from the write intent while some member was out of
+    /// sync (so, with the intent: every region written since then).
+    pub kept: RegionSet,
+    /// Members whose dirty set was found unknown within the run.
+    pub full: Vec<NodeId>,
+}
+
+impl Run {
+    /// A run beginning in `epoch` (promoted), over `regions` regions.
+    pub fn new(epoch: Epoch, regions: u32) -> Run {
+        Run {
+            first_epoch: epoch,
+            kept: RegionSet::new(regions),
+            full: Vec::new(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -311,6 +347,11 @@ pub struct Primary {
     to_clean: BTreeMap<u32, Duration>,
     /// Regions to resync at promotion.
     resync: RegionSet,
+    /// The run's kept regions (see [`Run`]).
+    kept: RegionSet,
+    /// Whether the run's kept regions or members to rebuild in full may be
+    /// persisted non-empty (an `AllInSync` is due once every member is).
+    run_degraded: bool,
     /// The flush before being left the only copy in sync (reset when a
     /// replica joins again).
     sole_flush: Option<SoleFlush>,
@@ -323,17 +364,25 @@ const INTERNAL_OP_BASE: u64 = 1 << 63;
 
 impl Primary {
     /// The primary of `record` (at `revision`), which names this node primary,
-    /// with this node's persisted write `intent`. Starts fencing.
+    /// with this node's persisted write `intent` and `run` (a new run if
+    /// this node was promoted into the record's epoch). Starts fencing.
     pub fn new(
         config: PrimaryConfig,
         record: ReplicaSet,
         revision: u64,
         intent: RegionSet,
+        run: Run,
         now: Duration,
     ) -> Primary {
         assert_eq!(record.primary, config.me, "promoted in the record");
         let regions = config.geometry.regions();
         assert_eq!(intent.capacity(), regions);
+        assert_eq!(run.kept.capacity(), regions);
+        assert!(
+            run.first_epoch <= record.epoch,
+            "a run begins before it serves"
+        );
+        let run_degraded = !run.kept.is_empty() || !run.full.is_empty();
         let mut primary = Primary {
             config,
             phase: PrimaryPhase::Fencing,
@@ -342,6 +391,8 @@ impl Primary {
             ops: BTreeMap::new(),
             next_internal_op: INTERNAL_OP_BASE,
             resync: intent.clone(),
+            kept: run.kept.clone(),
+            run_degraded,
             sole_flush: None,
             intent,
             writes_in_region: vec![0; regions as usize],
@@ -355,22 +406,28 @@ impl Primary {
             record,
         };
         let members: Vec<_> = primary.record.members.clone();
-        let epoch = primary.record.epoch;
         for member in members.iter().filter(|m| m.node != config.me) {
-            // The previous primary, faulted by the promotion into this
-            // epoch: what it lacks is known here, since this node held
-            // every write it acknowledged: what this primary writes (its
-            // dirty set from now on), the regions where the copies in sync
-            // may differ (the resync set, added when it is complete), and
-            // what it wrote without an acknowledgement (its own intent, at
-            // its fence). Faulted under an earlier epoch, or never in sync:
-            // what it missed is not known here.
-            let full = member.state != MemberState::Faulted { epoch };
+            // Faulted within this node's run (the previous primary too,
+            // faulted by the promotion that began it, which this node held
+            // every acknowledged write for): it lacks what this node wrote
+            // since (the intent and the kept regions; from now on its dirty
+            // set), the regions where the copies in sync may differ (the
+            // resync set, added when it is complete) and what it wrote
+            // without an acknowledgement (its own intent, at its fence).
+            // Faulted before the run, never in sync, or found unknown in
+            // the run: rebuilt in full.
+            let known = matches!(member.state, MemberState::Faulted { epoch } if epoch >= run.first_epoch)
+                && !run.full.contains(&member.node);
+            let mut dirty = RegionSet::new(regions);
+            if known {
+                dirty.union_with(&primary.intent);
+                dirty.union_with(&run.kept);
+            }
             let link = Link {
                 token: Token::default(),
                 state: LinkState::Down { retry_at: now },
-                dirty: RegionSet::new(regions),
-                full,
+                dirty,
+                full: !known,
                 flushed: false,
                 written_since_flush: false,
             };
@@ -624,7 +681,7 @@ impl Primary {
         let LinkState::Fencing { rejoin, .. } = link.state else {
             return;
         };
-        link.full = true;
+        self.mark_full(node);
         if rejoin {
             self.fenced(node, RegionSet::new(regions), now);
         } else {
@@ -726,7 +783,7 @@ impl Primary {
             .map(|(&node, _)| node)
             .collect();
         for node in dropped {
-            self.links.get_mut(&node).expect("a link").full = true;
+            self.mark_full(node);
             self.link_failed(node, now);
         }
         self.retire_links(now);
@@ -966,6 +1023,15 @@ impl Primary {
         });
     }
 
+    /// What `node` lacks is not known here: it is rebuilt in full, and so
+    /// after a restart of this primary within its run.
+    fn mark_full(&mut self, node: NodeId) {
+        let link = self.links.get_mut(&node).expect("a link");
+        link.full = true;
+        self.run_degraded = true;
+        self.actions.push_back(Action::Full(node));
+    }
+
     /// A replica did not answer in time, refused, or its answer was lost.
     fn link_failed(&mut self, node: NodeId, now: Duration) {
         let geometry = self.config.geometry;
@@ -978,8 +1044,9 @@ impl Primary {
         }
         if promoting && !matches!(link.state, LinkState::Fencing { rejoin: true, .. }) {
             // What it holds against the resync set is not known.
-            link.full = true;
+            self.mark_full(node);
         }
+        let link = self.links.get_mut(&node).expect("a link");
         link.state = LinkState::Down {
             retry_at: now + self.config.reattach_interval,
         };
@@ -1298,6 +1365,24 @@ impl Primary {
     /// intents (this node's, and the replicas' by a Clean message).
     fn clean(&mut self, now: Duration) {
         self.clean_regions(Some(now));
+        if self.run_degraded && self.phase == PrimaryPhase::Active && !self.degraded() {
+            // Every member holds every acknowledged write again.
+            self.run_degraded = false;
+            self.kept = RegionSet::new(self.config.geometry.regions());
+            self.actions.push_back(Action::AllInSync);
+        }
+    }
+
+    /// Whether some member is, or may be, out of sync.
+    fn degraded(&self) -> bool {
+        self.links.values().any(|l| l.state != LinkState::Live)
+            || self
+                .record
+                .members
+                .iter()
+                .any(|m| m.state != MemberState::InSync)
+            || !self.uncertain.is_empty()
+            || self.commit_in_flight
     }
 
     /// Cleans the regions idle for the clean delay at `now` (all idle ones
@@ -1323,7 +1408,14 @@ impl Primary {
         if regions.is_empty() {
             return;
         }
+        // While a member is out, what was written stays known (kept) for
+        // its rebuild after a restart of this primary.
+        let keep = self.degraded();
         for &region in &regions {
+            if keep && self.kept.insert(region) {
+                self.run_degraded = true;
+                self.actions.push_back(Action::Keep(region));
+            }
             if self.intent.remove(region) {
                 self.actions.push_back(Action::IntentClear(region));
             }
@@ -1392,8 +1484,15 @@ mod tests {
     fn active() -> (Primary, Token) {
         let record = ReplicaSet::new(&[NodeId(0), NodeId(1)]);
         let regions = config().geometry.regions();
-        let mut primary =
-            Primary::new(config(), record, 1, RegionSet::new(regions), Duration::ZERO);
+        let run = Run::new(Epoch(1), regions);
+        let mut primary = Primary::new(
+            config(),
+            record,
+            1,
+            RegionSet::new(regions),
+            run,
+            Duration::ZERO,
+        );
         primary.set_lease(1000 * MS, Duration::ZERO);
         let token = Token {
             epoch: Epoch(1),
@@ -1554,7 +1653,8 @@ mod tests {
         let regions = config().geometry.regions();
         let mut own_intent = RegionSet::new(regions);
         own_intent.insert(3);
-        let mut primary = Primary::new(config(), record, 5, own_intent, Duration::ZERO);
+        let run = Run::new(Epoch(2), regions);
+        let mut primary = Primary::new(config(), record, 5, own_intent, run, Duration::ZERO);
         primary.set_lease(1000 * MS, Duration::ZERO);
         primary.tick(MS);
         assert_eq!(primary.phase(), PrimaryPhase::Active, "nothing to fence");
@@ -1591,5 +1691,96 @@ mod tests {
         };
         primary.replica_reply(NodeId(1), fenced, 4 * MS);
         assert_eq!(primary.dirty_regions(NodeId(1)), Some(3), "and region 2");
+    }
+
+    /// n0 serves again under epoch 3 in its run since epoch 2 (after a
+    /// restart): n1, faulted in the run, lacks what the intent and the
+    /// kept regions hold, unless the run found what it lacks unknown.
+    #[test]
+    fn a_member_faulted_within_the_run_is_rebuilt_from_the_kept_regions() {
+        let regions = config().geometry.regions();
+        let primary_with = |full: Vec<NodeId>| {
+            let mut record = ReplicaSet::new(&[NodeId(0), NodeId(1)]);
+            record.epoch = Epoch(3);
+            record.set_state(NodeId(1), MemberState::Faulted { epoch: Epoch(2) });
+            let mut run = Run::new(Epoch(2), regions);
+            run.kept.insert(1);
+            run.full = full;
+            let mut intent = RegionSet::new(regions);
+            intent.insert(2);
+            Primary::new(config(), record, 7, intent, run, Duration::ZERO)
+        };
+        let primary = primary_with(Vec::new());
+        assert_eq!(primary.dirty_regions(NodeId(1)), Some(2), "regions 1 and 2");
+        let primary = primary_with(vec![NodeId(1)]);
+        assert_eq!(primary.dirty_regions(NodeId(1)), Some(regions));
+        let mut record = ReplicaSet::new(&[NodeId(0), NodeId(1)]);
+        record.epoch = Epoch(3);
+        record.set_state(NodeId(1), MemberState::Faulted { epoch: Epoch(1) });
+        let run = Run::new(Epoch(2), regions);
+        let intent = RegionSet::new(regions);
+        let primary = Primary::new(config(), record, 7, intent, run, Duration::ZERO);
+        assert_eq!(
+            primary.dirty_regions(NodeId(1)),
+            Some(regions),
+            "faulted before the run"
+        );
+    }
+
+    /// While n1 is out, cleaned regions are kept for the run; a replica
+    /// found unclean is recorded to rebuild in full before anything is
+    /// sent to it; once every member is in sync again, the run forgets both.
+    #[test]
+    fn the_run_keeps_what_was_written_while_a_member_was_out() {
+        let (mut primary, _) = active();
+        primary.host_write(OpId(1), BLOCK_0, false, 2 * MS);
+        primary.local_done(OpId(1), 3 * MS);
+        drain(&mut primary);
+        primary.tick(300 * MS);
+        let flush = drain(&mut primary)
+            .into_iter()
+            .find_map(|a| match a {
+                Action::LocalFlush { op } => Some(op),
+                _ => None,
+            })
+            .expect("a local flush before it is left alone");
+        primary.local_done(flush, 301 * MS);
+        let record = drain(&mut primary)
+            .into_iter()
+            .find_map(|a| match a {
+                Action::Commit { record, .. } => Some(record),
+                _ => None,
+            })
+            .expect("n1 faulted");
+        primary.committed(2, record, 302 * MS);
+        let actions = drain(&mut primary);
+        let keep = actions.iter().position(|a| *a == Action::Keep(0));
+        let clear = actions.iter().position(|a| *a == Action::IntentClear(0));
+        assert!(keep.is_some() && keep < clear, "{actions:?}");
+
+        primary.tick(700 * MS);
+        let token = drain(&mut primary)
+            .into_iter()
+            .find_map(|a| match a {
+                Action::Send {
+                    to: NodeId(1),
+                    msg: ToReplica::Fence { token },
+                } => Some(token),
+                _ => None,
+            })
+            .expect("n1 asked back");
+        let unclean = FromReplica::Fenced {
+            token,
+            intent: RegionSet::new(config().geometry.regions()),
+            unclean: true,
+        };
+        primary.replica_reply(NodeId(1), unclean, 701 * MS);
+        let actions = drain(&mut primary);
+        assert_eq!(
+            actions.first(),
+            Some(&Action::Full(NodeId(1))),
+            "{actions:?}"
+        );
+        assert!(!actions.contains(&Action::AllInSync));
     }
 }

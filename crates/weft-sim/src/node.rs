@@ -1,8 +1,8 @@
 //! A simulated storage node: what the node's data plane and control loop do
 //! for one replicated volume, driving `weft-replication`'s state machines.
 //!
-//! Persistent across a crash: the disk's blocks, the write intent and the
-//! last epoch this node served as primary. Everything else is lost with the
+//! Persistent across a crash: the disk's blocks, the write intent, the
+//! last epoch this node served as primary and its run as primary. Everything else is lost with the
 //! process, the replica's fence included: a restart kills every connection,
 //! so no session older than the next fence can speak to it again, and it
 //! admits nothing until fenced anew.
@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 use weft_replication::{
     Action, Epoch, Extent, FromReplica, Geometry, HostResult, MemberState, NodeId, OpId, Primary,
-    PrimaryConfig, PrimaryPhase, RegionSet, Replica, ReplicaSet, ToReplica, Token,
+    PrimaryConfig, PrimaryPhase, RegionSet, Replica, ReplicaSet, Run, ToReplica, Token,
 };
 
 const RENEW_EVERY: Duration = Duration::from_millis(250);
@@ -61,6 +61,10 @@ pub struct Node {
     durable: Vec<u64>,
     intent: RegionSet,
     served_epoch: Epoch,
+    /// Its run as primary (kept regions and members to rebuild in full
+    /// persisted as the primary asks: at once, which the driver's lazy
+    /// writes only ever over-state).
+    run: Run,
     /// Power was lost since a primary last wrote here (the boot id changed).
     unclean: bool,
     /// An unclean node takes itself out of the in-sync set before it joins
@@ -105,6 +109,7 @@ impl Node {
             fence: Token::default(),
             intent: RegionSet::new(regions),
             served_epoch: Epoch(0),
+            run: Run::new(Epoch(0), regions),
             role: Role::Replica(Replica::new(
                 geometry,
                 Token::default(),
@@ -466,6 +471,14 @@ impl Node {
             return;
         }
         self.fence = own;
+        // Its own record's next epoch (taken again after a restart or a
+        // lapse, or when its members changed) continues its run; any other
+        // epoch naming it primary was someone else's doing: a new run.
+        let continued =
+            record.previous == Some(self.id) && record.epoch == self.served_epoch.next();
+        if !continued {
+            self.run = Run::new(record.epoch, self.geometry.regions());
+        }
         self.served_epoch = record.epoch;
         // Its copy is the reference now: others are resynced from it.
         self.unclean = false;
@@ -481,7 +494,8 @@ impl Node {
             copies_in_flight_max: 4,
             clean_delay: self.clean_delay,
         };
-        let mut primary = Primary::new(config, record, revision, self.intent.clone(), now);
+        let intent = self.intent.clone();
+        let mut primary = Primary::new(config, record, revision, intent, self.run.clone(), now);
         primary.set_lease(self.lease_until, now);
         self.role = Role::Primary(Box::new(primary));
         self.host_ops.clear();
@@ -688,6 +702,15 @@ impl Node {
             }
             Action::IntentClear(region) => {
                 self.intent.remove(region);
+            }
+            Action::Keep(region) => {
+                self.run.kept.insert(region);
+            }
+            Action::AllInSync => self.run = Run::new(self.run.first_epoch, self.geometry.regions()),
+            Action::Full(node) => {
+                if !self.run.full.contains(&node) {
+                    self.run.full.push(node);
+                }
             }
             Action::LocalWrite { op, extent, fua } => {
                 let data = self.buffers.get(&op).expect("the host's data").clone();

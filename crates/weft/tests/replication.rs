@@ -753,3 +753,53 @@ fn a_copy_that_cannot_grow_falls_out_of_sync_and_catches_up_once_it_can() {
     assert!(!log.contains("still running"), "{log}");
     drop(etcd);
 }
+
+#[test]
+fn a_replica_out_while_its_primary_restarted_is_copied_only_what_it_missed() {
+    let dir = temp_dir("replication-run");
+    let (etcd, endpoints, token_file, [n1, n2, n3]) = three_nodes(&dir, "");
+    let (controller, mut queue) = written_on_n1(&n1, &dir, 64);
+    drop(n3);
+    for block in 0..16u64 {
+        let data = pattern(block, 2);
+        retrying("write", || queue.write(1, block, BLOCK, &data));
+    }
+    drop((queue, controller));
+    eventually("n3 out of sync", || in_sync(&n1) == 2);
+
+    // A growth restarts the primary under its next epoch (its run goes
+    // on): what n3 missed is still known there.
+    let grown = ok(&n2, &["volume", "resize", "rep", "--size", "32MiB"]);
+    assert!(grown.contains("resized"), "{grown}");
+    let (controller, mut queue) = connect(&n1);
+    let past = 6000u64;
+    let data = pattern(past, 3);
+    retrying("write past the old end", || {
+        queue.write(1, past, BLOCK, &data)
+    });
+    drop((queue, controller));
+
+    let n3 = node(&dir, "n3", &endpoints, Some(&token_file));
+    eventually("n3 back in sync", || in_sync(&n1) == 3);
+    // Regions 0 (blocks 0..16) and 23 (block 6000), not all 32 MiB.
+    let log = std::fs::read_to_string(dir.join("n1.log")).unwrap();
+    assert!(
+        log.contains("replica on n3 rebuilt: 2 MiB copied of 32 MiB"),
+        "{log}"
+    );
+    ok(&n1, &["volume", "move-primary", "rep", "--to", "n3"]);
+    let (controller, mut queue) = connect(&n3);
+    let read = retrying("read", || {
+        queue.read(1, past, BLOCK, BLOCK).map(<[u8]>::to_vec)
+    });
+    assert_eq!(read, data, "block {past} on n3");
+    for block in 0..64u64 {
+        let generation = if block < 16 { 2 } else { 1 };
+        let read = retrying("read", || {
+            queue.read(1, block, BLOCK, BLOCK).map(<[u8]>::to_vec)
+        });
+        assert_eq!(read, pattern(block, generation), "block {block} on n3");
+    }
+    drop((queue, controller));
+    drop((n2, etcd));
+}

@@ -20,12 +20,13 @@ use super::{AdminError, Manager};
 use std::collections::BTreeMap;
 use std::fs;
 use std::io::{self, Write};
-use std::ops::Range;
+use std::ops::{Range, RangeInclusive};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use weft_proto::intent::WriteIntent;
 use weft_proto::IoError;
+use weft_replication::RegionSet;
 use weft_target::VolumeOutcome;
 
 /// log2 of a region's size: 1 MiB, the pools' allocation unit.
@@ -66,6 +67,12 @@ pub(crate) struct IntentFile {
     persisted: Mutex<Vec<u32>>,
     /// The file records a clean shutdown: it is not written again.
     shut_down: AtomicBool,
+    /// This node's kept regions as primary (`weft_replication::Run::kept`),
+    /// written with the intent so that a region cleared from the intent
+    /// while kept is never on disk in neither.
+    kept: Mutex<RegionSet>,
+    /// The kept regions changed since the file was last written.
+    kept_changed: AtomicBool,
 }
 
 impl IntentFile {
@@ -76,10 +83,15 @@ impl IntentFile {
         let path = dir.join("replicas").join(format!("{volume}.intent"));
         let every_region = || (0..size_bytes.div_ceil(1 << REGION_SHIFT) as u32).collect();
         let mut shut_down = false;
+        let regions = size_bytes.div_ceil(1 << REGION_SHIFT) as u32;
+        let mut kept = RegionSet::new(regions);
         let (marked, unclean) = match fs::read_to_string(&path) {
             Ok(text) => match parse(&text) {
-                Some((boot, marked)) => {
+                Some((boot, marked, kept_ranges)) => {
                     shut_down = boot == SHUT_DOWN;
+                    for region in kept_ranges.into_iter().flatten().filter(|&r| r < regions) {
+                        kept.insert(region);
+                    }
                     (marked, !shut_down && boot != current_boot())
                 }
                 None => {
@@ -94,7 +106,7 @@ impl IntentFile {
             }
         };
         // A crash from now on must not pass for the clean shutdown.
-        let rewritten = !shut_down || write_file(&path, &current_boot(), &marked).is_ok();
+        let rewritten = !shut_down || write_file(&path, &current_boot(), &marked, &kept).is_ok();
         if !rewritten {
             log::warn!(
                 "{}: cannot be written; the replica counts as unclean",
@@ -108,6 +120,8 @@ impl IntentFile {
             intent: Arc::new(intent),
             persisted: Mutex::new(persisted),
             shut_down: AtomicBool::new(false),
+            kept: Mutex::new(kept),
+            kept_changed: AtomicBool::new(false),
         }
     }
 
@@ -125,11 +139,45 @@ impl IntentFile {
             self.intent.marked(),
             self.intent.unclean(),
         );
+        let mut kept = RegionSet::new(intent.regions());
+        for region in self.kept_regions().iter().filter(|&r| r < intent.regions()) {
+            kept.insert(region);
+        }
         IntentFile {
             path: self.path.clone(),
             intent: Arc::new(intent),
             persisted: Mutex::new(persisted.clone()),
             shut_down: AtomicBool::new(self.shut_down.load(Ordering::Acquire)),
+            kept: Mutex::new(kept),
+            kept_changed: AtomicBool::new(self.kept_changed.load(Ordering::Acquire)),
+        }
+    }
+
+    /// The kept regions (as last set; see `kept`).
+    pub(crate) fn kept_regions(&self) -> RegionSet {
+        self.kept
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Adds `region` to the kept regions (written with the next write of
+    /// the file, which is no later than the clearing of `region` from the
+    /// intent: the caller keeps it first).
+    pub(crate) fn keep(&self, region: u32) {
+        let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
+        if region < kept.capacity() && kept.insert(region) {
+            self.kept_changed.store(true, Ordering::Release);
+        }
+    }
+
+    /// Empties the kept regions (written lazily: more kept regions than
+    /// needed only cost a larger rebuild).
+    pub(crate) fn forget_kept(&self) {
+        let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
+        if !kept.is_empty() {
+            *kept = RegionSet::new(kept.capacity());
+            self.kept_changed.store(true, Ordering::Release);
         }
     }
 
@@ -144,7 +192,7 @@ impl IntentFile {
         if self.intent.unclean() {
             return Ok(false);
         }
-        write_file(&self.path, SHUT_DOWN, &persisted)?;
+        write_file(&self.path, SHUT_DOWN, &persisted, &self.kept_regions())?;
         self.shut_down.store(true, Ordering::Release);
         Ok(true)
     }
@@ -179,7 +227,8 @@ impl IntentFile {
     /// Writes the file again if regions were cleared since the last time
     /// (never after the clean shutdown was recorded: that stays).
     pub(crate) fn persist_cleared(&self) -> io::Result<()> {
-        if !self.intent.take_cleared() {
+        let cleared = self.intent.take_cleared();
+        if !self.kept_changed.swap(false, Ordering::AcqRel) && !cleared {
             return Ok(());
         }
         let mut persisted = self
@@ -199,8 +248,10 @@ impl IntentFile {
         Ok(())
     }
 
+    /// Writes `marked` (read before this call) and the kept regions as they
+    /// are now: a region the primary kept before it cleared it is in one.
     fn write(&self, marked: &[u32]) -> io::Result<()> {
-        write_file(&self.path, &current_boot(), marked)
+        write_file(&self.path, &current_boot(), marked, &self.kept_regions())
     }
 
     /// Forgets the file (the replica is deleted).
@@ -294,7 +345,7 @@ pub fn replicas_after_power_loss(data_dir: &Path) -> Vec<UncleanReplica> {
         let same_boot = written
             .as_deref()
             .and_then(parse)
-            .is_some_and(|(written_boot, _)| written_boot == boot || written_boot == SHUT_DOWN);
+            .is_some_and(|(written_boot, _, _)| written_boot == boot || written_boot == SHUT_DOWN);
         if !same_boot {
             unclean.push(UncleanReplica {
                 volume: volume.to_string(),
@@ -314,16 +365,19 @@ pub fn replicas_after_power_loss(data_dir: &Path) -> Vec<UncleanReplica> {
 /// and is rebuilt in full, whatever a primary thinks it copied before.
 pub(super) fn create_unclean(dir: &Path, volume: &str) -> io::Result<()> {
     let path = dir.join("replicas").join(format!("{volume}.intent"));
-    write_file(&path, NEW_REPLICA, &[])
+    write_file(&path, NEW_REPLICA, &[], &RegionSet::new(0))
 }
 
 /// Replaces the intent file at `path` whole (written beside, synced,
 /// renamed, directory synced): written under `boot`, holding `marked`.
-fn write_file(path: &Path, boot: &str, marked: &[u32]) -> io::Result<()> {
+fn write_file(path: &Path, boot: &str, marked: &[u32], kept: &RegionSet) -> io::Result<()> {
     let dir = path.parent().expect("under replicas/");
     fs::create_dir_all(dir)?;
     let list: Vec<String> = marked.iter().map(u32::to_string).collect();
-    let text = format!("boot {boot}\nmarked {}\n", list.join(","));
+    let mut text = format!("boot {boot}\nmarked {}\n", list.join(","));
+    if !kept.is_empty() {
+        text.push_str(&format!("kept {}\n", ranges(kept)));
+    }
     let beside = path.with_extension("intent.new");
     let mut file = fs::File::create(&beside)?;
     file.write_all(text.as_bytes())?;
@@ -336,11 +390,12 @@ fn write_file(path: &Path, boot: &str, marked: &[u32]) -> io::Result<()> {
 pub(crate) fn served_epoch(path: &Path) -> u64 {
     fs::read_to_string(path)
         .ok()
-        .and_then(|text| text.trim().parse().ok())
+        .and_then(|text| text.lines().next()?.trim().parse().ok())
         .unwrap_or(0)
 }
 
-fn parse(text: &str) -> Option<(String, Vec<u32>)> {
+/// The boot, the marked regions and the kept ranges a file holds.
+fn parse(text: &str) -> Option<(String, Vec<u32>, Vec<RangeInclusive<u32>>)> {
     let mut lines = text.lines();
     let boot = lines.next()?.strip_prefix("boot ")?.to_string();
     let list = lines.next()?.strip_prefix("marked ")?;
@@ -349,7 +404,48 @@ fn parse(text: &str) -> Option<(String, Vec<u32>)> {
         .filter(|item| !item.is_empty())
         .map(|item| item.parse().ok())
         .collect::<Option<Vec<u32>>>()?;
-    Some((boot, marked))
+    let kept = match lines.next() {
+        Some(line) => parse_ranges(line.strip_prefix("kept ")?)?,
+        None => Vec::new(),
+    };
+    Some((boot, marked, kept))
+}
+
+/// `set` as ranges: `0-3,7,9-12`.
+fn ranges(set: &RegionSet) -> String {
+    let mut items: Vec<String> = Vec::new();
+    let mut run: Option<(u32, u32)> = None;
+    let mut close = |(first, last): (u32, u32)| {
+        items.push(if first == last {
+            first.to_string()
+        } else {
+            format!("{first}-{last}")
+        });
+    };
+    for region in set.iter() {
+        run = match run {
+            Some((first, last)) if last + 1 == region => Some((first, region)),
+            Some(done) => {
+                close(done);
+                Some((region, region))
+            }
+            None => Some((region, region)),
+        };
+    }
+    if let Some(done) = run {
+        close(done);
+    }
+    items.join(",")
+}
+
+fn parse_ranges(text: &str) -> Option<Vec<RangeInclusive<u32>>> {
+    text.split(',')
+        .filter(|item| !item.is_empty())
+        .map(|item| match item.split_once('-') {
+            Some((first, last)) => Some(first.parse().ok()?..=last.parse().ok()?),
+            None => item.parse().ok().map(|region| region..=region),
+        })
+        .collect()
 }
 
 fn current_boot() -> String {
@@ -454,6 +550,34 @@ mod tests {
         let unclean = IntentFile::open(&dir, "db1", 4 << 20);
         assert!(!unclean.mark_shut_down().unwrap());
         assert_eq!(replicas_after_power_loss(&dir).len(), 1);
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn kept_regions_are_written_with_the_intent_and_survive_a_restart() {
+        let dir = dir("kept");
+        let file = IntentFile::open(&dir, "db1", 16 << 20);
+        file.mark(2..3).unwrap();
+        for region in [2, 3, 4, 5, 9] {
+            file.keep(region);
+        }
+        file.intent().clean([2]);
+        file.persist_cleared().unwrap();
+        let path = dir.join("replicas/db1.intent");
+        let text = fs::read_to_string(&path).unwrap();
+        assert!(text.ends_with("marked \nkept 2-5,9\n"), "{text}");
+        let again = IntentFile::open(&dir, "db1", 16 << 20);
+        assert_eq!(
+            again.kept_regions().iter().collect::<Vec<_>>(),
+            [2, 3, 4, 5, 9]
+        );
+        again.mark(7..8).unwrap();
+        assert!(fs::read_to_string(&path)
+            .unwrap()
+            .ends_with("marked 7\nkept 2-5,9\n"));
+        again.forget_kept();
+        again.persist_cleared().unwrap();
+        assert!(fs::read_to_string(&path).unwrap().ends_with("marked 7\n"));
         let _ = fs::remove_dir_all(&dir);
     }
 }

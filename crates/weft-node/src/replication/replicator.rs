@@ -19,6 +19,7 @@ use super::barrier::{announce_snapshot, Barrier, BarrierOp, Step};
 use super::link::{Link, LinkTarget, Outgoing, Payload};
 use super::local::{LocalPool, LocalResult, LocalWork};
 use super::progress::Tracker;
+use super::run::RunFile;
 use super::Event;
 use crate::manager::intents::IntentFile;
 use crate::manager::replicas::replica_nqn;
@@ -36,8 +37,8 @@ use weft_control::{DesiredState, ReplicationRecord, StoreError, VolumeRecord};
 use weft_initiator::ConnectOptions;
 use weft_proto::IoError;
 use weft_replication::{
-    Action, Extent, FromReplica, Geometry, HostResult, NodeId, OpId, Primary, PrimaryConfig,
-    PrimaryPhase, RegionSet, ToReplica,
+    Action, Epoch, Extent, FromReplica, Geometry, HostResult, NodeId, OpId, Primary, PrimaryConfig,
+    PrimaryPhase, RegionSet, Run, ToReplica,
 };
 use weft_target::replicated::{Replicated, ReplicatedIo, ReplicatedSink, ReplicatedWork, Serving};
 use weft_target::{
@@ -237,6 +238,8 @@ struct Replicator {
     /// (its local I/O fails with ANA Transition, the host retries on the next).
     map: Arc<weft_volume::ChunkMap>,
     held: std::collections::VecDeque<ReplicatedIo>,
+    /// Its file: the epoch it serves and its run.
+    run_file: RunFile,
 }
 
 impl Replicator {
@@ -266,7 +269,8 @@ impl Replicator {
             rebuild_bytes_per_s,
         } = setup;
         let epoch_file = dir.join("replicas").join(format!("{volume}.epoch"));
-        let served = crate::manager::intents::served_epoch(&epoch_file);
+        let mut run_file = RunFile::load(&epoch_file);
+        let served = run_file.served;
         if replication.epoch <= served {
             // Served before (a restart, or a lapsed lease): a new epoch.
             let mut next = replication.clone();
@@ -283,8 +287,17 @@ impl Replicator {
                 _ => return Ok(None),
             }
         }
-        write_served_epoch(&epoch_file, replication.epoch)
+        // Its own record's next epoch (taken again after a restart or a
+        // lapse, or when its members changed) continues its run; any other
+        // epoch naming it primary was someone else's doing: a new run.
+        let continued =
+            replication.previous.as_deref() == Some(me.as_str()) && replication.epoch == served + 1;
+        let goes_on = run_file
+            .serve(replication.epoch, continued)
             .map_err(|e| format!("{}: {e}", epoch_file.display()))?;
+        if !goes_on {
+            intent.forget_kept();
+        }
         let own_target = LinkTarget {
             node: node_id(&replication, &me).ok_or("this node holds no replica")?,
             name: me.clone(),
@@ -316,12 +329,30 @@ impl Replicator {
             copies_in_flight_max: 4,
             clean_delay: CLEAN_DELAY,
         };
-        let mut marked = RegionSet::new(geometry.regions());
-        for region in intent.intent().marked() {
+        // The copy may exceed the record's size (a growth whose record
+        // failed): the core sees the record's regions.
+        let regions = geometry.regions();
+        let mut marked = RegionSet::new(regions);
+        for region in intent
+            .intent()
+            .marked()
+            .into_iter()
+            .filter(|&r| r < regions)
+        {
             marked.insert(region);
         }
+        let mut run = Run::new(Epoch(run_file.first_epoch), regions);
+        for region in intent.kept_regions().iter().filter(|&r| r < regions) {
+            run.kept.insert(region);
+        }
+        run.full = run_file
+            .full
+            .iter()
+            .filter_map(|name| node_id(&replication, name))
+            .collect();
         let now = lease.now();
-        let mut primary = Primary::new(config, replica_set(&replication), revision, marked, now);
+        let set = replica_set(&replication);
+        let mut primary = Primary::new(config, set, revision, marked, run, now);
         primary.set_lease(lease.until(), now);
         let targets = replication
             .members
@@ -356,6 +387,7 @@ impl Replicator {
             me,
             pool,
             map: Arc::clone(&backend.map),
+            run_file,
             barrier: None,
             barriers: 0,
             taking,
@@ -629,6 +661,25 @@ impl Replicator {
                 }
             }
             Action::IntentClear(region) => self.intent.intent().clean([region]),
+            Action::Keep(region) => self.intent.keep(region),
+            Action::AllInSync => {
+                self.intent.forget_kept();
+                if let Err(error) = self.run_file.all_in_sync() {
+                    log::warn!("volume {}: {error} (its primary file)", self.volume);
+                }
+            }
+            Action::Full(node) => {
+                let name = weft_cluster::replicas::node_name(&self.replication, node).to_string();
+                if let Err(error) = self.run_file.add_full(&name) {
+                    // After a restart of this primary, that replica would be
+                    // taken for one whose missed regions are known.
+                    log::error!(
+                        "volume {}: cannot record that the replica on {name} is rebuilt in full: {error}; this node stops serving it",
+                        self.volume
+                    );
+                    self.gone = true;
+                }
+            }
             Action::LocalWrite { op, extent, fua } => {
                 let offset = extent.block * self.block_size;
                 let work = match self.ops.get(&op).and_then(|o| o.payload.clone()) {
@@ -1061,17 +1112,6 @@ fn poll_record(
     if let Err(error) = spawned {
         log::error!("cannot start the record poller: {error}");
     }
-}
-
-fn write_served_epoch(path: &std::path::Path, epoch: u64) -> std::io::Result<()> {
-    let dir = path.parent().expect("under replicas/");
-    std::fs::create_dir_all(dir)?;
-    let beside = path.with_extension("epoch.new");
-    let file = std::fs::File::create(&beside)?;
-    std::io::Write::write_all(&mut &file, format!("{epoch}\n").as_bytes())?;
-    file.sync_all()?;
-    std::fs::rename(&beside, path)?;
-    std::fs::File::open(dir)?.sync_all()
 }
 
 /// A token bucket on the bytes copied to rebuilt replicas (a burst of a
