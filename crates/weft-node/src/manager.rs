@@ -1211,6 +1211,9 @@ impl Manager {
             intent.remove();
         }
         self.stop_replicator(name);
+        if let Some(dir) = &self.cluster_dir {
+            crate::replication::run::remove_files(dir, name);
+        }
         Ok(())
     }
 

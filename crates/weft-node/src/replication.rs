@@ -20,7 +20,7 @@ mod link;
 mod local;
 pub(crate) mod progress;
 pub(crate) mod replicator;
-mod run;
+pub(crate) mod run;
 
 use crate::manager::AdminError;
 use std::sync::mpsc::Sender;

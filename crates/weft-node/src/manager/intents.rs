@@ -161,14 +161,31 @@ impl IntentFile {
             .clone()
     }
 
-    /// Adds `region` to the kept regions (written with the next write of
-    /// the file, which is no later than the clearing of `region` from the
-    /// intent: the caller keeps it first).
-    pub(crate) fn keep(&self, region: u32) {
-        let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
-        if region < kept.capacity() && kept.insert(region) {
-            self.kept_changed.store(true, Ordering::Release);
+    /// Adds `region` to the kept regions. One the file holds marked is
+    /// written with the next write of the file, which is no later than its
+    /// clearing (the caller keeps it first); any other (a region resynced
+    /// from another copy's intent) is written now: the replicas are told to
+    /// clean it next, and then no intent holds it.
+    pub(crate) fn keep(&self, region: u32) -> io::Result<()> {
+        let mut persisted = self
+            .persisted
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let added = {
+            let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
+            region < kept.capacity() && kept.insert(region)
+        };
+        if !added {
+            return Ok(());
         }
+        self.kept_changed.store(true, Ordering::Release);
+        if persisted.binary_search(&region).is_ok() || self.shut_down.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let marked = self.intent.marked();
+        self.write(&marked)?;
+        *persisted = marked;
+        Ok(())
     }
 
     /// Empties the kept regions (written lazily: more kept regions than
@@ -558,12 +575,24 @@ mod tests {
         let dir = dir("kept");
         let file = IntentFile::open(&dir, "db1", 16 << 20);
         file.mark(2..3).unwrap();
-        for region in [2, 3, 4, 5, 9] {
-            file.keep(region);
+        let path = dir.join("replicas/db1.intent");
+        file.keep(2).unwrap();
+        let text = fs::read_to_string(&path).unwrap();
+        assert!(
+            text.ends_with("marked 2\n"),
+            "marked on disk: kept lazily: {text}"
+        );
+        file.keep(9).unwrap();
+        let text = fs::read_to_string(&path).unwrap();
+        assert!(
+            text.ends_with("marked 2\nkept 2,9\n"),
+            "unmarked: kept at once: {text}"
+        );
+        for region in [3, 4, 5] {
+            file.keep(region).unwrap();
         }
         file.intent().clean([2]);
         file.persist_cleared().unwrap();
-        let path = dir.join("replicas/db1.intent");
         let text = fs::read_to_string(&path).unwrap();
         assert!(text.ends_with("marked \nkept 2-5,9\n"), "{text}");
         let again = IntentFile::open(&dir, "db1", 16 << 20);

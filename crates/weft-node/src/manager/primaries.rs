@@ -70,6 +70,7 @@ impl Manager {
         let Ok(Some(found)) = found else {
             return Some(refusing());
         };
+        let volume_id = found.record.id.clone();
         let replication = found.record.replication?;
         if local_size_bytes < replication.size_bytes {
             // The volume grew while this copy was out of sync: the
@@ -81,6 +82,7 @@ impl Manager {
         intent_of(&mut self.intents, Some(&dir), name, local_size_bytes)?;
         let setup = ReplicatorSetup {
             volume: name.to_string(),
+            volume_id,
             me: me.clone(),
             revision: found.revision.0,
             replication,

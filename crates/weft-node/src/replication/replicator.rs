@@ -19,7 +19,7 @@ use super::barrier::{announce_snapshot, Barrier, BarrierOp, Step};
 use super::link::{Link, LinkTarget, Outgoing, Payload};
 use super::local::{LocalPool, LocalResult, LocalWork};
 use super::progress::Tracker;
-use super::run::RunFile;
+use super::run::{write_served_epoch, RunFile};
 use super::Event;
 use crate::manager::intents::IntentFile;
 use crate::manager::replicas::replica_nqn;
@@ -61,6 +61,8 @@ const REATTACH_INTERVAL: Duration = Duration::from_secs(1);
 /// What a replicator needs.
 pub(crate) struct ReplicatorSetup {
     pub(crate) volume: String,
+    /// The volume's id (its record's).
+    pub(crate) volume_id: String,
     pub(crate) me: String,
     pub(crate) replication: ReplicationRecord,
     pub(crate) revision: u64,
@@ -254,6 +256,7 @@ impl Replicator {
     ) -> Result<Option<Replicator>, String> {
         let ReplicatorSetup {
             volume,
+            volume_id,
             me,
             mut replication,
             mut revision,
@@ -269,8 +272,8 @@ impl Replicator {
             rebuild_bytes_per_s,
         } = setup;
         let epoch_file = dir.join("replicas").join(format!("{volume}.epoch"));
-        let mut run_file = RunFile::load(&epoch_file);
-        let served = run_file.served;
+        let served = crate::manager::intents::served_epoch(&epoch_file);
+        let mut run_file = RunFile::load(&dir, &volume, &volume_id);
         if replication.epoch <= served {
             // Served before (a restart, or a lapsed lease): a new epoch.
             let mut next = replication.clone();
@@ -292,12 +295,20 @@ impl Replicator {
         // epoch naming it primary was someone else's doing: a new run.
         let continued =
             replication.previous.as_deref() == Some(me.as_str()) && replication.epoch == served + 1;
+        // The run first: a served epoch written alone would pass a new
+        // run for the old one's continuation after a crash.
         let goes_on = run_file
-            .serve(replication.epoch, continued)
-            .map_err(|e| format!("{}: {e}", epoch_file.display()))?;
+            .begin(replication.epoch, continued)
+            .map_err(|e| format!("the run file of volume {volume}: {e}"))?;
         if !goes_on {
             intent.forget_kept();
         }
+        write_served_epoch(&dir, &volume, replication.epoch)
+            .map_err(|e| format!("{}: {e}", epoch_file.display()))?;
+        let geometry = Geometry {
+            blocks: replication.size_bytes / u64::from(replication.block_size),
+            region_blocks: intent.intent().region_bytes() / u64::from(replication.block_size),
+        };
         let own_target = LinkTarget {
             node: node_id(&replication, &me).ok_or("this node holds no replica")?,
             name: me.clone(),
@@ -305,7 +316,9 @@ impl Replicator {
             nqn: replica_nqn(&volume),
             options: connect.clone(),
             block_size: u64::from(replication.block_size) as u32,
-            regions: intent.intent().regions(),
+            // The record's regions, as the core's sets have: a copy may be
+            // larger (a growth whose record failed).
+            regions: geometry.regions(),
             unreachable: Arc::default(),
         };
         // The old primary's writes stop here too (session 0 of this epoch).
@@ -317,10 +330,6 @@ impl Replicator {
             }
             Err(error) => return Err(format!("fencing this node's replica: {error}")),
         }
-        let geometry = Geometry {
-            blocks: replication.size_bytes / u64::from(replication.block_size),
-            region_blocks: intent.intent().region_bytes() / u64::from(replication.block_size),
-        };
         let config = PrimaryConfig {
             me: own_target.node,
             geometry,
@@ -629,6 +638,9 @@ impl Replicator {
     /// acknowledged before both are done, a write intent is still durable
     /// before the local write that follows it, and overlapping writes are
     /// never in flight together (the primary queues them).
+    /// Carries out the core's actions. One that must be durable before
+    /// those after it and could not be (a full disk) ends this primary
+    /// there: nothing after it is done, and nothing it held is acknowledged.
     fn drive(&mut self) {
         loop {
             let mut local = Vec::new();
@@ -637,7 +649,11 @@ impl Replicator {
                     Action::LocalWrite { .. }
                     | Action::LocalRead { .. }
                     | Action::LocalFlush { .. } => local.push(action),
-                    action => self.act(action),
+                    action => {
+                        if !self.act(action) {
+                            return;
+                        }
+                    }
                 }
             }
             if local.is_empty() {
@@ -649,19 +665,22 @@ impl Replicator {
         }
     }
 
-    fn act(&mut self, action: Action) {
+    /// Carries out `action`; false if it had to be durable and is not
+    /// (this primary is gone then).
+    fn act(&mut self, action: Action) -> bool {
         let now = self.lease.now();
         match action {
             Action::IntentSet(region) => {
                 if let Err(error) = self.intent.mark(region..region + 1) {
-                    log::error!(
-                        "volume {}: write intent not persisted: {error}",
-                        self.volume
-                    );
+                    return self.not_durable(&format!("its write intent: {error}"));
                 }
             }
             Action::IntentClear(region) => self.intent.intent().clean([region]),
-            Action::Keep(region) => self.intent.keep(region),
+            Action::Keep(region) => {
+                if let Err(error) = self.intent.keep(region) {
+                    return self.not_durable(&format!("its kept regions: {error}"));
+                }
+            }
             Action::AllInSync => {
                 self.intent.forget_kept();
                 if let Err(error) = self.run_file.all_in_sync() {
@@ -673,11 +692,8 @@ impl Replicator {
                 if let Err(error) = self.run_file.add_full(&name) {
                     // After a restart of this primary, that replica would be
                     // taken for one whose missed regions are known.
-                    log::error!(
-                        "volume {}: cannot record that the replica on {name} is rebuilt in full: {error}; this node stops serving it",
-                        self.volume
-                    );
-                    self.gone = true;
+                    let what = format!("that the replica on {name} is rebuilt in full: {error}");
+                    return self.not_durable(&what);
                 }
             }
             Action::LocalWrite { op, extent, fua } => {
@@ -688,7 +704,10 @@ impl Replicator {
                         let len = u64::from(extent.blocks) * self.block_size;
                         LocalWork::Zeroes { offset, len, fua }
                     }
-                    None => return self.local_done(op, Err(IoError::Other), now),
+                    None => {
+                        self.local_done(op, Err(IoError::Other), now);
+                        return true;
+                    }
                 };
                 self.local.submit(op, work);
             }
@@ -698,7 +717,7 @@ impl Replicator {
                 let bytes = u64::from(extent.blocks) * self.block_size;
                 if !self.deferred.is_empty() || !self.limiter.take(bytes) {
                     self.deferred.push_back((op, extent));
-                    return;
+                    return true;
                 }
                 self.copy_read(op, extent);
             }
@@ -710,6 +729,18 @@ impl Replicator {
             } => self.commit(base_revision, &record),
             Action::Complete { op, result } => self.complete(op, result),
         }
+        true
+    }
+
+    /// A record that had to be durable could not be written: this primary
+    /// ends (the next one, on this node or another, starts from what is).
+    fn not_durable(&mut self, what: &str) -> bool {
+        log::error!(
+            "volume {}: cannot persist {what}; this node stops serving it as primary",
+            self.volume
+        );
+        self.gone = true;
+        false
     }
 
     /// Copies' reads the bandwidth limit lets through now.
