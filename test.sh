@@ -18,6 +18,9 @@ step "build (release)"
 cargo build --release --locked
 cargo build --release --locked -p weft-initiator --examples
 
+step "the CSI spec's csi.proto, fetched from the Go module proxy, matches crates/weft-csi/proto"
+harness/csi-spec.sh
+
 step "cargo test (unit, protocol, seeded fuzz loops)"
 cargo test --workspace --locked
 

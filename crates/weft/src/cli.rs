@@ -384,7 +384,7 @@ fn qos_value(option: &str, text: &str) -> Result<Value, String> {
 
 /// The bearer token: from `--api-token-file`, `WEFT_API_TOKEN`, or the
 /// default data directory's file when it exists (a node on this machine).
-fn api_token(file: Option<std::path::PathBuf>) -> Result<Option<String>, String> {
+pub(crate) fn api_token(file: Option<std::path::PathBuf>) -> Result<Option<String>, String> {
     let read = |path: &std::path::Path| {
         std::fs::read_to_string(path)
             .map(|t| t.trim().to_string())

@@ -11,6 +11,7 @@ mod bench;
 mod cli;
 mod cluster;
 mod config;
+mod csi;
 mod limits;
 mod logger;
 
@@ -64,6 +65,8 @@ Usage:
                      [--rounds N] [--json FILE] [--plot FILE.svg] ...
   weft bench floor [--runtime D]
 
+  weft csi --endpoint unix:///csi/csi.sock --mode controller [--api URL] [--api-token-file FILE]
+
 Commands:
   pool, volume, snapshot
           Carve pools of devices (striped) into thin or thick volumes, each served as
@@ -85,6 +88,10 @@ Commands:
   bench   Load a namespace through weft's user-space initiator (nvme-tcp://...), or a local
           file or block device through io_uring with O_DIRECT (PATH), and report IOPS,
           bandwidth and latency percentiles.
+  csi     The Kubernetes CSI plugin (driver csi.weft.io) on a Unix socket, over a node's
+          API: volumes created (idempotent by name; StorageClass parameters pool, replicas,
+          thick, blockSize), deleted, validated, listed, capacity. The node service,
+          publishing, snapshots and expansion are to come.
 
 Bench options:
   --target URL|PATH    nvme-tcp://HOST:PORT/NQN (namespace --nsid, default 1) or a file/device
@@ -157,6 +164,7 @@ enum Command {
     Serve(ServeArgs),
     Bench(bench::BenchArgs),
     Admin(cli::AdminArgs),
+    Csi(csi::CsiArgs),
     Help,
     Version,
 }
@@ -187,6 +195,9 @@ fn parse_args() -> Result<Command, String> {
                 if name == "bench" {
                     return bench::parse(&mut parser).map(Command::Bench);
                 }
+                if name == "csi" {
+                    return csi::parse(&mut parser).map(Command::Csi);
+                }
                 if matches!(
                     name.as_str(),
                     "pool" | "volume" | "snapshot" | "host" | "namespace" | "top" | "node"
@@ -195,7 +206,7 @@ fn parse_args() -> Result<Command, String> {
                 }
                 if name != "serve" {
                     return Err(format!(
-                        "unknown command \"{name}\"; the commands are serve, pool, volume, snapshot, host, node, top and bench (see weft --help)"
+                        "unknown command \"{name}\"; the commands are serve, pool, volume, snapshot, host, node, top, bench and csi (see weft --help)"
                     ));
                 }
                 command = Some(name);
@@ -318,6 +329,7 @@ fn run(command: Command) -> Result<(), String> {
         Command::Serve(args) => serve(args),
         Command::Bench(args) => bench::run(args),
         Command::Admin(args) => cli::run(args),
+        Command::Csi(args) => csi::run(args),
     }
 }
 

@@ -1,0 +1,501 @@
+//! The Controller service: volumes made, found, listed and deleted through
+//! weft's API. A CSI volume's id is its weft volume's name: the CSI name
+//! itself when weft accepts it as a name, else `csi-` and 32 hex digits of
+//! its SHA-256, so that a name always leads to the same volume (CreateVolume
+//! is idempotent by name) and `weft volume list` shows Kubernetes' names.
+//!
+//! StorageClass parameters: `pool`, `replicas` (1 to 3), `thick` (`true`),
+//! `blockSize` (512 or 4096). Any other is refused, so that a typo is not
+//! silently a default.
+
+use crate::api::Api;
+use crate::csi::controller_server::Controller;
+use crate::csi::controller_service_capability::{rpc, Rpc, Type};
+use crate::csi::validate_volume_capabilities_response::Confirmed;
+use crate::csi::volume_capability::access_mode::Mode;
+use crate::csi::volume_capability::AccessType;
+use crate::csi::{
+    list_volumes_response, ControllerGetCapabilitiesRequest, ControllerGetCapabilitiesResponse,
+    ControllerServiceCapability, CreateVolumeRequest, CreateVolumeResponse, DeleteVolumeRequest,
+    DeleteVolumeResponse, GetCapacityRequest, GetCapacityResponse, ListVolumesRequest,
+    ListVolumesResponse, ValidateVolumeCapabilitiesRequest, ValidateVolumeCapabilitiesResponse,
+    Volume, VolumeCapability,
+};
+use crate::errors::status;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+use tonic::{Code, Request, Response, Status};
+
+/// A volume's size when the caller gives none.
+const DEFAULT_SIZE_BYTES: i64 = 1 << 30;
+/// Sizes are rounded up to whole MiB (the pools' allocation unit), unless
+/// the caller's limit is tighter, then to whole 4 KiB blocks.
+const SIZE_UNIT_BYTES: i64 = 1 << 20;
+const BLOCK_BYTES: i64 = 4096;
+const PARAMETERS: [&str; 4] = ["pool", "replicas", "thick", "blockSize"];
+
+pub(crate) struct ControllerService {
+    pub(crate) api: Api,
+}
+
+#[tonic::async_trait]
+impl Controller for ControllerService {
+    async fn create_volume(
+        &self,
+        request: Request<CreateVolumeRequest>,
+    ) -> Result<Response<CreateVolumeResponse>, Status> {
+        let request = request.into_inner();
+        if request.name.is_empty() {
+            return Err(invalid("name is required"));
+        }
+        check_capabilities(&request.volume_capabilities)?;
+        if request.volume_content_source.is_some() {
+            return Err(invalid(
+                "creating a volume from a snapshot or a volume is not offered yet",
+            ));
+        }
+        let range = request.capacity_range.unwrap_or_default();
+        let size_bytes = size_of(range.required_bytes, range.limit_bytes)?;
+        let id = volume_id(&request.name);
+        let mut body = json!({"name": id, "size_bytes": size_bytes});
+        parameters_into(&request.parameters, &mut body)?;
+        let fits = |volume: &Value| {
+            let size = volume["size_bytes"].as_i64().unwrap_or(0);
+            size >= range.required_bytes && (range.limit_bytes == 0 || size <= range.limit_bytes)
+        };
+        if let Some(existing) = self.find(&id).await? {
+            return answer_existing(&request.name, &existing, fits(&existing));
+        }
+        if body.get("pool").is_none() {
+            self.choose_pool(&mut body).await?;
+        }
+        match self.api.call("POST", "volumes".into(), Some(body)).await {
+            Ok(_) => {}
+            // Made meanwhile by another call of the same name.
+            Err(error) if error.status == Some(409) => {
+                if let Some(existing) = self.find(&id).await? {
+                    return answer_existing(&request.name, &existing, fits(&existing));
+                }
+                return Err(status(&error));
+            }
+            Err(error) => return Err(status(&error)),
+        }
+        let made = self
+            .find(&id)
+            .await?
+            .ok_or_else(|| Status::internal(format!("volume {id} was made but cannot be found")))?;
+        Ok(Response::new(CreateVolumeResponse {
+            volume: Some(csi_volume(&made)),
+        }))
+    }
+
+    async fn delete_volume(
+        &self,
+        request: Request<DeleteVolumeRequest>,
+    ) -> Result<Response<DeleteVolumeResponse>, Status> {
+        let id = request.into_inner().volume_id;
+        if id.is_empty() {
+            return Err(invalid("volume_id is required"));
+        }
+        if !is_weft_name(&id) {
+            return Ok(Response::new(DeleteVolumeResponse {}));
+        }
+        match self.api.call("DELETE", format!("volumes/{id}"), None).await {
+            Ok(_) => Ok(Response::new(DeleteVolumeResponse {})),
+            // Deleted already: deletion is idempotent.
+            Err(error) if error.status == Some(404) => Ok(Response::new(DeleteVolumeResponse {})),
+            Err(error) => Err(status(&error)),
+        }
+    }
+
+    async fn validate_volume_capabilities(
+        &self,
+        request: Request<ValidateVolumeCapabilitiesRequest>,
+    ) -> Result<Response<ValidateVolumeCapabilitiesResponse>, Status> {
+        let request = request.into_inner();
+        if request.volume_id.is_empty() {
+            return Err(invalid("volume_id is required"));
+        }
+        if request.volume_capabilities.is_empty() {
+            return Err(invalid("volume_capabilities are required"));
+        }
+        if self.find(&request.volume_id).await?.is_none() {
+            return Err(Status::not_found(format!(
+                "no volume {}",
+                request.volume_id
+            )));
+        }
+        let answer = match check_capabilities(&request.volume_capabilities) {
+            Ok(()) => ValidateVolumeCapabilitiesResponse {
+                confirmed: Some(Confirmed {
+                    volume_context: request.volume_context,
+                    volume_capabilities: request.volume_capabilities,
+                    parameters: request.parameters,
+                    mutable_parameters: request.mutable_parameters,
+                }),
+                message: String::new(),
+            },
+            Err(refusal) => ValidateVolumeCapabilitiesResponse {
+                confirmed: None,
+                message: refusal.message().to_string(),
+            },
+        };
+        Ok(Response::new(answer))
+    }
+
+    async fn list_volumes(
+        &self,
+        request: Request<ListVolumesRequest>,
+    ) -> Result<Response<ListVolumesResponse>, Status> {
+        let request = request.into_inner();
+        let listed = self.api.call("GET", "volumes".into(), None).await;
+        let mut volumes = match listed.map_err(|e| status(&e))? {
+            Value::Array(volumes) => volumes,
+            _ => return Err(Status::internal("the weft API listed no array")),
+        };
+        volumes.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
+        let (entries, next_token) = page(&volumes, &request.starting_token, request.max_entries)?;
+        let entries = entries
+            .iter()
+            .map(|volume| list_volumes_response::Entry {
+                volume: Some(csi_volume(volume)),
+                status: None,
+            })
+            .collect();
+        Ok(Response::new(ListVolumesResponse {
+            entries,
+            next_token,
+        }))
+    }
+
+    /// Free bytes in every pool (or in the `pool` parameter's).
+    async fn get_capacity(
+        &self,
+        request: Request<GetCapacityRequest>,
+    ) -> Result<Response<GetCapacityResponse>, Status> {
+        let request = request.into_inner();
+        let wanted = request.parameters.get("pool");
+        let pools = self.api.call("GET", "pools".into(), None).await;
+        let pools = pools.map_err(|e| status(&e))?;
+        let free: u64 = pools
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|pool| wanted.is_none_or(|name| pool["name"].as_str() == Some(name)))
+            .filter(|pool| pool["state"].as_str() != Some("failed"))
+            .map(|pool| pool["free_bytes"].as_u64().unwrap_or(0))
+            .sum();
+        Ok(Response::new(GetCapacityResponse {
+            available_capacity: i64::try_from(free).unwrap_or(i64::MAX),
+            maximum_volume_size: None,
+            minimum_volume_size: None,
+        }))
+    }
+
+    async fn controller_get_capabilities(
+        &self,
+        _: Request<ControllerGetCapabilitiesRequest>,
+    ) -> Result<Response<ControllerGetCapabilitiesResponse>, Status> {
+        let capabilities = [
+            rpc::Type::CreateDeleteVolume,
+            rpc::Type::ListVolumes,
+            rpc::Type::GetCapacity,
+        ]
+        .into_iter()
+        .map(|kind| ControllerServiceCapability {
+            r#type: Some(Type::Rpc(Rpc {
+                r#type: kind.into(),
+            })),
+        })
+        .collect();
+        Ok(Response::new(ControllerGetCapabilitiesResponse {
+            capabilities,
+        }))
+    }
+}
+
+impl ControllerService {
+    /// No `pool` parameter: a cluster places the volume itself; a single
+    /// node's pool with the most free bytes takes it.
+    async fn choose_pool(&self, body: &mut Value) -> Result<(), Status> {
+        let pools = self.api.call("GET", "pools".into(), None).await;
+        let pools = pools.map_err(|e| status(&e))?;
+        let pools = pools.as_array().cloned().unwrap_or_default();
+        if pools
+            .iter()
+            .any(|pool| pool.get("node").is_some_and(|n| !n.is_null()))
+        {
+            return Ok(());
+        }
+        let roomiest = pools
+            .iter()
+            .filter(|pool| pool["state"].as_str() != Some("failed"))
+            .max_by_key(|pool| pool["free_bytes"].as_u64().unwrap_or(0))
+            .and_then(|pool| pool["name"].as_str())
+            .ok_or_else(|| {
+                Status::resource_exhausted(
+                    "weft has no pool to put the volume in: create one (weft pool create)",
+                )
+            })?;
+        body["pool"] = json!(roomiest);
+        Ok(())
+    }
+
+    /// The weft volume `id`, if it exists.
+    async fn find(&self, id: &str) -> Result<Option<Value>, Status> {
+        if !is_weft_name(id) {
+            return Ok(None);
+        }
+        match self.api.call("GET", format!("volumes/{id}"), None).await {
+            Ok(volume) => Ok(Some(volume)),
+            Err(error) if error.status == Some(404) => Ok(None),
+            Err(error) => Err(status(&error)),
+        }
+    }
+}
+
+fn invalid(message: &str) -> Status {
+    Status::invalid_argument(message)
+}
+
+/// The weft volume name of CSI volume `name` (see the module's docs).
+fn volume_id(name: &str) -> String {
+    if is_weft_name(name) {
+        return name.to_string();
+    }
+    let digest = Sha256::digest(name.as_bytes());
+    let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+    format!("csi-{hex}")
+}
+
+/// Whether weft takes `name` as a volume name: 1 to 64 of letters, digits,
+/// '.', '_' and '-', starting with a letter or digit.
+fn is_weft_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name.as_bytes()[0].is_ascii_alphanumeric()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// A volume's size from the caller's range: the required size (1 GiB if
+/// none, within the limit), rounded up to whole MiB, or to whole blocks
+/// if the limit is tighter.
+fn size_of(required: i64, limit: i64) -> Result<i64, Status> {
+    if required < 0 || limit < 0 {
+        return Err(Status::out_of_range(
+            "capacity_range: sizes are never negative",
+        ));
+    }
+    if limit > 0 && required > limit {
+        return Err(Status::out_of_range(format!(
+            "capacity_range: required {required} bytes is more than the limit of {limit}"
+        )));
+    }
+    let wanted = match (required, limit) {
+        (0, 0) => DEFAULT_SIZE_BYTES,
+        (0, limit) => DEFAULT_SIZE_BYTES.min(limit),
+        (required, _) => required,
+    };
+    let round = |unit: i64| (wanted.saturating_add(unit - 1) / unit).saturating_mul(unit);
+    let size = match round(SIZE_UNIT_BYTES) {
+        size if limit == 0 || size <= limit => size,
+        _ => round(BLOCK_BYTES),
+    };
+    if limit > 0 && size > limit {
+        return Err(Status::out_of_range(format!(
+            "capacity_range: no size of whole {BLOCK_BYTES}-byte blocks between {required} and {limit} bytes"
+        )));
+    }
+    Ok(size)
+}
+
+/// The StorageClass parameters into the API's body.
+fn parameters_into(parameters: &HashMap<String, String>, body: &mut Value) -> Result<(), Status> {
+    for (key, value) in parameters {
+        let bad = || {
+            invalid(&format!(
+                "parameter {key}: {value:?} is not valid (pool: a pool's name; replicas: 1 to 3; thick: true or false; blockSize: 512 or 4096)"
+            ))
+        };
+        match key.as_str() {
+            "pool" => body["pool"] = json!(value),
+            "replicas" => {
+                let count: u8 = value.parse().map_err(|_| bad())?;
+                body["replicas"] = json!(count);
+            }
+            "thick" => body["thick"] = json!(value.parse::<bool>().map_err(|_| bad())?),
+            "blockSize" => {
+                let size: u32 = value.parse().map_err(|_| bad())?;
+                body["block_size"] = json!(size);
+            }
+            _ => {
+                return Err(invalid(&format!(
+                    "unknown parameter {key}; weft takes {}",
+                    PARAMETERS.join(", ")
+                )))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What weft serves: a volume on one node at a time, as a block device or
+/// a filesystem on it.
+fn check_capabilities(capabilities: &[VolumeCapability]) -> Result<(), Status> {
+    if capabilities.is_empty() {
+        return Err(invalid("volume_capabilities are required"));
+    }
+    for capability in capabilities {
+        if !matches!(
+            capability.access_type,
+            Some(AccessType::Block(_) | AccessType::Mount(_))
+        ) {
+            return Err(invalid(
+                "each volume capability needs an access type (block or mount)",
+            ));
+        }
+        let mode = capability
+            .access_mode
+            .as_ref()
+            .and_then(|m| Mode::try_from(m.mode).ok());
+        match mode {
+            Some(
+                Mode::SingleNodeWriter
+                | Mode::SingleNodeReaderOnly
+                | Mode::SingleNodeSingleWriter
+                | Mode::SingleNodeMultiWriter,
+            ) => {}
+            Some(mode) => {
+                return Err(invalid(&format!(
+                    "access mode {}: weft volumes are used by one node at a time",
+                    mode.as_str_name()
+                )))
+            }
+            None => return Err(invalid("each volume capability needs an access mode")),
+        }
+    }
+    Ok(())
+}
+
+/// The answer to a CreateVolume whose volume exists already.
+fn answer_existing(
+    name: &str,
+    existing: &Value,
+    fits: bool,
+) -> Result<Response<CreateVolumeResponse>, Status> {
+    if !fits {
+        return Err(Status::new(
+            Code::AlreadyExists,
+            format!("volume {name} exists with another size"),
+        ));
+    }
+    Ok(Response::new(CreateVolumeResponse {
+        volume: Some(csi_volume(existing)),
+    }))
+}
+
+/// A weft volume (the API's JSON) as a CSI volume.
+fn csi_volume(volume: &Value) -> Volume {
+    let text = |key: &str| volume[key].as_str().unwrap_or_default().to_string();
+    let context = [("nqn", text("nqn")), ("uuid", text("uuid"))]
+        .into_iter()
+        .filter(|(_, value)| !value.is_empty())
+        .map(|(key, value)| (key.to_string(), value))
+        .collect();
+    Volume {
+        capacity_bytes: volume["size_bytes"].as_i64().unwrap_or(0),
+        volume_id: text("name"),
+        volume_context: context,
+        content_source: None,
+        accessible_topology: Vec::new(),
+    }
+}
+
+/// The page of `items` from `token` (an index, empty: the first), at most
+/// `max_entries` (0: all), and the token of the next page.
+fn page<'a>(
+    items: &'a [Value],
+    token: &str,
+    max_entries: i32,
+) -> Result<(&'a [Value], String), Status> {
+    let start: usize = match token {
+        "" => 0,
+        token => token
+            .parse()
+            .ok()
+            .filter(|&start| start <= items.len())
+            .ok_or_else(|| {
+                Status::aborted(format!(
+                    "starting_token {token:?} is not one this plugin gave"
+                ))
+            })?,
+    };
+    if max_entries < 0 {
+        return Err(invalid("max_entries is never negative"));
+    }
+    let end = match max_entries {
+        0 => items.len(),
+        most => (start + most as usize).min(items.len()),
+    };
+    let next = if end < items.len() {
+        end.to_string()
+    } else {
+        String::new()
+    };
+    Ok((&items[start..end], next))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn csi_names_weft_cannot_take_become_a_stable_hashed_name() {
+        assert_eq!(volume_id("pvc-1234"), "pvc-1234");
+        let long = "x".repeat(80);
+        assert_eq!(volume_id(&long), volume_id(&long));
+        assert!(volume_id(&long).starts_with("csi-") && volume_id(&long).len() == 36);
+        assert_ne!(volume_id("a/b"), volume_id("a/c"));
+    }
+
+    #[test]
+    fn sizes_round_up_to_mib_within_the_limit() {
+        assert_eq!(size_of(0, 0).unwrap(), 1 << 30);
+        assert_eq!(size_of(1, 0).unwrap(), 1 << 20);
+        assert_eq!(size_of(0, 8 << 20).unwrap(), 8 << 20);
+        assert_eq!(
+            size_of(5000, 9000).unwrap(),
+            8192,
+            "whole blocks when MiB do not fit"
+        );
+        assert_eq!(size_of(10 << 20, 0).unwrap(), 10 << 20);
+        assert_eq!(size_of(5000, 6000).unwrap_err().code(), Code::OutOfRange);
+        assert_eq!(size_of(10, 5).unwrap_err().code(), Code::OutOfRange);
+    }
+
+    #[test]
+    fn pages_follow_their_tokens() {
+        let items: Vec<Value> = (0..5).map(|i| json!({"name": i})).collect();
+        let (first, next) = page(&items, "", 2).unwrap();
+        assert_eq!((first.len(), next.as_str()), (2, "2"));
+        let (last, next) = page(&items, "4", 2).unwrap();
+        assert_eq!((last.len(), next.as_str()), (1, ""));
+        assert_eq!(page(&items, "9", 2).unwrap_err().code(), Code::Aborted);
+        assert_eq!(page(&items, "x", 0).unwrap_err().code(), Code::Aborted);
+    }
+
+    #[test]
+    fn unknown_parameters_are_refused() {
+        let mut body = json!({});
+        let known = HashMap::from([("replicas".to_string(), "2".to_string())]);
+        parameters_into(&known, &mut body).unwrap();
+        assert_eq!(body["replicas"], 2);
+        let typo = HashMap::from([("replica".to_string(), "2".to_string())]);
+        assert_eq!(
+            parameters_into(&typo, &mut body).unwrap_err().code(),
+            Code::InvalidArgument
+        );
+    }
+}

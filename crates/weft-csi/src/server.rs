@@ -1,0 +1,102 @@
+//! The plugin's gRPC server on a Unix socket, as the CSI sidecars and the
+//! kubelet reach it.
+
+use crate::api::Api;
+use crate::controller::ControllerService;
+use crate::csi::controller_server::ControllerServer;
+use crate::csi::identity_server::IdentityServer;
+use crate::identity::IdentityService;
+use crate::CsiError;
+use std::path::PathBuf;
+
+/// Which services the plugin serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Identity and Controller (the controller Deployment).
+    Controller,
+}
+
+impl std::str::FromStr for Mode {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Mode, String> {
+        match text {
+            "controller" => Ok(Mode::Controller),
+            "node" | "all" => Err(format!(
+                "--mode {text}: the node service is not built yet; use --mode controller"
+            )),
+            _ => Err(format!("--mode {text}: give controller")),
+        }
+    }
+}
+
+/// How the plugin runs.
+pub struct Options {
+    /// `unix:///path/to/csi.sock` (or the path alone).
+    pub endpoint: String,
+    /// Which services.
+    pub mode: Mode,
+    /// weft's API.
+    pub api: Api,
+}
+
+/// Serves until the process ends (the sidecars and the kubelet reconnect
+/// to the socket when it is back).
+pub fn serve(options: Options) -> Result<(), CsiError> {
+    let path = socket_path(&options.endpoint)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| CsiError::Serve(e.to_string()))?;
+    runtime.block_on(async move {
+        // A socket left by an earlier run would refuse the bind.
+        let _ = std::fs::remove_file(&path);
+        let listener =
+            tokio::net::UnixListener::bind(&path).map_err(|source| CsiError::Listen {
+                path: path.display().to_string(),
+                source,
+            })?;
+        log::info!(
+            "CSI plugin {} serving on {}",
+            crate::DRIVER_NAME,
+            path.display()
+        );
+        let identity = IdentityService {
+            api: options.api.clone(),
+            controller: options.mode == Mode::Controller,
+        };
+        let controller = ControllerService { api: options.api };
+        tonic::transport::Server::builder()
+            .add_service(IdentityServer::new(identity))
+            .add_service(ControllerServer::new(controller))
+            .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener))
+            .await
+            .map_err(|e| CsiError::Serve(e.to_string()))
+    })
+}
+
+fn socket_path(endpoint: &str) -> Result<PathBuf, CsiError> {
+    let path = endpoint
+        .strip_prefix("unix://")
+        .or_else(|| endpoint.strip_prefix("unix:"))
+        .unwrap_or(endpoint);
+    if !path.starts_with('/') {
+        return Err(CsiError::Endpoint(endpoint.to_string()));
+    }
+    Ok(PathBuf::from(path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_name_a_socket_path() {
+        let path = |e: &str| socket_path(e).map(|p| p.display().to_string());
+        assert_eq!(path("unix:///csi/csi.sock").unwrap(), "/csi/csi.sock");
+        assert_eq!(path("unix:/csi/csi.sock").unwrap(), "/csi/csi.sock");
+        assert_eq!(path("/csi/csi.sock").unwrap(), "/csi/csi.sock");
+        assert!(path("tcp://0.0.0.0:1").is_err());
+    }
+}

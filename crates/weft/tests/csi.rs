@@ -1,0 +1,246 @@
+//! `weft csi --mode controller` against a running node, through the CSI
+//! client generated from the same `csi.proto`: volumes made idempotently by
+//! name, validated, listed in pages, counted in capacity and deleted, with
+//! the gRPC codes the CSI spec names.
+
+mod support;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use support::{ok, start_node, temp_dir, Node, WEFT};
+use tonic::transport::{Channel, Endpoint};
+use tonic::Code;
+use weft_csi::csi::controller_client::ControllerClient;
+use weft_csi::csi::identity_client::IdentityClient;
+use weft_csi::csi::volume_capability::access_mode::Mode;
+use weft_csi::csi::volume_capability::{AccessMode, AccessType, MountVolume};
+use weft_csi::csi::*;
+
+/// `weft csi` serving `socket` over `node`'s API; killed when dropped.
+struct Plugin(Child);
+
+impl Drop for Plugin {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_plugin(node: &Node, socket: &Path) -> Plugin {
+    let endpoint = format!("unix://{}", socket.display());
+    let plugin = Plugin(
+        Command::new(WEFT)
+            .args(["csi", "--endpoint", &endpoint, "--mode", "controller"])
+            .args(["--api", &node.api_url])
+            .env("WEFT_API_TOKEN", &node.token)
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    for _ in 0..100 {
+        if socket.exists() {
+            return plugin;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    panic!("weft csi made no socket at {}", socket.display());
+}
+
+async fn channel(socket: &Path) -> Channel {
+    let socket = socket.to_path_buf();
+    Endpoint::from_static("http://[::]:1")
+        .connect_with_connector(tower::service_fn(move |_| {
+            let socket = socket.clone();
+            async move {
+                let stream = tokio::net::UnixStream::connect(socket).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+            }
+        }))
+        .await
+        .unwrap()
+}
+
+fn mount_writer() -> VolumeCapability {
+    VolumeCapability {
+        access_type: Some(AccessType::Mount(MountVolume::default())),
+        access_mode: Some(AccessMode {
+            mode: Mode::SingleNodeWriter.into(),
+        }),
+    }
+}
+
+fn create(name: &str, required_bytes: i64) -> CreateVolumeRequest {
+    CreateVolumeRequest {
+        name: name.into(),
+        capacity_range: Some(CapacityRange {
+            required_bytes,
+            limit_bytes: 0,
+        }),
+        volume_capabilities: vec![mount_writer()],
+        ..Default::default()
+    }
+}
+
+#[test]
+fn the_controller_service_makes_finds_lists_and_deletes_volumes() {
+    let dir = temp_dir("csi");
+    let node = start_node(&dir.join("node"), &[]);
+    let device = dir.join("p.img");
+    let device = device.to_str().unwrap();
+    ok(
+        &node,
+        &[
+            "pool",
+            "create",
+            "p",
+            "--device",
+            device,
+            "--device-size",
+            "1GiB",
+        ],
+    );
+    let socket = dir.join("csi.sock");
+    let _plugin = start_plugin(&node, &socket);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let channel = channel(&socket).await;
+        let mut identity = IdentityClient::new(channel.clone());
+        let info = identity
+            .get_plugin_info(GetPluginInfoRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(info.name, "csi.weft.io");
+        let probe = identity.probe(ProbeRequest::default()).await.unwrap();
+        assert_eq!(probe.into_inner().ready, Some(true));
+
+        let mut controller = ControllerClient::new(channel);
+        // Made in the only pool, 1 MiB granular; again by name: the same volume.
+        let made = controller
+            .create_volume(create("pvc-1", 5 << 20))
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap();
+        assert_eq!(
+            (made.volume_id.as_str(), made.capacity_bytes),
+            ("pvc-1", 5 << 20)
+        );
+        assert_eq!(made.volume_context["nqn"], "nqn.2026-11.io.weft:vol:pvc-1");
+        let again = controller
+            .create_volume(create("pvc-1", 5 << 20))
+            .await
+            .unwrap();
+        assert_eq!(again.into_inner().volume.unwrap().volume_id, "pvc-1");
+        let bigger = controller.create_volume(create("pvc-1", 9 << 20)).await;
+        assert_eq!(bigger.unwrap_err().code(), Code::AlreadyExists);
+        let shown = ok(&node, &["volume", "show", "pvc-1"]);
+        assert!(shown.contains("5 MiB"), "{shown}");
+
+        // A name weft cannot take gets a stable name of its own.
+        let long = "k".repeat(80);
+        let hashed = controller.create_volume(create(&long, 0)).await.unwrap();
+        let hashed = hashed.into_inner().volume.unwrap();
+        assert!(hashed.volume_id.starts_with("csi-"), "{}", hashed.volume_id);
+        assert_eq!(hashed.capacity_bytes, 1 << 30, "the default size");
+
+        // Bad requests, with the codes the spec names.
+        let nameless = controller.create_volume(create("", 0)).await;
+        assert_eq!(nameless.unwrap_err().code(), Code::InvalidArgument);
+        let mut typo = create("pvc-2", 0);
+        typo.parameters = HashMap::from([("replica".into(), "2".into())]);
+        let refused = controller.create_volume(typo).await.unwrap_err();
+        assert_eq!(refused.code(), Code::InvalidArgument);
+        assert!(
+            refused.message().contains("unknown parameter replica"),
+            "{refused}"
+        );
+        let mut shared = create("pvc-2", 0);
+        shared.volume_capabilities[0].access_mode = Some(AccessMode {
+            mode: Mode::MultiNodeMultiWriter.into(),
+        });
+        let refused = controller.create_volume(shared).await.unwrap_err();
+        assert_eq!(refused.code(), Code::InvalidArgument);
+
+        let validated = controller
+            .validate_volume_capabilities(ValidateVolumeCapabilitiesRequest {
+                volume_id: "pvc-1".into(),
+                volume_capabilities: vec![mount_writer()],
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert!(validated.into_inner().confirmed.is_some());
+        let missing = controller
+            .validate_volume_capabilities(ValidateVolumeCapabilitiesRequest {
+                volume_id: "pvc-9".into(),
+                volume_capabilities: vec![mount_writer()],
+                ..Default::default()
+            })
+            .await;
+        assert_eq!(missing.unwrap_err().code(), Code::NotFound);
+
+        // Listed in pages of one; a token this plugin never gave is refused.
+        let first = controller
+            .list_volumes(ListVolumesRequest {
+                max_entries: 1,
+                starting_token: String::new(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(first.entries.len(), 1);
+        let rest = controller
+            .list_volumes(ListVolumesRequest {
+                max_entries: 0,
+                starting_token: first.next_token,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let mut ids: Vec<String> = first
+            .entries
+            .iter()
+            .chain(&rest.entries)
+            .map(|e| e.volume.as_ref().unwrap().volume_id.clone())
+            .collect();
+        ids.sort();
+        assert_eq!(ids, [hashed.volume_id.clone(), "pvc-1".to_string()]);
+        let bad = controller
+            .list_volumes(ListVolumesRequest {
+                max_entries: 1,
+                starting_token: "nonsense".into(),
+            })
+            .await;
+        assert_eq!(bad.unwrap_err().code(), Code::Aborted);
+
+        let capacity = controller
+            .get_capacity(GetCapacityRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(
+            capacity.available_capacity > 900 << 20,
+            "thin volumes take no space: {}",
+            capacity.available_capacity
+        );
+
+        // Deleted, and deleting again is fine.
+        for _ in 0..2 {
+            controller
+                .delete_volume(DeleteVolumeRequest {
+                    volume_id: "pvc-1".into(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+        }
+        let listed = ok(&node, &["volume", "list"]);
+        assert!(!listed.contains("pvc-1"), "{listed}");
+    });
+}
