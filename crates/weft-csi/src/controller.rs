@@ -15,11 +15,15 @@ use crate::csi::validate_volume_capabilities_response::Confirmed;
 use crate::csi::volume_capability::access_mode::Mode;
 use crate::csi::volume_capability::AccessType;
 use crate::csi::{
-    list_volumes_response, ControllerGetCapabilitiesRequest, ControllerGetCapabilitiesResponse,
-    ControllerServiceCapability, CreateVolumeRequest, CreateVolumeResponse, DeleteVolumeRequest,
-    DeleteVolumeResponse, GetCapacityRequest, GetCapacityResponse, ListVolumesRequest,
-    ListVolumesResponse, ValidateVolumeCapabilitiesRequest, ValidateVolumeCapabilitiesResponse,
-    Volume, VolumeCapability,
+    controller_get_volume_response, list_volumes_response, ControllerExpandVolumeRequest,
+    ControllerExpandVolumeResponse, ControllerGetCapabilitiesRequest,
+    ControllerGetCapabilitiesResponse, ControllerGetVolumeRequest, ControllerGetVolumeResponse,
+    ControllerPublishVolumeRequest, ControllerPublishVolumeResponse, ControllerServiceCapability,
+    ControllerUnpublishVolumeRequest, ControllerUnpublishVolumeResponse, CreateVolumeRequest,
+    CreateVolumeResponse, DeleteVolumeRequest, DeleteVolumeResponse, GetCapacityRequest,
+    GetCapacityResponse, ListVolumesRequest, ListVolumesResponse,
+    ValidateVolumeCapabilitiesRequest, ValidateVolumeCapabilitiesResponse, Volume,
+    VolumeCapability,
 };
 use crate::errors::status;
 use serde_json::{json, Value};
@@ -156,13 +160,15 @@ impl Controller for ControllerService {
         };
         volumes.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
         let (entries, next_token) = page(&volumes, &request.starting_token, request.max_entries)?;
-        let entries = entries
-            .iter()
-            .map(|volume| list_volumes_response::Entry {
+        let mut listed = Vec::with_capacity(entries.len());
+        for volume in entries {
+            let published_node_ids = self.published_nodes(volume).await?;
+            listed.push(list_volumes_response::Entry {
                 volume: Some(csi_volume(volume)),
-                status: None,
-            })
-            .collect();
+                status: Some(list_volumes_response::VolumeStatus { published_node_ids }),
+            });
+        }
+        let entries = listed;
         Ok(Response::new(ListVolumesResponse {
             entries,
             next_token,
@@ -193,14 +199,98 @@ impl Controller for ControllerService {
         }))
     }
 
+    async fn controller_publish_volume(
+        &self,
+        request: Request<ControllerPublishVolumeRequest>,
+    ) -> Result<Response<ControllerPublishVolumeResponse>, Status> {
+        let request = request.into_inner();
+        let capability = request
+            .volume_capability
+            .ok_or_else(|| invalid("volume_capability is required"))?;
+        check_capabilities(&[capability])?;
+        let publish_context = self.publish(&request.volume_id, &request.node_id).await?;
+        Ok(Response::new(ControllerPublishVolumeResponse {
+            publish_context,
+        }))
+    }
+
+    async fn controller_unpublish_volume(
+        &self,
+        request: Request<ControllerUnpublishVolumeRequest>,
+    ) -> Result<Response<ControllerUnpublishVolumeResponse>, Status> {
+        let request = request.into_inner();
+        self.unpublish(&request.volume_id, &request.node_id).await?;
+        Ok(Response::new(ControllerUnpublishVolumeResponse {}))
+    }
+
+    /// Grows the volume online (never shrinks it); a filesystem on it is
+    /// grown by the node.
+    async fn controller_expand_volume(
+        &self,
+        request: Request<ControllerExpandVolumeRequest>,
+    ) -> Result<Response<ControllerExpandVolumeResponse>, Status> {
+        let request = request.into_inner();
+        if request.volume_id.is_empty() {
+            return Err(invalid("volume_id is required"));
+        }
+        let range = request
+            .capacity_range
+            .ok_or_else(|| invalid("capacity_range is required"))?;
+        let volume = self
+            .find(&request.volume_id)
+            .await?
+            .ok_or_else(|| Status::not_found(format!("no volume {}", request.volume_id)))?;
+        let current = volume["size_bytes"].as_i64().unwrap_or(0);
+        let wanted = size_of(range.required_bytes, range.limit_bytes)?;
+        if wanted > current {
+            let path = format!("volumes/{}/resize", request.volume_id);
+            let body = json!({"size_bytes": wanted});
+            self.api
+                .call("POST", path, Some(body))
+                .await
+                .map_err(|e| status(&e))?;
+        }
+        let block = matches!(
+            request.volume_capability.and_then(|c| c.access_type),
+            Some(AccessType::Block(_))
+        );
+        Ok(Response::new(ControllerExpandVolumeResponse {
+            capacity_bytes: wanted.max(current),
+            node_expansion_required: !block,
+        }))
+    }
+
+    async fn controller_get_volume(
+        &self,
+        request: Request<ControllerGetVolumeRequest>,
+    ) -> Result<Response<ControllerGetVolumeResponse>, Status> {
+        let id = request.into_inner().volume_id;
+        if id.is_empty() {
+            return Err(invalid("volume_id is required"));
+        }
+        let volume = self
+            .find(&id)
+            .await?
+            .ok_or_else(|| Status::not_found(format!("no volume {id}")))?;
+        let published_node_ids = self.published_nodes(&volume).await?;
+        Ok(Response::new(ControllerGetVolumeResponse {
+            volume: Some(csi_volume(&volume)),
+            status: Some(controller_get_volume_response::VolumeStatus { published_node_ids }),
+        }))
+    }
+
     async fn controller_get_capabilities(
         &self,
         _: Request<ControllerGetCapabilitiesRequest>,
     ) -> Result<Response<ControllerGetCapabilitiesResponse>, Status> {
         let capabilities = [
             rpc::Type::CreateDeleteVolume,
+            rpc::Type::PublishUnpublishVolume,
             rpc::Type::ListVolumes,
+            rpc::Type::ListVolumesPublishedNodes,
             rpc::Type::GetCapacity,
+            rpc::Type::ExpandVolume,
+            rpc::Type::GetVolume,
         ]
         .into_iter()
         .map(|kind| ControllerServiceCapability {
@@ -243,7 +333,7 @@ impl ControllerService {
     }
 
     /// The weft volume `id`, if it exists.
-    async fn find(&self, id: &str) -> Result<Option<Value>, Status> {
+    pub(crate) async fn find(&self, id: &str) -> Result<Option<Value>, Status> {
         if !is_weft_name(id) {
             return Ok(None);
         }

@@ -3,9 +3,10 @@
 //! a thin translation onto weft's HTTP API (any node's: a cluster forwards),
 //! so the plugin keeps no state of its own.
 //!
-//! Built so far: the Identity service and the Controller service's volume
-//! lifecycle (create, delete, validate, list, capacity). The node service,
-//! publishing, snapshots and expansion are to come (issue 15).
+//! Built so far: the Identity service and the Controller service: volumes
+//! created, deleted, validated, listed (with the nodes they are published
+//! to), found, expanded, published to and unpublished from nodes, and the
+//! capacity. The node service and snapshots are to come (issue 15).
 //!
 //! What this does not do: talk NVMe (the node service will run nvme-cli),
 //! or decide placement (the API does).
@@ -14,6 +15,7 @@ pub mod api;
 mod controller;
 mod errors;
 mod identity;
+mod publish;
 mod server;
 
 /// The CSI messages and services, generated from the spec's `csi.proto`.

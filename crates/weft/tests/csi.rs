@@ -230,6 +230,77 @@ fn the_controller_service_makes_finds_lists_and_deletes_volumes() {
             capacity.available_capacity
         );
 
+        // Published to one node at a time; its id is its host NQN.
+        let node_a = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-00000000000a";
+        let node_b = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-00000000000b";
+        let publish = |node: &str| ControllerPublishVolumeRequest {
+            volume_id: "pvc-1".into(),
+            node_id: node.into(),
+            volume_capability: Some(mount_writer()),
+            ..Default::default()
+        };
+        for _ in 0..2 {
+            let published = controller.controller_publish_volume(publish(node_a)).await;
+            let context = published.unwrap().into_inner().publish_context;
+            assert_eq!(context["nqn"], "nqn.2026-11.io.weft:vol:pvc-1");
+        }
+        let elsewhere = controller.controller_publish_volume(publish(node_b)).await;
+        assert_eq!(elsewhere.unwrap_err().code(), Code::FailedPrecondition);
+        let unknown = controller
+            .controller_publish_volume(publish("some-node"))
+            .await;
+        assert_eq!(unknown.unwrap_err().code(), Code::NotFound);
+        let found = controller
+            .controller_get_volume(ControllerGetVolumeRequest {
+                volume_id: "pvc-1".into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(found.status.unwrap().published_node_ids, [node_a]);
+        let hosts = ok(&node, &["host", "list"]);
+        assert!(hosts.contains(node_a), "{hosts}");
+        for _ in 0..2 {
+            controller
+                .controller_unpublish_volume(ControllerUnpublishVolumeRequest {
+                    volume_id: "pvc-1".into(),
+                    node_id: node_a.into(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+        }
+        let moved = controller.controller_publish_volume(publish(node_b)).await;
+        assert!(moved.is_ok(), "free again: {moved:?}");
+        controller
+            .controller_unpublish_volume(ControllerUnpublishVolumeRequest {
+                volume_id: "pvc-1".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+
+        // Expanded online; never shrunk.
+        let expand = |required_bytes: i64| ControllerExpandVolumeRequest {
+            volume_id: "pvc-1".into(),
+            capacity_range: Some(CapacityRange {
+                required_bytes,
+                limit_bytes: 0,
+            }),
+            ..Default::default()
+        };
+        let grown = controller.controller_expand_volume(expand(8 << 20)).await;
+        let grown = grown.unwrap().into_inner();
+        assert_eq!(grown.capacity_bytes, 8 << 20);
+        assert!(
+            grown.node_expansion_required,
+            "a filesystem grows on the node"
+        );
+        let kept = controller.controller_expand_volume(expand(2 << 20)).await;
+        assert_eq!(kept.unwrap().into_inner().capacity_bytes, 8 << 20);
+        let shown = ok(&node, &["volume", "show", "pvc-1"]);
+        assert!(shown.contains("8 MiB"), "{shown}");
+
         // Deleted, and deleting again is fine.
         for _ in 0..2 {
             controller

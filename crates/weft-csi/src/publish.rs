@@ -1,0 +1,151 @@
+//! Publishing a volume to a Kubernetes node: the node's id is its NVMe host
+//! NQN (`/etc/nvme/hostnqn`, what its node plugin reports), registered with
+//! weft as host `csi-` and 32 hex digits of the NQN's SHA-256 (weft host
+//! names cannot hold an NQN's colons), then attached to the volume, which
+//! lets that host connect and see the volume in discovery. Unpublishing
+//! detaches it. A volume is published to one node at a time (the access
+//! modes are single-node ones).
+
+use crate::controller::ControllerService;
+use crate::errors::status;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+use tonic::Status;
+
+/// The most an NQN holds (NVMe Base Specification, 4.7).
+const NQN_BYTES_MAX: usize = 223;
+
+/// Whether `node_id` is a host NQN (`nqn.` and printable, no space).
+fn is_host_nqn(node_id: &str) -> bool {
+    node_id.starts_with("nqn.")
+        && node_id.len() <= NQN_BYTES_MAX
+        && node_id.bytes().all(|b| b.is_ascii_graphic())
+}
+
+/// The weft host name of node `nqn`.
+pub(crate) fn host_name(nqn: &str) -> String {
+    let digest = Sha256::digest(nqn.as_bytes());
+    let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+    format!("csi-{hex}")
+}
+
+impl ControllerService {
+    /// Attaches node `node_id` to volume `volume_id` (idempotent); the
+    /// publish context names the subsystem and the namespace's UUID.
+    pub(crate) async fn publish(
+        &self,
+        volume_id: &str,
+        node_id: &str,
+    ) -> Result<HashMap<String, String>, Status> {
+        if volume_id.is_empty() || node_id.is_empty() {
+            return Err(Status::invalid_argument(
+                "volume_id and node_id are required",
+            ));
+        }
+        let volume = self
+            .find(volume_id)
+            .await?
+            .ok_or_else(|| Status::not_found(format!("no volume {volume_id}")))?;
+        if !is_host_nqn(node_id) {
+            return Err(Status::not_found(format!(
+                "no node {node_id}: a node's id is its NVMe host NQN"
+            )));
+        }
+        let host = host_name(node_id);
+        let elsewhere = volume["hosts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .find(|attached| *attached != host);
+        if let Some(other) = elsewhere {
+            return Err(Status::failed_precondition(format!(
+                "volume {volume_id} is published to another node (host {other}); unpublish it there first"
+            )));
+        }
+        self.register(&host, node_id).await?;
+        let body = json!({"host": host});
+        let path = format!("volumes/{volume_id}/hosts");
+        self.api
+            .call("POST", path, Some(body))
+            .await
+            .map_err(|e| status(&e))?;
+        let text = |key: &str| volume[key].as_str().unwrap_or_default().to_string();
+        Ok(HashMap::from([
+            ("nqn".to_string(), text("nqn")),
+            ("uuid".to_string(), text("uuid")),
+        ]))
+    }
+
+    /// Detaches node `node_id` (every node if empty) from volume `volume_id`.
+    pub(crate) async fn unpublish(&self, volume_id: &str, node_id: &str) -> Result<(), Status> {
+        if volume_id.is_empty() {
+            return Err(Status::invalid_argument("volume_id is required"));
+        }
+        let Some(volume) = self.find(volume_id).await? else {
+            return Err(Status::not_found(format!("no volume {volume_id}")));
+        };
+        let attached = volume["hosts"].as_array().cloned().unwrap_or_default();
+        let wanted = (!node_id.is_empty()).then(|| host_name(node_id));
+        for host in attached.iter().filter_map(Value::as_str) {
+            if wanted.as_deref().is_some_and(|w| w != host) {
+                continue;
+            }
+            let path = format!("volumes/{volume_id}/hosts/{host}");
+            match self.api.call("DELETE", path, None).await {
+                Ok(_) => {}
+                Err(error) if error.status == Some(404) => {}
+                Err(error) => return Err(status(&error)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Registers host `name` with `nqn` unless it is.
+    async fn register(&self, name: &str, nqn: &str) -> Result<(), Status> {
+        let body = json!({"name": name, "nqn": nqn});
+        match self.api.call("POST", "hosts".into(), Some(body)).await {
+            Ok(_) => Ok(()),
+            Err(error) if error.status == Some(409) => Ok(()),
+            Err(error) => Err(status(&error)),
+        }
+    }
+
+    /// The NQNs of the nodes volume `volume` is published to.
+    pub(crate) async fn published_nodes(&self, volume: &Value) -> Result<Vec<String>, Status> {
+        let attached: Vec<&str> = volume["hosts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        if attached.is_empty() {
+            return Ok(Vec::new());
+        }
+        let hosts = self.api.call("GET", "hosts".into(), None).await;
+        let hosts = hosts.map_err(|e| status(&e))?;
+        Ok(hosts
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|host| attached.contains(&host["name"].as_str().unwrap_or_default()))
+            .filter_map(|host| host["nqn"].as_str().map(String::from))
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_ids_are_host_nqns_named_by_their_hash() {
+        let nqn = "nqn.2014-08.org.nvmexpress:uuid:1b4e28ba-2fa1-11d2-883f-0016d3cca427";
+        assert!(is_host_nqn(nqn));
+        assert!(!is_host_nqn("some-fake-node-id"));
+        assert!(!is_host_nqn("nqn.with space"));
+        assert_eq!(host_name(nqn), host_name(nqn));
+        assert_eq!(host_name(nqn).len(), 36);
+    }
+}
