@@ -43,6 +43,7 @@ die() { echo "interop: $*" >&2; exit 2; }
 case "$TARGET" in weft|nvmet) ;; *) die "--target must be weft or nvmet" ;; esac
 
 echo "interop: guest image $(harness/vm/build-image.sh)"
+[ "$TARGET" = weft ] && echo "interop: csi-sanity $(harness/csi-sanity.sh)"
 
 exec 9> "$REPO/.cache/interop.lock"
 flock -n 9 || die "another interop run is active (.cache/interop.lock)"

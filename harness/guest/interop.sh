@@ -671,6 +671,28 @@ step_volumes() {
     check "disconnect vol-a and vol-b" eval 'disconnect "$VOLA" && disconnect "$VOLB"'
 }
 
+step_csi() { # csi-sanity against `weft csi --mode all` in this guest, over the host's API
+    local sanity=$WEFT_DIR/.cache/go/bin/csi-sanity pid socket=/tmp/weft-csi.sock
+    if [ "$TARGET" != weft ] || [ -z "${WEFT_POOL_DIR:-}" ]; then echo "  skipped: needs weft and WEFT_POOL_DIR"; return; fi
+    [ -x "$sanity" ] || { check "csi-sanity built (harness/csi-sanity.sh)" false; return; }
+    WEFT_API_TOKEN=$(cat "$LAB_SHARE/api-token") "$WEFT_DIR/target/release/weft" csi \
+        --endpoint "unix://$socket" --mode all --api "http://$ADDR:${WEFT_API_PORT:-9440}" \
+        --discovery "$ADDR:$PORT" --state-dir "$TMP/csi-state" 2> "$TMP/csi.log" &
+    pid=$!
+    for _ in $(seq 50); do [ -S "$socket" ] && break; sleep 0.2; done
+    check "weft csi serves on $socket" test -S "$socket" || { kill "$pid"; cat "$TMP/csi.log"; return; }
+    # Every test of csi-sanity: the controller (volumes, publishing, expansion, listing)
+    # and the node (nvme connect through discovery, mkfs.ext4, mounts, stats, expansion).
+    check "csi-sanity $("$sanity" --version 2>/dev/null | head -1): every test passes" \
+        eval 'timeout 900 "$sanity" --csi.endpoint "$socket" --csi.stagingdir /tmp/csi-staging \
+            --csi.mountdir /tmp/csi-mount --csi.testvolumesize $((64 * MIB)) \
+            --csi.testvolumeexpandsize $((128 * MIB)) -ginkgo.no-color > "$TMP/csi-sanity.log" 2>&1;
+            rc=$?; grep -E "^Ran |Passed|FAIL" "$TMP/csi-sanity.log" | sed "s/^/  /"; [ $rc = 0 ]' ||
+        { grep -E "\[FAIL\]|desc = " "$TMP/csi-sanity.log" | sort | uniq -c | head -40 | sed 's/^/  /'; tail -20 "$TMP/csi.log" | sed 's/^/  plugin: /'; }
+    check "no subsystem of a CSI volume left connected" eval '! nvme list-subsys 2>/dev/null | grep -q "vol:sanity"'
+    kill "$pid"; wait "$pid" 2>/dev/null
+}
+
 echo "weft kernel-interop: target $TARGET at $ADDR:$PORT, kernel $(uname -r), $(nvme version), $(fio --version)"
 run_step a-discovery step_discovery
 run_step b-connect-identify step_identify
@@ -681,6 +703,7 @@ run_step f-restart step_restart
 run_step g-malformed-pdus step_garbage
 run_step h-kill9-durability step_kill9
 run_step i-volumes step_volumes
+run_step j-csi step_csi
 
 echo; echo "=== summary (target $TARGET, ${SECONDS}s)"
 printf '%s\n' "${RESULTS[@]}"

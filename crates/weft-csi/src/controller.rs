@@ -349,8 +349,9 @@ fn invalid(message: &str) -> Status {
     Status::invalid_argument(message)
 }
 
-/// The weft volume name of CSI volume `name` (see the module's docs).
-fn volume_id(name: &str) -> String {
+/// The weft volume name of CSI volume `name` (see the module's docs); also
+/// a file name.
+pub(crate) fn volume_id(name: &str) -> String {
     if is_weft_name(name) {
         return name.to_string();
     }

@@ -6,15 +6,20 @@
 //! Built so far: the Identity service and the Controller service: volumes
 //! created, deleted, validated, listed (with the nodes they are published
 //! to), found, expanded, published to and unpublished from nodes, and the
-//! capacity. The node service and snapshots are to come (issue 15).
+//! capacity; the Node service: volumes connected (nvme-cli, multipath),
+//! formatted when empty, mounted, bind-mounted, unmounted, disconnected,
+//! grown and measured. Snapshots are to come (issue 15).
 //!
-//! What this does not do: talk NVMe (the node service will run nvme-cli),
-//! or decide placement (the API does).
+//! What this does not do: talk NVMe itself (the node service runs
+//! nvme-cli and the kernel's initiator does the rest), or decide placement
+//! (the API does).
 
 pub mod api;
 mod controller;
 mod errors;
+mod host;
 mod identity;
+mod node;
 mod publish;
 mod server;
 
@@ -25,7 +30,7 @@ pub mod csi {
 }
 
 pub use errors::CsiError;
-pub use server::{serve, Mode, Options};
+pub use server::{serve, Mode, NodeOptions, Options};
 
 /// The plugin's name, as Kubernetes' CSIDriver object names it.
 pub const DRIVER_NAME: &str = "csi.weft.io";

@@ -1,7 +1,8 @@
 //! Publishing a volume to a Kubernetes node: the node's id is its NVMe host
-//! NQN (`/etc/nvme/hostnqn`, what its node plugin reports), registered with
-//! weft as host `csi-` and 32 hex digits of the NQN's SHA-256 (weft host
-//! names cannot hold an NQN's colons), then attached to the volume, which
+//! NQN (`/etc/nvme/hostnqn`, what its node plugin reports): the weft host
+//! registered with that NQN, else one registered now as `csi-` and 32 hex
+//! digits of the NQN's SHA-256 (weft host names cannot hold an NQN's
+//! colons), is attached to the volume, which
 //! lets that host connect and see the volume in discovery. Unpublishing
 //! detaches it. A volume is published to one node at a time (the access
 //! modes are single-node ones).
@@ -52,7 +53,7 @@ impl ControllerService {
                 "no node {node_id}: a node's id is its NVMe host NQN"
             )));
         }
-        let host = host_name(node_id);
+        let host = self.host_for(node_id).await?;
         let elsewhere = volume["hosts"]
             .as_array()
             .into_iter()
@@ -64,7 +65,6 @@ impl ControllerService {
                 "volume {volume_id} is published to another node (host {other}); unpublish it there first"
             )));
         }
-        self.register(&host, node_id).await?;
         let body = json!({"host": host});
         let path = format!("volumes/{volume_id}/hosts");
         self.api
@@ -78,16 +78,24 @@ impl ControllerService {
         ]))
     }
 
-    /// Detaches node `node_id` (every node if empty) from volume `volume_id`.
+    /// Detaches node `node_id` (every node if empty) from volume `volume_id`
+    /// (a volume or node that does not exist is not published: done).
     pub(crate) async fn unpublish(&self, volume_id: &str, node_id: &str) -> Result<(), Status> {
         if volume_id.is_empty() {
             return Err(Status::invalid_argument("volume_id is required"));
         }
         let Some(volume) = self.find(volume_id).await? else {
-            return Err(Status::not_found(format!("no volume {volume_id}")));
+            // Gone: unpublished from every node, as the spec lets it say.
+            return Ok(());
         };
         let attached = volume["hosts"].as_array().cloned().unwrap_or_default();
-        let wanted = (!node_id.is_empty()).then(|| host_name(node_id));
+        let wanted = match node_id {
+            "" => None,
+            nqn => match self.registered(nqn).await? {
+                Some(name) => Some(name),
+                None => return Ok(()),
+            },
+        };
         for host in attached.iter().filter_map(Value::as_str) {
             if wanted.as_deref().is_some_and(|w| w != host) {
                 continue;
@@ -102,14 +110,35 @@ impl ControllerService {
         Ok(())
     }
 
-    /// Registers host `name` with `nqn` unless it is.
-    async fn register(&self, name: &str, nqn: &str) -> Result<(), Status> {
+    /// The weft host of NQN `nqn`: the one registered with it (by an
+    /// operator too, with its DH-HMAC-CHAP secrets), else `csi-<hash>`,
+    /// registered now.
+    async fn host_for(&self, nqn: &str) -> Result<String, Status> {
+        if let Some(name) = self.registered(nqn).await? {
+            return Ok(name);
+        }
+        let name = host_name(nqn);
         let body = json!({"name": name, "nqn": nqn});
         match self.api.call("POST", "hosts".into(), Some(body)).await {
-            Ok(_) => Ok(()),
-            Err(error) if error.status == Some(409) => Ok(()),
+            Ok(_) => Ok(name),
+            // Registered meanwhile by another call.
+            Err(error) if error.status == Some(409) => {
+                self.registered(nqn).await?.ok_or_else(|| status(&error))
+            }
             Err(error) => Err(status(&error)),
         }
+    }
+
+    /// The name of the weft host registered with NQN `nqn`, if any.
+    async fn registered(&self, nqn: &str) -> Result<Option<String>, Status> {
+        let hosts = self.api.call("GET", "hosts".into(), None).await;
+        let hosts = hosts.map_err(|e| status(&e))?;
+        Ok(hosts
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|host| host["nqn"].as_str() == Some(nqn))
+            .and_then(|host| host["name"].as_str().map(String::from)))
     }
 
     /// The NQNs of the nodes volume `volume` is published to.

@@ -5,7 +5,9 @@ use crate::api::Api;
 use crate::controller::ControllerService;
 use crate::csi::controller_server::ControllerServer;
 use crate::csi::identity_server::IdentityServer;
+use crate::csi::node_server::NodeServer;
 use crate::identity::IdentityService;
+use crate::node::NodeService;
 use crate::CsiError;
 use std::path::PathBuf;
 
@@ -14,6 +16,10 @@ use std::path::PathBuf;
 pub enum Mode {
     /// Identity and Controller (the controller Deployment).
     Controller,
+    /// Identity and Node (the node DaemonSet).
+    Node,
+    /// All three.
+    All,
 }
 
 impl std::str::FromStr for Mode {
@@ -22,12 +28,21 @@ impl std::str::FromStr for Mode {
     fn from_str(text: &str) -> Result<Mode, String> {
         match text {
             "controller" => Ok(Mode::Controller),
-            "node" | "all" => Err(format!(
-                "--mode {text}: the node service is not built yet; use --mode controller"
-            )),
-            _ => Err(format!("--mode {text}: give controller")),
+            "node" => Ok(Mode::Node),
+            "all" => Ok(Mode::All),
+            _ => Err(format!("--mode {text}: give controller, node or all")),
         }
     }
+}
+
+/// What the node service needs.
+pub struct NodeOptions {
+    /// This node's host NQN (`/etc/nvme/hostnqn`).
+    pub host_nqn: String,
+    /// A weft node's NVMe/TCP address, `ADDR:PORT`, for discovery.
+    pub discovery: String,
+    /// Where staged volumes are noted.
+    pub state_dir: PathBuf,
 }
 
 /// How the plugin runs.
@@ -38,6 +53,8 @@ pub struct Options {
     pub mode: Mode,
     /// weft's API.
     pub api: Api,
+    /// The node service's settings (node and all modes).
+    pub node: Option<NodeOptions>,
 }
 
 /// Serves until the process ends (the sidecars and the kubelet reconnect
@@ -62,14 +79,30 @@ pub fn serve(options: Options) -> Result<(), CsiError> {
             crate::DRIVER_NAME,
             path.display()
         );
+        let controller = options.mode != Mode::Node;
         let identity = IdentityService {
             api: options.api.clone(),
-            controller: options.mode == Mode::Controller,
+            controller,
         };
-        let controller = ControllerService { api: options.api };
+        let controllers =
+            controller.then(|| ControllerServer::new(ControllerService { api: options.api }));
+        let nodes = match (options.mode, options.node) {
+            (Mode::Controller, _) => None,
+            (_, Some(node)) => Some(NodeServer::new(NodeService {
+                host_nqn: node.host_nqn,
+                discovery: node.discovery,
+                state_dir: node.state_dir,
+            })),
+            (_, None) => {
+                return Err(CsiError::Serve(
+                    "the node service needs its settings".into(),
+                ))
+            }
+        };
         tonic::transport::Server::builder()
             .add_service(IdentityServer::new(identity))
-            .add_service(ControllerServer::new(controller))
+            .add_optional_service(controllers)
+            .add_optional_service(nodes)
             .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener))
             .await
             .map_err(|e| CsiError::Serve(e.to_string()))

@@ -10,10 +10,14 @@ pub struct CsiArgs {
     api: String,
     token_file: Option<PathBuf>,
     ca_file: Option<PathBuf>,
+    discovery: Option<String>,
+    host_nqn: Option<String>,
+    state_dir: PathBuf,
 }
 
-/// Parses `weft csi --endpoint unix:///csi/csi.sock --mode controller [--api URL]
-/// [--api-token-file FILE] [--api-ca FILE]`.
+/// Parses `weft csi --endpoint unix:///csi/csi.sock --mode controller|node|all
+/// [--api URL] [--api-token-file FILE] [--api-ca FILE] [--discovery ADDR:PORT]
+/// [--host-nqn NQN] [--state-dir DIR]`.
 pub fn parse(parser: &mut lexopt::Parser) -> Result<CsiArgs, String> {
     use lexopt::prelude::*;
     let mut endpoint = None;
@@ -22,6 +26,9 @@ pub fn parse(parser: &mut lexopt::Parser) -> Result<CsiArgs, String> {
         std::env::var("WEFT_API").unwrap_or_else(|_| weft_api::DEFAULT_API_LISTEN.to_string());
     let mut token_file = None;
     let mut ca_file = std::env::var_os("WEFT_API_CA").map(PathBuf::from);
+    let mut discovery = None;
+    let mut host_nqn = None;
+    let mut state_dir = PathBuf::from(STATE_DIR);
     let text = |value: Result<std::ffi::OsString, lexopt::Error>, flag: &str| {
         value
             .map_err(|e| e.to_string())?
@@ -37,26 +44,77 @@ pub fn parse(parser: &mut lexopt::Parser) -> Result<CsiArgs, String> {
                 token_file = Some(text(parser.value(), "--api-token-file")?.into())
             }
             Long("api-ca") => ca_file = Some(text(parser.value(), "--api-ca")?.into()),
+            Long("discovery") => discovery = Some(text(parser.value(), "--discovery")?),
+            Long("host-nqn") => host_nqn = Some(text(parser.value(), "--host-nqn")?),
+            Long("state-dir") => state_dir = text(parser.value(), "--state-dir")?.into(),
             other => return Err(format!("{}; see weft --help", other.unexpected())),
         }
     }
     Ok(CsiArgs {
         endpoint: endpoint.ok_or("weft csi needs --endpoint unix:///path/to/csi.sock")?,
-        mode: mode.ok_or("weft csi needs --mode controller")?,
+        mode: mode.ok_or("weft csi needs --mode controller, node or all")?,
         api,
         token_file,
         ca_file,
+        discovery,
+        host_nqn,
+        state_dir,
     })
 }
 
+/// Where the node service notes staged volumes by default.
+const STATE_DIR: &str = "/var/lib/weft-csi";
+/// Where Linux keeps the host's NQN (nvme-cli writes it).
+const HOST_NQN_FILE: &str = "/etc/nvme/hostnqn";
+
 /// Serves until the process ends.
 pub fn run(args: CsiArgs) -> Result<(), String> {
+    crate::logger::init(&std::env::var("WEFT_LOG").unwrap_or_else(|_| "info".into()))?;
     let token = crate::cli::api_token(args.token_file)?;
     let api = weft_csi::api::Api::new(&args.api, args.ca_file.as_deref(), token)?;
+    let node = match args.mode {
+        weft_csi::Mode::Controller => None,
+        weft_csi::Mode::Node | weft_csi::Mode::All => Some(node_options(
+            args.discovery,
+            args.host_nqn,
+            &args.api,
+            args.state_dir,
+        )?),
+    };
     let options = weft_csi::Options {
         endpoint: args.endpoint,
         mode: args.mode,
         api,
+        node,
     };
     weft_csi::serve(options).map_err(|e| e.to_string())
+}
+
+/// The node service's settings: the host NQN from `--host-nqn` or
+/// /etc/nvme/hostnqn; discovery at `--discovery`, else the API's host on
+/// NVMe/TCP's port 4420.
+fn node_options(
+    discovery: Option<String>,
+    host_nqn: Option<String>,
+    api: &str,
+    state_dir: PathBuf,
+) -> Result<weft_csi::NodeOptions, String> {
+    let host_nqn = match host_nqn {
+        Some(nqn) => nqn,
+        None => std::fs::read_to_string(HOST_NQN_FILE)
+            .map(|text| text.trim().to_string())
+            .map_err(|e| {
+                format!("{HOST_NQN_FILE}: {e}; give --host-nqn (nvme gen-hostnqn makes one)")
+            })?,
+    };
+    let discovery = discovery.unwrap_or_else(|| {
+        let host = api.split("://").last().unwrap_or(api);
+        let host = host.rsplit_once(':').map_or(host, |(host, _)| host);
+        format!("{host}:4420")
+    });
+    Ok(weft_csi::NodeOptions {
+        host_nqn,
+        discovery,
+        state_dir,
+    })
 }

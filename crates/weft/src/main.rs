@@ -65,7 +65,8 @@ Usage:
                      [--rounds N] [--json FILE] [--plot FILE.svg] ...
   weft bench floor [--runtime D]
 
-  weft csi --endpoint unix:///csi/csi.sock --mode controller [--api URL] [--api-token-file FILE]
+  weft csi --endpoint unix:///csi/csi.sock --mode controller|node|all [--api URL] [--api-token-file FILE]
+           [--discovery ADDR:PORT] [--host-nqn NQN] [--state-dir DIR]
 
 Commands:
   pool, volume, snapshot
@@ -90,8 +91,9 @@ Commands:
           bandwidth and latency percentiles.
   csi     The Kubernetes CSI plugin (driver csi.weft.io) on a Unix socket, over a node's
           API: volumes created (idempotent by name; StorageClass parameters pool, replicas,
-          thick, blockSize), deleted, validated, listed, capacity. The node service,
-          publishing, snapshots and expansion are to come.
+          thick, blockSize), deleted, listed, published to nodes (their host NQNs),
+          expanded; on a node: connected (every path, multipath), formatted when empty
+          (ext4, xfs), mounted, unmounted, disconnected. Snapshots are to come.
 
 Bench options:
   --target URL|PATH    nvme-tcp://HOST:PORT/NQN (namespace --nsid, default 1) or a file/device
