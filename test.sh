@@ -21,6 +21,9 @@ cargo build --release --locked -p weft-initiator --examples
 step "the CSI spec's csi.proto, fetched from the Go module proxy, matches crates/weft-csi/proto"
 harness/csi-spec.sh
 
+step "Kubernetes manifests (deploy/kubernetes), checked offline"
+python3 harness/check-manifests.py
+
 step "cargo test (unit, protocol, seeded fuzz loops)"
 cargo test --workspace --locked
 

@@ -23,6 +23,8 @@ need etcd etcd-server
 # protoc's well-known types (google/protobuf/descriptor.proto), which etcd's API imports:
 # a recommendation of protobuf-compiler, so not installed with it here.
 [ -f /usr/include/google/protobuf/descriptor.proto ] || missing+=(libprotobuf-dev)
+# harness/check-manifests.py reads deploy/kubernetes/ with PyYAML.
+python3 -c 'import yaml' 2>/dev/null || missing+=(python3-yaml)
 need etcdctl etcd-client
 if [ ${#missing[@]} -gt 0 ]; then
     echo "deps: installing ${missing[*]}"
