@@ -24,6 +24,7 @@ CURRENT = {
     ("storage.k8s.io/v1", "StorageClass"),
     ("rbac.authorization.k8s.io/v1", "ClusterRole"),
     ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"),
+    ("snapshot.storage.k8s.io/v1", "VolumeSnapshotClass"),
 }
 PARAMETERS = {"pool", "replicas", "thick", "blockSize"}
 SIDECARS = ("csi-provisioner", "csi-attacher", "csi-resizer", "csi-snapshotter",
@@ -120,6 +121,8 @@ def main():
             problem(where, f"{kind[0]} {kind[1]} is not a current API version this check knows")
         if kind[1] == "CSIDriver" and doc["metadata"]["name"] != DRIVER:
             problem(where, f"the driver is {DRIVER}")
+        if kind[1] == "VolumeSnapshotClass" and doc.get("driver") != DRIVER:
+            problem(where, f"driver {doc.get('driver')}, not {DRIVER}")
         if kind[1] == "StorageClass":
             if doc.get("provisioner") != DRIVER:
                 problem(where, f"provisioner {doc.get('provisioner')}, not {DRIVER}")
@@ -132,7 +135,7 @@ def main():
                     problem(where, f"binds undefined service account {subject['name']}")
         if kind[1] in ("Deployment", "DaemonSet"):
             check_workload(where, doc, accounts)
-    for needed in ("CSIDriver", "StorageClass", "Deployment", "DaemonSet", "ClusterRole"):
+    for needed in ("CSIDriver", "StorageClass", "VolumeSnapshotClass", "Deployment", "DaemonSet", "ClusterRole"):
         if needed not in kinds:
             problem(directory, f"no {needed}")
     for line in problems:

@@ -4,6 +4,9 @@
 //! its SHA-256, so that a name always leads to the same volume (CreateVolume
 //! is idempotent by name) and `weft volume list` shows Kubernetes' names.
 //!
+//! A volume made from a snapshot (content source) is weft's clone of it,
+//! beside its source, grown if a larger size is asked.
+//!
 //! StorageClass parameters: `pool`, `replicas` (1 to 3), `thick` (`true`),
 //! `blockSize` (512 or 4096). Any other is refused, so that a typo is not
 //! silently a default.
@@ -15,13 +18,15 @@ use crate::csi::validate_volume_capabilities_response::Confirmed;
 use crate::csi::volume_capability::access_mode::Mode;
 use crate::csi::volume_capability::AccessType;
 use crate::csi::{
-    controller_get_volume_response, list_volumes_response, ControllerExpandVolumeRequest,
-    ControllerExpandVolumeResponse, ControllerGetCapabilitiesRequest,
-    ControllerGetCapabilitiesResponse, ControllerGetVolumeRequest, ControllerGetVolumeResponse,
-    ControllerPublishVolumeRequest, ControllerPublishVolumeResponse, ControllerServiceCapability,
-    ControllerUnpublishVolumeRequest, ControllerUnpublishVolumeResponse, CreateVolumeRequest,
-    CreateVolumeResponse, DeleteVolumeRequest, DeleteVolumeResponse, GetCapacityRequest,
-    GetCapacityResponse, ListVolumesRequest, ListVolumesResponse,
+    controller_get_volume_response, list_snapshots_response, list_volumes_response,
+    volume_content_source, ControllerExpandVolumeRequest, ControllerExpandVolumeResponse,
+    ControllerGetCapabilitiesRequest, ControllerGetCapabilitiesResponse,
+    ControllerGetVolumeRequest, ControllerGetVolumeResponse, ControllerPublishVolumeRequest,
+    ControllerPublishVolumeResponse, ControllerServiceCapability, ControllerUnpublishVolumeRequest,
+    ControllerUnpublishVolumeResponse, CreateSnapshotRequest, CreateSnapshotResponse,
+    CreateVolumeRequest, CreateVolumeResponse, DeleteSnapshotRequest, DeleteSnapshotResponse,
+    DeleteVolumeRequest, DeleteVolumeResponse, GetCapacityRequest, GetCapacityResponse,
+    ListSnapshotsRequest, ListSnapshotsResponse, ListVolumesRequest, ListVolumesResponse,
     ValidateVolumeCapabilitiesRequest, ValidateVolumeCapabilitiesResponse, Volume,
     VolumeCapability,
 };
@@ -54,11 +59,20 @@ impl Controller for ControllerService {
             return Err(invalid("name is required"));
         }
         check_capabilities(&request.volume_capabilities)?;
-        if request.volume_content_source.is_some() {
-            return Err(invalid(
-                "creating a volume from a snapshot or a volume is not offered yet",
-            ));
-        }
+        let source =
+            match request
+                .volume_content_source
+                .as_ref()
+                .and_then(|s| s.r#type.as_ref())
+            {
+                None => None,
+                Some(volume_content_source::Type::Snapshot(snapshot)) => {
+                    Some(snapshot.snapshot_id.clone())
+                }
+                Some(volume_content_source::Type::Volume(_)) => return Err(invalid(
+                    "cloning a volume is not offered yet: snapshot it and create from the snapshot",
+                )),
+            };
         let range = request.capacity_range.unwrap_or_default();
         let size_bytes = size_of(range.required_bytes, range.limit_bytes)?;
         let id = volume_id(&request.name);
@@ -71,7 +85,13 @@ impl Controller for ControllerService {
         if let Some(existing) = self.find(&id).await? {
             return answer_existing(&request.name, &existing, fits(&existing));
         }
-        if body.get("pool").is_none() {
+        if let Some(snapshot) = &source {
+            // A clone is made beside its source, of its size.
+            if crate::snapshots::split_id(snapshot).is_none() {
+                return Err(Status::not_found(format!("no snapshot {snapshot}")));
+            }
+            body = json!({"name": id, "source": snapshot});
+        } else if body.get("pool").is_none() {
             self.choose_pool(&mut body).await?;
         }
         match self.api.call("POST", "volumes".into(), Some(body)).await {
@@ -83,14 +103,28 @@ impl Controller for ControllerService {
                 }
                 return Err(status(&error));
             }
+            Err(error) if error.status == Some(404) && source.is_some() => {
+                return Err(Status::not_found(error.message))
+            }
             Err(error) => return Err(status(&error)),
         }
-        let made = self
+        let mut made = self
             .find(&id)
             .await?
             .ok_or_else(|| Status::internal(format!("volume {id} was made but cannot be found")))?;
+        if source.is_some() && made["size_bytes"].as_i64().unwrap_or(0) < size_bytes {
+            let path = format!("volumes/{id}/resize");
+            let body = json!({"size_bytes": size_bytes});
+            self.api
+                .call("POST", path, Some(body))
+                .await
+                .map_err(|e| status(&e))?;
+            made["size_bytes"] = json!(size_bytes);
+        }
+        let mut volume = csi_volume(&made);
+        volume.content_source = request.volume_content_source;
         Ok(Response::new(CreateVolumeResponse {
-            volume: Some(csi_volume(&made)),
+            volume: Some(volume),
         }))
     }
 
@@ -279,6 +313,49 @@ impl Controller for ControllerService {
         }))
     }
 
+    async fn create_snapshot(
+        &self,
+        request: Request<CreateSnapshotRequest>,
+    ) -> Result<Response<CreateSnapshotResponse>, Status> {
+        let request = request.into_inner();
+        let snapshot = self
+            .create_snapshot(&request.source_volume_id, &request.name)
+            .await?;
+        Ok(Response::new(CreateSnapshotResponse {
+            snapshot: Some(snapshot),
+        }))
+    }
+
+    async fn delete_snapshot(
+        &self,
+        request: Request<DeleteSnapshotRequest>,
+    ) -> Result<Response<DeleteSnapshotResponse>, Status> {
+        self.delete_snapshot(&request.into_inner().snapshot_id)
+            .await?;
+        Ok(Response::new(DeleteSnapshotResponse {}))
+    }
+
+    async fn list_snapshots(
+        &self,
+        request: Request<ListSnapshotsRequest>,
+    ) -> Result<Response<ListSnapshotsResponse>, Status> {
+        let request = request.into_inner();
+        let snapshots = self
+            .list_snapshots(&request.source_volume_id, &request.snapshot_id)
+            .await?;
+        let (entries, next_token) = page(&snapshots, &request.starting_token, request.max_entries)?;
+        let entries = entries
+            .iter()
+            .map(|snapshot| list_snapshots_response::Entry {
+                snapshot: Some(snapshot.clone()),
+            })
+            .collect();
+        Ok(Response::new(ListSnapshotsResponse {
+            entries,
+            next_token,
+        }))
+    }
+
     async fn controller_get_capabilities(
         &self,
         _: Request<ControllerGetCapabilitiesRequest>,
@@ -291,6 +368,8 @@ impl Controller for ControllerService {
             rpc::Type::GetCapacity,
             rpc::Type::ExpandVolume,
             rpc::Type::GetVolume,
+            rpc::Type::CreateDeleteSnapshot,
+            rpc::Type::ListSnapshots,
         ]
         .into_iter()
         .map(|kind| ControllerServiceCapability {
@@ -506,11 +585,11 @@ fn csi_volume(volume: &Value) -> Volume {
 
 /// The page of `items` from `token` (an index, empty: the first), at most
 /// `max_entries` (0: all), and the token of the next page.
-fn page<'a>(
-    items: &'a [Value],
+pub(crate) fn page<'a, T>(
+    items: &'a [T],
     token: &str,
     max_entries: i32,
-) -> Result<(&'a [Value], String), Status> {
+) -> Result<(&'a [T], String), Status> {
     let start: usize = match token {
         "" => 0,
         token => token

@@ -8,7 +8,8 @@
 //! to), found, expanded, published to and unpublished from nodes, and the
 //! capacity; the Node service: volumes connected (nvme-cli, multipath),
 //! formatted when empty, mounted, bind-mounted, unmounted, disconnected,
-//! grown and measured. Snapshots are to come (issue 15).
+//! grown and measured; snapshots taken, listed, deleted and cloned into
+//! new volumes.
 //!
 //! What this does not do: talk NVMe itself (the node service runs
 //! nvme-cli and the kernel's initiator does the rest), or decide placement
@@ -22,6 +23,7 @@ mod identity;
 mod node;
 mod publish;
 mod server;
+mod snapshots;
 
 /// The CSI messages and services, generated from the spec's `csi.proto`.
 #[allow(missing_docs, clippy::all, clippy::pedantic)]

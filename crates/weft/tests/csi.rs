@@ -301,6 +301,65 @@ fn the_controller_service_makes_finds_lists_and_deletes_volumes() {
         let shown = ok(&node, &["volume", "show", "pvc-1"]);
         assert!(shown.contains("8 MiB"), "{shown}");
 
+        // A snapshot (idempotent by name) and a volume made from it.
+        let snap = |name: &str| CreateSnapshotRequest {
+            source_volume_id: "pvc-1".into(),
+            name: name.into(),
+            ..Default::default()
+        };
+        let taken = controller.create_snapshot(snap("snap-1")).await.unwrap();
+        let taken = taken.into_inner().snapshot.unwrap();
+        assert!(
+            taken.snapshot_id.starts_with("pvc-1@csi-"),
+            "{}",
+            taken.snapshot_id
+        );
+        assert!(taken.creation_time.unwrap().seconds > 1_700_000_000);
+        let again = controller.create_snapshot(snap("snap-1")).await.unwrap();
+        assert_eq!(
+            again.into_inner().snapshot.unwrap().snapshot_id,
+            taken.snapshot_id
+        );
+        let listed = controller
+            .list_snapshots(ListSnapshotsRequest {
+                source_volume_id: "pvc-1".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(listed.entries.len(), 1);
+        let mut from_snapshot = create("pvc-3", 16 << 20);
+        from_snapshot.volume_content_source = Some(VolumeContentSource {
+            r#type: Some(volume_content_source::Type::Snapshot(
+                volume_content_source::SnapshotSource {
+                    snapshot_id: taken.snapshot_id.clone(),
+                },
+            )),
+        });
+        let clone = controller.create_volume(from_snapshot).await.unwrap();
+        let clone = clone.into_inner().volume.unwrap();
+        assert_eq!(
+            (clone.volume_id.as_str(), clone.capacity_bytes),
+            ("pvc-3", 16 << 20)
+        );
+        controller
+            .delete_volume(DeleteVolumeRequest {
+                volume_id: "pvc-3".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        for _ in 0..2 {
+            controller
+                .delete_snapshot(DeleteSnapshotRequest {
+                    snapshot_id: taken.snapshot_id.clone(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+        }
+
         // Deleted, and deleting again is fine.
         for _ in 0..2 {
             controller
