@@ -453,6 +453,19 @@ impl ManagerHandle {
         let _ = self.inbox.push_admin(Admin { op, reply });
     }
 
+    /// Reconciles without waiting, and answers `reply` once the exports
+    /// show the outcome (a growth's new size, once recorded); at once if
+    /// the manager cannot take it.
+    pub(crate) fn reconcile_then_answer(&self, reply: Sender<Result<(), AdminError>>) {
+        let admin = Admin {
+            op: AdminOp::Reconcile,
+            reply,
+        };
+        if let Err(Refused::Full(admin) | Refused::Stopped(admin)) = self.inbox.push_admin(admin) {
+            let _ = admin.reply.send(Ok(()));
+        }
+    }
+
     /// Runs an admin operation and waits for its result.
     pub fn call(&self, op: AdminOp) -> Result<(), AdminError> {
         let stopped = || AdminError::Node("the volume manager has stopped".into());

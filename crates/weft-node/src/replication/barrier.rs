@@ -28,7 +28,7 @@
 //! (their nodes do, after the record).
 
 use crate::manager::snapshots::{announce, change_record, change_replication};
-use crate::manager::AdminError;
+use crate::manager::{AdminError, ManagerHandle};
 use std::collections::BTreeMap;
 use std::sync::mpsc::Sender;
 use std::time::{Duration, Instant};
@@ -258,6 +258,7 @@ impl Barrier {
     pub(crate) fn record(
         self,
         desired: DesiredState,
+        manager: ManagerHandle,
         volume: String,
         epoch: u64,
         nodes: Vec<String>,
@@ -274,7 +275,14 @@ impl Barrier {
             if result.is_ok() {
                 log::info!("volume {volume}: {op} made on {}", nodes.join(", "));
             }
-            let _ = reply.send(result);
+            match (&op, result) {
+                // Hosts are served the recorded size: the caller hears back
+                // once the exports show it.
+                (BarrierOp::Grow(_), Ok(())) => manager.reconcile_then_answer(reply),
+                (_, result) => {
+                    let _ = reply.send(result);
+                }
+            }
         })
     }
 }

@@ -996,8 +996,8 @@ impl Replicator {
                     weft_cluster::replicas::node_name(&self.replication, node).to_string()
                 }));
                 let epoch = self.replication.epoch;
-                let recording =
-                    barrier.record(self.desired.clone(), self.volume.clone(), epoch, nodes);
+                let (desired, manager) = (self.desired.clone(), self.manager.clone());
+                let recording = barrier.record(desired, manager, self.volume.clone(), epoch, nodes);
                 if grown {
                     // The core serves a fixed size, and this node's copy
                     // has a new chunk map: a primary of the new size takes
