@@ -1,16 +1,19 @@
 #!/bin/bash
-# Builds csi-sanity (kubernetes-csi/csi-test, the version below) with Go from the Go module
-# proxy into .cache/go/bin, once; prints its path. The kernel-interop guest runs it against
-# `weft csi --mode all` (harness/guest/interop.sh, step j-csi).
+# Builds the CSI test tools with Go from the Go module proxy into .cache/go/bin, once each
+# (versions below): csi-sanity (kubernetes-csi/csi-test) and grpcurl (the kubelet-like
+# calls of the compute-node failover test). The kernel-interop guest runs them against
+# `weft csi` (harness/guest/interop.sh, steps j-csi and k-csi-failover). Prints the directory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VERSION=v5.6.0
 export GOPATH="$PWD/.cache/go" GOBIN="$PWD/.cache/go/bin" GOFLAGS=-mod=mod CGO_ENABLED=0
-bin=$GOBIN/csi-sanity
-stamp=$GOBIN/csi-sanity.version
-if [ ! -x "$bin" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$VERSION" ]; then
-    go=$(command -v go || echo /usr/local/go/bin/go)
-    "$go" install "github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity@$VERSION" >&2
-    echo "$VERSION" > "$stamp"
-fi
-echo "$bin"
+go=$(command -v go || echo /usr/local/go/bin/go)
+build() { # NAME MODULE/PATH VERSION
+    local bin=$GOBIN/$1 stamp=$GOBIN/$1.version
+    if [ ! -x "$bin" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$3" ]; then
+        "$go" install "$2@$3" >&2
+        echo "$3" > "$stamp"
+    fi
+}
+build csi-sanity github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity v5.6.0
+build grpcurl github.com/fullstorydev/grpcurl/cmd/grpcurl v1.9.4
+echo "$GOBIN"

@@ -43,7 +43,7 @@ die() { echo "interop: $*" >&2; exit 2; }
 case "$TARGET" in weft|nvmet) ;; *) die "--target must be weft or nvmet" ;; esac
 
 echo "interop: guest image $(harness/vm/build-image.sh)"
-[ "$TARGET" = weft ] && echo "interop: csi-sanity $(harness/csi-sanity.sh)"
+[ "$TARGET" = weft ] && echo "interop: CSI tools in $(harness/csi-tools.sh)"
 
 exec 9> "$REPO/.cache/interop.lock"
 flock -n 9 || die "another interop run is active (.cache/interop.lock)"

@@ -674,7 +674,7 @@ step_volumes() {
 step_csi() { # csi-sanity against `weft csi --mode all` in this guest, over the host's API
     local sanity=$WEFT_DIR/.cache/go/bin/csi-sanity pid socket=/tmp/weft-csi.sock
     if [ "$TARGET" != weft ] || [ -z "${WEFT_POOL_DIR:-}" ]; then echo "  skipped: needs weft and WEFT_POOL_DIR"; return; fi
-    [ -x "$sanity" ] || { check "csi-sanity built (harness/csi-sanity.sh)" false; return; }
+    [ -x "$sanity" ] || { check "csi-sanity built (harness/csi-tools.sh)" false; return; }
     WEFT_API_TOKEN=$(cat "$LAB_SHARE/api-token") "$WEFT_DIR/target/release/weft" csi \
         --endpoint "unix://$socket" --mode all --api "http://$ADDR:${WEFT_API_PORT:-9440}" \
         --discovery "$ADDR:$PORT" --state-dir "$TMP/csi-state" 2> "$TMP/csi.log" &
@@ -693,6 +693,57 @@ step_csi() { # csi-sanity against `weft csi --mode all` in this guest, over the 
     kill "$pid"; wait "$pid" 2>/dev/null
 }
 
+NODE_A=nqn.2014-08.org.nvmexpress:uuid:0000000a-0000-4000-8000-00000000000a
+NODE_B=nqn.2014-08.org.nvmexpress:uuid:0000000b-0000-4000-8000-00000000000b
+csi_call() { # SOCKET SERVICE/METHOD JSON: one CSI call, as a kubelet or a sidecar makes it
+    "$WEFT_DIR/.cache/go/bin/grpcurl" -plaintext -unix -import-path "$WEFT_DIR/crates/weft-csi/proto" \
+        -proto csi.proto -d "$3" "$1" "csi.v1.$2"
+}
+csi_plugin() { # SOCKET MODE HOSTNQN: `weft csi` in the background as node HOSTNQN; its pid
+    WEFT_API_TOKEN=$(cat "$LAB_SHARE/api-token") "$WEFT_DIR/target/release/weft" csi \
+        --endpoint "unix://$1" --mode "$2" --api "http://$ADDR:${WEFT_API_PORT:-9440}" \
+        --discovery "$ADDR:$PORT" --host-nqn "$3" --state-dir "$TMP/state-${1##*/}" > /dev/null 2>> "$TMP/csi-nodes.log" &
+    echo $!
+}
+stage_and_publish() { # SOCKET NODE STAGE TARGET: ControllerPublish to NODE, then NodeStage and NodePublish
+    local context cap='{"mount":{"fs_type":"ext4"},"access_mode":{"mode":"SINGLE_NODE_WRITER"}}'
+    context=$(csi_call "$CSI_A" Controller/ControllerPublishVolume \
+        '{"volume_id":"db","node_id":"'"$2"'","volume_capability":'"$cap"'}' |
+        python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)["publishContext"]))') || return
+    csi_call "$1" Node/NodeStageVolume '{"volume_id":"db","publish_context":'"$context"',"staging_target_path":"'"$3"'","volume_capability":'"$cap"'}' > /dev/null &&
+        csi_call "$1" Node/NodePublishVolume '{"volume_id":"db","staging_target_path":"'"$3"'","target_path":"'"$4"'","volume_capability":'"$cap"'}' > /dev/null
+}
+step_csi_failover() { # a database's volume on node A; A dies; node B sees every fsync'd write; A is fenced
+    local pid_a pid_b i
+    CSI_A=/tmp/weft-csi-a.sock CSI_B=/tmp/weft-csi-b.sock
+    if [ "$TARGET" != weft ] || [ -z "${WEFT_POOL_DIR:-}" ]; then echo "  skipped: needs weft and WEFT_POOL_DIR"; return; fi
+    pid_a=$(csi_plugin "$CSI_A" all "$NODE_A") pid_b=$(csi_plugin "$CSI_B" node "$NODE_B")
+    for _ in $(seq 50); do [ -S "$CSI_A" ] && [ -S "$CSI_B" ] && break; sleep 0.2; done
+    check "CreateVolume db (128 MiB)" eval 'csi_call "$CSI_A" Controller/CreateVolume '"'"'{"name":"db","capacity_range":{"required_bytes":134217728},"volume_capabilities":[{"mount":{},"access_mode":{"mode":"SINGLE_NODE_WRITER"}}]}'"'"' > /dev/null' || { kill "$pid_a" "$pid_b"; return; }
+    check "node A: published, staged (mkfs.ext4), mounted in its pod" stage_and_publish "$CSI_A" "$NODE_A" /tmp/a-stage /tmp/a-pod || { kill "$pid_a" "$pid_b"; return; }
+    check "node A writes 8 files, each fsync'd" eval 'for i in $(seq 8); do dd if=/dev/urandom of=/tmp/a-pod/f$i bs=1M count=1 conv=fsync status=none || exit 1; done'
+    (cd /tmp/a-pod && sha256sum f*) > "$TMP/db-sums"
+    check "node B cannot take the volume while A holds it (FAILED_PRECONDITION)" eval '! stage_and_publish "$CSI_B" "$NODE_B" /tmp/b-stage /tmp/b-pod 2> "$TMP/b-refused" && grep -q FailedPrecondition "$TMP/b-refused"'
+    # Node A dies: its kernel and its connections go (here: unmounted lazily and
+    # disconnected, without its plugin); the cluster then unpublishes the volume from it,
+    # the fence: A's host NQN may no longer connect. (A fenced while still connected loses
+    # its queues at once: weft-proto's test of revoked access; one kernel cannot play a
+    # dead node and a live one on the same subsystem here.)
+    umount -l /tmp/a-pod; umount -l /tmp/a-stage
+    timeout 60 nvme disconnect -n nqn.2026-11.io.weft:vol:db > /dev/null 2>&1
+    check "ControllerUnpublishVolume from the dead node A (the fence)" \
+        eval 'csi_call "$CSI_A" Controller/ControllerUnpublishVolume '"'"'{"volume_id":"db","node_id":"'"$NODE_A"'"}'"'"' > /dev/null'
+    check "node A can no longer connect to the volume" eval '! timeout 60 nvme connect -t tcp -a "$ADDR" -s "$PORT" -n nqn.2026-11.io.weft:vol:db --hostnqn "$NODE_A" --hostid "${NODE_A##*:}" > /dev/null 2>&1'
+    check "node B: published, staged, mounted in its pod" stage_and_publish "$CSI_B" "$NODE_B" /tmp/b-stage /tmp/b-pod || { kill "$pid_a" "$pid_b"; return; }
+    check "node B sees every write A made durable" eval '(cd /tmp/b-pod && sha256sum -c --quiet "$TMP/db-sums")'
+    check "node B: unpublished, unstaged, nothing left connected" eval 'csi_call "$CSI_B" Node/NodeUnpublishVolume '"'"'{"volume_id":"db","target_path":"/tmp/b-pod"}'"'"' > /dev/null &&
+        csi_call "$CSI_B" Node/NodeUnstageVolume '"'"'{"volume_id":"db","staging_target_path":"/tmp/b-stage"}'"'"' > /dev/null &&
+        ! nvme list-subsys 2>/dev/null | grep -q vol:db && [ ! -e /tmp/b-pod ]'
+    check "ControllerUnpublishVolume from B, DeleteVolume" eval 'csi_call "$CSI_A" Controller/ControllerUnpublishVolume '"'"'{"volume_id":"db","node_id":"'"$NODE_B"'"}'"'"' > /dev/null &&
+        csi_call "$CSI_A" Controller/DeleteVolume '"'"'{"volume_id":"db"}'"'"' > /dev/null'
+    kill "$pid_a" "$pid_b"; wait "$pid_a" "$pid_b" 2>/dev/null
+}
+
 echo "weft kernel-interop: target $TARGET at $ADDR:$PORT, kernel $(uname -r), $(nvme version), $(fio --version)"
 run_step a-discovery step_discovery
 run_step b-connect-identify step_identify
@@ -704,6 +755,7 @@ run_step g-malformed-pdus step_garbage
 run_step h-kill9-durability step_kill9
 run_step i-volumes step_volumes
 run_step j-csi step_csi
+run_step k-csi-failover step_csi_failover
 
 echo; echo "=== summary (target $TARGET, ${SECONDS}s)"
 printf '%s\n' "${RESULTS[@]}"

@@ -63,20 +63,8 @@ pub(crate) fn discover(
         }
         let first = asked.is_empty();
         asked.push((address.clone(), port.clone()));
-        let args = [
-            "discover",
-            "-t",
-            "tcp",
-            "-a",
-            &address,
-            "-s",
-            &port,
-            "--hostnqn",
-            host_nqn,
-            "-o",
-            "json",
-        ];
-        let log = match run("nvme", &args) {
+        let args = ["-t", "tcp", "-a", &address, "-s", &port, "-o", "json"];
+        let log = match nvme_as(host_nqn, "discover", &args) {
             Ok(text) => serde_json::from_str(&text).unwrap_or(Value::Null),
             Err(error) if first => return Err(error),
             Err(_) => continue,
@@ -111,6 +99,28 @@ fn split_address(address: &str) -> (String, String) {
     }
 }
 
+/// The arguments that name host `host_nqn` to nvme-cli. The machine's own
+/// NQN (/etc/nvme/hostnqn) goes with its host id (/etc/nvme/hostid, which
+/// nvme-cli reads); another NQN of the form `...:uuid:U` with host id U, since
+/// the kernel refuses one host id under two NQNs.
+fn host_args(host_nqn: &str) -> Vec<String> {
+    let mut args = vec!["--hostnqn".to_string(), host_nqn.to_string()];
+    let own = std::fs::read_to_string("/etc/nvme/hostnqn").is_ok_and(|own| own.trim() == host_nqn);
+    if let (false, Some((_, id))) = (own, host_nqn.rsplit_once(":uuid:")) {
+        args.extend(["--hostid".to_string(), id.to_string()]);
+    }
+    args
+}
+
+/// Runs nvme-cli's `verb` with `args` as host `host_nqn`.
+fn nvme_as(host_nqn: &str, verb: &str, args: &[&str]) -> Result<String, HostError> {
+    let host = host_args(host_nqn);
+    let mut all: Vec<&str> = vec![verb];
+    all.extend_from_slice(args);
+    all.extend(host.iter().map(String::as_str));
+    run("nvme", &all)
+}
+
 /// Connects host `host_nqn` to subsystem `nqn` at each address; what
 /// failed (one connected already fails, and is fine: whether the namespace
 /// appears is what counts).
@@ -118,20 +128,8 @@ pub(crate) fn connect(places: &[(String, String)], host_nqn: &str, nqn: &str) ->
     places
         .iter()
         .filter_map(|(address, port)| {
-            let args = [
-                "connect",
-                "-t",
-                "tcp",
-                "-a",
-                address,
-                "-s",
-                port,
-                "-n",
-                nqn,
-                "--hostnqn",
-                host_nqn,
-            ];
-            run("nvme", &args).err()
+            let args = ["-t", "tcp", "-a", address, "-s", port, "-n", nqn];
+            nvme_as(host_nqn, "connect", &args).err()
         })
         .collect()
 }
