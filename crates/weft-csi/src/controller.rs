@@ -187,11 +187,7 @@ impl Controller for ControllerService {
         request: Request<ListVolumesRequest>,
     ) -> Result<Response<ListVolumesResponse>, Status> {
         let request = request.into_inner();
-        let listed = self.api.call("GET", "volumes".into(), None).await;
-        let mut volumes = match listed.map_err(|e| status(&e))? {
-            Value::Array(volumes) => volumes,
-            _ => return Err(Status::internal("the weft API listed no array")),
-        };
+        let mut volumes = self.volumes().await?;
         volumes.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
         let (entries, next_token) = page(&volumes, &request.starting_token, request.max_entries)?;
         let mut listed = Vec::with_capacity(entries.len());
@@ -385,6 +381,22 @@ impl Controller for ControllerService {
 }
 
 impl ControllerService {
+    /// Every volume, as the API lists them.
+    pub(crate) async fn volumes(&self) -> Result<Vec<Value>, Status> {
+        self.list("volumes").await
+    }
+
+    /// What the API lists at `path` (`volumes`, `hosts`).
+    pub(crate) async fn list(&self, path: &str) -> Result<Vec<Value>, Status> {
+        let listed = self.api.call("GET", path.into(), None).await;
+        match listed.map_err(|e| status(&e))? {
+            Value::Array(items) => Ok(items),
+            _ => Err(Status::internal(format!(
+                "the weft API listed no array at {path}"
+            ))),
+        }
+    }
+
     /// No `pool` parameter: a cluster places the volume itself; a single
     /// node's pool with the most free bytes takes it.
     async fn choose_pool(&self, body: &mut Value) -> Result<(), Status> {
@@ -434,9 +446,14 @@ pub(crate) fn volume_id(name: &str) -> String {
     if is_weft_name(name) {
         return name.to_string();
     }
-    let digest = Sha256::digest(name.as_bytes());
-    let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
-    format!("csi-{hex}")
+    format!("csi-{}", hashed(name, 16))
+}
+
+/// The first `bytes` bytes of the SHA-256 of `text`, in hex: how the
+/// plugin names what weft cannot take by its CSI name.
+pub(crate) fn hashed(text: &str, bytes: usize) -> String {
+    let digest = Sha256::digest(text.as_bytes());
+    digest[..bytes].iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Whether weft takes `name` as a volume name: 1 to 64 of letters, digits,

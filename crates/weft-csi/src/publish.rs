@@ -10,7 +10,6 @@
 use crate::controller::ControllerService;
 use crate::errors::status;
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use tonic::Status;
 
@@ -26,9 +25,17 @@ fn is_host_nqn(node_id: &str) -> bool {
 
 /// The weft host name of node `nqn`.
 pub(crate) fn host_name(nqn: &str) -> String {
-    let digest = Sha256::digest(nqn.as_bytes());
-    let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
-    format!("csi-{hex}")
+    format!("csi-{}", crate::controller::hashed(nqn, 16))
+}
+
+/// The names of the weft hosts volume `volume` (the API's JSON) is attached to.
+fn attached(volume: &Value) -> Vec<&str> {
+    volume["hosts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect()
 }
 
 impl ControllerService {
@@ -54,12 +61,7 @@ impl ControllerService {
             )));
         }
         let host = self.host_for(node_id).await?;
-        let elsewhere = volume["hosts"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_str)
-            .find(|attached| *attached != host);
+        let elsewhere = attached(&volume).into_iter().find(|other| *other != host);
         if let Some(other) = elsewhere {
             return Err(Status::failed_precondition(format!(
                 "volume {volume_id} is published to another node (host {other}); unpublish it there first"
@@ -88,7 +90,6 @@ impl ControllerService {
             // Gone: unpublished from every node, as the spec lets it say.
             return Ok(());
         };
-        let attached = volume["hosts"].as_array().cloned().unwrap_or_default();
         let wanted = match node_id {
             "" => None,
             nqn => match self.registered(nqn).await? {
@@ -96,7 +97,7 @@ impl ControllerService {
                 None => return Ok(()),
             },
         };
-        for host in attached.iter().filter_map(Value::as_str) {
+        for host in attached(&volume) {
             if wanted.as_deref().is_some_and(|w| w != host) {
                 continue;
             }
@@ -131,33 +132,24 @@ impl ControllerService {
 
     /// The name of the weft host registered with NQN `nqn`, if any.
     async fn registered(&self, nqn: &str) -> Result<Option<String>, Status> {
-        let hosts = self.api.call("GET", "hosts".into(), None).await;
-        let hosts = hosts.map_err(|e| status(&e))?;
-        Ok(hosts
-            .as_array()
-            .into_iter()
-            .flatten()
+        Ok(self
+            .list("hosts")
+            .await?
+            .iter()
             .find(|host| host["nqn"].as_str() == Some(nqn))
             .and_then(|host| host["name"].as_str().map(String::from)))
     }
 
     /// The NQNs of the nodes volume `volume` is published to.
     pub(crate) async fn published_nodes(&self, volume: &Value) -> Result<Vec<String>, Status> {
-        let attached: Vec<&str> = volume["hosts"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_str)
-            .collect();
+        let attached = attached(volume);
         if attached.is_empty() {
             return Ok(Vec::new());
         }
-        let hosts = self.api.call("GET", "hosts".into(), None).await;
-        let hosts = hosts.map_err(|e| status(&e))?;
-        Ok(hosts
-            .as_array()
-            .into_iter()
-            .flatten()
+        Ok(self
+            .list("hosts")
+            .await?
+            .iter()
             .filter(|host| attached.contains(&host["name"].as_str().unwrap_or_default()))
             .filter_map(|host| host["nqn"].as_str().map(String::from))
             .collect())

@@ -9,14 +9,11 @@ use crate::controller::ControllerService;
 use crate::csi::Snapshot;
 use crate::errors::status;
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 use tonic::Status;
 
 /// The start of the weft name of CSI snapshot `name`.
 fn name_prefix(name: &str) -> String {
-    let digest = Sha256::digest(name.as_bytes());
-    let hex: String = digest[..12].iter().map(|b| format!("{b:02x}")).collect();
-    format!("csi-{hex}-")
+    format!("csi-{}-", crate::controller::hashed(name, 12))
 }
 
 /// The creation time a weft snapshot's name holds (none: not one the
@@ -52,15 +49,6 @@ fn csi_snapshot(volume: &Value, snapshot: &str) -> Snapshot {
 }
 
 impl ControllerService {
-    /// Every volume, as the API lists them.
-    async fn volumes(&self) -> Result<Vec<Value>, Status> {
-        let listed = self.api.call("GET", "volumes".into(), None).await;
-        match listed.map_err(|e| status(&e))? {
-            Value::Array(volumes) => Ok(volumes),
-            _ => Err(Status::internal("the weft API listed no array")),
-        }
-    }
-
     /// Every snapshot, as (volume, snapshot name), sorted.
     async fn all_snapshots(&self) -> Result<Vec<(Value, String)>, Status> {
         let mut found = Vec::new();

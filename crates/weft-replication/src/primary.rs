@@ -1526,6 +1526,24 @@ mod tests {
             .collect()
     }
 
+    /// n1 does not answer a write to block 0; n0, left the only copy in
+    /// sync, first makes its copy durable: the actions after that flush.
+    fn n1_silent_during_a_write(primary: &mut Primary) -> Vec<Action> {
+        primary.host_write(OpId(1), BLOCK_0, false, 2 * MS);
+        primary.local_done(OpId(1), 3 * MS);
+        drain(primary);
+        primary.tick(300 * MS);
+        let flush = drain(primary)
+            .into_iter()
+            .find_map(|a| match a {
+                Action::LocalFlush { op } => Some(op),
+                _ => None,
+            })
+            .expect("a local flush first");
+        primary.local_done(flush, 301 * MS);
+        drain(primary)
+    }
+
     #[test]
     fn a_write_completes_once_local_and_every_in_sync_replica_are_done() {
         let (mut primary, token) = active();
@@ -1559,20 +1577,7 @@ mod tests {
     #[test]
     fn a_silent_replica_leaves_the_record_before_the_write_completes() {
         let (mut primary, _) = active();
-        primary.host_write(OpId(1), BLOCK_0, false, 2 * MS);
-        primary.local_done(OpId(1), 3 * MS);
-        drain(&mut primary);
-        primary.tick(300 * MS);
-        // Left the only copy in sync, n0 first makes its copy durable.
-        let flush = drain(&mut primary)
-            .into_iter()
-            .find_map(|a| match a {
-                Action::LocalFlush { op } => Some(op),
-                _ => None,
-            })
-            .expect("a local flush first");
-        primary.local_done(flush, 301 * MS);
-        let actions = drain(&mut primary);
+        let actions = n1_silent_during_a_write(&mut primary);
         assert!(
             completions(&actions).is_empty(),
             "held until the store agrees"
@@ -1733,19 +1738,7 @@ mod tests {
     #[test]
     fn the_run_keeps_what_was_written_while_a_member_was_out() {
         let (mut primary, _) = active();
-        primary.host_write(OpId(1), BLOCK_0, false, 2 * MS);
-        primary.local_done(OpId(1), 3 * MS);
-        drain(&mut primary);
-        primary.tick(300 * MS);
-        let flush = drain(&mut primary)
-            .into_iter()
-            .find_map(|a| match a {
-                Action::LocalFlush { op } => Some(op),
-                _ => None,
-            })
-            .expect("a local flush before it is left alone");
-        primary.local_done(flush, 301 * MS);
-        let record = drain(&mut primary)
+        let record = n1_silent_during_a_write(&mut primary)
             .into_iter()
             .find_map(|a| match a {
                 Action::Commit { record, .. } => Some(record),
