@@ -7,6 +7,8 @@
 //!   tagged with the volume's id so that a record left by a deleted volume
 //!   never applies to a new one of the same name; for a replicated volume,
 //!   its replicas ([`ReplicationRecord`]).
+//! - `reservations/<name>`: a volume's NVMe reservations
+//!   ([`ReservationRecord`]), tagged with its id like its record.
 
 use crate::store::{Change, Condition, Revision, Store, StoreError, Txn};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
@@ -99,6 +101,42 @@ pub struct VolumeRecord {
     /// every replica serves the same one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replication: Option<ReplicationRecord>,
+}
+
+/// A volume's NVMe reservations (`reservations/<volume>`), written by the
+/// node serving the volume before a reservation command completes, and read
+/// by whichever node serves it next.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReservationRecord {
+    /// The volume's id (hex): a record left by a deleted volume never
+    /// applies to a new one of the same name.
+    pub id: String,
+    /// The reservation generation (PRGEN).
+    pub generation: u32,
+    /// Registered hosts in registration order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub registrants: Vec<RegistrantRecord>,
+    /// The reservation held, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reservation: Option<HeldReservation>,
+}
+
+/// A registered host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegistrantRecord {
+    /// Its Host Identifier (32 hex digits).
+    pub host_id: String,
+    /// Its reservation key.
+    pub key: u64,
+}
+
+/// A reservation held.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeldReservation {
+    /// The Host Identifier (32 hex digits) of the host that acquired it.
+    pub holder: String,
+    /// Its type (1 to 6, as NVMe numbers them).
+    pub kind: u8,
 }
 
 /// Where a replicated volume lives and which replica serves it.
@@ -364,9 +402,12 @@ impl DesiredState {
         self.commit(vec![put(format!("volumes/{name}"), volume)])
     }
 
-    /// Forgets volume `name`.
+    /// Forgets volume `name` and its reservations.
     pub fn delete_volume(&mut self, name: &str) -> Result<(), StoreError> {
-        self.commit(vec![Change::Delete(format!("volumes/{name}"))])
+        self.commit(vec![
+            Change::Delete(format!("volumes/{name}")),
+            Change::Delete(reservation_key(name)),
+        ])
     }
 
     fn pool_prefix(&self) -> String {
@@ -392,6 +433,11 @@ impl DesiredState {
             })
             .collect()
     }
+}
+
+/// Where volume `name`'s reservations are recorded.
+pub fn reservation_key(name: &str) -> String {
+    format!("reservations/{name}")
 }
 
 /// The record at `key` in `store`, with its revision.

@@ -253,6 +253,39 @@ impl Queue {
             .map(|_| ())
     }
 
+    /// A Reservation Register, Acquire or Release (`opcode`, see
+    /// `weft_proto::reservation`) with `cdw10` and its keys as data: CRKEY,
+    /// then NRKEY or PRKEY (Release carries CRKEY only).
+    pub fn reservation(
+        &mut self,
+        opcode: u8,
+        nsid: u32,
+        cdw10: u32,
+        keys: &[u64],
+    ) -> Result<(), InitiatorError> {
+        let len = keys.len() * 8;
+        let cid = self.next_cid();
+        for (slot, key) in self.buffer(cid)[..len].chunks_exact_mut(8).zip(keys) {
+            slot.copy_from_slice(&key.to_le_bytes());
+        }
+        let mut command = sqe(opcode, nsid);
+        set_cdw(&mut command, 10, cdw10);
+        let transfer = DataTransfer::ToController(len as u32);
+        self.execute("Reservation command", command, transfer)
+            .map(|_| ())
+    }
+
+    /// Reservation Report of at most `len` bytes: the extended Reservation
+    /// Status data structure.
+    pub fn reservation_report(&mut self, nsid: u32, len: u32) -> Result<Vec<u8>, InitiatorError> {
+        let mut command = sqe(weft_proto::reservation::REPORT_OPCODE, nsid);
+        set_cdw(&mut command, 10, len / 4 - 1);
+        set_cdw(&mut command, 11, 1);
+        let transfer = DataTransfer::FromController(len);
+        let done = self.execute("Reservation Report", command, transfer)?;
+        Ok(self.buffer(done.cid.0)[..len as usize].to_vec())
+    }
+
     /// Dataset Management with the Deallocate attribute over `(slba, blocks)` ranges.
     pub fn deallocate(&mut self, nsid: u32, ranges: &[(u64, u32)]) -> Result<(), InitiatorError> {
         assert!(

@@ -85,6 +85,7 @@ pub fn build_exports(
                 eui64,
                 thin: device.is_thin(),
                 ready: true,
+                reservations: None,
             });
             subsystem_devices.push(NamespaceDevice {
                 nsid: Nsid(namespace.nsid),

@@ -40,6 +40,7 @@ pub mod manager;
 pub mod metrics;
 mod queue;
 mod replication;
+mod reservations;
 pub mod status;
 
 pub use identity::NodeId;

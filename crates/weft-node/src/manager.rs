@@ -37,6 +37,7 @@ pub use replicas::{node_host_nqn, replica_keys, replica_nqn, ReplicaPlacement};
 
 use crate::identity::NodeId;
 use crate::queue::{Inbox, Next, Refused};
+use crate::reservations::{ReservationJob, Reservations};
 use crate::status::{Authentication, HostStatus, Published, StatusReader};
 use publish::{MemberUsageCache, Touched};
 use std::collections::BTreeMap;
@@ -541,6 +542,8 @@ pub struct Manager {
     /// Slow-path answers to send once the data plane has new exports (a
     /// replica's copy grown).
     after_exports: Vec<(weft_target::VolumeReply, Result<(), IoError>)>,
+    /// The volumes' NVMe reservations and the thread that changes them.
+    reservations: Reservations,
 }
 
 impl Manager {
@@ -576,7 +579,10 @@ impl Manager {
             .map(|name| (name.clone(), Arc::default()))
             .collect();
         let generation = base.config.generation;
+        let reservations = Reservations::start(desired.clone())
+            .map_err(|e| format!("cannot start the reservations thread: {e}"))?;
         let mut manager = Manager {
+            reservations,
             node,
             base,
             pools,
@@ -634,6 +640,7 @@ impl Manager {
         // Out of `self` while volumes are exported: starting a replicator
         // needs the rest of the manager (put back below; nothing returns early).
         let pools = std::mem::take(&mut self.pools);
+        let mut volume_names = std::collections::BTreeSet::new();
         for (pool_name, pool) in &pools {
             let member_fds = pool.media().fds();
             let member_paths = pool.media().paths().to_vec();
@@ -641,6 +648,7 @@ impl Manager {
             let layout = Arc::new(*pool.layout());
             let health = &Arc::clone(&self.health[pool_name]);
             for volume in pool.volumes() {
+                volume_names.insert(volume.name.clone());
                 let record = self.volume_record(&volume.name, &volume.id);
                 let served = ServedIdentity::of(&volume.name, &volume.id, &record);
                 let nqn = served.nqn;
@@ -678,6 +686,7 @@ impl Manager {
                         eui64: eui64.try_into().expect("8 bytes"),
                         thin: !volume.thick,
                         ready: true,
+                        reservations: Some(self.reservations.cell(&volume.name, &record.id)),
                     }],
                     access: HostAccess::Only(allowed),
                     ana: self.ana_of(&record),
@@ -754,6 +763,7 @@ impl Manager {
             }
         }
         self.pools = pools;
+        self.reservations.retain(&volume_names);
         for referral in crate::exports::ports(&self.cluster_referrals) {
             if !config
                 .referrals
@@ -901,6 +911,23 @@ impl Manager {
             request.reply.send(outcome);
             return None;
         }
+        if let VolumeWork::Reserve { host, command } = request.work {
+            let id = pool
+                .volume_info(&request.volume)
+                .map(|info| self.volume_record(&request.volume, &info.id).id);
+            match id {
+                Ok(id) => self.reservations.submit(ReservationJob {
+                    volume: request.volume,
+                    id,
+                    node: self.cluster_node.clone(),
+                    host,
+                    command,
+                    reply: request.reply,
+                }),
+                Err(_) => request.reply.send(VolumeOutcome::Done(Err(IoError::Other))),
+            }
+            return None;
+        }
         if let VolumeWork::Grow { size_bytes } = request.work {
             // Answered once the data plane serves the new size: the
             // primary writes past the old end right after.
@@ -909,7 +936,10 @@ impl Manager {
             return None;
         }
         let result = match request.work {
-            VolumeWork::Wait | VolumeWork::MarkIntent { .. } | VolumeWork::Grow { .. } => Ok(()),
+            VolumeWork::Wait
+            | VolumeWork::MarkIntent { .. }
+            | VolumeWork::Grow { .. }
+            | VolumeWork::Reserve { .. } => Ok(()),
             VolumeWork::PrepareWrite { offset, len } => {
                 match pool.prepare_write(&request.volume, offset, len) {
                     Ok(()) => return Some(request),

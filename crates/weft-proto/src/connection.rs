@@ -37,6 +37,9 @@ use crate::pdu::{
     self, data_field_offset, digest_bits, field_offset, flags, CommonHeader, DataHeader,
     FatalErrorStatus, IcReq, IcResp, PduError, PduType, COMMON_HEADER_LEN, MAX_HEADER_LEN,
 };
+#[cfg(test)]
+use crate::reservation::ReservationCell;
+use crate::reservation::{HostIdentifier, ReservationCommand};
 use crate::status::{Completion, Status};
 use crate::target::{
     ControllerShared, Limits, RegistryError, SubsystemConfig, Target, TargetConfig, DISCOVERY_NQN,
@@ -964,11 +967,16 @@ impl Connection {
         if !self.enter_fence(slot) {
             return self.complete(slot, Status::RESERVATION_CONFLICT, 0, 0, buffers);
         }
-        let entry = &mut self.slots[usize::from(slot.0)];
-        let plan = entry.io_plan.expect("I/O commands are planned in prepare");
+        let plan = self.slots[usize::from(slot.0)]
+            .io_plan
+            .expect("I/O commands are planned in prepare");
+        if let Err(status) = self.reservation_check(plan) {
+            return self.complete(slot, status, 0, 0, buffers);
+        }
         let State::Io(queue, io_queue) = &self.state else {
             unreachable!("start_io on an I/O queue")
         };
+        let host = HostIdentifier(queue.controller.host_id);
         let write_cache = queue.controller.write_cache_enabled.load(Ordering::Relaxed);
         let mut push =
             |nsid: Nsid, kind: IoKind| self.io_requests.push_back(IoRequest { slot, nsid, kind });
@@ -1087,6 +1095,34 @@ impl Connection {
                 push(nsid, IoKind::Grow { size_bytes });
                 1
             }
+            IoPlan::Reserve {
+                nsid,
+                opcode,
+                cdw10,
+            } => match ReservationCommand::decode(opcode, cdw10, buffers.buffer(slot)) {
+                Ok(command) => {
+                    push(nsid, IoKind::Reserve { host, command });
+                    1
+                }
+                Err(status) => return self.complete(slot, status, 0, 0, buffers),
+            },
+            IoPlan::ReservationReport {
+                nsid,
+                len,
+                extended,
+            } => {
+                let cell = self.config.subsystems[io_queue.subsystem]
+                    .namespace(nsid)
+                    .and_then(|ns| ns.reservations.as_ref())
+                    .expect("planned: the namespace has reservations");
+                // All NUMD dwords go to the host, zeroes past the structure.
+                let out = &mut buffers.buffer(slot)[..len as usize];
+                out.fill(0);
+                return match cell.state().1.report(extended, out) {
+                    Ok(_) => self.complete(slot, Status::SUCCESS, 0, len, buffers),
+                    Err(status) => self.complete(slot, status, 0, 0, buffers),
+                };
+            }
         };
         if pending == 0 {
             self.complete(slot, Status::SUCCESS, 0, 0, buffers);
@@ -1095,6 +1131,24 @@ impl Connection {
         let entry = &mut self.slots[usize::from(slot.0)];
         entry.state = SlotState::Executing;
         entry.io_pending = pending;
+    }
+
+    /// Reservation Conflict if a reservation on the command's namespace
+    /// (every namespace, for a Flush of all) keeps this host from it.
+    fn reservation_check(&self, plan: IoPlan) -> Result<(), Status> {
+        let Some((nsid, access)) = plan.access() else {
+            return Ok(());
+        };
+        let State::Io(queue, io_queue) = &self.state else {
+            return Ok(());
+        };
+        let host = HostIdentifier(queue.controller.host_id);
+        self.config.subsystems[io_queue.subsystem]
+            .namespaces
+            .iter()
+            .filter(|ns| nsid == Nsid::BROADCAST || ns.nsid == nsid)
+            .filter_map(|ns| ns.reservations.as_ref())
+            .try_for_each(|cell| cell.check(host, access))
     }
 
     fn count_io(&self, plan: IoPlan, status: Status) {
@@ -2966,6 +3020,134 @@ mod tests {
     }
 
     /// weft's replica fence (Set Features C0h, token in CDW11-13).
+    /// Host A's and host B's I/O queues on a target whose namespace 2 has
+    /// reservations, both executing reservation commands on one cell.
+    fn reservation_hosts() -> (Arc<Target>, Pair, Pair) {
+        let target = test_target();
+        let cell = Arc::new(ReservationCell::new());
+        update(&target, |config| {
+            config.subsystems[0].namespaces[1].reservations = Some(Arc::clone(&cell));
+        });
+        let io_as = |host_id: [u8; 16]| {
+            let mut admin = Pair::new(&target);
+            admin.host_id = host_id;
+            let cntlid = admin.connect_admin(TEST_NQN, 5000);
+            let mut queues = sqe(admin_opcode::SET_FEATURES, 3, 0, 0, false);
+            set_cdw(&mut queues, 10, 0x07);
+            set_cdw(&mut queues, 11, 0x0001_0001);
+            assert_eq!(admin.simple(&queues).status(), Status::SUCCESS);
+            let mut io = Pair::new(&target);
+            io.host_id = host_id;
+            assert_eq!(io.connect_io(cntlid, 1, 127).status(), Status::SUCCESS);
+            io.reservations = Some(Arc::clone(&cell));
+            io
+        };
+        let a = io_as(HOST_ID);
+        let b = io_as([0x22; 16]);
+        (target, a, b)
+    }
+
+    fn reservation(opcode: u8, cid: u16, cdw10: u32, keys: &[u64]) -> ([u8; 64], Vec<u8>) {
+        let data: Vec<u8> = keys.iter().flat_map(|key| key.to_le_bytes()).collect();
+        let mut command = sqe(opcode, cid, 2, data.len() as u32, true);
+        set_cdw(&mut command, 10, cdw10);
+        (command, data)
+    }
+
+    fn run(io: &mut Pair, (command, data): ([u8; 64], Vec<u8>)) -> Status {
+        io.command(&command, &data)
+            .pop()
+            .expect("a response")
+            .status()
+    }
+
+    #[test]
+    fn reservations_keep_other_hosts_from_writing_and_a_preempt_fences_the_holder() {
+        use crate::reservation::{ACQUIRE_OPCODE, REGISTER_OPCODE, REPORT_OPCODE};
+        let (target, mut a, mut b) = reservation_hosts();
+        let mut out = [0u8; 4096];
+        let config = target.config();
+        let subsystem = &config.subsystems[0];
+        crate::identify::namespace(&subsystem.namespaces[1], &subsystem.ana, &mut out);
+        assert_eq!(out[31], 0xFF, "RESCAP");
+        crate::identify::namespace(&subsystem.namespaces[0], &subsystem.ana, &mut out);
+        assert_eq!(out[31], 0, "no reservations on namespace 1");
+        let write = |cid| rw(io_opcode::WRITE, cid, 2, 0, 1, 4096, true);
+        let read = |cid| rw(io_opcode::READ, cid, 2, 0, 1, 4096, false);
+        // A registers key 1 (CPTPL 11b, as Linux sends) and takes Write Exclusive.
+        assert_eq!(
+            run(
+                &mut a,
+                reservation(REGISTER_OPCODE, 1, 0xC000_0000, &[0, 1])
+            ),
+            Status::SUCCESS
+        );
+        assert_eq!(
+            run(&mut a, reservation(ACQUIRE_OPCODE, 2, 0x100, &[1, 0])),
+            Status::SUCCESS
+        );
+        assert_eq!(
+            a.command(&write(3), &[3; 4096]).pop().unwrap().status(),
+            Status::SUCCESS
+        );
+        assert_eq!(
+            b.command(&write(4), &[4; 4096]).pop().unwrap().status(),
+            Status::RESERVATION_CONFLICT
+        );
+        assert_eq!(
+            b.read_data(&read(5)).1.status(),
+            Status::SUCCESS,
+            "B still reads"
+        );
+        // Without a key of its own, B cannot take it.
+        assert_eq!(
+            run(&mut b, reservation(ACQUIRE_OPCODE, 6, 0x101, &[2, 1])),
+            Status::RESERVATION_CONFLICT
+        );
+        // B registers and preempts A (Exclusive Access, with abort).
+        assert_eq!(
+            run(&mut b, reservation(REGISTER_OPCODE, 7, 0, &[0, 2])),
+            Status::SUCCESS
+        );
+        assert_eq!(
+            run(&mut b, reservation(ACQUIRE_OPCODE, 8, 0x202, &[2, 1])),
+            Status::SUCCESS
+        );
+        assert_eq!(
+            a.command(&write(9), &[9; 4096]).pop().unwrap().status(),
+            Status::RESERVATION_CONFLICT
+        );
+        assert_eq!(
+            a.read_data(&read(10)).1.status(),
+            Status::RESERVATION_CONFLICT
+        );
+        assert_eq!(
+            b.command(&write(11), &[11; 4096]).pop().unwrap().status(),
+            Status::SUCCESS
+        );
+        // Report: the extended structure only.
+        let mut report = sqe(REPORT_OPCODE, 12, 2, 4096, false);
+        set_cdw(&mut report, 10, 1023);
+        let (_, refused) = a.read_data(&report);
+        assert_eq!(refused.status(), Status::HOST_ID_INCONSISTENT_FORMAT);
+        set_cdw(&mut report, 11, 1);
+        let (data, done) = a.read_data(&report);
+        assert_eq!(done.status(), Status::SUCCESS);
+        assert_eq!(data.len(), 4096, "NUMD + 1 dwords");
+        assert_eq!(data[128..], [0; 4096 - 128], "zeroes past the registrants");
+        assert_eq!(data[4], 2, "Exclusive Access");
+        assert_eq!(u16::from_le_bytes([data[5], data[6]]), 1, "B only");
+        assert_eq!(data[64 + 2], 1, "B holds it");
+        assert_eq!(data[64 + 16..64 + 32], [0x22; 16]);
+        // Namespace 1 has none: the commands are not supported there.
+        let (mut command, data) = reservation(REGISTER_OPCODE, 13, 0, &[0, 1]);
+        command[4..8].copy_from_slice(&1u32.to_le_bytes());
+        assert_eq!(
+            a.command(&command, &data).pop().unwrap().status(),
+            Status::INVALID_OPCODE
+        );
+    }
+
     fn fence_command(cid: u16, epoch: u64, session: u32) -> [u8; 64] {
         let mut command = sqe(admin_opcode::SET_FEATURES, cid, 0, 0, false);
         set_cdw(&mut command, 10, u32::from(crate::fence::FENCE_FEATURE));

@@ -38,6 +38,45 @@ pub fn decoders(data: &[u8]) {
         let _ = IoPlan::from_command(&command, subsystem, config.limits.transfer_bytes_max);
         let mut ranges = Vec::new();
         let _ = dsm_ranges(&data[64..], &subsystem.namespaces[0], &mut ranges);
+        reservation(&command, &data[64..]);
+    }
+}
+
+/// A reservation command decoded from `data` and applied to a state with a
+/// registrant and a reservation; the report of the outcome.
+fn reservation(command: &Command, data: &[u8]) {
+    use crate::reservation::{
+        HostIdentifier, Registrant, Reservation, ReservationCommand, ReservationState,
+        ReservationType,
+    };
+    let mut report = [0u8; 256];
+    let holder = HostIdentifier([1; 16]);
+    let held = ReservationState {
+        generation: 1,
+        registrants: vec![Registrant {
+            host: holder,
+            key: u64::from(command.cdw(12)),
+        }],
+        reservation: Some(Reservation {
+            holder,
+            kind: ReservationType::from_raw(command.cdw(13) as u8 % 6 + 1).expect("1 to 6"),
+        }),
+    };
+    let _ = held.report(command.cdw(11) & 1 != 0, &mut report);
+    let Some(needed) = ReservationCommand::data_len(command.opcode) else {
+        return;
+    };
+    if data.len() < needed as usize {
+        return;
+    }
+    let Ok(decoded) = ReservationCommand::decode(command.opcode, command.cdw(10), data) else {
+        return;
+    };
+    for host in [HostIdentifier([0; 16]), holder] {
+        if let Ok(next) = held.apply(host, decoded) {
+            let _ = next.report(true, &mut report);
+            let _ = next.check(host, crate::reservation::Access::Write);
+        }
     }
 }
 
@@ -130,6 +169,10 @@ fn fixtures() -> &'static [Fixture; 3] {
 
 fn fixture(authentication: Option<bool>) -> Fixture {
     let mut config = testing::config_with(testing::TEST_NQN, &FUZZ_NAMESPACES, FUZZ_LIMITS);
+    // Namespace 1 serves reservation commands (the cell stays empty: held
+    // I/O completes without a node behind it).
+    config.subsystems[0].namespaces[0].reservations =
+        Some(Arc::new(crate::reservation::ReservationCell::new()));
     if let Some(bidirectional) = authentication {
         testing::require_authentication(&mut config, bidirectional);
     }

@@ -179,8 +179,9 @@ pub fn controller(id: &ControllerIdentity<'_>, out: &mut [u8]) -> usize {
             .u8(512, 0x66) // SQES: 64-byte entries
             .u8(513, 0x44) // CQES: 16-byte entries
             .u32(516, id.max_nsid) // NN
-            // ONCS: Compare, Dataset Management, Write Zeroes.
-            .u16(520, (1 << 0) | (1 << 2) | (1 << 3))
+            // ONCS: Compare, Dataset Management, Write Zeroes, Reservations
+            // (on the namespaces whose RESCAP says so).
+            .u16(520, (1 << 0) | (1 << 2) | (1 << 3) | (1 << 5))
             // VWC: present; bits 2:1 = 11b, Flush with NSID FFFFFFFFh is supported.
             .u8(525, 0x7)
             .u32(540, id.max_namespaces); // MNAN
@@ -228,6 +229,7 @@ pub fn namespace(ns: &NamespaceConfig, ana: &AnaConfig, out: &mut [u8]) -> usize
         .u8(25, 0) // NLBAF: one format (0's based)
         .u8(26, 0) // FLBAS: format 0
         .u8(30, NMIC_SHARED)
+        .u8(31, rescap(ns))
         // DLFEAT: deallocated blocks read as zeroes (001b), Write Zeroes may deallocate (bit 3).
         .u8(33, 0x1 | (1 << 3))
         .u32(92, ana.group.get()) // ANAGRPID
@@ -235,6 +237,15 @@ pub fn namespace(ns: &NamespaceConfig, ana: &AnaConfig, out: &mut [u8]) -> usize
         .bytes(120, &ns.eui64)
         .u32(128, ns.block_shift() << 16); // LBAF0: MS 0, LBADS, RP 0
     IDENTIFY_LEN
+}
+
+/// RESCAP: the reservations a namespace supports (none without a cell).
+fn rescap(ns: &NamespaceConfig) -> u8 {
+    if ns.reservations.is_some() {
+        crate::reservation::RESCAP
+    } else {
+        0
+    }
 }
 
 /// Active namespace ID list: NSIDs greater than `after`, ascending (CNS 02h / 07h).
@@ -277,6 +288,7 @@ pub fn cs_independent_namespace(ns: &NamespaceConfig, ana: &AnaConfig, out: &mut
     Writer::new(out)
         .u8(0, ns.thin as u8 | (1 << 3))
         .u8(1, NMIC_SHARED)
+        .u8(2, rescap(ns))
         .u32(4, ana.group.get()) // ANAGRPID
         .u8(14, ns.ready as u8);
     IDENTIFY_LEN
@@ -487,6 +499,7 @@ mod tests {
             eui64: [0x33; 8],
             thin: true,
             ready: true,
+            reservations: None,
         }
     }
 

@@ -9,6 +9,7 @@
 //! which the host retries on another path.
 
 use crate::command::{io_opcode, Command};
+use crate::reservation::{self, Access, HostIdentifier, ReservationCommand};
 use crate::status::Status;
 use crate::target::{NamespaceConfig, SubsystemConfig};
 use crate::types::{Nsid, SlotId};
@@ -75,6 +76,15 @@ pub enum IoKind {
         /// Length of the name in bytes.
         name_len: u32,
     },
+    /// Change the namespace's reservations: `host` ran `command` (see
+    /// [`crate::reservation`]); the new state is durable and installed in
+    /// the namespace's cell before the completion.
+    Reserve {
+        /// The host that sent it.
+        host: HostIdentifier,
+        /// The command with its keys.
+        command: ReservationCommand,
+    },
     /// Grow a replica's copy to `size_bytes` (a replica subsystem's vendor
     /// command).
     Grow {
@@ -102,6 +112,12 @@ pub enum IoError {
     /// Not served on this path (this node is not the volume's primary):
     /// ANA Inaccessible, retried on another path.
     PathInaccessible,
+    /// A reservation command conflicts with the registrations or the
+    /// reservation held (Reservation Conflict).
+    ReservationConflict,
+    /// A reservation command's fields are wrong for the state (Invalid
+    /// Field in Command, e.g. releasing another type than the one held).
+    InvalidField,
     /// Anything else.
     Other,
 }
@@ -114,9 +130,11 @@ impl IoKind {
             IoKind::WriteZeroes { offset, len, .. } | IoKind::Deallocate { offset, len } => {
                 Some((offset, len))
             }
-            IoKind::Read { .. } | IoKind::Flush | IoKind::Snapshot { .. } | IoKind::Grow { .. } => {
-                None
-            }
+            IoKind::Read { .. }
+            | IoKind::Flush
+            | IoKind::Snapshot { .. }
+            | IoKind::Grow { .. }
+            | IoKind::Reserve { .. } => None,
         }
     }
 }
@@ -161,6 +179,33 @@ pub enum IoPlan {
     Snapshot { nsid: Nsid, name_len: u32 },
     /// Grow: grow the replica's copy to `size_bytes` (see [`crate::intent`]).
     Grow { nsid: Nsid, size_bytes: u64 },
+    /// Reservation Register, Acquire or Release: decoded with its keys once
+    /// its data is in the slot buffer (see [`crate::reservation`]).
+    Reserve { nsid: Nsid, opcode: u8, cdw10: u32 },
+    /// Reservation Report of `len` bytes, the extended structure if asked.
+    ReservationReport {
+        nsid: Nsid,
+        len: u32,
+        extended: bool,
+    },
+}
+
+impl IoPlan {
+    /// What the command does to its namespace, for its reservation check.
+    pub fn access(&self) -> Option<(Nsid, Access)> {
+        match *self {
+            IoPlan::Read { nsid, .. } | IoPlan::Compare { nsid, .. } => Some((nsid, Access::Read)),
+            IoPlan::Write { nsid, .. }
+            | IoPlan::Flush { nsid }
+            | IoPlan::WriteZeroes { nsid, .. }
+            | IoPlan::DatasetManagement { nsid, .. } => Some((nsid, Access::Write)),
+            IoPlan::Clean { .. }
+            | IoPlan::Snapshot { .. }
+            | IoPlan::Grow { .. }
+            | IoPlan::Reserve { .. }
+            | IoPlan::ReservationReport { .. } => None,
+        }
+    }
 }
 
 impl IoPlan {
@@ -205,6 +250,10 @@ impl IoPlan {
                 | io_opcode::COMPARE
                 | io_opcode::WRITE_ZEROES
                 | io_opcode::DATASET_MANAGEMENT
+                | reservation::REGISTER_OPCODE
+                | reservation::ACQUIRE_OPCODE
+                | reservation::RELEASE_OPCODE
+                | reservation::REPORT_OPCODE
         );
         if !known {
             return Err(Status::INVALID_OPCODE);
@@ -221,6 +270,10 @@ impl IoPlan {
         match command.opcode {
             io_opcode::FLUSH => Ok(IoPlan::Flush { nsid: ns.nsid }),
             io_opcode::DATASET_MANAGEMENT => dataset_management(command, ns),
+            reservation::REPORT_OPCODE => reservation_report(command, ns, transfer_bytes_max),
+            reservation::REGISTER_OPCODE
+            | reservation::ACQUIRE_OPCODE
+            | reservation::RELEASE_OPCODE => reservation_change(command, ns),
             io_opcode::WRITE_ZEROES => {
                 let (offset, len) = lba_range(command, ns)?;
                 // CDW12: DEAC is bit 25, FUA bit 30 (NVM Command Set 1.0, 3.3.7).
@@ -237,6 +290,46 @@ impl IoPlan {
             opcode => data_command(opcode, command, ns, transfer_bytes_max),
         }
     }
+}
+
+/// A Reservation Register, Acquire or Release: on a namespace with
+/// reservations, with at least its keys as data.
+fn reservation_change(command: &Command, ns: &NamespaceConfig) -> Result<IoPlan, Status> {
+    if ns.reservations.is_none() {
+        return Err(Status::INVALID_OPCODE);
+    }
+    let needed = ReservationCommand::data_len(command.opcode).expect("a reservation change");
+    if command.sgl.length < needed {
+        return Err(Status::SGL_LENGTH_INVALID);
+    }
+    Ok(IoPlan::Reserve {
+        nsid: ns.nsid,
+        opcode: command.opcode,
+        cdw10: command.cdw(10),
+    })
+}
+
+/// A Reservation Report: on a namespace with reservations, NUMD + 1
+/// dwords (CDW10, 0's based) within the transfer and the slot buffer; EDS
+/// is CDW11 bit 0.
+fn reservation_report(
+    command: &Command,
+    ns: &NamespaceConfig,
+    transfer_bytes_max: u32,
+) -> Result<IoPlan, Status> {
+    if ns.reservations.is_none() {
+        return Err(Status::INVALID_OPCODE);
+    }
+    let len = (u64::from(command.cdw(10)) + 1) * 4;
+    let len = len.min(u64::from(command.sgl.length)) as u32;
+    if len > transfer_bytes_max {
+        return Err(Status::INVALID_FIELD);
+    }
+    Ok(IoPlan::ReservationReport {
+        nsid: ns.nsid,
+        len,
+        extended: command.cdw(11) & 1 != 0,
+    })
 }
 
 /// A Clean: only on a subsystem with a write intent (a replica subsystem),
@@ -424,6 +517,8 @@ pub fn status_of(error: IoError, is_read: bool) -> Status {
         IoError::Busy => Status::NAMESPACE_NOT_READY,
         IoError::PathTransition => Status::ANA_TRANSITION,
         IoError::PathInaccessible => Status::ANA_INACCESSIBLE,
+        IoError::ReservationConflict => Status::RESERVATION_CONFLICT,
+        IoError::InvalidField => Status::INVALID_FIELD,
         IoError::Other => Status::INTERNAL_ERROR,
     }
 }
@@ -450,6 +545,7 @@ mod tests {
                 eui64: [0; 8],
                 thin: true,
                 ready: true,
+                reservations: None,
             }],
             access: HostAccess::Any,
             ana: AnaConfig::DEFAULT,

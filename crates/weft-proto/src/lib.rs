@@ -22,6 +22,7 @@ pub mod identify;
 pub mod intent;
 pub mod io;
 pub mod pdu;
+pub mod reservation;
 pub mod status;
 pub mod target;
 pub mod testing;

@@ -83,9 +83,9 @@ statuses! {
     SGL_TYPE_INVALID = (Generic, 0x11, true);
     /// SGL Offset Invalid.
     SGL_OFFSET_INVALID = (Generic, 0x16, true);
-    /// Reservation Conflict: another controller holds the namespace (for
-    /// weft's replica subsystems: another primary session holds the fence).
-    RESERVATION_CONFLICT = (Generic, 0x18, true);
+    /// Host Identifier Inconsistent Format: a Reservation Report without
+    /// the extended data structure, where Host Identifiers are 128-bit.
+    HOST_ID_INCONSISTENT_FORMAT = (Generic, 0x18, true);
     /// Transient Transport Error: retrying may succeed (data digest mismatch).
     TRANSIENT_TRANSPORT_ERROR = (Generic, 0x22, false);
     /// LBA Out of Range.
@@ -94,6 +94,10 @@ statuses! {
     CAPACITY_EXCEEDED = (Generic, 0x81, true);
     /// Namespace Not Ready.
     NAMESPACE_NOT_READY = (Generic, 0x82, false);
+    /// Reservation Conflict: another host holds the namespace's
+    /// reservation (for weft's replica subsystems: another primary session
+    /// holds the fence).
+    RESERVATION_CONFLICT = (Generic, 0x83, true);
     /// Abort Command Limit Exceeded.
     ABORT_LIMIT_EXCEEDED = (CommandSpecific, 0x03, true);
     /// Asynchronous Event Request Limit Exceeded.

@@ -220,6 +220,8 @@ pub struct NamespaceConfig {
     pub thin: bool,
     /// Whether the backend is open and serving.
     pub ready: bool,
+    /// Its reservations, when it supports them (see [`crate::reservation`]).
+    pub reservations: Option<Arc<crate::reservation::ReservationCell>>,
 }
 
 impl NamespaceConfig {
@@ -971,6 +973,7 @@ mod tests {
             eui64: [0; 8],
             thin: true,
             ready: true,
+            reservations: None,
         };
         SubsystemConfig {
             nqn: "nqn.s".into(),

@@ -10,8 +10,9 @@ use crate::auth::{
 use crate::command::{admin_opcode, fctype, FABRICS_OPCODE};
 use crate::connection::{Connection, SlotBuffers, TxSegment};
 use crate::digest::crc32c;
-use crate::io::{IoKind, IoRequest};
+use crate::io::{IoError, IoKind, IoRequest};
 use crate::pdu::{self, flags, DataHeader, IcReq, PduType};
+use crate::reservation::{HostIdentifier, ReservationCell, ReservationCommand};
 use crate::status::Status;
 use crate::target::{
     AddressFamily, AllowedHost, HostAccess, Limits, ListenerConfig, NamespaceConfig,
@@ -54,6 +55,7 @@ pub fn config_with(nqn: &str, namespaces: &[(u32, u64, u32)], limits: Limits) ->
         eui64: [0x80 + nsid as u8; 8],
         thin: true,
         ready: true,
+        reservations: None,
     };
     TargetConfig {
         subsystems: vec![SubsystemConfig {
@@ -233,6 +235,11 @@ pub struct Pair {
     pub recorded: Option<Vec<Vec<u8>>>,
     /// Names of the snapshots replica Snapshot commands asked for, in order.
     pub snapshots: Vec<String>,
+    /// Where reservation commands take effect, as a node installs them
+    /// (each at the next revision); without it they fail.
+    pub reservations: Option<Arc<ReservationCell>>,
+    /// The Host Identifier its Connects send ([`HOST_ID`] unless changed).
+    pub host_id: [u8; 16],
 }
 
 impl Pair {
@@ -257,6 +264,8 @@ impl Pair {
             held_io: Vec::new(),
             recorded: None,
             snapshots: Vec::new(),
+            reservations: None,
+            host_id: HOST_ID,
         }
     }
 
@@ -355,9 +364,29 @@ impl Pair {
                 self.snapshots
                     .push(String::from_utf8_lossy(name).into_owned());
             }
+            IoKind::Reserve { host, command } => {
+                let result = self.reserve(host, command);
+                return self
+                    .connection
+                    .handle_io_complete(request.slot, result, &mut self.buffers);
+            }
         }
         self.connection
             .handle_io_complete(request.slot, Ok(()), &mut self.buffers);
+    }
+
+    fn reserve(&self, host: HostIdentifier, command: ReservationCommand) -> Result<(), IoError> {
+        let cell = self.reservations.as_ref().ok_or(IoError::Other)?;
+        let (revision, state) = cell.state();
+        let next = state.apply(host, command).map_err(|status| {
+            if status == Status::RESERVATION_CONFLICT {
+                IoError::ReservationConflict
+            } else {
+                IoError::InvalidField
+            }
+        })?;
+        cell.install(revision + 1, next);
+        Ok(())
     }
 
     /// Parses the next complete PDU the target sent.
@@ -458,7 +487,8 @@ impl Pair {
     /// ICReq, admin Connect and CC.EN=1: a ready admin queue; returns the controller ID.
     pub fn connect_admin(&mut self, subnqn: &str, kato_ms: u32) -> u16 {
         self.initialize(self.header_digest, self.data_digest);
-        let (sqe, data) = connect_command(1, 0, 31, kato_ms, 0xFFFF, subnqn);
+        let (sqe, mut data) = connect_command(1, 0, 31, kato_ms, 0xFFFF, subnqn);
+        data[..16].copy_from_slice(&self.host_id);
         let response = self.command(&sqe, &data).pop().expect("Connect response");
         assert_eq!(response.status(), Status::SUCCESS, "admin Connect");
         let cntlid = response.result() as u16;
@@ -507,7 +537,8 @@ impl Pair {
     /// ICReq and I/O queue Connect for `qid` of controller `cntlid`.
     pub fn connect_io(&mut self, cntlid: u16, qid: u16, sqsize: u16) -> ReceivedPdu {
         self.initialize(self.header_digest, self.data_digest);
-        let (sqe, data) = connect_command(1, qid, sqsize, 0, cntlid, TEST_NQN);
+        let (sqe, mut data) = connect_command(1, qid, sqsize, 0, cntlid, TEST_NQN);
+        data[..16].copy_from_slice(&self.host_id);
         self.command(&sqe, &data).pop().expect("Connect response")
     }
 }

@@ -928,8 +928,8 @@ impl Reactor {
                 };
                 return self.ask_manager(index, request, &volume, work);
             }
-            IoKind::Snapshot { .. } | IoKind::Grow { .. } => {
-                unreachable!("replica control is routed before")
+            IoKind::Snapshot { .. } | IoKind::Grow { .. } | IoKind::Reserve { .. } => {
+                unreachable!("volume control is routed before")
             }
         };
         if !volume.gate.enter() {
@@ -1064,8 +1064,8 @@ impl Reactor {
             },
             IoKind::Flush => ReplicatedWork::Flush,
             IoKind::Read { .. } => unreachable!("reads are served here"),
-            IoKind::Snapshot { .. } | IoKind::Grow { .. } => {
-                unreachable!("taken on replica subsystems")
+            IoKind::Snapshot { .. } | IoKind::Grow { .. } | IoKind::Reserve { .. } => {
+                unreachable!("volume control is routed before")
             }
         };
         peer.ops_in_flight += 1;
@@ -1075,9 +1075,10 @@ impl Reactor {
         });
     }
 
-    /// A replica's Snapshot or Grow command: the manager carries it out (a
-    /// device namespace has no snapshots, nor grows: refused).
-    fn replica_control(
+    /// A replica's Snapshot or Grow command, or a reservation change: the
+    /// manager carries it out (a device namespace has no snapshots, does
+    /// not grow and has no reservations: refused).
+    fn volume_control(
         &mut self,
         index: usize,
         request: IoRequest,
@@ -1090,6 +1091,7 @@ impl Reactor {
                     .map(VolumeWork::Snapshot)
             }
             IoKind::Grow { size_bytes } => Some(VolumeWork::Grow { size_bytes }),
+            IoKind::Reserve { host, command } => Some(VolumeWork::Reserve { host, command }),
             _ => None,
         };
         match (volume, work) {
@@ -1358,12 +1360,15 @@ impl Reactor {
             let result = Err(IoError::Failed);
             return finish_io(peer, &mut self.meters, now_ns, request.slot, result);
         }
-        if matches!(request.kind, IoKind::Snapshot { .. } | IoKind::Grow { .. }) {
+        if matches!(
+            request.kind,
+            IoKind::Snapshot { .. } | IoKind::Grow { .. } | IoKind::Reserve { .. }
+        ) {
             let volume = match &namespace.backend {
                 Backend::Volume(volume) => Some(Arc::clone(volume)),
                 Backend::Device(_) => None,
             };
-            return self.replica_control(index, request, volume);
+            return self.volume_control(index, request, volume);
         }
         let device = match &namespace.backend {
             Backend::Device(device) => device.as_ref(),
@@ -1432,8 +1437,8 @@ impl Reactor {
             IoKind::Deallocate { offset, len } => {
                 return self.start_zeroing(index, slot, zeroing(device, offset, len, false))
             }
-            IoKind::Snapshot { .. } | IoKind::Grow { .. } => {
-                unreachable!("replica control never reaches a device")
+            IoKind::Snapshot { .. } | IoKind::Grow { .. } | IoKind::Reserve { .. } => {
+                unreachable!("volume control never reaches a device")
             }
         };
         peer.io_len[usize::from(slot.0)] = expected;
@@ -1528,7 +1533,8 @@ fn io_class(kind: &IoKind) -> (IoClass, u32) {
         | IoKind::WriteZeroes { .. }
         | IoKind::Deallocate { .. }
         | IoKind::Snapshot { .. }
-        | IoKind::Grow { .. } => (IoClass::Other, 0),
+        | IoKind::Grow { .. }
+        | IoKind::Reserve { .. } => (IoClass::Other, 0),
     }
 }
 
@@ -1620,8 +1626,8 @@ fn memory_io(
         IoKind::WriteZeroes { offset, len, .. } | IoKind::Deallocate { offset, len } => {
             device.zero_inline(offset, len)
         }
-        IoKind::Snapshot { .. } | IoKind::Grow { .. } => {
-            unreachable!("replica control never reaches a device")
+        IoKind::Snapshot { .. } | IoKind::Grow { .. } | IoKind::Reserve { .. } => {
+            unreachable!("volume control never reaches a device")
         }
     }
 }

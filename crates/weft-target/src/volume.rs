@@ -16,6 +16,7 @@ use std::fmt;
 use std::os::fd::RawFd;
 use std::sync::{mpsc, Arc};
 use weft_proto::intent::WriteIntent;
+use weft_proto::reservation::{HostIdentifier, ReservationCommand};
 use weft_proto::{IoError, IoRequest};
 use weft_volume::format::Layout;
 use weft_volume::{ChunkMap, Lookup, WriteGate};
@@ -162,6 +163,14 @@ pub enum VolumeWork {
     Grow {
         /// The new size in bytes.
         size_bytes: u64,
+    },
+    /// Change the volume's reservations as `host` asked, durably, install
+    /// the new state in the namespace's cell, then give the result.
+    Reserve {
+        /// The host that sent the command.
+        host: HostIdentifier,
+        /// The command with its keys.
+        command: ReservationCommand,
     },
 }
 

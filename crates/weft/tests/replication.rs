@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 use support::etcd::{free_port, Etcd};
 use support::{ok, start_node_on, temp_dir, Node};
 use weft_initiator::{ConnectOptions, Controller, InitiatorError, Queue, TargetUrl};
-use weft_proto::status::StatusCodeType;
+use weft_proto::reservation::{ACQUIRE_OPCODE, REGISTER_OPCODE};
+use weft_proto::status::{Status, StatusCodeType};
 
 const HOST_NQN: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-0000000ae9a1";
 const BLOCK: u32 = 4096;
@@ -802,4 +803,80 @@ fn a_replica_out_while_its_primary_restarted_is_copied_only_what_it_missed() {
     }
     drop((queue, controller));
     drop((n2, etcd));
+}
+
+/// An I/O queue to volume "rep" on `node` as the host with Host Identifier
+/// `[host_id; 16]` (two of them play two hosts of one cluster).
+fn connect_as(node: &Node, host_id: u8) -> (Controller, Queue) {
+    let url = TargetUrl::parse(&format!("{}/nqn.2026-11.io.weft:vol:rep", node.nvme)).unwrap();
+    let options = ConnectOptions {
+        host_nqn: HOST_NQN.into(),
+        host_id: [host_id; 16],
+        ..ConnectOptions::default()
+    };
+    let controller = Controller::connect(&url, options, 1).unwrap();
+    let queue = controller.open_io_queue(1).unwrap();
+    (controller, queue)
+}
+
+/// The status a write of block 0 ends with, path statuses retried.
+fn write_status(queue: &mut Queue, byte: u8) -> Status {
+    let data = [byte; BLOCK as usize];
+    let start = Instant::now();
+    loop {
+        match queue.write(1, 0, BLOCK, &data) {
+            Ok(()) => return Status::SUCCESS,
+            Err(InitiatorError::Command { status, .. })
+                if status.sct == StatusCodeType::Path
+                    && start.elapsed() < Duration::from_secs(20) =>
+            {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(InitiatorError::Command { status, .. }) => return status,
+            Err(error) => panic!("write: {error}"),
+        }
+    }
+}
+
+#[test]
+fn a_reservation_holds_on_the_new_primary_after_the_old_one_is_killed() {
+    let dir = temp_dir("replication-reservations");
+    let (etcd, _, _, [n1, n2, n3]) = three_nodes(&dir, "");
+    replicated_volume(&n1, &dir, "3", &["--node", "n1"]);
+    let (ca, mut a) = connect_as(&n1, 0xA);
+    let (cb, mut b) = connect_as(&n1, 0xB);
+    // Host A registers and takes Write Exclusive (CPTPL 11b, as Linux asks).
+    retrying("register", || {
+        a.reservation(REGISTER_OPCODE, 1, 0xC000_0000, &[0, 0xA1])
+    });
+    retrying("acquire", || {
+        a.reservation(ACQUIRE_OPCODE, 1, 0x100, &[0xA1, 0])
+    });
+    assert_eq!(write_status(&mut a, 1), Status::SUCCESS);
+    assert_eq!(write_status(&mut b, 2), Status::RESERVATION_CONFLICT);
+    eventually("every replica in sync", || in_sync(&n2) == 3);
+    drop((a, b, ca, cb));
+
+    // n1 dies: the promoted replica serves the same reservation.
+    drop(n1);
+    let mut second = String::new();
+    eventually("a promotion", || {
+        second = primary_of(&n2);
+        !second.is_empty() && second != "n1"
+    });
+    let next = if second == "n2" { &n2 } else { &n3 };
+    let (_ca, mut a) = connect_as(next, 0xA);
+    let (_cb, mut b) = connect_as(next, 0xB);
+    assert_eq!(write_status(&mut b, 3), Status::RESERVATION_CONFLICT);
+    assert_eq!(write_status(&mut a, 4), Status::SUCCESS);
+    // B registers and preempts A there: A is fenced.
+    retrying("register", || {
+        b.reservation(REGISTER_OPCODE, 1, 0xC000_0000, &[0, 0xB2])
+    });
+    retrying("preempt", || {
+        b.reservation(ACQUIRE_OPCODE, 1, 0x102, &[0xB2, 0xA1])
+    });
+    assert_eq!(write_status(&mut a, 5), Status::RESERVATION_CONFLICT);
+    assert_eq!(write_status(&mut b, 6), Status::SUCCESS);
+    drop(etcd);
 }

@@ -27,7 +27,7 @@ impl Touched {
     /// Notes what `request` may change.
     pub(super) fn note(&mut self, request: &VolumeRequest) {
         match request.work {
-            VolumeWork::Wait | VolumeWork::MarkIntent { .. } => {}
+            VolumeWork::Wait | VolumeWork::MarkIntent { .. } | VolumeWork::Reserve { .. } => {}
             VolumeWork::Flush => {
                 self.pools.entry(request.pool.clone()).or_default();
             }

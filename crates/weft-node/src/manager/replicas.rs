@@ -15,7 +15,7 @@ use crate::identity;
 use weft_control::{ReplicaRecord, ReplicaState, ReplicationRecord, VolumeRecord};
 use weft_proto::ana::{AnaConfig, AnaGroupId, AnaState};
 use weft_proto::auth::{DhchapSecret, HostKeys};
-use weft_proto::target::{AllowedHost, HostAccess, SubsystemConfig};
+use weft_proto::target::{AllowedHost, HostAccess, NamespaceConfig, SubsystemConfig};
 use weft_volume::VolumeSpec;
 
 /// Where one replica of a new volume goes (placement chose it).
@@ -262,8 +262,19 @@ impl Manager {
                 keys: self.cluster_keys.clone(),
             })
             .collect();
+        // The primary's writes reach the copy here: hosts' reservations
+        // are the primary's to check.
+        let namespaces = served
+            .namespaces
+            .iter()
+            .map(|ns| NamespaceConfig {
+                reservations: None,
+                ..ns.clone()
+            })
+            .collect();
         SubsystemConfig {
             nqn: replica_nqn(volume),
+            namespaces,
             access: HostAccess::Only(peers),
             ana: AnaConfig {
                 group: served.ana.group,

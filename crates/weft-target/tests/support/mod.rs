@@ -73,6 +73,7 @@ pub fn serve_devices(
         eui64: [nsid as u8; 8],
         thin: true,
         ready: true,
+        reservations: None,
     };
     let config = TargetConfig {
         subsystems: vec![SubsystemConfig {
