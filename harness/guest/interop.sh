@@ -11,6 +11,9 @@
 #     unattached host NQN is refused at Connect and sees no volume in discovery while the
 #     attached one connects; fio verify across a kill -9 of weft (the host reconnects by
 #     itself, every acknowledged write reads back)
+#   j csi-sanity   k CSI compute-node failover
+#   l reservations (weft only): two host identities register, acquire, preempt and clear
+#     with nvme-cli; a conflicting write is refused; the state is kept across a restart
 # Each step prints "=== name", "  ok: ..." per passed check, "FAIL name: why" per failed
 # check and "PASS name" when all its checks passed; a summary follows. Exit code 1 if any
 # step failed. There is no `set -e` on purpose: later steps still run after a failure,
@@ -744,6 +747,86 @@ step_csi_failover() { # a database's volume on node A; A dies; node B sees every
     kill "$pid_a" "$pid_b"; wait "$pid_a" "$pid_b" 2>/dev/null
 }
 
+VOLR=nqn.2026-11.io.weft:vol:resv
+ctrl_as() { # NQN HOSTNQN: the controller device of subsystem NQN connected as HOSTNQN
+    local c
+    for c in /sys/class/nvme/nvme*; do
+        [ "$(cat "$c/subsysnqn" 2>/dev/null)" = "$1" ] && [ "$(cat "$c/hostnqn" 2>/dev/null)" = "$2" ] &&
+            { echo "/dev/${c##*/}"; return 0; }
+    done
+    return 1
+}
+resv_report() { # CTRL: "rtype=N regctl=M keys=K[*],..." (* holds it) from resv-report --eds
+    nvme resv-report "$1" -n 1 --eds -o json | python3 -c '
+import json, sys
+r = json.load(sys.stdin)
+regs = next((v for v in r.values() if isinstance(v, list)), [])
+keys = ",".join("%x%s" % (int(x["rkey"]), "*" if int(x["rcsts"]) & 1 else "") for x in regs)
+print("rtype=%s regctl=%s keys=%s" % (r["rtype"], r["regctl"], keys))'
+}
+io_passthru() { # CTRL read|write: 4 KiB at LBA 0 through controller CTRL only (not the multipath head)
+    local blocks=$((4096 / RESV_LBA - 1))
+    if [ "$2" = write ]; then
+        nvme io-passthru "$1" -n 1 --opcode=0x01 --data-len=4096 --write --input-file="$TMP/resv-block" --cdw12=$blocks 2>&1
+    else
+        nvme io-passthru "$1" -n 1 --opcode=0x02 --data-len=4096 --read --cdw12=$blocks 2>&1
+    fi
+}
+conflict() { # CTRL: a write through CTRL fails with Reservation Conflict
+    local out
+    out=$(io_passthru "$1" write) && { echo "  write accepted: $out"; return 1; }
+    echo "  nvme io-passthru: $(echo "$out" | head -1)"
+    echo "$out" | grep -qiE 'reservation[ _]conflict'
+}
+step_reservations() { # NVMe reservations from two host identities, across a weft restart
+    if [ "$TARGET" != weft ] || [ -z "${WEFT_POOL_DIR:-}" ]; then echo "  skipped: needs weft and WEFT_POOL_DIR"; return; fi
+    local other_id=${OTHER_HOSTNQN##*:} a b dev r
+    # Pool fast is step i's; made here when step i did not run.
+    weft_cli pool show fast > /dev/null 2>&1 ||
+        check "pool create fast" weft_cli pool create fast --device "$WEFT_POOL_DIR/resv0.img" --device-size 256MiB || return
+    weft_cli host show guest > /dev/null 2>&1 ||
+        check "host add guest" weft_cli host add guest --nqn "$HOSTNQN" || return
+    check "volume resv; host other added; both hosts attached" eval 'weft_cli volume create resv --pool fast --size 64MiB &&
+        weft_cli host add other --nqn "$OTHER_HOSTNQN" && weft_cli volume attach resv --host guest &&
+        weft_cli volume attach resv --host other' || return
+    check "connect as this host (A)" connect "$VOLR" --reconnect-delay 1 || return
+    # nvme-cli 2.3 takes a second host identity to one subsystem for a duplicate
+    # ("already connected"): the kernel is asked directly.
+    check "connect as host other (B)" eval 'printf "transport=tcp,traddr=%s,trsvcid=%s,nqn=%s,hostnqn=%s,hostid=%s,ctrl_loss_tmo=60,reconnect_delay=1" \
+        "$ADDR" "$PORT" "$VOLR" "$OTHER_HOSTNQN" "$other_id" > /dev/nvme-fabrics' || return
+    a=$(ctrl_as "$VOLR" "$HOSTNQN"); b=$(ctrl_as "$VOLR" "$OTHER_HOSTNQN"); dev=$(ns_dev "$VOLR" 1)
+    check "controllers A=$a B=$b, namespace $dev" nonempty "$a" "$b" "$dev" || return
+    RESV_LBA=$(blockdev --getss "$dev")
+    head -c 4096 /dev/urandom > "$TMP/resv-block"
+    check "id-ns RESCAP ffh (every type, persistence through power loss)" eval \
+        '[ "$(nvme id-ns "$dev" -o json | python3 -c "import json, sys; print(json.load(sys.stdin)[\"rescap\"])")" = 255 ]'
+    check "id-ctrl ONCS has Reservations (bit 5)" eval \
+        '[ $(( $(nvme id-ctrl "$a" -o json | python3 -c "import json, sys; print(json.load(sys.stdin)[\"oncs\"])") & 32 )) != 0 ]'
+    check "A registers key a1 (cptpl 3)" nvme resv-register "$a" -n 1 --nrkey=0xa1 --rrega=0 --cptpl=3
+    check "A acquires Write Exclusive" nvme resv-acquire "$a" -n 1 --crkey=0xa1 --rtype=1 --racqa=0
+    check "A writes" eval 'io_passthru "$a" write > /dev/null'
+    check "B's write: Reservation Conflict" conflict "$b"
+    check "B reads" eval 'io_passthru "$b" read > /dev/null'
+    check "B cannot acquire without a registration" eval '! nvme resv-acquire "$b" -n 1 --crkey=0xb2 --rtype=1 --racqa=0 > /dev/null 2>&1'
+    check "a report without --eds is refused (Host Identifier Inconsistent Format)" eval '! nvme resv-report "$a" -n 1 > /dev/null 2>&1'
+    r=$(resv_report "$a"); echo "  report: $r"
+    check "report: Write Exclusive, held by key a1" [ "$r" = "rtype=1 regctl=1 keys=a1*" ]
+    check "restart weft (SIGTERM, start again)" host_ctl restart || return
+    check "A and B reconnected by themselves" eval 'wait_live "${a#/dev/}" 90 && wait_live "${b#/dev/}" 90'
+    r=$(resv_report "$b"); echo "  report after the restart: $r"
+    check "the same reservation after the restart" [ "$r" = "rtype=1 regctl=1 keys=a1*" ]
+    check "B's write still refused" conflict "$b"
+    check "B registers b2 and preempts A (Write Exclusive Registrants Only, preempt and abort)" eval \
+        'nvme resv-register "$b" -n 1 --nrkey=0xb2 --rrega=0 --cptpl=3 && nvme resv-acquire "$b" -n 1 --crkey=0xb2 --prkey=0xa1 --rtype=3 --racqa=2'
+    r=$(resv_report "$b"); echo "  report: $r"
+    check "report: B holds it, A is unregistered" [ "$r" = "rtype=3 regctl=1 keys=b2*" ]
+    check "A's write: Reservation Conflict (fenced)" conflict "$a"
+    check "B writes" eval 'io_passthru "$b" write > /dev/null'
+    check "B clears every registration" nvme resv-release "$b" -n 1 --crkey=0xb2 --rrela=1
+    check "A writes again" eval 'io_passthru "$a" write > /dev/null'
+    check "disconnect both, delete the volume" eval 'disconnect "$VOLR" && weft_cli volume delete resv > /dev/null'
+}
+
 echo "weft kernel-interop: target $TARGET at $ADDR:$PORT, kernel $(uname -r), $(nvme version), $(fio --version)"
 run_step a-discovery step_discovery
 run_step b-connect-identify step_identify
@@ -756,6 +839,7 @@ run_step h-kill9-durability step_kill9
 run_step i-volumes step_volumes
 run_step j-csi step_csi
 run_step k-csi-failover step_csi_failover
+run_step l-reservations step_reservations
 
 echo; echo "=== summary (target $TARGET, ${SECONDS}s)"
 printf '%s\n' "${RESULTS[@]}"
