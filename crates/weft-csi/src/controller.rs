@@ -5,7 +5,11 @@
 //! is idempotent by name) and `weft volume list` shows Kubernetes' names.
 //!
 //! A volume made from a snapshot (content source) is weft's clone of it,
-//! beside its source, grown if a larger size is asked.
+//! beside its source, grown if a larger size is asked. A volume made from a
+//! volume is a clone of a snapshot taken for it, flattened (its data
+//! copied) before the snapshot is deleted, so that either volume can be
+//! deleted later. Accessibility requirements steer placement (see
+//! [`crate::topology`]).
 //!
 //! StorageClass parameters: `pool`, `replicas` (1 to 3), `thick` (`true`),
 //! `blockSize` (512 or 4096). Any other is refused, so that a typo is not
@@ -27,14 +31,26 @@ use crate::csi::{
     CreateVolumeRequest, CreateVolumeResponse, DeleteSnapshotRequest, DeleteSnapshotResponse,
     DeleteVolumeRequest, DeleteVolumeResponse, GetCapacityRequest, GetCapacityResponse,
     ListSnapshotsRequest, ListSnapshotsResponse, ListVolumesRequest, ListVolumesResponse,
-    ValidateVolumeCapabilitiesRequest, ValidateVolumeCapabilitiesResponse, Volume,
-    VolumeCapability,
+    TopologyRequirement, ValidateVolumeCapabilitiesRequest, ValidateVolumeCapabilitiesResponse,
+    Volume, VolumeCapability,
 };
 use crate::errors::status;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use tonic::{Code, Request, Response, Status};
+
+/// The start of the name of the snapshot a volume's clone is made from
+/// (deleted once the clone is independent of it).
+pub(crate) const CLONE_SNAPSHOT_PREFIX: &str = "csi-clone-";
+
+/// Where a new volume's data comes from.
+enum Source {
+    /// A CSI snapshot (`VOLUME@SNAPSHOT`).
+    Snapshot(String),
+    /// A volume, cloned.
+    Volume(String),
+}
 
 /// A volume's size when the caller gives none.
 const DEFAULT_SIZE_BYTES: i64 = 1 << 30;
@@ -59,20 +75,19 @@ impl Controller for ControllerService {
             return Err(invalid("name is required"));
         }
         check_capabilities(&request.volume_capabilities)?;
-        let source =
-            match request
-                .volume_content_source
-                .as_ref()
-                .and_then(|s| s.r#type.as_ref())
-            {
-                None => None,
-                Some(volume_content_source::Type::Snapshot(snapshot)) => {
-                    Some(snapshot.snapshot_id.clone())
-                }
-                Some(volume_content_source::Type::Volume(_)) => return Err(invalid(
-                    "cloning a volume is not offered yet: snapshot it and create from the snapshot",
-                )),
-            };
+        let source = match request
+            .volume_content_source
+            .as_ref()
+            .and_then(|s| s.r#type.as_ref())
+        {
+            None => None,
+            Some(volume_content_source::Type::Snapshot(snapshot)) => {
+                Some(Source::Snapshot(snapshot.snapshot_id.clone()))
+            }
+            Some(volume_content_source::Type::Volume(volume)) => {
+                Some(Source::Volume(volume.volume_id.clone()))
+            }
+        };
         let range = request.capacity_range.unwrap_or_default();
         let size_bytes = size_of(range.required_bytes, range.limit_bytes)?;
         let id = volume_id(&request.name);
@@ -85,14 +100,22 @@ impl Controller for ControllerService {
         if let Some(existing) = self.find(&id).await? {
             return answer_existing(&request.name, &existing, fits(&existing));
         }
-        if let Some(snapshot) = &source {
-            // A clone is made beside its source, of its size.
-            if crate::snapshots::split_id(snapshot).is_none() {
-                return Err(Status::not_found(format!("no snapshot {snapshot}")));
+        let snapshot = match &source {
+            Some(Source::Snapshot(snapshot)) => {
+                if crate::snapshots::split_id(snapshot).is_none() {
+                    return Err(Status::not_found(format!("no snapshot {snapshot}")));
+                }
+                snapshot.clone()
             }
+            Some(Source::Volume(volume)) => self.clone_point(volume, &request.name).await?,
+            None => String::new(),
+        };
+        if source.is_some() {
+            // A clone is made beside its source, of its size.
             body = json!({"name": id, "source": snapshot});
         } else if body.get("pool").is_none() {
-            self.choose_pool(&mut body).await?;
+            self.place(&mut body, request.accessibility_requirements.as_ref())
+                .await?;
         }
         match self.api.call("POST", "volumes".into(), Some(body)).await {
             Ok(_) => {}
@@ -108,11 +131,16 @@ impl Controller for ControllerService {
             }
             Err(error) => return Err(status(&error)),
         }
+        if let Some(Source::Volume(volume)) = &source {
+            self.detach_clone(&id, volume, &snapshot).await?;
+        }
         let mut made = self
             .find(&id)
             .await?
             .ok_or_else(|| Status::internal(format!("volume {id} was made but cannot be found")))?;
-        if source.is_some() && made["size_bytes"].as_i64().unwrap_or(0) < size_bytes {
+        // A clone is its source's size unless a size is asked.
+        let asked = range.required_bytes > 0;
+        if source.is_some() && asked && made["size_bytes"].as_i64().unwrap_or(0) < size_bytes {
             let path = format!("volumes/{id}/resize");
             let body = json!({"size_bytes": size_bytes});
             self.api
@@ -205,13 +233,29 @@ impl Controller for ControllerService {
         }))
     }
 
-    /// Free bytes in every pool (or in the `pool` parameter's).
+    /// Free bytes in every pool (or in the `pool` parameter's); for a
+    /// topology segment that names storage nodes, in theirs.
     async fn get_capacity(
         &self,
         request: Request<GetCapacityRequest>,
     ) -> Result<Response<GetCapacityResponse>, Status> {
         let request = request.into_inner();
         let wanted = request.parameters.get("pool");
+        if let Some(topology) = &request.accessible_topology {
+            let nodes = self.storage_nodes().await?;
+            let named = crate::topology::named(&nodes, &topology.segments);
+            if !named.is_empty() {
+                let free: u64 = named
+                    .iter()
+                    .map(|node| crate::topology::free_bytes(node, wanted.map(String::as_str)))
+                    .sum();
+                return Ok(Response::new(GetCapacityResponse {
+                    available_capacity: i64::try_from(free).unwrap_or(i64::MAX),
+                    maximum_volume_size: None,
+                    minimum_volume_size: None,
+                }));
+            }
+        }
         let pools = self.api.call("GET", "pools".into(), None).await;
         let pools = pools.map_err(|e| status(&e))?;
         let free: u64 = pools
@@ -366,6 +410,7 @@ impl Controller for ControllerService {
             rpc::Type::GetVolume,
             rpc::Type::CreateDeleteSnapshot,
             rpc::Type::ListSnapshots,
+            rpc::Type::CloneVolume,
         ]
         .into_iter()
         .map(|kind| ControllerServiceCapability {
@@ -397,9 +442,15 @@ impl ControllerService {
         }
     }
 
-    /// No `pool` parameter: a cluster places the volume itself; a single
-    /// node's pool with the most free bytes takes it.
-    async fn choose_pool(&self, body: &mut Value) -> Result<(), Status> {
+    /// No `pool` parameter: a cluster places the volume itself, on the
+    /// storage node the accessibility requirements name if they name one
+    /// (see [`crate::topology`]); a single node's pool with the most free
+    /// bytes takes it.
+    async fn place(
+        &self,
+        body: &mut Value,
+        requirement: Option<&TopologyRequirement>,
+    ) -> Result<(), Status> {
         let pools = self.api.call("GET", "pools".into(), None).await;
         let pools = pools.map_err(|e| status(&e))?;
         let pools = pools.as_array().cloned().unwrap_or_default();
@@ -407,6 +458,12 @@ impl ControllerService {
             .iter()
             .any(|pool| pool.get("node").is_some_and(|n| !n.is_null()))
         {
+            if let Some(requirement) = requirement {
+                let nodes = self.storage_nodes().await?;
+                if let Some(node) = crate::topology::choose(&nodes, requirement) {
+                    body["node"] = json!(node);
+                }
+            }
             return Ok(());
         }
         let roomiest = pools
@@ -421,6 +478,57 @@ impl ControllerService {
             })?;
         body["pool"] = json!(roomiest);
         Ok(())
+    }
+
+    /// The storage nodes of a cluster (the API's views), none on a single node.
+    pub(crate) async fn storage_nodes(&self) -> Result<Vec<Value>, Status> {
+        let pools = self.api.call("GET", "pools".into(), None).await;
+        let clustered = pools
+            .map_err(|e| status(&e))?
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|pool| pool.get("node").is_some_and(|n| !n.is_null()));
+        if !clustered {
+            return Ok(Vec::new());
+        }
+        self.list("nodes").await
+    }
+
+    /// The snapshot a clone of `volume` named `name` is made from:
+    /// `VOLUME@csi-clone-HASH`, taken now unless an earlier try took it.
+    async fn clone_point(&self, volume: &str, name: &str) -> Result<String, Status> {
+        if self.find(volume).await?.is_none() {
+            return Err(Status::not_found(format!("no volume {volume} to clone")));
+        }
+        let snapshot = format!("{CLONE_SNAPSHOT_PREFIX}{}", hashed(name, 12));
+        let path = format!("volumes/{volume}/snapshots");
+        match self
+            .api
+            .call("POST", path, Some(json!({"name": snapshot})))
+            .await
+        {
+            Ok(_) => {}
+            Err(error) if error.status == Some(409) => {}
+            Err(error) => return Err(status(&error)),
+        }
+        Ok(format!("{volume}@{snapshot}"))
+    }
+
+    /// Makes clone `id` independent of `snapshot` of `volume` (its data
+    /// copied), then deletes the snapshot: the clone is a volume like any.
+    async fn detach_clone(&self, id: &str, volume: &str, snapshot: &str) -> Result<(), Status> {
+        self.api
+            .call("POST", format!("volumes/{id}/flatten"), None)
+            .await
+            .map_err(|e| status(&e))?;
+        let (_, name) = crate::snapshots::split_id(snapshot).expect("made by clone_point");
+        let path = format!("volumes/{volume}/snapshots/{name}");
+        match self.api.call("DELETE", path, None).await {
+            Ok(_) => Ok(()),
+            Err(error) if error.status == Some(404) => Ok(()),
+            Err(error) => Err(status(&error)),
+        }
     }
 
     /// The weft volume `id`, if it exists.

@@ -33,15 +33,19 @@ impl Identity for IdentityService {
         &self,
         _: Request<GetPluginCapabilitiesRequest>,
     ) -> Result<Response<GetPluginCapabilitiesResponse>, Status> {
-        let capabilities = self
-            .controller
-            .then(|| PluginCapability {
-                r#type: Some(Type::Service(Service {
-                    r#type: service::Type::ControllerService.into(),
-                })),
-            })
-            .into_iter()
-            .collect();
+        let controller = self.controller.then(|| PluginCapability {
+            r#type: Some(Type::Service(Service {
+                r#type: service::Type::ControllerService.into(),
+            })),
+        });
+        // Nodes report their topology and requirements steer placement
+        // (see crate::topology).
+        let topology = PluginCapability {
+            r#type: Some(Type::Service(Service {
+                r#type: service::Type::VolumeAccessibilityConstraints.into(),
+            })),
+        };
+        let capabilities = controller.into_iter().chain([topology]).collect();
         Ok(Response::new(GetPluginCapabilitiesResponse {
             capabilities,
         }))

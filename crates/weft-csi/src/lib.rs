@@ -9,11 +9,12 @@
 //! capacity; the Node service: volumes connected (nvme-cli, multipath),
 //! formatted when empty, mounted, bind-mounted, unmounted, disconnected,
 //! grown and measured; snapshots taken, listed, deleted and cloned into
-//! new volumes.
+//! new volumes; volumes cloned; topology reported by nodes and used to
+//! steer placement.
 //!
 //! What this does not do: talk NVMe itself (the node service runs
-//! nvme-cli and the kernel's initiator does the rest), or decide placement
-//! (the API does).
+//! nvme-cli and the kernel's initiator does the rest), or place replicas
+//! (the API does; topology only names the node or zone of a volume).
 
 pub mod api;
 mod controller;
@@ -24,6 +25,7 @@ mod node;
 mod publish;
 mod server;
 mod snapshots;
+mod topology;
 
 /// The CSI messages and services, generated from the spec's `csi.proto`.
 #[allow(missing_docs, clippy::all, clippy::pedantic)]

@@ -31,6 +31,10 @@ pub(crate) struct NodeService {
     pub(crate) discovery: String,
     /// Where what staging learned is kept.
     pub(crate) state_dir: PathBuf,
+    /// The Kubernetes node's name (its `weft.io/node` segment).
+    pub(crate) node_name: String,
+    /// Its zone (its `weft.io/zone` segment), if given.
+    pub(crate) zone: Option<String>,
 }
 
 /// A staged volume, as its state file holds it.
@@ -92,7 +96,10 @@ impl Node for NodeService {
         Ok(Response::new(NodeGetInfoResponse {
             node_id: self.host_nqn.clone(),
             max_volumes_per_node: 0,
-            accessible_topology: None,
+            accessible_topology: Some(crate::topology::of_node(
+                &self.node_name,
+                self.zone.as_deref(),
+            )),
         }))
     }
 

@@ -43,6 +43,10 @@ pub struct NodeOptions {
     pub discovery: String,
     /// Where staged volumes are noted.
     pub state_dir: PathBuf,
+    /// The Kubernetes node's name (its `weft.io/node` topology segment).
+    pub node_name: String,
+    /// Its zone (its `weft.io/zone` segment), if it has one.
+    pub zone: Option<String>,
 }
 
 /// How the plugin runs.
@@ -92,6 +96,8 @@ pub fn serve(options: Options) -> Result<(), CsiError> {
                 host_nqn: node.host_nqn,
                 discovery: node.discovery,
                 state_dir: node.state_dir,
+                node_name: node.node_name,
+                zone: node.zone,
             })),
             (_, None) => {
                 return Err(CsiError::Serve(

@@ -58,6 +58,8 @@ impl ControllerService {
                 .into_iter()
                 .flatten()
                 .filter_map(|s| s.as_str().map(String::from))
+                // A clone's snapshot of its source lives only while the clone is made.
+                .filter(|s| !s.starts_with(crate::controller::CLONE_SNAPSHOT_PREFIX))
                 .collect();
             found.extend(names.into_iter().map(|name| (volume.clone(), name)));
         }

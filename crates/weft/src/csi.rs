@@ -10,14 +10,21 @@ pub struct CsiArgs {
     api: String,
     token_file: Option<PathBuf>,
     ca_file: Option<PathBuf>,
+    node: NodeArgs,
+}
+
+/// What `weft csi` was given for the node service.
+struct NodeArgs {
     discovery: Option<String>,
     host_nqn: Option<String>,
     state_dir: PathBuf,
+    node_name: Option<String>,
+    zone: Option<String>,
 }
 
 /// Parses `weft csi --endpoint unix:///csi/csi.sock --mode controller|node|all
 /// [--api URL] [--api-token-file FILE] [--api-ca FILE] [--discovery ADDR:PORT]
-/// [--host-nqn NQN] [--state-dir DIR]`.
+/// [--host-nqn NQN] [--state-dir DIR] [--node-name NAME] [--zone ZONE]`.
 pub fn parse(parser: &mut lexopt::Parser) -> Result<CsiArgs, String> {
     use lexopt::prelude::*;
     let mut endpoint = None;
@@ -29,6 +36,8 @@ pub fn parse(parser: &mut lexopt::Parser) -> Result<CsiArgs, String> {
     let mut discovery = None;
     let mut host_nqn = None;
     let mut state_dir = PathBuf::from(STATE_DIR);
+    let mut node_name = None;
+    let mut zone = None;
     let text = |value: Result<std::ffi::OsString, lexopt::Error>, flag: &str| {
         value
             .map_err(|e| e.to_string())?
@@ -47,6 +56,8 @@ pub fn parse(parser: &mut lexopt::Parser) -> Result<CsiArgs, String> {
             Long("discovery") => discovery = Some(text(parser.value(), "--discovery")?),
             Long("host-nqn") => host_nqn = Some(text(parser.value(), "--host-nqn")?),
             Long("state-dir") => state_dir = text(parser.value(), "--state-dir")?.into(),
+            Long("node-name") => node_name = Some(text(parser.value(), "--node-name")?),
+            Long("zone") => zone = Some(text(parser.value(), "--zone")?),
             other => return Err(format!("{}; see weft --help", other.unexpected())),
         }
     }
@@ -56,14 +67,20 @@ pub fn parse(parser: &mut lexopt::Parser) -> Result<CsiArgs, String> {
         api,
         token_file,
         ca_file,
-        discovery,
-        host_nqn,
-        state_dir,
+        node: NodeArgs {
+            discovery,
+            host_nqn,
+            state_dir,
+            node_name,
+            zone,
+        },
     })
 }
 
 /// Where the node service notes staged volumes by default.
 const STATE_DIR: &str = "/var/lib/weft-csi";
+/// The host's name (the node's default `weft.io/node` segment).
+const HOST_NAME_FILE: &str = "/proc/sys/kernel/hostname";
 /// Where Linux keeps the host's NQN (nvme-cli writes it).
 const HOST_NQN_FILE: &str = "/etc/nvme/hostnqn";
 
@@ -74,12 +91,7 @@ pub fn run(args: CsiArgs) -> Result<(), String> {
     let api = weft_csi::api::Api::new(&args.api, args.ca_file.as_deref(), token)?;
     let node = match args.mode {
         weft_csi::Mode::Controller => None,
-        weft_csi::Mode::Node | weft_csi::Mode::All => Some(node_options(
-            args.discovery,
-            args.host_nqn,
-            &args.api,
-            args.state_dir,
-        )?),
+        weft_csi::Mode::Node | weft_csi::Mode::All => Some(node_options(args.node, &args.api)?),
     };
     let options = weft_csi::Options {
         endpoint: args.endpoint,
@@ -92,13 +104,22 @@ pub fn run(args: CsiArgs) -> Result<(), String> {
 
 /// The node service's settings: the host NQN from `--host-nqn` or
 /// /etc/nvme/hostnqn; discovery at `--discovery`, else the API's host on
-/// NVMe/TCP's port 4420.
-fn node_options(
-    discovery: Option<String>,
-    host_nqn: Option<String>,
-    api: &str,
-    state_dir: PathBuf,
-) -> Result<weft_csi::NodeOptions, String> {
+/// NVMe/TCP's port 4420; the node's name from `--node-name`, else its
+/// host name.
+fn node_options(args: NodeArgs, api: &str) -> Result<weft_csi::NodeOptions, String> {
+    let NodeArgs {
+        discovery,
+        host_nqn,
+        state_dir,
+        node_name,
+        zone,
+    } = args;
+    let node_name = match node_name {
+        Some(name) => name,
+        None => std::fs::read_to_string(HOST_NAME_FILE)
+            .map(|text| text.trim().to_string())
+            .map_err(|e| format!("{HOST_NAME_FILE}: {e}; give --node-name"))?,
+    };
     let host_nqn = match host_nqn {
         Some(nqn) => nqn,
         None => std::fs::read_to_string(HOST_NQN_FILE)
@@ -116,5 +137,7 @@ fn node_options(
         host_nqn,
         discovery,
         state_dir,
+        node_name,
+        zone,
     })
 }

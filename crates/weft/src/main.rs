@@ -66,7 +66,7 @@ Usage:
   weft bench floor [--runtime D]
 
   weft csi --endpoint unix:///csi/csi.sock --mode controller|node|all [--api URL] [--api-token-file FILE]
-           [--discovery ADDR:PORT] [--host-nqn NQN] [--state-dir DIR]
+           [--discovery ADDR:PORT] [--host-nqn NQN] [--state-dir DIR] [--node-name NAME] [--zone ZONE]
 
 Commands:
   pool, volume, snapshot

@@ -12,7 +12,7 @@ use serde_json::Value;
 use std::path::Path;
 use std::time::{Duration, Instant};
 use support::etcd::{free_port, Etcd};
-use support::{ok, refused, start_node_on, temp_dir, weft, Node, WEFT};
+use support::{ok, refused, temp_dir, weft, Node, WEFT};
 
 const HOST_NQN: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-00000000c1a5";
 
@@ -20,17 +20,8 @@ const HOST_NQN: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-
 /// under `dir/name`, with the cluster's token (`token_file`: none for the
 /// first node, which makes it).
 fn node(dir: &Path, name: &str, port: u16, endpoints: &str, token_file: Option<&Path>) -> Node {
-    let data = dir.join(name);
-    let mut extra = vec!["--cluster", endpoints, "--node", name];
-    let token_path;
-    if let Some(file) = token_file {
-        token_path = file.to_str().unwrap().to_string();
-        extra.extend(["--api-token-file", &token_path]);
-    }
-    let mut node = start_node_on(&data, &format!("127.0.0.1:{port}"), &extra);
-    let file = token_file.map_or(data.join("api-token"), Path::to_path_buf);
-    node.token = std::fs::read_to_string(file).unwrap().trim().to_string();
-    node
+    let listen = format!("127.0.0.1:{port}");
+    support::cluster_node(dir, name, &listen, endpoints, token_file, &[])
 }
 
 fn json(node: &Node, args: &[&str]) -> Value {

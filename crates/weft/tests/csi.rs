@@ -360,6 +360,48 @@ fn the_controller_service_makes_finds_lists_and_deletes_volumes() {
                 .unwrap();
         }
 
+        // A volume cloned from a volume: independent of its source at once
+        // (its snapshot of the source is gone, the source deletes).
+        let mut from_volume = create("pvc-4", 0);
+        from_volume.volume_content_source = Some(VolumeContentSource {
+            r#type: Some(volume_content_source::Type::Volume(
+                volume_content_source::VolumeSource {
+                    volume_id: "pvc-1".into(),
+                },
+            )),
+        });
+        let cloned = controller.create_volume(from_volume.clone()).await.unwrap();
+        let cloned = cloned.into_inner().volume.unwrap();
+        assert_eq!(
+            (cloned.volume_id.as_str(), cloned.capacity_bytes),
+            ("pvc-4", 8 << 20)
+        );
+        assert!(cloned.content_source.is_some());
+        let again = controller.create_volume(from_volume).await.unwrap();
+        assert_eq!(again.into_inner().volume.unwrap().volume_id, "pvc-4");
+        let shown = ok(&node, &["volume", "show", "pvc-1"]);
+        assert!(!shown.contains("csi-clone-"), "{shown}");
+        let mut from_nothing = create("pvc-5", 0);
+        from_nothing.volume_content_source = Some(VolumeContentSource {
+            r#type: Some(volume_content_source::Type::Volume(
+                volume_content_source::VolumeSource {
+                    volume_id: "pvc-9".into(),
+                },
+            )),
+        });
+        let missing = controller.create_volume(from_nothing).await;
+        assert_eq!(missing.unwrap_err().code(), Code::NotFound);
+
+        // A single node takes every volume: a topology changes no capacity.
+        let in_zone = GetCapacityRequest {
+            accessible_topology: Some(Topology {
+                segments: HashMap::from([("weft.io/zone".into(), "z1".into())]),
+            }),
+            ..Default::default()
+        };
+        let zoned = controller.get_capacity(in_zone).await.unwrap().into_inner();
+        assert!(zoned.available_capacity > 800 << 20, "{zoned:?}");
+
         // Deleted, and deleting again is fine.
         for _ in 0..2 {
             controller
@@ -373,4 +415,102 @@ fn the_controller_service_makes_finds_lists_and_deletes_volumes() {
         let listed = ok(&node, &["volume", "list"]);
         assert!(!listed.contains("pvc-1"), "{listed}");
     });
+}
+
+/// A cluster of two zones: accessibility requirements place a volume on a
+/// storage node they name (or in their zone), GetCapacity counts a zone's
+/// pools, and the volume is left accessible from every node.
+#[test]
+fn topology_places_volumes_in_the_zone_asked_for() {
+    let dir = temp_dir("csi-topology");
+    let etcd = support::etcd::Etcd::start(1, &dir);
+    let endpoints = etcd.endpoints();
+    let start = |name: &str, zone: &str, token: Option<&Path>| {
+        let listen = format!("127.0.0.1:{}", support::etcd::free_port());
+        support::cluster_node(&dir, name, &listen, &endpoints, token, &["--zone", zone])
+    };
+    let n1 = start("n1", "z1", None);
+    let token_file = dir.join("n1").join("api-token");
+    let n2 = start("n2", "z2", Some(&token_file));
+    for (node, name) in [(&n1, "n1"), (&n2, "n2")] {
+        let device = dir.join(format!("{name}.img"));
+        let device = device.to_str().unwrap();
+        let args = ["pool", "create", "p", "--node", name, "--device", device];
+        ok(node, &[&args[..], &["--device-size", "256MiB"]].concat());
+    }
+    let socket = dir.join("csi.sock");
+    let _plugin = start_plugin(&n1, &socket);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let segment = |pairs: &[(&str, &str)]| Topology {
+        segments: pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    };
+    runtime.block_on(async {
+        let mut controller = ControllerClient::new(channel(&socket).await);
+        // A compute node of zone z2 (not a storage node) prefers its zone.
+        let mut request = create("pvc-z2", 4 << 20);
+        request.accessibility_requirements = Some(TopologyRequirement {
+            requisite: vec![segment(&[
+                ("weft.io/node", "worker-1"),
+                ("weft.io/zone", "z1"),
+            ])],
+            preferred: vec![segment(&[
+                ("weft.io/node", "worker-2"),
+                ("weft.io/zone", "z2"),
+            ])],
+        });
+        let mut made = None;
+        for _ in 0..50 {
+            // Placement waits for the pools to be in their nodes' heartbeats.
+            match controller.create_volume(request.clone()).await {
+                Ok(response) => {
+                    made = response.into_inner().volume;
+                    break;
+                }
+                Err(_) => std::thread::sleep(std::time::Duration::from_millis(200)),
+            }
+        }
+        let made = made.expect("the volume made");
+        assert!(
+            made.accessible_topology.is_empty(),
+            "reachable from every node"
+        );
+        let shown = support::api(&n1, Some(&n1.token), "GET", "/api/v1/volumes/pvc-z2", None).1;
+        assert_eq!(shown["node"], "n2", "{shown}");
+        // A storage node named by a segment takes it itself.
+        let mut request = create("pvc-n1", 4 << 20);
+        request.accessibility_requirements = Some(TopologyRequirement {
+            requisite: Vec::new(),
+            preferred: vec![segment(&[("weft.io/node", "n1"), ("weft.io/zone", "z2")])],
+        });
+        controller.create_volume(request).await.unwrap();
+        let shown = support::api(&n1, Some(&n1.token), "GET", "/api/v1/volumes/pvc-n1", None).1;
+        assert_eq!(shown["node"], "n1", "{shown}");
+        // Capacity per zone: one 256 MiB pool each; both without a topology.
+        let capacity = |topology: Option<Topology>| {
+            let mut controller = controller.clone();
+            async move {
+                let request = GetCapacityRequest {
+                    accessible_topology: topology,
+                    ..Default::default()
+                };
+                controller
+                    .get_capacity(request)
+                    .await
+                    .unwrap()
+                    .into_inner()
+                    .available_capacity
+            }
+        };
+        let z1 = capacity(Some(segment(&[("weft.io/zone", "z1")]))).await;
+        let all = capacity(None).await;
+        assert!(z1 > 200 << 20 && z1 <= 256 << 20, "{z1}");
+        assert!(all > z1 + (200 << 20), "{all} against {z1}");
+    });
+    drop((n1, n2, etcd));
 }

@@ -145,6 +145,31 @@ pub fn start_node_on(data_dir: &std::path::Path, listen: &str, extra: &[&str]) -
     }
 }
 
+/// Node `name` of the cluster at `endpoints` (etcd), NVMe/TCP on `listen`,
+/// its data under `dir/name`, with `extra` arguments and the cluster's
+/// token (`token_file`: none for the first node, which makes it).
+pub fn cluster_node(
+    dir: &std::path::Path,
+    name: &str,
+    listen: &str,
+    endpoints: &str,
+    token_file: Option<&std::path::Path>,
+    extra: &[&str],
+) -> Node {
+    let data = dir.join(name);
+    let mut args = vec!["--cluster", endpoints, "--node", name];
+    args.extend(extra);
+    let token_path;
+    if let Some(file) = token_file {
+        token_path = file.to_str().unwrap().to_string();
+        args.extend(["--api-token-file", &token_path]);
+    }
+    let mut node = start_node_on(&data, listen, &args);
+    let file = token_file.map_or(data.join("api-token"), std::path::Path::to_path_buf);
+    node.token = std::fs::read_to_string(file).unwrap().trim().to_string();
+    node
+}
+
 /// Pool `p` over `device` (a 256 MiB sparse file, created) with a thin
 /// volume `volume` of `size` (e.g. "64MiB").
 pub fn pool_with_volume(node: &Node, device: &std::path::Path, volume: &str, size: &str) {
