@@ -26,7 +26,10 @@ CURRENT = {
     ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"),
     ("snapshot.storage.k8s.io/v1", "VolumeSnapshotClass"),
 }
-PARAMETERS = {"pool", "replicas", "thick", "blockSize"}
+PARAMETERS = {
+    "pool", "replicas", "thick", "blockSize", "fsType",
+    "iopsMax", "bwMax", "readIopsMax", "readBwMax", "writeIopsMax", "writeBwMax",
+}
 SIDECARS = ("csi-provisioner", "csi-attacher", "csi-resizer", "csi-snapshotter",
             "livenessprobe", "csi-node-driver-registrar")
 

@@ -11,9 +11,7 @@
 //! deleted later. Accessibility requirements steer placement (see
 //! [`crate::topology`]).
 //!
-//! StorageClass parameters: `pool`, `replicas` (1 to 3), `thick` (`true`),
-//! `blockSize` (512 or 4096). Any other is refused, so that a typo is not
-//! silently a default.
+//! StorageClass parameters: see [`crate::parameters`].
 
 use crate::api::Api;
 use crate::csi::controller_server::Controller;
@@ -37,7 +35,6 @@ use crate::csi::{
 use crate::errors::status;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
-use std::collections::HashMap;
 use tonic::{Code, Request, Response, Status};
 
 /// The start of the name of the snapshot a volume's clone is made from
@@ -58,7 +55,6 @@ const DEFAULT_SIZE_BYTES: i64 = 1 << 30;
 /// the caller's limit is tighter, then to whole 4 KiB blocks.
 const SIZE_UNIT_BYTES: i64 = 1 << 20;
 const BLOCK_BYTES: i64 = 4096;
-const PARAMETERS: [&str; 4] = ["pool", "replicas", "thick", "blockSize"];
 
 pub(crate) struct ControllerService {
     pub(crate) api: Api,
@@ -92,64 +88,54 @@ impl Controller for ControllerService {
         let size_bytes = size_of(range.required_bytes, range.limit_bytes)?;
         let id = volume_id(&request.name);
         let mut body = json!({"name": id, "size_bytes": size_bytes});
-        parameters_into(&request.parameters, &mut body)?;
+        let settings = crate::parameters::parse(&request.parameters, &mut body)?;
         let fits = |volume: &Value| {
             let size = volume["size_bytes"].as_i64().unwrap_or(0);
             size >= range.required_bytes && (range.limit_bytes == 0 || size <= range.limit_bytes)
         };
-        if let Some(existing) = self.find(&id).await? {
-            return answer_existing(&request.name, &existing, fits(&existing));
-        }
-        let snapshot = match &source {
-            Some(Source::Snapshot(snapshot)) => {
-                if crate::snapshots::split_id(snapshot).is_none() {
-                    return Err(Status::not_found(format!("no snapshot {snapshot}")));
+        let made = match self.find(&id).await? {
+            Some(existing) => existing,
+            None => {
+                let placement = request.accessibility_requirements.as_ref();
+                let mut made = self
+                    .make(&id, &request.name, body, &source, placement)
+                    .await?;
+                // A clone is its source's size unless a size is asked.
+                let asked = range.required_bytes > 0;
+                if source.is_some()
+                    && asked
+                    && made["size_bytes"].as_i64().unwrap_or(0) < size_bytes
+                {
+                    let path = format!("volumes/{id}/resize");
+                    let body = json!({"size_bytes": size_bytes});
+                    self.api
+                        .call("POST", path, Some(body))
+                        .await
+                        .map_err(|e| status(&e))?;
+                    made["size_bytes"] = json!(size_bytes);
                 }
-                snapshot.clone()
+                made
             }
-            Some(Source::Volume(volume)) => self.clone_point(volume, &request.name).await?,
-            None => String::new(),
         };
-        if source.is_some() {
-            // A clone is made beside its source, of its size.
-            body = json!({"name": id, "source": snapshot});
-        } else if body.get("pool").is_none() {
-            self.place(&mut body, request.accessibility_requirements.as_ref())
-                .await?;
+        if !fits(&made) {
+            return Err(Status::new(
+                Code::AlreadyExists,
+                format!("volume {} exists with another size", request.name),
+            ));
         }
-        match self.api.call("POST", "volumes".into(), Some(body)).await {
-            Ok(_) => {}
-            // Made meanwhile by another call of the same name.
-            Err(error) if error.status == Some(409) => {
-                if let Some(existing) = self.find(&id).await? {
-                    return answer_existing(&request.name, &existing, fits(&existing));
-                }
-                return Err(status(&error));
-            }
-            Err(error) if error.status == Some(404) && source.is_some() => {
-                return Err(Status::not_found(error.message))
-            }
-            Err(error) => return Err(status(&error)),
-        }
-        if let Some(Source::Volume(volume)) = &source {
-            self.detach_clone(&id, volume, &snapshot).await?;
-        }
-        let mut made = self
-            .find(&id)
-            .await?
-            .ok_or_else(|| Status::internal(format!("volume {id} was made but cannot be found")))?;
-        // A clone is its source's size unless a size is asked.
-        let asked = range.required_bytes > 0;
-        if source.is_some() && asked && made["size_bytes"].as_i64().unwrap_or(0) < size_bytes {
-            let path = format!("volumes/{id}/resize");
-            let body = json!({"size_bytes": size_bytes});
+        if !settings.qos.is_empty() {
+            let path = format!("volumes/{id}/qos");
+            let body = Value::Object(settings.qos);
             self.api
-                .call("POST", path, Some(body))
+                .call("PATCH", path, Some(body))
                 .await
                 .map_err(|e| status(&e))?;
-            made["size_bytes"] = json!(size_bytes);
         }
         let mut volume = csi_volume(&made);
+        if let Some(fs_type) = settings.fs_type {
+            let key = crate::parameters::FS_TYPE_CONTEXT.to_string();
+            volume.volume_context.insert(key, fs_type);
+        }
         volume.content_source = request.volume_content_source;
         Ok(Response::new(CreateVolumeResponse {
             volume: Some(volume),
@@ -480,6 +466,49 @@ impl ControllerService {
         Ok(())
     }
 
+    /// Makes volume `id` (CSI name `name`) from `body`, or from `source`,
+    /// placed by `placement`; the volume as the API shows it (one made
+    /// meanwhile by another call of the same name, if one was).
+    async fn make(
+        &self,
+        id: &str,
+        name: &str,
+        mut body: Value,
+        source: &Option<Source>,
+        placement: Option<&TopologyRequirement>,
+    ) -> Result<Value, Status> {
+        let snapshot = match source {
+            Some(Source::Snapshot(snapshot)) => {
+                if crate::snapshots::split_id(snapshot).is_none() {
+                    return Err(Status::not_found(format!("no snapshot {snapshot}")));
+                }
+                snapshot.clone()
+            }
+            Some(Source::Volume(volume)) => self.clone_point(volume, name).await?,
+            None => String::new(),
+        };
+        if source.is_some() {
+            // A clone is made beside its source, of its size.
+            body = json!({"name": id, "source": snapshot});
+        } else if body.get("pool").is_none() {
+            self.place(&mut body, placement).await?;
+        }
+        match self.api.call("POST", "volumes".into(), Some(body)).await {
+            Ok(_) => {}
+            Err(error) if error.status == Some(409) => {}
+            Err(error) if error.status == Some(404) && source.is_some() => {
+                return Err(Status::not_found(error.message))
+            }
+            Err(error) => return Err(status(&error)),
+        }
+        if let Some(Source::Volume(volume)) = source {
+            self.detach_clone(id, volume, &snapshot).await?;
+        }
+        self.find(id)
+            .await?
+            .ok_or_else(|| Status::internal(format!("volume {id} was made but cannot be found")))
+    }
+
     /// The storage nodes of a cluster (the API's views), none on a single node.
     pub(crate) async fn storage_nodes(&self) -> Result<Vec<Value>, Status> {
         let pools = self.api.call("GET", "pools".into(), None).await;
@@ -606,36 +635,6 @@ fn size_of(required: i64, limit: i64) -> Result<i64, Status> {
     Ok(size)
 }
 
-/// The StorageClass parameters into the API's body.
-fn parameters_into(parameters: &HashMap<String, String>, body: &mut Value) -> Result<(), Status> {
-    for (key, value) in parameters {
-        let bad = || {
-            invalid(&format!(
-                "parameter {key}: {value:?} is not valid (pool: a pool's name; replicas: 1 to 3; thick: true or false; blockSize: 512 or 4096)"
-            ))
-        };
-        match key.as_str() {
-            "pool" => body["pool"] = json!(value),
-            "replicas" => {
-                let count: u8 = value.parse().map_err(|_| bad())?;
-                body["replicas"] = json!(count);
-            }
-            "thick" => body["thick"] = json!(value.parse::<bool>().map_err(|_| bad())?),
-            "blockSize" => {
-                let size: u32 = value.parse().map_err(|_| bad())?;
-                body["block_size"] = json!(size);
-            }
-            _ => {
-                return Err(invalid(&format!(
-                    "unknown parameter {key}; weft takes {}",
-                    PARAMETERS.join(", ")
-                )))
-            }
-        }
-    }
-    Ok(())
-}
-
 /// What weft serves: a volume on one node at a time, as a block device or
 /// a filesystem on it.
 fn check_capabilities(capabilities: &[VolumeCapability]) -> Result<(), Status> {
@@ -675,22 +674,6 @@ fn check_capabilities(capabilities: &[VolumeCapability]) -> Result<(), Status> {
 }
 
 /// The answer to a CreateVolume whose volume exists already.
-fn answer_existing(
-    name: &str,
-    existing: &Value,
-    fits: bool,
-) -> Result<Response<CreateVolumeResponse>, Status> {
-    if !fits {
-        return Err(Status::new(
-            Code::AlreadyExists,
-            format!("volume {name} exists with another size"),
-        ));
-    }
-    Ok(Response::new(CreateVolumeResponse {
-        volume: Some(csi_volume(existing)),
-    }))
-}
-
 /// A weft volume (the API's JSON) as a CSI volume.
 fn csi_volume(volume: &Value) -> Volume {
     let text = |key: &str| volume[key].as_str().unwrap_or_default().to_string();
@@ -779,18 +762,5 @@ mod tests {
         assert_eq!((last.len(), next.as_str()), (1, ""));
         assert_eq!(page(&items, "9", 2).unwrap_err().code(), Code::Aborted);
         assert_eq!(page(&items, "x", 0).unwrap_err().code(), Code::Aborted);
-    }
-
-    #[test]
-    fn unknown_parameters_are_refused() {
-        let mut body = json!({});
-        let known = HashMap::from([("replicas".to_string(), "2".to_string())]);
-        parameters_into(&known, &mut body).unwrap();
-        assert_eq!(body["replicas"], 2);
-        let typo = HashMap::from([("replica".to_string(), "2".to_string())]);
-        assert_eq!(
-            parameters_into(&typo, &mut body).unwrap_err().code(),
-            Code::InvalidArgument
-        );
     }
 }

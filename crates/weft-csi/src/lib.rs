@@ -22,6 +22,7 @@ mod errors;
 mod host;
 mod identity;
 mod node;
+mod parameters;
 mod publish;
 mod server;
 mod snapshots;

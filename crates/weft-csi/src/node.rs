@@ -141,6 +141,7 @@ impl Node for NodeService {
                 .unwrap_or_default()
         };
         let (nqn, uuid) = (context("nqn"), context("uuid"));
+        let context_fs_type = context(crate::parameters::FS_TYPE_CONTEXT);
         if nqn.is_empty() || uuid.is_empty() {
             // Only ControllerPublishVolume tells where a volume is.
             return Err(Status::not_found(format!(
@@ -176,7 +177,12 @@ impl Node for NodeService {
             if host::is_mounted(&staging) {
                 return Ok(());
             }
-            let kind = match mount.fs_type.as_str() {
+            // The capability's filesystem, else the StorageClass's fsType.
+            let fs_type = match mount.fs_type.as_str() {
+                "" => context_fs_type,
+                named => named.to_string(),
+            };
+            let kind = match fs_type.as_str() {
                 "" => "ext4",
                 kind @ ("ext4" | "xfs") => kind,
                 other => {

@@ -160,6 +160,33 @@ fn the_controller_service_makes_finds_lists_and_deletes_volumes() {
             refused.message().contains("unknown parameter replica"),
             "{refused}"
         );
+        // QoS limits and a filesystem from the StorageClass.
+        let mut limited = create("pvc-q", 4 << 20);
+        limited.parameters = HashMap::from([
+            ("iopsMax".into(), "1000".into()),
+            ("writeBwMax".into(), "10485760".into()),
+            ("fsType".into(), "xfs".into()),
+        ]);
+        let limited = controller.create_volume(limited).await.unwrap();
+        let limited = limited.into_inner().volume.unwrap();
+        assert_eq!(limited.volume_context["fsType"], "xfs");
+        let shown = support::api(
+            &node,
+            Some(&node.token),
+            "GET",
+            "/api/v1/volumes/pvc-q",
+            None,
+        )
+        .1;
+        assert_eq!(shown["qos"]["iops_max"], 1000, "{shown}");
+        assert_eq!(shown["qos"]["write_bw_max"], 10485760, "{shown}");
+        controller
+            .delete_volume(DeleteVolumeRequest {
+                volume_id: "pvc-q".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
         let mut shared = create("pvc-2", 0);
         shared.volume_capabilities[0].access_mode = Some(AccessMode {
             mode: Mode::MultiNodeMultiWriter.into(),
