@@ -11,14 +11,17 @@
 //! volume record it read: a node that lost the volume (a deposed primary)
 //! commits nothing.
 //!
+//! A change that takes write access from a host (a preemption) completes
+//! only once that host's writes already on their way to the media are done
+//! (see `ReservationCell::drained`).
+//!
 //! What this does not do: serve reservations on device namespaces (they have
-//! no record in the store), or wait for the outstanding commands of a
-//! preempted host.
+//! no record in the store).
 
 use std::collections::BTreeMap;
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use weft_control::{
     reservation_key, Change, Condition, DesiredState, HeldReservation, RegistrantRecord,
     ReservationRecord, StoreError, Txn, VolumeRecord,
@@ -38,6 +41,14 @@ const COMMIT_ATTEMPTS: u32 = 20;
 
 /// Pause between attempts: the node's copy of the store catches up.
 const RETRY_PAUSE: Duration = Duration::from_millis(25);
+
+/// How long a preemption waits at most for the fenced hosts' writes already
+/// on their way to the media (a write that takes longer has failed on its
+/// path: replication and device timeouts are shorter).
+const DRAIN_WAIT_MAX: Duration = Duration::from_secs(30);
+
+/// How often the drain is looked at.
+const DRAIN_POLL: Duration = Duration::from_millis(1);
 
 /// One reservation command for the keeper.
 #[derive(Debug)]
@@ -188,6 +199,7 @@ impl Shared {
             .map(|(_, cell)| Arc::clone(cell))
         {
             cell.install(committed.0, next);
+            drain(&cell, &state, &job.volume);
         }
         Ok(())
     }
@@ -211,6 +223,22 @@ impl Shared {
             ReservationState::default()
         };
         Ok((Some(versioned.revision.0), state))
+    }
+}
+
+/// Waits until no host that `before` let write and the new state does not
+/// has a write on its way to the media (a preempted host's): only then is
+/// the host that fenced it told so. Bounded by [`DRAIN_WAIT_MAX`].
+fn drain(cell: &ReservationCell, before: &ReservationState, volume: &str) {
+    let start = Instant::now();
+    while !cell.drained(before) {
+        if start.elapsed() > DRAIN_WAIT_MAX {
+            log::warn!(
+                "volume {volume}: a fenced host still has writes on their way to the media after {DRAIN_WAIT_MAX:?}; the reservation command completes anyway"
+            );
+            return;
+        }
+        std::thread::sleep(DRAIN_POLL);
     }
 }
 

@@ -37,9 +37,7 @@ use crate::pdu::{
     self, data_field_offset, digest_bits, field_offset, flags, CommonHeader, DataHeader,
     FatalErrorStatus, IcReq, IcResp, PduError, PduType, COMMON_HEADER_LEN, MAX_HEADER_LEN,
 };
-#[cfg(test)]
-use crate::reservation::ReservationCell;
-use crate::reservation::{HostIdentifier, ReservationCommand};
+use crate::reservation::{HostIdentifier, ReservationCell, ReservationCommand};
 use crate::status::{Completion, Status};
 use crate::target::{
     ControllerShared, Limits, RegistryError, SubsystemConfig, Target, TargetConfig, DISCOVERY_NQN,
@@ -113,6 +111,9 @@ struct Slot {
     status: Status,
     /// Counted in its controller's fenced I/O on its way to the media.
     fenced: bool,
+    /// A write counted in its namespace's reservation cell, by its host
+    /// (see [`ReservationCell::enter_write`]).
+    reserved: Option<(Arc<ReservationCell>, HostIdentifier)>,
 }
 
 /// A fence Set Features waiting for the other controllers' I/O to drain.
@@ -225,6 +226,7 @@ impl Connection {
             io_pending: 0,
             status: Status::SUCCESS,
             fenced: false,
+            reserved: None,
         };
         Connection {
             target,
@@ -970,8 +972,9 @@ impl Connection {
         let plan = self.slots[usize::from(slot.0)]
             .io_plan
             .expect("I/O commands are planned in prepare");
-        if let Err(status) = self.reservation_check(plan) {
-            return self.complete(slot, status, 0, 0, buffers);
+        match self.reservation_check(plan) {
+            Ok(reserved) => self.slots[usize::from(slot.0)].reserved = reserved,
+            Err(status) => return self.complete(slot, status, 0, 0, buffers),
         }
         let State::Io(queue, io_queue) = &self.state else {
             unreachable!("start_io on an I/O queue")
@@ -1134,21 +1137,42 @@ impl Connection {
     }
 
     /// Reservation Conflict if a reservation on the command's namespace
-    /// (every namespace, for a Flush of all) keeps this host from it.
-    fn reservation_check(&self, plan: IoPlan) -> Result<(), Status> {
+    /// (every namespace, for a Flush of all) keeps this host from it; the
+    /// cell that counts it if it is a write counted there.
+    fn reservation_check(
+        &self,
+        plan: IoPlan,
+    ) -> Result<Option<(Arc<ReservationCell>, HostIdentifier)>, Status> {
         let Some((nsid, access)) = plan.access() else {
-            return Ok(());
+            return Ok(None);
         };
         let State::Io(queue, io_queue) = &self.state else {
-            return Ok(());
+            return Ok(None);
         };
         let host = HostIdentifier(queue.controller.host_id);
-        self.config.subsystems[io_queue.subsystem]
+        let cells = self.config.subsystems[io_queue.subsystem]
             .namespaces
             .iter()
             .filter(|ns| nsid == Nsid::BROADCAST || ns.nsid == nsid)
-            .filter_map(|ns| ns.reservations.as_ref())
-            .try_for_each(|cell| cell.check(host, access))
+            .filter_map(|ns| ns.reservations.as_ref());
+        let changes_data = matches!(
+            plan,
+            IoPlan::Write { .. }
+                | IoPlan::WriteZeroes { .. }
+                | IoPlan::DatasetManagement {
+                    deallocate: true,
+                    ..
+                }
+        );
+        for cell in cells {
+            if !changes_data {
+                cell.check(host, access)?;
+            } else if cell.enter_write(host)? {
+                // A data command has one namespace.
+                return Ok(Some((Arc::clone(cell), host)));
+            }
+        }
+        Ok(None)
     }
 
     fn count_io(&self, plan: IoPlan, status: Status) {
@@ -1342,9 +1366,13 @@ impl Connection {
         true
     }
 
-    /// Slot `slot`'s command no longer counts against a fence (done, or never to run).
+    /// Slot `slot`'s command no longer counts against a fence or a
+    /// reservation (done, or never to run).
     fn fenced_done(&mut self, slot: SlotId) {
         let entry = &mut self.slots[usize::from(slot.0)];
+        if let Some((cell, host)) = entry.reserved.take() {
+            cell.written(host);
+        }
         if std::mem::take(&mut entry.fenced) {
             if let Some(controller) = &self.fence_controller {
                 controller.fenced_io_done();
@@ -3145,6 +3173,53 @@ mod tests {
         assert_eq!(
             a.command(&command, &data).pop().unwrap().status(),
             Status::INVALID_OPCODE
+        );
+    }
+
+    #[test]
+    fn a_preempted_hosts_write_on_its_way_to_the_media_holds_the_drain() {
+        use crate::reservation::{ReservationState, ACQUIRE_OPCODE, REGISTER_OPCODE};
+        let (_target, mut a, mut b) = reservation_hosts();
+        let cell = a.reservations.clone().unwrap();
+        assert_eq!(
+            run(&mut a, reservation(REGISTER_OPCODE, 1, 0, &[0, 1])),
+            Status::SUCCESS
+        );
+        assert_eq!(
+            run(&mut b, reservation(REGISTER_OPCODE, 2, 0, &[0, 2])),
+            Status::SUCCESS
+        );
+        // Write Exclusive, Registrants Only: B writes too.
+        assert_eq!(
+            run(&mut a, reservation(ACQUIRE_OPCODE, 3, 0x300, &[1, 0])),
+            Status::SUCCESS
+        );
+        b.hold_io = true;
+        b.send(&b.capsule(&rw(io_opcode::WRITE, 4, 2, 0, 1, 4096, true), &[4; 4096]));
+        assert_eq!(b.held_io.len(), 1, "B's write is on the media");
+        let before = ReservationState::clone(&cell.state().1);
+        assert_eq!(
+            run(&mut a, reservation(ACQUIRE_OPCODE, 5, 0x102, &[1, 2])),
+            Status::SUCCESS
+        );
+        assert!(
+            !cell.drained(&before),
+            "B was fenced with a write under way"
+        );
+        let held = b.held_io.pop().unwrap();
+        b.execute(held);
+        b.pump();
+        assert_eq!(
+            b.expect().status(),
+            Status::SUCCESS,
+            "admitted before the preemption"
+        );
+        assert!(cell.drained(&before));
+        b.hold_io = false;
+        let refused = b.command(&rw(io_opcode::WRITE, 6, 2, 0, 1, 4096, true), &[6; 4096]);
+        assert_eq!(
+            refused.last().unwrap().status(),
+            Status::RESERVATION_CONFLICT
         );
     }
 

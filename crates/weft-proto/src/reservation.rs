@@ -9,11 +9,17 @@
 //! function; [`ReservationCell`] is the state as the data plane reads it,
 //! shared by every queue that serves the namespace.
 //!
+//! While a reservation is held, the cell counts each host's writes on their
+//! way to the media, so that a preemption completes only once the hosts it
+//! fenced have none left (as Preempt and Abort asks; the node waits with
+//! [`ReservationCell::drained`]): no write of a fenced host lands after the
+//! host that fenced it was told so.
+//!
 //! What this module does not do: persist the state (the node writes it to
 //! its store before a command completes, see `weft-node`), send
 //! reservation notifications (no Reservation Notification log page), or
-//! abort the outstanding commands of a preempted host (Preempt and Abort
-//! acts as Preempt: commands already checked finish).
+//! abort commands (a fenced host's writes already under way finish first;
+//! writes started before any reservation was held are not counted).
 //!
 //! The state always persists through power loss (RESCAP bit 0, PTPLS 1):
 //! a Register that asks to clear PTPL is refused. Linux's own persistent
@@ -565,6 +571,9 @@ pub struct ReservationCell {
 struct Installed {
     revision: u64,
     state: Arc<ReservationState>,
+    /// Writes on their way to the media, by host (counted while a
+    /// reservation is held).
+    writing: Vec<(HostIdentifier, u32)>,
 }
 
 impl ReservationCell {
@@ -579,6 +588,43 @@ impl ReservationCell {
             return Ok(());
         }
         self.lock().state.check(host, access)
+    }
+
+    /// [`ReservationCell::check`] for a command that changes data, which
+    /// is counted while a reservation is held: true if it was (the caller
+    /// calls [`ReservationCell::written`] once the media answered).
+    pub fn enter_write(&self, host: HostIdentifier) -> Result<bool, Status> {
+        if !self.held.load(Ordering::Acquire) {
+            return Ok(false);
+        }
+        let mut installed = self.lock();
+        installed.state.check(host, Access::Write)?;
+        match installed.writing.iter_mut().find(|(h, _)| *h == host) {
+            Some((_, count)) => *count += 1,
+            None => installed.writing.push((host, 1)),
+        }
+        Ok(true)
+    }
+
+    /// A counted write of `host` is done (or will never reach the media).
+    pub fn written(&self, host: HostIdentifier) {
+        let mut installed = self.lock();
+        let at = installed.writing.iter().position(|(h, _)| *h == host);
+        let at = at.expect("a counted write");
+        installed.writing[at].1 -= 1;
+        if installed.writing[at].1 == 0 {
+            installed.writing.swap_remove(at);
+        }
+    }
+
+    /// Whether no host that `before` let write and the installed state does
+    /// not has a counted write on its way to the media.
+    pub fn drained(&self, before: &ReservationState) -> bool {
+        let installed = self.lock();
+        installed.writing.iter().all(|&(host, _)| {
+            before.check(host, Access::Write).is_err()
+                || installed.state.check(host, Access::Write).is_ok()
+        })
     }
 
     /// The state installed and the revision it was installed at.
@@ -596,10 +642,8 @@ impl ReservationCell {
         }
         self.held
             .store(state.reservation.is_some(), Ordering::Release);
-        *installed = Installed {
-            revision,
-            state: Arc::new(state),
-        };
+        installed.revision = revision;
+        installed.state = Arc::new(state);
         true
     }
 
@@ -992,6 +1036,34 @@ mod tests {
         assert!(!cell.install(4, ReservationState::default()), "older");
         assert!(cell.install(6, ReservationState::default()));
         assert_eq!(cell.check(B, Access::Write), Ok(()));
+    }
+
+    #[test]
+    fn a_preemption_is_drained_once_the_fenced_hosts_writes_are_done() {
+        let cell = ReservationCell::new();
+        assert_eq!(cell.enter_write(B), Ok(false), "nothing held: not counted");
+        let shared = registered(&[(A, 1), (B, 2)])
+            .apply(
+                A,
+                acquire(AcquireAction::Acquire, WriteExclusiveRegistrantsOnly, 1, 0),
+            )
+            .expect("acquires");
+        cell.install(1, shared.clone());
+        assert_eq!(cell.enter_write(B), Ok(true));
+        assert_eq!(cell.enter_write(A), Ok(true));
+        let fenced = shared
+            .apply(
+                A,
+                acquire(AcquireAction::PreemptAndAbort, WriteExclusive, 1, 2),
+            )
+            .expect("preempts B");
+        cell.install(2, fenced);
+        assert_eq!(cell.enter_write(B), Err(Status::RESERVATION_CONFLICT));
+        assert!(!cell.drained(&shared), "B's write is on its way");
+        cell.written(A);
+        assert!(!cell.drained(&shared));
+        cell.written(B);
+        assert!(cell.drained(&shared));
     }
 
     fn hex(text: &str) -> Vec<u8> {
