@@ -445,7 +445,16 @@ step_fio() {
     check "fio crc32c verify ns1 bs 64k 64 MiB" fio_verify "$dev1" 64k 64
     check "fio crc32c verify ns1 bs 1M 128 MiB" fio_verify "$dev1" 1M 128
     check "fio crc32c verify ns2 (ram) bs 4k 32 MiB" fio_verify "$dev2" 4k 32
+    check "nvme write and nvme read of 1 MiB in one command each (MDTS)" nvme_cli_mib "$dev1"
     check "disconnect" disconnect "$NQN1"
+}
+nvme_cli_mib() { # DEV: one 1 MiB nvme-cli Write and Read at LBA 0 (a Linux host refuses
+                 # more than MDTS with EINVAL), the data read back intact
+    local blocks=$((MIB / $(blockdev --getss "$1") - 1))
+    head -c "$MIB" /dev/urandom > "$TMP/mib.in"
+    nvme write "$1" --start-block=0 --block-count=$blocks --data-size=$MIB --data="$TMP/mib.in" > /dev/null &&
+        nvme read "$1" --start-block=0 --block-count=$blocks --data-size=$MIB --data="$TMP/mib.out" > /dev/null &&
+        cmp "$TMP/mib.in" "$TMP/mib.out"
 }
 
 step_digests() {

@@ -43,9 +43,10 @@ const COMMIT_ATTEMPTS: u32 = 20;
 const RETRY_PAUSE: Duration = Duration::from_millis(25);
 
 /// How long a preemption waits at most for the fenced hosts' writes already
-/// on their way to the media (a write that takes longer has failed on its
-/// path: replication and device timeouts are shorter).
-const DRAIN_WAIT_MAX: Duration = Duration::from_secs(30);
+/// on their way to the media: well within a Linux host's 30 s command
+/// timeout (a write that takes longer has failed on its path: replication
+/// and device timeouts are shorter).
+const DRAIN_WAIT_MAX: Duration = Duration::from_secs(10);
 
 /// How often the drain is looked at.
 const DRAIN_POLL: Duration = Duration::from_millis(1);
@@ -193,11 +194,13 @@ impl Shared {
             changes: vec![Change::put(key, weft_control::records::encode(&record))],
         };
         let committed = self.desired.store().commit(txn).map_err(Attempt::store)?;
-        if let Some(cell) = self
+        // Out of the map's lock before the drain: exports are built meanwhile.
+        let cell = self
             .lock()
             .get(&job.volume)
-            .map(|(_, cell)| Arc::clone(cell))
-        {
+            .filter(|(id, _)| *id == job.id)
+            .map(|(_, cell)| Arc::clone(cell));
+        if let Some(cell) = cell {
             cell.install(committed.0, next);
             drain(&cell, &state, &job.volume);
         }

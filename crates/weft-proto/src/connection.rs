@@ -37,7 +37,7 @@ use crate::pdu::{
     self, data_field_offset, digest_bits, field_offset, flags, CommonHeader, DataHeader,
     FatalErrorStatus, IcReq, IcResp, PduError, PduType, COMMON_HEADER_LEN, MAX_HEADER_LEN,
 };
-use crate::reservation::{HostIdentifier, ReservationCell, ReservationCommand};
+use crate::reservation::{CountedWrite, HostIdentifier, ReservationCell, ReservationCommand};
 use crate::status::{Completion, Status};
 use crate::target::{
     ControllerShared, Limits, RegistryError, SubsystemConfig, Target, TargetConfig, DISCOVERY_NQN,
@@ -111,9 +111,9 @@ struct Slot {
     status: Status,
     /// Counted in its controller's fenced I/O on its way to the media.
     fenced: bool,
-    /// A write counted in its namespace's reservation cell, by its host
-    /// (see [`ReservationCell::enter_write`]).
-    reserved: Option<(Arc<ReservationCell>, HostIdentifier)>,
+    /// A write counted in its namespace's reservation cell (see
+    /// [`ReservationCell::enter_write`]).
+    reserved: Option<(Arc<ReservationCell>, CountedWrite)>,
 }
 
 /// A fence Set Features waiting for the other controllers' I/O to drain.
@@ -1142,7 +1142,7 @@ impl Connection {
     fn reservation_check(
         &self,
         plan: IoPlan,
-    ) -> Result<Option<(Arc<ReservationCell>, HostIdentifier)>, Status> {
+    ) -> Result<Option<(Arc<ReservationCell>, CountedWrite)>, Status> {
         let Some((nsid, access)) = plan.access() else {
             return Ok(None);
         };
@@ -1165,12 +1165,11 @@ impl Connection {
                 }
         );
         for cell in cells {
-            if !changes_data {
-                cell.check(host, access)?;
-            } else if cell.enter_write(host)? {
+            if changes_data {
                 // A data command has one namespace.
-                return Ok(Some((Arc::clone(cell), host)));
+                return Ok(Some((Arc::clone(cell), cell.enter_write(host)?)));
             }
+            cell.check(host, access)?;
         }
         Ok(None)
     }
@@ -1370,8 +1369,8 @@ impl Connection {
     /// reservation (done, or never to run).
     fn fenced_done(&mut self, slot: SlotId) {
         let entry = &mut self.slots[usize::from(slot.0)];
-        if let Some((cell, host)) = entry.reserved.take() {
-            cell.written(host);
+        if let Some((cell, counted)) = entry.reserved.take() {
+            cell.written(counted);
         }
         if std::mem::take(&mut entry.fenced) {
             if let Some(controller) = &self.fence_controller {

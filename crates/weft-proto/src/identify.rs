@@ -172,6 +172,9 @@ pub fn controller(id: &ControllerIdentity<'_>, out: &mut [u8]) -> usize {
         w.u8(76, (1 << 1) | (1 << 3))
             // OAES bit 8: Namespace Attribute Notices; bit 11: ANA Change Notices.
             .u32(92, (1 << 8) | (1 << 11))
+            // CTRATT bit 0: 128-bit Host Identifiers (as NVMe over Fabrics
+            // requires; reservation reports use the extended structure).
+            .u32(96, 1)
             .u8(342, ANA_TRANSITION_SECONDS) // ANATT
             .u8(343, ANA_CAPABILITIES) // ANACAP
             .u32(344, ANA_GROUPS_MAX) // ANAGRPMAX

@@ -9,17 +9,17 @@
 //! function; [`ReservationCell`] is the state as the data plane reads it,
 //! shared by every queue that serves the namespace.
 //!
-//! While a reservation is held, the cell counts each host's writes on their
-//! way to the media, so that a preemption completes only once the hosts it
-//! fenced have none left (as Preempt and Abort asks; the node waits with
+//! The cell counts writes on their way to the media (each host's while a
+//! reservation is held, all of them on one counter while none is), so that
+//! a change that takes write access from a host completes only once it has
+//! none left (as Preempt and Abort asks; the node waits with
 //! [`ReservationCell::drained`]): no write of a fenced host lands after the
 //! host that fenced it was told so.
 //!
 //! What this module does not do: persist the state (the node writes it to
 //! its store before a command completes, see `weft-node`), send
 //! reservation notifications (no Reservation Notification log page), or
-//! abort commands (a fenced host's writes already under way finish first;
-//! writes started before any reservation was held are not counted).
+//! abort commands (a fenced host's writes already under way finish first).
 //!
 //! The state always persists through power loss (RESCAP bit 0, PTPLS 1):
 //! a Register that asks to clear PTPL is refused. Linux's own persistent
@@ -27,7 +27,7 @@
 
 use crate::status::Status;
 use crate::wire::Writer;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Reservation Register.
@@ -564,7 +564,20 @@ impl ReservationState {
 #[derive(Debug, Default)]
 pub struct ReservationCell {
     held: AtomicBool,
+    /// Writes admitted while no reservation was held, still on their way
+    /// to the media (not attributed to a host: a change that takes write
+    /// access from any host waits for all of them).
+    unheld_writes: AtomicU64,
     installed: Mutex<Installed>,
+}
+
+/// How a write was counted by [`ReservationCell::enter_write`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CountedWrite {
+    /// Admitted while no reservation was held.
+    Unheld,
+    /// Admitted under a reservation, for this host.
+    Host(HostIdentifier),
 }
 
 #[derive(Debug, Default)]
@@ -591,23 +604,34 @@ impl ReservationCell {
     }
 
     /// [`ReservationCell::check`] for a command that changes data, which
-    /// is counted while a reservation is held: true if it was (the caller
-    /// calls [`ReservationCell::written`] once the media answered).
-    pub fn enter_write(&self, host: HostIdentifier) -> Result<bool, Status> {
-        if !self.held.load(Ordering::Acquire) {
-            return Ok(false);
+    /// is counted: the caller calls [`ReservationCell::written`] with the
+    /// count once the media answered. While no reservation is held that is
+    /// one atomic counter (counted before the flag is read, so that a write
+    /// racing with an Acquire is counted one way or the other).
+    pub fn enter_write(&self, host: HostIdentifier) -> Result<CountedWrite, Status> {
+        self.unheld_writes.fetch_add(1, Ordering::SeqCst);
+        if !self.held.load(Ordering::SeqCst) {
+            return Ok(CountedWrite::Unheld);
         }
+        self.unheld_writes.fetch_sub(1, Ordering::SeqCst);
         let mut installed = self.lock();
         installed.state.check(host, Access::Write)?;
         match installed.writing.iter_mut().find(|(h, _)| *h == host) {
             Some((_, count)) => *count += 1,
             None => installed.writing.push((host, 1)),
         }
-        Ok(true)
+        Ok(CountedWrite::Host(host))
     }
 
-    /// A counted write of `host` is done (or will never reach the media).
-    pub fn written(&self, host: HostIdentifier) {
+    /// A counted write is done (or will never reach the media).
+    pub fn written(&self, counted: CountedWrite) {
+        let host = match counted {
+            CountedWrite::Unheld => {
+                self.unheld_writes.fetch_sub(1, Ordering::SeqCst);
+                return;
+            }
+            CountedWrite::Host(host) => host,
+        };
         let mut installed = self.lock();
         let at = installed.writing.iter().position(|(h, _)| *h == host);
         let at = at.expect("a counted write");
@@ -618,13 +642,20 @@ impl ReservationCell {
     }
 
     /// Whether no host that `before` let write and the installed state does
-    /// not has a counted write on its way to the media.
+    /// not has a write on its way to the media (when one lost write access,
+    /// no write admitted while nothing was held either).
     pub fn drained(&self, before: &ReservationState) -> bool {
         let installed = self.lock();
-        installed.writing.iter().all(|&(host, _)| {
-            before.check(host, Access::Write).is_err()
-                || installed.state.check(host, Access::Write).is_ok()
-        })
+        let lost = |host: HostIdentifier| {
+            before.check(host, Access::Write).is_ok()
+                && installed.state.check(host, Access::Write).is_err()
+        };
+        let anyone_lost = before.registrants.iter().any(|r| lost(r.host))
+            || before.reservation.is_none() && installed.state.reservation.is_some();
+        if anyone_lost && self.unheld_writes.load(Ordering::SeqCst) > 0 {
+            return false;
+        }
+        installed.writing.iter().all(|&(host, _)| !lost(host))
     }
 
     /// The state installed and the revision it was installed at.
@@ -641,7 +672,7 @@ impl ReservationCell {
             return false;
         }
         self.held
-            .store(state.reservation.is_some(), Ordering::Release);
+            .store(state.reservation.is_some(), Ordering::SeqCst);
         installed.revision = revision;
         installed.state = Arc::new(state);
         true
@@ -1041,7 +1072,8 @@ mod tests {
     #[test]
     fn a_preemption_is_drained_once_the_fenced_hosts_writes_are_done() {
         let cell = ReservationCell::new();
-        assert_eq!(cell.enter_write(B), Ok(false), "nothing held: not counted");
+        let early = cell.enter_write(B).expect("nothing held");
+        assert_eq!(early, CountedWrite::Unheld);
         let shared = registered(&[(A, 1), (B, 2)])
             .apply(
                 A,
@@ -1049,8 +1081,15 @@ mod tests {
             )
             .expect("acquires");
         cell.install(1, shared.clone());
-        assert_eq!(cell.enter_write(B), Ok(true));
-        assert_eq!(cell.enter_write(A), Ok(true));
+        assert!(
+            !cell.drained(&ReservationState::default()),
+            "B's early write"
+        );
+        cell.written(early);
+        assert!(cell.drained(&ReservationState::default()));
+        let b = cell.enter_write(B).expect("a registrant");
+        let a = cell.enter_write(A).expect("the holder");
+        assert_eq!((a, b), (CountedWrite::Host(A), CountedWrite::Host(B)));
         let fenced = shared
             .apply(
                 A,
@@ -1060,9 +1099,9 @@ mod tests {
         cell.install(2, fenced);
         assert_eq!(cell.enter_write(B), Err(Status::RESERVATION_CONFLICT));
         assert!(!cell.drained(&shared), "B's write is on its way");
-        cell.written(A);
+        cell.written(a);
         assert!(!cell.drained(&shared));
-        cell.written(B);
+        cell.written(b);
         assert!(cell.drained(&shared));
     }
 

@@ -68,7 +68,7 @@ impl Limits {
     /// The defaults weft serves with.
     pub const DEFAULT: Limits = Limits {
         queue_entries_max: 128,
-        transfer_bytes_max: 128 * 1024,
+        transfer_bytes_max: 1024 * 1024,
         io_in_capsule_bytes_max: 16 * 1024,
         admin_in_capsule_bytes_max: 8 * 1024,
         h2c_data_bytes_max: 128 * 1024,
@@ -1020,16 +1020,16 @@ mod tests {
             );
         }
         assert_eq!(
-            with(|l| l.io_in_capsule_bytes_max = 256 * 1024),
+            with(|l| l.io_in_capsule_bytes_max = 2048 * 1024),
             Err(LimitsError::IoInCapsuleBytes {
-                value: 256 * 1024,
-                transfer_bytes_max: 128 * 1024
+                value: 2048 * 1024,
+                transfer_bytes_max: 1024 * 1024
             })
         );
         assert!(with(|l| l.io_in_capsule_bytes_max = 100).is_err());
         assert!(with(|l| l.io_in_capsule_bytes_max = 0).is_ok());
         assert!(with(|l| l.admin_in_capsule_bytes_max = 4096).is_err());
-        assert!(with(|l| l.admin_in_capsule_bytes_max = 256 * 1024).is_err());
+        assert!(with(|l| l.admin_in_capsule_bytes_max = 2048 * 1024).is_err());
         assert_eq!(
             with(|l| l.h2c_data_bytes_max = 4094),
             Err(LimitsError::H2cDataBytes(4094))
@@ -1051,10 +1051,10 @@ mod tests {
     /// In-capsule data larger than a slot buffer used to reach the framing,
     /// which would have written it past the buffer's end.
     #[test]
-    #[should_panic(expected = "io_in_capsule_bytes_max is 262144")]
+    #[should_panic(expected = "io_in_capsule_bytes_max is 2097152")]
     fn a_target_refuses_limits_that_fail_validation() {
         let mut config = (*crate::testing::test_target().config()).clone();
-        config.limits.io_in_capsule_bytes_max = 256 * 1024;
+        config.limits.io_in_capsule_bytes_max = 2048 * 1024;
         Target::new(config, Arc::new(crate::testing::CountingRandom::default()));
     }
 

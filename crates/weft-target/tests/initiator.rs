@@ -23,18 +23,22 @@ fn connects_identifies_and_moves_data() {
         };
         let mut controller = Controller::connect(&url, options, 2).unwrap();
         assert_eq!(controller.info.model, "weft");
-        assert_eq!(controller.info.transfer_bytes_max, 128 * 1024);
+        assert_eq!(controller.info.transfer_bytes_max, 1024 * 1024);
         assert_eq!(controller.info.io_in_capsule_bytes, 16 * 1024);
         assert_eq!(controller.info.io_queues, 2);
         let namespace = controller.namespace(2).unwrap();
         assert_eq!(namespace.block_size, 4096);
         assert_eq!(namespace.blocks * 4096, support::FILE_BYTES);
         let mut queue = controller.open_io_queue(2).unwrap();
-        // Queue depth 16: submit all, then reap; sizes from in-capsule to R2T.
-        for (round, len) in [4096u32, 16384, 65536, 131072].into_iter().enumerate() {
+        // Queue depth 16: submit all, then reap; sizes from in-capsule to
+        // R2T, the largest in several H2CData PDUs (MAXH2CDATA 128 KiB).
+        for (round, len) in [4096u32, 16384, 65536, 131072, 1 << 20]
+            .into_iter()
+            .enumerate()
+        {
             let mut patterns = Vec::new();
             for index in 0..16u64 {
-                let slba = index * 32;
+                let slba = index * 256;
                 let pattern: Vec<u8> = (0..len)
                     .map(|i| (i as u64 ^ index ^ round as u64) as u8)
                     .collect();

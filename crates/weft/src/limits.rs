@@ -58,6 +58,7 @@ pub struct LimitsFile {
     api_connections: Option<u32>,
     api_request_timeout_ms: Option<u32>,
     manager_queue: Option<u32>,
+    transfer_max_kib: Option<u32>,
 }
 
 impl LimitsFile {
@@ -114,12 +115,29 @@ impl LimitsFile {
         )?;
         limits.api_request_timeout = Duration::from_millis(u64::from(timeout_ms));
         limits.manager_queue = positive(self.manager_queue, "manager_queue", limits.manager_queue)?;
+        if let Some(kib) = self.transfer_max_kib {
+            limits.protocol.transfer_bytes_max = transfer_bytes(kib).ok_or_else(|| {
+                ConfigError::new(
+                    origin,
+                    "limits.transfer_max_kib",
+                    format!("{kib} is not a power of two from 128 to 2097152 (KiB): MDTS counts powers of two of 4 KiB pages"),
+                )
+            })?;
+        }
         limits
             .protocol
             .validate()
             .map_err(|error| ConfigError::new(origin, "limits", error.to_string()))?;
         Ok(limits)
     }
+}
+
+/// The largest transfer of `kib` KiB, in bytes: a power of two from 128 KiB
+/// (what the protocol's in-capsule and H2CData limits fit in) to 2 GiB.
+fn transfer_bytes(kib: u32) -> Option<u32> {
+    let valid =
+        kib.is_power_of_two() && (128..=(Limits::TRANSFER_BYTES_LIMIT >> 10)).contains(&kib);
+    valid.then(|| kib << 10)
 }
 
 #[cfg(test)]
@@ -144,5 +162,20 @@ mod tests {
             "{error}"
         );
         assert!(parse("bogus = 1").is_err());
+    }
+
+    #[test]
+    fn the_largest_transfer_is_a_power_of_two_of_kib() {
+        assert_eq!(NodeLimits::default().protocol.transfer_bytes_max, 1 << 20);
+        let limits = parse("transfer_max_kib = 4096").unwrap();
+        assert_eq!(limits.protocol.transfer_bytes_max, 4 << 20);
+        for bad in [
+            "transfer_max_kib = 1000",
+            "transfer_max_kib = 64",
+            "transfer_max_kib = 4194304",
+        ] {
+            let error = parse(bad).unwrap_err().to_string();
+            assert!(error.contains("limits.transfer_max_kib"), "{error}");
+        }
     }
 }

@@ -111,13 +111,13 @@ fn bench_loads_a_served_namespace() {
         "--target",
         &url,
         "--bs",
-        "1m",
+        "2m",
         "--runtime",
         "100ms",
     ]);
     assert!(!ok);
     assert!(
-        errors.contains("--bs 1MiB is above this target's largest transfer, 128KiB (its MDTS); use --bs 128k or less"),
+        errors.contains("--bs 2MiB is above this target's largest transfer, 1MiB (its MDTS)"),
         "{errors}"
     );
 }
