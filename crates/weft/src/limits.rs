@@ -137,7 +137,10 @@ impl LimitsFile {
 fn transfer_bytes(kib: u32) -> Option<u32> {
     let valid =
         kib.is_power_of_two() && (128..=(Limits::TRANSFER_BYTES_LIMIT >> 10)).contains(&kib);
-    valid.then(|| kib << 10)
+    if !valid {
+        return None;
+    }
+    Some(kib << 10)
 }
 
 #[cfg(test)]
