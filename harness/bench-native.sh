@@ -6,7 +6,8 @@
 #   2. QD32 4k randread, remote file namespace vs the same file locally (io_uring, O_DIRECT),
 #      `weft bench compare --rounds ROUNDS`: IOPS ratio (goal >= 0.95), and the target's CPU
 #      while it served (goal <= 1 core)
-#   3. 128k sequential read, same comparison: bandwidth ratio (goal >= 0.95)
+#   3. 128k sequential read, same comparison: bandwidth ratio (goal >= 0.95); and 1 MiB
+#      (the largest transfer, MDTS), one command per I/O on both sides
 #   4. the target's CPU while idle for 10 s (goal ~0)
 # Prints a table and writes .cache/bench/native.json (raw outputs next to it).
 # Usage: harness/bench-native.sh [--weft PATH] [--runtime S] [--rounds N] [--file-mib N]
@@ -75,6 +76,8 @@ QD32_TICKS=$(( $(cpu_ticks) - T0 ))
 echo "== 3. 128k sequential read, file namespace: remote vs local"
 "$WEFT" bench compare --local "$FILE" --remote "$URL" --nsid 2 --rw read --bs 128k --iodepth 8 \
     --rounds "$ROUNDS" --runtime "${RUNTIME}s" --json "$DIR/seq128k.json" | tee "$DIR/seq128k.txt"
+"$WEFT" bench compare --local "$FILE" --remote "$URL" --nsid 2 --rw read --bs 1m --iodepth 4 \
+    --rounds "$ROUNDS" --runtime "${RUNTIME}s" --json "$DIR/seq1m.json" | tee "$DIR/seq1m.txt"
 
 python3 - "$DIR" "$ROUNDS" "$RUNTIME" "$IDLE_TICKS" "$QD32_TICKS" "$HZ" <<'PY'
 import json, statistics, sys
@@ -90,6 +93,7 @@ for r in range(1, rounds + 1):
           f" weft mean {weft['mean']/1000:.1f} us p99 {weft['percentile']['99.000000']/1000:.1f} us")
 qd32 = json.load(open(f'{d}/qd32.json'))['weft_bench_compare']['points'][0]
 seq = json.load(open(f'{d}/seq128k.json'))['weft_bench_compare']['points'][0]
+seq1m = json.load(open(f'{d}/seq1m.json'))['weft_bench_compare']['points'][0]
 target_cores = qd32_ticks / hz / (rounds * runtime)
 rows = [
     ('QD1 RAM mean / floor (median of rounds)', statistics.median(mean_ratios), '<= 1.3', statistics.median(mean_ratios) <= 1.3),
@@ -97,6 +101,7 @@ rows = [
     ('QD32 4k randread remote/local IOPS', qd32['iops_ratio'], '>= 0.95', qd32['iops_ratio'] >= 0.95),
     ('QD32 target CPU (cores, while serving)', target_cores, '<= 1', target_cores <= 1),
     ('128k seq read remote/local MiB/s', seq['bw_ratio'], '>= 0.95', seq['bw_ratio'] >= 0.95),
+    ('1M seq read remote/local MiB/s', seq1m['bw_ratio'], '>= 0.95', seq1m['bw_ratio'] >= 0.95),
     ('idle target CPU (cores, 10 s)', idle_ticks / hz / 10, '~0', idle_ticks / hz / 10 < 0.01),
 ]
 print()
