@@ -7,7 +7,8 @@
 # fio write+verify on each; the replicated volume `rep` (a replica on each node) is one
 # multipath device whose paths are one ANA optimized (its primary) and two inaccessible; a
 # failover: fio writes to `rep` while the host kills its primary's node (asked through the
-# share), without an I/O error, and reads everything back from the promoted replica; the
+# share), without an I/O error, and reads everything back from the promoted replica, which
+# serves the reservation this host took through the old primary; the
 # killed node restarts and is rebuilt; the same through a hung primary (SIGSTOP, then
 # SIGCONT), a replica's death, a `node drain`, a snapshot and an online growth, and with ext4
 # on it (fsck clean, synced files intact after the primary's kill mid-write); a persistent
@@ -114,6 +115,20 @@ echo "  rep on /dev/$rep_dev, primary $first"
 survivor=1; [ "$first" = n1 ] && survivor=2
 FIO_REP=(--filename="/dev/$rep_dev" --rw=randwrite --bs=4k --size=24m --direct=1
     --ioengine=libaio --iodepth=4 --verify=crc32c --randseed=7)
+# This host takes a reservation (Write Exclusive, key c1) through the primary: the
+# promoted replica must serve it (the store holds it, not the node).
+resv_state() { # the reservation of rep as "TYPE REGISTRANTS HOLDER-KEY" (resv-report --eds)
+    nvme resv-report "/dev/$rep_dev" --eds -o json 2>/dev/null | python3 -c '
+import json, sys
+r = json.load(sys.stdin)
+regs = next((v for v in r.values() if isinstance(v, list)), [])
+held = [("%x" % int(x["rkey"])) for x in regs if int(x["rcsts"]) & 1]
+print(r["rtype"], r["regctl"], ",".join(held) or "-")'
+}
+nvme resv-register "/dev/$rep_dev" --nrkey=0xc1 --rrega=0 --cptpl=3 > /dev/null &&
+    nvme resv-acquire "/dev/$rep_dev" --crkey=0xc1 --rtype=1 --racqa=0 > /dev/null &&
+    [ "$(resv_state)" = "1 1 c1" ] && ok "rep: this host holds Write Exclusive with key c1" ||
+    fail "rep: reservation not taken ($(resv_state))"
 dmesg -C
 timeout 300 fio --name=failover "${FIO_REP[@]}" --rate_iops=200 --do_verify=0 --output-format=json \
     > /tmp/fio-failover.txt 2>&1 &
@@ -146,6 +161,11 @@ else
 fi
 dmesg | grep -iE "I/O error|ANA|nvme" | tail -12 | sed 's/^/  kernel: /'
 dmesg | grep -qi "I/O error" && fail "kernel I/O errors during the failover" || ok "no kernel I/O error"
+state=$(resv_state)
+[ "$state" = "1 1 c1" ] && ok "rep: the reservation holds on $second (Write Exclusive, key c1)" ||
+    fail "rep: reservation on $second: '$state', want '1 1 c1'"
+nvme resv-release "/dev/$rep_dev" --crkey=0xc1 --rrela=1 > /dev/null && ok "rep: reservation cleared" ||
+    fail "rep: clearing the reservation"
 request start "$first" && ok "host restarted $first" || fail "restart $first not done"
 in_sync=0
 for _ in $(seq 60); do
