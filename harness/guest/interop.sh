@@ -725,6 +725,8 @@ stage_and_publish() { # SOCKET NODE STAGE TARGET: ControllerPublish to NODE, the
     csi_call "$1" Node/NodeStageVolume '{"volume_id":"db","publish_context":'"$context"',"staging_target_path":"'"$3"'","volume_capability":'"$cap"'}' > /dev/null &&
         csi_call "$1" Node/NodePublishVolume '{"volume_id":"db","staging_target_path":"'"$3"'","target_path":"'"$4"'","volume_capability":'"$cap"'}' > /dev/null
 }
+DB_FIO=(--name=db --size=16m --rw=randwrite --bs=4k --direct=1 --ioengine=libaio --iodepth=4
+    --verify=crc32c --randseed=11 --fsync_on_close=1)
 step_csi_failover() { # a database's volume on node A; A dies; node B sees every fsync'd write; A is fenced
     local pid_a pid_b i
     CSI_A=/tmp/weft-csi-a.sock CSI_B=/tmp/weft-csi-b.sock
@@ -735,6 +737,8 @@ step_csi_failover() { # a database's volume on node A; A dies; node B sees every
     check "node A: published, staged (mkfs.ext4), mounted in its pod" stage_and_publish "$CSI_A" "$NODE_A" /tmp/a-stage /tmp/a-pod || { kill "$pid_a" "$pid_b"; return; }
     check "node A writes 8 files, each fsync'd" eval 'for i in $(seq 8); do dd if=/dev/urandom of=/tmp/a-pod/f$i bs=1M count=1 conv=fsync status=none || exit 1; done'
     (cd /tmp/a-pod && sha256sum f*) > "$TMP/db-sums"
+    check "node A: fio writes 16 MiB with crc32c in the pod's filesystem, fsync'd at close" \
+        eval 'fio "${DB_FIO[@]}" --directory=/tmp/a-pod --do_verify=1 > "$TMP/db-fio-a.txt" 2>&1 || { tail -3 "$TMP/db-fio-a.txt"; false; }'
     check "node B cannot take the volume while A holds it (FAILED_PRECONDITION)" eval '! stage_and_publish "$CSI_B" "$NODE_B" /tmp/b-stage /tmp/b-pod 2> "$TMP/b-refused" && grep -q FailedPrecondition "$TMP/b-refused"'
     # Node A dies: its kernel and its connections go (here: unmounted lazily and
     # disconnected, without its plugin); the cluster then unpublishes the volume from it,
@@ -748,6 +752,8 @@ step_csi_failover() { # a database's volume on node A; A dies; node B sees every
     check "node A can no longer connect to the volume" eval '! timeout 60 nvme connect -t tcp -a "$ADDR" -s "$PORT" -n nqn.2026-11.io.weft:vol:db --hostnqn "$NODE_A" --hostid "${NODE_A##*:}" > /dev/null 2>&1'
     check "node B: published, staged, mounted in its pod" stage_and_publish "$CSI_B" "$NODE_B" /tmp/b-stage /tmp/b-pod || { kill "$pid_a" "$pid_b"; return; }
     check "node B sees every write A made durable" eval '(cd /tmp/b-pod && sha256sum -c --quiet "$TMP/db-sums")'
+    check "node B: fio verifies what A's fio wrote" \
+        eval 'fio "${DB_FIO[@]}" --directory=/tmp/b-pod --verify_only > "$TMP/db-fio-b.txt" 2>&1 || { tail -3 "$TMP/db-fio-b.txt"; false; }'
     check "node B: unpublished, unstaged, nothing left connected" eval 'csi_call "$CSI_B" Node/NodeUnpublishVolume '"'"'{"volume_id":"db","target_path":"/tmp/b-pod"}'"'"' > /dev/null &&
         csi_call "$CSI_B" Node/NodeUnstageVolume '"'"'{"volume_id":"db","staging_target_path":"/tmp/b-stage"}'"'"' > /dev/null &&
         ! nvme list-subsys 2>/dev/null | grep -q vol:db && [ ! -e /tmp/b-pod ]'
