@@ -808,15 +808,7 @@ fn a_replica_out_while_its_primary_restarted_is_copied_only_what_it_missed() {
 /// An I/O queue to volume "rep" on `node` as the host with Host Identifier
 /// `[host_id; 16]` (two of them play two hosts of one cluster).
 fn connect_as(node: &Node, host_id: u8) -> (Controller, Queue) {
-    let url = TargetUrl::parse(&format!("{}/nqn.2026-11.io.weft:vol:rep", node.nvme)).unwrap();
-    let options = ConnectOptions {
-        host_nqn: HOST_NQN.into(),
-        host_id: [host_id; 16],
-        ..ConnectOptions::default()
-    };
-    let controller = Controller::connect(&url, options, 1).unwrap();
-    let queue = controller.open_io_queue(1).unwrap();
-    (controller, queue)
+    support::connect_as(node, "nqn.2026-11.io.weft:vol:rep", HOST_NQN, host_id)
 }
 
 /// The status a write of block 0 ends with, path statuses retried.

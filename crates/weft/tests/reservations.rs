@@ -6,7 +6,7 @@
 mod support;
 
 use support::{ok, pool_with_volume, start_node, temp_dir, Node};
-use weft_initiator::{ConnectOptions, Controller, InitiatorError, Queue, TargetUrl};
+use weft_initiator::{Controller, InitiatorError, Queue};
 use weft_proto::reservation::{ACQUIRE_OPCODE, REGISTER_OPCODE, RELEASE_OPCODE};
 use weft_proto::status::Status;
 
@@ -15,15 +15,7 @@ const HOST_B: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-00
 const BLOCK: u32 = 4096;
 
 fn connect(node: &Node, host_nqn: &str, host_id: u8) -> (Controller, Queue) {
-    let url = TargetUrl::parse(&format!("{}/nqn.2026-11.io.weft:vol:db", node.nvme)).unwrap();
-    let options = ConnectOptions {
-        host_nqn: host_nqn.into(),
-        host_id: [host_id; 16],
-        ..ConnectOptions::default()
-    };
-    let controller = Controller::connect(&url, options, 1).unwrap();
-    let queue = controller.open_io_queue(1).unwrap();
-    (controller, queue)
+    support::connect_as(node, "nqn.2026-11.io.weft:vol:db", host_nqn, host_id)
 }
 
 fn status_of(result: Result<(), InitiatorError>) -> Status {

@@ -170,6 +170,25 @@ pub fn cluster_node(
     node
 }
 
+/// An I/O queue to subsystem `nqn` on `node`, as host `host_nqn` with Host
+/// Identifier `[host_id; 16]` (two identities play two hosts).
+pub fn connect_as(
+    node: &Node,
+    nqn: &str,
+    host_nqn: &str,
+    host_id: u8,
+) -> (weft_initiator::Controller, weft_initiator::Queue) {
+    let url = weft_initiator::TargetUrl::parse(&format!("{}/{nqn}", node.nvme)).unwrap();
+    let options = weft_initiator::ConnectOptions {
+        host_nqn: host_nqn.into(),
+        host_id: [host_id; 16],
+        ..weft_initiator::ConnectOptions::default()
+    };
+    let controller = weft_initiator::Controller::connect(&url, options, 1).unwrap();
+    let queue = controller.open_io_queue(1).unwrap();
+    (controller, queue)
+}
+
 /// Pool `p` over `device` (a 256 MiB sparse file, created) with a thin
 /// volume `volume` of `size` (e.g. "64MiB").
 pub fn pool_with_volume(node: &Node, device: &std::path::Path, volume: &str, size: &str) {
