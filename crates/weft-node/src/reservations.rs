@@ -404,7 +404,7 @@ mod tests {
         assert_eq!(other.cell("v", &id).state().1, installed);
         // A recreated volume (another id) starts with none.
         assert_eq!(
-            *other.cell("v", &"11".repeat(16)).state().1,
+            other.cell("v", &"11".repeat(16)).state().1,
             ReservationState::default()
         );
         // A conflict is answered as one and changes nothing.

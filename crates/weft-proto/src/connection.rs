@@ -37,7 +37,9 @@ use crate::pdu::{
     self, data_field_offset, digest_bits, field_offset, flags, CommonHeader, DataHeader,
     FatalErrorStatus, IcReq, IcResp, PduError, PduType, COMMON_HEADER_LEN, MAX_HEADER_LEN,
 };
-use crate::reservation::{CountedWrite, HostIdentifier, ReservationCell, ReservationCommand};
+use crate::reservation::{
+    CountedWrite, HostIdentifier, ReservationCell, ReservationCommand, ReservationView,
+};
 use crate::status::{Completion, Status};
 use crate::target::{
     ControllerShared, Limits, RegistryError, SubsystemConfig, Target, TargetConfig, DISCOVERY_NQN,
@@ -98,7 +100,7 @@ enum SlotState {
     Transmitting,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 struct Slot {
     state: SlotState,
     command: Command,
@@ -184,6 +186,9 @@ pub struct Connection {
     tx: Transmitter,
     termination: Option<Termination>,
     dsm_ranges: Vec<(u64, u64)>,
+    /// This queue's copy of the reservation state of its namespace (see
+    /// [`ReservationCell`]), and the cell it is of.
+    reservation_view: Option<(Arc<ReservationCell>, Option<ReservationView>)>,
     /// A Connect refused because the subsystem does not allow the host,
     /// until the driver takes it (to log how to allow the host).
     refused_host: Option<RefusedHost>,
@@ -217,7 +222,7 @@ impl Connection {
         let limits = config.limits;
         let depth = usize::from(limits.queue_entries_max);
         let empty_command = Command::decode(&[0u8; 64]).expect("64 zero bytes are an SQE");
-        let slot = Slot {
+        let slot = || Slot {
             state: SlotState::Free,
             command: empty_command,
             in_capsule_len: 0,
@@ -235,13 +240,14 @@ impl Connection {
             state: State::AwaitIcReq,
             c2h_pdo_alignment: 4,
             rx: Framer::new(),
-            slots: vec![slot; depth],
+            slots: (0..depth).map(|_| slot()).collect(),
             // Until Connect sets the queue size only slot 0 exists.
             free_slots: vec![0],
             io_requests: VecDeque::with_capacity(depth * 2),
             tx: Transmitter::with_capacity(16 * 1024, depth * 4),
             termination: None,
             dsm_ranges: Vec::with_capacity(256),
+            reservation_view: None,
             refused_host: None,
             setup_deadline: None,
             fence_controller: None,
@@ -1140,7 +1146,7 @@ impl Connection {
     /// (every namespace, for a Flush of all) keeps this host from it; the
     /// cell that counts it if it is a write counted there.
     fn reservation_check(
-        &self,
+        &mut self,
         plan: IoPlan,
     ) -> Result<Option<(Arc<ReservationCell>, CountedWrite)>, Status> {
         let Some((nsid, access)) = plan.access() else {
@@ -1165,11 +1171,17 @@ impl Connection {
                 }
         );
         for cell in cells {
+            // The queue's view of the cell (a queue serves one namespace
+            // with reservations: a volume's).
+            let view = match &mut self.reservation_view {
+                Some((viewed, view)) if Arc::ptr_eq(viewed, cell) => view,
+                other => &mut other.insert((Arc::clone(cell), None)).1,
+            };
             if changes_data {
                 // A data command has one namespace.
-                return Ok(Some((Arc::clone(cell), cell.enter_write(host)?)));
+                return Ok(Some((Arc::clone(cell), cell.enter_write(view, host)?)));
             }
-            cell.check(host, access)?;
+            cell.check(view, host, access)?;
         }
         Ok(None)
     }
@@ -3177,7 +3189,7 @@ mod tests {
 
     #[test]
     fn a_preempted_hosts_write_on_its_way_to_the_media_holds_the_drain() {
-        use crate::reservation::{ReservationState, ACQUIRE_OPCODE, REGISTER_OPCODE};
+        use crate::reservation::{ACQUIRE_OPCODE, REGISTER_OPCODE};
         let (_target, mut a, mut b) = reservation_hosts();
         let cell = a.reservations.clone().unwrap();
         assert_eq!(
@@ -3196,7 +3208,7 @@ mod tests {
         b.hold_io = true;
         b.send(&b.capsule(&rw(io_opcode::WRITE, 4, 2, 0, 1, 4096, true), &[4; 4096]));
         assert_eq!(b.held_io.len(), 1, "B's write is on the media");
-        let before = ReservationState::clone(&cell.state().1);
+        let before = cell.state().1;
         assert_eq!(
             run(&mut a, reservation(ACQUIRE_OPCODE, 5, 0x102, &[1, 2])),
             Status::SUCCESS

@@ -27,8 +27,8 @@
 
 use crate::status::Status;
 use crate::wire::Writer;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 
 /// Reservation Register.
 pub const REGISTER_OPCODE: u8 = 0x0D;
@@ -559,11 +559,19 @@ impl ReservationState {
 /// queue serving the namespace shares one cell, and the node installs each
 /// new state (once it is durable) before the command that made it completes.
 ///
-/// An I/O command reads one atomic flag while no reservation is held; the
-/// state's lock is taken only while one is.
+/// No I/O takes a lock: while no reservation is held a command reads one
+/// flag (a write also bumps one counter); while one is held, each queue
+/// keeps a [`ReservationView`] of the state, checked against the cell's
+/// version (one atomic load) and refreshed under the cell's lock only when
+/// a new state was installed. A write is counted on the state it was
+/// admitted under, in its host's counter, and re-checked against the
+/// version once counted, so that a state installed meanwhile either sees
+/// the count or refuses the write.
 #[derive(Debug, Default)]
 pub struct ReservationCell {
     held: AtomicBool,
+    /// Bumped by every install, after the new state is current.
+    version: AtomicU64,
     /// Writes admitted while no reservation was held, still on their way
     /// to the media (not attributed to a host: a change that takes write
     /// access from any host waits for all of them).
@@ -571,22 +579,53 @@ pub struct ReservationCell {
     installed: Mutex<Installed>,
 }
 
-/// How a write was counted by [`ReservationCell::enter_write`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CountedWrite {
-    /// Admitted while no reservation was held.
-    Unheld,
-    /// Admitted under a reservation, for this host.
-    Host(HostIdentifier),
-}
-
 #[derive(Debug, Default)]
 struct Installed {
     revision: u64,
-    state: Arc<ReservationState>,
-    /// Writes on their way to the media, by host (counted while a
-    /// reservation is held).
-    writing: Vec<(HostIdentifier, u32)>,
+    current: Arc<Generation>,
+    /// Every state installed that a write may still be counted on.
+    generations: Vec<Weak<Generation>>,
+}
+
+/// One installed state and, per registrant (by index), its writes on their
+/// way to the media (only registrants write while a reservation is held).
+#[derive(Debug, Default)]
+pub struct Generation {
+    state: ReservationState,
+    writing: Box<[AtomicU32]>,
+}
+
+impl Generation {
+    fn new(state: ReservationState) -> Generation {
+        let writing = state
+            .registrants
+            .iter()
+            .map(|_| AtomicU32::new(0))
+            .collect();
+        Generation { state, writing }
+    }
+}
+
+/// A queue's copy of the state it last read, with the version it was
+/// installed at.
+#[derive(Debug)]
+pub struct ReservationView {
+    version: u64,
+    generation: Arc<Generation>,
+}
+
+/// How a write was counted by [`ReservationCell::enter_write`].
+#[derive(Debug)]
+pub enum CountedWrite {
+    /// Admitted while no reservation was held.
+    Unheld,
+    /// Admitted under a reservation, as registrant `index` of `generation`.
+    Registrant {
+        /// The state it was admitted under.
+        generation: Arc<Generation>,
+        /// Its host's place among that state's registrants.
+        index: usize,
+    },
 }
 
 impl ReservationCell {
@@ -595,49 +634,74 @@ impl ReservationCell {
         ReservationCell::default()
     }
 
-    /// Whether `host` may run a command with `access` now.
-    pub fn check(&self, host: HostIdentifier, access: Access) -> Result<(), Status> {
-        if !self.held.load(Ordering::Acquire) {
+    /// Whether `host` may run a command with `access` now; `view` is the
+    /// asking queue's copy of the state (refreshed when stale).
+    pub fn check(
+        &self,
+        view: &mut Option<ReservationView>,
+        host: HostIdentifier,
+        access: Access,
+    ) -> Result<(), Status> {
+        if !self.held.load(Ordering::SeqCst) {
             return Ok(());
         }
-        self.lock().state.check(host, access)
+        self.current_view(view).generation.state.check(host, access)
     }
 
     /// [`ReservationCell::check`] for a command that changes data, which
     /// is counted: the caller calls [`ReservationCell::written`] with the
-    /// count once the media answered. While no reservation is held that is
-    /// one atomic counter (counted before the flag is read, so that a write
-    /// racing with an Acquire is counted one way or the other).
-    pub fn enter_write(&self, host: HostIdentifier) -> Result<CountedWrite, Status> {
+    /// count once the media answered.
+    pub fn enter_write(
+        &self,
+        view: &mut Option<ReservationView>,
+        host: HostIdentifier,
+    ) -> Result<CountedWrite, Status> {
+        // Counted before the flag is read: a write racing with an Acquire
+        // is counted one way or the other.
         self.unheld_writes.fetch_add(1, Ordering::SeqCst);
         if !self.held.load(Ordering::SeqCst) {
             return Ok(CountedWrite::Unheld);
         }
         self.unheld_writes.fetch_sub(1, Ordering::SeqCst);
-        let mut installed = self.lock();
-        installed.state.check(host, Access::Write)?;
-        match installed.writing.iter_mut().find(|(h, _)| *h == host) {
-            Some((_, count)) => *count += 1,
-            None => installed.writing.push((host, 1)),
+        loop {
+            let seen = self.current_view(view);
+            let generation = Arc::clone(&seen.generation);
+            let version = seen.version;
+            generation.state.check(host, Access::Write)?;
+            // A registrant's write counts as its own; any other (the state
+            // holds no reservation any more) as one admitted unheld.
+            let index = generation
+                .state
+                .registrants
+                .iter()
+                .position(|r| r.host == host);
+            let counted = match index {
+                Some(index) => {
+                    generation.writing[index].fetch_add(1, Ordering::SeqCst);
+                    CountedWrite::Registrant { generation, index }
+                }
+                None => {
+                    self.unheld_writes.fetch_add(1, Ordering::SeqCst);
+                    CountedWrite::Unheld
+                }
+            };
+            if self.version.load(Ordering::SeqCst) == version {
+                return Ok(counted);
+            }
+            // A new state was installed meanwhile: check against it.
+            self.written(counted);
         }
-        Ok(CountedWrite::Host(host))
     }
 
     /// A counted write is done (or will never reach the media).
     pub fn written(&self, counted: CountedWrite) {
-        let host = match counted {
+        match counted {
             CountedWrite::Unheld => {
                 self.unheld_writes.fetch_sub(1, Ordering::SeqCst);
-                return;
             }
-            CountedWrite::Host(host) => host,
-        };
-        let mut installed = self.lock();
-        let at = installed.writing.iter().position(|(h, _)| *h == host);
-        let at = at.expect("a counted write");
-        installed.writing[at].1 -= 1;
-        if installed.writing[at].1 == 0 {
-            installed.writing.swap_remove(at);
+            CountedWrite::Registrant { generation, index } => {
+                generation.writing[index].fetch_sub(1, Ordering::SeqCst);
+            }
         }
     }
 
@@ -646,22 +710,31 @@ impl ReservationCell {
     /// no write admitted while nothing was held either).
     pub fn drained(&self, before: &ReservationState) -> bool {
         let installed = self.lock();
+        let now = &installed.current.state;
         let lost = |host: HostIdentifier| {
-            before.check(host, Access::Write).is_ok()
-                && installed.state.check(host, Access::Write).is_err()
+            before.check(host, Access::Write).is_ok() && now.check(host, Access::Write).is_err()
         };
         let anyone_lost = before.registrants.iter().any(|r| lost(r.host))
-            || before.reservation.is_none() && installed.state.reservation.is_some();
+            || before.reservation.is_none() && now.reservation.is_some();
         if anyone_lost && self.unheld_writes.load(Ordering::SeqCst) > 0 {
             return false;
         }
-        installed.writing.iter().all(|&(host, _)| !lost(host))
+        installed
+            .generations
+            .iter()
+            .filter_map(Weak::upgrade)
+            .all(|generation| {
+                let registrants = generation.state.registrants.iter();
+                registrants
+                    .zip(generation.writing.iter())
+                    .all(|(r, count)| !lost(r.host) || count.load(Ordering::SeqCst) == 0)
+            })
     }
 
     /// The state installed and the revision it was installed at.
-    pub fn state(&self) -> (u64, Arc<ReservationState>) {
+    pub fn state(&self) -> (u64, ReservationState) {
         let installed = self.lock();
-        (installed.revision, Arc::clone(&installed.state))
+        (installed.revision, installed.current.state.clone())
     }
 
     /// Installs `state` made at `revision` (of the node's store), unless a
@@ -671,11 +744,28 @@ impl ReservationCell {
         if revision <= installed.revision && installed.revision != 0 {
             return false;
         }
-        self.held
-            .store(state.reservation.is_some(), Ordering::SeqCst);
+        let held = state.reservation.is_some();
+        let generation = Arc::new(Generation::new(state));
+        installed.generations.retain(|g| g.strong_count() > 0);
+        installed.generations.push(Arc::downgrade(&generation));
+        installed.current = generation;
         installed.revision = revision;
-        installed.state = Arc::new(state);
+        self.version.fetch_add(1, Ordering::SeqCst);
+        self.held.store(held, Ordering::SeqCst);
         true
+    }
+
+    /// `view`, refreshed under the lock if a newer state was installed.
+    fn current_view<'a>(&self, view: &'a mut Option<ReservationView>) -> &'a ReservationView {
+        let version = self.version.load(Ordering::SeqCst);
+        if view.as_ref().is_none_or(|v| v.version != version) {
+            let installed = self.lock();
+            *view = Some(ReservationView {
+                version: self.version.load(Ordering::SeqCst),
+                generation: Arc::clone(&installed.current),
+            });
+        }
+        view.as_ref().expect("set above")
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Installed> {
@@ -1053,27 +1143,29 @@ mod tests {
     }
 
     #[test]
-    fn a_cell_installs_only_newer_revisions_and_checks_cheaply_when_nothing_is_held() {
+    fn a_cell_installs_only_newer_revisions_and_a_view_follows_them() {
         let cell = ReservationCell::new();
-        assert_eq!(cell.check(B, Access::Write), Ok(()));
+        let mut view = None;
+        assert_eq!(cell.check(&mut view, B, Access::Write), Ok(()));
+        assert!(view.is_none(), "nothing held: no view needed");
         let held = registered(&[(A, 1)])
             .apply(A, acquire(AcquireAction::Acquire, WriteExclusive, 1, 0))
             .expect("acquires");
         assert!(cell.install(5, held));
-        assert_eq!(
-            cell.check(B, Access::Write),
-            Err(Status::RESERVATION_CONFLICT)
-        );
+        let conflict = cell.check(&mut view, B, Access::Write);
+        assert_eq!(conflict, Err(Status::RESERVATION_CONFLICT));
         assert!(!cell.install(4, ReservationState::default()), "older");
         assert!(cell.install(6, ReservationState::default()));
-        assert_eq!(cell.check(B, Access::Write), Ok(()));
+        assert_eq!(cell.check(&mut view, B, Access::Write), Ok(()));
+        assert_eq!(cell.state().0, 6);
     }
 
     #[test]
     fn a_preemption_is_drained_once_the_fenced_hosts_writes_are_done() {
         let cell = ReservationCell::new();
-        let early = cell.enter_write(B).expect("nothing held");
-        assert_eq!(early, CountedWrite::Unheld);
+        let (mut view_a, mut view_b) = (None, None);
+        let early = cell.enter_write(&mut view_b, B).expect("nothing held");
+        assert!(matches!(early, CountedWrite::Unheld));
         let shared = registered(&[(A, 1), (B, 2)])
             .apply(
                 A,
@@ -1081,15 +1173,13 @@ mod tests {
             )
             .expect("acquires");
         cell.install(1, shared.clone());
-        assert!(
-            !cell.drained(&ReservationState::default()),
-            "B's early write"
-        );
+        let nothing = ReservationState::default();
+        assert!(!cell.drained(&nothing), "B's early write");
         cell.written(early);
-        assert!(cell.drained(&ReservationState::default()));
-        let b = cell.enter_write(B).expect("a registrant");
-        let a = cell.enter_write(A).expect("the holder");
-        assert_eq!((a, b), (CountedWrite::Host(A), CountedWrite::Host(B)));
+        assert!(cell.drained(&nothing));
+        let b = cell.enter_write(&mut view_b, B).expect("a registrant");
+        let a = cell.enter_write(&mut view_a, A).expect("the holder");
+        assert!(matches!(b, CountedWrite::Registrant { index: 1, .. }));
         let fenced = shared
             .apply(
                 A,
@@ -1097,7 +1187,12 @@ mod tests {
             )
             .expect("preempts B");
         cell.install(2, fenced);
-        assert_eq!(cell.enter_write(B), Err(Status::RESERVATION_CONFLICT));
+        let refused = cell.enter_write(&mut view_b, B).map(drop);
+        assert_eq!(
+            refused,
+            Err(Status::RESERVATION_CONFLICT),
+            "B's view follows"
+        );
         assert!(!cell.drained(&shared), "B's write is on its way");
         cell.written(a);
         assert!(!cell.drained(&shared));
