@@ -201,8 +201,11 @@ impl Shared {
             .filter(|(id, _)| *id == job.id)
             .map(|(_, cell)| Arc::clone(cell));
         if let Some(cell) = cell {
+            // The state the cell served until now too, should it have been
+            // behind the store's: writes admitted under it count.
+            let (_, served) = cell.state();
             cell.install(committed.0, next);
-            drain(&cell, &state, &job.volume);
+            drain(&cell, &[&state, &served], &job.volume);
         }
         Ok(())
     }
@@ -229,12 +232,12 @@ impl Shared {
     }
 }
 
-/// Waits until no host that `before` let write and the new state does not
-/// has a write on its way to the media (a preempted host's): only then is
-/// the host that fenced it told so. Bounded by [`DRAIN_WAIT_MAX`].
-fn drain(cell: &ReservationCell, before: &ReservationState, volume: &str) {
+/// Waits until no host that one of `befores` let write and the new state
+/// does not has a write on its way to the media (a preempted host's): only
+/// then is the host that fenced it told so. Bounded by [`DRAIN_WAIT_MAX`].
+fn drain(cell: &ReservationCell, befores: &[&ReservationState], volume: &str) {
     let start = Instant::now();
-    while !cell.drained(before) {
+    while !befores.iter().all(|before| cell.drained(before)) {
         if start.elapsed() > DRAIN_WAIT_MAX {
             log::warn!(
                 "volume {volume}: a fenced host still has writes on their way to the media after {DRAIN_WAIT_MAX:?}; the reservation command completes anyway"
