@@ -47,7 +47,9 @@ done
 
 echo "=== nvme connect-all through node 1 alone"
 dmesg -C
-timeout 300 nvme connect-all -t tcp -a "$ADDR" -s "$PORT" 2>&1 | tail -5
+# A keep-alive timeout of 2 s (Linux's default is 5): a hung (not dead) node's paths hold the
+# host's I/O until the host's keep-alive notices them (README, replicated volumes).
+timeout 300 nvme connect-all -t tcp -a "$ADDR" -s "$PORT" --keep-alive-tmo=2 2>&1 | tail -5
 sleep 2
 dmesg | tail -20 | sed 's/^/  kernel: /'
 nvme list-subsys 2>&1 | grep -E "nqn|tcp" | sed 's/^/  /'

@@ -121,6 +121,13 @@ fn nvme_as(host_nqn: &str, verb: &str, args: &[&str]) -> Result<String, HostErro
     run("nvme", &all)
 }
 
+/// The keep-alive timeout the node's controllers are connected with, in
+/// seconds (Linux's default is 5): a storage node that hangs (rather than
+/// dies) holds the host's I/O on its paths until the host's keep-alive
+/// notices, so a shorter one bounds the pause of a replicated volume's
+/// failover (measured in the guest: 13 s with 5, 5.3 s with 2).
+const KEEP_ALIVE_TIMEOUT_S: &str = "2";
+
 /// Connects host `host_nqn` to subsystem `nqn` at each address; what
 /// failed (one connected already fails, and is fine: whether the namespace
 /// appears is what counts).
@@ -128,7 +135,18 @@ pub(crate) fn connect(places: &[(String, String)], host_nqn: &str, nqn: &str) ->
     places
         .iter()
         .filter_map(|(address, port)| {
-            let args = ["-t", "tcp", "-a", address, "-s", port, "-n", nqn];
+            let args = [
+                "-t",
+                "tcp",
+                "-a",
+                address,
+                "-s",
+                port,
+                "-n",
+                nqn,
+                "--keep-alive-tmo",
+                KEEP_ALIVE_TIMEOUT_S,
+            ];
             nvme_as(host_nqn, "connect", &args).err()
         })
         .collect()
