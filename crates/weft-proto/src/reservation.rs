@@ -47,6 +47,11 @@ pub const RESCAP: u8 = 0xFF;
 /// Registered Controller data structure (NVMe Base 2.0, Figures 400-401).
 const EXTENDED_ENTRY_BYTES: usize = 64;
 
+/// Registered hosts one namespace may have: a Register beyond is answered
+/// Reservation Conflict (the spec names no status for it; nvmet has no
+/// limit). Failover clusters register a handful.
+pub const REGISTRANTS_MAX: usize = 64;
+
 /// The controller ID reported for every registrant: weft's controllers are
 /// dynamic (a registration belongs to a host, not to one controller).
 const DYNAMIC_CNTLID: u16 = 0xFFFF;
@@ -407,6 +412,11 @@ impl ReservationState {
                 return Err(Status::RESERVATION_CONFLICT)
             }
             (RegisterAction::Register, Some(_)) => {}
+            // Registrants are a resource hosts hold (each one a commit to
+            // the node's store): a namespace has at most REGISTRANTS_MAX.
+            (RegisterAction::Register, None) if self.registrants.len() >= REGISTRANTS_MAX => {
+                return Err(Status::RESERVATION_CONFLICT)
+            }
             (RegisterAction::Register, None) => {
                 self.registrants.push(Registrant { host, key: new_key })
             }
@@ -903,6 +913,26 @@ mod tests {
         );
         let replaced = state.apply(A, replace(true, 5)).expect("IEKEY");
         assert_eq!(replaced.registrant(A).map(|r| r.key), Some(9));
+    }
+
+    #[test]
+    fn a_namespace_takes_at_most_its_registrants_limit() {
+        let mut state = ReservationState::default();
+        for host in 0..REGISTRANTS_MAX {
+            state = register(&state, HostIdentifier([host as u8 + 1; 16]), 1);
+        }
+        let one_more = ReservationCommand::Register {
+            action: RegisterAction::Register,
+            ignore_key: false,
+            current_key: 0,
+            new_key: 1,
+        };
+        let refused = state.apply(HostIdentifier([0xFF; 16]), one_more);
+        assert_eq!(refused, Err(Status::RESERVATION_CONFLICT));
+        assert!(
+            state.apply(HostIdentifier([1; 16]), one_more).is_ok(),
+            "registered already"
+        );
     }
 
     #[test]
