@@ -227,31 +227,23 @@ impl Controller for ControllerService {
     ) -> Result<Response<GetCapacityResponse>, Status> {
         let request = request.into_inner();
         let wanted = request.parameters.get("pool");
-        if let Some(topology) = &request.accessible_topology {
-            let nodes = self.storage_nodes().await?;
-            let named = crate::topology::named(&nodes, &topology.segments);
-            if !named.is_empty() {
-                let free: u64 = named
-                    .iter()
-                    .map(|node| crate::topology::free_bytes(node, wanted.map(String::as_str)))
-                    .sum();
-                return Ok(Response::new(GetCapacityResponse {
-                    available_capacity: i64::try_from(free).unwrap_or(i64::MAX),
-                    maximum_volume_size: None,
-                    minimum_volume_size: None,
-                }));
-            }
-        }
-        let pools = self.api.call("GET", "pools".into(), None).await;
-        let pools = pools.map_err(|e| status(&e))?;
-        let free: u64 = pools
-            .as_array()
-            .into_iter()
-            .flatten()
+        let pools = self.list("pools").await?;
+        let mut free: u64 = pools
+            .iter()
             .filter(|pool| wanted.is_none_or(|name| pool["name"].as_str() == Some(name)))
             .filter(|pool| pool["state"].as_str() != Some("failed"))
             .map(|pool| pool["free_bytes"].as_u64().unwrap_or(0))
             .sum();
+        if let Some(topology) = request.accessible_topology.filter(|_| clustered(&pools)) {
+            let nodes = self.list("nodes").await?;
+            let named = crate::topology::named(&nodes, &topology.segments);
+            if !named.is_empty() {
+                free = named
+                    .iter()
+                    .map(|node| crate::topology::free_bytes(node, wanted.map(String::as_str)))
+                    .sum();
+            }
+        }
         Ok(Response::new(GetCapacityResponse {
             available_capacity: i64::try_from(free).unwrap_or(i64::MAX),
             maximum_volume_size: None,
@@ -417,7 +409,7 @@ impl ControllerService {
         self.list("volumes").await
     }
 
-    /// What the API lists at `path` (`volumes`, `hosts`).
+    /// What the API lists at `path` (`volumes`, `hosts`, `pools`, `nodes`).
     pub(crate) async fn list(&self, path: &str) -> Result<Vec<Value>, Status> {
         let listed = self.api.call("GET", path.into(), None).await;
         match listed.map_err(|e| status(&e))? {
@@ -437,15 +429,10 @@ impl ControllerService {
         body: &mut Value,
         requirement: Option<&TopologyRequirement>,
     ) -> Result<(), Status> {
-        let pools = self.api.call("GET", "pools".into(), None).await;
-        let pools = pools.map_err(|e| status(&e))?;
-        let pools = pools.as_array().cloned().unwrap_or_default();
-        if pools
-            .iter()
-            .any(|pool| pool.get("node").is_some_and(|n| !n.is_null()))
-        {
+        let pools = self.list("pools").await?;
+        if clustered(&pools) {
             if let Some(requirement) = requirement {
-                let nodes = self.storage_nodes().await?;
+                let nodes = self.list("nodes").await?;
                 if let Some(node) = crate::topology::choose(&nodes, requirement) {
                     body["node"] = json!(node);
                 }
@@ -509,21 +496,6 @@ impl ControllerService {
             .ok_or_else(|| Status::internal(format!("volume {id} was made but cannot be found")))
     }
 
-    /// The storage nodes of a cluster (the API's views), none on a single node.
-    pub(crate) async fn storage_nodes(&self) -> Result<Vec<Value>, Status> {
-        let pools = self.api.call("GET", "pools".into(), None).await;
-        let clustered = pools
-            .map_err(|e| status(&e))?
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|pool| pool.get("node").is_some_and(|n| !n.is_null()));
-        if !clustered {
-            return Ok(Vec::new());
-        }
-        self.list("nodes").await
-    }
-
     /// The snapshot a clone of `volume` named `name` is made from:
     /// `VOLUME@csi-clone-HASH`, taken now unless an earlier try took it.
     async fn clone_point(&self, volume: &str, name: &str) -> Result<String, Status> {
@@ -571,6 +543,13 @@ impl ControllerService {
             Err(error) => Err(status(&error)),
         }
     }
+}
+
+/// Whether the API's pools are a cluster's (each names its node).
+fn clustered(pools: &[Value]) -> bool {
+    pools
+        .iter()
+        .any(|pool| pool.get("node").is_some_and(|n| !n.is_null()))
 }
 
 fn invalid(message: &str) -> Status {
