@@ -3,7 +3,8 @@
 # qemu (the guest), debootstrap/e2fsprogs/cpio (the guest image), iproute2, a C compiler
 # (ring, the API's TLS crypto, builds C), openssl (the API TLS test makes a certificate),
 # protoc and its well-known types (etcd-client compiles etcd's gRPC API at build time) and etcd with etcdctl (the
-# cluster store's tests run real members; harness/etcd.sh starts them by hand).
+# cluster store's tests run real members; harness/etcd.sh starts them by hand) and fio (it
+# loads weft's external I/O engine, libweft_fio.so).
 # The guest image itself carries nvme-cli and fio (harness/vm/build-image.sh).
 set -euo pipefail
 missing=()
@@ -26,6 +27,8 @@ need etcd etcd-server
 # harness/check-manifests.py reads deploy/kubernetes/ with PyYAML.
 python3 -c 'import yaml' 2>/dev/null || missing+=(python3-yaml)
 need etcdctl etcd-client
+# Debian's fio loads weft's external I/O engine (harness/fio-engine.sh).
+need fio fio
 if [ ${#missing[@]} -gt 0 ]; then
     echo "deps: installing ${missing[*]}"
     apt-get update -q

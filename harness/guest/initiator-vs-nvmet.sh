@@ -14,6 +14,7 @@
 set -uo pipefail
 WEFT_BIN=${WEFT_BIN:-/mnt/weft/target/release/weft}
 PEER_CHECK_BIN=${PEER_CHECK_BIN:-/mnt/weft/target/release/examples/peer_check}
+FIO_ENGINE=${FIO_ENGINE:-/mnt/weft/target/release/libweft_fio.so}
 NQN=nqn.2026-11.io.weft:peer
 CLOSED=nqn.2026-11.io.weft:peer-closed
 URL=nvme-tcp://127.0.0.1:4420/$NQN
@@ -37,7 +38,7 @@ mkdir "$S" && echo 1 > "$S/attr_allow_any_host" && mkdir "$S/namespaces/1" &&
     ln -s "$NVMET/subsystems/$CLOSED" "$NVMET/ports/1/subsystems/$CLOSED" ||
     { echo "FAIL nvmet configuration"; exit 1; }
 echo "  ok: $NQN (file ns on ext4) and $CLOSED (no hosts allowed)"
-mkdir -p /tmp/bin && cp "$WEFT_BIN" "$PEER_CHECK_BIN" /tmp/bin/ || { echo "FAIL binaries missing"; exit 1; }
+mkdir -p /tmp/bin && cp "$WEFT_BIN" "$PEER_CHECK_BIN" "$FIO_ENGINE" /tmp/bin/ || { echo "FAIL binaries missing"; exit 1; }
 
 step "peer_check against nvmet"
 /tmp/bin/peer_check "$URL" --refused "$CLOSED" --idle-s 5 || fail "peer_check"
@@ -55,6 +56,16 @@ step "weft bench --verify against nvmet"
 bench "randrw 4k, 2 queues x 16" --rw randrw --bs 4k --iodepth 16 --queues 2 --runtime 3s
 bench "randrw 64k, header+data digests" --rw randrw --bs 64k --iodepth 8 --runtime 3s --hdr-digest --data-digest
 bench "read 128k over 32 MiB" --rw read --bs 128k --iodepth 4 --size 32m
+
+step "Debian's fio with weft's I/O engine (libweft_fio.so) against nvmet"
+FIO_TARGET="nvme-tcp\\://127.0.0.1\\:4420/${NQN//:/\\:}"
+if out=$(fio --ioengine=external:/tmp/bin/libweft_fio.so --filename="$FIO_TARGET" --name=engine \
+        --rw=randrw --bs=4k --iodepth=16 --size=32m --verify=crc32c --verify_fatal=1 2>&1) &&
+        grep -q "err= 0" <<<"$out"; then
+    echo "  ok: randrw 4k QD16 verify=crc32c: $(grep -oE '(read|write): IOPS=[^,]*' <<<"$out" | tr '\n' ' ')"
+else
+    fail "fio engine: $out"
+fi
 
 step "result"
 if [ "$FAILS" = 0 ]; then echo "PASS initiator vs nvmet"; else echo "FAIL initiator vs nvmet: $FAILS failure(s)"; fi

@@ -9,10 +9,12 @@
 //! may not have executed it, as with any NVMe-oF transport loss).
 
 mod identify;
+mod job;
 mod queue;
 mod url;
 
 pub use identify::{IdentifyError, TRANSFER_BYTES_CAP};
+pub use job::{probe_capacity_bytes, Job, JobError, JobIo, Submitted};
 pub use queue::{HeapBuffers, Queue};
 pub use url::{TargetUrl, UrlError};
 

@@ -104,6 +104,11 @@ impl Queue {
         self.stream.set_write_timeout(timeout).map_err(io)
     }
 
+    /// The target's address.
+    pub(crate) fn address(&self) -> SocketAddr {
+        self.address
+    }
+
     /// The data buffer of command `cid`.
     pub fn buffer(&mut self, cid: u16) -> &mut [u8] {
         self.buffers.buffer(SlotId(cid))

@@ -13,6 +13,10 @@
 //! - A few `libc` helpers the storage layer needs ([`memfd_create`], [`eventfd`], block device
 //!   ioctls, CPU pinning) live here so that this is the only weft crate containing `unsafe`.
 //!
+//! - With the `fio` feature, [`fio`]: fio's external I/O engine interface over weft's
+//!   user-space initiator (fio hands an engine raw pointers; `crates/weft-fio` builds the
+//!   plugin).
+//!
 //! What it does not do: it knows nothing about NVMe or NVMe/TCP, owns no file descriptors of
 //! operations (callers keep their sockets and files open while ops are in flight), and offers no
 //! cancellation, linked ops, registered buffers/files or multishot operations.
@@ -22,6 +26,8 @@
 
 mod batch;
 mod buf;
+#[cfg(feature = "fio")]
+pub mod fio;
 mod ring;
 mod sys;
 
