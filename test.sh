@@ -49,6 +49,9 @@ fi
 step "fio's external I/O engine (libweft_fio.so) in Debian's fio against a weft node"
 harness/fio-engine.sh
 
+step "benchmark smoke: one reactor against one per CPU (the full run: harness/bench-reactors.sh)"
+harness/bench-reactors.sh --runtime 1 --rounds 1
+
 step "benchmark smoke: control plane of a three-node cluster on etcd (the full run: harness/bench-cluster.py)"
 python3 harness/bench-cluster.py --volumes 30 --hosts 10 --json .cache/bench/cluster/smoke.json
 step "benchmark smoke: replicated volumes, one copy against three (the full run: harness/bench-replication.py)"
