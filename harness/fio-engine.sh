@@ -4,7 +4,8 @@
 # Checks, on a thin volume: 4k random writes verified with crc32c in the same run, the same
 # data verified again by a second fio process (a new connection), a trim that must make that
 # verification fail (so it is real), mixed I/O with fsync from two jobs, 1 MiB reads, and the
-# errors a user gets for a transfer over the target's limit and for an unknown subsystem.
+# errors a user gets for a transfer over the target's limit and for an unknown subsystem, and
+# the target killed under load (fio ends with the I/O in flight failed, instead of hanging).
 # Usage: harness/fio-engine.sh [--weft PATH] [--engine PATH]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -54,7 +55,7 @@ expect_message() { # NAME TEXT: the run's output names the problem
         printf 'FAIL  %-14s does not say "%s"\n' "$1" "$2"; fails=$((fails + 1))
     fi
 }
-COMMON=(--size=64m --bs=4k --verify=crc32c --verify_fatal=1)
+COMMON=(--size=64m --bs=4k --verify=crc32c --verify_fatal=1 --verify_state_save=0)
 run write-verify ok "${COMMON[@]}" --rw=randwrite --iodepth=16 --do_verify=1
 run verify-again ok "${COMMON[@]}" --rw=randwrite --iodepth=16 --verify_only=1
 run trim ok --size=1m --bs=64k --rw=trim --iodepth=4
@@ -70,6 +71,11 @@ expect_message too-large "larger than the target's transfer size of 1048576 byte
 TARGET="nvme-tcp\\://127.0.0.1\\:$PORT/nqn.2026-11.io.weft\\:vol\\:nope"
 run unknown-nqn fail --size=1m --rw=read
 expect_message unknown-nqn "does not export nqn.2026-11.io.weft:vol:nope"
+# Last: the target dies under load; fio must end (not hang) with the I/O in flight failed.
+TARGET="nvme-tcp\\://127.0.0.1\\:$PORT/nqn.2026-11.io.weft\\:vol\\:v"
+(sleep 1; kill -9 "$WEFT_PID") &
+run target-killed fail --size=64m --bs=4k --rw=randwrite --iodepth=16 --time_based --runtime=30
+expect_message target-killed "weft: the connection to the target failed"
 if [ $fails -gt 0 ]; then
     echo "fio engine: $fails check(s) failed"; exit 1
 fi

@@ -60,7 +60,8 @@ bench "read 128k over 32 MiB" --rw read --bs 128k --iodepth 4 --size 32m
 step "Debian's fio with weft's I/O engine (libweft_fio.so) against nvmet"
 FIO_TARGET="nvme-tcp\\://127.0.0.1\\:4420/${NQN//:/\\:}"
 if out=$(fio --ioengine=external:/tmp/bin/libweft_fio.so --filename="$FIO_TARGET" --name=engine \
-        --rw=randrw --bs=4k --iodepth=16 --size=32m --verify=crc32c --verify_fatal=1 2>&1) &&
+        --rw=randrw --bs=4k --iodepth=16 --size=32m --verify=crc32c --verify_fatal=1 \
+        --verify_state_save=0 2>&1) &&
         grep -q "err= 0" <<<"$out"; then
     echo "  ok: randrw 4k QD16 verify=crc32c: $(grep -oE '(read|write): IOPS=[^,]*' <<<"$out" | tr '\n' ' ')"
 else

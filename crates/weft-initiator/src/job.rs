@@ -10,6 +10,10 @@
 //! exists, so a target's host allow-list applies as it would to the kernel's
 //! initiator; else a new one per connection.
 //!
+//! A connection that fails (the target stops answering for [`IO_TIMEOUT`],
+//! its keep-alive fails, the connection breaks) fails every I/O in flight
+//! ([`Outcome::Lost`]) and every one after.
+//!
 //! What this does not do: retry, reconnect, or split an I/O larger than the
 //! target's transfer size (the caller gets an error naming the limit).
 
@@ -26,6 +30,9 @@ const HOST_NQN_FILE: &str = "/etc/nvme/hostnqn";
 const HOST_NQN_VARIABLE: &str = "WEFT_HOSTNQN";
 /// Commands a job keeps in flight at most (more are answered [`Submitted::Busy`]).
 const QUEUE_ENTRIES: u16 = 128;
+/// A target that sends nothing this long while I/O waits has failed (the
+/// Linux host's default I/O timeout).
+pub const IO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// One I/O of a job.
 #[derive(Debug, Clone, Copy)]
@@ -53,6 +60,17 @@ pub enum JobIo<'a> {
     },
     /// Flush: everything completed before is durable.
     Flush,
+}
+
+/// How an I/O ended.
+#[derive(Debug, Clone, Copy)]
+pub enum Outcome<'a> {
+    /// Done; a read's data (empty for other I/O).
+    Done(&'a [u8]),
+    /// The target failed it.
+    Failed(Status),
+    /// The connection failed with it in flight (the target may or may not have done it).
+    Lost,
 }
 
 /// Whether an I/O was taken.
@@ -102,6 +120,9 @@ pub enum JobError {
         /// The target's largest transfer.
         max: u32,
     },
+    /// The connection failed earlier.
+    #[error("the connection to the target failed: {0}")]
+    Broken(String),
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -115,12 +136,14 @@ struct Pending {
 #[derive(Debug)]
 pub struct Job {
     /// Kept for its keep-alive (and the association of `queue`).
-    _controller: Controller,
+    controller: Controller,
     queue: Queue,
     namespace: Namespace,
     transfer_bytes_max: u32,
     /// By CID.
     pending: Vec<Option<Pending>>,
+    /// Why the connection failed, once it has.
+    broken: Option<String>,
 }
 
 impl Job {
@@ -128,12 +151,14 @@ impl Job {
     pub fn open(target: &str) -> Result<Job, JobError> {
         let (controller, namespace) = connect(target, ConnectOptions::default())?;
         let queue = controller.open_io_queue(1)?;
+        queue.set_io_timeout(Some(IO_TIMEOUT))?;
         Ok(Job {
             transfer_bytes_max: controller.info.transfer_bytes_max,
-            _controller: controller,
+            controller,
             queue,
             namespace,
             pending: vec![None; usize::from(QUEUE_ENTRIES)],
+            broken: None,
         })
     }
 
@@ -144,11 +169,13 @@ impl Job {
 
     /// Queues `io` (sent by [`Job::transmit`] or [`Job::reap`]).
     pub fn submit(&mut self, token: u64, io: JobIo<'_>) -> Result<Submitted, JobError> {
-        if self.queue.outstanding() >= usize::from(QUEUE_ENTRIES) {
-            return Ok(Submitted::Busy);
+        if let Some(why) = &self.broken {
+            return Err(JobError::Broken(why.clone()));
         }
+        let Some(cid) = self.queue.free_cid() else {
+            return Ok(Submitted::Busy);
+        };
         let nsid = self.namespace.nsid.0;
-        let cid = self.queue.next_cid();
         let (command, transfer, read_len) = match io {
             JobIo::Read { offset, len } => {
                 let blocks = self.blocks(offset, u64::from(len))?;
@@ -182,30 +209,46 @@ impl Job {
                 Ok(Submitted::Queued)
             }
             Err(SubmitError::QueueFull) => Ok(Submitted::Busy),
-            Err(error) => Err(self.broken(error)),
+            Err(error) => Err(JobError::Broken(self.fail(&error.to_string()))),
         }
     }
 
     /// Sends what was submitted.
     pub fn transmit(&mut self) -> Result<(), JobError> {
-        Ok(self.queue.transmit()?)
+        if let Some(why) = &self.broken {
+            return Err(JobError::Broken(why.clone()));
+        }
+        let sent = self.queue.transmit();
+        sent.map_err(|error| JobError::Broken(self.fail(&error.to_string())))
     }
 
     /// Sends what was submitted and hands over between `min` and `max`
-    /// completions to `each` (token, then a read's data or the failed
-    /// status); blocks until `min` are in (fewer if fewer are in flight).
+    /// completions to `each` (token, outcome); blocks until `min` are in
+    /// (fewer if fewer are in flight). Once the connection fails, every
+    /// I/O in flight comes back [`Outcome::Lost`].
     pub fn reap(
         &mut self,
         min: usize,
         max: usize,
-        mut each: impl FnMut(u64, Result<&[u8], Status>),
-    ) -> Result<usize, JobError> {
-        self.queue.transmit()?;
+        mut each: impl FnMut(u64, Outcome<'_>),
+    ) -> usize {
+        if let Err(error) = self.queue.transmit() {
+            self.fail(&error.to_string());
+        }
         let mut reaped = 0;
         while reaped < max {
+            if self.broken.is_some() {
+                return reaped + self.lose_pending(max - reaped, &mut each);
+            }
             let completion = match self.queue.poll_completion() {
                 Some(completion) => completion,
-                None if reaped < min && self.queue.outstanding() > 0 => self.queue.wait()?,
+                None if reaped < min && self.queue.outstanding() > 0 => match self.wait() {
+                    Ok(completion) => completion,
+                    Err(why) => {
+                        self.fail(&why);
+                        continue;
+                    }
+                },
                 None => break,
             };
             let cid = completion.cid.0;
@@ -216,17 +259,45 @@ impl Job {
             else {
                 continue; // not one of ours (the queue admits no other)
             };
-            let result = if !completion.status.is_success() {
-                Err(completion.status)
+            let outcome = if !completion.status.is_success() {
+                Outcome::Failed(completion.status)
             } else if let Some(len) = pending.read_len {
-                Ok(&self.queue.buffer(cid)[..len as usize])
+                Outcome::Done(&self.queue.buffer(cid)[..len as usize])
             } else {
-                Ok(&[][..])
+                Outcome::Done(&[])
             };
-            each(pending.token, result);
+            each(pending.token, outcome);
             reaped += 1;
         }
-        Ok(reaped)
+        reaped
+    }
+
+    /// The next completion, unless the connection or its keep-alive failed.
+    fn wait(&mut self) -> Result<weft_proto::host::HostCompletion, String> {
+        if let Some(why) = self.controller.keep_alive_failure() {
+            return Err(why);
+        }
+        self.queue.wait().map_err(|error| error.to_string())
+    }
+
+    /// Notes the connection failed (the first reason stays); returns it.
+    fn fail(&mut self, why: &str) -> String {
+        self.broken.get_or_insert_with(|| why.to_string()).clone()
+    }
+
+    /// Hands over up to `max` I/Os in flight as lost.
+    fn lose_pending(&mut self, max: usize, each: &mut impl FnMut(u64, Outcome<'_>)) -> usize {
+        let mut lost = 0;
+        for pending in self.pending.iter_mut() {
+            if lost == max {
+                break;
+            }
+            if let Some(pending) = pending.take() {
+                each(pending.token, Outcome::Lost);
+                lost += 1;
+            }
+        }
+        lost
     }
 
     fn block_bytes(&self) -> u64 {
@@ -266,13 +337,6 @@ impl Job {
         self.aligned(offset, len)?;
         let blocks = len / self.block_bytes();
         u32::try_from(blocks).map_err(|_| JobError::TooLarge { len, max: u32::MAX })
-    }
-
-    fn broken(&self, error: SubmitError) -> JobError {
-        JobError::Initiator(InitiatorError::Io {
-            address: self.queue.address(),
-            source: std::io::Error::other(error),
-        })
     }
 }
 

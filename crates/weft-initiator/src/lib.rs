@@ -14,7 +14,7 @@ mod queue;
 mod url;
 
 pub use identify::{IdentifyError, TRANSFER_BYTES_CAP};
-pub use job::{probe_capacity_bytes, Job, JobError, JobIo, Submitted};
+pub use job::{probe_capacity_bytes, Job, JobError, JobIo, Outcome, Submitted, IO_TIMEOUT};
 pub use queue::{HeapBuffers, Queue};
 pub use url::{TargetUrl, UrlError};
 

@@ -564,7 +564,11 @@ impl HostQueue {
         let cid = u16::from_le_bytes([cqe[12], cqe[13]]);
         let mut status = Status::from_cqe_status(u16::from_le_bytes([cqe[14], cqe[15]]));
         let entry = *self.active(cid, PduType::CapsuleResp)?;
-        if entry.data_error && status.is_success() {
+        // A read that succeeds with less data than it asked for would hand
+        // over whatever its buffer held before: fail it instead.
+        let short_read =
+            matches!(entry.transfer, DataTransfer::FromController(len) if entry.received != len);
+        if (entry.data_error || short_read) && status.is_success() {
             status = Status::DATA_TRANSFER_ERROR;
         }
         self.finish(
@@ -1106,6 +1110,27 @@ mod tests {
             violation,
             "CapsuleResp with PLEN 28: it carries no data, so its PLEN is 24"
         );
+    }
+
+    /// A successful CapsuleResp for a read that brought less than its
+    /// transfer fails it (Data Transfer Error) instead of completing it on
+    /// a buffer that holds older bytes.
+    #[test]
+    fn a_read_answered_before_all_its_data_fails() {
+        let (mut host, mut buffers) = ready_host(0, 16 * 1024);
+        let cid = submit(&mut host, &mut buffers, DataTransfer::FromController(8));
+        // 4 of the 8 bytes (C2HData, not last), then a successful CapsuleResp.
+        host.handle_input(
+            &wire::hex("07 00 18 18 1c000000 0000 0000 00000000 04000000 00000000 a5a5a5a5"),
+            &mut buffers,
+        );
+        host.handle_input(
+            &wire::hex("05 00 18 00 18000000 00000000 00000000 0000 0000 0000 0000"),
+            &mut buffers,
+        );
+        let completion = host.poll_completion().expect("completed");
+        assert_eq!(completion.cid.0, cid);
+        assert_eq!(completion.status, Status::DATA_TRANSFER_ERROR);
     }
 
     /// A CPDA of 16 (68-byte alignment) pads the 72-byte CapsuleCmd header

@@ -19,12 +19,15 @@
 //! submission, which would not, is refused with `FIO_NO_OFFLOAD`).
 //!
 //! One file per job (several jobs share nothing: `numjobs` scales); the
-//! engine needs no options of its own.
+//! engine needs no options of its own. The connection is made at the file's
+//! first open and kept until the job ends: fio closes and reopens files
+//! between phases (before verifying, at each loop), and a reconnect there
+//! could fail where fio would not report it.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
-use weft_initiator::{probe_capacity_bytes, Job, JobError, JobIo, Submitted};
+use weft_initiator::{probe_capacity_bytes, Job, JobError, JobIo, Outcome, Submitted};
 
 /// fio's engine interface version this layout is (ioengines.h).
 const FIO_IOOPS_VERSION: c_int = 31;
@@ -87,8 +90,8 @@ pub struct IoengineOps {
     cleanup: Option<unsafe extern "C" fn(Td)>,
     open_file: Option<unsafe extern "C" fn(Td, FioFile) -> c_int>,
     close_file: Option<unsafe extern "C" fn(Td, FioFile) -> c_int>,
-    /// invalidate, unlink_file.
-    unused_file_hooks: [*const c_void; 2],
+    invalidate: *const c_void,
+    unlink_file: Option<unsafe extern "C" fn(Td, FioFile) -> c_int>,
     get_file_size: Option<unsafe extern "C" fn(Td, FioFile) -> c_int>,
     /// prepopulate_file, terminate, iomem_alloc, iomem_free, io_u_init,
     /// io_u_free, get_zoned_model, report_zones, reset_wp, get_max_open_zones.
@@ -123,7 +126,8 @@ pub unsafe extern "C" fn get_ioengine(ops: *mut *mut IoengineOps) {
         cleanup: Some(cleanup),
         open_file: Some(open_file),
         close_file: Some(close_file),
-        unused_file_hooks: [std::ptr::null(); 2],
+        invalidate: std::ptr::null(),
+        unlink_file: Some(unlink_file),
         get_file_size: Some(get_file_size),
         unused_hooks: [std::ptr::null(); 10],
         option_struct_size: 0,
@@ -137,7 +141,8 @@ pub unsafe extern "C" fn get_ioengine(ops: *mut *mut IoengineOps) {
 /// One job's state.
 #[derive(Default)]
 struct Engine {
-    job: Option<Job>,
+    /// The connection, with the target it was opened for.
+    job: Option<(String, Job)>,
     /// The io_us the last `getevents` completed, for `event`.
     reaped: Vec<usize>,
 }
@@ -173,14 +178,15 @@ unsafe fn set_field<T: Copy>(base: *mut u8, offset: usize, value: T) {
 ///
 /// # Safety
 /// `f` must be a live `struct fio_file`.
-unsafe fn file_name<'a>(f: FioFile) -> Option<&'a str> {
+unsafe fn file_name(f: FioFile) -> Option<String> {
     // SAFETY: `f` is live (the caller's contract); file_name is a C string fio owns.
     let name: *const c_char = unsafe { field(f, fio_file::FILE_NAME) };
     if name.is_null() {
         return None;
     }
     // SAFETY: non-null, NUL-terminated (fio strdup()s it), alive as long as the file.
-    unsafe { CStr::from_ptr(name) }.to_str().ok()
+    let name = unsafe { CStr::from_ptr(name) };
+    name.to_str().ok().map(str::to_string)
 }
 
 /// Finishes `io_u` with `errno` now (fio reports it).
@@ -222,8 +228,9 @@ unsafe extern "C" fn queue(td: Td, io_u: IoU) -> c_int {
             offset,
             len: u32::try_from(len).unwrap_or(u32::MAX),
         },
-        // SAFETY: fio's buffer holds `len` bytes while the io_u is queued;
-        // the initiator copies them before `submit` returns.
+        DDIR_WRITE if buf.is_null() || len == 0 => JobIo::Write { offset, data: &[] },
+        // SAFETY: fio's buffer (not null) holds `len` bytes while the io_u is
+        // queued; the initiator copies them before `submit` returns.
         DDIR_WRITE => JobIo::Write {
             offset,
             data: unsafe { std::slice::from_raw_parts(buf, len as usize) },
@@ -237,7 +244,10 @@ unsafe extern "C" fn queue(td: Td, io_u: IoU) -> c_int {
         }
     };
     let submitted = with_engine(td, |engine| {
-        engine.job.as_mut().map(|job| job.submit(io_u as u64, io))
+        engine
+            .job
+            .as_mut()
+            .map(|(_, job)| job.submit(io_u as u64, io))
     });
     match submitted {
         Some(Ok(Submitted::Queued)) => FIO_Q_QUEUED,
@@ -254,7 +264,9 @@ unsafe extern "C" fn queue(td: Td, io_u: IoU) -> c_int {
 }
 
 unsafe extern "C" fn commit(td: Td) -> c_int {
-    let sent = with_engine(td, |engine| engine.job.as_mut().map(Job::transmit));
+    let sent = with_engine(td, |engine| {
+        engine.job.as_mut().map(|(_, job)| job.transmit())
+    });
     match sent {
         Some(Err(error)) => {
             eprintln!("weft: {error}");
@@ -270,22 +282,29 @@ unsafe extern "C" fn getevents(td: Td, min: c_uint, max: c_uint, _wait: *const c
     with_engine(td, |engine| {
         let Engine { job, reaped } = engine;
         reaped.clear();
-        let Some(job) = job.as_mut() else {
+        let Some((_, job)) = job.as_mut() else {
             return 0;
         };
-        let finished = job.reap(min as usize, max as usize, |token, result| {
+        let mut lost = false;
+        let count = job.reap(min as usize, max as usize, |token, outcome| {
             let io_u = token as IoU;
             // SAFETY: `token` is an io_u fio queued and has not had back;
             // a read asked for exactly its `xfer_buflen` bytes.
             unsafe {
-                let errno = match result {
-                    Ok(data) => {
-                        let buf = field::<*mut u8>(io_u, io_u::XFER_BUF);
-                        std::ptr::copy_nonoverlapping(data.as_ptr(), buf, data.len());
+                let errno = match outcome {
+                    Outcome::Done(data) => {
+                        if !data.is_empty() {
+                            let buf = field::<*mut u8>(io_u, io_u::XFER_BUF);
+                            std::ptr::copy_nonoverlapping(data.as_ptr(), buf, data.len());
+                        }
                         0
                     }
-                    Err(status) => {
+                    Outcome::Failed(status) => {
                         eprintln!("weft: the target failed an I/O: {status}");
+                        libc::EIO
+                    }
+                    Outcome::Lost => {
+                        lost = true;
                         libc::EIO
                     }
                 };
@@ -294,13 +313,12 @@ unsafe extern "C" fn getevents(td: Td, min: c_uint, max: c_uint, _wait: *const c
             }
             reaped.push(token as usize);
         });
-        match finished {
-            Ok(count) => count as c_int,
-            Err(error) => {
+        if lost {
+            if let Err(error) = job.transmit() {
                 eprintln!("weft: {error}");
-                -libc::EIO
             }
         }
+        count as c_int
     })
 }
 
@@ -325,25 +343,32 @@ unsafe extern "C" fn open_file(td: Td, f: FioFile) -> c_int {
         eprintln!("weft: the file name is not UTF-8");
         return 1;
     };
-    let job = match Job::open(name) {
-        Ok(job) => job,
-        Err(error) => {
-            eprintln!("weft: {error}");
-            return 1;
+    with_engine(td, |engine| match &engine.job {
+        Some((open, _)) if *open == name => 0,
+        Some((open, _)) => {
+            eprintln!("weft: one target per job ({open}, then {name}); use one job per target");
+            1
         }
-    };
-    with_engine(td, |engine| {
-        if engine.job.is_some() {
-            eprintln!("weft: one target per job ({name} is a second); use one job per target");
-            return 1;
-        }
-        engine.job = Some(job);
-        0
+        None => match Job::open(&name) {
+            Ok(job) => {
+                engine.job = Some((name, job));
+                0
+            }
+            Err(error) => {
+                eprintln!("weft: {error}");
+                1
+            }
+        },
     })
 }
 
-unsafe extern "C" fn close_file(td: Td, _f: FioFile) -> c_int {
-    with_engine(td, |engine| engine.job = None);
+/// The connection stays (see the module's documentation); `cleanup` ends it.
+unsafe extern "C" fn close_file(_td: Td, _f: FioFile) -> c_int {
+    0
+}
+
+/// A target is not a file: `unlink=1` leaves it be.
+unsafe extern "C" fn unlink_file(_td: Td, _f: FioFile) -> c_int {
     0
 }
 
@@ -355,7 +380,7 @@ unsafe extern "C" fn get_file_size(_td: Td, f: FioFile) -> c_int {
         eprintln!("weft: the file name is not UTF-8");
         return 1;
     };
-    match probe_capacity_bytes(name) {
+    match probe_capacity_bytes(&name) {
         Ok(bytes) => {
             // SAFETY: fio's contract; it reads the size after this returns.
             unsafe { set_field::<u64>(f, fio_file::REAL_FILE_SIZE, bytes) };

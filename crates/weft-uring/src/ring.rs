@@ -258,9 +258,16 @@ impl Ring {
     /// cooperatively, when the owning thread next enters the kernel, instead of
     /// interrupting it; older kernels get a plain ring.
     pub fn new(entries: u32) -> io::Result<Ring> {
+        // Cooperative task work (no interrupting the thread to post a
+        // completion), flagged in the shared ring (IORING_SQ_TASKRUN): a
+        // spinning reactor sees a completion waiting in the kernel without a
+        // syscall, where it would otherwise wait for its next kernel entry (a
+        // timer tick: milliseconds). Kernels before 5.19 lack the flag.
         let ring = IoUring::builder()
             .setup_coop_taskrun()
+            .setup_taskrun_flag()
             .build(entries)
+            .or_else(|_| IoUring::builder().setup_coop_taskrun().build(entries))
             .or_else(|_| IoUring::new(entries))?;
         let capacity = entries as usize * 2;
         let slots = (0..capacity).map(|_| Slot::idle()).collect();
@@ -304,11 +311,16 @@ impl Ring {
     }
 
     /// Whether `submit_and_wait(0)` would find something to do without sleeping:
-    /// a completion is queued, or the kernel has completion work waiting for this
-    /// thread (IORING_SQ_TASKRUN, with cooperative task work). Only reads shared
+    /// operations pushed but not submitted yet (a spinning reactor must not sit
+    /// on them: they would wait for the end of its spin), a completion is
+    /// queued, or the kernel has completion work waiting for this thread
+    /// (IORING_SQ_TASKRUN, with cooperative task work). Only reads shared
     /// memory, so a reactor can poll it in a short spin before it sleeps.
     pub fn has_work(&mut self) -> bool {
-        !self.ring.completion().is_empty() || self.ring.submission().taskrun()
+        let submission = self.ring.submission();
+        let pending = !submission.is_empty() || submission.taskrun();
+        drop(submission);
+        pending || !self.ring.completion().is_empty()
     }
 
     /// Next completion, if any, with its buffers returned.
@@ -505,6 +517,21 @@ mod tests {
             }
             other => other.unwrap(),
         }
+    }
+
+    /// An op pushed but not submitted is work: a reactor spinning on
+    /// `has_work` must submit it rather than hold it for its whole spin.
+    #[test]
+    fn an_op_not_submitted_yet_is_work() {
+        let mut ring = Ring::new(4).unwrap();
+        assert!(!ring.has_work());
+        let wait = Op::Timeout {
+            after: std::time::Duration::from_secs(60),
+        };
+        ring.push(wait, 1).unwrap();
+        assert!(ring.has_work(), "pushed, not submitted");
+        ring.submit_and_wait(0).unwrap();
+        assert!(!ring.has_work(), "submitted, nothing completed");
     }
 
     #[test]

@@ -107,6 +107,8 @@ Bench options:
                        a stamped block; read-only patterns write their region first, write
                        patterns read back everything they wrote at the end
   --hdr-digest, --data-digest   NVMe/TCP digests (remote)
+  --poll               busy-poll the remote queues' sockets instead of sleeping (as SPDK's
+                       initiator; one CPU per queue stays busy; pair with serve --poll-us)
   --hostnqn NQN        host NQN to connect as (remote; default a random one)
   --dhchap-secret S    DH-HMAC-CHAP secret of the host (remote, when the target asks);
                        --dhchap-ctrl-secret S also authenticates the target

@@ -218,6 +218,31 @@ fn verify_checks_what_it_wrote_on_both_sides() {
     let _ = std::fs::remove_file(&path);
 }
 
+/// `--poll`: the initiator spins on its sockets instead of sleeping (one
+/// 64k write needs several receives: the R2T, then the completion), and
+/// what it wrote reads back.
+#[test]
+fn a_polled_initiator_keeps_what_it_wrote() {
+    let (_server, url) = serve("poll");
+    let (ok, table, errors) = weft(&[
+        "bench",
+        "--target",
+        &url,
+        "--rw",
+        "randrw",
+        "--bs",
+        "64k",
+        "--iodepth",
+        "4",
+        "--poll",
+        "--verify",
+        "--runtime",
+        "300ms",
+    ]);
+    assert!(ok, "{errors}");
+    assert!(table.contains("verify: "), "{table}");
+}
+
 #[test]
 fn bench_runs_on_a_local_file() {
     let path = temp_image("local");

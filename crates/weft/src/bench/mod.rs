@@ -101,6 +101,8 @@ pub struct BenchArgs {
     nsid: u32,
     header_digest: bool,
     data_digest: bool,
+    /// Busy-poll the remote queues' sockets instead of sleeping.
+    poll: bool,
     /// Host NQN to connect as (default: a random one).
     host_nqn: Option<String>,
     /// DH-HMAC-CHAP secrets, when the target asks this host to authenticate.
@@ -137,6 +139,7 @@ pub fn parse(parser: &mut lexopt::Parser) -> Result<BenchArgs, String> {
         nsid: 1,
         header_digest: false,
         data_digest: false,
+        poll: false,
         host_nqn: None,
         dhchap: None,
         json: false,
@@ -188,6 +191,7 @@ pub fn parse(parser: &mut lexopt::Parser) -> Result<BenchArgs, String> {
             "--nsid" => args.nsid = number(&value()?, &name, 1, u64::from(u32::MAX - 1))? as u32,
             "--hdr-digest" => args.header_digest = true,
             "--data-digest" => args.data_digest = true,
+            "--poll" => args.poll = true,
             "--hostnqn" => args.host_nqn = Some(value()?),
             "--dhchap-secret" => dhchap_secret = Some(parse_secret(&value()?, &name)?),
             "--dhchap-ctrl-secret" => dhchap_ctrl_secret = Some(parse_secret(&value()?, &name)?),
@@ -481,7 +485,11 @@ fn remote(args: &BenchArgs, progress: &Arc<Progress>) -> Result<Results, String>
     }
     let blocks = region_blocks(args, namespace.blocks * u64::from(namespace.block_size))?;
     let mut queues = (1..=args.queues as u16)
-        .map(|qid| controller.open_io_queue(qid).map(Some))
+        .map(|qid| {
+            let mut queue = controller.open_io_queue(qid)?;
+            queue.set_polling(args.poll)?;
+            Ok::<_, weft_initiator::InitiatorError>(Some(queue))
+        })
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| e.to_string())?;
     let results = engine::run_workers(args, blocks, progress, |index| {
