@@ -259,12 +259,15 @@ impl Job {
             else {
                 continue; // not one of ours (the queue admits no other)
             };
-            let outcome = if !completion.status.is_success() {
-                Outcome::Failed(completion.status)
-            } else if let Some(len) = pending.read_len {
-                Outcome::Done(&self.queue.buffer(cid)[..len as usize])
-            } else {
-                Outcome::Done(&[])
+            let outcome = match pending.read_len {
+                _ if !completion.status.is_success() => Outcome::Failed(completion.status),
+                // A read answered with less than it asked for: the rest of
+                // the buffer holds an older command's bytes.
+                Some(len) if completion.received_bytes != len => {
+                    Outcome::Failed(Status::DATA_TRANSFER_ERROR)
+                }
+                Some(len) => Outcome::Done(&self.queue.buffer(cid)[..len as usize]),
+                None => Outcome::Done(&[]),
             };
             each(pending.token, outcome);
             reaped += 1;

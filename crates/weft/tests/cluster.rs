@@ -243,10 +243,13 @@ fn three_nodes_share_one_desired_state_in_etcd() {
             status == 200
         });
     }
-    // The primary serves it; the others answer I/O with an ANA path
-    // status (Inaccessible), so that a multipath host uses the primary.
-    let (success, out) = verify(by_name(&primary), "rep", "randwrite");
-    assert!(success, "{out}");
+    // The primary serves it once it has fenced and attached its replicas
+    // (until then it answers ANA Transition, which a host retries); the
+    // others answer I/O with an ANA path status (Inaccessible), so that a
+    // multipath host uses the primary.
+    eventually(Duration::from_secs(10), "the primary serves", || {
+        verify(by_name(&primary), "rep", "randwrite").0
+    });
     let secondary = named.iter().find(|(n, _)| *n != primary).unwrap().1;
     let (success, out) = verify(secondary, "rep", "randread");
     assert!(!success, "a secondary must not serve I/O: {out}");
