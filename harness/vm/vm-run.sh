@@ -30,11 +30,13 @@
 # and saved in SHARE/.lab/console.log; vm-run.sh exits with its exit code.
 # Extra qemu arguments may be given in LAB_QEMU_EXTRA, extra kernel parameters in
 # LAB_APPEND, the accelerator in LAB_ACCEL (kvm|tcg), the CPU model in LAB_CPU, the
-# initrd in LAB_INITRD (lab = build/initrd-lab.img, default; debian = build/initrd.img).
+# initrd in LAB_INITRD (lab = build/initrd-lab.img, default; debian = build/initrd.img),
+# another image directory in LAB_IMAGE_DIR (default: build-image.sh's; the application
+# benchmark boots build-apps-image.sh's).
 set -uo pipefail
 LAB=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$LAB/../.." && pwd)
-IMG=$("$LAB/image-dir.sh")
+IMG=${LAB_IMAGE_DIR:-$("$LAB/image-dir.sh")}
 
 GUEST_ENV=() FWD=
 NET=slirp HOSTCMD= TIMEOUT=900 MEM=4096 CPUS=2 SHARE=$REPO/.cache/vm-share NS=lab ACCEL=${LAB_ACCEL:-auto} VERBOSE=
