@@ -36,22 +36,8 @@ if [ ! -s "$FILE" ]; then
 fi
 NQN=nqn.2026-11.io.weft:bench
 URL=nvme-tcp://127.0.0.1:$PORT/$NQN
-cat > "$DIR/weft.toml" <<TOML
-data_dir = "$DIR/data"
-listen = ["127.0.0.1:$PORT"]
-api_listen = "127.0.0.1:$((PORT + 1))"
-[[subsystem]]
-nqn = "$NQN"
-[[subsystem.namespace]]
-nsid = 1
-backend = "ram"
-size = "256MiB"
-[[subsystem.namespace]]
-nsid = 2
-backend = "file"
-path = "$FILE"
-TOML
 . harness/lib.sh
+bench_config "$DIR/weft.toml" "$DIR/data" "$PORT" "$FILE"
 start_weft $((PORT + 1)) "$DIR/serve.log" "$WEFT" serve --config "$DIR/weft.toml"
 PID=$WEFT_PID
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$PID/stat"; }

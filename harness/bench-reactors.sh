@@ -32,25 +32,12 @@ if [ ! -s "$FILE" ]; then
     dd if=/dev/urandom of="$FILE.tmp" bs=1M count=1024 status=none && sync && mv "$FILE.tmp" "$FILE"
 fi
 NQN=nqn.2026-11.io.weft:bench
+. harness/lib.sh
 pids=()
 trap 'kill "${pids[@]}" 2>/dev/null; wait 2>/dev/null' EXIT
 serve() { # NAME PORT REACTORS...
     local name=$1 port=$2; shift 2
-    cat > "$DIR/$name.toml" <<TOML
-data_dir = "$DIR/$name-data"
-listen = ["127.0.0.1:$port"]
-api_listen = "127.0.0.1:$((port + 1))"
-[[subsystem]]
-nqn = "$NQN"
-[[subsystem.namespace]]
-nsid = 1
-backend = "ram"
-size = "256MiB"
-[[subsystem.namespace]]
-nsid = 2
-backend = "file"
-path = "$FILE"
-TOML
+    bench_config "$DIR/$name.toml" "$DIR/$name-data" "$port" "$FILE"
     "$WEFT" serve --config "$DIR/$name.toml" "$@" > "$DIR/$name.log" 2>&1 &
     pids+=($!)
     for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$((port + 1))") 2>/dev/null && return 0; sleep 0.1; done

@@ -16,3 +16,23 @@ start_weft() {
     echo "weft did not start within 10 s; see $log" >&2
     return 1
 }
+
+# bench_config TOML DATA_DIR PORT FILE: a weft configuration serving nqn.2026-11.io.weft:bench
+# on 127.0.0.1:PORT (API on PORT + 1) with ns 1 = RAM 256 MiB and ns 2 = FILE.
+bench_config() {
+    cat > "$1" <<TOML
+data_dir = "$2"
+listen = ["127.0.0.1:$3"]
+api_listen = "127.0.0.1:$(($3 + 1))"
+[[subsystem]]
+nqn = "nqn.2026-11.io.weft:bench"
+[[subsystem.namespace]]
+nsid = 1
+backend = "ram"
+size = "256MiB"
+[[subsystem.namespace]]
+nsid = 2
+backend = "file"
+path = "$4"
+TOML
+}
