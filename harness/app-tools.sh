@@ -6,7 +6,9 @@
 # Static binaries: the guest runs them from the repository's share. Prints the directory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export GOPATH="$PWD/.cache/go" GOBIN="$PWD/.cache/go/bin" GOFLAGS=-mod=mod CGO_ENABLED=0
+mkdir -p .cache/go
+exec 8> .cache/go/app-tools.lock; flock 8
+export GOPATH="$PWD/.cache/go" GOBIN="$PWD/.cache/go/bin" GOFLAGS="-mod=mod -modcacherw" CGO_ENABLED=0
 go=$(command -v go || echo /usr/local/go/bin/go)
 GO_TPC=v1.0.7 GO_YCSB=v1.0.3
 fresh() { [ -x "$GOBIN/$1" ] && [ "$(cat "$GOBIN/$1.version" 2>/dev/null)" = "$2" ]; }
@@ -14,7 +16,7 @@ if ! fresh go-tpc $GO_TPC; then
     "$go" install "github.com/pingcap/go-tpc/cmd/go-tpc@$GO_TPC" >&2
     echo $GO_TPC > "$GOBIN/go-tpc.version"
 fi
-if ! fresh go-ycsb $GO_YCSB; then
+if ! fresh go-ycsb $GO_YCSB || [ ! -e "$GOPATH/ycsb-workloads/workloada" ]; then
     module=$("$go" mod download -json "github.com/pingcap/go-ycsb@$GO_YCSB" |
         python3 -c 'import json, sys; print(json.load(sys.stdin)["Dir"])')
     work=$(mktemp -d)

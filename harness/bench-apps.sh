@@ -39,6 +39,7 @@ exec 9> "$DIR.lock"
 flock -n 9 || { echo "bench-apps: another run is active ($DIR.lock)" >&2; exit 2; }
 rm -rf "$DIR/share" "$DIR"/*.img
 mkdir -p "$DIR/share"
+trap 'rm -f "$DIR"/*.img' EXIT
 for disk in local pool; do fallocate -l "${DISK_GIB}G" "$DIR/$disk.img"; done
 DRIVE=format=raw,if=virtio,cache=none,aio=threads
 export LAB_IMAGE_DIR=$IMAGE
@@ -57,6 +58,10 @@ harness/vm/vm-run.sh -s "$DIR/share" -n none -c 2 -m 4096 -t $((RUNTIME * ROUNDS
     -e YCSB_WORKLOADS=/mnt/weft/.cache/go/ycsb-workloads \
     harness/guest/apps.sh || status=$?
 rm -f "$DIR"/*.img
+if [ ! -s "$DIR/share/apps/results.jsonl" ]; then
+    echo "bench-apps: no results (guest exit $status); see $DIR/share/.lab/console.log" >&2
+    exit $((status ? status : 1))
+fi
 python3 - "$DIR" "$RUNTIME" "$ROUNDS" "$SCALE" <<'PY'
 import json, statistics, sys
 d, runtime, rounds, scale = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
@@ -85,8 +90,10 @@ json.dump(out, open(f"{d}/result.json", "w"), indent=1)
 
 def chart(path, title, keys):
     """Horizontal bars of remote/local per application, a line at 1.0."""
-    w, left, bar, gap, scale_x = 720, 130, 12, 10, 250
     rows = [(a, [out["apps"][a]["ratio"][k] for k, _ in keys]) for a in apps]
+    largest = max([v for _, vs in rows for v in vs if v is not None] + [1.0])
+    w, left, bar, gap = 720, 130, 12, 10
+    scale_x = (w - left - 60) / largest
     h = 60 + len(rows) * (bar * len(keys) + gap) + 30
     colours = ["#3a6ea5", "#e07b39", "#6a9f58"]
     s = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">',

@@ -73,7 +73,13 @@ run unknown-nqn fail --size=1m --rw=read
 expect_message unknown-nqn "does not export nqn.2026-11.io.weft:vol:nope"
 # Last: the target dies under load; fio must end (not hang) with the I/O in flight failed.
 TARGET="nvme-tcp\\://127.0.0.1\\:$PORT/nqn.2026-11.io.weft\\:vol\\:v"
-(sleep 1; kill -9 "$WEFT_PID") &
+(   # once fio's I/O queue is connected (admin and I/O: two connections), not before
+    for _ in $(seq 200); do
+        [ "$(ss -Htn state established "( sport = :$PORT )" | wc -l)" -ge 2 ] && break
+        sleep 0.05
+    done
+    sleep 0.5; kill -9 "$WEFT_PID"
+) &
 run target-killed fail --size=64m --bs=4k --rw=randwrite --iodepth=16 --time_based --runtime=30
 expect_message target-killed "weft: the connection to the target failed"
 if [ $fails -gt 0 ]; then

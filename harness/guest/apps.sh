@@ -8,7 +8,9 @@
 #   sysbench                    oltp_read_write on MariaDB
 #   tpcc                        go-tpc tpcc on MariaDB (1 warehouse)
 #   ycsb-a .. ycsb-f            go-ycsb workloads A-F on MariaDB (a fixed operation count:
-#                               500 per second of RUNTIME)
+#                               500 per second of RUNTIME; every run inserts from the same
+#                               key on, so D's and E's inserts after the first run are
+#                               ignored duplicates, the same on both sides)
 # Each side's MariaDB lives on that side's filesystem (prepared once, restarted per round).
 # (No process substitution here: the guest has no /dev/fd.)
 # Env: RUNTIME (seconds per measured run), ROUNDS, SCALE (smoke|full), WEFT_BIN, GO_BIN,
@@ -56,7 +58,9 @@ done
 [ -b "$REMOTE_DEV" ] || { echo "FAIL no block device for the volume"; exit 1; }
 for side in local remote; do
     dev=/dev/vdb; [ $side = remote ] && dev=$REMOTE_DEV
-    mkfs.ext4 -q -F "$dev" && mkdir -p /mnt/$side && mount -o noatime "$dev" /mnt/$side ||
+    # No lazy initialization: it would write in the background during the first runs.
+    mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 "$dev" && mkdir -p /mnt/$side &&
+        mount -o noatime "$dev" /mnt/$side ||
         { echo "FAIL mkfs/mount $side"; exit 1; }
     echo "  $side: $dev, $(( $(blockdev --getsize64 "$dev") / 1048576 )) MiB, ext4 on /mnt/$side"
 done
@@ -70,11 +74,15 @@ record() { # APP SIDE ROUND OPS_S AVG_US P99_US UNIT
 
 rocksdb() { # NAME VALUE_BYTES KEYS SIDE ROUND
     local raw=$OUT/raw/$1-$4-$5.txt dir=/mnt/$4/rocksdb
+    local common=(--db="$dir" --num="$3" --value_size="$2" --threads=1 --use_direct_reads=true
+        --use_direct_io_for_flush_and_compaction=true --compression_type=none)
     rm -rf "$dir"
-    timeout $((RUNTIME * 4 + 600)) db_bench --db="$dir" --benchmarks=fillrandom,readrandomwriterandom \
-        --num="$3" --value_size="$2" --readwritepercent=80 --duration="$RUNTIME" --threads=1 \
-        --use_direct_reads=true --use_direct_io_for_flush_and_compaction=true --histogram=1 \
-        --compression_type=none > "$raw" 2>&1
+    # The whole load first (--duration would cut fillrandom short too, and each run would
+    # then read a different amount of data), then the timed mix on it.
+    { timeout 1800 db_bench "${common[@]}" --benchmarks=fillrandom &&
+      timeout $((RUNTIME * 4 + 600)) db_bench "${common[@]}" --use_existing_db=1 \
+        --benchmarks=readrandomwriterandom --readwritepercent=80 --duration="$RUNTIME" --histogram=1
+    } > "$raw" 2>&1
     local ops= avg= p99=
     read -r ops avg p99 <<< "$(python3 - "$raw" <<'PY'
 import re, sys
@@ -99,15 +107,22 @@ mariadb_start() { # SIDE
         --bind-address=127.0.0.1 --skip-name-resolve --pid-file=/tmp/mysqld.pid \
         --innodb-buffer-pool-size=64M --innodb-flush-method=O_DIRECT --innodb-log-file-size=64M \
         --max-connections=64 >> "$OUT/raw/mariadbd-$1.log" 2>&1 &
+    MARIADB_PID=$!
     for _ in $(seq 600); do mariadb-admin --socket=/tmp/mysqld.sock -uroot ping > /dev/null 2>&1 && break; sleep 0.2; done
     mariadb --socket=/tmp/mysqld.sock -uroot -e "CREATE USER IF NOT EXISTS bench@'127.0.0.1' IDENTIFIED BY 'bench';
         GRANT ALL ON *.* TO bench@'127.0.0.1'; CREATE DATABASE IF NOT EXISTS sbtest;
         CREATE DATABASE IF NOT EXISTS tpcc; CREATE DATABASE IF NOT EXISTS ycsb;" ||
         { fail "MariaDB did not start on $1"; return 1; }
+    # The server answering is this side's (not one left running on the other side's disk).
+    [ "$(mariadb --socket=/tmp/mysqld.sock -uroot -N -e 'SELECT @@datadir')" = "$data/" ] ||
+        { fail "MariaDB on $1 does not serve $data"; return 1; }
 }
-mariadb_stop() {
+mariadb_stop() { # stops the server started last, whatever state it is in
     mariadb-admin --socket=/tmp/mysqld.sock -uroot shutdown > /dev/null 2>&1
-    for _ in $(seq 300); do [ -e /tmp/mysqld.pid ] || break; sleep 0.2; done
+    for _ in $(seq 600); do kill -0 "$MARIADB_PID" 2>/dev/null || break; sleep 0.2; done
+    kill -9 "$MARIADB_PID" 2>/dev/null
+    wait "$MARIADB_PID" 2>/dev/null
+    rm -f /tmp/mysqld.sock /tmp/mysqld.pid
 }
 
 SB=(--db-driver=mysql --mysql-host=127.0.0.1 --mysql-user=bench --mysql-password=bench
@@ -197,7 +212,7 @@ for round in $(seq "$ROUNDS"); do
         rocksdb rocksdb-800b 800 "$KEYS_800" "$side" "$round"
         rocksdb rocksdb-10kb 10240 "$KEYS_10K" "$side" "$round"
         sync; echo 3 > /proc/sys/vm/drop_caches
-        mariadb_start "$side" || continue
+        mariadb_start "$side" || { mariadb_stop; continue; }
         sysbench_run "$side" "$round"
         tpcc_run "$side" "$round"
         for w in a b c d e f; do ycsb_run $w "$side" "$round"; done

@@ -15,6 +15,14 @@ if [ -e "$OUT/.complete" ]; then echo "$OUT"; exit 0; fi
 exec 3>&1 1>&2
 mkdir -p "$OUT"
 exec 9>"$OUT.lock"; flock 9
+if [ -e "$OUT/.complete" ]; then echo "$OUT" >&3; exit 0; fi   # built while we waited
+ROOT=$OUT/mnt
+unmount_all() { # everything mounted under ROOT (also what an interrupted run left)
+    findmnt -rn -o TARGET | grep -F "$ROOT" | sort -r | while read -r m; do
+        umount "$m" 2>/dev/null || umount -l "$m"
+    done
+}
+unmount_all
 cd "$OUT"
 PKGS=(rocksdb-tools sysbench mariadb-server mariadb-client)
 echo "[apps] $BASE/rootfs.ext4 + ${PKGS[*]}"
@@ -22,14 +30,9 @@ cp --sparse=always "$BASE/rootfs.ext4" rootfs.ext4.tmp
 truncate -s +2G rootfs.ext4.tmp
 e2fsck -fy rootfs.ext4.tmp > /dev/null || [ $? -le 1 ]
 resize2fs -f rootfs.ext4.tmp > /dev/null
-ROOT=$OUT/mnt
 mkdir -p "$ROOT"
 mount -o loop rootfs.ext4.tmp "$ROOT"
-cleanup() {
-    for m in dev/pts dev sys proc; do umount "$ROOT/$m" 2>/dev/null || true; done
-    umount "$ROOT" 2>/dev/null || true
-}
-trap cleanup EXIT
+trap unmount_all EXIT
 mount -t proc proc "$ROOT/proc"; mount -t sysfs sys "$ROOT/sys"
 mount --bind /dev "$ROOT/dev"; mount --bind /dev/pts "$ROOT/dev/pts"
 cp /etc/resolv.conf "$ROOT/etc/resolv.conf"
@@ -40,14 +43,16 @@ chroot "$ROOT" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-ins
 chroot "$ROOT" apt-get clean
 rm -rf "$ROOT"/var/lib/apt/lists/* "$ROOT"/usr/share/doc/* "$ROOT"/usr/share/man/* "$ROOT/usr/sbin/policy-rc.d"
 : > "$ROOT/etc/resolv.conf"
-cleanup
+unmount_all
 trap - EXIT
+if findmnt -rn -o TARGET | grep -qF "$ROOT"; then echo "[apps] $ROOT is still mounted" >&2; exit 1; fi
 e2fsck -fy rootfs.ext4.tmp > /dev/null || [ $? -le 1 ]
 mv rootfs.ext4.tmp rootfs.ext4
 rmdir "$ROOT"
 for f in vmlinux initrd-lab.img kernel-version kernel-config; do cp "$BASE/$f" .; done
 touch .complete
 # older application images (other hashes) are no longer used
-for d in "$(dirname "$OUT")"/*; do [ "$d" = "$OUT" ] || [ "$d" = "$OUT.lock" ] || rm -rf "$d"; done
+# (--one-file-system: never into anything still mounted there)
+for d in "$(dirname "$OUT")"/*; do [ "$d" = "$OUT" ] || [ "$d" = "$OUT.lock" ] || rm -rf --one-file-system "$d"; done
 echo "[apps] done" >&2
 echo "$OUT" >&3
