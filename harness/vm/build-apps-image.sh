@@ -18,7 +18,7 @@ exec 9>"$OUT.lock"; flock 9
 if [ -e "$OUT/.complete" ]; then echo "$OUT" >&3; exit 0; fi   # built while we waited
 ROOT=$OUT/mnt
 unmount_all() { # everything mounted under ROOT (also what an interrupted run left)
-    findmnt -rn -o TARGET | grep -F "$ROOT" | sort -r | while read -r m; do
+    findmnt -rn -o TARGET | { grep -F "$ROOT" || true; } | sort -r | while read -r m; do
         umount "$m" 2>/dev/null || umount -l "$m"
     done
 }
