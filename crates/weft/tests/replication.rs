@@ -68,6 +68,12 @@ fn three_nodes(dir: &Path, cluster: &str) -> (Etcd, String, PathBuf, [Node; 3]) 
     let token_file = dir.join("n1").join("api-token");
     let n2 = node_configured(dir, "n2", &endpoints, Some(&token_file), cluster);
     let n3 = node_configured(dir, "n3", &endpoints, Some(&token_file), cluster);
+    // A node's API answers before n1's copy of the store has seen it join:
+    // wait until n1 knows all three (pools are then placed by name).
+    eventually("n1 knows every node", || {
+        let (status, listed) = support::api(&n1, Some(&n1.token), "GET", "/api/v1/nodes", None);
+        status == 200 && listed.as_array().is_some_and(|nodes| nodes.len() == 3)
+    });
     (etcd, endpoints, token_file, [n1, n2, n3])
 }
 
