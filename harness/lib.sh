@@ -8,7 +8,9 @@ start_weft() {
     local api_port=$1 log=$2; shift 2
     "$@" > "$log" 2>&1 &
     WEFT_PID=$!
-    trap 'kill $WEFT_PID 2>/dev/null; wait $WEFT_PID 2>/dev/null' EXIT
+    # (|| true: under set -e a failing command in an EXIT trap becomes the script's status,
+    # and weft may be gone already: a test kills it.)
+    trap 'kill $WEFT_PID 2>/dev/null || true; wait $WEFT_PID 2>/dev/null || true' EXIT
     for _ in $(seq 100); do
         (exec 3<>"/dev/tcp/127.0.0.1/$api_port") 2>/dev/null && return 0
         sleep 0.1
