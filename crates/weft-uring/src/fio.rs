@@ -189,12 +189,12 @@ unsafe fn file_name(f: FioFile) -> Option<String> {
     name.to_str().ok().map(str::to_string)
 }
 
-/// Finishes `io_u` with `errno` now (fio reports it).
+/// Finishes `io_u` with `errno` now, saying why (fio reports the errno).
 ///
 /// # Safety
 /// `io_u` must be a live io_u fio handed to `queue`.
-unsafe fn fail_now(io_u: IoU, errno: c_int, error: &JobError) -> c_int {
-    eprintln!("weft: {error}");
+unsafe fn fail_now(io_u: IoU, errno: c_int, why: &dyn std::fmt::Display) -> c_int {
+    eprintln!("weft: {why}");
     // SAFETY: the caller's contract; fio reads the error after `queue` returns.
     unsafe { set_field::<c_uint>(io_u, io_u::ERROR, errno as c_uint) };
     FIO_Q_COMPLETED
@@ -237,10 +237,15 @@ unsafe extern "C" fn queue(td: Td, io_u: IoU) -> c_int {
         },
         DDIR_TRIM => JobIo::Trim { offset, len },
         DDIR_SYNC | DDIR_DATASYNC => JobIo::Flush,
+        // SAFETY: fio's contract.
         _ => {
-            // SAFETY: fio's contract.
-            unsafe { set_field::<c_uint>(io_u, io_u::ERROR, libc::EINVAL as c_uint) };
-            return FIO_Q_COMPLETED;
+            return unsafe {
+                fail_now(
+                    io_u,
+                    libc::EINVAL,
+                    &format!("fio I/O kind {ddir} is not supported"),
+                )
+            }
         }
     };
     let submitted = with_engine(td, |engine| {
@@ -254,12 +259,8 @@ unsafe extern "C" fn queue(td: Td, io_u: IoU) -> c_int {
         Some(Ok(Submitted::Busy)) => FIO_Q_BUSY,
         // SAFETY: fio's contract.
         Some(Err(error)) => unsafe { fail_now(io_u, errno_of(&error), &error) },
-        None => {
-            eprintln!("weft: an I/O before its target was opened");
-            // SAFETY: fio's contract.
-            unsafe { set_field::<c_uint>(io_u, io_u::ERROR, libc::EIO as c_uint) };
-            FIO_Q_COMPLETED
-        }
+        // SAFETY: fio's contract.
+        None => unsafe { fail_now(io_u, libc::EIO, &"an I/O before its target was opened") },
     }
 }
 
