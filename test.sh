@@ -53,6 +53,8 @@ harness/fio-engine.sh
 step "benchmark smoke: one reactor against one per CPU (the full run: harness/bench-reactors.sh)"
 harness/bench-reactors.sh --runtime 1 --rounds 1
 
+step "benchmark smoke: remote against local, and where an I/O's time goes (the full run: harness/bench-native.sh)"
+harness/bench-native.sh --runtime 1 --rounds 1 --file-mib 64
 step "benchmark smoke: control plane of a three-node cluster on etcd (the full run: harness/bench-cluster.py)"
 python3 harness/bench-cluster.py --volumes 30 --hosts 10 --json .cache/bench/cluster/smoke.json
 step "benchmark smoke: replicated volumes, one copy against three (the full run: harness/bench-replication.py)"

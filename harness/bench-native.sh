@@ -9,6 +9,9 @@
 #   3. 128k sequential read, same comparison: bandwidth ratio (goal >= 0.95); and 1 MiB
 #      (the largest transfer, MDTS), one command per I/O on both sides
 #   4. the target's CPU while idle for 10 s (goal ~0)
+#   5. where the time goes (harness/stages.py): QD1 RAM, QD32 4k and QD8 128k on the file,
+#      each stage's mean time per I/O, the host's and the target's, and how many of the
+#      host's I/Os were in it on average
 # Prints a table and writes .cache/bench/native.json (raw outputs next to it).
 # Usage: harness/bench-native.sh [--weft PATH] [--runtime S] [--rounds N] [--file-mib N]
 #   defaults: target/release/weft, 5 s per measurement, 3 rounds, 1024 MiB file (written once
@@ -64,6 +67,15 @@ echo "== 3. 128k sequential read, file namespace: remote vs local"
     --rounds "$ROUNDS" --runtime "${RUNTIME}s" --json "$DIR/seq128k.json" | tee "$DIR/seq128k.txt"
 "$WEFT" bench compare --local "$FILE" --remote "$URL" --nsid 2 --rw read --bs 1m --iodepth 4 \
     --rounds "$ROUNDS" --runtime "${RUNTIME}s" --json "$DIR/seq1m.json" | tee "$DIR/seq1m.txt"
+
+echo "== 5. where the time goes"
+STAGES=(python3 harness/stages.py --api "http://127.0.0.1:$((PORT + 1))" --token "$DIR/data/api-token")
+"${STAGES[@]}" --label "QD1 4k randread, RAM" --json "$DIR/stages-qd1.json" -- \
+    "$WEFT" bench --target "$URL" --nsid 1 --iodepth 1 --runtime "${RUNTIME}s" --json
+"${STAGES[@]}" --label "QD32 4k randread, file" --json "$DIR/stages-qd32.json" -- \
+    "$WEFT" bench --target "$URL" --nsid 2 --iodepth 32 --runtime "${RUNTIME}s" --json
+"${STAGES[@]}" --label "QD8 128k read, file" --json "$DIR/stages-128k.json" -- \
+    "$WEFT" bench --target "$URL" --nsid 2 --rw read --bs 128k --iodepth 8 --runtime "${RUNTIME}s" --json
 
 python3 - "$DIR" "$ROUNDS" "$RUNTIME" "$IDLE_TICKS" "$QD32_TICKS" "$HZ" <<'PY'
 import json, statistics, sys

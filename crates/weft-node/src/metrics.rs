@@ -7,6 +7,10 @@
 //! Everything here reads counters the reactors publish every tick; nothing
 //! touches the I/O path.
 
+mod stages;
+
+pub use stages::{StageStats, StagesStats};
+
 use crate::status::PoolStatus;
 use serde::{Deserialize, Serialize};
 use std::fmt::Write;
@@ -124,6 +128,9 @@ pub struct Stats {
     pub latency_bounds_us: Vec<u64>,
     /// Per namespace.
     pub namespaces: Vec<NamespaceStats>,
+    /// Where commands spend their time inside the target.
+    #[serde(default)]
+    pub stages: StagesStats,
 }
 
 /// Reads every namespace's meter.
@@ -155,6 +162,7 @@ pub fn collect(plane: &DataPlane, clock: &std::time::Instant) -> Stats {
         time_ns: clock.elapsed().as_nanos() as u64,
         latency_bounds_us: LATENCY_BOUNDS_US.to_vec(),
         namespaces,
+        stages: plane.stages().into(),
     }
 }
 
@@ -306,6 +314,7 @@ pub fn prometheus(stats: &Stats, pools: &[PoolStatus]) -> String {
         }
     }
     node_totals(&mut out, stats);
+    stages::expose(&mut out, &stats.stages);
     let per_pool: [(&str, &str, PoolValue); 4] = [
         ("weft_pool_capacity_bytes", "Data space of the pool.", |p| {
             p.info.capacity_bytes
@@ -456,6 +465,15 @@ mod tests {
                 },
                 failed: true,
             }],
+            stages: StagesStats {
+                stages: vec![StageStats {
+                    stage: "service".into(),
+                    commands: 15,
+                    ns_total: 1_500_000_000,
+                }],
+                wakeups: 7,
+                ..StagesStats::default()
+            },
         };
         let text = prometheus(&stats, &[]);
         let labels = "subsystem=\"nqn.2026-11.io.weft:vol:db1\",nsid=\"1\",volume=\"db1\"";
@@ -473,6 +491,9 @@ mod tests {
             format!("weft_namespace_failed{{{labels}}} 1"),
             format!("weft_namespace_qos_limit{{{labels},limit=\"iops\"}} 20000"),
             "weft_node_ops_total{op=\"write\"} 5".to_string(),
+            "weft_stage_seconds_total{stage=\"service\"} 1.5".to_string(),
+            "weft_stage_commands_total{stage=\"service\"} 15".to_string(),
+            "weft_reactor_events_total{event=\"wakeups\"} 7".to_string(),
             "# TYPE weft_namespace_latency_seconds histogram".to_string(),
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line}\n{text}");

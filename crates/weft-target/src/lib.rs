@@ -18,6 +18,7 @@ pub mod meter;
 mod peers;
 mod reactor;
 pub mod replicated;
+pub mod stages;
 mod volume;
 
 pub use exports::{Backend, Exports, NamespaceDevice};

@@ -5,6 +5,7 @@
 use crate::exports::Exports;
 use crate::peers::{ConnectionCounts, PeerLimits};
 use crate::reactor::{Message, ReactorHandle};
+use crate::stages::{StageTotals, StagesSnapshot};
 use std::io;
 use std::net::{SocketAddr, TcpListener};
 use std::ops::RangeInclusive;
@@ -25,6 +26,8 @@ pub struct DataPlane {
     /// The current exports. The lock also orders updates: every reactor
     /// receives them in the order the target does.
     exports: Mutex<Arc<Exports>>,
+    /// Every reactor's stage counts.
+    stages: Arc<StageTotals>,
 }
 
 /// Why the data plane could not start.
@@ -85,6 +88,7 @@ impl DataPlane {
         .map_err(StartError::ControllerIds)?;
         let epoch = Instant::now();
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let stages = Arc::new(StageTotals::default());
         let handles = (0..reactors)
             .map(|index| {
                 ReactorHandle::spawn(
@@ -94,6 +98,7 @@ impl DataPlane {
                     Arc::clone(&exports),
                     epoch,
                     poll_window,
+                    Arc::clone(&stages),
                 )
             })
             .collect::<Result<Vec<_>, _>>()
@@ -112,6 +117,7 @@ impl DataPlane {
             target,
             reactors,
             exports: Mutex::new(exports),
+            stages,
         })
     }
 
@@ -133,6 +139,11 @@ impl DataPlane {
     /// Host NQNs connected to subsystem `subnqn`.
     pub fn connected_hosts(&self, subnqn: &str) -> Vec<String> {
         self.target.registry.hosts_of(subnqn)
+    }
+
+    /// Where the commands' time went inside the target so far (see `stages`).
+    pub fn stages(&self) -> StagesSnapshot {
+        self.stages.snapshot()
     }
 
     /// The exports being served.

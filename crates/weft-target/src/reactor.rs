@@ -20,6 +20,7 @@ use crate::health::FailedOperation;
 use crate::meter::{IoClass, LocalStats, Meter};
 use crate::peers::PeerAdmission;
 use crate::replicated::{Replicated, ReplicatedIo, ReplicatedWork};
+use crate::stages::{LocalStages, LoopCounter, Stage, StageTotals, Waiting};
 use crate::volume::{
     Piece, SnapshotName, VolumeBackend, VolumeOutcome, VolumeReply, VolumeRequest, VolumeWork,
 };
@@ -94,6 +95,7 @@ impl ReactorHandle {
         exports: Arc<Exports>,
         epoch: Instant,
         poll_window: Duration,
+        stage_totals: Arc<StageTotals>,
     ) -> io::Result<ReactorHandle> {
         let (sender, inbox) = std::sync::mpsc::channel();
         let wake = weft_uring::eventfd()?;
@@ -120,7 +122,8 @@ impl ReactorHandle {
                     free: Vec::new(),
                     epoch,
                     poll_window,
-                    meters: Vec::new(),
+                    counts: Counts::default(),
+                    stage_totals,
                     throttled: BinaryHeap::new(),
                     throttle_sequence: 0,
                     throttle_timer: None,
@@ -257,6 +260,12 @@ struct Peer {
     subsystem: Option<usize>,
     ops_in_flight: u32,
     closing: bool,
+    /// When its last receive with bytes completed (ns since the epoch).
+    received_ns: u64,
+    /// Commands completed whose responses wait for a send.
+    replies: Waiting,
+    /// Commands whose responses ride the send in flight.
+    sending: Waiting,
     /// Its place under the listener's connection limits, given back on release.
     _admission: PeerAdmission,
 }
@@ -265,6 +274,14 @@ struct Peer {
 type MeterSlot = Option<Box<(Arc<Meter>, LocalStats)>>;
 /// Indexed by meter id.
 type MeterTable = Vec<MeterSlot>;
+
+/// What a reactor counts until it publishes at its next tick.
+#[derive(Debug, Default)]
+struct Counts {
+    /// Per meter (indexed by meter id), with the meter to publish to.
+    meters: MeterTable,
+    stages: LocalStages,
+}
 
 /// What the statistics and the failure handling need of a slot's block I/O.
 #[derive(Debug, Clone, Copy)]
@@ -368,8 +385,10 @@ struct Reactor {
     free: Vec<usize>,
     epoch: Instant,
     poll_window: Duration,
-    /// This reactor's statistics per meter (indexed by meter id), with the meter to publish to.
-    meters: MeterTable,
+    /// This reactor's statistics: per meter and per stage.
+    counts: Counts,
+    /// Where the stage counts are published.
+    stage_totals: Arc<StageTotals>,
     /// I/O held back by QoS limits, earliest start first.
     throttled: BinaryHeap<Reverse<Throttled>>,
     throttle_sequence: u64,
@@ -394,8 +413,10 @@ impl Reactor {
             let wait_for = if self.spin_until_work(last_activity) {
                 0
             } else {
+                self.counts.stages.count(LoopCounter::Sleeps);
                 1
             };
+            self.counts.stages.count(LoopCounter::Wakeups);
             if let Err(error) = self.ring.submit_and_wait(wait_for) {
                 log::error!("io_uring_enter failed: {error}");
                 std::thread::sleep(Duration::from_millis(10));
@@ -586,6 +607,9 @@ impl Reactor {
             subsystem: None,
             ops_in_flight: 0,
             closing: false,
+            received_ns: 0,
+            replies: Waiting::default(),
+            sending: Waiting::default(),
             _admission: admission,
         };
         let index = match self.free.pop() {
@@ -643,6 +667,8 @@ impl Reactor {
         match completion.result {
             Ok(0) => begin_close(peer, "closed by the host"),
             Ok(received) => {
+                self.counts.stages.count(LoopCounter::Receives);
+                peer.received_ns = now.0.as_nanos() as u64;
                 peer.protocol
                     .handle_input(&buffer.as_slice()[..received], now, &mut peer.slots)
             }
@@ -656,6 +682,8 @@ impl Reactor {
             let peer = self.connections[index].as_ref().expect("live connection");
             peer.stream.as_raw_fd()
         };
+        let now_ns = self.now_ns();
+        self.counts.stages.count(LoopCounter::Sends);
         let peer = self.connections[index].as_mut().expect("live connection");
         let Returned::Batch(mut batch) = completion.returned else {
             unreachable!("a send returns its batch")
@@ -671,6 +699,8 @@ impl Reactor {
             }
             Err(error) => begin_close(peer, &format!("send failed: {error}")),
         }
+        let (commands, total_ns) = peer.sending.leave(now_ns);
+        self.counts.stages.add(Stage::Send, commands, total_ns);
         let mut buffers = batch.take_bufs();
         peer.staging = buffers.next();
         for (slot, buffer) in peer.lent_slots.drain(..).zip(buffers) {
@@ -718,7 +748,7 @@ impl Reactor {
             return self.continue_volume_io(index, slot, result.map(|()| expected));
         }
         let peer = self.connections[index].as_mut().expect("live connection");
-        finish_io(peer, &mut self.meters, now_ns, slot, result);
+        finish_io(peer, &mut self.counts, now_ns, slot, result);
     }
 
     /// A device op of `slot` failed: if it was a sync or a FUA write, its
@@ -850,7 +880,7 @@ impl Reactor {
             }
             Next::Done => {
                 entry.take();
-                finish_io(peer, &mut self.meters, now_ns, slot, Ok(()));
+                finish_io(peer, &mut self.counts, now_ns, slot, Ok(()));
             }
             Next::Failed(error) => {
                 let step = entry.take().expect("zeroing in progress").step;
@@ -865,7 +895,7 @@ impl Reactor {
                     );
                 }
                 let peer = self.connections[index].as_mut().expect("live connection");
-                finish_io(peer, &mut self.meters, now_ns, slot, Err(classify(&error)));
+                finish_io(peer, &mut self.counts, now_ns, slot, Err(classify(&error)));
             }
         }
     }
@@ -896,7 +926,7 @@ impl Reactor {
             if let Some(error) = replicated.refusal() {
                 let now_ns = self.now_ns();
                 let peer = self.connections[index].as_mut().expect("live connection");
-                return finish_io(peer, &mut self.meters, now_ns, request.slot, Err(error));
+                return finish_io(peer, &mut self.counts, now_ns, request.slot, Err(error));
             }
             if !matches!(request.kind, IoKind::Read { .. }) {
                 return self.replicate(index, request, replicated);
@@ -993,7 +1023,7 @@ impl Reactor {
             if let Some(result) = finished {
                 let io = entry.take().expect("checked");
                 io.backend.gate.leave();
-                finish_io(peer, &mut self.meters, now_ns, slot, result);
+                finish_io(peer, &mut self.counts, now_ns, slot, result);
                 return;
             }
             let at = buffer_offset + io.done;
@@ -1101,7 +1131,7 @@ impl Reactor {
                 let peer = self.connections[index].as_mut().expect("live connection");
                 finish_io(
                     peer,
-                    &mut self.meters,
+                    &mut self.counts,
                     now_ns,
                     request.slot,
                     Err(IoError::Other),
@@ -1141,13 +1171,13 @@ impl Reactor {
             }
             VolumeOutcome::Retry => finish_io(
                 peer,
-                &mut self.meters,
+                &mut self.counts,
                 now_ns,
                 request.slot,
                 Err(IoError::Other),
             ),
             VolumeOutcome::Done(result) => {
-                finish_io(peer, &mut self.meters, now_ns, request.slot, result)
+                finish_io(peer, &mut self.counts, now_ns, request.slot, result)
             }
         }
         self.drive(index);
@@ -1204,7 +1234,7 @@ impl Reactor {
             if peer.closing {
                 finish_io(
                     peer,
-                    &mut self.meters,
+                    &mut self.counts,
                     now_ns,
                     due.request.slot,
                     Err(IoError::Other),
@@ -1220,7 +1250,8 @@ impl Reactor {
     /// Adds this reactor's statistics to the shared totals; forgets meters
     /// no namespace uses any more.
     fn publish_stats(&mut self) {
-        for entry in &mut self.meters {
+        self.counts.stages.publish(&self.stage_totals);
+        for entry in &mut self.counts.meters {
             if let Some(counted) = entry {
                 let (meter, local) = &mut **counted;
                 local.publish(meter);
@@ -1266,6 +1297,7 @@ impl Reactor {
     }
 
     fn submit_send(&mut self, index: usize) {
+        let epoch = self.epoch;
         let peer = self.connections[index].as_mut().expect("live connection");
         if peer.batch.is_none() || peer.closing {
             return;
@@ -1273,6 +1305,12 @@ impl Reactor {
         let Some(transmit) = peer.protocol.poll_transmit() else {
             return;
         };
+        if !peer.replies.is_empty() {
+            let now_ns = epoch.elapsed().as_nanos() as u64;
+            let (commands, total_ns) = peer.replies.leave(now_ns);
+            self.counts.stages.add(Stage::ReplyWait, commands, total_ns);
+            peer.sending = Waiting::all_since(commands, now_ns);
+        }
         let mut staging = peer
             .staging
             .take()
@@ -1330,12 +1368,14 @@ impl Reactor {
                 }
                 // The namespace left with an exports update while the I/O waited.
                 Admission::Admitted => {
-                    finish_io(peer, &mut self.meters, now_ns, request.slot, result)
+                    finish_io(peer, &mut self.counts, now_ns, request.slot, result)
                 }
             }
             return;
         };
         if admission == Admission::New {
+            let waited_ns = now_ns.saturating_sub(peer.received_ns);
+            self.counts.stages.add(Stage::ReceiveToStart, 1, waited_ns);
             let (class, bytes) = io_class(&request.kind);
             peer.marks[usize::from(request.slot.0)] = IoMark {
                 meter: namespace.meter.id,
@@ -1345,10 +1385,10 @@ impl Reactor {
                 nsid: request.nsid,
                 sticky: None,
             };
-            local_stats(&mut self.meters, &namespace.meter).start();
+            local_stats(&mut self.counts.meters, &namespace.meter).start();
             if namespace.health.is_failed() {
                 let result = Err(IoError::Failed);
-                return finish_io(peer, &mut self.meters, now_ns, request.slot, result);
+                return finish_io(peer, &mut self.counts, now_ns, request.slot, result);
             }
             let start_ns = namespace.meter.reserve(now_ns, class, bytes);
             if start_ns > now_ns + THROTTLE_SLACK_NS {
@@ -1358,7 +1398,7 @@ impl Reactor {
         // Held back or sent to the manager before the store failed: refused now.
         if admission == Admission::Admitted && namespace.health.is_failed() {
             let result = Err(IoError::Failed);
-            return finish_io(peer, &mut self.meters, now_ns, request.slot, result);
+            return finish_io(peer, &mut self.counts, now_ns, request.slot, result);
         }
         if matches!(
             request.kind,
@@ -1383,7 +1423,7 @@ impl Reactor {
                 log::warn!("{}: RAM namespace I/O failed: {error}", peer.address);
             }
             let result = result.map_err(|e| classify(&e));
-            finish_io(peer, &mut self.meters, now_ns, request.slot, result);
+            finish_io(peer, &mut self.counts, now_ns, request.slot, result);
             return;
         }
         let fd = device.fd();
@@ -1450,17 +1490,20 @@ impl Reactor {
 /// Completes a slot's block I/O in the core and counts it in its meter's statistics.
 fn finish_io(
     peer: &mut Peer,
-    meters: &mut [MeterSlot],
+    counts: &mut Counts,
     now_ns: u64,
     slot: SlotId,
     result: Result<(), IoError>,
 ) {
     let mark = peer.marks[usize::from(slot.0)];
-    if let Some(Some(counted)) = meters.get_mut(mark.meter as usize) {
-        let local = &mut counted.1;
-        let latency_ns = now_ns.saturating_sub(mark.started_ns);
-        local.finish(mark.class, mark.bytes, latency_ns, result.is_ok());
+    let latency_ns = now_ns.saturating_sub(mark.started_ns);
+    if let Some(Some(counted)) = counts.meters.get_mut(mark.meter as usize) {
+        counted
+            .1
+            .finish(mark.class, mark.bytes, latency_ns, result.is_ok());
     }
+    counts.stages.add(Stage::Service, 1, latency_ns);
+    peer.replies.push(now_ns);
     peer.protocol
         .handle_io_complete(slot, result, &mut peer.slots);
 }

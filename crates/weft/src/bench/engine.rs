@@ -36,6 +36,29 @@ pub trait Device {
     fn complete(&mut self, done: &mut Vec<usize>) -> Result<(), String>;
     /// The data a finished read brought (valid until the tag is reused).
     fn data(&mut self, tag: usize) -> &[u8];
+    /// Where the host's time went so far (a remote queue only).
+    fn host_stages(&self) -> HostStages {
+        HostStages::default()
+    }
+}
+
+/// The host side of remote I/O, added up over a run: from the benchmark's
+/// submit to the send that carried the command, and from that send to the
+/// completion received. The rest of an I/O's latency is the benchmark's own
+/// bookkeeping.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct HostStages {
+    pub ios: u64,
+    pub queued_ns: u64,
+    pub round_trip_ns: u64,
+}
+
+impl HostStages {
+    fn add(&mut self, other: HostStages) {
+        self.ios += other.ios;
+        self.queued_ns += other.queued_ns;
+        self.round_trip_ns += other.round_trip_ns;
+    }
 }
 
 /// A queue of weft's initiator.
@@ -44,6 +67,25 @@ pub struct RemoteDevice {
     pub nsid: u32,
     pub block_size: u32,
     pub len: u32,
+    /// Per command ID: when it was submitted, then when its send finished.
+    times: Vec<Instant>,
+    /// Submitted, not sent yet.
+    unsent: Vec<u16>,
+    stages: HostStages,
+}
+
+impl RemoteDevice {
+    pub fn new(queue: Queue, nsid: u32, block_size: u32, len: u32) -> RemoteDevice {
+        RemoteDevice {
+            times: Vec::new(),
+            unsent: Vec::new(),
+            stages: HostStages::default(),
+            queue,
+            nsid,
+            block_size,
+            len,
+        }
+    }
 }
 
 impl Device for RemoteDevice {
@@ -66,19 +108,39 @@ impl Device for RemoteDevice {
             .queue
             .submit(command, transfer)
             .map_err(|e| format!("submitting an I/O: {e}"))?;
+        let now = Instant::now();
+        if self.times.len() <= usize::from(cid.0) {
+            self.times.resize(usize::from(cid.0) + 1, now);
+        }
+        self.times[usize::from(cid.0)] = now;
+        self.unsent.push(cid.0);
         Ok(usize::from(cid.0))
     }
 
     fn complete(&mut self, done: &mut Vec<usize>) -> Result<(), String> {
+        self.queue.transmit().map_err(|e| e.to_string())?;
+        let sent = Instant::now();
+        for cid in self.unsent.drain(..) {
+            let submitted = std::mem::replace(&mut self.times[usize::from(cid)], sent);
+            self.stages.queued_ns += (sent - submitted).as_nanos() as u64;
+        }
         let mut completion = Some(self.queue.wait().map_err(|e| e.to_string())?);
+        let received = Instant::now();
         while let Some(finished) = completion {
             if !finished.status.is_success() {
                 return Err(format!("an I/O failed with status {}", finished.status));
             }
+            let sent = self.times[usize::from(finished.cid.0)];
+            self.stages.round_trip_ns += (received - sent).as_nanos() as u64;
+            self.stages.ios += 1;
             done.push(usize::from(finished.cid.0));
             completion = self.queue.poll_completion();
         }
         Ok(())
+    }
+
+    fn host_stages(&self) -> HostStages {
+        self.stages
     }
 
     fn data(&mut self, tag: usize) -> &[u8] {
@@ -211,6 +273,8 @@ pub struct Results {
     pub seconds: f64,
     /// Reads whose data was checked against its stamp.
     pub verified: u64,
+    /// The host side of remote I/O (zero for a local device).
+    pub host: HostStages,
 }
 
 impl Results {
@@ -229,6 +293,7 @@ impl Results {
         self.write.bytes += other.write.bytes;
         self.seconds = self.seconds.max(other.seconds);
         self.verified += other.verified;
+        self.host.add(other.host);
     }
 }
 
@@ -335,6 +400,7 @@ impl<'a> Worker<'a> {
         if args.verify && !read_only {
             self.pass(device, &mut results, Order::Written, Pattern::Read)?;
         }
+        results.host = device.host_stages();
         Ok(results)
     }
 

@@ -398,7 +398,7 @@ fn fio_json(
     results: &Results,
 ) -> String {
     format!(
-        "{{\"fio version\":\"weft-bench-{}\",\"jobs\":[{{\"jobname\":\"{}\",\"job options\":{{\"rw\":\"{}\",\"bs\":\"{}\",\"iodepth\":\"{}\",\"numjobs\":\"{}\",\"filename\":\"{}\"}},\"job_runtime\":{:.0},\"verified_reads\":{},\"read\":{},\"write\":{}}}]}}",
+        "{{\"fio version\":\"weft-bench-{}\",\"jobs\":[{{\"jobname\":\"{}\",\"job options\":{{\"rw\":\"{}\",\"bs\":\"{}\",\"iodepth\":\"{}\",\"numjobs\":\"{}\",\"filename\":\"{}\"}},\"job_runtime\":{:.0},\"verified_reads\":{},{}\"read\":{},\"write\":{}}}]}}",
         env!("CARGO_PKG_VERSION"),
         args.pattern.name(),
         args.pattern.name(),
@@ -408,8 +408,23 @@ fn fio_json(
         args.target.replace('"', "\\\""),
         results.seconds * 1000.0,
         results.verified,
+        host_stages_json(&results.host),
         Summary::fio_json(read),
         Summary::fio_json(write)
+    )
+}
+
+/// `"host_stages":{...},` for a remote run (its means per I/O), else nothing.
+fn host_stages_json(host: &engine::HostStages) -> String {
+    if host.ios == 0 {
+        return String::new();
+    }
+    let mean_us = |total_ns: u64| total_ns as f64 / host.ios as f64 / 1000.0;
+    format!(
+        "\"host_stages\":{{\"ios\":{},\"queued_us_mean\":{:.2},\"round_trip_us_mean\":{:.2}}},",
+        host.ios,
+        mean_us(host.queued_ns),
+        mean_us(host.round_trip_ns)
     )
 }
 
@@ -493,12 +508,12 @@ fn remote(args: &BenchArgs, progress: &Arc<Progress>) -> Result<Results, String>
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| e.to_string())?;
     let results = engine::run_workers(args, blocks, progress, |index| {
-        let device = RemoteDevice {
-            queue: queues[index].take().expect("one queue per worker"),
-            nsid: args.nsid,
-            block_size: namespace.block_size,
-            len: args.block_bytes,
-        };
+        let device = RemoteDevice::new(
+            queues[index].take().expect("one queue per worker"),
+            args.nsid,
+            namespace.block_size,
+            args.block_bytes,
+        );
         Ok(Box::new(move || Ok(device)))
     });
     drop(controller);

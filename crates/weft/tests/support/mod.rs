@@ -251,11 +251,32 @@ pub fn refused(node: &Node, args: &[&str]) -> String {
 }
 
 /// A fresh directory under the temp dir, unique to this test process.
+/// Those that finished test processes left under the same name go first:
+/// a cluster test's etcd data alone is over 100 MiB, and runs add up.
 pub fn temp_dir(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("weft-test-{name}-{}", std::process::id()));
+    let prefix = format!("weft-test-{name}-");
+    remove_left_behind(&prefix);
+    let dir = std::env::temp_dir().join(format!("{prefix}{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
+}
+
+/// Removes the temp dir's `PREFIX<pid>` directories of processes gone.
+fn remove_left_behind(prefix: &str) {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let pid = name
+            .to_str()
+            .and_then(|name| name.strip_prefix(prefix))
+            .and_then(|pid| pid.parse::<u32>().ok());
+        if pid.is_some_and(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists()) {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
 }
 
 /// One API request over HTTP: (status, JSON body).
