@@ -9,7 +9,8 @@ kernels' TCP stacks.
 
 Usage: harness/stages.py --api http://127.0.0.1:PORT --token FILE [--label TEXT]
                          [--json OUT] -- WEFT bench ... --json
-(the counters are node-wide: run nothing else against the node meanwhile)."""
+(the counters are node-wide: run nothing else against the node meanwhile; the
+host's stages cover every pass of the run, so leave out --verify and --ramp)."""
 import argparse
 import json
 import subprocess
@@ -53,15 +54,20 @@ def main():
     command = args.bench[1:] if args.bench[:1] == ["--"] else args.bench
     token = open(args.token).read().strip()
     # Reactors publish every 250 ms tick: wait one out on each side.
+    time.sleep(0.3)
     before = stats(args.api, token)
+    if not before["stages"]:
+        sys.exit("stages: this node reports no stage counts (a weft older than them?)")
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"stages: {' '.join(command)}: {done.stderr.strip()}")
     time.sleep(0.6)
     after = stats(args.api, token)
     job = json.loads(done.stdout)["jobs"][0]
-    side = job["read"] if job["read"]["iops"] > 0 else job["write"]
-    iops, host_us = side["iops"], side["lat_ns"]["mean"] / 1000
+    # Reads and writes together (the target's stages count both).
+    sides = [job[d] for d in ("read", "write") if job[d]["iops"] > 0]
+    iops = sum(side["iops"] for side in sides)
+    host_us = sum(side["iops"] * side["lat_ns"]["mean"] for side in sides) / max(iops, 1) / 1000
     stages, counters = delta(before, after)
     ios = max(stages["service"][0], 1)
     rows = []

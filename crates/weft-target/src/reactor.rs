@@ -682,8 +682,8 @@ impl Reactor {
             let peer = self.connections[index].as_ref().expect("live connection");
             peer.stream.as_raw_fd()
         };
-        let now_ns = self.now_ns();
         self.counts.stages.count(LoopCounter::Sends);
+        let epoch = self.epoch;
         let peer = self.connections[index].as_mut().expect("live connection");
         let Returned::Batch(mut batch) = completion.returned else {
             unreachable!("a send returns its batch")
@@ -699,8 +699,11 @@ impl Reactor {
             }
             Err(error) => begin_close(peer, &format!("send failed: {error}")),
         }
-        let (commands, total_ns) = peer.sending.leave(now_ns);
-        self.counts.stages.add(Stage::Send, commands, total_ns);
+        if !peer.sending.is_empty() {
+            let now_ns = epoch.elapsed().as_nanos() as u64;
+            let (commands, total_ns) = peer.sending.leave(now_ns);
+            self.counts.stages.add(Stage::Send, commands, total_ns);
+        }
         let mut buffers = batch.take_bufs();
         peer.staging = buffers.next();
         for (slot, buffer) in peer.lent_slots.drain(..).zip(buffers) {

@@ -16,7 +16,11 @@
 //! slept first, receive and send completions. A reactor counts in plain
 //! integers ([`LocalStages`]) and adds them to the shared [`StageTotals`]
 //! every tick, as the meters do; the only clock reads this adds are two per
-//! send, on the clock the reactor reads for each command anyway.
+//! send that carries responses, on the clock the reactor reads for each
+//! command anyway.
+//!
+//! The counts are the target's I/O requests: a Dataset Management of N
+//! ranges, or a Flush of every namespace, is N of them behind one response.
 //!
 //! What this does not do: per-command histograms of every stage (the
 //! namespaces' histograms cover the service time), or the host's side (the
@@ -108,6 +112,7 @@ impl LocalStages {
         self.sum_ns[stage as usize] += total_ns;
     }
 
+    /// One more of `counter`.
     pub(crate) fn count(&mut self, counter: LoopCounter) {
         self.counters[counter as usize] += 1;
     }
@@ -181,14 +186,18 @@ impl Waiting {
     /// One more, since `now_ns`.
     pub(crate) fn push(&mut self, now_ns: u64) {
         self.commands += 1;
-        self.sum_since_ns += now_ns;
+        self.sum_since_ns = self.sum_since_ns.wrapping_add(now_ns);
     }
 
     /// All of them leave at `now_ns`: (how many, the time they waited added up).
-    /// What they waited in gets `now_ns` as their start for the next stage.
+    /// Wrapping arithmetic: the sums may pass 2^64 after days of uptime,
+    /// but their difference, the time waited, fits and comes out exact.
     pub(crate) fn leave(&mut self, now_ns: u64) -> (u64, u64) {
         let left = std::mem::take(self);
-        let total_ns = (left.commands * now_ns).saturating_sub(left.sum_since_ns);
+        let total_ns = left
+            .commands
+            .wrapping_mul(now_ns)
+            .wrapping_sub(left.sum_since_ns);
         (left.commands, total_ns)
     }
 
@@ -201,7 +210,7 @@ impl Waiting {
     pub(crate) fn all_since(commands: u64, now_ns: u64) -> Waiting {
         Waiting {
             commands,
-            sum_since_ns: commands * now_ns,
+            sum_since_ns: commands.wrapping_mul(now_ns),
         }
     }
 }
@@ -222,6 +231,13 @@ mod tests {
         assert_eq!(waiting.leave(500), (0, 0));
         let mut sending = Waiting::all_since(3, 1_000);
         assert_eq!(sending.leave(1_010), (3, 30));
+        // Sums past 2^64 (days of uptime, many waiting) still give the wait.
+        let late = u64::MAX / 2;
+        let mut waiting = Waiting::default();
+        waiting.push(late);
+        waiting.push(late + 10);
+        waiting.push(late + 20);
+        assert_eq!(waiting.leave(late + 30), (3, 60));
     }
 
     #[test]

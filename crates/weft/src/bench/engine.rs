@@ -42,14 +42,18 @@ pub trait Device {
     }
 }
 
-/// The host side of remote I/O, added up over a run: from the benchmark's
-/// submit to the send that carried the command, and from that send to the
-/// completion received. The rest of an I/O's latency is the benchmark's own
-/// bookkeeping.
+/// The host side of remote I/O, added up over every pass of a run (the
+/// `--verify` passes and the ramp included): from the benchmark's submit to
+/// the send that carried the command, and from that send to the completion
+/// received (for a write sent after an R2T, the R2T's exchange included).
+/// The rest of an I/O's latency is the benchmark's own bookkeeping.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct HostStages {
+    /// I/Os completed.
     pub ios: u64,
+    /// Submitted to sent, added up.
     pub queued_ns: u64,
+    /// Sent to completed, added up.
     pub round_trip_ns: u64,
 }
 

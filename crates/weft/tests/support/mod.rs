@@ -262,8 +262,16 @@ pub fn temp_dir(name: &str) -> std::path::PathBuf {
     dir
 }
 
-/// Removes the temp dir's `PREFIX<pid>` directories of processes gone.
+/// Removes the temp dir's `PREFIX<pid>` directories of processes gone, if
+/// untouched for 10 minutes (a process in another PID namespace sharing the
+/// temp dir looks gone from here).
 fn remove_left_behind(prefix: &str) {
+    let stale = |entry: &std::fs::DirEntry| {
+        entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .is_ok_and(|at| at.elapsed().unwrap_or_default().as_secs() > 600)
+    };
     let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
         return;
     };
@@ -273,7 +281,8 @@ fn remove_left_behind(prefix: &str) {
             .to_str()
             .and_then(|name| name.strip_prefix(prefix))
             .and_then(|pid| pid.parse::<u32>().ok());
-        if pid.is_some_and(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists()) {
+        let gone = pid.is_some_and(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists());
+        if gone && stale(&entry) {
             let _ = std::fs::remove_dir_all(entry.path());
         }
     }
