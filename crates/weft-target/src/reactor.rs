@@ -13,7 +13,8 @@
 //! Every block I/O passes its namespace's meter (see `meter`): the QoS
 //! limits say when it may start — an I/O held back waits in a heap ordered
 //! by start time, released by a timer — and the reactor counts it in its
-//! own statistics, which it adds to the shared totals every tick.
+//! own statistics, which it adds to the shared totals every tick; so are the
+//! times its commands spend per stage inside the target (see `stages`).
 
 use crate::exports::{Backend, Exports, NamespaceDevice};
 use crate::health::FailedOperation;
