@@ -59,9 +59,9 @@ impl Agent {
                 };
                 loop {
                     let sent = Instant::now();
-                    if beat(&mut member, store.as_ref(), &status(), &mut state) {
-                        lease.renewed(sent, member.lease_ttl());
-                    }
+                    let ttl = member.lease_ttl();
+                    let renewed = || lease.renewed(sent, ttl);
+                    beat(&mut member, store.as_ref(), &status(), &mut state, &renewed);
                     match received.recv_timeout(interval) {
                         Err(RecvTimeoutError::Timeout) | Ok(Signal::Wake) => {}
                         Ok(Signal::Stop) | Err(RecvTimeoutError::Disconnected) => break,
@@ -127,20 +127,25 @@ struct BeatState {
 }
 
 /// One heartbeat and, for the controller, its duties. Failures are logged
-/// once until the next success. Whether the lease was kept alive.
+/// once until the next success. Calls `renewed` once the lease was kept
+/// alive.
 fn beat(
     member: &mut Member,
     store: &dyn Store,
     status: &NodeStatus,
     state: &mut BeatState,
-) -> bool {
+    renewed: &dyn Fn(),
+) {
     let now = unix_ms();
     let failing = &mut state.failing;
     let unplaced = &mut state.unplaced;
     let replace_after_ms = state.replace_after_ms;
-    let mut renewed = false;
     let result = member.heartbeat(status, now).and_then(|controller| {
-        renewed = true;
+        // The lease lives from the keep-alive on: the primaries hear so now,
+        // not after the controller's work below (store reads and writes, a
+        // promotion's delay), which a store slowed by its disk can stretch
+        // past the lease, deposing primaries whose lease is alive.
+        renewed();
         if controller {
             let noted = nodes::note_down_nodes(store, member.lease(), now)?;
             if !noted.is_empty() {
@@ -179,7 +184,6 @@ fn beat(
         }
         Err(_) => {}
     }
-    renewed
 }
 
 /// Logs replacements that found no place once (until they do).
@@ -205,4 +209,110 @@ pub fn unix_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::membership::MemberConfig;
+    use std::sync::Mutex;
+    use weft_control::{
+        Entry, LeaseId, Listing, MemoryStore, Revision, StoreError, Txn, WatchEvent,
+    };
+
+    /// A store that notes each call, in order, in a log the test shares.
+    #[derive(Debug)]
+    struct Noting {
+        inner: MemoryStore,
+        log: Arc<Mutex<Vec<&'static str>>>,
+    }
+
+    impl Noting {
+        fn note(&self, call: &'static str) {
+            self.log.lock().unwrap().push(call);
+        }
+    }
+
+    impl Store for Noting {
+        fn get(&self, key: &str) -> Result<Option<Entry>, StoreError> {
+            self.note("get");
+            self.inner.get(key)
+        }
+        fn list(&self, prefix: &str) -> Result<Listing, StoreError> {
+            self.note("list");
+            self.inner.list(prefix)
+        }
+        fn commit(&self, txn: Txn) -> Result<Revision, StoreError> {
+            self.note("commit");
+            self.inner.commit(txn)
+        }
+        fn grant_lease(&self, ttl: Duration) -> Result<LeaseId, StoreError> {
+            self.inner.grant_lease(ttl)
+        }
+        fn keep_alive(&self, lease: LeaseId) -> Result<(), StoreError> {
+            self.note("keep_alive");
+            self.inner.keep_alive(lease)
+        }
+        fn revoke_lease(&self, lease: LeaseId) -> Result<(), StoreError> {
+            self.inner.revoke_lease(lease)
+        }
+        fn watch(
+            &self,
+            prefix: &str,
+            after: Revision,
+        ) -> Result<mpsc::Receiver<WatchEvent>, StoreError> {
+            self.inner.watch(prefix, after)
+        }
+        fn location(&self) -> String {
+            self.inner.location()
+        }
+    }
+
+    #[test]
+    fn the_lease_is_renewed_before_the_controller_s_duties() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let store: Arc<dyn Store> = Arc::new(Noting {
+            inner: MemoryStore::default(),
+            log: log.clone(),
+        });
+        let config = MemberConfig {
+            name: "n1".into(),
+            node_id: "aa".into(),
+            nvme: vec!["127.0.0.1:4420".into()],
+            peer_nvme: Vec::new(),
+            api: "http://127.0.0.1:9400".into(),
+            zone: None,
+            lease_ttl: Duration::from_secs(3),
+        };
+        let mut member = Member::join(store.clone(), config, None, "c1", 0).unwrap();
+        let mut state = BeatState {
+            failing: false,
+            replace_after_ms: 60_000,
+            unplaced: BTreeSet::new(),
+        };
+        let renewed = || log.lock().unwrap().push("renewed");
+        // The first beat makes n1 the controller; the second has its duties.
+        beat(
+            &mut member,
+            store.as_ref(),
+            &NodeStatus::default(),
+            &mut state,
+            &renewed,
+        );
+        log.lock().unwrap().clear();
+        beat(
+            &mut member,
+            store.as_ref(),
+            &NodeStatus::default(),
+            &mut state,
+            &renewed,
+        );
+        let calls = log.lock().unwrap().clone();
+        let at = calls.iter().position(|&c| c == "renewed").expect("renewed");
+        assert!(calls[..at].contains(&"keep_alive"), "{calls:?}");
+        assert!(
+            calls[at + 1..].contains(&"list"),
+            "the controller's store reads come after the renewal: {calls:?}"
+        );
+    }
 }
