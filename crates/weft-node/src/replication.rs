@@ -7,6 +7,7 @@
 //! - [`link`]: one primary session with one replica (connect, fence, read
 //!   the write intent, then writes, copies, flushes and cleans in order).
 //! - [`local`]: the primary's own copy, read and written by a few worker threads.
+//! - [`write_ring`]: its mapped writes, all in flight at once on an io_uring ring.
 //! - [`progress`]: the rebuilds' progress as `volume show` and `/metrics` read it.
 //! - [`barrier`]: a snapshot taken, or a growth made, at one point of the
 //!   write stream on every copy in sync.
@@ -21,6 +22,7 @@ mod local;
 pub(crate) mod progress;
 pub(crate) mod replicator;
 pub(crate) mod run;
+mod write_ring;
 
 use crate::manager::AdminError;
 use std::sync::mpsc::Sender;

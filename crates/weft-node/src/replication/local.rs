@@ -1,5 +1,6 @@
 //! The primary's own copy of a replicated volume, as its replicator reads
-//! and writes it: [`LocalPool`]'s worker threads, each a [`LocalVolume`]
+//! and writes it: mapped writes on [`WriteRing`] (all in flight at once),
+//! everything else on [`LocalPool`]'s worker threads, each a [`LocalVolume`]
 //! doing synchronous I/O through descriptors of its own on the pool's
 //! members (O_DIRECT, as the reactors'), after the volume's chunk map says
 //! where each piece lives. What the map cannot serve yet (a first write to
@@ -10,6 +11,7 @@
 //! What this does not do: allocate or commit metadata itself (only the
 //! manager does), or serve hosts (the reactors do).
 
+use super::write_ring::{RingWrite, WriteRing};
 use std::sync::mpsc;
 use std::sync::Arc;
 use weft_proto::IoError;
@@ -47,7 +49,7 @@ impl LocalVolume {
                 self.backend.gate.leave();
                 return Err(IoError::PathTransition);
             }
-            if !self.writable(offset, len) {
+            if !writable(&self.backend, offset, len) {
                 self.backend.gate.leave();
                 self.ask(VolumeWork::PrepareWrite { offset, len })?;
                 continue;
@@ -62,7 +64,7 @@ impl LocalVolume {
         let mut done = 0;
         let mut members = Vec::new();
         while done < data.len() {
-            let (location, piece) = self.locate(offset + done as u64, data.len() - done);
+            let (location, piece) = locate(&self.backend, offset + done as u64, data.len() - done);
             let (member, at) = location.expect("checked writable");
             self.media
                 .write_at(member, at, &data[done..done + piece])
@@ -88,7 +90,7 @@ impl LocalVolume {
         let mut data = vec![0u8; len];
         let mut done = 0;
         while done < len {
-            let (location, piece) = self.locate(offset + done as u64, len - done);
+            let (location, piece) = locate(&self.backend, offset + done as u64, len - done);
             if let Some((member, at)) = location {
                 self.media
                     .read_at(member, at, &mut data[done..done + piece])
@@ -110,34 +112,6 @@ impl LocalVolume {
         self.ask(VolumeWork::Flush)
     }
 
-    /// Where the piece of `[offset, offset + len)` in its first chunk lies
-    /// (member and byte offset, or none if unwritten), and its length.
-    fn locate(&self, offset: u64, len: usize) -> (Option<(usize, u64)>, usize) {
-        let shift = self.backend.layout.chunk_shift();
-        let within = offset & ((1u64 << shift) - 1);
-        let piece = ((1u64 << shift) - within).min(len as u64) as usize;
-        let location = match self.backend.map.lookup((offset >> shift) as usize) {
-            Lookup::Unmapped => None,
-            Lookup::Mapped { chunk, .. } => {
-                let (member, base) = self.backend.layout.locate(chunk);
-                Some((member, base + within))
-            }
-        };
-        (location, piece)
-    }
-
-    fn writable(&self, offset: u64, len: u64) -> bool {
-        let shift = self.backend.layout.chunk_shift();
-        let first = offset >> shift;
-        let last = (offset + len.max(1) - 1) >> shift;
-        (first..=last).all(|index| {
-            matches!(
-                self.backend.map.lookup(index as usize),
-                Lookup::Mapped { writable: true, .. }
-            )
-        })
-    }
-
     /// Asks the manager and waits for its answer: `Retry` is success here.
     fn ask(&self, work: VolumeWork) -> Result<(), IoError> {
         let (sender, answer) = mpsc::channel();
@@ -153,6 +127,39 @@ impl LocalVolume {
             Err(mpsc::RecvError) => Err(IoError::Other),
         }
     }
+}
+
+/// Where the piece of `[offset, offset + len)` in its first chunk lies on
+/// `backend`'s pool (member and byte offset, or none if unwritten), and its length.
+pub(super) fn locate(
+    backend: &VolumeBackend,
+    offset: u64,
+    len: usize,
+) -> (Option<(usize, u64)>, usize) {
+    let shift = backend.layout.chunk_shift();
+    let within = offset & ((1u64 << shift) - 1);
+    let piece = ((1u64 << shift) - within).min(len as u64) as usize;
+    let location = match backend.map.lookup((offset >> shift) as usize) {
+        Lookup::Unmapped => None,
+        Lookup::Mapped { chunk, .. } => {
+            let (member, base) = backend.layout.locate(chunk);
+            Some((member, base + within))
+        }
+    };
+    (location, piece)
+}
+
+/// Whether every chunk under `[offset, offset + len)` may be written directly.
+pub(super) fn writable(backend: &VolumeBackend, offset: u64, len: u64) -> bool {
+    let shift = backend.layout.chunk_shift();
+    let first = offset >> shift;
+    let last = (offset + len.max(1) - 1) >> shift;
+    (first..=last).all(|index| {
+        matches!(
+            backend.map.lookup(index as usize),
+            Lookup::Mapped { writable: true, .. }
+        )
+    })
 }
 
 fn media_error(error: &std::io::Error) -> IoError {
@@ -180,13 +187,16 @@ pub(crate) enum LocalWork {
 /// A local I/O's result: the data of a read.
 pub(crate) type LocalResult = Result<Option<Vec<u8>>, IoError>;
 
-/// A few threads doing the replicator's local I/O in parallel, each with
-/// descriptors of its own; results come back to the replicator as events.
-/// The replication core never has two overlapping writes (or a write and a
-/// copy of one region) in flight, so their order among workers is free;
-/// a Flush covers the writes completed before it, as NVMe's does.
+/// The replicator's local I/O: mapped writes through [`WriteRing`], the
+/// rest on a few threads in parallel, each with descriptors of its own;
+/// results come back to the replicator as events. The replication core
+/// never has two overlapping writes (or a write and a copy of one region)
+/// in flight, so their order among threads is free; a Flush covers the
+/// writes completed before it, as NVMe's does.
 pub(crate) struct LocalPool {
     jobs: mpsc::Sender<(weft_replication::OpId, LocalWork)>,
+    /// None where no ring could be set up: the workers write too.
+    ring: Option<WriteRing>,
     /// Jobs queued or running.
     pending: Arc<std::sync::atomic::AtomicUsize>,
 }
@@ -228,14 +238,31 @@ impl LocalPool {
                 })
                 .map_err(|e| e.to_string())?;
         }
-        Ok(LocalPool { jobs, pending })
+        let ring = WriteRing::start(backend, jobs.clone(), done, wrap, Arc::clone(&pending))
+            .map_err(|error| log::warn!("local writes without a ring: {error}"))
+            .ok();
+        Ok(LocalPool {
+            jobs,
+            ring,
+            pending,
+        })
     }
 
     /// Queues `work` for op `op`.
     pub(crate) fn submit(&self, op: weft_replication::OpId, work: LocalWork) {
         self.pending
             .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-        let _ = self.jobs.send((op, work));
+        match (&self.ring, work) {
+            (Some(ring), LocalWork::Write { offset, data, fua }) => ring.submit(RingWrite {
+                op,
+                offset,
+                data,
+                fua,
+            }),
+            (_, work) => {
+                let _ = self.jobs.send((op, work));
+            }
+        }
     }
 
     /// Waits until no local I/O is queued or running (at most `limit`): a
