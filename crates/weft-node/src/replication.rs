@@ -7,7 +7,8 @@
 //! - [`link`]: one primary session with one replica (connect, fence, read
 //!   the write intent, then writes, copies, flushes and cleans in order).
 //! - [`local`]: the primary's own copy, read and written by a few worker threads.
-//! - [`write_ring`]: its mapped writes, all in flight at once on an io_uring ring.
+//! - [`write_ring`]: the replicator's ring: its mapped local writes, all in
+//!   flight at once, and its wait for them and for its inbox's events.
 //! - [`progress`]: the rebuilds' progress as `volume show` and `/metrics` read it.
 //! - [`barrier`]: a snapshot taken, or a growth made, at one point of the
 //!   write stream on every copy in sync.
@@ -25,10 +26,53 @@ pub(crate) mod run;
 mod write_ring;
 
 use crate::manager::AdminError;
-use std::sync::mpsc::Sender;
+use std::fs::File;
+use std::io::Write as _;
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::Arc;
 use weft_control::ReplicationRecord;
 use weft_replication::{FromReplica, NodeId};
 use weft_target::replicated::ReplicatedIo;
+
+/// A replicator's inbox as its senders hold it: a channel, and an eventfd
+/// rung with each event, which wakes the replicator from its ring (where it
+/// also waits for its local writes, see [`write_ring`]).
+#[derive(Clone, Debug)]
+pub(crate) struct Events {
+    sender: Sender<Event>,
+    wake: Arc<File>,
+}
+
+/// A replicator's inbox as it reads it.
+pub(crate) struct Inbox {
+    pub(crate) receiver: Receiver<Event>,
+    /// The eventfd its senders ring.
+    pub(crate) wake: File,
+}
+
+impl Events {
+    /// A new inbox and its senders' side.
+    pub(crate) fn channel() -> std::io::Result<(Events, Inbox)> {
+        let wake = weft_uring::eventfd()?;
+        let (sender, receiver) = mpsc::channel();
+        let inbox = Inbox {
+            receiver,
+            wake: wake.try_clone()?,
+        };
+        let wake = Arc::new(wake);
+        Ok((Events { sender, wake }, inbox))
+    }
+
+    /// Delivers `event` and wakes the replicator; the event back if it is gone.
+    // As `mpsc::Sender::send`: a host I/O comes back to be answered.
+    #[allow(clippy::result_large_err)]
+    pub(crate) fn send(&self, event: Event) -> Result<(), mpsc::SendError<Event>> {
+        self.sender.send(event)?;
+        // The counter only saturates after 2^64 rings; a failure means the reader is gone.
+        let _ = (&*self.wake).write_all(&1u64.to_ne_bytes());
+        Ok(())
+    }
+}
 
 /// What reaches a replicator.
 pub(crate) enum Event {

@@ -16,7 +16,7 @@
 //! go as several commands; the message is done when all are.
 
 use super::barrier::BarrierOp;
-use super::Event;
+use super::{Event, Events};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
@@ -94,7 +94,7 @@ pub(crate) struct Link {
 
 impl Link {
     /// Starts a session that fences the replica with `token`.
-    pub(crate) fn start(target: LinkTarget, token: Token, events: Sender<Event>) -> Link {
+    pub(crate) fn start(target: LinkTarget, token: Token, events: Events) -> Link {
         let (sender, messages) = mpsc::channel();
         let name = format!("link-{}", target.name);
         let spawned = std::thread::Builder::new()
@@ -133,7 +133,7 @@ struct Built {
 struct Session {
     node: NodeId,
     token: Token,
-    events: Sender<Event>,
+    events: Events,
     queue: Queue,
     block_size: u32,
     transfer_bytes_max: usize,
@@ -146,7 +146,7 @@ struct Session {
 }
 
 impl Session {
-    fn run(target: LinkTarget, token: Token, messages: Receiver<Outgoing>, events: Sender<Event>) {
+    fn run(target: LinkTarget, token: Token, messages: Receiver<Outgoing>, events: Events) {
         let node = target.node;
         let report = |reply: FromReplica| {
             let _ = events.send(Event::Replica { node, reply });

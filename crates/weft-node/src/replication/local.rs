@@ -11,7 +11,7 @@
 //! What this does not do: allocate or commit metadata itself (only the
 //! manager does), or serve hosts (the reactors do).
 
-use super::write_ring::{RingWrite, WriteRing};
+use super::{Event, Events};
 use std::sync::mpsc;
 use std::sync::Arc;
 use weft_proto::IoError;
@@ -187,16 +187,14 @@ pub(crate) enum LocalWork {
 /// A local I/O's result: the data of a read.
 pub(crate) type LocalResult = Result<Option<Vec<u8>>, IoError>;
 
-/// The replicator's local I/O: mapped writes through [`WriteRing`], the
-/// rest on a few threads in parallel, each with descriptors of its own;
-/// results come back to the replicator as events. The replication core
-/// never has two overlapping writes (or a write and a copy of one region)
-/// in flight, so their order among threads is free; a Flush covers the
-/// writes completed before it, as NVMe's does.
+/// The replicator's local I/O but its mapped writes (the replicator's
+/// [`super::write_ring`] does those): a few threads in parallel, each with
+/// descriptors of its own; results come back to the replicator as events.
+/// The replication core never has two overlapping writes (or a write and a
+/// copy of one region) in flight, so their order among threads and the
+/// ring is free; a Flush covers the writes completed before it, as NVMe's does.
 pub(crate) struct LocalPool {
     jobs: mpsc::Sender<(weft_replication::OpId, LocalWork)>,
-    /// None where no ring could be set up: the workers write too.
-    ring: Option<WriteRing>,
     /// Jobs queued or running.
     pending: Arc<std::sync::atomic::AtomicUsize>,
 }
@@ -206,12 +204,11 @@ const WORKERS: usize = 4;
 
 impl LocalPool {
     /// Starts the workers on `backend`'s volume; each result goes to
-    /// `done` as `(op, result)` through `wrap`.
-    pub(crate) fn start<E: Send + 'static>(
+    /// `done` as an [`Event::LocalDone`].
+    pub(crate) fn start(
         backend: &Arc<VolumeBackend>,
         members: &[std::path::PathBuf],
-        done: mpsc::Sender<E>,
-        wrap: fn(weft_replication::OpId, LocalResult) -> E,
+        done: &Events,
     ) -> Result<LocalPool, String> {
         let (jobs, queue) = mpsc::channel::<(weft_replication::OpId, LocalWork)>();
         let queue = Arc::new(std::sync::Mutex::new(queue));
@@ -232,37 +229,20 @@ impl LocalPool {
                     };
                     let result = volume.run(work);
                     pending.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
-                    if done.send(wrap(op, result)).is_err() {
+                    if done.send(Event::LocalDone { op, result }).is_err() {
                         return;
                     }
                 })
                 .map_err(|e| e.to_string())?;
         }
-        let ring = WriteRing::start(backend, jobs.clone(), done, wrap, Arc::clone(&pending))
-            .map_err(|error| log::warn!("local writes without a ring: {error}"))
-            .ok();
-        Ok(LocalPool {
-            jobs,
-            ring,
-            pending,
-        })
+        Ok(LocalPool { jobs, pending })
     }
 
     /// Queues `work` for op `op`.
     pub(crate) fn submit(&self, op: weft_replication::OpId, work: LocalWork) {
         self.pending
             .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-        match (&self.ring, work) {
-            (Some(ring), LocalWork::Write { offset, data, fua }) => ring.submit(RingWrite {
-                op,
-                offset,
-                data,
-                fua,
-            }),
-            (_, work) => {
-                let _ = self.jobs.send((op, work));
-            }
-        }
+        let _ = self.jobs.send((op, work));
     }
 
     /// Waits until no local I/O is queued or running (at most `limit`): a

@@ -3,8 +3,10 @@
 //! node does: host writes and flushes come from the reactors, replicas'
 //! answers from the link threads, the record's changes from a poller and
 //! the store's answers from commit threads, all as [`Event`]s on one
-//! channel; the actions go out in order (local I/O synchronously through
-//! [`LocalVolume`], messages to the links, commits to helper threads).
+//! channel; the actions go out in order (mapped local writes on its own
+//! io_uring ring, where it also waits for events, the rest of its local
+//! I/O on `LocalPool`'s workers, messages to the links, commits to helper
+//! threads).
 //!
 //! Before it serves an epoch it persists that it did (`replicas/<volume>.epoch`):
 //! a primary that restarts, or comes back after losing its lease, under an
@@ -20,7 +22,8 @@ use super::link::{Link, LinkTarget, Outgoing, Payload};
 use super::local::{LocalPool, LocalResult, LocalWork};
 use super::progress::Tracker;
 use super::run::{write_served_epoch, RunFile};
-use super::Event;
+use super::write_ring::{RingWrite, WriteRing};
+use super::{Event, Events, Inbox};
 use crate::manager::intents::IntentFile;
 use crate::manager::replicas::replica_nqn;
 use crate::manager::{AdminError, AdminOp, ManagerHandle};
@@ -28,7 +31,7 @@ use crate::status::RebuildStatus;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use weft_cluster::replicas::{node_id, replica_set, with_replica_set};
@@ -48,6 +51,8 @@ use weft_target::{
 
 /// How often the primary looks at the time (timeouts, lease, rejoins).
 const TICK: Duration = Duration::from_millis(20);
+/// Events handled between two submissions of the ring's local writes.
+const EVENTS_PER_WAIT: usize = 32;
 /// How often the record is read again (the mirror is local: cheap).
 const RECORD_POLL: Duration = Duration::from_millis(100);
 /// A replica that has not answered within this long is faulted.
@@ -85,7 +90,7 @@ pub(crate) struct ReplicatorSetup {
 pub(crate) struct ReplicatorHandle {
     /// The volume's path through the data plane (its backend carries it).
     pub(crate) path: Arc<Replicated>,
-    events: Sender<Event>,
+    events: Events,
     finished: Arc<AtomicBool>,
     /// The snapshot being taken now, if any.
     taking: Arc<Mutex<Option<String>>>,
@@ -125,7 +130,7 @@ impl ReplicatorHandle {
     }
 }
 
-struct Sink(Sender<Event>);
+struct Sink(Events);
 
 impl ReplicatedSink for Sink {
     fn submit(&self, io: ReplicatedIo) {
@@ -138,7 +143,13 @@ impl ReplicatedSink for Sink {
 
 /// Starts the replicator of `setup.volume`.
 pub(crate) fn start(setup: ReplicatorSetup) -> std::io::Result<ReplicatorHandle> {
-    let (events, inbox) = mpsc::channel();
+    let (
+        events,
+        Inbox {
+            receiver: inbox,
+            wake,
+        },
+    ) = Events::channel()?;
     let path = Arc::new(Replicated::new(Box::new(Sink(events.clone()))));
     let finished = Arc::new(AtomicBool::new(false));
     let taking = Arc::new(Mutex::new(None));
@@ -153,7 +164,7 @@ pub(crate) fn start(setup: ReplicatorSetup) -> std::io::Result<ReplicatorHandle>
         .spawn(move || {
             let volume = setup.volume.clone();
             let manager = setup.manager.clone();
-            match Replicator::begin(setup, events, path.clone(), taking) {
+            match Replicator::begin(setup, events, wake, path.clone(), taking) {
                 Ok(Some(mut replicator)) => replicator.run(&inbox),
                 // Not now (a newer primary, or this node's copy of the
                 // store is behind): tried again at the next reconcile.
@@ -202,12 +213,14 @@ struct Replicator {
     revision: u64,
     block_size: u64,
     local: LocalPool,
+    /// Its mapped local writes, and where it waits.
+    ring: WriteRing,
     intent: Arc<IntentFile>,
     targets: BTreeMap<NodeId, LinkTarget>,
     links: BTreeMap<NodeId, Link>,
     ops: BTreeMap<OpId, OpData>,
     next_op: u64,
-    events: Sender<Event>,
+    events: Events,
     path: Arc<Replicated>,
     desired: DesiredState,
     lease: Arc<LeaseClock>,
@@ -250,7 +263,8 @@ impl Replicator {
     /// serve (a newer primary exists).
     fn begin(
         setup: ReplicatorSetup,
-        events: Sender<Event>,
+        events: Events,
+        wake: std::fs::File,
         path: Arc<Replicated>,
         taking: Arc<Mutex<Option<String>>>,
     ) -> Result<Option<Replicator>, String> {
@@ -378,8 +392,8 @@ impl Replicator {
                 (node, target)
             })
             .collect();
-        let local_done = |op, result| Event::LocalDone { op, result };
-        let local = LocalPool::start(&backend, &members, events.clone(), local_done)?;
+        let local = LocalPool::start(&backend, &members, &events)?;
+        let ring = WriteRing::new(&backend, wake).map_err(|e| format!("its I/O ring: {e}"))?;
         let stop_poller = Arc::new(AtomicBool::new(false));
         poll_record(
             desired.clone(),
@@ -408,6 +422,7 @@ impl Replicator {
             replication,
             revision,
             local,
+            ring,
             intent,
             targets,
             links: BTreeMap::new(),
@@ -451,19 +466,51 @@ impl Replicator {
                 log::info!("volume {}: no longer primary", self.volume);
                 break;
             }
-            match inbox.recv_timeout(TICK) {
-                Ok(Event::Stop) | Err(RecvTimeoutError::Disconnected) => break,
-                Ok(event) => self.handle(event),
-                Err(RecvTimeoutError::Timeout) => {}
-            }
-            while let Ok(event) = inbox.try_recv() {
-                if matches!(event, Event::Stop) {
-                    return self.finish();
+            // Sleeps (until an event, a local write or the tick) only
+            // with nothing in the inbox; submits the local writes either way.
+            let mut next = inbox.try_recv();
+            let sleep = matches!(next, Err(TryRecvError::Empty));
+            match self.ring.wait(sleep, TICK) {
+                Ok(woken) => {
+                    for (op, result) in woken.written {
+                        self.local_finished(op, result);
+                    }
                 }
-                self.handle(event);
+                Err(error) => {
+                    log::error!("volume {}: its I/O ring failed: {error}", self.volume);
+                    break;
+                }
+            }
+            if sleep {
+                next = inbox.try_recv();
+            }
+            // A bounded batch: the local writes it queues go out at the next wait.
+            for handled in 1..=EVENTS_PER_WAIT {
+                match next {
+                    Ok(Event::Stop) | Err(TryRecvError::Disconnected) => return self.finish(),
+                    Ok(event) => self.handle(event),
+                    Err(TryRecvError::Empty) => break,
+                }
+                if handled == EVENTS_PER_WAIT {
+                    break;
+                }
+                next = inbox.try_recv();
             }
         }
         self.finish();
+    }
+
+    /// Waits until no local I/O is queued or running (at most `limit`): a
+    /// deposed primary's writes must be on its copy, or never, before it
+    /// serves as a replica again. Whether it drained.
+    fn drain_local(&mut self, limit: Duration) -> bool {
+        let start = std::time::Instant::now();
+        while self.ring.writes_in_flight() > 0 {
+            if start.elapsed() >= limit || self.ring.wait(true, TICK).is_err() {
+                return false;
+            }
+        }
+        self.local.drain(limit.saturating_sub(start.elapsed()))
     }
 
     fn finish(&mut self) {
@@ -487,7 +534,7 @@ impl Replicator {
             }
         }
         self.links.clear();
-        if !self.local.drain(Duration::from_secs(10)) {
+        if !self.drain_local(Duration::from_secs(10)) {
             log::error!(
                 "volume {}: local writes still running 10 s after this node stopped being primary",
                 self.volume
@@ -699,7 +746,22 @@ impl Replicator {
             Action::LocalWrite { op, extent, fua } => {
                 let offset = extent.block * self.block_size;
                 let work = match self.ops.get(&op).and_then(|o| o.payload.clone()) {
-                    Some(Payload::Data(data)) => LocalWork::Write { offset, data, fua },
+                    Some(Payload::Data(data)) => {
+                        let write = RingWrite {
+                            op,
+                            offset,
+                            data,
+                            fua,
+                        };
+                        match self.ring.write(write) {
+                            Ok(()) => return true,
+                            Err(write) => LocalWork::Write {
+                                offset,
+                                data: write.data,
+                                fua,
+                            },
+                        }
+                    }
                     Some(Payload::Zeroes { .. }) => {
                         let len = u64::from(extent.blocks) * self.block_size;
                         LocalWork::Zeroes { offset, len, fua }
@@ -1105,12 +1167,7 @@ fn commit(
 }
 
 /// Reads the record every [`RECORD_POLL`] and reports each new revision.
-fn poll_record(
-    desired: DesiredState,
-    volume: String,
-    events: Sender<Event>,
-    stop: Arc<AtomicBool>,
-) {
+fn poll_record(desired: DesiredState, volume: String, events: Events, stop: Arc<AtomicBool>) {
     let key = format!("volumes/{volume}");
     let spawned = std::thread::Builder::new()
         .name(format!("record-{volume}"))

@@ -1,28 +1,28 @@
-//! The primary's writes to its own copy of a replicated volume, the fast
-//! way: one thread with an io_uring ring that has every mapped write in
-//! flight at once (as the reactors do for a volume with one copy), instead
-//! of a synchronous `pwrite` per worker thread. On this machine kind a
-//! synchronous write cost 21-25 us of CPU per 4 KiB (a thread put to sleep
-//! and woken, and one device notification per write): more than the whole
-//! one-copy path through a reactor.
+//! The replicator's ring: the primary's writes to its own copy of a
+//! replicated volume, all in flight at once on io_uring (as the reactors do
+//! for a volume with one copy), and the replicator's wait, for those writes,
+//! for its inbox (an eventfd its senders ring, see `super::Events`) and for
+//! its tick, in one system call. A synchronous `pwrite` per worker thread
+//! cost 21-25 us of CPU per 4 KiB write on this machine kind (a thread put
+//! to sleep and woken, one device notification per write), a separate
+//! ring thread 7-9 us (a hand-over each way): more than the whole one-copy
+//! path through a reactor.
 //!
 //! A write takes this path only while the volume's gate is open and every
 //! chunk under it is mapped and writable; anything else (a first write to a
-//! chunk, a closed gate, a retired map) goes to [`super::local`]'s workers,
-//! which ask the volume manager and wait. The gate is held from submission
-//! to completion, as the reactors hold it.
+//! chunk, a closed gate, a retired map) is given back for
+//! [`super::local`]'s workers, which ask the volume manager and wait. The
+//! gate is held from submission to completion, as the reactors hold it.
 //!
 //! What this does not do: reads, Write Zeroes, Deallocate or Flush (the
 //! workers do), or order writes (the replication core never has two
 //! overlapping writes in flight).
 
-use super::local::{locate, writable, LocalResult, LocalWork};
+use super::local::{locate, writable, LocalResult};
 use std::fs::File;
-use std::io::Write as _;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
 use std::sync::Arc;
+use std::time::Duration;
 use weft_proto::IoError;
 use weft_replication::OpId;
 use weft_target::VolumeBackend;
@@ -36,72 +36,16 @@ pub(crate) struct RingWrite {
     pub(crate) fua: bool,
 }
 
-/// The ring thread's inbox: a channel plus an eventfd that wakes it.
-pub(crate) struct WriteRing {
-    writes: Option<Sender<RingWrite>>,
-    wake: File,
-}
-
-impl WriteRing {
-    /// Starts the thread on `backend`'s volume. Results go to `done`
-    /// through `wrap`, and `pending` drops by one per result; a write the
-    /// ring cannot do goes to `fallback` (the workers), still pending.
-    pub(crate) fn start<E: Send + 'static>(
-        backend: &Arc<VolumeBackend>,
-        fallback: Sender<(OpId, LocalWork)>,
-        done: Sender<E>,
-        wrap: fn(OpId, LocalResult) -> E,
-        pending: Arc<AtomicUsize>,
-    ) -> std::io::Result<WriteRing> {
-        let wake = weft_uring::eventfd()?;
-        let (writes, inbox) = mpsc::channel();
-        let mut writer = Writer {
-            ring: Ring::new(RING_ENTRIES)?,
-            backend: Arc::clone(backend),
-            wake: wake.try_clone()?,
-            inbox,
-            fallback,
-            done: Box::new(move |op, result| done.send(wrap(op, result)).is_ok()),
-            pending,
-            writes: Vec::new(),
-            free_writes: Vec::new(),
-            spare_bufs: Vec::new(),
-        };
-        writer.ring.push(
-            Op::ReadEventfd {
-                fd: writer.wake.as_raw_fd(),
-            },
-            WAKE_TOKEN,
-        )?;
-        std::thread::Builder::new()
-            .name(format!("local-ring-{}", backend.volume))
-            .spawn(move || writer.run())?;
-        Ok(WriteRing {
-            writes: Some(writes),
-            wake,
-        })
-    }
-
-    /// Queues a write and wakes the thread.
-    pub(crate) fn submit(&self, write: RingWrite) {
-        let sent = self.writes.as_ref().is_some_and(|w| w.send(write).is_ok());
-        if sent {
-            // A failed write means the thread is gone (its results with it).
-            let _ = (&self.wake).write_all(&1u64.to_ne_bytes());
-        }
-    }
-}
-
-impl Drop for WriteRing {
-    /// Ends the thread once its writes in flight have completed.
-    fn drop(&mut self) {
-        self.writes = None;
-        let _ = (&self.wake).write_all(&1u64.to_ne_bytes());
-    }
+/// What woke the replicator.
+#[derive(Debug, Default)]
+pub(crate) struct Woken {
+    /// Local writes finished, with their results.
+    pub(crate) written: Vec<(OpId, LocalResult)>,
 }
 
 const RING_ENTRIES: u32 = 256;
 const WAKE_TOKEN: u64 = u64::MAX;
+const TICK_TOKEN: u64 = u64::MAX - 1;
 /// Buffers kept for reuse (each mapped once, at least 128 KiB).
 const SPARE_BUFS_MAX: usize = 64;
 const BUF_BYTES_MIN: usize = 128 * 1024;
@@ -113,61 +57,84 @@ struct InFlight {
     error: Option<IoError>,
 }
 
-struct Writer {
+/// The ring, and the writes on it.
+pub(crate) struct WriteRing {
     ring: Ring,
     backend: Arc<VolumeBackend>,
+    /// The inbox's eventfd.
     wake: File,
-    inbox: Receiver<RingWrite>,
-    fallback: Sender<(OpId, LocalWork)>,
-    done: Box<dyn Fn(OpId, LocalResult) -> bool + Send>,
-    pending: Arc<AtomicUsize>,
+    /// A tick is armed.
+    ticking: bool,
     /// Writes in flight, by index (the ring's user data).
     writes: Vec<Option<InFlight>>,
     free_writes: Vec<usize>,
     spare_bufs: Vec<IoBuf>,
 }
 
-impl Writer {
-    fn run(mut self) {
-        let mut closing = false;
-        loop {
-            while !closing {
-                match self.inbox.try_recv() {
-                    Ok(write) => self.start(write),
-                    Err(TryRecvError::Empty) => break,
-                    Err(TryRecvError::Disconnected) => closing = true,
-                }
-            }
-            if closing && self.free_writes.len() == self.writes.len() {
-                return;
-            }
-            if let Err(error) = self.ring.submit_and_wait(1) {
-                log::error!("volume {}: local write ring: {error}", self.backend.volume);
-                return self.fail_all();
-            }
-            while let Some(completion) = self.ring.pop() {
-                if completion.user_data == WAKE_TOKEN {
+impl WriteRing {
+    /// A ring for `backend`'s volume that also waits for `wake` (the inbox's eventfd).
+    pub(crate) fn new(backend: &Arc<VolumeBackend>, wake: File) -> std::io::Result<WriteRing> {
+        let mut ring = Ring::new(RING_ENTRIES)?;
+        ring.push(
+            Op::ReadEventfd {
+                fd: wake.as_raw_fd(),
+            },
+            WAKE_TOKEN,
+        )?;
+        Ok(WriteRing {
+            ring,
+            backend: Arc::clone(backend),
+            wake,
+            ticking: false,
+            writes: Vec::new(),
+            free_writes: Vec::new(),
+            spare_bufs: Vec::new(),
+        })
+    }
+
+    /// Local writes in flight.
+    pub(crate) fn writes_in_flight(&self) -> usize {
+        self.writes.len() - self.free_writes.len()
+    }
+
+    /// Submits what was queued, then, if `sleep`, waits until the inbox
+    /// is rung, a write completes or the tick fires (armed for `tick` when
+    /// none is, so every `tick` while the caller sleeps); what finished.
+    pub(crate) fn wait(&mut self, sleep: bool, tick: Duration) -> std::io::Result<Woken> {
+        if sleep && !self.ticking {
+            self.ring.push(Op::Timeout { after: tick }, TICK_TOKEN)?;
+            self.ticking = true;
+        }
+        self.ring.submit_and_wait(usize::from(sleep))?;
+        let mut woken = Woken::default();
+        while let Some(completion) = self.ring.pop() {
+            match completion.user_data {
+                WAKE_TOKEN => {
                     let fd = self.wake.as_raw_fd();
-                    if let Err(error) = self.ring.push(Op::ReadEventfd { fd }, WAKE_TOKEN) {
-                        log::error!("volume {}: local write ring: {error}", self.backend.volume);
-                        return self.fail_all();
+                    self.ring.push(Op::ReadEventfd { fd }, WAKE_TOKEN)?;
+                }
+                TICK_TOKEN => self.ticking = false,
+                _ => {
+                    if let Some(written) = self.piece_done(completion) {
+                        woken.written.push(written);
                     }
-                } else {
-                    self.piece_done(completion);
                 }
             }
         }
+        Ok(woken)
     }
 
-    /// Submits `write`'s pieces, or hands it to the workers.
-    fn start(&mut self, write: RingWrite) {
+    /// Queues `write`'s pieces (submitted at the next [`WriteRing::wait`]),
+    /// or gives it back for the workers (also when none could be queued; a
+    /// write queued in part fails when its queued pieces are done).
+    pub(crate) fn write(&mut self, write: RingWrite) -> Result<(), RingWrite> {
         let len = write.data.len() as u64;
         if !self.backend.gate.enter() {
-            return self.hand_over(write);
+            return Err(write);
         }
         if self.backend.map.is_retired() || !writable(&self.backend, write.offset, len) {
             self.backend.gate.leave();
-            return self.hand_over(write);
+            return Err(write);
         }
         let index = self.free_writes.pop().unwrap_or_else(|| {
             self.writes.push(None);
@@ -201,29 +168,22 @@ impl Writer {
             pieces += 1;
             done += piece;
         }
+        if pieces == 0 {
+            self.free_writes.push(index);
+            self.backend.gate.leave();
+            return Err(write);
+        }
         let error = (done < write.data.len()).then_some(IoError::Other);
         self.writes[index] = Some(InFlight {
             op: write.op,
             pieces_left: pieces,
             error,
         });
-        if pieces == 0 {
-            self.finish(index);
-        }
+        Ok(())
     }
 
-    fn hand_over(&mut self, write: RingWrite) {
-        let work = LocalWork::Write {
-            offset: write.offset,
-            data: write.data,
-            fua: write.fua,
-        };
-        if let Err(mpsc::SendError((op, _))) = self.fallback.send((write.op, work)) {
-            self.report(op, Err(IoError::Other));
-        }
-    }
-
-    fn piece_done(&mut self, completion: Completion) {
+    /// A piece's completion; the write's result once it was the last.
+    fn piece_done(&mut self, completion: Completion) -> Option<(OpId, LocalResult)> {
         let index = completion.user_data as usize;
         if let Returned::Buf(buf) = completion.returned {
             if self.spare_bufs.len() < SPARE_BUFS_MAX {
@@ -231,50 +191,18 @@ impl Writer {
             }
         }
         let write = self.writes[index].as_mut().expect("a write in flight");
-        match completion.result {
-            Ok(_) => {}
-            Err(error) => {
-                log::warn!("replicated volume, local copy: {error}");
-                write.error = Some(IoError::Media);
-            }
+        if let Err(error) = completion.result {
+            log::warn!("replicated volume, local copy: {error}");
+            write.error = Some(IoError::Media);
         }
         write.pieces_left -= 1;
-        if write.pieces_left == 0 {
-            self.finish(index);
+        if write.pieces_left > 0 {
+            return None;
         }
-    }
-
-    /// Reports a write whose pieces all completed.
-    fn finish(&mut self, index: usize) {
         let write = self.writes[index].take().expect("a write in flight");
         self.free_writes.push(index);
         self.backend.gate.leave();
-        let result = write.error.map_or(Ok(None), Err);
-        self.report(write.op, result);
-    }
-
-    fn report(&self, op: OpId, result: LocalResult) {
-        self.pending.fetch_sub(1, Ordering::AcqRel);
-        if !(self.done)(op, result) {
-            log::debug!(
-                "volume {}: a local write's result unheard",
-                self.backend.volume
-            );
-        }
-    }
-
-    /// After a failed ring: waits for nothing more, answers every write in
-    /// flight with an error (the ring's buffers are leaked with it).
-    fn fail_all(&mut self) {
-        for index in 0..self.writes.len() {
-            if let Some(write) = self.writes[index].take() {
-                self.backend.gate.leave();
-                self.report(write.op, Err(IoError::Other));
-            }
-        }
-        while let Ok(write) = self.inbox.try_recv() {
-            self.report(write.op, Err(IoError::Other));
-        }
+        Some((write.op, write.error.map_or(Ok(None), Err)))
     }
 
     /// An aligned buffer of at least `len` bytes (none if none could be mapped).
@@ -326,8 +254,20 @@ mod tests {
         })
     }
 
+    /// Waits (a second at most) until `ring` reports a finished write.
+    fn written(ring: &mut WriteRing) -> (OpId, LocalResult) {
+        let start = std::time::Instant::now();
+        while start.elapsed() < Duration::from_secs(1) {
+            let woken = ring.wait(true, Duration::from_millis(10)).unwrap();
+            if let Some(written) = woken.written.into_iter().next() {
+                return written;
+            }
+        }
+        panic!("no write finished");
+    }
+
     #[test]
-    fn mapped_writes_land_where_the_map_says_and_the_rest_go_to_the_workers() {
+    fn mapped_writes_land_where_the_map_says_and_the_rest_are_given_back() {
         let dir = std::env::temp_dir().join(format!("weft-write-ring-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let member = File::options()
@@ -339,22 +279,19 @@ mod tests {
             .unwrap();
         member.set_len(64 * CHUNK).unwrap();
         let backend = backend(&member);
-        let (fallback, workers) = mpsc::channel();
-        let (done, results) = mpsc::channel();
-        let pending = Arc::new(AtomicUsize::new(3));
-        let wrap = |op, result| (op, result);
-        let ring = WriteRing::start(&backend, fallback, done, wrap, Arc::clone(&pending)).unwrap();
+        let mut ring = WriteRing::new(&backend, weft_uring::eventfd().unwrap()).unwrap();
         // 8 KiB across the end of chunk 0: two pieces, on member chunks 2 and 3.
         let data: Vec<u8> = (0..8192u32).map(|i| i as u8).collect();
-        let at = CHUNK - 4096;
-        ring.submit(RingWrite {
-            op: OpId(1),
-            offset: at,
-            data: Arc::new(data.clone()),
+        let write = |op, offset, data: &[u8]| RingWrite {
+            op: OpId(op),
+            offset,
+            data: Arc::new(data.to_vec()),
             fua: true,
-        });
-        let (op, result) = results.recv_timeout(Duration::from_secs(10)).unwrap();
-        assert_eq!((op, result), (OpId(1), Ok(None)));
+        };
+        assert!(ring.write(write(1, CHUNK - 4096, &data)).is_ok());
+        assert_eq!(ring.writes_in_flight(), 1);
+        assert_eq!(written(&mut ring), (OpId(1), Ok(None)));
+        assert_eq!(ring.writes_in_flight(), 0);
         let mut read = vec![0; 4096];
         let (_, chunk_2) = backend.layout.locate(2);
         member
@@ -370,37 +307,41 @@ mod tests {
             read == data[4096..],
             "the second at the start of member chunk 3"
         );
-        // Unmapped: the workers allocate it (through the manager).
-        let unmapped = RingWrite {
-            op: OpId(2),
-            offset: 2 * CHUNK,
-            data: Arc::new(vec![7; 4096]),
-            fua: false,
-        };
-        ring.submit(unmapped);
-        let (op, work) = workers.recv_timeout(Duration::from_secs(10)).unwrap();
-        assert_eq!(op, OpId(2));
-        assert!(matches!(work, LocalWork::Write { offset, .. } if offset == 2 * CHUNK));
-        // A retired map (the volume grew): the workers answer PathTransition.
+        // Unmapped: given back, for the workers to allocate (through the manager).
+        let given_back = ring.write(write(2, 2 * CHUNK, &[7; 4096])).err().unwrap();
+        assert_eq!(given_back.op, OpId(2));
+        // A closed gate (a snapshot being taken): given back (the workers wait).
+        let closed = backend.gate.quiesce(); // returns: every write left the gate
+        assert!(ring.write(write(3, 0, &[1; 4096])).is_err());
+        drop(closed);
+        // A retired map (the volume grew): given back (the workers answer PathTransition).
         backend.map.retire();
-        let retired = RingWrite {
-            op: OpId(3),
-            offset: 0,
-            data: Arc::new(vec![1; 4096]),
-            fua: false,
-        };
-        ring.submit(retired);
-        assert_eq!(
-            workers.recv_timeout(Duration::from_secs(10)).unwrap().0,
-            OpId(3)
-        );
-        assert_eq!(
-            pending.load(Ordering::Acquire),
-            2,
-            "handed over: still pending"
-        );
-        assert!(backend.gate.enter(), "the gate is left after each write");
-        drop(ring);
+        assert!(ring.write(write(4, 0, &[1; 4096])).is_err());
+        assert_eq!(ring.writes_in_flight(), 0);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_rung_inbox_ends_the_wait_before_the_tick() {
+        let member = weft_uring::memfd_create("member").unwrap();
+        let wake = weft_uring::eventfd().unwrap();
+        let mut bell = wake.try_clone().unwrap();
+        let mut ring = WriteRing::new(&backend(&member), wake).unwrap();
+        let ringer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            std::io::Write::write_all(&mut bell, &1u64.to_ne_bytes()).unwrap();
+        });
+        let tick = Duration::from_secs(2);
+        let start = std::time::Instant::now();
+        let woken = ring.wait(true, tick).unwrap();
+        assert!(woken.written.is_empty());
+        assert!(
+            start.elapsed() < Duration::from_secs(1),
+            "woken by the bell, not the tick"
+        );
+        ringer.join().unwrap();
+        // The tick (still armed) ends the next, quiet wait.
+        ring.wait(true, tick).unwrap();
+        assert!(start.elapsed() < Duration::from_secs(5));
     }
 }
