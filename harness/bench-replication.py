@@ -5,8 +5,10 @@ volume of one copy, one of two replicas and one of three on node n1, side
 by side in one run, loaded by `weft bench` (weft's initiator) as the same host:
 
   - 4k random writes at QD1 (mean and p99 latency: the replication adder)
-    and QD32 (IOPS: the ratio of two and three copies to one), alternated
-    per round;
+    and QD32 (IOPS: the ratio of two and three copies to one; and the CPU
+    time per write, every node's and etcd's, and the primary's alone, from
+    /proc: the cost that stays when the nodes do not share 2 cores),
+    alternated per round;
     the same with 4k random reads (served by the primary's own copy);
   - a full rebuild: a third 1 GiB volume, written whole, whose replica on
     n3 "rebooted" (its write intent names another boot) is rebuilt at the
@@ -77,6 +79,26 @@ def bench(cluster, volume, iodepth, runtime, rw="randwrite", bs="4k", size="64Mi
     percentiles = side["lat_ns"]["percentile"]
     p99 = percentiles.get("99.000000", max(percentiles.values(), default=0))
     return side["iops"], side["lat_ns"]["mean"] / 1000, p99 / 1000
+
+
+def cpu_seconds(cluster):
+    """CPU time (user and system) each of the cluster's processes used so
+    far, in its order (etcd first, then n1, n2, n3; 0 for one not running)."""
+    hz = os.sysconf("SC_CLK_TCK")
+    spent = []
+    for process in cluster.processes:
+        try:
+            stat = open(f"/proc/{process.pid}/stat").read()
+            fields = stat[stat.rindex(")") + 2:].split()
+            spent.append((int(fields[11]) + int(fields[12])) / hz)
+        except (OSError, ValueError):
+            spent.append(0.0)
+    return spent
+
+
+def seconds(runtime):
+    """`weft bench`'s --runtime (\"5s\", \"500ms\") in seconds."""
+    return float(runtime[:-2]) / 1000 if runtime.endswith("ms") else float(runtime.rstrip("s"))
 
 
 def show_logs(cluster, volume):
@@ -156,8 +178,12 @@ def main():
             for rw in ["randwrite", "randread"]:
                 for qd in [1, 32]:
                     for volume in VOLUMES:
+                        before = cpu_seconds(cluster)
+                        run = bench(cluster, volume, qd, args.runtime, rw)
+                        spent = [b - a for a, b in zip(before, cpu_seconds(cluster))]
+                        ios = run[0] * seconds(args.runtime)
                         samples[(volume, qd, rw)].append(
-                            bench(cluster, volume, qd, args.runtime, rw))
+                            run + (sum(spent) / ios * 1e6, spent[1] / ios * 1e6))
         figures = {}
         for (volume, qd, rw), runs in samples.items():
             suffix = "" if rw == "randwrite" else "_read"
@@ -165,6 +191,8 @@ def main():
                 "iops": statistics.median(r[0] for r in runs),
                 "mean_us": statistics.median(r[1] for r in runs),
                 "p99_us": statistics.median(r[2] for r in runs),
+                "cpu_us_per_io": statistics.median(r[3] for r in runs),
+                "primary_cpu_us_per_io": statistics.median(r[4] for r in runs),
             }
         rebuild = measure_rebuild(cluster, work, args.read_runtime, args.rebuild_mib_s)
         move_ms = measure_move(cluster)
@@ -196,6 +224,10 @@ def main():
                 print(f"{f'QD{qd} {label} latency (us)':<24} {one[key]:>10.0f} {two[key]:>11.0f}"
                       f" {three[key]:>11.0f} {two[key] - one[key]:>+8.0f}"
                       f" {three[key] - one[key]:>+8.0f}")
+            for key, label in [("cpu_us_per_io", "CPU"), ("primary_cpu_us_per_io", "n1 CPU")]:
+                print(f"{f'QD{qd} {label} per I/O (us)':<24} {one[key]:>10.1f} {two[key]:>11.1f}"
+                      f" {three[key]:>11.1f} {two[key] / one[key]:>7.2f}x"
+                      f" {three[key] / one[key]:>7.2f}x")
     print(f"full rebuild of a {rebuild['bytes'] >> 20} MiB replica: {rebuild['seconds']:.1f} s,"
           f" {rebuild['rate_mib_s']:.0f} MiB/s (limit {rebuild['limit_mib_s']} MiB/s)")
     quiet, busy = rebuild["reads_before"], rebuild["reads_during"]
