@@ -7,7 +7,9 @@ by side in one run, loaded by `weft bench` (weft's initiator) as the same host:
   - 4k random writes at QD1 (mean and p99 latency: the replication adder)
     and QD32 (IOPS: the ratio of two and three copies to one; and the CPU
     time per write, every node's and etcd's, and the primary's alone, from
-    /proc: the cost that stays when the nodes do not share 2 cores),
+    /proc: the cost that stays when the nodes do not share 2 cores; it
+    includes the cluster's background work and the bench's connection, a
+    few percent at QD32),
     alternated per round;
     the same with 4k random reads (served by the primary's own copy);
   - a full rebuild: a third 1 GiB volume, written whole, whose replica on
@@ -56,7 +58,7 @@ def load_cluster():
 
 def bench(cluster, volume, iodepth, runtime, rw="randwrite", bs="4k", size="64MiB"):
     """`weft bench` `bs` `rw` on `volume` (on n1) over its first `size`
-    (one pass if `runtime` is None): (iops, mean us, p99 us)."""
+    (one pass if `runtime` is None): (iops, mean us, p99 us, I/Os done)."""
     url = f"nvme-tcp://{cluster.nodes[0]['nvme']}/nqn.2026-11.io.weft:vol:{volume}"
     timing = ["--runtime", runtime] if runtime else []
     for attempt in range(3):
@@ -78,7 +80,7 @@ def bench(cluster, volume, iodepth, runtime, rw="randwrite", bs="4k", size="64Mi
     side = json.loads(done.stdout)["jobs"][0]["read" if "read" in rw else "write"]
     percentiles = side["lat_ns"]["percentile"]
     p99 = percentiles.get("99.000000", max(percentiles.values(), default=0))
-    return side["iops"], side["lat_ns"]["mean"] / 1000, p99 / 1000
+    return side["iops"], side["lat_ns"]["mean"] / 1000, p99 / 1000, side["total_ios"]
 
 
 def cpu_seconds(cluster):
@@ -94,11 +96,6 @@ def cpu_seconds(cluster):
         except (OSError, ValueError):
             spent.append(0.0)
     return spent
-
-
-def seconds(runtime):
-    """`weft bench`'s --runtime (\"5s\", \"500ms\") in seconds."""
-    return float(runtime[:-2]) / 1000 if runtime.endswith("ms") else float(runtime.rstrip("s"))
 
 
 def show_logs(cluster, volume):
@@ -181,7 +178,7 @@ def main():
                         before = cpu_seconds(cluster)
                         run = bench(cluster, volume, qd, args.runtime, rw)
                         spent = [b - a for a, b in zip(before, cpu_seconds(cluster))]
-                        ios = run[0] * seconds(args.runtime)
+                        ios = max(run[3], 1)
                         samples[(volume, qd, rw)].append(
                             run + (sum(spent) / ios * 1e6, spent[1] / ios * 1e6))
         figures = {}
@@ -191,8 +188,8 @@ def main():
                 "iops": statistics.median(r[0] for r in runs),
                 "mean_us": statistics.median(r[1] for r in runs),
                 "p99_us": statistics.median(r[2] for r in runs),
-                "cpu_us_per_io": statistics.median(r[3] for r in runs),
-                "primary_cpu_us_per_io": statistics.median(r[4] for r in runs),
+                "cpu_us_per_io": statistics.median(r[4] for r in runs),
+                "primary_cpu_us_per_io": statistics.median(r[5] for r in runs),
             }
         rebuild = measure_rebuild(cluster, work, args.read_runtime, args.rebuild_mib_s)
         move_ms = measure_move(cluster)
@@ -225,9 +222,10 @@ def main():
                       f" {three[key]:>11.0f} {two[key] - one[key]:>+8.0f}"
                       f" {three[key] - one[key]:>+8.0f}")
             for key, label in [("cpu_us_per_io", "CPU"), ("primary_cpu_us_per_io", "n1 CPU")]:
+                base = one[key] or float("nan")
                 print(f"{f'QD{qd} {label} per I/O (us)':<24} {one[key]:>10.1f} {two[key]:>11.1f}"
-                      f" {three[key]:>11.1f} {two[key] / one[key]:>7.2f}x"
-                      f" {three[key] / one[key]:>7.2f}x")
+                      f" {three[key]:>11.1f} {two[key] / base:>7.2f}x"
+                      f" {three[key] / base:>7.2f}x")
     print(f"full rebuild of a {rebuild['bytes'] >> 20} MiB replica: {rebuild['seconds']:.1f} s,"
           f" {rebuild['rate_mib_s']:.0f} MiB/s (limit {rebuild['limit_mib_s']} MiB/s)")
     quiet, busy = rebuild["reads_before"], rebuild["reads_during"]

@@ -1,6 +1,7 @@
 //! The primary's own copy of a replicated volume, as its replicator reads
-//! and writes it: mapped writes on [`WriteRing`] (all in flight at once),
-//! everything else on [`LocalPool`]'s worker threads, each a [`LocalVolume`]
+//! and writes it: mapped writes on the replicator's ring
+//! (`super::write_ring`, all in flight at once), everything else on
+//! [`LocalPool`]'s worker threads, each a [`LocalVolume`]
 //! doing synchronous I/O through descriptors of its own on the pool's
 //! members (O_DIRECT, as the reactors'), after the volume's chunk map says
 //! where each piece lives. What the map cannot serve yet (a first write to

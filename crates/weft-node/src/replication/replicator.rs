@@ -471,8 +471,8 @@ impl Replicator {
             let mut next = inbox.try_recv();
             let sleep = matches!(next, Err(TryRecvError::Empty));
             match self.ring.wait(sleep, TICK) {
-                Ok(woken) => {
-                    for (op, result) in woken.written {
+                Ok(written) => {
+                    for (op, result) in written {
                         self.local_finished(op, result);
                     }
                 }
@@ -485,12 +485,14 @@ impl Replicator {
                 next = inbox.try_recv();
             }
             // A bounded batch: the local writes it queues go out at the next wait.
-            for handled in 1..=EVENTS_PER_WAIT {
+            let mut handled = 0;
+            loop {
                 match next {
                     Ok(Event::Stop) | Err(TryRecvError::Disconnected) => return self.finish(),
                     Ok(event) => self.handle(event),
                     Err(TryRecvError::Empty) => break,
                 }
+                handled += 1;
                 if handled == EVENTS_PER_WAIT {
                     break;
                 }
@@ -502,15 +504,18 @@ impl Replicator {
 
     /// Waits until no local I/O is queued or running (at most `limit`): a
     /// deposed primary's writes must be on its copy, or never, before it
-    /// serves as a replica again. Whether it drained.
+    /// serves as a replica again. Whether it drained. (Writes still on the
+    /// ring past the limit are waited for when the ring is dropped.)
     fn drain_local(&mut self, limit: Duration) -> bool {
         let start = std::time::Instant::now();
-        while self.ring.writes_in_flight() > 0 {
-            if start.elapsed() >= limit || self.ring.wait(true, TICK).is_err() {
-                return false;
+        while self.ring.writes_in_flight() > 0 && start.elapsed() < limit {
+            if let Err(error) = self.ring.wait(true, TICK) {
+                log::error!("volume {}: its I/O ring failed: {error}", self.volume);
+                break;
             }
         }
-        self.local.drain(limit.saturating_sub(start.elapsed()))
+        let pool = self.local.drain(limit.saturating_sub(start.elapsed()));
+        pool && self.ring.writes_in_flight() == 0
     }
 
     fn finish(&mut self) {

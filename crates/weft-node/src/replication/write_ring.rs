@@ -36,14 +36,14 @@ pub(crate) struct RingWrite {
     pub(crate) fua: bool,
 }
 
-/// What woke the replicator.
-#[derive(Debug, Default)]
-pub(crate) struct Woken {
-    /// Local writes finished, with their results.
-    pub(crate) written: Vec<(OpId, LocalResult)>,
-}
+/// Local writes finished, with their results.
+pub(crate) type Written = Vec<(OpId, LocalResult)>;
 
 const RING_ENTRIES: u32 = 256;
+/// Write pieces in flight at most: within the completion queue (twice the
+/// entries, with room for the eventfd read and the tick); beyond, writes go
+/// to the workers.
+const PIECES_IN_FLIGHT_MAX: usize = RING_ENTRIES as usize;
 const WAKE_TOKEN: u64 = u64::MAX;
 const TICK_TOKEN: u64 = u64::MAX - 1;
 /// Buffers kept for reuse (each mapped once, at least 128 KiB).
@@ -68,7 +68,10 @@ pub(crate) struct WriteRing {
     /// Writes in flight, by index (the ring's user data).
     writes: Vec<Option<InFlight>>,
     free_writes: Vec<usize>,
+    pieces_in_flight: usize,
     spare_bufs: Vec<IoBuf>,
+    /// The eventfd read could not be re-armed: reported by the next wait.
+    broken: Option<std::io::Error>,
 }
 
 impl WriteRing {
@@ -88,7 +91,9 @@ impl WriteRing {
             ticking: false,
             writes: Vec::new(),
             free_writes: Vec::new(),
+            pieces_in_flight: 0,
             spare_bufs: Vec::new(),
+            broken: None,
         })
     }
 
@@ -99,87 +104,132 @@ impl WriteRing {
 
     /// Submits what was queued, then, if `sleep`, waits until the inbox
     /// is rung, a write completes or the tick fires (armed for `tick` when
-    /// none is, so every `tick` while the caller sleeps); what finished.
-    pub(crate) fn wait(&mut self, sleep: bool, tick: Duration) -> std::io::Result<Woken> {
+    /// none is, so every `tick` while the caller sleeps); the writes that finished.
+    pub(crate) fn wait(&mut self, sleep: bool, tick: Duration) -> std::io::Result<Written> {
         if sleep && !self.ticking {
             self.ring.push(Op::Timeout { after: tick }, TICK_TOKEN)?;
             self.ticking = true;
         }
         self.ring.submit_and_wait(usize::from(sleep))?;
-        let mut woken = Woken::default();
+        let mut written = Vec::new();
+        let mut rung = false;
         while let Some(completion) = self.ring.pop() {
             match completion.user_data {
-                WAKE_TOKEN => {
-                    let fd = self.wake.as_raw_fd();
-                    self.ring.push(Op::ReadEventfd { fd }, WAKE_TOKEN)?;
-                }
+                WAKE_TOKEN => rung = true,
                 TICK_TOKEN => self.ticking = false,
-                _ => {
-                    if let Some(written) = self.piece_done(completion) {
-                        woken.written.push(written);
-                    }
-                }
+                _ => written.extend(self.piece_done(completion)),
             }
         }
-        Ok(woken)
+        if rung {
+            // Re-armed after the results are in hand: a failure loses none.
+            let fd = self.wake.as_raw_fd();
+            if let Err(error) = self.ring.push(Op::ReadEventfd { fd }, WAKE_TOKEN) {
+                self.broken = Some(error);
+            }
+        }
+        match self.broken.take() {
+            Some(error) if written.is_empty() => Err(error),
+            broken => {
+                self.broken = broken;
+                Ok(written)
+            }
+        }
     }
 
     /// Queues `write`'s pieces (submitted at the next [`WriteRing::wait`]),
-    /// or gives it back for the workers (also when none could be queued; a
-    /// write queued in part fails when its queued pieces are done).
+    /// or gives it back for the workers: when the gate is closed, a chunk
+    /// under it is not mapped writable, the map is retired, the ring is
+    /// full or no buffer can be had.
     pub(crate) fn write(&mut self, write: RingWrite) -> Result<(), RingWrite> {
         let len = write.data.len() as u64;
-        if !self.backend.gate.enter() {
+        if self.pieces_in_flight >= PIECES_IN_FLIGHT_MAX || !self.backend.gate.enter() {
             return Err(write);
         }
         if self.backend.map.is_retired() || !writable(&self.backend, write.offset, len) {
             self.backend.gate.leave();
             return Err(write);
         }
+        let Some(pieces) = self.pieces(&write) else {
+            self.backend.gate.leave();
+            return Err(write);
+        };
         let index = self.free_writes.pop().unwrap_or_else(|| {
             self.writes.push(None);
             self.writes.len() - 1
         });
-        let mut done = 0;
-        let mut pieces = 0;
-        while done < write.data.len() {
-            let at = write.offset + done as u64;
-            let (location, piece) = locate(&self.backend, at, (len - done as u64) as usize);
-            let (member, file_offset) = location.expect("checked writable under the gate");
-            let Some(mut buf) = self.buffer(piece) else {
-                break;
-            };
-            buf.as_mut_slice()[..piece].copy_from_slice(&write.data[done..done + piece]);
-            let op = Op::Write {
-                fd: self.backend.member_fds[member],
-                buf,
-                buf_offset: 0,
-                len: piece,
-                file_offset,
-                dsync: write.fua,
-            };
+        let mut in_flight = InFlight {
+            op: write.op,
+            pieces_left: 0,
+            error: None,
+        };
+        for op in pieces {
             if let Err(error) = self.ring.push(op, index as u64) {
+                // Only when the kernel takes no more work: the pieces queued
+                // finish, and the write fails with them.
                 log::warn!(
-                    "volume {}: local write not queued: {error}",
+                    "volume {}: a local write not queued: {error}",
                     self.backend.volume
                 );
+                in_flight.error = Some(IoError::Other);
                 break;
             }
-            pieces += 1;
-            done += piece;
+            in_flight.pieces_left += 1;
         }
-        if pieces == 0 {
+        self.pieces_in_flight += in_flight.pieces_left;
+        if in_flight.pieces_left == 0 {
             self.free_writes.push(index);
             self.backend.gate.leave();
             return Err(write);
         }
-        let error = (done < write.data.len()).then_some(IoError::Other);
-        self.writes[index] = Some(InFlight {
-            op: write.op,
-            pieces_left: pieces,
-            error,
-        });
+        self.writes[index] = Some(in_flight);
         Ok(())
+    }
+
+    /// `write`'s pieces, one per chunk, each with a buffer holding its
+    /// data (mapped writable: checked); none if a buffer could not be had.
+    fn pieces(&mut self, write: &RingWrite) -> Option<Vec<Op>> {
+        let mut pieces = Vec::new();
+        let mut done = 0;
+        while done < write.data.len() {
+            let at = write.offset + done as u64;
+            let (location, len) = locate(&self.backend, at, write.data.len() - done);
+            let (member, file_offset) = location.expect("checked writable under the gate");
+            let Some(mut buf) = self.buffer(len) else {
+                self.spare_bufs
+                    .extend(pieces.into_iter().filter_map(|op| match op {
+                        Op::Write { buf, .. } => Some(buf),
+                        _ => None,
+                    }));
+                return None;
+            };
+            buf.as_mut_slice()[..len].copy_from_slice(&write.data[done..done + len]);
+            pieces.push(Op::Write {
+                fd: self.backend.member_fds[member],
+                buf,
+                buf_offset: 0,
+                len,
+                file_offset,
+                dsync: write.fua,
+            });
+            done += len;
+        }
+        Some(pieces)
+    }
+
+    /// Waits until no write is in flight: a write's gate is left only once
+    /// it completed (the manager's quiesce waits for it), and a deposed
+    /// primary's writes must be on its copy before it serves as a replica.
+    fn reap(&mut self) {
+        while self.writes_in_flight() > 0 {
+            if let Err(error) = self.wait(true, Duration::from_millis(100)) {
+                log::error!(
+                    "volume {}: {} local writes cannot be reaped: {error}; its gate stays held",
+                    self.backend.volume,
+                    self.writes_in_flight()
+                );
+                return;
+            }
+        }
     }
 
     /// A piece's completion; the write's result once it was the last.
@@ -196,6 +246,7 @@ impl WriteRing {
             write.error = Some(IoError::Media);
         }
         write.pieces_left -= 1;
+        self.pieces_in_flight -= 1;
         if write.pieces_left > 0 {
             return None;
         }
@@ -205,14 +256,27 @@ impl WriteRing {
         Some((write.op, write.error.map_or(Ok(None), Err)))
     }
 
-    /// An aligned buffer of at least `len` bytes (none if none could be mapped).
+    /// An aligned buffer of at least `len` bytes (none if none could be
+    /// mapped): the smallest spare that fits.
     fn buffer(&mut self, len: usize) -> Option<IoBuf> {
-        if let Some(at) = self.spare_bufs.iter().position(|b| b.capacity() >= len) {
+        let fitting = self
+            .spare_bufs
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.capacity() >= len);
+        if let Some((at, _)) = fitting.min_by_key(|(_, b)| b.capacity()) {
             return Some(self.spare_bufs.swap_remove(at));
         }
         IoBuf::new(len.max(BUF_BYTES_MIN))
             .map_err(|error| log::warn!("local write: no buffer: {error}"))
             .ok()
+    }
+}
+
+impl Drop for WriteRing {
+    /// Blocks until the writes in flight completed (disk writes do).
+    fn drop(&mut self) {
+        self.reap();
     }
 }
 
@@ -258,9 +322,9 @@ mod tests {
     fn written(ring: &mut WriteRing) -> (OpId, LocalResult) {
         let start = std::time::Instant::now();
         while start.elapsed() < Duration::from_secs(1) {
-            let woken = ring.wait(true, Duration::from_millis(10)).unwrap();
-            if let Some(written) = woken.written.into_iter().next() {
-                return written;
+            let written = ring.wait(true, Duration::from_millis(10)).unwrap();
+            if let Some(first) = written.into_iter().next() {
+                return first;
             }
         }
         panic!("no write finished");
@@ -314,34 +378,67 @@ mod tests {
         let closed = backend.gate.quiesce(); // returns: every write left the gate
         assert!(ring.write(write(3, 0, &[1; 4096])).is_err());
         drop(closed);
+        // Mapped but not writable (shared with a snapshot): given back (the manager copies it).
+        backend.map.set(
+            1,
+            Lookup::Mapped {
+                chunk: 3,
+                writable: false,
+            },
+        );
+        assert!(ring.write(write(4, CHUNK, &[1; 4096])).is_err());
+        // Not FUA, within one chunk: one piece.
+        let plain = RingWrite {
+            fua: false,
+            ..write(5, 4096, &data[..4096])
+        };
+        assert!(ring.write(plain).is_ok());
+        assert_eq!(written(&mut ring), (OpId(5), Ok(None)));
+        let (_, chunk_2) = backend.layout.locate(2);
+        member.read_exact_at(&mut read, chunk_2 + 4096).unwrap();
+        assert!(read == data[..4096]);
         // A retired map (the volume grew): given back (the workers answer PathTransition).
         backend.map.retire();
-        assert!(ring.write(write(4, 0, &[1; 4096])).is_err());
+        assert!(ring.write(write(6, 0, &[1; 4096])).is_err());
         assert_eq!(ring.writes_in_flight(), 0);
+        drop(backend.gate.quiesce()); // returns: every write left the gate
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
-    fn a_rung_inbox_ends_the_wait_before_the_tick() {
+    fn an_event_sent_ends_the_wait_before_the_tick() {
         let member = weft_uring::memfd_create("member").unwrap();
-        let wake = weft_uring::eventfd().unwrap();
-        let mut bell = wake.try_clone().unwrap();
-        let mut ring = WriteRing::new(&backend(&member), wake).unwrap();
-        let ringer = std::thread::spawn(move || {
+        let (events, inbox) = crate::replication::Events::channel().unwrap();
+        let mut ring = WriteRing::new(&backend(&member), inbox.wake).unwrap();
+        let sender = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(20));
-            std::io::Write::write_all(&mut bell, &1u64.to_ne_bytes()).unwrap();
+            events.send(crate::replication::Event::Stop).unwrap();
         });
-        let tick = Duration::from_secs(2);
+        let tick = Duration::from_secs(10);
         let start = std::time::Instant::now();
-        let woken = ring.wait(true, tick).unwrap();
-        assert!(woken.written.is_empty());
+        assert!(ring.wait(true, tick).unwrap().is_empty());
         assert!(
-            start.elapsed() < Duration::from_secs(1),
-            "woken by the bell, not the tick"
+            start.elapsed() < Duration::from_secs(5),
+            "woken by the event, not the tick"
         );
-        ringer.join().unwrap();
-        // The tick (still armed) ends the next, quiet wait.
-        ring.wait(true, tick).unwrap();
-        assert!(start.elapsed() < Duration::from_secs(5));
+        assert!(matches!(
+            inbox.receiver.try_recv(),
+            Ok(crate::replication::Event::Stop)
+        ));
+        sender.join().unwrap();
+        assert!(ring.ticking, "the tick stays armed for the next wait");
+    }
+
+    #[test]
+    fn a_quiet_wait_ends_at_the_tick() {
+        let member = weft_uring::memfd_create("member").unwrap();
+        let mut ring = WriteRing::new(&backend(&member), weft_uring::eventfd().unwrap()).unwrap();
+        let start = std::time::Instant::now();
+        assert!(ring
+            .wait(true, Duration::from_millis(20))
+            .unwrap()
+            .is_empty());
+        assert!(start.elapsed() >= Duration::from_millis(20));
+        assert!(!ring.ticking, "fired: armed again by the next wait");
     }
 }
