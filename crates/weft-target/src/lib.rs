@@ -28,6 +28,6 @@ pub use listener::{DataPlane, StartError};
 pub use meter::Meter;
 pub use peers::PeerLimits;
 pub use volume::{
-    SnapshotName, VolumeBackend, VolumeManager, VolumeOutcome, VolumeReply, VolumeRequest,
+    Piece, SnapshotName, VolumeBackend, VolumeManager, VolumeOutcome, VolumeReply, VolumeRequest,
     VolumeWork,
 };

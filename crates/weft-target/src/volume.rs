@@ -57,7 +57,7 @@ impl fmt::Debug for VolumeBackend {
 
 /// Where a piece of a volume I/O goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Piece {
+pub enum Piece {
     /// Unwritten: reads as zeroes.
     Zeroes,
     /// On member `fd` at byte `offset`.
@@ -72,7 +72,7 @@ pub(crate) enum Piece {
 impl VolumeBackend {
     /// The piece of `[offset, offset + len)` that lies in its first chunk:
     /// where it is and how many bytes it covers.
-    pub(crate) fn piece(&self, offset: u64, len: u32) -> (Piece, u32) {
+    pub fn piece(&self, offset: u64, len: u32) -> (Piece, u32) {
         let shift = self.layout.chunk_shift();
         let within = offset & ((1u64 << shift) - 1);
         let piece_len = ((1u64 << shift) - within).min(u64::from(len)) as u32;
@@ -90,7 +90,7 @@ impl VolumeBackend {
     }
 
     /// Whether every chunk under the range may be written directly.
-    pub(crate) fn writable(&self, offset: u64, len: u32) -> bool {
+    pub fn writable(&self, offset: u64, len: u32) -> bool {
         let shift = self.layout.chunk_shift();
         let first = offset >> shift;
         let last = (offset + u64::from(len).max(1) - 1) >> shift;

@@ -39,6 +39,8 @@ impl LocalVolume {
     /// Writes `data` at `offset`; durable first if `fua`.
     pub(crate) fn write(&mut self, offset: u64, data: &[u8], fua: bool) -> Result<(), IoError> {
         let len = data.len() as u64;
+        // A host write is within the transfer size: never near 4 GiB.
+        let len_u32 = u32::try_from(len).map_err(|_| IoError::Other)?;
         loop {
             if !self.backend.gate.enter() {
                 self.ask(VolumeWork::Wait)?;
@@ -50,7 +52,7 @@ impl LocalVolume {
                 self.backend.gate.leave();
                 return Err(IoError::PathTransition);
             }
-            if !writable(&self.backend, offset, len) {
+            if !self.backend.writable(offset, len_u32) {
                 self.backend.gate.leave();
                 self.ask(VolumeWork::PrepareWrite { offset, len })?;
                 continue;
@@ -132,11 +134,7 @@ impl LocalVolume {
 
 /// Where the piece of `[offset, offset + len)` in its first chunk lies on
 /// `backend`'s pool (member and byte offset, or none if unwritten), and its length.
-pub(super) fn locate(
-    backend: &VolumeBackend,
-    offset: u64,
-    len: usize,
-) -> (Option<(usize, u64)>, usize) {
+fn locate(backend: &VolumeBackend, offset: u64, len: usize) -> (Option<(usize, u64)>, usize) {
     let shift = backend.layout.chunk_shift();
     let within = offset & ((1u64 << shift) - 1);
     let piece = ((1u64 << shift) - within).min(len as u64) as usize;
@@ -148,19 +146,6 @@ pub(super) fn locate(
         }
     };
     (location, piece)
-}
-
-/// Whether every chunk under `[offset, offset + len)` may be written directly.
-pub(super) fn writable(backend: &VolumeBackend, offset: u64, len: u64) -> bool {
-    let shift = backend.layout.chunk_shift();
-    let first = offset >> shift;
-    let last = (offset + len.max(1) - 1) >> shift;
-    (first..=last).all(|index| {
-        matches!(
-            backend.map.lookup(index as usize),
-            Lookup::Mapped { writable: true, .. }
-        )
-    })
 }
 
 fn media_error(error: &std::io::Error) -> IoError {

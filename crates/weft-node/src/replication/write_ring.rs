@@ -18,14 +18,14 @@
 //! workers do), or order writes (the replication core never has two
 //! overlapping writes in flight).
 
-use super::local::{locate, writable, LocalResult};
+use super::local::LocalResult;
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::Duration;
 use weft_proto::IoError;
 use weft_replication::OpId;
-use weft_target::VolumeBackend;
+use weft_target::{Piece, VolumeBackend};
 use weft_uring::{Completion, IoBuf, Op, Returned, Ring};
 
 /// A write for the ring.
@@ -69,6 +69,8 @@ pub(crate) struct WriteRing {
     writes: Vec<Option<InFlight>>,
     free_writes: Vec<usize>,
     pieces_in_flight: usize,
+    /// A write's pieces before they are queued (kept: no allocation per write).
+    staged: Vec<Op>,
     spare_bufs: Vec<IoBuf>,
     /// The eventfd read could not be re-armed: reported by the next wait.
     broken: Option<std::io::Error>,
@@ -92,6 +94,7 @@ impl WriteRing {
             writes: Vec::new(),
             free_writes: Vec::new(),
             pieces_in_flight: 0,
+            staged: Vec::new(),
             spare_bufs: Vec::new(),
             broken: None,
         })
@@ -141,18 +144,24 @@ impl WriteRing {
     /// under it is not mapped writable, the map is retired, the ring is
     /// full or no buffer can be had.
     pub(crate) fn write(&mut self, write: RingWrite) -> Result<(), RingWrite> {
-        let len = write.data.len() as u64;
+        // Within a command's transfer size: never near 4 GiB.
+        let Ok(len) = u32::try_from(write.data.len()) else {
+            return Err(write);
+        };
         if self.pieces_in_flight >= PIECES_IN_FLIGHT_MAX || !self.backend.gate.enter() {
             return Err(write);
         }
-        if self.backend.map.is_retired() || !writable(&self.backend, write.offset, len) {
+        if self.backend.map.is_retired() || !self.backend.writable(write.offset, len) {
             self.backend.gate.leave();
             return Err(write);
         }
-        let Some(pieces) = self.pieces(&write) else {
+        // Taken out while the ring is pushed to, put back with its allocation.
+        let mut pieces = std::mem::take(&mut self.staged);
+        if !self.stage(&write, &mut pieces) {
+            self.staged = pieces;
             self.backend.gate.leave();
             return Err(write);
-        };
+        }
         let index = self.free_writes.pop().unwrap_or_else(|| {
             self.writes.push(None);
             self.writes.len() - 1
@@ -162,7 +171,7 @@ impl WriteRing {
             pieces_left: 0,
             error: None,
         };
-        for op in pieces {
+        for op in pieces.drain(..) {
             if let Err(error) = self.ring.push(op, index as u64) {
                 // Only when the kernel takes no more work: the pieces queued
                 // finish, and the write fails with them.
@@ -175,6 +184,8 @@ impl WriteRing {
             }
             in_flight.pieces_left += 1;
         }
+        self.recycle(&mut pieces);
+        self.staged = pieces;
         self.pieces_in_flight += in_flight.pieces_left;
         if in_flight.pieces_left == 0 {
             self.free_writes.push(index);
@@ -185,35 +196,50 @@ impl WriteRing {
         Ok(())
     }
 
-    /// `write`'s pieces, one per chunk, each with a buffer holding its
-    /// data (mapped writable: checked); none if a buffer could not be had.
-    fn pieces(&mut self, write: &RingWrite) -> Option<Vec<Op>> {
-        let mut pieces = Vec::new();
+    /// Fills `pieces` with `write`'s, one per chunk, each with a buffer
+    /// holding its data (mapped writable: checked); false (`pieces` empty)
+    /// if a buffer could not be had.
+    fn stage(&mut self, write: &RingWrite, pieces: &mut Vec<Op>) -> bool {
         let mut done = 0;
         while done < write.data.len() {
             let at = write.offset + done as u64;
-            let (location, len) = locate(&self.backend, at, write.data.len() - done);
-            let (member, file_offset) = location.expect("checked writable under the gate");
+            let (piece, len) = self.backend.piece(at, (write.data.len() - done) as u32);
+            let Piece::Device { fd, offset } = piece else {
+                unreachable!("checked writable under the gate");
+            };
+            let len = len as usize;
             let Some(mut buf) = self.buffer(len) else {
-                self.spare_bufs
-                    .extend(pieces.into_iter().filter_map(|op| match op {
-                        Op::Write { buf, .. } => Some(buf),
-                        _ => None,
-                    }));
-                return None;
+                self.recycle(pieces);
+                return false;
             };
             buf.as_mut_slice()[..len].copy_from_slice(&write.data[done..done + len]);
             pieces.push(Op::Write {
-                fd: self.backend.member_fds[member],
+                fd,
                 buf,
                 buf_offset: 0,
                 len,
-                file_offset,
+                file_offset: offset,
                 dsync: write.fua,
             });
             done += len;
         }
-        Some(pieces)
+        true
+    }
+
+    /// Keeps `buf` for a later write, up to the spares' bound.
+    fn keep(&mut self, buf: IoBuf) {
+        if self.spare_bufs.len() < SPARE_BUFS_MAX {
+            self.spare_bufs.push(buf);
+        }
+    }
+
+    /// Takes back the buffers of pieces that were not queued.
+    fn recycle(&mut self, pieces: &mut Vec<Op>) {
+        for op in pieces.drain(..) {
+            if let Op::Write { buf, .. } = op {
+                self.keep(buf);
+            }
+        }
     }
 
     /// Waits until no write is in flight: a write's gate is left only once
@@ -236,9 +262,7 @@ impl WriteRing {
     fn piece_done(&mut self, completion: Completion) -> Option<(OpId, LocalResult)> {
         let index = completion.user_data as usize;
         if let Returned::Buf(buf) = completion.returned {
-            if self.spare_bufs.len() < SPARE_BUFS_MAX {
-                self.spare_bufs.push(buf);
-            }
+            self.keep(buf);
         }
         let write = self.writes[index].as_mut().expect("a write in flight");
         if let Err(error) = completion.result {
