@@ -18,6 +18,7 @@ pub mod meter;
 mod peers;
 mod reactor;
 pub mod replicated;
+mod spin;
 pub mod stages;
 mod volume;
 

@@ -21,6 +21,7 @@ use crate::health::FailedOperation;
 use crate::meter::{IoClass, LocalStats, Meter};
 use crate::peers::PeerAdmission;
 use crate::replicated::{Replicated, ReplicatedIo, ReplicatedWork};
+use crate::spin::{RunDelay, SpinGovernor};
 use crate::stages::{LocalStages, LoopCounter, Stage, StageTotals, Waiting};
 use crate::volume::{
     Piece, SnapshotName, VolumeBackend, VolumeOutcome, VolumeReply, VolumeRequest, VolumeWork,
@@ -123,6 +124,8 @@ impl ReactorHandle {
                     free: Vec::new(),
                     epoch,
                     poll_window,
+                    spin: SpinGovernor::new(),
+                    run_delay: RunDelay::of_current_thread(),
                     counts: Counts::default(),
                     stage_totals,
                     throttled: BinaryHeap::new(),
@@ -386,6 +389,10 @@ struct Reactor {
     free: Vec<usize>,
     epoch: Instant,
     poll_window: Duration,
+    /// Whether the poll window applies now (not while the CPU is contended).
+    spin: SpinGovernor,
+    /// This reactor thread's run delay, which tells contention.
+    run_delay: RunDelay,
     /// This reactor's statistics: per meter and per stage.
     counts: Counts,
     /// Where the stage counts are published.
@@ -411,7 +418,13 @@ impl Reactor {
             // Right after activity, spin a little before sleeping: the next
             // request usually follows at once, and waking a sleeping thread on
             // another CPU costs more than the spin (tens of microseconds in VMs).
-            let wait_for = if self.spin_until_work(last_activity) {
+            // Not while other threads wait for this CPU (see `spin`).
+            let window = if self.spin.may_spin() {
+                self.poll_window
+            } else {
+                Duration::ZERO
+            };
+            let wait_for = if self.spin_until_work(last_activity, window) {
                 0
             } else {
                 self.counts.stages.count(LoopCounter::Sleeps);
@@ -436,14 +449,14 @@ impl Reactor {
         }
     }
 
-    /// Spins until the ring has work or the poll window after `last_activity`
+    /// Spins until the ring has work or `window` after `last_activity`
     /// closes; true if there is work.
-    fn spin_until_work(&mut self, last_activity: Instant) -> bool {
+    fn spin_until_work(&mut self, last_activity: Instant, window: Duration) -> bool {
         loop {
             if self.ring.has_work() {
                 return true;
             }
-            if last_activity.elapsed() >= self.poll_window {
+            if last_activity.elapsed() >= window {
                 return false;
             }
             std::hint::spin_loop();
@@ -645,6 +658,12 @@ impl Reactor {
     }
 
     fn tick(&mut self) {
+        if !self.poll_window.is_zero() {
+            self.spin.on_tick(self.now().0, self.run_delay.read());
+            if !self.spin.may_spin() {
+                self.counts.stages.count(LoopCounter::SpinRests);
+            }
+        }
         self.publish_stats();
         self.ticks += 1;
         let ticks = self.ticks;

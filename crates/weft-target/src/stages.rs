@@ -72,15 +72,19 @@ pub enum LoopCounter {
     Receives = 2,
     /// Send completions (a partial send's remainder counts again).
     Sends = 3,
+    /// Ticks a reactor spent not spinning because other threads wanted its
+    /// CPU (see the reactor's spin governor).
+    SpinRests = 4,
 }
 
 impl LoopCounter {
     /// Every counter.
-    pub const ALL: [LoopCounter; 4] = [
+    pub const ALL: [LoopCounter; 5] = [
         LoopCounter::Wakeups,
         LoopCounter::Sleeps,
         LoopCounter::Receives,
         LoopCounter::Sends,
+        LoopCounter::SpinRests,
     ];
 
     /// The counter's name in reports (snake case).
@@ -90,6 +94,7 @@ impl LoopCounter {
             LoopCounter::Sleeps => "sleeps",
             LoopCounter::Receives => "receives",
             LoopCounter::Sends => "sends",
+            LoopCounter::SpinRests => "spin_rests",
         }
     }
 }

@@ -32,6 +32,10 @@ pub struct StagesStats {
     pub receives: u64,
     /// Send completions.
     pub sends: u64,
+    /// Ticks (250 ms each, per reactor) the reactors did not spin because
+    /// other threads were waiting for their CPUs.
+    #[serde(default)]
+    pub spin_rests: u64,
 }
 
 impl From<StagesSnapshot> for StagesStats {
@@ -50,6 +54,7 @@ impl From<StagesSnapshot> for StagesStats {
             sleeps: counter(LoopCounter::Sleeps),
             receives: counter(LoopCounter::Receives),
             sends: counter(LoopCounter::Sends),
+            spin_rests: counter(LoopCounter::SpinRests),
         }
     }
 }
@@ -83,13 +88,14 @@ pub(super) fn expose(out: &mut Exposition, stats: &StagesStats) {
     out.family(
         events,
         "counter",
-        "Reactor loop events: wake-ups, wake-ups that slept first, receives and sends completed.",
+        "Reactor loop events: wake-ups, wake-ups that slept first, receives and sends completed, ticks without spinning (CPU contended).",
     );
     for (event, count) in [
         ("wakeups", stats.wakeups),
         ("sleeps", stats.sleeps),
         ("receives", stats.receives),
         ("sends", stats.sends),
+        ("spin_rests", stats.spin_rests),
     ] {
         out.sample(events, &format!("event=\"{event}\""), count);
     }
