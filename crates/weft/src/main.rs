@@ -144,8 +144,9 @@ Serve options:
   --reactors N         data plane threads (default: one per CPU)
   --poll-us N          after activity, reactors busy-poll N microseconds before
                        sleeping (default 50: a request that follows within that time is
-                       served without a wake-up; idle, nothing spins); 0: purely interrupt
-                       driven; 1000000: polled while busy, for dedicated cores
+                       served without a wake-up; idle, nothing spins; not while other
+                       threads wait for the reactor's CPU); 0: purely interrupt driven;
+                       1000000: polled while busy, for dedicated cores
   --log-level LEVEL    error, warn, info (default), debug, trace; also WEFT_LOG
   -h, --help           this text
   -V, --version        version
