@@ -73,20 +73,29 @@ impl VolumeBackend {
     /// The piece of `[offset, offset + len)` that lies in its first chunk:
     /// where it is and how many bytes it covers.
     pub fn piece(&self, offset: u64, len: u32) -> (Piece, u32) {
+        let (place, piece_len) = self.place(offset, len);
+        let piece = place.map_or(Piece::Zeroes, |(member, offset)| Piece::Device {
+            fd: self.member_fds[member],
+            offset,
+        });
+        (piece, piece_len)
+    }
+
+    /// As [`VolumeBackend::piece`], by the member's index in the pool (for
+    /// callers with descriptors of their own): the member and byte offset
+    /// (none if unwritten) and how many bytes the piece covers.
+    pub fn place(&self, offset: u64, len: u32) -> (Option<(usize, u64)>, u32) {
         let shift = self.layout.chunk_shift();
         let within = offset & ((1u64 << shift) - 1);
         let piece_len = ((1u64 << shift) - within).min(u64::from(len)) as u32;
-        let piece = match self.map.lookup((offset >> shift) as usize) {
-            Lookup::Unmapped => Piece::Zeroes,
+        let place = match self.map.lookup((offset >> shift) as usize) {
+            Lookup::Unmapped => None,
             Lookup::Mapped { chunk, .. } => {
                 let (member, base) = self.layout.locate(chunk);
-                Piece::Device {
-                    fd: self.member_fds[member],
-                    offset: base + within,
-                }
+                Some((member, base + within))
             }
         };
-        (piece, piece_len)
+        (place, piece_len)
     }
 
     /// Whether every chunk under the range may be written directly.

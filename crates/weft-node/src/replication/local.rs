@@ -17,7 +17,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use weft_proto::IoError;
 use weft_target::{VolumeBackend, VolumeOutcome, VolumeReply, VolumeRequest, VolumeWork};
-use weft_volume::{FileMedia, Lookup, Media};
+use weft_volume::{FileMedia, Media};
 
 /// A volume's local copy.
 pub(crate) struct LocalVolume {
@@ -133,19 +133,12 @@ impl LocalVolume {
 }
 
 /// Where the piece of `[offset, offset + len)` in its first chunk lies on
-/// `backend`'s pool (member and byte offset, or none if unwritten), and its length.
+/// `backend`'s pool (member and byte offset, or none if unwritten), and its
+/// length: the backend's own lookup, in this module's units.
 fn locate(backend: &VolumeBackend, offset: u64, len: usize) -> (Option<(usize, u64)>, usize) {
-    let shift = backend.layout.chunk_shift();
-    let within = offset & ((1u64 << shift) - 1);
-    let piece = ((1u64 << shift) - within).min(len as u64) as usize;
-    let location = match backend.map.lookup((offset >> shift) as usize) {
-        Lookup::Unmapped => None,
-        Lookup::Mapped { chunk, .. } => {
-            let (member, base) = backend.layout.locate(chunk);
-            Some((member, base + within))
-        }
-    };
-    (location, piece)
+    // A piece ends at its chunk's end anyway: a longer range is cut there.
+    let (place, piece) = backend.place(offset, u32::try_from(len).unwrap_or(u32::MAX));
+    (place, piece as usize)
 }
 
 fn media_error(error: &std::io::Error) -> IoError {
