@@ -30,6 +30,12 @@ use weft_http::{self as http, Request};
 /// How long a forwarded call may take (creating a thick volume writes it).
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// How long a forwarded read may take: reads answer from what the node
+/// published, in milliseconds, so a node that takes longer is hung (its
+/// lease has not ended yet), and `volume show` or `volume list` during its
+/// failover answers without it instead of waiting the write timeout.
+const READ_FORWARD_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// How long placement waits for a heartbeat to report a pool just created
 /// (heartbeats are a third of the lease apart: 1.7 s by default).
 const HEARTBEAT_WAIT: Duration = Duration::from_secs(3);
@@ -623,21 +629,39 @@ fn call_node(view: &NodeView, request: &Request, body: Option<&[u8]>, token: &st
         format!("{}&{LOCAL_MARK}", request.query)
     };
     let path = format!("{}?{query}", request.path);
-    let body = body.filter(|_| request.method != "GET");
+    let read = request.method == "GET";
+    let body = body.filter(|_| !read);
+    let timeout = if read {
+        READ_FORWARD_TIMEOUT
+    } else {
+        FORWARD_TIMEOUT
+    };
     match http::call(
         &endpoint,
         Some(token),
         &request.method,
         &path,
         body,
-        FORWARD_TIMEOUT,
+        timeout,
     ) {
         Ok((status, bytes)) => match serde_json::from_slice(&bytes) {
             Ok(value) => (status, value),
             Err(error) => unreachable(format!("its answer is not JSON: {error}")),
         },
+        Err(error) if is_timeout(&error) => {
+            unreachable(format!("no answer within {} s", timeout.as_secs()))
+        }
         Err(error) => unreachable(error.to_string()),
     }
+}
+
+/// A socket's read or write deadline passed (Linux reports it as
+/// `WouldBlock`).
+fn is_timeout(error: &std::io::Error) -> bool {
+    matches!(
+        error.kind(),
+        std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock
+    )
 }
 
 /// Adds `"node": NODE` to a view or to each view of a list.
@@ -765,6 +789,44 @@ mod tests {
         assert!(!is_forwarded(&request("local=10")));
         assert_eq!(query_value("force=true&node=n2", "node"), Some("n2"));
         assert_eq!(query_value("nodes=n2", "node"), None);
+    }
+
+    #[test]
+    fn a_read_forwarded_to_a_hung_node_fails_within_the_read_timeout() {
+        // A node whose process is stopped: its kernel accepts, nobody answers.
+        let hung = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let view = NodeView {
+            member: weft_cluster::records::MemberRecord {
+                name: "n1".into(),
+                node_id: "id-n1".into(),
+                nvme: Vec::new(),
+                peer_nvme: Vec::new(),
+                api: format!("http://{}", hung.local_addr().unwrap()),
+                zone: None,
+                cordoned: false,
+                joined_unix_ms: 0,
+                down_since_unix_ms: None,
+                ordinal: None,
+            },
+            alive: None,
+            controller: false,
+        };
+        let request = Request {
+            method: "GET".into(),
+            path: "/api/v1/volumes/rep".into(),
+            query: String::new(),
+            authorization: None,
+            body: Vec::new(),
+        };
+        let started = Instant::now();
+        let (status, body) = call_node(&view, &request, None, "token");
+        let took = started.elapsed();
+        assert_eq!(status, 502);
+        assert!(body.to_string().contains("no answer within 5 s"), "{body}");
+        assert!(
+            took >= READ_FORWARD_TIMEOUT && took < FORWARD_TIMEOUT / 4,
+            "{took:?}"
+        );
     }
 
     #[test]

@@ -13,7 +13,7 @@ pub mod tls;
 pub use deadline::DeadlineStream;
 
 use std::io::{self, BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::net::{TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
 const HEADER_BYTES_MAX: usize = 16 * 1024;
@@ -120,8 +120,9 @@ pub fn call(
     body: Option<&[u8]>,
     timeout: Duration,
 ) -> io::Result<(u16, Vec<u8>)> {
-    let stream = TcpStream::connect(&endpoint.address)?;
+    let stream = connect(&endpoint.address, timeout)?;
     stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
     match &endpoint.tls {
         None => exchange(stream, &endpoint.address, token, method, path, body),
         Some(client) => {
@@ -129,6 +130,23 @@ pub fn call(
             exchange(stream, &endpoint.address, token, method, path, body)
         }
     }
+}
+
+/// Connects to the first of `address`'s addresses that answers within
+/// `timeout` (an address that drops packets would otherwise take the
+/// kernel's two minutes of SYN retries).
+fn connect(address: &str, timeout: Duration) -> io::Result<TcpStream> {
+    let mut last = io::Error::new(
+        io::ErrorKind::NotFound,
+        format!("{address} resolves to no address"),
+    );
+    for candidate in address.to_socket_addrs()? {
+        match TcpStream::connect_timeout(&candidate, timeout) {
+            Ok(stream) => return Ok(stream),
+            Err(error) => last = error,
+        }
+    }
+    Err(last)
 }
 
 fn exchange(
