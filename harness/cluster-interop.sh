@@ -73,6 +73,8 @@ for i in 1 2 3; do
 done
 # A replicated volume: a replica on each node, one primary (ANA optimized).
 cli volume create rep --size 64MiB --replicas 3 >/dev/null
+# And one of two replicas (on two of the three nodes).
+cli volume create rep2 --size 32MiB --replicas 2 >/dev/null
 cli volume list
 cli volume show rep
 

@@ -124,9 +124,11 @@ fn nvme_as(host_nqn: &str, verb: &str, args: &[&str]) -> Result<String, HostErro
 /// The keep-alive timeout the node's controllers are connected with, in
 /// seconds (Linux's default is 5): a storage node that hangs (rather than
 /// dies) holds the host's I/O on its paths until the host's keep-alive
-/// notices, so a shorter one bounds the pause of a replicated volume's
-/// failover (measured in the guest: 13 s with 5, 5.3 s with 2).
-const KEEP_ALIVE_TIMEOUT_S: &str = "2";
+/// gives up on them, so a shorter one bounds the pause of a replicated
+/// volume's failover (measured in the guest: 13 s with 5, 5.3-7.2 s with
+/// 2, 4.0 s with 1). weft's controllers allow a Keep Alive up to a second
+/// late, so 1 s does not cost a live path on a loaded host.
+const KEEP_ALIVE_TIMEOUT_S: &str = "1";
 
 /// Connects host `host_nqn` to subsystem `nqn` at each address; what
 /// failed (one connected already fails, and is fine: whether the namespace

@@ -246,7 +246,7 @@ impl AdminQueue {
             cc: 0,
             csts: 0,
             keep_alive,
-            keep_alive_deadline: keep_alive.map(|kato| now.after(kato)),
+            keep_alive_deadline: keep_alive.map(|kato| keep_alive_expiry(now, kato)),
             async_event_config: 0,
             changed_namespaces: ChangedNamespaces::default(),
             namespace_notice: NoticeState::Idle,
@@ -335,8 +335,22 @@ impl AdminQueue {
     }
 
     fn restart_keep_alive(&mut self, now: Timestamp) {
-        self.keep_alive_deadline = self.keep_alive.map(|kato| now.after(kato));
+        self.keep_alive_deadline = self.keep_alive.map(|kato| keep_alive_expiry(now, kato));
     }
+}
+
+/// When a keep-alive timer restarted at `now` expires: KATO rounded up to
+/// the timer's granularity, "rounded up according to the KAS granularity"
+/// (NVMe Base 2.0, 5.27.1.12), plus one granule of slack. A Linux host
+/// sends Keep Alive every half KATO, so a host that chose a short KATO
+/// (1 s, to give up quickly on a hung node's paths) would lose a live
+/// controller to one Keep Alive that a loaded machine delayed by half a
+/// second; with the granule it takes 1.5 s. A host that is gone is let go
+/// one second later.
+fn keep_alive_expiry(now: Timestamp, kato: Duration) -> Timestamp {
+    let granule = identify::KEEP_ALIVE_GRANULE;
+    let granules = kato.as_nanos().div_ceil(granule.as_nanos()) as u32;
+    now.after(granule * (granules + 1))
 }
 
 /// Executes one admin-queue command whose data (if any) is in `buffer`.

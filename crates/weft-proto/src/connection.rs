@@ -2038,6 +2038,11 @@ mod tests {
             "the Keep Alive restarted the timer"
         );
         admin.advance(Duration::from_millis(1001));
+        assert!(
+            !admin.connection.is_closed(),
+            "KATO (5 s) passed: the timer's granule (1 s) is slack"
+        );
+        admin.advance(Duration::from_millis(1000));
         assert!(admin.connection.is_closed());
         assert_eq!(
             admin.connection.termination(),

@@ -745,8 +745,9 @@ pub fn connection_seeds() -> Vec<Seed> {
             recorder.host().simple(&keep_alive(3));
             recorder.operation(Operation::Advance { tenths: 8 });
             let status = recorder.host().simple(&keep_alive(4)).status();
-            // A second without Keep Alive: the controller goes away.
-            recorder.operation(Operation::Advance { tenths: 11 });
+            // KATO (1 s) and the timer's granule of slack without Keep
+            // Alive: the controller goes away.
+            recorder.operation(Operation::Advance { tenths: 21 });
             assert!(recorder.host().connection.is_closed());
             status
         }),

@@ -9,6 +9,7 @@ use crate::target::{
 };
 use crate::types::{Cntlid, Nsid};
 use crate::wire::Writer;
+use std::time::Duration;
 
 /// Size of every Identify data structure.
 pub const IDENTIFY_LEN: usize = 4096;
@@ -94,6 +95,9 @@ pub struct ControllerIdentity<'a> {
 pub const NVME_VERSION: u32 = 0x0001_0300;
 /// Keep Alive granularity in 100 ms units (KAS).
 pub const KEEP_ALIVE_GRANULARITY_100MS: u16 = 10;
+/// The same granularity as a duration.
+pub const KEEP_ALIVE_GRANULE: Duration =
+    Duration::from_millis(100 * KEEP_ALIVE_GRANULARITY_100MS as u64);
 
 /// ANA Transition Time (ANATT), seconds: the longest a group stays in the
 /// Change state. A Linux host resets the controller when a group is still

@@ -109,7 +109,8 @@ fn keep_alive_expiry_closes_the_controller_and_its_queues() {
     let address = start("keep-alive");
     let (mut admin, cntlid) = admin(address, 400);
     let mut io = io_queue(address, cntlid, 1, false);
-    std::thread::sleep(Duration::from_millis(1500));
+    // 400 ms rounds up to the timer's 1 s granule, plus a granule of slack.
+    std::thread::sleep(Duration::from_millis(2500));
     assert!(
         admin.try_next_pdu().is_none(),
         "admin queue closed at keep-alive expiry"
