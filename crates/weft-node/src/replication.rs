@@ -67,10 +67,23 @@ impl Events {
     // As `mpsc::Sender::send`: a host I/O comes back to be answered.
     #[allow(clippy::result_large_err)]
     pub(crate) fn send(&self, event: Event) -> Result<(), mpsc::SendError<Event>> {
-        self.sender.send(event)?;
+        self.post(event)?;
+        self.ring();
+        Ok(())
+    }
+
+    /// Delivers `event` without waking the replicator: the sender calls
+    /// [`Events::ring`] once after a batch (a link's completions of one
+    /// receive: one wake-up, one system call, for all of them).
+    #[allow(clippy::result_large_err)]
+    pub(crate) fn post(&self, event: Event) -> Result<(), mpsc::SendError<Event>> {
+        self.sender.send(event)
+    }
+
+    /// Wakes the replicator for what was posted.
+    pub(crate) fn ring(&self) {
         // The counter only saturates after 2^64 rings; a failure means the reader is gone.
         let _ = (&*self.wake).write_all(&1u64.to_ne_bytes());
-        Ok(())
     }
 }
 

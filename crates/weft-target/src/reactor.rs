@@ -125,7 +125,12 @@ impl ReactorHandle {
                     epoch,
                     poll_window,
                     spin: SpinGovernor::new(),
-                    run_delay: RunDelay::of_current_thread(),
+                    // Read only to govern a spin: no descriptor without one.
+                    run_delay: if poll_window.is_zero() {
+                        RunDelay::unknown()
+                    } else {
+                        RunDelay::of_current_thread()
+                    },
                     counts: Counts::default(),
                     stage_totals,
                     throttled: BinaryHeap::new(),

@@ -126,6 +126,11 @@ pub(crate) struct RunDelay {
 }
 
 impl RunDelay {
+    /// Never known (a reactor that does not spin has nothing to govern).
+    pub(crate) fn unknown() -> RunDelay {
+        RunDelay { file: None }
+    }
+
     /// Opens the calling thread's `schedstat` (call it on the reactor's own
     /// thread: `thread-self` is resolved when opened).
     pub(crate) fn of_current_thread() -> RunDelay {

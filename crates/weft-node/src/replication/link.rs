@@ -214,7 +214,17 @@ impl Session {
             self.submit_waiting()?;
             if !self.in_flight.is_empty() {
                 let done = self.queue.wait().map_err(|e| e.to_string())?;
-                self.completed(done.cid.0, done.status)?;
+                // With every other completion that receive brought, and one
+                // wake-up of the replicator for all of them.
+                let mut result = self.completed(done.cid.0, done.status);
+                while result.is_ok() {
+                    let Some(more) = self.queue.poll_completion() else {
+                        break;
+                    };
+                    result = self.completed(more.cid.0, more.status);
+                }
+                self.events.ring();
+                result?;
             }
         }
     }
@@ -347,6 +357,7 @@ impl Session {
         self.queue.transmit().map_err(|e| e.to_string())
     }
 
+    /// Reports a completion to the replicator (posted: the caller rings).
     fn completed(&mut self, cid: u16, status: Status) -> Result<(), String> {
         let part = self
             .in_flight
@@ -366,7 +377,7 @@ impl Session {
                 }
                 let done = status.is_success();
                 let node = self.node;
-                let _ = self.events.send(Event::BarrierDone { node, seq, done });
+                let _ = self.events.post(Event::BarrierDone { node, seq, done });
                 return Ok(());
             }
             _ if !status.is_success() => return Err(format!("command failed: {status}")),
@@ -381,7 +392,7 @@ impl Session {
                 token: self.token,
                 op,
             };
-            let _ = self.events.send(Event::Replica {
+            let _ = self.events.post(Event::Replica {
                 node: self.node,
                 reply,
             });

@@ -445,6 +445,7 @@ impl Replicator {
     }
 
     fn run(&mut self, inbox: &Receiver<Event>) {
+        let mut written = Vec::new();
         loop {
             let now = self.lease.now();
             self.primary.set_lease(self.lease.until(), now);
@@ -470,9 +471,9 @@ impl Replicator {
             // with nothing in the inbox; submits the local writes either way.
             let mut next = inbox.try_recv();
             let sleep = matches!(next, Err(TryRecvError::Empty));
-            match self.ring.wait(sleep, TICK) {
-                Ok(written) => {
-                    for (op, result) in written {
+            match self.ring.wait(sleep, TICK, &mut written) {
+                Ok(()) => {
+                    for (op, result) in written.drain(..) {
                         self.local_finished(op, result);
                     }
                 }
@@ -508,8 +509,11 @@ impl Replicator {
     /// ring past the limit are waited for when the ring is dropped.)
     fn drain_local(&mut self, limit: Duration) -> bool {
         let start = std::time::Instant::now();
+        // What finishes here is on the copy; nobody waits for its answer.
+        let mut written = Vec::new();
         while self.ring.writes_in_flight() > 0 && start.elapsed() < limit {
-            if let Err(error) = self.ring.wait(true, TICK) {
+            written.clear();
+            if let Err(error) = self.ring.wait(true, TICK, &mut written) {
                 log::error!("volume {}: its I/O ring failed: {error}", self.volume);
                 break;
             }

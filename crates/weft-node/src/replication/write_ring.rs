@@ -107,14 +107,21 @@ impl WriteRing {
 
     /// Submits what was queued, then, if `sleep`, waits until the inbox
     /// is rung, a write completes or the tick fires (armed for `tick` when
-    /// none is, so every `tick` while the caller sleeps); the writes that finished.
-    pub(crate) fn wait(&mut self, sleep: bool, tick: Duration) -> std::io::Result<Written> {
+    /// none is, so every `tick` while the caller sleeps); appends the writes
+    /// that finished to `written` (the caller's, reused: no allocation per
+    /// wake-up once it has grown).
+    pub(crate) fn wait(
+        &mut self,
+        sleep: bool,
+        tick: Duration,
+        written: &mut Written,
+    ) -> std::io::Result<()> {
         if sleep && !self.ticking {
             self.ring.push(Op::Timeout { after: tick }, TICK_TOKEN)?;
             self.ticking = true;
         }
         self.ring.submit_and_wait(usize::from(sleep))?;
-        let mut written = Vec::new();
+        let before = written.len();
         let mut rung = false;
         while let Some(completion) = self.ring.pop() {
             match completion.user_data {
@@ -131,10 +138,10 @@ impl WriteRing {
             }
         }
         match self.broken.take() {
-            Some(error) if written.is_empty() => Err(error),
+            Some(error) if written.len() == before => Err(error),
             broken => {
                 self.broken = broken;
-                Ok(written)
+                Ok(())
             }
         }
     }
@@ -246,8 +253,10 @@ impl WriteRing {
     /// it completed (the manager's quiesce waits for it), and a deposed
     /// primary's writes must be on its copy before it serves as a replica.
     fn reap(&mut self) {
+        let mut written = Vec::new();
         while self.writes_in_flight() > 0 {
-            if let Err(error) = self.wait(true, Duration::from_millis(100)) {
+            written.clear();
+            if let Err(error) = self.wait(true, Duration::from_millis(100), &mut written) {
                 log::error!(
                     "volume {}: {} local writes cannot be reaped: {error}; its gate stays held",
                     self.backend.volume,
@@ -346,7 +355,9 @@ mod tests {
     fn written(ring: &mut WriteRing) -> (OpId, LocalResult) {
         let start = std::time::Instant::now();
         while start.elapsed() < Duration::from_secs(1) {
-            let written = ring.wait(true, Duration::from_millis(10)).unwrap();
+            let mut written = Vec::new();
+            ring.wait(true, Duration::from_millis(10), &mut written)
+                .unwrap();
             if let Some(first) = written.into_iter().next() {
                 return first;
             }
@@ -440,7 +451,9 @@ mod tests {
         });
         let tick = Duration::from_secs(10);
         let start = std::time::Instant::now();
-        assert!(ring.wait(true, tick).unwrap().is_empty());
+        let mut written = Vec::new();
+        ring.wait(true, tick, &mut written).unwrap();
+        assert!(written.is_empty());
         assert!(
             start.elapsed() < Duration::from_secs(5),
             "woken by the event, not the tick"
@@ -458,10 +471,10 @@ mod tests {
         let member = weft_uring::memfd_create("member").unwrap();
         let mut ring = WriteRing::new(&backend(&member), weft_uring::eventfd().unwrap()).unwrap();
         let start = std::time::Instant::now();
-        assert!(ring
-            .wait(true, Duration::from_millis(20))
-            .unwrap()
-            .is_empty());
+        let mut written = Vec::new();
+        ring.wait(true, Duration::from_millis(20), &mut written)
+            .unwrap();
+        assert!(written.is_empty());
         assert!(start.elapsed() >= Duration::from_millis(20));
         assert!(!ring.ticking, "fired: armed again by the next wait");
     }
