@@ -9,6 +9,8 @@
 #   --runtime S   seconds per measured run (default 20)
 #   --rounds N    alternations (default 3; the median per side is reported)
 #   --smoke       tiny datasets, 2 s runs, one round (what CI runs)
+#   --apps LIST   which, comma-separated: rocksdb,sysbench,tpcc,ycsb (default all)
+#   --serve-args "ARGS"  more options for the guest's `weft serve` (e.g. "--poll-us 0")
 # Output: a table (ops/s, average and p99 latency per side, remote/local ratios),
 # .cache/bench/apps/result.json, apps-ops.svg and apps-latency.svg beside it, and every raw
 # output in .cache/bench/apps/share/apps/raw/.
@@ -16,13 +18,15 @@
 # does to each side is in docs/PERFORMANCE.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-WEFT=target/release/weft RUNTIME=20 ROUNDS=3 SCALE=full DISK_GIB=4
+WEFT=target/release/weft RUNTIME=20 ROUNDS=3 SCALE=full DISK_GIB=4 APPS=rocksdb,sysbench,tpcc,ycsb SERVE_ARGS=''
 while [ $# -gt 0 ]; do
     case "$1" in
         --weft) WEFT=$2; shift 2 ;;
         --runtime) RUNTIME=$2; shift 2 ;;
         --rounds) ROUNDS=$2; shift 2 ;;
         --smoke) RUNTIME=2 ROUNDS=1 SCALE=smoke DISK_GIB=2; shift ;;
+        --apps) APPS=$2; shift 2 ;;
+        --serve-args) SERVE_ARGS=$2; shift 2 ;;
         *) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 2 ;;
     esac
 done
@@ -53,7 +57,8 @@ export LAB_APPEND="hardened_usercopy=off"
 export LAB_QEMU_EXTRA="-drive file=$DIR/local.img,$DRIVE -drive file=$DIR/pool.img,$DRIVE"
 status=0
 harness/vm/vm-run.sh -s "$DIR/share" -n none -c 2 -m 4096 -t $((RUNTIME * ROUNDS * 40 + 3600)) \
-    -e RUNTIME="$RUNTIME" -e ROUNDS="$ROUNDS" -e SCALE="$SCALE" \
+    -e RUNTIME="$RUNTIME" -e ROUNDS="$ROUNDS" -e SCALE="$SCALE" -e APPS="$APPS" \
+    -e WEFT_SERVE_ARGS="$SERVE_ARGS" \
     -e WEFT_BIN="/mnt/weft/${WEFT#"$REPO"/}" -e GO_BIN="/mnt/weft/${GOBIN#"$REPO"/}" \
     -e YCSB_WORKLOADS=/mnt/weft/.cache/go/ycsb-workloads \
     harness/guest/apps.sh || status=$?
@@ -73,7 +78,7 @@ def med(app, side, key):
 def ratio(a, b):
     return a / b if a is not None and b else None
 out = {"runtime_s": int(runtime), "rounds": int(rounds), "scale": scale, "apps": {}}
-print(f"{'application':<14}{'unit':<16}{'local':>10}{'remote':>10}{'ratio':>7}"
+print(f"{'application':<17}{'unit':<16}{'local':>10}{'remote':>10}{'ratio':>7}"
       f"{'avg us local':>14}{'remote':>10}{'ratio':>7}{'p99 us local':>14}{'remote':>10}{'ratio':>7}")
 for app in apps:
     unit = next(r["unit"] for r in runs if r["app"] == app)
@@ -82,7 +87,7 @@ for app in apps:
     row["unit"] = unit
     out["apps"][app] = row
     f = lambda v, w, p=0: f"{v:>{w},.{p}f}" if v is not None else f"{'-':>{w}}"
-    print(f"{app:<14}{unit:<16}{f(row['local']['ops_s'], 10, 1)}{f(row['remote']['ops_s'], 10, 1)}"
+    print(f"{app:<17}{unit:<16}{f(row['local']['ops_s'], 10, 1)}{f(row['remote']['ops_s'], 10, 1)}"
           f"{f(row['ratio']['ops_s'], 7, 2)}{f(row['local']['avg_us'], 14)}{f(row['remote']['avg_us'], 10)}"
           f"{f(row['ratio']['avg_us'], 7, 2)}{f(row['local']['p99_us'], 14)}{f(row['remote']['p99_us'], 10)}"
           f"{f(row['ratio']['p99_us'], 7, 2)}")

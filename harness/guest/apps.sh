@@ -4,7 +4,10 @@
 # NVMe/TCP host over loopback) and on the guest's own virtio disk /dev/vdb, both ext4,
 # alternated per round (local first in odd rounds, remote first in even ones):
 #   rocksdb-800b, rocksdb-10kb  db_bench: fillrandom, then readrandomwriterandom at 80% reads,
-#                               direct I/O for reads and for flush/compaction
+#                               direct I/O for reads and for flush/compaction, one thread
+#                               (each read waits for the one before: a QD1 latency test)
+#   rocksdb-800b-4t, -10kb-4t   then the same mix again on the same data with 4 threads (as
+#                               the MariaDB clients below): the comparison with concurrency
 #   sysbench                    oltp_read_write on MariaDB
 #   tpcc                        go-tpc tpcc on MariaDB (1 warehouse)
 #   ycsb-a .. ycsb-f            go-ycsb workloads A-F on MariaDB (a fixed operation count:
@@ -13,11 +16,16 @@
 #                               ignored duplicates, the same on both sides)
 # Each side's MariaDB lives on that side's filesystem (prepared once, restarted per round).
 # (No process substitution here: the guest has no /dev/fd.)
-# Env: RUNTIME (seconds per measured run), ROUNDS, SCALE (smoke|full), WEFT_BIN, GO_BIN,
-# YCSB_WORKLOADS. Writes apps/results.jsonl (one line per run: app, side, round, ops_s,
+# Env: RUNTIME (seconds per measured run), ROUNDS, SCALE (smoke|full), APPS (which of
+# rocksdb,sysbench,tpcc,ycsb; default all), WEFT_SERVE_ARGS (more `weft serve` options),
+# WEFT_BIN, GO_BIN, YCSB_WORKLOADS. Writes apps/results.jsonl (one line per run: app, side, round, ops_s,
 # avg_us, p99_us, unit) and every raw output to apps/raw/ in the share.
 set -uo pipefail
 RUNTIME=${RUNTIME:-20} ROUNDS=${ROUNDS:-3} SCALE=${SCALE:-full}
+APPS=${APPS:-rocksdb,sysbench,tpcc,ycsb}
+wanted() { [[ ",$APPS," == *",$1,"* ]]; }
+MARIADB=0
+for app in sysbench tpcc ycsb; do wanted $app && MARIADB=1; done
 OUT=$LAB_SHARE/apps
 mkdir -p "$OUT/raw"
 : > "$OUT/results.jsonl"
@@ -35,7 +43,9 @@ mkdir -p /tmp/bin && cp "$GO_BIN/go-tpc" "$GO_BIN/go-ycsb" /tmp/bin/ && GO_BIN=/
 echo "=== weft in the guest: a pool on /dev/vdc, a volume over NVMe/TCP on loopback"
 modprobe nvme-tcp || { echo "FAIL modprobe nvme-tcp"; exit 1; }
 mkdir -p /tmp/weft
-"$WEFT_BIN" serve --data-dir /tmp/weft --listen 127.0.0.1:4420 > "$OUT/raw/weft-serve.log" 2>&1 &
+# shellcheck disable=SC2086 # WEFT_SERVE_ARGS: extra options, word-split on purpose
+"$WEFT_BIN" serve --data-dir /tmp/weft --listen 127.0.0.1:4420 ${WEFT_SERVE_ARGS:-} \
+    > "$OUT/raw/weft-serve.log" 2>&1 &
 for _ in $(seq 300); do [ -s /tmp/weft/api-token ] && (exec 3<>/dev/tcp/127.0.0.1/9440) 2>/dev/null && break; sleep 0.2; done
 export WEFT_API=127.0.0.1:9440 WEFT_API_TOKEN=$(cat /tmp/weft/api-token)
 HOSTNQN=$(cat /etc/nvme/hostnqn)
@@ -69,20 +79,28 @@ record() { # APP SIDE ROUND OPS_S AVG_US P99_US UNIT
     if [ -z "$4" ] || [ -z "$5" ]; then fail "$1 on $2 (round $3): no result, see raw/$1-$2-$3.txt"; return; fi
     printf '{"app":"%s","side":"%s","round":%s,"ops_s":%s,"avg_us":%s,"p99_us":%s,"unit":"%s"}\n' \
         "$1" "$2" "$3" "$4" "$5" "${6:-null}" "$7" >> "$OUT/results.jsonl"
-    printf '  %-13s %-6s round %s: %10.1f %s, avg %9.1f us, p99 %9s us\n' "$1" "$2" "$3" "$4" "$7" "$5" "${6:-?}"
+    printf '  %-16s %-6s round %s: %10.1f %s, avg %9.1f us, p99 %9s us\n' "$1" "$2" "$3" "$4" "$7" "$5" "${6:-?}"
 }
 
 rocksdb() { # NAME VALUE_BYTES KEYS SIDE ROUND
     local raw=$OUT/raw/$1-$4-$5.txt dir=/mnt/$4/rocksdb
-    local common=(--db="$dir" --num="$3" --value_size="$2" --threads=1 --use_direct_reads=true
+    local common=(--db="$dir" --num="$3" --value_size="$2" --use_direct_reads=true
         --use_direct_io_for_flush_and_compaction=true --compression_type=none)
     rm -rf "$dir"
-    # The whole load first (--duration would cut fillrandom short too, and each run would
-    # then read a different amount of data), then the timed mix on it.
-    { timeout 1800 db_bench "${common[@]}" --benchmarks=fillrandom &&
-      timeout $((RUNTIME * 4 + 600)) db_bench "${common[@]}" --use_existing_db=1 \
-        --benchmarks=readrandomwriterandom --readwritepercent=80 --duration="$RUNTIME" --histogram=1
-    } > "$raw" 2>&1
+    # The whole load first, one thread (--duration would cut fillrandom short too, and each
+    # run would then read a different amount of data; more threads would each load --num).
+    timeout 1800 db_bench "${common[@]}" --threads=1 --benchmarks=fillrandom > "$raw" 2>&1 || {
+        record "$1" "$4" "$5" "" "" "" "ops/s"; return; }
+    rocksdb_mix "$1" 1 "$4" "$5" "$raw" "${common[@]}"
+    rocksdb_mix "$1-4t" 4 "$4" "$5" "$OUT/raw/$1-4t-$4-$5.txt" "${common[@]}"
+}
+
+rocksdb_mix() { # NAME THREADS SIDE ROUND RAW DB_BENCH_ARGS...: the timed 80% read mix
+    local name=$1 threads=$2 side=$3 round=$4 raw=$5
+    shift 5
+    timeout $((RUNTIME * 4 + 600)) db_bench "$@" --threads="$threads" --use_existing_db=1 \
+        --benchmarks=readrandomwriterandom --readwritepercent=80 --duration="$RUNTIME" \
+        --histogram=1 >> "$raw" 2>&1
     local ops= avg= p99=
     read -r ops avg p99 <<< "$(python3 - "$raw" <<'PY'
 import re, sys
@@ -94,7 +112,7 @@ p = re.search(r"Percentiles:.*?P99: ([\d.]+)", text[m.end():])
 print(m.group(2), m.group(1), p.group(1) if p else "")
 PY
 )"
-    record "$1" "$4" "$5" "$ops" "$avg" "$p99" "ops/s"
+    record "$name" "$side" "$round" "$ops" "$avg" "$p99" "ops/s"
 }
 
 mariadb_start() { # SIDE
@@ -199,28 +217,38 @@ PY
     record "ycsb-$1" "$2" "$3" "$ops" "$avg" "$p99" "ops/s"
 }
 
-echo "=== preparing the databases (once per side)"
-for side in local remote; do
-    mariadb_start $side && prepare_sql $side
-    mariadb_stop
-done
+if [ "$MARIADB" = 1 ]; then
+    echo "=== preparing the databases (once per side)"
+    for side in local remote; do
+        mariadb_start $side && prepare_sql $side
+        mariadb_stop
+    done
+fi
 
 for round in $(seq "$ROUNDS"); do
     order=(local remote); [ $((round % 2)) = 0 ] && order=(remote local)
     echo "=== round $round (${order[*]})"
     for side in "${order[@]}"; do
-        rocksdb rocksdb-800b 800 "$KEYS_800" "$side" "$round"
-        rocksdb rocksdb-10kb 10240 "$KEYS_10K" "$side" "$round"
+        if wanted rocksdb; then
+            rocksdb rocksdb-800b 800 "$KEYS_800" "$side" "$round"
+            rocksdb rocksdb-10kb 10240 "$KEYS_10K" "$side" "$round"
+        fi
         sync; echo 3 > /proc/sys/vm/drop_caches
+        [ "$MARIADB" = 1 ] || continue
         mariadb_start "$side" || { mariadb_stop; continue; }
-        sysbench_run "$side" "$round"
-        tpcc_run "$side" "$round"
-        for w in a b c d e f; do ycsb_run $w "$side" "$round"; done
+        wanted sysbench && sysbench_run "$side" "$round"
+        wanted tpcc && tpcc_run "$side" "$round"
+        if wanted ycsb; then for w in a b c d e f; do ycsb_run $w "$side" "$round"; done; fi
         mariadb_stop
         sync; echo 3 > /proc/sys/vm/drop_caches
     done
 done
 
+# weft's counters over the whole run (the reactors' spin rests among them).
+python3 -c 'import os, urllib.request as u
+r = u.Request("http://%s/api/v1/stats" % os.environ["WEFT_API"],
+              headers={"Authorization": "Bearer " + os.environ["WEFT_API_TOKEN"]})
+print(u.urlopen(r, timeout=10).read().decode())' > "$OUT/raw/weft-stats.json" 2>&1
 echo "=== result"
 if [ "$FAILS" = 0 ]; then echo "PASS applications: $(wc -l < "$OUT/results.jsonl") runs"; else echo "FAIL applications: $FAILS failure(s)"; fi
 [ "$FAILS" = 0 ]
