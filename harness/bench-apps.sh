@@ -30,6 +30,12 @@ while [ $# -gt 0 ]; do
         *) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 2 ;;
     esac
 done
+for app in ${APPS//,/ }; do
+    case "$app" in
+        rocksdb | sysbench | tpcc | ycsb) ;;
+        *) echo "bench-apps: --apps: unknown application '$app' (rocksdb, sysbench, tpcc, ycsb)" >&2; exit 2 ;;
+    esac
+done
 [ "$(id -u)" = 0 ] || { echo "bench-apps: run as root" >&2; exit 2; }
 REPO=$PWD
 WEFT=$(realpath -m "$WEFT")

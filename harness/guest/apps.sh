@@ -6,8 +6,9 @@
 #   rocksdb-800b, rocksdb-10kb  db_bench: fillrandom, then readrandomwriterandom at 80% reads,
 #                               direct I/O for reads and for flush/compaction, one thread
 #                               (each read waits for the one before: a QD1 latency test)
-#   rocksdb-800b-4t, -10kb-4t   then the same mix again on the same data with 4 threads (as
-#                               the MariaDB clients below): the comparison with concurrency
+#   rocksdb-800b-4t, -10kb-4t   then the same mix again with 4 threads (as the MariaDB
+#                               clients below) on that database, after the one-thread mix's
+#                               writes: the comparison with concurrency
 #   sysbench                    oltp_read_write on MariaDB
 #   tpcc                        go-tpc tpcc on MariaDB (1 warehouse)
 #   ycsb-a .. ycsb-f            go-ycsb workloads A-F on MariaDB (a fixed operation count:

@@ -27,10 +27,12 @@ use weft_cluster::NodeView;
 use weft_control::{Store, StoreError, VolumeRecord};
 use weft_http::{self as http, Request};
 
-/// How long a forwarded call may take (creating a thick volume writes it).
+/// How long a forwarded change may take, at each step of the exchange
+/// (creating a thick volume writes it).
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// How long a forwarded read may take: reads answer from what the node
+/// How long a forwarded read may wait at each step of the exchange
+/// (connect, send, each receive): reads answer from what the node
 /// published, in milliseconds, so a node that takes longer is hung (its
 /// lease has not ended yet), and `volume show` or `volume list` during its
 /// failover answers without it instead of waiting the write timeout.
@@ -609,6 +611,27 @@ fn query_value<'a>(query: &'a str, name: &str) -> Option<&'a str> {
 
 /// Calls node `view`'s API with `request` marked as forwarded.
 fn call_node(view: &NodeView, request: &Request, body: Option<&[u8]>, token: &str) -> Response {
+    let timeout = forward_timeout(&request.method);
+    call_node_within(view, request, body, token, timeout)
+}
+
+/// How long a forwarded call of `method` may wait.
+fn forward_timeout(method: &str) -> Duration {
+    if method == "GET" {
+        READ_FORWARD_TIMEOUT
+    } else {
+        FORWARD_TIMEOUT
+    }
+}
+
+/// [`call_node`], waiting `timeout` at each step of the exchange.
+fn call_node_within(
+    view: &NodeView,
+    request: &Request,
+    body: Option<&[u8]>,
+    token: &str,
+    timeout: Duration,
+) -> Response {
     let node = &view.member.name;
     let api = &view.member.api;
     let unreachable = |error: String| {
@@ -629,13 +652,7 @@ fn call_node(view: &NodeView, request: &Request, body: Option<&[u8]>, token: &st
         format!("{}&{LOCAL_MARK}", request.query)
     };
     let path = format!("{}?{query}", request.path);
-    let read = request.method == "GET";
-    let body = body.filter(|_| !read);
-    let timeout = if read {
-        READ_FORWARD_TIMEOUT
-    } else {
-        FORWARD_TIMEOUT
-    };
+    let body = body.filter(|_| request.method != "GET");
     match http::call(
         &endpoint,
         Some(token),
@@ -648,9 +665,7 @@ fn call_node(view: &NodeView, request: &Request, body: Option<&[u8]>, token: &st
             Ok(value) => (status, value),
             Err(error) => unreachable(format!("its answer is not JSON: {error}")),
         },
-        Err(error) if is_timeout(&error) => {
-            unreachable(format!("no answer within {} s", timeout.as_secs()))
-        }
+        Err(error) if is_timeout(&error) => unreachable(format!("nothing within {timeout:?}")),
         Err(error) => unreachable(error.to_string()),
     }
 }
@@ -792,21 +807,16 @@ mod tests {
     }
 
     #[test]
-    fn a_read_forwarded_to_a_hung_node_fails_within_the_read_timeout() {
+    fn a_call_forwarded_to_a_hung_node_fails_within_its_timeout() {
+        assert_eq!(forward_timeout("GET"), READ_FORWARD_TIMEOUT);
+        assert_eq!(forward_timeout("POST"), FORWARD_TIMEOUT);
         // A node whose process is stopped: its kernel accepts, nobody answers.
         let hung = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let view = NodeView {
             member: weft_cluster::records::MemberRecord {
                 name: "n1".into(),
-                node_id: "id-n1".into(),
-                nvme: Vec::new(),
-                peer_nvme: Vec::new(),
                 api: format!("http://{}", hung.local_addr().unwrap()),
-                zone: None,
-                cordoned: false,
-                joined_unix_ms: 0,
-                down_since_unix_ms: None,
-                ordinal: None,
+                ..Default::default()
             },
             alive: None,
             controller: false,
@@ -818,15 +828,17 @@ mod tests {
             authorization: None,
             body: Vec::new(),
         };
+        let timeout = Duration::from_millis(200);
         let started = Instant::now();
-        let (status, body) = call_node(&view, &request, None, "token");
+        let (status, body) = call_node_within(&view, &request, None, "token", timeout);
         let took = started.elapsed();
         assert_eq!(status, 502);
-        assert!(body.to_string().contains("no answer within 5 s"), "{body}");
         assert!(
-            took >= READ_FORWARD_TIMEOUT && took < FORWARD_TIMEOUT / 4,
-            "{took:?}"
+            body.to_string()
+                .contains("did not answer: nothing within 200ms"),
+            "{body}"
         );
+        assert!(took >= timeout && took < Duration::from_secs(5), "{took:?}");
     }
 
     #[test]

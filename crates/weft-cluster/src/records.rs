@@ -58,7 +58,7 @@ pub struct ClusterRecord {
 }
 
 /// A node of the cluster.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MemberRecord {
     /// Its name (`--node`).
     pub name: String,

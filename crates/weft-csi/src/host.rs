@@ -126,8 +126,8 @@ fn nvme_as(host_nqn: &str, verb: &str, args: &[&str]) -> Result<String, HostErro
 /// dies) holds the host's I/O on its paths until the host's keep-alive
 /// gives up on them, so a shorter one bounds the pause of a replicated
 /// volume's failover (measured in the guest: 13 s with 5, 5.3-7.2 s with
-/// 2, 4.0 s with 1). weft's controllers allow a Keep Alive up to a second
-/// late, so 1 s does not cost a live path on a loaded host.
+/// 2, 3.2-4.3 s with 1). weft's controllers expire a second after KATO, so
+/// a Keep Alive a loaded host sends late does not cost a live path.
 const KEEP_ALIVE_TIMEOUT_S: &str = "1";
 
 /// Connects host `host_nqn` to subsystem `nqn` at each address; what

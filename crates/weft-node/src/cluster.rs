@@ -205,15 +205,7 @@ mod tests {
         weft_cluster::NodeView {
             member: weft_cluster::MemberRecord {
                 name: name.into(),
-                node_id: String::new(),
-                nvme: vec![],
-                peer_nvme: Vec::new(),
-                api: String::new(),
-                zone: None,
-                cordoned: false,
-                joined_unix_ms: 0,
-                down_since_unix_ms: None,
-                ordinal: None,
+                ..Default::default()
             },
             alive: None,
             controller: false,

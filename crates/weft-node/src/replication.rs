@@ -35,7 +35,8 @@ use weft_replication::{FromReplica, NodeId};
 use weft_target::replicated::ReplicatedIo;
 
 /// A replicator's inbox as its senders hold it: a channel, and an eventfd
-/// rung with each event, which wakes the replicator from its ring (where it
+/// rung with each event (or once after a link's batch, see
+/// [`Events::post`]), which wakes the replicator from its ring (where it
 /// also waits for its local writes, see [`write_ring`]).
 #[derive(Clone, Debug)]
 pub(crate) struct Events {

@@ -349,6 +349,7 @@ impl AdminQueue {
 /// one second later.
 fn keep_alive_expiry(now: Timestamp, kato: Duration) -> Timestamp {
     let granule = identify::KEEP_ALIVE_GRANULE;
+    // KATO is a u32 of milliseconds: at most 4,294,968 granules, no overflow.
     let granules = kato.as_nanos().div_ceil(granule.as_nanos()) as u32;
     now.after(granule * (granules + 1))
 }
@@ -897,6 +898,19 @@ fn get_features(queue: &AdminQueue, command: &Command, buffer: &mut [u8]) -> Out
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keep_alive_expires_a_granule_after_kato_rounded_up() {
+        let now = Timestamp(Duration::from_secs(10));
+        let expiry = |kato_ms| keep_alive_expiry(now, Duration::from_millis(kato_ms)).0;
+        assert_eq!(expiry(400), Duration::from_secs(12));
+        assert_eq!(expiry(1000), Duration::from_secs(12));
+        assert_eq!(expiry(1500), Duration::from_secs(13));
+        assert_eq!(
+            expiry(u64::from(u32::MAX)),
+            Duration::from_secs(10 + 4_294_968 + 1)
+        );
+    }
     use crate::target::ControllerRegistry;
     use crate::testing;
     use crate::wire::hex;

@@ -216,14 +216,17 @@ impl Session {
                 let done = self.queue.wait().map_err(|e| e.to_string())?;
                 // With every other completion that receive brought, and one
                 // wake-up of the replicator for all of them.
-                let mut result = self.completed(done.cid.0, done.status);
+                let mut posted = false;
+                let mut result = self.completed(done.cid.0, done.status, &mut posted);
                 while result.is_ok() {
                     let Some(more) = self.queue.poll_completion() else {
                         break;
                     };
-                    result = self.completed(more.cid.0, more.status);
+                    result = self.completed(more.cid.0, more.status, &mut posted);
                 }
-                self.events.ring();
+                if posted {
+                    self.events.ring();
+                }
                 result?;
             }
         }
@@ -357,8 +360,9 @@ impl Session {
         self.queue.transmit().map_err(|e| e.to_string())
     }
 
-    /// Reports a completion to the replicator (posted: the caller rings).
-    fn completed(&mut self, cid: u16, status: Status) -> Result<(), String> {
+    /// Reports a completion to the replicator: posted (setting `posted`)
+    /// when it finishes a message, for the caller to ring once.
+    fn completed(&mut self, cid: u16, status: Status, posted: &mut bool) -> Result<(), String> {
         let part = self
             .in_flight
             .remove(&cid)
@@ -378,6 +382,7 @@ impl Session {
                 let done = status.is_success();
                 let node = self.node;
                 let _ = self.events.post(Event::BarrierDone { node, seq, done });
+                *posted = true;
                 return Ok(());
             }
             _ if !status.is_success() => return Err(format!("command failed: {status}")),
@@ -396,6 +401,7 @@ impl Session {
                 node: self.node,
                 reply,
             });
+            *posted = true;
         }
         Ok(())
     }
