@@ -665,18 +665,11 @@ fn call_node_within(
             Ok(value) => (status, value),
             Err(error) => unreachable(format!("its answer is not JSON: {error}")),
         },
-        Err(error) if is_timeout(&error) => unreachable(format!("nothing within {timeout:?}")),
+        Err(error) if http::is_timeout(&error) => {
+            unreachable(format!("nothing within {timeout:?}"))
+        }
         Err(error) => unreachable(error.to_string()),
     }
-}
-
-/// A socket's read or write deadline passed (Linux reports it as
-/// `WouldBlock`).
-fn is_timeout(error: &std::io::Error) -> bool {
-    matches!(
-        error.kind(),
-        std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock
-    )
 }
 
 /// Adds `"node": NODE` to a view or to each view of a list.

@@ -257,19 +257,12 @@ fn serve_connection(mut stream: impl Read + Write, api: &Api) {
             }
         }
         Ok(request) => api.handle(&request),
-        Err(error)
-            if matches!(
-                error.kind(),
-                std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock
-            ) =>
-        {
-            failure(
-                408,
-                "request_timeout",
-                &error.to_string(),
-                "send the whole request at once (limits.api_request_timeout_ms in weft.toml)",
-            )
-        }
+        Err(error) if http::is_timeout(&error) => failure(
+            408,
+            "request_timeout",
+            &error.to_string(),
+            "send the whole request at once (limits.api_request_timeout_ms in weft.toml)",
+        ),
         Err(error) => failure(
             400,
             "bad_request",

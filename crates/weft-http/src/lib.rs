@@ -132,6 +132,15 @@ pub fn call(
     }
 }
 
+/// Whether `error` is a socket's read or write deadline passing (Linux
+/// reports it as `WouldBlock`).
+pub fn is_timeout(error: &io::Error) -> bool {
+    matches!(
+        error.kind(),
+        io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
+    )
+}
+
 /// Connects to the first of `address`'s addresses that answers within
 /// `timeout` (an address that drops packets would otherwise take the
 /// kernel's two minutes of SYN retries).

@@ -898,19 +898,6 @@ fn get_features(queue: &AdminQueue, command: &Command, buffer: &mut [u8]) -> Out
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn keep_alive_expires_a_granule_after_kato_rounded_up() {
-        let now = Timestamp(Duration::from_secs(10));
-        let expiry = |kato_ms| keep_alive_expiry(now, Duration::from_millis(kato_ms)).0;
-        assert_eq!(expiry(400), Duration::from_secs(12));
-        assert_eq!(expiry(1000), Duration::from_secs(12));
-        assert_eq!(expiry(1500), Duration::from_secs(13));
-        assert_eq!(
-            expiry(u64::from(u32::MAX)),
-            Duration::from_secs(10 + 4_294_968 + 1)
-        );
-    }
     use crate::target::ControllerRegistry;
     use crate::testing;
     use crate::wire::hex;
@@ -1008,5 +995,18 @@ mod tests {
         // Linux: NVME_AER_NOTICE (2) | NVME_AER_NOTICE_ANA (03h) << 8 | NVME_LOG_ANA (0Ch) << 16.
         assert_eq!(ANA_CHANGED, 0x000C_0302);
         assert_eq!(DISCOVERY_LOG_CHANGED, 0x0070_F002);
+    }
+
+    #[test]
+    fn keep_alive_expires_a_granule_after_kato_rounded_up() {
+        let now = Timestamp(Duration::from_secs(10));
+        let expiry = |kato_ms| keep_alive_expiry(now, Duration::from_millis(kato_ms)).0;
+        assert_eq!(expiry(400), Duration::from_secs(12));
+        assert_eq!(expiry(1000), Duration::from_secs(12));
+        assert_eq!(expiry(1500), Duration::from_secs(13));
+        assert_eq!(
+            expiry(u64::from(u32::MAX)),
+            Duration::from_secs(10 + 4_294_968 + 1)
+        );
     }
 }
