@@ -126,7 +126,7 @@ fn nvme_as(host_nqn: &str, verb: &str, args: &[&str]) -> Result<String, HostErro
 /// dies) holds the host's I/O on its paths until the host's keep-alive
 /// gives up on them, so a shorter one bounds the pause of a replicated
 /// volume's failover (measured in the guest: 13 s with 5, 5.3-7.2 s with
-/// 2, 3.2-4.3 s with 1). weft's controllers expire a second after KATO, so
+/// 2, 3.2-4.6 s with 1). weft's controllers expire a second after KATO, so
 /// a Keep Alive a loaded host sends late does not cost a live path.
 const KEEP_ALIVE_TIMEOUT_S: &str = "1";
 
