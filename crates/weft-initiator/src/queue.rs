@@ -18,7 +18,8 @@ pub struct HeapBuffers {
 }
 
 impl HeapBuffers {
-    fn new(slots: usize, buffer_bytes: usize) -> HeapBuffers {
+    /// `slots` buffers of `buffer_bytes` each, allocated on first use.
+    pub fn new(slots: usize, buffer_bytes: usize) -> HeapBuffers {
         HeapBuffers {
             buffers: vec![Vec::new(); slots],
             buffer_bytes,
@@ -118,6 +119,14 @@ impl Queue {
             .map_err(|source| InitiatorError::Io { address, source })?;
         self.polling = polling;
         Ok(())
+    }
+
+    /// The queue's parts, for a caller that drives the connection itself
+    /// (on its own io_uring ring, as a replicated volume's primary does):
+    /// the socket, the protocol state and the command buffers. Nothing is
+    /// lost: every byte received was fed to the protocol state already.
+    pub fn into_parts(self) -> (TcpStream, HostQueue, HeapBuffers) {
+        (self.stream, self.host, self.buffers)
     }
 
     /// The data buffer of command `cid`.

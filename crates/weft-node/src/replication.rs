@@ -6,9 +6,13 @@
 //! - [`replicator`]: the thread, its events and its actions.
 //! - [`link`]: one primary session with one replica (connect, fence, read
 //!   the write intent, then writes, copies, flushes and cleans in order).
+//! - [`links`]: the replicator's links, and ended sessions' sockets until
+//!   their operations completed.
+//! - [`link_socket`]: a link's NVMe/TCP connection on the replicator's ring.
 //! - [`local`]: the primary's own copy, read and written by a few worker threads.
 //! - [`write_ring`]: the replicator's ring: its mapped local writes, all in
-//!   flight at once, and its wait for them and for its inbox's events.
+//!   flight at once, its links' socket I/O, and its wait for them and for
+//!   its inbox's events.
 //! - [`progress`]: the rebuilds' progress as `volume show` and `/metrics` read it.
 //! - [`barrier`]: a snapshot taken, or a growth made, at one point of the
 //!   write stream on every copy in sync.
@@ -19,6 +23,8 @@
 
 pub(crate) mod barrier;
 mod link;
+mod link_socket;
+mod links;
 mod local;
 pub(crate) mod progress;
 pub(crate) mod replicator;
@@ -35,9 +41,8 @@ use weft_replication::{FromReplica, NodeId};
 use weft_target::replicated::ReplicatedIo;
 
 /// A replicator's inbox as its senders hold it: a channel, and an eventfd
-/// rung with each event (or once after a link's batch, see
-/// [`Events::post`]), which wakes the replicator from its ring (where it
-/// also waits for its local writes, see [`write_ring`]).
+/// rung with each event, which wakes the replicator from its ring (where it
+/// also waits for its local writes and its links' sockets, see [`write_ring`]).
 #[derive(Clone, Debug)]
 pub(crate) struct Events {
     sender: Sender<Event>,
@@ -68,23 +73,10 @@ impl Events {
     // As `mpsc::Sender::send`: a host I/O comes back to be answered.
     #[allow(clippy::result_large_err)]
     pub(crate) fn send(&self, event: Event) -> Result<(), mpsc::SendError<Event>> {
-        self.post(event)?;
-        self.ring();
-        Ok(())
-    }
-
-    /// Delivers `event` without waking the replicator: the sender calls
-    /// [`Events::ring`] once after a batch (a link's completions of one
-    /// receive: one wake-up, one system call, for all of them).
-    #[allow(clippy::result_large_err)]
-    pub(crate) fn post(&self, event: Event) -> Result<(), mpsc::SendError<Event>> {
-        self.sender.send(event)
-    }
-
-    /// Wakes the replicator for what was posted.
-    pub(crate) fn ring(&self) {
+        self.sender.send(event)?;
         // The counter only saturates after 2^64 rings; a failure means the reader is gone.
         let _ = (&*self.wake).write_all(&1u64.to_ne_bytes());
+        Ok(())
     }
 }
 
@@ -94,6 +86,12 @@ pub(crate) enum Event {
     Host(ReplicatedIo),
     /// A replica's answer (from its link).
     Replica { node: NodeId, reply: FromReplica },
+    /// A session's connection, fenced, from its attach thread.
+    Attached {
+        node: NodeId,
+        token: weft_replication::Token,
+        attachment: Box<link::Attachment>,
+    },
     /// A local I/O finished (from a local I/O worker).
     LocalDone {
         op: weft_replication::OpId,

@@ -1,25 +1,27 @@
-//! One primary session with one replica: a thread that connects to the
+//! One primary session with one replica: a thread connects to the
 //! replica's node (its private replica subsystem, DH-HMAC-CHAP both ways),
-//! takes the fence with the session's token, reads the replica's write
-//! intent, then carries the primary's messages as NVMe commands on one I/O
-//! queue, in order, and reports every answer to the replicator.
+//! takes the fence with the session's token and reads the replica's write
+//! intent, then hands the connection to the replicator, whose ring carries
+//! the primary's messages as NVMe commands on one I/O queue, in order
+//! (`super::link_socket`), and turns every answer into the core's reply.
 //!
-//! A session ends for good when the connection fails or the replicator drops
-//! the link: the primary then reattaches with a new session (a new link,
-//! a new connection, a larger token), so no command of an old session can
-//! reach the replica after the new fence (see `weft_proto::fence`).
+//! A session ends for good when the connection fails or the replicator
+//! replaces the link: the primary then reattaches with a new session (a new
+//! link, a new connection, a larger token), so no command of an old session
+//! can reach the replica after the new fence (see `weft_proto::fence`).
 //!
 //! Pipelined: every message waiting is submitted (up to the queue's
-//! entries) before the thread blocks for the next completion, so a message
-//! that arrives while others are in flight waits at most one completion.
-//! Messages longer than the target's transfer size (a 1 MiB rebuild copy)
-//! go as several commands; the message is done when all are.
+//! entries) at the replicator's next wait. Messages longer than the
+//! target's transfer size (a 1 MiB rebuild copy) go as several commands;
+//! the message is done when all are.
 
 use super::barrier::BarrierOp;
+use super::link_socket::RingSocket;
+use super::write_ring::WriteRing;
 use super::{Event, Events};
 use std::collections::{BTreeMap, VecDeque};
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
 use std::sync::Arc;
 use std::time::Duration;
 use weft_control::Store;
@@ -29,12 +31,10 @@ use weft_proto::fence::FenceToken;
 use weft_proto::host::DataTransfer;
 use weft_proto::status::Status;
 use weft_replication::{FromReplica, NodeId, OpId, RegionSet, ToReplica, Token};
+use weft_uring::Completion;
 
 /// The replica's namespace on its replica subsystem.
 const NSID: u32 = 1;
-/// A replica that answers nothing for this long has failed (the primary
-/// usually gives up earlier, at its replica timeout).
-const IO_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How long an attach is tried again (less than the primary's replica timeout).
 const ATTACH_PATIENCE: Duration = Duration::from_millis(1500);
@@ -85,31 +85,223 @@ pub(crate) struct LinkTarget {
     pub(crate) unreachable: Arc<AtomicBool>,
 }
 
-/// A running session; dropping it ends the session once its thread
-/// notices (the connection closes with it).
-#[derive(Debug)]
+/// A replica's controller, held for a session (its keep-alive runs while
+/// held); let go on a thread of its own: stopping the keep-alive waits for
+/// a Keep Alive that a hung replica may not answer for seconds.
+struct Held(Option<Controller>);
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if let Some(controller) = self.0.take() {
+            let thread = std::thread::Builder::new().name("link-close".into());
+            // Failing that, here.
+            let _ = thread.spawn(move || drop(controller));
+        }
+    }
+}
+
+/// A session's connection, as its attach thread hands it to the replicator.
+pub(crate) struct Attachment {
+    controller: Held,
+    queue: Queue,
+    transfer_bytes_max: usize,
+    /// The replica's answer to the fence, for the core.
+    reply: FromReplica,
+}
+
+impl std::fmt::Debug for Attachment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Attachment")
+            .field("reply", &self.reply)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One primary session with one replica, as the replicator holds it.
 pub(crate) struct Link {
-    sender: Sender<Outgoing>,
+    node: NodeId,
+    token: Token,
+    block_size: u32,
+    state: State,
+}
+
+enum State {
+    /// Its attach thread connects and fences; messages wait here.
+    Attaching(Vec<Outgoing>),
+    /// Connected: messages go out on the replicator's ring.
+    Open(Box<Session>),
+    /// The connection ended while nothing was in flight: the core hears
+    /// at the next message (set: one came), as it did when a link thread
+    /// only read its socket with commands out. So a replica whose node
+    /// shut down cleanly between writes stays in sync until written to.
+    Broken(bool),
+    /// Over (the core was told): messages are dropped.
+    Ended,
 }
 
 impl Link {
-    /// Starts a session that fences the replica with `token`.
+    /// Starts a session that fences the replica with `token`: a thread
+    /// connects, fences and reads the intent, then hands the connection
+    /// over as [`Event::Attached`] (or the refusal as [`Event::Replica`]).
     pub(crate) fn start(target: LinkTarget, token: Token, events: Events) -> Link {
-        let (sender, messages) = mpsc::channel();
+        let (node, block_size) = (target.node, target.block_size);
         let name = format!("link-{}", target.name);
         let spawned = std::thread::Builder::new()
             .name(name)
-            .spawn(move || Session::run(target, token, messages, events));
+            .spawn(move || attach_thread(target, token, events));
         if let Err(error) = spawned {
             log::error!("cannot start a replica link: {error}");
         }
-        Link { sender }
+        Link {
+            node,
+            token,
+            block_size,
+            state: State::Attaching(Vec::new()),
+        }
     }
 
-    /// Queues a message (lost if the session ended: the primary's timeout
-    /// or the session's refusal tells).
-    pub(crate) fn send(&self, outgoing: Outgoing) {
-        let _ = self.sender.send(outgoing);
+    /// Queues a message (dropped if the session ended: the primary's
+    /// timeout or the session's refusal tells).
+    pub(crate) fn send(&mut self, outgoing: Outgoing) {
+        match &mut self.state {
+            State::Attaching(waiting) => waiting.push(outgoing),
+            State::Open(session) => session.build(outgoing),
+            State::Broken(message) => *message = true,
+            State::Ended => {}
+        }
+    }
+
+    /// The session's token.
+    pub(crate) fn token(&self) -> Token {
+        self.token
+    }
+
+    /// Its attach thread has not handed the connection over yet.
+    pub(crate) fn is_attaching(&self) -> bool {
+        matches!(self.state, State::Attaching(_))
+    }
+
+    /// The socket of its connection, if open.
+    pub(crate) fn socket(&self) -> Option<u32> {
+        match &self.state {
+            State::Open(session) => Some(session.socket.id()),
+            _ => None,
+        }
+    }
+
+    /// Its attach thread's connection: the session opens on the ring as
+    /// socket `id`, with the messages that waited. The reply for the core
+    /// (a refusal if the connection cannot be taken over).
+    pub(crate) fn open(&mut self, attachment: Attachment, id: u32) -> FromReplica {
+        let Attachment {
+            controller,
+            queue,
+            transfer_bytes_max,
+            reply,
+        } = attachment;
+        let State::Attaching(waiting) = std::mem::replace(&mut self.state, State::Ended) else {
+            unreachable!("only an attaching link is opened");
+        };
+        let socket = match RingSocket::new(id, queue.into_parts()) {
+            Ok(socket) => socket,
+            Err(error) => {
+                log::warn!("replica {:?}: no buffers for its link: {error}", self.node);
+                return self.refusal();
+            }
+        };
+        let mut session = Box::new(Session {
+            node: self.node,
+            token: self.token,
+            socket,
+            _controller: controller,
+            block_size: self.block_size,
+            transfer_bytes_max,
+            in_flight: BTreeMap::new(),
+            parts_left: BTreeMap::new(),
+            waiting: VecDeque::new(),
+        });
+        for outgoing in waiting {
+            session.build(outgoing);
+        }
+        self.state = State::Open(session);
+        reply
+    }
+
+    /// Submits the commands waiting and starts the socket's I/O. A
+    /// failure ends the session, its refusal for the core in `replies`;
+    /// the session then comes back for its socket's operations to finish.
+    pub(crate) fn start_io(
+        &mut self,
+        ring: &mut WriteRing,
+        replies: &mut Vec<Event>,
+    ) -> Option<Box<Session>> {
+        let error = match &mut self.state {
+            State::Open(session) => session.start_io(ring).err()?,
+            State::Broken(true) => "its connection had ended".to_string(),
+            _ => return None,
+        };
+        self.end(&error, replies)
+    }
+
+    /// One of its socket's operations completed: the replies it brought go
+    /// to `replies`. A failed command ends the session (see
+    /// [`Link::start_io`]), so does a failed connection with commands in
+    /// flight; with none, it breaks off until the next message (see
+    /// [`State::Broken`]).
+    pub(crate) fn completed(
+        &mut self,
+        completion: Completion,
+        ring: &mut WriteRing,
+        replies: &mut Vec<Event>,
+    ) -> Option<Box<Session>> {
+        let State::Open(session) = &mut self.state else {
+            unreachable!("completions reach open links only");
+        };
+        if let Err(error) = session.socket.completed(completion, ring) {
+            if session.in_flight.is_empty() && session.waiting.is_empty() {
+                log::info!("replica {:?}: connection ended: {error}", self.node);
+                let session = self.close();
+                self.state = State::Broken(false);
+                return session;
+            }
+            return self.end(&error, replies);
+        }
+        while let Some(done) = session.socket.poll_completion() {
+            if let Err(error) = session.completed(done.cid.0, done.status, replies) {
+                return self.end(&error, replies);
+            }
+        }
+        None
+    }
+
+    /// Ends the session after `error`: the core hears a refusal (through
+    /// `replies`); the session comes back for its socket's operations to finish.
+    fn end(&mut self, error: &str, replies: &mut Vec<Event>) -> Option<Box<Session>> {
+        log::info!("replica {:?}: session ended: {error}", self.node);
+        replies.push(Event::Replica {
+            node: self.node,
+            reply: self.refusal(),
+        });
+        self.close()
+    }
+
+    /// Closes the session without a word to the core (it replaced it):
+    /// the session comes back for its socket's operations to finish.
+    pub(crate) fn close(&mut self) -> Option<Box<Session>> {
+        match std::mem::replace(&mut self.state, State::Ended) {
+            State::Open(mut session) => {
+                session.socket.close();
+                Some(session)
+            }
+            _ => None,
+        }
+    }
+
+    fn refusal(&self) -> FromReplica {
+        FromReplica::Refused {
+            token: self.token,
+            current: Token::default(),
+        }
     }
 }
 
@@ -122,19 +314,40 @@ enum Part {
     Barrier(u64),
 }
 
+/// A command's data, until it is copied into the queue's buffer.
+enum Data {
+    None,
+    Owned(Vec<u8>),
+    /// A range of a write's data (shared with the replicator and the other links).
+    Shared(Arc<Vec<u8>>, Range<usize>),
+}
+
+impl Data {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Data::None => &[],
+            Data::Owned(data) => data,
+            Data::Shared(data, range) => &data[range.clone()],
+        }
+    }
+}
+
 /// A command built from a message, with its data.
 struct Built {
     command: [u8; 64],
     transfer: DataTransfer,
-    data: Option<Vec<u8>>,
+    data: Data,
     part: Part,
 }
 
-struct Session {
+/// An open session: its connection on the replicator's ring and the
+/// commands it carries.
+pub(crate) struct Session {
     node: NodeId,
     token: Token,
-    events: Events,
-    queue: Queue,
+    socket: RingSocket,
+    /// Held while the session lasts (its keep-alive).
+    _controller: Held,
     block_size: u32,
     transfer_bytes_max: usize,
     /// Commands in flight, by CID.
@@ -146,90 +359,33 @@ struct Session {
 }
 
 impl Session {
-    fn run(target: LinkTarget, token: Token, messages: Receiver<Outgoing>, events: Events) {
-        let node = target.node;
-        let report = |reply: FromReplica| {
-            let _ = events.send(Event::Replica { node, reply });
-        };
-        // A session that cannot start is refused at once: the primary
-        // marks the link down and tries again later.
-        let refused = FromReplica::Refused {
-            token,
-            current: Token::default(),
-        };
-        let (controller, queue) = match attach_patiently(&target, token) {
-            Ok(Attached::Fenced { connection, reply }) => {
-                if target.unreachable.swap(false, Ordering::Relaxed) {
-                    log::info!("replica on node {}: reached again", target.name);
-                }
-                report(reply);
-                *connection
-            }
-            Ok(Attached::Refused(reply)) => return report(reply),
-            Err(error) => {
-                if target.unreachable.swap(true, Ordering::Relaxed) {
-                    log::debug!("replica on node {}: {error}", target.name);
-                } else {
-                    log::info!("replica on node {}: {error} (tried again every second; logged again once reached)", target.name);
-                }
-                return report(refused);
-            }
-        };
-        let mut session = Session {
-            node,
-            token,
-            events: events.clone(),
-            transfer_bytes_max: controller.info.transfer_bytes_max as usize,
-            queue,
-            block_size: target.block_size,
-            in_flight: BTreeMap::new(),
-            parts_left: BTreeMap::new(),
-            waiting: VecDeque::new(),
-        };
-        if let Err(error) = session.serve(&messages) {
-            log::info!("replica on node {}: session ended: {error}", target.name);
-            report(refused);
-        }
-        drop(controller);
+    /// Its socket.
+    pub(crate) fn socket(&mut self) -> &mut RingSocket {
+        &mut self.socket
     }
 
-    /// Carries messages until the replicator drops the link or the
-    /// connection fails.
-    fn serve(&mut self, messages: &Receiver<Outgoing>) -> Result<(), String> {
-        loop {
-            if self.in_flight.is_empty() && self.waiting.is_empty() {
-                match messages.recv() {
-                    Ok(outgoing) => self.build(outgoing),
-                    Err(mpsc::RecvError) => return Ok(()),
+    /// Its socket's id.
+    pub(crate) fn socket_id(&self) -> u32 {
+        self.socket.id()
+    }
+
+    fn start_io(&mut self, ring: &mut WriteRing) -> Result<(), String> {
+        while let Some(built) = self.waiting.pop_front() {
+            match self
+                .socket
+                .submit(built.command, built.transfer, built.data.bytes())
+            {
+                Ok(cid) => {
+                    self.in_flight.insert(cid.0, built.part);
                 }
-            }
-            loop {
-                match messages.try_recv() {
-                    Ok(outgoing) => self.build(outgoing),
-                    Err(TryRecvError::Empty) => break,
-                    Err(TryRecvError::Disconnected) if self.in_flight.is_empty() => return Ok(()),
-                    Err(TryRecvError::Disconnected) => break,
+                Err(weft_proto::host::SubmitError::QueueFull) => {
+                    self.waiting.push_front(built);
+                    break;
                 }
-            }
-            self.submit_waiting()?;
-            if !self.in_flight.is_empty() {
-                let done = self.queue.wait().map_err(|e| e.to_string())?;
-                // With every other completion that receive brought, and one
-                // wake-up of the replicator for all of them.
-                let mut posted = false;
-                let mut result = self.completed(done.cid.0, done.status, &mut posted);
-                while result.is_ok() {
-                    let Some(more) = self.queue.poll_completion() else {
-                        break;
-                    };
-                    result = self.completed(more.cid.0, more.status, &mut posted);
-                }
-                if posted {
-                    self.events.ring();
-                }
-                result?;
+                Err(error) => return Err(error.to_string()),
             }
         }
+        self.socket.start(ring)
     }
 
     /// Turns a message into commands, queued for submission.
@@ -250,7 +406,12 @@ impl Session {
             }
             ToReplica::Flush { op, .. } => {
                 let command = sqe(io_opcode::FLUSH, NSID);
-                self.push(command, DataTransfer::None, None, Part::Core(Some(op)));
+                self.push(
+                    command,
+                    DataTransfer::None,
+                    Data::None,
+                    Part::Core(Some(op)),
+                );
             }
             ToReplica::Clean { regions, .. } => {
                 let most = weft_proto::intent::CLEAN_REGIONS_MAX as usize;
@@ -259,7 +420,7 @@ impl Session {
                     let mut command = sqe(weft_proto::intent::CLEAN_OPCODE, NSID);
                     set_cdw(&mut command, 10, chunk.len() as u32);
                     let transfer = DataTransfer::ToController(data.len() as u32);
-                    self.push(command, transfer, Some(data), Part::Core(None));
+                    self.push(command, transfer, Data::Owned(data), Part::Core(None));
                 }
             }
         }
@@ -271,13 +432,13 @@ impl Session {
                 let mut command = sqe(weft_proto::intent::SNAPSHOT_OPCODE, NSID);
                 set_cdw(&mut command, 10, name.len() as u32);
                 let transfer = DataTransfer::ToController(name.len() as u32);
-                (command, transfer, Some(name.as_bytes().to_vec()))
+                (command, transfer, Data::Owned(name.as_bytes().to_vec()))
             }
             BarrierOp::Grow(size_bytes) => {
                 let mut command = sqe(weft_proto::intent::GROW_OPCODE, NSID);
                 set_cdw(&mut command, 10, *size_bytes as u32);
                 set_cdw(&mut command, 11, (*size_bytes >> 32) as u32);
-                (command, DataTransfer::None, None)
+                (command, DataTransfer::None, Data::None)
             }
         };
         self.push(command, transfer, data, Part::Barrier(seq));
@@ -295,12 +456,9 @@ impl Session {
                     let mut command = read_write(io_opcode::WRITE, NSID, slba, blocks);
                     set_cdw(&mut command, 12, (blocks - 1) | fua_bit);
                     let transfer = DataTransfer::ToController(piece.len() as u32);
-                    self.push(
-                        command,
-                        transfer,
-                        Some(piece.to_vec()),
-                        Part::Core(Some(op)),
-                    );
+                    let range = index * piece_max..index * piece_max + piece.len();
+                    let data = Data::Shared(Arc::clone(&data), range);
+                    self.push(command, transfer, data, Part::Core(Some(op)));
                 }
             }
             Some(Payload::Zeroes { deallocate, blocks }) => {
@@ -312,7 +470,12 @@ impl Session {
                     let mut command =
                         read_write(io_opcode::WRITE_ZEROES, NSID, block + done, count);
                     set_cdw(&mut command, 12, (count - 1) | deac | fua_bit);
-                    self.push(command, DataTransfer::None, None, Part::Core(Some(op)));
+                    self.push(
+                        command,
+                        DataTransfer::None,
+                        Data::None,
+                        Part::Core(Some(op)),
+                    );
                     done += u64::from(count);
                 }
             }
@@ -322,13 +485,7 @@ impl Session {
         }
     }
 
-    fn push(
-        &mut self,
-        command: [u8; 64],
-        transfer: DataTransfer,
-        data: Option<Vec<u8>>,
-        part: Part,
-    ) {
+    fn push(&mut self, command: [u8; 64], transfer: DataTransfer, data: Data, part: Part) {
         if let Part::Core(Some(op)) = part {
             *self.parts_left.entry(op).or_default() += 1;
         }
@@ -340,29 +497,14 @@ impl Session {
         });
     }
 
-    fn submit_waiting(&mut self) -> Result<(), String> {
-        while let Some(built) = self.waiting.pop_front() {
-            let cid = self.queue.next_cid();
-            if let Some(data) = &built.data {
-                self.queue.buffer(cid)[..data.len()].copy_from_slice(data);
-            }
-            match self.queue.submit(built.command, built.transfer) {
-                Ok(cid) => {
-                    self.in_flight.insert(cid.0, built.part);
-                }
-                Err(weft_proto::host::SubmitError::QueueFull) => {
-                    self.waiting.push_front(built);
-                    break;
-                }
-                Err(error) => return Err(error.to_string()),
-            }
-        }
-        self.queue.transmit().map_err(|e| e.to_string())
-    }
-
-    /// Reports a completion to the replicator: posted (setting `posted`)
-    /// when it finishes a message, for the caller to ring once.
-    fn completed(&mut self, cid: u16, status: Status, posted: &mut bool) -> Result<(), String> {
+    /// A command the replica finished: its message's reply goes to
+    /// `replies` once all its commands are (a failure ends the session).
+    fn completed(
+        &mut self,
+        cid: u16,
+        status: Status,
+        replies: &mut Vec<Event>,
+    ) -> Result<(), String> {
         let part = self
             .in_flight
             .remove(&cid)
@@ -381,8 +523,7 @@ impl Session {
                 }
                 let done = status.is_success();
                 let node = self.node;
-                let _ = self.events.post(Event::BarrierDone { node, seq, done });
-                *posted = true;
+                replies.push(Event::BarrierDone { node, seq, done });
                 return Ok(());
             }
             _ if !status.is_success() => return Err(format!("command failed: {status}")),
@@ -397,22 +538,50 @@ impl Session {
                 token: self.token,
                 op,
             };
-            let _ = self.events.post(Event::Replica {
+            replies.push(Event::Replica {
                 node: self.node,
                 reply,
             });
-            *posted = true;
         }
         Ok(())
     }
 }
 
 enum Attached {
-    Fenced {
-        connection: Box<(Controller, Queue)>,
-        reply: FromReplica,
-    },
+    Fenced(Box<Attachment>),
     Refused(FromReplica),
+}
+
+/// A session's start: attaches, then hands the connection to the
+/// replicator. A session that cannot start is refused at once: the
+/// primary marks the link down and tries again later.
+fn attach_thread(target: LinkTarget, token: Token, events: Events) {
+    let node = target.node;
+    let event = match attach_patiently(&target, token) {
+        Ok(Attached::Fenced(attachment)) => {
+            if target.unreachable.swap(false, Ordering::Relaxed) {
+                log::info!("replica on node {}: reached again", target.name);
+            }
+            Event::Attached {
+                node,
+                token,
+                attachment,
+            }
+        }
+        Ok(Attached::Refused(reply)) => Event::Replica { node, reply },
+        Err(error) => {
+            if target.unreachable.swap(true, Ordering::Relaxed) {
+                log::debug!("replica on node {}: {error}", target.name);
+            } else {
+                log::info!("replica on node {}: {error} (tried again every second; logged again once reached)", target.name);
+            }
+            let current = Token::default();
+            let reply = FromReplica::Refused { token, current };
+            Event::Replica { node, reply }
+        }
+    };
+    // The replicator may be gone: the connection then closes here.
+    let _ = events.send(event);
 }
 
 /// The NVMe/TCP address of the replica subsystem on `target`'s node.
@@ -487,9 +656,6 @@ fn attach(target: &LinkTarget, token: Token) -> Result<Attached, String> {
     }
     let written = controller.write_intent().map_err(|e| e.to_string())?;
     let queue = controller.open_io_queue(1).map_err(|e| e.to_string())?;
-    queue
-        .set_io_timeout(Some(IO_TIMEOUT))
-        .map_err(|e| e.to_string())?;
     let mut intent = RegionSet::new(target.regions);
     for &region in written.regions.iter().filter(|&&r| r < target.regions) {
         intent.insert(region);
@@ -499,8 +665,10 @@ fn attach(target: &LinkTarget, token: Token) -> Result<Attached, String> {
         intent,
         unclean: written.unclean,
     };
-    Ok(Attached::Fenced {
-        connection: Box::new((controller, queue)),
+    Ok(Attached::Fenced(Box::new(Attachment {
+        transfer_bytes_max: controller.info.transfer_bytes_max as usize,
+        controller: Held(Some(controller)),
+        queue,
         reply,
-    })
+    })))
 }

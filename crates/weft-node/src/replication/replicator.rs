@@ -1,12 +1,12 @@
 //! The replicator: one thread per replicated volume this node is the
 //! primary of. It drives the replication core's `Primary` as `weft-sim`'s
 //! node does: host writes and flushes come from the reactors, replicas'
-//! answers from the link threads, the record's changes from a poller and
-//! the store's answers from commit threads, all as [`Event`]s on one
-//! channel; the actions go out in order (mapped local writes on its own
-//! io_uring ring, where it also waits for events, the rest of its local
-//! I/O on `LocalPool`'s workers, messages to the links, commits to helper
-//! threads).
+//! answers from its links' sockets, the record's changes from a poller and
+//! the store's answers from commit threads, as [`Event`]s on one channel
+//! or completions on its ring; the actions go out in order (mapped local
+//! writes and the links' commands on its own io_uring ring, where it also
+//! waits for events, the rest of its local I/O on `LocalPool`'s workers,
+//! commits to helper threads).
 //!
 //! Before it serves an epoch it persists that it did (`replicas/<volume>.epoch`):
 //! a primary that restarts, or comes back after losing its lease, under an
@@ -18,11 +18,12 @@
 //! and the manager when that changes (the ANA state follows).
 
 use super::barrier::{announce_snapshot, Barrier, BarrierOp, Step};
-use super::link::{Link, LinkTarget, Outgoing, Payload};
+use super::link::{LinkTarget, Outgoing, Payload};
+use super::links::Links;
 use super::local::{LocalPool, LocalResult, LocalWork};
 use super::progress::Tracker;
 use super::run::{write_served_epoch, RunFile};
-use super::write_ring::{RingWrite, WriteRing};
+use super::write_ring::{RingWrite, Woken, WriteRing};
 use super::{Event, Events, Inbox};
 use crate::manager::intents::IntentFile;
 use crate::manager::replicas::replica_nqn;
@@ -217,7 +218,9 @@ struct Replicator {
     ring: WriteRing,
     intent: Arc<IntentFile>,
     targets: BTreeMap<NodeId, LinkTarget>,
-    links: BTreeMap<NodeId, Link>,
+    links: Links,
+    /// Replies the links brought at the last wait (kept: no allocation per wake-up).
+    replies: Vec<Event>,
     ops: BTreeMap<OpId, OpData>,
     next_op: u64,
     events: Events,
@@ -425,7 +428,8 @@ impl Replicator {
             ring,
             intent,
             targets,
-            links: BTreeMap::new(),
+            links: Links::new(events.clone()),
+            replies: Vec::new(),
             ops: BTreeMap::new(),
             next_op: 0,
             events,
@@ -445,7 +449,7 @@ impl Replicator {
     }
 
     fn run(&mut self, inbox: &Receiver<Event>) {
-        let mut written = Vec::new();
+        let mut woken = Woken::default();
         loop {
             let now = self.lease.now();
             self.primary.set_lease(self.lease.until(), now);
@@ -467,15 +471,26 @@ impl Replicator {
                 log::info!("volume {}: no longer primary", self.volume);
                 break;
             }
-            // Sleeps (until an event, a local write or the tick) only
-            // with nothing in the inbox; submits the local writes either way.
+            // Sleeps (until an event, a local write, a socket or the tick)
+            // only with nothing in the inbox; submits the local writes and
+            // the links' commands either way.
+            let mut replies = std::mem::take(&mut self.replies);
+            self.links.start_io(&mut self.ring, &mut replies);
             let mut next = inbox.try_recv();
-            let sleep = matches!(next, Err(TryRecvError::Empty));
-            match self.ring.wait(sleep, TICK, &mut written) {
+            let sleep = matches!(next, Err(TryRecvError::Empty)) && replies.is_empty();
+            match self.ring.wait(sleep, TICK, &mut woken) {
                 Ok(()) => {
-                    for (op, result) in written.drain(..) {
+                    for completion in woken.sockets.drain(..) {
+                        self.links
+                            .completed(completion, &mut self.ring, &mut replies);
+                    }
+                    for (op, result) in woken.written.drain(..) {
                         self.local_finished(op, result);
                     }
+                    for reply in replies.drain(..) {
+                        self.handle(reply);
+                    }
+                    self.replies = replies;
                 }
                 Err(error) => {
                     log::error!("volume {}: its I/O ring failed: {error}", self.volume);
@@ -509,13 +524,20 @@ impl Replicator {
     /// ring past the limit are waited for when the ring is dropped.)
     fn drain_local(&mut self, limit: Duration) -> bool {
         let start = std::time::Instant::now();
-        // What finishes here is on the copy; nobody waits for its answer.
-        let mut written = Vec::new();
-        while self.ring.writes_in_flight() > 0 && start.elapsed() < limit {
-            written.clear();
-            if let Err(error) = self.ring.wait(true, TICK, &mut written) {
+        // What finishes here is on the copy, or a closed link's; nobody
+        // waits for its answer.
+        let mut woken = Woken::default();
+        let mut replies = Vec::new();
+        let busy = |r: &Self| r.ring.writes_in_flight() > 0 || !r.links.is_idle();
+        while busy(self) && start.elapsed() < limit {
+            woken.written.clear();
+            if let Err(error) = self.ring.wait(true, TICK, &mut woken) {
                 log::error!("volume {}: its I/O ring failed: {error}", self.volume);
                 break;
+            }
+            for completion in woken.sockets.drain(..) {
+                self.links
+                    .completed(completion, &mut self.ring, &mut replies);
             }
         }
         let pool = self.local.drain(limit.saturating_sub(start.elapsed()));
@@ -542,7 +564,7 @@ impl Replicator {
                 reply.send(VolumeOutcome::Done(Err(IoError::PathInaccessible)));
             }
         }
-        self.links.clear();
+        self.links.close_all();
         if !self.drain_local(Duration::from_secs(10)) {
             log::error!(
                 "volume {}: local writes still running 10 s after this node stopped being primary",
@@ -575,6 +597,15 @@ impl Replicator {
                     barrier.session_ended(node);
                 }
                 self.primary.replica_reply(node, reply, now)
+            }
+            Event::Attached {
+                node,
+                token,
+                attachment,
+            } => {
+                if let Some(reply) = self.links.attached(node, token, attachment) {
+                    self.primary.replica_reply(node, reply, now)
+                }
             }
             Event::Barrier { op, reply } => self.begin_barrier(op, reply),
             Event::BarrierAnnounced { seq, result } => {
@@ -952,8 +983,7 @@ impl Replicator {
             let Some(target) = self.targets.get(&to) else {
                 return;
             };
-            let link = Link::start(target.clone(), token, self.events.clone());
-            self.links.insert(to, link);
+            self.links.start(target, token);
             return;
         }
         let payload = match &msg {
@@ -962,9 +992,7 @@ impl Replicator {
             }
             ToReplica::Flush { .. } | ToReplica::Clean { .. } | ToReplica::Fence { .. } => None,
         };
-        if let Some(link) = self.links.get(&to) {
-            link.send(Outgoing::Core { msg, payload });
-        }
+        self.links.send(to, Outgoing::Core { msg, payload });
     }
 
     /// A barrier asked for: made unless one is under way or this node
@@ -1039,13 +1067,13 @@ impl Replicator {
                     .primary
                     .links()
                     .into_iter()
-                    .filter(|&(node, state)| state == "in-sync" && self.links.contains_key(&node))
+                    .filter(|&(node, state)| state == "in-sync" && self.links.contains(node))
                     .map(|(node, _)| node)
                     .collect();
                 let (seq, op) = (barrier.seq, barrier.op.clone());
                 for node in &in_sync {
                     let op = op.clone();
-                    self.links[node].send(Outgoing::Barrier { seq, op });
+                    self.links.send(*node, Outgoing::Barrier { seq, op });
                 }
                 barrier.asked(in_sync);
                 self.barrier_local(seq, &op);

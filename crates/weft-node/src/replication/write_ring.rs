@@ -1,8 +1,9 @@
 //! The replicator's ring: the primary's writes to its own copy of a
 //! replicated volume, all in flight at once on io_uring (as the reactors do
 //! for a volume with one copy), and the replicator's wait, for those writes,
-//! for its inbox (an eventfd its senders ring, see `super::Events`) and for
-//! its tick, in one system call. A synchronous `pwrite` per worker thread
+//! for its inbox (an eventfd its senders ring, see `super::Events`), for
+//! its links' sockets (see `super::link_socket`) and for its tick, in one
+//! system call. A synchronous `pwrite` per worker thread
 //! cost 21-25 us of CPU per 4 KiB write on this machine kind (a thread put
 //! to sleep and woken, one device notification per write), a separate
 //! ring thread 7-9 us (a hand-over each way): more than the whole one-copy
@@ -39,6 +40,16 @@ pub(crate) struct RingWrite {
 /// Local writes finished, with their results.
 pub(crate) type Written = Vec<(OpId, LocalResult)>;
 
+/// What a wait brought (the caller's, reused: no allocation per wake-up
+/// once grown).
+#[derive(Default)]
+pub(crate) struct Woken {
+    /// Local writes finished.
+    pub(crate) written: Written,
+    /// The links' socket operations finished, their tokens as pushed.
+    pub(crate) sockets: Vec<Completion>,
+}
+
 const RING_ENTRIES: u32 = 256;
 /// Write pieces in flight at most: within the completion queue (twice the
 /// entries, with room for the eventfd read and the tick); beyond, writes go
@@ -46,6 +57,8 @@ const RING_ENTRIES: u32 = 256;
 const PIECES_IN_FLIGHT_MAX: usize = RING_ENTRIES as usize;
 const WAKE_TOKEN: u64 = u64::MAX;
 const TICK_TOKEN: u64 = u64::MAX - 1;
+/// Set in the tokens of socket operations (a write's token is its index, far below).
+const SOCKET_BIT: u64 = 1 << 62;
 /// Buffers kept for reuse (each mapped once, at least 128 KiB).
 const SPARE_BUFS_MAX: usize = 64;
 const BUF_BYTES_MIN: usize = 128 * 1024;
@@ -105,29 +118,39 @@ impl WriteRing {
         self.writes.len() - self.free_writes.len()
     }
 
+    /// Queues a socket operation (submitted at the next [`WriteRing::wait`]);
+    /// its completion comes back in [`Woken::sockets`] with `token`.
+    pub(crate) fn push_socket(&mut self, op: Op, token: u64) -> std::io::Result<()> {
+        debug_assert!(token < SOCKET_BIT, "a token too large: {token}");
+        self.ring.push(op, SOCKET_BIT | token)
+    }
+
     /// Submits what was queued, then, if `sleep`, waits until the inbox
-    /// is rung, a write completes or the tick fires (armed for `tick` when
-    /// none is, so every `tick` while the caller sleeps); appends the writes
-    /// that finished to `written` (the caller's, reused: no allocation per
-    /// wake-up once it has grown).
+    /// is rung, a write or socket operation completes or the tick fires
+    /// (armed for `tick` when none is, so every `tick` while the caller
+    /// sleeps); appends what finished to `woken`.
     pub(crate) fn wait(
         &mut self,
         sleep: bool,
         tick: Duration,
-        written: &mut Written,
+        woken: &mut Woken,
     ) -> std::io::Result<()> {
         if sleep && !self.ticking {
             self.ring.push(Op::Timeout { after: tick }, TICK_TOKEN)?;
             self.ticking = true;
         }
         self.ring.submit_and_wait(usize::from(sleep))?;
-        let before = written.len();
+        let before = woken.written.len() + woken.sockets.len();
         let mut rung = false;
-        while let Some(completion) = self.ring.pop() {
+        while let Some(mut completion) = self.ring.pop() {
             match completion.user_data {
                 WAKE_TOKEN => rung = true,
                 TICK_TOKEN => self.ticking = false,
-                _ => written.extend(self.piece_done(completion)),
+                token if token & SOCKET_BIT != 0 => {
+                    completion.user_data = token & !SOCKET_BIT;
+                    woken.sockets.push(completion);
+                }
+                _ => woken.written.extend(self.piece_done(completion)),
             }
         }
         if rung {
@@ -138,7 +161,7 @@ impl WriteRing {
             }
         }
         match self.broken.take() {
-            Some(error) if written.len() == before => Err(error),
+            Some(error) if woken.written.len() + woken.sockets.len() == before => Err(error),
             broken => {
                 self.broken = broken;
                 Ok(())
@@ -253,10 +276,11 @@ impl WriteRing {
     /// it completed (the manager's quiesce waits for it), and a deposed
     /// primary's writes must be on its copy before it serves as a replica.
     fn reap(&mut self) {
-        let mut written = Vec::new();
+        let mut woken = Woken::default();
         while self.writes_in_flight() > 0 {
-            written.clear();
-            if let Err(error) = self.wait(true, Duration::from_millis(100), &mut written) {
+            woken.written.clear();
+            woken.sockets.clear();
+            if let Err(error) = self.wait(true, Duration::from_millis(100), &mut woken) {
                 log::error!(
                     "volume {}: {} local writes cannot be reaped: {error}; its gate stays held",
                     self.backend.volume,
@@ -314,7 +338,7 @@ impl Drop for WriteRing {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::os::unix::fs::FileExt;
     use std::time::Duration;
@@ -351,14 +375,20 @@ mod tests {
         })
     }
 
+    /// A ring with a volume nobody writes to (for the links' sockets).
+    pub(crate) fn ring_for_sockets() -> WriteRing {
+        let member = weft_uring::memfd_create("member").unwrap();
+        WriteRing::new(&backend(&member), weft_uring::eventfd().unwrap()).unwrap()
+    }
+
     /// Waits (a second at most) until `ring` reports a finished write.
     fn written(ring: &mut WriteRing) -> (OpId, LocalResult) {
         let start = std::time::Instant::now();
         while start.elapsed() < Duration::from_secs(1) {
-            let mut written = Vec::new();
-            ring.wait(true, Duration::from_millis(10), &mut written)
+            let mut woken = Woken::default();
+            ring.wait(true, Duration::from_millis(10), &mut woken)
                 .unwrap();
-            if let Some(first) = written.into_iter().next() {
+            if let Some(first) = woken.written.into_iter().next() {
                 return first;
             }
         }
@@ -451,9 +481,9 @@ mod tests {
         });
         let tick = Duration::from_secs(10);
         let start = std::time::Instant::now();
-        let mut written = Vec::new();
-        ring.wait(true, tick, &mut written).unwrap();
-        assert!(written.is_empty());
+        let mut woken = Woken::default();
+        ring.wait(true, tick, &mut woken).unwrap();
+        assert!(woken.written.is_empty());
         assert!(
             start.elapsed() < Duration::from_secs(5),
             "woken by the event, not the tick"
@@ -471,10 +501,10 @@ mod tests {
         let member = weft_uring::memfd_create("member").unwrap();
         let mut ring = WriteRing::new(&backend(&member), weft_uring::eventfd().unwrap()).unwrap();
         let start = std::time::Instant::now();
-        let mut written = Vec::new();
-        ring.wait(true, Duration::from_millis(20), &mut written)
+        let mut woken = Woken::default();
+        ring.wait(true, Duration::from_millis(20), &mut woken)
             .unwrap();
-        assert!(written.is_empty());
+        assert!(woken.written.is_empty());
         assert!(start.elapsed() >= Duration::from_millis(20));
         assert!(!ring.ticking, "fired: armed again by the next wait");
     }
