@@ -109,14 +109,6 @@ pub(crate) struct Attachment {
     reply: FromReplica,
 }
 
-impl std::fmt::Debug for Attachment {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Attachment")
-            .field("reply", &self.reply)
-            .finish_non_exhaustive()
-    }
-}
-
 /// One primary session with one replica, as the replicator holds it.
 pub(crate) struct Link {
     node: NodeId,

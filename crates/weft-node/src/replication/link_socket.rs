@@ -158,15 +158,14 @@ impl RingSocket {
     ) -> Result<(), String> {
         match (completion.user_data & 1, completion.returned) {
             (RECEIVE, Returned::Buf(buf)) => {
-                let received = completion.result;
-                let result = match &received {
+                let result = match completion.result {
                     Ok(0) => Err(match self.host.error() {
                         Some(error) => format!("the replica ended the connection: {error}"),
                         None => "the replica closed the connection".to_string(),
                     }),
                     Ok(len) => {
                         self.host
-                            .handle_input(&buf.as_slice()[..*len], &mut self.buffers);
+                            .handle_input(&buf.as_slice()[..len], &mut self.buffers);
                         match self.host.error() {
                             Some(error) => Err(format!("protocol error: {error}")),
                             None => Ok(()),
