@@ -14,6 +14,10 @@
 //! entries) at the replicator's next wait. Messages longer than the
 //! target's transfer size (a 1 MiB rebuild copy) go as several commands;
 //! the message is done when all are.
+//!
+//! What this does not do: drive the socket (`super::link_socket`), keep
+//! the sessions of a volume (`super::links`), or decide when a session
+//! starts, ends or has waited too long (the replication core does).
 
 use super::barrier::BarrierOp;
 use super::link_socket::RingSocket;

@@ -15,18 +15,21 @@
 //! and the replicator replaces the link).
 
 use super::write_ring::WriteRing;
+use std::io::Write as _;
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::AsRawFd;
 use weft_initiator::HeapBuffers;
 use weft_proto::host::{DataTransfer, HostCompletion, HostQueue, SubmitError};
 use weft_proto::types::{Cid, SlotId};
-use weft_proto::{SlotBuffers, TxSegment};
+use weft_proto::{SlotBuffers, Transmit, TxSegment};
 use weft_uring::{Completion, IoBuf, Op, Returned, SendBatch};
 
 /// Bytes one receive may bring.
 const RECEIVE_BYTES: usize = 256 * 1024;
-/// The send buffer's first size (it grows to the largest batch sent).
+/// The send buffer's usual size; a larger batch gets a buffer of its own,
+/// kept after its send up to `SEND_BYTES_KEPT`.
 const SEND_BYTES_MIN: usize = 256 * 1024;
+const SEND_BYTES_KEPT: usize = 2 * 1024 * 1024;
 
 /// A socket's operations on the ring, as their tokens tell them apart.
 const RECEIVE: u64 = 0;
@@ -49,6 +52,11 @@ pub(crate) struct RingSocket {
     receive: Option<IoBuf>,
     /// The send batch (with its one buffer), while no send is in flight.
     send: Option<SendBatch>,
+    /// A receive is on the ring. Set only once pushed: an operation the
+    /// ring refused (and dropped, with its buffer) is not waited for.
+    receiving: bool,
+    /// A send is on the ring (as `receiving`).
+    sending: bool,
     /// Shut down: no receive is armed again.
     closed: bool,
 }
@@ -68,6 +76,8 @@ impl RingSocket {
             buffers,
             receive: Some(IoBuf::new(RECEIVE_BYTES)?),
             send: Some(send),
+            receiving: false,
+            sending: false,
             closed: false,
         })
     }
@@ -99,30 +109,31 @@ impl RingSocket {
     }
 
     /// Arms the receive if none is in flight and pushes a send of what the
-    /// queue has to send if none is in flight (submitted with the ring's next wait).
+    /// queue has to send if none is in flight (submitted with the ring's
+    /// next wait). A failure ends the connection.
     pub(crate) fn start(&mut self, ring: &mut WriteRing) -> Result<(), String> {
         let fd = self.stream.as_raw_fd();
-        if !self.closed {
-            if let Some(buf) = self.receive.take() {
-                let len = buf.capacity();
-                let op = Op::Recv {
-                    fd,
-                    buf,
-                    offset: 0,
-                    len,
-                };
-                ring.push_socket(op, self.token(RECEIVE))
-                    .map_err(|e| format!("cannot receive: {e}"))?;
-            }
+        if !self.closed && !self.receiving {
+            let buf = self.receive.take().ok_or("no receive buffer")?;
+            let len = buf.capacity();
+            let op = Op::Recv {
+                fd,
+                buf,
+                offset: 0,
+                len,
+            };
+            ring.push_socket(op, self.token(RECEIVE))
+                .map_err(|e| format!("cannot receive: {e}"))?;
+            self.receiving = true;
         }
-        if self.send.is_none() {
+        if self.sending {
             return Ok(());
         }
         let Some(transmit) = self.host.poll_transmit() else {
             return Ok(());
         };
         let len: usize = transmit.segments.iter().map(segment_len).sum();
-        let mut batch = self.send.take().expect("checked: no send in flight");
+        let mut batch = self.send.take().ok_or("no send buffer")?;
         let mut buf = batch
             .take_bufs()
             .next()
@@ -130,22 +141,15 @@ impl RingSocket {
         if buf.capacity() < len {
             buf = IoBuf::new(len).map_err(|e| format!("no send buffer: {e}"))?;
         }
-        let out = buf.as_mut_slice();
-        let mut at = 0;
-        for segment in transmit.segments {
-            let bytes = match segment {
-                TxSegment::Bytes(range) => &transmit.bytes[range.clone()],
-                TxSegment::Slot(slot, range) => &self.buffers.buffer(*slot)[range.clone()],
-            };
-            out[at..at + bytes.len()].copy_from_slice(bytes);
-            at += bytes.len();
-        }
+        gather(&transmit, &mut self.buffers, &mut buf.as_mut_slice()[..len]);
         // Copied: the command buffers are free to complete.
         self.host.on_transmitted();
         let index = batch.push_buf(buf);
         batch.push_segment(index, 0..len);
         ring.push_socket(Op::Send { fd, batch }, self.token(SEND))
-            .map_err(|e| format!("cannot send: {e}"))
+            .map_err(|e| format!("cannot send: {e}"))?;
+        self.sending = true;
+        Ok(())
     }
 
     /// One of its operations completed: what it received is fed to the
@@ -158,6 +162,7 @@ impl RingSocket {
     ) -> Result<(), String> {
         match (completion.user_data & 1, completion.returned) {
             (RECEIVE, Returned::Buf(buf)) => {
+                self.receiving = false;
                 let result = match completion.result {
                     Ok(0) => Err(match self.host.error() {
                         Some(error) => format!("the replica ended the connection: {error}"),
@@ -167,39 +172,63 @@ impl RingSocket {
                         self.host
                             .handle_input(&buf.as_slice()[..len], &mut self.buffers);
                         match self.host.error() {
-                            Some(error) => Err(format!("protocol error: {error}")),
+                            Some(error) => {
+                                self.terminate_now();
+                                Err(format!("protocol error: {error}"))
+                            }
                             None => Ok(()),
                         }
                     }
                     Err(error) => Err(format!("cannot receive: {error}")),
                 };
                 self.receive = Some(buf);
-                if self.host.error().is_some() {
-                    // Its H2CTermReq goes out before the connection closes.
-                    let _ = self.start(ring);
-                }
                 result
             }
             (SEND, Returned::Batch(mut batch)) => {
+                self.sending = false;
                 let sent = completion.result.map_err(|e| format!("cannot send: {e}"));
                 let result = match sent {
                     Ok(0) => Err("cannot send: the connection is closed".to_string()),
                     Ok(len) if len < batch.total_len() => {
                         batch.consume(len);
                         let fd = self.stream.as_raw_fd();
-                        return ring
-                            .push_socket(Op::Send { fd, batch }, self.token(SEND))
-                            .map_err(|e| format!("cannot send: {e}"));
+                        ring.push_socket(Op::Send { fd, batch }, self.token(SEND))
+                            .map_err(|e| format!("cannot send: {e}"))?;
+                        self.sending = true;
+                        return Ok(());
                     }
                     Ok(_) => Ok(()),
                     Err(error) => Err(error),
                 };
-                let buf = batch.take_bufs().next().expect("a send carries its buffer");
+                let mut buf = batch.take_bufs().next().expect("a send carries its buffer");
+                if buf.capacity() > SEND_BYTES_KEPT {
+                    // A rare large batch (copies of a rebuild): not kept.
+                    buf = IoBuf::new(SEND_BYTES_MIN).unwrap_or(buf);
+                }
                 batch.push_buf(buf);
                 self.send = Some(batch);
                 result
             }
             (op, returned) => unreachable!("socket op {op} came back with {returned:?}"),
+        }
+    }
+
+    /// Writes the H2CTermReq a protocol error queued, without waiting (the
+    /// session ends right after: the ring would send it only after the
+    /// close). None while a send is in flight: the bytes would interleave.
+    fn terminate_now(&mut self) {
+        if self.sending {
+            return;
+        }
+        let Some(transmit) = self.host.poll_transmit() else {
+            return;
+        };
+        let mut bytes = vec![0; transmit.segments.iter().map(segment_len).sum()];
+        gather(&transmit, &mut self.buffers, &mut bytes);
+        self.host.on_transmitted();
+        // No operation is on the ring (none sends, the receive completed).
+        if self.stream.set_nonblocking(true).is_ok() {
+            let _ = (&self.stream).write_all(&bytes);
         }
     }
 
@@ -218,12 +247,26 @@ impl RingSocket {
 
     /// No operation of it is in flight.
     pub(crate) fn is_idle(&self) -> bool {
-        self.receive.is_some() && self.send.is_some()
+        !self.receiving && !self.sending
     }
 
     fn token(&self, op: u64) -> u64 {
         (u64::from(self.id) << 1) | op
     }
+}
+
+/// Copies `transmit`'s bytes, in order, into `out` (exactly as long).
+fn gather(transmit: &Transmit<'_>, buffers: &mut HeapBuffers, out: &mut [u8]) {
+    let mut at = 0;
+    for segment in transmit.segments {
+        let bytes = match segment {
+            TxSegment::Bytes(range) => &transmit.bytes[range.clone()],
+            TxSegment::Slot(slot, range) => &buffers.buffer(*slot)[range.clone()],
+        };
+        out[at..at + bytes.len()].copy_from_slice(bytes);
+        at += bytes.len();
+    }
+    debug_assert_eq!(at, out.len(), "a transmission gathered whole");
 }
 
 fn segment_len(segment: &TxSegment) -> usize {
@@ -297,11 +340,11 @@ mod tests {
             .unwrap();
         let error = failure(&mut ring, &mut socket);
         assert!(error.starts_with("protocol error"), "{error}");
-        turn(&mut ring, &mut socket);
+        // As the link does: closed at once.
+        socket.close();
         let mut term = [0u8; 8];
         peer.read_exact(&mut term).unwrap();
         assert_eq!(term[0], 0x02, "H2CTermReq");
-        socket.close();
         for _ in 0..200 {
             if socket.is_idle() {
                 return;

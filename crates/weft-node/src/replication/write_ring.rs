@@ -52,8 +52,8 @@ pub(crate) struct Woken {
 
 const RING_ENTRIES: u32 = 256;
 /// Write pieces in flight at most: within the completion queue (twice the
-/// entries, with room for the eventfd read and the tick); beyond, writes go
-/// to the workers.
+/// entries, with room for the eventfd read, the tick and the links' sockets,
+/// two operations each); beyond, writes go to the workers.
 const PIECES_IN_FLIGHT_MAX: usize = RING_ENTRIES as usize;
 const WAKE_TOKEN: u64 = u64::MAX;
 const TICK_TOKEN: u64 = u64::MAX - 1;
