@@ -133,14 +133,22 @@ impl RingSocket {
             return Ok(());
         };
         let len: usize = transmit.segments.iter().map(segment_len).sum();
+        // A larger buffer first: a failure leaves the batch and its buffer in place.
+        let small = self
+            .send
+            .as_ref()
+            .is_some_and(|b| b.buf(0).capacity() < len);
+        let larger = if small {
+            Some(IoBuf::new(len).map_err(|e| format!("no send buffer: {e}"))?)
+        } else {
+            None
+        };
         let mut batch = self.send.take().ok_or("no send buffer")?;
-        let mut buf = batch
+        let kept = batch
             .take_bufs()
             .next()
             .expect("the batch keeps its buffer");
-        if buf.capacity() < len {
-            buf = IoBuf::new(len).map_err(|e| format!("no send buffer: {e}"))?;
-        }
+        let mut buf = larger.unwrap_or(kept);
         gather(&transmit, &mut self.buffers, &mut buf.as_mut_slice()[..len]);
         // Copied: the command buffers are free to complete.
         self.host.on_transmitted();
