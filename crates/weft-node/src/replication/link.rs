@@ -177,8 +177,8 @@ impl Link {
         matches!(self.state, State::Attaching(_))
     }
 
-    /// The socket of its connection, if open.
-    pub(crate) fn socket(&self) -> Option<u32> {
+    /// The id of its connection's socket, if open.
+    pub(crate) fn socket_id(&self) -> Option<u32> {
         match &self.state {
             State::Open(session) => Some(session.socket.id()),
             _ => None,
@@ -212,7 +212,7 @@ impl Link {
             _controller: controller,
             block_size: self.block_size,
             transfer_bytes_max,
-            in_flight: BTreeMap::new(),
+            in_flight: Vec::new(),
             parts_left: BTreeMap::new(),
             waiting: VecDeque::new(),
         });
@@ -254,7 +254,7 @@ impl Link {
             unreachable!("completions reach open links only");
         };
         if let Err(error) = session.socket.completed(completion, ring) {
-            if session.in_flight.is_empty() && session.waiting.is_empty() {
+            if session.in_flight.iter().all(Option::is_none) && session.waiting.is_empty() {
                 log::info!("replica {:?}: connection ended: {error}", self.node);
                 let session = self.close();
                 self.state = State::Broken(false);
@@ -346,8 +346,8 @@ pub(crate) struct Session {
     _controller: Held,
     block_size: u32,
     transfer_bytes_max: usize,
-    /// Commands in flight, by CID.
-    in_flight: BTreeMap<u16, Part>,
+    /// Commands in flight, indexed by CID (below the queue's entries).
+    in_flight: Vec<Option<Part>>,
     /// Commands left to answer per message op.
     parts_left: BTreeMap<OpId, usize>,
     /// Commands built but not submitted yet (the queue was full).
@@ -372,7 +372,11 @@ impl Session {
                 .submit(built.command, built.transfer, built.data.bytes())
             {
                 Ok(cid) => {
-                    self.in_flight.insert(cid.0, built.part);
+                    let at = usize::from(cid.0);
+                    if at >= self.in_flight.len() {
+                        self.in_flight.resize(at + 1, None);
+                    }
+                    self.in_flight[at] = Some(built.part);
                 }
                 Err(weft_proto::host::SubmitError::QueueFull) => {
                     self.waiting.push_front(built);
@@ -503,7 +507,8 @@ impl Session {
     ) -> Result<(), String> {
         let part = self
             .in_flight
-            .remove(&cid)
+            .get_mut(usize::from(cid))
+            .and_then(Option::take)
             .ok_or_else(|| format!("a completion for CID {cid}, which is not in flight"))?;
         if status == Status::RESERVATION_CONFLICT {
             // Fenced by someone else: this session is over.

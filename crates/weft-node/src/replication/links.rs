@@ -93,7 +93,7 @@ impl Links {
         replies: &mut Vec<Event>,
     ) {
         let id = socket_of(completion.user_data);
-        let open = self.links.values_mut().find(|l| l.socket() == Some(id));
+        let open = self.links.values_mut().find(|l| l.socket_id() == Some(id));
         if let Some(link) = open {
             retire(&mut self.closing, link.completed(completion, ring, replies));
             return;
@@ -117,7 +117,7 @@ impl Links {
 
     /// No socket operation is in flight.
     pub(crate) fn is_idle(&self) -> bool {
-        self.closing.is_empty() && self.links.values().all(|l| l.socket().is_none())
+        self.closing.is_empty() && self.links.values().all(|l| l.socket_id().is_none())
     }
 }
 
