@@ -32,7 +32,8 @@ use crate::record::{MemberState, ReplicaSet};
 use crate::regions::RegionSet;
 use crate::replica::FromReplica;
 use crate::types::{Epoch, Extent, Geometry, NodeId, OpId, Token};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::ops::Bound;
 use std::time::Duration;
 
 /// What a primary needs to know about its volume and its patience.
@@ -338,6 +339,14 @@ pub struct Primary {
     links: BTreeMap<NodeId, Link>,
     sessions: u32,
     ops: BTreeMap<OpId, Op>,
+    /// The host writes waiting for an overlapping write or copy (the ops
+    /// whose `queued` is set), so that a write's completion looks at these
+    /// only, not at every op in flight.
+    queued_writes: BTreeSet<OpId>,
+    /// No op can be past its deadline before this time: the deadline scan
+    /// of `tick` waits for it (every deadline is set `replica_timeout`
+    /// after the moment its op is sent, and time does not go back).
+    deadline_scan_at: Duration,
     next_internal_op: u64,
     /// This node's write intent, as persisted.
     intent: RegionSet,
@@ -345,6 +354,9 @@ pub struct Primary {
     writes_in_region: Vec<u32>,
     /// Regions whose writes all completed, to clean, with when the last did.
     to_clean: BTreeMap<u32, Duration>,
+    /// No region of `to_clean` is due before this time (a lower bound:
+    /// cleaning looks at them only from then on).
+    clean_due_at: Duration,
     /// Regions to resync at promotion.
     resync: RegionSet,
     /// The run's kept regions (see [`Run`]).
@@ -389,6 +401,8 @@ impl Primary {
             links: BTreeMap::new(),
             sessions: 0,
             ops: BTreeMap::new(),
+            queued_writes: BTreeSet::new(),
+            deadline_scan_at: Duration::ZERO,
             next_internal_op: INTERNAL_OP_BASE,
             resync: intent.clone(),
             kept: run.kept.clone(),
@@ -397,6 +411,7 @@ impl Primary {
             intent,
             writes_in_region: vec![0; regions as usize],
             to_clean: BTreeMap::new(),
+            clean_due_at: Duration::MAX,
             lease_until: Duration::ZERO,
             actions: VecDeque::new(),
             commit_in_flight: false,
@@ -537,6 +552,7 @@ impl Primary {
                 answered: false,
             },
         );
+        self.queued_writes.insert(op);
         self.start_queued(now);
     }
 
@@ -951,6 +967,7 @@ impl Primary {
         }
         self.phase = PrimaryPhase::Deposed;
         let ops = std::mem::take(&mut self.ops);
+        self.queued_writes.clear();
         for (op, entry) in ops {
             if entry.is_host() && !entry.answered {
                 self.complete(op, HostResult::Inaccessible);
@@ -969,10 +986,23 @@ impl Primary {
             return;
         }
         let mut late = Vec::new();
-        for entry in self.ops.values() {
-            if now >= entry.deadline {
-                late.extend(entry.required.iter().chain(&entry.optional).copied());
+        if now >= self.deadline_scan_at {
+            // Ops sent from now on are due `replica_timeout` later.
+            let mut next = now + self.config.replica_timeout;
+            for entry in self.ops.values() {
+                if entry.required.is_empty() && entry.optional.is_empty() {
+                    continue;
+                }
+                if now >= entry.deadline {
+                    late.extend(entry.required.iter().chain(&entry.optional).copied());
+                }
+                next = next.min(entry.deadline);
             }
+            // Late ones (if their replica was already down, they stay
+            // late): looked at again at the next tick.
+            self.deadline_scan_at = if late.is_empty() { next } else { now };
+        } else {
+            self.debug_check_deadlines();
         }
         for (&node, link) in &self.links {
             if matches!(link.state, LinkState::Fencing { deadline, .. } if now >= deadline) {
@@ -1003,6 +1033,18 @@ impl Primary {
             }
         }
         self.pump(now);
+    }
+
+    /// Debug builds: no op waiting for a replica is due before the deadline
+    /// scan's next time (what lets `tick` skip the scan until then).
+    fn debug_check_deadlines(&self) {
+        debug_assert!(
+            self.ops.values().all(|op| {
+                (op.required.is_empty() && op.optional.is_empty())
+                    || op.deadline >= self.deadline_scan_at
+            }),
+            "an op is due before the deadline scan"
+        );
     }
 
     fn send_fence(&mut self, node: NodeId, rejoin: bool, now: Duration) {
@@ -1114,6 +1156,7 @@ impl Primary {
                     *count -= 1;
                     if *count == 0 {
                         self.to_clean.insert(region, now);
+                        self.clean_due_at = self.clean_due_at.min(now + self.config.clean_delay);
                     }
                 }
                 self.start_queued(now);
@@ -1141,11 +1184,14 @@ impl Primary {
         let mut joined = false;
         let mut to_flush = Vec::new();
         for (&node, link) in self.links.iter_mut() {
+            if link.state != LinkState::Rebuilding || !link.dirty.is_empty() {
+                continue;
+            }
             let busy = self.ops.values().any(|op| {
                 op.optional.contains(&node)
                     || matches!(op.kind, OpKind::Copy { to, .. } | OpKind::JoinFlush { to } if to == node)
             });
-            if link.state != LinkState::Rebuilding || !link.dirty.is_empty() || busy {
+            if busy {
                 continue;
             }
             if link.flushed {
@@ -1177,14 +1223,20 @@ impl Primary {
         if self.phase != PrimaryPhase::Active {
             return;
         }
+        debug_assert!(
+            self.ops
+                .iter()
+                .all(|(id, op)| op.queued == self.queued_writes.contains(id)),
+            "queued_writes lists the queued ops"
+        );
         let geometry = self.config.geometry;
-        let queued: Vec<OpId> = self
-            .ops
-            .iter()
-            .filter(|(_, op)| op.queued)
-            .map(|(&id, _)| id)
-            .collect();
-        for id in queued {
+        let mut next = self.queued_writes.first().copied();
+        while let Some(id) = next {
+            next = self
+                .queued_writes
+                .range((Bound::Excluded(id), Bound::Unbounded))
+                .next()
+                .copied();
             let OpKind::Write { extent, fua } = self.ops[&id].kind else {
                 continue;
             };
@@ -1195,9 +1247,8 @@ impl Primary {
             });
             // Queued writes keep their order: an earlier queued write that
             // overlaps goes first.
-            let behind = self.ops.range(..id).any(|(_, op)| {
-                op.queued
-                    && matches!(op.kind, OpKind::Write { extent: e, .. } if e.overlaps(&extent))
+            let behind = self.queued_writes.range(..id).any(|earlier| {
+                matches!(self.ops[earlier].kind, OpKind::Write { extent: e, .. } if e.overlaps(&extent))
             });
             if !blocked && !behind {
                 self.start_write(id, extent, fua, now);
@@ -1249,6 +1300,7 @@ impl Primary {
         }
         let entry = self.ops.get_mut(&op).expect("queued");
         entry.queued = false;
+        self.queued_writes.remove(&op);
         entry.local_pending = true;
         entry.required = required;
         entry.optional = optional;
@@ -1271,6 +1323,7 @@ impl Primary {
             let resynced: Vec<u32> = self.resync.iter().collect();
             self.to_clean
                 .extend(resynced.into_iter().map(|region| (region, now)));
+            self.clean_due_at = self.clean_due_at.min(now + self.config.clean_delay);
             self.resync = RegionSet::new(self.config.geometry.regions());
         }
         self.clean(now);
@@ -1321,6 +1374,13 @@ impl Primary {
             PrimaryPhase::Active => LinkState::Rebuilding,
             _ => return,
         };
+        let wanted = self
+            .links
+            .values()
+            .any(|l| l.state == copying_state && !l.dirty.is_empty());
+        if !wanted {
+            return;
+        }
         loop {
             let in_flight = self
                 .ops
@@ -1388,7 +1448,10 @@ impl Primary {
     /// Cleans the regions idle for the clean delay at `now` (all idle ones
     /// if none).
     fn clean_regions(&mut self, now: Option<Duration>) {
-        if self.to_clean.is_empty() || self.faults_pending() {
+        if self.to_clean.is_empty()
+            || now.is_some_and(|now| now < self.clean_due_at)
+            || self.faults_pending()
+        {
             return;
         }
         let delay = self.config.clean_delay;
@@ -1401,6 +1464,12 @@ impl Primary {
         for region in &due {
             self.to_clean.remove(region);
         }
+        self.clean_due_at = self
+            .to_clean
+            .values()
+            .map(|&idle_since| idle_since + delay)
+            .min()
+            .unwrap_or(Duration::MAX);
         let regions: Vec<u32> = due
             .into_iter()
             .filter(|&r| self.writes_in_region[r as usize] == 0 && !self.resync.contains(r))
