@@ -87,13 +87,15 @@ impl DataPlane {
         )
         .map_err(StartError::ControllerIds)?;
         let epoch = Instant::now();
-        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        // Reactor i on the i-th CPU this process may use (so `taskset` and
+        // cpusets keep the reactors where they put the process).
+        let cpus = weft_uring::allowed_cpus().unwrap_or_else(|_| vec![0]);
         let stages = Arc::new(StageTotals::default());
         let handles = (0..reactors)
             .map(|index| {
                 ReactorHandle::spawn(
                     index,
-                    index % cpus,
+                    cpus[index % cpus.len()],
                     Arc::clone(&target),
                     Arc::clone(&exports),
                     epoch,

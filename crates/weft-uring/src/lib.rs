@@ -35,6 +35,7 @@ pub use batch::SendBatch;
 pub use buf::IoBuf;
 pub use ring::{Completion, Op, Returned, Ring};
 pub use sys::{
-    block_device_logical_block_size, block_device_size_bytes, block_termination_signals, eventfd,
-    fallocate, fdatasync, memfd_create, pin_current_thread_to_cpu, wait_for_termination_signal,
+    allowed_cpus, block_device_logical_block_size, block_device_size_bytes,
+    block_termination_signals, eventfd, fallocate, fdatasync, memfd_create,
+    pin_current_thread_to_cpu, wait_for_termination_signal,
 };

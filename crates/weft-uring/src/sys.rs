@@ -98,6 +98,20 @@ pub fn pin_current_thread_to_cpu(cpu: usize) -> io::Result<()> {
     check(unsafe { libc::sched_setaffinity(0, size, &set) })
 }
 
+/// The CPUs the calling thread may run on (`sched_getaffinity`), in order:
+/// what `taskset` or a cpuset left this process.
+pub fn allowed_cpus() -> io::Result<Vec<usize>> {
+    // SAFETY: cpu_set_t is a plain bit array; all-zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let size = std::mem::size_of::<libc::cpu_set_t>();
+    // SAFETY: `set` is a live cpu_set_t of `size` bytes the kernel fills; pid 0 means this thread.
+    check(unsafe { libc::sched_getaffinity(0, size, &mut set) })?;
+    Ok((0..libc::CPU_SETSIZE as usize)
+        // SAFETY: every index is below CPU_SETSIZE, within `set`.
+        .filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
+        .collect())
+}
+
 /// Blocks SIGINT and SIGTERM in the calling thread, and so in every thread it
 /// spawns afterwards: call it first in `main`, then collect the signal with
 /// [`wait_for_termination_signal`].
@@ -176,6 +190,20 @@ mod tests {
     }
 
     #[test]
+    fn a_thread_pinned_to_an_allowed_cpu_is_allowed_that_one_only() {
+        let allowed = allowed_cpus().unwrap();
+        assert!(!allowed.is_empty());
+        assert!(allowed.windows(2).all(|w| w[0] < w[1]), "{allowed:?}");
+        let last = *allowed.last().unwrap();
+        let pinned = std::thread::spawn(move || {
+            pin_current_thread_to_cpu(last).unwrap();
+            assert!(pin_current_thread_to_cpu(usize::MAX).is_err());
+            allowed_cpus().unwrap()
+        });
+        assert_eq!(pinned.join().unwrap(), vec![last]);
+    }
+
+    #[test]
     fn eventfd_counts_writes() {
         let mut efd = eventfd().unwrap();
         efd.write_all(&2u64.to_ne_bytes()).unwrap();
@@ -190,15 +218,5 @@ mod tests {
         let file = memfd_create("not-a-block-device").unwrap();
         assert!(block_device_size_bytes(&file).is_err());
         assert!(block_device_logical_block_size(&file).is_err());
-    }
-
-    #[test]
-    fn pinning_to_an_allowed_cpu_works() {
-        std::thread::spawn(|| {
-            pin_current_thread_to_cpu(0).unwrap();
-            assert!(pin_current_thread_to_cpu(usize::MAX).is_err());
-        })
-        .join()
-        .unwrap();
     }
 }

@@ -38,6 +38,40 @@ fn serve(name: &str) -> (Server, String) {
     )
 }
 
+/// The CPUs each reactor thread of process `pid` may run on.
+fn reactor_cpus(pid: u32) -> Vec<String> {
+    let mut found = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let task = task.unwrap().path();
+        let name = std::fs::read_to_string(task.join("comm")).unwrap_or_default();
+        if !name.starts_with("weft-reactor") {
+            continue;
+        }
+        let status = std::fs::read_to_string(task.join("status")).unwrap_or_default();
+        let cpus = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            .unwrap_or_default();
+        found.push(cpus.trim().to_string());
+    }
+    found
+}
+
+/// `taskset -c N weft serve`: the reactors stay on the CPUs the process was
+/// given (they are pinned to the i-th allowed CPU, not to CPU i).
+#[test]
+fn reactors_stay_on_the_cpus_the_process_may_use() {
+    let last = *weft_uring::allowed_cpus().unwrap().last().unwrap();
+    // Started from a thread pinned to `last`: the child inherits its affinity.
+    let (server, _) = std::thread::spawn(move || {
+        weft_uring::pin_current_thread_to_cpu(last).unwrap();
+        serve("pinned")
+    })
+    .join()
+    .unwrap();
+    assert_eq!(reactor_cpus(server.pid()), vec![last.to_string()]);
+}
+
 /// A sparse 16 MiB file under the temp dir, unique to this test process.
 fn temp_image(name: &str) -> std::path::PathBuf {
     let path = std::env::temp_dir().join(format!("weft-cli-{name}-{}.img", std::process::id()));

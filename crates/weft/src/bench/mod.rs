@@ -692,15 +692,17 @@ const FLOOR_REQUEST_BYTES: usize = 72;
 /// row shows what the same exchange costs without a cross-CPU wake-up.
 fn floor(args: &BenchArgs) -> Result<(), String> {
     let runtime = args.runtime.unwrap_or(Duration::from_secs(10));
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // The first and last CPU this process may use (`taskset` is respected).
+    let cpus = weft_uring::allowed_cpus().unwrap_or_else(|_| vec![0]);
+    let (first, last) = (cpus[0], cpus[cpus.len() - 1]);
     outln!(
         "weft bench floor: TCP request/response on loopback, {FLOOR_REQUEST_BYTES} bytes out, {FLOOR_RESPONSE_BYTES} back, {} s each",
         runtime.as_secs_f64()
     );
     outln!("{}", report::header("depth placement    ", 19));
-    let mut rows = vec![(1usize, (0usize, cpus - 1)), (32, (0, cpus - 1))];
-    if cpus > 1 {
-        rows.push((1, (0, 0)));
+    let mut rows = vec![(1usize, (first, last)), (32, (first, last))];
+    if first != last {
+        rows.push((1, (first, first)));
     }
     let mut json = Vec::new();
     for (depth, (client_cpu, server_cpu)) in rows {

@@ -15,6 +15,13 @@ pub const WEFT: &str = env!("CARGO_BIN_EXE_weft");
 /// A running `weft serve`, killed on drop.
 pub struct Server(Child);
 
+impl Server {
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
 impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.0.kill();
