@@ -6,7 +6,9 @@
 //! `record_changed`), its lease (`set_lease`) and the time (`tick`), and
 //! carries out the [`Action`]s it takes from `poll_action`, in order. The
 //! driver holds the data: a host write's buffer and a copy's region live
-//! under the op's [`OpId`] until the op completes.
+//! under the op's [`OpId`] until the op completes. The `now` it passes never
+//! decreases from one call to the next (a monotonic clock): the deadlines
+//! and the cleaning of the write intent are looked at only once due.
 //!
 //! Its life: **Fencing** every replica the record calls in sync with a new
 //! token, collecting their write intents; **Resyncing** the regions any of

@@ -88,14 +88,17 @@ impl DataPlane {
         .map_err(StartError::ControllerIds)?;
         let epoch = Instant::now();
         // Reactor i on the i-th CPU this process may use (so `taskset` and
-        // cpusets keep the reactors where they put the process).
-        let cpus = weft_uring::allowed_cpus().unwrap_or_else(|_| vec![0]);
+        // cpusets keep the reactors where they put the process); unpinned
+        // if the mask cannot be read.
+        let cpus = weft_uring::allowed_cpus()
+            .map_err(|error| log::warn!("reactors not pinned: their CPUs are unknown: {error}"))
+            .ok();
         let stages = Arc::new(StageTotals::default());
         let handles = (0..reactors)
             .map(|index| {
                 ReactorHandle::spawn(
                     index,
-                    cpus[index % cpus.len()],
+                    cpus.as_ref().map(|cpus| cpus[index % cpus.len()]),
                     Arc::clone(&target),
                     Arc::clone(&exports),
                     epoch,

@@ -89,10 +89,10 @@ pub(crate) struct ReactorHandle {
 }
 
 impl ReactorHandle {
-    /// Starts reactor `index`, pinned to CPU `cpu` when possible.
+    /// Starts reactor `index`, pinned to CPU `cpu` (if any) when possible.
     pub(crate) fn spawn(
         index: usize,
-        cpu: usize,
+        cpu: Option<usize>,
         target: Arc<Target>,
         exports: Arc<Exports>,
         epoch: Instant,
@@ -108,8 +108,10 @@ impl ReactorHandle {
         let thread = std::thread::Builder::new()
             .name(format!("weft-reactor-{index}"))
             .spawn(move || {
-                if let Err(error) = weft_uring::pin_current_thread_to_cpu(cpu) {
-                    log::debug!("reactor {index}: not pinned to CPU {cpu}: {error}");
+                if let Some(cpu) = cpu {
+                    if let Err(error) = weft_uring::pin_current_thread_to_cpu(cpu) {
+                        log::debug!("reactor {index}: not pinned to CPU {cpu}: {error}");
+                    }
                 }
                 Reactor {
                     ring,

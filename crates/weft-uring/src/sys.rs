@@ -98,18 +98,23 @@ pub fn pin_current_thread_to_cpu(cpu: usize) -> io::Result<()> {
     check(unsafe { libc::sched_setaffinity(0, size, &set) })
 }
 
-/// The CPUs the calling thread may run on (`sched_getaffinity`), in order:
-/// what `taskset` or a cpuset left this process.
+/// The CPUs the calling thread may run on (`sched_getaffinity`), in order,
+/// never empty: what `taskset` or a cpuset left this process.
 pub fn allowed_cpus() -> io::Result<Vec<usize>> {
-    // SAFETY: cpu_set_t is a plain bit array; all-zero is the empty set.
+    // SAFETY: cpu_set_t is a plain bit array; all-zero is the empty set (zeroed
+    // first: a C library may leave the bytes past the kernel's mask as they were).
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     let size = std::mem::size_of::<libc::cpu_set_t>();
     // SAFETY: `set` is a live cpu_set_t of `size` bytes the kernel fills; pid 0 means this thread.
     check(unsafe { libc::sched_getaffinity(0, size, &mut set) })?;
-    Ok((0..libc::CPU_SETSIZE as usize)
+    let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
         // SAFETY: every index is below CPU_SETSIZE, within `set`.
         .filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
-        .collect())
+        .collect();
+    if cpus.is_empty() {
+        return Err(io::Error::other("the affinity mask allows no CPU"));
+    }
+    Ok(cpus)
 }
 
 /// Blocks SIGINT and SIGTERM in the calling thread, and so in every thread it
