@@ -182,6 +182,8 @@ pub struct Connection {
     rx: Framer,
     slots: Vec<Slot>,
     free_slots: Vec<u16>,
+    /// The host's commands received and not yet completed.
+    outstanding: u16,
     io_requests: VecDeque<IoRequest>,
     tx: Transmitter,
     termination: Option<Termination>,
@@ -220,7 +222,7 @@ impl Connection {
     pub fn new(target: Arc<Target>) -> Connection {
         let config = target.config();
         let limits = config.limits;
-        let depth = usize::from(limits.queue_entries_max);
+        let depth = limits.slots_per_queue();
         let empty_command = Command::decode(&[0u8; 64]).expect("64 zero bytes are an SQE");
         let slot = || Slot {
             state: SlotState::Free,
@@ -243,6 +245,7 @@ impl Connection {
             slots: (0..depth).map(|_| slot()).collect(),
             // Until Connect sets the queue size only slot 0 exists.
             free_slots: vec![0],
+            outstanding: 0,
             io_requests: VecDeque::with_capacity(depth * 2),
             tx: Transmitter::with_capacity(16 * 1024, depth * 4),
             termination: None,
@@ -714,11 +717,22 @@ impl Connection {
         buffers: &mut impl SlotBuffers,
     ) -> Result<(), PduError> {
         let command = Command::decode(&self.rx.header()[COMMON_HEADER_LEN..])?;
-        // A host may not have more commands outstanding than the queue has entries.
+        // A host may not have more commands outstanding (not yet completed)
+        // than the queue has entries (one, the Connect, before it connects).
+        let entries = match &self.state {
+            State::Admin(queue, _) | State::Io(queue, _) => queue.entries,
+            _ => 1,
+        };
+        if self.outstanding >= entries {
+            return Err(PduError::status(FatalErrorStatus::PduSequenceError));
+        }
+        // Twice the entries: a completed read's slot stays taken until its
+        // data is sent (see `Limits::slots_per_queue`).
         let slot = self
             .free_slots
             .pop()
             .ok_or(PduError::status(FatalErrorStatus::PduSequenceError))?;
+        self.outstanding += 1;
         let slot = SlotId(slot);
         let entry = &mut self.slots[usize::from(slot.0)];
         debug_assert_eq!(entry.state, SlotState::Free);
@@ -1236,8 +1250,10 @@ impl Connection {
         // CapsuleResp (NVMe/TCP 1.0, section 3.6.2.8).
         let last_flags = flags::LAST_PDU | if sq_flow_disabled { flags::SUCCESS } else { 0 };
         self.queue_c2h_data(slot, cid, reply_len, last_flags, buffers);
-        // The slot is free again once its data has been sent.
+        // The slot is free again once its data has been sent; the command is
+        // complete now (the host may send another once it has the data).
         self.slots[usize::from(slot.0)].state = SlotState::Transmitting;
+        self.command_done();
         if !sq_flow_disabled {
             self.push_response(slot, status, result);
         }
@@ -1248,6 +1264,13 @@ impl Connection {
         self.fenced_done(slot);
         self.push_response(slot, status, result);
         self.release(slot);
+        self.command_done();
+    }
+
+    /// One command of the host's is complete (its completion is queued).
+    fn command_done(&mut self) {
+        debug_assert!(self.outstanding > 0, "a command completed twice");
+        self.outstanding -= 1;
     }
 
     /// Queues the CapsuleResp of the command in `slot`.
@@ -1518,9 +1541,12 @@ impl Connection {
             NewQueue::Io(controller, io) => (controller.cntlid.0, State::Io(info(controller), io)),
         };
         self.state = state;
-        // The queue now has its negotiated number of command slots; slot 0 holds this Connect.
+        // The queue now has its negotiated number of command slots (twice its
+        // entries, see `Limits::slots_per_queue`); slot 0 holds this Connect.
         self.free_slots.clear();
-        self.free_slots.extend((1..entries).rev());
+        // At most 2 x 32768 - 1 (`Limits::QUEUE_ENTRIES_LIMIT`): a u16.
+        self.free_slots
+            .extend((1..2 * u32::from(entries)).rev().map(|slot| slot as u16));
         Ok(u32::from(cntlid) | result_flags)
     }
 
@@ -2296,6 +2322,58 @@ mod tests {
         }
         assert_eq!(
             io.expect().fatal_status(),
+            FatalErrorStatus::PduSequenceError as u16
+        );
+    }
+
+    /// A host sends its next commands once it has the completions, which
+    /// can be before the target reaps the send that carried them (the reads'
+    /// slots still hold their data): at the queue's depth, none is refused.
+    #[test]
+    fn commands_may_follow_completions_whose_send_is_not_reaped() {
+        let target = test_target();
+        let (mut admin, _) = ready_io_queue(&target);
+        let cntlid = admin.connection.cntlid().unwrap();
+        let _ = admin.simple(&sqe(admin_opcode::KEEP_ALIVE, 9, 0, 0, false));
+        let mut io = Pair::new(&target);
+        // SQSIZE 3: four entries.
+        assert_eq!(io.connect_io(cntlid, 2, 3).status(), Status::SUCCESS);
+        io.hold_transmit = true;
+        // A host at depth 4: a new command for every completion it has,
+        // while the target reaps its sends only when the host waits.
+        let (mut sent, mut in_flight, mut done) = (0u16, 0, 0);
+        while done < 40 {
+            while in_flight < 4 && sent < 40 {
+                io.send(&io.capsule(&rw(io_opcode::READ, sent, 1, 0, 1, 512, false), &[]));
+                sent += 1;
+                in_flight += 1;
+            }
+            let mut completed = 0;
+            while let Some(pdu) = io.receive() {
+                assert_ne!(pdu.pdu_type, PduType::C2hTermReq as u8, "after {done}");
+                if pdu.pdu_type == PduType::CapsuleResp as u8 {
+                    completed += 1;
+                }
+            }
+            if completed == 0 {
+                io.finish_transmit();
+            }
+            in_flight -= completed;
+            done += completed;
+        }
+        io.finish_transmit();
+        assert!(io.connection.termination().is_none());
+        // Past the depth (five not completed) is still refused.
+        io.hold_io = true;
+        for cid in 100..105 {
+            io.send(&io.capsule(&rw(io_opcode::READ, cid, 1, 0, 1, 512, false), &[]));
+        }
+        let mut last = io.expect();
+        while let Some(pdu) = io.receive() {
+            last = pdu;
+        }
+        assert_eq!(
+            last.fatal_status(),
             FatalErrorStatus::PduSequenceError as u16
         );
     }

@@ -83,10 +83,24 @@ impl Limits {
     /// transfer (plus header, padding and digest) still fits in 32 bits.
     pub const TRANSFER_BYTES_LIMIT: u32 = 1 << 31;
 
+    /// The most queue entries: twice as many slots (see
+    /// [`Limits::slots_per_queue`]) are numbered by a u16.
+    pub const QUEUE_ENTRIES_LIMIT: u16 = 1 << 15;
+
     /// In-capsule data a host may send on the admin queue: NVMe/TCP hosts send
     /// up to 8 KiB there without looking at the controller (Linux's
     /// NVME_TCP_ADMIN_CCSZ), so the admin queue must accept at least that.
     pub const ADMIN_IN_CAPSULE_BYTES_MIN: u32 = 8 * 1024;
+
+    /// Command slots per queue: twice its largest number of entries. A
+    /// read's slot holds its data until the send that carries it completes,
+    /// and the host may send the next command as soon as it has the
+    /// completion, which comes at the end of that send: with one slot per
+    /// entry, a host at its queue depth would find none free. (Linux's
+    /// nvmet-tcp allocates twice the queue size for the same reason.)
+    pub const fn slots_per_queue(&self) -> usize {
+        2 * self.queue_entries_max as usize
+    }
 
     /// Size of every command slot's data buffer: the largest transfer, since a
     /// Compare needs the host's data and the media's side by side in one
@@ -99,7 +113,8 @@ impl Limits {
     /// only limits that pass.
     pub const fn validate(&self) -> Result<(), LimitsError> {
         // Connect's SQSIZE is 0's based and at least 1 (NVMe-oF 1.1, section 3.3).
-        if self.queue_entries_max < 2 {
+        // Twice the entries must fit a slot number (u16).
+        if self.queue_entries_max < 2 || self.queue_entries_max > Limits::QUEUE_ENTRIES_LIMIT {
             return Err(LimitsError::QueueEntries(self.queue_entries_max));
         }
         // MDTS is a power of two of 4 KiB pages, and every slot buffer must
@@ -160,8 +175,8 @@ const _: () = assert!(
 /// Why a set of [`Limits`] cannot be served, and what the limit must be instead.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
 pub enum LimitsError {
-    /// Fewer than two queue entries.
-    #[error("queue_entries_max is {0}; a queue has at least 2 entries (Connect SQSIZE is 0's based and at least 1)")]
+    /// Fewer than two queue entries, or more than 32768.
+    #[error("queue_entries_max is {0}; a queue has 2 to 32768 entries (Connect SQSIZE is 0's based and at least 1)")]
     QueueEntries(u16),
     /// Not a power of two from 4 KiB to 2 GiB.
     #[error("transfer_bytes_max is {0}; it must be a power of two from 4096 (an Identify structure) to 2 GiB (MDTS counts powers of two of 4 KiB pages; a PDU carrying a whole transfer must have a 32-bit PLEN)")]
@@ -1012,6 +1027,11 @@ mod tests {
             with(|l| l.queue_entries_max = 1),
             Err(LimitsError::QueueEntries(1))
         );
+        assert_eq!(
+            with(|l| l.queue_entries_max = 32769),
+            Err(LimitsError::QueueEntries(32769))
+        );
+        assert_eq!(with(|l| l.queue_entries_max = 32768), Ok(()));
         for transfer in [0, 2048, 96 * 1024, 1 << 31 | 1 << 30] {
             assert_eq!(
                 with(|l| l.transfer_bytes_max = transfer),

@@ -148,7 +148,7 @@ impl VecBuffers {
     /// Buffers for `limits`.
     pub fn new(limits: &Limits) -> VecBuffers {
         VecBuffers {
-            buffers: vec![Vec::new(); usize::from(limits.queue_entries_max)],
+            buffers: vec![Vec::new(); limits.slots_per_queue()],
             buffer_bytes: limits.slot_buffer_bytes(),
         }
     }
@@ -230,6 +230,12 @@ pub struct Pair {
     pub hold_io: bool,
     /// Held block I/O requests.
     pub held_io: Vec<IoRequest>,
+    /// When set, what the target transmits reaches `sent` (the host has the
+    /// bytes) but the target is not told the send completed until
+    /// [`Pair::finish_transmit`], as when a reactor reaps its send late.
+    pub hold_transmit: bool,
+    /// A transmission is in `sent` and not yet reported sent.
+    transmit_held: bool,
     /// When set, every delivery to the target is appended here too (the
     /// fuzz seeds are recorded from the host model this way).
     pub recorded: Option<Vec<Vec<u8>>>,
@@ -262,6 +268,8 @@ impl Pair {
             data_digest: false,
             hold_io: false,
             held_io: Vec::new(),
+            hold_transmit: false,
+            transmit_held: false,
             recorded: None,
             snapshots: Vec::new(),
             reservations: None,
@@ -305,7 +313,9 @@ impl Pair {
                     self.execute(request);
                 }
             }
-            if let Some(transmit) = self.connection.poll_transmit() {
+            if self.transmit_held {
+                // One transmission at a time: the next waits for this one.
+            } else if let Some(transmit) = self.connection.poll_transmit() {
                 progressed = true;
                 let (bytes, segments) = (transmit.bytes.to_vec(), transmit.segments.to_vec());
                 for segment in segments {
@@ -317,12 +327,25 @@ impl Pair {
                         }
                     }
                 }
-                self.connection.on_transmitted();
+                if self.hold_transmit {
+                    self.transmit_held = true;
+                } else {
+                    self.connection.on_transmitted();
+                }
             }
             if !progressed {
                 return;
             }
         }
+    }
+
+    /// Reports the held transmission sent (see [`Pair::hold_transmit`]) and
+    /// runs the target until it is idle.
+    pub fn finish_transmit(&mut self) {
+        if std::mem::take(&mut self.transmit_held) {
+            self.connection.on_transmitted();
+        }
+        self.pump();
     }
 
     /// Executes one block I/O request against the RAM disks and reports it.

@@ -594,7 +594,7 @@ impl Reactor {
         if let Err(error) = stream.set_nodelay(true) {
             log::debug!("{address}: TCP_NODELAY: {error}");
         }
-        let slots = usize::from(limits.queue_entries_max);
+        let slots = limits.slots_per_queue();
         let mut protocol = Connection::new(Arc::clone(&self.target));
         // Starts the setup deadline (ICReq, then Connect) at accept.
         protocol.handle_timeout(self.now());
