@@ -182,8 +182,12 @@ pub struct Connection {
     rx: Framer,
     slots: Vec<Slot>,
     free_slots: Vec<u16>,
-    /// The host's commands received and not yet completed.
+    /// The host's commands received whose completion has not been handed
+    /// to the driver to send (so a host that stops reading its socket cannot
+    /// pile up completions: it runs into its queue's entries).
     outstanding: u16,
+    /// Of those, the completions queued in the batch not yet handed out.
+    completions_queued: u16,
     io_requests: VecDeque<IoRequest>,
     tx: Transmitter,
     termination: Option<Termination>,
@@ -246,6 +250,7 @@ impl Connection {
             // Until Connect sets the queue size only slot 0 exists.
             free_slots: vec![0],
             outstanding: 0,
+            completions_queued: 0,
             io_requests: VecDeque::with_capacity(depth * 2),
             tx: Transmitter::with_capacity(16 * 1024, depth * 4),
             termination: None,
@@ -339,6 +344,11 @@ impl Connection {
 
     /// What to send next, if nothing is being sent.
     pub fn poll_transmit(&mut self) -> Option<Transmit<'_>> {
+        if self.tx.ready() {
+            // The completions in this batch are the host's from now on.
+            self.outstanding -= self.completions_queued;
+            self.completions_queued = 0;
+        }
         self.tx.poll()
     }
 
@@ -717,8 +727,9 @@ impl Connection {
         buffers: &mut impl SlotBuffers,
     ) -> Result<(), PduError> {
         let command = Command::decode(&self.rx.header()[COMMON_HEADER_LEN..])?;
-        // A host may not have more commands outstanding (not yet completed)
-        // than the queue has entries (one, the Connect, before it connects).
+        // A host may not have more commands outstanding than the queue has
+        // entries (one, the Connect, before it connects); a command counts
+        // until its completion is on its way to the host.
         let entries = match &self.state {
             State::Admin(queue, _) | State::Io(queue, _) => queue.entries,
             _ => 1,
@@ -727,7 +738,8 @@ impl Connection {
             return Err(PduError::status(FatalErrorStatus::PduSequenceError));
         }
         // Twice the entries: a completed read's slot stays taken until its
-        // data is sent (see `Limits::slots_per_queue`).
+        // data is sent (see `Limits::slots_per_queue`); none is free only
+        // for a host that does not read what it is sent.
         let slot = self
             .free_slots
             .pop()
@@ -1267,10 +1279,14 @@ impl Connection {
         self.command_done();
     }
 
-    /// One command of the host's is complete (its completion is queued).
+    /// One command of the host's is complete: its completion is queued,
+    /// and stops counting against the host once handed out to be sent.
     fn command_done(&mut self) {
-        debug_assert!(self.outstanding > 0, "a command completed twice");
-        self.outstanding -= 1;
+        debug_assert!(
+            self.completions_queued < self.outstanding,
+            "a command completed twice"
+        );
+        self.completions_queued += 1;
     }
 
     /// Queues the CapsuleResp of the command in `slot`.
@@ -2342,7 +2358,10 @@ mod tests {
         // A host at depth 4: a new command for every completion it has,
         // while the target reaps its sends only when the host waits.
         let (mut sent, mut in_flight, mut done) = (0u16, 0, 0);
-        while done < 40 {
+        for _ in 0..1000 {
+            if done == 40 {
+                break;
+            }
             while in_flight < 4 && sent < 40 {
                 io.send(&io.capsule(&rw(io_opcode::READ, sent, 1, 0, 1, 512, false), &[]));
                 sent += 1;
@@ -2361,6 +2380,7 @@ mod tests {
             in_flight -= completed;
             done += completed;
         }
+        assert_eq!(done, 40);
         io.finish_transmit();
         assert!(io.connection.termination().is_none());
         // Past the depth (five not completed) is still refused.
@@ -2375,6 +2395,34 @@ mod tests {
         assert_eq!(
             last.fatal_status(),
             FatalErrorStatus::PduSequenceError as u16
+        );
+    }
+
+    /// A host that stops reading its socket cannot pile up completions the
+    /// target must keep: a command counts against the queue's entries until
+    /// its completion is handed out to be sent.
+    #[test]
+    fn a_host_that_does_not_read_its_completions_is_stopped_at_its_depth() {
+        let target = test_target();
+        let (mut admin, _) = ready_io_queue(&target);
+        let cntlid = admin.connection.cntlid().unwrap();
+        let _ = admin.simple(&sqe(admin_opcode::KEEP_ALIVE, 9, 0, 0, false));
+        let mut io = Pair::new(&target);
+        // SQSIZE 3: four entries.
+        assert_eq!(io.connect_io(cntlid, 2, 3).status(), Status::SUCCESS);
+        // The first Flush's completion goes out (and is never reported
+        // sent); the next four wait behind it, the sixth is one too many.
+        io.hold_transmit = true;
+        for cid in 0..5 {
+            io.send(&io.capsule(&sqe(io_opcode::FLUSH, cid, 0xFFFF_FFFF, 0, false), &[]));
+            assert!(io.connection.termination().is_none(), "flush {cid}");
+        }
+        io.send(&io.capsule(&sqe(io_opcode::FLUSH, 5, 0xFFFF_FFFF, 0, false), &[]));
+        assert_eq!(
+            io.connection.termination(),
+            Some(&Termination::Protocol(PduError::status(
+                FatalErrorStatus::PduSequenceError
+            )))
         );
     }
 

@@ -77,6 +77,11 @@ impl Transmitter {
         self.pending.segments.push(TxSegment::Slot(slot, range));
     }
 
+    /// Whether [`Transmitter::poll`] hands out a batch now.
+    pub fn ready(&self) -> bool {
+        !self.busy && !self.pending.segments.is_empty()
+    }
+
     /// The next batch, if none is being sent and something is pending.
     pub fn poll(&mut self) -> Option<Transmit<'_>> {
         if self.busy || self.pending.segments.is_empty() {

@@ -156,7 +156,9 @@ impl ReactorHandle {
 const RING_ENTRIES: u32 = 1024;
 const RECEIVE_BUFFER_BYTES: usize = 128 * 1024;
 /// Inline bytes of one transmission: at most one R2T or C2HData header plus a
-/// CapsuleResp per slot, or an ICResp or a TermReq; 64 KiB bounds 128 slots.
+/// CapsuleResp per queue entry (a command counts against the host's entries
+/// until its completion is handed out), or an ICResp or a TermReq: under 256
+/// bytes per entry, so 64 KiB bounds 256 entries (128 by default).
 const STAGING_BYTES: usize = 64 * 1024;
 const TICK: Duration = Duration::from_millis(250);
 const WAKE_TOKEN: u64 = u64::MAX;
