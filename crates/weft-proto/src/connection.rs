@@ -1734,6 +1734,16 @@ mod tests {
     use crate::wire::{ascii_field, hex};
     use std::time::Duration;
 
+    /// An admin queue (kept alive) and a second I/O queue of SQSIZE 3: four entries.
+    fn queue_of_four_entries(target: &Arc<Target>) -> (Pair, Pair) {
+        let (mut admin, _) = ready_io_queue(target);
+        let cntlid = admin.connection.cntlid().unwrap();
+        let _ = admin.simple(&sqe(admin_opcode::KEEP_ALIVE, 9, 0, 0, false));
+        let mut io = Pair::new(target);
+        assert_eq!(io.connect_io(cntlid, 2, 3).status(), Status::SUCCESS);
+        (admin, io)
+    }
+
     fn ready_io_queue(target: &Arc<Target>) -> (Pair, Pair) {
         let mut admin = Pair::new(target);
         let cntlid = admin.connect_admin(TEST_NQN, 5000);
@@ -2326,11 +2336,7 @@ mod tests {
     #[test]
     fn more_commands_than_queue_entries_is_fatal() {
         let target = test_target();
-        let (mut admin, _) = ready_io_queue(&target);
-        let cntlid = admin.connection.cntlid().unwrap();
-        let _ = admin.simple(&sqe(admin_opcode::KEEP_ALIVE, 9, 0, 0, false));
-        let mut io = Pair::new(&target);
-        assert_eq!(io.connect_io(cntlid, 2, 3).status(), Status::SUCCESS);
+        let (_admin, mut io) = queue_of_four_entries(&target);
         io.hold_io = true;
         // SQSIZE 3: four entries may be outstanding, not five.
         for cid in 0..5 {
@@ -2348,12 +2354,7 @@ mod tests {
     #[test]
     fn commands_may_follow_completions_whose_send_is_not_reaped() {
         let target = test_target();
-        let (mut admin, _) = ready_io_queue(&target);
-        let cntlid = admin.connection.cntlid().unwrap();
-        let _ = admin.simple(&sqe(admin_opcode::KEEP_ALIVE, 9, 0, 0, false));
-        let mut io = Pair::new(&target);
-        // SQSIZE 3: four entries.
-        assert_eq!(io.connect_io(cntlid, 2, 3).status(), Status::SUCCESS);
+        let (_admin, mut io) = queue_of_four_entries(&target);
         io.hold_transmit = true;
         // A host at depth 4: a new command for every completion it has,
         // while the target reaps its sends only when the host waits.
@@ -2404,12 +2405,7 @@ mod tests {
     #[test]
     fn a_host_that_does_not_read_its_completions_is_stopped_at_its_depth() {
         let target = test_target();
-        let (mut admin, _) = ready_io_queue(&target);
-        let cntlid = admin.connection.cntlid().unwrap();
-        let _ = admin.simple(&sqe(admin_opcode::KEEP_ALIVE, 9, 0, 0, false));
-        let mut io = Pair::new(&target);
-        // SQSIZE 3: four entries.
-        assert_eq!(io.connect_io(cntlid, 2, 3).status(), Status::SUCCESS);
+        let (_admin, mut io) = queue_of_four_entries(&target);
         // The first Flush's completion goes out (and is never reported
         // sent); the next four wait behind it, the sixth is one too many.
         io.hold_transmit = true;
