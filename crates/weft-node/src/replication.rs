@@ -10,6 +10,7 @@
 //!   their operations completed.
 //! - [`link_socket`]: a link's NVMe/TCP connection on the replicator's ring.
 //! - [`local`]: the primary's own copy, read and written by a few worker threads.
+//! - [`durable`]: the primary's write intent and run file, written by a thread.
 //! - [`write_ring`]: the replicator's ring: its mapped local writes, all in
 //!   flight at once, its links' socket I/O, and its wait for them and for
 //!   its inbox's events.
@@ -22,6 +23,7 @@
 //! while the replicator says this node serves).
 
 pub(crate) mod barrier;
+mod durable;
 mod link;
 mod link_socket;
 mod links;
@@ -126,6 +128,8 @@ pub(crate) enum Event {
         seq: u64,
         result: Result<(), String>,
     },
+    /// The primary's files were changed as asked (`durable`), or why not.
+    Durable(Result<(), String>),
     /// Stop serving (the volume is deleted, or the node stops).
     Stop,
 }

@@ -6,7 +6,8 @@
 //! or completions on its ring; the actions go out in order (mapped local
 //! writes and the links' commands on its own io_uring ring, where it also
 //! waits for events, the rest of its local I/O on `LocalPool`'s workers,
-//! commits to helper threads).
+//! its write intent and run file on `Durable`'s thread, commits to helper
+//! threads).
 //!
 //! Before it serves an epoch it persists that it did (`replicas/<volume>.epoch`):
 //! a primary that restarts, or comes back after losing its lease, under an
@@ -18,6 +19,7 @@
 //! and the manager when that changes (the ANA state follows).
 
 use super::barrier::{announce_snapshot, Barrier, BarrierOp, Step};
+use super::durable::{Durable, FileChange};
 use super::link::{LinkTarget, Outgoing, Payload};
 use super::links::Links;
 use super::local::{LocalPool, LocalResult, LocalWork};
@@ -256,8 +258,10 @@ struct Replicator {
     /// (its local I/O fails with ANA Transition, the host retries on the next).
     map: Arc<weft_volume::ChunkMap>,
     held: std::collections::VecDeque<ReplicatedIo>,
-    /// Its file: the epoch it serves and its run.
-    run_file: RunFile,
+    /// Changes its files (write intent, run file) off its thread.
+    files: Durable,
+    /// A change to its files is under way: the core's actions wait.
+    files_pending: bool,
 }
 
 impl Replicator {
@@ -396,6 +400,8 @@ impl Replicator {
             })
             .collect();
         let local = LocalPool::start(&backend, &members, &events)?;
+        let files = Durable::start(&volume, Arc::clone(&intent), run_file, events.clone())
+            .map_err(|e| format!("its files' thread: {e}"))?;
         let ring = WriteRing::new(&backend, wake).map_err(|e| format!("its I/O ring: {e}"))?;
         let stop_poller = Arc::new(AtomicBool::new(false));
         poll_record(
@@ -413,7 +419,8 @@ impl Replicator {
             me,
             pool,
             map: Arc::clone(&backend.map),
-            run_file,
+            files,
+            files_pending: false,
             barrier: None,
             barriers: 0,
             taking,
@@ -528,7 +535,9 @@ impl Replicator {
         // waits for its answer.
         let mut woken = Woken::default();
         let mut replies = Vec::new();
-        let busy = |r: &Self| r.ring.writes_in_flight() > 0 || !r.links.is_idle();
+        // The next primary on this node writes the same files.
+        let busy =
+            |r: &Self| r.ring.writes_in_flight() > 0 || !r.links.is_idle() || !r.files.is_idle();
         while busy(self) && start.elapsed() < limit {
             woken.written.clear();
             if let Err(error) = self.ring.wait(true, TICK, &mut woken) {
@@ -625,6 +634,7 @@ impl Replicator {
                 }
             }
             Event::LocalDone { op, result } => self.local_finished(op, result),
+            Event::Durable(result) => self.files_changed(result),
             Event::Committed { revision, record } => {
                 self.primary.committed(revision, replica_set(&record), now);
                 self.adopt(revision, record);
@@ -731,16 +741,17 @@ impl Replicator {
     fn drive(&mut self) {
         loop {
             let mut local = Vec::new();
-            while let Some(action) = self.primary.poll_action() {
+            // After a change to its files, nothing until it is durable; after
+            // one that could not be made, nothing at all (this primary ends).
+            while !self.gone && !self.files_pending {
+                let Some(action) = self.primary.poll_action() else {
+                    break;
+                };
                 match action {
                     Action::LocalWrite { .. }
                     | Action::LocalRead { .. }
                     | Action::LocalFlush { .. } => local.push(action),
-                    action => {
-                        if !self.act(action) {
-                            return;
-                        }
-                    }
+                    action => self.act(action),
                 }
             }
             if local.is_empty() {
@@ -752,36 +763,17 @@ impl Replicator {
         }
     }
 
-    /// Carries out `action`; false if it had to be durable and is not
-    /// (this primary is gone then).
-    fn act(&mut self, action: Action) -> bool {
+    /// Carries out `action` (a change to its files is queued: see `files_pending`).
+    fn act(&mut self, action: Action) {
         let now = self.lease.now();
         match action {
-            Action::IntentSet(region) => {
-                if let Err(error) = self.intent.mark(region..region + 1) {
-                    return self.not_durable(&format!("its write intent: {error}"));
-                }
-            }
+            Action::IntentSet(region) => self.change_files(FileChange::Mark(region)),
             Action::IntentClear(region) => self.intent.intent().clean([region]),
-            Action::Keep(region) => {
-                if let Err(error) = self.intent.keep(region) {
-                    return self.not_durable(&format!("its kept regions: {error}"));
-                }
-            }
-            Action::AllInSync => {
-                self.intent.forget_kept();
-                if let Err(error) = self.run_file.all_in_sync() {
-                    log::warn!("volume {}: {error} (its primary file)", self.volume);
-                }
-            }
+            Action::Keep(region) => self.change_files(FileChange::Keep(region)),
+            Action::AllInSync => self.change_files(FileChange::AllInSync),
             Action::Full(node) => {
                 let name = weft_cluster::replicas::node_name(&self.replication, node).to_string();
-                if let Err(error) = self.run_file.add_full(&name) {
-                    // After a restart of this primary, that replica would be
-                    // taken for one whose missed regions are known.
-                    let what = format!("that the replica on {name} is rebuilt in full: {error}");
-                    return self.not_durable(&what);
-                }
+                self.change_files(FileChange::Full(name));
             }
             Action::LocalWrite { op, extent, fua } => {
                 let offset = extent.block * self.block_size;
@@ -794,7 +786,7 @@ impl Replicator {
                             fua,
                         };
                         match self.ring.write(write) {
-                            Ok(()) => return true,
+                            Ok(()) => return,
                             Err(write) => LocalWork::Write {
                                 offset,
                                 data: write.data,
@@ -808,7 +800,7 @@ impl Replicator {
                     }
                     None => {
                         self.local_done(op, Err(IoError::Other), now);
-                        return true;
+                        return;
                     }
                 };
                 self.local.submit(op, work);
@@ -819,7 +811,7 @@ impl Replicator {
                 let bytes = u64::from(extent.blocks) * self.block_size;
                 if !self.deferred.is_empty() || !self.limiter.take(bytes) {
                     self.deferred.push_back((op, extent));
-                    return true;
+                    return;
                 }
                 self.copy_read(op, extent);
             }
@@ -831,18 +823,30 @@ impl Replicator {
             } => self.commit(base_revision, &record),
             Action::Complete { op, result } => self.complete(op, result),
         }
-        true
+    }
+
+    /// Queues a change to its files; the actions after it wait for it.
+    fn change_files(&mut self, change: FileChange) {
+        self.files.change(change);
+        self.files_pending = true;
+    }
+
+    /// Its files were changed as asked, or could not be (`error`).
+    fn files_changed(&mut self, result: Result<(), String>) {
+        self.files_pending = false;
+        if let Err(what) = result {
+            self.not_durable(&what);
+        }
     }
 
     /// A record that had to be durable could not be written: this primary
     /// ends (the next one, on this node or another, starts from what is).
-    fn not_durable(&mut self, what: &str) -> bool {
+    fn not_durable(&mut self, what: &str) {
         log::error!(
             "volume {}: cannot persist {what}; this node stops serving it as primary",
             self.volume
         );
         self.gone = true;
-        false
     }
 
     /// Copies' reads the bandwidth limit lets through now.
