@@ -529,6 +529,8 @@ pub struct Manager {
     cluster_lease: Option<Arc<weft_cluster::LeaseClock>>,
     /// The replicators of the replicated volumes this node is primary of.
     replicators: BTreeMap<String, crate::replication::replicator::ReplicatorHandle>,
+    /// The data plane, whose reactors host the replicators (set when the manager starts).
+    plane: Option<Arc<DataPlane>>,
     /// How fast a replicator copies to a replica it rebuilds.
     rebuild_bytes_per_s: u64,
     /// Shut down (before exit): no replicator starts, no replicated write runs.
@@ -607,6 +609,7 @@ impl Manager {
             intents: BTreeMap::new(),
             cluster_lease: None,
             replicators: BTreeMap::new(),
+            plane: None,
             caller: None,
             after_exports: Vec::new(),
             fresh_snapshots: BTreeMap::new(),
@@ -778,7 +781,8 @@ impl Manager {
     }
 
     /// Starts the manager thread; it updates `plane`'s exports after changes.
-    pub fn spawn(self, plane: Arc<DataPlane>) -> std::io::Result<()> {
+    pub fn spawn(mut self, plane: Arc<DataPlane>) -> std::io::Result<()> {
+        self.plane = Some(Arc::clone(&plane));
         std::thread::Builder::new()
             .name("weft-volumes".into())
             .spawn(move || self.run(&plane))

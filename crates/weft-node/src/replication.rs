@@ -1,9 +1,10 @@
-//! Replicated volumes' data path on their primary: the replicator thread
-//! that drives the replication core (`weft_replication::Primary`) for one
-//! volume, the links that carry its messages to the replicas' nodes over
-//! NVMe/TCP, and its synchronous access to the local copy.
+//! Replicated volumes' data path on their primary: the replicator (a
+//! reactor's guest) that drives the replication core
+//! (`weft_replication::Primary`) for one volume, the links that carry its
+//! messages to the replicas' nodes over NVMe/TCP, and its access to the
+//! local copy.
 //!
-//! - [`replicator`]: the thread, its events and its actions.
+//! - [`replicator`]: its turns, its events and its actions.
 //! - [`link`]: one primary session with one replica (connect, fence, read
 //!   the write intent, then writes, copies, flushes and cleans in order).
 //! - [`links`]: the replicator's links, and ended sessions' sockets until
@@ -71,13 +72,26 @@ impl Events {
         Ok((Events { sender, wake }, inbox))
     }
 
+    /// Delivers `event` without waking the replicator: only for a sender
+    /// that gives it a turn anyway (its own reactor).
+    // As `mpsc::Sender::send`.
+    #[allow(clippy::result_large_err)]
+    pub(crate) fn post(&self, event: Event) -> Result<(), mpsc::SendError<Event>> {
+        self.sender.send(event)
+    }
+
+    /// Wakes the replicator as an event would.
+    pub(crate) fn wake(&self) {
+        let _ = (&*self.wake).write_all(&1u64.to_ne_bytes());
+    }
+
     /// Delivers `event` and wakes the replicator; the event back if it is gone.
     // As `mpsc::Sender::send`: a host I/O comes back to be answered.
     #[allow(clippy::result_large_err)]
     pub(crate) fn send(&self, event: Event) -> Result<(), mpsc::SendError<Event>> {
         self.sender.send(event)?;
         // The counter only saturates after 2^64 rings; a failure means the reader is gone.
-        let _ = (&*self.wake).write_all(&1u64.to_ne_bytes());
+        self.wake();
         Ok(())
     }
 }

@@ -11,6 +11,7 @@
 //! eventfd wake-up.
 
 mod exports;
+pub mod guest;
 pub mod health;
 pub mod limit;
 mod listener;

@@ -3,9 +3,12 @@
 //! target they all serve, whose exports an update replaces while serving.
 
 use crate::exports::Exports;
+use crate::guest::Guest;
 use crate::peers::{ConnectionCounts, PeerLimits};
 use crate::reactor::{Message, ReactorHandle};
 use crate::stages::{StageTotals, StagesSnapshot};
+use std::fs::File;
+use std::hash::{Hash, Hasher};
 use std::io;
 use std::net::{SocketAddr, TcpListener};
 use std::ops::RangeInclusive;
@@ -139,6 +142,17 @@ impl DataPlane {
             reactor.send(Message::Exports(Arc::clone(&exports)));
         }
         *current = exports;
+    }
+
+    /// Hosts `guest` on one of the reactors (the one `key` picks: a
+    /// volume's name, so that volumes spread over them), which gives it its
+    /// turns from now on; `doorbell` is the eventfd its ring signals (see
+    /// `crate::guest`).
+    pub fn host(&self, key: &str, guest: Box<dyn Guest>, doorbell: File) {
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        key.hash(&mut hasher);
+        let index = (hasher.finish() % self.reactors.len() as u64) as usize;
+        self.reactors[index].send(Message::Guest(guest, doorbell));
     }
 
     /// Host NQNs connected to subsystem `subnqn`.

@@ -17,6 +17,7 @@
 //! times its commands spend per stage inside the target (see `stages`).
 
 use crate::exports::{Backend, Exports, NamespaceDevice};
+use crate::guest::Guest;
 use crate::health::FailedOperation;
 use crate::meter::{IoClass, LocalStats, Meter};
 use crate::peers::PeerAdmission;
@@ -33,8 +34,8 @@ use std::io::{self, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::mpsc::{Receiver, Sender};
-use std::sync::Arc;
-use std::thread::JoinHandle;
+use std::sync::{Arc, OnceLock};
+use std::thread::{self, JoinHandle, ThreadId};
 use std::time::{Duration, Instant};
 use weft_proto::types::{Nsid, SlotId, Timestamp};
 use weft_proto::{
@@ -44,7 +45,6 @@ use weft_proto::{
 use weft_uring::{Completion, IoBuf, Op, Returned, Ring, SendBatch};
 
 /// What other threads tell a reactor.
-#[derive(Debug)]
 pub(crate) enum Message {
     /// Serve this accepted connection (its place under the peer limits goes with it).
     Connection(TcpStream, SocketAddr, PeerAdmission),
@@ -62,6 +62,21 @@ pub(crate) enum Message {
     /// A block I/O op completed with an injected failure instead of running.
     #[cfg(feature = "fault-injection")]
     Injected(Completion),
+    /// Host this guest (see `crate::guest`): its ring signals `doorbell`.
+    Guest(Box<dyn Guest>, File),
+}
+
+impl std::fmt::Debug for Message {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Message::Connection(_, address, _) => write!(f, "Connection({address})"),
+            Message::Exports(_) => write!(f, "Exports"),
+            Message::VolumeDone { connection, .. } => write!(f, "VolumeDone({connection})"),
+            #[cfg(feature = "fault-injection")]
+            Message::Injected(completion) => write!(f, "Injected({completion:?})"),
+            Message::Guest(..) => write!(f, "Guest"),
+        }
+    }
 }
 
 /// A reactor's inbox: a channel plus an eventfd that wakes the reactor.
@@ -69,12 +84,15 @@ pub(crate) enum Message {
 pub(crate) struct Mailbox {
     sender: Sender<Message>,
     wake: File,
+    /// The reactor's thread, which reads its mailbox after every turn of
+    /// its guests (their answers need no wake-up).
+    owner: OnceLock<ThreadId>,
 }
 
 impl Mailbox {
-    /// Delivers `message` and wakes the reactor.
+    /// Delivers `message` and wakes the reactor (unless it is the sender).
     pub(crate) fn send(&self, message: Message) {
-        if self.sender.send(message).is_ok() {
+        if self.sender.send(message).is_ok() && self.owner.get() != Some(&thread::current().id()) {
             // The eventfd counter only saturates after 2^64 wakes; a failed write means the reactor is gone.
             let _ = (&self.wake).write_all(&1u64.to_ne_bytes());
         }
@@ -102,7 +120,11 @@ impl ReactorHandle {
         let (sender, inbox) = std::sync::mpsc::channel();
         let wake = weft_uring::eventfd()?;
         let reactor_wake = wake.try_clone()?;
-        let mailbox = Arc::new(Mailbox { sender, wake });
+        let mailbox = Arc::new(Mailbox {
+            sender,
+            wake,
+            owner: OnceLock::new(),
+        });
         let own_mailbox = Arc::clone(&mailbox);
         let ring = Ring::new(RING_ENTRIES)?;
         let thread = std::thread::Builder::new()
@@ -138,6 +160,8 @@ impl ReactorHandle {
                     throttled: BinaryHeap::new(),
                     throttle_sequence: 0,
                     throttle_timer: None,
+                    guests: Vec::new(),
+                    guests_due: false,
                 }
                 .run();
             })?;
@@ -173,6 +197,8 @@ enum OpKind {
     Receive = 1,
     Send = 2,
     BlockIo = 3,
+    /// A guest's doorbell read (the index is the guest's).
+    Doorbell = 4,
 }
 
 /// user_data of a connection's op: connection index, op kind, slot.
@@ -185,6 +211,7 @@ fn untoken(token: u64) -> (usize, Option<OpKind>, SlotId) {
         1 => Some(OpKind::Receive),
         2 => Some(OpKind::Send),
         3 => Some(OpKind::BlockIo),
+        4 => Some(OpKind::Doorbell),
         _ => None,
     };
     ((token >> 32) as usize, kind, SlotId(token as u16))
@@ -379,6 +406,13 @@ struct VolumeIo {
     done: u32,
 }
 
+/// A guest the reactor hosts, and its doorbell (read on the ring all along).
+struct Hosted {
+    /// None once it finished: the slot waits for its doorbell's read.
+    guest: Option<Box<dyn Guest>>,
+    doorbell: File,
+}
+
 struct Reactor {
     ring: Ring,
     target: Arc<Target>,
@@ -411,10 +445,15 @@ struct Reactor {
     throttle_sequence: u64,
     /// Earliest deadline of a throttle timer on the ring.
     throttle_timer: Option<u64>,
+    /// Its guests, by index (see `crate::guest`).
+    guests: Vec<Option<Hosted>>,
+    /// A guest may have work: give them a turn.
+    guests_due: bool,
 }
 
 impl Reactor {
     fn run(mut self) {
+        let _ = self.mailbox.owner.set(thread::current().id());
         self.push(
             Op::ReadEventfd {
                 fd: self.wake.as_raw_fd(),
@@ -455,14 +494,72 @@ impl Reactor {
             if active {
                 last_activity = Instant::now();
             }
+            self.turn_guests();
+            // What this thread sent itself (its guests' answers, injected faults).
+            self.accept_messages();
         }
+    }
+
+    /// Gives every guest a turn if one may have work; drops those that finished.
+    fn turn_guests(&mut self) {
+        if !std::mem::take(&mut self.guests_due) {
+            return;
+        }
+        for hosted in self.guests.iter_mut().flatten() {
+            let Some(guest) = hosted.guest.as_mut() else {
+                continue;
+            };
+            if !guest.turn() {
+                hosted.guest = None;
+                // Its doorbell's read completes now: then the slot is free.
+                let _ = (&hosted.doorbell).write_all(&1u64.to_ne_bytes());
+            }
+        }
+    }
+
+    /// Hosts `guest`, whose ring signals `doorbell`.
+    fn adopt_guest(&mut self, guest: Box<dyn Guest>, doorbell: File) {
+        let index = match self.guests.iter().position(Option::is_none) {
+            Some(index) => index,
+            None => {
+                self.guests.push(None);
+                self.guests.len() - 1
+            }
+        };
+        let fd = doorbell.as_raw_fd();
+        self.push(Op::ReadEventfd { fd }, token(index, OpKind::Doorbell, 0));
+        self.guests[index] = Some(Hosted {
+            guest: Some(guest),
+            doorbell,
+        });
+        self.guests_due = true;
+    }
+
+    /// Guest `index`'s doorbell rang: its turn comes, and the doorbell is
+    /// read again (or, once it finished, its slot is free).
+    fn on_doorbell(&mut self, index: usize) {
+        let hosted = self.guests[index]
+            .as_ref()
+            .expect("a doorbell has its guest");
+        if hosted.guest.is_none() {
+            self.guests[index] = None;
+            return;
+        }
+        let fd = hosted.doorbell.as_raw_fd();
+        self.push(Op::ReadEventfd { fd }, token(index, OpKind::Doorbell, 0));
+        self.guests_due = true;
     }
 
     /// Spins until the ring has work or `window` after `last_activity`
     /// closes; true if there is work.
     fn spin_until_work(&mut self, last_activity: Instant, window: Duration) -> bool {
         loop {
-            if self.ring.has_work() {
+            if self.ring.has_work() || self.guests_due {
+                return true;
+            }
+            if self.guests_have_work() {
+                // Their turn comes in the loop, which reads what they answer.
+                self.guests_due = true;
                 return true;
             }
             if last_activity.elapsed() >= window {
@@ -470,6 +567,14 @@ impl Reactor {
             }
             std::hint::spin_loop();
         }
+    }
+
+    fn guests_have_work(&mut self) -> bool {
+        self.guests
+            .iter_mut()
+            .flatten()
+            .filter_map(|hosted| hosted.guest.as_mut())
+            .any(|guest| guest.has_work())
     }
 
     fn now(&self) -> Timestamp {
@@ -547,6 +652,9 @@ impl Reactor {
                 self.push(Op::Timeout { after: TICK }, TICK_TOKEN);
             }
             THROTTLE_TOKEN => self.release_throttled(),
+            token if untoken(token).1 == Some(OpKind::Doorbell) => {
+                self.on_doorbell(untoken(token).0)
+            }
             token => {
                 let (index, kind, slot) = untoken(token);
                 let peer = self.connections[index]
@@ -557,7 +665,7 @@ impl Reactor {
                     Some(OpKind::Receive) => self.on_receive(index, completion),
                     Some(OpKind::Send) => self.on_send(index, completion),
                     Some(OpKind::BlockIo) => self.on_block_io(index, slot, completion),
-                    None => unreachable!("unknown op token {token:#x}"),
+                    Some(OpKind::Doorbell) | None => unreachable!("unknown op token {token:#x}"),
                 }
                 self.drive(index);
             }
@@ -578,6 +686,7 @@ impl Reactor {
                 } => self.on_volume_done(connection, request, outcome),
                 #[cfg(feature = "fault-injection")]
                 Message::Injected(completion) => self.complete(completion),
+                Message::Guest(guest, doorbell) => self.adopt_guest(guest, doorbell),
             }
         }
     }
@@ -1131,6 +1240,8 @@ impl Reactor {
             }
         };
         peer.ops_in_flight += 1;
+        // Its replicator may be this reactor's guest.
+        self.guests_due |= !self.guests.is_empty();
         replicated.submit(ReplicatedIo {
             work,
             reply: VolumeReply::reactor(Arc::clone(&self.mailbox), index, request),

@@ -341,6 +341,12 @@ impl Ring {
         })
     }
 
+    /// Has the kernel signal `eventfd` whenever it posts completions here, so
+    /// that another thread's or ring's read of it tells this ring has work.
+    pub fn register_eventfd(&mut self, eventfd: RawFd) -> io::Result<()> {
+        self.ring.submitter().register_eventfd(eventfd)
+    }
+
     /// Ops pushed whose completion has not been popped yet.
     pub fn in_flight(&self) -> usize {
         self.in_flight

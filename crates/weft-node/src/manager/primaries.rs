@@ -100,6 +100,7 @@ impl Manager {
             dir,
             published: Arc::clone(&self.published),
             rebuild_bytes_per_s: self.rebuild_bytes_per_s,
+            plane: self.plane.clone(),
         };
         match replicator::start(setup) {
             Ok(running) => {

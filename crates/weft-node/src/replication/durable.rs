@@ -1,12 +1,12 @@
-//! The primary's files, written off the replicator's thread: the write
+//! The primary's files, written off the replicator's turns: the write
 //! intent's marked and kept regions (`crate::manager::intents`) and its
 //! run file (`super::run`) change on a thread of their own, in the order
 //! the replication core asked, and each answer comes back as an event.
 //! The replicator holds the core's actions after each change until its
 //! answer is in (a write intent is durable before the writes it covers go
 //! anywhere), but goes on reaping its ring meanwhile: a file write and its
-//! `fsync`s take milliseconds, in which the replicas' answers and the
-//! local writes already under way are taken in, not left waiting.
+//! `fsync`s take milliseconds, which the replicator, a reactor's guest,
+//! must not spend on that reactor (every connection on it would wait).
 //!
 //! What this does not do: decide what is written (the core's actions do),
 //! or write the intent's cleared regions (the manager does, lazily).

@@ -224,18 +224,9 @@ impl LocalPool {
         let _ = self.jobs.send((op, work));
     }
 
-    /// Waits until no local I/O is queued or running (at most `limit`): a
-    /// deposed primary's writes must be on its copy, or never, before it
-    /// serves as a replica again. Whether it drained.
-    pub(crate) fn drain(&self, limit: std::time::Duration) -> bool {
-        let start = std::time::Instant::now();
-        while self.pending.load(std::sync::atomic::Ordering::Acquire) > 0 {
-            if start.elapsed() >= limit {
-                return false;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-        true
+    /// Whether no local I/O is queued or running.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.pending.load(std::sync::atomic::Ordering::Acquire) == 0
     }
 }
 

@@ -1,13 +1,19 @@
-//! The replicator: one thread per replicated volume this node is the
-//! primary of. It drives the replication core's `Primary` as `weft-sim`'s
-//! node does: host writes and flushes come from the reactors, replicas'
-//! answers from its links' sockets, the record's changes from a poller and
-//! the store's answers from commit threads, as [`Event`]s on one channel
-//! or completions on its ring; the actions go out in order (mapped local
-//! writes and the links' commands on its own io_uring ring, where it also
-//! waits for events, the rest of its local I/O on `LocalPool`'s workers,
-//! its write intent and run file on `Durable`'s thread, commits to helper
-//! threads).
+//! The replicator: one per replicated volume this node is the primary of,
+//! a guest of one of the node's reactors (`weft_target::guest`) once a
+//! thread of its own has taken its epoch and fenced. It drives the
+//! replication core's `Primary` as `weft-sim`'s node does: host writes and
+//! flushes come from the reactors, replicas' answers from its links'
+//! sockets, the record's changes from a poller and the store's answers
+//! from commit threads, as [`Event`]s on one channel or completions on its
+//! ring; the actions go out in order (mapped local writes and the links'
+//! commands on its own io_uring ring, whose completions ring its reactor,
+//! the rest of its local I/O on `LocalPool`'s workers, its write intent
+//! and run file on `Durable`'s thread, commits to helper threads). Nothing
+//! in a turn blocks: its reactor serves every other connection meanwhile.
+//! (Its host writes took two thread hand-overs each way when it had a
+//! thread of its own: on two replicas, QD32 4 KiB writes went from 72K to
+//! 95K IOPS and CPU per write from 16.6 to 14.4 us with the pools on tmpfs,
+//! docs/PERFORMANCE.md section 8.)
 //!
 //! Before it serves an epoch it persists that it did (`replicas/<volume>.epoch`):
 //! a primary that restarts, or comes back after losing its lease, under an
@@ -32,11 +38,13 @@ use crate::manager::replicas::replica_nqn;
 use crate::manager::{AdminError, AdminOp, ManagerHandle};
 use crate::status::RebuildStatus;
 use std::collections::BTreeMap;
+use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::thread::ThreadId;
+use std::time::{Duration, Instant};
 use weft_cluster::replicas::{node_id, replica_set, with_replica_set};
 use weft_cluster::LeaseClock;
 use weft_control::{DesiredState, ReplicationRecord, StoreError, VolumeRecord};
@@ -46,10 +54,11 @@ use weft_replication::{
     Action, Epoch, Extent, FromReplica, Geometry, HostResult, NodeId, OpId, Primary, PrimaryConfig,
     PrimaryPhase, RegionSet, Run, ToReplica,
 };
+use weft_target::guest::Guest;
 use weft_target::replicated::{Replicated, ReplicatedIo, ReplicatedSink, ReplicatedWork, Serving};
 use weft_target::{
-    SnapshotName, VolumeBackend, VolumeManager, VolumeOutcome, VolumeReply, VolumeRequest,
-    VolumeWork,
+    DataPlane, SnapshotName, VolumeBackend, VolumeManager, VolumeOutcome, VolumeReply,
+    VolumeRequest, VolumeWork,
 };
 
 /// How often the primary looks at the time (timeouts, lease, rejoins).
@@ -86,6 +95,8 @@ pub(crate) struct ReplicatorSetup {
     pub(crate) published: Arc<crate::status::Published>,
     /// How fast copies to rebuilt replicas go, at most.
     pub(crate) rebuild_bytes_per_s: u64,
+    /// The data plane whose reactor hosts the replicator (none: a thread of its own).
+    pub(crate) plane: Option<Arc<DataPlane>>,
 }
 
 /// A running replicator, as the manager holds it.
@@ -133,18 +144,35 @@ impl ReplicatorHandle {
     }
 }
 
-struct Sink(Events);
+/// Where the reactors hand the replicator its host I/O.
+struct Sink {
+    events: Events,
+    /// The thread of the reactor whose guest the replicator is, once it is one.
+    host: Arc<OnceLock<ThreadId>>,
+}
 
 impl ReplicatedSink for Sink {
     fn submit(&self, io: ReplicatedIo) {
-        if let Err(mpsc::SendError(Event::Host(io))) = self.0.send(Event::Host(io)) {
+        let event = Event::Host(io);
+        // From its own reactor, which gives it a turn after the batch that
+        // handed this over: no need to ring it.
+        let sent = if self.host.get() == Some(&std::thread::current().id()) {
+            self.events.post(event)
+        } else {
+            self.events.send(event)
+        };
+        if let Err(mpsc::SendError(Event::Host(io))) = sent {
             io.reply
                 .send(VolumeOutcome::Done(Err(IoError::PathInaccessible)));
         }
     }
 }
 
-/// Starts the replicator of `setup.volume`.
+/// Starts the replicator of `setup.volume`: a thread takes the epoch and
+/// fences (blocking work, over the network), then hands it to a reactor
+/// of `setup.plane`, whose guest it is from then on (see
+/// `weft_target::guest`); without a plane, or if no reactor can host it,
+/// it goes on in that thread.
 pub(crate) fn start(setup: ReplicatorSetup) -> std::io::Result<ReplicatorHandle> {
     let (
         events,
@@ -153,7 +181,12 @@ pub(crate) fn start(setup: ReplicatorSetup) -> std::io::Result<ReplicatorHandle>
             wake,
         },
     ) = Events::channel()?;
-    let path = Arc::new(Replicated::new(Box::new(Sink(events.clone()))));
+    let host = Arc::new(OnceLock::new());
+    let sink = Sink {
+        events: events.clone(),
+        host: Arc::clone(&host),
+    };
+    let path = Arc::new(Replicated::new(Box::new(sink)));
     let finished = Arc::new(AtomicBool::new(false));
     let taking = Arc::new(Mutex::new(None));
     let handle = ReplicatorHandle {
@@ -167,38 +200,80 @@ pub(crate) fn start(setup: ReplicatorSetup) -> std::io::Result<ReplicatorHandle>
         .spawn(move || {
             let volume = setup.volume.clone();
             let manager = setup.manager.clone();
-            match Replicator::begin(setup, events, wake, path.clone(), taking) {
-                Ok(Some(mut replicator)) => replicator.run(&inbox),
-                // Not now (a newer primary, or this node's copy of the
-                // store is behind): tried again at the next reconcile.
-                Ok(None) => std::thread::sleep(Duration::from_secs(1)),
-                Err(error) => {
-                    log::warn!("volume {volume}: cannot serve as primary yet: {error}");
-                    // The manager starts another at its next reconcile.
-                    std::thread::sleep(Duration::from_secs(1));
-                }
-            }
-            path.set_serving(Serving::Inaccessible);
-            // Whatever the reactors and the manager handed over meanwhile.
-            while let Ok(event) = inbox.try_recv() {
-                match event {
-                    Event::Host(io) => io
-                        .reply
-                        .send(VolumeOutcome::Done(Err(IoError::PathInaccessible))),
-                    Event::Barrier { op, reply } => {
-                        let _ = reply.send(Err(AdminError::Unavailable(format!(
-                            "volume {volume}: its primary stopped serving here (it fails over, or its replicas changed) before its {op}; try again"
-                        ))));
+            let plane = setup.plane.clone();
+            let mut inbox = Some(inbox);
+            let shared = Shared {
+                path: Arc::clone(&path),
+                taking,
+                finished: Arc::clone(&finished),
+                host,
+            };
+            let mut replicator = match Replicator::begin(setup, events, &mut inbox, wake, shared) {
+                Ok(Some(replicator)) => replicator,
+                not => {
+                    if let Err(error) = not {
+                        log::warn!("volume {volume}: cannot serve as primary yet: {error}");
                     }
-                    _ => {}
+                    // Not now (a newer primary, or this node's copy of the
+                    // store is behind, or an error): tried again at a
+                    // reconcile after this one shows finished.
+                    std::thread::sleep(Duration::from_secs(1));
+                    let inbox = inbox.expect("kept unless it began");
+                    return wind_up(&volume, &path, &inbox, &manager, &finished);
+                }
+            };
+            if let Some(plane) = plane {
+                match replicator.doorbell() {
+                    Ok(doorbell) => return plane.host(&volume, Box::new(replicator), doorbell),
+                    Err(error) => log::warn!(
+                        "volume {volume}: its replicator runs on a thread of its own: {error}"
+                    ),
                 }
             }
-            finished.store(true, Ordering::Release);
-            // Once it shows finished: the reconcile starts another replicator
-            // if the record still names this node primary (its members changed).
-            manager.notify(AdminOp::Reconcile);
+            while replicator.step(true) {}
         })?;
     Ok(handle)
+}
+
+/// A replicator that has finished (or never began) answers what reached it
+/// meanwhile, shows finished and tells the manager.
+fn wind_up(
+    volume: &str,
+    path: &Replicated,
+    inbox: &Receiver<Event>,
+    manager: &ManagerHandle,
+    finished: &AtomicBool,
+) {
+    path.set_serving(Serving::Inaccessible);
+    // Whatever the reactors and the manager handed over meanwhile.
+    while let Ok(event) = inbox.try_recv() {
+        match event {
+            Event::Host(io) => io
+                .reply
+                .send(VolumeOutcome::Done(Err(IoError::PathInaccessible))),
+            Event::Barrier { op, reply } => {
+                let _ = reply.send(Err(AdminError::Unavailable(format!(
+                    "volume {volume}: its primary stopped serving here (it fails over, or its replicas changed) before its {op}; try again"
+                ))));
+            }
+            _ => {}
+        }
+    }
+    finished.store(true, Ordering::Release);
+    // Once it shows finished: the reconcile starts another replicator
+    // if the record still names this node primary (its members changed).
+    manager.notify(AdminOp::Reconcile);
+}
+
+impl Guest for Replicator {
+    fn has_work(&mut self) -> bool {
+        self.ring.has_work()
+    }
+
+    fn turn(&mut self) -> bool {
+        self.host.get_or_init(|| std::thread::current().id());
+        self.step(false)
+    }
 }
 
 /// A host command or copy in flight, with its data.
@@ -258,22 +333,48 @@ struct Replicator {
     /// (its local I/O fails with ANA Transition, the host retries on the next).
     map: Arc<weft_volume::ChunkMap>,
     held: std::collections::VecDeque<ReplicatedIo>,
-    /// Changes its files (write intent, run file) off its thread.
+    /// Changes its files (write intent, run file) off its turn.
     files: Durable,
     /// A change to its files is under way: the core's actions wait.
     files_pending: bool,
+    inbox: Receiver<Event>,
+    /// What its last wait brought (kept: no allocation per wake-up).
+    woken: Woken,
+    /// It stopped serving and drains its local I/O until then.
+    draining: Option<Instant>,
+    /// Set once it has finished.
+    finished: Arc<AtomicBool>,
+    /// The thread of the reactor whose guest it is, once it is one.
+    host: Arc<OnceLock<ThreadId>>,
+    /// A growth's size being recorded in the store (the next primary
+    /// begins after it).
+    recording: Option<std::thread::JoinHandle<()>>,
+    /// Its drain passed its deadline (logged once).
+    overdue: bool,
+}
+
+/// What a replicator shares with its handle and its sink.
+struct Shared {
+    path: Arc<Replicated>,
+    /// The snapshot being taken now, if any.
+    taking: Arc<Mutex<Option<String>>>,
+    /// Set once it has finished.
+    finished: Arc<AtomicBool>,
+    /// The thread of the reactor whose guest it is, once it is one.
+    host: Arc<OnceLock<ThreadId>>,
 }
 
 impl Replicator {
     /// Takes the epoch (a new one if this node served it before), fences
     /// its own replica and builds the primary; none if this node may not
     /// serve (a newer primary exists).
+    /// (`inbox` is taken once it begins.)
     fn begin(
         setup: ReplicatorSetup,
         events: Events,
+        inbox: &mut Option<Receiver<Event>>,
         wake: std::fs::File,
-        path: Arc<Replicated>,
-        taking: Arc<Mutex<Option<String>>>,
+        shared: Shared,
     ) -> Result<Option<Replicator>, String> {
         let ReplicatorSetup {
             volume,
@@ -291,7 +392,14 @@ impl Replicator {
             dir,
             published,
             rebuild_bytes_per_s,
+            plane: _,
         } = setup;
+        let Shared {
+            path,
+            taking,
+            finished,
+            host,
+        } = shared;
         let epoch_file = dir.join("replicas").join(format!("{volume}.epoch"));
         let served = crate::manager::intents::served_epoch(&epoch_file);
         let mut run_file = RunFile::load(&dir, &volume, &volume_id);
@@ -452,107 +560,159 @@ impl Replicator {
             shown: Vec::new(),
             limiter: CopyLimiter::new(rebuild_bytes_per_s),
             deferred: std::collections::VecDeque::new(),
+            inbox: inbox.take().expect("given"),
+            woken: Woken::default(),
+            draining: None,
+            finished,
+            host,
+            recording: None,
+            overdue: false,
         }))
     }
 
-    fn run(&mut self, inbox: &Receiver<Event>) {
-        let mut woken = Woken::default();
-        loop {
-            let now = self.lease.now();
-            self.primary.set_lease(self.lease.until(), now);
-            self.primary.tick(now);
-            self.release_copies();
-            self.drive();
-            self.advance_barrier();
-            self.publish(now);
-            self.track_rebuilds();
-            let growing = matches!(&self.barrier, Some(b) if matches!(b.op, BarrierOp::Grow(_)));
-            if self.map.is_retired() && !self.gone && !growing {
-                log::info!(
-                    "volume {}: its copy here changed (grown); serves again with it",
-                    self.volume
-                );
-                self.gone = true;
-            }
-            if self.gone || self.primary.phase() == PrimaryPhase::Deposed {
-                log::info!("volume {}: no longer primary", self.volume);
-                break;
-            }
-            // Sleeps (until an event, a local write, a socket or the tick)
-            // only with nothing in the inbox; submits the local writes and
-            // the links' commands either way.
-            let mut replies = std::mem::take(&mut self.replies);
-            self.links.start_io(&mut self.ring, &mut replies);
-            let mut next = inbox.try_recv();
-            let sleep = matches!(next, Err(TryRecvError::Empty)) && replies.is_empty();
-            match self.ring.wait(sleep, TICK, &mut woken) {
-                Ok(()) => {
-                    for completion in woken.sockets.drain(..) {
-                        self.links
-                            .completed(completion, &mut self.ring, &mut replies);
-                    }
-                    for (op, result) in woken.written.drain(..) {
-                        self.local_finished(op, result);
-                    }
-                    for reply in replies.drain(..) {
-                        self.handle(reply);
-                    }
-                    self.replies = replies;
-                }
-                Err(error) => {
-                    log::error!("volume {}: its I/O ring failed: {error}", self.volume);
-                    break;
-                }
-            }
-            if sleep {
-                next = inbox.try_recv();
-            }
-            // A bounded batch: the local writes it queues go out at the next wait.
-            let mut handled = 0;
-            loop {
-                match next {
-                    Ok(Event::Stop) | Err(TryRecvError::Disconnected) => return self.finish(),
-                    Ok(event) => self.handle(event),
-                    Err(TryRecvError::Empty) => break,
-                }
-                handled += 1;
-                if handled == EVENTS_PER_WAIT {
-                    break;
-                }
-                next = inbox.try_recv();
-            }
-        }
-        self.finish();
+    /// An eventfd its ring signals whenever completions arrive, to be a
+    /// reactor's guest.
+    fn doorbell(&mut self) -> std::io::Result<std::fs::File> {
+        let doorbell = weft_uring::eventfd()?;
+        self.ring.signal(doorbell.as_raw_fd())?;
+        Ok(doorbell)
     }
 
-    /// Waits until no local I/O is queued or running (at most `limit`): a
-    /// deposed primary's writes must be on its copy, or never, before it
-    /// serves as a replica again. Whether it drained. (Writes still on the
-    /// ring past the limit are waited for when the ring is dropped.)
-    fn drain_local(&mut self, limit: Duration) -> bool {
-        let start = std::time::Instant::now();
+    /// One turn: what the primary has to do now, then what its ring and
+    /// its inbox brought; sleeps on the ring first if `sleep` and nothing
+    /// waits (a thread of its own; never as a reactor's guest). False once
+    /// it has finished: it stopped serving and its local I/O drained.
+    fn step(&mut self, sleep: bool) -> bool {
+        if self.draining.is_none() && !self.serve(sleep) {
+            self.finish();
+        }
+        let draining = self.draining;
+        match draining {
+            Some(deadline) if self.drain(sleep, deadline) => {
+                self.ended();
+                false
+            }
+            _ => true,
+        }
+    }
+
+    /// A turn while it serves; false when it stops serving.
+    fn serve(&mut self, sleep: bool) -> bool {
+        let now = self.lease.now();
+        self.primary.set_lease(self.lease.until(), now);
+        self.primary.tick(now);
+        self.release_copies();
+        self.drive();
+        self.advance_barrier();
+        self.publish(now);
+        self.track_rebuilds();
+        let growing = matches!(&self.barrier, Some(b) if matches!(b.op, BarrierOp::Grow(_)));
+        if self.map.is_retired() && !self.gone && !growing {
+            log::info!(
+                "volume {}: its copy here changed (grown); serves again with it",
+                self.volume
+            );
+            self.gone = true;
+        }
+        if self.gone || self.primary.phase() == PrimaryPhase::Deposed {
+            log::info!("volume {}: no longer primary", self.volume);
+            return false;
+        }
+        // A bounded batch of the inbox's events first: what they start
+        // goes out with this turn's submission.
+        let mut handled = 0;
+        while handled < EVENTS_PER_WAIT {
+            match self.inbox.try_recv() {
+                Ok(Event::Stop) | Err(TryRecvError::Disconnected) => return false,
+                Ok(event) => self.handle(event),
+                Err(TryRecvError::Empty) => break,
+            }
+            handled += 1;
+        }
+        if handled == EVENTS_PER_WAIT {
+            // The rest at the next turn, which the inbox's ring brings at once.
+            self.events.wake();
+        }
+        // Sleeps (until an event, a local write, a socket or the tick)
+        // only if nothing came; submits the local writes and the links'
+        // commands either way.
+        let mut replies = std::mem::take(&mut self.replies);
+        self.links.start_io(&mut self.ring, &mut replies);
+        let sleep = sleep && handled == 0 && replies.is_empty();
+        let mut woken = std::mem::take(&mut self.woken);
+        let waited = self.ring.wait(sleep, TICK, &mut woken);
+        for completion in woken.sockets.drain(..) {
+            self.links
+                .completed(completion, &mut self.ring, &mut replies);
+        }
+        for (op, result) in woken.written.drain(..) {
+            self.local_finished(op, result);
+        }
+        self.woken = woken;
+        // What those let the core do goes out now too: a guest of a reactor
+        // is given no turn for work that is only queued.
+        loop {
+            for reply in replies.drain(..) {
+                self.handle(reply);
+            }
+            self.drive();
+            self.links.start_io(&mut self.ring, &mut replies);
+            if replies.is_empty() {
+                break;
+            }
+        }
+        self.replies = replies;
+        if let Err(error) = waited.and_then(|()| self.ring.submit(TICK)) {
+            log::error!("volume {}: its I/O ring failed: {error}", self.volume);
+            return false;
+        }
+        true
+    }
+
+    /// A turn while it drains its local I/O: a deposed primary's writes
+    /// must be on its copy, or never, before it serves as a replica again
+    /// (and its files and a growth's record written before the next primary
+    /// begins). Whether it is done; it waits as long as that takes, past
+    /// `deadline` with an error logged once.
+    fn drain(&mut self, sleep: bool, deadline: Instant) -> bool {
         // What finishes here is on the copy, or a closed link's; nobody
         // waits for its answer.
-        let mut woken = Woken::default();
+        let busy = self.ring.writes_in_flight() > 0 || !self.links.is_idle();
+        let mut woken = std::mem::take(&mut self.woken);
         let mut replies = Vec::new();
-        // The next primary on this node writes the same files.
-        let busy =
-            |r: &Self| r.ring.writes_in_flight() > 0 || !r.links.is_idle() || !r.files.is_idle();
-        while busy(self) && start.elapsed() < limit {
-            woken.written.clear();
-            if let Err(error) = self.ring.wait(true, TICK, &mut woken) {
-                log::error!("volume {}: its I/O ring failed: {error}", self.volume);
-                break;
-            }
-            for completion in woken.sockets.drain(..) {
-                self.links
-                    .completed(completion, &mut self.ring, &mut replies);
-            }
+        let waited = self.ring.wait(sleep && busy, TICK, &mut woken);
+        for completion in woken.sockets.drain(..) {
+            self.links
+                .completed(completion, &mut self.ring, &mut replies);
         }
-        let pool = self.local.drain(limit.saturating_sub(start.elapsed()));
-        pool && self.ring.writes_in_flight() == 0
+        woken.written.clear();
+        self.woken = woken;
+        if let Err(error) = waited.and_then(|()| self.ring.submit(TICK)) {
+            // Writes still on the ring are waited for when it is dropped.
+            log::error!("volume {}: its I/O ring failed: {error}", self.volume);
+            return true;
+        }
+        let recorded = self.recording.as_ref().is_none_or(|r| r.is_finished());
+        let ring_idle = self.ring.writes_in_flight() == 0 && self.links.is_idle();
+        if ring_idle && self.local.is_idle() && self.files.is_idle() && recorded {
+            return true;
+        }
+        if Instant::now() >= deadline && !self.overdue {
+            self.overdue = true;
+            log::error!(
+                "volume {}: local I/O or a record still under way 10 s after this node stopped being primary; it waits for them",
+                self.volume
+            );
+        }
+        if sleep && ring_idle {
+            // Only the workers are left: they ring the inbox, which this does not read.
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        false
     }
 
+    /// Stops serving: answers what it holds (ANA Inaccessible), ends its
+    /// links, and drains its local I/O from the next turn on.
     fn finish(&mut self) {
         self.stop_poller.store(true, Ordering::Release);
         if self.barrier.is_some() {
@@ -574,12 +734,18 @@ impl Replicator {
             }
         }
         self.links.close_all();
-        if !self.drain_local(Duration::from_secs(10)) {
-            log::error!(
-                "volume {}: local writes still running 10 s after this node stopped being primary",
-                self.volume
-            );
-        }
+        self.draining = Some(Instant::now() + Duration::from_secs(10));
+    }
+
+    /// It has finished: answers what reached it meanwhile and tells the manager.
+    fn ended(&mut self) {
+        wind_up(
+            &self.volume,
+            &self.path,
+            &self.inbox,
+            &self.manager,
+            &self.finished,
+        );
     }
 
     /// Tells the data plane (and the manager, for ANA) whether it serves.
@@ -741,8 +907,7 @@ impl Replicator {
     fn drive(&mut self) {
         loop {
             let mut local = Vec::new();
-            // After a change to its files, nothing until it is durable; after
-            // one that could not be made, nothing at all (this primary ends).
+            // After a change to its files, nothing until it is durable.
             while !self.gone && !self.files_pending {
                 let Some(action) = self.primary.poll_action() else {
                     break;
@@ -763,7 +928,7 @@ impl Replicator {
         }
     }
 
-    /// Carries out `action` (a change to its files is queued: see `files_pending`).
+    /// Carries out `action` (a change to its files: queued, see `files_pending`).
     fn act(&mut self, action: Action) {
         let now = self.lease.now();
         match action {
@@ -1111,8 +1276,9 @@ impl Replicator {
                             .send(VolumeOutcome::Done(Err(IoError::PathTransition)));
                     }
                     // The next primary starts once this one ends: after the
-                    // size is recorded under this epoch, so that it serves it.
-                    let _ = recording.join();
+                    // size is recorded under this epoch, so that it serves it
+                    // (its drain waits for the recording).
+                    self.recording = Some(recording);
                 }
                 self.barrier_ended();
             }

@@ -21,7 +21,7 @@
 
 use super::local::LocalResult;
 use std::fs::File;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::time::Duration;
 use weft_proto::IoError;
@@ -125,21 +125,34 @@ impl WriteRing {
         self.ring.push(op, SOCKET_BIT | token)
     }
 
+    /// Has the ring signal `eventfd` whenever completions arrive (its
+    /// reactor's doorbell, when the replicator is a reactor's guest).
+    pub(crate) fn signal(&mut self, eventfd: RawFd) -> std::io::Result<()> {
+        self.ring.register_eventfd(eventfd)
+    }
+
+    /// Whether a wait would find something without sleeping.
+    pub(crate) fn has_work(&mut self) -> bool {
+        self.ring.has_work()
+    }
+
     /// Submits what was queued, then, if `sleep`, waits until the inbox
     /// is rung, a write or socket operation completes or the tick fires
-    /// (armed for `tick` when none is, so every `tick` while the caller
-    /// sleeps); appends what finished to `woken`.
+    /// (armed for `tick` when none is, so every `tick` whether the caller
+    /// sleeps or not: a guest of a reactor is woken by it); appends what
+    /// finished to `woken`.
     pub(crate) fn wait(
         &mut self,
         sleep: bool,
         tick: Duration,
         woken: &mut Woken,
     ) -> std::io::Result<()> {
-        if sleep && !self.ticking {
-            self.ring.push(Op::Timeout { after: tick }, TICK_TOKEN)?;
-            self.ticking = true;
+        self.arm_tick(tick)?;
+        // Not sleeping, the kernel is entered only for something to submit
+        // or complete (a guest of a reactor turns often).
+        if sleep || self.ring.has_work() {
+            self.ring.submit_and_wait(usize::from(sleep))?;
         }
-        self.ring.submit_and_wait(usize::from(sleep))?;
         let before = woken.written.len() + woken.sockets.len();
         let mut rung = false;
         while let Some(mut completion) = self.ring.pop() {
@@ -167,6 +180,24 @@ impl WriteRing {
                 Ok(())
             }
         }
+    }
+
+    /// Submits what was queued (and the tick, armed for `tick` if it
+    /// fired), without waiting or reaping.
+    pub(crate) fn submit(&mut self, tick: Duration) -> std::io::Result<()> {
+        self.arm_tick(tick)?;
+        if self.ring.has_work() {
+            self.ring.submit_and_wait(0)?;
+        }
+        Ok(())
+    }
+
+    fn arm_tick(&mut self, tick: Duration) -> std::io::Result<()> {
+        if !self.ticking {
+            self.ring.push(Op::Timeout { after: tick }, TICK_TOKEN)?;
+            self.ticking = true;
+        }
+        Ok(())
     }
 
     /// Queues `write`'s pieces (submitted at the next [`WriteRing::wait`]),

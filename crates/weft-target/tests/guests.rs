@@ -1,0 +1,104 @@
+//! A reactor's guests (`weft_target::guest`): a guest with a ring of its
+//! own gets its turns from the reactor that hosts it, woken by its
+//! doorbell alone (its timers, another thread's eventfd), and is dropped
+//! once it says it has finished.
+
+mod support;
+
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use weft_target::guest::Guest;
+use weft_uring::{Op, Ring};
+
+const TIMER: u64 = 1;
+const KICKED: u64 = 2;
+
+/// Fires its timer `timers` times, then waits for a kick and finishes.
+struct Ticker {
+    ring: Ring,
+    timers_left: u32,
+    kicked: bool,
+    /// Open while its read is on the ring (ops borrow descriptors by number).
+    _kick: File,
+    fired: Arc<AtomicU32>,
+    dropped: Arc<AtomicBool>,
+}
+
+impl Guest for Ticker {
+    fn has_work(&mut self) -> bool {
+        self.ring.has_work()
+    }
+
+    fn turn(&mut self) -> bool {
+        while let Some(completion) = self.ring.pop() {
+            match completion.user_data {
+                TIMER => {
+                    self.fired.fetch_add(1, Ordering::AcqRel);
+                    self.timers_left -= 1;
+                    if self.timers_left > 0 {
+                        let after = Duration::from_millis(5);
+                        self.ring.push(Op::Timeout { after }, TIMER).unwrap();
+                    }
+                }
+                KICKED => self.kicked = true,
+                other => panic!("unknown completion {other}"),
+            }
+        }
+        if self.timers_left == 0 && self.kicked {
+            return false;
+        }
+        self.ring.submit_and_wait(0).unwrap();
+        true
+    }
+}
+
+impl Drop for Ticker {
+    fn drop(&mut self) {
+        self.dropped.store(true, Ordering::Release);
+    }
+}
+
+fn eventually(what: &str, done: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !done() {
+        assert!(Instant::now() < deadline, "{what} never happened");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn a_guest_is_given_turns_by_its_doorbell_and_dropped_once_finished() {
+    let plane = support::start_plane("guests");
+    let kick = weft_uring::eventfd().unwrap();
+    let mut ring = Ring::new(8).unwrap();
+    let after = Duration::from_millis(5);
+    ring.push(Op::Timeout { after }, TIMER).unwrap();
+    let fd = kick.as_raw_fd();
+    ring.push(Op::ReadEventfd { fd }, KICKED).unwrap();
+    let doorbell = weft_uring::eventfd().unwrap();
+    ring.register_eventfd(doorbell.as_raw_fd()).unwrap();
+    let (fired, dropped) = (
+        Arc::new(AtomicU32::new(0)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let ticker = Ticker {
+        ring,
+        timers_left: 3,
+        kicked: false,
+        _kick: kick.try_clone().unwrap(),
+        fired: Arc::clone(&fired),
+        dropped: Arc::clone(&dropped),
+    };
+    plane.host("ticker", Box::new(ticker), doorbell);
+
+    // Each timer is pushed in a turn, and its completion brings the next.
+    eventually("three timers fired", || fired.load(Ordering::Acquire) == 3);
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(!dropped.load(Ordering::Acquire), "still waits for its kick");
+    (&kick).write_all(&1u64.to_ne_bytes()).unwrap();
+    eventually("the guest dropped", || dropped.load(Ordering::Acquire));
+}
