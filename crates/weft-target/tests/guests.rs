@@ -10,7 +10,7 @@ use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use weft_target::guest::Guest;
 use weft_uring::{Op, Ring};
 
@@ -62,14 +62,6 @@ impl Drop for Ticker {
     }
 }
 
-fn eventually(what: &str, done: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !done() {
-        assert!(Instant::now() < deadline, "{what} never happened");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
 #[test]
 fn a_guest_is_given_turns_by_its_doorbell_and_dropped_once_finished() {
     let plane = support::start_plane("guests");
@@ -96,9 +88,9 @@ fn a_guest_is_given_turns_by_its_doorbell_and_dropped_once_finished() {
     plane.host("ticker", Box::new(ticker), doorbell);
 
     // Each timer is pushed in a turn, and its completion brings the next.
-    eventually("three timers fired", || fired.load(Ordering::Acquire) == 3);
+    support::eventually("three timers fired", || fired.load(Ordering::Acquire) == 3);
     std::thread::sleep(Duration::from_millis(20));
     assert!(!dropped.load(Ordering::Acquire), "still waits for its kick");
     (&kick).write_all(&1u64.to_ne_bytes()).unwrap();
-    eventually("the guest dropped", || dropped.load(Ordering::Acquire));
+    support::eventually("the guest dropped", || dropped.load(Ordering::Acquire));
 }

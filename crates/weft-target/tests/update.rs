@@ -6,7 +6,6 @@
 mod support;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 use weft_initiator::{read_write, ConnectOptions, Controller, InitiatorError, TargetUrl};
 use weft_proto::command::io_opcode;
 use weft_proto::host::DataTransfer;
@@ -30,15 +29,6 @@ fn update(plane: &DataPlane, change: impl FnOnce(&mut TargetConfig)) {
     plane.update_exports(Arc::new(Exports::new(Arc::new(config), devices)));
 }
 
-/// Retries `done` until it holds: each reactor applies an update when it next wakes.
-fn eventually(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !done() {
-        assert!(Instant::now() < deadline, "{what} never happened");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 #[test]
 fn a_namespace_resized_while_connected_reports_its_new_size() {
     let plane = support::start_plane("update-resize");
@@ -51,7 +41,7 @@ fn a_namespace_resized_while_connected_reports_its_new_size() {
     update(&plane, |config| {
         config.subsystems[0].namespaces[0].blocks = shrunk;
     });
-    eventually("Identify Namespace with the new size", || {
+    support::eventually("Identify Namespace with the new size", || {
         controller.namespace(1).unwrap().blocks == shrunk
     });
     assert_eq!(
@@ -65,7 +55,7 @@ fn a_namespace_resized_while_connected_reports_its_new_size() {
             .unwrap()
             .status
     };
-    eventually("the I/O queue checking the new size", || {
+    support::eventually("the I/O queue checking the new size", || {
         read(shrunk) == Status::LBA_OUT_OF_RANGE
     });
     assert_eq!(read(shrunk - 1), Status::SUCCESS);

@@ -24,6 +24,19 @@ pub const RAM_BYTES: u64 = 16 << 20;
 pub const FILE_BYTES: u64 = 16 << 20;
 
 /// Starts a data plane serving until the test process exits; returns its address.
+/// Retries `done` until it holds (5 s at most): a reactor acts on what it
+/// is sent when it next wakes.
+pub fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !done() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what} never happened"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 pub fn start(name: &str) -> SocketAddr {
     let plane = start_plane(name);
     let address = plane.listening[0];
