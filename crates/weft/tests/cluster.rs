@@ -85,6 +85,11 @@ fn three_nodes_share_one_desired_state_in_etcd() {
     assert!(errors.contains("--api-token-file"), "{errors}");
     let n2 = node(&dir, "n2", ports[1], &endpoints, Some(&token_file));
     let n3 = node(&dir, "n3", ports[2], &endpoints, Some(&token_file));
+    // n1 learns of the others through its copy of the store, a watch behind
+    // etcd: a pool named on a node it has not seen yet is refused.
+    eventually(Duration::from_secs(10), "n1 sees every node", || {
+        json(&n1, &["node", "list"]).as_array().unwrap().len() == 3
+    });
 
     // Pools on every node, made through n1.
     for (name, node_dir) in [("n1", "n1"), ("n2", "n2"), ("n3", "n3")] {
