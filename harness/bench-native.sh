@@ -93,11 +93,14 @@ qd32 = json.load(open(f'{d}/qd32.json'))['weft_bench_compare']['points'][0]
 seq = json.load(open(f'{d}/seq128k.json'))['weft_bench_compare']['points'][0]
 seq1m = json.load(open(f'{d}/seq1m.json'))['weft_bench_compare']['points'][0]
 target_cores = qd32_ticks / hz / (rounds * runtime)
+# The remote side's IOPS over the same comparison: what a core of target buys.
+cores_per_100k = target_cores / max(qd32['remote']['read']['iops'] / 100_000, 1e-9)
 rows = [
     ('QD1 RAM mean / floor (median of rounds)', statistics.median(mean_ratios), '<= 1.3', statistics.median(mean_ratios) <= 1.3),
     ('QD1 RAM p99 / floor (median of rounds)', statistics.median(p99_ratios), '<= 1.5', statistics.median(p99_ratios) <= 1.5),
     ('QD32 4k randread remote/local IOPS', qd32['iops_ratio'], '>= 0.95', qd32['iops_ratio'] >= 0.95),
     ('QD32 target CPU (cores, while serving)', target_cores, '<= 1', target_cores <= 1),
+    ('QD32 target CPU per 100K IOPS (cores)', cores_per_100k, 'recorded', True),
     ('128k seq read remote/local MiB/s', seq['bw_ratio'], '>= 0.95', seq['bw_ratio'] >= 0.95),
     ('1M seq read remote/local MiB/s', seq1m['bw_ratio'], '>= 0.95', seq1m['bw_ratio'] >= 0.95),
     ('idle target CPU (cores, 10 s)', idle_ticks / hz / 10, '~0', idle_ticks / hz / 10 < 0.01),
