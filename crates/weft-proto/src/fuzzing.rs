@@ -195,10 +195,14 @@ enum Operation<'a> {
     Deliver(&'a [u8]),
     /// The held block I/O completes; request i fails when bit i % 6 of the mask is set.
     Complete { fail_mask: u8 },
-    /// The clock moves by this many tenths of a second (1 to 63) and timers fire.
+    /// The clock moves by this many tenths of a second (1 to 62) and timers fire.
     Advance { tenths: u8 },
     /// The target's configuration changes to [`Fixture::updated`].
     UpdateConfig,
+    /// The target's sends stop being reported done, or are again (the one
+    /// held first): as when a reactor reaps its send late, or the host's
+    /// socket is full; what the target has to send meanwhile waits in it.
+    ToggleTransmitHold,
 }
 
 impl<'a> Operation<'a> {
@@ -206,7 +210,8 @@ impl<'a> Operation<'a> {
     /// `00xxxxxx` delivers the next x + 1 bytes, `01xxxxxx` the next
     /// (x + 1) * 64 (fewer at the end of the input); `10xxxxxx` completes
     /// the held I/O with fail mask x; `11xxxxxx` advances the clock by x + 1
-    /// tenths of a second, except `11111111`, which updates the configuration.
+    /// tenths of a second, except `11111110`, which holds the target's sends
+    /// or releases them, and `11111111`, which updates the configuration.
     fn decode(input: &mut &'a [u8]) -> Option<Operation<'a>> {
         let (&first, rest) = input.split_first()?;
         let value = first & 0x3F;
@@ -220,6 +225,7 @@ impl<'a> Operation<'a> {
             }
             0b10 => Operation::Complete { fail_mask: value },
             _ if first == 0xFF => Operation::UpdateConfig,
+            _ if first == 0xFE => Operation::ToggleTransmitHold,
             _ => Operation::Advance { tenths: value + 1 },
         };
         *input = rest;
@@ -249,10 +255,11 @@ impl<'a> Operation<'a> {
                 out.push(0x80 | fail_mask);
             }
             Operation::Advance { tenths } => {
-                assert!((1..=63).contains(&tenths), "1 to 63 tenths of a second");
+                assert!((1..=62).contains(&tenths), "1 to 62 tenths of a second");
                 out.push(0xC0 | (tenths - 1));
             }
             Operation::UpdateConfig => out.push(0xFF),
+            Operation::ToggleTransmitHold => out.push(0xFE),
         }
     }
 }
@@ -327,6 +334,13 @@ impl Session {
                     pair.update_config(Arc::clone(&self.fixture.updated));
                 }
             }
+            Operation::ToggleTransmitHold => {
+                let host = &mut self.host;
+                host.hold_transmit = !host.hold_transmit;
+                if !host.hold_transmit {
+                    host.finish_transmit();
+                }
+            }
         }
     }
 
@@ -348,6 +362,8 @@ impl Session {
 
     /// Completes what is held, lets an hour pass and closes the connection.
     fn finish(mut self) {
+        self.host.hold_transmit = false;
+        self.host.finish_transmit();
         self.complete_held(0);
         self.host.advance(Duration::from_secs(3600));
         self.host.connection.on_closed();
@@ -685,6 +701,42 @@ pub fn connection_seeds() -> Vec<Seed> {
                 .1
                 .status()
         }),
+        record("io-queue-sends-reaped-late", 0x03, |recorder| {
+            // The write's response is out but its send not reported done:
+            // the read's data and the Flush's response wait in the target.
+            recorder.operation(Operation::ToggleTransmitHold);
+            let host = recorder.host();
+            let block = pattern(4096);
+            let write = rw(WRITE, 1, 2, 1, 1, 4096, true);
+            assert_eq!(
+                host.command(&write, &block).pop().map(|r| r.status()),
+                Some(Status::SUCCESS)
+            );
+            for command in [
+                rw(READ, 2, 2, 1, 1, 4096, false),
+                sqe(FLUSH, 3, Nsid::BROADCAST.0, 0, false),
+            ] {
+                let capsule = host.capsule(&command, &[]);
+                host.send(&capsule);
+            }
+            assert!(
+                host.receive().is_none(),
+                "nothing sent while a send is held"
+            );
+            recorder.operation(Operation::ToggleTransmitHold);
+            let host = recorder.host();
+            let (mut read, mut responses) = (Vec::new(), Vec::new());
+            while let Some(pdu) = host.receive() {
+                match pdu.pdu_type {
+                    t if t == PduType::C2hData as u8 => read.extend_from_slice(&pdu.data),
+                    _ => responses.push(pdu),
+                }
+            }
+            assert_eq!(read, block);
+            let last = responses.pop().expect("the Flush's response");
+            assert_eq!(last.cid(), 3);
+            last.status()
+        }),
         record("io-queue-r2t", 0x03, |recorder| {
             r2t_transfers(recorder.host())
         }),
@@ -975,14 +1027,15 @@ mod tests {
         );
         let others = [
             Operation::Complete { fail_mask: 0x25 },
-            Operation::Advance { tenths: 63 },
+            Operation::Advance { tenths: 62 },
             Operation::UpdateConfig,
+            Operation::ToggleTransmitHold,
         ];
         Operation::Deliver(&bytes).encode(&mut input);
         for operation in others {
             operation.encode(&mut input);
         }
-        assert_eq!(&input[input.len() - 3..], &[0xA5, 0xFE, 0xFF]);
+        assert_eq!(&input[input.len() - 4..], &[0xA5, 0xFD, 0xFF, 0xFE]);
         let (mut delivered, mut decoded) = (Vec::new(), Vec::new());
         let mut rest = &input[..];
         while let Some(operation) = Operation::decode(&mut rest) {
