@@ -83,7 +83,8 @@ fn reservation(command: &Command, data: &[u8]) {
 /// The connection state machine on an arbitrary input: a setup byte that
 /// chooses how far the connection gets legitimately first, then operations
 /// (bytes from the host, block I/O completions, clock ticks, a configuration
-/// update), as [`Operation::decode`] reads them.
+/// update, sends held unreported and released), as [`Operation::decode`]
+/// reads them.
 ///
 /// The setup byte: bits 1:0 the stage reached (0 nothing, 1 ICReq, 2 an
 /// admin queue with a 1 s keep-alive, 3 an I/O queue of an enabled
