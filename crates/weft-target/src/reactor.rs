@@ -90,6 +90,18 @@ pub(crate) struct Mailbox {
 }
 
 impl Mailbox {
+    /// A mailbox whose messages `receiver` reads, with a wake-up nobody waits for.
+    #[cfg(test)]
+    pub(crate) fn detached() -> io::Result<(Mailbox, Receiver<Message>)> {
+        let (sender, receiver) = std::sync::mpsc::channel();
+        let mailbox = Mailbox {
+            sender,
+            wake: weft_uring::eventfd()?,
+            owner: OnceLock::new(),
+        };
+        Ok((mailbox, receiver))
+    }
+
     /// Delivers `message` and wakes the reactor (unless it is the sender).
     pub(crate) fn send(&self, message: Message) {
         if self.sender.send(message).is_ok() && self.owner.get() != Some(&thread::current().id()) {

@@ -233,9 +233,16 @@ pub enum VolumeOutcome {
 /// Return address of a slow-path request: the reactor, connection and I/O
 /// that asked, or a channel (the replicator of a replicated volume asks the
 /// manager too).
+///
+/// A reply to a reactor that is dropped unsent answers ANA Inaccessible
+/// (the host retries on another path): whoever held it went away (a
+/// replicator that ended with the I/O still in its inbox, a manager that
+/// stopped), and the connection must not wait for its command forever. A
+/// channel's receiver learns of the drop by its disconnection.
 #[derive(Debug)]
 pub struct VolumeReply {
-    to: ReplyTo,
+    /// Taken when the answer is sent.
+    to: Option<ReplyTo>,
 }
 
 #[derive(Debug)]
@@ -251,24 +258,40 @@ enum ReplyTo {
 impl VolumeReply {
     pub(crate) fn reactor(mailbox: Arc<Mailbox>, connection: usize, request: IoRequest) -> Self {
         VolumeReply {
-            to: ReplyTo::Reactor {
+            to: Some(ReplyTo::Reactor {
                 mailbox,
                 connection,
                 request,
-            },
+            }),
         }
     }
 
     /// An answer sent to `sender`.
     pub fn channel(sender: mpsc::Sender<VolumeOutcome>) -> VolumeReply {
         VolumeReply {
-            to: ReplyTo::Channel(sender),
+            to: Some(ReplyTo::Channel(sender)),
         }
     }
 
     /// Sends the answer to whoever asked.
-    pub fn send(self, outcome: VolumeOutcome) {
-        match self.to {
+    pub fn send(mut self, outcome: VolumeOutcome) {
+        if let Some(to) = self.to.take() {
+            to.send(outcome);
+        }
+    }
+}
+
+impl Drop for VolumeReply {
+    fn drop(&mut self) {
+        if let Some(to @ ReplyTo::Reactor { .. }) = self.to.take() {
+            to.send(VolumeOutcome::Done(Err(IoError::PathInaccessible)));
+        }
+    }
+}
+
+impl ReplyTo {
+    fn send(self, outcome: VolumeOutcome) {
+        match self {
             ReplyTo::Reactor {
                 mailbox,
                 connection,
@@ -292,6 +315,46 @@ mod tests {
     struct Nowhere;
     impl VolumeManager for Nowhere {
         fn submit(&self, _request: VolumeRequest) {}
+    }
+
+    #[test]
+    fn a_reply_to_a_reactor_dropped_unsent_answers_inaccessible() {
+        let (mailbox, inbox) = Mailbox::detached().expect("an eventfd");
+        let mailbox = Arc::new(mailbox);
+        let request = IoRequest {
+            slot: weft_proto::types::SlotId(7),
+            nsid: weft_proto::types::Nsid(1),
+            kind: weft_proto::IoKind::Flush,
+        };
+        VolumeReply::reactor(Arc::clone(&mailbox), 3, request).send(VolumeOutcome::Retry);
+        drop(VolumeReply::reactor(mailbox, 4, request));
+        let outcomes: Vec<_> = inbox
+            .try_iter()
+            .map(|message| match message {
+                Message::VolumeDone {
+                    connection,
+                    request: answered,
+                    outcome,
+                } => (connection, answered.slot, outcome),
+                other => panic!("unexpected {other:?}"),
+            })
+            .collect();
+        let inaccessible = VolumeOutcome::Done(Err(IoError::PathInaccessible));
+        assert_eq!(
+            outcomes,
+            [
+                (3, request.slot, VolumeOutcome::Retry),
+                (4, request.slot, inaccessible)
+            ],
+            "one answer each: the one sent, then the drop's"
+        );
+    }
+
+    #[test]
+    fn a_reply_to_a_channel_dropped_unsent_disconnects() {
+        let (sender, answers) = mpsc::channel();
+        drop(VolumeReply::channel(sender));
+        assert_eq!(answers.recv(), Err(mpsc::RecvError));
     }
 
     #[test]

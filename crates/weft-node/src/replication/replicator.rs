@@ -603,7 +603,10 @@ impl Replicator {
         self.primary.tick(now);
         self.release_copies();
         self.drive();
-        self.advance_barrier();
+        // Not after a change to its files failed: it stops, and fails the barrier.
+        if !self.gone {
+            self.advance_barrier();
+        }
         self.publish(now);
         self.track_rebuilds();
         let growing = matches!(&self.barrier, Some(b) if matches!(b.op, BarrierOp::Grow(_)));
@@ -688,8 +691,28 @@ impl Replicator {
         woken.written.clear();
         self.woken = woken;
         if let Err(error) = waited.and_then(|()| self.ring.submit(TICK)) {
-            // Writes still on the ring are waited for when it is dropped.
-            log::error!("volume {}: its I/O ring failed: {error}", self.volume);
+            // Nothing wakes it through the ring any more, and the next
+            // primary here must not begin while its writes may still land:
+            // it waits for them now, blocking (the disk ends them), then for
+            // its workers, its files and a growth's record, up to `deadline`.
+            log::error!(
+                "volume {}: its I/O ring failed: {error}; it waits here for its local I/O",
+                self.volume
+            );
+            self.ring.reap();
+            while !self.local.is_idle()
+                || !self.files.is_idle()
+                || self.recording.as_ref().is_some_and(|r| !r.is_finished())
+            {
+                if Instant::now() >= deadline {
+                    log::error!(
+                        "volume {}: local I/O still under way 10 s after its ring failed; it ends anyway",
+                        self.volume
+                    );
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
             return true;
         }
         let recorded = self.recording.as_ref().is_none_or(|r| r.is_finished());

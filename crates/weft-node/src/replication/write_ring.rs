@@ -306,7 +306,7 @@ impl WriteRing {
     /// Waits until no write is in flight: a write's gate is left only once
     /// it completed (the manager's quiesce waits for it), and a deposed
     /// primary's writes must be on its copy before it serves as a replica.
-    fn reap(&mut self) {
+    pub(crate) fn reap(&mut self) {
         let mut woken = Woken::default();
         while self.writes_in_flight() > 0 {
             woken.written.clear();
