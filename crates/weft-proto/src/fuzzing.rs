@@ -620,6 +620,16 @@ pub fn connection_seeds() -> Vec<Seed> {
     };
     use testing::{get_log_page, identify, rw, set_cdw, sqe};
     let pattern = |len: usize| (0..len).map(|i| (i * 7 % 251) as u8).collect::<Vec<u8>>();
+    // 4 KiB in-capsule to NSID 2, block 1; the data written.
+    let write_block = |host: &mut Pair| {
+        let block = pattern(4096);
+        let write = rw(WRITE, 1, 2, 1, 1, 4096, true);
+        assert_eq!(
+            host.command(&write, &block).pop().map(|r| r.status()),
+            Some(Status::SUCCESS)
+        );
+        block
+    };
     // 8 KiB by R2T: two H2CData PDUs of MAXH2CDATA each.
     let r2t_transfers = |host: &mut Pair| {
         let data = pattern(8192);
@@ -676,12 +686,7 @@ pub fn connection_seeds() -> Vec<Seed> {
         }),
         record("io-queue-in-capsule", 0x03, |recorder| {
             let host = recorder.host();
-            let block = pattern(4096);
-            let write = rw(WRITE, 1, 2, 1, 1, 4096, true);
-            assert_eq!(
-                host.command(&write, &block).pop().map(|r| r.status()),
-                Some(Status::SUCCESS)
-            );
+            let block = write_block(host);
             let (read, _) = host.read_data(&rw(READ, 2, 2, 1, 1, 4096, false));
             assert_eq!(read, block);
             let compare = rw(COMPARE, 3, 2, 1, 1, 4096, true);
@@ -707,12 +712,7 @@ pub fn connection_seeds() -> Vec<Seed> {
             // the read's data and the Flush's response wait in the target.
             recorder.operation(Operation::ToggleTransmitHold);
             let host = recorder.host();
-            let block = pattern(4096);
-            let write = rw(WRITE, 1, 2, 1, 1, 4096, true);
-            assert_eq!(
-                host.command(&write, &block).pop().map(|r| r.status()),
-                Some(Status::SUCCESS)
-            );
+            let block = write_block(host);
             for command in [
                 rw(READ, 2, 2, 1, 1, 4096, false),
                 sqe(FLUSH, 3, Nsid::BROADCAST.0, 0, false),
