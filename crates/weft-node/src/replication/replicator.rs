@@ -706,7 +706,7 @@ impl Replicator {
             {
                 if Instant::now() >= deadline {
                     log::error!(
-                        "volume {}: local I/O still under way 10 s after its ring failed; it ends anyway",
+                        "volume {}: its ring failed and its local I/O is still under way 10 s after it stopped serving; it ends anyway",
                         self.volume
                     );
                     break;
