@@ -9,7 +9,7 @@
 
 use crate::records::{ControllerRecord, CONTROLLER_KEY};
 use weft_control::records::{encode, read};
-use weft_control::{Change, Condition, LeaseId, Revision, Store, StoreError, Txn};
+use weft_control::{Condition, LeaseId, Revision, Store, StoreError, Txn};
 
 /// Makes `node` the controller if there is none; whether it is.
 pub fn campaign(
@@ -25,14 +25,7 @@ pub fn campaign(
         node: node.to_string(),
         since_unix_ms: now_unix_ms,
     };
-    let txn = Txn {
-        conditions: vec![Condition::Absent(CONTROLLER_KEY.into())],
-        changes: vec![Change::Put {
-            key: CONTROLLER_KEY.into(),
-            value: encode(&record),
-            lease: Some(lease),
-        }],
-    };
+    let txn = Txn::new().create_leased(CONTROLLER_KEY, encode(&record), Some(lease));
     match store.commit(txn) {
         Ok(_) => {
             log::info!("node {node} is now the cluster controller");

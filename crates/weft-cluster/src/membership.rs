@@ -19,7 +19,7 @@ use crate::records::{
 use std::sync::Arc;
 use std::time::Duration;
 use weft_control::records::{encode, read};
-use weft_control::{Change, Condition, LeaseId, Revision, Store, StoreError, Txn};
+use weft_control::{LeaseId, Revision, Store, StoreError, Txn};
 
 /// Default time to live of a node's lease: a node that stops is shown down
 /// this long after its last heartbeat at most. Failover takes about this
@@ -145,11 +145,7 @@ impl Member {
             alive_revision: Revision(0),
         };
         let status = NodeStatus::default();
-        let put = joined.alive_change(&status, now_unix_ms);
-        let txn = Txn {
-            conditions: vec![Condition::Absent(alive_key(&joined.config.name))],
-            changes: vec![put],
-        };
+        let txn = joined.alive_created(&status, now_unix_ms);
         joined.alive_revision = joined.commit_alive(txn)?;
         Ok(joined)
     }
@@ -185,13 +181,12 @@ impl Member {
     pub fn heartbeat(&mut self, status: &NodeStatus, now_unix_ms: u64) -> Result<bool, JoinError> {
         match self.store.keep_alive(self.lease) {
             Ok(()) => {
-                let txn = Txn {
-                    conditions: vec![Condition::At(
-                        alive_key(&self.config.name),
-                        self.alive_revision,
-                    )],
-                    changes: vec![self.alive_change(status, now_unix_ms)],
-                };
+                let txn = Txn::new().update_leased(
+                    alive_key(&self.config.name),
+                    self.alive_record(status, now_unix_ms),
+                    self.alive_revision,
+                    Some(self.lease),
+                );
                 self.alive_revision = self.commit_alive(txn)?;
             }
             Err(StoreError::LeaseExpired { .. }) => self.rejoin(status, now_unix_ms)?,
@@ -220,15 +215,21 @@ impl Member {
         );
         claim_name(self.store.as_ref(), &self.config, now_unix_ms)?;
         self.lease = self.store.grant_lease(self.config.lease_ttl)?;
-        let txn = Txn {
-            conditions: vec![Condition::Absent(alive_key(&self.config.name))],
-            changes: vec![self.alive_change(status, now_unix_ms)],
-        };
+        let txn = self.alive_created(status, now_unix_ms);
         self.alive_revision = self.commit_alive(txn)?;
         Ok(())
     }
 
-    fn alive_change(&self, status: &NodeStatus, now_unix_ms: u64) -> Change {
+    /// Creates our liveness record under our lease.
+    fn alive_created(&self, status: &NodeStatus, now_unix_ms: u64) -> Txn {
+        Txn::new().create_leased(
+            alive_key(&self.config.name),
+            self.alive_record(status, now_unix_ms),
+            Some(self.lease),
+        )
+    }
+
+    fn alive_record(&self, status: &NodeStatus, now_unix_ms: u64) -> serde_json::Value {
         let record = AliveRecord {
             node_id: self.config.node_id.clone(),
             heartbeat_unix_ms: now_unix_ms,
@@ -236,11 +237,7 @@ impl Member {
             volumes: status.volumes,
             version: env!("CARGO_PKG_VERSION").to_string(),
         };
-        Change::Put {
-            key: alive_key(&self.config.name),
-            value: encode(&record),
-            lease: Some(self.lease),
-        }
+        encode(&record)
     }
 
     /// Commits a change of our liveness record; a failed condition means
@@ -286,10 +283,7 @@ fn cluster_identity(
                 id: id.clone(),
                 created_unix_ms: now_unix_ms,
             };
-            let txn = Txn {
-                conditions: vec![Condition::Absent(CLUSTER_KEY.into())],
-                changes: vec![Change::put(CLUSTER_KEY, encode(&record))],
-            };
+            let txn = Txn::new().create(CLUSTER_KEY, encode(&record));
             match store.commit(txn) {
                 Ok(_) => id,
                 // Another node created it at the same moment: theirs counts.
@@ -350,22 +344,14 @@ fn claim_name(
         down_since_unix_ms: None,
         ordinal: Some(ordinal),
     };
-    let mut conditions = vec![match &existing {
-        Some(found) => Condition::At(key.clone(), found.revision),
-        None => Condition::Absent(key.clone()),
-    }];
-    let mut changes = vec![Change::put(key, encode(&record))];
+    let mut txn = match &existing {
+        Some(found) => Txn::new().update(key, encode(&record), found.revision),
+        None => Txn::new().create(key, encode(&record)),
+    };
     if kept.is_none() {
-        conditions.push(Condition::Absent(ordinal_key(ordinal)));
-        changes.push(Change::put(
-            ordinal_key(ordinal),
-            config.name.clone().into(),
-        ));
+        txn = txn.create(ordinal_key(ordinal), config.name.clone().into());
     }
-    match store.commit(Txn {
-        conditions,
-        changes,
-    }) {
+    match store.commit(txn) {
         Ok(_) => Ok(ordinal),
         // Changed meanwhile (cordoned, marked down, or claimed): look again.
         Err(StoreError::Conflict { .. }) => claim_name(store, config, now_unix_ms),

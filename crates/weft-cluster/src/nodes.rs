@@ -12,7 +12,7 @@ use crate::records::{
 use serde::Serialize;
 use std::collections::BTreeMap;
 use weft_control::records::{decode, encode, read};
-use weft_control::{Change, Condition, LeaseId, Store, StoreError, Txn};
+use weft_control::{Condition, LeaseId, Store, StoreError, Txn};
 
 /// Compare-and-swap attempts of a change before giving up (each failed
 /// attempt means someone else changed the record in between).
@@ -153,18 +153,16 @@ pub fn remove(
             volumes,
         });
     }
-    let mut changes = vec![Change::Delete(member_key(name))];
-    if let Some(ordinal) = found.record.ordinal {
-        changes.push(Change::Delete(crate::records::ordinal_key(ordinal)));
+    let mut txn = Txn::new()
+        .require(Condition::Absent(alive_key(name)))
+        .remove(member_key(name), found.revision);
+    let ordinal = found.record.ordinal.map(crate::records::ordinal_key);
+    for key in ordinal.into_iter().chain(node_records) {
+        if let Some(entry) = store.get(&key)? {
+            txn = txn.remove(key, entry.revision);
+        }
     }
-    changes.extend(node_records.into_iter().map(Change::Delete));
-    store.commit(Txn {
-        conditions: vec![
-            Condition::At(member_key(name), found.revision),
-            Condition::Absent(alive_key(name)),
-        ],
-        changes,
-    })?;
+    store.commit(txn)?;
     Ok(())
 }
 
@@ -189,14 +187,10 @@ pub fn note_down_nodes(
         };
         let mut member = found.record;
         member.down_since_unix_ms = Some(now_unix_ms);
-        let txn = Txn {
-            conditions: vec![
-                election::holds(held),
-                Condition::At(member_key(&name), found.revision),
-                Condition::Absent(alive_key(&name)),
-            ],
-            changes: vec![Change::put(member_key(&name), encode(&member))],
-        };
+        let txn = Txn::new()
+            .require(election::holds(held))
+            .require(Condition::Absent(alive_key(&name)))
+            .update(member_key(&name), encode(&member), found.revision);
         match store.commit(txn) {
             Ok(_) => {
                 log::warn!("node {name} is down (its lease ended)");
@@ -221,10 +215,7 @@ fn change_member(
             .ok_or_else(|| NodeError::NotFound(name.to_string()))?;
         let mut member = found.record;
         change(&mut member);
-        let txn = Txn {
-            conditions: vec![Condition::At(member_key(name), found.revision)],
-            changes: vec![Change::put(member_key(name), encode(&member))],
-        };
+        let txn = Txn::new().update(member_key(name), encode(&member), found.revision);
         match store.commit(txn) {
             Ok(_) => return Ok(()),
             Err(StoreError::Conflict { .. }) => continue,

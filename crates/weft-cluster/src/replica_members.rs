@@ -27,8 +27,7 @@ use crate::replicas::{replica_set, replicated_volumes, with_replica_set, CAS_ATT
 use std::collections::BTreeMap;
 use weft_control::records::{encode, read, Versioned};
 use weft_control::{
-    Change, Condition, LeaseId, ReplicaRecord, ReplicaState, ReplicationRecord, Store, StoreError,
-    Txn, VolumeRecord,
+    LeaseId, ReplicaRecord, ReplicaState, ReplicationRecord, Store, StoreError, Txn, VolumeRecord,
 };
 
 /// The most replicas a volume may have.
@@ -324,12 +323,10 @@ fn change_members_as(
             });
         }
         let (next, change) = changed(store, &found, &nodes, &decision)?;
-        let mut conditions = vec![Condition::At(key.clone(), found.revision)];
-        conditions.extend(controller.map(election::holds));
-        let txn = Txn {
-            conditions,
-            changes: vec![Change::put(key.clone(), encode(&next))],
-        };
+        let mut txn = Txn::new().update(key.clone(), encode(&next), found.revision);
+        if let Some(controller) = controller {
+            txn = txn.require(election::holds(controller));
+        }
         match store.commit(txn) {
             Ok(_) => {
                 log::info!(
@@ -446,10 +443,7 @@ pub fn finish_retirements(store: &dyn Store, volume: &str) -> Result<bool, Store
         let done = left.retire.is_empty();
         log::info!("volume {volume}: retired replicas on {gone:?} leave");
         record.replication = Some(left);
-        let txn = Txn {
-            conditions: vec![Condition::At(key.clone(), found.revision)],
-            changes: vec![Change::put(key.clone(), encode(&record))],
-        };
+        let txn = Txn::new().update(key.clone(), encode(&record), found.revision);
         match store.commit(txn) {
             Ok(_) => return Ok(done),
             Err(StoreError::Conflict { .. }) => continue,

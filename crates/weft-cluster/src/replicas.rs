@@ -13,8 +13,7 @@ use crate::nodes::{self, NodeView};
 use std::collections::BTreeMap;
 use weft_control::records::{encode, read};
 use weft_control::{
-    Change, Condition, LeaseId, ReplicaRecord, ReplicaState, ReplicationRecord, Store, StoreError,
-    Txn, VolumeRecord,
+    LeaseId, ReplicaRecord, ReplicaState, ReplicationRecord, Store, StoreError, Txn, VolumeRecord,
 };
 use weft_replication::{Epoch, Member, MemberState, NodeId, ReplicaSet};
 
@@ -113,13 +112,11 @@ pub fn promote_primaries(
         };
         let mut record = found.record.clone();
         record.replication = Some(next.clone());
-        let txn = Txn {
-            conditions: vec![
-                election::holds(held),
-                Condition::At(entry.key.clone(), found.revision),
-            ],
-            changes: vec![Change::put(entry.key.clone(), encode(&record))],
-        };
+        let txn = Txn::new().require(election::holds(held)).update(
+            entry.key.clone(),
+            encode(&record),
+            found.revision,
+        );
         match store.commit(txn) {
             Ok(_) => {
                 log::warn!(
@@ -252,10 +249,7 @@ pub fn request_move(
         return Ok((target, true));
     }
     replication.move_to = Some(target.clone());
-    let txn = Txn {
-        conditions: vec![Condition::At(key.clone(), found.revision)],
-        changes: vec![Change::put(key, encode(&record))],
-    };
+    let txn = Txn::new().update(key, encode(&record), found.revision);
     store.commit(txn)?;
     Ok((target, false))
 }
@@ -337,10 +331,7 @@ pub fn leave_in_sync_set(
         };
         let mut record = found.record.clone();
         record.replication = Some(with_replica_set(replication, &next));
-        let txn = Txn {
-            conditions: vec![Condition::At(key.clone(), found.revision)],
-            changes: vec![Change::put(key.clone(), encode(&record))],
-        };
+        let txn = Txn::new().update(key.clone(), encode(&record), found.revision);
         match store.commit(txn) {
             Ok(_) => {
                 log::warn!(

@@ -5,7 +5,7 @@
 //! and nodes can call each other's APIs with it.
 
 use sha2::{Digest, Sha256};
-use weft_control::{Change, Condition, Store, StoreError, Txn};
+use weft_control::{Store, StoreError, Txn};
 
 /// Key of the token's digest.
 pub const TOKEN_KEY: &str = "cluster/token";
@@ -37,10 +37,7 @@ pub fn adopt(store: &dyn Store, token: &str, path: &str) -> Result<(), TokenErro
             })
         };
     }
-    let txn = Txn {
-        conditions: vec![Condition::Absent(TOKEN_KEY.into())],
-        changes: vec![Change::put(TOKEN_KEY, digest.into())],
-    };
+    let txn = Txn::new().create(TOKEN_KEY, digest.into());
     match store.commit(txn) {
         Ok(_) => Ok(()),
         // Another node recorded its token at the same moment: compare with it.

@@ -11,7 +11,7 @@ use weft_cluster::replica_members::{
 use weft_cluster::{nodes, PoolSummary};
 use weft_control::records::{encode, read};
 use weft_control::{
-    Change, ManualClock, MemoryStore, ReplicaRecord, ReplicaState, ReplicationRecord, Store, Txn,
+    ManualClock, MemoryStore, ReplicaRecord, ReplicaState, ReplicationRecord, Store, Txn,
     VolumeRecord,
 };
 
@@ -81,10 +81,7 @@ fn volume(store: &Arc<dyn Store>) {
         }),
         ..VolumeRecord::default()
     };
-    let txn = Txn {
-        conditions: vec![],
-        changes: vec![Change::put("volumes/db".to_string(), encode(&record))],
-    };
+    let txn = Txn::new().create("volumes/db", encode(&record));
     store.commit(txn).unwrap();
 }
 
@@ -113,10 +110,7 @@ fn fault(store: &Arc<dyn Store>, node: &str) {
         .find(|m| m.node == node)
         .unwrap();
     member.state = ReplicaState::Faulted { epoch: 1 };
-    let txn = Txn {
-        conditions: vec![],
-        changes: vec![Change::put("volumes/db".to_string(), encode(&record))],
-    };
+    let txn = Txn::new().update("volumes/db", encode(&record), found.revision);
     store.commit(txn).unwrap();
 }
 

@@ -174,7 +174,7 @@ mod tests {
     }
 
     fn put(key: &str, value: Value) -> Txn {
-        Txn::changes(vec![Change::put(key, value)])
+        Txn::raw(vec![], vec![Change::put(key, value)])
     }
 
     #[test]
@@ -182,22 +182,28 @@ mod tests {
         let dir = scratch("reopen");
         let store = EmbeddedStore::open(&dir).unwrap();
         store
-            .commit(Txn::changes(vec![
-                Change::put("hosts/a", json!({"nqn": "nqn.a"})),
-                Change::put("hosts/b", json!({"nqn": "nqn.b"})),
-                Change::put("pools/x", json!(1)),
-            ]))
+            .commit(Txn::raw(
+                vec![],
+                vec![
+                    Change::put("hosts/a", json!({"nqn": "nqn.a"})),
+                    Change::put("hosts/b", json!({"nqn": "nqn.b"})),
+                    Change::put("pools/x", json!(1)),
+                ],
+            ))
             .unwrap();
         let last = store
-            .commit(Txn::changes(vec![Change::Delete("hosts/a".into())]))
+            .commit(Txn::raw(vec![], vec![Change::Delete("hosts/a".into())]))
             .unwrap();
         let lease = store.grant_lease(Duration::from_secs(60)).unwrap();
         store
-            .commit(Txn::changes(vec![Change::Put {
-                key: "alive".into(),
-                value: json!(1),
-                lease: Some(lease),
-            }]))
+            .commit(Txn::raw(
+                vec![],
+                vec![Change::Put {
+                    key: "alive".into(),
+                    value: json!(1),
+                    lease: Some(lease),
+                }],
+            ))
             .unwrap();
         drop(store);
         let reopened = EmbeddedStore::open(&dir).unwrap();

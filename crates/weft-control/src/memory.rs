@@ -160,14 +160,19 @@ impl MemoryStore {
             .map(|entry| Change::Delete(entry.key.clone()))
             .collect();
         if !keys.is_empty() {
-            self.apply(state, Txn::changes(keys))?;
+            self.apply(state, &[], keys)?;
         }
         Ok(())
     }
 
-    /// Checks the conditions and applies the changes of `txn`.
-    fn apply(&self, state: &mut State, txn: Txn) -> Result<Revision, StoreError> {
-        for condition in &txn.conditions {
+    /// Checks `conditions` and applies `changes`.
+    fn apply(
+        &self,
+        state: &mut State,
+        conditions: &[Condition],
+        changes: Vec<Change>,
+    ) -> Result<Revision, StoreError> {
+        for condition in conditions {
             let holds = match (condition, state.entries.get(condition.key())) {
                 (Condition::Absent(_), entry) => entry.is_none(),
                 (Condition::At(_, revision), Some(entry)) => entry.revision == *revision,
@@ -181,10 +186,10 @@ impl MemoryStore {
         }
         let revision = Revision(state.revision.0 + 1);
         let mut entries = state.entries.clone();
-        let mut events = Vec::with_capacity(txn.changes.len());
+        let mut events = Vec::with_capacity(changes.len());
         // Only leased entries changing (liveness) leaves the file alone.
         let mut durable_changed = false;
-        for change in txn.changes {
+        for change in changes {
             match change {
                 Change::Put { key, value, lease } => {
                     if let Some(id) = lease {
@@ -275,7 +280,8 @@ impl Store for MemoryStore {
 
     fn commit(&self, txn: Txn) -> Result<Revision, StoreError> {
         let mut state = self.lock()?;
-        self.apply(&mut state, txn)
+        let (conditions, changes) = txn.into_parts();
+        self.apply(&mut state, &conditions, changes)
     }
 
     fn grant_lease(&self, ttl: Duration) -> Result<LeaseId, StoreError> {
@@ -338,13 +344,16 @@ mod tests {
     fn every_commit_has_a_new_revision_kept_by_its_entries() {
         let (store, _) = store();
         let first = store
-            .commit(Txn::changes(vec![
-                Change::put("hosts/a", json!(1)),
-                Change::put("hosts/b", json!(2)),
-            ]))
+            .commit(Txn::raw(
+                vec![],
+                vec![
+                    Change::put("hosts/a", json!(1)),
+                    Change::put("hosts/b", json!(2)),
+                ],
+            ))
             .unwrap();
         let second = store
-            .commit(Txn::changes(vec![Change::put("hosts/b", json!(3))]))
+            .commit(Txn::raw(vec![], vec![Change::put("hosts/b", json!(3))]))
             .unwrap();
         assert!(second > first);
         let listing = store.list("hosts/").unwrap();
@@ -358,9 +367,11 @@ mod tests {
     #[test]
     fn of_two_creates_of_one_key_exactly_one_wins() {
         let (store, _) = store();
-        let create = |value| Txn {
-            conditions: vec![Condition::Absent("volumes/db1".into())],
-            changes: vec![Change::put("volumes/db1", value)],
+        let create = |value| {
+            Txn::raw(
+                vec![Condition::Absent("volumes/db1".into())],
+                vec![Change::put("volumes/db1", value)],
+            )
         };
         store.commit(create(json!("first"))).unwrap();
         assert_eq!(
@@ -379,11 +390,13 @@ mod tests {
     fn an_update_based_on_a_stale_read_fails_and_changes_nothing() {
         let (store, _) = store();
         let read = store
-            .commit(Txn::changes(vec![Change::put("k", json!(1))]))
+            .commit(Txn::raw(vec![], vec![Change::put("k", json!(1))]))
             .unwrap();
-        let update = |value| Txn {
-            conditions: vec![Condition::At("k".into(), read)],
-            changes: vec![Change::put("k", value), Change::put("other", json!(0))],
+        let update = |value| {
+            Txn::raw(
+                vec![Condition::At("k".into(), read)],
+                vec![Change::put("k", value), Change::put("other", json!(0))],
+            )
         };
         store.commit(update(json!(2))).unwrap();
         assert!(matches!(
@@ -391,10 +404,7 @@ mod tests {
             Err(StoreError::Conflict { .. })
         ));
         assert_eq!(store.get("k").unwrap().unwrap().value, json!(2));
-        let missing = Txn {
-            conditions: vec![Condition::At("gone".into(), read)],
-            changes: vec![],
-        };
+        let missing = Txn::raw(vec![Condition::At("gone".into(), read)], vec![]);
         assert!(store.commit(missing).is_err());
     }
 
@@ -403,11 +413,14 @@ mod tests {
         let (store, clock) = store();
         let lease = store.grant_lease(Duration::from_secs(5)).unwrap();
         store
-            .commit(Txn::changes(vec![Change::Put {
-                key: "alive/n1".into(),
-                value: json!({}),
-                lease: Some(lease),
-            }]))
+            .commit(Txn::raw(
+                vec![],
+                vec![Change::Put {
+                    key: "alive/n1".into(),
+                    value: json!({}),
+                    lease: Some(lease),
+                }],
+            ))
             .unwrap();
         clock.advance(Duration::from_secs(4));
         store.keep_alive(lease).unwrap();
@@ -419,11 +432,14 @@ mod tests {
             store.keep_alive(lease),
             Err(StoreError::LeaseExpired { lease: lease.0 })
         );
-        let put = Txn::changes(vec![Change::Put {
-            key: "alive/n1".into(),
-            value: json!({}),
-            lease: Some(lease),
-        }]);
+        let put = Txn::raw(
+            vec![],
+            vec![Change::Put {
+                key: "alive/n1".into(),
+                value: json!({}),
+                lease: Some(lease),
+            }],
+        );
         assert!(matches!(
             store.commit(put),
             Err(StoreError::LeaseExpired { .. })
@@ -435,11 +451,14 @@ mod tests {
         let (store, _) = store();
         let lease = store.grant_lease(Duration::from_secs(5)).unwrap();
         store
-            .commit(Txn::changes(vec![Change::Put {
-                key: "controller".into(),
-                value: json!("n1"),
-                lease: Some(lease),
-            }]))
+            .commit(Txn::raw(
+                vec![],
+                vec![Change::Put {
+                    key: "controller".into(),
+                    value: json!("n1"),
+                    lease: Some(lease),
+                }],
+            ))
             .unwrap();
         store.revoke_lease(lease).unwrap();
         assert!(store.get("controller").unwrap().is_none());
@@ -449,23 +468,26 @@ mod tests {
     fn watchers_see_every_change_under_their_prefix_after_a_revision() {
         let (store, clock) = store();
         let before = store
-            .commit(Txn::changes(vec![Change::put("volumes/a", json!(1))]))
+            .commit(Txn::raw(vec![], vec![Change::put("volumes/a", json!(1))]))
             .unwrap();
         store
-            .commit(Txn::changes(vec![Change::put("volumes/b", json!(2))]))
+            .commit(Txn::raw(vec![], vec![Change::put("volumes/b", json!(2))]))
             .unwrap();
         let watch = store.watch("volumes/", before).unwrap();
         let lease = store.grant_lease(Duration::from_secs(1)).unwrap();
         store
-            .commit(Txn::changes(vec![
-                Change::put("hosts/x", json!(0)),
-                Change::Delete("volumes/a".into()),
-                Change::Put {
-                    key: "volumes/c".into(),
-                    value: json!(3),
-                    lease: Some(lease),
-                },
-            ]))
+            .commit(Txn::raw(
+                vec![],
+                vec![
+                    Change::put("hosts/x", json!(0)),
+                    Change::Delete("volumes/a".into()),
+                    Change::Put {
+                        key: "volumes/c".into(),
+                        value: json!(3),
+                        lease: Some(lease),
+                    },
+                ],
+            ))
             .unwrap();
         clock.advance(Duration::from_secs(2));
         store.list("").unwrap();
@@ -493,7 +515,7 @@ mod tests {
         let (store, _) = store();
         for n in 0..HISTORY_MAX + 2 {
             store
-                .commit(Txn::changes(vec![Change::put("k", json!(n))]))
+                .commit(Txn::raw(vec![], vec![Change::put("k", json!(n))]))
                 .unwrap();
         }
         assert_eq!(

@@ -271,7 +271,7 @@ impl Store for Mirror {
                 message: "the cluster store is unreachable (this node lost it and retries every second); the change was not made".into(),
             });
         }
-        let changes = txn.changes.clone();
+        let changes = txn.changes().to_vec();
         let revision = self.remote.commit(txn)?;
         let mut copy = self.copy.lock().expect("mirror lock");
         for change in changes {
@@ -368,7 +368,7 @@ mod tests {
     }
 
     fn put(key: &str, value: serde_json::Value) -> Txn {
-        Txn::changes(vec![Change::put(key, value)])
+        Txn::raw(vec![], vec![Change::put(key, value)])
     }
 
     /// Waits (up to 5 s) until `check` holds.
@@ -396,7 +396,7 @@ mod tests {
         // Another node's writes arrive through the watch.
         remote.commit(put("hosts/c", json!(3))).unwrap();
         remote
-            .commit(Txn::changes(vec![Change::Delete("hosts/a".into())]))
+            .commit(Txn::raw(vec![], vec![Change::Delete("hosts/a".into())]))
             .unwrap();
         eventually("the other writes arrive", || {
             mirror.list("hosts/").unwrap().entries.len() == 2

@@ -10,7 +10,7 @@
 //! - `reservations/<name>`: a volume's NVMe reservations
 //!   ([`ReservationRecord`]), tagged with its id like its record.
 
-use crate::store::{Change, Condition, Revision, Store, StoreError, Txn};
+use crate::store::{Revision, Store, StoreError, Txn};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -313,10 +313,7 @@ impl DesiredState {
     /// Records `record` at `key` if no record is there; [`StoreError::Conflict`]
     /// if one is (someone created it first).
     pub fn create<T: Serialize>(&self, key: &str, record: &T) -> Result<Revision, StoreError> {
-        self.store.commit(Txn {
-            conditions: vec![Condition::Absent(key.to_string())],
-            changes: vec![put(key.to_string(), record)],
-        })
+        self.store.commit(Txn::new().create(key, encode(record)))
     }
 
     /// Replaces the record at `key` if it is still at `revision`;
@@ -327,17 +324,51 @@ impl DesiredState {
         record: &T,
         revision: Revision,
     ) -> Result<Revision, StoreError> {
-        self.store.commit(Txn {
-            conditions: vec![Condition::At(key.to_string(), revision)],
-            changes: vec![put(key.to_string(), record)],
-        })
+        self.store
+            .commit(Txn::new().update(key, encode(record), revision))
     }
 
     /// Removes the record at `key` if it is still at `revision`.
     pub fn remove(&self, key: &str, revision: Revision) -> Result<Revision, StoreError> {
-        self.store.commit(Txn {
-            conditions: vec![Condition::At(key.to_string(), revision)],
-            changes: vec![Change::Delete(key.to_string())],
+        self.store.commit(Txn::new().remove(key, revision))
+    }
+
+    /// Makes the record at `key` what `change` makes of it as read (none:
+    /// absent; returning none removes it), by compare-and-swap: when someone
+    /// else wrote the record between the read and the commit, it is read
+    /// again and `change` runs again on what they wrote, so that a change
+    /// made from a stale copy never undoes theirs (a lost update). Nothing
+    /// is written when `change` returns the record as read. The record as
+    /// it now stands.
+    pub fn change<T>(
+        &self,
+        key: &str,
+        mut change: impl FnMut(Option<T>) -> Option<T>,
+    ) -> Result<Option<T>, StoreError>
+    where
+        T: Serialize + DeserializeOwned + PartialEq + Clone,
+    {
+        for _ in 0..CHANGE_ATTEMPTS {
+            let found = self.read::<T>(key)?;
+            let current = found.as_ref().map(|found| found.record.clone());
+            let wanted = change(current.clone());
+            let txn = match (found, &wanted) {
+                _ if wanted == current => return Ok(wanted),
+                (None, Some(record)) => Txn::new().create(key, encode(record)),
+                (Some(found), Some(record)) => {
+                    Txn::new().update(key, encode(record), found.revision)
+                }
+                (Some(found), None) => Txn::new().remove(key, found.revision),
+                (None, None) => unreachable!("equal, returned above"),
+            };
+            match self.store.commit(txn) {
+                Ok(_) => return Ok(wanted),
+                Err(StoreError::Conflict { .. }) => continue,
+                Err(error) => return Err(error),
+            }
+        }
+        Err(StoreError::Conflict {
+            key: key.to_string(),
         })
     }
 
@@ -346,76 +377,104 @@ impl DesiredState {
         self.list(&self.pool_prefix())
     }
 
-    /// Records pool `name`.
-    pub fn put_pool(&mut self, name: &str, pool: &PoolRecord) -> Result<(), StoreError> {
-        let key = format!("{}{name}", self.pool_prefix());
-        self.commit(vec![put(key, pool)])
-    }
-
-    /// Forgets pool `name`.
-    pub fn delete_pool(&mut self, name: &str) -> Result<(), StoreError> {
-        let key = format!("{}{name}", self.pool_prefix());
-        self.commit(vec![Change::Delete(key)])
+    /// Changes the record of pool `name` (see [`DesiredState::change`]).
+    pub fn change_pool(
+        &self,
+        name: &str,
+        change: impl FnMut(Option<PoolRecord>) -> Option<PoolRecord>,
+    ) -> Result<Option<PoolRecord>, StoreError> {
+        self.change(&format!("{}{name}", self.pool_prefix()), change)
     }
 
     /// Every host, by name.
     pub fn hosts(&self) -> Result<BTreeMap<String, HostRecord>, StoreError> {
-        self.list("hosts/")
+        self.list(HOSTS_PREFIX)
     }
 
-    /// Records host `name`.
-    pub fn put_host(&mut self, name: &str, host: &HostRecord) -> Result<(), StoreError> {
-        self.commit(vec![put(format!("hosts/{name}"), host)])
-    }
-
-    /// Forgets host `name`.
-    pub fn delete_host(&mut self, name: &str) -> Result<(), StoreError> {
-        self.commit(vec![Change::Delete(format!("hosts/{name}"))])
+    /// Changes the record of host `name` (see [`DesiredState::change`]).
+    pub fn change_host(
+        &self,
+        name: &str,
+        change: impl FnMut(Option<HostRecord>) -> Option<HostRecord>,
+    ) -> Result<Option<HostRecord>, StoreError> {
+        self.change(&host_key(name), change)
     }
 
     /// Every volume record, by volume name.
     pub fn volumes(&self) -> Result<BTreeMap<String, VolumeRecord>, StoreError> {
-        self.list("volumes/")
+        self.list(VOLUMES_PREFIX)
     }
 
     /// The record of volume `name` whose id is `id`: a record of another
     /// (deleted) volume of that name does not count.
     pub fn volume(&self, name: &str, id: &str) -> Result<VolumeRecord, StoreError> {
-        let record: Option<VolumeRecord> = self.get(&format!("volumes/{name}"))?;
-        // A replica's local id is not the record's (the primary's): the
-        // record applies to it while it names this node among the replicas.
+        let record: Option<VolumeRecord> = self.get(&volume_key(name))?;
+        Ok(self.own_record(record, id))
+    }
+
+    /// Changes the record of volume `name` whose id is `id` as `change`
+    /// says, by compare-and-swap (see [`DesiredState::change`]): `change`
+    /// sees the record as it is in the store, with what other writers
+    /// (the replicator, the controller, another node's API) put there.
+    /// The record as written.
+    pub fn change_volume(
+        &self,
+        name: &str,
+        id: &str,
+        mut change: impl FnMut(&mut VolumeRecord),
+    ) -> Result<VolumeRecord, StoreError> {
+        let changed = self.change(&volume_key(name), |found| {
+            let mut record = self.own_record(found, id);
+            change(&mut record);
+            Some(record)
+        })?;
+        Ok(changed.expect("a record is always written"))
+    }
+
+    /// Forgets volume `name` and its reservations, as they stand.
+    pub fn delete_volume(&self, name: &str) -> Result<(), StoreError> {
+        let keys = [volume_key(name), reservation_key(name)];
+        for _ in 0..CHANGE_ATTEMPTS {
+            let mut txn = Txn::new();
+            for key in &keys {
+                if let Some(entry) = self.store.get(key)? {
+                    txn = txn.remove(key.as_str(), entry.revision);
+                }
+            }
+            if txn.changes().is_empty() {
+                return Ok(());
+            }
+            match self.store.commit(txn) {
+                Ok(_) => return Ok(()),
+                Err(StoreError::Conflict { .. }) => continue,
+                Err(error) => return Err(error),
+            }
+        }
+        Err(StoreError::Conflict {
+            key: volume_key(name),
+        })
+    }
+
+    /// `found` if it is the record of the volume whose id is `id`, else a
+    /// new record of that volume. A replica's local id is not the record's
+    /// (the primary's): the record applies to it while it names this node
+    /// among the replicas.
+    fn own_record(&self, found: Option<VolumeRecord>, id: &str) -> VolumeRecord {
         let holds_replica = |r: &VolumeRecord| {
             r.replication
                 .as_ref()
                 .is_some_and(|replication| replication.member(&self.node).is_some())
         };
-        Ok(record
+        found
             .filter(|r| r.id == id || holds_replica(r))
             .unwrap_or_else(|| VolumeRecord {
                 id: id.to_string(),
                 ..VolumeRecord::default()
-            }))
-    }
-
-    /// Records volume `name`.
-    pub fn put_volume(&mut self, name: &str, volume: &VolumeRecord) -> Result<(), StoreError> {
-        self.commit(vec![put(format!("volumes/{name}"), volume)])
-    }
-
-    /// Forgets volume `name` and its reservations.
-    pub fn delete_volume(&mut self, name: &str) -> Result<(), StoreError> {
-        self.commit(vec![
-            Change::Delete(format!("volumes/{name}")),
-            Change::Delete(reservation_key(name)),
-        ])
+            })
     }
 
     fn pool_prefix(&self) -> String {
         format!("nodes/{}/pools/", self.node)
-    }
-
-    fn commit(&self, changes: Vec<Change>) -> Result<(), StoreError> {
-        self.store.commit(Txn::changes(changes)).map(drop)
     }
 
     fn get<T: DeserializeOwned>(&self, key: &str) -> Result<Option<T>, StoreError> {
@@ -433,6 +492,27 @@ impl DesiredState {
             })
             .collect()
     }
+}
+
+/// How often a compare-and-swap change is tried before it gives up with
+/// [`StoreError::Conflict`]: each failure means another writer's change
+/// landed, so this many in a row means the record is fought over.
+const CHANGE_ATTEMPTS: usize = 32;
+
+/// Prefix of the host records.
+pub const HOSTS_PREFIX: &str = "hosts/";
+
+/// Prefix of the volume records.
+pub const VOLUMES_PREFIX: &str = "volumes/";
+
+/// Where host `name` is recorded.
+pub fn host_key(name: &str) -> String {
+    format!("{HOSTS_PREFIX}{name}")
+}
+
+/// Where volume `name` is recorded.
+pub fn volume_key(name: &str) -> String {
+    format!("{VOLUMES_PREFIX}{name}")
 }
 
 /// Where volume `name`'s reservations are recorded.
@@ -461,10 +541,6 @@ pub fn encode<T: Serialize>(record: &T) -> serde_json::Value {
     serde_json::to_value(record).expect("records serialise")
 }
 
-fn put<T: Serialize>(key: String, record: &T) -> Change {
-    Change::put(key, encode(record))
-}
-
 /// The record `value` read at `key`.
 pub fn decode<T: DeserializeOwned>(key: &str, value: serde_json::Value) -> Result<T, StoreError> {
     serde_json::from_value(value).map_err(|error| StoreError::Corrupt {
@@ -480,31 +556,29 @@ mod tests {
 
     #[test]
     fn records_round_trip_by_name() {
-        let mut state = DesiredState::new(Box::new(MemoryStore::default()), "n1");
+        let state = DesiredState::new(Box::new(MemoryStore::default()), "n1");
         let pool = PoolRecord {
             devices: vec!["/dev/nvme0n1".into()],
             adding: Vec::new(),
         };
-        state.put_pool("fast", &pool).unwrap();
-        state
-            .put_host(
-                "web1",
-                &HostRecord {
-                    nqn: "nqn.2014-08.org.nvmexpress:uuid:1".into(),
-                    dhchap_secret: None,
-                    dhchap_ctrl_secret: None,
-                },
-            )
-            .unwrap();
+        state.change_pool("fast", |_| Some(pool.clone())).unwrap();
+        let host = HostRecord {
+            nqn: "nqn.2014-08.org.nvmexpress:uuid:1".into(),
+            dhchap_secret: None,
+            dhchap_ctrl_secret: None,
+        };
+        state.change_host("web1", |_| Some(host.clone())).unwrap();
         assert_eq!(state.pools().unwrap()["fast"], pool);
         assert_eq!(state.hosts().unwrap().len(), 1);
-        state.delete_host("web1").unwrap();
+        state.change_host("web1", |_| None).unwrap();
         assert!(state.hosts().unwrap().is_empty());
-        let mut record = state.volume("db1", "aa").unwrap();
-        assert!(record.hosts.is_empty());
-        record.hosts.insert("web1".into());
-        record.qos.iops_max = Some(20_000);
-        state.put_volume("db1", &record).unwrap();
+        assert!(state.volume("db1", "aa").unwrap().hosts.is_empty());
+        let record = state
+            .change_volume("db1", "aa", |record| {
+                record.hosts.insert("web1".into());
+                record.qos.iops_max = Some(20_000);
+            })
+            .unwrap();
         assert_eq!(state.volume("db1", "aa").unwrap(), record);
         assert_eq!(
             state.volume("db1", "bb").unwrap(),
@@ -513,6 +587,90 @@ mod tests {
                 ..VolumeRecord::default()
             },
             "a new volume of the same name starts clean"
+        );
+        state.delete_volume("db1").unwrap();
+        assert!(state.volumes().unwrap().is_empty());
+    }
+
+    /// A store that, just before its first commit, lets another writer
+    /// commit (`meanwhile`): the race of a read-modify-write against a
+    /// concurrent change, made to happen every time.
+    struct Interleaved {
+        inner: Arc<MemoryStore>,
+        meanwhile: std::sync::Mutex<Option<OtherWriter>>,
+    }
+
+    /// What another writer does, given the store.
+    type OtherWriter = Box<dyn FnOnce(Arc<MemoryStore>) + Send>;
+
+    impl Store for Interleaved {
+        fn get(&self, key: &str) -> Result<Option<crate::Entry>, StoreError> {
+            self.inner.get(key)
+        }
+        fn list(&self, prefix: &str) -> Result<crate::Listing, StoreError> {
+            self.inner.list(prefix)
+        }
+        fn commit(&self, txn: Txn) -> Result<Revision, StoreError> {
+            if let Some(other) = self.meanwhile.lock().unwrap().take() {
+                other(Arc::clone(&self.inner));
+            }
+            self.inner.commit(txn)
+        }
+        fn grant_lease(&self, ttl: std::time::Duration) -> Result<crate::LeaseId, StoreError> {
+            self.inner.grant_lease(ttl)
+        }
+        fn keep_alive(&self, lease: crate::LeaseId) -> Result<(), StoreError> {
+            self.inner.keep_alive(lease)
+        }
+        fn revoke_lease(&self, lease: crate::LeaseId) -> Result<(), StoreError> {
+            self.inner.revoke_lease(lease)
+        }
+        fn watch(
+            &self,
+            prefix: &str,
+            after: Revision,
+        ) -> Result<std::sync::mpsc::Receiver<crate::WatchEvent>, StoreError> {
+            self.inner.watch(prefix, after)
+        }
+        fn location(&self) -> String {
+            "interleaved".into()
+        }
+    }
+
+    /// A change made from a copy read before another writer's commit is
+    /// made again on what that writer wrote: both changes stand.
+    #[test]
+    fn a_change_raced_by_another_writer_keeps_both() {
+        let inner = Arc::new(MemoryStore::default());
+        let first = DesiredState::shared(inner.clone(), "n1");
+        first
+            .change_volume("db1", "aa", |r| r.qos.iops_max = Some(1))
+            .unwrap();
+        let store = Interleaved {
+            inner,
+            meanwhile: std::sync::Mutex::new(Some(Box::new(|store: Arc<MemoryStore>| {
+                let other = DesiredState::shared(store, "n2");
+                other
+                    .change_volume("db1", "aa", |r| {
+                        r.hosts.insert("web1".into());
+                    })
+                    .unwrap();
+            }))),
+        };
+        let state = DesiredState::new(Box::new(store), "n1");
+        let mut runs = 0;
+        state
+            .change_volume("db1", "aa", |r| {
+                runs += 1;
+                r.qos.iops_max = Some(2);
+            })
+            .unwrap();
+        assert_eq!(runs, 2, "the change ran again on the newer record");
+        let record = state.volume("db1", "aa").unwrap();
+        assert_eq!(record.qos.iops_max, Some(2));
+        assert!(
+            record.hosts.contains("web1"),
+            "the other writer's change stands"
         );
     }
 

@@ -99,7 +99,8 @@ pub enum Change {
 }
 
 impl Change {
-    /// A put without a lease.
+    /// A put without a lease (for [`Txn::raw`]).
+    #[cfg(any(test, feature = "testing"))]
     pub fn put(key: impl Into<String>, value: Value) -> Change {
         Change::Put {
             key: key.into(),
@@ -110,21 +111,103 @@ impl Change {
 }
 
 /// Conditions and changes applied all or none.
+///
+/// Built only by naming, for every key it writes, what the writer read
+/// there: [`Txn::create`] (it was absent), [`Txn::update`] and
+/// [`Txn::remove`] (it was at this revision). A change made from a stale
+/// read then fails with [`StoreError::Conflict`] instead of undoing what was
+/// written meanwhile (a lost update): there is no blind put. Conditions on
+/// keys the transaction does not write (the controller's key, a record the
+/// change depends on) are added with [`Txn::require`].
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Txn {
-    /// All must hold, or nothing changes ([`StoreError::Conflict`]).
-    pub conditions: Vec<Condition>,
-    /// Applied in order when the conditions hold.
-    pub changes: Vec<Change>,
+    conditions: Vec<Condition>,
+    changes: Vec<Change>,
 }
 
 impl Txn {
-    /// Unconditional changes.
-    pub fn changes(changes: Vec<Change>) -> Txn {
+    /// An empty transaction.
+    pub fn new() -> Txn {
+        Txn::default()
+    }
+
+    /// Creates `key` with `value`: it must be absent.
+    pub fn create(self, key: impl Into<String>, value: Value) -> Txn {
+        self.create_leased(key, value, None)
+    }
+
+    /// Creates `key` with `value` under `lease` (none: no lease): it must be absent.
+    pub fn create_leased(
+        self,
+        key: impl Into<String>,
+        value: Value,
+        lease: Option<LeaseId>,
+    ) -> Txn {
+        let key = key.into();
+        self.require(Condition::Absent(key.clone()))
+            .with(Change::Put { key, value, lease })
+    }
+
+    /// Replaces `key` with `value`: it must still be at `revision`.
+    pub fn update(self, key: impl Into<String>, value: Value, revision: Revision) -> Txn {
+        self.update_leased(key, value, revision, None)
+    }
+
+    /// Replaces `key` with `value` under `lease` (none: no lease): it must still be at `revision`.
+    pub fn update_leased(
+        self,
+        key: impl Into<String>,
+        value: Value,
+        revision: Revision,
+        lease: Option<LeaseId>,
+    ) -> Txn {
+        let key = key.into();
+        self.require(Condition::At(key.clone(), revision))
+            .with(Change::Put { key, value, lease })
+    }
+
+    /// Removes `key`: it must still be at `revision`.
+    pub fn remove(self, key: impl Into<String>, revision: Revision) -> Txn {
+        let key = key.into();
+        self.require(Condition::At(key.clone(), revision))
+            .with(Change::Delete(key))
+    }
+
+    /// Adds a condition (on a key the transaction need not write).
+    pub fn require(mut self, condition: Condition) -> Txn {
+        self.conditions.push(condition);
+        self
+    }
+
+    /// `conditions` and `changes` as given, whatever keys they name: for
+    /// the tests of the store implementations (the conformance suite), never
+    /// for records, so it is compiled only for tests.
+    #[cfg(any(test, feature = "testing"))]
+    pub fn raw(conditions: Vec<Condition>, changes: Vec<Change>) -> Txn {
         Txn {
-            conditions: Vec::new(),
+            conditions,
             changes,
         }
+    }
+
+    /// Its conditions: all must hold, or nothing changes ([`StoreError::Conflict`]).
+    pub fn conditions(&self) -> &[Condition] {
+        &self.conditions
+    }
+
+    /// Its changes, applied in order when the conditions hold.
+    pub fn changes(&self) -> &[Change] {
+        &self.changes
+    }
+
+    /// Its conditions and changes, for a store to apply.
+    pub fn into_parts(self) -> (Vec<Condition>, Vec<Change>) {
+        (self.conditions, self.changes)
+    }
+
+    fn with(mut self, change: Change) -> Txn {
+        self.changes.push(change);
+        self
     }
 }
 

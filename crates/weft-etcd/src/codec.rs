@@ -59,7 +59,7 @@ impl Keys {
     /// changes when they hold, and reads of the conditions' keys when not.
     pub(crate) fn transaction(&self, txn: &Txn) -> etcd_client::Txn {
         let compares: Vec<Compare> = txn
-            .conditions
+            .conditions()
             .iter()
             .map(|condition| match condition {
                 Condition::Absent(key) => {
@@ -77,7 +77,7 @@ impl Keys {
                 ),
             })
             .collect();
-        let changes: Vec<TxnOp> = last_change_of_each_key(&txn.changes)
+        let changes: Vec<TxnOp> = last_change_of_each_key(txn.changes())
             .into_iter()
             .map(|change| match change {
                 Change::Put { key, value, lease } => {
@@ -88,7 +88,7 @@ impl Keys {
             })
             .collect();
         let reads: Vec<TxnOp> = txn
-            .conditions
+            .conditions()
             .iter()
             .map(|condition| {
                 TxnOp::get(

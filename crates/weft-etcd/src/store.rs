@@ -212,7 +212,7 @@ impl EtcdStore {
     /// After a transaction failed for want of a lease: the first of its
     /// leases (in order) that is gone.
     fn missing_lease(&self, txn: &Txn) -> LeaseId {
-        let leases = leases_of(&txn.changes);
+        let leases = leases_of(txn.changes());
         for lease in &leases {
             let found = self.call(Retry::Unreachable, |client| {
                 let mut client = client.lease_client();
@@ -338,8 +338,8 @@ impl Store for EtcdStore {
             )),
             Ok(response) => {
                 let reads = response.op_responses();
-                let key = first_failing(&txn.conditions, &reads)
-                    .or(txn.conditions.first().map(|c| c.key()))
+                let key = first_failing(txn.conditions(), &reads)
+                    .or(txn.conditions().first().map(|c| c.key()))
                     .unwrap_or_default();
                 Err(StoreError::Conflict {
                     key: key.to_string(),

@@ -51,11 +51,14 @@ fn users_with_passwords_and_their_errors() {
     let lease = store.grant_lease(Duration::from_secs(5)).expect("grant");
     let watch = store.watch("", Revision(0)).expect("watch");
     let revision = store
-        .commit(Txn::changes(vec![Change::Put {
-            key: "alive/n1".into(),
-            value: json!(1),
-            lease: Some(lease),
-        }]))
+        .commit(Txn::raw(
+            vec![],
+            vec![Change::Put {
+                key: "alive/n1".into(),
+                value: json!(1),
+                lease: Some(lease),
+            }],
+        ))
         .expect("commit");
     assert_eq!(
         store.get("alive/n1").expect("get").map(|e| e.revision),

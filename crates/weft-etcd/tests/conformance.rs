@@ -36,10 +36,10 @@ impl Harness for EtcdHarness {
         // more (and leave no key behind), so that every earlier change is
         // forgotten.
         store
-            .commit(Txn::changes(vec![Change::put("compaction", json!(0))]))
+            .commit(Txn::raw(vec![], vec![Change::put("compaction", json!(0))]))
             .expect("commit");
         let revision = store
-            .commit(Txn::changes(vec![Change::Delete("compaction".into())]))
+            .commit(Txn::raw(vec![], vec![Change::Delete("compaction".into())]))
             .expect("commit");
         self.etcd
             .etcdctl(&["compact", &revision.to_string(), "--physical"]);
@@ -64,7 +64,7 @@ fn a_watch_ends_after_its_receiver_is_dropped() {
     assert_eq!(store.watches(), 2);
     drop(watch);
     store
-        .commit(Txn::changes(vec![Change::put("volumes/a", json!(1))]))
+        .commit(Txn::raw(vec![], vec![Change::put("volumes/a", json!(1))]))
         .expect("commit");
     eventually("the dropped watch ends", Duration::from_secs(5), || {
         store.watches() == 1
@@ -79,10 +79,10 @@ fn keys_live_under_the_prefix_in_etcd() {
     let store = etcd.store("/weft/");
     let neighbour = etcd.store("/other/");
     store
-        .commit(Txn::changes(vec![Change::put(
-            "volumes/db1",
-            json!({"size": 1}),
-        )]))
+        .commit(Txn::raw(
+            vec![],
+            vec![Change::put("volumes/db1", json!({"size": 1}))],
+        ))
         .expect("commit");
     assert_eq!(
         etcd.etcdctl(&["get", "/weft/volumes/db1", "--print-value-only"])
@@ -102,10 +102,10 @@ fn long_listings_are_read_in_pages_of_one_revision() {
         let changes = (0..120)
             .map(|n| Change::put(format!("volumes/v{:04}", chunk * 120 + n), json!(n)))
             .collect();
-        store.commit(Txn::changes(changes)).expect("commit");
+        store.commit(Txn::raw(vec![], changes)).expect("commit");
     }
     let last = store
-        .commit(Txn::changes(vec![Change::put("volumesx", json!(0))]))
+        .commit(Txn::raw(vec![], vec![Change::put("volumesx", json!(0))]))
         .expect("commit");
     let listing = store.list("volumes/").expect("list");
     assert_eq!(listing.revision, last);

@@ -11,7 +11,7 @@ use weft_control::{Change, Store, StoreError, Txn, WatchEvent};
 use weft_etcd::{EtcdConfig, EtcdStore};
 
 fn put(key: &str, value: serde_json::Value) -> Txn {
-    Txn::changes(vec![Change::put(key, value)])
+    Txn::raw(vec![], vec![Change::put(key, value)])
 }
 
 /// Asserts `error` says the cluster store is unreachable and names

@@ -45,7 +45,7 @@ fn the_etcd_script_starts_members_a_store_can_use_and_stops_them() {
     let endpoints = urls.trim().split(',').map(str::to_string).collect();
     let store = EtcdStore::connect(EtcdConfig::new(endpoints)).expect("connect");
     store
-        .commit(Txn::changes(vec![Change::put("k", json!(1))]))
+        .commit(Txn::raw(vec![], vec![Change::put("k", json!(1))]))
         .expect("commit");
     drop(store);
 

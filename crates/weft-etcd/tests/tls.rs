@@ -17,7 +17,7 @@ fn a_client_certificate_reaches_a_tls_member_and_nothing_less_does() {
     let store = EtcdStore::connect(etcd.config("/weft/")).expect("connect over TLS");
     let watch = store.watch("", Revision(0)).expect("watch");
     let revision = store
-        .commit(Txn::changes(vec![Change::put("hosts/a", json!("a"))]))
+        .commit(Txn::raw(vec![], vec![Change::put("hosts/a", json!("a"))]))
         .expect("commit");
     assert_eq!(
         store.get("hosts/a").expect("get").map(|e| e.revision),

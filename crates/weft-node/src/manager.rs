@@ -29,6 +29,8 @@ pub use claims::ClusterRole;
 pub use intents::{replicas_after_power_loss, UncleanReplica};
 mod primaries;
 mod publish;
+#[cfg(test)]
+mod record_races;
 pub(crate) mod replicas;
 mod shutdown;
 pub(crate) mod snapshots;
@@ -559,7 +561,6 @@ impl Manager {
         queue: u32,
     ) -> Result<Manager, String> {
         let mut pools = BTreeMap::new();
-        let mut desired = desired;
         for (name, record) in desired.pools().map_err(|e| e.to_string())? {
             // Devices being added when weft stopped are offered after the
             // members; the pool's superblocks say whether they joined.
@@ -567,7 +568,7 @@ impl Manager {
             paths.extend(record.adding.iter().filter(|p| p.exists()).cloned());
             let media = FileMedia::open(&paths, None).map_err(|e| format!("pool {name}: {e}"))?;
             let pool = Pool::open(media).map_err(|e| format!("pool {name}: {e}"))?;
-            reconcile_members(&mut desired, &name, &pool).map_err(|e| e.to_string())?;
+            reconcile_members(&desired, &name, &pool).map_err(|e| e.to_string())?;
             log::info!(
                 "pool {name}: {} volumes, {} of {} allocated",
                 pool.info().volumes,
@@ -1113,9 +1114,10 @@ impl Manager {
             AdminOp::Attach { volume, host } => self.change_attachment(&volume, &host, true)?,
             AdminOp::Detach { volume, host } => self.change_attachment(&volume, &host, false)?,
             AdminOp::SetQos { volume, changes } => {
-                let mut record = self.volume_record_checked(&volume)?;
-                changes.apply(&mut record.qos);
-                self.store_write(|d| d.put_volume(&volume, &record))?;
+                let id = self.volume_id_checked(&volume)?;
+                let record = self.store_write(|d| {
+                    d.change_volume(&volume, &id, |record| changes.apply(&mut record.qos))
+                })?;
                 if let Some(meter) = self.meters.get(&volume) {
                     meter.set_limits(data_plane_limits(&record.qos));
                 }
@@ -1188,7 +1190,7 @@ impl Manager {
             devices,
             adding: Vec::new(),
         };
-        self.store_write(|d| d.put_pool(&name, &record))?;
+        self.store_write(|d| d.change_pool(&name, |_| Some(record.clone())))?;
         self.health.insert(name.clone(), Arc::default());
         log::info!(
             "pool {name} created: {} in allocation units of {}",
@@ -1277,13 +1279,18 @@ impl Manager {
         plane: &DataPlane,
     ) -> Result<(), AdminError> {
         let pools = self.desired.pools()?;
-        let mut record = pools
-            .get(name)
-            .cloned()
-            .ok_or_else(|| not_found("pool", name))?;
+        if !pools.contains_key(name) {
+            return Err(not_found("pool", name));
+        }
         check_devices_free(&devices, &pools)?;
-        record.adding = devices.clone();
-        self.store_write(|d| d.put_pool(name, &record))?;
+        let adding = |record: Option<PoolRecord>| {
+            record.map(|record| PoolRecord {
+                adding: devices.clone(),
+                ..record
+            })
+        };
+        self.store_write(|d| d.change_pool(name, adding))?
+            .ok_or_else(|| not_found("pool", name))?;
         let new = devices
             .iter()
             .map(|path| DevicePath {
@@ -1298,7 +1305,7 @@ impl Manager {
         // In doubt (the pool failed mid-growth): the record keeps the devices
         // as being added until clear-failure or a restart reads the pool again.
         if pool.failure().is_none() {
-            reconcile_members(&mut self.desired, name, pool)?;
+            reconcile_members(&self.desired, name, pool)?;
         }
         plane.update_exports(self.exports());
         result?;
@@ -1333,7 +1340,7 @@ impl Manager {
             )
             .into());
         }
-        self.store_write(|d| d.delete_pool(name))?;
+        self.store_write(|d| d.change_pool(name, |_| None))?;
         let pool = self.pools.remove(name).expect("checked");
         self.health.remove(name);
         pool.erase()?;
@@ -1373,7 +1380,7 @@ impl Manager {
         pool.reload()?;
         health.clear();
         let pool = &self.pools[name];
-        reconcile_members(&mut self.desired, name, pool)?;
+        reconcile_members(&self.desired, name, pool)?;
         plane.update_exports(self.exports());
         log::warn!("pool {name}: failure cleared by an operator ({failure}); serving it again from its last committed state");
         Ok(())
@@ -1485,23 +1492,28 @@ impl Manager {
     }
 
     fn set_host_secrets(&mut self, name: &str, changes: SecretChanges) -> Result<(), AdminError> {
-        let mut record = self
+        let changed = |mut record: HostRecord| {
+            if let Some(host) = &changes.host {
+                record.dhchap_secret = host.clone();
+            }
+            if let Some(controller) = &changes.controller {
+                record.dhchap_ctrl_secret = controller.clone();
+            }
+            record
+        };
+        let record = self
             .desired
             .hosts()?
             .remove(name)
+            .map(changed)
             .ok_or_else(|| not_found("host", name))?;
-        if let Some(host) = changes.host {
-            record.dhchap_secret = host;
-        }
-        if let Some(controller) = changes.controller {
-            record.dhchap_ctrl_secret = controller;
-        }
         let secrets = HostSecrets {
             host: record.dhchap_secret.clone(),
             controller: record.dhchap_ctrl_secret.clone(),
         };
         check_secrets(name, &secrets)?;
-        self.store_write(|d| d.put_host(name, &record))?;
+        self.store_write(|d| d.change_host(name, |found| found.map(changed)))?
+            .ok_or_else(|| not_found("host", name))?;
         log::info!("host {name}: DH-HMAC-CHAP secrets changed (used from its next connection)");
         Ok(())
     }
@@ -1518,7 +1530,7 @@ impl Manager {
                 volumes: host.volumes.join(", "),
             });
         }
-        self.store_write(|d| d.delete_host(name))?;
+        self.store_write(|d| d.change_host(name, |_| None))?;
         log::info!("host {name} removed");
         Ok(())
     }
@@ -1529,17 +1541,21 @@ impl Manager {
         host: &str,
         attach: bool,
     ) -> Result<(), AdminError> {
-        let mut record = self.volume_record_checked(volume)?;
+        let id = self.volume_id_checked(volume)?;
         if !self.desired.hosts()?.contains_key(host) {
             return Err(not_found("host", host));
         }
-        let changed = if attach {
-            record.hosts.insert(host.to_string())
-        } else {
-            record.hosts.remove(host)
-        };
+        let mut changed = false;
+        self.store_write(|d| {
+            d.change_volume(volume, &id, |record| {
+                changed = if attach {
+                    record.hosts.insert(host.to_string())
+                } else {
+                    record.hosts.remove(host)
+                };
+            })
+        })?;
         if changed {
-            self.store_write(|d| d.put_volume(volume, &record))?;
             let verb = if attach {
                 "attached to"
             } else {
@@ -1550,11 +1566,11 @@ impl Manager {
         Ok(())
     }
 
-    /// The record of an existing volume.
-    fn volume_record_checked(&self, volume: &str) -> Result<VolumeRecord, AdminError> {
+    /// The id (hex) of an existing volume, which its record carries.
+    fn volume_id_checked(&self, volume: &str) -> Result<String, AdminError> {
         let pool = self.pool_of(volume)?;
         let id = self.pools[&pool].volume_info(volume)?.id;
-        Ok(self.desired.volume(volume, &crate::identity::hex(&id))?)
+        Ok(crate::identity::hex(&id))
     }
 
     /// The record of volume `name` with id `id` (empty if the store fails: no host may use it).
@@ -1695,28 +1711,34 @@ fn check_devices_free(
 /// read them from its superblocks (a growth cut short by a crash or failure
 /// committed or not), with nothing left "being added".
 fn reconcile_members(
-    desired: &mut DesiredState,
+    desired: &DesiredState,
     name: &str,
     pool: &Pool<FileMedia>,
 ) -> Result<(), StoreError> {
     let members = usize::from(pool.layout().members);
-    let Some(mut record) = desired.pools()?.remove(name) else {
-        return Ok(());
-    };
     let devices = pool.media().paths()[..members].to_vec();
-    if record.devices == devices && record.adding.is_empty() {
-        return Ok(());
-    }
-    for path in record.adding.iter().filter(|p| !devices.contains(p)) {
+    let mut left_out = Vec::new();
+    desired.change_pool(name, |found| {
+        let record = found?;
+        left_out = record
+            .adding
+            .iter()
+            .filter(|p| !devices.contains(p))
+            .cloned()
+            .collect();
+        Some(PoolRecord {
+            devices: devices.clone(),
+            adding: Vec::new(),
+        })
+    })?;
+    for path in left_out {
         log::warn!(
             "pool {name}: device {} was being added but did not join; add it again (weft pool add-device {name} --device {})",
             path.display(),
             path.display()
         );
     }
-    record.devices = devices;
-    record.adding.clear();
-    desired.put_pool(name, &record)
+    Ok(())
 }
 
 /// Shares a failure the pool itself noticed (a metadata write or a sync)
@@ -1885,28 +1907,24 @@ mod tests {
         pool.create_volume(&spec).unwrap();
         let id = crate::identity::hex(&pool.volume_info("v").unwrap().id);
         drop(pool);
-        let mut desired = empty_desired_state();
+        let desired = empty_desired_state();
         let record = PoolRecord {
             devices,
             adding: Vec::new(),
         };
-        desired.put_pool("p", &record).unwrap();
+        desired.change_pool("p", |_| Some(record.clone())).unwrap();
         let host = HostRecord {
             nqn: HOST_NQN.into(),
             dhchap_secret: None,
             dhchap_ctrl_secret: None,
         };
-        desired.put_host("h", &host).unwrap();
-        let volume = VolumeRecord {
-            id,
-            hosts: ["h".to_string()].into(),
-            qos: QosLimits {
-                iops_max: Some(1000),
-                ..QosLimits::default()
-            },
-            ..VolumeRecord::default()
-        };
-        desired.put_volume("v", &volume).unwrap();
+        desired.change_host("h", |_| Some(host.clone())).unwrap();
+        desired
+            .change_volume("v", &id, |volume| {
+                volume.hosts = ["h".to_string()].into();
+                volume.qos.iops_max = Some(1000);
+            })
+            .unwrap();
         (desired, dir)
     }
 
@@ -2041,7 +2059,7 @@ mod tests {
     /// A data plane serving `manager`'s exports, and an I/O queue of host
     /// [`HOST_NQN`] on volume "v" (with its controller, which must live as
     /// long as the queue).
-    fn served_volume(
+    pub(super) fn served_volume(
         manager: &mut Manager,
     ) -> (
         Arc<DataPlane>,
@@ -2070,12 +2088,39 @@ mod tests {
 
     /// A store whose commits wait until the test opens it (a cluster store
     /// that is slow or unreachable).
-    struct GatedStore {
-        inner: Arc<dyn weft_control::Store>,
+    pub(super) struct GatedStore {
+        pub(super) inner: Arc<dyn weft_control::Store>,
         open: std::sync::Mutex<bool>,
         opened: std::sync::Condvar,
         /// Commits waiting at the gate.
-        waiting: std::sync::atomic::AtomicUsize,
+        pub(super) waiting: std::sync::atomic::AtomicUsize,
+    }
+
+    impl GatedStore {
+        /// A gate, closed, in front of `inner`.
+        pub(super) fn closed(inner: Arc<dyn weft_control::Store>) -> GatedStore {
+            GatedStore {
+                inner,
+                open: std::sync::Mutex::new(false),
+                opened: std::sync::Condvar::new(),
+                waiting: std::sync::atomic::AtomicUsize::new(0),
+            }
+        }
+
+        /// Waits until a commit waits at the gate.
+        pub(super) fn wait_for_a_commit(&self) {
+            let waited = std::time::Instant::now();
+            while self.waiting.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+                assert!(waited.elapsed().as_secs() < 10, "nothing was committed");
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
+
+        /// Lets every commit through, now and from now on.
+        pub(super) fn open(&self) {
+            *self.open.lock().unwrap() = true;
+            self.opened.notify_all();
+        }
     }
 
     impl weft_control::Store for GatedStore {
@@ -2122,12 +2167,7 @@ mod tests {
     #[test]
     fn a_host_write_is_served_while_a_store_commit_hangs() {
         let (desired, dir) = pool_with_volume("gated");
-        let gate = Arc::new(GatedStore {
-            inner: Arc::clone(desired.store()),
-            open: std::sync::Mutex::new(false),
-            opened: std::sync::Condvar::new(),
-            waiting: std::sync::atomic::AtomicUsize::new(0),
-        });
+        let gate = Arc::new(GatedStore::closed(Arc::clone(desired.store())));
         let store: Arc<dyn weft_control::Store> = gate.clone();
         let mut manager = idle_manager(DesiredState::shared(store, "n1"));
         let (plane, _controller, mut queue) = served_volume(&mut manager);
@@ -2142,13 +2182,7 @@ mod tests {
             handle.call(AdminOp::SetQos { volume, changes })
         });
         let waited = std::time::Instant::now();
-        while gate.waiting.load(std::sync::atomic::Ordering::SeqCst) == 0 {
-            assert!(
-                waited.elapsed().as_secs() < 10,
-                "the admin call never committed"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
+        gate.wait_for_a_commit();
         // The first write of a thin volume needs the manager (allocation).
         queue.write(1, 0, 4096, &[0xcd; 4096]).unwrap();
         assert!(
@@ -2156,8 +2190,7 @@ mod tests {
             "the admin call waits for its commit ({:?})",
             waited.elapsed()
         );
-        *gate.open.lock().unwrap() = true;
-        gate.opened.notify_all();
+        gate.open();
         admin.join().unwrap().unwrap();
         std::fs::remove_dir_all(dir).unwrap();
     }

@@ -23,8 +23,8 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 use weft_control::{
-    reservation_key, Change, Condition, DesiredState, HeldReservation, RegistrantRecord,
-    ReservationRecord, StoreError, Txn, VolumeRecord,
+    reservation_key, Condition, DesiredState, HeldReservation, RegistrantRecord, ReservationRecord,
+    StoreError, Txn, VolumeRecord,
 };
 use weft_proto::reservation::{
     HostIdentifier, Registrant, Reservation, ReservationCell, ReservationCommand, ReservationState,
@@ -180,19 +180,16 @@ impl Shared {
             .map_err(|status| Attempt::Failed(refusal(status)))?;
         let key = reservation_key(&job.volume);
         let record = to_record(&job.id, &next);
-        let txn = Txn {
-            conditions: vec![
-                match &volume {
-                    Some(volume) => Condition::At(volume_key, volume.revision),
-                    None => Condition::Absent(volume_key),
-                },
-                match revision {
-                    Some(revision) => Condition::At(key.clone(), weft_control::Revision(revision)),
-                    None => Condition::Absent(key.clone()),
-                },
-            ],
-            changes: vec![Change::put(key, weft_control::records::encode(&record))],
+        let served = match &volume {
+            Some(volume) => Condition::At(volume_key, volume.revision),
+            None => Condition::Absent(volume_key),
         };
+        let value = weft_control::records::encode(&record);
+        let txn = match revision {
+            Some(revision) => Txn::new().update(key, value, weft_control::Revision(revision)),
+            None => Txn::new().create(key, value),
+        }
+        .require(served);
         let committed = self.desired.store().commit(txn).map_err(Attempt::store)?;
         // Out of the map's lock before the drain: exports are built meanwhile.
         let cell = self
@@ -423,14 +420,11 @@ mod tests {
     #[test]
     fn a_node_that_does_not_serve_the_volume_changes_nothing() {
         let store: Arc<dyn Store> = Arc::new(MemoryStore::default());
-        let mut desired = DesiredState::shared(Arc::clone(&store), "n1");
+        let desired = DesiredState::shared(Arc::clone(&store), "n1");
         let id = "00".repeat(16);
-        let record = VolumeRecord {
-            id: id.clone(),
-            node: Some("n2".into()),
-            ..VolumeRecord::default()
-        };
-        desired.put_volume("v", &record).expect("recorded");
+        desired
+            .change_volume("v", &id, |record| record.node = Some("n2".into()))
+            .expect("recorded");
         let reservations = Reservations::start(desired.clone()).expect("starts");
         let (mut refused, answer) = job("v", register(7));
         refused.node = Some("n1".into());

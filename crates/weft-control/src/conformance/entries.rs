@@ -55,9 +55,11 @@ pub fn revisions_and_listings(harness: &dyn Harness) {
 /// when they race from several threads; the loser learns which key.
 pub fn of_racing_creates_one_wins(harness: &dyn Harness) {
     let store = harness.store();
-    let create = |value| Txn {
-        conditions: vec![Condition::Absent("volumes/db1".into())],
-        changes: vec![Change::put("volumes/db1", value)],
+    let create = |value| {
+        Txn::raw(
+            vec![Condition::Absent("volumes/db1".into())],
+            vec![Change::put("volumes/db1", value)],
+        )
     };
     store.commit(create(json!("first"))).expect("create");
     assert_eq!(
@@ -77,10 +79,10 @@ pub fn of_racing_creates_one_wins(harness: &dyn Harness) {
         let threads: Vec<_> = (0..racers)
             .map(|n| {
                 scope.spawn(move || {
-                    let txn = Txn {
-                        conditions: vec![Condition::Absent("volumes/race".into())],
-                        changes: vec![Change::put("volumes/race", json!(n))],
-                    };
+                    let txn = Txn::raw(
+                        vec![Condition::Absent("volumes/race".into())],
+                        vec![Change::put("volumes/race", json!(n))],
+                    );
                     match store.commit(txn) {
                         Ok(_) => Some(n),
                         Err(StoreError::Conflict { key }) => {
@@ -110,9 +112,11 @@ pub fn of_racing_creates_one_wins(harness: &dyn Harness) {
 pub fn stale_conditions_conflict(harness: &dyn Harness) {
     let store = harness.store();
     let read = put(&*store, &[("k", json!(1)), ("other", json!(0))]);
-    let update = |value: serde_json::Value| Txn {
-        conditions: vec![Condition::At("k".into(), read)],
-        changes: vec![Change::put("k", value.clone()), Change::put("other", value)],
+    let update = |value: serde_json::Value| {
+        Txn::raw(
+            vec![Condition::At("k".into(), read)],
+            vec![Change::put("k", value.clone()), Change::put("other", value)],
+        )
     };
     let updated = store.commit(update(json!(2))).expect("first update");
     assert_eq!(
@@ -126,36 +130,36 @@ pub fn stale_conditions_conflict(harness: &dyn Harness) {
         Some(json!(2))
     );
 
-    let missing = Txn {
-        conditions: vec![Condition::At("gone".into(), read)],
-        changes: vec![Change::put("k", json!(4))],
-    };
+    let missing = Txn::raw(
+        vec![Condition::At("gone".into(), read)],
+        vec![Change::put("k", json!(4))],
+    );
     assert_eq!(
         store.commit(missing),
         Err(StoreError::Conflict { key: "gone".into() })
     );
 
-    let several = Txn {
-        conditions: vec![
+    let several = Txn::raw(
+        vec![
             Condition::At("k".into(), updated),
             Condition::Absent("other".into()),
             Condition::At("k2".into(), read),
         ],
-        changes: vec![Change::put("k", json!(5))],
-    };
+        vec![Change::put("k", json!(5))],
+    );
     assert_eq!(
         store.commit(several),
         Err(StoreError::Conflict {
             key: "other".into()
         })
     );
-    let holding = Txn {
-        conditions: vec![
+    let holding = Txn::raw(
+        vec![
             Condition::At("k".into(), updated),
             Condition::Absent("k2".into()),
         ],
-        changes: vec![Change::put("k", json!(6))],
-    };
+        vec![Change::put("k", json!(6))],
+    );
     let last = store.commit(holding).expect("conditions hold");
     assert!(last > updated);
     assert_eq!(
@@ -170,7 +174,7 @@ pub fn deletes(harness: &dyn Harness) {
     let store = harness.store();
     put(&*store, &[("hosts/a", json!(1)), ("hosts/b", json!(2))]);
     store
-        .commit(Txn::changes(vec![Change::Delete("hosts/a".into())]))
+        .commit(Txn::raw(vec![], vec![Change::Delete("hosts/a".into())]))
         .expect("delete");
     assert_eq!(store.get("hosts/a").expect("get"), None);
     let keys: Vec<String> = store
@@ -182,12 +186,12 @@ pub fn deletes(harness: &dyn Harness) {
         .collect();
     assert_eq!(keys, ["hosts/b"]);
     store
-        .commit(Txn::changes(vec![Change::Delete("hosts/never".into())]))
+        .commit(Txn::raw(vec![], vec![Change::Delete("hosts/never".into())]))
         .expect("deleting an absent key");
-    let recreate = Txn {
-        conditions: vec![Condition::Absent("hosts/a".into())],
-        changes: vec![Change::put("hosts/a", json!(3))],
-    };
+    let recreate = Txn::raw(
+        vec![Condition::Absent("hosts/a".into())],
+        vec![Change::put("hosts/a", json!(3))],
+    );
     let revision = store.commit(recreate).expect("create after delete");
     assert_eq!(
         store.get("hosts/a").expect("get").map(|e| e.revision),
@@ -201,13 +205,16 @@ pub fn transactions_are_atomic(harness: &dyn Harness) {
     let store = harness.store();
     put(&*store, &[("a", json!(0)), ("gone", json!(0))]);
     let revision = store
-        .commit(Txn::changes(vec![
-            Change::put("a", json!(1)),
-            Change::put("b", json!(1)),
-            Change::Delete("gone".into()),
-            Change::put("c", json!("first")),
-            Change::put("c", json!("last")),
-        ]))
+        .commit(Txn::raw(
+            vec![],
+            vec![
+                Change::put("a", json!(1)),
+                Change::put("b", json!(1)),
+                Change::Delete("gone".into()),
+                Change::put("c", json!("first")),
+                Change::put("c", json!("last")),
+            ],
+        ))
         .expect("commit");
     let listing = store.list("").expect("list");
     let state: Vec<(&str, &serde_json::Value, Revision)> = listing
@@ -224,10 +231,10 @@ pub fn transactions_are_atomic(harness: &dyn Harness) {
         ]
     );
 
-    let failing = Txn {
-        conditions: vec![Condition::Absent("a".into())],
-        changes: vec![Change::put("d", json!(1)), Change::Delete("b".into())],
-    };
+    let failing = Txn::raw(
+        vec![Condition::Absent("a".into())],
+        vec![Change::put("d", json!(1)), Change::Delete("b".into())],
+    );
     assert!(matches!(
         store.commit(failing),
         Err(StoreError::Conflict { .. })

@@ -7,11 +7,14 @@ use serde_json::json;
 use std::time::Duration;
 
 fn leased(key: &str, lease: LeaseId) -> Txn {
-    Txn::changes(vec![Change::Put {
-        key: key.into(),
-        value: json!({"node": key}),
-        lease: Some(lease),
-    }])
+    Txn::raw(
+        vec![],
+        vec![Change::Put {
+            key: key.into(),
+            value: json!({"node": key}),
+            lease: Some(lease),
+        }],
+    )
 }
 
 /// An entry put under a lease says so; revoking the lease removes its
@@ -26,7 +29,7 @@ pub fn leases_own_their_entries(harness: &dyn Harness) {
     let revision = store.commit(leased("alive/n1", lease)).expect("put");
     store.commit(leased("alive/n2", other)).expect("put");
     store
-        .commit(Txn::changes(vec![Change::put("plain", json!(1))]))
+        .commit(Txn::raw(vec![], vec![Change::put("plain", json!(1))]))
         .expect("put");
     let entry = store.get("alive/n1").expect("get").expect("leased entry");
     assert_eq!((entry.lease, entry.revision), (Some(lease), revision));
@@ -35,7 +38,7 @@ pub fn leases_own_their_entries(harness: &dyn Harness) {
     // A put without a lease over a leased entry takes it out of the lease.
     store.commit(leased("moved", lease)).expect("put");
     store
-        .commit(Txn::changes(vec![Change::put("moved", json!(2))]))
+        .commit(Txn::raw(vec![], vec![Change::put("moved", json!(2))]))
         .expect("put");
     assert_eq!(store.get("moved").expect("get").expect("moved").lease, None);
 
@@ -88,14 +91,17 @@ pub fn leases_expire_unless_kept_alive(harness: &dyn Harness) {
         store.keep_alive(lease),
         Err(StoreError::LeaseExpired { lease: lease.0 })
     );
-    let mixed = Txn::changes(vec![
-        Change::put("plain", json!(1)),
-        Change::Put {
-            key: "alive/n1".into(),
-            value: json!({}),
-            lease: Some(lease),
-        },
-    ]);
+    let mixed = Txn::raw(
+        vec![],
+        vec![
+            Change::put("plain", json!(1)),
+            Change::Put {
+                key: "alive/n1".into(),
+                value: json!({}),
+                lease: Some(lease),
+            },
+        ],
+    );
     assert_eq!(
         store.commit(mixed),
         Err(StoreError::LeaseExpired { lease: lease.0 })

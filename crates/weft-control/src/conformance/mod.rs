@@ -112,14 +112,14 @@ impl Harness for MemoryHarness {
         // than HISTORY_MAX of them.
         for n in 0..=HISTORY_MAX {
             store
-                .commit(Txn::changes(vec![Change::put(
-                    "compaction",
-                    Value::from(n),
-                )]))
+                .commit(Txn::raw(
+                    vec![],
+                    vec![Change::put("compaction", Value::from(n))],
+                ))
                 .expect("commit");
         }
         store
-            .commit(Txn::changes(vec![Change::Delete("compaction".into())]))
+            .commit(Txn::raw(vec![], vec![Change::Delete("compaction".into())]))
             .expect("commit");
     }
 }
@@ -133,7 +133,7 @@ fn put(store: &dyn Store, pairs: &[(&str, Value)]) -> Revision {
         .iter()
         .map(|(key, value)| Change::put(*key, value.clone()))
         .collect();
-    store.commit(Txn::changes(changes)).expect("commit")
+    store.commit(Txn::raw(vec![], changes)).expect("commit")
 }
 
 /// A watch event as one line (`put KEY @REV = VALUE`, `delete KEY @REV`).

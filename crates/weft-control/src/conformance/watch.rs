@@ -20,19 +20,25 @@ pub fn watch_follows_a_prefix(harness: &dyn Harness) {
     );
 
     let later = store
-        .commit(Txn::changes(vec![
-            Change::put("hosts/x", json!(0)),
-            Change::Delete("volumes/a".into()),
-            Change::put("volumes/c", json!({"size": 3})),
-            Change::put("volumesx", json!(0)),
-        ]))
+        .commit(Txn::raw(
+            vec![],
+            vec![
+                Change::put("hosts/x", json!(0)),
+                Change::Delete("volumes/a".into()),
+                Change::put("volumes/c", json!({"size": 3})),
+                Change::put("volumesx", json!(0)),
+            ],
+        ))
         .expect("commit");
     let deleted = store
-        .commit(Txn::changes(vec![Change::Delete("volumes/b".into())]))
+        .commit(Txn::raw(vec![], vec![Change::Delete("volumes/b".into())]))
         .expect("delete");
     // Deleting what is absent is no change to watch.
     store
-        .commit(Txn::changes(vec![Change::Delete("volumes/never".into())]))
+        .commit(Txn::raw(
+            vec![],
+            vec![Change::Delete("volumes/never".into())],
+        ))
         .expect("delete");
     let last = put(&*store, &[("volumes/last", json!(true))]);
     assert_eq!(
@@ -58,11 +64,14 @@ pub fn watch_sees_lease_deletions(harness: &dyn Harness) {
     let store = harness.store();
     let lease = store.grant_lease(harness.lease_ttl()).expect("grant");
     let put = store
-        .commit(Txn::changes(vec![Change::Put {
-            key: "alive/n1".into(),
-            value: json!("n1"),
-            lease: Some(lease),
-        }]))
+        .commit(Txn::raw(
+            vec![],
+            vec![Change::Put {
+                key: "alive/n1".into(),
+                value: json!("n1"),
+                lease: Some(lease),
+            }],
+        ))
         .expect("put");
     let watch = store.watch("alive/", put).expect("watch");
     store.revoke_lease(lease).expect("revoke");

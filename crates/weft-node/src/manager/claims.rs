@@ -102,12 +102,14 @@ impl Manager {
         let Some(node) = self.cluster_node.clone() else {
             create(self)?;
             if chosen != VolumeRecord::default() {
-                let id = self.pools[pool].volume_info(name)?.id;
-                let record = VolumeRecord {
-                    id: identity::hex(&id),
-                    ..chosen
-                };
-                self.store_write(|d| d.put_volume(name, &record))?;
+                let id = identity::hex(&self.pools[pool].volume_info(name)?.id);
+                self.store_write(|d| {
+                    d.change_volume(name, &id, |record| {
+                        record.nqn = chosen.nqn.clone();
+                        record.uuid = chosen.uuid.clone();
+                        record.nguid = chosen.nguid.clone();
+                    })
+                })?;
             }
             return Ok(());
         };
@@ -330,12 +332,12 @@ pub(super) mod tests {
             uuid: [2; 16],
         };
         drop(Pool::create(FileMedia::open(&devices, Some(64 << 20)).unwrap(), options).unwrap());
-        let mut desired = DesiredState::shared(Arc::clone(store), node);
+        let desired = DesiredState::shared(Arc::clone(store), node);
         let record = PoolRecord {
             devices,
             adding: Vec::new(),
         };
-        desired.put_pool("p", &record).unwrap();
+        desired.change_pool("p", |_| Some(record.clone())).unwrap();
         let mut manager = idle_manager(desired);
         manager.join_cluster(role(node, dir)).unwrap();
         manager
