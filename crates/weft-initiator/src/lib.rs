@@ -537,6 +537,7 @@ impl Controller {
                 kato_ms: 0,
             },
         )?;
+        queue.set_io_timeout(None)?;
         Ok(queue)
     }
 }
@@ -618,6 +619,7 @@ fn establish(
                 source,
             }
         })?;
+    admin.set_io_timeout(None)?;
     Ok((admin, info))
 }
 

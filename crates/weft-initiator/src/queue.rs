@@ -57,6 +57,10 @@ impl SlotBuffers for HeapBuffers {
 }
 
 /// A connected queue.
+/// How long each step of establishing a queue (TCP connect, ICReq,
+/// Fabrics Connect, authentication) may wait for the target.
+pub(crate) const ESTABLISH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 #[derive(Debug)]
 pub struct Queue {
     address: SocketAddr,
@@ -70,9 +74,13 @@ pub struct Queue {
 }
 
 impl Queue {
-    /// Connects and exchanges ICReq/ICResp.
+    /// Connects and exchanges ICReq/ICResp. Until the caller lifts it
+    /// ([`Queue::set_io_timeout`] once the queue is connected), every step
+    /// is bounded by [`ESTABLISH_TIMEOUT`]: a target that accepts the
+    /// connection and never answers (hung, or behind a partition) fails
+    /// the attempt instead of blocking it forever.
     pub(crate) fn open(address: SocketAddr, config: HostConfig) -> Result<Queue, InitiatorError> {
-        let stream = TcpStream::connect(address)
+        let stream = TcpStream::connect_timeout(&address, ESTABLISH_TIMEOUT)
             .map_err(|source| InitiatorError::Unreachable { address, source })?;
         stream
             .set_nodelay(true)
@@ -89,6 +97,7 @@ impl Queue {
             send: Vec::with_capacity(256 * 1024),
             polling: false,
         };
+        queue.set_io_timeout(Some(ESTABLISH_TIMEOUT))?;
         queue.transmit()?;
         while !queue.host.is_ready() {
             queue.receive_some()?;

@@ -24,6 +24,7 @@ pub struct ClusterFile {
     endpoints: Vec<String>,
     node: String,
     advertise: Option<String>,
+    peer_advertise: Option<String>,
     api_advertise: Option<String>,
     zone: Option<String>,
     etcd_user: Option<String>,
@@ -49,6 +50,11 @@ pub struct ClusterSpec {
     /// The address other nodes and hosts reach this node at (None: the
     /// listen address, unless it is unspecified).
     pub advertise: Option<IpAddr>,
+    /// The address the other nodes reach this node's NVMe/TCP listeners at
+    /// for replication, when not where hosts do (a storage network apart
+    /// from the hosts' network). None: the listen address when it is a
+    /// specific one other than the advertised one, else the advertised one.
+    pub peer_advertise: Option<IpAddr>,
     /// The URL other nodes call this node's API at, when not the advertised
     /// address (e.g. a management network apart from the storage network).
     pub api_advertise: Option<String>,
@@ -87,6 +93,12 @@ impl ClusterFile {
             .map(parse_advertise)
             .transpose()
             .map_err(|m| error("advertise", m))?;
+        let peer_advertise = self
+            .peer_advertise
+            .as_deref()
+            .map(parse_advertise)
+            .transpose()
+            .map_err(|m| error("peer_advertise", m))?;
         if self.etcd_user.is_some() != self.etcd_password_file.is_some() {
             return Err(error(
                 "etcd_user",
@@ -135,6 +147,7 @@ impl ClusterFile {
             endpoints,
             node: self.node,
             advertise,
+            peer_advertise,
             api_advertise,
             zone: self.zone,
             etcd_user: self.etcd_user,
@@ -176,6 +189,7 @@ impl ClusterArgs {
                     .clone()
                     .ok_or("--cluster needs --node NAME: this node's name in the cluster, e.g. n1")?,
                 advertise: None,
+                peer_advertise: None,
                 api_advertise: None,
                 zone: None,
                 etcd_user: None,
@@ -262,7 +276,8 @@ pub fn parse_advertise(text: &str) -> Result<IpAddr, String> {
 
 /// What the node tells the cluster about itself: its NVMe/TCP addresses
 /// (each listener's port at the advertised address; for the other nodes,
-/// the listeners' own addresses when they are specific ones) and its API's URL.
+/// at the peer address if one is given, else the listeners' own addresses
+/// when they are specific ones) and its API's URL.
 pub fn member_config(
     spec: &ClusterSpec,
     node_id: &str,
@@ -275,7 +290,13 @@ pub fn member_config(
         name: spec.node.clone(),
         node_id: node_id.to_string(),
         nvme: nvme.iter().map(SocketAddr::to_string).collect(),
-        peer_nvme: peer_addresses(listening, &nvme),
+        peer_nvme: match spec.peer_advertise {
+            Some(ip) => listening
+                .iter()
+                .map(|a| SocketAddr::new(ip, a.port()).to_string())
+                .collect(),
+            None => peer_addresses(listening, &nvme),
+        },
         api: spec
             .api_advertise
             .clone()
@@ -592,5 +613,22 @@ mod tests {
                 .unwrap_err()
                 .contains("--advertise")
         );
+    }
+
+    #[test]
+    fn other_nodes_replicate_to_the_peer_address_when_one_is_given() {
+        let table = "endpoints = [\"http://e:2379\"]\nnode = \"n1\"\nadvertise = \"10.0.0.5\"";
+        let listening = ["10.2.0.5:4420".parse().unwrap()];
+        let api = ("http", "10.0.0.5:9440".parse().unwrap());
+        let member = member_config(&file(table).unwrap(), "ab", &listening, api).unwrap();
+        assert_eq!(member.nvme, ["10.0.0.5:4420"]);
+        assert_eq!(member.peer_nvme, ["10.2.0.5:4420"], "the listener's own");
+        let table = format!("{table}\npeer_advertise = \"10.3.0.5\"");
+        let member = member_config(&file(&table).unwrap(), "ab", &listening, api).unwrap();
+        assert_eq!(member.peer_nvme, ["10.3.0.5:4420"]);
+        assert!(file(&format!("{table}x"))
+            .unwrap_err()
+            .to_string()
+            .contains("peer_advertise"));
     }
 }
