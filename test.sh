@@ -7,6 +7,7 @@
 # of the application benchmark. Installs what it needs (Debian packages, the guest images,
 # Go tools, cargo-fuzz) idempotently. Run as root from anywhere: ./test.sh
 # Environment: WEFT_FUZZ_SECONDS (default 17 per target), WEFT_SIM_SEEDS (default 4000),
+# WEFT_NEMESIS_SECONDS (default 120),
 # WEFT_SKIP_VM=1 to skip the guest.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -31,6 +32,9 @@ cargo test --workspace --locked
 step "replication simulation (VOPR-style): ${WEFT_SIM_SEEDS:=4000} seeds of crashes, pauses, power losses and partitions"
 # A failing seed prints itself and how to replay it.
 WEFT_SIM_SEEDS=$WEFT_SIM_SEEDS cargo test --release --locked -p weft-sim --test vopr seeds -- --nocapture
+
+step "nemesis (short): etcd, three nodes and a writer under kill -9, hangs, partitions and restarts (the long run: harness/nemesis.sh --minutes 30)"
+harness/nemesis.sh --seconds "${WEFT_NEMESIS_SECONDS:-120}" --json .cache/nemesis/smoke.json
 
 step "fuzz smoke (cargo-fuzz, overflow checks and debug assertions on)"
 if rustup toolchain list 2>/dev/null | grep -q '^nightly'; then

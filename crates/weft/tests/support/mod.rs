@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod etcd;
+pub mod proxy;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -90,6 +91,11 @@ pub struct Node {
 }
 
 impl Node {
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self._server.pid()
+    }
+
     /// Stops the node as an operator does (SIGTERM), and waits until it exited.
     pub fn terminate(mut self) -> std::process::ExitStatus {
         let pid = self._server.0.id().to_string();
