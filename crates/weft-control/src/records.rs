@@ -9,8 +9,12 @@
 //!   its replicas ([`ReplicationRecord`]).
 //! - `reservations/<name>`: a volume's NVMe reservations
 //!   ([`ReservationRecord`]), tagged with its id like its record.
+//! - `identities/nqn/<nqn>` and `identities/id/<32 hex>`: the identities
+//!   volumes chose at creation (an NQN; a UUID or NGUID), each holding the
+//!   volume's name, created in the same transaction as the volume's record:
+//!   of two volumes choosing one identity at once, one is created.
 
-use crate::store::{Revision, Store, StoreError, Txn};
+use crate::store::{Condition, Revision, Store, StoreError, Txn};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -187,6 +191,25 @@ pub struct ReplicatedSnapshot {
     /// copy in sync. One left so by a failure can be deleted, or taken again.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub taking: bool,
+}
+
+impl VolumeRecord {
+    /// The keys claiming the identity this record chose (none for what
+    /// derives from its id).
+    pub fn identity_keys(&self) -> Vec<String> {
+        let mut keys: Vec<String> = self
+            .nqn
+            .iter()
+            .map(|nqn| format!("{IDENTITIES_PREFIX}nqn/{nqn}"))
+            .collect();
+        for id in [&self.uuid, &self.nguid].into_iter().flatten() {
+            let key = format!("{IDENTITIES_PREFIX}id/{}", id.to_ascii_lowercase());
+            if !keys.contains(&key) {
+                keys.push(key);
+            }
+        }
+        keys
+    }
 }
 
 impl ReplicationRecord {
@@ -431,7 +454,54 @@ impl DesiredState {
         Ok(changed.expect("a record is always written"))
     }
 
-    /// Forgets volume `name` and its reservations, as they stand.
+    /// Records `claim` at `volumes/<name>` (created, or replacing the
+    /// record at `over`) with the claims of the identity it chose, in one
+    /// transaction; [`StoreError::Conflict`] names the key that was taken
+    /// (the volume's, or an identity's: [`DesiredState::identity_owner`]
+    /// tells whose).
+    pub fn claim_volume(
+        &self,
+        name: &str,
+        claim: &VolumeRecord,
+        over: Option<Revision>,
+    ) -> Result<Revision, StoreError> {
+        let (key, value) = (volume_key(name), encode(claim));
+        let mut txn = match over {
+            None => Txn::new().create(key, value),
+            Some(revision) => Txn::new().update(key, value, revision),
+        };
+        for identity in claim.identity_keys() {
+            txn = match self.store.get(&identity)? {
+                None => txn.create(identity, name.into()),
+                Some(entry) if entry.value == name => {
+                    txn.require(Condition::At(identity, entry.revision))
+                }
+                Some(_) => return Err(StoreError::Conflict { key: identity }),
+            };
+        }
+        self.store.commit(txn)
+    }
+
+    /// The volume that claimed identity key `key`, if one did.
+    pub fn identity_owner(&self, key: &str) -> Result<Option<String>, StoreError> {
+        Ok(self
+            .store
+            .get(key)?
+            .and_then(|e| e.value.as_str().map(str::to_string)))
+    }
+
+    /// Forgets volume `name`'s record, if still at `revision`, with the
+    /// identities it claimed.
+    pub fn unclaim_volume(&self, name: &str, revision: Revision) -> Result<Revision, StoreError> {
+        let mut txn = Txn::new().remove(volume_key(name), revision);
+        for entry in self.claimed_identities(name)? {
+            txn = txn.remove(entry.key, entry.revision);
+        }
+        self.store.commit(txn)
+    }
+
+    /// Forgets volume `name`, its reservations and the identities it
+    /// claimed, as they stand.
     pub fn delete_volume(&self, name: &str) -> Result<(), StoreError> {
         let keys = [volume_key(name), reservation_key(name)];
         for _ in 0..CHANGE_ATTEMPTS {
@@ -440,6 +510,9 @@ impl DesiredState {
                 if let Some(entry) = self.store.get(key)? {
                     txn = txn.remove(key.as_str(), entry.revision);
                 }
+            }
+            for entry in self.claimed_identities(name)? {
+                txn = txn.remove(entry.key, entry.revision);
             }
             if txn.changes().is_empty() {
                 return Ok(());
@@ -453,6 +526,16 @@ impl DesiredState {
         Err(StoreError::Conflict {
             key: volume_key(name),
         })
+    }
+
+    /// The identity claims of volume `name`.
+    fn claimed_identities(&self, name: &str) -> Result<Vec<crate::Entry>, StoreError> {
+        let listing = self.store.list(IDENTITIES_PREFIX)?;
+        Ok(listing
+            .entries
+            .into_iter()
+            .filter(|entry| entry.value == name)
+            .collect())
     }
 
     /// `found` if it is the record of the volume whose id is `id`, else a
@@ -504,6 +587,9 @@ pub const HOSTS_PREFIX: &str = "hosts/";
 
 /// Prefix of the volume records.
 pub const VOLUMES_PREFIX: &str = "volumes/";
+
+/// Prefix of the claims of identities volumes chose.
+pub const IDENTITIES_PREFIX: &str = "identities/";
 
 /// Where host `name` is recorded.
 pub fn host_key(name: &str) -> String {

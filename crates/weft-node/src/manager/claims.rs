@@ -2,8 +2,11 @@
 //! unique among all nodes: before a node creates a volume it claims the
 //! name in the shared store (compare-and-swap on `volumes/<name>`, so of two
 //! nodes creating `db1` at once exactly one wins), then creates it, then
-//! records the new volume's id. A claim whose creation failed is given
-//! back; one left by a crash in between is found at the next start.
+//! records the new volume's id. An identity chosen for it (an NQN, UUID or
+//! NGUID) is claimed in the same transaction (`identities/...`), so that of
+//! two volumes choosing one at once, on any nodes, one is created. A claim
+//! whose creation failed is given back with its identities; one left by a
+//! crash in between is found at the next start.
 //!
 //! A single node (no cluster) claims nothing: its own pools are the only
 //! place a name can be taken.
@@ -31,6 +34,7 @@ pub struct ClusterRole {
     pub rebuild_bytes_per_s: u64,
 }
 use crate::identity;
+use weft_control::records::IDENTITIES_PREFIX;
 use weft_control::{Revision, StoreError, VolumeRecord};
 
 fn volume_key(name: &str) -> String {
@@ -78,7 +82,7 @@ impl Manager {
             let key = volume_key(&name);
             if record.id.is_empty() {
                 if let Some(found) = self.desired.read::<VolumeRecord>(&key)? {
-                    self.store_write(|d| d.remove(&key, found.revision))?;
+                    self.store_write(|d| d.unclaim_volume(&name, found.revision))?;
                     log::info!("volume {name}: its creation on this node never finished; the name is free again");
                 }
             } else {
@@ -121,7 +125,7 @@ impl Manager {
         };
         let revision = self.claim(name, &node, &claim)?;
         if let Err(error) = create(self) {
-            if let Err(store) = self.store_write(|d| d.remove(&key, revision)) {
+            if let Err(store) = self.store_write(|d| d.unclaim_volume(name, revision)) {
                 log::warn!("volume {name}: giving back its name after a failed creation: {store} (the next start does)");
             }
             return Err(error);
@@ -149,7 +153,7 @@ impl Manager {
         let key = volume_key(name);
         match self.desired.read::<VolumeRecord>(&key)? {
             Some(found) if found.record.node.as_deref() == Some(node) => {
-                self.store_write(|d| d.remove(&key, found.revision))?;
+                self.store_write(|d| d.unclaim_volume(name, found.revision))?;
                 Ok(true)
             }
             _ => Ok(false),
@@ -232,19 +236,51 @@ impl Manager {
             node: record.node.unwrap_or_else(|| "unknown".into()),
         };
         let result = match self.desired.read::<VolumeRecord>(&key)? {
-            None => self.store_write(|d| d.create(&key, claim)),
+            None => self.store_write(|d| d.claim_volume(name, claim, None)),
             Some(found) if found.record.node.as_deref() == Some(node) => {
-                self.store_write(|d| d.update(&key, claim, found.revision))
+                self.store_write(|d| d.claim_volume(name, claim, Some(found.revision)))
             }
             Some(found) => return Err(taken(found.record)),
         };
         match result {
             Ok(revision) => Ok(revision),
+            Err(StoreError::Conflict { key }) if key.starts_with(IDENTITIES_PREFIX) => {
+                Err(self.identity_taken(&key, claim))
+            }
             Err(StoreError::Conflict { .. }) => {
                 let winner = self.desired.read::<VolumeRecord>(&key)?;
                 Err(taken(winner.map(|found| found.record).unwrap_or_default()))
             }
             Err(error) => Err(error.into()),
+        }
+    }
+
+    /// The refusal of `claim`, whose identity claim `key` another volume holds.
+    fn identity_taken(&self, key: &str, claim: &VolumeRecord) -> AdminError {
+        let volume = match self.desired.identity_owner(key) {
+            Ok(Some(owner)) => owner,
+            _ => "another volume (created at the same moment)".into(),
+        };
+        let value = key.rsplit_once('/').map_or(key, |(_, value)| value);
+        let what = match key.strip_prefix(IDENTITIES_PREFIX) {
+            Some(rest) if rest.starts_with("nqn/") => "NQN",
+            _ if claim
+                .uuid
+                .as_deref()
+                .is_some_and(|u| u.eq_ignore_ascii_case(value)) =>
+            {
+                "UUID"
+            }
+            _ => "NGUID",
+        };
+        let value = match what {
+            "NQN" => claim.nqn.clone().unwrap_or_default(),
+            _ => value.to_string(),
+        };
+        AdminError::IdentityTaken {
+            what,
+            value,
+            volume,
         }
     }
 
@@ -407,6 +443,54 @@ pub(super) mod tests {
             won.id,
             identity::hex(&n1.pools["p"].volume_info("db1").unwrap().id)
         );
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// Two volumes choosing one NQN (or UUID) at once on two nodes: each
+    /// node's check by reading passed (neither saw the other), and the
+    /// claim in the creation's transaction lets exactly one be created.
+    #[test]
+    fn a_chosen_identity_is_won_by_one_volume_of_the_cluster() {
+        let dir = scratch("identity");
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::default());
+        let mut n1 = member(&store, "n1", &dir);
+        let mut n2 = member(&store, "n2", &dir);
+        let chosen = |uuid: &str| VolumeRecord {
+            nqn: Some("nqn.2014-08.com.example:db".into()),
+            uuid: Some(uuid.into()),
+            ..VolumeRecord::default()
+        };
+        let (mine, theirs) = ("11".repeat(16), "22".repeat(16));
+        n1.claimed("a", "p", chosen(&mine), create("a")).unwrap();
+        let refused = n2.claimed("b", "p", chosen(&theirs), create("b"));
+        assert!(
+            matches!(refused, Err(AdminError::IdentityTaken { what: "NQN", ref volume, .. }) if volume == "a"),
+            "{refused:?}"
+        );
+        let nqn = |uuid: &str| VolumeRecord {
+            nqn: Some("nqn.2014-08.com.example:other".into()),
+            ..chosen(uuid)
+        };
+        let refused = n2.claimed("b", "p", nqn(&mine.to_uppercase()), create("b"));
+        assert!(
+            matches!(refused, Err(AdminError::IdentityTaken { what: "UUID", ref volume, .. }) if volume == "a"),
+            "{refused:?}"
+        );
+        assert_eq!(record(&store, "b"), None, "the loser left nothing");
+        assert!(
+            n2.pools["p"].volume_info("b").is_err(),
+            "nor created anything"
+        );
+        // Deleting the winner gives its identity back.
+        let desired = DesiredState::shared(Arc::clone(&store), "n1");
+        desired.delete_volume("a").unwrap();
+        n2.claimed("b", "p", chosen(&theirs), create("b")).unwrap();
+        assert!(store
+            .list(IDENTITIES_PREFIX)
+            .unwrap()
+            .entries
+            .iter()
+            .all(|e| e.value == "b"));
         std::fs::remove_dir_all(dir).unwrap();
     }
 
