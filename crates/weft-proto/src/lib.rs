@@ -16,6 +16,7 @@ pub mod connection;
 pub mod digest;
 pub mod fence;
 mod framing;
+#[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
 pub mod host;
 pub mod identify;
@@ -25,6 +26,7 @@ pub mod pdu;
 pub mod reservation;
 pub mod status;
 pub mod target;
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 mod transmit;
 pub mod types;

@@ -24,6 +24,7 @@ pub mod map;
 pub mod media;
 pub mod pool;
 pub mod state;
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
 pub use map::{ChunkMap, Lookup, WriteGate};
