@@ -8,6 +8,11 @@
 //! support/proxy.rs), an etcd member's loss (and a leader election), two of
 //! three nodes down and back, every node restarted at once.
 //!
+//! Meanwhile an operator keeps changing the volumes' QoS limits and
+//! attaching and detaching another host through any node's API: the calls
+//! that race the primaries' changes of the same records (a replica taken
+//! out of the in-sync set, a rebuilt one put back).
+//!
 //! The writer keeps the history of every block (tests/nemesis/history.rs):
 //! each read must return the newest acknowledged write or a newer failed
 //! one. After each phase the nemesis heals everything, waits until every
@@ -413,6 +418,65 @@ fn connect(url: &TargetUrl) -> Option<(Controller, Queue)> {
     Some((controller, queue))
 }
 
+/// The operator: QoS changes, attaches and detaches through the nodes'
+/// APIs, as fast as they answer, until `stop`; (made, refused or failed).
+fn operate(apis: Vec<String>, token: String, seed: u64, stop: Arc<AtomicBool>) -> (u64, u64) {
+    let mut rng = Rng(seed);
+    let (mut made, mut refused) = (0, 0);
+    while !stop.load(Ordering::Relaxed) {
+        let api = &apis[rng.below(apis.len() as u64) as usize];
+        let (volume, _, _) = VOLUMES[rng.below(VOLUMES.len() as u64) as usize];
+        let (method, path, body) = match rng.below(3) {
+            0 => (
+                "PATCH",
+                format!("/api/v1/volumes/{volume}/qos"),
+                format!("{{\"iops_max\": {}}}", 1_000_000 + rng.below(1_000_000)),
+            ),
+            1 => (
+                "POST",
+                format!("/api/v1/volumes/{volume}/hosts"),
+                "{\"host\": \"other\"}".to_string(),
+            ),
+            _ => (
+                "DELETE",
+                format!("/api/v1/volumes/{volume}/hosts/other"),
+                String::new(),
+            ),
+        };
+        match call(api, &token, method, &path, &body) {
+            Some(status) if status < 300 => made += 1,
+            _ => {
+                refused += 1;
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        std::thread::sleep(rng.millis(10, 60));
+    }
+    (made, refused)
+}
+
+/// One API call to `api` (host:port), bounded in time; its status.
+fn call(api: &str, token: &str, method: &str, path: &str, body: &str) -> Option<u16> {
+    use std::io::{Read, Write};
+    let address: SocketAddr = api.parse().ok()?;
+    let mut stream = std::net::TcpStream::connect_timeout(&address, Duration::from_secs(2)).ok()?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .ok()?;
+    stream
+        .set_write_timeout(Some(Duration::from_secs(10)))
+        .ok()?;
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: {api}\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    response.split_whitespace().nth(1)?.parse().ok()
+}
+
 /// What a writer did.
 #[derive(Debug, Default, Clone)]
 struct Counts {
@@ -549,6 +613,8 @@ struct Report {
     converge_s: Vec<f64>,
     not_converged: Vec<String>,
     unattributed: u64,
+    /// The operator's API calls: made, and refused or failed.
+    api_calls: (u64, u64),
 }
 
 impl Report {
@@ -585,6 +651,8 @@ impl Report {
             "converge_s_max": self.converge_quantile(1.0),
             "not_converged": self.not_converged,
             "unattributed_connections": self.unattributed,
+            "api_changes_made": self.api_calls.0,
+            "api_changes_refused": self.api_calls.1,
         })
     }
 
@@ -600,6 +668,7 @@ impl Report {
             "\n| measure | value |\n|---|---|\n\
              | writes acknowledged | {} |\n| writes failed (indeterminate) | {} |\n\
              | reads checked while running | {} |\n| blocks verified after each phase | {} |\n\
+             | QoS, attach and detach calls made / refused | {} / {} |\n\
              | lost (acknowledged, read older) | {} |\n| stale reads while running | {} |\n\
              | corrupt reads | {} |\n| time to converge p50 / max | {:.1} s / {:.1} s |\n\
              | phases that did not converge | {} |\n\
@@ -608,6 +677,8 @@ impl Report {
             self.counts.failed,
             self.counts.reads,
             self.blocks_verified,
+            self.api_calls.0,
+            self.api_calls.1,
             self.lost,
             self.stale,
             self.corrupt,
@@ -631,6 +702,8 @@ fn volumes(node: &Node, dir: &Path) {
         eventually("a pool", || support::weft(node, &args).0);
     }
     support::ok(node, &["host", "add", "tester", "--nqn", HOST_NQN]);
+    let other = format!("{HOST_NQN}0");
+    support::ok(node, &["host", "add", "other", "--nqn", &other]);
     for (volume, replicas, _) in VOLUMES {
         let create = [
             "volume",
@@ -718,6 +791,16 @@ fn no_acknowledged_write_is_lost_whatever_fails() {
                 std::thread::spawn(move || writer.run(store, ports, stop))
             })
             .collect();
+        let apis: Vec<String> = cluster
+            .slots
+            .iter()
+            .filter_map(|s| Some(s.node.as_ref()?.api.clone()))
+            .collect();
+        let token = cluster.api_node().token.clone();
+        let operator = {
+            let (stop, seed) = (Arc::clone(&stop), rng.next());
+            std::thread::spawn(move || operate(apis, token, seed, stop))
+        };
         std::thread::sleep(rng.millis(500, 1500));
         let first = Fault::pick(&mut rng);
         let faults: Vec<Fault> = std::iter::once(first)
@@ -742,6 +825,9 @@ fn no_acknowledged_write_is_lost_whatever_fails() {
         std::thread::sleep(Duration::from_millis(500));
         stop.store(true, Ordering::Relaxed);
         writers = running.into_iter().map(|t| t.join().unwrap()).collect();
+        let (made, refused) = operator.join().unwrap();
+        report.api_calls.0 += made;
+        report.api_calls.1 += refused;
         let mut why = None;
         while let Some(reason) = cluster.unconverged() {
             if healed.elapsed() > CONVERGE_MAX {
