@@ -458,7 +458,9 @@ impl DesiredState {
     /// record at `over`) with the claims of the identity it chose, in one
     /// transaction; [`StoreError::Conflict`] names the key that was taken
     /// (the volume's, or an identity's: [`DesiredState::identity_owner`]
-    /// tells whose).
+    /// tells whose). A claim whose volume has no record any more (deleted
+    /// by a node of an earlier version, which leaves claims behind) is
+    /// taken over, on the condition that the record is still absent.
     pub fn claim_volume(
         &self,
         name: &str,
@@ -476,7 +478,14 @@ impl DesiredState {
                 Some(entry) if entry.value == name => {
                     txn.require(Condition::At(identity, entry.revision))
                 }
-                Some(_) => return Err(StoreError::Conflict { key: identity }),
+                Some(entry) => {
+                    let owner = volume_key(entry.value.as_str().unwrap_or_default());
+                    if self.store.get(&owner)?.is_some() {
+                        return Err(StoreError::Conflict { key: identity });
+                    }
+                    txn.update(identity, name.into(), entry.revision)
+                        .require(Condition::Absent(owner))
+                }
             };
         }
         self.store.commit(txn)
@@ -721,6 +730,46 @@ mod tests {
         fn location(&self) -> String {
             "interleaved".into()
         }
+    }
+
+    /// An identity is claimed with the volume's record, refused to a second
+    /// volume while the first has it, given back with it, and taken over
+    /// from a volume whose record is gone without it.
+    #[test]
+    fn identities_are_claimed_with_the_record_and_given_back_with_it() {
+        let state = DesiredState::new(Box::new(MemoryStore::default()), "n1");
+        let chosen = VolumeRecord {
+            nqn: Some("nqn.2014-08.com.example:a".into()),
+            uuid: Some("AB".repeat(16)),
+            nguid: Some("ab".repeat(16)),
+            ..VolumeRecord::default()
+        };
+        assert_eq!(chosen.identity_keys().len(), 2, "one key per identity");
+        let claimed = state.claim_volume("a", &chosen, None).unwrap();
+        let key = chosen.identity_keys()[0].clone();
+        assert_eq!(
+            state.claim_volume("b", &chosen, None),
+            Err(StoreError::Conflict { key: key.clone() })
+        );
+        assert_eq!(state.identity_owner(&key).unwrap().as_deref(), Some("a"));
+        state.unclaim_volume("a", claimed).unwrap();
+        assert!(state
+            .store()
+            .list(IDENTITIES_PREFIX)
+            .unwrap()
+            .entries
+            .is_empty());
+        // A volume deleted without its claims (by an older node).
+        state.claim_volume("a", &chosen, None).unwrap();
+        let record = state
+            .read::<VolumeRecord>(&volume_key("a"))
+            .unwrap()
+            .unwrap();
+        state.remove(&volume_key("a"), record.revision).unwrap();
+        state.claim_volume("b", &chosen, None).unwrap();
+        assert_eq!(state.identity_owner(&key).unwrap().as_deref(), Some("b"));
+        state.delete_volume("b").unwrap();
+        assert!(state.store().list("").unwrap().entries.is_empty());
     }
 
     /// A change made from a copy read before another writer's commit is
