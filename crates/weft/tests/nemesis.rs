@@ -19,10 +19,16 @@
 //! volume has a primary on a live node and every replica in sync, and reads
 //! every block back from whichever node now serves it.
 //!
-//! Run by harness/nemesis.sh (`--minutes N`, a short run in the test
-//! command); `WEFT_NEMESIS_SECONDS`, `WEFT_NEMESIS_SEED` (the fault schedule
-//! replays, the timing does not) and `WEFT_NEMESIS_JSON` (where the report
-//! goes) steer it.
+//! With `WEFT_NEMESIS_UPGRADE_FROM` (the weft binary of an earlier commit),
+//! the nodes start on that version and the first phase is a rolling
+//! upgrade: node by node, stopped (SIGTERM) and started on this build with
+//! the writer and the operator running, the cluster converged before the
+//! next; the other phases follow on this build.
+//!
+//! Run by harness/nemesis.sh (`--minutes N`, `--upgrade-from COMMIT`; a
+//! short run in the test command); `WEFT_NEMESIS_SECONDS`,
+//! `WEFT_NEMESIS_SEED` (the fault schedule replays, the timing does not)
+//! and `WEFT_NEMESIS_JSON` (where the report goes) steer it.
 
 #[path = "nemesis/history.rs"]
 mod history;
@@ -37,7 +43,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use support::etcd::{free_port, Etcd};
 use support::proxy::Net;
-use support::{start_node_on, Node};
+use support::{start_binary_on, Node};
 use weft_control::{ReplicaState, Store, VolumeRecord};
 use weft_initiator::{ConnectOptions, Controller, Queue, TargetUrl};
 
@@ -168,6 +174,8 @@ struct Slot {
     port: u16,
     node: Option<Node>,
     paused: bool,
+    /// It runs (and restarts on) the earlier version's binary.
+    old: bool,
 }
 
 /// etcd, the proxies and the nodes.
@@ -181,10 +189,12 @@ struct Cluster {
     token_file: PathBuf,
     /// etcd, straight (the checks read the records there).
     store: Arc<dyn Store>,
+    /// The earlier version's binary, for a rolling upgrade.
+    old_binary: Option<PathBuf>,
 }
 
 impl Cluster {
-    fn start(dir: &Path) -> Cluster {
+    fn start(dir: &Path, old_binary: Option<PathBuf>) -> Cluster {
         let net = Net::new();
         let etcd = Etcd::start(3, dir);
         let direct: Vec<String> = etcd.endpoints().split(',').map(str::to_string).collect();
@@ -211,6 +221,7 @@ impl Cluster {
                     port,
                     node: None,
                     paused: false,
+                    old: old_binary.is_some(),
                 }
             })
             .collect();
@@ -222,6 +233,7 @@ impl Cluster {
             slots,
             token_file: dir.join("n1").join("api-token"),
             store: Arc::new(store),
+            old_binary,
         };
         for i in 0..NODES {
             cluster.start_node(i);
@@ -233,8 +245,15 @@ impl Cluster {
         let name = node_name(i);
         let config = self.dir.join(format!("{name}.toml"));
         let endpoints: Vec<String> = self.proxied.iter().map(|e| format!("{e:?}")).collect();
+        // An earlier version knows no peer_advertise: its peers reach it
+        // at its listener, past the proxy (no partition between nodes).
+        let old = self.old_binary.as_deref().filter(|_| self.slots[i].old);
+        let peer = match old {
+            Some(_) => String::new(),
+            None => format!("peer_advertise = {:?}\n", node_ip(i)),
+        };
         let table = format!(
-            "[cluster]\nendpoints = [{}]\nnode = {name:?}\nadvertise = {ip:?}\npeer_advertise = {ip:?}\nlease_ttl_ms = 2000\n",
+            "[cluster]\nendpoints = [{}]\nnode = {name:?}\nadvertise = {ip:?}\n{peer}lease_ttl_ms = 2000\n",
             endpoints.join(", "),
             ip = node_ip(i),
         );
@@ -247,17 +266,35 @@ impl Cluster {
             extra.extend(["--api-token-file", &token]);
         }
         let listen = format!("127.0.0.1:{}", self.slots[i].port);
-        let mut node = start_node_on(&self.dir.join(&name), &listen, &extra);
+        let binary = old.unwrap_or(support::WEFT.as_ref());
+        let mut node = start_binary_on(binary, &self.dir.join(&name), &listen, &extra);
         node.token = std::fs::read_to_string(&self.token_file)
             .unwrap()
             .trim()
             .to_string();
         self.net.set_party(node.pid(), &name);
-        self.slots[i] = Slot {
-            node: Some(node),
-            paused: false,
-            ..self.slots[i]
-        };
+        self.slots[i].node = Some(node);
+        self.slots[i].paused = false;
+    }
+
+    /// Stops node `i` as an operator does (SIGTERM) and starts it on this build.
+    fn upgrade(&mut self, i: usize) {
+        if let Some(node) = self.slots[i].node.take() {
+            node.terminate();
+        }
+        self.slots[i].old = false;
+        self.start_node(i);
+    }
+
+    /// Waits until the cluster converged; how long it took, or why it did not.
+    fn converge(&self, since: Instant) -> Result<f64, String> {
+        while let Some(reason) = self.unconverged() {
+            if since.elapsed() > CONVERGE_MAX {
+                return Err(reason);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(since.elapsed().as_secs_f64())
     }
 
     fn kill(&mut self, i: usize) {
@@ -766,7 +803,9 @@ fn no_acknowledged_write_is_lost_whatever_fails() {
     });
     eprintln!("nemesis: seed {seed} (WEFT_NEMESIS_SEED={seed} replays the schedule), {seconds} s");
     let dir = support::temp_dir("nemesis");
-    let mut cluster = Cluster::start(&dir);
+    let old_binary = std::env::var_os("WEFT_NEMESIS_UPGRADE_FROM").map(PathBuf::from);
+    let mut upgrading = old_binary.is_some();
+    let mut cluster = Cluster::start(&dir, old_binary);
     volumes(cluster.api_node(), &dir);
     eventually("every replica in sync", || cluster.unconverged().is_none());
 
@@ -802,6 +841,22 @@ fn no_acknowledged_write_is_lost_whatever_fails() {
             std::thread::spawn(move || operate(apis, token, seed, stop))
         };
         std::thread::sleep(rng.millis(500, 1500));
+        if std::mem::take(&mut upgrading) {
+            *report
+                .faults
+                .entry("rolling upgrade, node by node")
+                .or_default() += 1;
+            for i in 0..NODES {
+                cluster.upgrade(i);
+                let result = cluster.converge(Instant::now());
+                eprintln!("nemesis: {} upgraded: converged {result:?}", node_name(i));
+                if let Err(reason) = result {
+                    report
+                        .not_converged
+                        .push(format!("upgrade of {}: {reason}", node_name(i)));
+                }
+            }
+        }
         let first = Fault::pick(&mut rng);
         let faults: Vec<Fault> = std::iter::once(first)
             .chain(first.companion(&mut rng))
@@ -828,24 +883,17 @@ fn no_acknowledged_write_is_lost_whatever_fails() {
         let (made, refused) = operator.join().unwrap();
         report.api_calls.0 += made;
         report.api_calls.1 += refused;
-        let mut why = None;
-        while let Some(reason) = cluster.unconverged() {
-            if healed.elapsed() > CONVERGE_MAX {
-                why = Some(reason);
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        let converged = cluster.converge(healed);
         let converge = healed.elapsed().as_secs_f64();
         let (acknowledged, failed) = writers.iter().fold((0, 0), |(a, f), w| {
             (a + w.counts.acknowledged, f + w.counts.failed)
         });
         let mut verified = 0;
-        match why {
-            Some(reason) => report
+        match converged {
+            Err(reason) => report
                 .not_converged
                 .push(format!("phase {}: {faults:?}: {reason}", report.phases)),
-            None => {
+            Ok(_) => {
                 report.converge_s.push(converge);
                 for writer in &mut writers {
                     match writer.verify(&cluster) {

@@ -38,7 +38,16 @@ pub fn spawn_serve(args: &[&std::ffi::OsStr]) -> (Server, String) {
 
 /// `spawn_serve` with weft's log going to `log`.
 pub fn spawn_serve_logging(args: &[&std::ffi::OsStr], log: impl Into<Stdio>) -> (Server, String) {
-    let mut child = Command::new(WEFT)
+    spawn_binary_logging(WEFT.as_ref(), args, log)
+}
+
+/// `spawn_serve_logging` of the weft binary `binary` (another version's).
+pub fn spawn_binary_logging(
+    binary: &std::path::Path,
+    args: &[&std::ffi::OsStr],
+    log: impl Into<Stdio>,
+) -> (Server, String) {
+    let mut child = Command::new(binary)
         .arg("serve")
         .args(args)
         .stdout(Stdio::piped())
@@ -114,6 +123,16 @@ pub fn start_node(data_dir: &std::path::Path, extra: &[&str]) -> Node {
 /// [`start_node`] with NVMe/TCP on `listen`. Dropping the node kills it
 /// (SIGKILL, as a crash).
 pub fn start_node_on(data_dir: &std::path::Path, listen: &str, extra: &[&str]) -> Node {
+    start_binary_on(WEFT.as_ref(), data_dir, listen, extra)
+}
+
+/// [`start_node_on`] with the weft binary `binary` (another version's).
+pub fn start_binary_on(
+    binary: &std::path::Path,
+    data_dir: &std::path::Path,
+    listen: &str,
+    extra: &[&str],
+) -> Node {
     let mut args: Vec<&std::ffi::OsStr> = vec![
         "--reactors".as_ref(),
         "2".as_ref(),
@@ -132,7 +151,7 @@ pub fn start_node_on(data_dir: &std::path::Path, listen: &str, extra: &[&str]) -
         .append(true)
         .open(&log_path)
         .unwrap();
-    let (server, banner) = spawn_serve_logging(&args, log);
+    let (server, banner) = spawn_binary_logging(binary, &args, log);
     if !banner.contains("nvme discover") {
         let log = std::fs::read_to_string(&log_path).unwrap_or_default();
         panic!("weft serve stopped before its banner was out: {banner}\nits log:\n{log}");
