@@ -22,6 +22,11 @@
 //! Every command slot has a data buffer that the driver owns (see
 //! [`SlotBuffers`]), so data moves between the socket, the disk and the host
 //! without passing through this crate's own memory.
+//!
+//! This file holds the state machine's interface, its command slots and
+//! queue state; its jobs live beside it: `receive` (PDUs in), `commands`
+//! (a command's transfer, execution and completion), `fabrics` (Connect
+//! and authentication) and `fences` (the replica fence).
 
 use crate::admin::{self, AdminQueue, Outcome};
 use crate::auth::{ControllerExchange, CONNECT_AUTHREQ_ATR, SECP_DHCHAP, SPSP_DHCHAP};
