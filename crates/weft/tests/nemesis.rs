@@ -341,7 +341,11 @@ impl Cluster {
                 }
                 self.net.cut("host", &node_name(i));
             }
-            Fault::EtcdMemberLoss(k) => self.etcd.stop_member(k),
+            // Half the time the leader, whichever it is (an election follows).
+            Fault::EtcdMemberLoss(k) => match self.etcd.leader() {
+                Some(leader) if k % 2 == 0 => self.etcd.stop_member(leader),
+                _ => self.etcd.stop_member(k),
+            },
             Fault::TwoDown(a, b) => {
                 self.kill(a);
                 self.kill(b);
@@ -366,9 +370,8 @@ impl Cluster {
     fn heal(&mut self, faults: &[Fault]) {
         self.net.heal();
         for fault in faults {
-            if let Fault::EtcdMemberLoss(k) = *fault {
-                self.etcd.start_member(k);
-                self.etcd.wait_healthy();
+            if let Fault::EtcdMemberLoss(_) = *fault {
+                self.etcd.start_stopped();
             }
         }
         for i in 0..NODES {

@@ -97,12 +97,45 @@ impl Etcd {
         member.process = Some(process);
     }
 
+    /// Starts every member stopped, and waits until the cluster answers.
+    pub fn start_stopped(&mut self) {
+        for index in 0..self.members.len() {
+            if self.members[index].process.is_none() {
+                self.start_member(index);
+            }
+        }
+        self.wait_healthy();
+    }
+
     /// Stops member `index` (SIGKILL: as a crash).
     pub fn stop_member(&mut self, index: usize) {
         if let Some(mut process) = self.members[index].process.take() {
             let _ = process.kill();
             let _ = process.wait();
         }
+    }
+
+    /// The member that leads now, as the running members report it.
+    pub fn leader(&self) -> Option<usize> {
+        self.members.iter().position(|member| {
+            member.process.is_some() && {
+                let output = Command::new("/usr/bin/etcdctl")
+                    .env("ETCDCTL_API", "3")
+                    .args(["--endpoints", &member.client, "--command-timeout=2s"])
+                    .args(["endpoint", "status", "-w", "fields"])
+                    .output();
+                output.is_ok_and(|o| {
+                    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+                    let field = |name: &str| {
+                        text.lines()
+                            .find(|l| l.starts_with(&format!("\"{name}\" :")))
+                            .and_then(|l| l.split(':').nth(1))
+                            .map(|v| v.trim().to_string())
+                    };
+                    field("MemberID").is_some() && field("MemberID") == field("Leader")
+                })
+            }
+        })
     }
 
     /// Waits until a write through every running member's endpoint succeeds.
