@@ -140,32 +140,34 @@ fn beat(
     let failing = &mut state.failing;
     let unplaced = &mut state.unplaced;
     let replace_after_ms = state.replace_after_ms;
-    let result = member.heartbeat(status, now).and_then(|controller| {
-        // The lease lives from the keep-alive on: the primaries hear so now,
-        // not after the controller's work below (store reads and writes, a
-        // promotion's delay), which a store slowed by its disk can stretch
-        // past the lease, deposing primaries whose lease is alive.
-        renewed();
-        if controller {
-            let noted = nodes::note_down_nodes(store, member.lease(), now)?;
-            if !noted.is_empty() {
-                // Promote in this beat rather than the next (a third of the
-                // lease later): failover is the lease plus this delay.
-                std::thread::sleep(PROMOTION_DELAY);
+    let result = member
+        .heartbeat_renewing(status, now, renewed)
+        .and_then(|controller| {
+            // The lease lives from the keep-alive on: the primaries hear so now,
+            // not after the controller's work below (store reads and writes, a
+            // promotion's delay), which a store slowed by its disk can stretch
+            // past the lease, deposing primaries whose lease is alive.
+            renewed();
+            if controller {
+                let noted = nodes::note_down_nodes(store, member.lease(), now)?;
+                if !noted.is_empty() {
+                    // Promote in this beat rather than the next (a third of the
+                    // lease later): failover is the lease plus this delay.
+                    std::thread::sleep(PROMOTION_DELAY);
+                }
+                let delay = PROMOTION_DELAY.as_millis() as u64;
+                replicas::promote_primaries(store, member.lease(), unix_ms(), delay)?;
+                let replaced = replica_members::replace_lost_replicas(
+                    store,
+                    member.lease(),
+                    now,
+                    replace_after_ms,
+                )?;
+                note_replacements(replaced, unplaced);
+                replica_members::finish_all_retirements(store)?;
             }
-            let delay = PROMOTION_DELAY.as_millis() as u64;
-            replicas::promote_primaries(store, member.lease(), unix_ms(), delay)?;
-            let replaced = replica_members::replace_lost_replicas(
-                store,
-                member.lease(),
-                now,
-                replace_after_ms,
-            )?;
-            note_replacements(replaced, unplaced);
-            replica_members::finish_all_retirements(store)?;
-        }
-        Ok(())
-    });
+            Ok(())
+        });
     match result {
         Ok(()) if *failing => {
             log::info!("heartbeats of node {} succeed again", member.name());
@@ -299,7 +301,11 @@ mod tests {
         }
         let calls = log.lock().unwrap().clone();
         let at = calls.iter().position(|&c| c == "renewed").expect("renewed");
-        assert!(calls[..at].contains(&"keep_alive"), "{calls:?}");
+        assert_eq!(
+            calls[at - 1],
+            "keep_alive",
+            "renewed as soon as the lease was kept alive, before the liveness record's update: {calls:?}"
+        );
         assert!(
             calls[at + 1..].contains(&"list"),
             "the controller's store reads come after the renewal: {calls:?}"

@@ -179,15 +179,24 @@ impl Member {
     /// the controller. Whether this node is the controller afterwards.
     /// Called every third of the lease's time to live.
     pub fn heartbeat(&mut self, status: &NodeStatus, now_unix_ms: u64) -> Result<bool, JoinError> {
+        self.heartbeat_renewing(status, now_unix_ms, &|| {})
+    }
+
+    /// [`Member::heartbeat`], calling `kept_alive` as soon as the lease was
+    /// kept alive: the lease lives from then on, whatever becomes of the
+    /// liveness record's update after it (a store that answers the
+    /// keep-alive but not the update must not stop the node's primaries
+    /// while the cluster still sees the node up).
+    pub fn heartbeat_renewing(
+        &mut self,
+        status: &NodeStatus,
+        now_unix_ms: u64,
+        kept_alive: &dyn Fn(),
+    ) -> Result<bool, JoinError> {
         match self.store.keep_alive(self.lease) {
             Ok(()) => {
-                let txn = Txn::new().update_leased(
-                    alive_key(&self.config.name),
-                    self.alive_record(status, now_unix_ms),
-                    self.alive_revision,
-                    Some(self.lease),
-                );
-                self.alive_revision = self.commit_alive(txn)?;
+                kept_alive();
+                self.publish(status, now_unix_ms)?
             }
             Err(StoreError::LeaseExpired { .. }) => self.rejoin(status, now_unix_ms)?,
             Err(error) => return Err(error.into()),
@@ -198,6 +207,40 @@ impl Member {
             self.lease,
             now_unix_ms,
         )?)
+    }
+
+    /// Updates our liveness record. A commit whose answer was lost (the
+    /// store's connection broke after it applied it) leaves us holding a
+    /// stale revision of our own record: the update's condition then fails
+    /// though nobody else wrote it. The record under our lease is ours (no
+    /// other process holds the lease), so its revision is adopted and the
+    /// update made again; one under another lease means another process
+    /// took the name.
+    fn publish(&mut self, status: &NodeStatus, now_unix_ms: u64) -> Result<(), JoinError> {
+        let key = alive_key(&self.config.name);
+        let update = |revision| {
+            Txn::new().update_leased(
+                key.clone(),
+                self.alive_record(status, now_unix_ms),
+                revision,
+                Some(self.lease),
+            )
+        };
+        match self.store.commit(update(self.alive_revision)) {
+            Ok(revision) => self.alive_revision = revision,
+            Err(StoreError::Conflict { .. }) => match self.store.get(&key)? {
+                Some(entry) if entry.lease == Some(self.lease) => {
+                    log::info!(
+                        "node {}: its liveness record was written by an earlier heartbeat whose answer was lost",
+                        self.config.name
+                    );
+                    self.alive_revision = self.commit_alive(update(entry.revision))?;
+                }
+                _ => return Err(self.already_up()),
+            },
+            Err(error) => return Err(error.into()),
+        }
+        Ok(())
     }
 
     /// Ends the lease: the node is shown down at once.
@@ -244,12 +287,16 @@ impl Member {
     /// another process holds the name.
     fn commit_alive(&self, txn: Txn) -> Result<Revision, JoinError> {
         self.store.commit(txn).map_err(|error| match error {
-            StoreError::Conflict { .. } => JoinError::AlreadyUp {
-                name: self.config.name.clone(),
-                ttl_s: self.config.lease_ttl.as_secs(),
-            },
+            StoreError::Conflict { .. } => self.already_up(),
             other => other.into(),
         })
+    }
+
+    fn already_up(&self) -> JoinError {
+        JoinError::AlreadyUp {
+            name: self.config.name.clone(),
+            ttl_s: self.config.lease_ttl.as_secs(),
+        }
     }
 }
 

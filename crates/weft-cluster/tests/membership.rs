@@ -214,3 +214,89 @@ fn each_node_keeps_its_own_ordinal_and_a_removed_node_frees_it() {
     assert_eq!(n4.ordinal(), 1, "n2's ordinal is free again");
     drop((n1, n3));
 }
+
+/// A store whose next commit is applied but answered with an error, as
+/// when etcd applies a transaction and the connection breaks before its
+/// answer arrives.
+struct LosesAnAnswer {
+    inner: Arc<dyn Store>,
+    lose: std::sync::atomic::AtomicBool,
+}
+
+impl Store for LosesAnAnswer {
+    fn get(&self, key: &str) -> Result<Option<weft_control::Entry>, weft_control::StoreError> {
+        self.inner.get(key)
+    }
+    fn list(&self, prefix: &str) -> Result<weft_control::Listing, weft_control::StoreError> {
+        self.inner.list(prefix)
+    }
+    fn commit(
+        &self,
+        txn: weft_control::Txn,
+    ) -> Result<weft_control::Revision, weft_control::StoreError> {
+        let applied = self.inner.commit(txn)?;
+        if self.lose.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            return Err(weft_control::StoreError::Unavailable {
+                location: "test".into(),
+                message: "the connection broke before the answer".into(),
+            });
+        }
+        Ok(applied)
+    }
+    fn grant_lease(
+        &self,
+        ttl: Duration,
+    ) -> Result<weft_control::LeaseId, weft_control::StoreError> {
+        self.inner.grant_lease(ttl)
+    }
+    fn keep_alive(&self, lease: weft_control::LeaseId) -> Result<(), weft_control::StoreError> {
+        self.inner.keep_alive(lease)
+    }
+    fn revoke_lease(&self, lease: weft_control::LeaseId) -> Result<(), weft_control::StoreError> {
+        self.inner.revoke_lease(lease)
+    }
+    fn watch(
+        &self,
+        prefix: &str,
+        after: weft_control::Revision,
+    ) -> Result<std::sync::mpsc::Receiver<weft_control::WatchEvent>, weft_control::StoreError> {
+        self.inner.watch(prefix, after)
+    }
+    fn location(&self) -> String {
+        "loses an answer".into()
+    }
+}
+
+/// Found by the nemesis (an etcd member killed under a heartbeat): a
+/// heartbeat whose liveness update landed but whose answer was lost left the
+/// node with a stale revision of its own record; every later heartbeat then
+/// failed as if another process held the name, so the node's primaries,
+/// whose lease was alive in etcd, never heard it renewed and stopped
+/// serving, while the cluster still saw the node up (no failover).
+#[test]
+fn a_heartbeat_whose_answer_was_lost_does_not_stop_the_next_ones() {
+    let (inner, _) = store();
+    let lossy = Arc::new(LosesAnAnswer {
+        inner,
+        lose: std::sync::atomic::AtomicBool::new(false),
+    });
+    let store: Arc<dyn Store> = lossy.clone();
+    let mut n1 = join(&store, "n1", "aa");
+    n1.heartbeat(&NodeStatus::default(), 1000).unwrap();
+    lossy.lose.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        n1.heartbeat(&NodeStatus::default(), 2000).is_err(),
+        "the answer was lost"
+    );
+    for at in [3000, 4000] {
+        n1.heartbeat(&NodeStatus::default(), at).unwrap();
+    }
+    let listed = nodes::list(store.as_ref()).unwrap();
+    assert_eq!(listed["n1"].alive.as_ref().unwrap().heartbeat_unix_ms, 4000);
+    // A second process of the name is still refused while this one lives.
+    let again = Member::join(store.clone(), config("n1", "aa"), None, "c1", 0);
+    assert!(
+        matches!(again, Err(JoinError::AlreadyUp { .. })),
+        "{again:?}"
+    );
+}

@@ -295,13 +295,15 @@ impl Manager {
         let key = volume_key(name);
         let found = self.desired.read::<VolumeRecord>(&key)?;
         let record = match &found {
-            // A replica of a volume another node serves: its record is that node's.
+            // A copy of a replicated volume: its record is its primary's
+            // (this node's too, if promoted: the record names the node that
+            // created the volume, which is no error).
             Some(found)
                 if found
                     .record
                     .replication
                     .as_ref()
-                    .is_some_and(|r| r.is_secondary(node)) =>
+                    .is_some_and(|r| r.member(node).is_some()) =>
             {
                 return Ok(());
             }
