@@ -87,18 +87,13 @@ impl ClusterFile {
         };
         let endpoints = check_endpoints(&self.endpoints).map_err(|m| error("endpoints", m))?;
         weft_cluster::records::check_node_name(&self.node).map_err(|m| error("node", m))?;
-        let advertise = self
-            .advertise
-            .as_deref()
-            .map(parse_advertise)
-            .transpose()
-            .map_err(|m| error("advertise", m))?;
-        let peer_advertise = self
-            .peer_advertise
-            .as_deref()
-            .map(parse_advertise)
-            .transpose()
-            .map_err(|m| error("peer_advertise", m))?;
+        let address = |field: &str, text: Option<&str>| {
+            text.map(parse_advertise)
+                .transpose()
+                .map_err(|m| error(field, m))
+        };
+        let advertise = address("advertise", self.advertise.as_deref())?;
+        let peer_advertise = address("peer_advertise", self.peer_advertise.as_deref())?;
         if self.etcd_user.is_some() != self.etcd_password_file.is_some() {
             return Err(error(
                 "etcd_user",
