@@ -371,21 +371,39 @@ impl DesiredState {
     where
         T: Serialize + DeserializeOwned + PartialEq + Clone,
     {
-        for _ in 0..CHANGE_ATTEMPTS {
+        let mut wanted = None;
+        self.until_committed(key, || {
             let found = self.read::<T>(key)?;
             let current = found.as_ref().map(|found| found.record.clone());
-            let wanted = change(current.clone());
-            let txn = match (found, &wanted) {
-                _ if wanted == current => return Ok(wanted),
-                (None, Some(record)) => Txn::new().create(key, encode(record)),
+            wanted = change(current.clone());
+            Ok(match (found, &wanted) {
+                _ if wanted == current => None,
+                (None, Some(record)) => Some(Txn::new().create(key, encode(record))),
                 (Some(found), Some(record)) => {
-                    Txn::new().update(key, encode(record), found.revision)
+                    Some(Txn::new().update(key, encode(record), found.revision))
                 }
-                (Some(found), None) => Txn::new().remove(key, found.revision),
-                (None, None) => unreachable!("equal, returned above"),
+                (Some(found), None) => Some(Txn::new().remove(key, found.revision)),
+                (None, None) => unreachable!("equal, nothing to do"),
+            })
+        })?;
+        Ok(wanted)
+    }
+
+    /// Commits what `attempt` makes from fresh reads (none: nothing to
+    /// do), again from new reads after each conflict: another writer got
+    /// there first. [`StoreError::Conflict`] on `key` after
+    /// [`CHANGE_ATTEMPTS`] conflicts in a row.
+    fn until_committed(
+        &self,
+        key: &str,
+        mut attempt: impl FnMut() -> Result<Option<Txn>, StoreError>,
+    ) -> Result<(), StoreError> {
+        for _ in 0..CHANGE_ATTEMPTS {
+            let Some(txn) = attempt()? else {
+                return Ok(());
             };
             match self.store.commit(txn) {
-                Ok(_) => return Ok(wanted),
+                Ok(_) => return Ok(()),
                 Err(StoreError::Conflict { .. }) => continue,
                 Err(error) => return Err(error),
             }
@@ -513,7 +531,7 @@ impl DesiredState {
     /// claimed, as they stand.
     pub fn delete_volume(&self, name: &str) -> Result<(), StoreError> {
         let keys = [volume_key(name), reservation_key(name)];
-        for _ in 0..CHANGE_ATTEMPTS {
+        self.until_committed(&keys[0], || {
             let mut txn = Txn::new();
             for key in &keys {
                 if let Some(entry) = self.store.get(key)? {
@@ -523,17 +541,7 @@ impl DesiredState {
             for entry in self.claimed_identities(name)? {
                 txn = txn.remove(entry.key, entry.revision);
             }
-            if txn.changes().is_empty() {
-                return Ok(());
-            }
-            match self.store.commit(txn) {
-                Ok(_) => return Ok(()),
-                Err(StoreError::Conflict { .. }) => continue,
-                Err(error) => return Err(error),
-            }
-        }
-        Err(StoreError::Conflict {
-            key: volume_key(name),
+            Ok((!txn.changes().is_empty()).then_some(txn))
         })
     }
 
