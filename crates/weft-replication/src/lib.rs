@@ -7,15 +7,17 @@
 //! Nothing here does I/O, reads a clock or starts a thread (as `weft-proto`
 //! and quinn-proto): the primary is a state machine fed with host commands,
 //! completions, replies and the time, and it answers with [`Action`]s that
-//! its driver carries out in order. Two drivers exist: the seeded simulation
-//! in `weft-sim`, which crashes, pauses and partitions nodes by the thousand,
-//! and (later) the node's reactors and manager.
+//! its driver carries out in order, by the rules of [`driver`]. Two shells
+//! run that driver: the seeded simulation in `weft-sim`, which crashes,
+//! pauses and partitions nodes by the thousand, and the node's replicator
+//! (weft-node).
 //!
 //! - [`types`]: node ids, epochs, fencing tokens, extents and regions.
 //! - [`regions`]: sets of regions (dirty and write-intent bitmaps).
 //! - [`record`]: the volume's replica set as the store holds it.
 //! - [`replica`]: what a replica checks before it applies a write (its fence).
 //! - [`primary`]: the primary's state machine.
+//! - [`driver`]: the rules its drivers keep (the node's replicator and the simulation).
 //! - [`controller`]: the cluster controller's promotion of a new primary.
 //!
 //! The rules every part keeps (docs/REPLICATION-DESIGN.md explains why):
@@ -33,12 +35,14 @@
 #![warn(missing_docs)]
 
 pub mod controller;
+pub mod driver;
 pub mod primary;
 pub mod record;
 pub mod regions;
 pub mod replica;
 pub mod types;
 
+pub use driver::{plan_start, Driver, End, Serving, Start};
 pub use primary::{Action, HostResult, Primary, PrimaryConfig, PrimaryPhase, Run, ToReplica};
 pub use record::{Member, MemberState, ReplicaSet};
 pub use regions::RegionSet;

@@ -1,8 +1,10 @@
 //! A seeded, deterministic simulation of weft's replicated volumes, in the
 //! manner of TigerBeetle's VOPR.
 //!
-//! Three storage nodes run the replication core (`weft-replication`) as
-//! their data plane would: a primary and its replicas over a simulated
+//! Three storage nodes run the replication core (`weft-replication`)
+//! through its `Driver`, the same code the node's replicator runs around
+//! its primary (how it starts an epoch, what waits for its files to be
+//! durable, what ends it): a primary and its replicas over a simulated
 //! network, a store with compare-and-swap records and leases (etcd's part)
 //! running the controller's promotion, simulated disks. A host with a
 //! multipath model (it follows the nodes' ANA answers and retries a
@@ -10,7 +12,9 @@
 //! nvme multipath does) issues random writes, reads and flushes, never two
 //! at once on one block. Meanwhile nodes crash and restart, pause (a hung
 //! process, SIGSTOP), are partitioned from each other, from the store or
-//! from the host, and links turn slow or lose messages. A node may also lose
+//! from the host, and links turn slow or lose messages; a change to a
+//! primary's files (write intent, run) takes a disk's time and now and then
+//! fails (a full disk), which ends that primary. A node may also lose
 //! power: each block written since its last flush (or FUA write) keeps its
 //! new content or loses it; the host issues FUA writes and flushes. A power
 //! loss is injected only while another replica is in sync and no other node

@@ -1,5 +1,12 @@
 //! A simulated storage node: what the node's data plane and control loop do
-//! for one replicated volume, driving `weft-replication`'s state machines.
+//! for one replicated volume, running `weft-replication`'s [`Driver`] (the
+//! rules the node's replicator keeps, by the same code) around its primary.
+//!
+//! Its files (write intent and run) change as the replicator's do: each
+//! change takes a disk's time, the driver gives nothing more until it is
+//! durable, and one may fail (a full disk), which ends the primary. A
+//! primary that ended drains (its local writes and file change in flight
+//! finish) before the node may serve again, as the replicator does.
 //!
 //! Persistent across a crash: the disk's blocks, the write intent, the
 //! last epoch this node served as primary and its run as primary. Everything else is lost with the
@@ -12,8 +19,9 @@ use crate::world::{Endpoint, Event, HostCmd, Msg, Outbox, SimConfig, StoreReq, S
 use std::collections::BTreeMap;
 use std::time::Duration;
 use weft_replication::{
-    Action, Epoch, Extent, FromReplica, Geometry, HostResult, MemberState, NodeId, OpId, Primary,
-    PrimaryConfig, PrimaryPhase, RegionSet, Replica, ReplicaSet, Run, ToReplica, Token,
+    plan_start, Action, Driver, Epoch, Extent, FromReplica, Geometry, HostResult, MemberState,
+    NodeId, OpId, Primary, PrimaryConfig, PrimaryPhase, RegionSet, Replica, ReplicaSet, Run, Start,
+    ToReplica, Token,
 };
 
 const RENEW_EVERY: Duration = Duration::from_millis(250);
@@ -21,10 +29,14 @@ const POLL_EVERY: Duration = Duration::from_millis(100);
 const STORE_TIMEOUT: Duration = Duration::from_millis(500);
 /// A node stops trusting its lease this long before the store's view of it ends.
 const LEASE_MARGIN: Duration = Duration::from_millis(100);
+/// One change to its files in this many cannot be made durable (a full disk).
+const FILE_FAILURE_PPM: u64 = 2_000;
+/// One local write in this many is held long (see `Node::local_io`).
+const HELD_WRITE_PPM: u64 = 0;
 
 enum Role {
     Replica(Replica),
-    Primary(Box<Primary>),
+    Primary(Box<Driver>),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,6 +77,11 @@ pub struct Node {
     /// persisted as the primary asks: at once, which the driver's lazy
     /// writes only ever over-state).
     run: Run,
+    /// The change to its files on its way to the disk (the driver's
+    /// `IntentSet`, `Keep`, `AllInSync` or `Full`), and the primary that asked.
+    files: Option<(Action, u64)>,
+    /// Primaries this process began (which one a file change answers).
+    primaries: u64,
     /// Power was lost since a primary last wrote here (the boot id changed).
     unclean: bool,
     /// An unclean node takes itself out of the in-sync set before it joins
@@ -104,6 +121,8 @@ impl Node {
             incarnation: 0,
             disk: vec![0; geometry.blocks as usize],
             durable: vec![0; geometry.blocks as usize],
+            files: None,
+            primaries: 0,
             unclean: false,
             may_register: true,
             fence: Token::default(),
@@ -140,13 +159,17 @@ impl Node {
     }
 
     pub fn is_active_primary(&self) -> bool {
-        matches!(&self.role, Role::Primary(p) if p.phase() == PrimaryPhase::Active)
+        matches!(&self.role, Role::Primary(d) if d.primary().phase() == PrimaryPhase::Active)
     }
 
     pub fn describe(&self) -> String {
         let role = match &self.role {
             Role::Replica(r) => format!("replica fenced {:?}", r.fence_token()),
-            Role::Primary(p) => format!("primary {:?} epoch {}", p.phase(), p.epoch().0),
+            Role::Primary(d) => format!(
+                "primary {:?} epoch {}",
+                d.primary().phase(),
+                d.primary().epoch().0
+            ),
         };
         format!(
             "{} {role}, lease until {:?}, host ops {}",
@@ -156,13 +179,19 @@ impl Node {
         )
     }
 
-    /// The process dies: local writes in flight reach the disk or not.
+    /// The process dies: local writes and the file change in flight reach
+    /// the disk or not.
     pub fn crash(&mut self, _now: Duration, rng: &mut Rng) {
         for (_, (_, local)) in std::mem::take(&mut self.local) {
             if let Local::Write { extent, data, fua } = local {
                 if rng.chance(500_000) {
                     self.apply(extent, &data, fua);
                 }
+            }
+        }
+        if let Some((change, _)) = self.files.take() {
+            if rng.chance(500_000) {
+                self.change_files(change);
             }
         }
         self.incarnation += 1;
@@ -259,13 +288,14 @@ impl Node {
         for (tag, ask) in expired {
             self.asks.remove(&tag);
             if ask == StoreAsk::Commit {
-                if let Role::Primary(primary) = &mut self.role {
-                    primary.commit_failed(None, now);
+                if let Role::Primary(driver) = &mut self.role {
+                    driver.commit_failed(None, now);
                 }
             }
         }
-        if let Role::Primary(primary) = &mut self.role {
-            primary.tick(now);
+        let lease_until = self.lease_until;
+        if let Role::Primary(driver) = &mut self.role {
+            driver.tick(lease_until, now);
         }
         self.drive(now, rng, out);
     }
@@ -297,8 +327,8 @@ impl Node {
                 let Endpoint::Node(replica) = from else {
                     return;
                 };
-                if let Role::Primary(primary) = &mut self.role {
-                    primary.replica_reply(replica, reply, now);
+                if let Role::Primary(driver) = &mut self.role {
+                    driver.replica_reply(replica, reply, now);
                 }
             }
             Msg::IoDone { .. } | Msg::AnaState { .. } | Msg::StoreReq { .. } => {}
@@ -307,7 +337,7 @@ impl Node {
     }
 
     fn is_optimized(&self, now: Duration) -> bool {
-        matches!(&self.role, Role::Primary(p) if p.optimized(now))
+        matches!(&self.role, Role::Primary(d) if d.serving(now) == weft_replication::Serving::Yes)
     }
 
     fn store_answer(&mut self, tag: u64, resp: StoreResp, now: Duration, out: &mut Outbox) {
@@ -317,19 +347,19 @@ impl Node {
         match (ask, resp) {
             (StoreAsk::Renew { sent }, StoreResp::Renewed) => {
                 self.lease_until = self.lease_until.max(sent + self.lease_ttl - LEASE_MARGIN);
-                if let Role::Primary(primary) = &mut self.role {
-                    primary.set_lease(self.lease_until, now);
+                if let Role::Primary(driver) = &mut self.role {
+                    driver.tick(self.lease_until, now);
                 }
             }
             (StoreAsk::Commit, StoreResp::CasOk { revision, record }) => {
-                if let Role::Primary(primary) = &mut self.role {
-                    primary.committed(revision, record.clone(), now);
+                if let Role::Primary(driver) = &mut self.role {
+                    driver.committed(revision, record.clone(), now);
                 }
                 self.record_seen(revision, record, now, out);
             }
             (StoreAsk::Commit, StoreResp::CasFailed { revision, record }) => {
-                if let Role::Primary(primary) = &mut self.role {
-                    primary.commit_failed(Some((revision, record.clone())), now);
+                if let Role::Primary(driver) = &mut self.role {
+                    driver.commit_failed(Some((revision, record.clone())), now);
                 }
                 self.record_seen(revision, record, now, out);
             }
@@ -360,9 +390,9 @@ impl Node {
             // A primary is rebuilding it in full: it may join again.
             self.may_register = true;
         }
-        if let Role::Primary(primary) = &mut self.role {
-            primary.record_changed(revision, record.clone(), now);
-            if primary.phase() != PrimaryPhase::Deposed {
+        if let Role::Primary(driver) = &mut self.role {
+            driver.record_changed(revision, record.clone(), now);
+            if driver.ended().is_none() {
                 return;
             }
         }
@@ -370,21 +400,24 @@ impl Node {
             return;
         }
         let lease_valid = now < self.lease_until;
-        if !lease_valid
-            || matches!(&self.role, Role::Primary(p) if p.phase() != PrimaryPhase::Deposed)
+        // A primary that ended drains before the next one begins here.
+        let drained = self.local.is_empty() && self.files.is_none();
+        if !lease_valid || !drained || matches!(&self.role, Role::Primary(d) if d.ended().is_none())
         {
             return;
         }
-        if record.epoch > self.served_epoch {
-            self.become_primary(revision, record, now, out);
-        } else if !self.asks.values().any(|(a, _)| *a == StoreAsk::Bump) {
-            // This node served this epoch before it restarted: it takes a
-            // new one, so that its fences are new.
-            let mut next = record.clone();
-            next.epoch = record.epoch.next();
-            next.previous = Some(self.id);
-            out.note(format!("asks to serve again under epoch {}", next.epoch.0));
-            self.ask_record(revision, next, now, out);
+        match plan_start(&record, self.id, self.served_epoch) {
+            Start::Serve { continued } => {
+                self.become_primary(revision, record, continued, now, out)
+            }
+            Start::NextEpoch(next) => {
+                if !self.asks.values().any(|(a, _)| *a == StoreAsk::Bump) {
+                    // This node served this epoch before (it restarted, or
+                    // it ended): it takes a new one, so that its fences are new.
+                    out.note(format!("asks to serve again under epoch {}", next.epoch.0));
+                    self.ask_record(revision, next, now, out);
+                }
+            }
         }
     }
 
@@ -453,6 +486,7 @@ impl Node {
         &mut self,
         revision: u64,
         record: ReplicaSet,
+        continued: bool,
         now: Duration,
         out: &mut Outbox,
     ) {
@@ -471,11 +505,6 @@ impl Node {
             return;
         }
         self.fence = own;
-        // Its own record's next epoch (taken again after a restart or a
-        // lapse, or when its members changed) continues its run; any other
-        // epoch naming it primary was someone else's doing: a new run.
-        let continued =
-            record.previous == Some(self.id) && record.epoch == self.served_epoch.next();
         if !continued {
             self.run = Run::new(record.epoch, self.geometry.regions());
         }
@@ -495,9 +524,11 @@ impl Node {
             clean_delay: self.clean_delay,
         };
         let intent = self.intent.clone();
-        let mut primary = Primary::new(config, record, revision, intent, self.run.clone(), now);
-        primary.set_lease(self.lease_until, now);
-        self.role = Role::Primary(Box::new(primary));
+        let primary = Primary::new(config, record, revision, intent, self.run.clone(), now);
+        let mut driver = Driver::new(primary, self.geometry.blocks);
+        driver.tick(self.lease_until, now);
+        self.primaries += 1;
+        self.role = Role::Primary(Box::new(driver));
         self.host_ops.clear();
         self.buffers.clear();
     }
@@ -510,7 +541,7 @@ impl Node {
         now: Duration,
         out: &mut Outbox,
     ) {
-        let Role::Primary(primary) = &mut self.role else {
+        let Role::Primary(driver) = &mut self.role else {
             out.send(
                 Endpoint::Host,
                 Msg::IoDone {
@@ -526,12 +557,12 @@ impl Node {
         let op = OpId(self.next_op);
         self.host_ops.insert(op, (host_op, attempt));
         match cmd {
-            HostCmd::Read(extent) => primary.host_read(op, extent, now),
+            HostCmd::Read(extent) => driver.host_read(op, extent, now),
             HostCmd::Write(extent, data, fua) => {
                 self.buffers.insert(op, data);
-                primary.host_write(op, extent, fua, now);
+                driver.host_write(op, extent, fua, now);
             }
-            HostCmd::Flush => primary.host_flush(op, now),
+            HostCmd::Flush => driver.host_flush(op, now),
         }
     }
 
@@ -545,7 +576,7 @@ impl Node {
     ) {
         let token = token_of(&msg);
         if let Role::Primary(own) = &self.role {
-            if token.epoch > own.epoch() {
+            if token.epoch > own.primary().epoch() {
                 // A newer primary: this one was deposed without knowing it.
                 out.note(format!("deposed by a fence of epoch {}", token.epoch.0));
                 self.become_replica();
@@ -657,23 +688,75 @@ impl Node {
             }
             Local::Flush => self.flush(),
         }
-        if let Role::Primary(primary) = &mut self.role {
-            primary.local_done(op, now);
+        if let Role::Primary(driver) = &mut self.role {
+            driver.local_done(op, now);
         }
         self.drive(now, rng, out);
     }
 
-    /// Carries out what the primary asks, in order.
+    /// The change to its files reached the disk, or could not (`rng`
+    /// decides: a full disk).
+    pub fn files_done(&mut self, incarnation: u64, now: Duration, rng: &mut Rng, out: &mut Outbox) {
+        if incarnation != self.incarnation {
+            return;
+        }
+        let Some((change, primary)) = self.files.take() else {
+            return;
+        };
+        let durable = !rng.chance(FILE_FAILURE_PPM);
+        if durable {
+            self.change_files(change);
+        } else {
+            out.note(format!("cannot persist {change:?} (a full disk)"));
+        }
+        if let Role::Primary(driver) = &mut self.role {
+            if primary == self.primaries {
+                driver.files_done(durable);
+            }
+        }
+        self.drive(now, rng, out);
+    }
+
+    fn change_files(&mut self, change: Action) {
+        match change {
+            Action::IntentSet(region) => {
+                self.intent.insert(region);
+            }
+            Action::Keep(region) => {
+                self.run.kept.insert(region);
+            }
+            Action::AllInSync => self.run = Run::new(self.run.first_epoch, self.geometry.regions()),
+            Action::Full(node) => {
+                if !self.run.full.contains(&node) {
+                    self.run.full.push(node);
+                }
+            }
+            other => unreachable!("not a change to the files: {other:?}"),
+        }
+    }
+
+    /// Carries out what the driver gives, in order.
     fn drive(&mut self, now: Duration, rng: &mut Rng, out: &mut Outbox) {
-        while let Role::Primary(primary) = &mut self.role {
-            let Some(action) = primary.poll_action() else {
+        while let Role::Primary(driver) = &mut self.role {
+            let Some(action) = driver.next_action() else {
                 break;
             };
             self.act(action, now, rng, out);
         }
-        if let Role::Primary(primary) = &self.role {
-            if primary.phase() == PrimaryPhase::Deposed {
-                out.note("deposed".to_string());
+        if let Role::Primary(driver) = &self.role {
+            if let Some(why) = driver.ended() {
+                out.note(format!("ended: {why:?}"));
+                // What it held is answered at once (ANA Inaccessible), as
+                // the replicator does: the host retries on another path.
+                for (_, (op, attempt)) in std::mem::take(&mut self.host_ops) {
+                    let done = Msg::IoDone {
+                        op,
+                        attempt,
+                        result: HostResult::Inaccessible,
+                        data: Vec::new(),
+                    };
+                    out.send(Endpoint::Host, done);
+                }
                 self.become_replica();
             }
         }
@@ -697,20 +780,22 @@ impl Node {
             out.note(format!("{action:?}"));
         }
         match action {
-            Action::IntentSet(region) => {
-                self.intent.insert(region);
+            change @ (Action::IntentSet(_)
+            | Action::Keep(_)
+            | Action::AllInSync
+            | Action::Full(_)) => {
+                assert!(self.files.is_none(), "one change to the files at a time");
+                self.files = Some((change, self.primaries));
+                out.after(
+                    Duration::from_micros(rng.range(50, 2_000)),
+                    Event::FilesDone {
+                        node: self.id,
+                        incarnation: self.incarnation,
+                    },
+                );
             }
             Action::IntentClear(region) => {
                 self.intent.remove(region);
-            }
-            Action::Keep(region) => {
-                self.run.kept.insert(region);
-            }
-            Action::AllInSync => self.run = Run::new(self.run.first_epoch, self.geometry.regions()),
-            Action::Full(node) => {
-                if !self.run.full.contains(&node) {
-                    self.run.full.push(node);
-                }
             }
             Action::LocalWrite { op, extent, fua } => {
                 let data = self.buffers.get(&op).expect("the host's data").clone();
@@ -741,11 +826,11 @@ impl Node {
             ),
             Action::Complete { op, result } => {
                 if self.debug_block.is_some() {
-                    if let Role::Primary(p) = &self.role {
+                    if let Role::Primary(d) = &self.role {
                         out.note(format!(
                             "complete {op:?} {result:?} links {:?} record {:?}",
-                            p.links(),
-                            p.record().members
+                            d.primary().links(),
+                            d.primary().record().members
                         ));
                     }
                 }
@@ -772,9 +857,18 @@ impl Node {
 
     fn local_io(&mut self, op: OpId, local: Local, rng: &mut Rng, out: &mut Outbox) {
         self.next_local += 1;
+        // Now and then a local write waits long in the volume manager's
+        // queue (longer than a failover): a deposed primary's write may
+        // then still reach its copy after another primary fenced it.
+        let held = matches!(local, Local::Write { .. }) && rng.chance(HELD_WRITE_PPM);
+        let latency = if held {
+            Duration::from_millis(rng.range(500, 4_000))
+        } else {
+            Duration::from_micros(rng.range(20, 400))
+        };
         self.local.insert(self.next_local, (op, local));
         out.after(
-            Duration::from_micros(rng.range(20, 400)),
+            latency,
             Event::LocalDone {
                 node: self.id,
                 incarnation: self.incarnation,

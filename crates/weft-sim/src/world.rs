@@ -194,6 +194,11 @@ pub enum Event {
         incarnation: u64,
         op: u64,
     },
+    /// A node's change to its files reached its disk (or failed), of one incarnation.
+    FilesDone {
+        node: NodeId,
+        incarnation: u64,
+    },
     /// A replica's answer leaves after its disk completed.
     ReplicaAnswer {
         node: NodeId,
@@ -539,6 +544,11 @@ impl World {
                 );
                 Endpoint::Node(node)
             }
+            Event::FilesDone { node, incarnation } => {
+                let now = self.now;
+                self.nodes[node.0 as usize].files_done(incarnation, now, &mut self.rng, &mut out);
+                Endpoint::Node(node)
+            }
             Event::ReplicaAnswer {
                 node,
                 incarnation,
@@ -785,6 +795,7 @@ fn event_node(event: &Event) -> Option<NodeId> {
         }
         | Event::NodeTick { node }
         | Event::LocalDone { node, .. }
+        | Event::FilesDone { node, .. }
         | Event::ReplicaAnswer { node, .. } => Some(*node),
         _ => None,
     }

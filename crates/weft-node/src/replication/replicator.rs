@@ -51,8 +51,8 @@ use weft_control::{DesiredState, ReplicationRecord, StoreError, VolumeRecord};
 use weft_initiator::ConnectOptions;
 use weft_proto::IoError;
 use weft_replication::{
-    Action, Epoch, Extent, FromReplica, Geometry, HostResult, NodeId, OpId, Primary, PrimaryConfig,
-    PrimaryPhase, RegionSet, Run, ToReplica,
+    plan_start, Action, Driver, End, Epoch, Extent, FromReplica, Geometry, HostResult, NodeId,
+    OpId, Primary, PrimaryConfig, RegionSet, Run, Start, ToReplica,
 };
 use weft_target::guest::Guest;
 use weft_target::replicated::{Replicated, ReplicatedIo, ReplicatedSink, ReplicatedWork, Serving};
@@ -286,7 +286,8 @@ struct OpData {
 
 struct Replicator {
     volume: String,
-    primary: Primary,
+    /// The core, and the rules of its driving (`weft_replication::driver`).
+    driver: Driver,
     replication: ReplicationRecord,
     revision: u64,
     block_size: u64,
@@ -307,8 +308,6 @@ struct Replicator {
     manager: ManagerHandle,
     serving: Serving,
     stop_poller: Arc<AtomicBool>,
-    /// The record went away or its replicas changed: stop.
-    gone: bool,
     published: Arc<crate::status::Published>,
     /// Rebuilds in progress, by replica.
     trackers: BTreeMap<NodeId, Tracker>,
@@ -326,8 +325,6 @@ struct Replicator {
     barriers: u64,
     /// The snapshot being taken, as the manager may ask.
     taking: Arc<Mutex<Option<String>>>,
-    /// Blocks the core serves (the volume's size when this primary began).
-    blocks: u64,
     /// The chunk map of this node's copy when this primary began: retired
     /// once the copy changes under it (grown), and then this primary ends
     /// (its local I/O fails with ANA Transition, the host retries on the next).
@@ -335,8 +332,6 @@ struct Replicator {
     held: std::collections::VecDeque<ReplicatedIo>,
     /// Changes its files (write intent, run file) off its turn.
     files: Durable,
-    /// A change to its files is under way: the core's actions wait.
-    files_pending: bool,
     inbox: Receiver<Event>,
     /// What its last wait brought (kept: no allocation per wake-up).
     woken: Woken,
@@ -403,11 +398,11 @@ impl Replicator {
         let epoch_file = dir.join("replicas").join(format!("{volume}.epoch"));
         let served = crate::manager::intents::served_epoch(&epoch_file);
         let mut run_file = RunFile::load(&dir, &volume, &volume_id);
-        if replication.epoch <= served {
+        let own = node_id(&replication, &me).ok_or("this node holds no replica")?;
+        let mut start = plan_start(&replica_set(&replication), own, Epoch(served));
+        if let Start::NextEpoch(next) = start {
             // Served before (a restart, or a lapsed lease): a new epoch.
-            let mut next = replication.clone();
-            next.epoch = replication.epoch + 1;
-            next.previous = Some(me.clone());
+            let next = with_replica_set(&replication, &next);
             match commit(&desired, &volume, revision, next) {
                 Event::Committed {
                     revision: new,
@@ -418,12 +413,11 @@ impl Replicator {
                 }
                 _ => return Ok(None),
             }
+            start = plan_start(&replica_set(&replication), own, Epoch(served));
         }
-        // Its own record's next epoch (taken again after a restart or a
-        // lapse, or when its members changed) continues its run; any other
-        // epoch naming it primary was someone else's doing: a new run.
-        let continued =
-            replication.previous.as_deref() == Some(me.as_str()) && replication.epoch == served + 1;
+        let Start::Serve { continued } = start else {
+            unreachable!("the next epoch is served")
+        };
         // The run first: a served epoch written alone would pass a new
         // run for the old one's continuation after a crash.
         let goes_on = run_file
@@ -439,7 +433,7 @@ impl Replicator {
             region_blocks: intent.intent().region_bytes() / u64::from(replication.block_size),
         };
         let own_target = LinkTarget {
-            node: node_id(&replication, &me).ok_or("this node holds no replica")?,
+            node: own,
             name: me.clone(),
             store: Arc::clone(desired.store()),
             nqn: replica_nqn(&volume),
@@ -490,8 +484,11 @@ impl Replicator {
             .collect();
         let now = lease.now();
         let set = replica_set(&replication);
-        let mut primary = Primary::new(config, set, revision, marked, run, now);
-        primary.set_lease(lease.until(), now);
+        let mut driver = Driver::new(
+            Primary::new(config, set, revision, marked, run, now),
+            geometry.blocks,
+        );
+        driver.tick(lease.until(), now);
         let targets = replication
             .members
             .iter()
@@ -528,14 +525,12 @@ impl Replicator {
             pool,
             map: Arc::clone(&backend.map),
             files,
-            files_pending: false,
             barrier: None,
             barriers: 0,
             taking,
-            blocks: geometry.blocks,
             held: std::collections::VecDeque::new(),
             volume,
-            primary,
+            driver,
             block_size: u64::from(replication.block_size),
             replication,
             revision,
@@ -554,7 +549,6 @@ impl Replicator {
             manager,
             serving: Serving::Transition,
             stop_poller,
-            gone: false,
             published,
             trackers: BTreeMap::new(),
             shown: Vec::new(),
@@ -599,26 +593,25 @@ impl Replicator {
     /// A turn while it serves; false when it stops serving.
     fn serve(&mut self, sleep: bool) -> bool {
         let now = self.lease.now();
-        self.primary.set_lease(self.lease.until(), now);
-        self.primary.tick(now);
+        self.driver.tick(self.lease.until(), now);
         self.release_copies();
         self.drive();
-        // Not after a change to its files failed: it stops, and fails the barrier.
-        if !self.gone {
+        // Not once it ended (a change to its files failed): it stops, and fails the barrier.
+        if self.driver.ended().is_none() {
             self.advance_barrier();
         }
         self.publish(now);
         self.track_rebuilds();
         let growing = matches!(&self.barrier, Some(b) if matches!(b.op, BarrierOp::Grow(_)));
-        if self.map.is_retired() && !self.gone && !growing {
+        if self.map.is_retired() && self.driver.ended().is_none() && !growing {
             log::info!(
                 "volume {}: its copy here changed (grown); serves again with it",
                 self.volume
             );
-            self.gone = true;
+            self.driver.end(End::Reshaped);
         }
-        if self.gone || self.primary.phase() == PrimaryPhase::Deposed {
-            log::info!("volume {}: no longer primary", self.volume);
+        if let Some(why) = self.driver.ended() {
+            log::info!("volume {}: no longer primary ({why:?})", self.volume);
             return false;
         }
         // A bounded batch of the inbox's events first: what they start
@@ -626,7 +619,10 @@ impl Replicator {
         let mut handled = 0;
         while handled < EVENTS_PER_WAIT {
             match self.inbox.try_recv() {
-                Ok(Event::Stop) | Err(TryRecvError::Disconnected) => return false,
+                Ok(Event::Stop) | Err(TryRecvError::Disconnected) => {
+                    self.driver.end(End::Stopped);
+                    return false;
+                }
                 Ok(event) => self.handle(event),
                 Err(TryRecvError::Empty) => break,
             }
@@ -773,10 +769,10 @@ impl Replicator {
 
     /// Tells the data plane (and the manager, for ANA) whether it serves.
     fn publish(&mut self, now: Duration) {
-        let serving = match self.primary.phase() {
-            _ if self.primary.optimized(now) => Serving::Yes,
-            PrimaryPhase::Deposed => Serving::Inaccessible,
-            _ => Serving::Transition,
+        let serving = match self.driver.serving(now) {
+            weft_replication::Serving::Yes => Serving::Yes,
+            weft_replication::Serving::Transition => Serving::Transition,
+            weft_replication::Serving::Inaccessible => Serving::Inaccessible,
         };
         if serving != self.serving {
             self.serving = serving;
@@ -794,7 +790,7 @@ impl Replicator {
                 if let (Some(barrier), FromReplica::Refused { .. }) = (&mut self.barrier, &reply) {
                     barrier.session_ended(node);
                 }
-                self.primary.replica_reply(node, reply, now)
+                self.driver.replica_reply(node, reply, now)
             }
             Event::Attached {
                 node,
@@ -802,7 +798,7 @@ impl Replicator {
                 attachment,
             } => {
                 if let Some(reply) = self.links.attached(node, token, attachment) {
-                    self.primary.replica_reply(node, reply, now)
+                    self.driver.replica_reply(node, reply, now)
                 }
             }
             Event::Barrier { op, reply } => self.begin_barrier(op, reply),
@@ -825,13 +821,13 @@ impl Replicator {
             Event::LocalDone { op, result } => self.local_finished(op, result),
             Event::Durable(result) => self.files_changed(result),
             Event::Committed { revision, record } => {
-                self.primary.committed(revision, replica_set(&record), now);
+                self.driver.committed(revision, replica_set(&record), now);
                 self.adopt(revision, record);
             }
             // Its members changed (the core numbers them by their place):
             // another replicator's job, as for a record seen changed.
             Event::CommitFailed(Some((_, record))) if !same_members(&record, &self.replication) => {
-                self.gone = true
+                self.driver.end(End::Reshaped)
             }
             Event::CommitFailed(current) => {
                 let current = current.map(|(revision, record)| {
@@ -839,16 +835,16 @@ impl Replicator {
                     self.adopt(revision, record);
                     (revision, set)
                 });
-                self.primary.commit_failed(current, now);
+                self.driver.commit_failed(current, now);
             }
             Event::Record { revision, record } => match record {
                 Some(record) if same_members(&record, &self.replication) => {
-                    self.primary
+                    self.driver
                         .record_changed(revision, replica_set(&record), now);
                     self.adopt(revision, record);
                 }
                 // Deleted, or its replicas changed: another replicator's job.
-                _ => self.gone = true,
+                _ => self.driver.end(End::Reshaped),
             },
             Event::Stop => {}
         }
@@ -891,12 +887,9 @@ impl Replicator {
             }
             ReplicatedWork::Flush => (None, false, None),
         };
-        if extent.is_some_and(|e| e.block + u64::from(e.blocks) > self.blocks) {
-            // Past the end this primary began with: the volume grew, and
-            // the primary of the new size takes it in a moment.
-            reply.send(VolumeOutcome::Done(Err(IoError::PathTransition)));
-            return;
-        }
+        // (Past the end this primary began with, it completes with ANA
+        // Transition: the volume grew, and the primary of the new size
+        // takes it in a moment.)
         self.ops.insert(
             op,
             OpData {
@@ -906,8 +899,8 @@ impl Replicator {
             },
         );
         match extent {
-            Some(extent) => self.primary.host_write(op, extent, fua, now),
-            None => self.primary.host_flush(op, now),
+            Some(extent) => self.driver.host_write(op, extent, fua, now),
+            None => self.driver.host_flush(op, now),
         }
     }
 
@@ -918,40 +911,17 @@ impl Replicator {
         }
     }
 
-    /// Carries out the primary's actions, in order, but for its local I/O:
-    /// that waits (in its own order) until the messages queued with it went
-    /// out, so that the replicas write while this node does. Nothing is
-    /// acknowledged before both are done, a write intent is still durable
-    /// before the local write that follows it, and overlapping writes are
-    /// never in flight together (the primary queues them).
-    /// Carries out the core's actions. One that must be durable before
-    /// those after it and could not be (a full disk) ends this primary
-    /// there: nothing after it is done, and nothing it held is acknowledged.
+    /// Carries out the core's actions in the order the driver gives them
+    /// (its rules: a change to the files durable before what follows it,
+    /// local I/O after the messages queued with it, nothing once it ended).
     fn drive(&mut self) {
-        loop {
-            let mut local = Vec::new();
-            // After a change to its files, nothing until it is durable.
-            while !self.gone && !self.files_pending {
-                let Some(action) = self.primary.poll_action() else {
-                    break;
-                };
-                match action {
-                    Action::LocalWrite { .. }
-                    | Action::LocalRead { .. }
-                    | Action::LocalFlush { .. } => local.push(action),
-                    action => self.act(action),
-                }
-            }
-            if local.is_empty() {
-                return;
-            }
-            for action in local {
-                self.act(action);
-            }
+        while let Some(action) = self.driver.next_action() {
+            self.act(action);
         }
     }
 
-    /// Carries out `action` (a change to its files: queued, see `files_pending`).
+    /// Carries out `action` (a change to its files: queued; the driver
+    /// gives nothing more until `Event::Durable` says it was made).
     fn act(&mut self, action: Action) {
         let now = self.lease.now();
         match action {
@@ -1016,25 +986,19 @@ impl Replicator {
     /// Queues a change to its files; the actions after it wait for it.
     fn change_files(&mut self, change: FileChange) {
         self.files.change(change);
-        self.files_pending = true;
     }
 
-    /// Its files were changed as asked, or could not be (`error`).
+    /// Its files were changed as asked, or could not be (`error`): then
+    /// this primary ends (the next one, on this node or another, starts
+    /// from what is).
     fn files_changed(&mut self, result: Result<(), String>) {
-        self.files_pending = false;
-        if let Err(what) = result {
-            self.not_durable(&what);
+        if let Err(what) = &result {
+            log::error!(
+                "volume {}: cannot persist {what}; this node stops serving it as primary",
+                self.volume
+            );
         }
-    }
-
-    /// A record that had to be durable could not be written: this primary
-    /// ends (the next one, on this node or another, starts from what is).
-    fn not_durable(&mut self, what: &str) {
-        log::error!(
-            "volume {}: cannot persist {what}; this node stops serving it as primary",
-            self.volume
-        );
-        self.gone = true;
+        self.driver.files_done(result.is_ok());
     }
 
     /// Copies' reads the bandwidth limit lets through now.
@@ -1053,14 +1017,14 @@ impl Replicator {
     fn track_rebuilds(&mut self) {
         let region_bytes = self.intent.intent().region_bytes();
         let mut shown = Vec::new();
-        for (node, state) in self.primary.links() {
+        for (node, state) in self.driver.primary().links() {
             // From its fence on (its whole dirty set is known then), if the
             // record calls it faulted (an in-sync replica is fenced at promotion).
             let faulted = !self.replication.members[usize::from(node.0)]
                 .state
                 .eq(&weft_control::ReplicaState::InSync);
             let rebuilding = state == "rebuilding" || (state == "fencing" && faulted);
-            let left = self.primary.dirty_regions(node);
+            let left = self.driver.primary().dirty_regions(node);
             let Some(left) = left.filter(|_| rebuilding) else {
                 let ended = self.trackers.remove(&node);
                 if let Some(tracker) = ended.filter(|_| matches!(state, "joining" | "in-sync")) {
@@ -1166,7 +1130,7 @@ impl Replicator {
                 entry.error = Some(error);
             }
         }
-        self.primary.local_done(op, now);
+        self.driver.local_done(op, now);
     }
 
     fn send(&mut self, to: NodeId, msg: ToReplica) {
@@ -1256,7 +1220,8 @@ impl Replicator {
             }
             Step::Ask => {
                 let in_sync: Vec<NodeId> = self
-                    .primary
+                    .driver
+                    .primary()
                     .links()
                     .into_iter()
                     .filter(|&(node, state)| state == "in-sync" && self.links.contains(node))
@@ -1270,7 +1235,7 @@ impl Replicator {
                 barrier.asked(in_sync);
                 self.barrier_local(seq, &op);
             }
-            Step::Done(Ok(_)) if !self.primary.optimized(self.lease.now()) => {
+            Step::Done(Ok(_)) if !self.driver.primary().optimized(self.lease.now()) => {
                 // The lease lapsed meanwhile: another primary may write to
                 // this node's copy through its replica subsystem already.
                 let error = format!(
@@ -1293,7 +1258,7 @@ impl Replicator {
                     // The core serves a fixed size, and this node's copy
                     // has a new chunk map: a primary of the new size takes
                     // over (the next epoch); the held writes retry there.
-                    self.gone = true;
+                    self.driver.end(End::Reshaped);
                     for io in std::mem::take(&mut self.held) {
                         io.reply
                             .send(VolumeOutcome::Done(Err(IoError::PathTransition)));
