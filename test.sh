@@ -6,7 +6,7 @@
 # against the guest kernel's nvmet, the Linux host against a three-node cluster and a smoke run
 # of the application benchmark. Installs what it needs (Debian packages, the guest images,
 # Go tools, cargo-fuzz) idempotently. Run as root from anywhere: ./test.sh
-# Environment: WEFT_FUZZ_SECONDS (default 17 per target), WEFT_SIM_SEEDS (default 4000),
+# Environment: WEFT_FUZZ_SECONDS (default 17 per target), WEFT_SIM_SEEDS (default 10000),
 # WEFT_NEMESIS_SECONDS (default 120),
 # WEFT_SKIP_VM=1 to skip the guest.
 set -euo pipefail
@@ -29,7 +29,7 @@ python3 harness/check-manifests.py
 step "cargo test (unit, protocol, seeded fuzz loops)"
 cargo test --workspace --locked
 
-step "replication simulation (VOPR-style): ${WEFT_SIM_SEEDS:=4000} seeds of crashes, pauses, power losses and partitions"
+step "replication simulation (VOPR-style): ${WEFT_SIM_SEEDS:=10000} seeds of crashes, pauses, power losses and partitions"
 # A failing seed prints itself and how to replay it.
 WEFT_SIM_SEEDS=$WEFT_SIM_SEEDS cargo test --release --locked -p weft-sim --test vopr seeds -- --nocapture
 

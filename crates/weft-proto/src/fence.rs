@@ -19,6 +19,15 @@
 //! the moment they are handed to the media (not while their data is still
 //! awaited, which an unreachable old primary could make last for ever).
 //!
+//! The target's own node may write to the same media outside any
+//! connection: a replicated volume's primary writes its local copy, which
+//! its node's replica subsystem exports. It takes the fence like any
+//! controller ([`Fences::fence_local`], session 0 of its epoch) and counts
+//! each local write ([`LocalFence::enter`]): a newer primary's fence then
+//! refuses its later writes and is answered only once those on their way
+//! (held in a volume manager's queue, say) reached the media, so that none
+//! lands on a region the newer primary copied after it.
+//!
 //! What this does not do: persist the fence (a restarted target admits
 //! nothing until fenced anew, and a restart ends every connection, so no
 //! older session can speak again), or know what an epoch means (weft's
@@ -110,7 +119,25 @@ impl Fences {
         fence
             .participants
             .iter()
-            .all(|c| c.cntlid == holder.cntlid || c.fenced_io_in_flight() == 0)
+            .all(|c| std::ptr::eq(Arc::as_ptr(c), holder) || c.fenced_io_in_flight() == 0)
+    }
+
+    /// This target's own writer to subsystem `subnqn`'s media takes its
+    /// fence with `token` and joins it (see the module's docs); refused
+    /// with the current token if `token` is not larger. The caller waits
+    /// for [`LocalFence::drained`] before it writes.
+    pub fn fence_local(
+        self: &Arc<Self>,
+        subnqn: &str,
+        token: FenceToken,
+    ) -> Result<LocalFence, FenceToken> {
+        let writer = Arc::new(ControllerShared::local_writer(subnqn));
+        self.fence(token, &writer)?;
+        self.join(&writer);
+        Ok(LocalFence {
+            fences: Arc::clone(self),
+            writer,
+        })
     }
 
     /// `controller` is about to run fenced I/O for the first time on a queue.
@@ -148,13 +175,64 @@ impl Fences {
     }
 
     /// Forgets the fences of subsystems that are no longer exported (a
-    /// volume deleted and created again starts from epoch 1).
+    /// volume deleted and created again starts from epoch 1), but for one
+    /// a live holder has (a local writer's, whose subsystem may be
+    /// exported a moment after it fenced).
     pub fn retain(&self, exported: impl Fn(&str) -> bool) {
-        self.lock().retain(|subnqn, _| exported(subnqn));
+        self.lock().retain(|subnqn, fence| {
+            exported(subnqn) || fence.holder.as_ref().is_some_and(|h| h.is_alive())
+        });
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Fence>> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The target's own writer holding (or having held) a fenced subsystem's
+/// fence; dropped when it stops writing.
+#[derive(Debug)]
+pub struct LocalFence {
+    fences: Arc<Fences>,
+    writer: Arc<ControllerShared>,
+}
+
+impl LocalFence {
+    /// Whether no other writer of the subsystem has I/O on its way to the
+    /// media (the fence is then its own).
+    pub fn drained(&self) -> bool {
+        self.fences.drained(&self.writer)
+    }
+
+    /// A write is about to go to the media: counted until the guard drops,
+    /// or refused (none) if a newer fence took the subsystem: it must not run.
+    pub fn enter(&self) -> Option<FencedIo> {
+        self.writer
+            .fenced_io_enter()
+            .then(|| FencedIo(Arc::clone(&self.writer)))
+    }
+
+    /// Whether it still holds the fence.
+    pub fn holds(&self) -> bool {
+        self.writer.holds_fence()
+    }
+}
+
+impl Drop for LocalFence {
+    fn drop(&mut self) {
+        self.fences.forget(&self.writer);
+        self.writer.set_gone();
+    }
+}
+
+/// A local write counted against a fence until it is dropped (it reached
+/// the media, or failed).
+#[derive(Debug)]
+pub struct FencedIo(Arc<ControllerShared>);
+
+impl Drop for FencedIo {
+    fn drop(&mut self) {
+        self.0.fenced_io_done();
     }
 }
 
@@ -198,6 +276,56 @@ mod tests {
             FenceToken::default(),
             "gone with its subsystem"
         );
+    }
+
+    #[test]
+    fn a_newer_fence_waits_for_the_local_writes_on_their_way_and_refuses_later_ones() {
+        let registry = ControllerRegistry::default();
+        let fences = Arc::new(Fences::default());
+        let local = fences.fence_local("nqn.r", token(3, 0)).unwrap();
+        assert!(local.drained() && local.holds());
+        let held = local.enter().expect("its own fence: it writes");
+        let newer = registry.create("nqn.r", "nqn.b", [2; 16], 8).unwrap();
+        fences.fence(token(4, 1), &newer).unwrap();
+        assert!(!local.holds());
+        assert!(local.enter().is_none(), "a later local write is refused");
+        assert!(
+            !fences.drained(&newer),
+            "the held local write is on its way"
+        );
+        drop(held);
+        assert!(fences.drained(&newer));
+        assert_eq!(
+            fences.fence_local("nqn.r", token(4, 0)).unwrap_err(),
+            token(4, 1),
+            "tokens only grow for local writers too"
+        );
+        drop(local);
+        assert!(fences.drained(&newer), "a dropped writer is forgotten");
+        let writer = fences.fence_local("nqn.s", token(1, 0)).unwrap();
+        fences.retain(|_| false);
+        assert_eq!(
+            fences.token("nqn.s"),
+            token(1, 0),
+            "kept for its live holder"
+        );
+        drop(writer);
+        fences.retain(|_| false);
+        assert_eq!(fences.token("nqn.s"), FenceToken::default());
+    }
+
+    #[test]
+    fn a_local_writer_waits_for_the_old_primarys_session_before_it_writes() {
+        let registry = ControllerRegistry::default();
+        let fences = Arc::new(Fences::default());
+        let old = registry.create("nqn.r", "nqn.a", [1; 16], 8).unwrap();
+        fences.fence(token(1, 1), &old).unwrap();
+        fences.join(&old);
+        assert!(old.fenced_io_enter());
+        let local = fences.fence_local("nqn.r", token(2, 0)).unwrap();
+        assert!(!local.drained(), "the old primary's write is on its way");
+        old.fenced_io_done();
+        assert!(local.drained());
     }
 
     #[test]

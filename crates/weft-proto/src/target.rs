@@ -476,6 +476,32 @@ impl ControllerShared {
         self.fence_holder.load(Ordering::Acquire)
     }
 
+    /// The target's own writer to subsystem `subnqn`'s media, outside any
+    /// connection (see [`crate::fence::LocalFence`]): never in the registry.
+    pub(crate) fn local_writer(subnqn: &str) -> ControllerShared {
+        ControllerShared {
+            cntlid: Cntlid(0),
+            subnqn: subnqn.to_string(),
+            hostnqn: String::new(),
+            host_id: [0; 16],
+            alive: AtomicBool::new(true),
+            ready: AtomicBool::new(true),
+            epoch: AtomicU32::new(0),
+            io_queues_granted: AtomicU32::new(0),
+            io_queues_connected: AtomicU64::new(0),
+            write_cache_enabled: AtomicBool::new(true),
+            counters: ControllerCounters::default(),
+            fence_holder: AtomicBool::new(false),
+            fenced_io_in_flight: AtomicU32::new(0),
+        }
+    }
+
+    /// It is gone (a local writer dropped): a fence no longer waits for it
+    /// once its I/O on its way is done.
+    pub(crate) fn set_gone(&self) {
+        self.alive.store(false, Ordering::Release);
+    }
+
     /// Gives or takes the fence. Sequentially consistent with
     /// [`ControllerShared::fenced_io_enter`]: a fencer that clears the old
     /// holder's flag and then reads its count either sees an I/O that
@@ -789,8 +815,8 @@ pub struct Target {
     config: Mutex<Arc<TargetConfig>>,
     /// Live controllers.
     pub registry: ControllerRegistry,
-    /// Fences of the fenced subsystems.
-    pub fences: crate::fence::Fences,
+    /// Fences of the fenced subsystems (shared with the target's own local writers).
+    pub fences: Arc<crate::fence::Fences>,
     /// Random bytes for DH-HMAC-CHAP challenges.
     pub random: Arc<dyn SecureRandom>,
 }
@@ -832,7 +858,7 @@ impl Target {
         Arc::new(Target {
             config: Mutex::new(config),
             registry,
-            fences: crate::fence::Fences::default(),
+            fences: Arc::default(),
             random,
         })
     }

@@ -14,7 +14,8 @@
 //! process, SIGSTOP), are partitioned from each other, from the store or
 //! from the host, and links turn slow or lose messages; a change to a
 //! primary's files (write intent, run) takes a disk's time and now and then
-//! fails (a full disk), which ends that primary. A node may also lose
+//! fails (a full disk), which ends that primary; a local write may wait
+//! seconds in the volume manager's queue, past a failover. A node may also lose
 //! power: each block written since its last flush (or FUA write) keeps its
 //! new content or loses it; the host issues FUA writes and flushes. A power
 //! loss is injected only while another replica is in sync and no other node

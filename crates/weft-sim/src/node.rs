@@ -32,7 +32,7 @@ const LEASE_MARGIN: Duration = Duration::from_millis(100);
 /// One change to its files in this many cannot be made durable (a full disk).
 const FILE_FAILURE_PPM: u64 = 2_000;
 /// One local write in this many is held long (see `Node::local_io`).
-const HELD_WRITE_PPM: u64 = 0;
+const HELD_WRITE_PPM: u64 = 1_000;
 
 enum Role {
     Replica(Replica),
@@ -82,6 +82,9 @@ pub struct Node {
     files: Option<(Action, u64)>,
     /// Primaries this process began (which one a file change answers).
     primaries: u64,
+    /// Fences taken while its own local writes were on their way, to be
+    /// answered once they landed.
+    fence_answers: Vec<(NodeId, FromReplica)>,
     /// Power was lost since a primary last wrote here (the boot id changed).
     unclean: bool,
     /// An unclean node takes itself out of the in-sync set before it joins
@@ -123,6 +126,7 @@ impl Node {
             durable: vec![0; geometry.blocks as usize],
             files: None,
             primaries: 0,
+            fence_answers: Vec::new(),
             unclean: false,
             may_register: true,
             fence: Token::default(),
@@ -195,6 +199,7 @@ impl Node {
             }
         }
         self.incarnation += 1;
+        self.fence_answers.clear();
         self.fence = Token::default();
         self.become_replica();
         self.record = None;
@@ -611,6 +616,17 @@ impl Node {
                     matches!(reply, FromReplica::Fenced { .. })
                 ));
                 self.fence = replica.fence_token();
+                if matches!(reply, FromReplica::Fenced { .. }) && self.writes_in_flight() {
+                    // A fence waits for this node's own writes on their way
+                    // (an ended primary's), as weft_proto::fence does: none
+                    // may land after the new primary copied their region.
+                    out.note(format!(
+                        "fence answer waits for {} local I/O",
+                        self.local.len()
+                    ));
+                    self.fence_answers.push((primary, reply));
+                    return;
+                }
                 answer(reply, out, self.incarnation, self.id);
             }
             msg @ (ToReplica::Write { .. } | ToReplica::Copy { .. }) => {
@@ -687,6 +703,18 @@ impl Node {
                 self.buffers.insert(op, data);
             }
             Local::Flush => self.flush(),
+        }
+        if !self.writes_in_flight() {
+            for (to, reply) in std::mem::take(&mut self.fence_answers) {
+                let (node, incarnation) = (self.id, self.incarnation);
+                let answer = Event::ReplicaAnswer {
+                    node,
+                    incarnation,
+                    to,
+                    reply,
+                };
+                out.after(Duration::ZERO, answer);
+            }
         }
         if let Role::Primary(driver) = &mut self.role {
             driver.local_done(op, now);
@@ -855,11 +883,19 @@ impl Node {
         }
     }
 
+    /// Whether a local write of its (an ended primary's, say) is on its way.
+    fn writes_in_flight(&self) -> bool {
+        self.local
+            .values()
+            .any(|(_, local)| matches!(local, Local::Write { .. }))
+    }
+
     fn local_io(&mut self, op: OpId, local: Local, rng: &mut Rng, out: &mut Outbox) {
         self.next_local += 1;
         // Now and then a local write waits long in the volume manager's
-        // queue (longer than a failover): a deposed primary's write may
-        // then still reach its copy after another primary fenced it.
+        // queue (longer than a failover): a deposed primary's write is
+        // still on its way when the next primary fences this node's copy
+        // (that fence is answered once it landed).
         let held = matches!(local, Local::Write { .. }) && rng.chance(HELD_WRITE_PPM);
         let latency = if held {
             Duration::from_millis(rng.range(500, 4_000))

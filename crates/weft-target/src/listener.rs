@@ -129,6 +129,12 @@ impl DataPlane {
         })
     }
 
+    /// The fences of its fenced subsystems, for the node's own writers to
+    /// their media (see `weft_proto::fence::LocalFence`).
+    pub fn fences(&self) -> Arc<weft_proto::fence::Fences> {
+        Arc::clone(&self.target.fences)
+    }
+
     /// Serves `exports` from now on: the target's configuration becomes
     /// theirs, and every reactor swaps them in and hands the new configuration
     /// to each of its connections (which report changed namespaces to their

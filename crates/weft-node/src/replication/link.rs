@@ -43,8 +43,6 @@ const NSID: u32 = 1;
 /// How long an attach is tried again (less than the primary's replica timeout).
 const ATTACH_PATIENCE: Duration = Duration::from_millis(1500);
 const ATTACH_RETRY: Duration = Duration::from_millis(100);
-/// How long a new primary tries to fence its own replica.
-const OWN_FENCE_PATIENCE: Duration = Duration::from_secs(5);
 
 /// What a write carries.
 #[derive(Debug, Clone)]
@@ -596,30 +594,6 @@ pub(crate) fn replica_url(target: &LinkTarget) -> Result<TargetUrl, String> {
         .or(member.nvme.first())
         .ok_or_else(|| format!("node {} advertises no NVMe/TCP address", target.name))?;
     TargetUrl::parse(&format!("nvme-tcp://{address}/{}", target.nqn)).map_err(|e| e.to_string())
-}
-
-/// Fences this node's own replica of the volume with session 0 of `epoch`
-/// (through its replica subsystem, as any primary would): false if a newer
-/// epoch holds it.
-///
-/// Tried again for a while: at start the node's own listener may not be up
-/// yet, and its replica subsystem is exported a moment after the record
-/// names it.
-pub(crate) fn fence_own(target: &LinkTarget, epoch: u64) -> Result<bool, String> {
-    let start = std::time::Instant::now();
-    let token = FenceToken { epoch, session: 0 };
-    loop {
-        let fenced = replica_url(target).and_then(|url| {
-            let controller =
-                Controller::connect(&url, target.options.clone(), 1).map_err(|e| e.to_string())?;
-            controller.fence(token).map_err(|e| e.to_string())
-        });
-        match fenced {
-            Ok(fenced) => return Ok(fenced.is_ok()),
-            Err(_) if start.elapsed() < OWN_FENCE_PATIENCE => std::thread::sleep(ATTACH_RETRY),
-            Err(error) => return Err(error),
-        }
-    }
 }
 
 /// [`attach`], tried again for a while when the replica's node cannot be

@@ -15,6 +15,7 @@
 use super::{Event, Events};
 use std::sync::mpsc;
 use std::sync::Arc;
+use weft_proto::fence::FencedIo;
 use weft_proto::IoError;
 use weft_target::{VolumeBackend, VolumeOutcome, VolumeReply, VolumeRequest, VolumeWork};
 use weft_volume::{FileMedia, Media};
@@ -149,14 +150,21 @@ fn media_error(error: &std::io::Error) -> IoError {
 /// What a local I/O worker does.
 #[derive(Debug)]
 pub(crate) enum LocalWork {
-    /// Write `data` at byte `offset`.
+    /// Write `data` at byte `offset` (counted against the node's fence of
+    /// its copy until done: `fenced` drops then).
     Write {
         offset: u64,
         data: Arc<Vec<u8>>,
         fua: bool,
+        fenced: FencedIo,
     },
-    /// Zero (or deallocate) `len` bytes at `offset`.
-    Zeroes { offset: u64, len: u64, fua: bool },
+    /// Zero (or deallocate) `len` bytes at `offset` (counted as a write).
+    Zeroes {
+        offset: u64,
+        len: u64,
+        fua: bool,
+        fenced: FencedIo,
+    },
     /// Read `len` bytes at `offset` (a rebuild copy).
     Read { offset: u64, len: usize },
     /// Make every completed write durable.
@@ -233,8 +241,19 @@ impl LocalPool {
 impl LocalVolume {
     fn run(&mut self, work: LocalWork) -> LocalResult {
         match work {
-            LocalWork::Write { offset, data, fua } => self.write(offset, &data, fua).map(|()| None),
-            LocalWork::Zeroes { offset, len, fua } => self.zeroes(offset, len, fua).map(|()| None),
+            // (`_fenced` drops once the write is done.)
+            LocalWork::Write {
+                offset,
+                data,
+                fua,
+                fenced: _fenced,
+            } => self.write(offset, &data, fua).map(|()| None),
+            LocalWork::Zeroes {
+                offset,
+                len,
+                fua,
+                fenced: _fenced,
+            } => self.zeroes(offset, len, fua).map(|()| None),
             LocalWork::Read { offset, len } => self.read(offset, len).map(Some),
             LocalWork::Flush => self.flush().map(|()| None),
         }

@@ -19,7 +19,11 @@
 //! a primary that restarts, or comes back after losing its lease, under an
 //! epoch it already served asks for the next one instead, so that its
 //! fences are new. It fences its own node's replica subsystem with session
-//! 0 of the epoch first, so that the old primary's writes stop there too.
+//! 0 of the epoch first (`weft_proto::fence::LocalFence`), so that the old
+//! primary's writes stop there too, and counts each of its local writes
+//! against that fence: a newer primary's fence refuses its later ones and
+//! is answered only once those on their way reached its copy, so that none
+//! lands on a region the newer primary copied after.
 //!
 //! It tells the data plane whether the node serves (`Replicated`'s flag)
 //! and the manager when that changes (the ANA state follows).
@@ -49,6 +53,7 @@ use weft_cluster::replicas::{node_id, replica_set, with_replica_set};
 use weft_cluster::LeaseClock;
 use weft_control::{DesiredState, ReplicationRecord, StoreError, VolumeRecord};
 use weft_initiator::ConnectOptions;
+use weft_proto::fence::{FenceToken, Fences, LocalFence};
 use weft_proto::IoError;
 use weft_replication::{
     plan_start, Action, Driver, End, Epoch, Extent, FromReplica, Geometry, HostResult, NodeId,
@@ -74,6 +79,8 @@ const REPLICA_TIMEOUT: Duration = Duration::from_secs(2);
 const CLEAN_DELAY: Duration = Duration::from_secs(2);
 /// How often a faulted replica is asked back.
 const REATTACH_INTERVAL: Duration = Duration::from_secs(1);
+/// How long a new primary waits for an older one's writes to its node's copy.
+const OWN_FENCE_PATIENCE: Duration = Duration::from_secs(10);
 
 /// What a replicator needs.
 pub(crate) struct ReplicatorSetup {
@@ -295,6 +302,8 @@ struct Replicator {
     /// Its mapped local writes, and where it waits.
     ring: WriteRing,
     intent: Arc<IntentFile>,
+    /// This node's replica subsystem's fence, held for its local writes.
+    own_fence: LocalFence,
     targets: BTreeMap<NodeId, LinkTarget>,
     links: Links,
     /// Replies the links brought at the last wait (kept: no allocation per wake-up).
@@ -371,6 +380,11 @@ impl Replicator {
         wake: std::fs::File,
         shared: Shared,
     ) -> Result<Option<Replicator>, String> {
+        let fences = setup
+            .plane
+            .as_ref()
+            .map(|plane| plane.fences())
+            .ok_or("the data plane is not up yet")?;
         let ReplicatorSetup {
             volume,
             volume_id,
@@ -445,14 +459,10 @@ impl Replicator {
             unreachable: Arc::default(),
         };
         // The old primary's writes stop here too (session 0 of this epoch).
-        match super::link::fence_own(&own_target, replication.epoch) {
-            Ok(true) => {}
-            Ok(false) => {
-                log::info!("volume {volume}: a newer primary fenced this node's replica");
-                return Ok(None);
-            }
-            Err(error) => return Err(format!("fencing this node's replica: {error}")),
-        }
+        let Some(own_fence) = fence_own(&fences, &own_target.nqn, replication.epoch)? else {
+            log::info!("volume {volume}: a newer primary fenced this node's replica");
+            return Ok(None);
+        };
         let config = PrimaryConfig {
             me: own_target.node,
             geometry,
@@ -537,6 +547,7 @@ impl Replicator {
             local,
             ring,
             intent,
+            own_fence,
             targets,
             links: Links::new(events.clone()),
             replies: Vec::new(),
@@ -934,6 +945,12 @@ impl Replicator {
                 self.change_files(FileChange::Full(name));
             }
             Action::LocalWrite { op, extent, fua } => {
+                let Some(fenced) = self.own_fence.enter() else {
+                    // A newer primary fenced this node's copy: not written
+                    // (the record tells this one it is deposed in a moment).
+                    self.local_done(op, Err(IoError::PathInaccessible), now);
+                    return;
+                };
                 let offset = extent.block * self.block_size;
                 let work = match self.ops.get(&op).and_then(|o| o.payload.clone()) {
                     Some(Payload::Data(data)) => {
@@ -942,6 +959,7 @@ impl Replicator {
                             offset,
                             data,
                             fua,
+                            fenced,
                         };
                         match self.ring.write(write) {
                             Ok(()) => return,
@@ -949,12 +967,18 @@ impl Replicator {
                                 offset,
                                 data: write.data,
                                 fua,
+                                fenced: write.fenced,
                             },
                         }
                     }
                     Some(Payload::Zeroes { .. }) => {
                         let len = u64::from(extent.blocks) * self.block_size;
-                        LocalWork::Zeroes { offset, len, fua }
+                        LocalWork::Zeroes {
+                            offset,
+                            len,
+                            fua,
+                            fenced,
+                        }
                     }
                     None => {
                         self.local_done(op, Err(IoError::Other), now);
@@ -1310,6 +1334,26 @@ impl Replicator {
             let _ = events.send(Event::BarrierLocal { seq, result });
         });
     }
+}
+
+/// Takes this node's replica subsystem's fence (`nqn`) for its local
+/// writes with session 0 of `epoch`, and waits until no older primary's
+/// write to this node's copy is on its way; none if a newer epoch holds it.
+fn fence_own(fences: &Arc<Fences>, nqn: &str, epoch: u64) -> Result<Option<LocalFence>, String> {
+    let token = FenceToken { epoch, session: 0 };
+    let Ok(fence) = fences.fence_local(nqn, token) else {
+        return Ok(None);
+    };
+    let start = Instant::now();
+    while !fence.drained() {
+        if start.elapsed() >= OWN_FENCE_PATIENCE {
+            return Err(format!(
+                "an older primary's writes to this node's copy are still on their way after {OWN_FENCE_PATIENCE:?}"
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    Ok(Some(fence))
 }
 
 /// Whether two records name the same replicas in the same order (node ids

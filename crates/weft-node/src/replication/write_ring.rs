@@ -24,6 +24,7 @@ use std::fs::File;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::time::Duration;
+use weft_proto::fence::FencedIo;
 use weft_proto::IoError;
 use weft_replication::OpId;
 use weft_target::{Piece, VolumeBackend};
@@ -35,6 +36,8 @@ pub(crate) struct RingWrite {
     pub(crate) offset: u64,
     pub(crate) data: Arc<Vec<u8>>,
     pub(crate) fua: bool,
+    /// Counted against the node's fence of its copy until it completed.
+    pub(crate) fenced: FencedIo,
 }
 
 /// Local writes finished, with their results.
@@ -68,6 +71,8 @@ struct InFlight {
     op: OpId,
     pieces_left: usize,
     error: Option<IoError>,
+    /// Dropped once its last piece completed.
+    _fenced: FencedIo,
 }
 
 /// The ring, and the writes on it.
@@ -227,33 +232,34 @@ impl WriteRing {
             self.writes.push(None);
             self.writes.len() - 1
         });
-        let mut in_flight = InFlight {
-            op: write.op,
-            pieces_left: 0,
-            error: None,
-        };
+        let (mut pieces_left, mut error) = (0, None);
         for op in pieces.drain(..) {
-            if let Err(error) = self.ring.push(op, index as u64) {
+            if let Err(pushed) = self.ring.push(op, index as u64) {
                 // Only when the kernel takes no more work: the pieces queued
                 // finish, and the write fails with them.
                 log::warn!(
-                    "volume {}: a local write not queued: {error}",
+                    "volume {}: a local write not queued: {pushed}",
                     self.backend.volume
                 );
-                in_flight.error = Some(IoError::Other);
+                error = Some(IoError::Other);
                 break;
             }
-            in_flight.pieces_left += 1;
+            pieces_left += 1;
         }
         self.recycle(&mut pieces);
         self.staged = pieces;
-        self.pieces_in_flight += in_flight.pieces_left;
-        if in_flight.pieces_left == 0 {
+        self.pieces_in_flight += pieces_left;
+        if pieces_left == 0 {
             self.free_writes.push(index);
             self.backend.gate.leave();
             return Err(write);
         }
-        self.writes[index] = Some(in_flight);
+        self.writes[index] = Some(InFlight {
+            op: write.op,
+            pieces_left,
+            error,
+            _fenced: write.fenced,
+        });
         Ok(())
     }
 
@@ -373,6 +379,7 @@ pub(crate) mod tests {
     use super::*;
     use std::os::unix::fs::FileExt;
     use std::time::Duration;
+    use weft_proto::fence::{FenceToken, Fences};
     use weft_target::{VolumeManager, VolumeRequest};
     use weft_volume::format::Layout;
     use weft_volume::{ChunkMap, Lookup};
@@ -442,11 +449,15 @@ pub(crate) mod tests {
         let mut ring = WriteRing::new(&backend, weft_uring::eventfd().unwrap()).unwrap();
         // 8 KiB across the end of chunk 0: two pieces, on member chunks 2 and 3.
         let data: Vec<u8> = (0..8192u32).map(|i| i as u8).collect();
+        let fences = Arc::new(Fences::default());
+        let token = |epoch| FenceToken { epoch, session: 0 };
+        let own = fences.fence_local("nqn.r", token(1)).unwrap();
         let write = |op, offset, data: &[u8]| RingWrite {
             op: OpId(op),
             offset,
             data: Arc::new(data.to_vec()),
             fua: true,
+            fenced: own.enter().unwrap(),
         };
         assert!(ring.write(write(1, CHUNK - 4096, &data)).is_ok());
         assert_eq!(ring.writes_in_flight(), 1);
@@ -470,7 +481,8 @@ pub(crate) mod tests {
         // Unmapped: given back, for the workers to allocate (through the manager).
         let given_back = ring.write(write(2, 2 * CHUNK, &[7; 4096])).err().unwrap();
         assert_eq!(given_back.op, OpId(2));
-        // A closed gate (a snapshot being taken): given back (the workers wait).
+        drop(given_back); // (its count against the fence with it)
+                          // A closed gate (a snapshot being taken): given back (the workers wait).
         let closed = backend.gate.quiesce(); // returns: every write left the gate
         assert!(ring.write(write(3, 0, &[1; 4096])).is_err());
         drop(closed);
@@ -497,6 +509,8 @@ pub(crate) mod tests {
         backend.map.retire();
         assert!(ring.write(write(6, 0, &[1; 4096])).is_err());
         assert_eq!(ring.writes_in_flight(), 0);
+        let newer = fences.fence_local("nqn.r", token(2)).unwrap();
+        assert!(newer.drained(), "every write's count was given back");
         drop(backend.gate.quiesce()); // returns: every write left the gate
         std::fs::remove_dir_all(&dir).unwrap();
     }
