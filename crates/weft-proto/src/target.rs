@@ -512,7 +512,7 @@ impl ControllerShared {
 
     /// An I/O command on a fenced subsystem is about to reach the media:
     /// counted if the controller holds the fence (true), refused otherwise.
-    pub(crate) fn fenced_io_enter(&self) -> bool {
+    pub fn fenced_io_enter(&self) -> bool {
         self.fenced_io_in_flight.fetch_add(1, Ordering::SeqCst);
         if self.fence_holder.load(Ordering::SeqCst) {
             return true;
@@ -522,7 +522,7 @@ impl ControllerShared {
     }
 
     /// A counted I/O command on a fenced subsystem is done.
-    pub(crate) fn fenced_io_done(&self) {
+    pub fn fenced_io_done(&self) {
         let before = self.fenced_io_in_flight.fetch_sub(1, Ordering::SeqCst);
         debug_assert!(before > 0, "more fenced I/O done than entered");
     }

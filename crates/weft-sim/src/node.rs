@@ -8,6 +8,14 @@
 //! primary that ended drains (its local writes and file change in flight
 //! finish) before the node may serve again, as the replicator does.
 //!
+//! Its replica side takes fences with the code the node's target runs
+//! (`weft_proto::fence`): each primary's session is a controller of its
+//! replica subsystem, and its own primary writes its local copy as that
+//! fence's local writer (`LocalFence`), so that a newer primary's fence is
+//! answered only once those writes landed. `weft_replication::Replica`
+//! keeps the write intent and the unclean flag it reports, and must agree
+//! with the real fence on every fence it takes (asserted).
+//!
 //! Persistent across a crash: the disk's blocks, the write intent, the
 //! last epoch this node served as primary and its run as primary. Everything else is lost with the
 //! process, the replica's fence included: a restart kills every connection,
@@ -17,7 +25,10 @@
 use crate::rng::Rng;
 use crate::world::{Endpoint, Event, HostCmd, Msg, Outbox, SimConfig, StoreReq, StoreResp};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
+use weft_proto::fence::{FenceToken, FencedIo, Fences, LocalFence};
+use weft_proto::target::{ControllerRegistry, ControllerShared};
 use weft_replication::{
     plan_start, Action, Driver, Epoch, Extent, FromReplica, Geometry, HostResult, MemberState,
     NodeId, OpId, Primary, PrimaryConfig, PrimaryPhase, RegionSet, Replica, ReplicaSet, Run, Start,
@@ -47,11 +58,16 @@ enum StoreAsk {
     Bump,
 }
 
+/// The replica subsystem's NQN (one volume).
+const REPLICA_NQN: &str = "nqn.2024-01.io.weft:replica:sim";
+
 enum Local {
     Write {
         extent: Extent,
         data: Vec<u64>,
         fua: bool,
+        /// Counted against this node's replica fence until it landed.
+        _fenced: FencedIo,
     },
     Read {
         extent: Extent,
@@ -83,15 +99,23 @@ pub struct Node {
     /// Primaries this process began (which one a file change answers).
     primaries: u64,
     /// Fences taken while its own local writes were on their way, to be
-    /// answered once they landed.
-    fence_answers: Vec<(NodeId, FromReplica)>,
+    /// answered once the fence is drained.
+    fence_answers: Vec<(NodeId, FromReplica, Arc<ControllerShared>)>,
     /// Power was lost since a primary last wrote here (the boot id changed).
     unclean: bool,
     /// An unclean node takes itself out of the in-sync set before it joins
     /// the cluster again (so that nobody promotes it or counts on it).
     may_register: bool,
     // Lost in a crash.
+    /// The replica fence's token, as the model replica knows it.
     fence: Token,
+    /// The replica subsystem's fence and controllers (the target's).
+    fences: Arc<Fences>,
+    controllers: ControllerRegistry,
+    /// Each primary's session: its token and controller.
+    sessions: BTreeMap<NodeId, (Token, Arc<ControllerShared>)>,
+    /// Its primary's hold on the fence, for its local writes.
+    own_fence: Option<LocalFence>,
     role: Role,
     record: Option<(u64, ReplicaSet)>,
     lease_until: Duration,
@@ -130,6 +154,10 @@ impl Node {
             unclean: false,
             may_register: true,
             fence: Token::default(),
+            fences: Arc::default(),
+            controllers: ControllerRegistry::default(),
+            sessions: BTreeMap::new(),
+            own_fence: None,
             intent: RegionSet::new(regions),
             served_epoch: Epoch(0),
             run: Run::new(Epoch(0), regions),
@@ -187,7 +215,10 @@ impl Node {
     /// the disk or not.
     pub fn crash(&mut self, _now: Duration, rng: &mut Rng) {
         for (_, (_, local)) in std::mem::take(&mut self.local) {
-            if let Local::Write { extent, data, fua } = local {
+            if let Local::Write {
+                extent, data, fua, ..
+            } = local
+            {
                 if rng.chance(500_000) {
                     self.apply(extent, &data, fua);
                 }
@@ -201,6 +232,10 @@ impl Node {
         self.incarnation += 1;
         self.fence_answers.clear();
         self.fence = Token::default();
+        // The target's fences and controllers die with the process.
+        self.fences = Arc::default();
+        self.controllers = ControllerRegistry::default();
+        self.sessions.clear();
         self.become_replica();
         self.record = None;
         self.lease_until = Duration::ZERO;
@@ -215,6 +250,7 @@ impl Node {
     fn become_replica(&mut self) {
         let replica = Replica::new(self.geometry, self.fence, self.intent.clone(), self.unclean);
         self.role = Role::Replica(replica);
+        self.own_fence = None;
         self.host_ops.clear();
         self.buffers.clear();
     }
@@ -500,15 +536,26 @@ impl Node {
             epoch: record.epoch,
             session: 0,
         };
+        let own_fence = match self.fences.fence_local(REPLICA_NQN, fence_token(own)) {
+            Ok(fence) => fence,
+            Err(current) => {
+                out.note(format!(
+                    "cannot serve epoch {}: fenced by {current:?}",
+                    record.epoch.0
+                ));
+                return;
+            }
+        };
+        // (Its own writes drained before it began, and replicas' writes
+        // land at once here: nobody's are on their way.)
+        assert!(own_fence.drained(), "no write on its way to its copy");
         let mut replica =
             Replica::new(self.geometry, self.fence, self.intent.clone(), self.unclean);
-        if !matches!(replica.fence(own), FromReplica::Fenced { .. }) {
-            out.note(format!(
-                "cannot serve epoch {}: fenced by {:?}",
-                record.epoch.0, self.fence
-            ));
-            return;
-        }
+        assert!(
+            matches!(replica.fence(own), FromReplica::Fenced { .. }),
+            "the model replica refused a fence the real one took: {own:?} after {:?}",
+            self.fence
+        );
         self.fence = own;
         if !continued {
             self.run = Run::new(record.epoch, self.geometry.regions());
@@ -534,6 +581,7 @@ impl Node {
         driver.tick(self.lease_until, now);
         self.primaries += 1;
         self.role = Role::Primary(Box::new(driver));
+        self.own_fence = Some(own_fence);
         self.host_ops.clear();
         self.buffers.clear();
     }
@@ -587,63 +635,43 @@ impl Node {
                 self.become_replica();
             }
         }
-        let Role::Replica(replica) = &mut self.role else {
-            // A primary's own replica is fenced by its epoch's session 0.
+        let disk_time = Duration::from_micros(rng.range(20, 400));
+        let (node, incarnation) = (self.id, self.incarnation);
+        let answer = |reply: FromReplica, out: &mut Outbox| {
+            let answer = Event::ReplicaAnswer {
+                node,
+                incarnation,
+                to: primary,
+                reply,
+            };
+            out.after(disk_time, answer);
+        };
+        if let ToReplica::Fence { token } = msg {
+            return self.take_fence(primary, token, out, answer);
+        }
+        // Its session's controller must hold the fence, counted while it writes.
+        let session = self
+            .sessions
+            .get(&primary)
+            .filter(|(session, controller)| *session == token && controller.fenced_io_enter())
+            .map(|(_, controller)| Arc::clone(controller));
+        let (Some(controller), Role::Replica(replica)) = (session, &mut self.role) else {
             if !matches!(msg, ToReplica::Clean { .. }) {
-                let current = self.fence;
-                let reply = FromReplica::Refused { token, current };
-                out.send(Endpoint::Node(primary), Msg::FromReplica(reply));
+                let current = token_of_fence(self.fences.token(REPLICA_NQN));
+                answer(FromReplica::Refused { token, current }, out);
             }
             return;
         };
-        let disk_time = Duration::from_micros(rng.range(20, 400));
-        let answer = |reply: FromReplica, out: &mut Outbox, incarnation: u64, node: NodeId| {
-            out.after(
-                disk_time,
-                Event::ReplicaAnswer {
-                    node,
-                    incarnation,
-                    to: primary,
-                    reply,
-                },
-            );
-        };
         match msg {
-            ToReplica::Fence { token } => {
-                let reply = replica.fence(token);
-                out.note(format!(
-                    "fence {token:?} from {primary}: {}",
-                    matches!(reply, FromReplica::Fenced { .. })
-                ));
-                self.fence = replica.fence_token();
-                if matches!(reply, FromReplica::Fenced { .. }) && self.writes_in_flight() {
-                    // A fence waits for this node's own writes on their way
-                    // (an ended primary's), as weft_proto::fence does: none
-                    // may land after the new primary copied their region.
-                    out.note(format!(
-                        "fence answer waits for {} local I/O",
-                        self.local.len()
-                    ));
-                    self.fence_answers.push((primary, reply));
-                    return;
-                }
-                answer(reply, out, self.incarnation, self.id);
-            }
+            ToReplica::Fence { .. } => unreachable!("taken above"),
             msg @ (ToReplica::Write { .. } | ToReplica::Copy { .. }) => {
-                let (token, op, extent, fua) = match msg {
+                let (op, extent, fua) = match msg {
                     ToReplica::Write {
-                        token,
-                        op,
-                        extent,
-                        fua,
-                    } => (token, op, extent, fua),
-                    ToReplica::Copy { token, op, extent } => (token, op, extent, false),
+                        op, extent, fua, ..
+                    } => (op, extent, fua),
+                    ToReplica::Copy { op, extent, .. } => (op, extent, false),
                     _ => unreachable!("matched above"),
                 };
-                if !replica.admits(token) {
-                    let reply = replica.refusal(token);
-                    return answer(reply, out, self.incarnation, self.id);
-                }
                 if replica.will_write(&extent) {
                     self.intent = replica.intent().clone();
                 }
@@ -658,28 +686,73 @@ impl Node {
                     ));
                 }
                 self.apply(extent, &data, fua);
-                answer(
-                    FromReplica::Done { token, op },
-                    out,
-                    self.incarnation,
-                    self.id,
-                );
+                answer(FromReplica::Done { token, op }, out);
             }
-            ToReplica::Flush { token, op } => {
-                let reply = if replica.admits(token) {
-                    self.flush();
-                    FromReplica::Done { token, op }
-                } else {
-                    replica.refusal(token)
-                };
-                answer(reply, out, self.incarnation, self.id);
+            ToReplica::Flush { op, .. } => {
+                self.flush();
+                answer(FromReplica::Done { token, op }, out);
             }
-            ToReplica::Clean { token, regions } => {
-                if replica.admits(token) && replica.clean(&regions) {
+            ToReplica::Clean { regions, .. } => {
+                if replica.clean(&regions) {
                     self.intent = replica.intent().clone();
                 }
             }
         }
+        controller.fenced_io_done();
+    }
+
+    /// A primary's new session fences the replica subsystem (its previous
+    /// connection ends): answered once no other writer's I/O is on its way
+    /// to the copy, as the target answers a fence Set Features.
+    fn take_fence(
+        &mut self,
+        primary: NodeId,
+        token: Token,
+        out: &mut Outbox,
+        answer: impl Fn(FromReplica, &mut Outbox),
+    ) {
+        if let Some((_, old)) = self.sessions.remove(&primary) {
+            self.fences.forget(&old);
+            self.controllers.remove(old.cntlid);
+        }
+        let host = format!("nqn.2024-01.io.weft:node:{}", primary.0);
+        let controller = self
+            .controllers
+            .create(REPLICA_NQN, &host, [primary.0 as u8; 16], 16)
+            .expect("one controller per primary");
+        if let Err(current) = self.fences.fence(fence_token(token), &controller) {
+            self.controllers.remove(controller.cntlid);
+            let current = token_of_fence(current);
+            out.note(format!(
+                "fence {token:?} from {primary}: refused, {current:?}"
+            ));
+            return answer(FromReplica::Refused { token, current }, out);
+        }
+        self.fences.join(&controller);
+        self.sessions
+            .insert(primary, (token, Arc::clone(&controller)));
+        let Role::Replica(replica) = &mut self.role else {
+            unreachable!("a newer fence deposed its primary: it is a replica");
+        };
+        let reply = replica.fence(token);
+        assert!(
+            matches!(reply, FromReplica::Fenced { .. }),
+            "the model replica refused a fence the real one took: {token:?} after {:?}",
+            self.fence
+        );
+        self.fence = token;
+        out.note(format!("fence {token:?} from {primary}: taken"));
+        if !self.fences.drained(&controller) {
+            // This node's own writes (an ended primary's) are on their way:
+            // none may land after the new primary copied their region.
+            out.note(format!(
+                "fence answer waits for {} local I/O",
+                self.local.len()
+            ));
+            self.fence_answers.push((primary, reply, controller));
+            return;
+        }
+        answer(reply, out);
     }
 
     pub fn local_done(
@@ -697,24 +770,29 @@ impl Node {
             return;
         };
         match local {
-            Local::Write { extent, data, fua } => self.apply(extent, &data, fua),
+            Local::Write {
+                extent, data, fua, ..
+            } => self.apply(extent, &data, fua),
             Local::Read { extent } => {
                 let data = self.read(extent);
                 self.buffers.insert(op, data);
             }
             Local::Flush => self.flush(),
         }
-        if !self.writes_in_flight() {
-            for (to, reply) in std::mem::take(&mut self.fence_answers) {
-                let (node, incarnation) = (self.id, self.incarnation);
-                let answer = Event::ReplicaAnswer {
-                    node,
-                    incarnation,
-                    to,
-                    reply,
-                };
-                out.after(Duration::ZERO, answer);
+        let answers = std::mem::take(&mut self.fence_answers);
+        for (to, reply, controller) in answers {
+            if !self.fences.drained(&controller) {
+                self.fence_answers.push((to, reply, controller));
+                continue;
             }
+            let (node, incarnation) = (self.id, self.incarnation);
+            let answer = Event::ReplicaAnswer {
+                node,
+                incarnation,
+                to,
+                reply,
+            };
+            out.after(Duration::ZERO, answer);
         }
         if let Role::Primary(driver) = &mut self.role {
             driver.local_done(op, now);
@@ -827,7 +905,16 @@ impl Node {
             }
             Action::LocalWrite { op, extent, fua } => {
                 let data = self.buffers.get(&op).expect("the host's data").clone();
-                self.local_io(op, Local::Write { extent, data, fua }, rng, out);
+                let fenced = self.own_fence.as_ref().and_then(LocalFence::enter);
+                // A newer fence deposes this primary at once (above): it holds its own.
+                let _fenced = fenced.expect("a primary holds its node's replica fence");
+                let write = Local::Write {
+                    extent,
+                    data,
+                    fua,
+                    _fenced,
+                };
+                self.local_io(op, write, rng, out);
             }
             Action::LocalRead { op, extent } => self.local_io(op, Local::Read { extent }, rng, out),
             Action::LocalFlush { op } => self.local_io(op, Local::Flush, rng, out),
@@ -883,13 +970,6 @@ impl Node {
         }
     }
 
-    /// Whether a local write of its (an ended primary's, say) is on its way.
-    fn writes_in_flight(&self) -> bool {
-        self.local
-            .values()
-            .any(|(_, local)| matches!(local, Local::Write { .. }))
-    }
-
     fn local_io(&mut self, op: OpId, local: Local, rng: &mut Rng, out: &mut Outbox) {
         self.next_local += 1;
         // Now and then a local write waits long in the volume manager's
@@ -921,5 +1001,19 @@ fn token_of(msg: &ToReplica) -> Token {
         | ToReplica::Copy { token, .. }
         | ToReplica::Flush { token, .. }
         | ToReplica::Clean { token, .. } => *token,
+    }
+}
+
+fn fence_token(token: Token) -> FenceToken {
+    FenceToken {
+        epoch: token.epoch.0,
+        session: token.session,
+    }
+}
+
+fn token_of_fence(token: FenceToken) -> Token {
+    Token {
+        epoch: Epoch(token.epoch),
+        session: token.session,
     }
 }
