@@ -75,8 +75,19 @@ enum Local {
     Flush,
 }
 
+/// Faults a node injected into itself.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NodeFaults {
+    /// Changes to its files that could not be made durable.
+    pub files_failed: u64,
+    /// Local writes held long in the manager's queue.
+    pub writes_held: u64,
+}
+
 pub struct Node {
     id: NodeId,
+    /// What it injected into itself (kept across crashes).
+    pub faults: NodeFaults,
     geometry: Geometry,
     lease_ttl: Duration,
     replica_timeout: Duration,
@@ -141,6 +152,7 @@ impl Node {
         let regions = geometry.regions();
         Node {
             id,
+            faults: NodeFaults::default(),
             geometry,
             lease_ttl: config.lease_ttl,
             replica_timeout: config.replica_timeout,
@@ -814,6 +826,7 @@ impl Node {
             self.change_files(change);
         } else {
             out.note(format!("cannot persist {change:?} (a full disk)"));
+            self.faults.files_failed += 1;
         }
         if let Role::Primary(driver) = &mut self.role {
             if primary == self.primaries {
@@ -977,6 +990,7 @@ impl Node {
         // still on its way when the next primary fences this node's copy
         // (that fence is answered once it landed).
         let held = matches!(local, Local::Write { .. }) && rng.chance(HELD_WRITE_PPM);
+        self.faults.writes_held += u64::from(held);
         let latency = if held {
             Duration::from_millis(rng.range(500, 4_000))
         } else {

@@ -5,15 +5,37 @@
 //! The controller runs beside the store and sees it directly: which node
 //! is controller, and its election, is `weft-cluster`'s business and tested
 //! there.
+//!
+//! It answers as etcd does to a node reading through its own watch-fed
+//! mirror: a read may return an older revision than the store's (the
+//! watch lags), never older than one that node was given already; and the
+//! answer to a compare-and-swap may be lost after it was made (the node
+//! times out and learns what became of it from a later read).
 
+use crate::rng::Rng;
 use crate::world::{Endpoint, Msg, Outbox, SimConfig, StoreReq, StoreResp};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 use weft_replication::{controller, Epoch, Member, MemberState, NodeId, ReplicaSet};
+
+/// Revisions kept for lagging reads.
+const HISTORY: usize = 16;
+/// Reads answered from a lagging watch, per million.
+const LAGGING_READ_PPM: u64 = 200_000;
+/// Compare-and-swap answers lost after the change was made, per million.
+const LOST_ANSWER_PPM: u64 = 20_000;
 
 pub struct Store {
     record: ReplicaSet,
     revision: u64,
+    /// The last revisions, oldest first (the current one last).
+    history: VecDeque<(u64, ReplicaSet)>,
+    /// The revision each node was last given.
+    given: BTreeMap<NodeId, u64>,
+    /// Reads answered with an older revision than the store's.
+    pub lagging_reads: u64,
+    /// Compare-and-swap answers lost after the change was made.
+    pub lost_answers: u64,
     lease_ends: BTreeMap<NodeId, Duration>,
     lease_ttl: Duration,
     promotion_delay: Duration,
@@ -27,6 +49,10 @@ pub struct Store {
 impl Store {
     pub fn new(record: ReplicaSet, nodes: &[NodeId], config: &SimConfig) -> Store {
         Store {
+            history: VecDeque::from([(1, record.clone())]),
+            given: BTreeMap::new(),
+            lagging_reads: 0,
+            lost_answers: 0,
             record,
             revision: 1,
             lease_ends: nodes.iter().map(|&n| (n, config.lease_ttl)).collect(),
@@ -46,7 +72,40 @@ impl Store {
         self.lease_ends.get(&node).is_some_and(|&end| now < end)
     }
 
-    pub fn receive(&mut self, from: NodeId, msg: Msg, now: Duration, out: &mut Outbox) {
+    /// Makes `next` the record, at the next revision.
+    fn commit(&mut self, next: ReplicaSet) {
+        self.revision += 1;
+        self.record = next;
+        self.history.push_back((self.revision, self.record.clone()));
+        if self.history.len() > HISTORY {
+            self.history.pop_front();
+        }
+    }
+
+    /// What `from`'s mirror answers a read with: the store's record, or
+    /// now and then an older one it was not given yet (its watch lags).
+    fn read(&mut self, from: NodeId, rng: &mut Rng) -> (u64, ReplicaSet) {
+        let given = self.given.get(&from).copied().unwrap_or(0);
+        let newer: Vec<&(u64, ReplicaSet)> =
+            self.history.iter().filter(|(r, _)| *r >= given).collect();
+        let (revision, record) = if newer.len() > 1 && rng.chance(LAGGING_READ_PPM) {
+            self.lagging_reads += 1;
+            newer[rng.range(0, newer.len() as u64) as usize].clone()
+        } else {
+            (self.revision, self.record.clone())
+        };
+        self.given.insert(from, revision);
+        (revision, record)
+    }
+
+    pub fn receive(
+        &mut self,
+        from: NodeId,
+        msg: Msg,
+        now: Duration,
+        rng: &mut Rng,
+        out: &mut Outbox,
+    ) {
         let Msg::StoreReq { tag, req } = msg else {
             return;
         };
@@ -55,18 +114,25 @@ impl Store {
                 self.lease_ends.insert(from, now + self.lease_ttl);
                 StoreResp::Renewed
             }
-            StoreReq::Get => StoreResp::Record {
-                revision: self.revision,
-                record: self.record.clone(),
-            },
+            StoreReq::Get => {
+                let (revision, record) = self.read(from, rng);
+                StoreResp::Record { revision, record }
+            }
             StoreReq::Cas { base, record } => {
                 if base == self.revision {
                     if self.record.move_to == Some(record.primary) {
                         self.moves.1 += 1;
                     }
-                    self.revision += 1;
-                    out.note(format!("commit r{} by {from}: {record:?}", self.revision));
-                    self.record = record;
+                    self.commit(record);
+                    out.note(format!(
+                        "commit r{} by {from}: {:?}",
+                        self.revision, self.record
+                    ));
+                    if rng.chance(LOST_ANSWER_PPM) {
+                        self.lost_answers += 1;
+                        out.note(format!("the answer to r{} is lost", self.revision));
+                        return;
+                    }
                     StoreResp::CasOk {
                         revision: self.revision,
                         record: self.record.clone(),
@@ -79,6 +145,9 @@ impl Store {
                 }
             }
         };
+        if let StoreResp::CasOk { revision, .. } | StoreResp::CasFailed { revision, .. } = &resp {
+            self.given.insert(from, *revision);
+        }
         out.send(Endpoint::Node(from), Msg::StoreResp { tag, resp });
     }
 
@@ -90,9 +159,10 @@ impl Store {
             return;
         }
         let target = candidates[pick as usize % candidates.len()];
-        self.record.move_to = Some(target);
+        let mut next = self.record.clone();
+        next.move_to = Some(target);
+        self.commit(next);
         self.moves.0 += 1;
-        self.revision += 1;
         out.note(format!("r{}: move the primary to {target}", self.revision));
     }
 
@@ -132,10 +202,12 @@ impl Store {
         } else {
             return;
         }
-        self.revision += 1;
+        self.commit(next);
         self.member_changes += 1;
-        out.note(format!("r{}: members change: {next:?}", self.revision));
-        self.record = next;
+        out.note(format!(
+            "r{}: members change: {:?}",
+            self.revision, self.record
+        ));
     }
 
     /// The controller: drop retired replicas once out of sync; promote when
@@ -143,12 +215,11 @@ impl Store {
     pub fn tick(&mut self, now: Duration, out: &mut Outbox) {
         // Retired replicas the primary took out of the in-sync set leave.
         if let Some(next) = self.record.without_retired() {
-            self.revision += 1;
+            self.commit(next);
             out.note(format!(
-                "r{}: retired replicas leave: {next:?}",
-                self.revision
+                "r{}: retired replicas leave: {:?}",
+                self.revision, self.record
             ));
-            self.record = next;
         }
         let ended = self
             .lease_ends
@@ -158,9 +229,8 @@ impl Store {
             return;
         }
         if let Some(next) = controller::promote(&self.record, |n| self.up(n, now)) {
-            self.revision += 1;
-            out.note(format!("promote r{}: {next:?}", self.revision));
-            self.record = next;
+            self.commit(next);
+            out.note(format!("promote r{}: {:?}", self.revision, self.record));
         }
     }
 }

@@ -76,8 +76,37 @@ pub struct Report {
     pub moves_done: u64,
     /// Replicas added or removed by the operator.
     pub member_changes: u64,
+    /// Reads answered from a lagging watch (an older revision).
+    pub lagging_reads: u64,
+    /// Compare-and-swap answers lost after the change was made.
+    pub lost_answers: u64,
+    /// Changes to a primary's files that could not be made durable.
+    pub files_failed: u64,
+    /// Local writes held seconds in the manager's queue.
+    pub writes_held: u64,
     /// Longest time without any host completion while commands were outstanding.
     pub longest_pause: Duration,
+}
+
+impl Report {
+    /// Adds `other`'s counts to these (the longest pause is the longer).
+    pub fn add(&mut self, other: &Report) {
+        self.writes += other.writes;
+        self.reads += other.reads;
+        self.flushes += other.flushes;
+        self.retries += other.retries;
+        self.faults += other.faults;
+        self.power_losses += other.power_losses;
+        self.promotions += other.promotions;
+        self.moves_asked += other.moves_asked;
+        self.moves_done += other.moves_done;
+        self.member_changes += other.member_changes;
+        self.lagging_reads += other.lagging_reads;
+        self.lost_answers += other.lost_answers;
+        self.files_failed += other.files_failed;
+        self.writes_held += other.writes_held;
+        self.longest_pause = self.longest_pause.max(other.longest_pause);
+    }
 }
 
 /// A run that broke a rule: its seed, what broke, and the last events.
@@ -463,6 +492,10 @@ impl World {
         self.report.promotions = record.epoch.0 - 1;
         (self.report.moves_asked, self.report.moves_done) = self.store.moves;
         self.report.member_changes = self.store.member_changes;
+        self.report.lagging_reads = self.store.lagging_reads;
+        self.report.lost_answers = self.store.lost_answers;
+        self.report.files_failed = self.nodes.iter().map(|n| n.faults.files_failed).sum();
+        self.report.writes_held = self.nodes.iter().map(|n| n.faults.writes_held).sum();
         Ok(true)
     }
 
@@ -512,7 +545,8 @@ impl World {
                         let Endpoint::Node(node) = from else {
                             unreachable!("only nodes ask the store")
                         };
-                        self.store.receive(node, msg, self.now, &mut out);
+                        self.store
+                            .receive(node, msg, self.now, &mut self.rng, &mut out);
                     }
                     Endpoint::Node(node) => self.nodes[node.0 as usize].receive(
                         from,

@@ -4,7 +4,7 @@
 //! its last events, and how to replay it: `WEFT_SIM_SEED=N cargo test -p
 //! weft-sim --test vopr replay -- --nocapture`.
 
-use weft_sim::{run, SimConfig};
+use weft_sim::{run, Report, SimConfig};
 
 fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().map(|v| {
@@ -18,26 +18,18 @@ fn seeds() {
     let count = env_u64("WEFT_SIM_SEEDS").unwrap_or(200);
     let base = env_u64("WEFT_SIM_SEED_BASE").unwrap_or(0);
     let config = SimConfig::default();
-    let mut totals = (0, 0, 0, 0, std::time::Duration::ZERO, 0, 0, 0, 0);
+    let mut t = Report::default();
     for seed in base..base + count {
         match run(seed, &config) {
-            Ok(report) => {
-                totals.0 += report.writes;
-                totals.1 += report.reads;
-                totals.2 += report.promotions;
-                totals.3 += report.faults;
-                totals.4 = totals.4.max(report.longest_pause);
-                totals.5 += report.moves_asked;
-                totals.6 += report.moves_done;
-                totals.7 += report.power_losses;
-                totals.8 += report.member_changes;
-            }
+            Ok(report) => t.add(&report),
             Err(failure) => panic!("{failure}"),
         }
     }
     println!(
-        "{count} seeds from {base}: {} writes and {} reads checked, {} faults ({} power losses), {} new epochs ({} of {} planned moves done), {} replicas added or removed, longest host pause {:?}",
-        totals.0, totals.1, totals.3, totals.7, totals.2, totals.6, totals.5, totals.8, totals.4
+        "{count} seeds from {base}: {} writes and {} reads checked, {} faults ({} power losses), {} new epochs ({} of {} planned moves done), {} replicas added or removed; the store: {} lagging reads, {} commit answers lost; {} file changes failed, {} local writes held; longest host pause {:?}",
+        t.writes, t.reads, t.faults, t.power_losses, t.promotions, t.moves_done, t.moves_asked,
+        t.member_changes, t.lagging_reads, t.lost_answers, t.files_failed, t.writes_held,
+        t.longest_pause
     );
 }
 
