@@ -23,7 +23,11 @@
 //! - [`metrics`]: per-namespace statistics read from the data plane's
 //!   meters, and their Prometheus exposition.
 //! - `replication`: a replicated volume's primary (its replicator thread,
-//!   its links to the replicas, its local copy).
+//!   its links to the replicas, its local copy). The manager starts it; it
+//!   reaches the manager only through a trait of its own.
+//! - `intents`: the write intent and run files of the node's replicas,
+//!   and `admin_error`: the admin path's error; both shared by the manager
+//!   and the replicators.
 //!
 //! What it does not do: parse configuration files or command lines (the
 //! `weft` binary), speak HTTP or define what the API shows (weft-api), touch
@@ -33,9 +37,11 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod admin_error;
 pub mod cluster;
 pub mod exports;
 pub mod identity;
+mod intents;
 pub mod manager;
 pub mod metrics;
 mod queue;

@@ -18,6 +18,13 @@
 //! - [`progress`]: the rebuilds' progress as `volume show` and `/metrics` read it.
 //! - [`barrier`]: a snapshot taken, or a growth made, at one point of the
 //!   write stream on every copy in sync.
+//! - [`records`]: its changes to the volume record's replication part.
+//!
+//! The dependency runs one way: the manager starts replicators and holds
+//! their handles; a replicator reaches the manager only through
+//! [`NodeServices`], the store through `weft_control`, the data plane
+//! through `weft_target`, and shares [`crate::intents`] (the write intent
+//! files) and [`crate::admin_error`] with the manager.
 //!
 //! What this does not do: decide who is primary (the cluster controller
 //! promotes, `weft_cluster::replicas`), or serve reads (the reactors do,
@@ -30,11 +37,12 @@ mod link_socket;
 mod links;
 mod local;
 pub(crate) mod progress;
+pub(crate) mod records;
 pub(crate) mod replicator;
 pub(crate) mod run;
 mod write_ring;
 
-use crate::manager::AdminError;
+use crate::admin_error::AdminError;
 use std::fs::File;
 use std::io::Write as _;
 use std::sync::mpsc::{self, Receiver, Sender};
@@ -42,6 +50,26 @@ use std::sync::Arc;
 use weft_control::ReplicationRecord;
 use weft_replication::{FromReplica, NodeId};
 use weft_target::replicated::ReplicatedIo;
+
+/// The subsystem through which a volume's primary writes to the replica on
+/// another node: private (never in a discovery log, only the cluster's
+/// nodes may connect) and fenced (only the primary session holding the
+/// fence may run I/O).
+pub fn replica_nqn(volume: &str) -> String {
+    format!("nqn.2026-11.io.weft:replica:{volume}")
+}
+
+/// What a replicator asks of its node's volume manager (the manager's
+/// handle implements it): the one way from here to the manager.
+pub(crate) trait NodeServices: Send + Sync + std::fmt::Debug {
+    /// Converge the node again: the replicator's serving changed (the ANA
+    /// states follow), or it finished (the next primary may begin).
+    fn reconcile(&self);
+    /// Converge again, then answer `reply` (a growth recorded: served at its new size).
+    fn reconcile_then_answer(&self, reply: Sender<Result<(), AdminError>>);
+    /// A change to this node's copy (a snapshot, a growth), answered on the request's reply.
+    fn change_copy(&self, request: weft_target::VolumeRequest);
+}
 
 /// A replicator's inbox as its senders hold it: a channel, and an eventfd
 /// rung with each event, which wakes the replicator from its ring (where it

@@ -96,7 +96,7 @@ impl Manager {
                 dhchap: self.cluster_keys.as_deref().cloned(),
                 ..weft_initiator::ConnectOptions::default()
             },
-            manager: self.handle.clone(),
+            manager: Arc::new(self.handle.clone()),
             dir,
             published: Arc::clone(&self.published),
             rebuild_bytes_per_s: self.rebuild_bytes_per_s,

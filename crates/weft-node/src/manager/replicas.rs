@@ -12,6 +12,7 @@
 
 use super::{AdminError, Manager};
 use crate::identity;
+use crate::replication::replica_nqn;
 use weft_control::{ReplicaRecord, ReplicaState, ReplicationRecord, VolumeRecord};
 use weft_proto::ana::{AnaConfig, AnaGroupId, AnaState};
 use weft_proto::auth::{DhchapSecret, HostKeys};
@@ -215,14 +216,6 @@ impl Manager {
             .replication
             .is_some_and(|r| r.is_secondary(node))
     }
-}
-
-/// The subsystem through which a volume's primary writes to the replica on
-/// another node: private (never in a discovery log, only the cluster's
-/// nodes may connect) and fenced (only the primary session holding the
-/// fence may run I/O).
-pub fn replica_nqn(volume: &str) -> String {
-    format!("nqn.2026-11.io.weft:replica:{volume}")
 }
 
 /// The host NQN a node connects to other nodes' replica subsystems with.

@@ -27,10 +27,12 @@
 //! snapshots (each node does, after the record), or grow copies out of sync
 //! (their nodes do, after the record).
 
-use crate::manager::snapshots::{announce, change_record, change_replication};
-use crate::manager::{AdminError, ManagerHandle};
+use super::records::{announce, change_record, change_replication};
+use super::NodeServices;
+use crate::admin_error::AdminError;
 use std::collections::BTreeMap;
 use std::sync::mpsc::Sender;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use weft_control::{DesiredState, ReplicaState, ReplicationRecord};
 use weft_replication::NodeId;
@@ -258,7 +260,7 @@ impl Barrier {
     pub(crate) fn record(
         self,
         desired: DesiredState,
-        manager: ManagerHandle,
+        manager: Arc<dyn NodeServices>,
         volume: String,
         epoch: u64,
         nodes: Vec<String>,

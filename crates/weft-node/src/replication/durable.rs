@@ -1,5 +1,5 @@
 //! The primary's files, written off the replicator's turns: the write
-//! intent's marked and kept regions (`crate::manager::intents`) and its
+//! intent's marked and kept regions (`crate::intents`) and its
 //! run file (`super::run`) change on a thread of their own, in the order
 //! the replication core asked, and each answer comes back as an event.
 //! The replicator holds the core's actions after each change until its
@@ -13,7 +13,7 @@
 
 use super::run::RunFile;
 use super::{Event, Events};
-use crate::manager::intents::IntentFile;
+use crate::intents::IntentFile;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Sender};
 use std::sync::Arc;

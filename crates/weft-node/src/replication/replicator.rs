@@ -36,10 +36,10 @@ use super::local::{LocalPool, LocalResult, LocalWork};
 use super::progress::Tracker;
 use super::run::{write_served_epoch, RunFile};
 use super::write_ring::{RingWrite, Woken, WriteRing};
+use super::{replica_nqn, NodeServices};
 use super::{Event, Events, Inbox};
-use crate::manager::intents::IntentFile;
-use crate::manager::replicas::replica_nqn;
-use crate::manager::{AdminError, AdminOp, ManagerHandle};
+use crate::admin_error::AdminError;
+use crate::intents::IntentFile;
 use crate::status::RebuildStatus;
 use std::collections::BTreeMap;
 use std::os::fd::AsRawFd;
@@ -62,8 +62,7 @@ use weft_replication::{
 use weft_target::guest::Guest;
 use weft_target::replicated::{Replicated, ReplicatedIo, ReplicatedSink, ReplicatedWork, Serving};
 use weft_target::{
-    DataPlane, SnapshotName, VolumeBackend, VolumeManager, VolumeOutcome, VolumeReply,
-    VolumeRequest, VolumeWork,
+    DataPlane, SnapshotName, VolumeBackend, VolumeOutcome, VolumeReply, VolumeRequest, VolumeWork,
 };
 
 /// How often the primary looks at the time (timeouts, lease, rejoins).
@@ -96,7 +95,7 @@ pub(crate) struct ReplicatorSetup {
     pub(crate) desired: DesiredState,
     pub(crate) lease: Arc<LeaseClock>,
     pub(crate) connect: ConnectOptions,
-    pub(crate) manager: ManagerHandle,
+    pub(crate) manager: Arc<dyn NodeServices>,
     pub(crate) dir: PathBuf,
     /// Where the rebuilds' progress is published.
     pub(crate) published: Arc<crate::status::Published>,
@@ -248,7 +247,7 @@ fn wind_up(
     volume: &str,
     path: &Replicated,
     inbox: &Receiver<Event>,
-    manager: &ManagerHandle,
+    manager: &Arc<dyn NodeServices>,
     finished: &AtomicBool,
 ) {
     path.set_serving(Serving::Inaccessible);
@@ -269,7 +268,7 @@ fn wind_up(
     finished.store(true, Ordering::Release);
     // Once it shows finished: the reconcile starts another replicator
     // if the record still names this node primary (its members changed).
-    manager.notify(AdminOp::Reconcile);
+    manager.reconcile();
 }
 
 impl Guest for Replicator {
@@ -314,7 +313,7 @@ struct Replicator {
     path: Arc<Replicated>,
     desired: DesiredState,
     lease: Arc<LeaseClock>,
-    manager: ManagerHandle,
+    manager: Arc<dyn NodeServices>,
     serving: Serving,
     stop_poller: Arc<AtomicBool>,
     published: Arc<crate::status::Published>,
@@ -410,7 +409,7 @@ impl Replicator {
             host,
         } = shared;
         let epoch_file = dir.join("replicas").join(format!("{volume}.epoch"));
-        let served = crate::manager::intents::served_epoch(&epoch_file);
+        let served = crate::intents::served_epoch(&epoch_file);
         let mut run_file = RunFile::load(&dir, &volume, &volume_id);
         let own = node_id(&replication, &me).ok_or("this node holds no replica")?;
         let mut start = plan_start(&replica_set(&replication), own, Epoch(served));
@@ -789,7 +788,7 @@ impl Replicator {
             self.serving = serving;
             self.path.set_serving(serving);
             log::info!("volume {}: {serving:?}", self.volume);
-            self.manager.notify(AdminOp::Reconcile);
+            self.manager.reconcile();
         }
     }
 
@@ -1314,7 +1313,7 @@ impl Replicator {
             return;
         };
         let (sender, answer) = mpsc::channel();
-        self.manager.submit(VolumeRequest {
+        self.manager.change_copy(VolumeRequest {
             pool: self.pool.clone(),
             volume: self.volume.clone(),
             work,

@@ -150,7 +150,7 @@ mod tests {
         assert!(!RunFile::load(&dir, "db1", "aa01").begin(7, false).unwrap());
         assert_eq!(fs::read_to_string(&path).unwrap(), "volume aa01\nrun 7\n");
         write_served_epoch(&dir, "db1", 7).unwrap();
-        let served = crate::manager::intents::served_epoch(&dir.join("replicas/db1.epoch"));
+        let served = crate::intents::served_epoch(&dir.join("replicas/db1.epoch"));
         assert_eq!(served, 7);
         remove_files(&dir, "db1");
         assert!(!path.exists());

@@ -16,7 +16,7 @@
 //! What this does not do: decide what to mark (the data plane and the
 //! primary's replicator do) or read the intent of another node.
 
-use super::{AdminError, Manager};
+use crate::admin_error::AdminError;
 use std::collections::BTreeMap;
 use std::fs;
 use std::io::{self, Write};
@@ -25,9 +25,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use weft_proto::intent::WriteIntent;
-use weft_proto::IoError;
 use weft_replication::RegionSet;
-use weft_target::VolumeOutcome;
 
 /// log2 of a region's size: 1 MiB, the pools' allocation unit.
 pub(crate) const REGION_SHIFT: u32 = 20;
@@ -37,7 +35,7 @@ pub(crate) const REGION_SHIFT: u32 = 20;
 pub(crate) const REPLICATED_SIZE_MAX_BYTES: u64 = (u32::MAX as u64) << REGION_SHIFT;
 
 /// Refuses a replicated volume larger than [`REPLICATED_SIZE_MAX_BYTES`].
-pub(super) fn check_replicated_size(volume: &str, size_bytes: u64) -> Result<(), AdminError> {
+pub(crate) fn check_replicated_size(volume: &str, size_bytes: u64) -> Result<(), AdminError> {
     if size_bytes > REPLICATED_SIZE_MAX_BYTES {
         return Err(AdminError::Invalid(format!(
             "volume {volume}: {size_bytes} bytes is more than a replicated volume can hold \
@@ -48,7 +46,7 @@ pub(super) fn check_replicated_size(volume: &str, size_bytes: u64) -> Result<(),
 }
 
 /// How often cleared regions are written, at most.
-pub(super) const PERSIST_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+pub(crate) const PERSIST_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
 const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
 
@@ -277,42 +275,9 @@ impl IntentFile {
     }
 }
 
-impl Manager {
-    /// The slow path of a replica write to regions its intent lacks: marks
-    /// them durably, then the write may retry.
-    pub(super) fn mark_intent(&mut self, volume: &str, offset: u64, len: u64) -> VolumeOutcome {
-        let Some(file) = self.intents.get(volume) else {
-            log::error!("volume {volume}: a replica write without a write intent");
-            return VolumeOutcome::Done(Err(IoError::Other));
-        };
-        let last = (offset + len.max(1) - 1) >> REGION_SHIFT;
-        if last >= u64::from(file.intent().regions()) {
-            log::error!("volume {volume}: a replica write past the end of its write intent");
-            return VolumeOutcome::Done(Err(IoError::Other));
-        }
-        let regions = file.intent().regions_of(offset, len);
-        match file.mark(regions) {
-            Ok(()) => VolumeOutcome::Retry,
-            Err(error) => {
-                log::warn!("volume {volume}: cannot persist its write intent: {error}");
-                VolumeOutcome::Done(Err(IoError::Media))
-            }
-        }
-    }
-
-    /// Writes the intents whose regions were cleared since the last time.
-    pub(super) fn persist_cleared_intents(&mut self) {
-        for (volume, file) in &self.intents {
-            if let Err(error) = file.persist_cleared() {
-                log::warn!("volume {volume}: cannot persist its write intent: {error}");
-            }
-        }
-    }
-}
-
 /// The write intent of this node's replica of `volume`, loaded from `dir`
 /// at first use (none outside a cluster: no replicas there).
-pub(super) fn intent_of(
+pub(crate) fn intent_of(
     intents: &mut BTreeMap<String, Arc<IntentFile>>,
     dir: Option<&Path>,
     volume: &str,
@@ -380,7 +345,7 @@ pub fn replicas_after_power_loss(data_dir: &Path) -> Vec<UncleanReplica> {
 /// have missed writes (added to the volume, or whose copy was lost): it
 /// names no boot this machine has, so the replica reports itself unclean
 /// and is rebuilt in full, whatever a primary thinks it copied before.
-pub(super) fn create_unclean(dir: &Path, volume: &str) -> io::Result<()> {
+pub(crate) fn create_unclean(dir: &Path, volume: &str) -> io::Result<()> {
     let path = dir.join("replicas").join(format!("{volume}.intent"));
     write_file(&path, NEW_REPLICA, &[], &RegionSet::new(0))
 }

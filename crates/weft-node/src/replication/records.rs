@@ -1,0 +1,80 @@
+//! Changes a replicated volume's primary and its manager make to the
+//! volume record's replication part (`ReplicationRecord`): its snapshots
+//! and its size, each by compare-and-swap, tried again while others change
+//! the record.
+
+use crate::admin_error::AdminError;
+use weft_control::{DesiredState, ReplicatedSnapshot, ReplicationRecord, StoreError, VolumeRecord};
+use weft_volume::{VolumeError, SNAPSHOTS_PER_VOLUME_MAX};
+
+/// How many times a record change is tried against concurrent changes.
+const CAS_ATTEMPTS: usize = 8;
+
+/// Adds snapshot `name` to the record at `key` as being taken (kept if
+/// an earlier attempt left it so; refused if it was taken, or if the
+/// volume has as many snapshots as a volume may).
+pub(crate) fn announce(desired: &DesiredState, key: &str, name: &str) -> Result<(), AdminError> {
+    change_record(desired, key, |volume, snapshots| {
+        match snapshots.iter().find(|s| s.name == name) {
+            Some(s) if !s.taking => Err(VolumeError::Exists {
+                kind: "snapshot",
+                name: format!("{volume}@{name}"),
+            }
+            .into()),
+            Some(_) => Ok(()),
+            None if snapshots.len() >= SNAPSHOTS_PER_VOLUME_MAX => Err(VolumeError::Limit(format!(
+                "volume {volume} has {SNAPSHOTS_PER_VOLUME_MAX} snapshots, the most a volume may have; delete one first"
+            ))
+            .into()),
+            None => {
+                snapshots.push(ReplicatedSnapshot {
+                    name: name.to_string(),
+                    nodes: Vec::new(),
+                    taking: true,
+                });
+                Ok(())
+            }
+        }
+    })
+}
+
+/// Changes the snapshot list of the replicated volume at `key`.
+pub(crate) fn change_record(
+    desired: &DesiredState,
+    key: &str,
+    change: impl Fn(&str, &mut Vec<ReplicatedSnapshot>) -> Result<(), AdminError>,
+) -> Result<(), AdminError> {
+    let volume = key.trim_start_matches("volumes/");
+    change_replication(desired, key, |replication| {
+        change(volume, &mut replication.snapshots)
+    })
+}
+
+/// Changes the replication record of the volume at `key` (compare-and-swap,
+/// tried again a few times while others change the record).
+pub(crate) fn change_replication(
+    desired: &DesiredState,
+    key: &str,
+    change: impl Fn(&mut ReplicationRecord) -> Result<(), AdminError>,
+) -> Result<(), AdminError> {
+    let volume = key.trim_start_matches("volumes/");
+    for _ in 0..CAS_ATTEMPTS {
+        let found = desired
+            .read::<VolumeRecord>(key)?
+            .ok_or_else(|| AdminError::Invalid(format!("volume {volume} was deleted")))?;
+        let mut record = found.record;
+        let replication = record
+            .replication
+            .as_mut()
+            .ok_or_else(|| AdminError::Invalid(format!("volume {volume} is not replicated")))?;
+        change(replication)?;
+        match desired.update(key, &record, found.revision) {
+            Ok(_) => return Ok(()),
+            Err(StoreError::Conflict { .. }) => continue,
+            Err(error) => return Err(error.into()),
+        }
+    }
+    Err(AdminError::Unavailable(format!(
+        "volume {volume}: its record changed {CAS_ATTEMPTS} times while this change was tried; try again"
+    )))
+}
