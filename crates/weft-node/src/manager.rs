@@ -475,6 +475,9 @@ pub struct Manager {
     rebuild_bytes_per_s: u64,
     /// Shut down (before exit): no replicator starts, no replicated write runs.
     shut_down: bool,
+    /// Slow-path requests served (the tests count a write's trips here).
+    #[cfg(test)]
+    io_served: Arc<std::sync::atomic::AtomicU64>,
     /// Where the admin operation being run answers; an operation that
     /// answers later (a replicated volume's snapshot) takes it.
     caller: Option<Sender<Result<(), AdminError>>>,
@@ -554,6 +557,8 @@ impl Manager {
             fresh_snapshots: BTreeMap::new(),
             rebuild_bytes_per_s: u64::MAX,
             shut_down: false,
+            #[cfg(test)]
+            io_served: Arc::default(),
         };
         manager.publish();
         Ok(manager)
@@ -829,6 +834,9 @@ impl Manager {
     /// Serves one slow-path request; a prepared write waits for the group
     /// commit and is returned.
     fn handle_io(&mut self, request: VolumeRequest) -> Option<VolumeRequest> {
+        #[cfg(test)]
+        self.io_served
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let (Some(pool), Some(health)) = (
             self.pools.get_mut(&request.pool),
             self.health.get(&request.pool),
@@ -849,8 +857,28 @@ impl Manager {
                 .send(VolumeOutcome::Done(Err(IoError::PathInaccessible)));
             return None;
         }
-        if let VolumeWork::MarkIntent { offset, len } = request.work {
+        if let VolumeWork::MarkIntent {
+            offset,
+            len,
+            allocate,
+        } = request.work
+        {
             let outcome = self.mark_intent(&request.volume, offset, len);
+            if allocate && matches!(outcome, VolumeOutcome::Retry) {
+                // A data write: its chunks in the same trip (a replica's
+                // first write to a thin region made two in a row).
+                let pool = self.pools.get_mut(&request.pool).expect("checked above");
+                match pool.prepare_write(&request.volume, offset, len) {
+                    Ok(()) => return Some(request),
+                    Err(error) => {
+                        note_pool_failure(pool, &self.health[&request.pool]);
+                        log::warn!("volume {}: {error}", request.volume);
+                        let outcome = VolumeOutcome::Done(Err(io_error(&error)));
+                        request.reply.send(outcome);
+                        return None;
+                    }
+                }
+            }
             request.reply.send(outcome);
             return None;
         }

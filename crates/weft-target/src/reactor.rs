@@ -1088,7 +1088,12 @@ impl Reactor {
         if let Some(intent) = &volume.intent {
             if let Some((offset, len)) = request.kind.written_range() {
                 if !intent.covers(offset, len) {
-                    let work = VolumeWork::MarkIntent { offset, len };
+                    let allocate = matches!(request.kind, IoKind::Write { .. });
+                    let work = VolumeWork::MarkIntent {
+                        offset,
+                        len,
+                        allocate,
+                    };
                     return self.ask_manager(index, request, &volume, work);
                 }
             }

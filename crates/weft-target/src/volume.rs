@@ -142,12 +142,15 @@ pub enum VolumeWork {
         len: u64,
     },
     /// Mark the replica's write-intent regions under the range, durably,
-    /// then say retry.
+    /// then (`allocate`: a data write) make its chunks writable as
+    /// [`VolumeWork::PrepareWrite`] does, in the same trip; then say retry.
     MarkIntent {
         /// Byte offset on the volume.
         offset: u64,
         /// Length in bytes.
         len: u64,
+        /// The write carries data (not Write Zeroes or Deallocate).
+        allocate: bool,
     },
     /// Nothing to change: say retry once the volume's gate is open and the
     /// reactor holds the current map (answers are ordered after exports updates).

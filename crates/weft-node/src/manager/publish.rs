@@ -27,11 +27,16 @@ impl Touched {
     /// Notes what `request` may change.
     pub(super) fn note(&mut self, request: &VolumeRequest) {
         match request.work {
-            VolumeWork::Wait | VolumeWork::MarkIntent { .. } | VolumeWork::Reserve { .. } => {}
+            VolumeWork::Wait
+            | VolumeWork::MarkIntent {
+                allocate: false, ..
+            }
+            | VolumeWork::Reserve { .. } => {}
             VolumeWork::Flush => {
                 self.pools.entry(request.pool.clone()).or_default();
             }
             VolumeWork::PrepareWrite { .. }
+            | VolumeWork::MarkIntent { allocate: true, .. }
             | VolumeWork::Deallocate { .. }
             | VolumeWork::Snapshot(_)
             | VolumeWork::Grow { .. } => {

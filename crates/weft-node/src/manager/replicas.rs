@@ -391,6 +391,7 @@ mod tests {
         )
         .unwrap();
         let handle = n2.handle();
+        let trips = Arc::clone(&n2.io_served);
         let plane = Arc::new(plane);
         n2.spawn(Arc::clone(&plane)).unwrap();
         let url = format!("nvme-tcp://{}/{}", plane.listening[0], replica_nqn("db1"));
@@ -445,7 +446,13 @@ mod tests {
         assert_eq!(new_queue.read(1, 1, 4096, 4096).unwrap(), &[2; 4096][..]);
         // Each write marked its region in the write intent, durably, first.
         let intent = |c: &weft_initiator::Controller| c.write_intent().unwrap().regions;
+        let before = trips.load(std::sync::atomic::Ordering::Relaxed);
         new_queue.write(1, 3 << 8, 4096, &[3; 4096]).unwrap();
+        assert_eq!(
+            trips.load(std::sync::atomic::Ordering::Relaxed) - before,
+            1,
+            "the first write to a thin region marks its intent and allocates in one trip"
+        );
         assert_eq!(intent(&new), vec![0, 3]);
         let file = std::fs::read_to_string(intent_path.join("replicas/db1.intent")).unwrap();
         assert!(file.ends_with("marked 0,3\n"), "{file}");
