@@ -219,6 +219,12 @@ impl Driver {
         self.primary.local_done(op, now);
     }
 
+    /// The local I/O of `op` failed: this node's copy did (a disk error,
+    /// a failed pool), and the primary hands over if it can.
+    pub fn local_failed(&mut self, op: OpId, now: Duration) {
+        self.primary.local_failed(op, now);
+    }
+
     /// A replica answered.
     pub fn replica_reply(&mut self, from: NodeId, reply: FromReplica, now: Duration) {
         self.primary.replica_reply(from, reply, now);

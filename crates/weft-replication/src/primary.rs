@@ -25,6 +25,14 @@
 //! replica. No lease has to run out, so the host pauses only for the drain
 //! and the new primary's fencing.
 //!
+//! A primary whose own copy fails (a local write, read or flush fails:
+//! a disk error, a failed pool) hands over the same way to an in-sync
+//! replica it reaches, marking itself faulted under its epoch (rebuilt in
+//! full once its copy works again); the host commands that failed here
+//! complete with ANA Transition, so that the host retries them on the new
+//! primary rather than seeing an I/O error. With no replica to hand over
+//! to, it carries on, and the driver gives the host the error.
+//!
 //! What it does not do: pick replicas, talk to the store, or decide to
 //! become primary (the controller promotes; the driver then builds a
 //! `Primary` after fencing its own node's replica with session 0 of the new
@@ -300,6 +308,8 @@ struct Op {
     deadline: Duration,
     /// The host has its completion.
     answered: bool,
+    /// Its local part failed (this node's copy did).
+    local_failed: bool,
 }
 
 impl Op {
@@ -370,6 +380,8 @@ pub struct Primary {
     /// replica joins again).
     sole_flush: Option<SoleFlush>,
     lease_until: Duration,
+    /// This node's copy failed: it hands over (see the module's docs).
+    own_copy_failed: bool,
     actions: VecDeque<Action>,
 }
 
@@ -415,6 +427,7 @@ impl Primary {
             to_clean: BTreeMap::new(),
             clean_due_at: Duration::MAX,
             lease_until: Duration::ZERO,
+            own_copy_failed: false,
             actions: VecDeque::new(),
             commit_in_flight: false,
             commit_retry_at: None,
@@ -552,6 +565,7 @@ impl Primary {
                 optional: Vec::new(),
                 deadline: now,
                 answered: false,
+                local_failed: false,
             },
         );
         self.queued_writes.insert(op);
@@ -647,6 +661,29 @@ impl Primary {
         }
         self.progress(op, now);
         self.pump(now);
+    }
+
+    /// The local read, write or flush of `op` failed: this node's copy
+    /// failed. It hands over to an in-sync replica (see the module's docs).
+    pub fn local_failed(&mut self, op: OpId, now: Duration) {
+        self.own_copy_failed = true;
+        let Some(entry) = self.ops.get_mut(&op) else {
+            return;
+        };
+        entry.local_pending = false;
+        entry.local_failed = true;
+        if let OpKind::Copy { to, .. } = entry.kind {
+            // Its region cannot be sent: the replica is rebuilt later, by
+            // the next primary.
+            self.link_failed(to, now);
+        }
+        self.progress(op, now);
+        self.pump(now);
+    }
+
+    /// Whether this node's copy failed under this primary.
+    pub fn own_copy_failed(&self) -> bool {
+        self.own_copy_failed
     }
 
     /// A replica's answer.
@@ -833,15 +870,23 @@ impl Primary {
     }
 
     /// The target of the move the record asks for, if this primary can
-    /// hand over to it: an in-sync replica it reaches.
+    /// hand over to it: an in-sync replica it reaches; after its own copy
+    /// failed, any such replica (the record's choice first).
     fn move_target(&self) -> Option<NodeId> {
-        let target = self.record.move_to?;
-        let live = self
-            .links
-            .get(&target)
-            .is_some_and(|l| l.state == LinkState::Live);
-        (self.phase == PrimaryPhase::Active && live && self.record.is_in_sync(target))
-            .then_some(target)
+        let can_take = |target: NodeId| {
+            let live = self
+                .links
+                .get(&target)
+                .is_some_and(|l| l.state == LinkState::Live);
+            self.phase == PrimaryPhase::Active && live && self.record.is_in_sync(target)
+        };
+        let asked = self.record.move_to.filter(|&t| can_take(t));
+        if asked.is_some() || !self.own_copy_failed {
+            return asked;
+        }
+        self.record
+            .in_sync_secondaries()
+            .find(|&node| can_take(node))
     }
 
     /// Whether a planned move is under way: no new host commands.
@@ -862,14 +907,21 @@ impl Primary {
         let Some(target) = self.move_target() else {
             return;
         };
-        // Every write is done everywhere: the intents can be emptied now,
-        // so that the new primary has (almost) nothing to resync.
-        self.clean_regions(None);
         let mut next = self.record.clone();
         next.epoch = self.record.epoch.next();
         next.primary = target;
         next.previous = Some(self.config.me);
         next.move_to = None;
+        if self.own_copy_failed {
+            // Faulted before the new primary's run: rebuilt in full once
+            // its copy works again (a failed disk may lack anything).
+            let epoch = self.record.epoch;
+            next.set_state(self.config.me, MemberState::Faulted { epoch });
+        } else {
+            // Every write is done everywhere: the intents can be emptied
+            // now, so that the new primary has (almost) nothing to resync.
+            self.clean_regions(None);
+        }
         self.commit_in_flight = true;
         self.uncertain.push((self.revision, next.clone()));
         self.actions.push_back(Action::Commit {
@@ -1125,6 +1177,7 @@ impl Primary {
 
     fn progress(&mut self, op: OpId, now: Duration) {
         let faults_pending = self.faults_pending();
+        let handing_over = self.handing_over();
         let Some(entry) = self.ops.get_mut(&op) else {
             return;
         };
@@ -1139,6 +1192,8 @@ impl Primary {
             let result = match entry.kind {
                 // A read is only as good as the lease it completes under.
                 OpKind::Read { .. } if now >= self.lease_until => HostResult::Transition,
+                // This copy failed: retried on the primary it hands over to.
+                _ if entry.local_failed && handing_over => HostResult::Transition,
                 _ => HostResult::Ok,
             };
             self.actions.push_back(Action::Complete { op, result });
@@ -1426,6 +1481,11 @@ impl Primary {
     /// Regions whose writes every in-sync replica completed leave the write
     /// intents (this node's, and the replicas' by a Clean message).
     fn clean(&mut self, now: Duration) {
+        if self.own_copy_failed {
+            // This copy may lack any write since: every intent keeps its
+            // regions, whoever rebuilds it next and however it was promoted.
+            return;
+        }
         self.clean_regions(Some(now));
         if self.run_degraded && self.phase == PrimaryPhase::Active && !self.degraded() {
             // Every member holds every acknowledged write again.
@@ -1520,6 +1580,7 @@ fn new_op(kind: OpKind, now: Duration) -> Op {
         optional: Vec::new(),
         deadline: now,
         answered: false,
+        local_failed: false,
     }
 }
 
@@ -1643,6 +1704,73 @@ mod tests {
             actions.contains(&Action::IntentClear(1)),
             "then the intent is cleaned"
         );
+    }
+
+    #[test]
+    fn a_primary_whose_copy_fails_hands_over_and_its_failed_write_is_retried_there() {
+        let (mut primary, token) = active();
+        let extent = Extent {
+            block: 5,
+            blocks: 2,
+        };
+        primary.host_write(OpId(1), extent, false, 2 * MS);
+        drain(&mut primary);
+        primary.local_failed(OpId(1), 3 * MS);
+        assert!(primary.own_copy_failed());
+        assert!(!primary.optimized(3 * MS), "no new host command here");
+        let done = FromReplica::Done { token, op: OpId(1) };
+        primary.replica_reply(NodeId(1), done, 4 * MS);
+        let actions = drain(&mut primary);
+        assert_eq!(
+            completions(&actions),
+            [(OpId(1), HostResult::Transition)],
+            "not an I/O error: the host retries it on the next primary"
+        );
+        assert!(
+            !actions.iter().any(|a| matches!(
+                a,
+                Action::Send {
+                    msg: ToReplica::Clean { .. },
+                    ..
+                }
+            )),
+            "nothing is cleaned: this copy lacks the write"
+        );
+        let mut next = ReplicaSet::new(&[NodeId(0), NodeId(1)]);
+        next.epoch = Epoch(2);
+        next.primary = NodeId(1);
+        next.previous = Some(NodeId(0));
+        next.set_state(NodeId(0), MemberState::Faulted { epoch: Epoch(1) });
+        assert!(
+            actions.contains(&Action::Commit {
+                base_revision: 1,
+                record: next
+            }),
+            "n1 takes over; n0 is rebuilt in full: {actions:?}"
+        );
+    }
+
+    #[test]
+    fn a_sole_copy_that_fails_carries_on_and_the_driver_reports_the_error() {
+        let record = ReplicaSet::new(&[NodeId(0)]);
+        let regions = config().geometry.regions();
+        let run = Run::new(Epoch(1), regions);
+        let mut primary = Primary::new(
+            config(),
+            record,
+            1,
+            RegionSet::new(regions),
+            run,
+            Duration::ZERO,
+        );
+        primary.set_lease(1000 * MS, Duration::ZERO);
+        drain(&mut primary);
+        primary.host_write(OpId(1), BLOCK_0, false, 2 * MS);
+        drain(&mut primary);
+        primary.local_failed(OpId(1), 3 * MS);
+        let actions = drain(&mut primary);
+        assert_eq!(completions(&actions), [(OpId(1), HostResult::Ok)]);
+        assert!(!actions.iter().any(|a| matches!(a, Action::Commit { .. })));
     }
 
     #[test]

@@ -15,7 +15,9 @@
 //! from the host, and links turn slow or lose messages; a change to a
 //! primary's files (write intent, run) takes a disk's time and now and then
 //! fails (a full disk), which ends that primary; a local write may wait
-//! seconds in the volume manager's queue, past a failover. A node may also lose
+//! seconds in the volume manager's queue, past a failover; a node's disk
+//! may fail every I/O for a while (a failed pool, cleared by the operator):
+//! its primary hands over to an in-sync replica. A node may also lose
 //! power: each block written since its last flush (or FUA write) keeps its
 //! new content or loses it; the host issues FUA writes and flushes. A power
 //! loss is injected only while another replica is in sync and no other node
@@ -29,8 +31,10 @@
 //! in-sync set and every in-sync replica holds the primary's data.
 //!
 //! What it does not model: the NVMe/TCP wire (that is `weft-proto`'s, with
-//! its own tests), disk errors, replacing a replica on another node, and
-//! more than one volume.
+//! its own tests), a failing disk that also loses or corrupts what it held
+//! (its disk fails stop: the handover's full rebuild of such a copy is a
+//! rule for real disks this model cannot tell from a partial one),
+//! replacing a replica on another node, and more than one volume.
 //!
 //! A run is a function of its seed: `run(seed)` twice gives the same trace.
 

@@ -109,6 +109,11 @@ pub struct Node {
     files: Option<(Action, u64)>,
     /// Primaries this process began (which one a file change answers).
     primaries: u64,
+    /// Its disk fails every I/O (a failed pool) until cleared or the
+    /// process restarts (the pool is opened again).
+    disk_failed: bool,
+    /// Its primary's ops whose local part failed: never acknowledged.
+    failed_ops: std::collections::BTreeSet<OpId>,
     /// Fences taken while its own local writes were on their way, to be
     /// answered once the fence is drained.
     fence_answers: Vec<(NodeId, FromReplica, Arc<ControllerShared>)>,
@@ -162,6 +167,8 @@ impl Node {
             durable: vec![0; geometry.blocks as usize],
             files: None,
             primaries: 0,
+            disk_failed: false,
+            failed_ops: std::collections::BTreeSet::new(),
             fence_answers: Vec::new(),
             unclean: false,
             may_register: true,
@@ -243,6 +250,8 @@ impl Node {
         }
         self.incarnation += 1;
         self.fence_answers.clear();
+        self.disk_failed = false;
+        self.failed_ops.clear();
         self.fence = Token::default();
         // The target's fences and controllers die with the process.
         self.fences = Arc::default();
@@ -280,6 +289,21 @@ impl Node {
         self.unclean = true;
         self.may_register = false;
         self.become_replica();
+    }
+
+    /// Its disk starts failing every I/O (a failed pool).
+    pub fn fail_disk(&mut self) {
+        self.disk_failed = true;
+    }
+
+    /// The operator cleared the disk's failure.
+    pub fn clear_disk(&mut self) {
+        self.disk_failed = false;
+    }
+
+    /// Whether its disk fails I/O now.
+    pub fn is_disk_failed(&self) -> bool {
+        self.disk_failed
     }
 
     /// Whether the node lost power and is not rebuilt yet.
@@ -674,6 +698,12 @@ impl Node {
             }
             return;
         };
+        if self.disk_failed && !matches!(msg, ToReplica::Clean { .. }) {
+            // Its pool fails the write: the primary hears no success, and
+            // faults it when its replica timeout passes.
+            controller.fenced_io_done();
+            return;
+        }
         match msg {
             ToReplica::Fence { .. } => unreachable!("taken above"),
             msg @ (ToReplica::Write { .. } | ToReplica::Copy { .. }) => {
@@ -781,7 +811,9 @@ impl Node {
         let Some((op, local)) = self.local.remove(&id) else {
             return;
         };
+        let failed = self.disk_failed;
         match local {
+            _ if failed => {}
             Local::Write {
                 extent, data, fua, ..
             } => self.apply(extent, &data, fua),
@@ -807,7 +839,13 @@ impl Node {
             out.after(Duration::ZERO, answer);
         }
         if let Role::Primary(driver) = &mut self.role {
-            driver.local_done(op, now);
+            if failed {
+                out.note(format!("local I/O of {op:?} failed: its disk failed"));
+                self.failed_ops.insert(op);
+                driver.local_failed(op, now);
+            } else {
+                driver.local_done(op, now);
+            }
         }
         self.drive(now, rng, out);
     }
@@ -963,6 +1001,13 @@ impl Node {
                     }
                 }
                 let data = self.buffers.remove(&op).unwrap_or_default();
+                // Its local part failed and it could not hand over: the
+                // replicator gives the host the error; the simulated host
+                // knows no such status, and retries as on a path error.
+                let result = match (self.failed_ops.remove(&op), result) {
+                    (true, HostResult::Ok) => HostResult::Transition,
+                    (_, result) => result,
+                };
                 if let Some((host_op, attempt)) = self.host_ops.remove(&op) {
                     let data = if result == HostResult::Ok {
                         data

@@ -68,6 +68,8 @@ pub struct Report {
     pub faults: u64,
     /// Of which power losses.
     pub power_losses: u64,
+    /// Of which disks failing (a failed pool), cleared later.
+    pub disk_failures: u64,
     /// Promotions and planned moves (epochs after the first).
     pub promotions: u64,
     /// Planned moves of the primary asked for.
@@ -97,6 +99,7 @@ impl Report {
         self.retries += other.retries;
         self.faults += other.faults;
         self.power_losses += other.power_losses;
+        self.disk_failures += other.disk_failures;
         self.promotions += other.promotions;
         self.moves_asked += other.moves_asked;
         self.moves_done += other.moves_done;
@@ -242,6 +245,10 @@ pub enum Event {
         node: NodeId,
     },
     Resume {
+        node: NodeId,
+    },
+    /// The operator clears a node's disk failure.
+    ClearDisk {
         node: NodeId,
     },
     Heal {
@@ -622,6 +629,11 @@ impl World {
                 self.resume(node);
                 return Ok(());
             }
+            Event::ClearDisk { node } => {
+                self.nodes[node.0 as usize].clear_disk();
+                self.note(format!("clear {node}'s disk failure"));
+                return Ok(());
+            }
             Event::Heal { a, b } => {
                 self.partitions.remove(&(a, b));
                 self.partitions.remove(&(b, a));
@@ -689,7 +701,9 @@ impl World {
     }
 
     fn unwell(&self) -> usize {
-        self.liveness.iter().filter(|&&l| l != Liveness::Up).count()
+        let down = self.liveness.iter().filter(|&&l| l != Liveness::Up).count();
+        let disks = self.nodes.iter().filter(|n| n.is_disk_failed()).count();
+        down + disks
     }
 
     fn random_endpoint(&mut self) -> Endpoint {
@@ -708,7 +722,7 @@ impl World {
         let index = node.0 as usize;
         let may_fail = self.unwell() + 1 < usize::from(self.config.nodes)
             && self.liveness[index] == Liveness::Up;
-        match self.rng.range(0, 11) {
+        match self.rng.range(0, 12) {
             0..=2 if may_fail => {
                 self.liveness[index] = Liveness::Down;
                 let now = self.now;
@@ -730,6 +744,15 @@ impl World {
                 let back = Duration::from_millis(self.rng.range(200, 4000));
                 self.note(format!("power loss {node}, back in {back:?}"));
                 self.schedule(back, Event::Restart { node });
+            }
+            // A disk that fails (a failed pool): only while another replica
+            // holds every acknowledged write, as for a power loss.
+            11 if may_fail && self.power_loss_safe() => {
+                self.nodes[index].fail_disk();
+                self.report.disk_failures += 1;
+                let back = Duration::from_millis(self.rng.range(300, 4000));
+                self.note(format!("{node}'s disk fails, cleared in {back:?}"));
+                self.schedule(back, Event::ClearDisk { node });
             }
             3..=4 if may_fail => {
                 self.liveness[index] = Liveness::Paused;
@@ -810,6 +833,9 @@ impl World {
         self.note("faults end: heal everything".to_string());
         self.partitions.clear();
         self.slow.clear();
+        for node in &mut self.nodes {
+            node.clear_disk();
+        }
         for id in 0..self.config.nodes {
             let node = NodeId(id);
             match self.liveness[id as usize] {

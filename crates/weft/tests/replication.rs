@@ -878,3 +878,128 @@ fn a_reservation_holds_on_the_new_primary_after_the_old_one_is_killed() {
     assert_eq!(write_status(&mut b, 6), Status::SUCCESS);
     drop(etcd);
 }
+
+/// Unmounts a tmpfs when the test ends, however it ends.
+struct Mount(PathBuf);
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+/// Writes `data` at `block` through whichever node serves volume "rep",
+/// as a multipath host does: a path status moves on to the next node; any
+/// other status fails the test.
+fn write_anywhere(nodes: &[&Node], block: u64, data: &[u8]) {
+    let start = Instant::now();
+    for node in nodes.iter().cycle() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "block {block}: no node took it within 30 s"
+        );
+        let nqn = "nqn.2026-11.io.weft:vol:rep";
+        let url = TargetUrl::parse(&format!("{}/{nqn}", node.nvme)).unwrap();
+        let options = ConnectOptions {
+            host_nqn: HOST_NQN.into(),
+            ..ConnectOptions::default()
+        };
+        let Ok(controller) = Controller::connect(&url, options, 1) else {
+            std::thread::sleep(Duration::from_millis(50));
+            continue;
+        };
+        let mut queue = controller.open_io_queue(1).unwrap();
+        match queue.write(1, block, BLOCK, data) {
+            Ok(()) => return,
+            Err(InitiatorError::Command { status, .. }) if status.sct == StatusCodeType::Path => {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(error) => panic!("block {block} through {}: {error}", node.nvme),
+        }
+    }
+}
+
+/// The primary's pool fails (its filesystem fills up: a real ENOSPC): the
+/// primary hands the volume to its in-sync replica, and the host's writes,
+/// the one that failed there included, go on there without an I/O error.
+/// Once the operator frees space and clears the failure, the old primary's
+/// copy is rebuilt and in sync again.
+#[test]
+fn a_primary_whose_pool_fails_hands_the_volume_to_its_replica() {
+    let dir = temp_dir("replication-pool-fails");
+    let small = dir.join("small");
+    std::fs::create_dir_all(&small).unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=48m", "weft-test"])
+        .arg(&small)
+        .status();
+    if !matches!(mounted, Ok(status) if status.success()) {
+        eprintln!("skipped: cannot mount a tmpfs here");
+        return;
+    }
+    let _mount = Mount(small.clone());
+    let (etcd, _, _, [n1, n2, _n3]) = three_nodes(&dir, "");
+    for (name, device) in [
+        ("n1", small.join("p.img")),
+        ("n2", dir.join("n2").join("p.img")),
+    ] {
+        let device = device.to_str().unwrap();
+        let args = ["pool", "create", "p", "--node", name, "--device", device];
+        ok(&n1, &[&args[..], &["--device-size", "256MiB"]].concat());
+    }
+    ok(&n1, &["host", "add", "tester", "--nqn", HOST_NQN]);
+    let create = [
+        "volume",
+        "create",
+        "rep",
+        "--size",
+        "16MiB",
+        "--replicas",
+        "2",
+    ];
+    let create = [&create[..], &["--node", "n1"]].concat();
+    eventually("the volume created", || support::weft(&n1, &create).0);
+    ok(&n1, &["volume", "attach", "rep", "--host", "tester"]);
+    let (controller, mut queue) = connect(&n1);
+    write_blocks(&mut queue, 0..16);
+    drop((queue, controller));
+    eventually("both copies in sync", || in_sync(&n1) == 2);
+
+    // n1's filesystem fills up: its next allocation fails, and its pool with it.
+    let filler = small.join("filler");
+    let _ = std::process::Command::new("dd")
+        .args(["if=/dev/zero", "bs=1M", "count=64"])
+        .arg(format!("of={}", filler.display()))
+        .stderr(std::process::Stdio::null())
+        .status();
+    let nodes = [&n1, &n2];
+    let far: Vec<u64> = (0..8).map(|i| 1024 + i * 256).collect();
+    for &block in &far {
+        write_anywhere(&nodes, block, &pattern(block, 2));
+    }
+    eventually("n2 serves", || primary_of(&n2) == "n2");
+    assert_ne!(replica_state(&n2, "n1"), "in-sync", "n1's copy failed");
+    let (controller, mut queue) = connect(&n2);
+    for block in far.iter().copied().chain(0..16) {
+        let generation = if block < 16 { 1 } else { 2 };
+        let read = retrying("read", || {
+            queue.read(1, block, BLOCK, BLOCK).map(<[u8]>::to_vec)
+        });
+        assert_eq!(read, pattern(block, generation), "block {block} on n2");
+    }
+    drop((queue, controller));
+    let log = std::fs::read_to_string(dir.join("n1.log")).unwrap();
+    assert!(
+        log.contains("hands the volume to an in-sync replica"),
+        "{log}"
+    );
+
+    // Room again, the failure cleared: n1's copy is rebuilt.
+    std::fs::remove_file(&filler).unwrap();
+    ok(&n1, &["pool", "clear-failure", "p", "--node", "n1"]);
+    eventually("n1 back in sync", || in_sync(&n2) == 2);
+    drop(etcd);
+}

@@ -1147,13 +1147,24 @@ impl Replicator {
     }
 
     fn local_done(&mut self, op: OpId, result: Result<(), IoError>, now: Duration) {
-        if let Err(error) = result {
-            log::warn!("volume {}: local I/O failed: {error:?}", self.volume);
-            if let Some(entry) = self.ops.get_mut(&op) {
-                entry.error = Some(error);
-            }
+        let Err(error) = result else {
+            return self.driver.local_done(op, now);
+        };
+        if let Some(entry) = self.ops.get_mut(&op) {
+            // The host's error if the primary cannot hand over.
+            entry.error = Some(error);
         }
-        self.driver.local_done(op, now);
+        if !matches!(error, IoError::Media | IoError::Failed) {
+            log::warn!("volume {}: local I/O failed: {error:?}", self.volume);
+            return self.driver.local_done(op, now);
+        }
+        if !self.driver.primary().own_copy_failed() {
+            log::error!(
+                "volume {}: its copy on this node failed ({error:?}); it hands the volume to an in-sync replica if one is reachable (the failed writes are retried there)",
+                self.volume
+            );
+        }
+        self.driver.local_failed(op, now);
     }
 
     fn send(&mut self, to: NodeId, msg: ToReplica) {
