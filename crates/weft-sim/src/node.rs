@@ -112,6 +112,9 @@ pub struct Node {
     /// Its disk fails every I/O (a failed pool) until cleared or the
     /// process restarts (the pool is opened again).
     disk_failed: bool,
+    /// Its data directory is full: no change to its files can be made
+    /// (kept across restarts, until the operator makes room).
+    files_full: bool,
     /// Its primary's ops whose local part failed: never acknowledged.
     failed_ops: std::collections::BTreeSet<OpId>,
     /// Fences taken while its own local writes were on their way, to be
@@ -168,6 +171,7 @@ impl Node {
             files: None,
             primaries: 0,
             disk_failed: false,
+            files_full: false,
             failed_ops: std::collections::BTreeSet::new(),
             fence_answers: Vec::new(),
             unclean: false,
@@ -299,6 +303,11 @@ impl Node {
     /// The operator cleared the disk's failure.
     pub fn clear_disk(&mut self) {
         self.disk_failed = false;
+    }
+
+    /// Its data directory fills up, or has room again.
+    pub fn set_files_full(&mut self, full: bool) {
+        self.files_full = full;
     }
 
     /// Whether its disk fails I/O now.
@@ -549,6 +558,35 @@ impl Node {
         self.ask_record(revision, next, now, out);
     }
 
+    /// Hands the volume to an in-sync replica under the next epoch, its own
+    /// copy faulted under this one (the replicator's `hand_over_unwritable`).
+    fn hand_over_unwritable(
+        &mut self,
+        revision: u64,
+        record: &ReplicaSet,
+        now: Duration,
+        out: &mut Outbox,
+    ) {
+        let Some(target) = record.in_sync_secondaries().next() else {
+            return;
+        };
+        if self.asks.values().any(|(a, _)| *a == StoreAsk::Bump) {
+            return;
+        }
+        let mut next = record.clone();
+        next.epoch = record.epoch.next();
+        next.primary = target;
+        next.previous = Some(self.id);
+        next.move_to = None;
+        // Faulted into the next epoch: its copy holds every acknowledged
+        // write (only its files failed), so that the new primary rebuilds
+        // it partially, and gives the role back to it if it turns out to
+        // have lost power meanwhile (as after a promotion).
+        next.set_state(self.id, MemberState::Faulted { epoch: next.epoch });
+        out.note(format!("cannot persist its files: hands over ({next:?})"));
+        self.ask_record(revision, next, now, out);
+    }
+
     /// Asks the store to replace the record at `revision` by `next`: a change
     /// of this node's own standing, one at a time.
     fn ask_record(&mut self, revision: u64, next: ReplicaSet, now: Duration, out: &mut Outbox) {
@@ -567,6 +605,11 @@ impl Node {
         now: Duration,
         out: &mut Outbox,
     ) {
+        if self.files_full {
+            // It cannot persist its served epoch and run: as the
+            // replicator does, it hands the volume to a replica in sync.
+            return self.hand_over_unwritable(revision, &record, now, out);
+        }
         // Fence this node's own replica first: the old primary's writes stop here too.
         let own = Token {
             epoch: record.epoch,
@@ -859,7 +902,7 @@ impl Node {
         let Some((change, primary)) = self.files.take() else {
             return;
         };
-        let durable = !rng.chance(FILE_FAILURE_PPM);
+        let durable = !self.files_full && !rng.chance(FILE_FAILURE_PPM);
         if durable {
             self.change_files(change);
         } else {

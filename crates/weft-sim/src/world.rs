@@ -70,6 +70,8 @@ pub struct Report {
     pub power_losses: u64,
     /// Of which disks failing (a failed pool), cleared later.
     pub disk_failures: u64,
+    /// Of which data directories filling up, with room again later.
+    pub files_full: u64,
     /// Promotions and planned moves (epochs after the first).
     pub promotions: u64,
     /// Planned moves of the primary asked for.
@@ -100,6 +102,7 @@ impl Report {
         self.faults += other.faults;
         self.power_losses += other.power_losses;
         self.disk_failures += other.disk_failures;
+        self.files_full += other.files_full;
         self.promotions += other.promotions;
         self.moves_asked += other.moves_asked;
         self.moves_done += other.moves_done;
@@ -249,6 +252,10 @@ pub enum Event {
     },
     /// The operator clears a node's disk failure.
     ClearDisk {
+        node: NodeId,
+    },
+    /// The operator makes room in a node's data directory.
+    FilesRoom {
         node: NodeId,
     },
     Heal {
@@ -634,6 +641,11 @@ impl World {
                 self.note(format!("clear {node}'s disk failure"));
                 return Ok(());
             }
+            Event::FilesRoom { node } => {
+                self.nodes[node.0 as usize].set_files_full(false);
+                self.note(format!("room again in {node}'s data directory"));
+                return Ok(());
+            }
             Event::Heal { a, b } => {
                 self.partitions.remove(&(a, b));
                 self.partitions.remove(&(b, a));
@@ -722,7 +734,7 @@ impl World {
         let index = node.0 as usize;
         let may_fail = self.unwell() + 1 < usize::from(self.config.nodes)
             && self.liveness[index] == Liveness::Up;
-        match self.rng.range(0, 12) {
+        match self.rng.range(0, 13) {
             0..=2 if may_fail => {
                 self.liveness[index] = Liveness::Down;
                 let now = self.now;
@@ -753,6 +765,13 @@ impl World {
                 let back = Duration::from_millis(self.rng.range(300, 4000));
                 self.note(format!("{node}'s disk fails, cleared in {back:?}"));
                 self.schedule(back, Event::ClearDisk { node });
+            }
+            12 => {
+                self.nodes[index].set_files_full(true);
+                self.report.files_full += 1;
+                let back = Duration::from_millis(self.rng.range(300, 4000));
+                self.note(format!("{node}'s data directory is full for {back:?}"));
+                self.schedule(back, Event::FilesRoom { node });
             }
             3..=4 if may_fail => {
                 self.liveness[index] = Liveness::Paused;
@@ -835,6 +854,7 @@ impl World {
         self.slow.clear();
         for node in &mut self.nodes {
             node.clear_disk();
+            node.set_files_full(false);
         }
         for id in 0..self.config.nodes {
             let node = NodeId(id);

@@ -1003,3 +1003,83 @@ fn a_primary_whose_pool_fails_hands_the_volume_to_its_replica() {
     eventually("n1 back in sync", || in_sync(&n2) == 2);
     drop(etcd);
 }
+
+/// The primary's node cannot write its files (its data directory's
+/// filesystem fills up, a real ENOSPC): the primary, which cannot persist
+/// its write intent, hands the volume to its in-sync replica, and the
+/// host's writes go on there. Once there is room again, its copy is
+/// rebuilt and in sync.
+#[test]
+fn a_primary_that_cannot_write_its_files_hands_the_volume_to_its_replica() {
+    let dir = temp_dir("replication-files-fail");
+    let data = dir.join("n1");
+    std::fs::create_dir_all(&data).unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=4m", "weft-test"])
+        .arg(&data)
+        .status();
+    if !matches!(mounted, Ok(status) if status.success()) {
+        eprintln!("skipped: cannot mount a tmpfs here");
+        return;
+    }
+    let _mount = Mount(data.clone());
+    let (etcd, _, _, [n1, n2, _n3]) = three_nodes(&dir, "");
+    std::fs::create_dir_all(dir.join("pools")).unwrap();
+    for (name, device) in [
+        ("n1", dir.join("pools").join("n1.img")),
+        ("n2", dir.join("pools").join("n2.img")),
+    ] {
+        let device = device.to_str().unwrap();
+        let args = ["pool", "create", "p", "--node", name, "--device", device];
+        ok(&n1, &[&args[..], &["--device-size", "256MiB"]].concat());
+    }
+    ok(&n1, &["host", "add", "tester", "--nqn", HOST_NQN]);
+    let create = [
+        "volume",
+        "create",
+        "rep",
+        "--size",
+        "16MiB",
+        "--replicas",
+        "2",
+    ];
+    let create = [&create[..], &["--node", "n1"]].concat();
+    eventually("the volume created", || support::weft(&n1, &create).0);
+    ok(&n1, &["volume", "attach", "rep", "--host", "tester"]);
+    let (controller, mut queue) = connect(&n1);
+    write_blocks(&mut queue, 0..16);
+    drop((queue, controller));
+    eventually("both copies in sync", || in_sync(&n1) == 2);
+
+    // n1's data directory fills up: its next write intent cannot be persisted.
+    let filler = data.join("filler");
+    let _ = std::process::Command::new("dd")
+        .args(["if=/dev/zero", "bs=64k", "count=128"])
+        .arg(format!("of={}", filler.display()))
+        .stderr(std::process::Stdio::null())
+        .status();
+    let nodes = [&n1, &n2];
+    let far: Vec<u64> = (0..4).map(|i| 1024 + i * 256).collect();
+    for &block in &far {
+        write_anywhere(&nodes, block, &pattern(block, 2));
+    }
+    eventually("n2 serves", || primary_of(&n2) == "n2");
+    assert_ne!(replica_state(&n2, "n1"), "in-sync");
+    let log = std::fs::read_to_string(dir.join("n1.log")).unwrap();
+    assert!(log.contains("it handed the volume to n2"), "{log}");
+
+    // Room again: n1's copy is rebuilt, and holds every write.
+    std::fs::remove_file(&filler).unwrap();
+    eventually("n1 back in sync", || in_sync(&n2) == 2);
+    ok(&n2, &["volume", "move-primary", "rep", "--to", "n1"]);
+    let (controller, mut queue) = connect(&n1);
+    for block in far.iter().copied().chain(0..16) {
+        let generation = if block < 16 { 1 } else { 2 };
+        let read = retrying("read", || {
+            queue.read(1, block, BLOCK, BLOCK).map(<[u8]>::to_vec)
+        });
+        assert_eq!(read, pattern(block, generation), "block {block} on n1");
+    }
+    drop((queue, controller));
+    drop(etcd);
+}

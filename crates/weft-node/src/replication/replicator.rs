@@ -51,7 +51,7 @@ use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 use weft_cluster::replicas::{node_id, replica_set, with_replica_set};
 use weft_cluster::LeaseClock;
-use weft_control::{DesiredState, ReplicationRecord, StoreError, VolumeRecord};
+use weft_control::{DesiredState, ReplicaState, ReplicationRecord, StoreError, VolumeRecord};
 use weft_initiator::ConnectOptions;
 use weft_proto::fence::{FenceToken, Fences, LocalFence};
 use weft_proto::IoError;
@@ -433,14 +433,21 @@ impl Replicator {
         };
         // The run first: a served epoch written alone would pass a new
         // run for the old one's continuation after a crash.
-        let goes_on = run_file
+        let persisted = run_file
             .begin(replication.epoch, continued)
-            .map_err(|e| format!("the run file of volume {volume}: {e}"))?;
-        if !goes_on {
-            intent.forget_kept();
+            .map_err(|e| format!("the run file of volume {volume}: {e}"))
+            .and_then(|goes_on| {
+                if !goes_on {
+                    intent.forget_kept();
+                }
+                write_served_epoch(&dir, &volume, replication.epoch)
+                    .map_err(|e| format!("{}: {e}", epoch_file.display()))
+            });
+        if let Err(error) = persisted {
+            // Without its files it cannot serve: another copy in sync does.
+            hand_over_unwritable(&desired, &volume, &me, revision, &replication);
+            return Err(error);
         }
-        write_served_epoch(&dir, &volume, replication.epoch)
-            .map_err(|e| format!("{}: {e}", epoch_file.display()))?;
         let geometry = Geometry {
             blocks: replication.size_bytes / u64::from(replication.block_size),
             region_blocks: intent.intent().region_bytes() / u64::from(replication.block_size),
@@ -1343,6 +1350,55 @@ impl Replicator {
             };
             let _ = events.send(Event::BarrierLocal { seq, result });
         });
+    }
+}
+
+/// This node cannot write the files a primary must persist (its data
+/// directory is full, or failing): it hands the volume to a replica in
+/// sync, on a live node if one is, under the next epoch, and faults its
+/// own copy into that epoch, as a promotion faults the old primary: its
+/// copy holds every acknowledged write (only its files failed), so it is
+/// rebuilt partially, and it gets the role back if the new primary turns
+/// out to have lost power. Safe as a promotion after a lease is: this node
+/// does not serve (its last replicator drained), the replicas in sync hold
+/// every acknowledged write, and the next primary fences every copy.
+/// Nothing if no replica is in sync: it tries to serve again at the next
+/// reconcile.
+fn hand_over_unwritable(
+    desired: &DesiredState,
+    volume: &str,
+    me: &str,
+    revision: u64,
+    replication: &ReplicationRecord,
+) {
+    let in_sync: Vec<&str> = replication
+        .members
+        .iter()
+        .filter(|m| m.node != me && m.state == ReplicaState::InSync)
+        .map(|m| m.node.as_str())
+        .collect();
+    let alive = |node: &&&str| {
+        let key = weft_cluster::records::alive_key(node);
+        matches!(desired.store().get(&key), Ok(Some(_)))
+    };
+    let Some(target) = in_sync.iter().find(alive).or(in_sync.first()) else {
+        return;
+    };
+    let mut next = replication.clone();
+    next.epoch = replication.epoch + 1;
+    next.primary = (*target).to_string();
+    next.previous = Some(me.to_string());
+    next.move_to = None;
+    for member in next.members.iter_mut().filter(|m| m.node == me) {
+        let epoch = next.epoch;
+        member.state = ReplicaState::Faulted { epoch };
+    }
+    match commit(desired, volume, revision, next) {
+        Event::Committed { record, .. } => log::error!(
+            "volume {volume}: this node cannot persist a primary's files; it handed the volume to {target} (epoch {}), which rebuilds its copy here once it can",
+            record.epoch
+        ),
+        _ => log::warn!("volume {volume}: this node cannot persist a primary's files, nor hand the volume over yet"),
     }
 }
 
