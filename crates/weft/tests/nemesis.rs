@@ -6,7 +6,10 @@
 //! between two nodes and between the host and a node (a proxy in front of
 //! every etcd member and every node's NVMe/TCP listener, see
 //! support/proxy.rs), an etcd member's loss (and a leader election), two of
-//! three nodes down and back, every node restarted at once.
+//! three nodes down and back, every node restarted at once, and a node's
+//! disk filling up (its data directory and pool on a tmpfs of their own, where
+//! the test may mount one: root), healed by making room and `weft pool
+//! clear-failure`.
 //!
 //! Meanwhile an operator keeps changing the volumes' QoS limits and
 //! attaching and detaching another host through any node's API: the calls
@@ -105,6 +108,9 @@ enum Fault {
     /// Killed, started again, and killed again shortly after (while it
     /// catches up: a reboot during its rebuild).
     KillTwice(usize),
+    /// Its filesystem (pool and data directory, a tmpfs of its own) fills
+    /// up; healed by making room and `weft pool clear-failure`.
+    DiskFull(usize),
 }
 
 impl Fault {
@@ -120,6 +126,7 @@ impl Fault {
             Fault::TwoDown(..) => "two of three nodes down",
             Fault::RestartAll => "every node restarted",
             Fault::KillTwice(_) => "node killed again while catching up",
+            Fault::DiskFull(_) => "node's disk full",
         }
     }
 
@@ -127,7 +134,7 @@ impl Fault {
     fn nodes(&self) -> Vec<usize> {
         match *self {
             Fault::Kill(i) | Fault::Pause(i) | Fault::EtcdCut(i) | Fault::HostCut(i) => vec![i],
-            Fault::KillTwice(i) => vec![i],
+            Fault::KillTwice(i) | Fault::DiskFull(i) => vec![i],
             Fault::Isolate(i) => vec![i],
             Fault::PeerCut(a, b) | Fault::TwoDown(a, b) => vec![a, b],
             Fault::EtcdMemberLoss(_) => Vec::new(),
@@ -135,10 +142,13 @@ impl Fault {
         }
     }
 
-    fn pick(rng: &mut Rng) -> Fault {
+    /// A fault at random (a full disk only where the disks are tmpfs mounts).
+    fn pick(rng: &mut Rng, disks: bool) -> Fault {
         let node = rng.below(NODES as u64) as usize;
         let other = (node + 1 + rng.below(NODES as u64 - 1) as usize) % NODES;
-        match rng.below(22) {
+        match rng.below(24) {
+            22..=23 if disks => Fault::DiskFull(node),
+            22..=23 => Fault::Kill(node),
             0..=3 => Fault::Kill(node),
             20..=21 => Fault::KillTwice(node),
             4..=6 => Fault::Pause(node),
@@ -176,6 +186,48 @@ struct Slot {
     paused: bool,
     /// It runs (and restarts on) the earlier version's binary.
     old: bool,
+    /// Its data directory (and pool) is a tmpfs of its own, unmounted on
+    /// drop (after the process, declared before it, stopped).
+    disk: Option<Disk>,
+}
+
+/// A node's disk: a tmpfs at its data directory (where its pool is too),
+/// which the full-disk fault fills.
+struct Disk(PathBuf);
+
+impl Disk {
+    /// Mounts a tmpfs of 96 MiB at `dir`, if this machine lets the test (root).
+    fn mount(dir: &Path) -> Option<Disk> {
+        std::fs::create_dir_all(dir).unwrap();
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=96m", "weft-nemesis"])
+            .arg(dir)
+            .status();
+        matches!(mounted, Ok(status) if status.success()).then(|| Disk(dir.to_path_buf()))
+    }
+
+    /// Fills it up: every write that needs room fails (ENOSPC).
+    fn fill(&self) {
+        let filler = self.0.join("filler");
+        let _ = std::process::Command::new("dd")
+            .args(["if=/dev/zero", "bs=1M", "count=128"])
+            .arg(format!("of={}", filler.display()))
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+
+    fn make_room(&self) {
+        let _ = std::fs::remove_file(self.0.join("filler"));
+    }
+}
+
+impl Drop for Disk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
 }
 
 /// etcd, the proxies and the nodes.
@@ -219,6 +271,7 @@ impl Cluster {
                 net.proxy(&node_name(i), listen, upstream);
                 Slot {
                     port,
+                    disk: Disk::mount(&dir.join(node_name(i))),
                     node: None,
                     paused: false,
                     old: old_binary.is_some(),
@@ -302,6 +355,11 @@ impl Cluster {
         self.slots[i].paused = false;
     }
 
+    /// Whether the nodes' disks are tmpfs mounts (the full-disk fault needs them).
+    fn disks(&self) -> bool {
+        self.slots.iter().all(|s| s.disk.is_some())
+    }
+
     fn signal(&mut self, i: usize, signal: &str) {
         if let Some(node) = &self.slots[i].node {
             let pid = node.pid().to_string();
@@ -352,6 +410,7 @@ impl Cluster {
             }
             Fault::RestartAll => (0..NODES).for_each(|i| self.kill(i)),
             Fault::KillTwice(i) => self.kill(i),
+            Fault::DiskFull(i) => self.slots[i].disk.as_ref().expect("mounted").fill(),
         }
     }
 
@@ -382,6 +441,16 @@ impl Cluster {
         for i in 0..NODES {
             if self.slots[i].node.is_none() {
                 self.start_node(i);
+            }
+        }
+        for fault in faults {
+            if let Fault::DiskFull(i) = *fault {
+                self.slots[i].disk.as_ref().expect("mounted").make_room();
+                // Its pool failed if a write reached it meanwhile (else
+                // the call says so, and nothing changes).
+                let name = node_name(i);
+                let args = ["pool", "clear-failure", "p", "--node", &name];
+                let _ = support::weft(self.api_node(), &args);
             }
         }
     }
@@ -860,7 +929,7 @@ fn no_acknowledged_write_is_lost_whatever_fails() {
                 }
             }
         }
-        let first = Fault::pick(&mut rng);
+        let first = Fault::pick(&mut rng, cluster.disks());
         let faults: Vec<Fault> = std::iter::once(first)
             .chain(first.companion(&mut rng))
             .collect();
