@@ -146,9 +146,9 @@ impl Fault {
     fn pick(rng: &mut Rng, disks: bool) -> Fault {
         let node = rng.below(NODES as u64) as usize;
         let other = (node + 1 + rng.below(NODES as u64 - 1) as usize) % NODES;
-        match rng.below(24) {
-            22..=23 if disks => Fault::DiskFull(node),
-            22..=23 => Fault::Kill(node),
+        match rng.below(25) {
+            22..=24 if disks => Fault::DiskFull(node),
+            22..=24 => Fault::Kill(node),
             0..=3 => Fault::Kill(node),
             20..=21 => Fault::KillTwice(node),
             4..=6 => Fault::Pause(node),
@@ -410,7 +410,17 @@ impl Cluster {
             }
             Fault::RestartAll => (0..NODES).for_each(|i| self.kill(i)),
             Fault::KillTwice(i) => self.kill(i),
-            Fault::DiskFull(i) => self.slots[i].disk.as_ref().expect("mounted").fill(),
+            Fault::DiskFull(i) => {
+                self.slots[i].disk.as_ref().expect("mounted").fill();
+                // The writer's blocks are allocated and their regions
+                // marked: a snapshot makes every copy commit metadata, and
+                // so the full node's pool fails (its primaries hand over,
+                // its replicas fall out of sync).
+                for (volume, _, _) in VOLUMES {
+                    let snapshot = format!("{volume}@full");
+                    let _ = support::weft(self.api_node(), &["snapshot", "create", &snapshot]);
+                }
+            }
         }
     }
 
@@ -451,6 +461,10 @@ impl Cluster {
                 let name = node_name(i);
                 let args = ["pool", "clear-failure", "p", "--node", &name];
                 let _ = support::weft(self.api_node(), &args);
+                for (volume, _, _) in VOLUMES {
+                    let snapshot = format!("{volume}@full");
+                    let _ = support::weft(self.api_node(), &["snapshot", "delete", &snapshot]);
+                }
             }
         }
     }
@@ -724,6 +738,10 @@ struct Report {
     unattributed: u64,
     /// The operator's API calls: made, and refused or failed.
     api_calls: (u64, u64),
+    /// From the nodes' logs: pools failed, and primaries that handed their
+    /// volume over because their copy failed or their files could not be written.
+    pools_failed: u64,
+    handovers: u64,
 }
 
 impl Report {
@@ -762,6 +780,8 @@ impl Report {
             "unattributed_connections": self.unattributed,
             "api_changes_made": self.api_calls.0,
             "api_changes_refused": self.api_calls.1,
+            "pools_failed": self.pools_failed,
+            "handovers_after_disk_faults": self.handovers,
         })
     }
 
@@ -781,7 +801,8 @@ impl Report {
              | lost (acknowledged, read older) | {} |\n| stale reads while running | {} |\n\
              | corrupt reads | {} |\n| time to converge p50 / max | {:.1} s / {:.1} s |\n\
              | phases that did not converge | {} |\n\
-             | proxied connections not attributed to a process | {} |\n",
+             | proxied connections not attributed to a process | {} |\n\
+             | pools failed / primaries handed over after a disk fault | {} / {} |\n",
             self.counts.acknowledged,
             self.counts.failed,
             self.counts.reads,
@@ -795,6 +816,8 @@ impl Report {
             self.converge_quantile(1.0),
             self.not_converged.len(),
             self.unattributed,
+            self.pools_failed,
+            self.handovers,
         ));
         out
     }
@@ -1002,6 +1025,14 @@ fn no_acknowledged_write_is_lost_whatever_fails() {
         }
     }
     report.unattributed = cluster.net.unattributed();
+    for i in 0..NODES {
+        let log = std::fs::read_to_string(dir.join(format!("{}.log", node_name(i))));
+        let log = log.unwrap_or_default();
+        let count = |what: &str| log.matches(what).count() as u64;
+        report.pools_failed += count("metadata write failed");
+        report.handovers +=
+            count("it hands the volume to an in-sync replica") + count("it handed the volume to");
+    }
     let table = report.table();
     eprintln!("{table}");
     if let Ok(path) = std::env::var("WEFT_NEMESIS_JSON") {
