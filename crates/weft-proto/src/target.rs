@@ -479,13 +479,20 @@ impl ControllerShared {
     /// The target's own writer to subsystem `subnqn`'s media, outside any
     /// connection (see [`crate::fence::LocalFence`]): never in the registry.
     pub(crate) fn local_writer(subnqn: &str) -> ControllerShared {
+        let local = ControllerShared::new(Cntlid(0), subnqn, "", [0; 16]);
+        local.ready.store(true, Ordering::Release);
+        local
+    }
+
+    /// A controller that is alive, not ready yet, and holds no fence.
+    fn new(cntlid: Cntlid, subnqn: &str, hostnqn: &str, host_id: [u8; 16]) -> ControllerShared {
         ControllerShared {
-            cntlid: Cntlid(0),
+            cntlid,
             subnqn: subnqn.to_string(),
-            hostnqn: String::new(),
-            host_id: [0; 16],
+            hostnqn: hostnqn.to_string(),
+            host_id,
             alive: AtomicBool::new(true),
-            ready: AtomicBool::new(true),
+            ready: AtomicBool::new(false),
             epoch: AtomicU32::new(0),
             io_queues_granted: AtomicU32::new(0),
             io_queues_connected: AtomicU64::new(0),
@@ -706,21 +713,12 @@ impl ControllerRegistry {
         let cntlid = inner
             .free_cntlid(&self.range)
             .ok_or(RegistryError::Exhausted)?;
-        let controller = Arc::new(ControllerShared {
-            cntlid: Cntlid(cntlid),
-            subnqn: subnqn.to_string(),
-            hostnqn: hostnqn.to_string(),
+        let controller = Arc::new(ControllerShared::new(
+            Cntlid(cntlid),
+            subnqn,
+            hostnqn,
             host_id,
-            alive: AtomicBool::new(true),
-            ready: AtomicBool::new(false),
-            epoch: AtomicU32::new(0),
-            io_queues_granted: AtomicU32::new(0),
-            io_queues_connected: AtomicU64::new(0),
-            write_cache_enabled: AtomicBool::new(true),
-            counters: ControllerCounters::default(),
-            fence_holder: AtomicBool::new(false),
-            fenced_io_in_flight: AtomicU32::new(0),
-        });
+        ));
         inner.controllers.insert(cntlid, Arc::clone(&controller));
         Ok(controller)
     }

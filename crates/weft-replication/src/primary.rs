@@ -286,6 +286,11 @@ enum OpKind {
     },
     /// Makes this node's copy durable before it is left the only one in sync.
     SoleFlush,
+    /// Makes the replica a primary whose copy failed hands over to durable
+    /// first: it is left the only copy in sync.
+    HandoverFlush {
+        to: NodeId,
+    },
 }
 
 /// The local flush before this node is left the only copy in sync.
@@ -316,7 +321,10 @@ impl Op {
     fn is_host(&self) -> bool {
         !matches!(
             self.kind,
-            OpKind::Copy { .. } | OpKind::JoinFlush { .. } | OpKind::SoleFlush
+            OpKind::Copy { .. }
+                | OpKind::JoinFlush { .. }
+                | OpKind::SoleFlush
+                | OpKind::HandoverFlush { .. }
         )
     }
 
@@ -324,9 +332,11 @@ impl Op {
         match self.kind {
             OpKind::Write { extent, .. } => Some(extent),
             OpKind::Copy { region, .. } => Some(geometry.extent_of(region)),
-            OpKind::Read { .. } | OpKind::Flush | OpKind::JoinFlush { .. } | OpKind::SoleFlush => {
-                None
-            }
+            OpKind::Read { .. }
+            | OpKind::Flush
+            | OpKind::JoinFlush { .. }
+            | OpKind::SoleFlush
+            | OpKind::HandoverFlush { .. } => None,
         }
     }
 
@@ -382,6 +392,9 @@ pub struct Primary {
     lease_until: Duration,
     /// This node's copy failed: it hands over (see the module's docs).
     own_copy_failed: bool,
+    /// The replica it hands over to after its copy failed, once that one
+    /// made every acknowledged write durable (reset by any new write).
+    handover_flushed: Option<NodeId>,
     actions: VecDeque<Action>,
 }
 
@@ -428,6 +441,7 @@ impl Primary {
             clean_due_at: Duration::MAX,
             lease_until: Duration::ZERO,
             own_copy_failed: false,
+            handover_flushed: None,
             actions: VecDeque::new(),
             commit_in_flight: false,
             commit_retry_at: None,
@@ -555,6 +569,7 @@ impl Primary {
         if let Some(refusal) = self.refusal(now) {
             return self.complete(op, refusal);
         }
+        self.handover_flushed = None;
         self.ops.insert(
             op,
             Op {
@@ -895,7 +910,7 @@ impl Primary {
     }
 
     /// Hands over once nothing is in flight and the record is settled.
-    fn try_hand_over(&mut self) {
+    fn try_hand_over(&mut self, now: Duration) {
         if self.commit_in_flight
             || !self.uncertain.is_empty()
             || self.faults_pending()
@@ -907,6 +922,12 @@ impl Primary {
         let Some(target) = self.move_target() else {
             return;
         };
+        if self.own_copy_failed && self.handover_flushed != Some(target) {
+            // Left the only copy in sync it may be: every acknowledged
+            // write durable there first (a power loss there next must not
+            // lose one), as a primary left alone flushes its own copy.
+            return self.flush_for_handover(target, now);
+        }
         let mut next = self.record.clone();
         next.epoch = self.record.epoch.next();
         next.primary = target;
@@ -928,6 +949,27 @@ impl Primary {
             base_revision: self.revision,
             record: next,
         });
+    }
+
+    /// Asks `target` to make its writes durable (once: the answer, or its
+    /// link's failure, ends the op).
+    fn flush_for_handover(&mut self, target: NodeId, now: Duration) {
+        let running = self
+            .ops
+            .values()
+            .any(|op| matches!(op.kind, OpKind::HandoverFlush { to } if to == target));
+        let Some(link) = self.links.get(&target).filter(|_| !running) else {
+            return;
+        };
+        let token = link.token;
+        let op = OpId(self.next_internal_op);
+        self.next_internal_op += 1;
+        let mut flush = new_op(OpKind::HandoverFlush { to: target }, now);
+        flush.required.push(target);
+        flush.deadline = now + self.config.replica_timeout;
+        self.ops.insert(op, flush);
+        let msg = ToReplica::Flush { token, op };
+        self.actions.push_back(Action::Send { to: target, msg });
     }
 
     /// The record this primary wants: its links' standing over the last one
@@ -1229,6 +1271,7 @@ impl Primary {
                 self.sole_flush = Some(SoleFlush::Done);
                 self.maybe_commit();
             }
+            OpKind::HandoverFlush { to } => self.handover_flushed = Some(to),
             OpKind::Read { .. } | OpKind::Flush => {}
         }
     }
@@ -1384,7 +1427,7 @@ impl Primary {
             self.resync = RegionSet::new(self.config.geometry.regions());
         }
         self.clean(now);
-        self.try_hand_over();
+        self.try_hand_over(now);
     }
 
     fn fencing_progress(&mut self, now: Duration) {
@@ -1736,6 +1779,21 @@ mod tests {
             )),
             "nothing is cleaned: this copy lacks the write"
         );
+        // n1 will be the only copy in sync: every write durable there first.
+        let flush = actions
+            .iter()
+            .find_map(|a| match a {
+                Action::Send {
+                    to: NodeId(1),
+                    msg: ToReplica::Flush { op, .. },
+                } => Some(*op),
+                _ => None,
+            })
+            .expect("a flush of n1 first");
+        assert!(!actions.iter().any(|a| matches!(a, Action::Commit { .. })));
+        let flushed = FromReplica::Done { token, op: flush };
+        primary.replica_reply(NodeId(1), flushed, 5 * MS);
+        let actions = drain(&mut primary);
         let mut next = ReplicaSet::new(&[NodeId(0), NodeId(1)]);
         next.epoch = Epoch(2);
         next.primary = NodeId(1);

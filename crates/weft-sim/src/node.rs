@@ -363,7 +363,15 @@ impl Node {
         }
         if self.last_poll.is_none_or(|t| now >= t + POLL_EVERY) {
             self.last_poll = Some(now);
-            self.ask(StoreAsk::Get, StoreReq::Get, now, out);
+            // Before it joins after a power loss, it reads the store itself
+            // (`weft serve` does so through etcd, not its mirror): a lagging
+            // revision that shows it out of sync must not let it join.
+            let req = if self.may_register {
+                StoreReq::Get
+            } else {
+                StoreReq::GetLatest
+            };
+            self.ask(StoreAsk::Get, req, now, out);
         }
         let expired: Vec<(u64, StoreAsk)> = self
             .asks

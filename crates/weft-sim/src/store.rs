@@ -118,6 +118,11 @@ impl Store {
                 let (revision, record) = self.read(from, rng);
                 StoreResp::Record { revision, record }
             }
+            StoreReq::GetLatest => {
+                self.given.insert(from, self.revision);
+                let (revision, record) = (self.revision, self.record.clone());
+                StoreResp::Record { revision, record }
+            }
             StoreReq::Cas { base, record } => {
                 if base == self.revision {
                     if self.record.move_to == Some(record.primary) {

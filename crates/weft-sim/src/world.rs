@@ -162,8 +162,15 @@ pub enum HostCmd {
 #[derive(Debug, Clone)]
 pub enum StoreReq {
     Renew,
+    /// A read of the node's watch-fed mirror (it may lag).
     Get,
-    Cas { base: u64, record: ReplicaSet },
+    /// A read from the store itself (linearizable), as a node makes before
+    /// it joins after a power loss.
+    GetLatest,
+    Cas {
+        base: u64,
+        record: ReplicaSet,
+    },
 }
 
 /// What the store answers.

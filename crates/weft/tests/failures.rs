@@ -7,36 +7,20 @@
 
 mod support;
 
-use std::process::Command;
-use support::{ok, pool_with_volume, start_node, temp_dir};
+use support::{ok, pool_with_volume, start_node, temp_dir, Tmpfs};
 use weft_initiator::{ConnectOptions, Controller, InitiatorError, TargetUrl};
 use weft_proto::status::Status;
 
 const HOST_NQN: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-0000000fa11d";
 
-/// Unmounts the tmpfs when the test ends, however it ends.
-struct Mount(std::path::PathBuf);
-
-impl Drop for Mount {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-    }
-}
-
 #[test]
 fn a_pool_that_fails_a_metadata_write_fails_all_io_until_cleared() {
     let dir = temp_dir("failing-pool");
     let small = dir.join("tmpfs");
-    std::fs::create_dir_all(&small).unwrap();
-    let mounted = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=48m", "weft-test"])
-        .arg(&small)
-        .status();
-    if !matches!(mounted, Ok(status) if status.success()) {
+    let Some(disk) = Tmpfs::mount(&small, "48m") else {
         eprintln!("skipped: cannot mount a tmpfs here");
         return;
-    }
-    let _mount = Mount(small.clone());
+    };
     let node = start_node(&dir.join("data"), &[]);
     pool_with_volume(&node, &small.join("d0.img"), "v", "64MiB");
     ok(&node, &["host", "add", "h", "--nqn", HOST_NQN]);
@@ -50,12 +34,7 @@ fn a_pool_that_fails_a_metadata_write_fails_all_io_until_cleared() {
     let mut queue = controller.open_io_queue(1).unwrap();
     queue.write(1, 0, 4096, &[1u8; 4096]).unwrap();
     // Fill the filesystem: the next allocation's journal write fails.
-    let filler = small.join("filler");
-    let _ = Command::new("dd")
-        .args(["if=/dev/zero", "bs=1M", "count=64"])
-        .arg(format!("of={}", filler.display()))
-        .stderr(std::process::Stdio::null())
-        .status();
+    disk.fill(64);
     let status = |result: Result<(), InitiatorError>| match result {
         Err(InitiatorError::Command { status, .. }) => status,
         other => panic!("expected a command status, got {other:?}"),
@@ -63,7 +42,7 @@ fn a_pool_that_fails_a_metadata_write_fails_all_io_until_cleared() {
     // Allocation units of 1 MiB: block 8192 (32 MiB) is in a fresh one.
     let first = status(queue.write(1, 8192, 4096, &[2u8; 4096]));
     assert_ne!(first, Status::SUCCESS);
-    std::fs::remove_file(&filler).unwrap();
+    disk.make_room();
     // Space is back, but the pool stays failed: every I/O, with DNR.
     let read = queue.read(1, 0, 4096, 4096).map(|_| ());
     assert_eq!(

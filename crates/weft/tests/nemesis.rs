@@ -46,7 +46,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use support::etcd::{free_port, Etcd};
 use support::proxy::Net;
-use support::{start_binary_on, Node};
+use support::{start_binary_on, Node, Tmpfs};
 use weft_control::{ReplicaState, Store, VolumeRecord};
 use weft_initiator::{ConnectOptions, Controller, Queue, TargetUrl};
 
@@ -188,46 +188,7 @@ struct Slot {
     old: bool,
     /// Its data directory (and pool) is a tmpfs of its own, unmounted on
     /// drop (after the process, declared before it, stopped).
-    disk: Option<Disk>,
-}
-
-/// A node's disk: a tmpfs at its data directory (where its pool is too),
-/// which the full-disk fault fills.
-struct Disk(PathBuf);
-
-impl Disk {
-    /// Mounts a tmpfs of 96 MiB at `dir`, if this machine lets the test (root).
-    fn mount(dir: &Path) -> Option<Disk> {
-        std::fs::create_dir_all(dir).unwrap();
-        let mounted = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", "size=96m", "weft-nemesis"])
-            .arg(dir)
-            .status();
-        matches!(mounted, Ok(status) if status.success()).then(|| Disk(dir.to_path_buf()))
-    }
-
-    /// Fills it up: every write that needs room fails (ENOSPC).
-    fn fill(&self) {
-        let filler = self.0.join("filler");
-        let _ = std::process::Command::new("dd")
-            .args(["if=/dev/zero", "bs=1M", "count=128"])
-            .arg(format!("of={}", filler.display()))
-            .stderr(std::process::Stdio::null())
-            .status();
-    }
-
-    fn make_room(&self) {
-        let _ = std::fs::remove_file(self.0.join("filler"));
-    }
-}
-
-impl Drop for Disk {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount")
-            .arg("-l")
-            .arg(&self.0)
-            .status();
-    }
+    disk: Option<Tmpfs>,
 }
 
 /// etcd, the proxies and the nodes.
@@ -271,7 +232,7 @@ impl Cluster {
                 net.proxy(&node_name(i), listen, upstream);
                 Slot {
                     port,
-                    disk: Disk::mount(&dir.join(node_name(i))),
+                    disk: Tmpfs::mount(&dir.join(node_name(i)), "96m"),
                     node: None,
                     paused: false,
                     old: old_binary.is_some(),
@@ -411,7 +372,7 @@ impl Cluster {
             Fault::RestartAll => (0..NODES).for_each(|i| self.kill(i)),
             Fault::KillTwice(i) => self.kill(i),
             Fault::DiskFull(i) => {
-                self.slots[i].disk.as_ref().expect("mounted").fill();
+                self.slots[i].disk.as_ref().expect("mounted").fill(128);
                 // The writer's blocks are allocated and their regions
                 // marked: a snapshot makes every copy commit metadata, and
                 // so the full node's pool fails (its primaries hand over,

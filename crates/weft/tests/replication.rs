@@ -10,7 +10,7 @@ mod support;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use support::etcd::{free_port, Etcd};
-use support::{ok, start_node_on, temp_dir, Node};
+use support::{ok, start_node_on, temp_dir, Node, Tmpfs};
 use weft_initiator::{ConnectOptions, Controller, InitiatorError, Queue, TargetUrl};
 use weft_proto::reservation::{ACQUIRE_OPCODE, REGISTER_OPCODE};
 use weft_proto::status::{Status, StatusCodeType};
@@ -879,16 +879,50 @@ fn a_reservation_holds_on_the_new_primary_after_the_old_one_is_killed() {
     drop(etcd);
 }
 
-/// Unmounts a tmpfs when the test ends, however it ends.
-struct Mount(PathBuf);
-
-impl Drop for Mount {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount")
-            .arg("-l")
-            .arg(&self.0)
-            .status();
+/// Through `n1`: pools on n1 and n2 (their devices as given), the host,
+/// and volume "rep" of two replicas with its primary on n1, blocks 0..16
+/// written and both copies in sync.
+fn two_copies_on_n1(n1: &Node, devices: [PathBuf; 2]) {
+    for (name, device) in ["n1", "n2"].into_iter().zip(devices) {
+        let device = device.to_str().unwrap();
+        let args = ["pool", "create", "p", "--node", name, "--device", device];
+        ok(n1, &[&args[..], &["--device-size", "256MiB"]].concat());
     }
+    ok(n1, &["host", "add", "tester", "--nqn", HOST_NQN]);
+    let create = [
+        "volume",
+        "create",
+        "rep",
+        "--size",
+        "16MiB",
+        "--replicas",
+        "2",
+    ];
+    let create = [&create[..], &["--node", "n1"]].concat();
+    eventually("the volume created", || support::weft(n1, &create).0);
+    ok(n1, &["volume", "attach", "rep", "--host", "tester"]);
+    let (controller, mut queue) = connect(n1);
+    write_blocks(&mut queue, 0..16);
+    drop((queue, controller));
+    eventually("both copies in sync", || in_sync(n1) == 2);
+}
+
+/// Checks blocks 0..16 (generation 1) and `far` (generation 2) through `node`.
+fn check_far_and_near(node: &Node, far: &[u64]) {
+    let (controller, mut queue) = connect(node);
+    for block in far.iter().copied().chain(0..16) {
+        let generation = if block < 16 { 1 } else { 2 };
+        let read = retrying("read", || {
+            queue.read(1, block, BLOCK, BLOCK).map(<[u8]>::to_vec)
+        });
+        assert_eq!(
+            read,
+            pattern(block, generation),
+            "block {block} on {}",
+            node.nvme
+        );
+    }
+    drop((queue, controller));
 }
 
 /// Writes `data` at `block` through whichever node serves volume "rep",
@@ -930,67 +964,22 @@ fn write_anywhere(nodes: &[&Node], block: u64, data: &[u8]) {
 #[test]
 fn a_primary_whose_pool_fails_hands_the_volume_to_its_replica() {
     let dir = temp_dir("replication-pool-fails");
-    let small = dir.join("small");
-    std::fs::create_dir_all(&small).unwrap();
-    let mounted = std::process::Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=48m", "weft-test"])
-        .arg(&small)
-        .status();
-    if !matches!(mounted, Ok(status) if status.success()) {
+    let Some(disk) = Tmpfs::mount(&dir.join("small"), "48m") else {
         eprintln!("skipped: cannot mount a tmpfs here");
         return;
-    }
-    let _mount = Mount(small.clone());
+    };
     let (etcd, _, _, [n1, n2, _n3]) = three_nodes(&dir, "");
-    for (name, device) in [
-        ("n1", small.join("p.img")),
-        ("n2", dir.join("n2").join("p.img")),
-    ] {
-        let device = device.to_str().unwrap();
-        let args = ["pool", "create", "p", "--node", name, "--device", device];
-        ok(&n1, &[&args[..], &["--device-size", "256MiB"]].concat());
-    }
-    ok(&n1, &["host", "add", "tester", "--nqn", HOST_NQN]);
-    let create = [
-        "volume",
-        "create",
-        "rep",
-        "--size",
-        "16MiB",
-        "--replicas",
-        "2",
-    ];
-    let create = [&create[..], &["--node", "n1"]].concat();
-    eventually("the volume created", || support::weft(&n1, &create).0);
-    ok(&n1, &["volume", "attach", "rep", "--host", "tester"]);
-    let (controller, mut queue) = connect(&n1);
-    write_blocks(&mut queue, 0..16);
-    drop((queue, controller));
-    eventually("both copies in sync", || in_sync(&n1) == 2);
+    two_copies_on_n1(&n1, [dir.join("small/p.img"), dir.join("n2/p.img")]);
 
     // n1's filesystem fills up: its next allocation fails, and its pool with it.
-    let filler = small.join("filler");
-    let _ = std::process::Command::new("dd")
-        .args(["if=/dev/zero", "bs=1M", "count=64"])
-        .arg(format!("of={}", filler.display()))
-        .stderr(std::process::Stdio::null())
-        .status();
-    let nodes = [&n1, &n2];
+    disk.fill(64);
     let far: Vec<u64> = (0..8).map(|i| 1024 + i * 256).collect();
     for &block in &far {
-        write_anywhere(&nodes, block, &pattern(block, 2));
+        write_anywhere(&[&n1, &n2], block, &pattern(block, 2));
     }
     eventually("n2 serves", || primary_of(&n2) == "n2");
     assert_ne!(replica_state(&n2, "n1"), "in-sync", "n1's copy failed");
-    let (controller, mut queue) = connect(&n2);
-    for block in far.iter().copied().chain(0..16) {
-        let generation = if block < 16 { 1 } else { 2 };
-        let read = retrying("read", || {
-            queue.read(1, block, BLOCK, BLOCK).map(<[u8]>::to_vec)
-        });
-        assert_eq!(read, pattern(block, generation), "block {block} on n2");
-    }
-    drop((queue, controller));
+    check_far_and_near(&n2, &far);
     let log = std::fs::read_to_string(dir.join("n1.log")).unwrap();
     assert!(
         log.contains("hands the volume to an in-sync replica"),
@@ -998,7 +987,7 @@ fn a_primary_whose_pool_fails_hands_the_volume_to_its_replica() {
     );
 
     // Room again, the failure cleared: n1's copy is rebuilt.
-    std::fs::remove_file(&filler).unwrap();
+    disk.make_room();
     ok(&n1, &["pool", "clear-failure", "p", "--node", "n1"]);
     eventually("n1 back in sync", || in_sync(&n2) == 2);
     drop(etcd);
@@ -1012,56 +1001,19 @@ fn a_primary_whose_pool_fails_hands_the_volume_to_its_replica() {
 #[test]
 fn a_primary_that_cannot_write_its_files_hands_the_volume_to_its_replica() {
     let dir = temp_dir("replication-files-fail");
-    let data = dir.join("n1");
-    std::fs::create_dir_all(&data).unwrap();
-    let mounted = std::process::Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=4m", "weft-test"])
-        .arg(&data)
-        .status();
-    if !matches!(mounted, Ok(status) if status.success()) {
+    let Some(data) = Tmpfs::mount(&dir.join("n1"), "4m") else {
         eprintln!("skipped: cannot mount a tmpfs here");
         return;
-    }
-    let _mount = Mount(data.clone());
+    };
     let (etcd, _, _, [n1, n2, _n3]) = three_nodes(&dir, "");
     std::fs::create_dir_all(dir.join("pools")).unwrap();
-    for (name, device) in [
-        ("n1", dir.join("pools").join("n1.img")),
-        ("n2", dir.join("pools").join("n2.img")),
-    ] {
-        let device = device.to_str().unwrap();
-        let args = ["pool", "create", "p", "--node", name, "--device", device];
-        ok(&n1, &[&args[..], &["--device-size", "256MiB"]].concat());
-    }
-    ok(&n1, &["host", "add", "tester", "--nqn", HOST_NQN]);
-    let create = [
-        "volume",
-        "create",
-        "rep",
-        "--size",
-        "16MiB",
-        "--replicas",
-        "2",
-    ];
-    let create = [&create[..], &["--node", "n1"]].concat();
-    eventually("the volume created", || support::weft(&n1, &create).0);
-    ok(&n1, &["volume", "attach", "rep", "--host", "tester"]);
-    let (controller, mut queue) = connect(&n1);
-    write_blocks(&mut queue, 0..16);
-    drop((queue, controller));
-    eventually("both copies in sync", || in_sync(&n1) == 2);
+    two_copies_on_n1(&n1, [dir.join("pools/n1.img"), dir.join("pools/n2.img")]);
 
     // n1's data directory fills up: its next write intent cannot be persisted.
-    let filler = data.join("filler");
-    let _ = std::process::Command::new("dd")
-        .args(["if=/dev/zero", "bs=64k", "count=128"])
-        .arg(format!("of={}", filler.display()))
-        .stderr(std::process::Stdio::null())
-        .status();
-    let nodes = [&n1, &n2];
+    data.fill(8);
     let far: Vec<u64> = (0..4).map(|i| 1024 + i * 256).collect();
     for &block in &far {
-        write_anywhere(&nodes, block, &pattern(block, 2));
+        write_anywhere(&[&n1, &n2], block, &pattern(block, 2));
     }
     eventually("n2 serves", || primary_of(&n2) == "n2");
     assert_ne!(replica_state(&n2, "n1"), "in-sync");
@@ -1069,17 +1021,9 @@ fn a_primary_that_cannot_write_its_files_hands_the_volume_to_its_replica() {
     assert!(log.contains("it handed the volume to n2"), "{log}");
 
     // Room again: n1's copy is rebuilt, and holds every write.
-    std::fs::remove_file(&filler).unwrap();
+    data.make_room();
     eventually("n1 back in sync", || in_sync(&n2) == 2);
     ok(&n2, &["volume", "move-primary", "rep", "--to", "n1"]);
-    let (controller, mut queue) = connect(&n1);
-    for block in far.iter().copied().chain(0..16) {
-        let generation = if block < 16 { 1 } else { 2 };
-        let read = retrying("read", || {
-            queue.read(1, block, BLOCK, BLOCK).map(<[u8]>::to_vec)
-        });
-        assert_eq!(read, pattern(block, generation), "block {block} on n1");
-    }
-    drop((queue, controller));
+    check_far_and_near(&n1, &far);
     drop(etcd);
 }

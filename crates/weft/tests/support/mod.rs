@@ -348,3 +348,43 @@ pub fn api(
     let value = serde_json::from_str(body).unwrap_or(serde_json::Value::String(body.to_string()));
     (status, value)
 }
+
+/// A tmpfs of its own at a directory (a filesystem a test can fill up: a
+/// real ENOSPC), unmounted when dropped, however the test ends.
+pub struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    /// Mounts a tmpfs of `size` (mount's `size=`, e.g. "48m") at `dir`,
+    /// created if missing; none where this machine does not let the test
+    /// (not root): the caller skips what needs it.
+    pub fn mount(dir: &std::path::Path, size: &str) -> Option<Tmpfs> {
+        std::fs::create_dir_all(dir).unwrap();
+        let mounted = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "weft-test"])
+            .arg(dir)
+            .status();
+        matches!(mounted, Ok(status) if status.success()).then(|| Tmpfs(dir.to_path_buf()))
+    }
+
+    /// Fills it up with a file of `mib` MiB (or as much as fits): every
+    /// write that needs room fails from now on.
+    pub fn fill(&self, mib: u32) {
+        let filler = self.0.join("filler");
+        let _ = Command::new("dd")
+            .args(["if=/dev/zero", "bs=1M", &format!("count={mib}")])
+            .arg(format!("of={}", filler.display()))
+            .stderr(Stdio::null())
+            .status();
+    }
+
+    /// Makes room again (the filler goes).
+    pub fn make_room(&self) {
+        let _ = std::fs::remove_file(self.0.join("filler"));
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
