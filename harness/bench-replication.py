@@ -46,6 +46,17 @@ HOST_NQN = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-0000000bc1a5
 SIZE = 256 << 20
 # One copy, two replicas, three replicas: side by side, alternated.
 VOLUMES = ["single", "rep2", "rep"]
+# (rw, queue depth, block size), alternated per round.
+LOADS = [("randwrite", 1, "4k"), ("randwrite", 32, "4k"), ("write", 8, "128k"),
+         ("randread", 1, "4k"), ("randread", 32, "4k")]
+
+
+def figure_name(volume, load):
+    """The JSON key of `volume`'s figures under `load` (4k names as before)."""
+    rw, qd, bs = load
+    if bs != "4k":
+        return f"{volume}_{rw}_{bs}_qd{qd}"
+    return f"{volume}_qd{qd}" + ("" if rw == "randwrite" else "_read")
 
 
 def load_cluster():
@@ -169,22 +180,20 @@ def main():
         # Written once whole (thin volumes allocate on first write).
         for volume in VOLUMES:
             bench(cluster, volume, 32, "1s")
-        samples = {(v, qd, rw): [] for v in VOLUMES for qd in [1, 32]
-                   for rw in ["randwrite", "randread"]}
+        samples = {(v, load): [] for v in VOLUMES for load in LOADS}
         for _ in range(args.rounds):
-            for rw in ["randwrite", "randread"]:
-                for qd in [1, 32]:
-                    for volume in VOLUMES:
-                        before = cpu_seconds(cluster)
-                        run = bench(cluster, volume, qd, args.runtime, rw)
-                        spent = [b - a for a, b in zip(before, cpu_seconds(cluster))]
-                        ios = max(run[3], 1)
-                        samples[(volume, qd, rw)].append(
-                            run + (sum(spent) / ios * 1e6, spent[1] / ios * 1e6))
+            for load in LOADS:
+                rw, qd, bs = load
+                for volume in VOLUMES:
+                    before = cpu_seconds(cluster)
+                    run = bench(cluster, volume, qd, args.runtime, rw, bs)
+                    spent = [b - a for a, b in zip(before, cpu_seconds(cluster))]
+                    ios = max(run[3], 1)
+                    samples[(volume, load)].append(
+                        run + (sum(spent) / ios * 1e6, spent[1] / ios * 1e6))
         figures = {}
-        for (volume, qd, rw), runs in samples.items():
-            suffix = "" if rw == "randwrite" else "_read"
-            figures[f"{volume}_qd{qd}{suffix}"] = {
+        for (volume, load), runs in samples.items():
+            figures[figure_name(volume, load)] = {
                 "iops": statistics.median(r[0] for r in runs),
                 "mean_us": statistics.median(r[1] for r in runs),
                 "p99_us": statistics.median(r[2] for r in runs),
@@ -226,6 +235,16 @@ def main():
                 print(f"{f'QD{qd} {label} per I/O (us)':<24} {one[key]:>10.1f} {two[key]:>11.1f}"
                       f" {three[key]:>11.1f} {two[key] / base:>7.2f}x"
                       f" {three[key] / base:>7.2f}x")
+    print(f"{'128k write QD8':<24} {'1 copy':>10} {'2 replicas':>11} {'3 replicas':>11}"
+          f" {'2 / 1':>8} {'3 / 1':>8}")
+    one, two, three = (figures[figure_name(v, ("write", 8, "128k"))] for v in VOLUMES)
+    mib = lambda f: f["iops"] / 8
+    print(f"{'MiB/s':<24} {mib(one):>10.0f} {mib(two):>11.0f} {mib(three):>11.0f}"
+          f" {mib(two) / mib(one):>7.2f}x {mib(three) / mib(one):>7.2f}x")
+    for key, label in [("cpu_us_per_io", "CPU"), ("primary_cpu_us_per_io", "n1 CPU")]:
+        base = one[key] or float("nan")
+        print(f"{f'{label} per 128k write (us)':<24} {one[key]:>10.1f} {two[key]:>11.1f}"
+              f" {three[key]:>11.1f} {two[key] / base:>7.2f}x {three[key] / base:>7.2f}x")
     print(f"full rebuild of a {rebuild['bytes'] >> 20} MiB replica: {rebuild['seconds']:.1f} s,"
           f" {rebuild['rate_mib_s']:.0f} MiB/s (limit {rebuild['limit_mib_s']} MiB/s)")
     quiet, busy = rebuild["reads_before"], rebuild["reads_during"]

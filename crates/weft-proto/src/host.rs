@@ -310,6 +310,13 @@ impl HostQueue {
         }
     }
 
+    /// Whether the queue sends a digest of each command's data (negotiated
+    /// at ICReq): computed over the data in its slot's buffer, which must
+    /// then hold it.
+    pub fn data_digest(&self) -> bool {
+        self.rx.data_digest
+    }
+
     /// Commands outstanding.
     pub fn outstanding(&self) -> usize {
         self.commands.len() - self.free.len()

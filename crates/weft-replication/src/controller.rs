@@ -23,11 +23,7 @@ pub fn promote(record: &ReplicaSet, up: impl Fn(NodeId) -> bool) -> Option<Repli
     let candidate = candidates()
         .find(|node| !record.retire.contains(node))
         .or_else(|| candidates().next())?;
-    let mut next = record.clone();
-    next.epoch = record.epoch.next();
-    next.primary = candidate;
-    next.previous = Some(record.primary);
-    next.move_to = None;
+    let mut next = record.handed_over(candidate);
     next.set_state(record.primary, MemberState::Faulted { epoch: next.epoch });
     // Being retired, it may have been the only other copy: it serves now.
     next.retire.retain(|&node| node != candidate);

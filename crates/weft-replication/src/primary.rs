@@ -928,11 +928,7 @@ impl Primary {
             // lose one), as a primary left alone flushes its own copy.
             return self.flush_for_handover(target, now);
         }
-        let mut next = self.record.clone();
-        next.epoch = self.record.epoch.next();
-        next.primary = target;
-        next.previous = Some(self.config.me);
-        next.move_to = None;
+        let mut next = self.record.handed_over(target);
         if self.own_copy_failed {
             // Faulted before the new primary's run: rebuilt in full once
             // its copy works again (a failed disk may lack anything).

@@ -142,6 +142,28 @@ impl ReplicaSet {
         Some(next)
     }
 
+    /// The record once the volume passes from its primary to `to` under
+    /// the next epoch: a planned move, a promotion, or a primary that cannot
+    /// go on. The old primary is recorded as the previous one (a new primary
+    /// that lost power before it served gives it the role back, see
+    /// `without_retired`), and a move under way ends. The old primary's copy
+    /// stays in sync: the caller faults it when it may lack writes.
+    ///
+    /// # Panics
+    /// If `to` is not a replica in sync.
+    pub fn handed_over(&self, to: NodeId) -> ReplicaSet {
+        assert!(
+            to != self.primary && self.is_in_sync(to),
+            "the volume passes to another replica in sync"
+        );
+        let mut next = self.clone();
+        next.epoch = self.epoch.next();
+        next.primary = to;
+        next.previous = Some(self.primary);
+        next.move_to = None;
+        next
+    }
+
     /// The in-sync replicas other than the primary.
     pub fn in_sync_secondaries(&self) -> impl Iterator<Item = NodeId> + '_ {
         self.members
@@ -154,6 +176,28 @@ impl ReplicaSet {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_volume_handed_over_has_the_next_epoch_its_new_primary_and_no_move() {
+        let mut record = ReplicaSet::new(&[NodeId(0), NodeId(1), NodeId(2)]);
+        record.move_to = Some(NodeId(2));
+        let next = record.handed_over(NodeId(1));
+        assert_eq!(next.epoch, record.epoch.next());
+        assert_eq!(next.primary, NodeId(1));
+        assert_eq!(next.previous, Some(NodeId(0)));
+        assert_eq!(next.move_to, None);
+        assert!(next.is_in_sync(NodeId(0)), "the caller faults the old copy");
+        assert!(next.same_members(&record));
+    }
+
+    #[test]
+    #[should_panic(expected = "another replica in sync")]
+    fn a_volume_is_never_handed_to_a_replica_out_of_sync() {
+        let mut record = ReplicaSet::new(&[NodeId(0), NodeId(1)]);
+        let epoch = record.epoch;
+        record.set_state(NodeId(1), MemberState::Faulted { epoch });
+        record.handed_over(NodeId(1));
+    }
 
     #[test]
     fn only_retired_replicas_out_of_sync_leave_and_never_the_previous_primary() {

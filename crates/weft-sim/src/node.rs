@@ -581,11 +581,7 @@ impl Node {
         if self.asks.values().any(|(a, _)| *a == StoreAsk::Bump) {
             return;
         }
-        let mut next = record.clone();
-        next.epoch = record.epoch.next();
-        next.primary = target;
-        next.previous = Some(self.id);
-        next.move_to = None;
+        let mut next = record.handed_over(target);
         // Faulted into the next epoch: its copy holds every acknowledged
         // write (only its files failed), so that the new primary rebuilds
         // it partially, and gives the role back to it if it turns out to

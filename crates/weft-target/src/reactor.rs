@@ -1219,7 +1219,8 @@ impl Reactor {
     }
 
     /// Hands a replicated volume's write or flush to its replicator (the
-    /// data copied); the connection stays alive until it answers.
+    /// data copied once, see `crate::replicated`); the connection stays
+    /// alive until it answers.
     fn replicate(&mut self, index: usize, request: IoRequest, replicated: &Replicated) {
         let peer = self.connections[index].as_mut().expect("live connection");
         let work = match request.kind {
@@ -1230,7 +1231,8 @@ impl Reactor {
                 fua,
             } => {
                 let at = buffer_offset as usize;
-                let data = peer.slots.buffer(request.slot)[at..at + len as usize].to_vec();
+                let data = &peer.slots.buffer(request.slot)[at..at + len as usize];
+                let data = weft_uring::SharedBuf::copy_from(data);
                 ReplicatedWork::Write { offset, data, fua }
             }
             IoKind::WriteZeroes {

@@ -1,7 +1,9 @@
 //! A replicated volume's I/O on its primary, as the data plane sees it: the
-//! reactor hands every write, Write Zeroes, Deallocate and Flush (its data
-//! copied) to the volume's replicator, which completes it once the local
-//! copy and every in-sync replica hold it, and answers through the
+//! reactor hands every write, Write Zeroes, Deallocate and Flush to the
+//! volume's replicator (a write's data copied once, out of the connection's
+//! buffer, which the next command reuses, into a shared buffer that the
+//! local write and every replica's send then read in place), which
+//! completes it once the local copy and every in-sync replica hold it, and answers through the
 //! reactor's mailbox like the manager does. Reads stay in the reactor,
 //! served from the local copy while the replicator says this node serves
 //! (its lease is valid and it is the active primary): one atomic load.
@@ -33,8 +35,9 @@ pub enum ReplicatedWork {
     Write {
         /// Byte offset on the volume.
         offset: u64,
-        /// The host's data.
-        data: Vec<u8>,
+        /// The host's data (its one copy: the local write and every
+        /// replica's send read it in place).
+        data: weft_uring::SharedBuf,
         /// Force unit access.
         fua: bool,
     },

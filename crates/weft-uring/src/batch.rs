@@ -1,12 +1,21 @@
-//! Gather lists for `sendmsg`: owned buffers plus byte ranges within them.
+//! Gather lists for `sendmsg`: owned buffers, and references to shared
+//! ones, plus byte ranges within them.
 
 use crate::buf::{assert_range_fits, IoBuf};
+use crate::shared::SharedBuf;
 use std::ops::Range;
+
+/// Which buffer of the batch a segment reads.
+#[derive(Debug, Clone, Copy)]
+enum Source {
+    Owned(usize),
+    Shared(usize),
+}
 
 /// One byte range of one buffer of the batch.
 #[derive(Debug, Clone)]
 struct Segment {
-    buf_index: usize,
+    source: Source,
     start: usize,
     end: usize,
 }
@@ -24,9 +33,12 @@ impl Segment {
 /// headers around a data buffer). After a partial send, [`consume`](SendBatch::consume) drops the
 /// bytes that went out, so the same batch can be pushed again for the rest. The batch is reusable:
 /// [`clear`](SendBatch::clear) and [`take_bufs`](SendBatch::take_bufs) keep the vectors' capacity.
+/// Buffers others hold too ([`SendBatch::push_shared`]) are only read, and
+/// let go with the segments once the send is done.
 #[derive(Debug, Default)]
 pub struct SendBatch {
     bufs: Vec<IoBuf>,
+    shared: Vec<SharedBuf>,
     segments: Vec<Segment>,
     /// Segments before this index were fully consumed; kept (not shifted out) to avoid moving
     /// the tail on every partial send.
@@ -55,17 +67,37 @@ impl SendBatch {
             .bufs
             .get(buf_index)
             .expect("SendBatch: no buffer with that index");
+        self.push(Source::Owned(buf_index), buf.capacity(), range);
+    }
+
+    /// Appends `range` of `buf` (a buffer others may hold too, only read
+    /// here: no copy) to the bytes to send; the batch holds a reference
+    /// until its segments are forgotten.
+    ///
+    /// Panics if the range is not within the buffer.
+    pub fn push_shared(&mut self, buf: SharedBuf, range: Range<usize>) {
+        let len = buf.len();
+        self.shared.push(buf);
+        self.push(Source::Shared(self.shared.len() - 1), len, range);
+    }
+
+    fn push(&mut self, source: Source, capacity: usize, range: Range<usize>) {
         assert!(
             range.start <= range.end,
             "SendBatch: reversed range {range:?}"
         );
-        assert_range_fits(range.start, range.len(), buf.capacity());
+        assert_range_fits(range.start, range.len(), capacity);
         self.remaining += range.len();
         self.segments.push(Segment {
-            buf_index,
+            source,
             start: range.start,
             end: range.end,
         });
+    }
+
+    /// Segments appended since the last send was forgotten, consumed or not.
+    pub fn segments(&self) -> usize {
+        self.segments.len()
     }
 
     /// Bytes not yet consumed.
@@ -100,7 +132,8 @@ impl SendBatch {
         self.remaining == 0
     }
 
-    /// Gives the buffers back and forgets all segments, leaving an empty, reusable batch.
+    /// Gives the owned buffers back and forgets all segments (and the shared
+    /// buffers), leaving an empty, reusable batch.
     pub fn take_bufs(&mut self) -> std::vec::Drain<'_, IoBuf> {
         self.forget_segments();
         self.bufs.drain(..)
@@ -119,6 +152,7 @@ impl SendBatch {
 
     fn forget_segments(&mut self) {
         self.segments.clear();
+        self.shared.clear();
         self.first_unsent = 0;
         self.remaining = 0;
     }
@@ -133,8 +167,14 @@ impl SendBatch {
             if segment.len() == 0 {
                 continue;
             }
-            let buf = &self.bufs[segment.buf_index];
-            let base = buf.kernel_const_ptr(segment.start, segment.len());
+            let base = match segment.source {
+                Source::Owned(index) => {
+                    self.bufs[index].kernel_const_ptr(segment.start, segment.len())
+                }
+                Source::Shared(index) => {
+                    self.shared[index].kernel_const_ptr(segment.start, segment.len())
+                }
+            };
             out.push(libc::iovec {
                 iov_base: base.cast_mut().cast(),
                 iov_len: segment.len(),
@@ -198,6 +238,27 @@ mod tests {
         batch.consume(3);
         assert!(batch.is_empty());
         assert!(gathered(&batch).is_empty());
+    }
+
+    #[test]
+    fn shared_buffers_are_sent_from_in_place_and_let_go_after() {
+        let mut batch = header_data_header();
+        let data = SharedBuf::copy_from(b"shared!");
+        batch.push_shared(data.clone(), 1..7);
+        assert_eq!(batch.segments(), 4);
+        assert_eq!(gathered(&batch), b"HHHH0123456789tttthared!");
+        let mut iovecs = Vec::new();
+        batch.fill_iovecs(&mut iovecs);
+        assert_eq!(
+            iovecs[3].iov_base as usize,
+            data.as_ptr() as usize + 1,
+            "no copy"
+        );
+        batch.consume(20);
+        assert_eq!(gathered(&batch), b"red!");
+        assert_eq!(batch.take_bufs().count(), 2, "the owned buffers");
+        assert_eq!(batch.segments(), 0);
+        assert!(batch.shared.is_empty(), "the shared buffer let go");
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //!   file `pread`/`pwrite` (optionally `RWF_DSYNC`), `fsync`/`fdatasync`, `fallocate`,
 //!   eventfd reads and timeouts.
 //! - While the kernel may touch an operation's memory, the ring owns it: buffers
-//!   ([`IoBuf`], [`SendBatch`]) are moved into the ring on [`Ring::push`] and handed back in the
+//!   ([`IoBuf`], [`SendBatch`], a reference to a [`SharedBuf`]) are moved into the ring on [`Ring::push`] and handed back in the
 //!   [`Completion`] from [`Ring::pop`]. Safe code therefore cannot free, move or alias memory the
 //!   kernel is using, so misuse is impossible from safe code.
 //! - In steady state it does not allocate per operation: in-flight state lives in a preallocated
@@ -29,11 +29,13 @@ mod buf;
 #[cfg(feature = "fio")]
 pub mod fio;
 mod ring;
+mod shared;
 mod sys;
 
 pub use batch::SendBatch;
 pub use buf::IoBuf;
 pub use ring::{Completion, Op, Returned, Ring};
+pub use shared::SharedBuf;
 pub use sys::{
     allowed_cpus, block_device_logical_block_size, block_device_size_bytes,
     block_termination_signals, eventfd, fallocate, fdatasync, memfd_create,

@@ -2,6 +2,7 @@
 
 use crate::batch::SendBatch;
 use crate::buf::{assert_range_fits, IoBuf};
+use crate::shared::SharedBuf;
 use io_uring::{opcode, squeue, types, IoUring};
 use std::io;
 use std::os::fd::RawFd;
@@ -45,6 +46,15 @@ pub enum Op {
         file_offset: u64,
         dsync: bool,
     },
+    /// As `Write`, from a buffer others may hold too (it only reads it).
+    WriteShared {
+        fd: RawFd,
+        buf: SharedBuf,
+        buf_offset: usize,
+        len: usize,
+        file_offset: u64,
+        dsync: bool,
+    },
     /// `fsync`, or `fdatasync` when `datasync` is set.
     Fsync { fd: RawFd, datasync: bool },
     /// `fallocate(fd, mode, offset, len)`.
@@ -80,6 +90,8 @@ pub enum Returned {
     Buf(IoBuf),
     /// The batch of a `Send`, not yet consumed.
     Batch(SendBatch),
+    /// The buffer of a `WriteShared`.
+    Shared(SharedBuf),
 }
 
 /// Everything the kernel may read or write for one in-flight op.
@@ -99,8 +111,8 @@ struct Slot {
 }
 
 // SAFETY: the raw pointers inside `iovecs` and `msghdr` only point into memory owned by this
-// same slot (its iovec Vec and the IoBufs of its batch), which moves with it; nothing is tied
-// to a thread.
+// same slot (its iovec Vec, the IoBufs of its batch and the SharedBufs it holds references to),
+// which moves with it; nothing is tied to a thread.
 unsafe impl Send for Slot {}
 
 impl Slot {
@@ -160,6 +172,21 @@ impl Slot {
                 self.owned = Returned::Buf(buf);
                 write.offset(file_offset).rw_flags(flags).build()
             }
+            Op::WriteShared {
+                fd,
+                buf,
+                buf_offset,
+                len,
+                file_offset,
+                dsync,
+            } => {
+                let ptr = buf.kernel_const_ptr(buf_offset, len);
+                let flags = if dsync { libc::RWF_DSYNC } else { 0 };
+                let write = opcode::Write::new(types::Fd(fd), ptr, kernel_len(len));
+                // Held by the slot: the bytes live while the kernel reads them.
+                self.owned = Returned::Shared(buf);
+                write.offset(file_offset).rw_flags(flags).build()
+            }
             Op::Fsync { fd, datasync } => {
                 let flags = if datasync {
                     types::FsyncFlags::DATASYNC
@@ -213,10 +240,10 @@ fn kernel_len(len: usize) -> u32 {
 
 /// Validates an op's buffer bounds up front so that nothing panics halfway through a push.
 fn assert_op_bounds(op: &Op) {
-    let (buf, offset, len) = match op {
+    let (capacity, offset, len) = match op {
         Op::Recv {
             buf, offset, len, ..
-        } => (buf, *offset, *len),
+        } => (buf.capacity(), *offset, *len),
         Op::Read {
             buf,
             buf_offset,
@@ -228,10 +255,16 @@ fn assert_op_bounds(op: &Op) {
             buf_offset,
             len,
             ..
-        } => (buf, *buf_offset, *len),
+        } => (buf.capacity(), *buf_offset, *len),
+        Op::WriteShared {
+            buf,
+            buf_offset,
+            len,
+            ..
+        } => (buf.len(), *buf_offset, *len),
         _ => return,
     };
-    assert_range_fits(offset, len, buf.capacity());
+    assert_range_fits(offset, len, capacity);
     kernel_len(len);
 }
 
@@ -523,6 +556,36 @@ mod tests {
             }
             other => other.unwrap(),
         }
+    }
+
+    #[test]
+    fn a_shared_buffer_is_written_from_and_held_until_done() {
+        let mut ring = Ring::new(8).unwrap();
+        let file = crate::memfd_create("shared").unwrap();
+        let data = pattern(8192, 3);
+        let buf = SharedBuf::copy_from(&data);
+        let write = Op::WriteShared {
+            fd: file.as_raw_fd(),
+            buf: buf.clone(),
+            buf_offset: 4096,
+            len: 4096,
+            file_offset: 0,
+            dsync: false,
+        };
+        let done = run(&mut ring, write);
+        assert_eq!(done.result.unwrap(), 4096);
+        assert!(
+            matches!(done.returned, Returned::Shared(ref back) if back.as_ptr() == buf.as_ptr())
+        );
+        let read = Op::Read {
+            fd: file.as_raw_fd(),
+            buf: IoBuf::new(4096).unwrap(),
+            buf_offset: 0,
+            len: 4096,
+            file_offset: 0,
+        };
+        let done = run(&mut ring, read);
+        assert_eq!(returned_buf(done.returned).as_slice(), &data[4096..]);
     }
 
     /// An op pushed but not submitted is work: a reactor spinning on

@@ -20,11 +20,10 @@
 //! starts, ends or has waited too long (the replication core does).
 
 use super::barrier::BarrierOp;
-use super::link_socket::RingSocket;
+use super::link_socket::{CommandData as Data, RingSocket};
 use super::write_ring::WriteRing;
 use super::{Event, Events};
 use std::collections::{BTreeMap, VecDeque};
-use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,7 +34,7 @@ use weft_proto::fence::FenceToken;
 use weft_proto::host::DataTransfer;
 use weft_proto::status::Status;
 use weft_replication::{FromReplica, NodeId, OpId, RegionSet, ToReplica, Token};
-use weft_uring::Completion;
+use weft_uring::{Completion, SharedBuf};
 
 /// The replica's namespace on its replica subsystem.
 const NSID: u32 = 1;
@@ -47,8 +46,8 @@ const ATTACH_RETRY: Duration = Duration::from_millis(100);
 /// What a write carries.
 #[derive(Debug, Clone)]
 pub(crate) enum Payload {
-    /// Data.
-    Data(Arc<Vec<u8>>),
+    /// Data (shared with the primary's own write and the other links).
+    Data(SharedBuf),
     /// Zeroes over `blocks` blocks: Write Zeroes, deallocating if allowed.
     Zeroes { deallocate: bool, blocks: u64 },
 }
@@ -308,24 +307,6 @@ enum Part {
     Barrier(u64),
 }
 
-/// A command's data, until it is copied into the queue's buffer.
-enum Data {
-    None,
-    Owned(Vec<u8>),
-    /// A range of a write's data (shared with the replicator and the other links).
-    Shared(Arc<Vec<u8>>, Range<usize>),
-}
-
-impl Data {
-    fn bytes(&self) -> &[u8] {
-        match self {
-            Data::None => &[],
-            Data::Owned(data) => data,
-            Data::Shared(data, range) => &data[range.clone()],
-        }
-    }
-}
-
 /// A command built from a message, with its data.
 struct Built {
     command: [u8; 64],
@@ -367,7 +348,7 @@ impl Session {
         while let Some(built) = self.waiting.pop_front() {
             match self
                 .socket
-                .submit(built.command, built.transfer, built.data.bytes())
+                .submit(built.command, built.transfer, &built.data)
             {
                 Ok(cid) => {
                     let at = usize::from(cid.0);
@@ -455,7 +436,7 @@ impl Session {
                     set_cdw(&mut command, 12, (blocks - 1) | fua_bit);
                     let transfer = DataTransfer::ToController(piece.len() as u32);
                     let range = index * piece_max..index * piece_max + piece.len();
-                    let data = Data::Shared(Arc::clone(&data), range);
+                    let data = Data::Shared(data.clone(), range);
                     self.push(command, transfer, data, Part::Core(Some(op)));
                 }
             }

@@ -6,8 +6,11 @@
 //! write and two wake-ups per batch on this machine kind.
 //!
 //! One receive is always armed; one send at most is in flight, carrying
-//! everything the queue had to send when it was pushed (copied out of the
-//! command buffers, which are then free), so bytes go out in order.
+//! everything the queue had to send when it was pushed, so bytes go out in
+//! order. A command's data shared with the replicator (a host write's, see
+//! [`CommandData::Shared`]) is sent from where it is, never copied here;
+//! headers and other data are copied into the send's own buffer, and the
+//! command buffers are then free.
 //!
 //! What this does not do: build commands or know what they mean
 //! (`super::link`), connect (the link's attach thread does, blocking), or
@@ -17,12 +20,13 @@
 use super::write_ring::WriteRing;
 use std::io::Write as _;
 use std::net::{Shutdown, TcpStream};
+use std::ops::Range;
 use std::os::fd::AsRawFd;
 use weft_initiator::HeapBuffers;
 use weft_proto::host::{DataTransfer, HostCompletion, HostQueue, SubmitError};
 use weft_proto::types::{Cid, SlotId};
 use weft_proto::{SlotBuffers, Transmit, TxSegment};
-use weft_uring::{Completion, IoBuf, Op, Returned, SendBatch};
+use weft_uring::{Completion, IoBuf, Op, Returned, SendBatch, SharedBuf};
 
 /// Bytes one receive may bring.
 const RECEIVE_BYTES: usize = 256 * 1024;
@@ -30,6 +34,33 @@ const RECEIVE_BYTES: usize = 256 * 1024;
 /// kept after its send up to `SEND_BYTES_KEPT`.
 const SEND_BYTES_MIN: usize = 256 * 1024;
 const SEND_BYTES_KEPT: usize = 2 * 1024 * 1024;
+
+/// Segments of one send read from shared buffers at most: with the runs
+/// of copied bytes between them, within `sendmsg`'s 1024 iovecs (past it,
+/// the rest is copied).
+const SHARED_SEGMENTS_MAX: usize = 500;
+
+/// A command's data.
+#[derive(Debug)]
+pub(crate) enum CommandData {
+    None,
+    /// Copied into the command's buffer.
+    Owned(Vec<u8>),
+    /// A range of a buffer the replicator and the other links share: sent
+    /// from where it is (unless the queue sends data digests, which are
+    /// computed over the command's buffer: then copied there).
+    Shared(SharedBuf, Range<usize>),
+}
+
+impl CommandData {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            CommandData::None => &[],
+            CommandData::Owned(data) => data,
+            CommandData::Shared(data, range) => &data[range.clone()],
+        }
+    }
+}
 
 /// A socket's operations on the ring, as their tokens tell them apart.
 const RECEIVE: u64 = 0;
@@ -48,6 +79,9 @@ pub(crate) struct RingSocket {
     stream: TcpStream,
     host: HostQueue,
     buffers: HeapBuffers,
+    /// By CID: the shared data a command sends from where it is, and the
+    /// offset of its first byte there (none: its data is in its buffer).
+    in_place: Vec<Option<(SharedBuf, usize)>>,
     /// The receive buffer, while no receive is in flight.
     receive: Option<IoBuf>,
     /// The send batch (with its one buffer), while no send is in flight.
@@ -74,6 +108,7 @@ impl RingSocket {
             stream,
             host,
             buffers,
+            in_place: Vec::new(),
             receive: Some(IoBuf::new(RECEIVE_BYTES)?),
             send: Some(send),
             receiving: false,
@@ -87,25 +122,39 @@ impl RingSocket {
         self.id
     }
 
-    /// Queues a command, with `data` copied into its buffer; sent at the
+    /// Queues a command with its data (see [`CommandData`]); sent at the
     /// next [`RingSocket::start`].
     pub(crate) fn submit(
         &mut self,
         command: [u8; 64],
         transfer: DataTransfer,
-        data: &[u8],
+        data: &CommandData,
     ) -> Result<Cid, SubmitError> {
         let Some(cid) = self.host.next_cid() else {
             return Err(SubmitError::QueueFull);
         };
-        if !data.is_empty() {
+        let in_place = match data {
+            CommandData::Shared(buf, range) if !self.host.data_digest() => {
+                Some((buf.clone(), range.start))
+            }
+            _ => None,
+        };
+        let bytes = data.bytes();
+        if in_place.is_none() && !bytes.is_empty() {
             let buffer = self.buffers.buffer(SlotId(cid.0));
-            let Some(room) = buffer.get_mut(..data.len()) else {
+            let Some(room) = buffer.get_mut(..bytes.len()) else {
                 return Err(SubmitError::TooLarge);
             };
-            room.copy_from_slice(data);
+            room.copy_from_slice(bytes);
         }
-        self.host.submit(command, transfer, &mut self.buffers)
+        let submitted = self.host.submit(command, transfer, &mut self.buffers)?;
+        debug_assert_eq!(submitted, cid, "the CID announced");
+        let at = usize::from(cid.0);
+        if at >= self.in_place.len() {
+            self.in_place.resize(at + 1, None);
+        }
+        self.in_place[at] = in_place;
+        Ok(cid)
     }
 
     /// Arms the receive if none is in flight and pushes a send of what the
@@ -132,14 +181,17 @@ impl RingSocket {
         let Some(transmit) = self.host.poll_transmit() else {
             return Ok(());
         };
-        let len: usize = transmit.segments.iter().map(segment_len).sum();
+        let copied: usize = placed(&transmit, &self.in_place)
+            .filter(|(_, place)| place.is_none())
+            .map(|(segment, _)| segment_len(segment))
+            .sum();
         // A larger buffer first: a failure leaves the batch and its buffer in place.
         let small = self
             .send
             .as_ref()
-            .is_some_and(|b| b.buf(0).capacity() < len);
+            .is_some_and(|b| b.buf(0).capacity() < copied);
         let larger = if small {
-            Some(IoBuf::new(len).map_err(|e| format!("no send buffer: {e}"))?)
+            Some(IoBuf::new(copied).map_err(|e| format!("no send buffer: {e}"))?)
         } else {
             None
         };
@@ -149,11 +201,34 @@ impl RingSocket {
             .next()
             .expect("the batch keeps its buffer");
         let mut buf = larger.unwrap_or(kept);
-        gather(&transmit, &mut self.buffers, &mut buf.as_mut_slice()[..len]);
-        // Copied: the command buffers are free to complete.
-        self.host.on_transmitted();
+        let mut at = 0;
+        for (segment, place) in placed(&transmit, &self.in_place) {
+            if place.is_none() {
+                let bytes = segment_bytes(&transmit, segment, &mut self.buffers, &self.in_place);
+                buf.as_mut_slice()[at..at + bytes.len()].copy_from_slice(bytes);
+                at += bytes.len();
+            }
+        }
         let index = batch.push_buf(buf);
-        batch.push_segment(index, 0..len);
+        // The copied runs between the shared segments, in order.
+        let (mut run_start, mut run_end) = (0, 0);
+        for (segment, place) in placed(&transmit, &self.in_place) {
+            match place {
+                None => run_end += segment_len(segment),
+                Some((shared, range)) => {
+                    if run_end > run_start {
+                        batch.push_segment(index, run_start..run_end);
+                    }
+                    run_start = run_end;
+                    batch.push_shared(shared.clone(), range);
+                }
+            }
+        }
+        if run_end > run_start {
+            batch.push_segment(index, run_start..run_end);
+        }
+        // Copied or held by the batch: the command buffers are free to complete.
+        self.host.on_transmitted();
         ring.push_socket(Op::Send { fd, batch }, self.token(SEND))
             .map_err(|e| format!("cannot send: {e}"))?;
         self.sending = true;
@@ -231,8 +306,11 @@ impl RingSocket {
         let Some(transmit) = self.host.poll_transmit() else {
             return;
         };
-        let mut bytes = vec![0; transmit.segments.iter().map(segment_len).sum()];
-        gather(&transmit, &mut self.buffers, &mut bytes);
+        let mut bytes = Vec::new();
+        for segment in transmit.segments {
+            let segment = segment_bytes(&transmit, segment, &mut self.buffers, &self.in_place);
+            bytes.extend_from_slice(segment);
+        }
         self.host.on_transmitted();
         // No operation is on the ring (none sends, the receive completed).
         if self.stream.set_nonblocking(true).is_ok() {
@@ -242,7 +320,12 @@ impl RingSocket {
 
     /// A command the replica finished.
     pub(crate) fn poll_completion(&mut self) -> Option<HostCompletion> {
-        self.host.poll_completion()
+        let completion = self.host.poll_completion()?;
+        if let Some(in_place) = self.in_place.get_mut(usize::from(completion.cid.0)) {
+            // Sent (the queue completes a command only once its data went out).
+            *in_place = None;
+        }
+        Some(completion)
     }
 
     /// Ends the connection: operations in flight complete (a receive with
@@ -263,18 +346,43 @@ impl RingSocket {
     }
 }
 
-/// Copies `transmit`'s bytes, in order, into `out` (exactly as long).
-fn gather(transmit: &Transmit<'_>, buffers: &mut HeapBuffers, out: &mut [u8]) {
-    let mut at = 0;
-    for segment in transmit.segments {
-        let bytes = match segment {
-            TxSegment::Bytes(range) => &transmit.bytes[range.clone()],
-            TxSegment::Slot(slot, range) => &buffers.buffer(*slot)[range.clone()],
+/// `transmit`'s segments in order, each with the shared buffer and range
+/// it is sent from in place, if it is (a command's data, up to
+/// `SHARED_SEGMENTS_MAX` of them); the others are copied. The same for
+/// every call on the same transmission.
+fn placed<'a>(
+    transmit: &'a Transmit<'a>,
+    in_place: &'a [Option<(SharedBuf, usize)>],
+) -> impl Iterator<Item = (&'a TxSegment, Option<(&'a SharedBuf, Range<usize>)>)> {
+    let mut shared = 0;
+    transmit.segments.iter().map(move |segment| {
+        let place = match segment {
+            TxSegment::Slot(slot, range) if shared < SHARED_SEGMENTS_MAX => in_place
+                .get(usize::from(slot.0))
+                .and_then(Option::as_ref)
+                .map(|(buf, base)| (buf, base + range.start..base + range.end)),
+            _ => None,
         };
-        out[at..at + bytes.len()].copy_from_slice(bytes);
-        at += bytes.len();
+        shared += usize::from(place.is_some());
+        (segment, place)
+    })
+}
+
+/// A segment's bytes: the transmission's own, or a command's data (from
+/// where it is, in place, or its buffer).
+fn segment_bytes<'a>(
+    transmit: &'a Transmit<'_>,
+    segment: &TxSegment,
+    buffers: &'a mut HeapBuffers,
+    in_place: &'a [Option<(SharedBuf, usize)>],
+) -> &'a [u8] {
+    match segment {
+        TxSegment::Bytes(range) => &transmit.bytes[range.clone()],
+        TxSegment::Slot(slot, range) => match in_place.get(usize::from(slot.0)) {
+            Some(Some((buf, base))) => &buf[base + range.start..base + range.end],
+            _ => &buffers.buffer(*slot)[range.clone()],
+        },
     }
-    debug_assert_eq!(at, out.len(), "a transmission gathered whole");
 }
 
 fn segment_len(segment: &TxSegment) -> usize {
@@ -304,9 +412,9 @@ mod tests {
             data_digest: false,
             queue_entries: 4,
             in_capsule_bytes_max: 8192,
-            buffer_bytes: 8192,
+            buffer_bytes: 65536,
         });
-        let mut socket = RingSocket::new(7, (stream, host, HeapBuffers::new(4, 8192))).unwrap();
+        let mut socket = RingSocket::new(7, (stream, host, HeapBuffers::new(4, 65536))).unwrap();
         socket.start(ring).unwrap();
         assert!(turn(ring, &mut socket).iter().all(Result::is_ok));
         let mut icreq = [0u8; 128];
@@ -337,6 +445,112 @@ mod tests {
             }
         }
         panic!("no failure");
+    }
+
+    /// The next PDU the peer receives, whole.
+    fn pdu(peer: &mut TcpStream) -> Vec<u8> {
+        let mut pdu = vec![0u8; 8];
+        peer.read_exact(&mut pdu).unwrap();
+        let plen = u32::from_le_bytes(pdu[4..8].try_into().unwrap()) as usize;
+        pdu.resize(plen, 0);
+        peer.read_exact(&mut pdu[8..]).unwrap();
+        pdu
+    }
+
+    /// The peer of `shared_data_goes_out_...`: answers the ICReq, reads two
+    /// write capsules, asks for the second's data with an R2T, reads it,
+    /// answers both; returns the PDUs it read.
+    fn replica(mut peer: TcpStream) -> Vec<Vec<u8>> {
+        let mut icresp = [0u8; 128];
+        let ready = weft_proto::pdu::IcResp {
+            pfv: 0,
+            cpda: 0,
+            digest: 0,
+            maxh2cdata: 65536,
+        };
+        ready.encode(&mut icresp);
+        peer.write_all(&icresp).unwrap();
+        let capsules = [pdu(&mut peer), pdu(&mut peer)];
+        let cid = |capsule: &[u8]| u16::from_le_bytes([capsule[10], capsule[11]]);
+        let header = weft_proto::pdu::DataHeader {
+            cccid: cid(&capsules[1]),
+            ttag: 3,
+            offset: 0,
+            length: 16384,
+        };
+        let mut r2t = [0u8; 28];
+        let len = weft_proto::pdu::encode_r2t(false, header, &mut r2t);
+        peer.write_all(&r2t[..len]).unwrap();
+        let h2c = pdu(&mut peer);
+        for capsule in &capsules {
+            let mut cqe = [0u8; 16];
+            cqe[12..14].copy_from_slice(&cid(capsule).to_le_bytes());
+            let mut resp = [0u8; 28];
+            let len = weft_proto::pdu::encode_capsule_resp(false, &cqe, &mut resp);
+            peer.write_all(&resp[..len]).unwrap();
+        }
+        let [small, large] = capsules;
+        vec![small, large, h2c]
+    }
+
+    #[test]
+    fn shared_data_goes_out_in_capsule_and_after_an_r2t_and_is_let_go_once_answered() {
+        let mut ring = ring_for_sockets();
+        let (mut socket, peer) = connected(&mut ring);
+        let replica = std::thread::spawn(move || replica(peer));
+        for _ in 0..200 {
+            if socket.host.is_ready() {
+                break;
+            }
+            assert!(turn(&mut ring, &mut socket).iter().all(Result::is_ok));
+        }
+        let data: Vec<u8> = (0..24576u32).map(|i| (i * 7 + i / 4096) as u8).collect();
+        let shared = SharedBuf::copy_from(&data);
+        let write = |blocks: u32| {
+            weft_initiator::read_write(weft_proto::command::io_opcode::WRITE, 1, 0, blocks)
+        };
+        // 4 KiB: within the capsule; 16 KiB: past it, sent on the R2T.
+        let small = CommandData::Shared(shared.clone(), 4096..8192);
+        let small = socket
+            .submit(write(1), DataTransfer::ToController(4096), &small)
+            .unwrap();
+        let large = CommandData::Shared(shared.clone(), 8192..24576);
+        socket
+            .submit(write(4), DataTransfer::ToController(16384), &large)
+            .unwrap();
+        assert!(
+            socket
+                .buffers
+                .buffer(SlotId(small.0))
+                .iter()
+                .all(|&b| b == 0),
+            "not copied into the command's buffer"
+        );
+        let mut answered = 0;
+        for _ in 0..200 {
+            socket.start(&mut ring).unwrap();
+            assert!(turn(&mut ring, &mut socket).iter().all(Result::is_ok));
+            while socket.poll_completion().is_some() {
+                answered += 1;
+            }
+            if answered == 2 {
+                break;
+            }
+        }
+        assert_eq!(answered, 2, "both answered");
+        assert!(
+            socket.in_place.iter().all(Option::is_none),
+            "the shared data let go once answered"
+        );
+        let [small, large, h2c] = <[Vec<u8>; 3]>::try_from(replica.join().unwrap()).unwrap();
+        assert_eq!((small[0], small[3]), (0x04, 72), "CapsuleCmd, data at 72");
+        assert!(small[72..] == data[4096..8192], "the small write's data");
+        assert_eq!(large.len(), 72, "the large write's capsule, no data");
+        assert_eq!(h2c[0], 0x06, "H2CData");
+        assert!(
+            h2c[24..] == data[8192..],
+            "the large write's data, after the R2T"
+        );
     }
 
     #[test]

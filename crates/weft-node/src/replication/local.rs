@@ -154,7 +154,7 @@ pub(crate) enum LocalWork {
     /// its copy until done: `fenced` drops then).
     Write {
         offset: u64,
-        data: Arc<Vec<u8>>,
+        data: weft_uring::SharedBuf,
         fua: bool,
         fenced: FencedIo,
     },

@@ -56,8 +56,8 @@ use weft_initiator::ConnectOptions;
 use weft_proto::fence::{FenceToken, Fences, LocalFence};
 use weft_proto::IoError;
 use weft_replication::{
-    plan_start, Action, Driver, End, Epoch, Extent, FromReplica, Geometry, HostResult, NodeId,
-    OpId, Primary, PrimaryConfig, RegionSet, Run, Start, ToReplica,
+    plan_start, Action, Driver, End, Epoch, Extent, FromReplica, Geometry, HostResult, MemberState,
+    NodeId, OpId, Primary, PrimaryConfig, RegionSet, Run, Start, ToReplica,
 };
 use weft_target::guest::Guest;
 use weft_target::replicated::{Replicated, ReplicatedIo, ReplicatedSink, ReplicatedWork, Serving};
@@ -886,7 +886,7 @@ impl Replicator {
         let (extent, fua, payload) = match work {
             ReplicatedWork::Write { offset, data, fua } => {
                 let extent = self.extent(offset, data.len() as u64);
-                (Some(extent), fua, Some(Payload::Data(Arc::new(data))))
+                (Some(extent), fua, Some(Payload::Data(data)))
             }
             ReplicatedWork::Zeroes {
                 offset,
@@ -1105,7 +1105,9 @@ impl Replicator {
                     blocks,
                 }
             } else {
-                Payload::Data(Arc::new(data))
+                // (Read into a buffer of the worker's; copied once here,
+                // and sent from this copy to every replica rebuilt.)
+                Payload::Data(weft_uring::SharedBuf::copy_from(&data))
             };
             let entry = self.ops.entry(op).or_insert_with(|| OpData {
                 reply: None,
@@ -1384,16 +1386,12 @@ fn hand_over_unwritable(
     let Some(target) = in_sync.iter().find(alive).or(in_sync.first()) else {
         return;
     };
-    let mut next = replication.clone();
-    next.epoch = replication.epoch + 1;
-    next.primary = (*target).to_string();
-    next.previous = Some(me.to_string());
-    next.move_to = None;
-    for member in next.members.iter_mut().filter(|m| m.node == me) {
-        let epoch = next.epoch;
-        member.state = ReplicaState::Faulted { epoch };
-    }
-    match commit(desired, volume, revision, next) {
+    let (Some(to), Some(from)) = (node_id(replication, target), node_id(replication, me)) else {
+        return;
+    };
+    let mut next = replica_set(replication).handed_over(to);
+    next.set_state(from, MemberState::Faulted { epoch: next.epoch });
+    match commit(desired, volume, revision, with_replica_set(replication, &next)) {
         Event::Committed { record, .. } => log::error!(
             "volume {volume}: this node cannot persist a primary's files; it handed the volume to {target} (epoch {}), which rebuilds its copy here once it can",
             record.epoch

@@ -28,13 +28,14 @@ use weft_proto::fence::FencedIo;
 use weft_proto::IoError;
 use weft_replication::OpId;
 use weft_target::{Piece, VolumeBackend};
-use weft_uring::{Completion, IoBuf, Op, Returned, Ring};
+use weft_uring::{Completion, Op, Ring, SharedBuf};
 
 /// A write for the ring.
 pub(crate) struct RingWrite {
     pub(crate) op: OpId,
     pub(crate) offset: u64,
-    pub(crate) data: Arc<Vec<u8>>,
+    /// The host's data, written from where it is (a piece per chunk).
+    pub(crate) data: SharedBuf,
     pub(crate) fua: bool,
     /// Counted against the node's fence of its copy until it completed.
     pub(crate) fenced: FencedIo,
@@ -62,9 +63,6 @@ const WAKE_TOKEN: u64 = u64::MAX;
 const TICK_TOKEN: u64 = u64::MAX - 1;
 /// Set in the tokens of socket operations (a write's token is its index, far below).
 const SOCKET_BIT: u64 = 1 << 62;
-/// Buffers kept for reuse (each mapped once, at least 128 KiB).
-const SPARE_BUFS_MAX: usize = 64;
-const BUF_BYTES_MIN: usize = 128 * 1024;
 
 /// One write in flight: its pieces (one per chunk it touches) complete in any order.
 struct InFlight {
@@ -89,7 +87,6 @@ pub(crate) struct WriteRing {
     pieces_in_flight: usize,
     /// A write's pieces before they are queued (kept: no allocation per write).
     staged: Vec<Op>,
-    spare_bufs: Vec<IoBuf>,
     /// The eventfd read could not be re-armed: reported by the next wait.
     broken: Option<std::io::Error>,
 }
@@ -113,7 +110,6 @@ impl WriteRing {
             free_writes: Vec::new(),
             pieces_in_flight: 0,
             staged: Vec::new(),
-            spare_bufs: Vec::new(),
             broken: None,
         })
     }
@@ -207,8 +203,8 @@ impl WriteRing {
 
     /// Queues `write`'s pieces (submitted at the next [`WriteRing::wait`]),
     /// or gives it back for the workers: when the gate is closed, a chunk
-    /// under it is not mapped writable, the map is retired, the ring is
-    /// full or no buffer can be had.
+    /// under it is not mapped writable, the map is retired or the ring is
+    /// full.
     pub(crate) fn write(&mut self, write: RingWrite) -> Result<(), RingWrite> {
         // Within a command's transfer size: never near 4 GiB.
         let Ok(len) = u32::try_from(write.data.len()) else {
@@ -223,11 +219,7 @@ impl WriteRing {
         }
         // Taken out while the ring is pushed to, put back with its allocation.
         let mut pieces = std::mem::take(&mut self.staged);
-        if !self.stage(&write, &mut pieces) {
-            self.staged = pieces;
-            self.backend.gate.leave();
-            return Err(write);
-        }
+        self.stage(&write, &mut pieces);
         let index = self.free_writes.pop().unwrap_or_else(|| {
             self.writes.push(None);
             self.writes.len() - 1
@@ -246,7 +238,7 @@ impl WriteRing {
             }
             pieces_left += 1;
         }
-        self.recycle(&mut pieces);
+        pieces.clear();
         self.staged = pieces;
         self.pieces_in_flight += pieces_left;
         if pieces_left == 0 {
@@ -263,10 +255,9 @@ impl WriteRing {
         Ok(())
     }
 
-    /// Fills `pieces` with `write`'s, one per chunk, each with a buffer
-    /// holding its data (mapped writable: checked); false (`pieces` empty)
-    /// if a buffer could not be had.
-    fn stage(&mut self, write: &RingWrite, pieces: &mut Vec<Op>) -> bool {
+    /// Fills `pieces` with `write`'s, one per chunk (mapped writable:
+    /// checked), each written from its range of the write's data.
+    fn stage(&self, write: &RingWrite, pieces: &mut Vec<Op>) {
         let mut done = 0;
         while done < write.data.len() {
             let at = write.offset + done as u64;
@@ -275,37 +266,15 @@ impl WriteRing {
                 unreachable!("checked writable under the gate");
             };
             let len = len as usize;
-            let Some(mut buf) = self.buffer(len) else {
-                self.recycle(pieces);
-                return false;
-            };
-            buf.as_mut_slice()[..len].copy_from_slice(&write.data[done..done + len]);
-            pieces.push(Op::Write {
+            pieces.push(Op::WriteShared {
                 fd,
-                buf,
-                buf_offset: 0,
+                buf: write.data.clone(),
+                buf_offset: done,
                 len,
                 file_offset: offset,
                 dsync: write.fua,
             });
             done += len;
-        }
-        true
-    }
-
-    /// Keeps `buf` for a later write, up to the spares' bound.
-    fn keep(&mut self, buf: IoBuf) {
-        if self.spare_bufs.len() < SPARE_BUFS_MAX {
-            self.spare_bufs.push(buf);
-        }
-    }
-
-    /// Takes back the buffers of pieces that were not queued.
-    fn recycle(&mut self, pieces: &mut Vec<Op>) {
-        for op in pieces.drain(..) {
-            if let Op::Write { buf, .. } = op {
-                self.keep(buf);
-            }
         }
     }
 
@@ -331,9 +300,7 @@ impl WriteRing {
     /// A piece's completion; the write's result once it was the last.
     fn piece_done(&mut self, completion: Completion) -> Option<(OpId, LocalResult)> {
         let index = completion.user_data as usize;
-        if let Returned::Buf(buf) = completion.returned {
-            self.keep(buf);
-        }
+        // (Its reference to the write's data drops with the completion.)
         let write = self.writes[index].as_mut().expect("a write in flight");
         if let Err(error) = completion.result {
             log::warn!("replicated volume, local copy: {error}");
@@ -348,22 +315,6 @@ impl WriteRing {
         self.free_writes.push(index);
         self.backend.gate.leave();
         Some((write.op, write.error.map_or(Ok(None), Err)))
-    }
-
-    /// An aligned buffer of at least `len` bytes (none if none could be
-    /// mapped): the smallest spare that fits.
-    fn buffer(&mut self, len: usize) -> Option<IoBuf> {
-        let fitting = self
-            .spare_bufs
-            .iter()
-            .enumerate()
-            .filter(|(_, b)| b.capacity() >= len);
-        if let Some((at, _)) = fitting.min_by_key(|(_, b)| b.capacity()) {
-            return Some(self.spare_bufs.swap_remove(at));
-        }
-        IoBuf::new(len.max(BUF_BYTES_MIN))
-            .map_err(|error| log::warn!("local write: no buffer: {error}"))
-            .ok()
     }
 }
 
@@ -455,7 +406,7 @@ pub(crate) mod tests {
         let write = |op, offset, data: &[u8]| RingWrite {
             op: OpId(op),
             offset,
-            data: Arc::new(data.to_vec()),
+            data: SharedBuf::copy_from(data),
             fua: true,
             fenced: own.enter().unwrap(),
         };
