@@ -15,7 +15,7 @@
 //! - [`types`]: node ids, epochs, fencing tokens, extents and regions.
 //! - [`regions`]: sets of regions (dirty and write-intent bitmaps).
 //! - [`record`]: the volume's replica set as the store holds it.
-//! - [`replica`]: what a replica checks before it applies a write (its fence).
+//! - [`replica`]: what a replica answers a primary (the replica side is the target's).
 //! - [`primary`]: the primary's state machine.
 //! - [`driver`]: the rules its drivers keep (the node's replicator and the simulation).
 //! - [`controller`]: the cluster controller's promotion of a new primary.
@@ -46,5 +46,5 @@ pub use driver::{plan_start, Driver, End, Serving, Start};
 pub use primary::{Action, HostResult, Primary, PrimaryConfig, PrimaryPhase, Run, ToReplica};
 pub use record::{Member, MemberState, ReplicaSet};
 pub use regions::RegionSet;
-pub use replica::{FromReplica, Replica};
+pub use replica::FromReplica;
 pub use types::{Epoch, Extent, Geometry, NodeId, OpId, Token};

@@ -11,6 +11,15 @@
 //! The application never has two commands on one block at once (as a file
 //! system or `fio --verify` does), so each block's expected content is the
 //! value of its last acknowledged write, and a read must return exactly that.
+//!
+//! Unless the application gave up on a write: one write in ten that a path
+//! fails or times out is given up, as an application whose I/O failed
+//! does (an attempt may still land later, with the same data). The block
+//! may then hold the old value or the given up one, on every copy alike
+//! once the cluster settled: the replicas' write intents are what make the
+//! copies agree (a new primary resyncs those regions). The application never writes such a block again, so
+//! that the simulation's end check that every copy in sync is the
+//! primary's catches an intent that missed a region.
 
 use crate::rng::Rng;
 use crate::world::{Endpoint, HostCmd, Msg, Outbox, SimConfig};
@@ -20,6 +29,8 @@ use weft_replication::{Extent, Geometry, HostResult, NodeId};
 
 const ANA_QUERY_EVERY: Duration = Duration::from_millis(50);
 const RETRY_AFTER: Duration = Duration::from_millis(2);
+/// A write a path failed is given up in this many.
+const GIVE_UP_PPM: u64 = 100_000;
 
 struct Command {
     cmd: HostCmd,
@@ -46,6 +57,7 @@ pub struct HostStats {
     pub reads: u64,
     pub flushes: u64,
     pub retries: u64,
+    pub given_up: u64,
     pub longest_pause: Duration,
 }
 
@@ -65,6 +77,8 @@ pub struct Host {
     optimized: BTreeMap<NodeId, bool>,
     last_query: Option<Duration>,
     acked: Vec<u64>,
+    /// Per block, the values of writes given up since its last acknowledged one.
+    given_up: Vec<Vec<u64>>,
     commands: BTreeMap<u64, Command>,
     next_op: u64,
     next_value: u64,
@@ -83,6 +97,7 @@ impl Host {
             paths,
             last_query: None,
             acked: vec![0; geometry.blocks as usize],
+            given_up: vec![Vec::new(); geometry.blocks as usize],
             commands: BTreeMap::new(),
             next_op: 0,
             next_value: 0,
@@ -102,6 +117,12 @@ impl Host {
     /// The value of the last acknowledged write of `block`.
     pub fn acked(&self, block: u64) -> u64 {
         self.acked[block as usize]
+    }
+
+    /// Whether `block` may hold `value`: its last acknowledged write's, or
+    /// one of a write given up since.
+    pub fn may_hold(&self, block: u64, value: u64) -> bool {
+        value == self.acked[block as usize] || self.given_up[block as usize].contains(&value)
     }
 
     pub fn verified(&self) -> bool {
@@ -160,6 +181,14 @@ impl Host {
             return false;
         }
         let cmd = if kind < 12 {
+            if self.given_up[block as usize..(block + u64::from(blocks)) as usize]
+                .iter()
+                .any(|g| !g.is_empty())
+            {
+                // Never written again: its copies must agree by the end
+                // on their own (the intents' resync), not by a rewrite.
+                return false;
+            }
             let values = (0..blocks)
                 .map(|_| {
                     self.next_value += 1;
@@ -227,6 +256,7 @@ impl Host {
             .filter(|p| self.optimized[p])
             .collect();
         let mut want_query = optimized.is_empty();
+        let mut giving_up = Vec::new();
         for (&op, command) in self.commands.iter_mut() {
             if let Some(path) = command.path {
                 if now >= command.sent_at + self.timeout {
@@ -235,6 +265,9 @@ impl Host {
                     command.path = None;
                     command.retry_at = now;
                     want_query = true;
+                    if matches!(command.cmd, HostCmd::Write(..)) && rng.chance(GIVE_UP_PPM) {
+                        giving_up.push(op);
+                    }
                 }
                 continue;
             }
@@ -257,6 +290,9 @@ impl Host {
                 },
             );
         }
+        for op in giving_up {
+            self.give_up(op, out);
+        }
         if want_query && self.last_query.is_none_or(|t| now >= t + ANA_QUERY_EVERY) {
             self.last_query = Some(now);
             for &path in &self.paths {
@@ -270,6 +306,7 @@ impl Host {
         from: Endpoint,
         msg: Msg,
         now: Duration,
+        rng: &mut Rng,
         out: &mut Outbox,
     ) -> Result<(), String> {
         let Endpoint::Node(node) = from else {
@@ -284,7 +321,7 @@ impl Host {
                 attempt,
                 result,
                 data,
-            } => self.completed(node, op, attempt, result, data, now, out)?,
+            } => self.completed(node, op, attempt, result, data, now, rng, out)?,
             _ => {}
         }
         Ok(())
@@ -299,6 +336,7 @@ impl Host {
         result: HostResult,
         data: Vec<u64>,
         now: Duration,
+        rng: &mut Rng,
         out: &mut Outbox,
     ) -> Result<(), String> {
         let Some(command) = self.commands.get_mut(&op) else {
@@ -309,6 +347,9 @@ impl Host {
                 self.optimized.insert(node, false);
                 command.path = None;
                 command.retry_at = now + RETRY_AFTER;
+                if matches!(command.cmd, HostCmd::Write(..)) && rng.chance(GIVE_UP_PPM) {
+                    self.give_up(op, out);
+                }
             }
             return Ok(());
         }
@@ -319,6 +360,9 @@ impl Host {
             HostCmd::Write(extent, values, _) => {
                 let start = extent.block as usize;
                 self.acked[start..start + values.len()].copy_from_slice(&values);
+                for given_up in &mut self.given_up[start..start + values.len()] {
+                    given_up.clear();
+                }
                 self.stats.writes += 1;
                 out.note(format!(
                     "host: write {op} {extent:?} = {values:?} acked by {node}"
@@ -328,7 +372,8 @@ impl Host {
                 let start = extent.block as usize;
                 let expected = &self.acked[start..start + extent.blocks as usize];
                 self.stats.reads += 1;
-                if data != expected {
+                let mut held = (extent.block..extent.end()).zip(&data);
+                if data.len() != expected.len() || !held.all(|(b, &v)| self.may_hold(b, v)) {
                     return Err(format!(
                         "read {op} of {extent:?} from {node} (attempt {attempt}) returned {data:?}, the acknowledged writes are {expected:?}"
                     ));
@@ -337,5 +382,20 @@ impl Host {
             HostCmd::Flush => self.stats.flushes += 1,
         }
         Ok(())
+    }
+
+    /// The application gives write `op` up (its path failed it): the blocks
+    /// may hold its values until they are written again.
+    fn give_up(&mut self, op: u64, out: &mut Outbox) {
+        let command = self.commands.remove(&op).expect("present");
+        let HostCmd::Write(extent, values, _) = command.cmd else {
+            unreachable!("only writes are given up");
+        };
+        let start = extent.block as usize;
+        for (given_up, value) in self.given_up[start..].iter_mut().zip(values) {
+            given_up.push(value);
+        }
+        self.stats.given_up += 1;
+        out.note(format!("host: write {op} {extent:?} given up"));
     }
 }

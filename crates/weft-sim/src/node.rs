@@ -12,15 +12,19 @@
 //! (`weft_proto::fence`): each primary's session is a controller of its
 //! replica subsystem, and its own primary writes its local copy as that
 //! fence's local writer (`LocalFence`), so that a newer primary's fence is
-//! answered only once those writes landed. `weft_replication::Replica`
-//! keeps the write intent and the unclean flag it reports, and must agree
-//! with the real fence on every fence it takes (asserted).
+//! answered only once those writes landed. Its write intent is the
+//! target's too (`weft_proto::intent::WriteIntent`): a replica's write to a
+//! region it does not cover, or while the node is unclean, marks it (in the
+//! file first) as the node's slow path does; a Clean clears it in memory,
+//! written to the file lazily (once a second); a fence is answered with the
+//! intent as its log page encodes it and a primary decodes it.
 //!
-//! Persistent across a crash: the disk's blocks, the write intent, the
-//! last epoch this node served as primary and its run as primary. Everything else is lost with the
-//! process, the replica's fence included: a restart kills every connection,
-//! so no session older than the next fence can speak to it again, and it
-//! admits nothing until fenced anew.
+//! Persistent across a crash: the disk's blocks, the write intent's file,
+//! the last epoch this node served as primary and its run as primary.
+//! Everything else is lost with the process, the replica's fence and the
+//! live intent included (read again from the file): a restart kills every
+//! connection, so no session older than the next fence can speak to it
+//! again, and it admits nothing until fenced anew.
 
 use crate::rng::Rng;
 use crate::world::{Endpoint, Event, HostCmd, Msg, Outbox, SimConfig, StoreReq, StoreResp};
@@ -28,10 +32,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 use weft_proto::fence::{FenceToken, FencedIo, Fences, LocalFence};
+use weft_proto::intent::{clean_regions, IntentLogHeader, WriteIntent, INTENT_LOG_HEADER_LEN};
 use weft_proto::target::{ControllerRegistry, ControllerShared};
 use weft_replication::{
     plan_start, Action, Driver, Epoch, Extent, FromReplica, Geometry, HostResult, MemberState,
-    NodeId, OpId, Primary, PrimaryConfig, PrimaryPhase, RegionSet, Replica, ReplicaSet, Run, Start,
+    NodeId, OpId, Primary, PrimaryConfig, PrimaryPhase, RegionSet, ReplicaSet, Run, Start,
     ToReplica, Token,
 };
 
@@ -44,9 +49,14 @@ const LEASE_MARGIN: Duration = Duration::from_millis(100);
 const FILE_FAILURE_PPM: u64 = 2_000;
 /// One local write in this many is held long (see `Node::local_io`).
 const HELD_WRITE_PPM: u64 = 1_000;
+/// A block's bytes, as the write intent counts them.
+const BLOCK_SHIFT: u32 = 12;
+/// Cleared regions are written to the intent's file this often at most
+/// (as the node's manager does).
+const PERSIST_CLEARED_EVERY: Duration = Duration::from_secs(1);
 
 enum Role {
-    Replica(Replica),
+    Replica,
     Primary(Box<Driver>),
 }
 
@@ -98,7 +108,8 @@ pub struct Node {
     /// What the disk holds durably: what survives a power loss (`disk` is
     /// what reads see, the volatile cache included).
     durable: Vec<u64>,
-    intent: RegionSet,
+    /// The write intent's file: the regions marked when it was last written.
+    intent_file: RegionSet,
     served_epoch: Epoch,
     /// Its run as primary (kept regions and members to rebuild in full
     /// persisted as the primary asks: at once, which the driver's lazy
@@ -119,15 +130,17 @@ pub struct Node {
     failed_ops: std::collections::BTreeSet<OpId>,
     /// Fences taken while its own local writes were on their way, to be
     /// answered once the fence is drained.
-    fence_answers: Vec<(NodeId, FromReplica, Arc<ControllerShared>)>,
+    fence_answers: Vec<(NodeId, Token, Arc<ControllerShared>)>,
     /// Power was lost since a primary last wrote here (the boot id changed).
     unclean: bool,
     /// An unclean node takes itself out of the in-sync set before it joins
     /// the cluster again (so that nobody promotes it or counts on it).
     may_register: bool,
     // Lost in a crash.
-    /// The replica fence's token, as the model replica knows it.
-    fence: Token,
+    /// The write intent the data plane checks (read from the file at start).
+    intent: WriteIntent,
+    /// When cleared regions were last written to the file.
+    cleared_persisted_at: Duration,
     /// The replica subsystem's fence and controllers (the target's).
     fences: Arc<Fences>,
     controllers: ControllerRegistry,
@@ -176,20 +189,16 @@ impl Node {
             fence_answers: Vec::new(),
             unclean: false,
             may_register: true,
-            fence: Token::default(),
+            intent: live_intent(geometry, &RegionSet::new(regions), false),
+            cleared_persisted_at: Duration::ZERO,
             fences: Arc::default(),
             controllers: ControllerRegistry::default(),
             sessions: BTreeMap::new(),
             own_fence: None,
-            intent: RegionSet::new(regions),
+            intent_file: RegionSet::new(regions),
             served_epoch: Epoch(0),
             run: Run::new(Epoch(0), regions),
-            role: Role::Replica(Replica::new(
-                geometry,
-                Token::default(),
-                RegionSet::new(regions),
-                false,
-            )),
+            role: Role::Replica,
             record: None,
             lease_until: Duration::ZERO,
             may_register_at: Duration::ZERO,
@@ -217,9 +226,15 @@ impl Node {
         matches!(&self.role, Role::Primary(d) if d.primary().phase() == PrimaryPhase::Active)
     }
 
+    /// No host command is in flight here, nor local I/O (a write the host
+    /// gave up on may still be on its way to the copies).
+    pub fn is_settled(&self) -> bool {
+        self.host_ops.is_empty() && self.local.is_empty()
+    }
+
     pub fn describe(&self) -> String {
         let role = match &self.role {
-            Role::Replica(r) => format!("replica fenced {:?}", r.fence_token()),
+            Role::Replica => format!("replica fenced {:?}", self.fences.token(REPLICA_NQN)),
             Role::Primary(d) => format!(
                 "primary {:?} epoch {}",
                 d.primary().phase(),
@@ -256,7 +271,7 @@ impl Node {
         self.fence_answers.clear();
         self.disk_failed = false;
         self.failed_ops.clear();
-        self.fence = Token::default();
+        self.intent = live_intent(self.geometry, &self.intent_file, self.unclean);
         // The target's fences and controllers die with the process.
         self.fences = Arc::default();
         self.controllers = ControllerRegistry::default();
@@ -273,8 +288,7 @@ impl Node {
     /// Serves as a replica from now on (after a restart or a deposition):
     /// fenced as before, admitting nothing until fenced anew.
     fn become_replica(&mut self) {
-        let replica = Replica::new(self.geometry, self.fence, self.intent.clone(), self.unclean);
-        self.role = Role::Replica(replica);
+        self.role = Role::Replica;
         self.own_fence = None;
         self.host_ops.clear();
         self.buffers.clear();
@@ -291,6 +305,7 @@ impl Node {
         }
         self.durable.clone_from(&self.disk);
         self.unclean = true;
+        self.intent = live_intent(self.geometry, &self.intent_file, true);
         self.may_register = false;
         self.become_replica();
     }
@@ -387,11 +402,72 @@ impl Node {
                 }
             }
         }
+        if now >= self.cleared_persisted_at + PERSIST_CLEARED_EVERY {
+            self.cleared_persisted_at = now;
+            self.persist_cleared();
+        }
         let lease_until = self.lease_until;
         if let Role::Primary(driver) = &mut self.role {
             driver.tick(lease_until, now);
         }
         self.drive(now, rng, out);
+    }
+
+    /// Marks `regions` in the intent's file, then in the live intent, and
+    /// the node clean (the file is written under this boot), as the node's
+    /// `IntentFile::mark` does.
+    fn mark_intent(&mut self, regions: std::ops::Range<u32>) {
+        let on_file = regions.clone().all(|r| self.intent_file.contains(r));
+        if !on_file || self.intent.unclean() {
+            self.intent_file = RegionSet::new(self.geometry.regions());
+            for region in self.intent.marked().into_iter().chain(regions.clone()) {
+                self.intent_file.insert(region);
+            }
+        }
+        self.intent.mark(regions);
+        self.intent.set_clean();
+        self.unclean = false;
+    }
+
+    /// Writes the intent's file again if regions were cleared since (never
+    /// while unclean: the file keeps its old boot until a write), as the
+    /// node's manager does once a second.
+    fn persist_cleared(&mut self) {
+        if !self.intent.take_cleared() || self.intent.unclean() {
+            return;
+        }
+        self.intent_file = RegionSet::new(self.geometry.regions());
+        for region in self.intent.marked() {
+            self.intent_file.insert(region);
+        }
+    }
+
+    /// The marked regions of the live intent.
+    fn intent_marked(&self) -> RegionSet {
+        let mut marked = RegionSet::new(self.geometry.regions());
+        for region in self.intent.marked() {
+            marked.insert(region);
+        }
+        marked
+    }
+
+    /// A fence's answer: the intent as the target's log page encodes it and
+    /// a primary's link decodes it.
+    fn fenced(&self, token: Token) -> FromReplica {
+        let mut page = vec![0; INTENT_LOG_HEADER_LEN + 4 * self.intent.marked().len()];
+        self.intent.log_page(0, &mut page);
+        let (header, list) = page.split_at(INTENT_LOG_HEADER_LEN);
+        let header = IntentLogHeader::decode(header.try_into().expect("the header's length"));
+        assert_eq!(header.region_bytes, self.intent.region_bytes());
+        let mut intent = RegionSet::new(self.geometry.regions());
+        for region in clean_regions(list, header.marked) {
+            intent.insert(region);
+        }
+        FromReplica::Fenced {
+            token,
+            intent,
+            unclean: header.unclean,
+        }
     }
 
     pub fn receive(
@@ -632,20 +708,13 @@ impl Node {
         // (Its own writes drained before it began, and replicas' writes
         // land at once here: nobody's are on their way.)
         assert!(own_fence.drained(), "no write on its way to its copy");
-        let mut replica =
-            Replica::new(self.geometry, self.fence, self.intent.clone(), self.unclean);
-        assert!(
-            matches!(replica.fence(own), FromReplica::Fenced { .. }),
-            "the model replica refused a fence the real one took: {own:?} after {:?}",
-            self.fence
-        );
-        self.fence = own;
         if !continued {
             self.run = Run::new(record.epoch, self.geometry.regions());
         }
         self.served_epoch = record.epoch;
         // Its copy is the reference now: others are resynced from it.
         self.unclean = false;
+        self.intent.set_clean();
         out.note(format!(
             "primary of epoch {} at r{revision}",
             record.epoch.0
@@ -658,7 +727,7 @@ impl Node {
             copies_in_flight_max: 4,
             clean_delay: self.clean_delay,
         };
-        let intent = self.intent.clone();
+        let intent = self.intent_marked();
         let primary = Primary::new(config, record, revision, intent, self.run.clone(), now);
         let mut driver = Driver::new(primary, self.geometry.blocks);
         driver.tick(self.lease_until, now);
@@ -738,7 +807,7 @@ impl Node {
             .get(&primary)
             .filter(|(session, controller)| *session == token && controller.fenced_io_enter())
             .map(|(_, controller)| Arc::clone(controller));
-        let (Some(controller), Role::Replica(replica)) = (session, &mut self.role) else {
+        let (Some(controller), Role::Replica) = (session, &self.role) else {
             if !matches!(msg, ToReplica::Clean { .. }) {
                 let current = token_of_fence(self.fences.token(REPLICA_NQN));
                 answer(FromReplica::Refused { token, current }, out);
@@ -761,10 +830,12 @@ impl Node {
                     ToReplica::Copy { op, extent, .. } => (op, extent, false),
                     _ => unreachable!("matched above"),
                 };
-                if replica.will_write(&extent) {
-                    self.intent = replica.intent().clone();
+                let (offset, len) = bytes_of(extent);
+                if !self.intent.covers(offset, len) {
+                    // The node's slow path: the regions marked in the file
+                    // first (and the node clean: written under this boot).
+                    self.mark_intent(self.intent.regions_of(offset, len));
                 }
-                self.unclean = replica.unclean();
                 assert_eq!(data.len(), extent.blocks as usize, "data for the extent");
                 if self
                     .debug_block
@@ -781,11 +852,7 @@ impl Node {
                 self.flush();
                 answer(FromReplica::Done { token, op }, out);
             }
-            ToReplica::Clean { regions, .. } => {
-                if replica.clean(&regions) {
-                    self.intent = replica.intent().clone();
-                }
-            }
+            ToReplica::Clean { regions, .. } => self.intent.clean(regions),
         }
         controller.fenced_io_done();
     }
@@ -820,16 +887,10 @@ impl Node {
         self.fences.join(&controller);
         self.sessions
             .insert(primary, (token, Arc::clone(&controller)));
-        let Role::Replica(replica) = &mut self.role else {
-            unreachable!("a newer fence deposed its primary: it is a replica");
-        };
-        let reply = replica.fence(token);
         assert!(
-            matches!(reply, FromReplica::Fenced { .. }),
-            "the model replica refused a fence the real one took: {token:?} after {:?}",
-            self.fence
+            matches!(self.role, Role::Replica),
+            "a newer fence deposed its primary: it is a replica"
         );
-        self.fence = token;
         out.note(format!("fence {token:?} from {primary}: taken"));
         if !self.fences.drained(&controller) {
             // This node's own writes (an ended primary's) are on their way:
@@ -838,10 +899,10 @@ impl Node {
                 "fence answer waits for {} local I/O",
                 self.local.len()
             ));
-            self.fence_answers.push((primary, reply, controller));
+            self.fence_answers.push((primary, token, controller));
             return;
         }
-        answer(reply, out);
+        answer(self.fenced(token), out);
     }
 
     pub fn local_done(
@@ -871,11 +932,12 @@ impl Node {
             Local::Flush => self.flush(),
         }
         let answers = std::mem::take(&mut self.fence_answers);
-        for (to, reply, controller) in answers {
+        for (to, token, controller) in answers {
             if !self.fences.drained(&controller) {
-                self.fence_answers.push((to, reply, controller));
+                self.fence_answers.push((to, token, controller));
                 continue;
             }
+            let reply = self.fenced(token);
             let (node, incarnation) = (self.id, self.incarnation);
             let answer = Event::ReplicaAnswer {
                 node,
@@ -923,9 +985,7 @@ impl Node {
 
     fn change_files(&mut self, change: Action) {
         match change {
-            Action::IntentSet(region) => {
-                self.intent.insert(region);
-            }
+            Action::IntentSet(region) => self.mark_intent(region..region + 1),
             Action::Keep(region) => {
                 self.run.kept.insert(region);
             }
@@ -998,9 +1058,8 @@ impl Node {
                     },
                 );
             }
-            Action::IntentClear(region) => {
-                self.intent.remove(region);
-            }
+            // Cleared in memory; the file follows lazily (see `tick`).
+            Action::IntentClear(region) => self.intent.clean([region]),
             Action::LocalWrite { op, extent, fua } => {
                 let data = self.buffers.get(&op).expect("the host's data").clone();
                 let fenced = self.own_fence.as_ref().and_then(LocalFence::enter);
@@ -1098,6 +1157,21 @@ impl Node {
             },
         );
     }
+}
+
+/// The live intent of a replica of `geometry` whose file holds `file`.
+fn live_intent(geometry: Geometry, file: &RegionSet, unclean: bool) -> WriteIntent {
+    assert!(geometry.region_blocks.is_power_of_two());
+    let shift = BLOCK_SHIFT + geometry.region_blocks.trailing_zeros();
+    WriteIntent::new(geometry.blocks << BLOCK_SHIFT, shift, file.iter(), unclean)
+}
+
+/// `extent`'s byte offset and length.
+fn bytes_of(extent: Extent) -> (u64, u64) {
+    (
+        extent.block << BLOCK_SHIFT,
+        u64::from(extent.blocks) << BLOCK_SHIFT,
+    )
 }
 
 fn token_of(msg: &ToReplica) -> Token {

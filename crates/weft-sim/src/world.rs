@@ -64,6 +64,8 @@ pub struct Report {
     pub flushes: u64,
     /// Commands sent again after a path error or timeout.
     pub retries: u64,
+    /// Writes the application gave up after a path failed them.
+    pub given_up: u64,
     /// Faults injected.
     pub faults: u64,
     /// Of which power losses.
@@ -99,6 +101,7 @@ impl Report {
         self.reads += other.reads;
         self.flushes += other.flushes;
         self.retries += other.retries;
+        self.given_up += other.given_up;
         self.faults += other.faults;
         self.power_losses += other.power_losses;
         self.disk_failures += other.disk_failures;
@@ -459,7 +462,7 @@ impl World {
             let disk = &self.nodes[member.node.0 as usize].disk;
             for (block, &value) in disk.iter().enumerate() {
                 let block = block as u64;
-                if value != self.host.acked(block) && !self.host.writing(block) {
+                if !self.host.may_hold(block, value) && !self.host.writing(block) {
                     return Err(format!(
                         "{} is in sync in the store's record (epoch {}) but holds {value} in block {block}, whose last acknowledged write is {}",
                         member.node,
@@ -488,7 +491,7 @@ impl World {
             return Ok(false);
         }
         let primary = &self.nodes[record.primary.0 as usize];
-        if !primary.is_active_primary() {
+        if !primary.is_active_primary() || !primary.is_settled() {
             return Ok(false);
         }
         for member in &record.members {
@@ -509,6 +512,7 @@ impl World {
         self.report.reads = self.host.stats.reads;
         self.report.flushes = self.host.stats.flushes;
         self.report.retries = self.host.stats.retries;
+        self.report.given_up = self.host.stats.given_up;
         self.report.longest_pause = self.host.stats.longest_pause;
         self.report.promotions = record.epoch.0 - 1;
         (self.report.moves_asked, self.report.moves_done) = self.store.moves;
@@ -561,7 +565,10 @@ impl World {
                     }
                 }
                 match to {
-                    Endpoint::Host => self.host.receive(from, msg, self.now, &mut out)?,
+                    Endpoint::Host => {
+                        self.host
+                            .receive(from, msg, self.now, &mut self.rng, &mut out)?
+                    }
                     Endpoint::Store => {
                         let Endpoint::Node(node) = from else {
                             unreachable!("only nodes ask the store")
