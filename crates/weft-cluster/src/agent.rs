@@ -218,65 +218,31 @@ mod tests {
     use super::*;
     use crate::membership::MemberConfig;
     use std::sync::Mutex;
-    use weft_control::{
-        Entry, LeaseId, Listing, MemoryStore, Revision, StoreError, Txn, WatchEvent,
-    };
+    use weft_control::intercept::{Call, Hook, Intercepted};
+    use weft_control::{MemoryStore, StoreError};
 
-    /// A store that notes each call, in order, in a log the test shares.
-    #[derive(Debug)]
-    struct Noting {
-        inner: MemoryStore,
-        log: Arc<Mutex<Vec<&'static str>>>,
-    }
+    /// Notes each read, commit and keep-alive, in order, in a log the test shares.
+    struct Noting(Arc<Mutex<Vec<&'static str>>>);
 
-    impl Noting {
-        fn note(&self, call: &'static str) {
-            self.log.lock().unwrap().push(call);
-        }
-    }
-
-    impl Store for Noting {
-        fn get(&self, key: &str) -> Result<Option<Entry>, StoreError> {
-            self.note("get");
-            self.inner.get(key)
-        }
-        fn list(&self, prefix: &str) -> Result<Listing, StoreError> {
-            self.note("list");
-            self.inner.list(prefix)
-        }
-        fn commit(&self, txn: Txn) -> Result<Revision, StoreError> {
-            self.note("commit");
-            self.inner.commit(txn)
-        }
-        fn grant_lease(&self, ttl: Duration) -> Result<LeaseId, StoreError> {
-            self.inner.grant_lease(ttl)
-        }
-        fn keep_alive(&self, lease: LeaseId) -> Result<(), StoreError> {
-            self.note("keep_alive");
-            self.inner.keep_alive(lease)
-        }
-        fn revoke_lease(&self, lease: LeaseId) -> Result<(), StoreError> {
-            self.inner.revoke_lease(lease)
-        }
-        fn watch(
-            &self,
-            prefix: &str,
-            after: Revision,
-        ) -> Result<mpsc::Receiver<WatchEvent>, StoreError> {
-            self.inner.watch(prefix, after)
-        }
-        fn location(&self) -> String {
-            self.inner.location()
+    impl Hook for Noting {
+        fn before(&self, call: Call, _inner: &Arc<dyn Store>) -> Result<(), StoreError> {
+            if matches!(
+                call,
+                Call::Get | Call::List | Call::Commit | Call::KeepAlive
+            ) {
+                self.0.lock().unwrap().push(call.name());
+            }
+            Ok(())
         }
     }
 
     #[test]
     fn the_lease_is_renewed_before_the_controller_s_duties() {
         let log = Arc::new(Mutex::new(Vec::new()));
-        let store: Arc<dyn Store> = Arc::new(Noting {
-            inner: MemoryStore::default(),
-            log: log.clone(),
-        });
+        let store: Arc<dyn Store> = Arc::new(Intercepted::new(
+            Arc::new(MemoryStore::default()),
+            Noting(log.clone()),
+        ));
         let config = MemberConfig {
             name: "n1".into(),
             node_id: "aa".into(),

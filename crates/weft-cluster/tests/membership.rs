@@ -6,7 +6,8 @@ use std::time::Duration;
 use weft_cluster::membership::{JoinError, Member, MemberConfig, NodeStatus};
 use weft_cluster::nodes::{self, NodeError, NodeState};
 use weft_cluster::{election, PoolSummary};
-use weft_control::{ManualClock, MemoryStore, Store};
+use weft_control::intercept::{Hook, Intercepted};
+use weft_control::{ManualClock, MemoryStore, Revision, Store, StoreError};
 
 const TTL: Duration = Duration::from_secs(5);
 
@@ -215,55 +216,20 @@ fn each_node_keeps_its_own_ordinal_and_a_removed_node_frees_it() {
     drop((n1, n3));
 }
 
-/// A store whose next commit is applied but answered with an error, as
-/// when etcd applies a transaction and the connection breaks before its
-/// answer arrives.
-struct LosesAnAnswer {
-    inner: Arc<dyn Store>,
-    lose: std::sync::atomic::AtomicBool,
-}
+/// Loses the answer of the next commit when told: applied, but answered
+/// with an error, as when etcd applies a transaction and the connection
+/// breaks before its answer arrives.
+struct LosesAnAnswer(std::sync::atomic::AtomicBool);
 
-impl Store for LosesAnAnswer {
-    fn get(&self, key: &str) -> Result<Option<weft_control::Entry>, weft_control::StoreError> {
-        self.inner.get(key)
-    }
-    fn list(&self, prefix: &str) -> Result<weft_control::Listing, weft_control::StoreError> {
-        self.inner.list(prefix)
-    }
-    fn commit(
-        &self,
-        txn: weft_control::Txn,
-    ) -> Result<weft_control::Revision, weft_control::StoreError> {
-        let applied = self.inner.commit(txn)?;
-        if self.lose.swap(false, std::sync::atomic::Ordering::SeqCst) {
-            return Err(weft_control::StoreError::Unavailable {
+impl Hook for LosesAnAnswer {
+    fn answer(&self, applied: Revision) -> Result<Revision, StoreError> {
+        if self.0.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            return Err(StoreError::Unavailable {
                 location: "test".into(),
                 message: "the connection broke before the answer".into(),
             });
         }
         Ok(applied)
-    }
-    fn grant_lease(
-        &self,
-        ttl: Duration,
-    ) -> Result<weft_control::LeaseId, weft_control::StoreError> {
-        self.inner.grant_lease(ttl)
-    }
-    fn keep_alive(&self, lease: weft_control::LeaseId) -> Result<(), weft_control::StoreError> {
-        self.inner.keep_alive(lease)
-    }
-    fn revoke_lease(&self, lease: weft_control::LeaseId) -> Result<(), weft_control::StoreError> {
-        self.inner.revoke_lease(lease)
-    }
-    fn watch(
-        &self,
-        prefix: &str,
-        after: weft_control::Revision,
-    ) -> Result<std::sync::mpsc::Receiver<weft_control::WatchEvent>, weft_control::StoreError> {
-        self.inner.watch(prefix, after)
-    }
-    fn location(&self) -> String {
-        "loses an answer".into()
     }
 }
 
@@ -276,14 +242,15 @@ impl Store for LosesAnAnswer {
 #[test]
 fn a_heartbeat_whose_answer_was_lost_does_not_stop_the_next_ones() {
     let (inner, _) = store();
-    let lossy = Arc::new(LosesAnAnswer {
-        inner,
-        lose: std::sync::atomic::AtomicBool::new(false),
-    });
+    let lose = LosesAnAnswer(std::sync::atomic::AtomicBool::new(false));
+    let lossy = Arc::new(Intercepted::new(inner, lose));
     let store: Arc<dyn Store> = lossy.clone();
     let mut n1 = join(&store, "n1", "aa");
     n1.heartbeat(&NodeStatus::default(), 1000).unwrap();
-    lossy.lose.store(true, std::sync::atomic::Ordering::SeqCst);
+    lossy
+        .hook()
+        .0
+        .store(true, std::sync::atomic::Ordering::SeqCst);
     assert!(
         n1.heartbeat(&NodeStatus::default(), 2000).is_err(),
         "the answer was lost"

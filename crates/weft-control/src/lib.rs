@@ -17,6 +17,8 @@
 pub mod conformance;
 pub mod durable;
 pub mod embedded;
+#[cfg(any(test, feature = "testing"))]
+pub mod intercept;
 pub mod memory;
 pub mod mirror;
 pub mod records;

@@ -313,57 +313,25 @@ impl Store for Mirror {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::intercept::{Call, Hook, Intercepted};
     use crate::store::Change;
     use crate::MemoryStore;
     use serde_json::json;
     use std::time::Instant;
 
-    /// A store that can be made unreachable.
-    struct Flaky {
-        inner: MemoryStore,
-        down: AtomicBool,
-    }
+    /// A store that can be made unreachable (its leases stay reachable).
+    struct Down(AtomicBool);
 
-    impl Flaky {
-        fn check(&self) -> Result<(), StoreError> {
-            if self.down.load(Ordering::SeqCst) {
+    impl Hook for Down {
+        fn before(&self, call: Call, _inner: &Arc<dyn Store>) -> Result<(), StoreError> {
+            let leases = matches!(call, Call::GrantLease | Call::KeepAlive | Call::RevokeLease);
+            if self.0.load(Ordering::SeqCst) && !leases {
                 return Err(StoreError::Unavailable {
                     location: "flaky".into(),
                     message: "down".into(),
                 });
             }
             Ok(())
-        }
-    }
-
-    impl Store for Flaky {
-        fn get(&self, key: &str) -> Result<Option<Entry>, StoreError> {
-            self.check()?;
-            self.inner.get(key)
-        }
-        fn list(&self, prefix: &str) -> Result<Listing, StoreError> {
-            self.check()?;
-            self.inner.list(prefix)
-        }
-        fn commit(&self, txn: Txn) -> Result<Revision, StoreError> {
-            self.check()?;
-            self.inner.commit(txn)
-        }
-        fn grant_lease(&self, ttl: Duration) -> Result<LeaseId, StoreError> {
-            self.inner.grant_lease(ttl)
-        }
-        fn keep_alive(&self, lease: LeaseId) -> Result<(), StoreError> {
-            self.inner.keep_alive(lease)
-        }
-        fn revoke_lease(&self, lease: LeaseId) -> Result<(), StoreError> {
-            self.inner.revoke_lease(lease)
-        }
-        fn watch(&self, prefix: &str, after: Revision) -> Result<Receiver<WatchEvent>, StoreError> {
-            self.check()?;
-            self.inner.watch(prefix, after)
-        }
-        fn location(&self) -> String {
-            "flaky".into()
         }
     }
 
@@ -408,15 +376,15 @@ mod tests {
 
     #[test]
     fn the_copy_serves_while_the_remote_is_lost_and_catches_up_after() {
-        let remote = Arc::new(Flaky {
-            inner: MemoryStore::default(),
-            down: AtomicBool::new(false),
-        });
+        let remote = Arc::new(Intercepted::new(
+            Arc::new(MemoryStore::default()),
+            Down(AtomicBool::new(false)),
+        ));
         remote
             .commit(put("volumes/db1", json!({"hosts": []})))
             .unwrap();
         let mirror = Mirror::open(remote.clone()).unwrap();
-        remote.down.store(true, Ordering::SeqCst);
+        remote.hook().0.store(true, Ordering::SeqCst);
         assert!(mirror.get("volumes/db1").unwrap().is_some());
         let refused = mirror.commit(put("volumes/db2", json!({}))).unwrap_err();
         assert!(matches!(refused, StoreError::Unavailable { .. }));
@@ -426,8 +394,11 @@ mod tests {
         );
         // Changes made while the mirror could not follow (its watch sees
         // them, or its next listing does).
-        remote.inner.commit(put("volumes/db3", json!({}))).unwrap();
-        remote.down.store(false, Ordering::SeqCst);
+        remote
+            .inner()
+            .commit(put("volumes/db3", json!({})))
+            .unwrap();
+        remote.hook().0.store(false, Ordering::SeqCst);
         eventually("caught up", || mirror.get("volumes/db3").unwrap().is_some());
     }
 

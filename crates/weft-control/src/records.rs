@@ -655,6 +655,7 @@ pub fn decode<T: DeserializeOwned>(key: &str, value: serde_json::Value) -> Resul
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::intercept::{Call, Hook, Intercepted};
     use crate::MemoryStore;
 
     #[test]
@@ -695,48 +696,22 @@ mod tests {
         assert!(state.volumes().unwrap().is_empty());
     }
 
-    /// A store that, just before its first commit, lets another writer
-    /// commit (`meanwhile`): the race of a read-modify-write against a
-    /// concurrent change, made to happen every time.
-    struct Interleaved {
-        inner: Arc<MemoryStore>,
-        meanwhile: std::sync::Mutex<Option<OtherWriter>>,
-    }
+    /// Just before the first commit it sees, another writer commits: the
+    /// race of a read-modify-write against a concurrent change, made to
+    /// happen every time.
+    struct Meanwhile(std::sync::Mutex<Option<OtherWriter>>);
 
     /// What another writer does, given the store.
-    type OtherWriter = Box<dyn FnOnce(Arc<MemoryStore>) + Send>;
+    type OtherWriter = Box<dyn FnOnce(Arc<dyn Store>) + Send>;
 
-    impl Store for Interleaved {
-        fn get(&self, key: &str) -> Result<Option<crate::Entry>, StoreError> {
-            self.inner.get(key)
-        }
-        fn list(&self, prefix: &str) -> Result<crate::Listing, StoreError> {
-            self.inner.list(prefix)
-        }
-        fn commit(&self, txn: Txn) -> Result<Revision, StoreError> {
-            if let Some(other) = self.meanwhile.lock().unwrap().take() {
-                other(Arc::clone(&self.inner));
+    impl Hook for Meanwhile {
+        fn before(&self, call: Call, inner: &Arc<dyn Store>) -> Result<(), StoreError> {
+            if call == Call::Commit {
+                if let Some(other) = self.0.lock().unwrap().take() {
+                    other(Arc::clone(inner));
+                }
             }
-            self.inner.commit(txn)
-        }
-        fn grant_lease(&self, ttl: std::time::Duration) -> Result<crate::LeaseId, StoreError> {
-            self.inner.grant_lease(ttl)
-        }
-        fn keep_alive(&self, lease: crate::LeaseId) -> Result<(), StoreError> {
-            self.inner.keep_alive(lease)
-        }
-        fn revoke_lease(&self, lease: crate::LeaseId) -> Result<(), StoreError> {
-            self.inner.revoke_lease(lease)
-        }
-        fn watch(
-            &self,
-            prefix: &str,
-            after: Revision,
-        ) -> Result<std::sync::mpsc::Receiver<crate::WatchEvent>, StoreError> {
-            self.inner.watch(prefix, after)
-        }
-        fn location(&self) -> String {
-            "interleaved".into()
+            Ok(())
         }
     }
 
@@ -789,17 +764,15 @@ mod tests {
         first
             .change_volume("db1", "aa", |r| r.qos.iops_max = Some(1))
             .unwrap();
-        let store = Interleaved {
-            inner,
-            meanwhile: std::sync::Mutex::new(Some(Box::new(|store: Arc<MemoryStore>| {
-                let other = DesiredState::shared(store, "n2");
-                other
-                    .change_volume("db1", "aa", |r| {
-                        r.hosts.insert("web1".into());
-                    })
-                    .unwrap();
-            }))),
-        };
+        let other: OtherWriter = Box::new(|store| {
+            let other = DesiredState::shared(store, "n2");
+            other
+                .change_volume("db1", "aa", |r| {
+                    r.hosts.insert("web1".into());
+                })
+                .unwrap();
+        });
+        let store = Intercepted::new(inner, Meanwhile(std::sync::Mutex::new(Some(other))));
         let state = DesiredState::new(Box::new(store), "n1");
         let mut runs = 0;
         state

@@ -1651,20 +1651,21 @@ mod tests {
         std::iter::from_fn(|| primary.poll_action()).collect()
     }
 
-    /// A primary of n0 with n1 in sync, fenced and serving.
-    fn active() -> (Primary, Token) {
-        let record = ReplicaSet::new(&[NodeId(0), NodeId(1)]);
+    /// A new primary of n0 over `record` (epoch 1, at revision 1, nothing
+    /// in its intent or run), its lease valid for a second.
+    fn leased(record: ReplicaSet) -> Primary {
         let regions = config().geometry.regions();
         let run = Run::new(Epoch(1), regions);
-        let mut primary = Primary::new(
-            config(),
-            record,
-            1,
-            RegionSet::new(regions),
-            run,
-            Duration::ZERO,
-        );
+        let intent = RegionSet::new(regions);
+        let mut primary = Primary::new(config(), record, 1, intent, run, Duration::ZERO);
         primary.set_lease(1000 * MS, Duration::ZERO);
+        primary
+    }
+
+    /// A primary of n0 with n1 in sync, fenced and serving.
+    fn active() -> (Primary, Token) {
+        let regions = config().geometry.regions();
+        let mut primary = leased(ReplicaSet::new(&[NodeId(0), NodeId(1)]));
         let token = Token {
             epoch: Epoch(1),
             session: 1,
@@ -1806,18 +1807,7 @@ mod tests {
 
     #[test]
     fn a_sole_copy_that_fails_carries_on_and_the_driver_reports_the_error() {
-        let record = ReplicaSet::new(&[NodeId(0)]);
-        let regions = config().geometry.regions();
-        let run = Run::new(Epoch(1), regions);
-        let mut primary = Primary::new(
-            config(),
-            record,
-            1,
-            RegionSet::new(regions),
-            run,
-            Duration::ZERO,
-        );
-        primary.set_lease(1000 * MS, Duration::ZERO);
+        let mut primary = leased(ReplicaSet::new(&[NodeId(0)]));
         drain(&mut primary);
         primary.host_write(OpId(1), BLOCK_0, false, 2 * MS);
         drain(&mut primary);
