@@ -410,17 +410,16 @@ impl HostQueue {
         self.tx.poll()
     }
 
-    /// The last transmission was sent: command buffers it read are free to complete.
+    /// The last transmission was sent: command buffers it read are free to
+    /// complete. A completion held for its data goes to the queue; its CID
+    /// is freed when it is taken ([`HostQueue::poll_completion`]), once.
     pub fn on_transmitted(&mut self) {
-        let (commands, completions, free) =
-            (&mut self.commands, &mut self.completions, &mut self.free);
+        let (commands, completions) = (&mut self.commands, &mut self.completions);
         self.tx.finish(|slot| {
             let entry = &mut commands[usize::from(slot.0)];
             entry.sending -= 1;
             if entry.sending == 0 {
                 if let Some(completion) = entry.parked.take() {
-                    entry.active = false;
-                    free.push(slot.0);
                     completions.push_back(completion);
                 }
             }
@@ -1048,6 +1047,37 @@ mod tests {
             violation,
             "C2HData for command 0 starts at byte 512, but 0 bytes had arrived"
         );
+    }
+
+    /// A completion that comes while the command's data is still queued to
+    /// go (a controller that answers after its R2T without waiting for the
+    /// data) frees its CID once, when it is taken: not also when the data
+    /// went out, which put the CID on the free list twice and gave it to
+    /// two commands at once.
+    #[test]
+    fn a_completion_before_its_data_went_out_frees_its_cid_once() {
+        let (mut host, mut buffers) = ready_host(0, 16 * 1024);
+        let cid = submit(&mut host, &mut buffers, DataTransfer::ToController(4096));
+        // R2T CCCID 0, TTAG 1, R2TO 0, R2TL 4096: the host queues its H2CData...
+        let r2t = "09 00 18 00 18000000 0000 0100 00000000 00100000 00000000";
+        host.handle_input(&wire::hex(r2t), &mut buffers);
+        let queued = host.poll_transmit().is_some();
+        assert!(queued, "the H2CData is queued");
+        // ...and before it went out, the controller answers (CapsuleResp, CID 0).
+        let resp = "05 00 18 00 18000000 00000000 00000000 0000 0000 0000 0000";
+        host.handle_input(&wire::hex(resp), &mut buffers);
+        assert!(host.poll_completion().is_none(), "held until the data went");
+        host.on_transmitted();
+        assert_eq!(host.poll_completion().map(|c| c.cid.0), Some(cid));
+        let mut cids: Vec<u16> = (0..4)
+            .map(|_| submit(&mut host, &mut buffers, DataTransfer::None))
+            .collect();
+        cids.sort_unstable();
+        cids.dedup();
+        assert_eq!(cids.len(), 4, "four commands, four CIDs");
+        let fifth = testing::rw(io_opcode::READ, 0, 1, 0, 8, 0, false);
+        let full = host.submit(fifth, DataTransfer::None, &mut buffers);
+        assert_eq!(full, Err(SubmitError::QueueFull));
     }
 
     #[test]
