@@ -167,10 +167,8 @@ impl Slot {
                 dsync,
             } => {
                 let ptr = buf.kernel_const_ptr(buf_offset, len);
-                let flags = if dsync { libc::RWF_DSYNC } else { 0 };
-                let write = opcode::Write::new(types::Fd(fd), ptr, kernel_len(len));
                 self.owned = Returned::Buf(buf);
-                write.offset(file_offset).rw_flags(flags).build()
+                pwrite(fd, ptr, len, file_offset, dsync)
             }
             Op::WriteShared {
                 fd,
@@ -181,11 +179,9 @@ impl Slot {
                 dsync,
             } => {
                 let ptr = buf.kernel_const_ptr(buf_offset, len);
-                let flags = if dsync { libc::RWF_DSYNC } else { 0 };
-                let write = opcode::Write::new(types::Fd(fd), ptr, kernel_len(len));
                 // Held by the slot: the bytes live while the kernel reads them.
                 self.owned = Returned::Shared(buf);
-                write.offset(file_offset).rw_flags(flags).build()
+                pwrite(fd, ptr, len, file_offset, dsync)
             }
             Op::Fsync { fd, datasync } => {
                 let flags = if datasync {
@@ -231,6 +227,16 @@ impl Slot {
             .flags(flags)
             .build()
     }
+}
+
+/// The SQE of a `pwrite` of `len` bytes at `ptr` (in a buffer the slot now
+/// owns or holds) to `file_offset`, with `RWF_DSYNC` if `dsync`.
+fn pwrite(fd: RawFd, ptr: *const u8, len: usize, file_offset: u64, dsync: bool) -> squeue::Entry {
+    let flags = if dsync { libc::RWF_DSYNC } else { 0 };
+    opcode::Write::new(types::Fd(fd), ptr, kernel_len(len))
+        .offset(file_offset)
+        .rw_flags(flags)
+        .build()
 }
 
 /// Kernel SQEs carry 32-bit lengths; refuse (panic) rather than silently truncate.
