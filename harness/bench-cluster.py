@@ -36,11 +36,13 @@ def quantile(values, q):
 
 
 class Cluster:
-    def __init__(self, weft, work, cluster_toml=""):
+    def __init__(self, weft, work, cluster_toml="", reactors=1):
         self.weft = weft
         self.work = work
         # More lines of each node's [cluster] table (e.g. "lease_ttl_ms = 3000").
         self.cluster_toml = cluster_toml
+        # Each node's reactors (data plane threads).
+        self.reactors = reactors
         self.processes = []
         self.etcd_url = "http://127.0.0.1:23791"
         self.nodes = []
@@ -64,7 +66,7 @@ class Cluster:
             args = [self.weft, "serve", "--cluster", self.etcd_url, "--node", name,
                     "--listen", f"127.0.0.1:{15600 + index}",
                     "--api-listen", f"127.0.0.1:{15700 + index}", "--data-dir", data,
-                    "--reactors", "1"]
+                    "--reactors", str(self.reactors)]
             if index > 0:
                 args += ["--api-token-file", os.path.join(self.work, "n1", "api-token")]
             if self.cluster_toml:

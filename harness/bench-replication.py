@@ -26,7 +26,7 @@ Prints a table and writes JSON (default .cache/bench/replication/result.json).
 
 Usage: harness/bench-replication.py [--weft target/release/weft] [--runtime 5s]
        [--rounds 3] [--failovers 20] [--lease-ms MS] [--rebuild-mib-s 256]
-       [--read-runtime 2s] [--json FILE]
+       [--read-runtime 2s] [--reactors 1] [--queues 1] [--json FILE]
        (a benchmark: outside CI; --runtime 1s --rounds 1 --failovers 1
        --read-runtime 500ms is the smoke)
 """
@@ -67,6 +67,10 @@ def load_cluster():
     return module.Cluster
 
 
+# I/O queues of each `weft bench` (--queues), each at the load's I/O depth.
+QUEUES = 1
+
+
 def bench(cluster, volume, iodepth, runtime, rw="randwrite", bs="4k", size="64MiB"):
     """`weft bench` `bs` `rw` on `volume` (on n1) over its first `size`
     (one pass if `runtime` is None): (iops, mean us, p99 us, I/Os done)."""
@@ -75,7 +79,8 @@ def bench(cluster, volume, iodepth, runtime, rw="randwrite", bs="4k", size="64Mi
     for attempt in range(3):
         done = subprocess.run(
             [cluster.weft, "bench", "--target", url, "--hostnqn", HOST_NQN, "--rw", rw,
-             "--bs", bs, "--iodepth", str(iodepth), "--size", size, "--json"] + timing,
+             "--bs", bs, "--iodepth", str(iodepth), "--size", size, "--json",
+             "--queues", str(QUEUES)] + timing,
             capture_output=True, text=True)
         if done.returncode == 0:
             break
@@ -151,14 +156,19 @@ def main():
     parser.add_argument("--lease-ms", type=int, help="the nodes' lease_ttl_ms (default weft's)")
     parser.add_argument("--rebuild-mib-s", type=int, default=256,
                         help="the nodes' rebuild_mib_per_s (weft's default 256)")
+    parser.add_argument("--reactors", type=int, default=1, help="each node's reactors")
+    parser.add_argument("--queues", type=int, default=1,
+                        help="I/O queues of the host, each at the load's I/O depth")
     parser.add_argument("--json", default=os.path.join(ROOT, ".cache/bench/replication/result.json"))
     args = parser.parse_args()
+    global QUEUES
+    QUEUES = args.queues
     work = os.path.join(ROOT, ".cache/bench/replication/run")
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     lease = f"lease_ttl_ms = {args.lease_ms}\n" if args.lease_ms else ""
     limit = f"rebuild_mib_per_s = {args.rebuild_mib_s}\n"
-    cluster = load_cluster()(args.weft, work, lease + limit)
+    cluster = load_cluster()(args.weft, work, lease + limit, args.reactors)
     try:
         cluster.start()
         n1 = cluster.nodes[0]

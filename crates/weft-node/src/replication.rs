@@ -45,6 +45,8 @@ mod write_ring;
 use crate::admin_error::AdminError;
 use std::fs::File;
 use std::io::Write as _;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;
 use weft_control::ReplicationRecord;
@@ -77,27 +79,62 @@ pub(crate) trait NodeServices: Send + Sync + std::fmt::Debug {
 #[derive(Clone, Debug)]
 pub(crate) struct Events {
     sender: Sender<Event>,
-    wake: Arc<File>,
+    doorbell: Arc<Doorbell>,
 }
 
 /// A replicator's inbox as it reads it.
 pub(crate) struct Inbox {
     pub(crate) receiver: Receiver<Event>,
-    /// The eventfd its senders ring.
-    pub(crate) wake: File,
+    /// What its senders ring.
+    pub(crate) doorbell: Arc<Doorbell>,
+}
+
+/// The eventfd that wakes a replicator, written only when no wake-up is
+/// pending (written, not yet read): a burst of events (a reactor's batch
+/// of host writes) costs one write(2) and one wake-up, not one each.
+#[derive(Debug)]
+pub(crate) struct Doorbell {
+    eventfd: File,
+    /// Set by the sender that writes the eventfd; cleared by the replicator
+    /// when it reads the eventfd, before it reads the channel again.
+    pending: AtomicBool,
+}
+
+impl Doorbell {
+    /// The eventfd, for the read on the replicator's ring.
+    pub(crate) fn fd(&self) -> RawFd {
+        self.eventfd.as_raw_fd()
+    }
+
+    /// Wakes the replicator, unless a wake-up is pending already.
+    fn ring(&self) {
+        // After the event was sent: a replicator that cleared the flag
+        // before this swap is rung again; one that clears it after reads the event.
+        if !self.pending.swap(true, Ordering::AcqRel) {
+            // The counter only saturates after 2^64 rings; a failure means the reader is gone.
+            let _ = (&self.eventfd).write_all(&1u64.to_ne_bytes());
+        }
+    }
+
+    /// The replicator read the eventfd: the next event rings it again.
+    pub(crate) fn heard(&self) {
+        self.pending.swap(false, Ordering::AcqRel);
+    }
 }
 
 impl Events {
     /// A new inbox and its senders' side.
     pub(crate) fn channel() -> std::io::Result<(Events, Inbox)> {
-        let wake = weft_uring::eventfd()?;
+        let doorbell = Arc::new(Doorbell {
+            eventfd: weft_uring::eventfd()?,
+            pending: AtomicBool::new(false),
+        });
         let (sender, receiver) = mpsc::channel();
         let inbox = Inbox {
             receiver,
-            wake: wake.try_clone()?,
+            doorbell: Arc::clone(&doorbell),
         };
-        let wake = Arc::new(wake);
-        Ok((Events { sender, wake }, inbox))
+        Ok((Events { sender, doorbell }, inbox))
     }
 
     /// Delivers `event` without waking the replicator: only for a sender
@@ -110,7 +147,7 @@ impl Events {
 
     /// Wakes the replicator as an event would.
     pub(crate) fn wake(&self) {
-        let _ = (&*self.wake).write_all(&1u64.to_ne_bytes());
+        self.doorbell.ring();
     }
 
     /// Delivers `event` and wakes the replicator; the event back if it is gone.
@@ -118,7 +155,6 @@ impl Events {
     #[allow(clippy::result_large_err)]
     pub(crate) fn send(&self, event: Event) -> Result<(), mpsc::SendError<Event>> {
         self.sender.send(event)?;
-        // The counter only saturates after 2^64 rings; a failure means the reader is gone.
         self.wake();
         Ok(())
     }
@@ -174,4 +210,33 @@ pub(crate) enum Event {
     Durable(Result<(), String>),
     /// Stop serving (the volume is deleted, or the node stops).
     Stop,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    /// What the eventfd counts: the rings since it was last read.
+    fn rings(doorbell: &Doorbell) -> u64 {
+        let mut count = [0u8; 8];
+        (&doorbell.eventfd).read_exact(&mut count).unwrap();
+        u64::from_ne_bytes(count)
+    }
+
+    #[test]
+    fn a_burst_of_events_rings_the_doorbell_once_until_it_is_heard() {
+        let (events, inbox) = Events::channel().unwrap();
+        for _ in 0..3 {
+            events.send(Event::Stop).ok().unwrap();
+        }
+        events.wake();
+        assert_eq!(rings(&inbox.doorbell), 1, "one ring for four events");
+        // Heard, then every event sent meanwhile is read: the next rings again.
+        inbox.doorbell.heard();
+        assert_eq!(inbox.receiver.try_iter().count(), 3);
+        events.send(Event::Stop).ok().unwrap();
+        assert_eq!(rings(&inbox.doorbell), 1);
+        assert_eq!(inbox.receiver.try_iter().count(), 1);
+    }
 }

@@ -33,6 +33,7 @@ use std::fs::File;
 use std::io::{self, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, OnceLock};
 use std::thread::{self, JoinHandle, ThreadId};
@@ -80,10 +81,16 @@ impl std::fmt::Debug for Message {
 }
 
 /// A reactor's inbox: a channel plus an eventfd that wakes the reactor.
+/// The eventfd is written only when no wake-up is pending (written, not yet
+/// read by the reactor): a burst of messages (a guest's answers to a
+/// batch of writes) costs one write(2) and one wake-up, not one each.
 #[derive(Debug)]
 pub(crate) struct Mailbox {
     sender: Sender<Message>,
     wake: File,
+    /// Set by the sender that writes the eventfd; cleared by the reactor
+    /// when it reads the eventfd, before it reads the channel.
+    wake_pending: AtomicBool,
     /// The reactor's thread, which reads its mailbox after every turn of
     /// its guests (their answers need no wake-up).
     owner: OnceLock<ThreadId>,
@@ -97,17 +104,30 @@ impl Mailbox {
         let mailbox = Mailbox {
             sender,
             wake: weft_uring::eventfd()?,
+            wake_pending: AtomicBool::new(false),
             owner: OnceLock::new(),
         };
         Ok((mailbox, receiver))
     }
 
-    /// Delivers `message` and wakes the reactor (unless it is the sender).
+    /// Delivers `message` and wakes the reactor (unless it is the sender,
+    /// or a wake-up is pending already: the reactor reads the channel after it).
     pub(crate) fn send(&self, message: Message) {
-        if self.sender.send(message).is_ok() && self.owner.get() != Some(&thread::current().id()) {
+        if self.sender.send(message).is_ok()
+            && self.owner.get() != Some(&thread::current().id())
+            // After the send: a reactor that cleared the flag before this
+            // swap is rung again; one that clears it after reads the message.
+            && !self.wake_pending.swap(true, Ordering::AcqRel)
+        {
             // The eventfd counter only saturates after 2^64 wakes; a failed write means the reactor is gone.
             let _ = (&self.wake).write_all(&1u64.to_ne_bytes());
         }
+    }
+
+    /// The reactor read the eventfd: the next message rings it again.
+    /// Called before the channel is read.
+    fn heard(&self) {
+        self.wake_pending.swap(false, Ordering::AcqRel);
     }
 }
 
@@ -135,6 +155,7 @@ impl ReactorHandle {
         let mailbox = Arc::new(Mailbox {
             sender,
             wake,
+            wake_pending: AtomicBool::new(false),
             owner: OnceLock::new(),
         });
         let own_mailbox = Arc::clone(&mailbox);
@@ -651,6 +672,7 @@ impl Reactor {
     fn complete(&mut self, completion: Completion) {
         match completion.user_data {
             WAKE_TOKEN => {
+                self.mailbox.heard();
                 self.accept_messages();
                 self.push(
                     Op::ReadEventfd {
@@ -1842,5 +1864,46 @@ fn classify(error: &io::Error) -> IoError {
         Some(libc::ENOSPC) | Some(libc::EDQUOT) => IoError::NoSpace,
         Some(libc::EIO) => IoError::Media,
         _ => IoError::Other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    /// What the eventfd counts: the wake-ups since it was last read.
+    fn wakes(mailbox: &Mailbox) -> u64 {
+        let mut count = [0u8; 8];
+        (&mailbox.wake).read_exact(&mut count).unwrap();
+        u64::from_ne_bytes(count)
+    }
+
+    fn exports() -> Message {
+        let config = weft_proto::testing::config_with(
+            "nqn.2026-11.io.weft:t",
+            &[],
+            weft_proto::Limits::DEFAULT,
+        );
+        Message::Exports(Arc::new(Exports::new(Arc::new(config), vec![Vec::new()])))
+    }
+
+    #[test]
+    fn a_burst_of_messages_wakes_the_reactor_once_until_it_is_heard() {
+        let (mailbox, inbox) = Mailbox::detached().unwrap();
+        for _ in 0..3 {
+            mailbox.send(exports());
+        }
+        assert_eq!(wakes(&mailbox), 1, "one wake-up for three messages");
+        mailbox.heard();
+        assert_eq!(inbox.try_iter().count(), 3);
+        mailbox.send(exports());
+        assert_eq!(wakes(&mailbox), 1);
+        // Its own thread's messages wake nobody: it reads them after its turn.
+        let _ = mailbox.owner.set(thread::current().id());
+        mailbox.heard();
+        mailbox.send(exports());
+        assert!(!mailbox.wake_pending.load(Ordering::Acquire));
+        assert_eq!(inbox.try_iter().count(), 2);
     }
 }

@@ -20,8 +20,8 @@
 //! overlapping writes in flight).
 
 use super::local::LocalResult;
-use std::fs::File;
-use std::os::fd::{AsRawFd, RawFd};
+use super::Doorbell;
+use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::time::Duration;
 use weft_proto::fence::FencedIo;
@@ -77,8 +77,8 @@ struct InFlight {
 pub(crate) struct WriteRing {
     ring: Ring,
     backend: Arc<VolumeBackend>,
-    /// The inbox's eventfd.
-    wake: File,
+    /// The inbox's doorbell.
+    wake: Arc<Doorbell>,
     /// A tick is armed.
     ticking: bool,
     /// Writes in flight, by index (the ring's user data).
@@ -93,14 +93,12 @@ pub(crate) struct WriteRing {
 
 impl WriteRing {
     /// A ring for `backend`'s volume that also waits for `wake` (the inbox's eventfd).
-    pub(crate) fn new(backend: &Arc<VolumeBackend>, wake: File) -> std::io::Result<WriteRing> {
+    pub(crate) fn new(
+        backend: &Arc<VolumeBackend>,
+        wake: Arc<Doorbell>,
+    ) -> std::io::Result<WriteRing> {
         let mut ring = Ring::new(RING_ENTRIES)?;
-        ring.push(
-            Op::ReadEventfd {
-                fd: wake.as_raw_fd(),
-            },
-            WAKE_TOKEN,
-        )?;
+        ring.push(Op::ReadEventfd { fd: wake.fd() }, WAKE_TOKEN)?;
         Ok(WriteRing {
             ring,
             backend: Arc::clone(backend),
@@ -168,8 +166,10 @@ impl WriteRing {
             }
         }
         if rung {
+            // Before the inbox is read again (at the next turn).
+            self.wake.heard();
             // Re-armed after the results are in hand: a failure loses none.
-            let fd = self.wake.as_raw_fd();
+            let fd = self.wake.fd();
             if let Err(error) = self.ring.push(Op::ReadEventfd { fd }, WAKE_TOKEN) {
                 self.broken = Some(error);
             }
@@ -328,6 +328,8 @@ impl Drop for WriteRing {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use std::fs::File;
+    use std::os::fd::AsRawFd;
     use std::os::unix::fs::FileExt;
     use std::time::Duration;
     use weft_proto::fence::{FenceToken, Fences};
@@ -367,7 +369,11 @@ pub(crate) mod tests {
     /// A ring with a volume nobody writes to (for the links' sockets).
     pub(crate) fn ring_for_sockets() -> WriteRing {
         let member = weft_uring::memfd_create("member").unwrap();
-        WriteRing::new(&backend(&member), weft_uring::eventfd().unwrap()).unwrap()
+        WriteRing::new(
+            &backend(&member),
+            crate::replication::Events::channel().unwrap().1.doorbell,
+        )
+        .unwrap()
     }
 
     /// Waits (a second at most) until `ring` reports a finished write.
@@ -397,7 +403,11 @@ pub(crate) mod tests {
             .unwrap();
         member.set_len(64 * CHUNK).unwrap();
         let backend = backend(&member);
-        let mut ring = WriteRing::new(&backend, weft_uring::eventfd().unwrap()).unwrap();
+        let mut ring = WriteRing::new(
+            &backend,
+            crate::replication::Events::channel().unwrap().1.doorbell,
+        )
+        .unwrap();
         // 8 KiB across the end of chunk 0: two pieces, on member chunks 2 and 3.
         let data: Vec<u8> = (0..8192u32).map(|i| i as u8).collect();
         let fences = Arc::new(Fences::default());
@@ -470,7 +480,7 @@ pub(crate) mod tests {
     fn an_event_sent_ends_the_wait_before_the_tick() {
         let member = weft_uring::memfd_create("member").unwrap();
         let (events, inbox) = crate::replication::Events::channel().unwrap();
-        let mut ring = WriteRing::new(&backend(&member), inbox.wake).unwrap();
+        let mut ring = WriteRing::new(&backend(&member), inbox.doorbell).unwrap();
         let sender = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(20));
             events.send(crate::replication::Event::Stop).unwrap();
@@ -495,7 +505,11 @@ pub(crate) mod tests {
     #[test]
     fn a_quiet_wait_ends_at_the_tick() {
         let member = weft_uring::memfd_create("member").unwrap();
-        let mut ring = WriteRing::new(&backend(&member), weft_uring::eventfd().unwrap()).unwrap();
+        let mut ring = WriteRing::new(
+            &backend(&member),
+            crate::replication::Events::channel().unwrap().1.doorbell,
+        )
+        .unwrap();
         let start = std::time::Instant::now();
         let mut woken = Woken::default();
         ring.wait(true, Duration::from_millis(20), &mut woken)

@@ -16,7 +16,7 @@ impl Replicator {
         setup: ReplicatorSetup,
         events: Events,
         inbox: &mut Option<Receiver<Event>>,
-        wake: std::fs::File,
+        doorbell: Arc<Doorbell>,
         shared: Shared,
     ) -> Result<Option<Replicator>, String> {
         let fences = setup
@@ -163,7 +163,7 @@ impl Replicator {
         let local = LocalPool::start(&backend, &members, &events)?;
         let files = Durable::start(&volume, Arc::clone(&intent), run_file, events.clone())
             .map_err(|e| format!("its files' thread: {e}"))?;
-        let ring = WriteRing::new(&backend, wake).map_err(|e| format!("its I/O ring: {e}"))?;
+        let ring = WriteRing::new(&backend, doorbell).map_err(|e| format!("its I/O ring: {e}"))?;
         let stop_poller = Arc::new(AtomicBool::new(false));
         poll_record(
             desired.clone(),

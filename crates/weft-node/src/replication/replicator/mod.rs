@@ -48,7 +48,7 @@ use super::progress::Tracker;
 use super::run::{write_served_epoch, RunFile};
 use super::write_ring::{RingWrite, Woken, WriteRing};
 use super::{replica_nqn, NodeServices};
-use super::{Event, Events, Inbox};
+use super::{Doorbell, Event, Events, Inbox};
 use crate::admin_error::AdminError;
 use crate::intents::IntentFile;
 use crate::status::RebuildStatus;
@@ -197,7 +197,7 @@ pub(crate) fn start(setup: ReplicatorSetup) -> std::io::Result<ReplicatorHandle>
         events,
         Inbox {
             receiver: inbox,
-            wake,
+            doorbell,
         },
     ) = Events::channel()?;
     let host = Arc::new(OnceLock::new());
@@ -227,20 +227,21 @@ pub(crate) fn start(setup: ReplicatorSetup) -> std::io::Result<ReplicatorHandle>
                 finished: Arc::clone(&finished),
                 host,
             };
-            let mut replicator = match Replicator::begin(setup, events, &mut inbox, wake, shared) {
-                Ok(Some(replicator)) => replicator,
-                not => {
-                    if let Err(error) = not {
-                        log::warn!("volume {volume}: cannot serve as primary yet: {error}");
+            let mut replicator =
+                match Replicator::begin(setup, events, &mut inbox, doorbell, shared) {
+                    Ok(Some(replicator)) => replicator,
+                    not => {
+                        if let Err(error) = not {
+                            log::warn!("volume {volume}: cannot serve as primary yet: {error}");
+                        }
+                        // Not now (a newer primary, or this node's copy of the
+                        // store is behind, or an error): tried again at a
+                        // reconcile after this one shows finished.
+                        std::thread::sleep(Duration::from_secs(1));
+                        let inbox = inbox.expect("kept unless it began");
+                        return wind_up(&volume, &path, &inbox, &manager, &finished);
                     }
-                    // Not now (a newer primary, or this node's copy of the
-                    // store is behind, or an error): tried again at a
-                    // reconcile after this one shows finished.
-                    std::thread::sleep(Duration::from_secs(1));
-                    let inbox = inbox.expect("kept unless it began");
-                    return wind_up(&volume, &path, &inbox, &manager, &finished);
-                }
-            };
+                };
             if let Some(plane) = plane {
                 match replicator.doorbell() {
                     Ok(doorbell) => return plane.host(&volume, Box::new(replicator), doorbell),
