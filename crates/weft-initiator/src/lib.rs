@@ -91,6 +91,15 @@ pub enum InitiatorError {
         /// The subsystem.
         nqn: String,
     },
+    /// A controller secret was given and the target did not ask to
+    /// authenticate: it never proved it knows the secret.
+    #[error("{address} did not authenticate for {nqn}, though a controller secret was given: refusing to use it (whoever answers there may not be that subsystem; if it is, make the subsystem require DH-HMAC-CHAP from this host, e.g. weft host add ... --dhchap-secret ... --dhchap-ctrl-secret ...)")]
+    ControllerNotAuthenticated {
+        /// The address.
+        address: SocketAddr,
+        /// The subsystem.
+        nqn: String,
+    },
     /// DH-HMAC-CHAP failed.
     #[error("authentication with {nqn} at {address} failed: {source}")]
     Authentication {
@@ -657,6 +666,20 @@ fn connect_queue(
         status if status.is_success() && done.result as u32 & CONNECT_AUTHREQ_ATR != 0 => {
             authenticate(queue, url, options, parameters.qid)?;
             Ok(done.result as u16)
+        }
+        // Bidirectional authentication is the host's to insist on: a target
+        // that skips it has not proven who it is.
+        status
+            if status.is_success()
+                && options
+                    .dhchap
+                    .as_ref()
+                    .is_some_and(|keys| keys.controller.is_some()) =>
+        {
+            Err(InitiatorError::ControllerNotAuthenticated {
+                address: url.address,
+                nqn: url.nqn.clone(),
+            })
         }
         status if status.is_success() => Ok(done.result as u16),
         // Invalid parameter in the Connect data at SUBNQN (NVMe-oF 1.1, Figure 21).

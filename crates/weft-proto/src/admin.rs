@@ -133,6 +133,16 @@ pub enum Outcome {
         /// Bytes of the slot buffer to send to the host.
         reply_len: u32,
     },
+    /// Complete with success and `len` bytes of data for the host, of which
+    /// the slot buffer holds the first `filled`: the rest are zeroes (a log
+    /// page read past its end), which the connection zeroes as its driver
+    /// does best (see [`crate::SlotBuffers::zero`]).
+    DataThenZeroes {
+        /// Bytes of data written to the slot buffer.
+        filled: u32,
+        /// Bytes for the host, `filled` or more.
+        len: u32,
+    },
     /// The command stays outstanding (an Asynchronous Event Request).
     Parked,
 }
@@ -159,6 +169,14 @@ impl Outcome {
             status: Status::SUCCESS,
             result: 0,
             reply_len: reply_len as u32,
+        }
+    }
+
+    fn data_then_zeroes(filled: usize, len: usize) -> Outcome {
+        debug_assert!(filled <= len, "{filled} bytes filled of {len}");
+        Outcome::DataThenZeroes {
+            filled: filled as u32,
+            len: len as u32,
         }
     }
 }
@@ -623,18 +641,21 @@ fn get_log_page(
         Err(status) => return Outcome::status(status),
     };
     let out = &mut buffer[..request.len];
-    out.fill(0);
     if request.id == log_id::DISCOVERY {
         if queue.kind != ControllerKind::Discovery {
             return Outcome::status(Status::INVALID_LOG_PAGE);
         }
-        discovery_log(config, &queue.controller.hostnqn, request.offset, out);
+        // Only the page's own bytes are written: the rest of a transfer as
+        // large as the host likes (anyone may connect to discovery) holds
+        // no memory.
+        let filled = discovery_log(config, &queue.controller.hostnqn, request.offset, out);
         // Reading the page with RAE cleared clears the event (NVMe Base 2.0, section 5.2).
         if !request.retain_event {
             queue.discovery_notice = NoticeState::Idle;
         }
-        return Outcome::data(request.len);
+        return Outcome::data_then_zeroes(filled, request.len);
     }
+    out.fill(0);
     let Some(subsystem) = subsystem.filter(|_| queue.kind == ControllerKind::Io) else {
         return Outcome::status(Status::INVALID_LOG_PAGE);
     };
@@ -738,15 +759,18 @@ fn copy_window(page: &[u8], offset: u64, out: &mut [u8]) {
 }
 
 /// Discovery log page for host `hostnqn`, generated only for the window
-/// [offset, offset + out.len()) (bytes past the page's end stay zero).
+/// [offset, offset + out.len()); returns how many bytes of `out` that is
+/// (bytes past the page's end are not written: they are zeroes).
 /// Subsystems the host may not connect to are left out, as Linux nvmet does.
-fn discovery_log(config: &TargetConfig, hostnqn: &str, offset: u64, out: &mut [u8]) {
+fn discovery_log(config: &TargetConfig, hostnqn: &str, offset: u64, out: &mut [u8]) -> usize {
     let records = host_discovery_records(config, hostnqn);
     let count = records.clone().count() as u64;
     let page_len = identify::DISCOVERY_HEADER_LEN as u64 + count * DISCOVERY_ENTRY_BYTES;
     if offset >= page_len {
-        return;
+        return 0;
     }
+    // Within the window: less than a slot buffer.
+    let filled = (page_len - offset).min(out.len() as u64) as usize;
     // From here the offset lies within the page, so the window's end
     // (offset plus at most a slot buffer) cannot overflow.
     let window_end = offset + out.len() as u64;
@@ -766,6 +790,7 @@ fn discovery_log(config: &TargetConfig, hostnqn: &str, offset: u64, out: &mut [u
         identify::discovery_entry(&record, &mut entry);
         copy_into_window(&entry, position, offset, out);
     }
+    filled
 }
 
 /// The records of host `hostnqn`'s discovery log: subsystems it may not
@@ -935,8 +960,9 @@ mod tests {
                          7000ff00 00000000 fcffffff ffffffff 00000000 00000000";
         let (mut queue, config) = admin_queue(ControllerKind::Discovery);
         let (outcome, buffer) = run(&mut queue, &config, discovery);
-        assert_eq!(outcome, Outcome::data(1024));
-        assert!(buffer[..1024].iter().all(|&b| b == 0));
+        // Nothing of the page is in the window: the connection zeroes it all.
+        assert_eq!(outcome, Outcome::data_then_zeroes(0, 1024));
+        assert!(buffer[..1024].iter().all(|&b| b == 0xEE), "not written");
         // SMART (LID 02h), NUMDL 7Fh (512 bytes), the same offset.
         let smart = "02 40 0400 ffffffff 0000000000000000 0000000000000000
                      0000000000000000 00020000 000000 5a

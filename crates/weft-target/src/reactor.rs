@@ -309,6 +309,15 @@ impl SlotBuffers for SlotTable {
             _ => panic!("slot {} buffer used while the ring owns it", slot.0),
         }
     }
+
+    fn zero(&mut self, slot: SlotId, range: std::ops::Range<usize>) {
+        match &mut self.buffers[usize::from(slot.0)] {
+            // Mapped when first used: zeroes then.
+            SlotBuffer::Unallocated => {}
+            SlotBuffer::Here(buffer) => buffer.zero(range),
+            SlotBuffer::Lent => panic!("slot {} buffer zeroed while the ring owns it", slot.0),
+        }
+    }
 }
 
 #[derive(Debug)]

@@ -105,6 +105,42 @@ fn errors_say_what_failed() {
     );
 }
 
+/// A host that holds a controller secret asked for bidirectional
+/// authentication: a target that lets it in without authenticating (one
+/// that is not the subsystem it claims to be, say) is refused, before any
+/// command reaches it. With only its own secret, the host goes on.
+#[test]
+fn a_controller_secret_insists_that_the_target_authenticates() {
+    use weft_proto::auth::{DhchapSecret, HostKeys};
+    let address = support::start("initiator-insists");
+    let url = TargetUrl::parse(&format!("nvme-tcp://{address}/{TEST_NQN}")).unwrap();
+    let host = DhchapSecret::derived(b"seed", "host");
+    let bidirectional = ConnectOptions {
+        dhchap: Some(HostKeys {
+            host: host.clone(),
+            controller: Some(DhchapSecret::derived(b"seed", "controller")),
+        }),
+        ..ConnectOptions::default()
+    };
+    let error = Controller::connect(&url, bidirectional, 1).unwrap_err();
+    assert!(
+        matches!(error, InitiatorError::ControllerNotAuthenticated { .. }),
+        "{error}"
+    );
+    assert!(
+        error.to_string().contains("did not authenticate"),
+        "{error}"
+    );
+    let host_only = ConnectOptions {
+        dhchap: Some(HostKeys {
+            host,
+            controller: None,
+        }),
+        ..ConnectOptions::default()
+    };
+    Controller::connect(&url, host_only, 1).unwrap();
+}
+
 #[test]
 fn io_helpers_flush_zero_and_deallocate() {
     let address = support::start("initiator-io");

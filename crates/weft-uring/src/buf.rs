@@ -63,6 +63,34 @@ impl IoBuf {
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.capacity) }
     }
 
+    /// Zeroes `range`, giving back to the kernel the memory of the whole
+    /// pages in it (they read as zeroes and cost nothing until written):
+    /// a large reply of zeroes, sent from here, holds no memory.
+    pub fn zero(&mut self, range: std::ops::Range<usize>) {
+        assert_range_fits(range.start, range.len(), self.capacity);
+        let first_page = range.start.next_multiple_of(PAGE).min(range.end);
+        let last_page = (range.end / PAGE * PAGE).max(first_page);
+        self.as_mut_slice()[range.start..first_page].fill(0);
+        self.as_mut_slice()[last_page..range.end].fill(0);
+        if last_page > first_page {
+            // SAFETY: [first_page, last_page) is page-aligned and lies within this mapping,
+            // which `&mut self` owns exclusively; MADV_DONTNEED on a private anonymous mapping
+            // only replaces those pages with zero-fill-on-demand ones, so every reference to
+            // the buffer stays valid and reads zeroes there.
+            let rc = unsafe {
+                libc::madvise(
+                    self.ptr.as_ptr().add(first_page).cast(),
+                    last_page - first_page,
+                    libc::MADV_DONTNEED,
+                )
+            };
+            if rc != 0 {
+                // Not expected on a mapping of our own; zeroes all the same.
+                self.as_mut_slice()[first_page..last_page].fill(0);
+            }
+        }
+    }
+
     /// Raw pointer to byte `offset`, for handing `[offset, offset + len)` to the kernel.
     /// Panics if the range does not fit, so the kernel can never be pointed outside the mapping.
     pub(crate) fn kernel_ptr(&mut self, offset: usize, len: usize) -> *mut u8 {
@@ -130,6 +158,35 @@ mod tests {
         let buf = IoBuf::new(3 * 4096 + 5).unwrap();
         assert_eq!(buf.as_slice().as_ptr() as usize % PAGE, 0);
         assert!(buf.as_slice().iter().all(|&b| b == 0));
+    }
+
+    /// Resident pages of `buf` (mincore).
+    fn resident_pages(buf: &IoBuf) -> usize {
+        let pages = buf.capacity() / PAGE;
+        let mut map = vec![0u8; pages];
+        // SAFETY: the mapping is page-aligned and `capacity` bytes; `map` has a byte per page.
+        let rc =
+            unsafe { libc::mincore(buf.ptr.as_ptr().cast(), buf.capacity(), map.as_mut_ptr()) };
+        assert_eq!(rc, 0, "mincore: {}", io::Error::last_os_error());
+        map.iter().filter(|&&page| page & 1 != 0).count()
+    }
+
+    #[test]
+    fn zeroing_gives_whole_pages_back_and_zeroes_the_edges() {
+        let mut buf = IoBuf::new(16 * PAGE).unwrap();
+        buf.as_mut_slice().fill(0xAB);
+        assert_eq!(resident_pages(&buf), 16);
+        buf.zero(100..10 * PAGE + 7);
+        // Pages 1 to 9 were whole in the range: given back (counted before
+        // they are read, which maps the zero page there).
+        assert_eq!(resident_pages(&buf), 7);
+        let bytes = buf.as_slice();
+        assert!(bytes[..100].iter().all(|&b| b == 0xAB));
+        assert!(bytes[100..10 * PAGE + 7].iter().all(|&b| b == 0));
+        assert!(bytes[10 * PAGE + 7..].iter().all(|&b| b == 0xAB));
+        buf.zero(5..9);
+        assert!(buf.as_slice()[5..9].iter().all(|&b| b == 0));
+        buf.zero(0..0);
     }
 
     #[test]

@@ -386,9 +386,8 @@ fn qos_value(option: &str, text: &str) -> Result<Value, String> {
 /// default data directory's file when it exists (a node on this machine).
 pub(crate) fn api_token(file: Option<std::path::PathBuf>) -> Result<Option<String>, String> {
     let read = |path: &std::path::Path| {
-        std::fs::read_to_string(path)
-            .map(|t| t.trim().to_string())
-            .map_err(|e| format!("--api-token-file {}: {e}", path.display()))
+        weft_api::token::read_private(path)
+            .map_err(|e| format!("--api-token-file {}", e.describe(path)))
     };
     if let Some(path) = file {
         return read(&path).map(Some);

@@ -499,13 +499,12 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     let running = member
         .map(|member| member.run(handle.clone(), status, lease))
         .transpose()?;
-    let new_token = token_created.then_some(api_token.as_str());
     print_banner(
         &config,
         &exports,
         &plane,
         (api_scheme, api_address),
-        (&token_path, new_token),
+        (&token_path, token_created),
         membership.as_deref(),
     );
     let signal = weft_uring::wait_for_termination_signal()
@@ -528,7 +527,7 @@ fn print_banner(
     exports: &weft_target::Exports,
     plane: &DataPlane,
     (api_scheme, api_address): (&str, SocketAddr),
-    (token_path, new_token): (&std::path::Path, Option<&str>),
+    (token_path, new_token): (&std::path::Path, bool),
     membership: Option<&str>,
 ) {
     // A banner nobody reads (stdout closed) must not stop the node.
@@ -551,13 +550,12 @@ fn print_banner(
     if let Some(membership) = membership {
         say!("  cluster    {membership}");
     }
-    match new_token {
-        Some(token) => say!(
-            "  api token  {token}\n             (new; shown once, kept in {})",
-            token_path.display()
-        ),
-        None => say!("  api token  in {}", token_path.display()),
-    }
+    // Never the token itself: the banner lands in logs.
+    say!(
+        "  api token  in {}{}",
+        token_path.display(),
+        if new_token { " (new)" } else { "" }
+    );
     for (subsystem, devices) in exports.config.subsystems.iter().zip(&exports.devices) {
         say!(
             "  subsystem  {}  serial {}",

@@ -5,7 +5,9 @@
 mod support;
 
 use serde_json::{json, Value};
-use support::{api, start_node, temp_dir, Node};
+use std::os::unix::fs::PermissionsExt;
+use std::process::Command;
+use support::{api, start_node, temp_dir, Node, WEFT};
 
 /// Calls the API with the node's token; asserts the status, returns the body.
 fn call(node: &Node, method: &str, path: &str, body: Option<Value>, status: u16) -> Value {
@@ -40,6 +42,10 @@ const NQN_B: &str = "nqn.2014-08.org.nvmexpress:uuid:bbbbbbbb-0000-0000-0000-000
 fn tokens_routes_and_the_openapi_document() {
     let dir = temp_dir("api-basics");
     let node = start_node(&dir.join("data"), &[]);
+    // Created, never shown: the banner lands in logs.
+    assert_eq!(node.token.len(), 64);
+    assert!(!node.banner.contains(&node.token), "{}", node.banner);
+    assert!(node.banner.contains("api-token (new)"), "{}", node.banner);
     let (status, document) = api(&node, None, "GET", "/api/v1/openapi.json", None);
     assert_eq!(status, 200);
     assert!(document["paths"]["/api/v1/volumes/{volume}/qos"]["patch"].is_object());
@@ -79,9 +85,36 @@ fn tokens_routes_and_the_openapi_document() {
         400,
     );
     assert!(message(&error).contains("unknown field"), "{error}");
-    // A token file of the operator's choosing.
+    // A token file of the operator's choosing: refused while others may
+    // read it, by the node and by the command line, each saying the fix.
     let file = dir.join("secret-token");
     std::fs::write(&file, "0123456789abcdef0123456789abcdef\n").unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let fix = format!("chmod 600 {}", file.display());
+    let refused = Command::new(WEFT)
+        .args([
+            "serve",
+            "--api-listen",
+            "127.0.0.1:0",
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .arg("--data-dir")
+        .arg(dir.join("data2"))
+        .arg("--api-token-file")
+        .arg(&file)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && said.contains(&fix), "{said}");
+    let refused = Command::new(WEFT)
+        .args(["volume", "list", "--api", &node.api, "--api-token-file"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && said.contains(&fix), "{said}");
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
     drop(node);
     let mut node = start_node(
         &dir.join("data2"),

@@ -145,6 +145,13 @@ impl Connection {
                 result,
                 reply_len,
             } => self.complete(slot, status, result, reply_len, buffers),
+            Outcome::DataThenZeroes { filled, len } => {
+                let len = len.min(self.slots[usize::from(slot.0)].command.sgl.length);
+                if filled < len {
+                    buffers.zero(slot, filled as usize..len as usize);
+                }
+                self.complete(slot, Status::SUCCESS, 0, len, buffers)
+            }
             Outcome::Parked => {
                 self.slots[usize::from(slot.0)].state = SlotState::Parked;
                 if let State::Admin(_, admin) = &mut self.state {

@@ -4,6 +4,9 @@
 
 use super::*;
 
+/// The keep-alive of a discovery controller connected with KATO 0.
+const DISCOVERY_KATO_MS: u32 = 120_000;
+
 impl Connection {
     /// Authentication Send/Receive (NVMe-oF 1.1, sections 3.5/3.6) on a
     /// queue whose host must authenticate.
@@ -185,7 +188,15 @@ impl Connection {
                 };
                 (busy, 0)
             })?;
-        let admin = AdminQueue::new(Arc::clone(&controller), kind, connect.kato_ms, now);
+        // A discovery controller that never expires would hold its place in
+        // the registry for good: 256 idle ones, from anyone, refused every
+        // host's discovery. As nvmet does (NVMET_DISC_KATO_MS), KATO 0
+        // means two minutes there.
+        let kato_ms = match (kind, connect.kato_ms) {
+            (ControllerKind::Discovery, 0) => DISCOVERY_KATO_MS,
+            (_, kato_ms) => kato_ms,
+        };
+        let admin = AdminQueue::new(Arc::clone(&controller), kind, kato_ms, now);
         Ok(NewQueue::Admin(controller, Box::new(admin)))
     }
 

@@ -61,6 +61,13 @@ use std::time::Duration;
 pub trait SlotBuffers {
     /// The buffer of `slot`, at least [`Limits::slot_buffer_bytes`] long.
     fn buffer(&mut self, slot: SlotId) -> &mut [u8];
+
+    /// Zeroes `range` of `slot`'s buffer. A driver whose buffers can give
+    /// pages back (mmap) does, so that a reply of zeroes (a log page read
+    /// past its end, up to the transfer limit) holds no memory.
+    fn zero(&mut self, slot: SlotId, range: std::ops::Range<usize>) {
+        self.buffer(slot)[range].fill(0);
+    }
 }
 
 /// Why a connection ended.

@@ -384,6 +384,35 @@ fn keep_alive_expiry_tears_the_controller_down() {
     );
 }
 
+/// KATO 0 on a discovery controller is two minutes (as nvmet): idle
+/// discovery connections cannot hold the registry's places for good.
+#[test]
+fn an_idle_discovery_controller_without_keep_alive_expires_after_two_minutes() {
+    let target = test_target();
+    let mut discovery = Pair::new(&target);
+    discovery.connect_admin(DISCOVERY_NQN, 0);
+    let mut kato = sqe(admin_opcode::GET_FEATURES, 7, 0, 0, false);
+    set_cdw(
+        &mut kato,
+        10,
+        u32::from(crate::admin::feature::KEEP_ALIVE_TIMER),
+    );
+    assert_eq!(discovery.simple(&kato).result(), 120_000);
+    discovery.advance(Duration::from_secs(119));
+    assert!(!discovery.connection.is_closed());
+    discovery.advance(Duration::from_secs(3));
+    assert_eq!(
+        discovery.connection.termination(),
+        Some(&Termination::KeepAliveExpired)
+    );
+    assert!(target.registry.is_empty());
+    // An I/O controller's KATO 0 still means no keep-alive.
+    let mut admin = Pair::new(&target);
+    admin.connect_admin(TEST_NQN, 0);
+    admin.advance(Duration::from_secs(3600));
+    assert!(!admin.connection.is_closed());
+}
+
 #[test]
 fn connect_errors_name_the_parameter() {
     let target = test_target();

@@ -97,6 +97,8 @@ pub struct Node {
     pub api_url: String,
     /// The API's bearer token.
     pub token: String,
+    /// What `weft serve` printed as it started.
+    pub banner: String,
 }
 
 impl Node {
@@ -174,6 +176,7 @@ pub fn start_binary_on(
         api,
         api_url,
         token,
+        banner,
     }
 }
 
