@@ -20,6 +20,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod admission;
 pub mod cluster;
 mod moves;
 mod replicas;
@@ -31,7 +32,6 @@ use serde_json::{json, Value};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use views::{HostView, PoolDetail, PoolView, VolumeView};
@@ -41,7 +41,6 @@ use weft_node::manager::{
     VolumeIdentity, DEFAULT_CHUNK_BYTES,
 };
 use weft_node::StatusReader;
-use weft_target::LimitReached;
 use weft_volume::{VolumeError, VolumeSpec};
 
 /// Default API address.
@@ -101,6 +100,10 @@ struct Api {
 pub struct ApiLimits {
     /// Connections served at once; more are answered 503 at once.
     pub connections: u32,
+    /// Of those, connections from one client address.
+    pub connections_per_address: u32,
+    /// Time a client has to send its request's head (TLS handshake included).
+    pub head_timeout: Duration,
     /// Time a client has to send its whole request.
     pub request_timeout: Duration,
 }
@@ -132,15 +135,15 @@ pub fn start(
         token,
         cluster,
     });
-    let busy = Arc::new(BusyCount::default());
-    // Clients over the limit are answered 503 by one thread of their own, a
+    let admission = admission::Admission::new(limits.connections, limits.connections_per_address);
+    // Clients over a limit are answered 503 by one thread of their own, a
     // few at a time (more are closed unanswered): the accepting thread never waits.
-    let (refusals, refused) = std::sync::mpsc::sync_channel::<std::net::TcpStream>(16);
+    let (refusals, refused) = std::sync::mpsc::sync_channel(16);
     std::thread::Builder::new()
         .name("weft-api-busy".into())
         .spawn(move || {
-            for stream in refused {
-                refuse_busy(stream, limits.connections);
+            for (stream, why) in refused {
+                admission::refuse_busy(stream, why);
             }
         })
         .map_err(|e| e.to_string())?;
@@ -148,11 +151,21 @@ pub fn start(
         .name("weft-api".into())
         .spawn(move || {
             for stream in listener.incoming().flatten() {
-                let Some(call) = busy.enter(limits.connections) else {
-                    let _ = refusals.try_send(stream);
+                let Ok(peer) = stream.peer_addr() else {
                     continue;
                 };
-                let Ok(stream) = http::DeadlineStream::new(stream, limits.request_timeout) else {
+                let place = match admission.enter(peer.ip()) {
+                    Ok(place) => place,
+                    Err(why) => {
+                        let _ = refusals.try_send((stream, why));
+                        continue;
+                    }
+                };
+                let Ok((stream, deadline)) = http::DeadlineStream::with_head_deadline(
+                    stream,
+                    limits.head_timeout,
+                    limits.request_timeout,
+                ) else {
                     continue;
                 };
                 let api = Arc::clone(&api);
@@ -160,10 +173,11 @@ pub fn start(
                 let _ = std::thread::Builder::new()
                     .name("weft-api-call".into())
                     .spawn(move || {
-                        let _call = call;
+                        let _place = place;
+                        let head_read = move || deadline.allow(limits.request_timeout);
                         match tls {
-                            None => serve_connection(stream, &api),
-                            Some(tls) => serve_tls_connection(stream, &tls, &api),
+                            None => serve_connection(stream, &api, head_read),
+                            Some(tls) => serve_tls_connection(stream, &tls, &api, head_read),
                         }
                     });
             }
@@ -172,62 +186,14 @@ pub fn start(
     Ok(bound)
 }
 
-/// API connections being served, and whether the limit was reached (to log
-/// it once per episode, not once per refused client).
-#[derive(Debug, Default)]
-struct BusyCount {
-    active: AtomicU32,
-    reached: LimitReached,
-}
-
-/// One connection being served; its place is given back when it drops.
-struct BusyCall(Arc<BusyCount>);
-
-impl BusyCount {
-    fn enter(self: &Arc<Self>, limit: u32) -> Option<BusyCall> {
-        if self.active.fetch_add(1, Ordering::AcqRel) >= limit {
-            self.active.fetch_sub(1, Ordering::AcqRel);
-            if self.reached.refuse() {
-                log::warn!("API: {limit} connections are being served, the limit (limits.api_connections in weft.toml); answering 503 until some finish");
-            }
-            return None;
-        }
-        if let Some(refused) = self.reached.admit() {
-            log::info!("API: serving connections again after answering {refused} busy");
-        }
-        Some(BusyCall(Arc::clone(self)))
-    }
-}
-
-impl Drop for BusyCall {
-    fn drop(&mut self) {
-        self.0.active.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-/// Answers a client over the connection limit with 503 (plain HTTP, best
-/// effort, without waiting for its request).
-fn refuse_busy(mut stream: std::net::TcpStream, limit: u32) {
-    // The client's request is read first (briefly): closing a socket with
-    // unread data resets it, and the client could lose the answer.
-    let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
-    let _ = stream.read(&mut [0u8; 16 * 1024]);
-    let _ = stream.set_write_timeout(Some(Duration::from_millis(200)));
-    let (status, body) = failure(
-        503,
-        "busy",
-        &format!("the node is serving {limit} API connections, its limit"),
-        "retry in a moment; raise limits.api_connections in weft.toml if this is normal load",
-    );
-    let _ = http::write_response(&mut stream, status, http::JSON, body.to_string().as_bytes());
-    // Half-close and drain what else comes, so that the close sends no reset.
-    let _ = stream.shutdown(std::net::Shutdown::Write);
-    let _ = stream.read(&mut [0u8; 16 * 1024]);
-}
-
 /// A connection to the TLS API: plain HTTP (a first byte that cannot start a
 /// TLS handshake record, 16h) is answered in plain HTTP, naming the fix.
-fn serve_tls_connection(mut stream: http::DeadlineStream, tls: &http::tls::Server, api: &Api) {
+fn serve_tls_connection(
+    mut stream: http::DeadlineStream,
+    tls: &http::tls::Server,
+    api: &Api,
+    head_read: impl FnOnce(),
+) {
     let mut first = [0u8; 1];
     if matches!(stream.peek(&mut first), Ok(1) if first[0] != 0x16) {
         let (status, body) = failure(
@@ -240,12 +206,13 @@ fn serve_tls_connection(mut stream: http::DeadlineStream, tls: &http::tls::Serve
         return;
     }
     if let Ok(stream) = tls.accept(stream) {
-        serve_connection(stream, api);
+        serve_connection(stream, api, head_read);
     }
 }
 
-fn serve_connection(mut stream: impl Read + Write, api: &Api) {
-    let (status, body) = match http::read_request(&mut stream) {
+/// Serves one request; `head_read` is called once its head is in.
+fn serve_connection(mut stream: impl Read + Write, api: &Api, head_read: impl FnOnce()) {
+    let (status, body) = match http::read_request_after_head(&mut stream, head_read) {
         Ok(request) if request.path == "/metrics" && request.method == "GET" => {
             match api.metrics(&request) {
                 Ok(text) => {
@@ -261,7 +228,7 @@ fn serve_connection(mut stream: impl Read + Write, api: &Api) {
             408,
             "request_timeout",
             &error.to_string(),
-            "send the whole request at once (limits.api_request_timeout_ms in weft.toml)",
+            "send the whole request at once (limits.api_head_timeout_ms and api_request_timeout_ms in weft.toml)",
         ),
         Err(error) => failure(
             400,

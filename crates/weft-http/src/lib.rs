@@ -10,7 +10,7 @@
 mod deadline;
 pub mod tls;
 
-pub use deadline::DeadlineStream;
+pub use deadline::{Deadline, DeadlineStream};
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
@@ -36,8 +36,18 @@ pub struct Request {
 
 /// Reads one request from `stream`.
 pub fn read_request(stream: &mut impl Read) -> io::Result<Request> {
+    read_request_after_head(stream, || {})
+}
+
+/// Reads one request from `stream`, calling `head_read` once its head is
+/// in (a server moves a short deadline for the head to the whole request's).
+pub fn read_request_after_head(
+    stream: &mut impl Read,
+    head_read: impl FnOnce(),
+) -> io::Result<Request> {
     let mut reader = BufReader::new(stream);
     let head = read_head(&mut reader)?;
+    head_read();
     let start = head.first_line;
     let mut parts = start.split_whitespace();
     let (Some(method), Some(target)) = (parts.next(), parts.next()) else {

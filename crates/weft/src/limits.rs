@@ -12,6 +12,11 @@ use weft_target::PeerLimits;
 
 /// Concurrent API connections by default; more are answered 503 at once.
 pub const API_CONNECTIONS_DEFAULT: u32 = 64;
+/// Of those, connections one client address may hold, by default.
+pub const API_CONNECTIONS_PER_ADDRESS_DEFAULT: u32 = 16;
+/// Time an API client has to send a request's head (and a TLS handshake
+/// before it), by default: an idle connection holds its place that long.
+pub const API_HEAD_TIMEOUT_DEFAULT: Duration = Duration::from_secs(2);
 /// Time an API client has to send a whole request, by default.
 pub const API_REQUEST_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
 /// Slow-path I/O requests the volume manager may have queued, by default
@@ -28,6 +33,10 @@ pub struct NodeLimits {
     pub protocol: Limits,
     /// Concurrent API connections.
     pub api_connections: u32,
+    /// Concurrent API connections from one client address.
+    pub api_connections_per_address: u32,
+    /// Time to send an API request's head.
+    pub api_head_timeout: Duration,
     /// Time to send a whole API request.
     pub api_request_timeout: Duration,
     /// Slow-path I/O requests queued for the volume manager.
@@ -40,6 +49,8 @@ impl Default for NodeLimits {
             peers: PeerLimits::DEFAULT,
             protocol: Limits::DEFAULT,
             api_connections: API_CONNECTIONS_DEFAULT,
+            api_connections_per_address: API_CONNECTIONS_PER_ADDRESS_DEFAULT,
+            api_head_timeout: API_HEAD_TIMEOUT_DEFAULT,
             api_request_timeout: API_REQUEST_TIMEOUT_DEFAULT,
             manager_queue: MANAGER_QUEUE_DEFAULT,
         }
@@ -56,6 +67,8 @@ pub struct LimitsFile {
     connect_timeout_ms: Option<u32>,
     controllers_per_subsystem: Option<u16>,
     api_connections: Option<u32>,
+    api_connections_per_address: Option<u32>,
+    api_head_timeout_ms: Option<u32>,
     api_request_timeout_ms: Option<u32>,
     manager_queue: Option<u32>,
     transfer_max_kib: Option<u32>,
@@ -108,12 +121,25 @@ impl LimitsFile {
             "api_connections",
             limits.api_connections,
         )?;
+        limits.api_connections_per_address = positive(
+            self.api_connections_per_address,
+            "api_connections_per_address",
+            limits.api_connections_per_address,
+        )?;
         let timeout_ms = positive(
             self.api_request_timeout_ms,
             "api_request_timeout_ms",
             limits.api_request_timeout.as_millis() as u32,
         )?;
         limits.api_request_timeout = Duration::from_millis(u64::from(timeout_ms));
+        let head_ms = positive(
+            self.api_head_timeout_ms,
+            "api_head_timeout_ms",
+            limits.api_head_timeout.as_millis() as u32,
+        )?;
+        // The head is part of the request.
+        limits.api_head_timeout =
+            Duration::from_millis(u64::from(head_ms)).min(limits.api_request_timeout);
         limits.manager_queue = positive(self.manager_queue, "manager_queue", limits.manager_queue)?;
         if let Some(kib) = self.transfer_max_kib {
             limits.protocol.transfer_bytes_max = transfer_bytes(kib).ok_or_else(|| {

@@ -491,6 +491,8 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         api_token.clone(),
         api::ApiLimits {
             connections: config.limits.api_connections,
+            connections_per_address: config.limits.api_connections_per_address,
+            head_timeout: config.limits.api_head_timeout,
             request_timeout: config.limits.api_request_timeout,
         },
         api_cluster,

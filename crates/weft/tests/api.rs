@@ -718,3 +718,60 @@ fn the_api_limits_connections_and_the_time_to_send_a_request() {
     std::thread::sleep(std::time::Duration::from_millis(800));
     call(&node, "GET", "/api/v1/pools", None, 200);
 }
+
+/// One client address cannot take every API connection (idle ones reopened
+/// as they are cut off used to shut out every other client, node-to-node
+/// calls included): past its share it is answered 503 while another
+/// address is served, and an idle connection holds its place only for the
+/// head's deadline, not the whole request's.
+#[test]
+fn one_address_cannot_hold_every_api_connection() {
+    use std::io::{Read, Write};
+    let dir = temp_dir("api-per-address");
+    let config = dir.join("weft.toml");
+    std::fs::write(
+        &config,
+        "[limits]\napi_connections = 8\napi_connections_per_address = 3\napi_head_timeout_ms = 500\n\n\
+         [[subsystem]]\nnqn = \"nqn.2026-11.io.weft:per-address\"\n\
+         [[subsystem.namespace]]\nbackend = \"ram\"\nsize = \"1MiB\"\n",
+    )
+    .unwrap();
+    let node = start_node(&dir.join("data"), &["--config", config.to_str().unwrap()]);
+    let idle: Vec<_> = (0..3)
+        .map(|_| std::net::TcpStream::connect(&node.api).unwrap())
+        .collect();
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let (status, error) = api(&node, Some(&node.token), "GET", "/api/v1/pools", None);
+    assert_eq!((status, code(&error)), (503, "busy"), "{error}");
+    assert!(message(&error).contains("per address"), "{error}");
+    // Another address is served meanwhile.
+    let port: u16 = node.api.rsplit_once(':').unwrap().1.parse().unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .unwrap();
+    let mut other = runtime
+        .block_on(async {
+            let socket = tokio::net::TcpSocket::new_v4()?;
+            socket.bind("127.0.0.2:0".parse().unwrap())?;
+            socket
+                .connect(format!("127.0.0.1:{port}").parse().unwrap())
+                .await
+        })
+        .unwrap()
+        .into_std()
+        .unwrap();
+    other.set_nonblocking(false).unwrap();
+    let request = format!(
+        "GET /api/v1/pools HTTP/1.1\r\nHost: weft\r\nAuthorization: Bearer {}\r\nConnection: close\r\n\r\n",
+        node.token
+    );
+    other.write_all(request.as_bytes()).unwrap();
+    let mut answer = String::new();
+    other.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    // The idle ones are cut off at the head's deadline (the request's is 10 s).
+    std::thread::sleep(std::time::Duration::from_millis(800));
+    call(&node, "GET", "/api/v1/pools", None, 200);
+    drop(idle);
+}
