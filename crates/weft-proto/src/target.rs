@@ -598,6 +598,8 @@ pub enum RegistryError {
     SubsystemFull,
     /// No live controller with that ID for that subsystem and host.
     UnknownController,
+    /// A live controller has that host identifier under another host NQN.
+    HostIdTaken,
 }
 
 /// Why a range of controller IDs cannot be used.
@@ -701,6 +703,15 @@ impl ControllerRegistry {
             .inner
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
+        // A host identifier names one host (reservations are held by it):
+        // another NQN presenting it is not that host.
+        if inner
+            .controllers
+            .values()
+            .any(|c| c.host_id == host_id && c.hostnqn != hostnqn)
+        {
+            return Err(RegistryError::HostIdTaken);
+        }
         // Counted at Connect only (a scan of the live controllers, not per I/O).
         let of_subsystem = inner
             .controllers

@@ -30,6 +30,8 @@ pub struct AdminArgs {
     body: Option<Value>,
     /// How to print a successful result.
     show: Show,
+    /// Said on stderr after a success.
+    warning: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -136,6 +138,7 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
     let on_node = option("node")
         .map(|node| format!("?node={node}"))
         .unwrap_or_default();
+    let mut warning = None;
     let (method, path, body, show) = match (noun, verb.as_str()) {
         ("pool", "create") => {
             known(&["device", "allocation-unit", "device-size", "force", "node"])?;
@@ -295,8 +298,14 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
         ("host", "add") => {
             known(&["nqn", "dhchap-secret", "dhchap-ctrl-secret"])?;
             let nqn = option("nqn").ok_or("weft host add NAME --nqn NQN: give --nqn (the host's /etc/nvme/hostnqn)")?;
+            let name = operand(1, "host name")?;
+            if option("dhchap-secret").is_none() {
+                warning = Some(format!(
+                    "warning: host {name} has no DH-HMAC-CHAP secret, so its NQN alone identifies it, and an NQN is no secret (the hostnqn file, a Kubernetes node's ID): anyone on the network who presents it connects as this host. Give it one: weft host set {name} --dhchap-secret \"$(nvme gen-dhchap-key --nqn {nqn})\" (and the same secret to nvme connect --dhchap-secret on the host)"
+                ));
+            }
             let body = json!({
-                "name": operand(1, "host name")?,
+                "name": name,
                 "nqn": nqn,
                 "dhchap_secret": option("dhchap-secret"),
                 "dhchap_ctrl_secret": option("dhchap-ctrl-secret"),
@@ -363,6 +372,7 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
         path,
         body,
         show,
+        warning,
     })
 }
 
@@ -412,6 +422,9 @@ pub fn run(args: AdminArgs) -> Result<(), String> {
         return top(&args, interval, count);
     }
     let value = request(&args)?;
+    if let Some(warning) = &args.warning {
+        eprintln!("{warning}");
+    }
     if args.json {
         outln!(
             "{}",

@@ -66,8 +66,15 @@ fn volumes_are_carved_served_snapshotted_and_survive_a_restart() {
             "512",
         ],
     );
-    // Only attached hosts may connect.
-    ok(&node, &["host", "add", "tester", "--nqn", HOST_NQN]);
+    // Only attached hosts may connect. Without a secret, the NQN alone
+    // names the host: said, with the fix.
+    let (added, _, warned) = weft(&node, &["host", "add", "tester", "--nqn", HOST_NQN]);
+    assert!(added, "{warned}");
+    assert!(
+        warned.contains("no DH-HMAC-CHAP secret")
+            && warned.contains("weft host set tester --dhchap-secret"),
+        "{warned}"
+    );
     let (success, _, errors) = weft(
         &node,
         &[
@@ -343,7 +350,8 @@ fn a_host_with_a_dhchap_secret_must_authenticate_each_queue() {
         "--dhchap-secret",
         SECRET_A,
     ];
-    ok(&node, &add);
+    let (added, _, said) = weft(&node, &add);
+    assert!(added && !said.contains("warning"), "{said}");
     ok(&node, &["volume", "attach", "v1", "--host", "h"]);
     let (success, _, errors) = bench_as(&node, "v1", &[]);
     assert!(

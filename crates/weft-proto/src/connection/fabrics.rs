@@ -169,6 +169,7 @@ impl Connection {
                 .subsystem(&data.subnqn)
                 .ok_or(invalid_data_field(256))?;
             check_host_allowed(subsystem, data)?;
+            check_host_id(subsystem, data)?;
             ControllerKind::Io
         };
         let controller = self
@@ -180,13 +181,17 @@ impl Connection {
                 data.host_id,
                 self.limits.controllers_per_subsystem_max,
             )
-            // As nvmet when it has no controller ID left: Controller Busy with DNR.
-            .map_err(|_| {
-                let busy = Status {
-                    dnr: true,
-                    ..Status::CONNECT_CONTROLLER_BUSY
-                };
-                (busy, 0)
+            .map_err(|error| match error {
+                // Another host's identifier: the HOSTID field is wrong.
+                RegistryError::HostIdTaken => invalid_data_field(0),
+                // As nvmet when it has no controller ID left: Controller Busy with DNR.
+                _ => {
+                    let busy = Status {
+                        dnr: true,
+                        ..Status::CONNECT_CONTROLLER_BUSY
+                    };
+                    (busy, 0)
+                }
             })?;
         // A discovery controller that never expires would hold its place in
         // the registry for good: 256 idle ones, from anyone, refused every
@@ -217,7 +222,8 @@ impl Connection {
             .map_err(|error| match error {
                 RegistryError::UnknownController
                 | RegistryError::Exhausted
-                | RegistryError::SubsystemFull => invalid_data_field(16),
+                | RegistryError::SubsystemFull
+                | RegistryError::HostIdTaken => invalid_data_field(16),
             })?;
         if !controller.is_ready() {
             return Err((Status::COMMAND_SEQUENCE_ERROR, 0));
@@ -254,6 +260,23 @@ pub(super) fn check_host_allowed(
     } else {
         Err((Status::CONNECT_INVALID_HOST, (1 << 16) | 512))
     }
+}
+
+/// A zero host identifier cannot hold a reservation (the identifier is
+/// what registrants are known by), so it may not connect to a subsystem
+/// whose namespaces have reservations: refused at HOSTID.
+pub(super) fn check_host_id(
+    subsystem: &SubsystemConfig,
+    data: &ConnectData,
+) -> Result<(), (Status, u64)> {
+    let reservations = subsystem
+        .namespaces
+        .iter()
+        .any(|namespace| namespace.reservations.is_some());
+    if reservations && data.host_id == [0; 16] {
+        return Err(invalid_data_field(0));
+    }
+    Ok(())
 }
 
 /// Connect Invalid Parameters in the SQE at byte `offset` (IATTR 0).

@@ -1515,6 +1515,32 @@ fn reservation_hosts() -> (Arc<Target>, Pair, Pair) {
     (target, a, b)
 }
 
+/// A host identifier is the host that connected with it (reservations are
+/// held by it): another host NQN presenting it while it is connected (a
+/// host fenced out, taking the holder's identifier) is refused at HOSTID,
+/// and so is a zero identifier where namespaces have reservations.
+#[test]
+fn a_host_id_is_refused_under_another_nqn_and_zero_where_reservations_are() {
+    let (target, _a, _b) = reservation_hosts();
+    let connect_as = |host_id: [u8; 16], hostnqn: &str| {
+        let mut pair = Pair::new(&target);
+        pair.initialize(false, false);
+        let (command, mut data) = connect_command(1, 0, 31, 0, 0xFFFF, TEST_NQN);
+        data[..16].copy_from_slice(&host_id);
+        data[512..768].fill(0);
+        data[512..512 + hostnqn.len()].copy_from_slice(hostnqn.as_bytes());
+        pair.command(&command, &data).pop().expect("a response")
+    };
+    let other = "nqn.2014-08.org.nvmexpress:uuid:0badc0de-0000-4000-8000-000000000000";
+    for host_id in [HOST_ID, [0; 16]] {
+        let refused = connect_as(host_id, other);
+        assert_eq!(refused.status(), Status::CONNECT_INVALID_PARAMETERS);
+        assert_eq!(refused.result(), 1 << 16, "IATTR data, HOSTID at byte 0");
+    }
+    assert_eq!(connect_as([0x33; 16], other).status(), Status::SUCCESS);
+    assert_eq!(connect_as(HOST_ID, HOST_NQN).status(), Status::SUCCESS);
+}
+
 fn reservation(opcode: u8, cid: u16, cdw10: u32, keys: &[u64]) -> ([u8; 64], Vec<u8>) {
     let data: Vec<u8> = keys.iter().flat_map(|key| key.to_le_bytes()).collect();
     let mut command = sqe(opcode, cid, 2, data.len() as u32, true);
