@@ -125,6 +125,8 @@ pub const FUZZ_LIMITS: Limits = Limits {
     icreq_timeout_ms: Limits::DEFAULT.icreq_timeout_ms,
     connect_timeout_ms: Limits::DEFAULT.connect_timeout_ms,
     controllers_per_subsystem_max: 8,
+    pending_authentications_per_subsystem: 4,
+    pending_authentications_per_address: 2,
 };
 
 const _: () = assert!(

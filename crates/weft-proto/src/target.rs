@@ -24,6 +24,7 @@ use crate::identify::IDENTIFY_LEN;
 use crate::types::{Cntlid, Nsid};
 use std::cmp;
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::ops::RangeInclusive;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -62,6 +63,12 @@ pub struct Limits {
     pub connect_timeout_ms: u32,
     /// Controllers one subsystem (the discovery subsystem included) may have at once.
     pub controllers_per_subsystem_max: u16,
+    /// Of those, controllers whose host has not authenticated yet (where
+    /// the host must), from anyone: a stranger naming an allowed host NQN
+    /// holds a controller until the Connect deadline.
+    pub pending_authentications_per_subsystem: u16,
+    /// Of those, from one peer address (on each subsystem).
+    pub pending_authentications_per_address: u16,
 }
 
 impl Limits {
@@ -77,6 +84,8 @@ impl Limits {
         icreq_timeout_ms: 10_000,
         connect_timeout_ms: 10_000,
         controllers_per_subsystem_max: 256,
+        pending_authentications_per_subsystem: 32,
+        pending_authentications_per_address: 4,
     };
 
     /// The largest transfer: 2 GiB, so that the PLEN of a PDU carrying a whole
@@ -163,6 +172,11 @@ impl Limits {
         if self.controllers_per_subsystem_max == 0 {
             return Err(LimitsError::ControllersPerSubsystem);
         }
+        if self.pending_authentications_per_subsystem == 0
+            || self.pending_authentications_per_address == 0
+        {
+            return Err(LimitsError::PendingAuthentications);
+        }
         Ok(())
     }
 }
@@ -214,6 +228,11 @@ pub enum LimitsError {
         "controllers_per_subsystem_max is 0; at least one controller per subsystem must be allowed"
     )]
     ControllersPerSubsystem,
+    /// No host that must authenticate could connect.
+    #[error(
+        "pending_authentications_per_subsystem and _per_address must be at least 1, or no host that must authenticate could connect"
+    )]
+    PendingAuthentications,
 }
 
 /// One exported namespace.
@@ -449,6 +468,10 @@ pub struct ControllerShared {
     pub hostnqn: String,
     /// Host identifier recorded at admin Connect.
     pub host_id: [u8; 16],
+    /// Set while its host must still authenticate its admin queue.
+    authenticating: AtomicBool,
+    /// The address of the peer that connected it (when the driver gave it).
+    peer: Option<IpAddr>,
     /// Cleared when the controller is torn down (keep-alive expiry, admin queue gone).
     alive: AtomicBool,
     /// CSTS.RDY: I/O queues may connect only while set.
@@ -479,18 +502,29 @@ impl ControllerShared {
     /// The target's own writer to subsystem `subnqn`'s media, outside any
     /// connection (see [`crate::fence::LocalFence`]): never in the registry.
     pub(crate) fn local_writer(subnqn: &str) -> ControllerShared {
-        let local = ControllerShared::new(Cntlid(0), subnqn, "", [0; 16]);
+        let local = ControllerShared::new(
+            Cntlid(0),
+            &NewController {
+                subnqn,
+                hostnqn: "",
+                host_id: [0; 16],
+                authenticating: false,
+                peer: None,
+            },
+        );
         local.ready.store(true, Ordering::Release);
         local
     }
 
     /// A controller that is alive, not ready yet, and holds no fence.
-    fn new(cntlid: Cntlid, subnqn: &str, hostnqn: &str, host_id: [u8; 16]) -> ControllerShared {
+    fn new(cntlid: Cntlid, new: &NewController<'_>) -> ControllerShared {
         ControllerShared {
             cntlid,
-            subnqn: subnqn.to_string(),
-            hostnqn: hostnqn.to_string(),
-            host_id,
+            subnqn: new.subnqn.to_string(),
+            hostnqn: new.hostnqn.to_string(),
+            host_id: new.host_id,
+            authenticating: AtomicBool::new(new.authenticating),
+            peer: new.peer,
             alive: AtomicBool::new(true),
             ready: AtomicBool::new(false),
             epoch: AtomicU32::new(0),
@@ -501,6 +535,11 @@ impl ControllerShared {
             fence_holder: AtomicBool::new(false),
             fenced_io_in_flight: AtomicU32::new(0),
         }
+    }
+
+    /// Its host authenticated its admin queue: it no longer counts as pending.
+    pub fn set_authenticated(&self) {
+        self.authenticating.store(false, Ordering::Release);
     }
 
     /// It is gone (a local writer dropped): a fence no longer waits for it
@@ -600,6 +639,23 @@ pub enum RegistryError {
     UnknownController,
     /// A live controller has that host identifier under another host NQN.
     HostIdTaken,
+    /// As many controllers wait for their host to authenticate as may.
+    PendingFull,
+}
+
+/// A controller an admin Connect asks for.
+#[derive(Debug, Clone, Copy)]
+pub struct NewController<'a> {
+    /// Its subsystem.
+    pub subnqn: &'a str,
+    /// Its host's NQN.
+    pub hostnqn: &'a str,
+    /// Its host's identifier.
+    pub host_id: [u8; 16],
+    /// Its host must authenticate before it is of use.
+    pub authenticating: bool,
+    /// The peer address that asks (when the driver knows it).
+    pub peer: Option<IpAddr>,
 }
 
 /// Why a range of controller IDs cannot be used.
@@ -690,8 +746,9 @@ impl ControllerRegistry {
         self.range.clone()
     }
 
-    /// Allocates a controller for an admin Connect (dynamic controller model).
-    /// `subnqn` may have `per_subsystem_max` controllers at once.
+    /// Allocates a controller for an admin Connect (dynamic controller model)
+    /// of a host that need not authenticate. `subnqn` may have
+    /// `per_subsystem_max` controllers at once.
     pub fn create(
         &self,
         subnqn: &str,
@@ -699,6 +756,32 @@ impl ControllerRegistry {
         host_id: [u8; 16],
         per_subsystem_max: u16,
     ) -> Result<Arc<ControllerShared>, RegistryError> {
+        let new = NewController {
+            subnqn,
+            hostnqn,
+            host_id,
+            authenticating: false,
+            peer: None,
+        };
+        self.create_within(
+            &new,
+            &Limits {
+                controllers_per_subsystem_max: per_subsystem_max,
+                ..Limits::DEFAULT
+            },
+        )
+    }
+
+    /// Allocates a controller for an admin Connect within `limits`: its
+    /// subsystem's controllers, and, for a host that must authenticate,
+    /// the subsystem's and the peer address's pending ones.
+    pub fn create_within(
+        &self,
+        new: &NewController<'_>,
+        limits: &Limits,
+    ) -> Result<Arc<ControllerShared>, RegistryError> {
+        let (subnqn, hostnqn, host_id) = (new.subnqn, new.hostnqn, new.host_id);
+        let per_subsystem_max = limits.controllers_per_subsystem_max;
         let mut inner = self
             .inner
             .lock()
@@ -721,15 +804,26 @@ impl ControllerRegistry {
         if of_subsystem >= usize::from(per_subsystem_max) {
             return Err(RegistryError::SubsystemFull);
         }
+        if new.authenticating {
+            let pending = inner
+                .controllers
+                .values()
+                .filter(|c| c.subnqn == subnqn && c.authenticating.load(Ordering::Acquire));
+            let (mut of_subsystem, mut of_peer) = (0, 0);
+            for controller in pending {
+                of_subsystem += 1;
+                of_peer += usize::from(new.peer.is_some() && controller.peer == new.peer);
+            }
+            if of_subsystem >= usize::from(limits.pending_authentications_per_subsystem)
+                || of_peer >= usize::from(limits.pending_authentications_per_address)
+            {
+                return Err(RegistryError::PendingFull);
+            }
+        }
         let cntlid = inner
             .free_cntlid(&self.range)
             .ok_or(RegistryError::Exhausted)?;
-        let controller = Arc::new(ControllerShared::new(
-            Cntlid(cntlid),
-            subnqn,
-            hostnqn,
-            host_id,
-        ));
+        let controller = Arc::new(ControllerShared::new(Cntlid(cntlid), new));
         inner.controllers.insert(cntlid, Arc::clone(&controller));
         Ok(controller)
     }

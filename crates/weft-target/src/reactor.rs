@@ -750,6 +750,7 @@ impl Reactor {
         }
         let slots = limits.slots_per_queue();
         let mut protocol = Connection::new(Arc::clone(&self.target));
+        protocol.set_peer(address.ip());
         // Starts the setup deadline (ICReq, then Connect) at accept.
         protocol.handle_timeout(self.now());
         // The target may already hold a newer configuration whose exports are

@@ -66,6 +66,8 @@ pub struct LimitsFile {
     icreq_timeout_ms: Option<u32>,
     connect_timeout_ms: Option<u32>,
     controllers_per_subsystem: Option<u16>,
+    pending_authentications_per_subsystem: Option<u16>,
+    pending_authentications_per_address: Option<u16>,
     api_connections: Option<u32>,
     api_connections_per_address: Option<u32>,
     api_head_timeout_ms: Option<u32>,
@@ -116,6 +118,18 @@ impl LimitsFile {
             "controllers_per_subsystem",
             u32::from(protocol.controllers_per_subsystem_max),
         )? as u16;
+        protocol.pending_authentications_per_subsystem = positive(
+            self.pending_authentications_per_subsystem.map(u32::from),
+            "pending_authentications_per_subsystem",
+            u32::from(protocol.pending_authentications_per_subsystem),
+        )?
+        .min(u32::from(u16::MAX)) as u16;
+        protocol.pending_authentications_per_address = positive(
+            self.pending_authentications_per_address.map(u32::from),
+            "pending_authentications_per_address",
+            u32::from(protocol.pending_authentications_per_address),
+        )?
+        .min(u32::from(u16::MAX)) as u16;
         limits.api_connections = positive(
             self.api_connections,
             "api_connections",

@@ -35,9 +35,16 @@ impl Connection {
         let buffer = &mut buffer[..length as usize];
         if command.fctype() == fctype::AUTH_SEND {
             exchange.on_send(buffer);
+            if exchange.is_authenticated() && queue.qid == 0 {
+                queue.controller.set_authenticated();
+            }
             return Outcome::status(Status::SUCCESS);
         }
-        match exchange.on_receive(buffer, &*self.target.random) {
+        let received = exchange.on_receive(buffer, &*self.target.random);
+        if exchange.is_authenticated() && queue.qid == 0 {
+            queue.controller.set_authenticated();
+        }
+        match received {
             Some(len) => Outcome::Complete {
                 status: Status::SUCCESS,
                 result: 0,
@@ -161,8 +168,8 @@ impl Connection {
             // Dynamic controller model: the host must ask for any controller.
             return Err(invalid_data_field(16));
         }
-        let kind = if data.subnqn == DISCOVERY_NQN {
-            ControllerKind::Discovery
+        let (kind, authenticating) = if data.subnqn == DISCOVERY_NQN {
+            (ControllerKind::Discovery, false)
         } else {
             let subsystem = self
                 .config
@@ -170,20 +177,26 @@ impl Connection {
                 .ok_or(invalid_data_field(256))?;
             check_host_allowed(subsystem, data)?;
             check_host_id(subsystem, data)?;
-            ControllerKind::Io
+            let authenticating = subsystem.access.keys_of(&data.hostnqn).is_some();
+            (ControllerKind::Io, authenticating)
+        };
+        let new = NewController {
+            subnqn: &data.subnqn,
+            hostnqn: &data.hostnqn,
+            host_id: data.host_id,
+            authenticating,
+            peer: self.peer,
         };
         let controller = self
             .target
             .registry
-            .create(
-                &data.subnqn,
-                &data.hostnqn,
-                data.host_id,
-                self.limits.controllers_per_subsystem_max,
-            )
+            .create_within(&new, &self.limits)
             .map_err(|error| match error {
                 // Another host's identifier: the HOSTID field is wrong.
                 RegistryError::HostIdTaken => invalid_data_field(0),
+                // Strangers naming the host wait to authenticate: try again
+                // later (without DNR), as a host does after Controller Busy.
+                RegistryError::PendingFull => (Status::CONNECT_CONTROLLER_BUSY, 0),
                 // As nvmet when it has no controller ID left: Controller Busy with DNR.
                 _ => {
                     let busy = Status {
@@ -223,7 +236,8 @@ impl Connection {
                 RegistryError::UnknownController
                 | RegistryError::Exhausted
                 | RegistryError::SubsystemFull
-                | RegistryError::HostIdTaken => invalid_data_field(16),
+                | RegistryError::HostIdTaken
+                | RegistryError::PendingFull => invalid_data_field(16),
             })?;
         if !controller.is_ready() {
             return Err((Status::COMMAND_SEQUENCE_ERROR, 0));

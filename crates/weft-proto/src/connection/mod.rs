@@ -47,7 +47,8 @@ use crate::reservation::{
 };
 use crate::status::{Completion, Status};
 use crate::target::{
-    ControllerShared, Limits, RegistryError, SubsystemConfig, Target, TargetConfig, DISCOVERY_NQN,
+    ControllerShared, Limits, NewController, RegistryError, SubsystemConfig, Target, TargetConfig,
+    DISCOVERY_NQN,
 };
 use crate::transmit::Transmitter;
 pub use crate::transmit::{Transmit, TxSegment};
@@ -220,6 +221,8 @@ pub struct Connection {
     fence_controller: Option<Arc<ControllerShared>>,
     /// An admin queue's fence waiting for the previous holder to drain.
     fence_wait: Option<FenceWait>,
+    /// The peer's address, when the driver gave it (see [`Connection::set_peer`]).
+    peer: Option<std::net::IpAddr>,
 }
 
 /// A host a subsystem refused at Connect (Connect Invalid Host).
@@ -272,7 +275,15 @@ impl Connection {
             setup_deadline: None,
             fence_controller: None,
             fence_wait: None,
+            peer: None,
         }
+    }
+
+    /// The peer's address: a controller whose host must still authenticate
+    /// counts against its address's limit
+    /// ([`Limits::pending_authentications_per_address`]).
+    pub fn set_peer(&mut self, address: std::net::IpAddr) {
+        self.peer = Some(address);
     }
 
     /// Feeds received bytes.

@@ -1201,6 +1201,55 @@ fn a_queue_that_does_not_authenticate_by_the_connect_deadline_is_closed() {
     lingering.connection.on_closed();
 }
 
+/// Strangers that name an allowed host but cannot authenticate hold a
+/// controller until the Connect deadline: a few per address, and a few
+/// dozen per subsystem (they filled a replica's controllers, and a planned
+/// move got Controller Busy). Over either, Controller Busy without DNR (a
+/// host tries again); a host that authenticated no longer counts.
+#[test]
+fn controllers_waiting_to_authenticate_are_few_per_address_and_per_subsystem() {
+    let target = authenticating_target(false);
+    let limits = Limits::DEFAULT;
+    let connect_from = |address: String| {
+        let mut pair = Pair::new(&target);
+        pair.connection.set_peer(address.parse().unwrap());
+        pair.initialize(false, false);
+        let (command, data) = connect_command(1, 0, 31, 0, 0xFFFF, TEST_NQN);
+        let response = pair.command(&command, &data).pop().expect("a response");
+        (pair, response.status())
+    };
+    let stranger = "192.0.2.1".to_string();
+    let mut waiting: Vec<Pair> = (0..limits.pending_authentications_per_address)
+        .map(|_| {
+            let (pair, status) = connect_from(stranger.clone());
+            assert_eq!(status, Status::SUCCESS);
+            pair
+        })
+        .collect();
+    let (_, busy) = connect_from(stranger.clone());
+    assert_eq!(busy, Status::CONNECT_CONTROLLER_BUSY);
+    assert!(!busy.dnr, "a host tries again");
+    // Another address is served, and a host that authenticated frees its place.
+    let (mut host, status) = connect_from("192.0.2.2".to_string());
+    assert_eq!(status, Status::SUCCESS);
+    assert_eq!(host.authenticate(host_keys(false), TEST_NQN), Ok(()));
+    assert_eq!(waiting[0].authenticate(host_keys(false), TEST_NQN), Ok(()));
+    let (_again, status) = connect_from(stranger);
+    assert_eq!(status, Status::SUCCESS);
+    // Per subsystem: one from each of many addresses, up to the limit.
+    let pending = usize::from(limits.pending_authentications_per_address);
+    let more = usize::from(limits.pending_authentications_per_subsystem) - pending;
+    let _many: Vec<Pair> = (0..more)
+        .map(|n| {
+            let (pair, status) = connect_from(format!("198.51.100.{n}"));
+            assert_eq!(status, Status::SUCCESS);
+            pair
+        })
+        .collect();
+    let (_, busy) = connect_from("203.0.113.1".to_string());
+    assert_eq!(busy, Status::CONNECT_CONTROLLER_BUSY);
+}
+
 #[test]
 fn a_wrong_secret_leaves_the_queue_unauthenticated() {
     let target = authenticating_target(false);
