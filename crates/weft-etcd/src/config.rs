@@ -81,8 +81,35 @@ impl EtcdConfig {
                 return Err(format!("endpoint {plain} is http:// but TLS is configured"));
             }
         }
+        if let (Some((user, _)), None) = (&self.user, &self.tls) {
+            if let Some(remote) = self.endpoints.iter().find(|e| !is_loopback(e)) {
+                return Err(format!(
+                    "etcd user {user:?}'s password would cross the network in clear to {remote}: give https:// endpoints and the etcd CA (etcd_ca in weft.toml), or authenticate with a client certificate instead"
+                ));
+            }
+        }
         Ok(())
     }
+}
+
+/// Whether `endpoint` (a URL or `host:port`) is on this machine's loopback,
+/// which no one else sees.
+fn is_loopback(endpoint: &str) -> bool {
+    let address = endpoint
+        .split_once("://")
+        .map_or(endpoint, |(_, rest)| rest)
+        .split('/')
+        .next()
+        .unwrap_or_default();
+    let host = match address.rsplit_once(':') {
+        Some((host, port)) if port.chars().all(|c| c.is_ascii_digit()) => host,
+        _ => address,
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 #[cfg(test)]
@@ -114,5 +141,38 @@ mod tests {
         assert!(config.check().unwrap_err().contains("is http://"));
 
         assert!(EtcdConfig::new(Vec::new()).check().is_err());
+    }
+
+    /// A password goes over TLS, or stays on this machine.
+    #[test]
+    fn a_password_is_refused_over_plain_http_to_another_machine() {
+        let user = Some(("weft".to_string(), "secret".to_string()));
+        for local in [
+            "http://127.0.0.1:2379",
+            "http://localhost:2379",
+            "http://[::1]:2379",
+            "127.0.0.2:2379",
+        ] {
+            let mut config = EtcdConfig::new(vec![local.into()]);
+            config.user = user.clone();
+            assert_eq!(config.check(), Ok(()), "{local}");
+        }
+        let mut config = EtcdConfig::new(vec![
+            "http://127.0.0.1:2379".into(),
+            "http://10.0.0.2:2379".into(),
+        ]);
+        config.user = user.clone();
+        let error = config.check().unwrap_err();
+        assert!(
+            error.contains("in clear to http://10.0.0.2:2379") && error.contains("https://"),
+            "{error}"
+        );
+        config.endpoints = vec!["https://10.0.0.2:2379".into()];
+        config.tls = Some(EtcdTls {
+            ca: "ca.pem".into(),
+            cert: None,
+            key: None,
+        });
+        assert_eq!(config.check(), Ok(()));
     }
 }
