@@ -34,6 +34,7 @@ mod publish;
 #[cfg(test)]
 mod record_races;
 pub(crate) mod replicas;
+mod sealed;
 mod shutdown;
 pub(crate) mod snapshots;
 
@@ -461,6 +462,8 @@ pub struct Manager {
     cluster_peers: Vec<String>,
     /// What a node proves to use a replica subsystem (from the cluster's token).
     cluster_keys: Option<Arc<HostKeys>>,
+    /// What seals host secrets in the cluster's store (from the cluster's token).
+    seal: Option<sealed::Seal>,
     /// The node's data directory in a cluster (its replicas' write intents live there).
     cluster_dir: Option<PathBuf>,
     /// The write intents of this node's replicas, by volume.
@@ -547,6 +550,7 @@ impl Manager {
             cluster_referrals: Vec::new(),
             cluster_peers: Vec::new(),
             cluster_keys: None,
+            seal: None,
             cluster_dir: None,
             intents: BTreeMap::new(),
             cluster_lease: None,
@@ -607,7 +611,7 @@ impl Manager {
                 let allowed = record
                     .hosts
                     .iter()
-                    .filter_map(|name| allowed_host(name, hosts.get(name)?))
+                    .filter_map(|name| allowed_host(name, hosts.get(name)?, self.seal.as_ref()))
                     .collect();
                 // Every replica serves the record's identity; a volume of
                 // one copy keeps the ids it always had.
@@ -1442,6 +1446,7 @@ impl Manager {
             dhchap_secret: secrets.host,
             dhchap_ctrl_secret: secrets.controller,
         };
+        let record = self.sealed(name, record);
         // Created only if absent: of two nodes adding one host name at once, one wins.
         match self.store_write(|d| d.create(&format!("hosts/{name}"), &record)) {
             Err(StoreError::Conflict { .. }) => {
@@ -1458,7 +1463,18 @@ impl Manager {
     }
 
     fn set_host_secrets(&mut self, name: &str, changes: SecretChanges) -> Result<(), AdminError> {
-        let changed = |mut record: HostRecord| {
+        // Checked in the clear, stored sealed (a secret left as it was stays as stored).
+        let sealed_changes = SecretChanges {
+            host: changes
+                .host
+                .clone()
+                .map(|secret| secret.map(|s| self.seal_secret(name, &s))),
+            controller: changes
+                .controller
+                .clone()
+                .map(|secret| secret.map(|s| self.seal_secret(name, &s))),
+        };
+        let change = |changes: &SecretChanges, mut record: HostRecord| {
             if let Some(host) = &changes.host {
                 record.dhchap_secret = host.clone();
             }
@@ -1467,19 +1483,21 @@ impl Manager {
             }
             record
         };
-        let record = self
+        let stored = self
             .desired
             .hosts()?
             .remove(name)
-            .map(changed)
             .ok_or_else(|| not_found("host", name))?;
+        let record = change(&changes, self.opened(name, stored));
         let secrets = HostSecrets {
             host: record.dhchap_secret.clone(),
             controller: record.dhchap_ctrl_secret.clone(),
         };
         check_secrets(name, &secrets)?;
-        self.store_write(|d| d.change_host(name, |found| found.map(changed)))?
-            .ok_or_else(|| not_found("host", name))?;
+        self.store_write(|d| {
+            d.change_host(name, |found| found.map(|r| change(&sealed_changes, r)))
+        })?
+        .ok_or_else(|| not_found("host", name))?;
         log::info!("host {name}: DH-HMAC-CHAP secrets changed (used from its next connection)");
         Ok(())
     }
@@ -1768,10 +1786,21 @@ fn check_secrets(name: &str, secrets: &HostSecrets) -> Result<(), AdminError> {
     }
 }
 
-/// The export entry of host `name`, with its parsed secrets. A stored secret
-/// that no longer parses keeps the host out rather than letting it in unauthenticated.
-fn allowed_host(name: &str, host: &HostRecord) -> Option<AllowedHost> {
-    let parse = |text: &Option<String>| text.as_deref().map(DhchapSecret::parse).transpose();
+/// The export entry of host `name`, with its parsed secrets (opened with
+/// `seal` in a cluster). A stored secret that no longer opens or parses
+/// keeps the host out rather than letting it in unauthenticated.
+fn allowed_host(name: &str, host: &HostRecord, seal: Option<&sealed::Seal>) -> Option<AllowedHost> {
+    let parse = |text: &Option<String>| {
+        text.as_deref()
+            .map(|stored| {
+                let opened = match seal {
+                    Some(seal) => seal.open(name, stored).map_err(|e| e.to_string())?,
+                    None => stored.to_string(),
+                };
+                DhchapSecret::parse(&opened).map_err(|e| e.to_string())
+            })
+            .transpose()
+    };
     let keys = match (parse(&host.dhchap_secret), parse(&host.dhchap_ctrl_secret)) {
         (Ok(None), _) => None,
         (Ok(Some(secret)), Ok(controller)) => Some(Arc::new(HostKeys {

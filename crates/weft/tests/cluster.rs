@@ -200,6 +200,56 @@ fn three_nodes_share_one_desired_state_in_etcd() {
     assert!(success, "{out}");
     let (success, out) = verify(&n2, "v2", "randwrite");
     assert!(success, "{out}");
+    // A host's DH-HMAC-CHAP secret is sealed in etcd (a reader finds no
+    // secret there), and the node that serves the volume opens it.
+    const SECURED: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-0000000005ec";
+    const SECRET: &str = "DHHC-1:00:ia6zGodOr4SEG0Zzaw398rpY0wqipUWj4jWjUh4HWUz6aQ2n:";
+    ok(
+        &n1,
+        &[
+            "host",
+            "add",
+            "secured",
+            "--nqn",
+            SECURED,
+            "--dhchap-secret",
+            SECRET,
+        ],
+    );
+    ok(&n1, &["volume", "attach", "v3", "--host", "secured"]);
+    let stored = std::process::Command::new("/usr/bin/etcdctl")
+        .env("ETCDCTL_API", "3")
+        .args(["--endpoints", &endpoints, "get", "/weft/hosts/secured"])
+        .output()
+        .unwrap();
+    let stored = String::from_utf8_lossy(&stored.stdout).into_owned();
+    assert!(
+        stored.contains("sealed-v1:") && !stored.contains("DHHC"),
+        "{stored}"
+    );
+    let nqn = "nqn.2026-11.io.weft:vol:v3";
+    let options = [
+        "--rw",
+        "randwrite",
+        "--bs",
+        "4k",
+        "--size",
+        "1MiB",
+        "--runtime",
+        "200ms",
+    ];
+    let (success, out) = support::bench(
+        &n3,
+        SECURED,
+        nqn,
+        &[&options[..], &["--dhchap-secret", SECRET]].concat(),
+    );
+    assert!(success, "{out}");
+    let (success, out) = support::bench(&n3, SECURED, nqn, &options);
+    assert!(
+        !success && out.contains("requires this host to authenticate"),
+        "{out}"
+    );
 
     // A replicated volume: a replica on each node, one primary.
     ok(

@@ -60,6 +60,8 @@ impl Manager {
         self.cluster_node = Some(node.to_string());
         self.cluster_ordinal = ordinal;
         self.cluster_keys = Some(std::sync::Arc::new(super::replicas::replica_keys(&token)));
+        self.seal = Some(super::sealed::Seal::of_cluster_token(&token));
+        self.seal_stored_secrets()?;
         self.cluster_dir = Some(data_dir);
         self.cluster_lease = Some(lease);
         self.rebuild_bytes_per_s = rebuild_bytes_per_s;
