@@ -728,14 +728,16 @@ impl Primary {
                     self.progress(op, now);
                 }
             }
-            FromReplica::Refused { token, current } if token == link.token => {
-                if current.epoch > self.record.epoch {
-                    // A newer primary fenced it: this one is deposed.
-                    self.depose();
-                } else {
-                    // It restarted, or this session is stale: out it goes.
-                    self.link_failed(from, now);
-                }
+            FromReplica::Refused { token, .. } if token == link.token => {
+                // It restarted, this session is stale, or a newer epoch
+                // fenced it. Only the store tells a newer primary from
+                // whoever else holds the cluster's keys (one that fenced
+                // with epoch 2^64-1 made this primary depose and take a
+                // new epoch 60 times a second): out it goes, and the
+                // record change that takes it out fails against a newer
+                // primary's record, which deposes this one. No write
+                // completes without it before that change is committed.
+                self.link_failed(from, now);
             }
             // An answer to an earlier session.
             _ => {}
@@ -1848,16 +1850,57 @@ mod tests {
         assert_eq!(primary.dirty_regions(NodeId(1)), Some(1), "what it missed");
     }
 
+    /// A replica fenced by a newer epoch is out (no write completes
+    /// without it until the record says so); whether a newer primary did
+    /// it, only the store says: its record deposes this primary, and
+    /// nothing else does (a fence with the largest epoch, by whoever holds
+    /// the cluster's keys, made it depose and take a new epoch over and over).
     #[test]
-    fn a_fence_by_a_newer_epoch_deposes_the_primary() {
+    fn a_fence_by_a_newer_epoch_fails_the_link_and_the_store_decides() {
         let (mut primary, token) = active();
         primary.host_write(OpId(1), BLOCK_0, false, 2 * MS);
         drain(&mut primary);
         let current = Token {
-            epoch: Epoch(2),
+            epoch: Epoch(u64::MAX),
             session: 1,
         };
+        primary.local_done(OpId(1), 3 * MS);
         primary.replica_reply(NodeId(1), FromReplica::Refused { token, current }, 3 * MS);
+        assert_eq!(
+            primary.phase(),
+            PrimaryPhase::Active,
+            "not on the replica's word"
+        );
+        // What it holds is made durable here before the record says it is out.
+        let flush = drain(&mut primary)
+            .into_iter()
+            .find_map(|a| match a {
+                Action::LocalFlush { op } => Some(op),
+                _ => None,
+            })
+            .expect("a local flush first");
+        primary.local_done(flush, 4 * MS);
+        let actions = drain(&mut primary);
+        assert!(
+            completions(&actions).is_empty(),
+            "held until the store agrees"
+        );
+        let Some(Action::Commit { record, .. }) = actions
+            .iter()
+            .find(|a| matches!(a, Action::Commit { .. }))
+            .cloned()
+        else {
+            panic!("no commit in {actions:?}")
+        };
+        assert_eq!(
+            record.state_of(NodeId(1)),
+            Some(MemberState::Faulted { epoch: Epoch(1) })
+        );
+        // A newer primary's record: the commit fails against it, and it deposes this one.
+        let mut newer = record.clone();
+        newer.epoch = Epoch(2);
+        newer.primary = NodeId(1);
+        primary.commit_failed(Some((5, newer)), 5 * MS);
         assert_eq!(primary.phase(), PrimaryPhase::Deposed);
         assert_eq!(
             completions(&drain(&mut primary)),

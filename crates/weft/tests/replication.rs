@@ -1027,3 +1027,59 @@ fn a_primary_that_cannot_write_its_files_hands_the_volume_to_its_replica() {
     check_far_and_near(&n1, &far);
     drop(etcd);
 }
+
+/// Volume "rep"'s epoch, as the record in etcd holds it.
+fn epoch_in_store(endpoints: &str) -> u64 {
+    let output = std::process::Command::new("/usr/bin/etcdctl")
+        .env("ETCDCTL_API", "3")
+        .args([
+            "--endpoints",
+            endpoints,
+            "get",
+            "--print-value-only",
+            "/weft/volumes/rep",
+        ])
+        .output()
+        .unwrap();
+    let record: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    record["replication"]["epoch"].as_u64().unwrap()
+}
+
+/// Whoever holds the keys the cluster's token gives (as its node, to a
+/// replica subsystem) can fence a replica with the largest epoch. The
+/// primary used to take that as a newer primary's word: it deposed itself,
+/// took a new epoch, was refused again, some 60 times a second, while host
+/// writes failed. Now only the store deposes it: the replica is faulted,
+/// the epoch stays, and writes go on.
+#[test]
+fn a_replica_fenced_with_the_largest_epoch_is_faulted_and_writes_go_on() {
+    use weft_node::manager::{node_host_nqn, replica_keys, replica_nqn};
+    use weft_proto::fence::FenceToken;
+    let dir = temp_dir("replication-fence-attack");
+    let (etcd, endpoints, token_file, [n1, n2, _n3]) = three_nodes(&dir, "");
+    let (_controller, mut queue) = written_on_n1(&n1, &dir, 8);
+    let before = epoch_in_store(&endpoints);
+    let token = std::fs::read_to_string(&token_file).unwrap();
+    let url = TargetUrl::parse(&format!("{}/{}", n2.nvme, replica_nqn("rep"))).unwrap();
+    let as_n1 = ConnectOptions {
+        host_nqn: node_host_nqn("n1"),
+        dhchap: Some(replica_keys(token.trim())),
+        ..ConnectOptions::default()
+    };
+    let attacker = Controller::connect(&url, as_n1, 1).unwrap();
+    let largest = FenceToken {
+        epoch: u64::MAX,
+        session: 1,
+    };
+    assert_eq!(attacker.fence(largest).unwrap(), Ok(()), "taken");
+    write_blocks(&mut queue, 8..64);
+    eventually("n2's replica out of sync", || {
+        replica_state(&n1, "n2") != "in-sync"
+    });
+    write_blocks(&mut queue, 64..128);
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(epoch_in_store(&endpoints), before, "no new epoch");
+    assert_eq!(primary_of(&n1), "n1");
+    drop(attacker);
+    drop(etcd);
+}
