@@ -56,6 +56,17 @@ impl Transmitter {
         }
     }
 
+    /// Room for `bytes` inline bytes and `segments` segments in each batch
+    /// (a queue's, once its size is known).
+    pub fn reserve(&mut self, bytes: usize, segments: usize) {
+        for batch in [&mut self.pending, &mut self.sending] {
+            batch.bytes.reserve(bytes.saturating_sub(batch.bytes.len()));
+            batch
+                .segments
+                .reserve(segments.saturating_sub(batch.segments.len()));
+        }
+    }
+
     /// Appends inline bytes, merging with a preceding inline segment.
     pub fn push_bytes(&mut self, data: &[u8]) {
         let batch = &mut self.pending;

@@ -25,9 +25,12 @@ pub struct PeerLimits {
 }
 
 impl PeerLimits {
-    /// The defaults: about 110 KiB of memory per idle connection (its
-    /// command slots' tables, two per queue entry, and buffers), so 4096 idle
-    /// connections hold about 440 MiB.
+    /// The defaults. A connection that has not connected a queue holds
+    /// about 17 KiB (one command slot, and the pages of its buffers it
+    /// touched), a discovery controller about as much, so 4096 strangers'
+    /// idle connections hold under 100 MiB (tests/idle_memory.rs); a
+    /// connected I/O queue holds its command slots' tables (two per queue
+    /// entry) and the buffers its commands used.
     pub const DEFAULT: PeerLimits = PeerLimits {
         connections_per_listener: 4096,
         connections_per_address: 1024,

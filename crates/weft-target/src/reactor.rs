@@ -265,11 +265,23 @@ struct SlotTable {
 }
 
 impl SlotTable {
-    fn new(slots: usize, buffer_bytes: usize) -> SlotTable {
+    /// Slots are added as the queue's commands use them (a connection that
+    /// never connects a queue holds one).
+    fn new(buffer_bytes: usize) -> SlotTable {
         SlotTable {
-            buffers: (0..slots).map(|_| SlotBuffer::Unallocated).collect(),
+            buffers: vec![SlotBuffer::Unallocated],
             buffer_bytes,
         }
+    }
+
+    /// The entry of `slot`, added (unallocated) if the queue had not used it yet.
+    fn entry(&mut self, slot: SlotId) -> &mut SlotBuffer {
+        let index = usize::from(slot.0);
+        if index >= self.buffers.len() {
+            self.buffers
+                .resize_with(index + 1, || SlotBuffer::Unallocated);
+        }
+        &mut self.buffers[index]
     }
 
     fn take(&mut self, slot: SlotId) -> IoBuf {
@@ -293,14 +305,12 @@ impl SlotTable {
 
 impl SlotBuffers for SlotTable {
     fn buffer(&mut self, slot: SlotId) -> &mut [u8] {
-        let entry = &mut self.buffers[usize::from(slot.0)];
+        let buffer_bytes = self.buffer_bytes;
+        let entry = self.entry(slot);
         if matches!(entry, SlotBuffer::Unallocated) {
             // mmap-backed: pages cost memory only once touched.
-            let buffer = IoBuf::new(self.buffer_bytes).unwrap_or_else(|error| {
-                panic!(
-                    "cannot map a {} byte slot buffer: {error}",
-                    self.buffer_bytes
-                )
+            let buffer = IoBuf::new(buffer_bytes).unwrap_or_else(|error| {
+                panic!("cannot map a {buffer_bytes} byte slot buffer: {error}")
             });
             *entry = SlotBuffer::Here(buffer);
         }
@@ -311,7 +321,7 @@ impl SlotBuffers for SlotTable {
     }
 
     fn zero(&mut self, slot: SlotId, range: std::ops::Range<usize>) {
-        match &mut self.buffers[usize::from(slot.0)] {
+        match self.entry(slot) {
             // Mapped when first used: zeroes then.
             SlotBuffer::Unallocated => {}
             SlotBuffer::Here(buffer) => buffer.zero(range),
@@ -350,6 +360,31 @@ struct Peer {
     sending: Waiting,
     /// Its place under the listener's connection limits, given back on release.
     _admission: PeerAdmission,
+}
+
+impl Peer {
+    /// Gives each of the queue's command slots its entries (once, when its
+    /// Connect set their number: a stranger's unconnected connection holds
+    /// none), before any of its I/O is taken.
+    fn fit_slots(&mut self) {
+        let slots = self.protocol.slot_count();
+        if self.io_len.len() >= slots {
+            return;
+        }
+        let unused = IoMark {
+            meter: 0,
+            class: IoClass::Other,
+            bytes: 0,
+            started_ns: 0,
+            nsid: Nsid(0),
+            sticky: None,
+        };
+        self.lent_slots.reserve(slots);
+        self.io_len.resize(slots, 0);
+        self.volume_io.resize_with(slots, || None);
+        self.zeroing.resize(slots, None);
+        self.marks.resize(slots, unused);
+    }
 }
 
 /// A reactor's statistics of one meter, with the meter to publish them to.
@@ -748,7 +783,6 @@ impl Reactor {
         if let Err(error) = stream.set_nodelay(true) {
             log::debug!("{address}: TCP_NODELAY: {error}");
         }
-        let slots = limits.slots_per_queue();
         let mut protocol = Connection::new(Arc::clone(&self.target));
         protocol.set_peer(address.ip());
         // Starts the setup deadline (ICReq, then Connect) at accept.
@@ -761,25 +795,16 @@ impl Reactor {
             stream,
             address,
             protocol,
-            slots: SlotTable::new(slots, limits.slot_buffer_bytes()),
+            slots: SlotTable::new(limits.slot_buffer_bytes()),
             receive_buffer: Some(receive_buffer),
             staging: Some(staging),
             batch: Some(SendBatch::new()),
-            lent_slots: Vec::with_capacity(slots),
-            io_len: vec![0; slots],
-            volume_io: (0..slots).map(|_| None).collect(),
-            zeroing: vec![None; slots],
-            marks: vec![
-                IoMark {
-                    meter: 0,
-                    class: IoClass::Other,
-                    bytes: 0,
-                    started_ns: 0,
-                    nsid: Nsid(0),
-                    sticky: None,
-                };
-                slots
-            ],
+            // Sized for the queue's slots once it is connected (see `fit_slots`).
+            lent_slots: Vec::new(),
+            io_len: Vec::new(),
+            volume_io: Vec::new(),
+            zeroing: Vec::new(),
+            marks: Vec::new(),
             subsystem: None,
             ops_in_flight: 0,
             closing: false,
@@ -1458,6 +1483,9 @@ impl Reactor {
 
     /// Moves a connection forward after anything happened to it.
     fn drive(&mut self, index: usize) {
+        if let Some(peer) = self.connections[index].as_mut() {
+            peer.fit_slots();
+        }
         while let Some(request) = self.connections[index]
             .as_mut()
             .and_then(|peer| peer.protocol.poll_io())

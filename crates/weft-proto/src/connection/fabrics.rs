@@ -151,7 +151,13 @@ impl Connection {
         self.state = state;
         // The queue now has its negotiated number of command slots (twice its
         // entries, see `Limits::slots_per_queue`); slot 0 holds this Connect.
+        // Allocated now, once: what a queue of this size needs at most.
+        let slots = 2 * usize::from(entries);
+        self.slots.resize_with(slots, Slot::empty);
+        self.io_requests.reserve(2 * slots);
+        self.tx.reserve(16 * 1024, 4 * slots);
         self.free_slots.clear();
+        self.free_slots.reserve(slots);
         // At most 2 x 32768 - 1 (`Limits::QUEUE_ENTRIES_LIMIT`): a u16.
         self.free_slots
             .extend((1..2 * u32::from(entries)).rev().map(|slot| slot as u16));

@@ -131,6 +131,22 @@ struct Slot {
     reserved: Option<(Arc<ReservationCell>, CountedWrite)>,
 }
 
+impl Slot {
+    fn empty() -> Slot {
+        Slot {
+            state: SlotState::Free,
+            command: Command::decode(&[0u8; 64]).expect("64 zero bytes are an SQE"),
+            in_capsule_len: 0,
+            h2c_received: 0,
+            io_plan: None,
+            io_pending: 0,
+            status: Status::SUCCESS,
+            fenced: false,
+            reserved: None,
+        }
+    }
+}
+
 /// A fence Set Features waiting for the other controllers' I/O to drain.
 #[derive(Debug)]
 struct FenceWait {
@@ -236,24 +252,13 @@ pub struct RefusedHost {
 
 impl Connection {
     /// A new connection to `target`, before ICReq, serving the target's
-    /// current configuration. Slots and queues are allocated here, sized by
-    /// the target's limits, so that steady-state operation allocates nothing.
+    /// current configuration. Until its Fabrics Connect it holds one command
+    /// slot (a stranger's connection costs little); Connect allocates the
+    /// queue's slots, sized by its entries, so that steady-state operation
+    /// allocates nothing.
     pub fn new(target: Arc<Target>) -> Connection {
         let config = target.config();
         let limits = config.limits;
-        let depth = limits.slots_per_queue();
-        let empty_command = Command::decode(&[0u8; 64]).expect("64 zero bytes are an SQE");
-        let slot = || Slot {
-            state: SlotState::Free,
-            command: empty_command,
-            in_capsule_len: 0,
-            h2c_received: 0,
-            io_plan: None,
-            io_pending: 0,
-            status: Status::SUCCESS,
-            fenced: false,
-            reserved: None,
-        };
         Connection {
             target,
             config,
@@ -261,13 +266,13 @@ impl Connection {
             state: State::AwaitIcReq,
             c2h_pdo_alignment: 4,
             rx: Framer::new(),
-            slots: (0..depth).map(|_| slot()).collect(),
+            slots: vec![Slot::empty()],
             // Until Connect sets the queue size only slot 0 exists.
             free_slots: vec![0],
             outstanding: 0,
             completions_queued: 0,
-            io_requests: VecDeque::with_capacity(depth * 2),
-            tx: Transmitter::with_capacity(16 * 1024, depth * 4),
+            io_requests: VecDeque::new(),
+            tx: Transmitter::with_capacity(1024, 16),
             termination: None,
             dsm_ranges: Vec::with_capacity(256),
             reservation_view: None,
@@ -461,6 +466,12 @@ impl Connection {
     /// Host), once; the driver logs how an operator would allow it.
     pub fn take_refused_host(&mut self) -> Option<RefusedHost> {
         self.refused_host.take()
+    }
+
+    /// Command slots the queue has (one until its Connect, then twice its
+    /// entries): the slot IDs of its I/O requests are below it.
+    pub fn slot_count(&self) -> usize {
+        self.slots.len()
     }
 
     /// The controller ID, once connected.
