@@ -127,6 +127,7 @@ pub const FUZZ_LIMITS: Limits = Limits {
     controllers_per_subsystem_max: 8,
     pending_authentications_per_subsystem: 4,
     pending_authentications_per_address: 2,
+    discovery_controllers_per_address: 4,
 };
 
 const _: () = assert!(

@@ -69,6 +69,10 @@ pub struct Limits {
     pub pending_authentications_per_subsystem: u16,
     /// Of those, from one peer address (on each subsystem).
     pub pending_authentications_per_address: u16,
+    /// Discovery controllers from one peer address: anyone may connect to
+    /// discovery, and a host needs a few (one per discovery address it
+    /// keeps, and one-shot ones).
+    pub discovery_controllers_per_address: u16,
 }
 
 impl Limits {
@@ -86,6 +90,7 @@ impl Limits {
         controllers_per_subsystem_max: 256,
         pending_authentications_per_subsystem: 32,
         pending_authentications_per_address: 4,
+        discovery_controllers_per_address: 16,
     };
 
     /// The largest transfer: 2 GiB, so that the PLEN of a PDU carrying a whole
@@ -177,6 +182,9 @@ impl Limits {
         {
             return Err(LimitsError::PendingAuthentications);
         }
+        if self.discovery_controllers_per_address == 0 {
+            return Err(LimitsError::DiscoveryControllersPerAddress);
+        }
         Ok(())
     }
 }
@@ -233,6 +241,9 @@ pub enum LimitsError {
         "pending_authentications_per_subsystem and _per_address must be at least 1, or no host that must authenticate could connect"
     )]
     PendingAuthentications,
+    /// No host could discover.
+    #[error("discovery_controllers_per_address must be at least 1, or no host could discover")]
+    DiscoveryControllersPerAddress,
 }
 
 /// One exported namespace.
@@ -641,6 +652,8 @@ pub enum RegistryError {
     HostIdTaken,
     /// As many controllers wait for their host to authenticate as may.
     PendingFull,
+    /// The peer address holds as many discovery controllers as it may.
+    AddressFull,
 }
 
 /// A controller an admin Connect asks for.
@@ -803,6 +816,16 @@ impl ControllerRegistry {
             .count();
         if of_subsystem >= usize::from(per_subsystem_max) {
             return Err(RegistryError::SubsystemFull);
+        }
+        if subnqn == DISCOVERY_NQN && new.peer.is_some() {
+            let of_peer = inner
+                .controllers
+                .values()
+                .filter(|c| c.subnqn == subnqn && c.peer == new.peer)
+                .count();
+            if of_peer >= usize::from(limits.discovery_controllers_per_address) {
+                return Err(RegistryError::AddressFull);
+            }
         }
         if new.authenticating {
             let pending = inner

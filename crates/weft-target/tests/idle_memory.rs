@@ -26,7 +26,12 @@ fn resident_bytes() -> u64 {
 
 #[test]
 fn a_thousand_idle_connections_hold_less_than_100_mib() {
-    let address = support::start("idle-memory");
+    // As many discovery controllers from this one address as the test makes.
+    let limits = weft_proto::Limits {
+        discovery_controllers_per_address: 256,
+        ..weft_proto::Limits::DEFAULT
+    };
+    let address = support::start_within("idle-memory", limits);
     // One connection first: the reactors' own buffers are counted out.
     let mut first = support::Client::connect(address, false, false);
     let (connect, data) = testing::connect_command(1, 0, 31, 0, 0xFFFF, DISCOVERY_NQN);

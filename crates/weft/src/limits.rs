@@ -68,6 +68,7 @@ pub struct LimitsFile {
     controllers_per_subsystem: Option<u16>,
     pending_authentications_per_subsystem: Option<u16>,
     pending_authentications_per_address: Option<u16>,
+    discovery_controllers_per_address: Option<u16>,
     api_connections: Option<u32>,
     api_connections_per_address: Option<u32>,
     api_head_timeout_ms: Option<u32>,
@@ -128,6 +129,12 @@ impl LimitsFile {
             self.pending_authentications_per_address.map(u32::from),
             "pending_authentications_per_address",
             u32::from(protocol.pending_authentications_per_address),
+        )?
+        .min(u32::from(u16::MAX)) as u16;
+        protocol.discovery_controllers_per_address = positive(
+            self.discovery_controllers_per_address.map(u32::from),
+            "discovery_controllers_per_address",
+            u32::from(protocol.discovery_controllers_per_address),
         )?
         .min(u32::from(u16::MAX)) as u16;
         limits.api_connections = positive(

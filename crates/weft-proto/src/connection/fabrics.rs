@@ -202,7 +202,9 @@ impl Connection {
                 RegistryError::HostIdTaken => invalid_data_field(0),
                 // Strangers naming the host wait to authenticate: try again
                 // later (without DNR), as a host does after Controller Busy.
-                RegistryError::PendingFull => (Status::CONNECT_CONTROLLER_BUSY, 0),
+                RegistryError::PendingFull | RegistryError::AddressFull => {
+                    (Status::CONNECT_CONTROLLER_BUSY, 0)
+                }
                 // As nvmet when it has no controller ID left: Controller Busy with DNR.
                 _ => {
                     let busy = Status {
@@ -243,7 +245,8 @@ impl Connection {
                 | RegistryError::Exhausted
                 | RegistryError::SubsystemFull
                 | RegistryError::HostIdTaken
-                | RegistryError::PendingFull => invalid_data_field(16),
+                | RegistryError::PendingFull
+                | RegistryError::AddressFull => invalid_data_field(16),
             })?;
         if !controller.is_ready() {
             return Err((Status::COMMAND_SEQUENCE_ERROR, 0));

@@ -384,6 +384,36 @@ fn keep_alive_expiry_tears_the_controller_down() {
     );
 }
 
+/// Anyone may connect to discovery: one peer address holds a few
+/// discovery controllers (256 idle ones from one stranger refused every
+/// host's discovery); over that, Controller Busy without DNR, and other
+/// addresses discover.
+#[test]
+fn discovery_controllers_are_few_per_peer_address() {
+    let target = test_target();
+    let discover_from = |address: &str| {
+        let mut pair = Pair::new(&target);
+        pair.connection.set_peer(address.parse().unwrap());
+        pair.initialize(false, false);
+        let (command, data) = connect_command(1, 0, 31, 0, 0xFFFF, DISCOVERY_NQN);
+        let response = pair.command(&command, &data).pop().expect("a response");
+        (pair, response.status())
+    };
+    let held: Vec<Pair> = (0..Limits::DEFAULT.discovery_controllers_per_address)
+        .map(|_| {
+            let (pair, status) = discover_from("192.0.2.7");
+            assert_eq!(status, Status::SUCCESS);
+            pair
+        })
+        .collect();
+    let (_, busy) = discover_from("192.0.2.7");
+    assert_eq!(busy, Status::CONNECT_CONTROLLER_BUSY);
+    assert!(!busy.dnr);
+    let (_host, status) = discover_from("192.0.2.8");
+    assert_eq!(status, Status::SUCCESS);
+    drop(held);
+}
+
 /// KATO 0 on a discovery controller is two minutes (as nvmet): idle
 /// discovery connections cannot hold the registry's places for good.
 #[test]

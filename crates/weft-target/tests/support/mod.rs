@@ -77,6 +77,29 @@ pub fn serve_devices(
     poll_window: Duration,
     peer_limits: PeerLimits,
 ) -> DataPlane {
+    serve_devices_within(devices, reactors, poll_window, peer_limits, Limits::DEFAULT)
+}
+
+/// [`start`] with the protocol's `limits`; returns its address.
+pub fn start_within(name: &str, limits: Limits) -> SocketAddr {
+    let dir = std::env::temp_dir().join(format!("weft-data-plane-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let ram: Arc<dyn BlockDevice> = Arc::new(RamDevice::new(RAM_BYTES, 512).unwrap());
+    let devices = vec![(ram, Arc::default())];
+    let plane = serve_devices_within(devices, 2, Duration::ZERO, PeerLimits::DEFAULT, limits);
+    let address = plane.listening[0];
+    std::mem::forget(plane); // serves until the test process exits
+    address
+}
+
+/// [`serve_devices`] with the protocol's `limits`.
+pub fn serve_devices_within(
+    devices: Vec<(Arc<dyn BlockDevice>, Arc<Health>)>,
+    reactors: usize,
+    poll_window: Duration,
+    peer_limits: PeerLimits,
+    limits: Limits,
+) -> DataPlane {
     let namespace = |nsid: u32, device: &Arc<dyn BlockDevice>| NamespaceConfig {
         nsid: Nsid(nsid),
         blocks: device.size_bytes() / u64::from(device.block_size()),
@@ -109,7 +132,7 @@ pub fn serve_devices(
             address: "127.0.0.1".into(),
             service: "0".into(),
         }],
-        limits: Limits::DEFAULT,
+        limits,
         referrals: Vec::new(),
         discovery_serial: "discovery".into(),
         generation: 1,
