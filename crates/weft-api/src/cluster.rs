@@ -598,7 +598,7 @@ fn replica_count(fields: &serde_json::Map<String, Value>) -> Result<usize, Respo
 }
 
 /// Whether another node forwarded this call (it is served here, not again forwarded).
-fn is_forwarded(request: &Request) -> bool {
+pub(crate) fn is_forwarded(request: &Request) -> bool {
     request.query.split('&').any(|part| part == LOCAL_MARK)
 }
 

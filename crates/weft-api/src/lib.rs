@@ -90,7 +90,8 @@ pub const ROUTES: &[(&str, &str)] = &[
 struct Api {
     manager: ManagerHandle,
     status: StatusReader,
-    token: String,
+    /// The admin token and the scoped ones ([`token::Credentials`]).
+    credentials: token::Credentials,
     /// Set when the node is a member of a cluster.
     cluster: Option<cluster::Cluster>,
 }
@@ -132,7 +133,7 @@ pub fn start(
     let api = Arc::new(Api {
         manager,
         status,
-        token,
+        credentials: token::Credentials::of(&token),
         cluster,
     });
     let admission = admission::Admission::new(limits.connections, limits.connections_per_address);
@@ -262,8 +263,17 @@ impl Api {
         if pattern == "openapi.json" {
             return (200, serde_json::from_str(OPENAPI).expect("valid document"));
         }
-        if let Err(response) = self.authorize(request) {
-            return response;
+        match self.authorize(request) {
+            Ok(role) if !role.allows(&request.method, pattern) => {
+                return forbidden(role, &request.method, &request.path)
+            }
+            // Only nodes forward calls: a call marked as forwarded skips
+            // the cluster's own checks (where a volume lives, placement).
+            Ok(role) if role != token::Role::Admin && cluster::is_forwarded(request) => {
+                return forbidden(role, &request.method, "a forwarded call (local=1)")
+            }
+            Ok(_) => {}
+            Err(response) => return response,
         }
         let mut body = None;
         if pattern.starts_with("nodes") {
@@ -276,13 +286,18 @@ impl Api {
             match cluster.route(pattern, &params, request) {
                 cluster::Route::Local(replaced) => body = replaced,
                 cluster::Route::Forward(node, replaced) => {
-                    return cluster.forward(&node, request, replaced.as_deref(), &self.token)
+                    return cluster.forward(
+                        &node,
+                        request,
+                        replaced.as_deref(),
+                        self.credentials.admin(),
+                    )
                 }
                 cluster::Route::Gather => {
                     return match self.read(&request.method, pattern, &params) {
                         Some(Ok(local)) => {
                             let local = cluster::tag_node(local, cluster.node());
-                            cluster.gather(pattern, request, local, &self.token)
+                            cluster.gather(pattern, request, local, self.credentials.admin())
                         }
                         Some(Err(error)) => admin_failure(&error),
                         None => unreachable!("gathered routes are reads"),
@@ -294,7 +309,7 @@ impl Api {
                         let (status, answer) = if node == cluster.node() {
                             self.local_call(pattern, &params, request, &request.body)
                         } else {
-                            cluster.forward(node, request, None, &self.token)
+                            cluster.forward(node, request, None, self.credentials.admin())
                         };
                         // A replica that was never created is no obstacle.
                         let missing = status == 404 && *node != primary;
@@ -405,7 +420,7 @@ impl Api {
         Ok(self.status.prometheus())
     }
 
-    fn authorize(&self, request: &Request) -> Result<(), Response> {
+    fn authorize(&self, request: &Request) -> Result<token::Role, Response> {
         let hint = "send Authorization: Bearer <token>; the token is in the node's DATA_DIR/api-token (CLI: --api-token-file or WEFT_API_TOKEN)";
         match request
             .authorization
@@ -418,13 +433,14 @@ impl Api {
                 "this API needs a bearer token",
                 hint,
             )),
-            Some(token) if token::matches(&self.token, token.trim()) => Ok(()),
-            Some(_) => Err(failure(
-                401,
-                "unauthorized",
-                "the bearer token is not this node's",
-                hint,
-            )),
+            Some(token) => self.credentials.role_of(token.trim()).ok_or_else(|| {
+                failure(
+                    401,
+                    "unauthorized",
+                    "the bearer token is not this node's",
+                    hint,
+                )
+            }),
         }
     }
 }
@@ -669,6 +685,16 @@ fn check_node(asked: Option<&str>, this: Option<&str>) -> Result<(), Response> {
         )),
         (Some(_), None) => Err(not_a_cluster()),
     }
+}
+
+/// A call `role` may not make.
+fn forbidden(role: token::Role, method: &str, what: &str) -> Response {
+    failure(
+        403,
+        "forbidden",
+        &format!("{} may not call {method} {what}", role.describe()),
+        "use a token that may (the admin token is DATA_DIR/api-token; the CSI and read-only ones beside it)",
+    )
 }
 
 fn not_a_cluster() -> Response {

@@ -12,6 +12,148 @@ use std::path::Path;
 /// File name of the token in the data directory.
 pub const FILE_NAME: &str = "api-token";
 
+/// What a token may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Everything: the operator, and every node calling another.
+    Admin,
+    /// Volume lifecycle (create, delete, grow, snapshot, attach, limits)
+    /// and the hosts it attaches, and every read: the CSI controller.
+    Csi,
+    /// Every read and /metrics: Prometheus, dashboards.
+    ReadOnly,
+}
+
+impl Role {
+    /// The suffix of its token file (beside the admin token's), for the scoped ones.
+    fn file_suffix(self) -> &'static str {
+        match self {
+            Role::Admin => "",
+            Role::Csi => ".csi",
+            Role::ReadOnly => ".read-only",
+        }
+    }
+
+    /// Whether it may call `method` on route `pattern` (relative to `/api/v1/`).
+    pub fn allows(self, method: &str, pattern: &str) -> bool {
+        match self {
+            Role::Admin => true,
+            Role::ReadOnly => method == "GET",
+            Role::Csi => {
+                method == "GET"
+                    || matches!(
+                        (method, pattern),
+                        ("POST", "volumes")
+                            | ("DELETE", "volumes/{volume}")
+                            | ("POST", "volumes/{volume}/resize")
+                            | ("POST", "volumes/{volume}/flatten")
+                            | ("PATCH", "volumes/{volume}/qos")
+                            | ("POST", "volumes/{volume}/hosts")
+                            | ("DELETE", "volumes/{volume}/hosts/{host}")
+                            | ("POST", "volumes/{volume}/snapshots")
+                            | ("DELETE", "volumes/{volume}/snapshots/{snapshot}")
+                            | ("POST", "hosts")
+                    )
+            }
+        }
+    }
+
+    /// How it is named in messages.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Role::Admin => "the admin token",
+            Role::Csi => "the CSI token (volume lifecycle)",
+            Role::ReadOnly => "the read-only token",
+        }
+    }
+}
+
+/// The tokens a node accepts: the admin token, and the scoped ones derived
+/// from it (HMAC-SHA256 of their role under the admin token). Every node of
+/// a cluster holds the admin token, so every node accepts the same scoped
+/// tokens with nothing stored anywhere, and none of them gives the admin
+/// token away. A scoped token is revoked by rotating the admin token.
+#[derive(Clone)]
+pub struct Credentials {
+    admin: String,
+    csi: String,
+    read_only: String,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Credentials")
+    }
+}
+
+impl Credentials {
+    /// Those of admin token `admin`.
+    pub fn of(admin: &str) -> Credentials {
+        Credentials {
+            admin: admin.to_string(),
+            csi: derived(admin, Role::Csi),
+            read_only: derived(admin, Role::ReadOnly),
+        }
+    }
+
+    /// The admin token (what nodes call each other with).
+    pub fn admin(&self) -> &str {
+        &self.admin
+    }
+
+    /// The token of `role`.
+    pub fn token_of(&self, role: Role) -> &str {
+        match role {
+            Role::Admin => &self.admin,
+            Role::Csi => &self.csi,
+            Role::ReadOnly => &self.read_only,
+        }
+    }
+
+    /// The role of `presented`, if it is one of these tokens.
+    pub fn role_of(&self, presented: &str) -> Option<Role> {
+        [
+            (&self.admin, Role::Admin),
+            (&self.csi, Role::Csi),
+            (&self.read_only, Role::ReadOnly),
+        ]
+        .into_iter()
+        .find(|(token, _)| matches(token, presented))
+        .map(|(_, role)| role)
+    }
+
+    /// Writes each scoped token beside the admin token's file `admin_path`
+    /// (`PATH.csi`, `PATH.read-only`, mode 0600) unless it is there
+    /// already; the files written or found.
+    pub fn write_scoped(&self, admin_path: &Path) -> io::Result<Vec<std::path::PathBuf>> {
+        let mut paths = Vec::new();
+        for (role, token) in [(Role::Csi, &self.csi), (Role::ReadOnly, &self.read_only)] {
+            let mut name = admin_path.as_os_str().to_os_string();
+            name.push(role.file_suffix());
+            let path = std::path::PathBuf::from(name);
+            if read_private(&path).ok().as_deref() != Some(token.as_str()) {
+                create(&path, token)?;
+            }
+            paths.push(path);
+        }
+        Ok(paths)
+    }
+}
+
+/// The scoped token of `role` under admin token `admin`.
+fn derived(admin: &str, role: Role) -> String {
+    use hmac::{Hmac, Mac};
+    let mut mac = Hmac::<sha2::Sha256>::new_from_slice(admin.as_bytes())
+        .expect("HMAC takes a key of any length");
+    mac.update(b"weft api token:");
+    mac.update(role.file_suffix().as_bytes());
+    mac.finalize()
+        .into_bytes()
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect()
+}
+
 /// Reads the token at `path`, creating it first if absent; the flag says
 /// whether it was created now.
 pub fn load_or_create(path: &Path) -> Result<(String, bool), String> {
@@ -113,6 +255,47 @@ mod tests {
         assert!(!matches(&token, &format!("x{}", &token[1..])));
         std::fs::write(&path, "short\n").unwrap();
         assert!(load_or_create(&path).unwrap_err().contains("remove it"));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn scoped_tokens_derive_from_the_admin_token_and_allow_their_routes_only() {
+        let credentials = Credentials::of("admin-token-0123456789abcdef");
+        let (csi, read_only) = (
+            derived("admin-token-0123456789abcdef", Role::Csi),
+            derived("admin-token-0123456789abcdef", Role::ReadOnly),
+        );
+        assert_eq!(csi.len(), 64);
+        assert_ne!(csi, read_only);
+        assert_ne!(
+            csi,
+            derived("another-admin-token-012345", Role::Csi),
+            "per cluster"
+        );
+        assert_eq!(
+            credentials.role_of("admin-token-0123456789abcdef"),
+            Some(Role::Admin)
+        );
+        assert_eq!(credentials.role_of(&csi), Some(Role::Csi));
+        assert_eq!(credentials.role_of(&read_only), Some(Role::ReadOnly));
+        assert_eq!(credentials.role_of("something-else"), None);
+        assert!(
+            Role::ReadOnly.allows("GET", "volumes") && !Role::ReadOnly.allows("POST", "volumes")
+        );
+        assert!(
+            Role::Csi.allows("POST", "volumes")
+                && Role::Csi.allows("POST", "volumes/{volume}/hosts")
+        );
+        assert!(!Role::Csi.allows("POST", "pools") && !Role::Csi.allows("PATCH", "hosts/{host}"));
+        assert!(!Role::Csi.allows("POST", "nodes/{node}/drain"));
+        assert!(Role::Admin.allows("DELETE", "pools/{pool}"));
+        let dir = std::env::temp_dir().join(format!("weft-token-scoped-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let admin = dir.join(FILE_NAME);
+        let paths = credentials.write_scoped(&admin).unwrap();
+        assert_eq!(read_private(&paths[0]).unwrap(), csi);
+        assert_eq!(read_private(&paths[1]).unwrap(), read_only);
+        assert!(paths[1].to_string_lossy().ends_with("api-token.read-only"));
         std::fs::remove_dir_all(dir).unwrap();
     }
 

@@ -51,10 +51,11 @@ impl Identity for IdentityService {
         }))
     }
 
-    /// Ready when weft's API answers.
+    /// Ready when weft's API answers (its OpenAPI document, which needs no
+    /// token: a node plugin holds none).
     async fn probe(&self, _: Request<ProbeRequest>) -> Result<Response<ProbeResponse>, Status> {
         self.api
-            .call("GET", "pools".into(), None)
+            .call("GET", "openapi.json".into(), None)
             .await
             .map_err(|e| crate::errors::status(&e))?;
         Ok(Response::new(ProbeResponse { ready: Some(true) }))

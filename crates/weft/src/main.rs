@@ -411,6 +411,19 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         .map(|spec| cluster::Connected::connect(spec, &token_path))
         .transpose()?;
     let (api_token, token_created) = token::load_or_create(&token_path)?;
+    // The scoped tokens, for the operator to hand out (never printed).
+    let scoped = token::Credentials::of(&api_token).write_scoped(&token_path);
+    match &scoped {
+        Ok(paths) => log::info!(
+            "scoped API tokens: {} (the CSI controller: volume lifecycle), {} (Prometheus, dashboards: reads)",
+            paths[0].display(),
+            paths[1].display()
+        ),
+        Err(error) => log::warn!(
+            "the scoped API tokens were not written beside {}: {error} (they are derived from it: write them where they can go, see docs/SECURITY.md)",
+            token_path.display()
+        ),
+    }
     let member = match connected {
         Some(connected) => {
             let api = (api_scheme, api_bound);

@@ -46,6 +46,52 @@ fn tokens_routes_and_the_openapi_document() {
     assert_eq!(node.token.len(), 64);
     assert!(!node.banner.contains(&node.token), "{}", node.banner);
     assert!(node.banner.contains("api-token (new)"), "{}", node.banner);
+    // The scoped tokens beside it, private: each calls what its role may, and
+    // is answered 403 beyond (reads for Prometheus; volume lifecycle for CSI).
+    let scoped = |suffix: &str| {
+        let path = dir.join("data").join(format!("api-token.{suffix}"));
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "{}", path.display());
+        std::fs::read_to_string(path).unwrap().trim().to_string()
+    };
+    let (read_only, csi) = (scoped("read-only"), scoped("csi"));
+    assert!(!node.banner.contains(&read_only) && !node.banner.contains(&csi));
+    let (status, _) = api(&node, Some(&read_only), "GET", "/api/v1/pools", None);
+    assert_eq!(status, 200);
+    let host = json!({"name": "scoped", "nqn": NQN_A});
+    let (status, error) = api(
+        &node,
+        Some(&read_only),
+        "POST",
+        "/api/v1/hosts",
+        Some(&host.to_string()),
+    );
+    assert_eq!((status, code(&error)), (403, "forbidden"), "{error}");
+    assert!(
+        message(&error).contains("read-only token may not call POST /api/v1/hosts"),
+        "{error}"
+    );
+    let (status, _) = api(
+        &node,
+        Some(&csi),
+        "POST",
+        "/api/v1/hosts",
+        Some(&host.to_string()),
+    );
+    assert_eq!(status, 201);
+    let pool = json!({"name": "p", "devices": [dir.join("d.img")]});
+    let (status, error) = api(
+        &node,
+        Some(&csi),
+        "POST",
+        "/api/v1/pools",
+        Some(&pool.to_string()),
+    );
+    assert_eq!((status, code(&error)), (403, "forbidden"), "{error}");
+    // Only nodes forward calls (a forwarded call skips the cluster's checks).
+    let (status, error) = api(&node, Some(&csi), "GET", "/api/v1/pools?local=1", None);
+    assert_eq!((status, code(&error)), (403, "forbidden"), "{error}");
+    call(&node, "DELETE", "/api/v1/hosts/scoped", None, 200);
     let (status, document) = api(&node, None, "GET", "/api/v1/openapi.json", None);
     assert_eq!(status, 200);
     assert!(document["paths"]["/api/v1/volumes/{volume}/qos"]["patch"].is_object());

@@ -27,13 +27,20 @@ impl Drop for Plugin {
     }
 }
 
+/// The CSI token of `node`'s cluster (derived from its admin token).
+fn csi_token(node: &Node) -> String {
+    let credentials = weft_api::token::Credentials::of(&node.token);
+    credentials.token_of(weft_api::token::Role::Csi).to_string()
+}
+
 fn start_plugin(node: &Node, socket: &Path) -> Plugin {
     let endpoint = format!("unix://{}", socket.display());
     let plugin = Plugin(
         Command::new(WEFT)
             .args(["csi", "--endpoint", &endpoint, "--mode", "controller"])
             .args(["--api", &node.api_url])
-            .env("WEFT_API_TOKEN", &node.token)
+            // The CSI token: what the controller may do is enough.
+            .env("WEFT_API_TOKEN", csi_token(node))
             .stderr(Stdio::null())
             .spawn()
             .unwrap(),
