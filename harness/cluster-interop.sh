@@ -50,7 +50,7 @@ node() { # INDEX: starts node nINDEX (1-based)
     local i=$1 extra=()
     [ "$i" = 1 ] || extra=(--api-token-file "$WORK/n1/api-token")
     # Hosts (the guest) reach the nodes as 10.0.2.2, the nodes each other on loopback.
-    "$WEFT" serve --cluster "$ENDPOINTS" --node "n$i" --advertise 10.0.2.2 \
+    "$WEFT" serve --cluster "$ENDPOINTS" --node "n$i" --insecure-store --advertise 10.0.2.2 \
         --api-advertise "http://127.0.0.1:$((API_PORT + i - 1))" \
         --listen "127.0.0.1:$((NVME_PORT + i - 1))" --api-listen "127.0.0.1:$((API_PORT + i - 1))" \
         --data-dir "$WORK/n$i" "${extra[@]}" > "$WORK/n$i.out" 2>> "$WORK/n$i.log" &

@@ -35,6 +35,7 @@ pub struct ClusterFile {
     lease_ttl_ms: Option<u64>,
     rebuild_mib_per_s: Option<u64>,
     replace_replica_after_s: Option<u64>,
+    insecure_store: Option<bool>,
 }
 
 /// A replica is rebuilt at most this fast by default (MiB/s, per volume).
@@ -77,6 +78,9 @@ pub struct ClusterSpec {
     /// How long a replica's node may be down before the controller (when
     /// this node is it) replaces the replica elsewhere.
     pub replace_replica_after: Duration,
+    /// The operator accepts a store reached without any credential
+    /// (`--insecure-store`): whoever reaches it owns the cluster.
+    pub insecure_store: bool,
 }
 
 impl ClusterFile {
@@ -153,8 +157,28 @@ impl ClusterFile {
             lease_ttl,
             rebuild_bytes_per_s: rebuild_mib_per_s << 20,
             replace_replica_after,
+            insecure_store: self.insecure_store.unwrap_or(false),
         })
     }
+}
+
+/// A store this node reaches without any credential (no etcd user, no
+/// client certificate) lets whoever reaches it own the cluster: refused
+/// unless the operator says so, and then said loudly at every start.
+fn check_store_credential(spec: &ClusterSpec) -> Result<(), String> {
+    if spec.etcd_user.is_some() || spec.etcd_cert.is_some() {
+        return Ok(());
+    }
+    let endpoints = spec.endpoints.join(",");
+    if !spec.insecure_store {
+        return Err(format!(
+            "the cluster store ({endpoints}) would be reached without any credential, and whoever reaches an etcd that asks for none owns the cluster (attaches hosts to volumes, redirects nodes): give weft an etcd user (etcd_user and etcd_password_file in [cluster]) or a client certificate (etcd_ca, etcd_cert, etcd_key), or, on a network nobody else reaches, say --insecure-store (insecure_store = true); see docs/SECURITY.md"
+        ));
+    }
+    log::warn!(
+        "INSECURE: the cluster store ({endpoints}) is reached without any credential (--insecure-store): whoever reaches it can change every volume, host and node record; lock it down (docs/SECURITY.md)"
+    );
+    Ok(())
 }
 
 /// The cluster options of the command line: each replaces the file's.
@@ -170,6 +194,8 @@ pub struct ClusterArgs {
     pub zone: Option<String>,
     /// `--api-advertise URL`.
     pub api_advertise: Option<String>,
+    /// `--insecure-store`.
+    pub insecure_store: bool,
 }
 
 impl ClusterArgs {
@@ -195,14 +221,16 @@ impl ClusterArgs {
                 lease_ttl: DEFAULT_LEASE_TTL,
                 rebuild_bytes_per_s: REBUILD_MIB_PER_S_DEFAULT << 20,
                 replace_replica_after: weft_cluster::agent::REPLACE_AFTER_DEFAULT,
+                insecure_store: false,
             },
             (None, None)
                 if self.node.is_some()
                     || self.advertise.is_some()
                     || self.zone.is_some()
-                    || self.api_advertise.is_some() =>
+                    || self.api_advertise.is_some()
+                    || self.insecure_store =>
             {
-                return Err("--node, --advertise and --zone are for a cluster node: give --cluster ETCD_URLS too".into())
+                return Err("--node, --advertise, --zone and --insecure-store are for a cluster node: give --cluster ETCD_URLS too".into())
             }
             (None, None) => return Ok(None),
         };
@@ -213,6 +241,7 @@ impl ClusterArgs {
             weft_cluster::records::check_node_name(&node).map_err(|m| format!("--node: {m}"))?;
             spec.node = node;
         }
+        spec.insecure_store |= self.insecure_store;
         spec.advertise = self.advertise.or(spec.advertise);
         if let Some(url) = self.api_advertise {
             check_api_url(&url).map_err(|m| format!("--api-advertise: {m}"))?;
@@ -325,6 +354,7 @@ impl Connected {
     /// without a token file of its own (`token_path`) may only start the
     /// cluster: a joining node must be given the cluster's token.
     pub fn connect(spec: &ClusterSpec, token_path: &Path) -> Result<Connected, String> {
+        check_store_credential(spec)?;
         let remote = connect_etcd(spec)?;
         let has_token = remote
             .get(weft_cluster::token::TOKEN_KEY)

@@ -34,7 +34,7 @@ Usage:
   weft serve [--config FILE] [--listen ADDR:PORT]... [--data-dir DIR] [--api-listen ADDR:PORT]
              [--api-token-file FILE] [--reactors N] [--poll-us N] [--log-level LEVEL]
              [--cluster http://ETCD:2379[,...] --node NAME [--advertise ADDR] [--zone ZONE]
-              [--api-advertise URL]]
+              [--api-advertise URL] [--insecure-store]]
 
   weft pool create NAME --device PATH [--device PATH]... [--device-size SIZE]
                         [--allocation-unit SIZE] [--force] [--node NODE]
@@ -141,6 +141,10 @@ Serve options:
   --zone ZONE          this node's failure domain (config: [cluster] zone)
   --api-advertise URL  the URL other nodes call this node's API at (default: the advertised
                        address and the API's port; config: [cluster] api_advertise)
+  --insecure-store     accept an etcd reached without any credential (no etcd user, no
+                       client certificate), on a network nobody else reaches: whoever
+                       reaches such an etcd owns the cluster (config: [cluster]
+                       insecure_store = true); refused without it
   --reactors N         data plane threads (default: one per CPU)
   --poll-us N          after activity, reactors busy-poll N microseconds before
                        sleeping (default 50: a request that follows within that time is
@@ -256,6 +260,7 @@ fn parse_args() -> Result<Command, String> {
                     Some(cluster::parse_advertise(&text).map_err(|m| format!("--advertise: {m}"))?);
             }
             Long("zone") => args.cluster.zone = Some(string_value(&mut parser, "--zone")?),
+            Long("insecure-store") => args.cluster.insecure_store = true,
             Long("api-advertise") => {
                 args.cluster.api_advertise = Some(string_value(&mut parser, "--api-advertise")?)
             }

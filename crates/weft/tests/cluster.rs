@@ -72,14 +72,27 @@ fn three_nodes_share_one_desired_state_in_etcd() {
     let ports = [free_port(), free_port(), free_port()];
     let n1 = node(&dir, "n1", ports[0], &endpoints, None);
     let token_file = dir.join("n1").join("api-token");
-    // A node without the cluster's token is refused, saying what to do.
-    let output = std::process::Command::new(WEFT)
-        .args(["serve", "--cluster", &endpoints, "--node", "n9", "--listen"])
-        .arg(format!("127.0.0.1:{}", free_port()))
-        .args(["--api-listen", "127.0.0.1:0", "--data-dir"])
-        .arg(dir.join("n9"))
-        .output()
-        .unwrap();
+    // A store reached without any credential is refused unless the
+    // operator says so; a node without the cluster's token is refused;
+    // each saying what to do.
+    let serve_n9 = |extra: &[&str]| {
+        std::process::Command::new(WEFT)
+            .args(["serve", "--cluster", &endpoints, "--node", "n9", "--listen"])
+            .arg(format!("127.0.0.1:{}", free_port()))
+            .args(["--api-listen", "127.0.0.1:0", "--data-dir"])
+            .arg(dir.join("n9"))
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let output = serve_n9(&[]);
+    let errors = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(
+        errors.contains("without any credential") && errors.contains("--insecure-store"),
+        "{errors}"
+    );
+    let output = serve_n9(&["--insecure-store"]);
     let errors = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success());
     assert!(errors.contains("--api-token-file"), "{errors}");
@@ -424,8 +437,15 @@ fn an_unreachable_store_at_start_is_named() {
     let endpoint = format!("http://127.0.0.1:{}", free_port());
     let start = Instant::now();
     let output = std::process::Command::new(WEFT)
-        .args(["serve", "--cluster", &endpoint, "--node", "n1", "--listen"])
-        .arg(format!("127.0.0.1:{}", free_port()))
+        .args([
+            "serve",
+            "--cluster",
+            &endpoint,
+            "--node",
+            "n1",
+            "--insecure-store",
+        ])
+        .args(["--listen", &format!("127.0.0.1:{}", free_port())])
         .args(["--api-listen", "127.0.0.1:0", "--data-dir"])
         .arg(&dir)
         .output()

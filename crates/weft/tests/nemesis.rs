@@ -262,9 +262,10 @@ impl Cluster {
         // An earlier version knows no peer_advertise: its peers reach it
         // at its listener, past the proxy (no partition between nodes).
         let old = self.old_binary.as_deref().filter(|_| self.slots[i].old);
+        // Nor insecure_store: it took any store (the tests' etcd asks for no credential).
         let peer = match old {
             Some(_) => String::new(),
-            None => format!("peer_advertise = {:?}\n", node_ip(i)),
+            None => format!("peer_advertise = {:?}\ninsecure_store = true\n", node_ip(i)),
         };
         let table = format!(
             "[cluster]\nendpoints = [{}]\nnode = {name:?}\nadvertise = {ip:?}\n{peer}lease_ttl_ms = 2000\n",

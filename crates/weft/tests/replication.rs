@@ -34,7 +34,7 @@ fn node_configured(
     let config = dir.join(format!("{name}.toml"));
     let urls: Vec<String> = endpoints.split(',').map(|e| format!("{e:?}")).collect();
     let table = format!(
-        "[cluster]\nendpoints = [{}]\nnode = {name:?}\n{cluster}\n",
+        "[cluster]\nendpoints = [{}]\nnode = {name:?}\ninsecure_store = true\n{cluster}\n",
         urls.join(", ")
     );
     std::fs::write(&config, table).unwrap();
