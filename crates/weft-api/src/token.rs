@@ -147,11 +147,7 @@ fn derived(admin: &str, role: Role) -> String {
         .expect("HMAC takes a key of any length");
     mac.update(b"weft api token:");
     mac.update(role.file_suffix().as_bytes());
-    mac.finalize()
-        .into_bytes()
-        .iter()
-        .map(|byte| format!("{byte:02x}"))
-        .collect()
+    weft_node::identity::hex(&mac.finalize().into_bytes())
 }
 
 /// Reads the token at `path`, creating it first if absent; the flag says

@@ -19,16 +19,6 @@ const CONNECTIONS: usize = 4;
 const PIPELINED: u16 = 24;
 const TRANSFER_BYTES: u32 = 1 << 20;
 
-fn resident_bytes() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let line = status
-        .lines()
-        .find(|line| line.starts_with("VmRSS:"))
-        .unwrap();
-    let kib: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
-    kib << 10
-}
-
 /// Get Log Page of the discovery log, `TRANSFER_BYTES` long.
 fn get_discovery_log(cid: u16) -> [u8; 64] {
     let mut command = testing::sqe(admin_opcode::GET_LOG_PAGE, cid, 0, TRANSFER_BYTES, false);
@@ -51,7 +41,7 @@ fn pipelined_large_discovery_log_reads_hold_no_memory_beyond_the_page() {
             client
         })
         .collect();
-    let before = resident_bytes();
+    let before = support::resident_bytes();
     for client in &mut clients {
         for cid in 0..PIPELINED {
             let command = get_discovery_log(100 + cid);
@@ -60,7 +50,7 @@ fn pipelined_large_discovery_log_reads_hold_no_memory_beyond_the_page() {
     }
     // The reactor takes them all (and blocks on the sockets nobody reads).
     std::thread::sleep(Duration::from_millis(500));
-    let grown = resident_bytes().saturating_sub(before);
+    let grown = support::resident_bytes().saturating_sub(before);
     let asked = CONNECTIONS as u64 * u64::from(PIPELINED) * u64::from(TRANSFER_BYTES);
     assert!(
         grown < asked / 8,

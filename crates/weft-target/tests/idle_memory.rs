@@ -14,16 +14,6 @@ use weft_proto::testing;
 
 const CONNECTIONS: usize = 1000;
 
-fn resident_bytes() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let line = status
-        .lines()
-        .find(|line| line.starts_with("VmRSS:"))
-        .unwrap();
-    let kib: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
-    kib << 10
-}
-
 #[test]
 fn a_thousand_idle_connections_hold_less_than_100_mib() {
     // As many discovery controllers from this one address as the test makes.
@@ -37,12 +27,12 @@ fn a_thousand_idle_connections_hold_less_than_100_mib() {
     let (connect, data) = testing::connect_command(1, 0, 31, 0, 0xFFFF, DISCOVERY_NQN);
     assert_eq!(first.command(&connect, &data).1.status(), Status::SUCCESS);
     std::thread::sleep(Duration::from_millis(200));
-    let before = resident_bytes();
+    let before = support::resident_bytes();
     let clients: Vec<_> = (0..CONNECTIONS)
         .map(|_| support::Client::connect(address, false, false))
         .collect();
     std::thread::sleep(Duration::from_millis(200));
-    let grown = resident_bytes().saturating_sub(before);
+    let grown = support::resident_bytes().saturating_sub(before);
     println!(
         "{CONNECTIONS} idle connections: {} KiB resident more, {} KiB each (both ends of each socket in this process)",
         grown >> 10,
@@ -55,7 +45,7 @@ fn a_thousand_idle_connections_hold_less_than_100_mib() {
     );
     // A discovery controller on 200 of them (below the subsystem's 256),
     // each having read the discovery log once.
-    let before = resident_bytes();
+    let before = support::resident_bytes();
     let connected = 200;
     let mut discovering = Vec::new();
     for mut client in clients.into_iter().take(connected) {
@@ -69,7 +59,7 @@ fn a_thousand_idle_connections_hold_less_than_100_mib() {
         discovering.push(client);
     }
     std::thread::sleep(Duration::from_millis(200));
-    let each = resident_bytes().saturating_sub(before) / connected as u64;
+    let each = support::resident_bytes().saturating_sub(before) / connected as u64;
     println!(
         "a discovery controller and its log read: {} KiB more each",
         each >> 10

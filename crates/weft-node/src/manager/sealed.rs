@@ -72,12 +72,11 @@ impl Seal {
                 &mut sealed,
             )
             .expect("a secret is far shorter than ChaCha20-Poly1305's limit");
-        let hex: String = nonce
-            .iter()
-            .chain(&sealed)
-            .map(|byte| format!("{byte:02x}"))
-            .collect();
-        format!("{SEALED}{hex}")
+        format!(
+            "{SEALED}{}{}",
+            crate::identity::hex(&nonce),
+            crate::identity::hex(&sealed)
+        )
     }
 
     /// Host `host`'s secret as stored: opened if sealed, as it is if an

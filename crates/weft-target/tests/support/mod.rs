@@ -23,6 +23,17 @@ use weft_target::{Backend, DataPlane, Exports, Health, NamespaceDevice, PeerLimi
 pub const RAM_BYTES: u64 = 16 << 20;
 pub const FILE_BYTES: u64 = 16 << 20;
 
+/// This process's resident memory, in bytes (VmRSS).
+pub fn resident_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status
+        .lines()
+        .find(|line| line.starts_with("VmRSS:"))
+        .unwrap();
+    let kib: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    kib << 10
+}
+
 /// Starts a data plane serving until the test process exits; returns its address.
 /// Retries `done` until it holds (5 s at most): a reactor acts on what it
 /// is sent when it next wakes.
