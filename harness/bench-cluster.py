@@ -135,6 +135,8 @@ class Cluster:
         return answer
 
     def stop(self):
+        """Stops every process, then removes what they stored (pools, etcd's data): a
+        benchmark leaves gigabytes otherwise. The logs and configs stay."""
         for process in reversed(self.processes):
             process.send_signal(signal.SIGTERM)
         for process in self.processes:
@@ -142,6 +144,9 @@ class Cluster:
                 process.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 process.kill()
+                process.wait()
+        for data in ["etcd"] + [node["name"] for node in self.nodes]:
+            shutil.rmtree(os.path.join(self.work, data), ignore_errors=True)
 
 
 def rss_kib(pid):

@@ -34,7 +34,8 @@ fi
 NQN=nqn.2026-11.io.weft:bench
 . harness/lib.sh
 pids=()
-trap 'kill "${pids[@]}" 2>/dev/null; wait 2>/dev/null' EXIT
+# The 1 GiB file goes too: left behind, benchmarks fill a CI machine's disk.
+trap 'kill "${pids[@]}" 2>/dev/null; wait 2>/dev/null; rm -f "$FILE"' EXIT
 serve() { # NAME PORT REACTORS...
     local name=$1 port=$2; shift 2
     bench_config "$DIR/$name.toml" "$DIR/$name-data" "$port" "$FILE"

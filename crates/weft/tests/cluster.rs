@@ -447,7 +447,7 @@ fn an_unreachable_store_at_start_is_named() {
         ])
         .args(["--listen", &format!("127.0.0.1:{}", free_port())])
         .args(["--api-listen", "127.0.0.1:0", "--data-dir"])
-        .arg(&dir)
+        .arg(&*dir)
         .output()
         .unwrap();
     let errors = String::from_utf8_lossy(&output.stderr);

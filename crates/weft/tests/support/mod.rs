@@ -289,13 +289,38 @@ pub fn refused(node: &Node, args: &[&str]) -> String {
 /// A fresh directory under the temp dir, unique to this test process.
 /// Those that finished test processes left under the same name go first:
 /// a cluster test's etcd data alone is over 100 MiB, and runs add up.
-pub fn temp_dir(name: &str) -> std::path::PathBuf {
+pub fn temp_dir(name: &str) -> TempDir {
     let prefix = format!("weft-test-{name}-");
     remove_left_behind(&prefix);
     let dir = std::env::temp_dir().join(format!("{prefix}{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    dir
+    TempDir(dir)
+}
+
+/// A test's directory: removed when the test passes (declared first, it is
+/// dropped after the processes using it), kept with its logs when it fails.
+pub struct TempDir(std::path::PathBuf);
+
+impl std::ops::Deref for TempDir {
+    type Target = std::path::Path;
+    fn deref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl AsRef<std::path::Path> for TempDir {
+    fn as_ref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
 }
 
 /// Removes the temp dir's `PREFIX<pid>` directories of processes gone, if
