@@ -12,6 +12,9 @@
 # multipath resumes on the promoted replica with no I/O error, and everything written reads back.
 # Then the same through a hung primary (SIGSTOP/SIGCONT: "stop nI" / "cont nI"), a replica's
 # death, a node drain, and ext4 on the volume through a kill mid-write.
+# Set up as the README says: the cluster's own CA (`weft cluster init`), etcd over TLS asking
+# every client for a certificate from it, and each node started with its own (`--pki`), its
+# API over TLS (the guest calls it with the CA, WEFT_API_CA).
 # Usage: harness/cluster-interop.sh [--weft BIN]   (as root; the guest image is built once)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -44,14 +47,21 @@ cleanup() {
     harness/etcd.sh stop "$WORK/etcd" >/dev/null 2>&1 || true
 }
 trap cleanup EXIT
-ENDPOINTS=$(WEFT_ETCD_PORT_BASE=23850 harness/etcd.sh start 1 "$WORK/etcd")
+PKI=$WORK/pki
+"$WEFT" cluster init --pki "$PKI" > /dev/null
+for i in 1 2 3; do
+    # The guest reaches the nodes' APIs at 10.0.2.2: their certificates name it.
+    "$WEFT" cluster issue "n$i" --pki "$PKI" --address 10.0.2.2 > /dev/null
+done
+cp "$PKI/ca.crt" "$SHARE/ca.crt"
+ENDPOINTS=$(WEFT_ETCD_PKI=$PKI WEFT_ETCD_PORT_BASE=23850 harness/etcd.sh start 1 "$WORK/etcd")
 
 node() { # INDEX: starts node nINDEX (1-based)
     local i=$1 extra=()
     [ "$i" = 1 ] || extra=(--api-token-file "$WORK/n1/api-token")
     # Hosts (the guest) reach the nodes as 10.0.2.2, the nodes each other on loopback.
-    "$WEFT" serve --cluster "$ENDPOINTS" --node "n$i" --insecure-store --advertise 10.0.2.2 \
-        --api-advertise "http://127.0.0.1:$((API_PORT + i - 1))" \
+    "$WEFT" serve --cluster "$ENDPOINTS" --node "n$i" --pki "$PKI/nodes/n$i" --advertise 10.0.2.2 \
+        --api-advertise "https://127.0.0.1:$((API_PORT + i - 1))" \
         --listen "127.0.0.1:$((NVME_PORT + i - 1))" --api-listen "127.0.0.1:$((API_PORT + i - 1))" \
         --data-dir "$WORK/n$i" "${extra[@]}" > "$WORK/n$i.out" 2>> "$WORK/n$i.log" &
     PIDS+=($!)
@@ -66,7 +76,7 @@ node 2
 PID_OF[n2]=${PIDS[-1]}
 node 3
 PID_OF[n3]=${PIDS[-1]}
-cli() { WEFT_API=127.0.0.1:$API_PORT WEFT_API_TOKEN=$(cat "$WORK/n1/api-token") "$WEFT" "$@"; }
+cli() { WEFT_API=https://127.0.0.1:$API_PORT WEFT_API_CA=$PKI/ca.crt WEFT_API_TOKEN=$(cat "$WORK/n1/api-token") "$WEFT" "$@"; }
 for i in 1 2 3; do
     cli pool create p --node "n$i" --device "$WORK/n$i/p.img" --device-size 1GiB >/dev/null
     cli volume create "v$i" --size 64MiB --node "n$i" >/dev/null

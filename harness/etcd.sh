@@ -13,6 +13,9 @@
 # Ports come from a base, WEFT_ETCD_PORT_BASE (default 23790): member i serves clients on
 # BASE+2i and its peers on BASE+2i+1. Elections are fast (50 ms heartbeats, 500 ms election
 # timeout), for tests on one machine. Everything but the URL list goes to stderr.
+# WEFT_ETCD_PKI=DIR (a cluster CA's directory, `weft cluster init --pki DIR`): clients and
+# peers over TLS with etcd's certificate from it, and every client must present a
+# certificate from that CA (--client-cert-auth); the URLs printed are then https://.
 set -euo pipefail
 
 usage() {
@@ -55,10 +58,21 @@ start() {
     else
         base=${WEFT_ETCD_PORT_BASE:-23790}
     fi
-    local i cluster="" clients=()
+    local i cluster="" clients=() scheme=http tls=() ctl_tls=()
+    if [ -n "${WEFT_ETCD_PKI:-}" ]; then
+        local pki
+        pki=$(cd "$WEFT_ETCD_PKI" && pwd)
+        scheme=https
+        tls=(--cert-file "$pki/etcd.crt" --key-file "$pki/etcd.key" --client-cert-auth
+             --trusted-ca-file "$pki/ca.crt"
+             --peer-cert-file "$pki/etcd.crt" --peer-key-file "$pki/etcd.key"
+             --peer-client-cert-auth --peer-trusted-ca-file "$pki/ca.crt")
+        # etcd's certificate is a client's too (its peers present it).
+        ctl_tls=(--cacert "$pki/ca.crt" --cert "$pki/etcd.crt" --key "$pki/etcd.key")
+    fi
     for ((i = 0; i < count; i++)); do
-        cluster+="${cluster:+,}m$i=http://127.0.0.1:$((base + 2 * i + 1))"
-        clients+=("http://127.0.0.1:$((base + 2 * i))")
+        cluster+="${cluster:+,}m$i=$scheme://127.0.0.1:$((base + 2 * i + 1))"
+        clients+=("$scheme://127.0.0.1:$((base + 2 * i))")
     done
     for ((i = 0; i < count; i++)); do
         if running "$dir/m$i.pid"; then
@@ -75,7 +89,7 @@ start() {
     echo "$base" > "$dir/port-base"
     echo "$count" > "$dir/members"
     for ((i = 0; i < count; i++)); do
-        local client="http://127.0.0.1:$((base + 2 * i))" peer="http://127.0.0.1:$((base + 2 * i + 1))"
+        local client="$scheme://127.0.0.1:$((base + 2 * i))" peer="$scheme://127.0.0.1:$((base + 2 * i + 1))"
         # setsid: the members outlive this script and the terminal it ran in.
         setsid etcd --name "m$i" --data-dir "$dir/m$i" \
             --listen-client-urls "$client" --advertise-client-urls "$client" \
@@ -83,14 +97,14 @@ start() {
             --initial-cluster "$cluster" --initial-cluster-state new \
             --initial-cluster-token "weft-$base" \
             --heartbeat-interval 50 --election-timeout 500 \
-            --logger zap --log-outputs stderr \
+            --logger zap --log-outputs stderr "${tls[@]}" \
             </dev/null >>"$dir/m$i.log" 2>&1 &
         echo $! > "$dir/m$i.pid"
     done
     local endpoints
     endpoints=$(IFS=,; echo "${clients[*]}")
     for _ in $(seq 200); do
-        if ETCDCTL_API=3 etcdctl --endpoints "$endpoints" --dial-timeout 1s endpoint health \
+        if ETCDCTL_API=3 etcdctl --endpoints "$endpoints" --dial-timeout 1s "${ctl_tls[@]}" endpoint health \
             >/dev/null 2>&1; then
             echo "etcd.sh: $count member(s) running from $dir" >&2
             echo "$endpoints"

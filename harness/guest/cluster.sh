@@ -23,7 +23,7 @@ FAILS=0
 ok() { echo "  ok: $*"; }
 fail() { echo "FAIL: $*"; FAILS=$((FAILS + 1)); }
 weft_cli() {
-    WEFT_API=$ADDR:$API_PORT WEFT_API_TOKEN=$(cat "$LAB_SHARE/api-token") \
+    WEFT_API=https://$ADDR:$API_PORT WEFT_API_CA=$LAB_SHARE/ca.crt WEFT_API_TOKEN=$(cat "$LAB_SHARE/api-token") \
         timeout 120 "$WEFT_DIR/target/release/weft" "$@"
 }
 modprobe nvme-tcp
@@ -95,7 +95,7 @@ dmesg | grep -qiE "I/O error|duplicate cntlid|IDs don't match" && fail "kernel e
 echo "=== failover: fio writes to rep while its primary's node is killed"
 weft_on() { # INDEX ARGS: the CLI against node INDEX's API (1-based)
     local i=$1; shift
-    WEFT_API=$ADDR:$((API_PORT + i - 1)) WEFT_API_TOKEN=$(cat "$LAB_SHARE/api-token") \
+    WEFT_API=https://$ADDR:$((API_PORT + i - 1)) WEFT_API_CA=$LAB_SHARE/ca.crt WEFT_API_TOKEN=$(cat "$LAB_SHARE/api-token") \
         timeout 60 "$WEFT_DIR/target/release/weft" "$@"
 }
 request() { # VERB NODE: the host kills or starts a node; waits until it did

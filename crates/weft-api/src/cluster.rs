@@ -8,8 +8,12 @@
 //! node chosen. Nodes themselves (`nodes/...`) are records in the store,
 //! read and changed here.
 //!
-//! Nodes call each other with the cluster's API token (one for the
-//! cluster: weft-cluster's `token`), over the API address each advertises.
+//! Nodes call each other over the API address each advertises: with their
+//! certificates from the cluster's CA when they have them (weft-cluster's
+//! `pki`: over TLS only, each end checking that the other's certificate
+//! names the node it is, so that a member record pointed elsewhere
+//! redirects nothing), else with the cluster's API token (weft-cluster's
+//! `token`).
 //!
 //! What it does not do: hold state (the store does) or create anything
 //! itself (the owning node's volume manager does).
@@ -49,6 +53,16 @@ const LOCAL_MARK: &str = "local=1";
 pub struct Cluster {
     store: Arc<dyn Store>,
     node: String,
+    identity: Option<http::tls::NodeIdentity>,
+}
+
+/// How a node proves itself when it calls another.
+#[derive(Clone, Copy)]
+pub(crate) enum Credential<'a> {
+    /// The cluster's admin token (nodes without certificates).
+    Token(&'a str),
+    /// Its certificate from the cluster's CA.
+    Certificate(&'a http::tls::NodeIdentity),
 }
 
 impl std::fmt::Debug for Cluster {
@@ -90,7 +104,35 @@ impl Cluster {
         Cluster {
             store,
             node: node.to_string(),
+            identity: None,
         }
+    }
+
+    /// With this node's certificate from the cluster's CA: it calls the
+    /// other nodes with it, over TLS only, and only they may forward calls.
+    pub fn with_identity(mut self, identity: http::tls::NodeIdentity) -> Cluster {
+        self.identity = Some(identity);
+        self
+    }
+
+    /// Whether nodes prove themselves with certificates (not the token).
+    pub(crate) fn nodes_have_certificates(&self) -> bool {
+        self.identity.is_some()
+    }
+
+    /// How this node proves itself to another: its certificate if it has
+    /// one, else `token`.
+    pub(crate) fn credential<'a>(&'a self, token: &'a str) -> Credential<'a> {
+        match &self.identity {
+            Some(identity) => Credential::Certificate(identity),
+            None => Credential::Token(token),
+        }
+    }
+
+    /// Whether `node` (named by a verified certificate) is a member now: a
+    /// node removed keeps its certificate until it expires, not its place.
+    pub(crate) fn is_member(&self, node: &str) -> bool {
+        nodes::get(self.store.as_ref(), node).is_ok()
     }
 
     /// This node's name.
@@ -395,7 +437,7 @@ impl Cluster {
         node: &str,
         request: &Request,
         body: Option<&[u8]>,
-        token: &str,
+        credential: Credential<'_>,
     ) -> Response {
         let view = match nodes::get(self.store.as_ref(), node) {
             Ok(view) => view,
@@ -409,7 +451,7 @@ impl Cluster {
                 &format!("start weft on {node} again (its data dir keeps everything); `weft node list` shows the nodes"),
             );
         }
-        call_node(&view, request, body.or(Some(&request.body)), token)
+        call_node(&view, request, body.or(Some(&request.body)), credential)
     }
 
     /// Merges a list (`volumes` or `pools`) from every node that is up;
@@ -420,7 +462,7 @@ impl Cluster {
         pattern: &str,
         request: &Request,
         local: Value,
-        token: &str,
+        credential: Credential<'_>,
     ) -> Response {
         let nodes = match nodes::list(self.store.as_ref()) {
             Ok(nodes) => nodes,
@@ -432,7 +474,7 @@ impl Cluster {
             if *name == self.node || !view.is_alive() {
                 continue;
             }
-            match call_node(view, request, None, token) {
+            match call_node(view, request, None, credential) {
                 (200, Value::Array(theirs)) => {
                     items.extend(theirs);
                     answered.insert(name.clone());
@@ -610,9 +652,14 @@ fn query_value<'a>(query: &'a str, name: &str) -> Option<&'a str> {
 }
 
 /// Calls node `view`'s API with `request` marked as forwarded.
-fn call_node(view: &NodeView, request: &Request, body: Option<&[u8]>, token: &str) -> Response {
+fn call_node(
+    view: &NodeView,
+    request: &Request,
+    body: Option<&[u8]>,
+    credential: Credential<'_>,
+) -> Response {
     let timeout = forward_timeout(&request.method);
-    call_node_within(view, request, body, token, timeout)
+    call_node_within(view, request, body, credential, timeout)
 }
 
 /// How long a forwarded call of `method` may wait.
@@ -629,7 +676,7 @@ fn call_node_within(
     view: &NodeView,
     request: &Request,
     body: Option<&[u8]>,
-    token: &str,
+    credential: Credential<'_>,
     timeout: Duration,
 ) -> Response {
     let node = &view.member.name;
@@ -642,9 +689,15 @@ fn call_node_within(
             "check that weft runs on it and that this node reaches its API address (--advertise)",
         )
     };
-    let endpoint = match http::Endpoint::parse(api, None) {
-        Ok(endpoint) => endpoint,
-        Err(error) => return unreachable(error),
+    let (endpoint, token) = match credential {
+        Credential::Token(token) => match http::Endpoint::parse(api, None) {
+            Ok(endpoint) => (endpoint, Some(token)),
+            Err(error) => return unreachable(error),
+        },
+        Credential::Certificate(identity) => match node_endpoint(node, api, identity) {
+            Ok(endpoint) => (endpoint, None),
+            Err(response) => return response,
+        },
     };
     let query = if request.query.is_empty() {
         LOCAL_MARK.to_string()
@@ -653,14 +706,7 @@ fn call_node_within(
     };
     let path = format!("{}?{query}", request.path);
     let body = body.filter(|_| request.method != "GET");
-    match http::call(
-        &endpoint,
-        Some(token),
-        &request.method,
-        &path,
-        body,
-        timeout,
-    ) {
+    match http::call(&endpoint, token, &request.method, &path, body, timeout) {
         Ok((status, bytes)) => match serde_json::from_slice(&bytes) {
             Ok(value) => (status, value),
             Err(error) => unreachable(format!("its answer is not JSON: {error}")),
@@ -670,6 +716,31 @@ fn call_node_within(
         }
         Err(error) => unreachable(error.to_string()),
     }
+}
+
+/// Node `node`'s API at `api` for a node with a certificate: over TLS
+/// only, trusting the cluster's CA only, the server's certificate naming
+/// `node` (whatever address the member record gives).
+fn node_endpoint(
+    node: &str,
+    api: &str,
+    identity: &http::tls::NodeIdentity,
+) -> Result<http::Endpoint, Response> {
+    let Some(address) = api.strip_prefix("https://") else {
+        return Err(failure(
+            502,
+            "node_not_tls",
+            &format!("node {node} advertises its API at {api}, not over TLS: nodes with certificates call each other over https only"),
+            &format!("start {node} with its certificates (--pki DIR, `weft cluster issue {node}`)"),
+        ));
+    };
+    let client = identity
+        .client_for(&weft_cluster::pki::node_identity(node))
+        .map_err(|error| failure(502, "node_unreachable", &error, "check the node's name"))?;
+    Ok(http::Endpoint {
+        address: address.trim_end_matches('/').to_string(),
+        tls: Some(client),
+    })
 }
 
 /// Adds `"node": NODE` to a view or to each view of a list.
@@ -823,7 +894,8 @@ mod tests {
         };
         let timeout = Duration::from_millis(200);
         let started = Instant::now();
-        let (status, body) = call_node_within(&view, &request, None, "token", timeout);
+        let credential = Credential::Token("token");
+        let (status, body) = call_node_within(&view, &request, None, credential, timeout);
         let took = started.elapsed();
         assert_eq!(status, 502);
         assert!(

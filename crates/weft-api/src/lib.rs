@@ -177,7 +177,7 @@ pub fn start(
                         let _place = place;
                         let head_read = move || deadline.allow(limits.request_timeout);
                         match tls {
-                            None => serve_connection(stream, &api, head_read),
+                            None => serve_connection(stream, &api, head_read, |_| None),
                             Some(tls) => serve_tls_connection(stream, &tls, &api, head_read),
                         }
                     });
@@ -207,15 +207,28 @@ fn serve_tls_connection(
         return;
     }
     if let Ok(stream) = tls.accept(stream) {
-        serve_connection(stream, api, head_read);
+        serve_connection(stream, api, head_read, |stream| {
+            http::tls::client_names(&stream.conn)
+                .iter()
+                .find_map(|name| weft_cluster::pki::node_named(name))
+                .map(str::to_string)
+        });
     }
 }
 
-/// Serves one request; `head_read` is called once its head is in.
-fn serve_connection(mut stream: impl Read + Write, api: &Api, head_read: impl FnOnce()) {
-    let (status, body) = match http::read_request_after_head(&mut stream, head_read) {
+/// Serves one request; `head_read` is called once its head is in;
+/// `peer_node` names the node whose certificate the client presented.
+fn serve_connection<S: Read + Write>(
+    mut stream: S,
+    api: &Api,
+    head_read: impl FnOnce(),
+    peer_node: impl FnOnce(&S) -> Option<String>,
+) {
+    let request = http::read_request_after_head(&mut stream, head_read);
+    let peer = peer_node(&stream);
+    let (status, body) = match request {
         Ok(request) if request.path == "/metrics" && request.method == "GET" => {
-            match api.metrics(&request) {
+            match api.caller(&request, peer.as_deref()).and_then(|_| api.metrics()) {
                 Ok(text) => {
                     let content_type = "text/plain; version=0.0.4";
                     let _ = http::write_response(&mut stream, 200, content_type, text.as_bytes());
@@ -224,7 +237,7 @@ fn serve_connection(mut stream: impl Read + Write, api: &Api, head_read: impl Fn
                 Err(response) => response,
             }
         }
-        Ok(request) => api.handle(&request),
+        Ok(request) => api.handle(&request, peer.as_deref()),
         Err(error) if http::is_timeout(&error) => failure(
             408,
             "request_timeout",
@@ -243,8 +256,16 @@ fn serve_connection(mut stream: impl Read + Write, api: &Api, head_read: impl Fn
 
 type Response = (u16, Value);
 
+/// Who calls the API.
+enum Caller {
+    /// A client with this bearer token's role.
+    Token(token::Role),
+    /// The cluster's node of this name, by its certificate.
+    Node(String),
+}
+
 impl Api {
-    fn handle(&self, request: &Request) -> Response {
+    fn handle(&self, request: &Request, peer_node: Option<&str>) -> Response {
         let Some(relative) = request.path.strip_prefix("/api/v1/") else {
             return no_route(request);
         };
@@ -263,17 +284,38 @@ impl Api {
         if pattern == "openapi.json" {
             return (200, serde_json::from_str(OPENAPI).expect("valid document"));
         }
-        match self.authorize(request) {
-            Ok(role) if !role.allows(&request.method, pattern) => {
+        // Only nodes forward calls: a call marked as forwarded skips the
+        // cluster's own checks (where a volume lives, placement). Nodes with
+        // certificates forward with them, and then no token may.
+        let forwarded = cluster::is_forwarded(request);
+        let certified = self
+            .cluster
+            .as_ref()
+            .is_some_and(cluster::Cluster::nodes_have_certificates);
+        let caller = match self.caller(request, peer_node) {
+            Ok(caller) => caller,
+            Err(response) => return response,
+        };
+        match caller {
+            Caller::Node(node) if !forwarded => {
+                return failure(
+                    403,
+                    "forbidden",
+                    &format!(
+                    "node {node}'s certificate may only forward calls (local=1), not call {} {}",
+                    request.method, request.path
+                ),
+                    "call with a token (--api-token-file)",
+                )
+            }
+            Caller::Node(_) => {}
+            Caller::Token(role) if !role.allows(&request.method, pattern) => {
                 return forbidden(role, &request.method, &request.path)
             }
-            // Only nodes forward calls: a call marked as forwarded skips
-            // the cluster's own checks (where a volume lives, placement).
-            Ok(role) if role != token::Role::Admin && cluster::is_forwarded(request) => {
+            Caller::Token(role) if forwarded && (certified || role != token::Role::Admin) => {
                 return forbidden(role, &request.method, "a forwarded call (local=1)")
             }
-            Ok(_) => {}
-            Err(response) => return response,
+            Caller::Token(_) => {}
         }
         let mut body = None;
         if pattern.starts_with("nodes") {
@@ -290,14 +332,15 @@ impl Api {
                         &node,
                         request,
                         replaced.as_deref(),
-                        self.credentials.admin(),
+                        cluster.credential(self.credentials.admin()),
                     )
                 }
                 cluster::Route::Gather => {
                     return match self.read(&request.method, pattern, &params) {
                         Some(Ok(local)) => {
                             let local = cluster::tag_node(local, cluster.node());
-                            cluster.gather(pattern, request, local, self.credentials.admin())
+                            let credential = cluster.credential(self.credentials.admin());
+                            cluster.gather(pattern, request, local, credential)
                         }
                         Some(Err(error)) => admin_failure(&error),
                         None => unreachable!("gathered routes are reads"),
@@ -309,7 +352,8 @@ impl Api {
                         let (status, answer) = if node == cluster.node() {
                             self.local_call(pattern, &params, request, &request.body)
                         } else {
-                            cluster.forward(node, request, None, self.credentials.admin())
+                            let credential = cluster.credential(self.credentials.admin());
+                            cluster.forward(node, request, None, credential)
                         };
                         // A replica that was never created is no obstacle.
                         let missing = status == 404 && *node != primary;
@@ -414,10 +458,26 @@ impl Api {
         })
     }
 
-    /// The Prometheus exposition.
-    fn metrics(&self, request: &Request) -> Result<String, Response> {
-        self.authorize(request)?;
+    /// The Prometheus exposition (any caller).
+    fn metrics(&self) -> Result<String, Response> {
         Ok(self.status.prometheus())
+    }
+
+    /// Who calls: the node whose certificate (from the cluster's CA) the
+    /// client presented, if that node is a member, else the bearer token's role.
+    fn caller(&self, request: &Request, peer_node: Option<&str>) -> Result<Caller, Response> {
+        if let (Some(node), Some(cluster)) = (peer_node, &self.cluster) {
+            if !cluster.is_member(node) {
+                return Err(failure(
+                    403,
+                    "forbidden",
+                    &format!("node {node} is not a member of this cluster"),
+                    "a node removed from the cluster joins again as a new one",
+                ));
+            }
+            return Ok(Caller::Node(node.to_string()));
+        }
+        self.authorize(request).map(Caller::Token)
     }
 
     fn authorize(&self, request: &Request) -> Result<token::Role, Response> {

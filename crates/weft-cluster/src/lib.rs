@@ -17,6 +17,8 @@
 //! - [`replica_members`]: adding, removing and replacing a replicated
 //!   volume's replicas.
 //! - [`token`]: one API token for every node.
+//! - [`pki`]: the cluster's certificate authority and the nodes'
+//!   certificates it issues.
 //! - [`agent`]: the thread that runs a node's heartbeats.
 //!
 //! Everything but [`agent`] is synchronous calls on a [`weft_control::Store`]
@@ -32,6 +34,7 @@ pub mod election;
 pub mod lease;
 pub mod membership;
 pub mod nodes;
+pub mod pki;
 pub mod placement;
 pub mod records;
 pub mod replica_members;

@@ -108,10 +108,12 @@ fn reconcile(manager: &ManagerHandle) {
     }
 }
 
-/// Keeps the discovery log's referrals on the other nodes that are up:
-/// called when members change, it tells `manager` only when they differ
-/// from what it last told. Nodes that are down are left out (a host's
-/// `nvme connect-all` would wait for each).
+/// Keeps the discovery log's referrals on the other nodes that are up, and
+/// the other nodes' names and addresses (for whom replica subsystems and
+/// the controllers kept for nodes are): called when members change, it
+/// tells `manager` only when they differ from what it last told. Nodes
+/// that are down are left out of the referrals (a host's `nvme
+/// connect-all` would wait for each).
 ///
 /// Which nodes: nvme-cli's `connect-all` follows referrals recursively and
 /// skips discovery controllers it is connected to, but disconnects each
@@ -126,7 +128,8 @@ pub fn referral_keeper(
     own: String,
     manager: ManagerHandle,
 ) -> impl Fn() + Send + 'static {
-    let told: Mutex<Option<(Vec<SocketAddr>, Vec<String>)>> = Mutex::new(None);
+    type Told = (Vec<SocketAddr>, Vec<String>, Vec<std::net::IpAddr>);
+    let told: Mutex<Option<Told>> = Mutex::new(None);
     move || {
         let nodes = match weft_cluster::nodes::list(store.as_ref()) {
             Ok(nodes) => nodes,
@@ -141,19 +144,37 @@ pub fn referral_keeper(
             .collect();
         referrals.sort();
         let peers: Vec<String> = nodes.keys().filter(|name| **name != own).cloned().collect();
+        let addresses = node_addresses(nodes.values().filter(|node| node.member.name != own));
+        let now = (referrals, peers, addresses);
         let mut told = told.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if told.as_ref() == Some(&(referrals.clone(), peers.clone())) {
+        if told.as_ref() == Some(&now) {
             return;
         }
         let op = AdminOp::SetPeers {
-            referrals: referrals.clone(),
-            nodes: peers.clone(),
+            referrals: now.0.clone(),
+            nodes: now.1.clone(),
+            addresses: now.2.clone(),
         };
         match manager.call(op) {
-            Ok(()) => *told = Some((referrals, peers)),
+            Ok(()) => *told = Some(now),
             Err(error) => log::warn!("referrals not updated: {error}"),
         }
     }
+}
+
+/// The addresses `nodes` listen at (for hosts and for the other nodes),
+/// sorted, each once: where their Connects come from.
+fn node_addresses<'a>(
+    nodes: impl Iterator<Item = &'a weft_cluster::NodeView>,
+) -> Vec<std::net::IpAddr> {
+    let mut addresses: Vec<std::net::IpAddr> = nodes
+        .flat_map(|node| node.member.nvme.iter().chain(&node.member.peer_nvme))
+        .filter_map(|address| address.parse::<SocketAddr>().ok())
+        .map(|address| address.ip())
+        .collect();
+    addresses.sort();
+    addresses.dedup();
+    addresses
 }
 
 /// Up to this many nodes, each refers to all the others.
@@ -225,6 +246,24 @@ mod tests {
         assert_eq!(names(4, "n2"), ["n1", "n3", "n4"]);
         assert_eq!(names(6, "n2"), ["n3"]);
         assert_eq!(names(6, "n6"), ["n1"], "the ring closes");
+    }
+
+    #[test]
+    fn nodes_are_known_by_every_address_they_listen_at() {
+        let mut n2 = view("n2");
+        n2.member.nvme = vec!["10.0.0.2:4420".into(), "10.0.0.2:4421".into()];
+        n2.member.peer_nvme = vec!["10.2.0.2:4420".into()];
+        let mut n3 = view("n3");
+        n3.member.nvme = vec!["[fd00::3]:4420".into(), "not an address".into()];
+        let addresses: Vec<String> = node_addresses([n3, n2].iter())
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(
+            addresses,
+            ["10.0.0.2", "10.2.0.2", "fd00::3"],
+            "sorted, once each"
+        );
     }
 
     #[test]

@@ -112,6 +112,7 @@ pub fn build_exports(
         listeners: ports(listen),
         limits,
         referrals: ports(referrals),
+        node_addresses: Vec::new(),
         discovery_serial: node.serial(weft_proto::target::DISCOVERY_NQN),
         generation: 1,
     };

@@ -226,6 +226,8 @@ pub enum AdminOp {
         referrals: Vec<std::net::SocketAddr>,
         /// Names of the cluster's other nodes.
         nodes: Vec<String>,
+        /// Their addresses, sorted: some controllers are kept for them.
+        addresses: Vec<std::net::IpAddr>,
     },
 }
 
@@ -460,6 +462,9 @@ pub struct Manager {
     cluster_referrals: Vec<std::net::SocketAddr>,
     /// The cluster's other nodes, by name: they may use its replica subsystems.
     cluster_peers: Vec<String>,
+    /// The addresses of the cluster's other nodes, sorted: their Connects
+    /// may use the controllers kept for nodes.
+    cluster_addresses: Vec<std::net::IpAddr>,
     /// What a node proves to use a replica subsystem (from the cluster's token).
     cluster_keys: Option<Arc<HostKeys>>,
     /// What seals host secrets in the cluster's store (from the cluster's token).
@@ -549,6 +554,7 @@ impl Manager {
             cluster_ordinal: 0,
             cluster_referrals: Vec::new(),
             cluster_peers: Vec::new(),
+            cluster_addresses: Vec::new(),
             cluster_keys: None,
             seal: None,
             cluster_dir: None,
@@ -724,6 +730,7 @@ impl Manager {
                 config.referrals.push(referral);
             }
         }
+        config.node_addresses.clone_from(&self.cluster_addresses);
         config.generation = self.generation;
         Arc::new(Exports::new(Arc::new(config), devices))
     }
@@ -1093,10 +1100,17 @@ impl Manager {
                 }
                 log::info!("volume {volume}: limits {:?}", record.qos);
             }
-            AdminOp::SetPeers { referrals, nodes } => {
-                log::info!("discovery referrals: {referrals:?}; peer nodes: {nodes:?}");
+            AdminOp::SetPeers {
+                referrals,
+                nodes,
+                addresses,
+            } => {
+                log::info!(
+                    "discovery referrals: {referrals:?}; peer nodes: {nodes:?} at {addresses:?}"
+                );
                 self.cluster_referrals = referrals;
                 self.cluster_peers = nodes;
+                self.cluster_addresses = addresses;
             }
             // Rebuilding the exports (below) applies hosts, attachments,
             // identities and every volume's limits from the records.
@@ -1863,6 +1877,7 @@ mod tests {
             }],
             limits: weft_proto::Limits::DEFAULT,
             referrals: Vec::new(),
+            node_addresses: Vec::new(),
             discovery_serial: "d".into(),
             generation: 1,
         };

@@ -128,6 +128,7 @@ pub const FUZZ_LIMITS: Limits = Limits {
     pending_authentications_per_subsystem: 4,
     pending_authentications_per_address: 2,
     discovery_controllers_per_address: 4,
+    controllers_reserved_for_nodes: 1,
 };
 
 const _: () = assert!(

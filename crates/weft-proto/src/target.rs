@@ -73,6 +73,12 @@ pub struct Limits {
     /// discovery, and a host needs a few (one per discovery address it
     /// keeps, and one-shot ones).
     pub discovery_controllers_per_address: u16,
+    /// In a cluster, of each subsystem's controllers and of those waiting
+    /// to authenticate, this many (at most a quarter of either limit) are
+    /// left to Connects from the other nodes' addresses
+    /// ([`TargetConfig::node_addresses`]): strangers naming a node's host
+    /// NQN cannot take every place a replica link or a planned move needs.
+    pub controllers_reserved_for_nodes: u16,
 }
 
 impl Limits {
@@ -91,6 +97,7 @@ impl Limits {
         pending_authentications_per_subsystem: 32,
         pending_authentications_per_address: 4,
         discovery_controllers_per_address: 16,
+        controllers_reserved_for_nodes: 8,
     };
 
     /// The largest transfer: 2 GiB, so that the PLEN of a PDU carrying a whole
@@ -437,6 +444,10 @@ pub struct TargetConfig {
     pub referrals: Vec<ListenerConfig>,
     /// Limits.
     pub limits: Limits,
+    /// The other nodes' addresses, sorted (a cluster node's; empty for a
+    /// node alone): Connects from them may use the places
+    /// [`Limits::controllers_reserved_for_nodes`] keeps.
+    pub node_addresses: Vec<IpAddr>,
     /// Serial number of the discovery controller.
     pub discovery_serial: String,
     /// Bumped whenever the set of exported subsystems changes (discovery GENCTR).
@@ -521,6 +532,7 @@ impl ControllerShared {
                 host_id: [0; 16],
                 authenticating: false,
                 peer: None,
+                stranger: false,
             },
         );
         local.ready.store(true, Ordering::Release);
@@ -669,6 +681,9 @@ pub struct NewController<'a> {
     pub authenticating: bool,
     /// The peer address that asks (when the driver knows it).
     pub peer: Option<IpAddr>,
+    /// Places are kept for others: the peer is not one of the cluster's
+    /// nodes, and the target is a cluster node.
+    pub stranger: bool,
 }
 
 /// Why a range of controller IDs cannot be used.
@@ -775,6 +790,7 @@ impl ControllerRegistry {
             host_id,
             authenticating: false,
             peer: None,
+            stranger: false,
         };
         self.create_within(
             &new,
@@ -814,7 +830,13 @@ impl ControllerRegistry {
             .values()
             .filter(|c| c.subnqn == subnqn)
             .count();
-        if of_subsystem >= usize::from(per_subsystem_max) {
+        // Strangers leave the places kept for the cluster's nodes: at most a
+        // quarter of a limit, so that lowering one leaves hosts room.
+        let kept = |limit: u16| {
+            let kept = limits.controllers_reserved_for_nodes.min(limit / 4);
+            usize::from(if new.stranger { kept } else { 0 })
+        };
+        if of_subsystem + kept(per_subsystem_max) >= usize::from(per_subsystem_max) {
             return Err(RegistryError::SubsystemFull);
         }
         if subnqn == DISCOVERY_NQN && new.peer.is_some() {
@@ -837,7 +859,8 @@ impl ControllerRegistry {
                 of_subsystem += 1;
                 of_peer += usize::from(new.peer.is_some() && controller.peer == new.peer);
             }
-            if of_subsystem >= usize::from(limits.pending_authentications_per_subsystem)
+            let limit = limits.pending_authentications_per_subsystem;
+            if of_subsystem + kept(limit) >= usize::from(limit)
                 || of_peer >= usize::from(limits.pending_authentications_per_address)
             {
                 return Err(RegistryError::PendingFull);

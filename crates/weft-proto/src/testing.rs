@@ -77,6 +77,7 @@ pub fn config_with(nqn: &str, namespaces: &[(u32, u64, u32)], limits: Limits) ->
         }],
         limits,
         referrals: Vec::new(),
+        node_addresses: Vec::new(),
         discovery_serial: "discovery".into(),
         generation: 1,
     }

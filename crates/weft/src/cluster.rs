@@ -32,6 +32,7 @@ pub struct ClusterFile {
     etcd_ca: Option<PathBuf>,
     etcd_cert: Option<PathBuf>,
     etcd_key: Option<PathBuf>,
+    pki: Option<PathBuf>,
     lease_ttl_ms: Option<u64>,
     rebuild_mib_per_s: Option<u64>,
     replace_replica_after_s: Option<u64>,
@@ -71,6 +72,10 @@ pub struct ClusterSpec {
     pub etcd_cert: Option<PathBuf>,
     /// Client key for etcd (PEM).
     pub etcd_key: Option<PathBuf>,
+    /// The node's certificates from the cluster's CA (`weft cluster issue`):
+    /// `ca.crt`, `node.crt`, `node.key`; etcd's CA and client certificate
+    /// unless given apart.
+    pub pki: Option<PathBuf>,
     /// The node's lease: it is shown down this long after its last heartbeat.
     pub lease_ttl: Duration,
     /// How fast a primary on this node copies to a replica it rebuilds (per volume).
@@ -142,7 +147,7 @@ impl ClusterFile {
             .map(|url| check_api_url(&url).map(|()| url))
             .transpose()
             .map_err(|m| error("api_advertise", m))?;
-        Ok(ClusterSpec {
+        let spec = ClusterSpec {
             endpoints,
             node: self.node,
             advertise,
@@ -154,11 +159,64 @@ impl ClusterFile {
             etcd_ca: self.etcd_ca,
             etcd_cert: self.etcd_cert,
             etcd_key: self.etcd_key,
+            pki: None,
             lease_ttl,
             rebuild_bytes_per_s: rebuild_mib_per_s << 20,
             replace_replica_after,
             insecure_store: self.insecure_store.unwrap_or(false),
+        };
+        Ok(match self.pki {
+            Some(dir) => spec.with_pki(dir),
+            None => spec,
         })
+    }
+}
+
+impl ClusterSpec {
+    /// With the node's certificates in `dir` (`weft cluster issue`): they
+    /// are its credential for etcd too, unless others were given.
+    fn with_pki(mut self, dir: PathBuf) -> ClusterSpec {
+        if self.etcd_ca.is_none() {
+            self.etcd_ca = Some(dir.join(crate::pki::CA_CERT));
+        }
+        if self.etcd_cert.is_none() {
+            self.etcd_cert = Some(dir.join(crate::pki::NODE_CERT));
+            self.etcd_key = Some(dir.join(crate::pki::NODE_KEY));
+        }
+        self.pki = Some(dir);
+        self
+    }
+
+    /// The node's identity from its certificates, when it has them: they
+    /// must name this node.
+    pub fn identity(&self) -> Result<Option<weft_http::tls::NodeIdentity>, String> {
+        let Some(dir) = &self.pki else {
+            return Ok(None);
+        };
+        let file = |name: &str| dir.join(name);
+        let identity = weft_http::tls::NodeIdentity::from_pem_files(
+            &file(crate::pki::CA_CERT),
+            &file(crate::pki::NODE_CERT),
+            &file(crate::pki::NODE_KEY),
+        )
+        .map_err(|e| {
+            format!(
+                "--pki {}: {e} (made by `weft cluster issue {}`)",
+                dir.display(),
+                self.node
+            )
+        })?;
+        let name = weft_cluster::pki::node_identity(&self.node);
+        if !identity.names().contains(&name) {
+            return Err(format!(
+                "--pki {}: its certificate is not node {}'s (it names {}): give this node's directory, or issue one with `weft cluster issue {}`",
+                dir.display(),
+                self.node,
+                identity.names().join(", "),
+                self.node
+            ));
+        }
+        Ok(Some(identity))
     }
 }
 
@@ -196,6 +254,8 @@ pub struct ClusterArgs {
     pub api_advertise: Option<String>,
     /// `--insecure-store`.
     pub insecure_store: bool,
+    /// `--pki DIR`.
+    pub pki: Option<PathBuf>,
 }
 
 impl ClusterArgs {
@@ -218,6 +278,7 @@ impl ClusterArgs {
                 etcd_ca: None,
                 etcd_cert: None,
                 etcd_key: None,
+                pki: None,
                 lease_ttl: DEFAULT_LEASE_TTL,
                 rebuild_bytes_per_s: REBUILD_MIB_PER_S_DEFAULT << 20,
                 replace_replica_after: weft_cluster::agent::REPLACE_AFTER_DEFAULT,
@@ -228,9 +289,10 @@ impl ClusterArgs {
                     || self.advertise.is_some()
                     || self.zone.is_some()
                     || self.api_advertise.is_some()
-                    || self.insecure_store =>
+                    || self.insecure_store
+                    || self.pki.is_some() =>
             {
-                return Err("--node, --advertise, --zone and --insecure-store are for a cluster node: give --cluster ETCD_URLS too".into())
+                return Err("--node, --advertise, --zone, --pki and --insecure-store are for a cluster node: give --cluster ETCD_URLS too".into())
             }
             (None, None) => return Ok(None),
         };
@@ -248,6 +310,9 @@ impl ClusterArgs {
             spec.api_advertise = Some(url);
         }
         spec.zone = self.zone.or(spec.zone);
+        if let Some(dir) = self.pki {
+            spec = spec.with_pki(dir);
+        }
         Ok(Some(spec))
     }
 }

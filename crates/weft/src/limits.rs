@@ -69,6 +69,7 @@ pub struct LimitsFile {
     pending_authentications_per_subsystem: Option<u16>,
     pending_authentications_per_address: Option<u16>,
     discovery_controllers_per_address: Option<u16>,
+    controllers_reserved_for_nodes: Option<u16>,
     api_connections: Option<u32>,
     api_connections_per_address: Option<u32>,
     api_head_timeout_ms: Option<u32>,
@@ -137,6 +138,11 @@ impl LimitsFile {
             u32::from(protocol.discovery_controllers_per_address),
         )?
         .min(u32::from(u16::MAX)) as u16;
+        // 0 is a choice here (nothing kept for nodes); at most a quarter of
+        // each limit is kept, whatever is asked.
+        if let Some(kept) = self.controllers_reserved_for_nodes {
+            protocol.controllers_reserved_for_nodes = kept;
+        }
         limits.api_connections = positive(
             self.api_connections,
             "api_connections",

@@ -14,6 +14,7 @@ mod config;
 mod csi;
 mod limits;
 mod logger;
+mod pki;
 
 use config::ServeConfig;
 use std::io::Write;
@@ -33,8 +34,12 @@ weft: NVMe/TCP storage node
 Usage:
   weft serve [--config FILE] [--listen ADDR:PORT]... [--data-dir DIR] [--api-listen ADDR:PORT]
              [--api-token-file FILE] [--reactors N] [--poll-us N] [--log-level LEVEL]
-             [--cluster http://ETCD:2379[,...] --node NAME [--advertise ADDR] [--zone ZONE]
-              [--api-advertise URL] [--insecure-store]]
+             [--cluster https://ETCD:2379[,...] --node NAME [--pki DIR] [--advertise ADDR]
+              [--zone ZONE] [--api-advertise URL] [--insecure-store]]
+
+  weft cluster init [--pki DIR] [--etcd-host HOST]...   the cluster's CA and etcd's certificate
+  weft cluster issue NODE [--pki DIR] [--address IP]... a node's certificate (DIR/nodes/NODE)
+  weft cluster issue-etcd [--pki DIR] [--etcd-host HOST]...   etcd's certificate, renewed
 
   weft pool create NAME --device PATH [--device PATH]... [--device-size SIZE]
                         [--allocation-unit SIZE] [--force] [--node NODE]
@@ -139,6 +144,10 @@ Serve options:
   --advertise ADDR     the IP address hosts and other nodes reach this node at (default:
                        the listen address; config: [cluster] advertise)
   --zone ZONE          this node's failure domain (config: [cluster] zone)
+  --pki DIR            this node's certificates from the cluster's CA (`weft cluster issue`:
+                       ca.crt, node.crt, node.key; config: [cluster] pki): its client
+                       certificate for etcd, its API served over TLS with it, and the
+                       other nodes called and recognised by theirs, trusting that CA only
   --api-advertise URL  the URL other nodes call this node's API at (default: the advertised
                        address and the API's port; config: [cluster] api_advertise)
   --insecure-store     accept an etcd reached without any credential (no etcd user, no
@@ -182,6 +191,7 @@ enum Command {
     Bench(bench::BenchArgs),
     Admin(cli::AdminArgs),
     Csi(csi::CsiArgs),
+    Pki(pki::PkiArgs),
     Help,
     Version,
 }
@@ -215,6 +225,9 @@ fn parse_args() -> Result<Command, String> {
                 if name == "csi" {
                     return csi::parse(&mut parser).map(Command::Csi);
                 }
+                if name == "cluster" {
+                    return pki::parse(&mut parser).map(Command::Pki);
+                }
                 if matches!(
                     name.as_str(),
                     "pool" | "volume" | "snapshot" | "host" | "namespace" | "top" | "node"
@@ -223,7 +236,7 @@ fn parse_args() -> Result<Command, String> {
                 }
                 if name != "serve" {
                     return Err(format!(
-                        "unknown command \"{name}\"; the commands are serve, pool, volume, snapshot, host, node, top, bench and csi (see weft --help)"
+                        "unknown command \"{name}\"; the commands are serve, pool, volume, snapshot, host, node, cluster, top, bench and csi (see weft --help)"
                     ));
                 }
                 command = Some(name);
@@ -261,6 +274,9 @@ fn parse_args() -> Result<Command, String> {
             }
             Long("zone") => args.cluster.zone = Some(string_value(&mut parser, "--zone")?),
             Long("insecure-store") => args.cluster.insecure_store = true,
+            Long("pki") => {
+                args.cluster.pki = Some(parser.value().map_err(|e| e.to_string())?.into())
+            }
             Long("api-advertise") => {
                 args.cluster.api_advertise = Some(string_value(&mut parser, "--api-advertise")?)
             }
@@ -346,6 +362,7 @@ fn run(command: Command) -> Result<(), String> {
         Command::Bench(args) => bench::run(args),
         Command::Admin(args) => cli::run(args),
         Command::Csi(args) => csi::run(args),
+        Command::Pki(args) => pki::run(args),
     }
 }
 
@@ -404,9 +421,16 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         (None, None) => config.api_tls.clone(),
         _ => return Err("--api-tls-cert and --api-tls-key go together (PEM files)".into()),
     };
-    let api_tls = api_tls
-        .map(|(cert, key)| weft_http::tls::Server::from_pem_files(&cert, &key))
-        .transpose()?;
+    let identity = match &config.cluster {
+        Some(spec) => spec.identity()?,
+        None => None,
+    };
+    let api_tls = match (api_tls, &identity) {
+        (None, None) => None,
+        (Some((cert, key)), None) => Some(weft_http::tls::Server::from_pem_files(&cert, &key)?),
+        (None, Some(identity)) => Some(identity.server()),
+        (Some(_), Some(_)) => return Err("a node with --pki serves its API with its node certificate (it is how the other nodes know it): drop --api-tls-cert and --api-tls-key, and give clients the cluster's ca.crt (--api-ca)".into()),
+    };
     let api_scheme = if api_tls.is_some() { "https" } else { "http" };
     let api_listener = api::bind(api_listen)?;
     let api_bound = api_listener.local_addr().map_err(|e| e.to_string())?;
@@ -497,7 +521,10 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     );
     let handle = manager.handle();
     let status = manager.status(Arc::clone(&plane));
-    let api_cluster = member.as_ref().map(cluster::Member::api);
+    let api_cluster = member.as_ref().map(|member| match identity {
+        Some(identity) => member.api().with_identity(identity),
+        None => member.api(),
+    });
     manager
         .spawn(Arc::clone(&plane))
         .map_err(|e| format!("cannot start the volume manager: {e}"))?;

@@ -192,6 +192,10 @@ impl Connection {
             host_id: data.host_id,
             authenticating,
             peer: self.peer,
+            stranger: !self.config.node_addresses.is_empty()
+                && self
+                    .peer
+                    .is_none_or(|peer| self.config.node_addresses.binary_search(&peer).is_err()),
         };
         let controller = self
             .target

@@ -1280,6 +1280,41 @@ fn controllers_waiting_to_authenticate_are_few_per_address_and_per_subsystem() {
     assert_eq!(busy, Status::CONNECT_CONTROLLER_BUSY);
 }
 
+/// In a cluster, strangers from many addresses naming a node's host NQN
+/// take the places waiting to authenticate up to those kept for the
+/// cluster's nodes: a node's Connect (a replica link, a planned move) still
+/// gets a controller.
+#[test]
+fn places_are_kept_for_the_clusters_nodes() {
+    let target = authenticating_target(false);
+    let mut config = (*target.config()).clone();
+    config.node_addresses = vec!["10.0.0.9".parse().unwrap()];
+    target.replace_config(Arc::new(config));
+    let limits = Limits::DEFAULT;
+    let connect_from = |address: String| {
+        let mut pair = Pair::new(&target);
+        pair.connection.set_peer(address.parse().unwrap());
+        pair.initialize(false, false);
+        let (command, data) = connect_command(1, 0, 31, 0, 0xFFFF, TEST_NQN);
+        let response = pair.command(&command, &data).pop().expect("a response");
+        (pair, response.status())
+    };
+    let strangers =
+        limits.pending_authentications_per_subsystem - limits.controllers_reserved_for_nodes;
+    let _waiting: Vec<Pair> = (0..strangers)
+        .map(|n| {
+            let (pair, status) = connect_from(format!("198.51.100.{n}"));
+            assert_eq!(status, Status::SUCCESS);
+            pair
+        })
+        .collect();
+    let (_, busy) = connect_from("203.0.113.1".to_string());
+    assert_eq!(busy, Status::CONNECT_CONTROLLER_BUSY);
+    let (mut node, status) = connect_from("10.0.0.9".to_string());
+    assert_eq!(status, Status::SUCCESS, "the node's place was kept");
+    assert_eq!(node.authenticate(host_keys(false), TEST_NQN), Ok(()));
+}
+
 #[test]
 fn a_wrong_secret_leaves_the_queue_unauthenticated() {
     let target = authenticating_target(false);

@@ -145,6 +145,7 @@ pub fn serve_devices_within(
         }],
         limits,
         referrals: Vec::new(),
+        node_addresses: Vec::new(),
         discovery_serial: "discovery".into(),
         generation: 1,
     };

@@ -12,6 +12,20 @@ use std::time::{Duration, Instant};
 pub struct Etcd {
     members: Vec<Member>,
     initial_cluster: String,
+    tls: Option<Tls>,
+}
+
+/// etcd's TLS for clients: its server certificate, and the CA whose
+/// client certificates it requires (`--client-cert-auth`); the test's own
+/// etcdctl calls present `client_cert`.
+#[derive(Clone)]
+pub struct Tls {
+    /// The CA clients' certificates must chain to (and etcd's does).
+    pub ca: PathBuf,
+    /// etcd's certificate and key.
+    pub server: (PathBuf, PathBuf),
+    /// A client certificate and key for etcdctl.
+    pub client: (PathBuf, PathBuf),
 }
 
 struct Member {
@@ -35,6 +49,16 @@ impl Etcd {
     /// Starts `count` members with their data under `dir`; returns when
     /// the cluster answers.
     pub fn start(count: usize, dir: &Path) -> Etcd {
+        Etcd::start_with(count, dir, None)
+    }
+
+    /// [`Etcd::start`] with TLS for clients, who must present a certificate.
+    pub fn start_tls(count: usize, dir: &Path, tls: Tls) -> Etcd {
+        Etcd::start_with(count, dir, Some(tls))
+    }
+
+    fn start_with(count: usize, dir: &Path, tls: Option<Tls>) -> Etcd {
+        let scheme = if tls.is_some() { "https" } else { "http" };
         assert!(
             Path::new("/usr/bin/etcd").exists(),
             "etcd is missing: run harness/deps.sh (it installs Debian's etcd-server)"
@@ -42,7 +66,7 @@ impl Etcd {
         let members: Vec<Member> = (0..count)
             .map(|index| Member {
                 name: format!("e{index}"),
-                client: format!("http://127.0.0.1:{}", free_port()),
+                client: format!("{scheme}://127.0.0.1:{}", free_port()),
                 peer: format!("http://127.0.0.1:{}", free_port()),
                 dir: dir.join(format!("etcd{index}")),
                 process: None,
@@ -56,6 +80,7 @@ impl Etcd {
         let mut etcd = Etcd {
             members,
             initial_cluster,
+            tls,
         };
         for index in 0..count {
             etcd.start_member(index);
@@ -79,7 +104,18 @@ impl Etcd {
         let member = &mut self.members[index];
         assert!(member.process.is_none(), "member {index} runs already");
         let log = std::fs::File::create(member.dir.with_extension("log")).unwrap();
-        let process = Command::new("/usr/bin/etcd")
+        let mut command = Command::new("/usr/bin/etcd");
+        if let Some(tls) = &self.tls {
+            command
+                .arg("--cert-file")
+                .arg(&tls.server.0)
+                .arg("--key-file")
+                .arg(&tls.server.1)
+                .arg("--trusted-ca-file")
+                .arg(&tls.ca)
+                .arg("--client-cert-auth");
+        }
+        let process = command
             .args(["--name", &member.name])
             .arg("--data-dir")
             .arg(&member.dir)
@@ -119,9 +155,9 @@ impl Etcd {
     pub fn leader(&self) -> Option<usize> {
         self.members.iter().position(|member| {
             member.process.is_some() && {
-                let output = Command::new("/usr/bin/etcdctl")
-                    .env("ETCDCTL_API", "3")
-                    .args(["--endpoints", &member.client, "--command-timeout=2s"])
+                let output = self
+                    .ctl(&member.client)
+                    .args(["--command-timeout=2s"])
                     .args(["endpoint", "status", "-w", "fields"])
                     .output();
                 output.is_ok_and(|o| {
@@ -138,14 +174,33 @@ impl Etcd {
         })
     }
 
+    /// etcdctl against `endpoints`, with the test's client certificate if
+    /// etcd asks for one.
+    pub fn ctl(&self, endpoints: &str) -> Command {
+        let mut command = Command::new("/usr/bin/etcdctl");
+        command
+            .env("ETCDCTL_API", "3")
+            .args(["--endpoints", endpoints]);
+        if let Some(tls) = &self.tls {
+            command
+                .arg("--cacert")
+                .arg(&tls.ca)
+                .arg("--cert")
+                .arg(&tls.client.0)
+                .arg("--key")
+                .arg(&tls.client.1);
+        }
+        command
+    }
+
     /// Waits until a write through every running member's endpoint succeeds.
     pub fn wait_healthy(&self) {
         let deadline = Instant::now() + Duration::from_secs(30);
         for member in self.members.iter().filter(|m| m.process.is_some()) {
             loop {
-                let status = Command::new("/usr/bin/etcdctl")
-                    .env("ETCDCTL_API", "3")
-                    .args(["--endpoints", &member.client, "--command-timeout=2s"])
+                let status = self
+                    .ctl(&member.client)
+                    .args(["--command-timeout=2s"])
                     .args(["put", "weft-test-health", "ok"])
                     .stdout(Stdio::null())
                     .stderr(Stdio::null())

@@ -97,6 +97,8 @@ pub struct Node {
     pub api_url: String,
     /// The API's bearer token.
     pub token: String,
+    /// The CA the API's TLS certificate is checked against, if not the system's.
+    pub api_ca: Option<std::path::PathBuf>,
     /// What `weft serve` printed as it started.
     pub banner: String,
 }
@@ -176,6 +178,7 @@ pub fn start_binary_on(
         api,
         api_url,
         token,
+        api_ca: None,
         banner,
     }
 }
@@ -249,12 +252,15 @@ pub fn pool_with_volume(node: &Node, device: &std::path::Path, volume: &str, siz
 
 /// Runs `weft ARGS` against `node`'s API: (success, stdout, stderr).
 pub fn weft(node: &Node, args: &[&str]) -> (bool, String, String) {
-    let output = Command::new(WEFT)
+    let mut command = Command::new(WEFT);
+    command
         .args(args)
         .env("WEFT_API", &node.api_url)
-        .env("WEFT_API_TOKEN", &node.token)
-        .output()
-        .unwrap();
+        .env("WEFT_API_TOKEN", &node.token);
+    if let Some(ca) = &node.api_ca {
+        command.env("WEFT_API_CA", ca);
+    }
+    let output = command.output().unwrap();
     (
         output.status.success(),
         String::from_utf8_lossy(&output.stdout).into_owned(),
