@@ -687,7 +687,9 @@ step_csi() { # csi-sanity against `weft csi --mode all` in this guest, over the 
     local sanity=$WEFT_DIR/.cache/go/bin/csi-sanity pid socket=/tmp/weft-csi.sock
     if [ "$TARGET" != weft ] || [ -z "${WEFT_POOL_DIR:-}" ]; then echo "  skipped: needs weft and WEFT_POOL_DIR"; return; fi
     [ -x "$sanity" ] || { check "csi-sanity built (harness/csi-tools.sh)" false; return; }
-    WEFT_API_TOKEN=$(cat "$LAB_SHARE/api-token") "$WEFT_DIR/target/release/weft" csi \
+    # --dhchap none: this guest's Linux 6.1 has no NVMe in-band authentication
+    # (CONFIG_NVME_AUTH unset), so its nodes connect without per-node secrets.
+    WEFT_API_TOKEN=$(cat "$LAB_SHARE/api-token") "$WEFT_DIR/target/release/weft" csi --dhchap none \
         --endpoint "unix://$socket" --mode all --api "http://$ADDR:${WEFT_API_PORT:-9440}" \
         --discovery "$ADDR:$PORT" --state-dir "$TMP/csi-state" 2> "$TMP/csi.log" &
     pid=$!
@@ -712,7 +714,7 @@ csi_call() { # SOCKET SERVICE/METHOD JSON: one CSI call, as a kubelet or a sidec
         -proto csi.proto -d "$3" "$1" "csi.v1.$2"
 }
 csi_plugin() { # SOCKET MODE HOSTNQN: `weft csi` in the background as node HOSTNQN; its pid
-    WEFT_API_TOKEN=$(cat "$LAB_SHARE/api-token") "$WEFT_DIR/target/release/weft" csi \
+    WEFT_API_TOKEN=$(cat "$LAB_SHARE/api-token") "$WEFT_DIR/target/release/weft" csi --dhchap none \
         --endpoint "unix://$1" --mode "$2" --api "http://$ADDR:${WEFT_API_PORT:-9440}" \
         --discovery "$ADDR:$PORT" --host-nqn "$3" --state-dir "$TMP/state-${1##*/}" > /dev/null 2>> "$TMP/csi-nodes.log" &
     echo $!

@@ -53,6 +53,9 @@ impl Role {
                             | ("POST", "volumes/{volume}/snapshots")
                             | ("DELETE", "volumes/{volume}/snapshots/{snapshot}")
                             | ("POST", "hosts")
+                            // A node's DH-HMAC-CHAP secrets (it could make
+                            // hosts already: nothing more than that).
+                            | ("PATCH", "hosts/{host}")
                     )
             }
         }
@@ -282,7 +285,7 @@ mod tests {
             Role::Csi.allows("POST", "volumes")
                 && Role::Csi.allows("POST", "volumes/{volume}/hosts")
         );
-        assert!(!Role::Csi.allows("POST", "pools") && !Role::Csi.allows("PATCH", "hosts/{host}"));
+        assert!(!Role::Csi.allows("POST", "pools") && !Role::Csi.allows("DELETE", "hosts/{host}"));
         assert!(!Role::Csi.allows("POST", "nodes/{node}/drain"));
         assert!(Role::Admin.allows("DELETE", "pools/{pool}"));
         let dir = std::env::temp_dir().join(format!("weft-token-scoped-{}", std::process::id()));

@@ -215,7 +215,7 @@ impl ClusterCa {
 fn ca_params(key: &KeyPair, now: SystemTime) -> CertificateParams {
     use sha2::Digest;
     let digest = sha2::Sha256::digest(key.public_key_raw());
-    let id: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+    let id = crate::token::hex(&digest[..8]);
     let mut params = CertificateParams::default();
     params.distinguished_name = DistinguishedName::new();
     params

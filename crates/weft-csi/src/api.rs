@@ -42,6 +42,11 @@ impl Api {
         })
     }
 
+    /// The bearer token it calls with, if any.
+    pub(crate) fn token(&self) -> Option<&str> {
+        self.token.as_deref()
+    }
+
     /// `method` on `/api/v1/{path}` with `body`; the JSON answer of a 2xx.
     pub async fn call(
         &self,

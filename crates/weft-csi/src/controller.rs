@@ -58,6 +58,8 @@ const BLOCK_BYTES: i64 = 4096;
 
 pub(crate) struct ControllerService {
     pub(crate) api: Api,
+    /// Each node gets DH-HMAC-CHAP secrets of its own (`publish`).
+    pub(crate) node_secrets: bool,
 }
 
 #[tonic::async_trait]

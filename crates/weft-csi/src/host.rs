@@ -133,11 +133,16 @@ const KEEP_ALIVE_TIMEOUT_S: &str = "1";
 /// Connects host `host_nqn` to subsystem `nqn` at each address; what
 /// failed (one connected already fails, and is fine: whether the namespace
 /// appears is what counts).
-pub(crate) fn connect(places: &[(String, String)], host_nqn: &str, nqn: &str) -> Vec<HostError> {
+pub(crate) fn connect(
+    places: &[(String, String)],
+    host_nqn: &str,
+    nqn: &str,
+    secrets: Option<&Secrets>,
+) -> Vec<HostError> {
     places
         .iter()
         .filter_map(|(address, port)| {
-            let args = [
+            let mut args = vec![
                 "-t",
                 "tcp",
                 "-a",
@@ -149,9 +154,23 @@ pub(crate) fn connect(places: &[(String, String)], host_nqn: &str, nqn: &str) ->
                 "--keep-alive-tmo",
                 KEEP_ALIVE_TIMEOUT_S,
             ];
+            if let Some(secrets) = secrets {
+                // Bidirectional: the node authenticates the target too.
+                args.extend(["--dhchap-secret", &secrets.host]);
+                args.extend(["--dhchap-ctrl-secret", &secrets.controller]);
+            }
             nvme_as(host_nqn, "connect", &args).err()
         })
         .collect()
+}
+
+/// The DH-HMAC-CHAP secrets a node connects with (`DHHC-1` text).
+#[derive(Debug, Clone)]
+pub(crate) struct Secrets {
+    /// The host's.
+    pub host: String,
+    /// The controller's.
+    pub controller: String,
 }
 
 /// Disconnects every controller of subsystem `nqn` (none connected is fine).

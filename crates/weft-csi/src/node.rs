@@ -141,6 +141,11 @@ impl Node for NodeService {
                 .unwrap_or_default()
         };
         let (nqn, uuid) = (context("nqn"), context("uuid"));
+        let secrets = Some(host::Secrets {
+            host: context(crate::publish::HOST_SECRET),
+            controller: context(crate::publish::CONTROLLER_SECRET),
+        })
+        .filter(|secrets| !secrets.host.is_empty() && !secrets.controller.is_empty());
         let context_fs_type = context(crate::parameters::FS_TYPE_CONTEXT);
         if nqn.is_empty() || uuid.is_empty() {
             // Only ControllerPublishVolume tells where a volume is.
@@ -162,7 +167,7 @@ impl Node for NodeService {
                     "no discovery controller lists {nqn} for this node ({host_nqn}): is the volume published to it?"
                 )));
             }
-            let failed = host::connect(&places, &host_nqn, &nqn);
+            let failed = host::connect(&places, &host_nqn, &nqn, secrets.as_ref());
             let device = host::namespace_device(&uuid, APPEAR_WAIT).ok_or_else(|| {
                 let said: Vec<String> = failed.iter().map(ToString::to_string).collect();
                 Status::unavailable(format!(

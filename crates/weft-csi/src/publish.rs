@@ -6,12 +6,48 @@
 //! lets that host connect and see the volume in discovery. Unpublishing
 //! detaches it. A volume is published to one node at a time (the access
 //! modes are single-node ones).
+//!
+//! A `csi-` host proves who it is: it gets bidirectional DH-HMAC-CHAP
+//! secrets of its own, derived from the controller's token and the node's
+//! NQN (so that every publish finds them again with nothing stored, and a
+//! node's secrets open no other node's volumes), set on the host at every
+//! publish and handed to the node plugin in the publish context, which
+//! connects with them. A host an operator registered keeps the secrets the
+//! operator gave it (none in the publish context).
 
 use crate::controller::ControllerService;
 use crate::errors::status;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use tonic::Status;
+
+/// The publish context's keys for a node's DH-HMAC-CHAP secrets.
+pub(crate) const HOST_SECRET: &str = "dhchapSecret";
+/// The controller's secret (the node authenticates the target too).
+pub(crate) const CONTROLLER_SECRET: &str = "dhchapCtrlSecret";
+
+/// A node's DH-HMAC-CHAP secrets, `DHHC-1` text.
+struct NodeSecrets {
+    host: String,
+    controller: String,
+}
+
+impl NodeSecrets {
+    /// Node `nqn`'s, derived from `seed` (the controller's token).
+    fn of(seed: &str, nqn: &str) -> NodeSecrets {
+        let derive = |purpose: &str| {
+            weft_proto::auth::DhchapSecret::derived(
+                seed.as_bytes(),
+                &format!("weft-csi {purpose} {nqn}"),
+            )
+            .to_string()
+        };
+        NodeSecrets {
+            host: derive("host"),
+            controller: derive("controller"),
+        }
+    }
+}
 
 /// The most an NQN holds (NVMe Base Specification, 4.7).
 const NQN_BYTES_MAX: usize = 223;
@@ -60,7 +96,7 @@ impl ControllerService {
                 "no node {node_id}: a node's id is its NVMe host NQN"
             )));
         }
-        let host = self.host_for(node_id).await?;
+        let (host, secrets) = self.host_for(node_id).await?;
         let elsewhere = attached(&volume).into_iter().find(|other| *other != host);
         if let Some(other) = elsewhere {
             return Err(Status::failed_precondition(format!(
@@ -74,10 +110,15 @@ impl ControllerService {
             .await
             .map_err(|e| status(&e))?;
         let text = |key: &str| volume[key].as_str().unwrap_or_default().to_string();
-        Ok(HashMap::from([
+        let mut context = HashMap::from([
             ("nqn".to_string(), text("nqn")),
             ("uuid".to_string(), text("uuid")),
-        ]))
+        ]);
+        if let Some(secrets) = secrets {
+            context.insert(HOST_SECRET.to_string(), secrets.host);
+            context.insert(CONTROLLER_SECRET.to_string(), secrets.controller);
+        }
+        Ok(context)
     }
 
     /// Detaches node `node_id` (every node if empty) from volume `volume_id`
@@ -113,21 +154,43 @@ impl ControllerService {
 
     /// The weft host of NQN `nqn`: the one registered with it (by an
     /// operator too, with its DH-HMAC-CHAP secrets), else `csi-<hash>`,
-    /// registered now.
-    async fn host_for(&self, nqn: &str) -> Result<String, Status> {
-        if let Some(name) = self.registered(nqn).await? {
-            return Ok(name);
-        }
+    /// registered now; with the secrets the node connects with, for a
+    /// `csi-` host (set on it now: idempotent, and right again after the
+    /// token changed).
+    async fn host_for(&self, nqn: &str) -> Result<(String, Option<NodeSecrets>), Status> {
         let name = host_name(nqn);
-        let body = json!({"name": name, "nqn": nqn});
-        match self.api.call("POST", "hosts".into(), Some(body)).await {
-            Ok(_) => Ok(name),
-            // Registered meanwhile by another call.
-            Err(error) if error.status == Some(409) => {
-                self.registered(nqn).await?.ok_or_else(|| status(&error))
+        let secrets = self
+            .api
+            .token()
+            .filter(|_| self.node_secrets)
+            .map(|token| NodeSecrets::of(token, nqn));
+        let keys = |secrets: &NodeSecrets| json!({"dhchap_secret": secrets.host, "dhchap_ctrl_secret": secrets.controller});
+        let registered = match self.registered(nqn).await? {
+            Some(registered) if registered != name => return Ok((registered, None)),
+            registered => registered.is_some(),
+        };
+        if !registered {
+            let mut body = json!({"name": name, "nqn": nqn});
+            if let Some(secrets) = &secrets {
+                body.as_object_mut()
+                    .expect("an object")
+                    .extend(keys(secrets).as_object().expect("an object").clone());
             }
-            Err(error) => Err(status(&error)),
+            match self.api.call("POST", "hosts".into(), Some(body)).await {
+                Ok(_) => return Ok((name, secrets)),
+                // Registered meanwhile by another call: set below.
+                Err(error) if error.status == Some(409) => {}
+                Err(error) => return Err(status(&error)),
+            }
         }
+        if let Some(secrets) = &secrets {
+            let path = format!("hosts/{name}");
+            self.api
+                .call("PATCH", path, Some(keys(secrets)))
+                .await
+                .map_err(|e| status(&e))?;
+        }
+        Ok((name, secrets))
     }
 
     /// The name of the weft host registered with NQN `nqn`, if any.
@@ -168,5 +231,23 @@ mod tests {
         assert!(!is_host_nqn("nqn.with space"));
         assert_eq!(host_name(nqn), host_name(nqn));
         assert_eq!(host_name(nqn).len(), 36);
+    }
+
+    #[test]
+    fn each_node_has_secrets_of_its_own_found_again_from_the_token() {
+        let a = "nqn.2014-08.org.nvmexpress:uuid:0000000a";
+        let b = "nqn.2014-08.org.nvmexpress:uuid:0000000b";
+        let (first, again) = (NodeSecrets::of("token", a), NodeSecrets::of("token", a));
+        assert_eq!(
+            (&first.host, &first.controller),
+            (&again.host, &again.controller)
+        );
+        assert_ne!(first.host, first.controller);
+        assert_ne!(first.host, NodeSecrets::of("token", b).host);
+        assert_ne!(first.host, NodeSecrets::of("another token", a).host);
+        for secret in [&first.host, &first.controller] {
+            assert!(secret.starts_with("DHHC-1:01:"), "{secret}");
+            assert!(weft_proto::auth::DhchapSecret::parse(secret).is_ok());
+        }
     }
 }

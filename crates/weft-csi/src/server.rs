@@ -57,6 +57,9 @@ pub struct Options {
     pub mode: Mode,
     /// weft's API.
     pub api: Api,
+    /// The controller gives each node DH-HMAC-CHAP secrets of its own
+    /// (`publish`); off for nodes whose kernel cannot authenticate.
+    pub node_secrets: bool,
     /// The node service's settings (node and all modes).
     pub node: Option<NodeOptions>,
 }
@@ -88,8 +91,12 @@ pub fn serve(options: Options) -> Result<(), CsiError> {
             api: options.api.clone(),
             controller,
         };
-        let controllers =
-            controller.then(|| ControllerServer::new(ControllerService { api: options.api }));
+        let controllers = controller.then(|| {
+            ControllerServer::new(ControllerService {
+                api: options.api,
+                node_secrets: options.node_secrets,
+            })
+        });
         let nodes = match (options.mode, options.node) {
             (Mode::Controller, _) => None,
             (_, Some(node)) => Some(NodeServer::new(NodeService {

@@ -10,6 +10,7 @@ pub struct CsiArgs {
     api: String,
     token_file: Option<PathBuf>,
     ca_file: Option<PathBuf>,
+    node_secrets: bool,
     node: NodeArgs,
 }
 
@@ -24,7 +25,8 @@ struct NodeArgs {
 
 /// Parses `weft csi --endpoint unix:///csi/csi.sock --mode controller|node|all
 /// [--api URL] [--api-token-file FILE] [--api-ca FILE] [--discovery ADDR:PORT]
-/// [--host-nqn NQN] [--state-dir DIR] [--node-name NAME] [--zone ZONE]`.
+/// [--host-nqn NQN] [--state-dir DIR] [--node-name NAME] [--zone ZONE]
+/// [--dhchap per-node|none]`.
 pub fn parse(parser: &mut lexopt::Parser) -> Result<CsiArgs, String> {
     use lexopt::prelude::*;
     let mut endpoint = None;
@@ -38,6 +40,7 @@ pub fn parse(parser: &mut lexopt::Parser) -> Result<CsiArgs, String> {
     let mut state_dir = PathBuf::from(STATE_DIR);
     let mut node_name = None;
     let mut zone = None;
+    let mut node_secrets = true;
     let text = |value: Result<std::ffi::OsString, lexopt::Error>, flag: &str| {
         value
             .map_err(|e| e.to_string())?
@@ -58,6 +61,13 @@ pub fn parse(parser: &mut lexopt::Parser) -> Result<CsiArgs, String> {
             Long("state-dir") => state_dir = text(parser.value(), "--state-dir")?.into(),
             Long("node-name") => node_name = Some(text(parser.value(), "--node-name")?),
             Long("zone") => zone = Some(text(parser.value(), "--zone")?),
+            Long("dhchap") => {
+                node_secrets = match text(parser.value(), "--dhchap")?.as_str() {
+                    "per-node" => true,
+                    "none" => false,
+                    other => return Err(format!("--dhchap: \"{other}\" is not per-node or none (none: for nodes whose kernel has no NVMe in-band authentication, CONFIG_NVME_AUTH)")),
+                }
+            }
             other => return Err(format!("{}; see weft --help", other.unexpected())),
         }
     }
@@ -67,6 +77,7 @@ pub fn parse(parser: &mut lexopt::Parser) -> Result<CsiArgs, String> {
         api,
         token_file,
         ca_file,
+        node_secrets,
         node: NodeArgs {
             discovery,
             host_nqn,
@@ -97,6 +108,7 @@ pub fn run(args: CsiArgs) -> Result<(), String> {
         endpoint: args.endpoint,
         mode: args.mode,
         api,
+        node_secrets: args.node_secrets,
         node,
     };
     weft_csi::serve(options).map_err(|e| e.to_string())

@@ -72,6 +72,7 @@ Usage:
 
   weft csi --endpoint unix:///csi/csi.sock --mode controller|node|all [--api URL] [--api-token-file FILE]
            [--discovery ADDR:PORT] [--host-nqn NQN] [--state-dir DIR] [--node-name NAME] [--zone ZONE]
+           [--dhchap per-node|none]
 
 Commands:
   pool, volume, snapshot
@@ -98,7 +99,9 @@ Commands:
           API: volumes created (idempotent by name; StorageClass parameters pool, replicas,
           thick, blockSize), deleted, listed, published to nodes (their host NQNs),
           expanded; on a node: connected (every path, multipath), formatted when empty
-          (ext4, xfs), mounted, unmounted, disconnected. Snapshots are to come.
+          (ext4, xfs), mounted, unmounted, disconnected. Each node's host gets bidirectional
+          DH-HMAC-CHAP secrets of its own and connects with them (--dhchap none: for nodes
+          whose kernel lacks NVMe in-band authentication, CONFIG_NVME_AUTH, e.g. Linux 6.1).
 
 Bench options:
   --target URL|PATH    nvme-tcp://HOST:PORT/NQN (namespace --nsid, default 1) or a file/device

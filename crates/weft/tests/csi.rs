@@ -273,11 +273,31 @@ fn the_controller_service_makes_finds_lists_and_deletes_volumes() {
             volume_capability: Some(mount_writer()),
             ..Default::default()
         };
+        // With DH-HMAC-CHAP secrets of the node's own, the same at every
+        // publish, set on its host (bidirectional).
+        let mut secrets = Vec::new();
         for _ in 0..2 {
             let published = controller.controller_publish_volume(publish(node_a)).await;
             let context = published.unwrap().into_inner().publish_context;
             assert_eq!(context["nqn"], "nqn.2026-11.io.weft:vol:pvc-1");
+            assert!(
+                context["dhchapSecret"].starts_with("DHHC-1:"),
+                "{context:?}"
+            );
+            assert_ne!(context["dhchapSecret"], context["dhchapCtrlSecret"]);
+            secrets.push(context["dhchapSecret"].clone());
         }
+        assert_eq!(secrets[0], secrets[1]);
+        let host_a = ok(&node, &["host", "list", "-o", "json"]);
+        let host_a: serde_json::Value = serde_json::from_str(&host_a).unwrap();
+        let host_a = host_a
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|host| host["nqn"] == node_a)
+            .unwrap()
+            .clone();
+        assert_eq!(host_a["dhchap"], "bidirectional", "{host_a}");
         let elsewhere = controller.controller_publish_volume(publish(node_b)).await;
         assert_eq!(elsewhere.unwrap_err().code(), Code::FailedPrecondition);
         let unknown = controller
