@@ -129,10 +129,20 @@ impl Cluster {
         }
     }
 
-    /// Whether `node` (named by a verified certificate) is a member now: a
-    /// node removed keeps its certificate until it expires, not its place.
-    pub(crate) fn is_member(&self, node: &str) -> bool {
-        nodes::get(self.store.as_ref(), node).is_ok()
+    /// Whether `node` (named by a verified certificate) is a member now (a
+    /// node removed keeps its certificate until it expires, not its place):
+    /// 403 if not, 503 if the store cannot say.
+    pub(crate) fn membership(&self, node: &str) -> Result<(), Response> {
+        match nodes::get(self.store.as_ref(), node) {
+            Ok(_) => Ok(()),
+            Err(NodeError::NotFound(_)) => Err(failure(
+                403,
+                "forbidden",
+                &format!("node {node} is not a member of this cluster"),
+                "a node removed from the cluster joins again as a new one",
+            )),
+            Err(error) => Err(node_failure(&error)),
+        }
     }
 
     /// This node's name.

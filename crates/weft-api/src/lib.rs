@@ -256,6 +256,9 @@ fn serve_connection<S: Read + Write>(
 
 type Response = (u16, Value);
 
+/// The names of the hosts the CSI controller registers (weft-csi's `publish`).
+const CSI_HOST_PREFIX: &str = "csi-";
+
 /// Who calls the API.
 enum Caller {
     /// A client with this bearer token's role.
@@ -311,6 +314,12 @@ impl Api {
             Caller::Node(_) => {}
             Caller::Token(role) if !role.allows(&request.method, pattern) => {
                 return forbidden(role, &request.method, &request.path)
+            }
+            // The CSI controller sets the secrets of the hosts it made only.
+            Caller::Token(token::Role::Csi)
+                if pattern == "hosts/{host}" && !params[0].starts_with(CSI_HOST_PREFIX) =>
+            {
+                return forbidden(token::Role::Csi, &request.method, &request.path)
             }
             Caller::Token(role) if forwarded && (certified || role != token::Role::Admin) => {
                 return forbidden(role, &request.method, "a forwarded call (local=1)")
@@ -467,14 +476,7 @@ impl Api {
     /// client presented, if that node is a member, else the bearer token's role.
     fn caller(&self, request: &Request, peer_node: Option<&str>) -> Result<Caller, Response> {
         if let (Some(node), Some(cluster)) = (peer_node, &self.cluster) {
-            if !cluster.is_member(node) {
-                return Err(failure(
-                    403,
-                    "forbidden",
-                    &format!("node {node} is not a member of this cluster"),
-                    "a node removed from the cluster joins again as a new one",
-                ));
-            }
+            cluster.membership(node)?;
             return Ok(Caller::Node(node.to_string()));
         }
         self.authorize(request).map(Caller::Token)

@@ -53,8 +53,8 @@ impl Role {
                             | ("POST", "volumes/{volume}/snapshots")
                             | ("DELETE", "volumes/{volume}/snapshots/{snapshot}")
                             | ("POST", "hosts")
-                            // A node's DH-HMAC-CHAP secrets (it could make
-                            // hosts already: nothing more than that).
+                            // Its own hosts' DH-HMAC-CHAP secrets (`csi-`
+                            // hosts only: Api::handle checks the name).
                             | ("PATCH", "hosts/{host}")
                     )
             }

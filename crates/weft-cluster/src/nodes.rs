@@ -100,6 +100,16 @@ pub fn list(store: &dyn Store) -> Result<BTreeMap<String, NodeView>, StoreError>
     let mut nodes = BTreeMap::new();
     for entry in store.list(MEMBERS_PREFIX)?.entries {
         let member: MemberRecord = decode(&entry.key, entry.value)?;
+        // A record under another node's key (a writer of the store) would
+        // send calls meant for one node to another: left out.
+        if entry.key[MEMBERS_PREFIX.len()..] != member.name {
+            log::warn!(
+                "{}: names node {}, not its key's: ignored",
+                entry.key,
+                member.name
+            );
+            continue;
+        }
         let view = NodeView {
             alive: alive
                 .remove(&member.name)
@@ -115,8 +125,9 @@ pub fn list(store: &dyn Store) -> Result<BTreeMap<String, NodeView>, StoreError>
 /// Node `name`.
 pub fn get(store: &dyn Store, name: &str) -> Result<NodeView, NodeError> {
     let member = read::<MemberRecord>(store, &member_key(name))?
-        .ok_or_else(|| NodeError::NotFound(name.to_string()))?
-        .record;
+        .map(|found| found.record)
+        .filter(|member| member.name == name)
+        .ok_or_else(|| NodeError::NotFound(name.to_string()))?;
     let alive = read::<AliveRecord>(store, &alive_key(name))?
         .map(|found| found.record)
         .filter(|a| a.node_id == member.node_id);

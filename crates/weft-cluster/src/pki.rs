@@ -159,7 +159,11 @@ impl ClusterCa {
     /// names no node (a name under `node.weft` is refused), so a node's API
     /// never takes it for one.
     pub fn issue_etcd(&self, hosts: &[String], now: SystemTime) -> Result<Issued, PkiError> {
-        if let Some(host) = hosts.iter().find(|host| host.ends_with(NODE_DOMAIN)) {
+        let node_name = |host: &&String| {
+            let host = host.to_ascii_lowercase();
+            host.trim_end_matches('.').ends_with(NODE_DOMAIN)
+        };
+        if let Some(host) = hosts.iter().find(node_name) {
             return Err(PkiError::NodeName(host.clone()));
         }
         let usages = [
@@ -221,7 +225,7 @@ fn ca_params(key: &KeyPair, now: SystemTime) -> CertificateParams {
     params
         .distinguished_name
         .push(DnType::CommonName, format!("{CA_NAME} {id}"));
-    // It signs nodes' certificates only, never another CA's.
+    // It signs nodes' and etcd's certificates, never another CA's.
     params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
     params.key_usages = vec![
         KeyUsagePurpose::KeyCertSign,
@@ -266,6 +270,8 @@ mod tests {
         assert!(ClusterCa::load("not pem").is_err());
         let etcd = loaded.issue_etcd(&["10.0.0.1".into(), "etcd1".into()], now);
         assert!(etcd.is_ok());
-        assert!(loaded.issue_etcd(&["n1.node.weft".into()], now).is_err());
+        for named in ["n1.node.weft", "N1.NODE.WEFT", "n1.node.weft."] {
+            assert!(loaded.issue_etcd(&[named.into()], now).is_err(), "{named}");
+        }
     }
 }

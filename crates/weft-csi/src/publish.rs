@@ -156,7 +156,7 @@ impl ControllerService {
     /// operator too, with its DH-HMAC-CHAP secrets), else `csi-<hash>`,
     /// registered now; with the secrets the node connects with, for a
     /// `csi-` host (set on it now: idempotent, and right again after the
-    /// token changed).
+    /// token changed; with `--dhchap none`, cleared).
     async fn host_for(&self, nqn: &str) -> Result<(String, Option<NodeSecrets>), Status> {
         let name = host_name(nqn);
         let secrets = self
@@ -164,32 +164,42 @@ impl ControllerService {
             .token()
             .filter(|_| self.node_secrets)
             .map(|token| NodeSecrets::of(token, nqn));
-        let keys = |secrets: &NodeSecrets| json!({"dhchap_secret": secrets.host, "dhchap_ctrl_secret": secrets.controller});
-        let registered = match self.registered(nqn).await? {
-            Some(registered) if registered != name => return Ok((registered, None)),
-            registered => registered.is_some(),
+        let keys = match &secrets {
+            Some(secrets) => {
+                json!({"dhchap_secret": secrets.host, "dhchap_ctrl_secret": secrets.controller})
+            }
+            None => json!({"dhchap_secret": null, "dhchap_ctrl_secret": null}),
         };
-        if !registered {
-            let mut body = json!({"name": name, "nqn": nqn});
-            if let Some(secrets) = &secrets {
-                body.as_object_mut()
-                    .expect("an object")
-                    .extend(keys(secrets).as_object().expect("an object").clone());
-            }
-            match self.api.call("POST", "hosts".into(), Some(body)).await {
-                Ok(_) => return Ok((name, secrets)),
-                // Registered meanwhile by another call: set below.
-                Err(error) if error.status == Some(409) => {}
-                Err(error) => return Err(status(&error)),
+        match self.registered(nqn).await? {
+            Some(registered) if registered != name => return Ok((registered, None)),
+            Some(_) => {}
+            None => {
+                let mut body = json!({"name": name, "nqn": nqn});
+                if secrets.is_some() {
+                    let map = body.as_object_mut().expect("an object");
+                    map.extend(keys.as_object().expect("an object").clone());
+                }
+                match self.api.call("POST", "hosts".into(), Some(body)).await {
+                    Ok(_) => return Ok((name, secrets)),
+                    // Registered meanwhile by another call: by this
+                    // controller (set below) or by an operator.
+                    Err(error) if error.status == Some(409) => {
+                        let registered = self.registered(nqn).await?;
+                        match registered {
+                            Some(registered) if registered == name => {}
+                            Some(registered) => return Ok((registered, None)),
+                            None => return Err(status(&error)),
+                        }
+                    }
+                    Err(error) => return Err(status(&error)),
+                }
             }
         }
-        if let Some(secrets) = &secrets {
-            let path = format!("hosts/{name}");
-            self.api
-                .call("PATCH", path, Some(keys(secrets)))
-                .await
-                .map_err(|e| status(&e))?;
-        }
+        let path = format!("hosts/{name}");
+        self.api
+            .call("PATCH", path, Some(keys))
+            .await
+            .map_err(|e| status(&e))?;
         Ok((name, secrets))
     }
 

@@ -176,6 +176,17 @@ impl ClusterSpec {
     /// With the node's certificates in `dir` (`weft cluster issue`): they
     /// are its credential for etcd too, unless others were given.
     fn with_pki(mut self, dir: PathBuf) -> ClusterSpec {
+        // The command line's directory replaces the file's, and what etcd
+        // was given from it.
+        if let Some(old) = self.pki.take() {
+            if self.etcd_ca.as_deref() == Some(&old.join(crate::pki::CA_CERT)) {
+                self.etcd_ca = None;
+            }
+            if self.etcd_cert.as_deref() == Some(&old.join(crate::pki::NODE_CERT)) {
+                self.etcd_cert = None;
+                self.etcd_key = None;
+            }
+        }
         if self.etcd_ca.is_none() {
             self.etcd_ca = Some(dir.join(crate::pki::CA_CERT));
         }
@@ -206,6 +217,15 @@ impl ClusterSpec {
                 self.node
             )
         })?;
+        if let Some(url) = self
+            .api_advertise
+            .as_deref()
+            .filter(|u| !u.starts_with("https://"))
+        {
+            return Err(format!(
+                "--api-advertise {url}: a node with --pki serves its API over TLS, and the other nodes call it over https only: advertise https://..."
+            ));
+        }
         let name = weft_cluster::pki::node_identity(&self.node);
         if !identity.names().contains(&name) {
             return Err(format!(

@@ -79,6 +79,16 @@ fn tokens_routes_and_the_openapi_document() {
         Some(&host.to_string()),
     );
     assert_eq!(status, 201);
+    // The CSI token sets the secrets of its own (`csi-`) hosts only.
+    let unset = json!({"dhchap_secret": null}).to_string();
+    let (status, error) = api(
+        &node,
+        Some(&csi),
+        "PATCH",
+        "/api/v1/hosts/scoped",
+        Some(&unset),
+    );
+    assert_eq!((status, code(&error)), (403, "forbidden"), "{error}");
     let pool = json!({"name": "p", "devices": [dir.join("d.img")]});
     let (status, error) = api(
         &node,

@@ -192,10 +192,12 @@ impl Connection {
             host_id: data.host_id,
             authenticating,
             peer: self.peer,
+            // An IPv4 peer on a dual-stack listener shows as ::ffff:a.b.c.d.
             stranger: !self.config.node_addresses.is_empty()
-                && self
-                    .peer
-                    .is_none_or(|peer| self.config.node_addresses.binary_search(&peer).is_err()),
+                && self.peer.is_none_or(|peer| {
+                    let peer = peer.to_canonical();
+                    self.config.node_addresses.binary_search(&peer).is_err()
+                }),
         };
         let controller = self
             .target
