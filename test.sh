@@ -3,8 +3,9 @@
 # a short cargo-fuzz smoke run of each fuzz target (when a nightly toolchain is
 # available), the cluster tests on a real etcd, a benchmark smoke, the kernel-interop
 # test (the Linux 6.1 NVMe/TCP host in a QEMU guest against weft), weft's initiator
-# against the guest kernel's nvmet, the Linux host against a three-node cluster and a smoke run
-# of the application benchmark. Installs what it needs (Debian packages, the guest images,
+# against the guest kernel's nvmet, the Linux host against a three-node cluster, the Linux
+# 6.12 host (a Debian trixie guest) authenticating with DH-HMAC-CHAP, and a smoke run of the
+# application benchmark. Installs what it needs (Debian packages, the guest images,
 # Go tools, cargo-fuzz) idempotently. Run as root from anywhere: ./test.sh
 # Environment: WEFT_FUZZ_SECONDS (default 17 per target), WEFT_SIM_SEEDS (default 10000),
 # WEFT_NEMESIS_SECONDS (default 120),
@@ -73,6 +74,8 @@ else
     harness/initiator-peers.sh
     step "a weft cluster (etcd and three nodes) from the Linux host: referrals, connect-all, fio verify"
     harness/cluster-interop.sh --weft target/release/weft
+    step "DH-HMAC-CHAP from the Linux 6.12 host (Debian trixie guest): bidirectional, host-only, refusals"
+    harness/auth-interop.sh --weft target/release/weft
     step "benchmark smoke: RocksDB, sysbench, TPC-C and YCSB on weft and on a local disk in the guest (the full run: harness/bench-apps.sh)"
     harness/bench-apps.sh --smoke
 fi

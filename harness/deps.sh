@@ -13,6 +13,8 @@ need qemu-system-x86_64 qemu-system-x86
 need qemu-img qemu-utils
 need debootstrap debootstrap
 need mkfs.ext4 e2fsprogs
+# trixie's kernel (the Linux 6.12 guest) is zstd-compressed.
+need zstd zstd
 need cpio cpio
 need ip iproute2
 need python3 python3

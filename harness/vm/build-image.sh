@@ -1,6 +1,8 @@
 #!/bin/bash
 # Build weft's test guest: a minimal Debian bookworm rootfs (debootstrap) with the
-# stock Debian 6.1 kernel, nvme-cli, fio, ... packed as an ext4 image.
+# stock Debian 6.1 kernel, nvme-cli, fio, ... packed as an ext4 image; with
+# LAB_SUITE=trixie, Debian 13 with Linux 6.12 (NVMe in-band authentication and TLS),
+# cached apart.
 # Adapted from the shared lab recipe (../shared/lab/build-rootfs.sh).
 #
 # Usage: harness/vm/build-image.sh [--force]   (root; needs Debian's package mirror)
@@ -94,7 +96,14 @@ for magic, fmt in ((b'\xfd7zXZ\x00', lzma.FORMAT_XZ),):
         open(sys.argv[2], 'wb').write(out)
         break
 else:
-    sys.exit('extract-vmlinux: no xz payload found (kernel not xz-compressed?)')
+    # trixie's kernels are zstd-compressed.
+    import subprocess
+    i = data.find(b'\x28\xb5\x2f\xfd')
+    if i < 0:
+        sys.exit('extract-vmlinux: no xz or zstd payload found')
+    out = subprocess.run(['zstd', '-dc'], input=data[i:], capture_output=True).stdout
+    assert out[:4] == b'\x7fELF', 'not an ELF kernel'
+    open(sys.argv[2], 'wb').write(out)
 EOP
 cp "$ROOT/boot/initrd.img-$KVER" initrd.img
 cp "$ROOT/boot/config-$KVER" kernel-config
@@ -113,8 +122,12 @@ mkfs.ext4 -q -F -L labroot -d "$ROOT" rootfs.ext4.tmp "${SIZE_MB}M"
 mv rootfs.ext4.tmp rootfs.ext4
 # the debootstrap tree is only an intermediate: drop it once the image exists
 rm -rf "$ROOT" pkgs vmlinuz initrd.img
+echo "$SUITE" > suite
 touch .complete
-# older images (other recipe hashes) are no longer used
-for d in "$(dirname "$OUT")"/*; do [ "$d" = "$OUT" ] || [ "$d" = "$OUT.lock" ] || rm -rf "$d"; done
+# older images of this suite (other recipe hashes) are no longer used
+for d in "$(dirname "$OUT")"/*; do
+    [ -d "$d" ] && [ "$d" != "$OUT" ] || continue
+    [ "$(cat "$d/suite" 2>/dev/null || echo bookworm)" = "$SUITE" ] && rm -rf "$d" "$d.lock"
+done
 echo "[build] done (kernel $KVER)" >&2
 echo "$OUT" >&3

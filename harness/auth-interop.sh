@@ -1,0 +1,58 @@
+#!/bin/bash
+# DH-HMAC-CHAP interop: the Linux 6.12 NVMe/TCP host (Debian trixie guest, nvme-cli 2.13:
+# in-band authentication built in, which Debian 12's 6.1 lacks) against a weft node on this
+# machine. A volume is attached to the guest's host NQN with a host and a controller
+# secret; the guest (harness/guest/auth.sh) connects bidirectionally and host-only, writes
+# and reads back through each, and is refused with a wrong secret and with none.
+# Usage: harness/auth-interop.sh [--weft BIN]   (as root; the trixie image is built once,
+# harness/vm/build-image.sh with LAB_SUITE=trixie)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+WEFT=target/release/weft
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --weft) WEFT=$2; shift 2 ;;
+        *) echo "usage: $0 [--weft BIN]" >&2; exit 2 ;;
+    esac
+done
+die() { echo "auth-interop: $*" >&2; exit 2; }
+[ "$(id -u)" = 0 ] || die "run as root (qemu)"
+[ -x "$WEFT" ] || die "no weft binary at $WEFT (cargo build --release, or --weft PATH)"
+WEFT=$(realpath "$WEFT")
+IMAGE=$(LAB_SUITE=trixie harness/vm/build-image.sh)
+echo "auth-interop: guest image $IMAGE (kernel $(cat "$IMAGE/kernel-version"))"
+WORK=$PWD/.cache/auth-interop
+SHARE=$WORK/share
+PORT=14470 API_PORT=14479
+NQN=nqn.2026-11.io.weft:vol:authv
+HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-0000000a0a01
+rm -rf "$WORK"
+mkdir -p "$SHARE"
+# Three DH-HMAC-CHAP secrets (32 random bytes, their CRC-32, base64: `nvme gen-dhchap-key`'s
+# form): the host's, the controller's, and a wrong one.
+python3 - "$SHARE/secrets" <<'PY'
+import base64, os, struct, sys, zlib
+def secret():
+    key = os.urandom(32)
+    return "DHHC-1:01:" + base64.b64encode(key + struct.pack("<I", zlib.crc32(key))).decode() + ":"
+open(sys.argv[1], "w").write("\n".join(secret() for _ in range(3)) + "\n")
+PY
+"$WEFT" serve --data-dir "$WORK/node" --listen "127.0.0.1:$PORT" --api-listen "127.0.0.1:$API_PORT" \
+    > "$WORK/node.out" 2> "$WORK/node.log" &
+PID=$!
+trap 'kill -TERM $PID 2>/dev/null; wait 2>/dev/null' EXIT
+for _ in $(seq 100); do grep -q "nvme discover" "$WORK/node.out" 2>/dev/null && break; sleep 0.1; done
+cli() { WEFT_API=127.0.0.1:$API_PORT WEFT_API_TOKEN=$(cat "$WORK/node/api-token") "$WEFT" "$@"; }
+cli pool create p --device "$WORK/node/p.img" --device-size 256MiB > /dev/null
+cli volume create authv --size 64MiB --pool p > /dev/null
+cli host add guest --nqn "$HOSTNQN" --dhchap-secret "$(sed -n 1p "$SHARE/secrets")" \
+    --dhchap-ctrl-secret "$(sed -n 2p "$SHARE/secrets")" > /dev/null
+cli volume attach authv --host guest > /dev/null
+set +e
+LAB_IMAGE_DIR=$IMAGE harness/vm/vm-run.sh -n slirp -s "$SHARE" -c 2 -t 600 -e "WEFT_PORT=$PORT" \
+    -e "WEFT_NQN=$NQN" -e "WEFT_HOSTNQN=$HOSTNQN" harness/guest/auth.sh 2>&1 | tee "$WORK/run.log"
+rc=${PIPESTATUS[0]}
+set -e
+if grep -qE "panicked at|fatal runtime error" "$WORK/node.log"; then echo "auth-interop: weft panicked"; rc=1; fi
+[ "$rc" = 0 ] && grep -q '^auth: PASS' "$SHARE/.lab/console.log" || { echo "auth-interop: FAIL (guest exit $rc; $WORK)"; exit 1; }
+echo "auth-interop: PASS"

@@ -1,0 +1,53 @@
+#!/bin/bash
+# In the Linux 6.12 guest (Debian trixie: CONFIG_NVME_HOST_AUTH): the kernel's NVMe/TCP
+# host against weft (harness/auth-interop.sh) with DH-HMAC-CHAP: bidirectional and
+# host-only connects, a write read back through each; a wrong secret and no secret
+# refused. Secrets in $LAB_SHARE/secrets (host, controller, wrong). Prints "auth: PASS"
+# when every check passed.
+set -u
+ADDR=${LAB_HOST_IP:?needs slirp} PORT=${WEFT_PORT:?} NQN=${WEFT_NQN:?} HOSTNQN=${WEFT_HOSTNQN:?}
+HOST_SECRET=$(sed -n 1p "$LAB_SHARE/secrets") CTRL_SECRET=$(sed -n 2p "$LAB_SHARE/secrets")
+WRONG=$(sed -n 3p "$LAB_SHARE/secrets")
+FAILS=0
+ok() { echo "  ok: $*"; }
+fail() { echo "FAIL: $*"; FAILS=$((FAILS + 1)); }
+echo "kernel $(uname -r), $(nvme version | head -1)"
+modprobe nvme-tcp
+connect() { timeout 60 nvme connect -t tcp -a "$ADDR" -s "$PORT" -n "$NQN" --hostnqn "$HOSTNQN" "$@"; }
+device() { # the namespace of NQN, once it appears
+    for _ in $(seq 50); do
+        for d in /sys/class/nvme/nvme*; do
+            [ "$(cat "$d/subsysnqn" 2>/dev/null)" = "$NQN" ] || continue
+            for n in /dev/"${d##*/}"n*; do [ -b "$n" ] && { echo "$n"; return 0; }; done
+        done
+        sleep 0.2
+    done
+    return 1
+}
+write_read() { # LABEL: 4 MiB written (O_DIRECT) and read back equal
+    local dev
+    dev=$(device) || { fail "$1: no namespace appeared"; return; }
+    dd if=/dev/urandom of=/tmp/data bs=1M count=4 status=none
+    if dd if=/tmp/data of="$dev" bs=1M oflag=direct status=none &&
+        dd if="$dev" of=/tmp/back bs=1M count=4 iflag=direct status=none && cmp -s /tmp/data /tmp/back; then
+        ok "$1: 4 MiB written through $dev read back equal"
+    else
+        fail "$1: data through $dev"
+    fi
+}
+disconnect() { nvme disconnect -n "$NQN" >/dev/null 2>&1; sleep 0.5; }
+
+echo "=== bidirectional: the host and the controller each prove their secret"
+connect --dhchap-secret "$HOST_SECRET" --dhchap-ctrl-secret "$CTRL_SECRET" && ok "connected" || fail "bidirectional connect"
+write_read bidirectional
+disconnect
+echo "=== host only"
+connect --dhchap-secret "$HOST_SECRET" && ok "connected" || fail "host-only connect"
+write_read "host only"
+disconnect
+echo "=== refused: a wrong secret, no secret"
+connect --dhchap-secret "$WRONG" 2>/dev/null && fail "a wrong secret connected" || ok "a wrong secret is refused"
+disconnect
+connect 2>/dev/null && fail "no secret connected" || ok "no secret is refused"
+disconnect
+[ "$FAILS" = 0 ] && echo "auth: PASS" || echo "auth: $FAILS FAILED"
