@@ -126,30 +126,22 @@ impl NodeIdentity {
             .allow_unauthenticated()
             .build()
             .map_err(|e| format!("CA file {}: {e}", ca_file.display()))?;
+        let mismatch = |e: rustls::Error| {
+            let (cert, key) = (cert_file.display(), key_file.display());
+            format!("{cert} and {key} do not go together: {e}")
+        };
         let server = ServerConfig::builder_with_provider(provider())
             .with_protocol_versions(VERSIONS)
             .map_err(|e| e.to_string())?
             .with_client_cert_verifier(verifier)
             .with_single_cert(chain.clone(), key.clone_key())
-            .map_err(|e| {
-                format!(
-                    "{} and {} do not go together: {e}",
-                    cert_file.display(),
-                    key_file.display()
-                )
-            })?;
+            .map_err(mismatch)?;
         let client = ClientConfig::builder_with_provider(provider())
             .with_protocol_versions(VERSIONS)
             .map_err(|e| e.to_string())?
             .with_root_certificates(roots)
             .with_client_auth_cert(chain, key)
-            .map_err(|e| {
-                format!(
-                    "{} and {} do not go together: {e}",
-                    cert_file.display(),
-                    key_file.display()
-                )
-            })?;
+            .map_err(mismatch)?;
         Ok(NodeIdentity {
             names,
             server: Arc::new(server),

@@ -1231,6 +1231,17 @@ fn a_queue_that_does_not_authenticate_by_the_connect_deadline_is_closed() {
     lingering.connection.on_closed();
 }
 
+/// An admin Connect to the test subsystem from peer `address`: the pair
+/// and the Connect's status.
+fn admin_connect_from(target: &Arc<Target>, address: &str) -> (Pair, Status) {
+    let mut pair = Pair::new(target);
+    pair.connection.set_peer(address.parse().unwrap());
+    pair.initialize(false, false);
+    let (command, data) = connect_command(1, 0, 31, 0, 0xFFFF, TEST_NQN);
+    let response = pair.command(&command, &data).pop().expect("a response");
+    (pair, response.status())
+}
+
 /// Strangers that name an allowed host but cannot authenticate hold a
 /// controller until the Connect deadline: a few per address, and a few
 /// dozen per subsystem (they filled a replica's controllers, and a planned
@@ -1240,14 +1251,7 @@ fn a_queue_that_does_not_authenticate_by_the_connect_deadline_is_closed() {
 fn controllers_waiting_to_authenticate_are_few_per_address_and_per_subsystem() {
     let target = authenticating_target(false);
     let limits = Limits::DEFAULT;
-    let connect_from = |address: String| {
-        let mut pair = Pair::new(&target);
-        pair.connection.set_peer(address.parse().unwrap());
-        pair.initialize(false, false);
-        let (command, data) = connect_command(1, 0, 31, 0, 0xFFFF, TEST_NQN);
-        let response = pair.command(&command, &data).pop().expect("a response");
-        (pair, response.status())
-    };
+    let connect_from = |address: String| admin_connect_from(&target, &address);
     let stranger = "192.0.2.1".to_string();
     let mut waiting: Vec<Pair> = (0..limits.pending_authentications_per_address)
         .map(|_| {
@@ -1291,14 +1295,7 @@ fn places_are_kept_for_the_clusters_nodes() {
     config.node_addresses = vec!["10.0.0.9".parse().unwrap()];
     target.replace_config(Arc::new(config));
     let limits = Limits::DEFAULT;
-    let connect_from = |address: String| {
-        let mut pair = Pair::new(&target);
-        pair.connection.set_peer(address.parse().unwrap());
-        pair.initialize(false, false);
-        let (command, data) = connect_command(1, 0, 31, 0, 0xFFFF, TEST_NQN);
-        let response = pair.command(&command, &data).pop().expect("a response");
-        (pair, response.status())
-    };
+    let connect_from = |address: String| admin_connect_from(&target, &address);
     let strangers =
         limits.pending_authentications_per_subsystem - limits.controllers_reserved_for_nodes;
     let _waiting: Vec<Pair> = (0..strangers)
