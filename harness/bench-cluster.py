@@ -36,13 +36,15 @@ def quantile(values, q):
 
 
 class Cluster:
-    def __init__(self, weft, work, cluster_toml="", reactors=1):
+    def __init__(self, weft, work, cluster_toml="", reactors=1, serve_args=()):
         self.weft = weft
         self.work = work
         # More lines of each node's [cluster] table (e.g. "lease_ttl_ms = 3000").
         self.cluster_toml = cluster_toml
         # Each node's reactors (data plane threads).
         self.reactors = reactors
+        # More arguments of each `weft serve`.
+        self.serve_args = list(serve_args)
         self.processes = []
         self.etcd_url = "http://127.0.0.1:23791"
         self.nodes = []
@@ -68,7 +70,7 @@ class Cluster:
                     "--insecure-store",
                     "--listen", f"127.0.0.1:{15600 + index}",
                     "--api-listen", f"127.0.0.1:{15700 + index}", "--data-dir", data,
-                    "--reactors", str(self.reactors)]
+                    "--reactors", str(self.reactors)] + self.serve_args
             if index > 0:
                 args += ["--api-token-file", os.path.join(self.work, "n1", "api-token")]
             if self.cluster_toml:

@@ -26,7 +26,8 @@ Prints a table and writes JSON (default .cache/bench/replication/result.json).
 
 Usage: harness/bench-replication.py [--weft target/release/weft] [--runtime 5s]
        [--rounds 3] [--failovers 20] [--lease-ms MS] [--rebuild-mib-s 256]
-       [--read-runtime 2s] [--reactors 1] [--queues 1] [--json FILE]
+       [--read-runtime 2s] [--reactors 1] [--queues 1]
+       [--replicated-queues follow|spread] [--json FILE]
        (a benchmark: outside CI; --runtime 1s --rounds 1 --failovers 1
        --read-runtime 500ms is the smoke)
 """
@@ -159,6 +160,8 @@ def main():
     parser.add_argument("--reactors", type=int, default=1, help="each node's reactors")
     parser.add_argument("--queues", type=int, default=1,
                         help="I/O queues of the host, each at the load's I/O depth")
+    parser.add_argument("--replicated-queues", choices=["follow", "spread"],
+                        help="the nodes' placement of replicated volumes' queues (default weft's)")
     parser.add_argument("--json", default=os.path.join(ROOT, ".cache/bench/replication/result.json"))
     args = parser.parse_args()
     global QUEUES
@@ -168,7 +171,9 @@ def main():
     os.makedirs(work)
     lease = f"lease_ttl_ms = {args.lease_ms}\n" if args.lease_ms else ""
     limit = f"rebuild_mib_per_s = {args.rebuild_mib_s}\n"
-    cluster = load_cluster()(args.weft, work, lease + limit, args.reactors)
+    serve_args = (["--replicated-queues", args.replicated_queues]
+                  if args.replicated_queues else [])
+    cluster = load_cluster()(args.weft, work, lease + limit, args.reactors, serve_args)
     try:
         cluster.start()
         n1 = cluster.nodes[0]

@@ -29,6 +29,7 @@ pub use limit::LimitReached;
 pub use listener::{DataPlane, StartError};
 pub use meter::Meter;
 pub use peers::PeerLimits;
+pub use reactor::QueuePlacement;
 pub use volume::{
     Piece, SnapshotName, VolumeBackend, VolumeManager, VolumeOutcome, VolumeReply, VolumeRequest,
     VolumeWork,

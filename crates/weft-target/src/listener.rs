@@ -5,14 +5,14 @@
 use crate::exports::Exports;
 use crate::guest::Guest;
 use crate::peers::{ConnectionCounts, PeerLimits};
-use crate::reactor::{Message, ReactorHandle};
+use crate::reactor::{Mailbox, Message, QueuePlacement, ReactorHandle, Seat};
 use crate::stages::{StageTotals, StagesSnapshot};
 use std::fs::File;
 use std::hash::{Hash, Hasher};
 use std::io;
 use std::net::{SocketAddr, TcpListener};
 use std::ops::RangeInclusive;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 use thiserror::Error;
 use weft_proto::auth::SecureRandom;
@@ -26,9 +26,10 @@ pub struct DataPlane {
     /// The controller registry and the current configuration, shared by every reactor.
     target: Arc<Target>,
     reactors: Arc<Vec<ReactorHandle>>,
-    /// The current exports. The lock also orders updates: every reactor
-    /// receives them in the order the target does.
-    exports: Mutex<Arc<Exports>>,
+    /// The current exports and their number in the sequence of updates
+    /// (0: those it started with). The lock also orders updates: every
+    /// reactor receives them in the order the target does.
+    exports: Mutex<(Arc<Exports>, u64)>,
     /// Every reactor's stage counts.
     stages: Arc<StageTotals>,
 }
@@ -97,11 +98,15 @@ impl DataPlane {
             .map_err(|error| log::warn!("reactors not pinned: their CPUs are unknown: {error}"))
             .ok();
         let stages = Arc::new(StageTotals::default());
+        let siblings = Arc::new(OnceLock::new());
         let handles = (0..reactors)
             .map(|index| {
                 ReactorHandle::spawn(
-                    index,
-                    cpus.as_ref().map(|cpus| cpus[index % cpus.len()]),
+                    Seat {
+                        index,
+                        cpu: cpus.as_ref().map(|cpus| cpus[index % cpus.len()]),
+                        siblings: Arc::clone(&siblings),
+                    },
                     Arc::clone(&target),
                     Arc::clone(&exports),
                     epoch,
@@ -111,6 +116,10 @@ impl DataPlane {
             })
             .collect::<Result<Vec<_>, _>>()
             .map_err(StartError::Reactor)?;
+        let mailboxes: Vec<Arc<Mailbox>> = handles.iter().map(ReactorHandle::mailbox).collect();
+        siblings
+            .set(mailboxes)
+            .expect("set once, after every reactor started");
         let reactors = Arc::new(handles);
         for listener in listeners {
             let reactors = Arc::clone(&reactors);
@@ -124,7 +133,7 @@ impl DataPlane {
             listening,
             target,
             reactors,
-            exports: Mutex::new(exports),
+            exports: Mutex::new((exports, 0)),
             stages,
         })
     }
@@ -143,22 +152,31 @@ impl DataPlane {
     /// those the data plane started with.
     pub fn update_exports(&self, exports: Arc<Exports>) {
         let mut current = self.lock_exports();
+        let number = current.1 + 1;
         self.target.replace_config(Arc::clone(&exports.config));
         for reactor in self.reactors.iter() {
-            reactor.send(Message::Exports(Arc::clone(&exports)));
+            reactor.send(Message::Exports(Arc::clone(&exports), number));
         }
-        *current = exports;
+        *current = (exports, number);
     }
 
     /// Hosts `guest` on one of the reactors (the one `key` picks: a
     /// volume's name, so that volumes spread over them), which gives it its
     /// turns from now on; `doorbell` is the eventfd its ring signals (see
-    /// `crate::guest`).
+    /// `crate::guest`). A replicated volume's replicator is hosted by its
+    /// volume's name: there the I/O queues of that volume meet it when told
+    /// to (see [`DataPlane::place_replicated_queues`]).
     pub fn host(&self, key: &str, guest: Box<dyn Guest>, doorbell: File) {
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        key.hash(&mut hasher);
-        let index = (hasher.finish() % self.reactors.len() as u64) as usize;
+        let index = home_reactor(key, self.reactors.len());
         self.reactors[index].send(Message::Guest(guest, doorbell));
+    }
+
+    /// Where I/O queues of replicated volumes connected from now on are
+    /// served (`QueuePlacement::Spread` until told otherwise).
+    pub fn place_replicated_queues(&self, placement: QueuePlacement) {
+        for reactor in self.reactors.iter() {
+            reactor.send(Message::Placement(placement));
+        }
     }
 
     /// Host NQNs connected to subsystem `subnqn`.
@@ -173,7 +191,7 @@ impl DataPlane {
 
     /// The exports being served.
     pub fn exports(&self) -> Arc<Exports> {
-        Arc::clone(&self.lock_exports())
+        Arc::clone(&self.lock_exports().0)
     }
 
     /// Makes every acknowledged write durable (fdatasync on every device), e.g. before exiting.
@@ -185,11 +203,20 @@ impl DataPlane {
         }
     }
 
-    fn lock_exports(&self) -> MutexGuard<'_, Arc<Exports>> {
+    fn lock_exports(&self) -> MutexGuard<'_, (Arc<Exports>, u64)> {
         self.exports
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
+}
+
+/// The reactor, of `reactors`, that `key` picks: the same in every process
+/// (`DefaultHasher::new` has fixed keys), so a volume's replicator and its
+/// I/O queues meet there whichever of them comes first.
+pub(crate) fn home_reactor(key: &str, reactors: usize) -> usize {
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    key.hash(&mut hasher);
+    (hasher.finish() % reactors as u64) as usize
 }
 
 fn accept_loop(listener: TcpListener, reactors: &[ReactorHandle], counts: &Arc<ConnectionCounts>) {

@@ -15,6 +15,14 @@
 //! by start time, released by a timer — and the reactor counts it in its
 //! own statistics, which it adds to the shared totals every tick; so are the
 //! times its commands spend per stage inside the target (see `stages`).
+//!
+//! Told to (`QueuePlacement::FollowReplicator`), an I/O queue of a
+//! replicated volume moves, once, right after its Connect, to the reactor
+//! that hosts the volume's replicator (or would: the volume's name picks
+//! it, see `DataPlane::host`), so that its writes reach the replicator and
+//! their answers come back on one thread, with no wake-up in between. The
+//! cost: a replicated volume's queues share one reactor (volumes, not
+//! queues, spread over the reactors), so not by default.
 
 use crate::exports::{Backend, Exports, NamespaceDevice};
 use crate::guest::Guest;
@@ -49,8 +57,9 @@ use weft_uring::{Completion, IoBuf, Op, Returned, Ring, SendBatch};
 pub(crate) enum Message {
     /// Serve this accepted connection (its place under the peer limits goes with it).
     Connection(TcpStream, SocketAddr, PeerAdmission),
-    /// Serve these exports from now on.
-    Exports(Arc<Exports>),
+    /// Serve these exports from now on: update number so-and-so (see
+    /// `DataPlane::update_exports`), skipped if this reactor serves a newer one.
+    Exports(Arc<Exports>, u64),
     /// The volume manager's answer to a slow-path request.
     VolumeDone {
         /// Connection index.
@@ -65,17 +74,38 @@ pub(crate) enum Message {
     Injected(Completion),
     /// Host this guest (see `crate::guest`): its ring signals `doorbell`.
     Guest(Box<dyn Guest>, File),
+    /// Serve this connection, an I/O queue just connected on another
+    /// reactor (see [`Reactor::send_home`]), which served these exports,
+    /// update number so-and-so.
+    Adopt(Box<Peer>, Arc<Exports>, u64),
+    /// Where I/O queues of replicated volumes are served from now on.
+    Placement(QueuePlacement),
+}
+
+/// Where a reactor serves an I/O queue of a replicated volume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueuePlacement {
+    /// On the reactor that hosts the volume's replicator: a write and its
+    /// answer stay on one thread (less CPU and latency per small write),
+    /// and the volume's queues share that reactor's core.
+    FollowReplicator,
+    /// Where the listener dealt it (the default): a volume's queues spread
+    /// over the reactors (more cores to receive large writes and to serve
+    /// reads), and a write crosses to its replicator's reactor and back.
+    Spread,
 }
 
 impl std::fmt::Debug for Message {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Message::Connection(_, address, _) => write!(f, "Connection({address})"),
-            Message::Exports(_) => write!(f, "Exports"),
+            Message::Exports(_, number) => write!(f, "Exports({number})"),
             Message::VolumeDone { connection, .. } => write!(f, "VolumeDone({connection})"),
             #[cfg(feature = "fault-injection")]
             Message::Injected(completion) => write!(f, "Injected({completion:?})"),
             Message::Guest(..) => write!(f, "Guest"),
+            Message::Adopt(peer, ..) => write!(f, "Adopt({})", peer.address),
+            Message::Placement(placement) => write!(f, "Placement({placement:?})"),
         }
     }
 }
@@ -138,17 +168,31 @@ pub(crate) struct ReactorHandle {
     _thread: JoinHandle<()>,
 }
 
+/// Where a reactor sits among its siblings.
+pub(crate) struct Seat {
+    /// Its place.
+    pub index: usize,
+    /// The CPU it is pinned to when possible.
+    pub cpu: Option<usize>,
+    /// Every reactor's mailbox, in order, once all started.
+    pub siblings: Arc<OnceLock<Vec<Arc<Mailbox>>>>,
+}
+
 impl ReactorHandle {
-    /// Starts reactor `index`, pinned to CPU `cpu` (if any) when possible.
+    /// Starts the reactor at `seat`.
     pub(crate) fn spawn(
-        index: usize,
-        cpu: Option<usize>,
+        seat: Seat,
         target: Arc<Target>,
         exports: Arc<Exports>,
         epoch: Instant,
         poll_window: Duration,
         stage_totals: Arc<StageTotals>,
     ) -> io::Result<ReactorHandle> {
+        let Seat {
+            index,
+            cpu,
+            siblings,
+        } = seat;
         let (sender, inbox) = std::sync::mpsc::channel();
         let wake = weft_uring::eventfd()?;
         let reactor_wake = wake.try_clone()?;
@@ -169,9 +213,13 @@ impl ReactorHandle {
                     }
                 }
                 Reactor {
+                    index,
+                    siblings,
                     ring,
                     target,
                     exports,
+                    exports_number: 0,
+                    placement: QueuePlacement::Spread,
                     retired: Vec::new(),
                     ticks: 0,
                     inbox,
@@ -207,6 +255,11 @@ impl ReactorHandle {
     /// Delivers `message` and wakes the reactor.
     pub(crate) fn send(&self, message: Message) {
         self.mailbox.send(message);
+    }
+
+    /// Its mailbox, for its siblings.
+    pub(crate) fn mailbox(&self) -> Arc<Mailbox> {
+        Arc::clone(&self.mailbox)
     }
 }
 
@@ -331,7 +384,7 @@ impl SlotBuffers for SlotTable {
 }
 
 #[derive(Debug)]
-struct Peer {
+pub(crate) struct Peer {
     stream: TcpStream,
     address: SocketAddr,
     protocol: Connection,
@@ -360,6 +413,8 @@ struct Peer {
     sending: Waiting,
     /// Its place under the listener's connection limits, given back on release.
     _admission: PeerAdmission,
+    /// Whether it was placed on its reactor for good (see [`Reactor::send_home`]).
+    placed: bool,
 }
 
 impl Peer {
@@ -491,9 +546,19 @@ struct Hosted {
 }
 
 struct Reactor {
+    /// Its place among its siblings.
+    index: usize,
+    /// Every reactor's mailbox, in order (set once all started).
+    siblings: Arc<OnceLock<Vec<Arc<Mailbox>>>>,
     ring: Ring,
     target: Arc<Target>,
     exports: Arc<Exports>,
+    /// The number of `exports` in the sequence of updates (see
+    /// `DataPlane::update_exports`): a connection moved here from a
+    /// reactor ahead brings a newer one.
+    exports_number: u64,
+    /// Where it serves I/O queues of replicated volumes.
+    placement: QueuePlacement,
     /// Exports an update replaced, with the tick count at the time. Block I/O
     /// queued on the ring before the update names their devices' file
     /// descriptors, which must stay open until the kernel has taken the op
@@ -756,7 +821,7 @@ impl Reactor {
                 Message::Connection(stream, address, admission) => {
                     self.add_connection(stream, address, admission)
                 }
-                Message::Exports(exports) => self.swap_exports(exports),
+                Message::Exports(exports, number) => self.swap_exports(exports, number),
                 Message::VolumeDone {
                     connection,
                     request,
@@ -765,6 +830,8 @@ impl Reactor {
                 #[cfg(feature = "fault-injection")]
                 Message::Injected(completion) => self.complete(completion),
                 Message::Guest(guest, doorbell) => self.adopt_guest(guest, doorbell),
+                Message::Adopt(peer, exports, number) => self.adopt(peer, exports, number),
+                Message::Placement(placement) => self.placement = placement,
             }
         }
     }
@@ -812,8 +879,16 @@ impl Reactor {
             replies: Waiting::default(),
             sending: Waiting::default(),
             _admission: admission,
+            placed: false,
         };
-        let index = match self.free.pop() {
+        log::debug!("{address}: connected");
+        let index = self.insert(peer);
+        self.drive(index);
+    }
+
+    /// Serves `peer` from a free index.
+    fn insert(&mut self, peer: Peer) -> usize {
+        match self.free.pop() {
             Some(index) => {
                 self.connections[index] = Some(peer);
                 index
@@ -822,15 +897,88 @@ impl Reactor {
                 self.connections.push(Some(peer));
                 self.connections.len() - 1
             }
-        };
-        log::debug!("{address}: connected");
+        }
+    }
+
+    /// Takes over an I/O queue another reactor connected (see
+    /// [`Reactor::send_home`]) with `exports`, update `number`: a reactor
+    /// behind serves them from now on (their update, still on its way
+    /// here, is skipped then); one ahead hands its newer ones to the
+    /// connection, as it did to every connection here.
+    fn adopt(&mut self, mut peer: Box<Peer>, exports: Arc<Exports>, number: u64) {
+        if number > self.exports_number {
+            self.swap_exports(exports, number);
+        } else if number < self.exports_number {
+            peer.protocol
+                .update_config(Arc::clone(&self.exports.config));
+            peer.subsystem = peer.protocol.subsystem_index();
+        }
+        log::debug!(
+            "{}: served by reactor {} from now on",
+            peer.address,
+            self.index
+        );
+        let index = self.insert(*peer);
         self.drive(index);
     }
 
-    /// Serves `exports` in place of the current snapshot: every connection
-    /// gets the new configuration (its subsystem may have moved or gone, its
-    /// host may have an event to hear) and moves on.
-    fn swap_exports(&mut self, exports: Arc<Exports>) {
+    /// Hands connection `index` to the reactor that hosts (or would host)
+    /// its volume's replicator, if it is an I/O queue of a replicated
+    /// volume that has just answered its Connect and another reactor is
+    /// that home (see `crate::listener::home_reactor`): its writes then
+    /// reach the replicator, and their answers come back, within one
+    /// thread. Decided once, while nothing of it is on this ring or with
+    /// the manager (a host sends nothing on a queue before the Connect's
+    /// answer); the answer goes out from its new reactor. True if it went.
+    fn send_home(&mut self, index: usize) -> bool {
+        let Some(home) = self.home_of(index) else {
+            return false;
+        };
+        let Some(siblings) = self.siblings.get() else {
+            return false;
+        };
+        let peer = self.connections[index].take().expect("live connection");
+        self.free.push(index);
+        let exports = Arc::clone(&self.exports);
+        siblings[home].send(Message::Adopt(Box::new(peer), exports, self.exports_number));
+        true
+    }
+
+    /// The reactor connection `index` belongs on, if it should move now.
+    fn home_of(&mut self, index: usize) -> Option<usize> {
+        let peer = self.connections[index].as_mut()?;
+        if peer.placed {
+            return None;
+        }
+        // Not an I/O queue yet: decided once its Connect is taken.
+        let subsystem = peer.protocol.subsystem_index()?;
+        peer.placed = true;
+        if self.placement == QueuePlacement::Spread || peer.closing || peer.ops_in_flight > 0 {
+            return None;
+        }
+        let reactors = self.siblings.get()?.len();
+        let volume = self
+            .exports
+            .devices
+            .get(subsystem)?
+            .iter()
+            .find_map(|namespace| match &namespace.backend {
+                Backend::Volume(volume) if volume.replicated.is_some() => Some(volume),
+                _ => None,
+            })?;
+        let home = crate::listener::home_reactor(&volume.volume, reactors);
+        (home != self.index).then_some(home)
+    }
+
+    /// Serves `exports`, update `number`, in place of the current snapshot
+    /// unless that is as new: every connection gets the new configuration
+    /// (its subsystem may have moved or gone, its host may have an event to
+    /// hear) and moves on.
+    fn swap_exports(&mut self, exports: Arc<Exports>, number: u64) {
+        if number <= self.exports_number {
+            return;
+        }
+        self.exports_number = number;
         let replaced = std::mem::replace(&mut self.exports, exports);
         self.retired.push((self.ticks, replaced));
         for index in 0..self.connections.len() {
@@ -1492,6 +1640,9 @@ impl Reactor {
         {
             self.submit_block_io(index, request);
         }
+        if self.send_home(index) {
+            return;
+        }
         self.submit_send(index);
         let peer = self.connections[index].as_mut().expect("live connection");
         if let Some(refused) = peer.protocol.take_refused_host() {
@@ -1923,7 +2074,10 @@ mod tests {
             &[],
             weft_proto::Limits::DEFAULT,
         );
-        Message::Exports(Arc::new(Exports::new(Arc::new(config), vec![Vec::new()])))
+        Message::Exports(
+            Arc::new(Exports::new(Arc::new(config), vec![Vec::new()])),
+            1,
+        )
     }
 
     #[test]

@@ -26,7 +26,7 @@ use weft_api as api;
 use weft_api::token;
 use weft_node::exports::BackendSpec;
 use weft_node::{identity, AdminOp, Manager, NodeId};
-use weft_target::{Backend, DataPlane};
+use weft_target::{Backend, DataPlane, QueuePlacement};
 
 const USAGE: &str = "\
 weft: NVMe/TCP storage node
@@ -34,6 +34,7 @@ weft: NVMe/TCP storage node
 Usage:
   weft serve [--config FILE] [--listen ADDR:PORT]... [--data-dir DIR] [--api-listen ADDR:PORT]
              [--api-token-file FILE] [--reactors N] [--poll-us N] [--log-level LEVEL]
+             [--replicated-queues follow|spread]
              [--cluster https://ETCD:2379[,...] --node NAME [--pki DIR] [--advertise ADDR]
               [--zone ZONE] [--api-advertise URL] [--insecure-store]]
 
@@ -163,6 +164,13 @@ Serve options:
                        served without a wake-up; idle, nothing spins; not while other
                        threads wait for the reactor's CPU); 0: purely interrupt driven;
                        1000000: polled while busy, for dedicated cores
+  --replicated-queues follow|spread
+                       where an I/O queue of a replicated volume is served: spread
+                       (default): dealt over the reactors like every other queue (more
+                       cores for one volume's reads and large writes); follow: on the
+                       reactor of the volume's replicator, so a write and its answer
+                       stay on one thread (less CPU and latency per small write; the
+                       volume's queues share one core; docs/PERFORMANCE.md section 8)
   --log-level LEVEL    error, warn, info (default), debug, trace; also WEFT_LOG
   -h, --help           this text
   -V, --version        version
@@ -181,6 +189,7 @@ struct ServeArgs {
     data_dir: Option<PathBuf>,
     reactors: Option<usize>,
     poll_us: Option<u64>,
+    replicated_queues: Option<QueuePlacement>,
     log_level: Option<String>,
     api_listen: Option<SocketAddr>,
     api_token_file: Option<PathBuf>,
@@ -322,6 +331,22 @@ fn parse_args() -> Result<Command, String> {
                         )
                     },
                 )?);
+            }
+            Long("replicated-queues") => {
+                let text = parser
+                    .value()
+                    .map_err(|e| e.to_string())?
+                    .string()
+                    .map_err(|_| "--replicated-queues is not UTF-8".to_string())?;
+                args.replicated_queues = Some(match text.as_str() {
+                    "follow" => QueuePlacement::FollowReplicator,
+                    "spread" => QueuePlacement::Spread,
+                    _ => {
+                        return Err(format!(
+                            "--replicated-queues: \"{text}\" is neither follow nor spread"
+                        ))
+                    }
+                });
             }
             Long("log-level") => {
                 args.log_level = Some(
@@ -522,6 +547,9 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         )
         .map_err(|e| e.to_string())?,
     );
+    if let Some(placement) = args.replicated_queues {
+        plane.place_replicated_queues(placement);
+    }
     let handle = manager.handle();
     let status = manager.status(Arc::clone(&plane));
     let api_cluster = member.as_ref().map(|member| match identity {
