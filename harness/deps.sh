@@ -1,7 +1,8 @@
 #!/bin/bash
 # Installs the Debian packages weft's tests need on the host, only those missing:
 # qemu (the guest), debootstrap/e2fsprogs/cpio (the guest image), iproute2, a C compiler
-# (ring, the API's TLS crypto, builds C), openssl (the API TLS test makes a certificate),
+# (ring, the API's TLS crypto, builds C), openssl (the API TLS test makes a certificate; it and
+# gnutls-cli are the NVMe/TCP TLS tests' peers),
 # protoc and its well-known types (etcd-client compiles etcd's gRPC API at build time) and etcd with etcdctl (the
 # cluster store's tests run real members; harness/etcd.sh starts them by hand) and fio (it
 # loads weft's external I/O engine, libweft_fio.so).
@@ -21,6 +22,8 @@ need python3 python3
 need flock util-linux
 need cc gcc
 need openssl openssl
+# The TLS tests' peers: GnuTLS as the Linux host's tlshd drives it (crates/weft-proto/tests/tls_peers.rs).
+need gnutls-cli gnutls-bin
 need protoc protobuf-compiler
 need etcd etcd-server
 # protoc's well-known types (google/protobuf/descriptor.proto), which etcd's API imports:

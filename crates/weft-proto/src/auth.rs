@@ -10,6 +10,7 @@
 //! "DH group unusable") and secure channel concatenation (TLS), which the
 //! Linux 6.1 hosts this project tests against do not have either.
 
+use crate::keytext::{base64_decode, base64_encode, crc32};
 use hmac::{Hmac, Mac};
 use std::fmt;
 use std::sync::Arc;
@@ -102,7 +103,7 @@ impl HashFunction {
     }
 
     /// HMAC of the concatenation of `parts` under `key`.
-    fn hmac(self, key: &[u8], parts: &[&[u8]]) -> Digest {
+    pub(crate) fn hmac(self, key: &[u8], parts: &[&[u8]]) -> Digest {
         fn run<M: Mac + hmac::digest::KeyInit>(key: &[u8], parts: &[&[u8]]) -> Digest {
             let mut mac = <M as Mac>::new_from_slice(key).expect("HMAC takes keys of any length");
             for part in parts {
@@ -923,63 +924,6 @@ fn read_u32(bytes: &[u8], at: usize) -> u32 {
     bytes
         .get(at..at + 4)
         .map_or(0, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-}
-
-/// CRC-32 (IEEE 802.3, reflected, as zlib), which `DHHC-1` secrets append.
-fn crc32(bytes: &[u8]) -> u32 {
-    let mut crc = !0u32;
-    for &byte in bytes {
-        crc ^= u32::from(byte);
-        for _ in 0..8 {
-            crc = (crc >> 1) ^ (0xEDB8_8320 & (crc & 1).wrapping_neg());
-        }
-    }
-    !crc
-}
-
-const BASE64_ALPHABET: &[u8; 64] =
-    b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-fn base64_encode(bytes: &[u8]) -> String {
-    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
-    for chunk in bytes.chunks(3) {
-        let group = chunk
-            .iter()
-            .enumerate()
-            .fold(0u32, |acc, (i, &b)| acc | u32::from(b) << (16 - 8 * i));
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(BASE64_ALPHABET[(group >> (18 - 6 * i)) as usize & 0x3F] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
-}
-
-/// Standard base64 with padding; `None` for anything else.
-fn base64_decode(text: &str) -> Option<Vec<u8>> {
-    let bytes = text.as_bytes();
-    if !bytes.len().is_multiple_of(4) {
-        return None;
-    }
-    let mut out = Vec::with_capacity(bytes.len() / 4 * 3);
-    for (index, chunk) in bytes.chunks(4).enumerate() {
-        let last = index == bytes.len() / 4 - 1;
-        let padding = chunk.iter().rev().take_while(|&&b| b == b'=').count();
-        if padding > 2 || (padding > 0 && !last) {
-            return None;
-        }
-        let mut group = 0u32;
-        for &byte in &chunk[..4 - padding] {
-            let value = BASE64_ALPHABET.iter().position(|&a| a == byte)?;
-            group = group << 6 | value as u32;
-        }
-        group <<= 6 * padding as u32;
-        out.extend_from_slice(&group.to_be_bytes()[1..4 - padding]);
-    }
-    Some(out)
 }
 
 #[cfg(test)]

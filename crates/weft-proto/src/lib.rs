@@ -22,12 +22,14 @@ pub mod host;
 pub mod identify;
 pub mod intent;
 pub mod io;
+mod keytext;
 pub mod pdu;
 pub mod reservation;
 pub mod status;
 pub mod target;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+pub mod tls;
 mod transmit;
 pub mod types;
 pub mod wire;
