@@ -1829,6 +1829,7 @@ fn allowed_host(name: &str, host: &HostRecord, seal: Option<&sealed::Seal>) -> O
     Some(AllowedHost {
         nqn: host.nqn.clone(),
         keys,
+        tls_psk: None,
     })
 }
 

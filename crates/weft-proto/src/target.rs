@@ -333,6 +333,9 @@ pub struct AllowedHost {
     /// Its DH-HMAC-CHAP secrets: when set, each of its queues must
     /// authenticate before it carries anything but Fabrics commands.
     pub keys: Option<Arc<HostKeys>>,
+    /// Its configured TLS PSK: when set, each of its queues must come over
+    /// TLS with it (see [`crate::tls`]); a plain one is refused at Connect.
+    pub tls_psk: Option<Arc<crate::tls::psk::ConfiguredPsk>>,
 }
 
 impl HostAccess {
@@ -341,6 +344,17 @@ impl HostAccess {
         match self {
             HostAccess::Any => true,
             HostAccess::Only(hosts) => hosts.iter().any(|h| h.nqn == hostnqn),
+        }
+    }
+
+    /// The TLS PSK host `hostnqn` must connect with, if any.
+    pub fn tls_psk_of(&self, hostnqn: &str) -> Option<&Arc<crate::tls::psk::ConfiguredPsk>> {
+        match self {
+            HostAccess::Any => None,
+            HostAccess::Only(hosts) => hosts
+                .iter()
+                .find(|h| h.nqn == hostnqn)
+                .and_then(|h| h.tls_psk.as_ref()),
         }
     }
 
@@ -353,6 +367,27 @@ impl HostAccess {
                 .find(|h| h.nqn == hostnqn)
                 .and_then(|h| h.keys.as_ref()),
         }
+    }
+}
+
+/// The TLS PSKs of the hosts a target allows, by the identity a host offers
+/// (NVMe/TCP 1.1 section 3.6.1.3): the identity names the host and the
+/// subsystem, whose access list holds the host's configured key; a host
+/// discovering over TLS may use the key any subsystem gives it.
+impl crate::tls::PskStore for TargetConfig {
+    fn tls_psks(&self, identity: &[u8]) -> Vec<Vec<u8>> {
+        let Some(identity) = crate::tls::psk::Identity::parse(identity) else {
+            return Vec::new();
+        };
+        let psk = if identity.subsystem_nqn == DISCOVERY_NQN {
+            self.subsystems
+                .iter()
+                .find_map(|s| s.access.tls_psk_of(&identity.host_nqn))
+        } else {
+            self.subsystem(&identity.subsystem_nqn)
+                .and_then(|s| s.access.tls_psk_of(&identity.host_nqn))
+        };
+        psk.map_or(Vec::new(), |psk| identity.tls_psks(psk))
     }
 }
 

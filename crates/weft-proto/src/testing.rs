@@ -113,6 +113,7 @@ pub fn require_authentication(config: &mut TargetConfig, bidirectional: bool) {
     config.subsystems[0].access = HostAccess::Only(vec![AllowedHost {
         nqn: HOST_NQN.to_string(),
         keys: Some(Arc::new(host_keys(bidirectional))),
+        tls_psk: None,
     }]);
 }
 

@@ -253,6 +253,7 @@ impl Manager {
             .map(|node| AllowedHost {
                 nqn: node_host_nqn(node),
                 keys: self.cluster_keys.clone(),
+                tls_psk: None,
             })
             .collect();
         // The primary's writes reach the copy here: hosts' reservations

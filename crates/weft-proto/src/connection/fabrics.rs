@@ -174,6 +174,7 @@ impl Connection {
             // Dynamic controller model: the host must ask for any controller.
             return Err(invalid_data_field(16));
         }
+        check_tls_identity(self.tls_identity.as_ref(), data)?;
         let (kind, authenticating) = if data.subnqn == DISCOVERY_NQN {
             (ControllerKind::Discovery, false)
         } else {
@@ -181,7 +182,7 @@ impl Connection {
                 .config
                 .subsystem(&data.subnqn)
                 .ok_or(invalid_data_field(256))?;
-            check_host_allowed(subsystem, data)?;
+            check_host_allowed(subsystem, data, self.tls_identity.is_some())?;
             check_host_id(subsystem, data)?;
             let authenticating = subsystem.access.keys_of(&data.hostnqn).is_some();
             (ControllerKind::Io, authenticating)
@@ -241,7 +242,12 @@ impl Connection {
             .config
             .subsystem_index(&data.subnqn)
             .ok_or(invalid_data_field(256))?;
-        check_host_allowed(&self.config.subsystems[subsystem], data)?;
+        check_tls_identity(self.tls_identity.as_ref(), data)?;
+        check_host_allowed(
+            &self.config.subsystems[subsystem],
+            data,
+            self.tls_identity.is_some(),
+        )?;
         let controller = self
             .target
             .registry
@@ -279,16 +285,39 @@ pub(super) enum NewQueue {
 
 /// Refuses a host the subsystem does not allow with Connect Invalid Host,
 /// pointing at the Host NQN in the Connect data (NVMe-oF 1.1, section 3.3,
-/// Figure 21; Linux nvmet answers the same).
+/// Figure 21; Linux nvmet answers the same); so is a host given a TLS PSK
+/// that connects without TLS (`over_tls` false).
 pub(super) fn check_host_allowed(
     subsystem: &SubsystemConfig,
     data: &ConnectData,
+    over_tls: bool,
 ) -> Result<(), (Status, u64)> {
-    if subsystem.access.allows(&data.hostnqn) {
+    let needs_tls = subsystem.access.tls_psk_of(&data.hostnqn).is_some();
+    if subsystem.access.allows(&data.hostnqn) && (over_tls || !needs_tls) {
         Ok(())
     } else {
         Err((Status::CONNECT_INVALID_HOST, (1 << 16) | 512))
     }
+}
+
+/// In a TLS stream, a Connect must name the host and subsystem of the PSK
+/// identity the stream was established with (NVMe/TCP 1.1 section 3.6.1.3:
+/// the identity binds the key to both NQNs): another host's NQN is refused
+/// as Connect Invalid Host, another subsystem at the SUBNQN field.
+pub(super) fn check_tls_identity(
+    identity: Option<&crate::tls::psk::Identity>,
+    data: &ConnectData,
+) -> Result<(), (Status, u64)> {
+    let Some(identity) = identity else {
+        return Ok(());
+    };
+    if identity.host_nqn != data.hostnqn {
+        return Err((Status::CONNECT_INVALID_HOST, (1 << 16) | 512));
+    }
+    if identity.subsystem_nqn != data.subnqn {
+        return Err(invalid_data_field(256));
+    }
+    Ok(())
 }
 
 /// A zero host identifier cannot hold a reservation (the identifier is

@@ -239,6 +239,9 @@ pub struct Connection {
     fence_wait: Option<FenceWait>,
     /// The peer's address, when the driver gave it (see [`Connection::set_peer`]).
     peer: Option<std::net::IpAddr>,
+    /// The PSK identity of the TLS stream the connection runs in, if any
+    /// (see [`Connection::set_tls_identity`]).
+    tls_identity: Option<crate::tls::psk::Identity>,
 }
 
 /// A host a subsystem refused at Connect (Connect Invalid Host).
@@ -277,6 +280,7 @@ impl Connection {
             dsm_ranges: Vec::with_capacity(256),
             reservation_view: None,
             refused_host: None,
+            tls_identity: None,
             setup_deadline: None,
             fence_controller: None,
             fence_wait: None,
@@ -289,6 +293,13 @@ impl Connection {
     /// ([`Limits::pending_authentications_per_address`]).
     pub fn set_peer(&mut self, address: std::net::IpAddr) {
         self.peer = Some(address);
+    }
+
+    /// The connection runs in a TLS stream established with `identity`'s
+    /// PSK (before its ICReq): its Connects must name that identity's host
+    /// and subsystem, and a host given a TLS PSK connects only so.
+    pub fn set_tls_identity(&mut self, identity: crate::tls::psk::Identity) {
+        self.tls_identity = Some(identity);
     }
 
     /// Feeds received bytes.

@@ -1041,11 +1041,129 @@ fn target_allowing(hosts: &[&str]) -> Arc<Target> {
                 .map(|h| AllowedHost {
                     nqn: h.to_string(),
                     keys: None,
+                    tls_psk: None,
                 })
                 .collect(),
         );
     });
     target
+}
+
+// ----- TLS -----
+
+const TLS_KEY: &str = "NVMeTLSkey-1:01:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwNf9LrZ:";
+const OTHER_HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-0000000000ff";
+
+/// The test target open to the model host, which must come over TLS with
+/// [`TLS_KEY`], and to [`OTHER_HOST`] in the clear.
+fn target_with_tls_host() -> Arc<Target> {
+    let target = test_target();
+    let psk = crate::tls::psk::ConfiguredPsk::parse(TLS_KEY).unwrap();
+    update(&target, |config| {
+        config.subsystems[0].access = HostAccess::Only(vec![
+            AllowedHost {
+                nqn: HOST_NQN.to_string(),
+                keys: None,
+                tls_psk: Some(Arc::new(psk.clone())),
+            },
+            AllowedHost {
+                nqn: OTHER_HOST.to_string(),
+                keys: None,
+                tls_psk: None,
+            },
+        ]);
+    });
+    target
+}
+
+fn tls_identity(host: &str, subsystem: &str) -> crate::tls::psk::Identity {
+    let psk = crate::tls::psk::ConfiguredPsk::parse(TLS_KEY).unwrap();
+    crate::tls::psk::Identity::of(&psk, 0, host, subsystem)
+}
+
+fn admin_connect_as(host: &mut Pair, hostnqn: &str, subnqn: &str) -> ReceivedPdu {
+    host.initialize(false, false);
+    let (sqe, mut data) = connect_command(1, 0, 31, 0, 0xFFFF, subnqn);
+    data[512..512 + hostnqn.len()].copy_from_slice(hostnqn.as_bytes());
+    data[512 + hostnqn.len()..768].fill(0);
+    // A HOSTID of its own: an identifier is bound to the NQN it connects under.
+    data[..16].fill(hostnqn.len() as u8);
+    host.command(&sqe, &data).pop().unwrap()
+}
+
+#[test]
+fn a_host_given_a_tls_psk_is_refused_in_the_clear_and_served_over_tls() {
+    let target = target_with_tls_host();
+    let mut plain = Pair::new(&target);
+    let response = admin_connect_as(&mut plain, HOST_NQN, TEST_NQN);
+    assert_eq!(response.status(), Status::CONNECT_INVALID_HOST);
+    assert!(target.registry.is_empty());
+
+    let mut over_tls = Pair::new(&target);
+    over_tls
+        .connection
+        .set_tls_identity(tls_identity(HOST_NQN, TEST_NQN));
+    let cntlid = over_tls.connect_admin(TEST_NQN, 0);
+    let mut queues = sqe(admin_opcode::SET_FEATURES, 3, 0, 0, false);
+    set_cdw(&mut queues, 10, 0x07);
+    set_cdw(&mut queues, 11, 0x0001_0001);
+    assert_eq!(over_tls.simple(&queues).status(), Status::SUCCESS);
+    let mut io = Pair::new(&target);
+    io.connection
+        .set_tls_identity(tls_identity(HOST_NQN, TEST_NQN));
+    assert_eq!(io.connect_io(cntlid, 1, 31).status(), Status::SUCCESS);
+
+    // A host without a PSK still connects in the clear.
+    let mut other = Pair::new(&target);
+    assert_eq!(
+        admin_connect_as(&mut other, OTHER_HOST, TEST_NQN).status(),
+        Status::SUCCESS
+    );
+}
+
+#[test]
+fn a_tls_stream_carries_only_the_connects_its_identity_names() {
+    let target = target_with_tls_host();
+    // Another host's NQN inside the model host's stream: even one allowed in the clear.
+    let mut host = Pair::new(&target);
+    host.connection
+        .set_tls_identity(tls_identity(HOST_NQN, TEST_NQN));
+    let response = admin_connect_as(&mut host, OTHER_HOST, TEST_NQN);
+    assert_eq!(response.status(), Status::CONNECT_INVALID_HOST);
+    // A stream for another subsystem: refused at SUBNQN.
+    let mut host = Pair::new(&target);
+    host.connection
+        .set_tls_identity(tls_identity(HOST_NQN, "nqn.2026-11.io.weft:vol:other"));
+    let response = admin_connect_as(&mut host, HOST_NQN, TEST_NQN);
+    assert_eq!(response.status(), Status::CONNECT_INVALID_PARAMETERS);
+    assert_eq!(response.result(), (1 << 16) | 256);
+    assert!(target.registry.is_empty());
+}
+
+#[test]
+fn the_target_finds_a_hosts_tls_psks_by_its_identity() {
+    use crate::tls::PskStore;
+    let target = target_with_tls_host();
+    let config = target.config();
+    let identity = tls_identity(HOST_NQN, TEST_NQN);
+    let psk = crate::tls::psk::ConfiguredPsk::parse(TLS_KEY).unwrap();
+    let expected = identity.tls_psks(&psk);
+    assert_eq!(config.tls_psks(identity.to_string().as_bytes()), expected);
+    let discovery = tls_identity(HOST_NQN, DISCOVERY_NQN);
+    assert_eq!(
+        config.tls_psks(discovery.to_string().as_bytes()),
+        discovery.tls_psks(&psk)
+    );
+    for unknown in [
+        tls_identity(OTHER_HOST, TEST_NQN),
+        tls_identity(HOST_NQN, "nqn.2026-11.io.weft:vol:other"),
+    ] {
+        assert!(
+            config.tls_psks(unknown.to_string().as_bytes()).is_empty(),
+            "{unknown}"
+        );
+    }
+    assert!(config.tls_psks(b"not an identity").is_empty());
 }
 
 #[test]
