@@ -106,6 +106,16 @@ impl Transmitter {
         })
     }
 
+    /// The batch [`Transmitter::poll`] handed out, while it is being sent
+    /// (a driver that sends it in pieces, sealed into TLS records, reads
+    /// it again for each).
+    pub fn sending(&self) -> Option<Transmit<'_>> {
+        self.busy.then(|| Transmit {
+            bytes: &self.sending.bytes,
+            segments: &self.sending.segments,
+        })
+    }
+
     /// The batch from [`Transmitter::poll`] was sent: calls `release` for each
     /// slot whose data it carried, then forgets it.
     pub fn finish(&mut self, mut release: impl FnMut(SlotId)) {
@@ -132,6 +142,23 @@ impl Transmitter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_batch_being_sent_can_be_read_again_until_it_is_finished() {
+        let mut tx = Transmitter::with_capacity(64, 8);
+        assert!(tx.sending().is_none());
+        tx.push_bytes(b"ab");
+        tx.push_slot(SlotId(3), 0..8);
+        let first = format!("{:?}", tx.poll().unwrap());
+        tx.push_bytes(b"next");
+        assert_eq!(
+            format!("{:?}", tx.sending().unwrap()),
+            first,
+            "the same batch"
+        );
+        tx.finish(|_| {});
+        assert!(tx.sending().is_none());
+    }
 
     #[test]
     fn batches_alternate_and_release_slots() {

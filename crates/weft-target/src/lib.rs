@@ -21,6 +21,7 @@ mod reactor;
 pub mod replicated;
 mod spin;
 pub mod stages;
+mod tls;
 mod volume;
 
 pub use exports::{Backend, Exports, NamespaceDevice};

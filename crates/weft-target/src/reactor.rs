@@ -32,6 +32,7 @@ use crate::peers::PeerAdmission;
 use crate::replicated::{Replicated, ReplicatedIo, ReplicatedWork};
 use crate::spin::{RunDelay, SpinGovernor};
 use crate::stages::{LocalStages, LoopCounter, Stage, StageTotals, Waiting};
+use crate::tls::{PeerTls, TlsStream};
 use crate::volume::{
     Piece, SnapshotName, VolumeBackend, VolumeOutcome, VolumeReply, VolumeRequest, VolumeWork,
 };
@@ -415,6 +416,21 @@ pub(crate) struct Peer {
     _admission: PeerAdmission,
     /// Whether it was placed on its reactor for good (see [`Reactor::send_home`]).
     placed: bool,
+    /// TLS on it, once its first byte told (see `crate::tls`).
+    tls: PeerTls,
+    /// What its send in flight carries.
+    sent: Sent,
+}
+
+/// What a connection's send in flight carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sent {
+    /// The protocol's transmit, in the clear.
+    Protocol,
+    /// A piece of the protocol's transmit sealed into TLS records (the last one or not).
+    Sealed { last: bool },
+    /// TLS handshake messages.
+    Handshake,
 }
 
 impl Peer {
@@ -880,6 +896,8 @@ impl Reactor {
             sending: Waiting::default(),
             _admission: admission,
             placed: false,
+            tls: PeerTls::Undecided,
+            sent: Sent::Protocol,
         };
         log::debug!("{address}: connected");
         let index = self.insert(peer);
@@ -1016,7 +1034,7 @@ impl Reactor {
     fn on_receive(&mut self, index: usize, completion: Completion) {
         let now = self.now();
         let peer = self.connections[index].as_mut().expect("live connection");
-        let Returned::Buf(buffer) = completion.returned else {
+        let Returned::Buf(mut buffer) = completion.returned else {
             unreachable!("a receive returns its buffer")
         };
         match completion.result {
@@ -1024,8 +1042,20 @@ impl Reactor {
             Ok(received) => {
                 self.counts.stages.count(LoopCounter::Receives);
                 peer.received_ns = now.0.as_nanos() as u64;
-                peer.protocol
-                    .handle_input(&buffer.as_slice()[..received], now, &mut peer.slots)
+                let random = self.target.random.as_ref();
+                if let Err((reason, alert)) = take_received(
+                    peer,
+                    &mut buffer,
+                    received,
+                    now,
+                    &self.exports.config,
+                    random,
+                ) {
+                    if let Some(alert) = alert {
+                        send_alert(peer, &alert);
+                    }
+                    begin_close(peer, &reason);
+                }
             }
             Err(error) => begin_close(peer, &format!("receive failed: {error}")),
         }
@@ -1060,12 +1090,26 @@ impl Reactor {
             self.counts.stages.add(Stage::Send, commands, total_ns);
         }
         let mut buffers = batch.take_bufs();
-        peer.staging = buffers.next();
-        for (slot, buffer) in peer.lent_slots.drain(..).zip(buffers) {
-            peer.slots.put(slot, buffer);
+        match peer.sent {
+            Sent::Protocol => {
+                peer.staging = buffers.next();
+                for (slot, buffer) in peer.lent_slots.drain(..).zip(&mut buffers) {
+                    peer.slots.put(slot, buffer);
+                }
+                peer.protocol.on_transmitted();
+            }
+            Sent::Sealed { last } => {
+                if let PeerTls::Stream(stream) = &mut peer.tls {
+                    stream.out = buffers.next();
+                }
+                if last {
+                    peer.protocol.on_transmitted();
+                }
+            }
+            Sent::Handshake => peer.staging = buffers.next(),
         }
+        drop(buffers);
         peer.batch = Some(batch);
-        peer.protocol.on_transmitted();
     }
 
     fn on_block_io(&mut self, index: usize, slot: SlotId, completion: Completion) {
@@ -1653,11 +1697,16 @@ impl Reactor {
         }
         if !peer.closing {
             if let Some(buffer) = peer.receive_buffer.take() {
+                // After the front's incomplete TLS record, if any.
+                let offset = match &peer.tls {
+                    PeerTls::Stream(stream) => stream.partial,
+                    _ => 0,
+                };
                 let op = Op::Recv {
                     fd: peer.stream.as_raw_fd(),
                     buf: buffer,
-                    offset: 0,
-                    len: RECEIVE_BUFFER_BYTES,
+                    offset,
+                    len: RECEIVE_BUFFER_BYTES - offset,
                 };
                 peer.ops_in_flight += 1;
                 self.push(op, token(index, OpKind::Receive, 0));
@@ -1674,6 +1723,11 @@ impl Reactor {
         let peer = self.connections[index].as_mut().expect("live connection");
         if peer.batch.is_none() || peer.closing {
             return;
+        }
+        match &peer.tls {
+            PeerTls::Handshake(..) => return self.send_handshake(index),
+            PeerTls::Stream(_) => return self.send_sealed(index),
+            PeerTls::Undecided | PeerTls::Plain => {}
         }
         let Some(transmit) = peer.protocol.poll_transmit() else {
             return;
@@ -1707,6 +1761,79 @@ impl Reactor {
             }
         }
         peer.ops_in_flight += 1;
+        peer.sent = Sent::Protocol;
+        let fd = peer.stream.as_raw_fd();
+        self.push(Op::Send { fd, batch }, token(index, OpKind::Send, 0));
+    }
+
+    /// Sends what the TLS handshake has to send, from the staging buffer.
+    fn send_handshake(&mut self, index: usize) {
+        let peer = self.connections[index].as_mut().expect("live connection");
+        let PeerTls::Handshake(_, output) = &mut peer.tls else {
+            unreachable!("called during the handshake")
+        };
+        if output.is_empty() {
+            return;
+        }
+        let mut staging = peer.staging.take().expect("staging is home between sends");
+        // A server's flight is a few hundred bytes.
+        let len = output.len().min(STAGING_BYTES);
+        staging.as_mut_slice()[..len].copy_from_slice(&output[..len]);
+        output.drain(..len);
+        let mut batch = peer.batch.take().expect("checked by the caller");
+        let staging_index = batch.push_buf(staging);
+        batch.push_segment(staging_index, 0..len);
+        peer.ops_in_flight += 1;
+        peer.sent = Sent::Handshake;
+        let fd = peer.stream.as_raw_fd();
+        self.push(Op::Send { fd, batch }, token(index, OpKind::Send, 0));
+    }
+
+    /// Seals the protocol's transmit into TLS records, an out buffer at a
+    /// time, and sends them.
+    fn send_sealed(&mut self, index: usize) {
+        let epoch = self.epoch;
+        let peer = self.connections[index].as_mut().expect("live connection");
+        let Peer {
+            protocol,
+            slots,
+            tls: PeerTls::Stream(stream),
+            ..
+        } = peer
+        else {
+            unreachable!("called on a TLS stream")
+        };
+        let transmit = if stream.sealing() {
+            protocol.transmitting()
+        } else {
+            protocol.poll_transmit()
+        };
+        let Some(transmit) = transmit else {
+            return;
+        };
+        let sealed = stream.seal(&transmit, slots);
+        let (len, last) = match sealed {
+            Ok(sealed) => sealed,
+            Err(alert) => return begin_close(peer, &format!("TLS: cannot seal: {alert}")),
+        };
+        if !peer.replies.is_empty() {
+            let now_ns = epoch.elapsed().as_nanos() as u64;
+            let (commands, total_ns) = peer.replies.leave(now_ns);
+            self.counts.stages.add(Stage::ReplyWait, commands, total_ns);
+            peer.sending = Waiting::all_since(commands, now_ns);
+        }
+        let PeerTls::Stream(stream) = &mut peer.tls else {
+            unreachable!("matched above")
+        };
+        let out = stream
+            .out
+            .take()
+            .expect("the out buffer is home between sends");
+        let mut batch = peer.batch.take().expect("checked by the caller");
+        let out_index = batch.push_buf(out);
+        batch.push_segment(out_index, 0..len);
+        peer.ops_in_flight += 1;
+        peer.sent = Sent::Sealed { last };
         let fd = peer.stream.as_raw_fd();
         self.push(Op::Send { fd, batch }, token(index, OpKind::Send, 0));
     }
@@ -1861,6 +1988,65 @@ impl Reactor {
 }
 
 /// Completes a slot's block I/O in the core and counts it in its meter's statistics.
+/// Hands `received` bytes (after an incomplete TLS record kept at the
+/// buffer's front) to the connection's TLS or its protocol; the error is
+/// why the connection ends, and the alert to send first.
+fn take_received(
+    peer: &mut Peer,
+    buffer: &mut IoBuf,
+    received: usize,
+    now: Timestamp,
+    config: &weft_proto::TargetConfig,
+    random: &dyn weft_proto::auth::SecureRandom,
+) -> Result<(), (String, Option<[u8; 7]>)> {
+    let Peer {
+        protocol,
+        slots,
+        tls,
+        ..
+    } = peer;
+    tls.decide(buffer.as_slice()[0], random);
+    match tls {
+        PeerTls::Undecided => unreachable!("decided above"),
+        PeerTls::Plain => protocol.handle_input(&buffer.as_slice()[..received], now, slots),
+        PeerTls::Handshake(handshake, output) => {
+            let received = &buffer.as_slice()[..received];
+            let Some(established) = crate::tls::handshake(handshake, output, received, config)?
+            else {
+                return Ok(());
+            };
+            let (mut stream, identity) =
+                TlsStream::new(established, buffer).map_err(|reason| (reason, None))?;
+            protocol.set_tls_identity(identity);
+            let leftover = stream.partial;
+            stream
+                .open_records(buffer.as_mut_slice(), leftover, |plaintext| {
+                    protocol.handle_input(plaintext, now, slots)
+                })
+                .map_err(|alert| (alert.to_string(), None))?;
+            *tls = PeerTls::Stream(Box::new(stream));
+        }
+        PeerTls::Stream(stream) => {
+            let end = stream.partial + received;
+            stream
+                .open_records(buffer.as_mut_slice(), end, |plaintext| {
+                    protocol.handle_input(plaintext, now, slots)
+                })
+                .map_err(|alert| (alert.to_string(), None))?;
+        }
+    }
+    Ok(())
+}
+
+/// Sends a failed handshake's alert straight away, without waiting (seven
+/// bytes into an empty socket buffer), as the connection ends: the host's
+/// log then says why.
+fn send_alert(peer: &Peer, alert: &[u8; 7]) {
+    if peer.stream.set_nonblocking(true).is_ok() {
+        let _ = (&peer.stream).write(alert);
+    }
+}
+
 fn finish_io(
     peer: &mut Peer,
     counts: &mut Counts,

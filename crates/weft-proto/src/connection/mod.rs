@@ -391,6 +391,12 @@ impl Connection {
         self.tx.poll()
     }
 
+    /// What the last [`Connection::poll_transmit`] handed out, until
+    /// [`Connection::on_transmitted`] (for a driver that sends it in pieces).
+    pub fn transmitting(&self) -> Option<Transmit<'_>> {
+        self.tx.sending()
+    }
+
     /// Everything from the last [`Connection::poll_transmit`] has been sent:
     /// the slots whose data it carried are free again.
     pub fn on_transmitted(&mut self) {

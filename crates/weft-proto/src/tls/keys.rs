@@ -168,13 +168,26 @@ impl RecordKeys {
         plaintext: &[u8],
         out: &mut [u8],
     ) -> Result<usize, Alert> {
-        assert!(plaintext.len() <= MAX_PLAINTEXT, "one record's plaintext");
-        let inner = plaintext.len() + 1;
+        out[HEADER_LEN..HEADER_LEN + plaintext.len()].copy_from_slice(plaintext);
+        self.seal_in_place(content_type, plaintext.len(), out)
+    }
+
+    /// Protects the `len` bytes of plaintext of `content_type` that follow
+    /// room for a header at the front of `out` (which must hold
+    /// `HEADER_LEN + len + OVERHEAD` bytes) as one record there; returns
+    /// the record's length.
+    pub fn seal_in_place(
+        &mut self,
+        content_type: u8,
+        len: usize,
+        out: &mut [u8],
+    ) -> Result<usize, Alert> {
+        assert!(len <= MAX_PLAINTEXT, "one record's plaintext");
+        let inner = len + 1;
         let total = HEADER_LEN + inner + 16;
         let header = record_header(super::codec::content::APPLICATION_DATA, inner + 16);
         out[..HEADER_LEN].copy_from_slice(&header);
-        out[HEADER_LEN..HEADER_LEN + plaintext.len()].copy_from_slice(plaintext);
-        out[HEADER_LEN + plaintext.len()] = content_type;
+        out[HEADER_LEN + len] = content_type;
         let nonce = self.next_nonce()?;
         let tag = self
             .key
