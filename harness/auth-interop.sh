@@ -1,9 +1,13 @@
 #!/bin/bash
-# DH-HMAC-CHAP interop: the Linux 6.12 NVMe/TCP host (Debian trixie guest, nvme-cli 2.13:
-# in-band authentication built in, which Debian 12's 6.1 lacks) against a weft node on this
-# machine. A volume is attached to the guest's host NQN with a host and a controller
-# secret; the guest (harness/guest/auth.sh) connects bidirectionally and host-only, writes
-# and reads back through each, and is refused with a wrong secret and with none.
+# DH-HMAC-CHAP and TLS interop: the Linux 6.12 NVMe/TCP host (Debian trixie guest, nvme-cli
+# 2.13, ktls-utils' tlshd: in-band authentication and TLS built in, which Debian 12's 6.1
+# lacks) against a weft node on this machine. A volume is attached to the guest's host NQN
+# with a host and a controller secret; the guest (harness/guest/auth.sh) connects
+# bidirectionally and host-only, writes and reads back through each, and is refused with a
+# wrong secret and with none. A second volume is attached to a second host NQN made with
+# `weft host add --tls`: the guest inserts the PSK weft printed, connects with --tls,
+# writes and reads back, finds TLS required in its discovery log, and is refused in the
+# clear.
 # Usage: harness/auth-interop.sh [--weft BIN]   (as root; the trixie image is built once,
 # harness/vm/build-image.sh with LAB_SUITE=trixie)
 set -euo pipefail
@@ -26,6 +30,8 @@ SHARE=$WORK/share
 PORT=14470 API_PORT=14479
 NQN=nqn.2026-11.io.weft:vol:authv
 HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-0000000a0a01
+TLS_NQN=nqn.2026-11.io.weft:vol:tlsv
+TLS_HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-0000000a0a02
 rm -rf "$WORK"
 mkdir -p "$SHARE"
 # Three DH-HMAC-CHAP secrets (32 random bytes, their CRC-32, base64: `nvme gen-dhchap-key`'s
@@ -48,9 +54,17 @@ cli volume create authv --size 64MiB --pool p > /dev/null
 cli host add guest --nqn "$HOSTNQN" --dhchap-secret "$(sed -n 1p "$SHARE/secrets")" \
     --dhchap-ctrl-secret "$(sed -n 2p "$SHARE/secrets")" > /dev/null
 cli volume attach authv --host guest > /dev/null
+cli volume create tlsv --size 64MiB --pool p > /dev/null
+# The PSK `host add --tls` makes and shows once, as the operator copies it.
+cli host add tlsguest --nqn "$TLS_HOSTNQN" --tls > "$WORK/tls-host.out"
+grep -o 'NVMeTLSkey-1:01:[^ ]*:' "$WORK/tls-host.out" | head -1 > "$SHARE/tls-psk"
+[ -s "$SHARE/tls-psk" ] || die "weft host add --tls printed no PSK: $(cat "$WORK/tls-host.out")"
+cli host list | grep -q "tlsguest .* yes" || die "weft host list does not show tlsguest's TLS"
+cli volume attach tlsv --host tlsguest > /dev/null
 set +e
 LAB_IMAGE_DIR=$IMAGE harness/vm/vm-run.sh -n slirp -s "$SHARE" -c 2 -t 600 -e "WEFT_PORT=$PORT" \
-    -e "WEFT_NQN=$NQN" -e "WEFT_HOSTNQN=$HOSTNQN" harness/guest/auth.sh 2>&1 | tee "$WORK/run.log"
+    -e "WEFT_NQN=$NQN" -e "WEFT_HOSTNQN=$HOSTNQN" -e "WEFT_TLS_NQN=$TLS_NQN" \
+    -e "WEFT_TLS_HOSTNQN=$TLS_HOSTNQN" harness/guest/auth.sh 2>&1 | tee "$WORK/run.log"
 rc=${PIPESTATUS[0]}
 set -e
 if grep -qE "panicked at|fatal runtime error" "$WORK/node.log"; then echo "auth-interop: weft panicked"; rc=1; fi

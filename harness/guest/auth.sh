@@ -1,11 +1,14 @@
 #!/bin/bash
-# In the Linux 6.12 guest (Debian trixie: CONFIG_NVME_HOST_AUTH): the kernel's NVMe/TCP
-# host against weft (harness/auth-interop.sh) with DH-HMAC-CHAP: bidirectional and
-# host-only connects, a write read back through each; a wrong secret and no secret
-# refused. Secrets in $LAB_SHARE/secrets (host, controller, wrong). Prints "auth: PASS"
-# when every check passed.
+# In the Linux 6.12 guest (Debian trixie: CONFIG_NVME_HOST_AUTH, CONFIG_NVME_TCP_TLS): the
+# kernel's NVMe/TCP host against weft (harness/auth-interop.sh) with DH-HMAC-CHAP:
+# bidirectional and host-only connects, a write read back through each; a wrong secret and
+# no secret refused. Secrets in $LAB_SHARE/secrets (host, controller, wrong). Then TLS 1.3
+# with the PSK in $LAB_SHARE/tls-psk (tlshd does the handshake): the key inserted as
+# nvme-cli does, a connect with --tls, a write read back; TLS required in the discovery
+# log; refused in the clear. Prints "auth: PASS" when every check passed.
 set -u
 ADDR=${LAB_HOST_IP:?needs slirp} PORT=${WEFT_PORT:?} NQN=${WEFT_NQN:?} HOSTNQN=${WEFT_HOSTNQN:?}
+TLS_NQN=${WEFT_TLS_NQN:?} TLS_HOSTNQN=${WEFT_TLS_HOSTNQN:?} PSK=$(cat "$LAB_SHARE/tls-psk")
 HOST_SECRET=$(sed -n 1p "$LAB_SHARE/secrets") CTRL_SECRET=$(sed -n 2p "$LAB_SHARE/secrets")
 WRONG=$(sed -n 3p "$LAB_SHARE/secrets")
 FAILS=0
@@ -49,5 +52,26 @@ echo "=== refused: a wrong secret, no secret"
 connect --dhchap-secret "$WRONG" 2>/dev/null && fail "a wrong secret connected" || ok "a wrong secret is refused"
 disconnect
 connect 2>/dev/null && fail "no secret connected" || ok "no secret is refused"
+disconnect
+
+echo "=== TLS 1.3 with the PSK weft host add --tls made"
+# tlshd does TLS handshakes for the kernel; the .nvme keyring comes with nvme-tcp.
+tlshd > /tmp/tlshd.log 2>&1 &
+sleep 1
+NQN=$TLS_NQN HOSTNQN=$TLS_HOSTNQN
+if nvme check-tls-key --keydata="$PSK" --hostnqn="$TLS_HOSTNQN" --subsysnqn="$TLS_NQN" --insert; then
+    ok "PSK inserted ($(keyctl show %:.nvme 2>/dev/null | grep -c psk) key(s) in .nvme)"
+else
+    fail "nvme check-tls-key --insert"
+fi
+connect --tls && ok "connected over TLS" || fail "TLS connect ($(tail -3 /tmp/tlshd.log))"
+write_read TLS
+echo "  addresses: $(cat /sys/class/nvme/nvme*/address 2>/dev/null | tr '\n' ' ')"
+disconnect
+echo "=== TLS required in the discovery log, refused in the clear"
+entry=$(nvme discover -t tcp -a "$ADDR" -s "$PORT" --hostnqn "$TLS_HOSTNQN" 2>&1 | grep -B3 -A12 "subnqn: *$TLS_NQN")
+echo "$entry" | grep -qi "treq:.*required" && echo "$entry" | grep -qi "sectype: *tls13" \
+    && ok "discovery: treq required, sectype tls1.3" || fail "discovery entry: $entry"
+connect 2>/dev/null && fail "the TLS host connected in the clear" || ok "the TLS host is refused in the clear"
 disconnect
 [ "$FAILS" = 0 ] && echo "auth: PASS" || echo "auth: $FAILS FAILED"

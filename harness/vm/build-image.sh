@@ -27,6 +27,8 @@ SUITE=${LAB_SUITE:-bookworm}
 MIRROR=${LAB_MIRROR:-http://deb.debian.org/debian}
 ROOT=rootfs
 PKGS=linux-image-amd64,nvme-cli,fio,kmod,iproute2,e2fsprogs,procps,python3,util-linux,initramfs-tools,ca-certificates,iputils-ping,strace,pciutils
+# The Linux host's NVMe/TCP TLS: tlshd does the handshake for the kernel (trixie on).
+[ "$SUITE" = bookworm ] || PKGS=$PKGS,ktls-utils,keyutils
 
 need() { command -v "$1" >/dev/null 2>&1; }
 if ! need debootstrap || ! need qemu-system-x86_64 || ! need mkfs.ext4; then

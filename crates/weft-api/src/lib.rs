@@ -620,6 +620,8 @@ struct CreateHost {
     dhchap_secret: Option<String>,
     #[serde(default)]
     dhchap_ctrl_secret: Option<String>,
+    #[serde(default)]
+    tls_psk: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -715,6 +717,7 @@ fn operation(
                 secrets: HostSecrets {
                     host: host.dhchap_secret,
                     controller: host.dhchap_ctrl_secret,
+                    tls_psk: host.tls_psk,
                 },
             }
         }
@@ -902,8 +905,8 @@ fn qos_changes(body: &[u8]) -> Result<QosChanges, Response> {
 }
 
 /// A secrets patch: each field present is a `DHHC-1` string (the new
-/// secret) or null (none); absent fields keep their secret. The manager
-/// checks the secrets themselves.
+/// secret; `NVMeTLSkey-1` for the TLS PSK) or null (none); absent fields
+/// keep their secret. The manager checks the secrets themselves.
 fn secret_changes(body: &[u8]) -> Result<SecretChanges, Response> {
     #[derive(Deserialize)]
     #[serde(deny_unknown_fields)]
@@ -912,6 +915,8 @@ fn secret_changes(body: &[u8]) -> Result<SecretChanges, Response> {
         dhchap_secret: Option<Option<String>>,
         #[serde(default, deserialize_with = "present")]
         dhchap_ctrl_secret: Option<Option<String>>,
+        #[serde(default, deserialize_with = "present")]
+        tls_psk: Option<Option<String>>,
     }
     /// Present fields become `Some`, null or not (absent ones stay `None`).
     fn present<'de, D: serde::Deserializer<'de>>(
@@ -923,6 +928,7 @@ fn secret_changes(body: &[u8]) -> Result<SecretChanges, Response> {
     Ok(SecretChanges {
         host: patch.dhchap_secret,
         controller: patch.dhchap_ctrl_secret,
+        tls_psk: patch.tls_psk,
     })
 }
 

@@ -277,6 +277,10 @@ pub struct HostView {
     /// DH-HMAC-CHAP: "none", "host" (the host proves its secret) or
     /// "bidirectional" (the controller proves its own too). Secrets are never shown.
     pub dhchap: String,
+    /// Whether it connects only over TLS (NVMe/TCP TLS 1.3 with its PSK,
+    /// never shown).
+    #[serde(default)]
+    pub tls: bool,
     /// Volumes attached to it.
     pub volumes: Vec<String>,
 }
@@ -399,6 +403,7 @@ impl From<&HostStatus> for HostView {
                 Authentication::Bidirectional => "bidirectional",
             }
             .to_string(),
+            tls: host.tls,
             volumes: host.volumes.clone(),
         }
     }

@@ -46,6 +46,10 @@ pub struct HostRecord {
     /// The controller's secret, for a host that authenticates the controller too.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dhchap_ctrl_secret: Option<String>,
+    /// Its NVMe/TCP TLS PSK (`NVMeTLSkey-1:..`): when set, it connects only
+    /// over TLS with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_psk: Option<String>,
 }
 
 /// Per-volume I/O limits; `None` is unlimited. Totals count reads and
@@ -670,6 +674,7 @@ mod tests {
             nqn: "nqn.2014-08.org.nvmexpress:uuid:1".into(),
             dhchap_secret: None,
             dhchap_ctrl_secret: None,
+            tls_psk: None,
         };
         state.change_host("web1", |_| Some(host.clone())).unwrap();
         assert_eq!(state.pools().unwrap()["fast"], pool);
@@ -797,6 +802,7 @@ mod tests {
             nqn: nqn.into(),
             dhchap_secret: None,
             dhchap_ctrl_secret: None,
+            tls_psk: None,
         };
         let created = state.create("hosts/web1", &host("nqn.a")).unwrap();
         assert!(matches!(

@@ -74,7 +74,7 @@ pub enum InitiatorError {
         nqn: String,
     },
     /// The target refused this host.
-    #[error("{address} refused host {host_nqn} for {nqn}: allow this host NQN on the target (on weft: weft host add NAME --nqn {host_nqn}, then weft volume attach VOLUME --host NAME)")]
+    #[error("{address} refused host {host_nqn} for {nqn}: allow this host NQN on the target (on weft: weft host add NAME --nqn {host_nqn}, then weft volume attach VOLUME --host NAME), or, if the host was given a TLS PSK (weft host list says TLS yes), connect over TLS")]
     HostRejected {
         /// The address.
         address: SocketAddr,
@@ -779,9 +779,10 @@ fn auth_receive(queue: &mut Queue) -> Result<Vec<u8>, InitiatorError> {
     Ok(queue.buffer(done.cid.0)[..AUTH_RECEIVE_BYTES].to_vec())
 }
 
-/// The kernel's random source, for our challenge to the controller.
+/// The kernel's random source: our challenge to the controller, and keys
+/// the CLI makes.
 #[derive(Debug)]
-struct OsRandom;
+pub struct OsRandom;
 
 impl SecureRandom for OsRandom {
     fn fill(&self, dest: &mut [u8]) {

@@ -53,6 +53,7 @@ use std::sync::Arc;
 use weft_control::{DesiredState, HostRecord, PoolRecord, QosLimits, StoreError, VolumeRecord};
 use weft_proto::auth::{DhchapSecret, HostKeys};
 use weft_proto::target::{AllowedHost, HostAccess, NamespaceConfig, SubsystemConfig, TargetConfig};
+use weft_proto::tls::psk::ConfiguredPsk;
 use weft_proto::types::Nsid;
 use weft_proto::IoError;
 use weft_target::meter::Limits;
@@ -280,6 +281,8 @@ pub struct HostSecrets {
     pub host: Option<String>,
     /// The controller's: asked for by hosts that authenticate the controller too.
     pub controller: Option<String>,
+    /// Its NVMe/TCP TLS PSK: it connects only over TLS with it.
+    pub tls_psk: Option<String>,
 }
 
 /// Changes to a host's secrets: each field `None` keeps the secret,
@@ -290,6 +293,8 @@ pub struct SecretChanges {
     pub host: Option<Option<String>>,
     /// The controller's secret.
     pub controller: Option<Option<String>>,
+    /// Its TLS PSK.
+    pub tls_psk: Option<Option<String>>,
 }
 
 /// Changes to a volume's limits: each field `None` keeps the limit,
@@ -1459,6 +1464,7 @@ impl Manager {
             nqn,
             dhchap_secret: secrets.host,
             dhchap_ctrl_secret: secrets.controller,
+            tls_psk: secrets.tls_psk,
         };
         let record = self.sealed(name, record);
         // Created only if absent: of two nodes adding one host name at once, one wins.
@@ -1487,6 +1493,10 @@ impl Manager {
                 .controller
                 .clone()
                 .map(|secret| secret.map(|s| self.seal_secret(name, &s))),
+            tls_psk: changes
+                .tls_psk
+                .clone()
+                .map(|psk| psk.map(|s| self.seal_secret(name, &s))),
         };
         let change = |changes: &SecretChanges, mut record: HostRecord| {
             if let Some(host) = &changes.host {
@@ -1494,6 +1504,9 @@ impl Manager {
             }
             if let Some(controller) = &changes.controller {
                 record.dhchap_ctrl_secret = controller.clone();
+            }
+            if let Some(psk) = &changes.tls_psk {
+                record.tls_psk = psk.clone();
             }
             record
         };
@@ -1506,13 +1519,14 @@ impl Manager {
         let secrets = HostSecrets {
             host: record.dhchap_secret.clone(),
             controller: record.dhchap_ctrl_secret.clone(),
+            tls_psk: record.tls_psk.clone(),
         };
         check_secrets(name, &secrets)?;
         self.store_write(|d| {
             d.change_host(name, |found| found.map(|r| change(&sealed_changes, r)))
         })?
         .ok_or_else(|| not_found("host", name))?;
-        log::info!("host {name}: DH-HMAC-CHAP secrets changed (used from its next connection)");
+        log::info!("host {name}: secrets changed (used from its next connection)");
         Ok(())
     }
 
@@ -1678,6 +1692,7 @@ fn host_statuses(
                 (Some(_), None) => Authentication::Host,
                 (Some(_), Some(_)) => Authentication::Bidirectional,
             },
+            tls: host.tls_psk.is_some(),
             nqn: host.nqn,
         })
         .collect()
@@ -1785,6 +1800,14 @@ fn check_secrets(name: &str, secrets: &HostSecrets) -> Result<(), AdminError> {
             })?;
         }
     }
+    if let Some(text) = &secrets.tls_psk {
+        weft_proto::tls::psk::ConfiguredPsk::parse(text).map_err(|error| {
+            VolumeError::invalid(
+                what("TLS PSK"),
+                format!("{error}; create one with: nvme gen-tls-key (or weft host add --tls)"),
+            )
+        })?;
+    }
     match (&secrets.host, &secrets.controller) {
         (None, Some(_)) => Err(VolumeError::invalid(
             what("DH-HMAC-CHAP controller secret"),
@@ -1804,16 +1827,26 @@ fn check_secrets(name: &str, secrets: &HostSecrets) -> Result<(), AdminError> {
 /// `seal` in a cluster). A stored secret that no longer opens or parses
 /// keeps the host out rather than letting it in unauthenticated.
 fn allowed_host(name: &str, host: &HostRecord, seal: Option<&sealed::Seal>) -> Option<AllowedHost> {
+    let open = |stored: &str| match seal {
+        Some(seal) => seal.open(name, stored).map_err(|e| e.to_string()),
+        None => Ok(stored.to_string()),
+    };
     let parse = |text: &Option<String>| {
         text.as_deref()
-            .map(|stored| {
-                let opened = match seal {
-                    Some(seal) => seal.open(name, stored).map_err(|e| e.to_string())?,
-                    None => stored.to_string(),
-                };
-                DhchapSecret::parse(&opened).map_err(|e| e.to_string())
-            })
+            .map(|stored| DhchapSecret::parse(&open(stored)?).map_err(|e| e.to_string()))
             .transpose()
+    };
+    let tls_psk = host
+        .tls_psk
+        .as_deref()
+        .map(|stored| ConfiguredPsk::parse(&open(stored)?).map_err(|e| e.to_string()))
+        .transpose();
+    let tls_psk = match tls_psk {
+        Ok(psk) => psk.map(Arc::new),
+        Err(error) => {
+            log::error!("host {name}: stored TLS PSK refused ({error}); the host may not connect");
+            return None;
+        }
     };
     let keys = match (parse(&host.dhchap_secret), parse(&host.dhchap_ctrl_secret)) {
         (Ok(None), _) => None,
@@ -1829,7 +1862,7 @@ fn allowed_host(name: &str, host: &HostRecord, seal: Option<&sealed::Seal>) -> O
     Some(AllowedHost {
         nqn: host.nqn.clone(),
         keys,
-        tls_psk: None,
+        tls_psk,
     })
 }
 
@@ -1928,6 +1961,7 @@ mod tests {
             nqn: HOST_NQN.into(),
             dhchap_secret: None,
             dhchap_ctrl_secret: None,
+            tls_psk: None,
         };
         desired.change_host("h", |_| Some(host.clone())).unwrap();
         desired

@@ -86,6 +86,8 @@ pub struct HostStatus {
     pub nqn: String,
     /// How it authenticates (its secrets are never reported).
     pub authentication: Authentication,
+    /// Whether it connects only over TLS (its PSK is never reported).
+    pub tls: bool,
     /// Names of the volumes attached to it.
     pub volumes: Vec<String>,
 }

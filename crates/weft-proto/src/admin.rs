@@ -799,14 +799,20 @@ fn host_discovery_records<'a>(
     config: &'a TargetConfig,
     hostnqn: &'a str,
 ) -> impl Iterator<Item = identify::DiscoveryRecord<'a>> + Clone {
-    identify::discovery_records(&config.subsystems, &config.listeners, &config.referrals).filter(
-        move |record| {
+    identify::discovery_records(&config.subsystems, &config.listeners, &config.referrals)
+        .filter(move |record| {
             record.kind != identify::RecordKind::Nvm
                 || config
                     .subsystem(record.subnqn)
                     .is_some_and(|s| s.access.allows(hostnqn) && !s.fenced)
-        },
-    )
+        })
+        .map(move |mut record| {
+            record.tls = record.kind == identify::RecordKind::Nvm
+                && config
+                    .subsystem(record.subnqn)
+                    .is_some_and(|s| s.access.tls_psk_of(hostnqn).is_some());
+            record
+        })
 }
 
 /// Length of one discovery log entry, in the u64 arithmetic of log page offsets.

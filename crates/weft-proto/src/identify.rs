@@ -408,6 +408,8 @@ pub struct DiscoveryRecord<'a> {
     pub kind: RecordKind,
     /// Where it is reached.
     pub listener: &'a ListenerConfig,
+    /// The host asking must connect over TLS 1.3 (it was given a PSK).
+    pub tls: bool,
 }
 
 /// All records of the discovery log: every NVM subsystem on every listener,
@@ -425,17 +427,20 @@ pub fn discovery_records<'a>(
             subnqn: &s.nqn,
             kind: RecordKind::Nvm,
             listener: l,
+            tls: false,
         })
     });
     let discovery = listeners.iter().map(|l| DiscoveryRecord {
         subnqn: DISCOVERY_NQN,
         kind: RecordKind::CurrentDiscovery,
         listener: l,
+        tls: false,
     });
     let referred = referrals.iter().map(|r| DiscoveryRecord {
         subnqn: DISCOVERY_NQN,
         kind: RecordKind::Referral,
         listener: r,
+        tls: false,
     });
     nvm.chain(discovery).chain(referred)
 }
@@ -464,18 +469,20 @@ pub fn discovery_entry(record: &DiscoveryRecord<'_>, out: &mut [u8]) {
         .u8(1, adrfam)
         .u8(2, subtype)
         // TREQ 04h, as nvmet reports a TCP port: secure channel "not
-        // specified" (weft serves no TLS) and SQ flow control may be disabled
-        // (weft supports it). Not "not required" (02h), which says TLS is
-        // offered: libnvme 1.3 (Debian bookworm) then asks the kernel for it
-        // and `nvme connect-all` fails on 6.1 ("unknown parameter 'tls'").
-        .u8(3, 0x04)
+        // specified" and SQ flow control may be disabled (weft supports
+        // it). Not "not required" (02h), which says TLS is offered:
+        // libnvme 1.3 (Debian bookworm) then asks the kernel for it and
+        // `nvme connect-all` fails on 6.1 ("unknown parameter 'tls'"). For
+        // a host given a TLS PSK: "required" (01h), and SECTYPE TLS 1.3
+        // below, which libnvme's connect-all turns into `--tls`.
+        .u8(3, if record.tls { 0x05 } else { 0x04 })
         .u16(4, record.listener.port_id)
         .u16(6, 0xFFFF) // CNTLID: dynamic controller model
         .u16(8, 32) // ASQSZ: admin queue entries the host should use
         .ascii(32, 32, &record.listener.service, 0)
         .ascii(256, 256, record.subnqn, 0)
         .ascii(512, 256, &record.listener.address, 0)
-        .u8(768, 0); // TSAS: SECTYPE none
+        .u8(768, if record.tls { 2 } else { 0 }); // TSAS: SECTYPE (TCP)
 }
 
 // Sizes fixed by the specifications (NVMe Base 2.0 Figures 207, 223-224, 275; NVMe-oF 1.1 Figure 38-39).
@@ -655,18 +662,23 @@ mod tests {
             service: "4420".into(),
         };
         let mut out = vec![0u8; DISCOVERY_ENTRY_LEN];
-        discovery_entry(
-            &DiscoveryRecord {
-                subnqn: "nqn.x:y",
-                kind: RecordKind::Nvm,
-                listener: &listener,
-            },
-            &mut out,
-        );
+        let mut record = DiscoveryRecord {
+            subnqn: "nqn.x:y",
+            kind: RecordKind::Nvm,
+            listener: &listener,
+            tls: false,
+        };
+        discovery_entry(&record, &mut out);
         assert_eq!(&out[0..4], &[3, 1, 2, 4]);
         assert_eq!(ascii_field(&out[32..64]), "4420");
         assert_eq!(ascii_field(&out[256..512]), "nqn.x:y");
         assert_eq!(ascii_field(&out[512..768]), "10.0.2.2");
+        assert_eq!(out[768], 0, "SECTYPE none");
+        // For a host given a TLS PSK: TREQ "required" (and SQ flow control
+        // may be disabled), SECTYPE TLS 1.3 (NVMe/TCP 1.1 Figure 9).
+        record.tls = true;
+        discovery_entry(&record, &mut out);
+        assert_eq!((out[3], out[768]), (0x05, 2));
     }
 
     /// A referral (NVMe-oF 1.1 Figure 39: SUBTYPE 01h, the well-known

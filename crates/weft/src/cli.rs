@@ -32,6 +32,8 @@ pub struct AdminArgs {
     show: Show,
     /// Said on stderr after a success.
     warning: Option<String>,
+    /// Said after the result (a key made here, shown only then).
+    notice: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -86,7 +88,7 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
                     other => return Err(format!("-o {other}: use json or table")),
                 }
             }
-            Long(flag @ ("thick" | "force")) => options.push((flag.to_string(), None)),
+            Long(flag @ ("thick" | "force" | "tls")) => options.push((flag.to_string(), None)),
             Long(name) => {
                 let name = name.to_string();
                 let value = text(parser.value()).map_err(|_| format!("--{name} needs a value"))?;
@@ -139,6 +141,7 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
         .map(|node| format!("?node={node}"))
         .unwrap_or_default();
     let mut warning = None;
+    let mut notice = None;
     let (method, path, body, show) = match (noun, verb.as_str()) {
         ("pool", "create") => {
             known(&["device", "allocation-unit", "device-size", "force", "node"])?;
@@ -296,10 +299,18 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
             ("GET", "stats".to_string(), None, Show::Top { interval, count })
         }
         ("host", "add") => {
-            known(&["nqn", "dhchap-secret", "dhchap-ctrl-secret"])?;
+            known(&["nqn", "dhchap-secret", "dhchap-ctrl-secret", "tls", "tls-psk"])?;
             let nqn = option("nqn").ok_or("weft host add NAME --nqn NQN: give --nqn (the host's /etc/nvme/hostnqn)")?;
             let name = operand(1, "host name")?;
-            if option("dhchap-secret").is_none() {
+            let tls_psk = match (flag("tls"), option("tls-psk")) {
+                (true, Some(_)) => return Err("weft host add: give --tls (a new key) or --tls-psk KEY, not both".into()),
+                (true, None) => Some(new_tls_psk()),
+                (false, given) => given,
+            };
+            if let Some(psk) = &tls_psk {
+                notice = Some(tls_instructions(&name, &nqn, psk));
+            }
+            if option("dhchap-secret").is_none() && tls_psk.is_none() {
                 warning = Some(format!(
                     "warning: host {name} has no DH-HMAC-CHAP secret, so its NQN alone identifies it, and an NQN is no secret (the hostnqn file, a Kubernetes node's ID): anyone on the network who presents it connects as this host. Give it one: weft host set {name} --dhchap-secret \"$(nvme gen-dhchap-key --nqn {nqn})\" (and the same secret to nvme connect --dhchap-secret on the host)"
                 ));
@@ -309,20 +320,25 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
                 "nqn": nqn,
                 "dhchap_secret": option("dhchap-secret"),
                 "dhchap_ctrl_secret": option("dhchap-ctrl-secret"),
+                "tls_psk": tls_psk,
             });
             ("POST", "hosts".to_string(), Some(body), Show::Done("added"))
         }
         ("host", "set") => {
-            known(&["dhchap-secret", "dhchap-ctrl-secret"])?;
+            known(&["dhchap-secret", "dhchap-ctrl-secret", "tls-psk"])?;
             let mut body = serde_json::Map::new();
-            for (name, field) in [("dhchap-secret", "dhchap_secret"), ("dhchap-ctrl-secret", "dhchap_ctrl_secret")] {
-                if let Some(text) = option(name) {
+            for (name, field) in [("dhchap-secret", "dhchap_secret"), ("dhchap-ctrl-secret", "dhchap_ctrl_secret"), ("tls-psk", "tls_psk")] {
+                if let Some(mut text) = option(name) {
+                    if name == "tls-psk" && text == "new" {
+                        text = new_tls_psk();
+                        notice = Some(tls_instructions(&operand(1, "host name")?, "<the host's NQN>", &text));
+                    }
                     let value = if text == "none" { serde_json::Value::Null } else { json!(text) };
                     body.insert(field.to_string(), value);
                 }
             }
             if body.is_empty() {
-                return Err("weft host set HOST: give --dhchap-secret SECRET and/or --dhchap-ctrl-secret SECRET (\"none\" removes one)".into());
+                return Err("weft host set HOST: give --dhchap-secret SECRET, --dhchap-ctrl-secret SECRET and/or --tls-psk KEY|new (\"none\" removes one)".into());
             }
             let path = format!("hosts/{}", operand(1, "host name")?);
             ("PATCH", path, Some(serde_json::Value::Object(body)), Show::Done("secrets set"))
@@ -373,7 +389,24 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
         body,
         show,
         warning,
+        notice,
     })
+}
+
+/// A new NVMe/TCP TLS PSK in the interchange format (hash 01, as `nvme gen-tls-key`).
+fn new_tls_psk() -> String {
+    weft_proto::tls::psk::ConfiguredPsk::generate(&weft_initiator::OsRandom).to_string()
+}
+
+/// What the operator does with host `name`'s new TLS PSK.
+fn tls_instructions(name: &str, nqn: &str, psk: &str) -> String {
+    format!(
+        "host {name} connects only over TLS (NVMe/TCP TLS 1.3) with this PSK, shown only now:\n  \
+         {psk}\n\
+         On the host (Linux 6.7 or later, ktls-utils' tlshd running), for each volume's NQN:\n  \
+         nvme check-tls-key --keydata='{psk}' --hostnqn={nqn} --subsysnqn=NQN --insert\n  \
+         nvme connect -t tcp -a ADDRESS -s 4420 -n NQN --hostnqn={nqn} --tls"
+    )
 }
 
 /// A limit of `weft volume set`: a count or size per second, or "none".
@@ -430,6 +463,9 @@ pub fn run(args: AdminArgs) -> Result<(), String> {
             "{}",
             serde_json::to_string_pretty(&value).expect("valid JSON")
         );
+        if let Some(notice) = &args.notice {
+            eprintln!("{notice}");
+        }
         return Ok(());
     }
     match args.show {
@@ -444,6 +480,9 @@ pub fn run(args: AdminArgs) -> Result<(), String> {
         Show::Node => nodes::print_one(&decode(value)?),
         Show::ReplicaChange => print_replica_change(value),
         Show::Top { .. } => unreachable!("handled above"),
+    }
+    if let Some(notice) = &args.notice {
+        outln!("{notice}");
     }
     Ok(())
 }
@@ -724,10 +763,11 @@ fn print_volumes(volumes: &[VolumeView]) {
 
 fn print_hosts(hosts: &[HostView]) {
     outln!(
-        "{:<20} {:<60} {:<14} VOLUMES",
+        "{:<20} {:<60} {:<14} {:<4} VOLUMES",
         "NAME",
         "NQN",
-        "DH-HMAC-CHAP"
+        "DH-HMAC-CHAP",
+        "TLS"
     );
     for host in hosts {
         let volumes = if host.volumes.is_empty() {
@@ -736,10 +776,11 @@ fn print_hosts(hosts: &[HostView]) {
             host.volumes.join(", ")
         };
         outln!(
-            "{:<20} {:<60} {:<14} {volumes}",
+            "{:<20} {:<60} {:<14} {:<4} {volumes}",
             host.name,
             host.nqn,
-            host.dhchap
+            host.dhchap,
+            if host.tls { "yes" } else { "no" }
         );
     }
 }

@@ -54,8 +54,10 @@ Usage:
   weft volume move-primary NAME [--to NODE]   (a replicated volume's primary, planned)
   weft volume set NAME --replicas N   (1 to 3: add replicas, built in full, or remove some)
   weft snapshot create VOLUME@SNAPSHOT | delete VOLUME@SNAPSHOT
-  weft host add NAME --nqn NQN [--dhchap-secret S [--dhchap-ctrl-secret S]] | list | show NAME
-  weft host set NAME [--dhchap-secret S|none] [--dhchap-ctrl-secret S|none] | delete NAME
+  weft host add NAME --nqn NQN [--dhchap-secret S [--dhchap-ctrl-secret S]] [--tls | --tls-psk K]
+                                                                           | list | show NAME
+  weft host set NAME [--dhchap-secret S|none] [--dhchap-ctrl-secret S|none] [--tls-psk K|new|none]
+                                                                           | delete NAME
   weft volume attach VOLUME --host HOST | detach VOLUME --host HOST
   weft node list | show NAME | cordon NAME | uncordon NAME | drain NAME | remove NAME   (a cluster)
   weft top [--interval D] [--count N]   live per-volume IOPS, MiB/s, p99 latency, queue depth

@@ -415,6 +415,60 @@ fn a_host_with_a_dhchap_secret_must_authenticate_each_queue() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `weft host add --tls` makes a PSK, shows it once with the host's
+/// commands, and from then on the host is refused in the clear (weft's
+/// initiator, which speaks no TLS yet, stands in for a host without it);
+/// `host set --tls-psk` rotates or removes it.
+#[test]
+fn a_host_given_a_tls_psk_is_refused_in_the_clear_until_it_is_removed() {
+    let dir = temp_dir("tls-host");
+    let node = start(&dir.join("data"));
+    pool_with_volume(&node, &dir.join("d0.img"), "v1", "8MiB");
+    let errors = refused(
+        &node,
+        &[
+            "host",
+            "add",
+            "h",
+            "--nqn",
+            HOST_NQN,
+            "--tls-psk",
+            "NVMeTLSkey-1:01:AAAA:",
+        ],
+    );
+    assert!(
+        errors.contains("TLS PSK") && errors.contains("nvme gen-tls-key"),
+        "{errors}"
+    );
+    let (added, out, said) = weft(&node, &["host", "add", "h", "--nqn", HOST_NQN, "--tls"]);
+    assert!(added && !said.contains("warning"), "{said}");
+    let psk = out
+        .split_whitespace()
+        .find(|word| word.starts_with("NVMeTLSkey-1:01:"))
+        .expect("the new PSK shown");
+    assert!(
+        out.contains("nvme check-tls-key") && out.contains("--tls"),
+        "{out}"
+    );
+    ok(&node, &["volume", "attach", "v1", "--host", "h"]);
+    let hosts = ok(&node, &["host", "list"]);
+    assert!(
+        hosts.contains(" yes ") && !hosts.contains("NVMeTLSkey"),
+        "{hosts}"
+    );
+    let (success, _, errors) = bench_as(&node, "v1", &[]);
+    assert!(!success && errors.contains("connect over TLS"), "{errors}");
+    let rotated = ok(&node, &["host", "set", "h", "--tls-psk", "new"]);
+    assert!(
+        rotated.contains("NVMeTLSkey-1:01:") && !rotated.contains(psk),
+        "{rotated}"
+    );
+    ok(&node, &["host", "set", "h", "--tls-psk", "none"]);
+    let (success, _, errors) = bench_as(&node, "v1", &[]);
+    assert!(success, "in the clear again: {errors}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn admin_commands_say_when_no_node_answers() {
     let output = Command::new(WEFT)

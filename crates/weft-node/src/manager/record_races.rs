@@ -72,6 +72,7 @@ fn raced(test: &str, op: AdminOp) -> VolumeRecord {
         nqn: format!("{HOST_NQN}2"),
         dhchap_secret: None,
         dhchap_ctrl_secret: None,
+        tls_psk: None,
     };
     desired.create("hosts/h2", &h2).unwrap();
     let gate = Arc::new(GatedStore::closed(Arc::clone(desired.store())));

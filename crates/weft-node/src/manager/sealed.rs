@@ -116,9 +116,13 @@ impl Manager {
 
     /// `record` as the store keeps it: its secrets sealed in a cluster.
     pub(super) fn sealed(&self, name: &str, mut record: HostRecord) -> HostRecord {
-        for secret in [&mut record.dhchap_secret, &mut record.dhchap_ctrl_secret]
-            .into_iter()
-            .flatten()
+        for secret in [
+            &mut record.dhchap_secret,
+            &mut record.dhchap_ctrl_secret,
+            &mut record.tls_psk,
+        ]
+        .into_iter()
+        .flatten()
         {
             *secret = self.seal_secret(name, secret);
         }
@@ -129,9 +133,13 @@ impl Manager {
     /// as stored, and does not parse).
     pub(super) fn opened(&self, name: &str, mut record: HostRecord) -> HostRecord {
         if let Some(seal) = &self.seal {
-            for secret in [&mut record.dhchap_secret, &mut record.dhchap_ctrl_secret]
-                .into_iter()
-                .flatten()
+            for secret in [
+                &mut record.dhchap_secret,
+                &mut record.dhchap_ctrl_secret,
+                &mut record.tls_psk,
+            ]
+            .into_iter()
+            .flatten()
             {
                 if let Ok(opened) = seal.open(name, secret) {
                     *secret = opened;
@@ -148,16 +156,18 @@ impl Manager {
             return Ok(());
         }
         for (name, record) in self.desired.hosts()? {
-            let in_clear = [&record.dhchap_secret, &record.dhchap_ctrl_secret]
-                .into_iter()
-                .flatten()
-                .any(|secret| !is_sealed(secret));
+            let in_clear = [
+                &record.dhchap_secret,
+                &record.dhchap_ctrl_secret,
+                &record.tls_psk,
+            ]
+            .into_iter()
+            .flatten()
+            .any(|secret| !is_sealed(secret));
             if in_clear {
                 let sealed = |found: Option<HostRecord>| found.map(|r| self.sealed(&name, r));
                 self.desired.change_host(&name, sealed)?;
-                log::info!(
-                    "host {name}: its DH-HMAC-CHAP secrets are sealed in the store from now on"
-                );
+                log::info!("host {name}: its secrets are sealed in the store from now on");
             }
         }
         Ok(())
@@ -185,6 +195,7 @@ mod tests {
 
     const SECRET: &str = "DHHC-1:00:ia6zGodOr4SEG0Zzaw398rpY0wqipUWj4jWjUh4HWUz6aQ2n:";
     const CONTROLLER_SECRET: &str = "DHHC-1:01:MWPqcx1Ug1debg8fPIGpkqbQhLcYUt39k7UWirkblaKEH1kE:";
+    const TLS_PSK: &str = "NVMeTLSkey-1:01:VRLbtnN9AQb2WXW3c9+wEf/DRLz0QuLdbYvEhwtdWwNf9LrZ:";
     const NQN: &str = "nqn.2014-08.org.nvmexpress:uuid:0badc0de-0000-4000-8000-0000000000a1";
 
     /// The store's bytes of host `name`'s record.
@@ -209,17 +220,21 @@ mod tests {
         let secrets = HostSecrets {
             host: Some(SECRET.into()),
             controller: None,
+            tls_psk: Some(TLS_PSK.into()),
         };
         n1.create_host("web1", NQN.into(), secrets).unwrap();
         let kept = stored(&store, "web1");
         assert!(kept.contains(SEALED) && !kept.contains("DHHC"), "{kept}");
+        assert!(!kept.contains("NVMeTLSkey"), "{kept}");
         let record = n1.desired.hosts().unwrap().remove("web1").unwrap();
         let allowed = allowed_host("web1", &record, n1.seal.as_ref()).unwrap();
+        assert_eq!(allowed.tls_psk.expect("its PSK").to_string(), TLS_PSK);
         let keys = allowed.keys.expect("its keys");
         assert!(keys.host == DhchapSecret::parse(SECRET).unwrap());
         let changes = SecretChanges {
             host: None,
             controller: Some(Some(CONTROLLER_SECRET.into())),
+            tls_psk: None,
         };
         n1.set_host_secrets("web1", changes).unwrap();
         let kept = stored(&store, "web1");
@@ -246,6 +261,7 @@ mod tests {
             nqn: format!("{NQN}2"),
             dhchap_secret: Some(SECRET.into()),
             dhchap_ctrl_secret: None,
+            tls_psk: None,
         };
         DesiredState::shared(Arc::clone(&store), "n1")
             .create("hosts/old", &old)

@@ -1113,6 +1113,18 @@ fn a_host_given_a_tls_psk_is_refused_in_the_clear_and_served_over_tls() {
         .set_tls_identity(tls_identity(HOST_NQN, TEST_NQN));
     assert_eq!(io.connect_io(cntlid, 1, 31).status(), Status::SUCCESS);
 
+    // Its discovery log says TLS 1.3 is required (what connect-all follows).
+    let mut discovery = Pair::new(&target);
+    discovery.connect_admin(DISCOVERY_NQN, 0);
+    let (page, _) = discovery.read_data(&get_log_page(3, 0x70, 4096, 0));
+    let entry = &page[1024..2048];
+    assert_eq!(ascii_field(&entry[256..512]), TEST_NQN);
+    assert_eq!(
+        (entry[3], entry[768]),
+        (0x05, 2),
+        "TREQ required, SECTYPE TLS 1.3"
+    );
+
     // A host without a PSK still connects in the clear.
     let mut other = Pair::new(&target);
     assert_eq!(
