@@ -907,6 +907,70 @@ impl Recorder {
     }
 }
 
+/// The PSK every identity stands for in [`tls`].
+struct FuzzPsks;
+
+impl crate::tls::PskStore for FuzzPsks {
+    fn tls_psks(&self, _identity: &[u8]) -> Vec<Vec<u8>> {
+        vec![FUZZ_TLS_PSK.to_vec()]
+    }
+}
+
+const FUZZ_TLS_PSK: [u8; 32] = [0x42; 32];
+const FUZZ_TLS_IDENTITY: &[u8] = b"NVMe0R01 nqn.fuzz-host nqn.fuzz-subsystem";
+
+/// TLS 1.3 on arbitrary input: the PSK text and identity parsers; a
+/// target's handshake fed the input as a host's bytes (and, once
+/// established, the rest as records); an initiator's handshake fed it as a
+/// target's answer to its ClientHello. Randomness is counted, so the seeds
+/// (a real ClientHello; a real server flight to the initiator's hello)
+/// replay.
+pub fn tls(data: &[u8]) {
+    use crate::tls::psk::{ConfiguredPsk, Identity};
+    use crate::tls::{ClientHandshake, ServerHandshake};
+    let _ = ConfiguredPsk::parse(&String::from_utf8_lossy(data));
+    let _ = Identity::parse(data);
+    let mut server = ServerHandshake::new(&testing::CountingRandom::default());
+    if server.handle_input(data, &FuzzPsks).is_ok() {
+        if let Some(mut established) = server.established() {
+            let mut rest = std::mem::take(&mut established.leftover);
+            while let Ok(Some(len)) = crate::tls::record_len(&rest) {
+                if len > rest.len() || established.receive.open(&mut rest[..len]).is_err() {
+                    break;
+                }
+                rest.drain(..len);
+            }
+        }
+    }
+    let random = testing::CountingRandom::default();
+    let mut client = ClientHandshake::new(FUZZ_TLS_IDENTITY, &FUZZ_TLS_PSK, &random);
+    let _ = client.handle_input(data);
+}
+
+/// Seeds for `tls`: the initiator's ClientHello, and the target's flight
+/// that answers it.
+pub fn tls_seeds() -> Vec<Seed> {
+    use crate::tls::{ClientHandshake, ServerHandshake};
+    let random = testing::CountingRandom::default();
+    let mut client = ClientHandshake::new(FUZZ_TLS_IDENTITY, &FUZZ_TLS_PSK, &random);
+    let hello = client.take_output();
+    let mut server = ServerHandshake::new(&testing::CountingRandom::default());
+    server
+        .handle_input(&hello, &FuzzPsks)
+        .expect("the target takes the initiator's hello");
+    let flight = server.take_output();
+    vec![
+        Seed {
+            name: "client-hello",
+            input: hello,
+        },
+        Seed {
+            name: "server-flight",
+            input: flight,
+        },
+    ]
+}
+
 /// Seeds for `authentication`: a Negotiate, and a Challenge with a Success1.
 pub fn authentication_seeds() -> Vec<Seed> {
     let host = HostExchange::new(
@@ -970,6 +1034,28 @@ mod tests {
             rng.mutate(&mut input);
             authentication(&input);
         }
+    }
+
+    #[test]
+    fn tls_survives_mutated_handshakes() {
+        let seeds = tls_seeds();
+        let mut rng = Rng::new(0x5eed_0005);
+        for iteration in 0..3000 {
+            let mut input = seeds[iteration % seeds.len()].input.clone();
+            rng.mutate(&mut input);
+            tls(&input);
+        }
+    }
+
+    /// The server flight seed takes the initiator to the end of its handshake.
+    #[test]
+    fn tls_seeds_complete_the_initiators_handshake() {
+        use crate::tls::ClientHandshake;
+        let flight = &tls_seeds()[1].input;
+        let random = testing::CountingRandom::default();
+        let mut client = ClientHandshake::new(FUZZ_TLS_IDENTITY, &FUZZ_TLS_PSK, &random);
+        client.handle_input(flight).unwrap();
+        assert!(client.established().is_some());
     }
 
     #[test]
@@ -1069,6 +1155,7 @@ mod tests {
             ("connection", connection_seeds()),
             ("authentication", authentication_seeds()),
             ("host", host_seeds()),
+            ("tls", tls_seeds()),
         ] {
             let dir = seeds_dir(target);
             if write {
