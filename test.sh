@@ -4,8 +4,8 @@
 # available), the cluster tests on a real etcd, a benchmark smoke, the kernel-interop
 # test (the Linux 6.1 NVMe/TCP host in a QEMU guest against weft), weft's initiator
 # against the guest kernel's nvmet, the Linux host against a three-node cluster, the Linux
-# 6.12 host (a Debian trixie guest) authenticating with DH-HMAC-CHAP, and a smoke run of the
-# application benchmark. Installs what it needs (Debian packages, the guest images,
+# 6.12 host (a Debian trixie guest) authenticating with DH-HMAC-CHAP and connecting over TLS,
+# and smoke runs of the TLS and application benchmarks. Installs what it needs (Debian packages, the guest images,
 # Go tools, cargo-fuzz) idempotently. Run as root from anywhere: ./test.sh
 # Environment: WEFT_FUZZ_SECONDS (default 17 per target), WEFT_SIM_SEEDS (default 10000),
 # WEFT_NEMESIS_SECONDS (default 120),
@@ -74,8 +74,10 @@ else
     harness/initiator-peers.sh
     step "a weft cluster (etcd and three nodes) from the Linux host: referrals, connect-all, fio verify"
     harness/cluster-interop.sh --weft target/release/weft
-    step "DH-HMAC-CHAP from the Linux 6.12 host (Debian trixie guest): bidirectional, host-only, refusals"
+    step "DH-HMAC-CHAP and TLS from the Linux 6.12 host (Debian trixie guest): bidirectional, host-only, TLS 1.3, refusals"
     harness/auth-interop.sh --weft target/release/weft
+    step "benchmark smoke: NVMe/TCP TLS against the clear from the Linux 6.12 host (the full run: harness/bench-tls.sh)"
+    harness/bench-tls.sh --rounds 1 --seconds 2 --json .cache/bench/tls/smoke.json
     step "benchmark smoke: RocksDB, sysbench, TPC-C and YCSB on weft and on a local disk in the guest (the full run: harness/bench-apps.sh)"
     harness/bench-apps.sh --smoke
 fi
