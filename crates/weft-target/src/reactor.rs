@@ -1051,9 +1051,7 @@ impl Reactor {
                     &self.exports.config,
                     random,
                 ) {
-                    if let Some(alert) = alert {
-                        send_alert(peer, &alert);
-                    }
+                    send_alert(peer, &alert);
                     begin_close(peer, &reason);
                 }
             }
@@ -1990,7 +1988,7 @@ impl Reactor {
 /// Completes a slot's block I/O in the core and counts it in its meter's statistics.
 /// Hands `received` bytes (after an incomplete TLS record kept at the
 /// buffer's front) to the connection's TLS or its protocol; the error is
-/// why the connection ends, and the alert to send first.
+/// why the connection ends, and the alert record to send first (if any).
 fn take_received(
     peer: &mut Peer,
     buffer: &mut IoBuf,
@@ -1998,7 +1996,7 @@ fn take_received(
     now: Timestamp,
     config: &weft_proto::TargetConfig,
     random: &dyn weft_proto::auth::SecureRandom,
-) -> Result<(), (String, Option<[u8; 7]>)> {
+) -> Result<(), (String, Vec<u8>)> {
     let Peer {
         protocol,
         slots,
@@ -2016,14 +2014,14 @@ fn take_received(
                 return Ok(());
             };
             let (mut stream, identity) =
-                TlsStream::new(established, buffer).map_err(|reason| (reason, None))?;
+                TlsStream::new(established, buffer).map_err(|reason| (reason, Vec::new()))?;
             protocol.set_tls_identity(identity);
             let leftover = stream.partial;
             stream
                 .open_records(buffer.as_mut_slice(), leftover, |plaintext| {
                     protocol.handle_input(plaintext, now, slots)
                 })
-                .map_err(|alert| (alert.to_string(), None))?;
+                .map_err(|alert| (alert.to_string(), Vec::new()))?;
             *tls = PeerTls::Stream(Box::new(stream));
         }
         PeerTls::Stream(stream) => {
@@ -2032,17 +2030,18 @@ fn take_received(
                 .open_records(buffer.as_mut_slice(), end, |plaintext| {
                     protocol.handle_input(plaintext, now, slots)
                 })
-                .map_err(|alert| (alert.to_string(), None))?;
+                .map_err(|alert| (alert.to_string(), Vec::new()))?;
         }
     }
     Ok(())
 }
 
-/// Sends a failed handshake's alert straight away, without waiting (seven
-/// bytes into an empty socket buffer), as the connection ends: the host's
-/// log then says why.
-fn send_alert(peer: &Peer, alert: &[u8; 7]) {
-    if peer.stream.set_nonblocking(true).is_ok() {
+/// Sends a failed handshake's alert record straight away, without waiting
+/// (a few bytes into a socket with no send of ours in flight, so it cannot
+/// land inside another record), as the connection ends: the host's log
+/// then says why.
+fn send_alert(peer: &Peer, alert: &[u8]) {
+    if !alert.is_empty() && peer.batch.is_some() && peer.stream.set_nonblocking(true).is_ok() {
         let _ = (&peer.stream).write(alert);
     }
 }

@@ -82,30 +82,24 @@ impl PeerTls {
     }
 }
 
-/// Feeds the handshake; once established, the identity it was established
-/// with, and the stream with its first records (the handshake's leftover)
-/// at the front of `buffer`.
+/// Feeds the handshake: once established, the stream. On failure, why,
+/// and what to send first: the alert record, protected as the host
+/// expects it then.
 pub(crate) fn handshake(
     handshake: &mut ServerHandshake,
     output: &mut Vec<u8>,
     received: &[u8],
     config: &TargetConfig,
-) -> Result<Option<Established>, (String, Option<[u8; 7]>)> {
+) -> Result<Option<Established>, (String, Vec<u8>)> {
     let result = handshake.handle_input(received, config);
     output.extend_from_slice(&handshake.take_output());
     match result {
         Ok(()) => Ok(handshake.established()),
         Err(alert) => Err((
             format!("TLS handshake failed: {alert}"),
-            alert_record(alert),
+            std::mem::take(output),
         )),
     }
-}
-
-/// The plaintext alert record a failed handshake's output starts with, for
-/// a connection that ends before it could be sent the usual way.
-fn alert_record(alert: Alert) -> Option<[u8; 7]> {
-    alert.code().map(|code| [ALERT, 3, 3, 0, 2, 2, code])
 }
 
 impl TlsStream {

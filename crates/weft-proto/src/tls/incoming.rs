@@ -17,6 +17,8 @@ pub(crate) struct Incoming {
     messages: Vec<u8>,
     /// Set once the peer protects its records.
     pub(crate) keys: Option<RecordKeys>,
+    /// Whether a handshake message was taken (a change_cipher_spec may follow).
+    started: bool,
 }
 
 impl Incoming {
@@ -41,10 +43,11 @@ impl Incoming {
                     return Err(Alert::DecodeError);
                 }
                 if self.messages.len() >= 4 + len {
+                    self.started = true;
                     return Ok(Some(self.messages.drain(..4 + len).collect()));
                 }
             }
-            let Some((kind, payload)) = self.next_record()? else {
+            let Some((kind, payload, protected)) = self.next_record()? else {
                 return Ok(None);
             };
             match kind {
@@ -54,9 +57,11 @@ impl Incoming {
                     }
                     self.messages.extend_from_slice(&payload);
                 }
-                // RFC 8446 section 5: a change_cipher_spec of one byte 1 is
-                // dropped during the handshake (middlebox compatibility).
-                content::CHANGE_CIPHER_SPEC if payload == [1] => {}
+                // RFC 8446 section 5: a change_cipher_spec of one byte 1,
+                // in the clear, after the first ClientHello, is dropped
+                // during the handshake (middlebox compatibility); any other
+                // is unexpected.
+                content::CHANGE_CIPHER_SPEC if payload == [1] && !protected && self.started => {}
                 content::ALERT if payload.len() == 2 => return Err(Alert::Received(payload[1])),
                 _ => return Err(Alert::UnexpectedMessage),
             }
@@ -69,7 +74,9 @@ impl Incoming {
         !self.messages.is_empty()
     }
 
-    fn next_record(&mut self) -> Result<Option<(u8, Vec<u8>)>, Alert> {
+    /// The next whole record: its (inner) content type, its payload, and
+    /// whether it was protected.
+    fn next_record(&mut self) -> Result<Option<(u8, Vec<u8>, bool)>, Alert> {
         let Some(len) = record_len(&self.received)? else {
             return Ok(None);
         };
@@ -81,12 +88,12 @@ impl Incoming {
         match (&mut self.keys, kind) {
             (Some(keys), content::APPLICATION_DATA) => {
                 let (inner, range) = keys.open(&mut record)?;
-                Ok(Some((inner, record[range].to_vec())))
+                Ok(Some((inner, record[range].to_vec(), true)))
             }
             (Some(_), content::HANDSHAKE) | (None, content::APPLICATION_DATA) => {
                 Err(Alert::UnexpectedMessage)
             }
-            _ => Ok(Some((kind, record[HEADER_LEN..].to_vec()))),
+            _ => Ok(Some((kind, record[HEADER_LEN..].to_vec(), false))),
         }
     }
 

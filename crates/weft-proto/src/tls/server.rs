@@ -44,7 +44,9 @@ struct AwaitingFinished {
     transcript: [u8; 32],
     client_handshake_secret: Secret,
     master: Secret,
-    /// For an alert once the server's records are protected.
+    /// For an alert after the server's Finished: the host reads the
+    /// server's records with its application keys from then on (RFC 8446
+    /// section 7.1).
     server_keys: RecordKeys,
 }
 
@@ -180,16 +182,22 @@ impl ServerHandshake {
             out.extend_from_slice(verify.as_ref())
         });
         transcript.update(&flight[finished_at..]);
-        let mut server_keys = RecordKeys::new(suite, &server_handshake_secret);
-        server_keys.seal_to(content::HANDSHAKE, &flight, &mut self.output)?;
+        RecordKeys::new(suite, &server_handshake_secret).seal_to(
+            content::HANDSHAKE,
+            &flight,
+            &mut self.output,
+        )?;
         self.incoming.keys = Some(RecordKeys::new(suite, &client_handshake_secret));
+        let transcript: [u8; 32] = transcript.finalize().into();
+        let master = keys::master_secret(&handshake_secret);
+        let server_application = keys::derive_secret(&master, b"s ap traffic", &transcript);
         self.state = State::ClientFinished(Box::new(AwaitingFinished {
             suite,
             identity: hello.psks[selected].identity.to_vec(),
-            transcript: transcript.finalize().into(),
+            transcript,
             client_handshake_secret,
-            master: keys::master_secret(&handshake_secret),
-            server_keys,
+            master,
+            server_keys: RecordKeys::new(suite, &server_application),
         }));
         Ok(())
     }
@@ -213,13 +221,12 @@ impl ServerHandshake {
             unreachable!("checked above")
         };
         let client = keys::derive_secret(&awaiting.master, b"c ap traffic", &awaiting.transcript);
-        let server = keys::derive_secret(&awaiting.master, b"s ap traffic", &awaiting.transcript);
         let incoming = std::mem::take(&mut self.incoming);
         self.state = State::Done(Some(Box::new(Established {
             suite: awaiting.suite,
             identity: awaiting.identity,
             receive: RecordKeys::new(awaiting.suite, &client),
-            send: RecordKeys::new(awaiting.suite, &server),
+            send: awaiting.server_keys,
             leftover: incoming.into_rest(),
         })));
         Ok(())
@@ -248,26 +255,30 @@ impl ServerHandshake {
     }
 }
 
-/// The first offered identity a known PSK's binder verifies, and its early secret.
+/// The first offered identity the store knows, once its binder verifies
+/// under one of its candidate PSKs; and that PSK's early secret. Only that
+/// identity's binder is tried (RFC 8446 section 4.2.11: a server SHOULD
+/// validate a single binder), so a hello listing many identities costs
+/// one lookup each and the HMACs of one.
 fn select_psk(
     hello: &ClientHello<'_>,
     message: &[u8],
     psks: &dyn PskStore,
 ) -> Result<(usize, Secret), Alert> {
+    let (index, offered, candidates) = hello
+        .psks
+        .iter()
+        .enumerate()
+        .find_map(|(index, offered)| {
+            let candidates = psks.tls_psks(offered.identity);
+            (!candidates.is_empty()).then_some((index, offered, candidates))
+        })
+        .ok_or(Alert::UnknownPskIdentity)?;
     let truncated: [u8; 32] = Sha256::digest(&message[..hello.binders_at]).into();
-    let mut known = false;
-    for (index, offered) in hello.psks.iter().enumerate() {
-        for psk in psks.tls_psks(offered.identity) {
-            known = true;
-            let early = keys::early_secret(&psk);
-            if keys::same(keys::binder(&early, &truncated).as_ref(), offered.binder) {
-                return Ok((index, early));
-            }
-        }
-    }
-    Err(if known {
-        Alert::DecryptError
-    } else {
-        Alert::UnknownPskIdentity
-    })
+    candidates
+        .iter()
+        .map(|psk| keys::early_secret(psk))
+        .find(|early| keys::same(keys::binder(early, &truncated).as_ref(), offered.binder))
+        .map(|early| (index, early))
+        .ok_or(Alert::DecryptError)
 }

@@ -168,3 +168,50 @@ fn a_flood_before_the_hello_is_answered_is_refused() {
     let flood = vec![0x16u8; 3 * MAX_RECORD];
     assert!(server.handle_input(&flood, &store).is_err());
 }
+
+#[test]
+fn a_change_cipher_spec_is_dropped_only_in_the_clear_after_the_hello() {
+    // Before the ClientHello: unexpected.
+    let (mut early, store) = server();
+    let ccs = [20, 3, 3, 0, 1, 1];
+    assert_eq!(
+        early.handle_input(&ccs, &store),
+        Err(Alert::UnexpectedMessage)
+    );
+    // After it, in the clear (what a client in compatibility mode sends): dropped.
+    let mut client = client_with(KEY, 0);
+    let (mut later, store) = server();
+    let (c, s) = run(&mut client, &mut later, &store, usize::MAX);
+    assert_eq!(
+        (c, s),
+        (Ok(()), Ok(())),
+        "the client sent one before its Finished"
+    );
+}
+
+#[test]
+fn a_host_that_fails_after_the_servers_finished_hears_the_alert_under_its_application_keys() {
+    let mut client = client_with(KEY, 0);
+    let (mut server, store) = server();
+    server.handle_input(&client.take_output(), &store).unwrap();
+    client.handle_input(&server.take_output()).unwrap();
+    let mut client = client.established().unwrap();
+    // A record the server cannot open in place of the client's Finished.
+    let garbage = [
+        23, 3, 3, 0, 20, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20,
+    ];
+    assert_eq!(
+        server.handle_input(&garbage, &store),
+        Err(Alert::BadRecordMac)
+    );
+    let mut alert = server.take_output();
+    let (kind, range) = client
+        .receive
+        .open(&mut alert)
+        .expect("sealed with the server's application keys");
+    assert_eq!(
+        (kind, &alert[range]),
+        (21, &[2, 20][..]),
+        "fatal bad_record_mac"
+    );
+}
