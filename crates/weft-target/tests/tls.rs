@@ -3,7 +3,8 @@
 //! TLS client, with the identity and PSK nvme-cli derives) and writes and
 //! reads back 128 KiB, larger than the buffer the target seals into at a
 //! time; the same host in the clear is refused at Connect, and a host with
-//! another key never gets past the handshake. (OpenSSL and GnuTLS against
+//! another key never gets past the handshake; discovery over TLS says TLS is
+//! required for the volume. (OpenSSL and GnuTLS against
 //! the same handshake: crates/weft-proto/tests/tls_peers.rs; the Linux
 //! host with tlshd: harness/auth-interop.sh.)
 
@@ -53,8 +54,13 @@ struct TlsClient {
 impl TlsClient {
     /// Connects with `key` (as nvme-cli derives a version 0 identity), then ICReq.
     fn connect(address: SocketAddr, key: &str) -> Result<TlsClient, Alert> {
+        TlsClient::connect_to(address, key, TEST_NQN)
+    }
+
+    /// [`TlsClient::connect`] with an identity naming `subnqn`.
+    fn connect_to(address: SocketAddr, key: &str, subnqn: &str) -> Result<TlsClient, Alert> {
         let psk = ConfiguredPsk::parse(key).unwrap();
-        let identity = Identity::of(&psk, 0, HOST_NQN, TEST_NQN);
+        let identity = Identity::of(&psk, 0, HOST_NQN, subnqn);
         let tls_psk = identity.tls_psks(&psk).remove(0);
         let mut stream = TcpStream::connect(address).unwrap();
         stream
@@ -218,5 +224,27 @@ fn a_host_with_another_key_never_gets_past_the_handshake() {
         result,
         Err(Alert::Received(51)),
         "decrypt_error: the binder failed"
+    );
+}
+
+/// `nvme discover --tls`: the discovery subsystem over TLS, with the key any
+/// subsystem gave the host; its log says TLS is required for the volume.
+#[test]
+fn the_host_discovers_over_tls_and_is_told_tls_is_required() {
+    let plane = plane_with_tls_host("tls-discovery");
+    let discovery_nqn = weft_proto::target::DISCOVERY_NQN;
+    let mut discovery = TlsClient::connect_to(plane.listening[0], KEY, discovery_nqn).unwrap();
+    let (sqe, data) = testing::connect_command(1, 0, 31, 0, 0xFFFF, discovery_nqn);
+    assert_eq!(discovery.command(&sqe, &data).1.status(), Status::SUCCESS);
+    let enable = testing::property_set(2, 0x14, (6 << 16) | (4 << 20) | 1);
+    assert_eq!(discovery.command(&enable, &[]).1.status(), Status::SUCCESS);
+    let (page, response) = discovery.command(&testing::get_log_page(3, 0x70, 4096, 0), &[]);
+    assert_eq!(response.status(), Status::SUCCESS);
+    let entry = &page[1024..2048];
+    assert_eq!(&entry[256..256 + TEST_NQN.len()], TEST_NQN.as_bytes());
+    assert_eq!(
+        (entry[3], entry[768]),
+        (0x05, 2),
+        "TREQ required, SECTYPE TLS 1.3"
     );
 }
