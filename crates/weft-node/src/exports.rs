@@ -103,6 +103,7 @@ pub fn build_exports(
             access: HostAccess::Any,
             ana: AnaConfig::DEFAULT,
             fenced: false,
+            fence_authority: None,
             intent: None,
         });
         devices.push(subsystem_devices);

@@ -653,6 +653,7 @@ impl Manager {
                     access: HostAccess::Only(allowed),
                     ana: self.ana_of(&record),
                     fenced: false,
+                    fence_authority: None,
                     intent: None,
                 });
                 let mut backend = Arc::new(VolumeBackend {
@@ -692,7 +693,7 @@ impl Manager {
                     meter,
                     health: Arc::clone(health),
                 }]);
-                if record.replication.is_some() {
+                if let Some(replication) = &record.replication {
                     // The primary writes to this replica through its
                     // private, fenced subsystem: the same volume, with a
                     // meter of its own (hosts' limits do not apply), and
@@ -704,7 +705,8 @@ impl Manager {
                         volume.size_bytes,
                     );
                     let volume_subsystem = config.subsystems.last().expect("pushed");
-                    let mut replica = self.replica_subsystem(&volume.name, volume_subsystem);
+                    let mut replica =
+                        self.replica_subsystem(&volume.name, volume_subsystem, replication);
                     // The primary sees the whole copy (it grows it through here).
                     replica.namespaces[0].blocks = volume.size_bytes / u64::from(volume.block_size);
                     replica.intent.clone_from(&intent);

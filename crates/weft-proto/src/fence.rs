@@ -28,6 +28,16 @@
 //! (held in a volume manager's queue, say) reached the media, so that none
 //! lands on a region the newer primary copied after it.
 //!
+//! Who may fence: a replica's node knows, from its volume's record, the
+//! primary and its epoch ([`FenceAuthority`]). A fence from another host,
+//! or at another epoch, is not taken: an older epoch is refused at once
+//! (with the record's epoch, so a deposed primary learns of the newer
+//! one); a newer epoch, or another host at the record's epoch, waits a
+//! while for the node to see a newer record (a new primary may fence
+//! before the replica's node has read the record that made it so), then
+//! is refused. Whoever holds a node's keys can then no longer fence a
+//! replica with the largest epoch and stop its volume's writes.
+//!
 //! What this does not do: persist the fence (a restarted target admits
 //! nothing until fenced anew, and a restart ends every connection, so no
 //! older session can speak again), or know what an epoch means (weft's
@@ -61,6 +71,40 @@ impl FenceToken {
     /// CDW11 to CDW13 of a fence Set Features carrying this token.
     pub fn cdws(&self) -> [u32; 3] {
         [self.session, self.epoch as u32, (self.epoch >> 32) as u32]
+    }
+}
+
+/// Who may take a replica subsystem's fence: the primary its node's copy
+/// of the volume's record names (by its host NQN), at the record's epoch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FenceAuthority {
+    /// The host NQN the record's primary connects with.
+    pub host_nqn: String,
+    /// The record's epoch.
+    pub epoch: u64,
+}
+
+/// What a [`FenceAuthority`] says of a fence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FenceAdmission {
+    /// The record's primary at the record's epoch: it may be taken.
+    Admitted,
+    /// An older epoch than the record's (given): refused.
+    Stale(u64),
+    /// A newer epoch, or another host: only a newer record could admit it.
+    Unknown,
+}
+
+impl FenceAuthority {
+    /// Whether host `host_nqn` may fence with `token`.
+    pub fn admits(&self, host_nqn: &str, token: FenceToken) -> FenceAdmission {
+        if token.epoch < self.epoch {
+            FenceAdmission::Stale(self.epoch)
+        } else if token.epoch == self.epoch && host_nqn == self.host_nqn {
+            FenceAdmission::Admitted
+        } else {
+            FenceAdmission::Unknown
+        }
     }
 }
 
@@ -243,6 +287,21 @@ mod tests {
 
     fn token(epoch: u64, session: u32) -> FenceToken {
         FenceToken { epoch, session }
+    }
+
+    #[test]
+    fn only_the_records_primary_at_the_records_epoch_is_admitted() {
+        let authority = FenceAuthority {
+            host_nqn: "nqn.node:n1".into(),
+            epoch: 4,
+        };
+        let admits = |host: &str, epoch| authority.admits(host, token(epoch, 7));
+        assert_eq!(admits("nqn.node:n1", 4), FenceAdmission::Admitted);
+        assert_eq!(admits("nqn.node:n1", 3), FenceAdmission::Stale(4));
+        assert_eq!(admits("nqn.node:n2", 3), FenceAdmission::Stale(4));
+        assert_eq!(admits("nqn.node:n1", u64::MAX), FenceAdmission::Unknown);
+        assert_eq!(admits("nqn.node:n2", 4), FenceAdmission::Unknown);
+        assert_eq!(admits("nqn.node:n2", 5), FenceAdmission::Unknown);
     }
 
     #[test]

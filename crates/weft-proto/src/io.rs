@@ -550,6 +550,7 @@ mod tests {
             access: HostAccess::Any,
             ana: AnaConfig::DEFAULT,
             fenced: false,
+            fence_authority: None,
             intent: None,
         }
     }

@@ -306,6 +306,9 @@ pub struct SubsystemConfig {
     /// A replica subsystem: only the controller holding its fence may run
     /// I/O (see [`crate::fence`]); it is never listed in discovery logs.
     pub fenced: bool,
+    /// Who may take a fenced subsystem's fence (see [`crate::fence`]);
+    /// none: any allowed host whose token is larger than the current one.
+    pub fence_authority: Option<crate::fence::FenceAuthority>,
     /// A replica subsystem's write intent (see [`crate::intent`]): served
     /// as its log page, cleaned by the Clean I/O command.
     pub intent: Option<Arc<crate::intent::WriteIntent>>,
@@ -1209,6 +1212,7 @@ mod tests {
             access: HostAccess::Any,
             ana: AnaConfig::DEFAULT,
             fenced: false,
+            fence_authority: None,
             intent: None,
         }
     }

@@ -67,6 +67,7 @@ pub fn config_with(nqn: &str, namespaces: &[(u32, u64, u32)], limits: Limits) ->
             access: HostAccess::Any,
             ana: AnaConfig::DEFAULT,
             fenced: false,
+            fence_authority: None,
             intent: None,
         }],
         listeners: vec![ListenerConfig {

@@ -111,6 +111,7 @@ fn serve_replicated_volume(reactors: usize, sink: Arc<Recorder>) -> DataPlane {
             access: HostAccess::Any,
             ana: AnaConfig::DEFAULT,
             fenced: false,
+            fence_authority: None,
             intent: None,
         }],
         listeners: vec![ListenerConfig {

@@ -16,6 +16,7 @@ use crate::replication::replica_nqn;
 use weft_control::{ReplicaRecord, ReplicaState, ReplicationRecord, VolumeRecord};
 use weft_proto::ana::{AnaConfig, AnaGroupId, AnaState};
 use weft_proto::auth::{DhchapSecret, HostKeys};
+use weft_proto::fence::FenceAuthority;
 use weft_proto::target::{AllowedHost, HostAccess, NamespaceConfig, SubsystemConfig};
 use weft_volume::VolumeSpec;
 
@@ -239,11 +240,13 @@ pub fn replica_keys(cluster_token: &str) -> HostKeys {
 
 impl Manager {
     /// The replica subsystem of `volume`, whose host-facing subsystem is
-    /// `served`: the same namespace, for the cluster's nodes only.
+    /// `served`: the same namespace, for the cluster's nodes only, fenced
+    /// only by the primary `replication` names at its epoch.
     pub(super) fn replica_subsystem(
         &self,
         volume: &str,
         served: &SubsystemConfig,
+        replication: &ReplicationRecord,
     ) -> SubsystemConfig {
         // This node too: a new primary fences its own replica through it.
         let peers = self
@@ -275,6 +278,10 @@ impl Manager {
                 state: AnaState::Optimized,
             },
             fenced: true,
+            fence_authority: Some(FenceAuthority {
+                host_nqn: node_host_nqn(&replication.primary),
+                epoch: replication.epoch,
+            }),
             ..served.clone()
         }
     }

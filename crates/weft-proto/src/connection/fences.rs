@@ -3,10 +3,13 @@
 //! on its way to the media.
 
 use super::*;
+use crate::fence::FenceAdmission;
 
 impl Connection {
     /// A fence Set Features: take the fence of this controller's subsystem,
-    /// answering once no other controller's I/O is on its way to the media.
+    /// answering once no other controller's I/O is on its way to the media;
+    /// only if the subsystem's [`FenceAuthority`] admits it (or once it
+    /// does: see `crate::fence`).
     pub(super) fn fence(&mut self, slot: SlotId, command: &Command, now: Timestamp) {
         let State::Admin(queue, _) = &self.state else {
             unreachable!("fences are taken on admin queues")
@@ -23,6 +26,44 @@ impl Connection {
             return self.respond(slot, Status::COMMAND_SEQUENCE_ERROR, 0);
         }
         let token = FenceToken::from_cdws(command.cdw(11), command.cdw(12), command.cdw(13));
+        match self.fence_admission(token) {
+            FenceAdmission::Admitted => self.take_fence(slot, token, now),
+            // The result carries the record's epoch: a deposed primary learns of a newer one.
+            FenceAdmission::Stale(epoch) => self.respond(slot, Status::RESERVATION_CONFLICT, epoch),
+            FenceAdmission::Unknown => {
+                self.slots[usize::from(slot.0)].state = SlotState::Parked;
+                self.fence_wait = Some(FenceWait {
+                    slot,
+                    check_at: now.after(FENCE_ADMISSION_CHECK),
+                    unadmitted: Some((token, now.after(FENCE_ADMISSION_PATIENCE))),
+                });
+            }
+        }
+    }
+
+    /// What the subsystem's current authority says of this controller's
+    /// fence with `token` (admitted when it has none).
+    fn fence_admission(&self, token: FenceToken) -> FenceAdmission {
+        let State::Admin(queue, _) = &self.state else {
+            unreachable!("fences are taken on admin queues")
+        };
+        let controller = &queue.controller;
+        match self
+            .config
+            .subsystem(&controller.subnqn)
+            .and_then(|s| s.fence_authority.as_ref())
+        {
+            Some(authority) => authority.admits(&controller.hostnqn, token),
+            None => FenceAdmission::Admitted,
+        }
+    }
+
+    /// Takes the fence with `token` (refused if not larger than the
+    /// current one), answering now or once the others drained.
+    fn take_fence(&mut self, slot: SlotId, token: FenceToken, now: Timestamp) {
+        let State::Admin(queue, _) = &self.state else {
+            unreachable!("fences are taken on admin queues")
+        };
         let fences = &self.target.fences;
         match fences.fence(token, &queue.controller) {
             // The result carries the current epoch: the asker learns of a newer primary.
@@ -33,16 +74,21 @@ impl Connection {
                 self.fence_wait = Some(FenceWait {
                     slot,
                     check_at: now.after(FENCE_DRAIN_CHECK),
+                    unadmitted: None,
                 });
             }
         }
     }
 
-    /// Answers a waiting fence once the other controllers drained.
-    pub(super) fn check_fence_drain(&mut self, now: Timestamp) {
+    /// Answers a waiting fence once it is admitted (or refused: not
+    /// admitted in time, or stale) and the other controllers drained.
+    pub(super) fn check_fence(&mut self, now: Timestamp) {
         let (Some(wait), State::Admin(queue, _)) = (&mut self.fence_wait, &self.state) else {
             return;
         };
+        if let Some((token, refused_at)) = wait.unadmitted {
+            return self.check_fence_admission(token, refused_at, now);
+        }
         if !self.target.fences.drained(&queue.controller) {
             wait.check_at = now.after(FENCE_DRAIN_CHECK);
             return;
@@ -50,6 +96,41 @@ impl Connection {
         let slot = wait.slot;
         self.fence_wait = None;
         self.respond(slot, Status::SUCCESS, 0);
+    }
+
+    /// A fence not admitted yet: taken once the configuration admits it,
+    /// refused when it says it is stale or at `refused_at`.
+    fn check_fence_admission(&mut self, token: FenceToken, refused_at: Timestamp, now: Timestamp) {
+        let admission = self.fence_admission(token);
+        let Some(wait) = self.fence_wait.as_mut() else {
+            return;
+        };
+        let slot = wait.slot;
+        let refusal = match admission {
+            FenceAdmission::Admitted => {
+                self.fence_wait = None;
+                return self.take_fence(slot, token, now);
+            }
+            FenceAdmission::Stale(epoch) => epoch,
+            FenceAdmission::Unknown if now < refused_at => {
+                wait.check_at = now.after(FENCE_ADMISSION_CHECK);
+                return;
+            }
+            FenceAdmission::Unknown => self.authority_epoch(),
+        };
+        self.fence_wait = None;
+        self.respond(slot, Status::RESERVATION_CONFLICT, refusal);
+    }
+
+    /// The epoch of the record the subsystem's authority holds (0: none).
+    fn authority_epoch(&self) -> u64 {
+        let State::Admin(queue, _) = &self.state else {
+            return 0;
+        };
+        self.config
+            .subsystem(&queue.controller.subnqn)
+            .and_then(|s| s.fence_authority.as_ref())
+            .map_or(0, |a| a.epoch)
     }
 
     /// Counts slot `slot`'s command against its subsystem's fence as it

@@ -147,15 +147,25 @@ impl Slot {
     }
 }
 
-/// A fence Set Features waiting for the other controllers' I/O to drain.
+/// A fence Set Features waiting for the node to admit it (a record it has
+/// not read yet) or for the other controllers' I/O to drain.
 #[derive(Debug)]
 struct FenceWait {
     slot: SlotId,
     check_at: Timestamp,
+    /// Not admitted yet: its token, and when it is refused.
+    unadmitted: Option<(FenceToken, Timestamp)>,
 }
 
 /// How often a waiting fence looks at the other controllers' I/O.
 const FENCE_DRAIN_CHECK: Duration = Duration::from_millis(1);
+
+/// How often a fence not admitted yet looks at the configuration again.
+const FENCE_ADMISSION_CHECK: Duration = Duration::from_millis(10);
+
+/// How long a fence not admitted waits for a record that admits it: the
+/// time a node takes to see a new primary's record, with room to spare.
+const FENCE_ADMISSION_PATIENCE: Duration = Duration::from_secs(1);
 
 /// Per-queue state that exists once Connect succeeded.
 #[derive(Debug)]
@@ -433,7 +443,7 @@ impl Connection {
     /// deadline, expires the keep-alive timer, or notices that the
     /// controller went away.
     pub fn handle_timeout(&mut self, now: Timestamp) {
-        self.check_fence_drain(now);
+        self.check_fence(now);
         let icreq_timeout = Duration::from_millis(u64::from(self.limits.icreq_timeout_ms));
         let ended = match &self.state {
             State::AwaitIcReq | State::AwaitConnect => {

@@ -2011,6 +2011,53 @@ fn only_the_fence_holder_writes_and_a_new_fence_waits_for_the_old_holders_io() {
     assert_eq!(invalid.status(), Status::INVALID_FIELD);
 }
 
+/// A replica's fence is taken only from the record's primary at the
+/// record's epoch: an older epoch is refused at once with the record's; a
+/// newer one waits for a record that admits it (taken when the node's
+/// configuration catches up) and is refused if none comes in time: whoever
+/// holds a node's keys cannot fence with the largest epoch.
+#[test]
+fn only_the_records_primary_at_the_records_epoch_takes_the_fence() {
+    use crate::fence::FenceAuthority;
+    let target = test_target();
+    let authority = |epoch| FenceAuthority {
+        host_nqn: HOST_NQN.to_string(),
+        epoch,
+    };
+    update(&target, |config| {
+        config.subsystems[0].fenced = true;
+        config.subsystems[0].fence_authority = Some(authority(3));
+    });
+    let (mut admin, _io) = ready_io_queue(&target);
+    let stale = admin.simple(&fence_command(1, 2, 1));
+    assert_eq!(
+        (stale.status(), stale.result()),
+        (Status::RESERVATION_CONFLICT, 3)
+    );
+    // The largest epoch waits, then is refused with the record's.
+    admin.send(&admin.capsule(&fence_command(2, u64::MAX, 1), &[]));
+    admin.advance(Duration::from_millis(900));
+    assert!(admin.receive().is_none(), "waits for a newer record");
+    admin.advance(Duration::from_millis(200));
+    let refused = admin.expect();
+    assert_eq!(
+        (refused.status(), refused.result()),
+        (Status::RESERVATION_CONFLICT, 3)
+    );
+    assert_eq!(target.fences.token(TEST_NQN).epoch, 0, "not taken");
+    // A new primary's fence before its node read the record: taken once it has.
+    admin.send(&admin.capsule(&fence_command(3, 4, 1), &[]));
+    admin.advance(Duration::from_millis(50));
+    assert!(admin.receive().is_none());
+    let newer = update(&target, |config| {
+        config.subsystems[0].fence_authority = Some(authority(4));
+    });
+    admin.update_config(newer);
+    admin.advance(Duration::from_millis(10));
+    assert_eq!(admin.expect().status(), Status::SUCCESS);
+    assert_eq!(target.fences.token(TEST_NQN).epoch, 4);
+}
+
 /// A replica subsystem's write intent: its log page (C0h) lists the
 /// marked regions; Clean (81h) drops regions, only from the fence
 /// holder, and only where the subsystem has an intent.

@@ -135,6 +135,7 @@ pub fn serve_devices_within(
             access: HostAccess::Any,
             ana: AnaConfig::DEFAULT,
             fenced: false,
+            fence_authority: None,
             intent: None,
         }],
         listeners: vec![ListenerConfig {
