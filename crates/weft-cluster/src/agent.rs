@@ -251,6 +251,7 @@ mod tests {
             api: "http://127.0.0.1:9400".into(),
             zone: None,
             lease_ttl: Duration::from_secs(3),
+            certificate: None,
         };
         let mut member = Member::join(store.clone(), config, None, "c1", 0).unwrap();
         let mut state = BeatState {

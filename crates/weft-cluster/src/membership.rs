@@ -45,6 +45,8 @@ pub struct MemberConfig {
     pub zone: Option<String>,
     /// Its lease's time to live.
     pub lease_ttl: Duration,
+    /// Its certificate from the cluster CA (hex DER), if it has one.
+    pub certificate: Option<String>,
 }
 
 /// What a node reports at each heartbeat.
@@ -390,6 +392,7 @@ fn claim_name(
         joined_unix_ms: now_unix_ms,
         down_since_unix_ms: None,
         ordinal: Some(ordinal),
+        certificate: config.certificate.clone(),
     };
     let mut txn = match &existing {
         Some(found) => Txn::new().update(key, encode(&record), found.revision),

@@ -276,6 +276,7 @@ mod tests {
                 joined_unix_ms: 0,
                 down_since_unix_ms: None,
                 ordinal: None,
+                certificate: None,
             },
             alive: up.then(|| AliveRecord {
                 node_id: format!("id-{name}"),

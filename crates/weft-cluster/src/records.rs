@@ -87,6 +87,11 @@ pub struct MemberRecord {
     /// ordinals existed have none until the node joins again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ordinal: Option<u16>,
+    /// Its certificate from the cluster CA (hex DER), when it has one:
+    /// the other nodes derive the secrets of their replication links with
+    /// it from it (checked against the CA, so the store cannot forge one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub certificate: Option<String>,
 }
 
 /// One pool of a node, as placement and `weft node list` see it.

@@ -25,6 +25,7 @@ fn config(name: &str, node_id: &str) -> MemberConfig {
         api: format!("http://127.0.0.1:94{}", &name[1..]),
         zone: None,
         lease_ttl: TTL,
+        certificate: None,
     }
 }
 

@@ -48,6 +48,7 @@ fn cluster(store: &Arc<dyn Store>) -> Vec<Member> {
                 api: format!("http://127.0.0.1:944{i}"),
                 zone: None,
                 lease_ttl: TTL,
+                certificate: None,
             };
             let mut member = Member::join(store.clone(), config, None, "c1", 0).unwrap();
             member.heartbeat(&status(), 0).unwrap();

@@ -8,6 +8,7 @@
 #![forbid(unsafe_code)]
 
 mod deadline;
+mod pair;
 pub mod tls;
 
 pub use deadline::{Deadline, DeadlineStream};

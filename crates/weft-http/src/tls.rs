@@ -19,7 +19,7 @@ use std::sync::Arc;
 /// The bundle Debian's ca-certificates installs, trusted when no CA file is given.
 const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 
-fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+pub(crate) fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
@@ -101,6 +101,8 @@ pub struct NodeIdentity {
     names: Vec<String>,
     server: Arc<ServerConfig>,
     client: Arc<ClientConfig>,
+    /// What shares secrets with the other nodes (see `crate::pair`).
+    pub(crate) pair: crate::pair::PairKey,
 }
 
 impl std::fmt::Debug for NodeIdentity {
@@ -122,6 +124,8 @@ impl NodeIdentity {
         let roots = Arc::new(read_roots(ca_file)?);
         let (chain, key) = read_pair(cert_file, key_file)?;
         let names = dns_names(&chain[0]);
+        let pair = crate::pair::PairKey::new(Arc::clone(&roots), &chain[0], &key)
+            .map_err(|e| format!("{}: {e}", key_file.display()))?;
         let verifier = WebPkiClientVerifier::builder_with_provider(Arc::clone(&roots), provider())
             .allow_unauthenticated()
             .build()
@@ -146,6 +150,7 @@ impl NodeIdentity {
             names,
             server: Arc::new(server),
             client: Arc::new(client),
+            pair,
         })
     }
 

@@ -19,6 +19,7 @@
 
 pub mod join;
 
+use crate::link_keys::Peer;
 use crate::manager::{AdminOp, ManagerHandle};
 use crate::status::StatusReader;
 use std::net::SocketAddr;
@@ -128,7 +129,7 @@ pub fn referral_keeper(
     own: String,
     manager: ManagerHandle,
 ) -> impl Fn() + Send + 'static {
-    type Told = (Vec<SocketAddr>, Vec<String>, Vec<std::net::IpAddr>);
+    type Told = (Vec<SocketAddr>, Vec<Peer>, Vec<std::net::IpAddr>);
     let told: Mutex<Option<Told>> = Mutex::new(None);
     move || {
         let nodes = match weft_cluster::nodes::list(store.as_ref()) {
@@ -143,7 +144,14 @@ pub fn referral_keeper(
             .flat_map(|node| node.member.nvme.iter().filter_map(|a| a.parse().ok()))
             .collect();
         referrals.sort();
-        let peers: Vec<String> = nodes.keys().filter(|name| **name != own).cloned().collect();
+        let peers: Vec<Peer> = nodes
+            .values()
+            .filter(|node| node.member.name != own)
+            .map(|node| Peer {
+                name: node.member.name.clone(),
+                certificate: node.member.certificate.clone(),
+            })
+            .collect();
         let addresses = node_addresses(nodes.values().filter(|node| node.member.name != own));
         let now = (referrals, peers, addresses);
         let mut told = told.lock().unwrap_or_else(|poisoned| poisoned.into_inner());

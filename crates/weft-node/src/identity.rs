@@ -105,14 +105,18 @@ pub fn hex(bytes: &[u8]) -> String {
 /// 16 bytes from 32 hex digits (dashes, as in a UUID, are skipped).
 pub fn parse_hex16(text: &str) -> Option<[u8; 16]> {
     let text: String = text.chars().filter(|c| *c != '-').collect();
-    if text.len() != 32 || !text.is_ascii() {
+    parse_hex(&text)?.try_into().ok()
+}
+
+/// Bytes from hex digits (an even number of them).
+pub fn parse_hex(text: &str) -> Option<Vec<u8>> {
+    if !text.len().is_multiple_of(2) || !text.is_ascii() {
         return None;
     }
-    let mut out = [0u8; 16];
-    for (index, byte) in out.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(&text[index * 2..index * 2 + 2], 16).ok()?;
-    }
-    Some(out)
+    (0..text.len())
+        .step_by(2)
+        .map(|at| u8::from_str_radix(&text[at..at + 2], 16).ok())
+        .collect()
 }
 
 #[cfg(test)]

@@ -42,6 +42,7 @@ pub mod cluster;
 pub mod exports;
 pub mod identity;
 mod intents;
+pub mod link_keys;
 pub mod manager;
 pub mod metrics;
 mod queue;

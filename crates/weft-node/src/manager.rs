@@ -39,7 +39,7 @@ mod shutdown;
 pub(crate) mod snapshots;
 
 pub use crate::replication::replica_nqn;
-pub use replicas::{node_host_nqn, replica_keys, ReplicaPlacement};
+pub use replicas::{node_host_nqn, ReplicaPlacement};
 
 use crate::identity::NodeId;
 use crate::queue::{Inbox, Next, Refused};
@@ -225,8 +225,9 @@ pub enum AdminOp {
     SetPeers {
         /// Discovery controllers to refer hosts to.
         referrals: Vec<std::net::SocketAddr>,
-        /// Names of the cluster's other nodes.
-        nodes: Vec<String>,
+        /// The cluster's other nodes (with the certificates their
+        /// replication links' secrets derive from).
+        nodes: Vec<crate::link_keys::Peer>,
         /// Their addresses, sorted: some controllers are kept for them.
         addresses: Vec<std::net::IpAddr>,
     },
@@ -466,12 +467,12 @@ pub struct Manager {
     /// The cluster's other nodes' discovery controllers, listed as referrals.
     cluster_referrals: Vec<std::net::SocketAddr>,
     /// The cluster's other nodes, by name: they may use its replica subsystems.
-    cluster_peers: Vec<String>,
+    cluster_peers: Vec<crate::link_keys::Peer>,
     /// The addresses of the cluster's other nodes, sorted: their Connects
     /// may use the controllers kept for nodes.
     cluster_addresses: Vec<std::net::IpAddr>,
     /// What a node proves to use a replica subsystem (from the cluster's token).
-    cluster_keys: Option<Arc<HostKeys>>,
+    link_keys: Option<crate::link_keys::LinkKeys>,
     /// What seals host secrets in the cluster's store (from the cluster's token).
     seal: Option<sealed::Seal>,
     /// The node's data directory in a cluster (its replicas' write intents live there).
@@ -560,7 +561,7 @@ impl Manager {
             cluster_referrals: Vec::new(),
             cluster_peers: Vec::new(),
             cluster_addresses: Vec::new(),
-            cluster_keys: None,
+            link_keys: None,
             seal: None,
             cluster_dir: None,
             intents: BTreeMap::new(),

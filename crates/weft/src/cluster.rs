@@ -412,6 +412,7 @@ pub fn member_config(
             .unwrap_or_else(|| format!("{}://{}", api.0, SocketAddr::new(advertise, api.1.port()))),
         zone: spec.zone.clone(),
         lease_ttl: spec.lease_ttl,
+        certificate: None,
     })
 }
 
@@ -482,7 +483,9 @@ impl Connected {
     }
 
     /// Joins the cluster as this data directory's node, listening on
-    /// `listen` (NVMe/TCP) and serving its API as `api`.
+    /// `listen` (NVMe/TCP) and serving its API as `api`, publishing its
+    /// certificate if it has one (`pair`).
+    #[allow(clippy::too_many_arguments)]
     pub fn join(
         self,
         data_dir: &Path,
@@ -491,8 +494,10 @@ impl Connected {
         api: (&str, SocketAddr),
         api_token: &str,
         token_path: &Path,
+        pair: Option<&CertificatePair>,
     ) -> Result<Member, String> {
-        let config = member_config(&self.spec, &identity::hex(&node.0), listen, api)?;
+        let mut config = member_config(&self.spec, &identity::hex(&node.0), listen, api)?;
+        config.certificate = pair.map(|p| identity::hex(p.0.certificate_der()));
         let member = join::join(
             Arc::clone(&self.remote),
             data_dir,
@@ -510,6 +515,22 @@ impl Connected {
             connected: self,
             member,
         })
+    }
+}
+
+/// A node's certificate, with which it shares a secret with each other node
+/// for their replication links (`weft_node::link_keys`).
+#[derive(Debug)]
+pub struct CertificatePair(pub weft_http::tls::NodeIdentity);
+
+impl weft_node::link_keys::PairSecrets for CertificatePair {
+    fn own_certificate(&self) -> Vec<u8> {
+        self.0.certificate_der().to_vec()
+    }
+
+    fn shared_with(&self, node: &str, certificate: &[u8]) -> Result<[u8; 32], String> {
+        let name = weft_cluster::pki::node_identity(node);
+        self.0.shared_secret(&name, certificate)
     }
 }
 

@@ -461,6 +461,9 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         (None, Some(identity)) => Some(identity.server()),
         (Some(_), Some(_)) => return Err("a node with --pki serves its API with its node certificate (it is how the other nodes know it): drop --api-tls-cert and --api-tls-key, and give clients the cluster's ca.crt (--api-ca)".into()),
     };
+    let pair = identity
+        .clone()
+        .map(|i| Arc::new(cluster::CertificatePair(i)));
     let api_scheme = if api_tls.is_some() { "https" } else { "http" };
     let api_listener = api::bind(api_listen)?;
     let api_bound = api_listener.local_addr().map_err(|e| e.to_string())?;
@@ -494,6 +497,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
                 api,
                 &api_token,
                 &token_path,
+                pair.as_deref(),
             )?;
             Some(joined)
         }
@@ -530,6 +534,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
                 data_dir: config.data_dir.clone(),
                 lease: Arc::clone(&lease),
                 rebuild_bytes_per_s: member.rebuild_bytes_per_s(),
+                pair: pair.map(|p| p as Arc<dyn weft_node::link_keys::PairSecrets>),
             })
             .map_err(|e| format!("checking this node's volume records: {e}"))?;
     }

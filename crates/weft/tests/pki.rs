@@ -6,7 +6,9 @@
 //! tried here, with its refusal: a member record pointed at an attacker
 //! no longer gets the cluster's token (it got it in clear text before),
 //! the admin token cannot send the calls only nodes forward, and etcd
-//! refuses a client without a certificate.
+//! refuses a client without a certificate. Replication links authenticate
+//! with secrets only their two nodes can compute (from their certificates):
+//! the cluster's token no longer lets a client in as a node.
 
 mod support;
 
@@ -80,6 +82,99 @@ fn eavesdropper() -> (String, std::sync::mpsc::Receiver<Vec<u8>>) {
         }
     });
     (address, hear)
+}
+
+/// A cluster CA under `dir/pki` with certificates for `names`, and etcd
+/// over TLS asking for them.
+fn certified_etcd(dir: &Path, names: &[&str]) -> (Etcd, String, PathBuf) {
+    let pki = dir.join("pki");
+    let (made, said) = cluster(&pki, &["init"]);
+    assert!(made, "{said}");
+    for name in names {
+        let (made, said) = cluster(&pki, &["issue", name]);
+        assert!(made, "{said}");
+    }
+    let n1_files = pki.join("nodes").join(names[0]);
+    let etcd = Etcd::start_tls(
+        1,
+        dir,
+        Tls {
+            ca: pki.join("ca.crt"),
+            server: (pki.join("etcd.crt"), pki.join("etcd.key")),
+            client: (n1_files.join("node.crt"), n1_files.join("node.key")),
+        },
+    );
+    let endpoints = etcd.endpoints();
+    (etcd, endpoints, pki)
+}
+
+/// The replication links of a cluster with certificates: the primary
+/// writes to its replica with secrets derived from the two nodes'
+/// certificates. A client holding the cluster's token connected to a
+/// replica subsystem as the primary's node with the secrets the token
+/// gives (and could then fence and write the copy); it is refused now.
+#[test]
+fn replication_links_use_secrets_only_their_two_nodes_hold() {
+    use weft_initiator::{ConnectOptions, Controller, TargetUrl};
+    use weft_node::manager::{node_host_nqn, replica_nqn};
+    let dir = temp_dir("pki-links");
+    let (etcd, endpoints, pki) = certified_etcd(&dir, &["n1", "n2"]);
+    let n1 = node(&dir, &pki, "n1", &endpoints, None);
+    let token_file = dir.join("n1").join("api-token");
+    let n2 = node(&dir, &pki, "n2", &endpoints, Some(&token_file));
+    let start = std::time::Instant::now();
+    while !ok(&n1, &["node", "list"]).contains("n2") {
+        assert!(start.elapsed() < Duration::from_secs(10));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for name in ["n1", "n2"] {
+        let device = dir.join(name).join("p.img");
+        let device = device.to_str().unwrap();
+        let args = ["pool", "create", "p", "--node", name, "--device", device];
+        ok(&n1, &[&args[..], &["--device-size", "256MiB"]].concat());
+    }
+    let create = [
+        "volume",
+        "create",
+        "rep",
+        "--size",
+        "16MiB",
+        "--replicas",
+        "2",
+    ];
+    let create = [&create[..], &["--node", "n1"]].concat();
+    let start = std::time::Instant::now();
+    while !support::weft(&n1, &create).0 {
+        assert!(start.elapsed() < Duration::from_secs(20), "never created");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The primary's link to n2 authenticates: the replica comes in sync.
+    let start = std::time::Instant::now();
+    loop {
+        let shown = ok(&n1, &["volume", "show", "rep"]);
+        if shown.matches("in-sync").count() == 2 {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "{shown}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let records = etcd
+        .ctl(&endpoints)
+        .args(["get", "/weft/cluster/members/n2", "--print-value-only"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&records.stdout).contains("\"certificate\""));
+    // The token's secrets, as node n1, to n2's replica subsystem: refused.
+    let url = format!("{}/{}", n2.nvme, replica_nqn("rep"));
+    let as_n1 = ConnectOptions {
+        host_nqn: node_host_nqn("n1"),
+        dhchap: Some(weft_node::link_keys::token_keys(&n1.token)),
+        ..ConnectOptions::default()
+    };
+    let refused = Controller::connect(&TargetUrl::parse(&url).unwrap(), as_n1, 1)
+        .and_then(|c| c.open_io_queue(1).map(drop));
+    assert!(refused.is_err(), "the token no longer makes a node");
+    drop((n2, etcd));
 }
 
 #[test]

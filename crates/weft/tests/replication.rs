@@ -1055,7 +1055,8 @@ fn epoch_in_store(endpoints: &str) -> u64 {
 /// and the replica stays in sync while writes go on.
 #[test]
 fn a_replica_refuses_a_fence_but_the_records_primarys_at_its_epoch() {
-    use weft_node::manager::{node_host_nqn, replica_keys, replica_nqn};
+    use weft_node::link_keys::token_keys as replica_keys;
+    use weft_node::manager::{node_host_nqn, replica_nqn};
     use weft_proto::fence::FenceToken;
     let dir = temp_dir("replication-fence-attack");
     let (etcd, endpoints, token_file, [n1, n2, _n3]) = three_nodes(&dir, "");

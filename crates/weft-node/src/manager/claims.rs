@@ -22,9 +22,12 @@ pub struct ClusterRole {
     pub node: String,
     /// Its ordinal (ANA group and controller-ID range).
     pub ordinal: u16,
-    /// The cluster's API token: the nodes' secret for each other's replica
-    /// subsystems derives from it.
+    /// The cluster's API token: the seal of secrets in the store derives
+    /// from it, and so do the replication links' secrets when `pair` is none.
     pub token: String,
+    /// The node's half of the secrets it shares with each other node
+    /// (its certificate): the replication links' secrets derive from them.
+    pub pair: Option<Arc<dyn crate::link_keys::PairSecrets>>,
     /// Its data directory (its replicas' write intents are kept there).
     pub data_dir: PathBuf,
     /// How long it may trust its cluster lease (the primaries of
@@ -55,11 +58,15 @@ impl Manager {
             data_dir,
             lease,
             rebuild_bytes_per_s,
+            pair,
         } = role;
         let node = node.as_str();
         self.cluster_node = Some(node.to_string());
         self.cluster_ordinal = ordinal;
-        self.cluster_keys = Some(std::sync::Arc::new(super::replicas::replica_keys(&token)));
+        self.link_keys = Some(match pair {
+            Some(pair) => crate::link_keys::LinkKeys::of_certificates(pair),
+            None => crate::link_keys::LinkKeys::of_token(&token),
+        });
         self.seal = Some(super::sealed::Seal::of_cluster_token(&token));
         self.seal_stored_secrets()?;
         self.cluster_dir = Some(data_dir);
@@ -392,6 +399,7 @@ pub(super) mod tests {
             data_dir: dir.join(node),
             lease: Arc::default(),
             rebuild_bytes_per_s: 256 << 20,
+            pair: None,
         }
     }
 

@@ -93,9 +93,9 @@ impl Manager {
             lease,
             connect: weft_initiator::ConnectOptions {
                 host_nqn: node_host_nqn(&me),
-                dhchap: self.cluster_keys.as_deref().cloned(),
                 ..weft_initiator::ConnectOptions::default()
             },
+            link_keys: self.link_keys.clone()?,
             manager: Arc::new(self.handle.clone()),
             dir,
             published: Arc::clone(&self.published),

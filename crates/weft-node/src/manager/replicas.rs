@@ -12,10 +12,11 @@
 
 use super::{AdminError, Manager};
 use crate::identity;
+use crate::link_keys::{LinkKeys, Peer};
 use crate::replication::replica_nqn;
+use std::sync::Arc;
 use weft_control::{ReplicaRecord, ReplicaState, ReplicationRecord, VolumeRecord};
 use weft_proto::ana::{AnaConfig, AnaGroupId, AnaState};
-use weft_proto::auth::{DhchapSecret, HostKeys};
 use weft_proto::fence::FenceAuthority;
 use weft_proto::target::{AllowedHost, HostAccess, NamespaceConfig, SubsystemConfig};
 use weft_volume::VolumeSpec;
@@ -224,20 +225,6 @@ pub fn node_host_nqn(node: &str) -> String {
     format!("nqn.2026-11.io.weft:node:{node}")
 }
 
-/// The DH-HMAC-CHAP secrets with which nodes connect to each other's
-/// replica subsystems, both ways (the node proves it is one of the
-/// cluster's, the replica's node proves it too): derived from the cluster's
-/// API token, which every node holds.
-pub fn replica_keys(cluster_token: &str) -> HostKeys {
-    HostKeys {
-        host: DhchapSecret::derived(cluster_token.as_bytes(), "weft replica: node"),
-        controller: Some(DhchapSecret::derived(
-            cluster_token.as_bytes(),
-            "weft replica: replica",
-        )),
-    }
-}
-
 impl Manager {
     /// The replica subsystem of `volume`, whose host-facing subsystem is
     /// `served`: the same namespace, for the cluster's nodes only, fenced
@@ -249,14 +236,26 @@ impl Manager {
         replication: &ReplicationRecord,
     ) -> SubsystemConfig {
         // This node too: a new primary fences its own replica through it.
+        let me = self.cluster_node.as_deref().unwrap_or_default();
+        let own = Peer {
+            name: me.to_string(),
+            certificate: self.link_keys.as_ref().and_then(LinkKeys::own_certificate),
+        };
         let peers = self
             .cluster_peers
             .iter()
-            .chain(self.cluster_node.as_ref())
-            .map(|node| AllowedHost {
-                nqn: node_host_nqn(node),
-                keys: self.cluster_keys.clone(),
-                tls_psk: None,
+            .chain([&own])
+            .filter_map(|peer| {
+                let keys = match &self.link_keys {
+                    // (Without a link secret no node is let in.)
+                    Some(keys) => keys.between(&peer.name, me, peer).ok()?,
+                    None => return None,
+                };
+                Some(AllowedHost {
+                    nqn: node_host_nqn(&peer.name),
+                    keys: Some(Arc::new(keys)),
+                    tls_psk: None,
+                })
             })
             .collect();
         // The primary's writes reach the copy here: hosts' reservations
@@ -373,7 +372,10 @@ mod tests {
             Err(AdminError::Invalid(_))
         ));
         // Each node also exports its replica on a fenced, private subsystem.
-        n2.cluster_peers = vec!["n1".into()];
+        n2.cluster_peers = vec![Peer {
+            name: "n1".into(),
+            certificate: None,
+        }];
         let replica = n2.exports();
         let private = replica.config.subsystem(&replica_nqn("db1")).unwrap();
         assert!(private.fenced && private.access.allows(&node_host_nqn("n1")));
@@ -388,7 +390,10 @@ mod tests {
         let (_n1, mut n2) = replicated_volume("replica-fence");
         let intent_path = n2.cluster_dir.clone().unwrap();
         n2.create_missing_replicas();
-        n2.cluster_peers = vec!["n1".into()];
+        n2.cluster_peers = vec![Peer {
+            name: "n1".into(),
+            certificate: None,
+        }];
         let plane = weft_target::DataPlane::start(
             n2.exports(),
             &["127.0.0.1:0".parse().unwrap()],
@@ -406,7 +411,7 @@ mod tests {
         let url = weft_initiator::TargetUrl::parse(&url).unwrap();
         let as_node = |node: &str| weft_initiator::ConnectOptions {
             host_nqn: node_host_nqn(node),
-            dhchap: Some(replica_keys("token")),
+            dhchap: Some(crate::link_keys::token_keys("token")),
             ..weft_initiator::ConnectOptions::default()
         };
         let without_secret = weft_initiator::ConnectOptions {
@@ -438,17 +443,15 @@ mod tests {
         let token = |epoch, session| weft_proto::fence::FenceToken { epoch, session };
         assert_eq!(old.fence(token(1, 1)).unwrap(), Ok(()));
         old_queue.write(1, 0, 4096, &[1; 4096]).unwrap();
-        // A newer session (or primary) takes the fence: the old one is out.
+        // A newer session takes the fence: the old one is out.
         let new = weft_initiator::Controller::connect(&url, as_node("n1"), 1).unwrap();
         let mut new_queue = new.open_io_queue(1).unwrap();
         assert_eq!(new.fence(token(1, 1)).unwrap(), Err(1), "tokens only grow");
-        assert_eq!(new.fence(token(2, 1)).unwrap(), Ok(()));
+        assert_eq!(new.fence(token(1, 2)).unwrap(), Ok(()));
         assert!(old_queue.write(1, 0, 4096, &[9; 4096]).is_err());
-        assert_eq!(
-            old.fence(token(1, 7)).unwrap(),
-            Err(2),
-            "deposed: learns epoch 2"
-        );
+        assert_eq!(old.fence(token(1, 1)).unwrap(), Err(1), "out for good");
+        // Only the record's primary, at the record's epoch, may fence.
+        assert_eq!(old.fence(token(0, 9)).unwrap(), Err(1), "learns epoch 1");
         new_queue.write(1, 1, 4096, &[2; 4096]).unwrap();
         assert_eq!(new_queue.read(1, 0, 4096, 4096).unwrap(), &[1; 4096][..]);
         assert_eq!(new_queue.read(1, 1, 4096, 4096).unwrap(), &[2; 4096][..]);

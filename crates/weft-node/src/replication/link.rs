@@ -77,7 +77,11 @@ pub(crate) struct LinkTarget {
     pub(crate) store: Arc<dyn Store>,
     /// The replica subsystem's NQN.
     pub(crate) nqn: String,
+    /// This node's name.
+    pub(crate) me: String,
+    /// How it connects; the DH-HMAC-CHAP secrets are `keys`'.
     pub(crate) options: ConnectOptions,
+    pub(crate) keys: crate::link_keys::LinkKeys,
     pub(crate) block_size: u32,
     /// The volume's regions (the size of the intent).
     pub(crate) regions: u32,
@@ -564,17 +568,29 @@ fn attach_thread(target: LinkTarget, token: Token, events: Events) {
     let _ = events.send(event);
 }
 
-/// The NVMe/TCP address of the replica subsystem on `target`'s node.
-pub(crate) fn replica_url(target: &LinkTarget) -> Result<TargetUrl, String> {
+/// The NVMe/TCP address of the replica subsystem on `target`'s node, and
+/// how to connect to it (with the secrets of the link to that node).
+fn replica_url(target: &LinkTarget) -> Result<(TargetUrl, ConnectOptions), String> {
     let view =
         weft_cluster::nodes::get(target.store.as_ref(), &target.name).map_err(|e| e.to_string())?;
     let member = &view.member;
+    let other = crate::link_keys::Peer {
+        name: member.name.clone(),
+        certificate: member.certificate.clone(),
+    };
+    let keys = target.keys.between(&target.me, &target.name, &other)?;
+    let options = ConnectOptions {
+        dhchap: Some(keys),
+        ..target.options.clone()
+    };
     let address = member
         .peer_nvme
         .first()
         .or(member.nvme.first())
         .ok_or_else(|| format!("node {} advertises no NVMe/TCP address", target.name))?;
-    TargetUrl::parse(&format!("nvme-tcp://{address}/{}", target.nqn)).map_err(|e| e.to_string())
+    let url = TargetUrl::parse(&format!("nvme-tcp://{address}/{}", target.nqn))
+        .map_err(|e| e.to_string())?;
+    Ok((url, options))
 }
 
 /// [`attach`], tried again for a while when the replica's node cannot be
@@ -596,9 +612,8 @@ fn attach_patiently(target: &LinkTarget, token: Token) -> Result<Attached, Strin
 
 /// Connects, takes the fence and reads the intent.
 fn attach(target: &LinkTarget, token: Token) -> Result<Attached, String> {
-    let url = replica_url(target)?;
-    let controller =
-        Controller::connect(&url, target.options.clone(), 1).map_err(|e| e.to_string())?;
+    let (url, options) = replica_url(target)?;
+    let controller = Controller::connect(&url, options, 1).map_err(|e| e.to_string())?;
     let fence = FenceToken {
         epoch: token.epoch.0,
         session: token.session,

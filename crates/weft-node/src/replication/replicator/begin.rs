@@ -36,6 +36,7 @@ impl Replicator {
             desired,
             lease,
             connect,
+            link_keys,
             manager,
             dir,
             published,
@@ -97,7 +98,9 @@ impl Replicator {
             name: me.clone(),
             store: Arc::clone(desired.store()),
             nqn: replica_nqn(&volume),
+            me: me.clone(),
             options: connect.clone(),
+            keys: link_keys,
             block_size: u64::from(replication.block_size) as u32,
             // The record's regions, as the core's sets have: a copy may be
             // larger (a growth whose record failed).

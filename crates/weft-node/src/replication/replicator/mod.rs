@@ -107,7 +107,9 @@ pub(crate) struct ReplicatorSetup {
     pub(crate) intent: Arc<IntentFile>,
     pub(crate) desired: DesiredState,
     pub(crate) lease: Arc<LeaseClock>,
+    /// How links connect (their DH-HMAC-CHAP secrets are `link_keys`').
     pub(crate) connect: ConnectOptions,
+    pub(crate) link_keys: crate::link_keys::LinkKeys,
     pub(crate) manager: Arc<dyn NodeServices>,
     pub(crate) dir: PathBuf,
     /// Where the rebuilds' progress is published.
