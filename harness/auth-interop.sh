@@ -4,7 +4,9 @@
 # lacks) against a weft node on this machine. A volume is attached to the guest's host NQN
 # with a host and a controller secret; the guest (harness/guest/auth.sh) connects
 # bidirectionally and host-only, writes and reads back through each, and is refused with a
-# wrong secret and with none. A second volume is attached to a second host NQN made with
+# wrong secret and with none. Another volume, for a host given the ffdhe2048 group (`weft
+# host add --dhchap-group`), is connected bidirectionally: the kernel reports that group. A
+# further volume is attached to a second host NQN made with
 # `weft host add --tls`: the guest inserts the PSK weft printed, connects with --tls,
 # writes and reads back, finds TLS required in its discovery log, and is refused in the
 # clear.
@@ -30,6 +32,8 @@ SHARE=$WORK/share
 PORT=14470 API_PORT=14479
 NQN=nqn.2026-11.io.weft:vol:authv
 HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-0000000a0a01
+FFDHE_NQN=nqn.2026-11.io.weft:vol:ffdhev
+FFDHE_HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-0000000a0a03
 TLS_NQN=nqn.2026-11.io.weft:vol:tlsv
 TLS_HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-0000000a0a02
 rm -rf "$WORK"
@@ -54,6 +58,11 @@ cli volume create authv --size 64MiB --pool p > /dev/null
 cli host add guest --nqn "$HOSTNQN" --dhchap-secret "$(sed -n 1p "$SHARE/secrets")" \
     --dhchap-ctrl-secret "$(sed -n 2p "$SHARE/secrets")" > /dev/null
 cli volume attach authv --host guest > /dev/null
+cli volume create ffdhev --size 64MiB --pool p > /dev/null
+cli host add ffdheguest --nqn "$FFDHE_HOSTNQN" --dhchap-secret "$(sed -n 1p "$SHARE/secrets")" \
+    --dhchap-ctrl-secret "$(sed -n 2p "$SHARE/secrets")" --dhchap-group ffdhe2048 > /dev/null
+cli host list | grep -q "ffdheguest .* bidirectional ffdhe2048" || die "weft host list does not show ffdheguest's group"
+cli volume attach ffdhev --host ffdheguest > /dev/null
 cli volume create tlsv --size 64MiB --pool p > /dev/null
 # The PSK `host add --tls` makes and shows once, as the operator copies it.
 cli host add tlsguest --nqn "$TLS_HOSTNQN" --tls > "$WORK/tls-host.out"
@@ -64,6 +73,7 @@ cli volume attach tlsv --host tlsguest > /dev/null
 set +e
 LAB_IMAGE_DIR=$IMAGE harness/vm/vm-run.sh -n slirp -s "$SHARE" -c 2 -t 600 -e "WEFT_PORT=$PORT" \
     -e "WEFT_NQN=$NQN" -e "WEFT_HOSTNQN=$HOSTNQN" -e "WEFT_TLS_NQN=$TLS_NQN" \
+    -e "WEFT_FFDHE_NQN=$FFDHE_NQN" -e "WEFT_FFDHE_HOSTNQN=$FFDHE_HOSTNQN" \
     -e "WEFT_TLS_HOSTNQN=$TLS_HOSTNQN" harness/guest/auth.sh 2>&1 | tee "$WORK/run.log"
 rc=${PIPESTATUS[0]}
 set -e

@@ -2,13 +2,15 @@
 # In the Linux 6.12 guest (Debian trixie: CONFIG_NVME_HOST_AUTH, CONFIG_NVME_TCP_TLS): the
 # kernel's NVMe/TCP host against weft (harness/auth-interop.sh) with DH-HMAC-CHAP:
 # bidirectional and host-only connects, a write read back through each; a wrong secret and
-# no secret refused. Secrets in $LAB_SHARE/secrets (host, controller, wrong). Then TLS 1.3
+# no secret refused. Secrets in $LAB_SHARE/secrets (host, controller, wrong). Then a volume
+# whose host weft gave the ffdhe2048 group: the kernel reports that group. Then TLS 1.3
 # with the PSK in $LAB_SHARE/tls-psk (tlshd does the handshake): the key inserted as
 # nvme-cli does, a connect with --tls, a write read back; TLS required in the discovery
 # log; refused in the clear. Prints "auth: PASS" when every check passed.
 set -u
 ADDR=${LAB_HOST_IP:?needs slirp} PORT=${WEFT_PORT:?} NQN=${WEFT_NQN:?} HOSTNQN=${WEFT_HOSTNQN:?}
 TLS_NQN=${WEFT_TLS_NQN:?} TLS_HOSTNQN=${WEFT_TLS_HOSTNQN:?} PSK=$(cat "$LAB_SHARE/tls-psk")
+FFDHE_NQN=${WEFT_FFDHE_NQN:?} FFDHE_HOSTNQN=${WEFT_FFDHE_HOSTNQN:?}
 HOST_SECRET=$(sed -n 1p "$LAB_SHARE/secrets") CTRL_SECRET=$(sed -n 2p "$LAB_SHARE/secrets")
 WRONG=$(sed -n 3p "$LAB_SHARE/secrets")
 FAILS=0
@@ -53,6 +55,16 @@ connect --dhchap-secret "$WRONG" 2>/dev/null && fail "a wrong secret connected" 
 disconnect
 connect 2>/dev/null && fail "no secret connected" || ok "no secret is refused"
 disconnect
+
+echo "=== DH-HMAC-CHAP with the ffdhe2048 group weft host add --dhchap-group gave the host"
+(NQN=$FFDHE_NQN HOSTNQN=$FFDHE_HOSTNQN FAILS=0
+dmesg -C
+connect --dhchap-secret "$HOST_SECRET" --dhchap-ctrl-secret "$CTRL_SECRET" && ok "connected" || fail "FFDHE connect"
+said=$(dmesg | grep -o "authenticated with hash .*" | head -1)
+[[ "$said" == *"dhgroup ffdhe2048"* ]] && ok "the kernel: $said" || fail "the kernel did not use ffdhe2048: $(dmesg | tail -5)"
+write_read FFDHE
+disconnect
+exit "$FAILS") || FAILS=$((FAILS + $?))
 
 echo "=== TLS 1.3 with the PSK weft host add --tls made"
 # tlshd does TLS handshakes for the kernel; the .nvme keyring comes with nvme-tcp.

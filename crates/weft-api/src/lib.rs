@@ -622,6 +622,8 @@ struct CreateHost {
     dhchap_ctrl_secret: Option<String>,
     #[serde(default)]
     tls_psk: Option<String>,
+    #[serde(default)]
+    dhchap_group: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -718,6 +720,7 @@ fn operation(
                     host: host.dhchap_secret,
                     controller: host.dhchap_ctrl_secret,
                     tls_psk: host.tls_psk,
+                    dh_group: host.dhchap_group,
                 },
             }
         }
@@ -917,6 +920,8 @@ fn secret_changes(body: &[u8]) -> Result<SecretChanges, Response> {
         dhchap_ctrl_secret: Option<Option<String>>,
         #[serde(default, deserialize_with = "present")]
         tls_psk: Option<Option<String>>,
+        #[serde(default, deserialize_with = "present")]
+        dhchap_group: Option<Option<String>>,
     }
     /// Present fields become `Some`, null or not (absent ones stay `None`).
     fn present<'de, D: serde::Deserializer<'de>>(
@@ -929,6 +934,7 @@ fn secret_changes(body: &[u8]) -> Result<SecretChanges, Response> {
         host: patch.dhchap_secret,
         controller: patch.dhchap_ctrl_secret,
         tls_psk: patch.tls_psk,
+        dh_group: patch.dhchap_group,
     })
 }
 

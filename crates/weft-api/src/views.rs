@@ -277,6 +277,10 @@ pub struct HostView {
     /// DH-HMAC-CHAP: "none", "host" (the host proves its secret) or
     /// "bidirectional" (the controller proves its own too). Secrets are never shown.
     pub dhchap: String,
+    /// The Diffie-Hellman group of its DH-HMAC-CHAP exchanges
+    /// (`ffdhe2048`..`ffdhe8192`); absent: the NULL group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dhchap_group: Option<String>,
     /// Whether it connects only over TLS (NVMe/TCP TLS 1.3 with its PSK,
     /// never shown).
     #[serde(default)]
@@ -403,6 +407,7 @@ impl From<&HostStatus> for HostView {
                 Authentication::Bidirectional => "bidirectional",
             }
             .to_string(),
+            dhchap_group: host.dh_group.clone(),
             tls: host.tls,
             volumes: host.volumes.clone(),
         }

@@ -50,6 +50,10 @@ pub struct HostRecord {
     /// over TLS with it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls_psk: Option<String>,
+    /// The Diffie-Hellman group its DH-HMAC-CHAP exchanges use
+    /// (`ffdhe2048`..`ffdhe8192`; none: the NULL group).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dhchap_group: Option<String>,
 }
 
 /// Per-volume I/O limits; `None` is unlimited. Totals count reads and
@@ -674,6 +678,7 @@ mod tests {
             nqn: "nqn.2014-08.org.nvmexpress:uuid:1".into(),
             dhchap_secret: None,
             dhchap_ctrl_secret: None,
+            dhchap_group: None,
             tls_psk: None,
         };
         state.change_host("web1", |_| Some(host.clone())).unwrap();
@@ -802,6 +807,7 @@ mod tests {
             nqn: nqn.into(),
             dhchap_secret: None,
             dhchap_ctrl_secret: None,
+            dhchap_group: None,
             tls_psk: None,
         };
         let created = state.create("hosts/web1", &host("nqn.a")).unwrap();

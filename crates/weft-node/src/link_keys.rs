@@ -18,7 +18,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use weft_proto::auth::{DhchapSecret, HostKeys};
+use weft_proto::auth::{DhGroup, DhchapSecret, HostKeys};
 
 /// A node's half of the secrets it shares with each other node.
 pub trait PairSecrets: Send + Sync + std::fmt::Debug {
@@ -96,6 +96,7 @@ impl LinkKeys {
         Ok(HostKeys {
             host: derive("host"),
             controller: Some(derive("replica")),
+            dh_group: DhGroup::Null,
         })
     }
 }
@@ -109,6 +110,7 @@ pub fn token_keys(cluster_token: &str) -> HostKeys {
             cluster_token.as_bytes(),
             "weft replica: replica",
         )),
+        dh_group: DhGroup::Null,
     }
 }
 

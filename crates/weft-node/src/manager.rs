@@ -51,7 +51,7 @@ use std::path::PathBuf;
 use std::sync::mpsc::{self, Sender};
 use std::sync::Arc;
 use weft_control::{DesiredState, HostRecord, PoolRecord, QosLimits, StoreError, VolumeRecord};
-use weft_proto::auth::{DhchapSecret, HostKeys};
+use weft_proto::auth::{DhGroup, DhchapSecret, HostKeys};
 use weft_proto::target::{AllowedHost, HostAccess, NamespaceConfig, SubsystemConfig, TargetConfig};
 use weft_proto::tls::psk::ConfiguredPsk;
 use weft_proto::types::Nsid;
@@ -284,6 +284,8 @@ pub struct HostSecrets {
     pub controller: Option<String>,
     /// Its NVMe/TCP TLS PSK: it connects only over TLS with it.
     pub tls_psk: Option<String>,
+    /// The DH group of its DH-HMAC-CHAP exchanges (`ffdhe2048`...; none: NULL).
+    pub dh_group: Option<String>,
 }
 
 /// Changes to a host's secrets: each field `None` keeps the secret,
@@ -296,6 +298,8 @@ pub struct SecretChanges {
     pub controller: Option<Option<String>>,
     /// Its TLS PSK.
     pub tls_psk: Option<Option<String>>,
+    /// The DH group of its DH-HMAC-CHAP exchanges (not a secret, set with them).
+    pub dh_group: Option<Option<String>>,
 }
 
 /// Changes to a volume's limits: each field `None` keeps the limit,
@@ -1468,6 +1472,7 @@ impl Manager {
             dhchap_secret: secrets.host,
             dhchap_ctrl_secret: secrets.controller,
             tls_psk: secrets.tls_psk,
+            dhchap_group: secrets.dh_group,
         };
         let record = self.sealed(name, record);
         // Created only if absent: of two nodes adding one host name at once, one wins.
@@ -1500,6 +1505,7 @@ impl Manager {
                 .tls_psk
                 .clone()
                 .map(|psk| psk.map(|s| self.seal_secret(name, &s))),
+            dh_group: changes.dh_group.clone(),
         };
         let change = |changes: &SecretChanges, mut record: HostRecord| {
             if let Some(host) = &changes.host {
@@ -1510,6 +1516,9 @@ impl Manager {
             }
             if let Some(psk) = &changes.tls_psk {
                 record.tls_psk = psk.clone();
+            }
+            if let Some(group) = &changes.dh_group {
+                record.dhchap_group = group.clone();
             }
             record
         };
@@ -1523,6 +1532,7 @@ impl Manager {
             host: record.dhchap_secret.clone(),
             controller: record.dhchap_ctrl_secret.clone(),
             tls_psk: record.tls_psk.clone(),
+            dh_group: record.dhchap_group.clone(),
         };
         check_secrets(name, &secrets)?;
         self.store_write(|d| {
@@ -1696,6 +1706,7 @@ fn host_statuses(
                 (Some(_), Some(_)) => Authentication::Bidirectional,
             },
             tls: host.tls_psk.is_some(),
+            dh_group: host.dhchap_group.filter(|_| host.dhchap_secret.is_some()),
             nqn: host.nqn,
         })
         .collect()
@@ -1811,6 +1822,16 @@ fn check_secrets(name: &str, secrets: &HostSecrets) -> Result<(), AdminError> {
             )
         })?;
     }
+    // (Kept while the host has no secret: it applies once it has one.)
+    if let Some(group) = secrets.dh_group.as_deref() {
+        if DhGroup::from_name(group).is_none() {
+            return Err(VolumeError::invalid(
+                what("DH group"),
+                "give null, ffdhe2048, ffdhe3072, ffdhe4096, ffdhe6144 or ffdhe8192",
+            )
+            .into());
+        }
+    }
     match (&secrets.host, &secrets.controller) {
         (None, Some(_)) => Err(VolumeError::invalid(
             what("DH-HMAC-CHAP controller secret"),
@@ -1851,11 +1872,23 @@ fn allowed_host(name: &str, host: &HostRecord, seal: Option<&sealed::Seal>) -> O
             return None;
         }
     };
+    let dh_group = match host.dhchap_group.as_deref().map(DhGroup::from_name) {
+        None => DhGroup::Null,
+        Some(Some(group)) => group,
+        Some(None) => {
+            log::error!(
+                "host {name}: stored DH group {:?} unknown; the host may not connect",
+                host.dhchap_group
+            );
+            return None;
+        }
+    };
     let keys = match (parse(&host.dhchap_secret), parse(&host.dhchap_ctrl_secret)) {
         (Ok(None), _) => None,
         (Ok(Some(secret)), Ok(controller)) => Some(Arc::new(HostKeys {
             host: secret,
             controller,
+            dh_group,
         })),
         (Err(error), _) | (_, Err(error)) => {
             log::error!("host {name}: stored DH-HMAC-CHAP secret refused ({error}); the host may not connect");
@@ -1965,6 +1998,7 @@ mod tests {
             dhchap_secret: None,
             dhchap_ctrl_secret: None,
             tls_psk: None,
+            dhchap_group: None,
         };
         desired.change_host("h", |_| Some(host.clone())).unwrap();
         desired

@@ -86,6 +86,8 @@ pub struct HostStatus {
     pub nqn: String,
     /// How it authenticates (its secrets are never reported).
     pub authentication: Authentication,
+    /// The DH group of its DH-HMAC-CHAP exchanges, when not NULL.
+    pub dh_group: Option<String>,
     /// Whether it connects only over TLS (its PSK is never reported).
     pub tls: bool,
     /// Names of the volumes attached to it.

@@ -4,13 +4,21 @@
 //! state with no I/O. Randomness comes in through [`SecureRandom`].
 //!
 //! What is implemented: SHA-256/384/512 HMACs, secrets with or without the
-//! NQN transform, unidirectional and bidirectional authentication, and the
-//! NULL Diffie-Hellman group (what Linux nvmet selects by default). Not
-//! implemented: the FFDHE groups (a host offering only those gets
-//! "DH group unusable") and secure channel concatenation (TLS), which the
-//! Linux 6.1 hosts this project tests against do not have either.
+//! NQN transform, unidirectional and bidirectional authentication, the
+//! NULL Diffie-Hellman group (what Linux nvmet selects by default) and the
+//! FFDHE groups 2048 to 8192 ([`ffdhe`]): the controller picks the group
+//! configured for the host (a host that does not offer it gets "DH group
+//! unusable"), the host follows the controller's choice; with a group, each
+//! challenge is augmented with the exchange's session key (section
+//! 8.13.5.6: HMAC(H(g^xy mod p), C)). Not implemented: secure channel
+//! concatenation (TLS PSKs derived from the exchange), which weft's TLS
+//! does without (configured PSKs).
+
+mod ffdhe;
 
 use crate::keytext::{base64_decode, base64_encode, crc32};
+pub use ffdhe::DhGroup;
+use ffdhe::PrivateValue;
 use hmac::{Hmac, Mac};
 use std::fmt;
 use std::sync::Arc;
@@ -38,11 +46,9 @@ mod message {
 }
 /// AUTHID of the DH-HMAC-CHAP protocol descriptor in Negotiate.
 const DHCHAP_AUTH_ID: u8 = 0x01;
-/// DH group identifier of the NULL group (no Diffie-Hellman exchange).
-const DHGROUP_NULL: u8 = 0x00;
 /// The DH groups a host lists in Negotiate: NULL, then FFDHE 2048, 3072,
 /// 4096, 6144 and 8192, as the Linux host does.
-const OFFERED_DH_GROUPS: [u8; 6] = [DHGROUP_NULL, 1, 2, 3, 4, 5];
+const OFFERED_DH_GROUPS: [DhGroup; 6] = DhGroup::ALL;
 /// Failure reason code "authentication failure"; the explanation says why.
 const REASON_FAILED: u8 = 0x01;
 /// The fixed part of Negotiate, Challenge, Reply and Success1.
@@ -99,6 +105,26 @@ impl HashFunction {
             HashFunction::Sha256 => 32,
             HashFunction::Sha384 => 48,
             HashFunction::Sha512 => 64,
+        }
+    }
+
+    /// The hash of `data`.
+    fn digest(self, data: &[u8]) -> Digest {
+        use sha2::Digest as _;
+        match self {
+            HashFunction::Sha256 => Digest::from_slice(&sha2::Sha256::digest(data)),
+            HashFunction::Sha384 => Digest::from_slice(&sha2::Sha384::digest(data)),
+            HashFunction::Sha512 => Digest::from_slice(&sha2::Sha512::digest(data)),
+        }
+    }
+
+    /// A challenge augmented with a DH exchange's session key (section
+    /// 8.13.5.6): HMAC(H(session key), challenge); the challenge itself
+    /// without an exchange (the NULL group).
+    fn augmented(self, session_key: Option<&[u8]>, challenge: Digest) -> Digest {
+        match session_key {
+            Some(key) => self.hmac(self.digest(key).as_ref(), &[challenge.as_ref()]),
+            None => challenge,
         }
     }
 
@@ -290,6 +316,9 @@ pub struct HostKeys {
     pub host: DhchapSecret,
     /// The controller proves it knows this one, when the host asks.
     pub controller: Option<DhchapSecret>,
+    /// The DH group a controller picks for this host (the host must offer
+    /// it); a host follows the controller's choice whatever this says.
+    pub dh_group: DhGroup,
 }
 
 /// Failure reason code explanations (NVMe Base 2.0, Figure 446).
@@ -416,6 +445,7 @@ enum ControllerStep {
     Challenge {
         transaction: u16,
         hash: HashFunction,
+        group: DhGroup,
     },
     /// Challenge sent: the host sends its Reply next.
     Reply {
@@ -423,8 +453,11 @@ enum ControllerStep {
         hash: HashFunction,
         challenge: Digest,
         seqnum: u32,
+        /// The group and our private exponent, unless NULL.
+        exchange: Option<(DhGroup, PrivateValue)>,
     },
-    /// The host is authenticated: it reads Success1 next, with our response to its challenge if any.
+    /// The host is authenticated: it reads Success1 next, with our
+    /// response to its challenge (augmented) if any.
     Success1 {
         transaction: u16,
         hash: HashFunction,
@@ -467,8 +500,12 @@ impl ControllerExchange {
         };
         let transaction = read_u16(payload, 4);
         if (auth_type, auth_id) == (COMMON_MESSAGES, message::NEGOTIATE) {
-            self.step = match negotiate(payload) {
-                Ok(hash) => ControllerStep::Challenge { transaction, hash },
+            self.step = match negotiate(payload, self.keys.dh_group) {
+                Ok(hash) => ControllerStep::Challenge {
+                    transaction,
+                    hash,
+                    group: self.keys.dh_group,
+                },
                 Err(reason) => ControllerStep::Failure1 {
                     transaction,
                     reason,
@@ -498,8 +535,9 @@ impl ControllerExchange {
                 hash,
                 challenge,
                 seqnum,
+                exchange,
                 ..
-            } => self.on_reply(payload, transaction, hash, challenge, seqnum),
+            } => self.on_reply(payload, transaction, hash, (challenge, seqnum), exchange),
             _ => {
                 self.authenticated = true;
                 self.step = ControllerStep::Done;
@@ -512,8 +550,8 @@ impl ControllerExchange {
         payload: &[u8],
         transaction: u16,
         hash: HashFunction,
-        challenge: Digest,
-        seqnum: u32,
+        (challenge, seqnum): (Digest, u32),
+        exchange: Option<(DhGroup, PrivateValue)>,
     ) {
         let hl = usize::from(*payload.get(6).unwrap_or(&0));
         let cvalid = payload.get(8).is_some_and(|&v| v != 0);
@@ -521,10 +559,21 @@ impl ControllerExchange {
         if hl != hash.output_len() || payload.len() < HEADER_LEN + 2 * hl + dhvlen {
             return self.fail(transaction, FailureReason::IncorrectPayload);
         }
-        if dhvlen != 0 {
-            // The NULL group has no DH value.
+        // The host's DH value, of the group's length (none for NULL).
+        if dhvlen != exchange.map_or(0, |(group, _)| group.value_len()) {
             return self.fail(transaction, FailureReason::IncorrectPayload);
         }
+        let session_key = match exchange {
+            None => None,
+            Some((group, private)) => {
+                let theirs = &payload[HEADER_LEN + 2 * hl..HEADER_LEN + 2 * hl + dhvlen];
+                match private.session_key(group, theirs) {
+                    Some(key) => Some(key),
+                    None => return self.fail(transaction, FailureReason::IncorrectPayload),
+                }
+            }
+        };
+        let challenge = hash.augmented(session_key.as_deref(), challenge);
         let binding = Binding {
             hash,
             transaction,
@@ -538,10 +587,8 @@ impl ControllerExchange {
         let host_seqnum = read_u32(payload, 12);
         // A zero sequence number means no controller authentication (section 8.13.5.4).
         let host_challenge = (cvalid && host_seqnum != 0).then(|| {
-            (
-                Digest::from_slice(&payload[HEADER_LEN + hl..HEADER_LEN + 2 * hl]),
-                host_seqnum,
-            )
+            let theirs = Digest::from_slice(&payload[HEADER_LEN + hl..HEADER_LEN + 2 * hl]);
+            (hash.augmented(session_key.as_deref(), theirs), host_seqnum)
         });
         if host_challenge.is_some() && self.keys.controller.is_none() {
             // The host wants us to prove a secret we were not given.
@@ -561,24 +608,36 @@ impl ControllerExchange {
     /// Returns its length, or `None` when it does not fit in `out`.
     pub fn on_receive(&mut self, out: &mut [u8], random: &dyn SecureRandom) -> Option<usize> {
         match self.step {
-            ControllerStep::Challenge { transaction, hash } => {
-                let challenge = Digest::random(random, hash.output_len());
+            ControllerStep::Challenge {
+                transaction,
+                hash,
+                group,
+            } => {
+                let hl = hash.output_len();
+                let dhvlen = group.value_len();
+                let out = out.get_mut(..HEADER_LEN + hl + dhvlen)?;
+                let challenge = Digest::random(random, hl);
                 let seqnum = nonzero_seqnum(random);
-                let len = HEADER_LEN + hash.output_len();
-                let out = out.get_mut(..len)?;
+                let exchange =
+                    (group != DhGroup::Null).then(|| (group, PrivateValue::random(random)));
                 write_header(out, DHCHAP_MESSAGES, message::CHALLENGE, transaction);
-                out[6] = hash.output_len() as u8;
+                out[6] = hl as u8;
                 out[8] = hash.id();
-                out[9] = DHGROUP_NULL;
+                out[9] = group.id();
+                out[10..12].copy_from_slice(&(dhvlen as u16).to_le_bytes());
                 out[12..16].copy_from_slice(&seqnum.to_le_bytes());
-                out[HEADER_LEN..].copy_from_slice(challenge.as_ref());
+                out[HEADER_LEN..HEADER_LEN + hl].copy_from_slice(challenge.as_ref());
+                if let Some((group, private)) = &exchange {
+                    out[HEADER_LEN + hl..].copy_from_slice(&private.public(*group));
+                }
                 self.step = ControllerStep::Reply {
                     transaction,
                     hash,
                     challenge,
                     seqnum,
+                    exchange,
                 };
-                Some(len)
+                Some(out.len())
             }
             ControllerStep::Success1 {
                 transaction,
@@ -640,8 +699,8 @@ impl ControllerExchange {
 }
 
 /// Checks a Negotiate message and picks the hash function: the first the
-/// host lists. The NULL DH group must be among those offered.
-fn negotiate(payload: &[u8]) -> Result<HashFunction, FailureReason> {
+/// host lists. The DH group `group` must be among those offered.
+fn negotiate(payload: &[u8], group: DhGroup) -> Result<HashFunction, FailureReason> {
     if payload.len() < NEGOTIATE_HEADER_LEN {
         return Err(FailureReason::IncorrectPayload);
     }
@@ -665,7 +724,7 @@ fn negotiate(payload: &[u8]) -> Result<HashFunction, FailureReason> {
         .iter()
         .find_map(|&id| HashFunction::from_id(id))
         .ok_or(FailureReason::HashUnusable)?;
-    if !descriptor[34..34 + dhlen].contains(&DHGROUP_NULL) {
+    if !descriptor[34..34 + dhlen].contains(&group.id()) {
         return Err(FailureReason::DhGroupUnusable);
     }
     Ok(hash)
@@ -700,8 +759,8 @@ pub enum HostAuthError {
     /// The controller chose a hash function this host does not know.
     #[error("the controller chose hash function {0}, which is not SHA-256, -384 or -512")]
     UnusableHash(u8),
-    /// The controller chose a Diffie-Hellman group this host does not implement.
-    #[error("the controller chose Diffie-Hellman group {0} (FFDHE); weft implements only the NULL group: set the target's DH group to null")]
+    /// The controller chose a Diffie-Hellman group DH-HMAC-CHAP does not define.
+    #[error("the controller chose Diffie-Hellman group {0}, which DH-HMAC-CHAP does not define (0 to 5)")]
     UnusableDhGroup(u8),
 }
 
@@ -752,10 +811,7 @@ impl HostExchange {
     }
 
     /// The Negotiate message: every hash function, and the DH groups the
-    /// Linux host lists (NULL and FFDHE 2048..8192). Only NULL is
-    /// implemented, but Linux nvmet configured for NULL only picks it when
-    /// another group follows it in the list; a controller that chooses an
-    /// FFDHE group gets Failure2 "DH group unusable".
+    /// Linux host lists (NULL and FFDHE 2048..8192).
     pub fn negotiate(&self) -> Vec<u8> {
         let mut out = vec![0u8; NEGOTIATE_HEADER_LEN + DESCRIPTOR_LEN];
         write_header(
@@ -772,7 +828,9 @@ impl HostExchange {
         for (slot, hash) in descriptor[4..].iter_mut().zip(HashFunction::ALL) {
             *slot = hash.id();
         }
-        descriptor[34..34 + OFFERED_DH_GROUPS.len()].copy_from_slice(&OFFERED_DH_GROUPS);
+        for (slot, group) in descriptor[34..].iter_mut().zip(OFFERED_DH_GROUPS) {
+            *slot = group.id();
+        }
         out
     }
 
@@ -806,30 +864,49 @@ impl HostExchange {
         if hl != hash.output_len() || challenge.len() < HEADER_LEN + hl {
             return Err(HostAuthError::Malformed("challenge length"));
         }
-        if challenge[9] != DHGROUP_NULL {
-            return Err(HostAuthError::UnusableDhGroup(challenge[9]));
+        let group =
+            DhGroup::from_id(challenge[9]).ok_or(HostAuthError::UnusableDhGroup(challenge[9]))?;
+        let dhvlen = usize::from(read_u16(challenge, 10));
+        if dhvlen != group.value_len() || challenge.len() < HEADER_LEN + hl + dhvlen {
+            return Err(HostAuthError::Malformed("DH value length"));
         }
-        if read_u16(challenge, 10) != 0 {
-            return Err(HostAuthError::Malformed("a DH value with the NULL group"));
-        }
+        // Our half of the exchange, and its session key (none for NULL).
+        let (public, session_key) = match group {
+            DhGroup::Null => (Vec::new(), None),
+            group => {
+                let private = PrivateValue::random(random);
+                let theirs = &challenge[HEADER_LEN + hl..HEADER_LEN + hl + dhvlen];
+                let key = private
+                    .session_key(group, theirs)
+                    .ok_or(HostAuthError::Malformed("the controller's DH value"))?;
+                (private.public(group), Some(key))
+            }
+        };
         let binding = self.binding(hash);
         let response = binding.response(
             Prover::Host,
             &self.keys.host,
-            &challenge[HEADER_LEN..HEADER_LEN + hl],
+            hash.augmented(
+                session_key.as_deref(),
+                Digest::from_slice(&challenge[HEADER_LEN..HEADER_LEN + hl]),
+            )
+            .as_ref(),
             read_u32(challenge, 12),
         );
-        let mut out = vec![0u8; HEADER_LEN + 2 * hl];
+        let mut out = vec![0u8; HEADER_LEN + 2 * hl + public.len()];
         write_header(&mut out, DHCHAP_MESSAGES, message::REPLY, self.transaction);
         out[6] = hl as u8;
+        out[10..12].copy_from_slice(&(public.len() as u16).to_le_bytes());
         out[HEADER_LEN..HEADER_LEN + hl].copy_from_slice(response.as_ref());
+        out[HEADER_LEN + 2 * hl..].copy_from_slice(&public);
         if self.keys.controller.is_some() {
             let ours = Digest::random(random, hl);
             let seqnum = nonzero_seqnum(random);
             out[8] = 1; // CVALID
             out[12..16].copy_from_slice(&seqnum.to_le_bytes());
-            out[HEADER_LEN + hl..].copy_from_slice(ours.as_ref());
-            self.challenge = Some((ours, seqnum));
+            out[HEADER_LEN + hl..HEADER_LEN + 2 * hl].copy_from_slice(ours.as_ref());
+            // The controller answers the augmented challenge.
+            self.challenge = Some((hash.augmented(session_key.as_deref(), ours), seqnum));
         }
         self.hash = Some(hash);
         Ok(out)
@@ -943,6 +1020,7 @@ mod tests {
                 DhchapSecret::parse("DHHC-1:02:MWPqcx1Ug1debg8fPIGpkqbQhLcYUt39k7UWirkblaKEH1kE:")
                     .unwrap()
             }),
+            dh_group: DhGroup::Null,
         }
     }
 
@@ -1068,6 +1146,7 @@ mod tests {
         let wrong_host = HostKeys {
             host: DhchapSecret::parse(&SPEC_SECRET.replace(":00:", ":01:")).unwrap(),
             controller: None,
+            dh_group: DhGroup::Null,
         };
         assert_eq!(
             exchange(keys(false), wrong_host),
@@ -1123,10 +1202,111 @@ mod tests {
         assert_eq!(refused(&reply), FailureReason::IncorrectMessage);
     }
 
-    /// A controller that picks an FFDHE group (as SPDK picks the strongest
-    /// offered) is told so with Failure2 "DH group unusable".
+    /// With each FFDHE group configured for the host, the controller picks
+    /// it and both sides authenticate, one way and both ways, over the
+    /// augmented challenges; a wrong secret still fails.
     #[test]
-    fn a_challenge_with_an_ffdhe_group_is_answered_with_failure2() {
+    fn every_ffdhe_group_authenticates_over_augmented_challenges() {
+        for group in DhGroup::ALL {
+            let with = |bidirectional| HostKeys {
+                dh_group: group,
+                ..keys(bidirectional)
+            };
+            assert_eq!(
+                exchange(with(false), keys(false)),
+                (true, Ok(())),
+                "{group:?}"
+            );
+            assert_eq!(
+                exchange(with(true), keys(true)),
+                (true, Ok(())),
+                "{group:?}"
+            );
+            let mut other_controller = with(true);
+            other_controller.controller = Some(DhchapSecret::parse(SPEC_SECRET).unwrap());
+            assert_eq!(
+                exchange(other_controller, keys(true)),
+                (false, Err(HostAuthError::ControllerNotAuthenticated)),
+                "{group:?}"
+            );
+        }
+        let mut wrong_host = keys(false);
+        wrong_host.host = DhchapSecret::parse(&SPEC_SECRET.replace(":00:", ":01:")).unwrap();
+        let ffdhe = HostKeys {
+            dh_group: DhGroup::Ffdhe3072,
+            ..keys(false)
+        };
+        assert_eq!(
+            exchange(ffdhe, wrong_host),
+            (false, Err(HostAuthError::Refused(FailureReason::Failed)))
+        );
+    }
+
+    /// The public value and an augmented challenge for fixed inputs,
+    /// computed independently with Python's pow, hashlib and hmac:
+    /// `sha256(pow(2, e, p).to_bytes(256))` and
+    /// `hmac(sha256(pow(3, e, p).to_bytes(256)), C1, sha256)` with RFC 7919's
+    /// ffdhe2048 p, e = 0x0123456789abcdef repeated to 512 bits, C1 = 01..20.
+    #[test]
+    fn ffdhe_values_match_an_independent_computation() {
+        let private = PrivateValue::from_hex(&"0123456789abcdef".repeat(8));
+        let public = private.public(DhGroup::Ffdhe2048);
+        assert_eq!(
+            hex(HashFunction::Sha256.digest(&public).as_ref()),
+            "227d859e6eb29d2d454dd405d9b9741b1b37bf8c1f494a7b97f850bd81cd9976"
+        );
+        let mut three = vec![0u8; 256];
+        three[255] = 3;
+        let key = private.session_key(DhGroup::Ffdhe2048, &three).unwrap();
+        let challenge = Digest::from_slice(&(1..=32).collect::<Vec<u8>>());
+        let augmented = HashFunction::Sha256.augmented(Some(&key), challenge);
+        assert_eq!(
+            hex(augmented.as_ref()),
+            "bf41a5a051334d385ac0925ab3a67df62dd69d0e63cf00ec016cf7dff2de3aa0"
+        );
+    }
+
+    /// A host's public value of 1 or p-1 (which would make the session key
+    /// known to anyone), or of the wrong length, is refused.
+    #[test]
+    fn a_degenerate_or_misfit_dh_value_is_refused() {
+        let random = CountingRandom::default();
+        let group = DhGroup::Ffdhe2048;
+        let reply_with = |value: Vec<u8>| {
+            let keys = HostKeys {
+                dh_group: group,
+                ..keys(false)
+            };
+            let mut controller = ControllerExchange::new(Arc::new(keys), HOST, SUBSYSTEM);
+            let mut host = HostExchange::new(self::keys(false), HOST, SUBSYSTEM, 2);
+            controller.on_send(&host.negotiate());
+            let mut buffer = [0u8; 1024];
+            let len = controller.on_receive(&mut buffer, &random).unwrap();
+            let mut reply = host.reply(&buffer[..len], &random).unwrap();
+            reply.truncate(HEADER_LEN + 64);
+            reply[10..12].copy_from_slice(&(value.len() as u16).to_le_bytes());
+            reply.extend_from_slice(&value);
+            controller.on_send(&reply);
+            let len = controller.on_receive(&mut buffer, &random).unwrap();
+            check_failure1(&buffer[..len])
+        };
+        let mut one = vec![0u8; 256];
+        one[255] = 1;
+        let mut p_minus_one = vec![0xFF; 256];
+        p_minus_one[255] = 0xFE;
+        for value in [one, p_minus_one, vec![7u8; 255]] {
+            assert_eq!(
+                reply_with(value),
+                Err(HostAuthError::Refused(FailureReason::IncorrectPayload))
+            );
+        }
+    }
+
+    /// A host that does not offer the group configured for it is refused
+    /// with "DH group unusable"; a controller that picks a group
+    /// DH-HMAC-CHAP does not define gets Failure2 "DH group unusable".
+    #[test]
+    fn a_group_not_offered_or_not_defined_is_unusable() {
         let random = CountingRandom::default();
         let mut host = HostExchange::new(keys(false), HOST, SUBSYSTEM, 4);
         let negotiate = host.negotiate();
@@ -1135,13 +1315,27 @@ mod tests {
             &[0, 1, 2, 3, 4, 5],
             "the groups the Linux host lists, NULL first"
         );
+        let mut only_null = negotiate.clone();
+        only_null[NEGOTIATE_HEADER_LEN + 3] = 1;
+        let ffdhe = HostKeys {
+            dh_group: DhGroup::Ffdhe4096,
+            ..keys(false)
+        };
+        let mut controller = ControllerExchange::new(Arc::new(ffdhe), HOST, SUBSYSTEM);
+        controller.on_send(&only_null);
+        let mut out = [0u8; 64];
+        let len = controller.on_receive(&mut out, &random).unwrap();
+        assert_eq!(
+            check_failure1(&out[..len]),
+            Err(HostAuthError::Refused(FailureReason::DhGroupUnusable))
+        );
         let mut controller = ControllerExchange::new(Arc::new(keys(false)), HOST, SUBSYSTEM);
         controller.on_send(&negotiate);
         let mut challenge = [0u8; 256];
         let len = controller.on_receive(&mut challenge, &random).unwrap();
-        challenge[9] = 1; // ffdhe2048
+        challenge[9] = 6;
         let error = host.reply(&challenge[..len], &random).unwrap_err();
-        assert_eq!(error, HostAuthError::UnusableDhGroup(1));
+        assert_eq!(error, HostAuthError::UnusableDhGroup(6));
         let abort = host.abort(&error).unwrap();
         assert_eq!(abort, hex_bytes("00f0 0000 0400 0105"));
         controller.on_send(&abort);

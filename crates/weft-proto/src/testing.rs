@@ -95,6 +95,7 @@ pub fn host_keys(bidirectional: bool) -> HostKeys {
     HostKeys {
         host: parse(HOST_SECRET),
         controller: bidirectional.then(|| parse(CONTROLLER_SECRET)),
+        dh_group: crate::auth::DhGroup::Null,
     }
 }
 

@@ -119,6 +119,7 @@ fn a_controller_secret_insists_that_the_target_authenticates() {
         dhchap: Some(HostKeys {
             host: host.clone(),
             controller: Some(DhchapSecret::derived(b"seed", "controller")),
+            dh_group: weft_proto::auth::DhGroup::Null,
         }),
         ..ConnectOptions::default()
     };
@@ -135,6 +136,7 @@ fn a_controller_secret_insists_that_the_target_authenticates() {
         dhchap: Some(HostKeys {
             host,
             controller: None,
+            dh_group: weft_proto::auth::DhGroup::Null,
         }),
         ..ConnectOptions::default()
     };
@@ -288,5 +290,47 @@ impl Proxy {
         for stream in self.streams.lock().unwrap().drain(..) {
             let _ = stream.shutdown(Shutdown::Both);
         }
+    }
+}
+
+/// A host given an FFDHE group on the target authenticates over the
+/// network with weft's initiator, both ways, with each group (the largest's
+/// Reply carries a 1,024-byte DH value), and then does I/O.
+#[test]
+fn a_host_authenticates_with_each_ffdhe_group() {
+    use std::sync::Arc;
+    use weft_proto::auth::{DhGroup, DhchapSecret, HostKeys};
+    use weft_proto::target::{AllowedHost, HostAccess};
+    let plane = support::start_plane("initiator-ffdhe");
+    let host_nqn = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-00000000ffd0";
+    let keys = |group| HostKeys {
+        host: DhchapSecret::derived(b"seed", "host"),
+        controller: Some(DhchapSecret::derived(b"seed", "controller")),
+        dh_group: group,
+    };
+    let url = TargetUrl::parse(&format!("nvme-tcp://{}/{TEST_NQN}", plane.listening[0])).unwrap();
+    for group in DhGroup::ALL {
+        let current = plane.exports();
+        let mut config = (*current.config).clone();
+        config.subsystems[0].access = HostAccess::Only(vec![AllowedHost {
+            nqn: host_nqn.to_string(),
+            keys: Some(Arc::new(keys(group))),
+            tls_psk: None,
+        }]);
+        config.generation += 1;
+        plane.update_exports(Arc::new(weft_target::Exports::new(
+            Arc::new(config),
+            current.devices.clone(),
+        )));
+        let options = ConnectOptions {
+            host_nqn: host_nqn.to_string(),
+            dhchap: Some(keys(DhGroup::Null)),
+            ..ConnectOptions::default()
+        };
+        let controller =
+            Controller::connect(&url, options, 1).unwrap_or_else(|e| panic!("{group:?}: {e}"));
+        let mut queue = controller.open_io_queue(1).unwrap();
+        queue.write(1, 0, 512, &[7; 512]).unwrap();
+        assert_eq!(queue.read(1, 0, 512, 512).unwrap(), &[7; 512][..]);
     }
 }

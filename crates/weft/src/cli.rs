@@ -299,7 +299,7 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
             ("GET", "stats".to_string(), None, Show::Top { interval, count })
         }
         ("host", "add") => {
-            known(&["nqn", "dhchap-secret", "dhchap-ctrl-secret", "tls", "tls-psk"])?;
+            known(&["nqn", "dhchap-secret", "dhchap-ctrl-secret", "dhchap-group", "tls", "tls-psk"])?;
             let nqn = option("nqn").ok_or("weft host add NAME --nqn NQN: give --nqn (the host's /etc/nvme/hostnqn)")?;
             let name = operand(1, "host name")?;
             let tls_psk = match (flag("tls"), option("tls-psk")) {
@@ -320,15 +320,19 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
                 "nqn": nqn,
                 "dhchap_secret": option("dhchap-secret"),
                 "dhchap_ctrl_secret": option("dhchap-ctrl-secret"),
+                "dhchap_group": option("dhchap-group").filter(|g| g != "null"),
                 "tls_psk": tls_psk,
             });
             ("POST", "hosts".to_string(), Some(body), Show::Done("added"))
         }
         ("host", "set") => {
-            known(&["dhchap-secret", "dhchap-ctrl-secret", "tls-psk"])?;
+            known(&["dhchap-secret", "dhchap-ctrl-secret", "dhchap-group", "tls-psk"])?;
             let mut body = serde_json::Map::new();
-            for (name, field) in [("dhchap-secret", "dhchap_secret"), ("dhchap-ctrl-secret", "dhchap_ctrl_secret"), ("tls-psk", "tls_psk")] {
+            for (name, field) in [("dhchap-secret", "dhchap_secret"), ("dhchap-ctrl-secret", "dhchap_ctrl_secret"), ("dhchap-group", "dhchap_group"), ("tls-psk", "tls_psk")] {
                 if let Some(mut text) = option(name) {
+                    if name == "dhchap-group" && text == "null" {
+                        text = "none".into();
+                    }
                     if name == "tls-psk" && text == "new" {
                         text = new_tls_psk();
                         notice = Some(tls_instructions(&operand(1, "host name")?, "<the host's NQN>", &text));
@@ -338,7 +342,7 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
                 }
             }
             if body.is_empty() {
-                return Err("weft host set HOST: give --dhchap-secret SECRET, --dhchap-ctrl-secret SECRET and/or --tls-psk KEY|new (\"none\" removes one)".into());
+                return Err("weft host set HOST: give --dhchap-secret SECRET, --dhchap-ctrl-secret SECRET, --dhchap-group GROUP and/or --tls-psk KEY|new (\"none\" removes one)".into());
             }
             let path = format!("hosts/{}", operand(1, "host name")?);
             ("PATCH", path, Some(serde_json::Value::Object(body)), Show::Done("secrets set"))
@@ -763,7 +767,7 @@ fn print_volumes(volumes: &[VolumeView]) {
 
 fn print_hosts(hosts: &[HostView]) {
     outln!(
-        "{:<20} {:<60} {:<14} {:<4} VOLUMES",
+        "{:<20} {:<60} {:<24} {:<4} VOLUMES",
         "NAME",
         "NQN",
         "DH-HMAC-CHAP",
@@ -775,11 +779,15 @@ fn print_hosts(hosts: &[HostView]) {
         } else {
             host.volumes.join(", ")
         };
+        let dhchap = match &host.dhchap_group {
+            Some(group) => format!("{} {group}", host.dhchap),
+            None => host.dhchap.clone(),
+        };
         outln!(
-            "{:<20} {:<60} {:<14} {:<4} {volumes}",
+            "{:<20} {:<60} {:<24} {:<4} {volumes}",
             host.name,
             host.nqn,
-            host.dhchap,
+            dhchap,
             if host.tls { "yes" } else { "no" }
         );
     }

@@ -54,10 +54,11 @@ Usage:
   weft volume move-primary NAME [--to NODE]   (a replicated volume's primary, planned)
   weft volume set NAME --replicas N   (1 to 3: add replicas, built in full, or remove some)
   weft snapshot create VOLUME@SNAPSHOT | delete VOLUME@SNAPSHOT
-  weft host add NAME --nqn NQN [--dhchap-secret S [--dhchap-ctrl-secret S]] [--tls | --tls-psk K]
-                                                                           | list | show NAME
-  weft host set NAME [--dhchap-secret S|none] [--dhchap-ctrl-secret S|none] [--tls-psk K|new|none]
-                                                                           | delete NAME
+  weft host add NAME --nqn NQN [--dhchap-secret S [--dhchap-ctrl-secret S] [--dhchap-group G]]
+                     [--tls | --tls-psk K]                                 | list | show NAME
+  weft host set NAME [--dhchap-secret S|none] [--dhchap-ctrl-secret S|none] [--dhchap-group G]
+                     [--tls-psk K|new|none]                                | delete NAME
+                     (G: null, the default, or ffdhe2048, 3072, 4096, 6144, 8192)
   weft volume attach VOLUME --host HOST | detach VOLUME --host HOST
   weft node list | show NAME | cordon NAME | uncordon NAME | drain NAME | remove NAME   (a cluster)
   weft top [--interval D] [--count N]   live per-volume IOPS, MiB/s, p99 latency, queue depth

@@ -73,6 +73,7 @@ fn raced(test: &str, op: AdminOp) -> VolumeRecord {
         dhchap_secret: None,
         dhchap_ctrl_secret: None,
         tls_psk: None,
+        dhchap_group: None,
     };
     desired.create("hosts/h2", &h2).unwrap();
     let gate = Arc::new(GatedStore::closed(Arc::clone(desired.store())));

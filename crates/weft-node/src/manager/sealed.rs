@@ -221,6 +221,7 @@ mod tests {
             host: Some(SECRET.into()),
             controller: None,
             tls_psk: Some(TLS_PSK.into()),
+            dh_group: Some("ffdhe3072".into()),
         };
         n1.create_host("web1", NQN.into(), secrets).unwrap();
         let kept = stored(&store, "web1");
@@ -231,10 +232,12 @@ mod tests {
         assert_eq!(allowed.tls_psk.expect("its PSK").to_string(), TLS_PSK);
         let keys = allowed.keys.expect("its keys");
         assert!(keys.host == DhchapSecret::parse(SECRET).unwrap());
+        assert_eq!(keys.dh_group, weft_proto::auth::DhGroup::Ffdhe3072);
         let changes = SecretChanges {
             host: None,
             controller: Some(Some(CONTROLLER_SECRET.into())),
             tls_psk: None,
+            dh_group: None,
         };
         n1.set_host_secrets("web1", changes).unwrap();
         let kept = stored(&store, "web1");
@@ -262,6 +265,7 @@ mod tests {
             dhchap_secret: Some(SECRET.into()),
             dhchap_ctrl_secret: None,
             tls_psk: None,
+            dhchap_group: None,
         };
         DesiredState::shared(Arc::clone(&store), "n1")
             .create("hosts/old", &old)

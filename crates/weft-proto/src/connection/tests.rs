@@ -1294,6 +1294,30 @@ fn an_added_subsystem_is_connectable_and_discovered() {
     Pair::new(&target).connect_admin(added, 0);
 }
 
+/// A host given the largest FFDHE group authenticates an admin queue
+/// with it: its Reply carries a 1,024-byte DH value in-capsule, as the
+/// Linux host sends it.
+#[test]
+fn a_host_authenticates_with_the_ffdhe8192_group() {
+    let target = test_target();
+    let mut config = (*target.config()).clone();
+    let keys = crate::auth::HostKeys {
+        dh_group: crate::auth::DhGroup::Ffdhe8192,
+        ..host_keys(true)
+    };
+    config.subsystems[0].access = HostAccess::Only(vec![AllowedHost {
+        nqn: HOST_NQN.to_string(),
+        keys: Some(Arc::new(keys)),
+        tls_psk: None,
+    }]);
+    target.replace_config(Arc::new(config));
+    let mut admin = Pair::new(&target);
+    admin.connect_admin(TEST_NQN, 0);
+    assert_eq!(admin.authenticate(host_keys(true), TEST_NQN), Ok(()));
+    let (_, identified) = admin.read_data(&identify(4, 1, 0));
+    assert_eq!(identified.status(), Status::SUCCESS);
+}
+
 #[test]
 fn each_queue_of_a_host_with_a_secret_authenticates_before_other_commands() {
     let target = authenticating_target(true);
@@ -1450,6 +1474,7 @@ fn a_wrong_secret_leaves_the_queue_unauthenticated() {
     let wrong = HostKeys {
         host: DhchapSecret::parse(CONTROLLER_SECRET).unwrap(),
         controller: None,
+        dh_group: crate::auth::DhGroup::Null,
     };
     assert_eq!(
         admin.authenticate(wrong, TEST_NQN),

@@ -234,7 +234,11 @@ pub fn parse(parser: &mut lexopt::Parser) -> Result<BenchArgs, String> {
         args.runtime = Some(Duration::from_secs(10));
     }
     args.dhchap = match (dhchap_secret, dhchap_ctrl_secret) {
-        (Some(host), controller) => Some(HostKeys { host, controller }),
+        (Some(host), controller) => Some(HostKeys {
+            host,
+            controller,
+            dh_group: weft_proto::auth::DhGroup::Null,
+        }),
         (None, Some(_)) => {
             return Err("--dhchap-ctrl-secret authenticates the controller to a host that authenticates itself: give --dhchap-secret too".into())
         }
