@@ -74,6 +74,11 @@ impl FenceToken {
     }
 }
 
+/// How long a fence its node's record does not admit yet waits for one
+/// that does: the time a node takes to see a new primary's record, with
+/// room to spare.
+pub const FENCE_ADMISSION_PATIENCE: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Who may take a replica subsystem's fence: the primary its node's copy
 /// of the volume's record names (by its host NQN), at the record's epoch.
 #[derive(Debug, Clone, PartialEq, Eq)]

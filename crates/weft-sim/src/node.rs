@@ -12,7 +12,10 @@
 //! (`weft_proto::fence`): each primary's session is a controller of its
 //! replica subsystem, and its own primary writes its local copy as that
 //! fence's local writer (`LocalFence`), so that a newer primary's fence is
-//! answered only once those writes landed. Its write intent is the
+//! answered only once those writes landed; and only from the primary its
+//! copy of the record names, at the record's epoch (`FenceAuthority`: a
+//! fence its record does not admit yet waits for a newer record, as the
+//! target's does, then is refused). Its write intent is the
 //! target's too (`weft_proto::intent::WriteIntent`): a replica's write to a
 //! region it does not cover, or while the node is unclean, marks it (in the
 //! file first) as the node's slow path does; a Clean clears it in memory,
@@ -31,7 +34,10 @@ use crate::world::{Endpoint, Event, HostCmd, Msg, Outbox, SimConfig, StoreReq, S
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
-use weft_proto::fence::{FenceToken, FencedIo, Fences, LocalFence};
+use weft_proto::fence::{
+    FenceAdmission, FenceAuthority, FenceToken, FencedIo, Fences, LocalFence,
+    FENCE_ADMISSION_PATIENCE,
+};
 use weft_proto::intent::{clean_regions, IntentLogHeader, WriteIntent, INTENT_LOG_HEADER_LEN};
 use weft_proto::target::{ControllerRegistry, ControllerShared};
 use weft_replication::{
@@ -131,6 +137,8 @@ pub struct Node {
     /// Fences taken while its own local writes were on their way, to be
     /// answered once the fence is drained.
     fence_answers: Vec<(NodeId, Token, Arc<ControllerShared>)>,
+    /// Fences its record does not admit yet, and when each is refused.
+    unadmitted: Vec<(NodeId, Token, Duration)>,
     /// Power was lost since a primary last wrote here (the boot id changed).
     unclean: bool,
     /// An unclean node takes itself out of the in-sync set before it joins
@@ -187,6 +195,7 @@ impl Node {
             files_full: false,
             failed_ops: std::collections::BTreeSet::new(),
             fence_answers: Vec::new(),
+            unadmitted: Vec::new(),
             unclean: false,
             may_register: true,
             intent: live_intent(geometry, &RegionSet::new(regions), false),
@@ -269,6 +278,7 @@ impl Node {
         }
         self.incarnation += 1;
         self.fence_answers.clear();
+        self.unadmitted.clear();
         self.disk_failed = false;
         self.failed_ops.clear();
         self.intent = live_intent(self.geometry, &self.intent_file, self.unclean);
@@ -371,6 +381,7 @@ impl Node {
     }
 
     pub fn tick(&mut self, now: Duration, rng: &mut Rng, out: &mut Outbox) {
+        self.admit_fences(now, out);
         let may_renew = self.may_register && now >= self.may_register_at;
         if may_renew && self.last_renew.is_none_or(|t| now >= t + RENEW_EVERY) {
             self.last_renew = Some(now);
@@ -491,7 +502,7 @@ impl Node {
                 let Endpoint::Node(primary) = from else {
                     return;
                 };
-                self.replica_message(primary, msg, data, rng, out);
+                self.replica_message(primary, msg, data, now, rng, out);
             }
             Msg::FromReplica(reply) => {
                 let Endpoint::Node(replica) = from else {
@@ -553,6 +564,7 @@ impl Node {
             return;
         }
         self.record = Some((revision, record.clone()));
+        self.admit_fences(now, out);
         if !self.may_register {
             if self.unclean {
                 return self.leave_in_sync_set(revision, &record, now, out);
@@ -776,16 +788,15 @@ impl Node {
         primary: NodeId,
         msg: ToReplica,
         data: Vec<u64>,
+        now: Duration,
         rng: &mut Rng,
         out: &mut Outbox,
     ) {
         let token = token_of(&msg);
-        if let Role::Primary(own) = &self.role {
-            if token.epoch > own.primary().epoch() {
-                // A newer primary: this one was deposed without knowing it.
-                out.note(format!("deposed by a fence of epoch {}", token.epoch.0));
-                self.become_replica();
-            }
+        if let ToReplica::Fence { token } = msg {
+            self.unadmitted
+                .push((primary, token, now + FENCE_ADMISSION_PATIENCE));
+            return self.admit_fences(now, out);
         }
         let disk_time = Duration::from_micros(rng.range(20, 400));
         let (node, incarnation) = (self.id, self.incarnation);
@@ -798,9 +809,6 @@ impl Node {
             };
             out.after(disk_time, answer);
         };
-        if let ToReplica::Fence { token } = msg {
-            return self.take_fence(primary, token, out, answer);
-        }
         // Its session's controller must hold the fence, counted while it writes.
         let session = self
             .sessions
@@ -857,6 +865,71 @@ impl Node {
         controller.fenced_io_done();
     }
 
+    /// Takes, or refuses, the fences waiting for the record to admit them
+    /// (see `weft_proto::fence::FenceAuthority`): each as the record this
+    /// node has seen says, or refused once its patience ran out.
+    fn admit_fences(&mut self, now: Duration, out: &mut Outbox) {
+        let authority = self.record.as_ref().map(|(_, record)| FenceAuthority {
+            host_nqn: node_host(record.primary),
+            epoch: record.epoch.0,
+        });
+        let (node, incarnation) = (self.id, self.incarnation);
+        for (primary, token, refused_at) in std::mem::take(&mut self.unadmitted) {
+            let answer = move |reply: FromReplica, out: &mut Outbox| {
+                let to = primary;
+                out.after(
+                    Duration::ZERO,
+                    Event::ReplicaAnswer {
+                        node,
+                        incarnation,
+                        to,
+                        reply,
+                    },
+                );
+            };
+            let admission = authority.as_ref().map_or(FenceAdmission::Unknown, |a| {
+                a.admits(&node_host(primary), fence_token(token))
+            });
+            let refusal = match admission {
+                FenceAdmission::Admitted => {
+                    self.fence_admitted(primary, token, out, answer);
+                    continue;
+                }
+                FenceAdmission::Stale(epoch) => epoch,
+                FenceAdmission::Unknown if now < refused_at => {
+                    self.unadmitted.push((primary, token, refused_at));
+                    continue;
+                }
+                FenceAdmission::Unknown => authority.as_ref().map_or(0, |a| a.epoch),
+            };
+            out.note(format!("fence {token:?} from {primary}: not the record's"));
+            let current = Token {
+                epoch: Epoch(refusal),
+                session: 0,
+            };
+            answer(FromReplica::Refused { token, current }, out);
+        }
+    }
+
+    /// A fence the record admits: a primary this node still runs is
+    /// deposed by it (its epoch is older), then the fence is taken.
+    fn fence_admitted(
+        &mut self,
+        primary: NodeId,
+        token: Token,
+        out: &mut Outbox,
+        answer: impl Fn(FromReplica, &mut Outbox),
+    ) {
+        if let Role::Primary(own) = &self.role {
+            if token.epoch > own.primary().epoch() {
+                // A newer primary: this one was deposed without knowing it.
+                out.note(format!("deposed by a fence of epoch {}", token.epoch.0));
+                self.become_replica();
+            }
+        }
+        self.take_fence(primary, token, out, answer);
+    }
+
     /// A primary's new session fences the replica subsystem (its previous
     /// connection ends): answered once no other writer's I/O is on its way
     /// to the copy, as the target answers a fence Set Features.
@@ -871,7 +944,7 @@ impl Node {
             self.fences.forget(&old);
             self.controllers.remove(old.cntlid);
         }
-        let host = format!("nqn.2024-01.io.weft:node:{}", primary.0);
+        let host = node_host(primary);
         let controller = self
             .controllers
             .create(REPLICA_NQN, &host, [primary.0 as u8; 16], 16)
@@ -1182,6 +1255,11 @@ fn token_of(msg: &ToReplica) -> Token {
         | ToReplica::Flush { token, .. }
         | ToReplica::Clean { token, .. } => *token,
     }
+}
+
+/// The host NQN node `node` connects to replica subsystems with.
+fn node_host(node: NodeId) -> String {
+    format!("nqn.2024-01.io.weft:node:{}", node.0)
 }
 
 fn fence_token(token: Token) -> FenceToken {

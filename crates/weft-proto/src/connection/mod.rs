@@ -34,7 +34,7 @@ use crate::command::{
     fctype, Command, ConnectCommand, ConnectData, DataDirection, SglKind, CONNECT_DATA_LEN,
 };
 use crate::digest::crc32c;
-use crate::fence::{FenceToken, FENCE_FEATURE};
+use crate::fence::{FenceToken, FENCE_ADMISSION_PATIENCE, FENCE_FEATURE};
 use crate::framing::{DataLayout, DataTarget, Framer, Step};
 use crate::identify::ControllerKind;
 use crate::io::{self, IoError, IoKind, IoPlan, IoRequest};
@@ -162,10 +162,6 @@ const FENCE_DRAIN_CHECK: Duration = Duration::from_millis(1);
 
 /// How often a fence not admitted yet looks at the configuration again.
 const FENCE_ADMISSION_CHECK: Duration = Duration::from_millis(10);
-
-/// How long a fence not admitted waits for a record that admits it: the
-/// time a node takes to see a new primary's record, with room to spare.
-const FENCE_ADMISSION_PATIENCE: Duration = Duration::from_secs(1);
 
 /// Per-queue state that exists once Connect succeeded.
 #[derive(Debug)]
