@@ -11,11 +11,13 @@
 mod identify;
 mod job;
 mod queue;
+mod tls;
 mod url;
 
 pub use identify::{IdentifyError, TRANSFER_BYTES_CAP};
 pub use job::{probe_capacity_bytes, Job, JobError, JobIo, Outcome, Submitted, IO_TIMEOUT};
 pub use queue::{HeapBuffers, Queue};
+pub use tls::TlsError;
 pub use url::{TargetUrl, UrlError};
 
 use std::io;
@@ -55,6 +57,15 @@ pub enum InitiatorError {
         /// The OS error.
         #[source]
         source: io::Error,
+    },
+    /// The TLS stream could not be set up, or a record failed.
+    #[error("TLS with {address} failed: {source} (does the target know this host's PSK for this subsystem? weft: weft host add/set NAME --tls-psk KEY)")]
+    Tls {
+        /// The address.
+        address: SocketAddr,
+        /// What went wrong.
+        #[source]
+        source: TlsError,
     },
     /// The target broke the protocol or terminated the connection.
     #[error("{address}: {source}")]
@@ -230,6 +241,9 @@ pub struct ConnectOptions {
     pub reconnect: Backoff,
     /// DH-HMAC-CHAP secrets, used when the target asks for authentication.
     pub dhchap: Option<HostKeys>,
+    /// The host's NVMe/TCP TLS PSK (`NVMeTLSkey-1`): every queue then
+    /// connects in a TLS 1.3 stream with it (none: in the clear).
+    pub tls_psk: Option<weft_proto::tls::psk::ConfiguredPsk>,
 }
 
 impl Default for ConnectOptions {
@@ -246,6 +260,7 @@ impl Default for ConnectOptions {
             keep_alive: Some(Duration::from_secs(5)),
             reconnect: Backoff::default(),
             dhchap: None,
+            tls_psk: None,
         }
     }
 }
@@ -534,7 +549,7 @@ impl Controller {
             in_capsule_bytes_max: self.info.io_in_capsule_bytes,
             buffer_bytes: self.info.transfer_bytes_max,
         };
-        let mut queue = Queue::open(self.url.address, config)?;
+        let mut queue = Queue::open(self.url.address, config, tls_of(&self.url, &self.options))?;
         connect_queue(
             &mut queue,
             &self.url,
@@ -549,6 +564,15 @@ impl Controller {
         queue.set_io_timeout(None)?;
         Ok(queue)
     }
+}
+
+/// How a queue to `url` connects over TLS, if `options` give a PSK.
+fn tls_of<'a>(url: &'a TargetUrl, options: &'a ConnectOptions) -> Option<tls::TlsIdentity<'a>> {
+    options.tls_psk.as_ref().map(|psk| tls::TlsIdentity {
+        psk,
+        host_nqn: &options.host_nqn,
+        subsystem_nqn: &url.nqn,
+    })
 }
 
 /// Checks that `nqn` fits the Connect data's NQN field.
@@ -579,7 +603,7 @@ fn establish(
         in_capsule_bytes_max: 8192,
         buffer_bytes: ADMIN_BUFFER_BYTES,
     };
-    let mut admin = Queue::open(url.address, config)?;
+    let mut admin = Queue::open(url.address, config, tls_of(url, options))?;
     let kato_ms = options.keep_alive.map_or(0, |kato| kato.as_millis() as u32);
     let cntlid = connect_queue(
         &mut admin,

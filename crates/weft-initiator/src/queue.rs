@@ -2,6 +2,7 @@
 //! protocol core's [`HostQueue`]. A thread owns a queue; it submits commands,
 //! flushes them, and blocks reading until completions arrive.
 
+use crate::tls::{TlsIdentity, TlsSession};
 use crate::{check, read_write, set_cdw, sqe, InitiatorError};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -71,6 +72,8 @@ pub struct Queue {
     send: Vec<u8>,
     /// Busy-polls the socket instead of sleeping in the kernel (see [`Queue::set_polling`]).
     polling: bool,
+    /// The TLS stream's record state, when the queue is in one.
+    tls: Option<TlsSession>,
 }
 
 impl Queue {
@@ -79,7 +82,12 @@ impl Queue {
     /// is bounded by [`ESTABLISH_TIMEOUT`]: a target that accepts the
     /// connection and never answers (hung, or behind a partition) fails
     /// the attempt instead of blocking it forever.
-    pub(crate) fn open(address: SocketAddr, config: HostConfig) -> Result<Queue, InitiatorError> {
+    /// With `tls`, the queue runs in a TLS 1.3 stream, set up first.
+    pub(crate) fn open(
+        address: SocketAddr,
+        config: HostConfig,
+        tls: Option<TlsIdentity>,
+    ) -> Result<Queue, InitiatorError> {
         let stream = TcpStream::connect_timeout(&address, ESTABLISH_TIMEOUT)
             .map_err(|source| InitiatorError::Unreachable { address, source })?;
         stream
@@ -96,8 +104,14 @@ impl Queue {
             receive: vec![0u8; 256 * 1024],
             send: Vec::with_capacity(256 * 1024),
             polling: false,
+            tls: None,
         };
         queue.set_io_timeout(Some(ESTABLISH_TIMEOUT))?;
+        if let Some(identity) = tls {
+            let session = TlsSession::handshake(&mut queue.stream, &identity)
+                .map_err(|source| InitiatorError::Tls { address, source })?;
+            queue.tls = Some(session);
+        }
         queue.transmit()?;
         while !queue.host.is_ready() {
             queue.receive_some()?;
@@ -134,8 +148,11 @@ impl Queue {
     /// (on its own io_uring ring, as a replicated volume's primary does):
     /// the socket, the protocol state and the command buffers. Nothing is
     /// lost: every byte received was fed to the protocol state already.
-    pub fn into_parts(self) -> (TcpStream, HostQueue, HeapBuffers) {
-        (self.stream, self.host, self.buffers)
+    /// None for a queue in a TLS stream (its record state stays here).
+    pub fn into_parts(self) -> Option<(TcpStream, HostQueue, HeapBuffers)> {
+        self.tls
+            .is_none()
+            .then_some((self.stream, self.host, self.buffers))
     }
 
     /// The data buffer of command `cid`.
@@ -185,9 +202,16 @@ impl Queue {
 
     fn send_all(&mut self) -> Result<(), InitiatorError> {
         let address = self.address;
+        let bytes = match &mut self.tls {
+            None => &self.send[..],
+            Some(tls) => tls.seal(&self.send).map_err(|alert| InitiatorError::Tls {
+                address,
+                source: alert.into(),
+            })?,
+        };
         let mut sent = 0;
-        while sent < self.send.len() {
-            match self.stream.write(&self.send[sent..]) {
+        while sent < bytes.len() {
+            match self.stream.write(&bytes[sent..]) {
                 Ok(0) => {
                     let source = std::io::Error::from(std::io::ErrorKind::WriteZero);
                     return Err(InitiatorError::Io { address, source });
@@ -393,8 +417,21 @@ impl Queue {
                 None => InitiatorError::Io { address, source },
             });
         }
-        self.host
-            .handle_input(&self.receive[..received], &mut self.buffers);
+        match &mut self.tls {
+            None => self
+                .host
+                .handle_input(&self.receive[..received], &mut self.buffers),
+            Some(tls) => {
+                let (host, buffers) = (&mut self.host, &mut self.buffers);
+                tls.open(&self.receive[..received], |plaintext| {
+                    host.handle_input(plaintext, buffers)
+                })
+                .map_err(|alert| InitiatorError::Tls {
+                    address,
+                    source: alert.into(),
+                })?;
+            }
+        }
         match self.host.error() {
             Some(source) => {
                 // Send our H2CTermReq, if the failure queued one, before giving up.

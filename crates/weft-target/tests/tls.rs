@@ -227,6 +227,38 @@ fn a_host_with_another_key_never_gets_past_the_handshake() {
     );
 }
 
+/// weft's own initiator connects in TLS streams with the host's PSK: the
+/// admin queue and an I/O queue, 256 KiB written (R2T and H2CData in
+/// records) and read back; with another key the handshake fails, naming
+/// TLS; in the clear the host is refused.
+#[test]
+fn weft_s_initiator_connects_over_tls_with_the_host_s_psk() {
+    use weft_initiator::{ConnectOptions, Controller, InitiatorError, TargetUrl};
+    let plane = plane_with_tls_host("tls-initiator");
+    let url = TargetUrl::parse(&format!("nvme-tcp://{}/{TEST_NQN}", plane.listening[0])).unwrap();
+    let options = |key: Option<&str>| ConnectOptions {
+        host_nqn: HOST_NQN.into(),
+        tls_psk: key.map(|k| ConfiguredPsk::parse(k).unwrap()),
+        ..ConnectOptions::default()
+    };
+    let controller = Controller::connect(&url, options(Some(KEY)), 1).unwrap();
+    let mut queue = controller.open_io_queue(1).unwrap();
+    let data: Vec<u8> = (0..256 * 1024).map(|i| (i % 251) as u8).collect();
+    queue.write(1, 64, 512, &data).unwrap();
+    assert_eq!(
+        queue.read(1, 64, 512, data.len() as u32).unwrap(),
+        &data[..]
+    );
+    let other = ConfiguredPsk::generate(&CountingRandom::default()).to_string();
+    let refused = Controller::connect(&url, options(Some(&other)), 1).unwrap_err();
+    assert!(matches!(refused, InitiatorError::Tls { .. }), "{refused}");
+    let clear = Controller::connect(&url, options(None), 1).unwrap_err();
+    assert!(
+        matches!(clear, InitiatorError::HostRejected { .. }),
+        "{clear}"
+    );
+}
+
 /// `nvme discover --tls`: the discovery subsystem over TLS, with the key any
 /// subsystem gave the host; its log says TLS is required for the volume.
 #[test]

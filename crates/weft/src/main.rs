@@ -124,6 +124,7 @@ Bench options:
   --hostnqn NQN        host NQN to connect as (remote; default a random one)
   --dhchap-secret S    DH-HMAC-CHAP secret of the host (remote, when the target asks);
                        --dhchap-ctrl-secret S also authenticates the target
+  --tls-psk KEY        the host's TLS PSK (NVMeTLSkey-1:..): every queue in a TLS 1.3 stream
   --json               fio's JSON layout instead of the table (compare: --json FILE keeps
                        both sides and the ratios of every iodepth)
   --plot FILE.svg      compare: latency (mean, p99) against IOPS over the sweep, both sides

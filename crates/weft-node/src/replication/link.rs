@@ -199,7 +199,15 @@ impl Link {
         let State::Attaching(waiting) = std::mem::replace(&mut self.state, State::Ended) else {
             unreachable!("only an attaching link is opened");
         };
-        let socket = match RingSocket::new(id, queue.into_parts()) {
+        // (Links connect in the clear: a queue in a TLS stream keeps its parts.)
+        let Some(parts) = queue.into_parts() else {
+            log::warn!(
+                "replica {:?}: its link is in a TLS stream, which the ring cannot carry",
+                self.node
+            );
+            return self.refusal();
+        };
+        let socket = match RingSocket::new(id, parts) {
             Ok(socket) => socket,
             Err(error) => {
                 log::warn!("replica {:?}: no buffers for its link: {error}", self.node);

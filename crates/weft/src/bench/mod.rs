@@ -107,6 +107,8 @@ pub struct BenchArgs {
     host_nqn: Option<String>,
     /// DH-HMAC-CHAP secrets, when the target asks this host to authenticate.
     dhchap: Option<HostKeys>,
+    /// The host's NVMe/TCP TLS PSK: every queue connects in a TLS stream.
+    tls_psk: Option<weft_proto::tls::psk::ConfiguredPsk>,
     /// Single: fio JSON on stdout instead of the table.
     json: bool,
     /// Compare: where to keep the whole comparison as JSON.
@@ -142,6 +144,7 @@ pub fn parse(parser: &mut lexopt::Parser) -> Result<BenchArgs, String> {
         poll: false,
         host_nqn: None,
         dhchap: None,
+        tls_psk: None,
         json: false,
         json_file: None,
         plot_file: None,
@@ -195,6 +198,12 @@ pub fn parse(parser: &mut lexopt::Parser) -> Result<BenchArgs, String> {
             "--hostnqn" => args.host_nqn = Some(value()?),
             "--dhchap-secret" => dhchap_secret = Some(parse_secret(&value()?, &name)?),
             "--dhchap-ctrl-secret" => dhchap_ctrl_secret = Some(parse_secret(&value()?, &name)?),
+            "--tls-psk" => {
+                let text = value()?;
+                let psk = weft_proto::tls::psk::ConfiguredPsk::parse(&text)
+                    .map_err(|error| format!("{name}: {error}"))?;
+                args.tls_psk = Some(psk);
+            }
             "--json" if matches!(args.mode, Mode::Compare { .. }) => {
                 args.json_file = Some(PathBuf::from(value()?))
             }
@@ -474,6 +483,7 @@ fn remote(args: &BenchArgs, progress: &Arc<Progress>) -> Result<Results, String>
     };
     let options = ConnectOptions {
         dhchap: args.dhchap.clone(),
+        tls_psk: args.tls_psk.clone(),
         ..options
     };
     let mut controller =
