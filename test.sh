@@ -74,10 +74,12 @@ else
     harness/initiator-peers.sh
     step "a weft cluster (etcd and three nodes) from the Linux host: referrals, connect-all, fio verify"
     harness/cluster-interop.sh --weft target/release/weft
-    step "DH-HMAC-CHAP and TLS from the Linux 6.12 host (Debian trixie guest): bidirectional, host-only, TLS 1.3, refusals"
+    step "DH-HMAC-CHAP and TLS from the Linux 6.12 host (Debian trixie guest): bidirectional, host-only, FFDHE, TLS 1.3, refusals"
     harness/auth-interop.sh --weft target/release/weft
     step "benchmark smoke: NVMe/TCP TLS against the clear from the Linux 6.12 host (the full run: harness/bench-tls.sh)"
     harness/bench-tls.sh --rounds 1 --seconds 2 --json .cache/bench/tls/smoke.json
+    step "benchmark smoke: weft's initiator over TLS against the clear on loopback (the full run: harness/bench-tls-loopback.sh)"
+    harness/bench-tls-loopback.sh --rounds 1 --seconds 1 --json .cache/bench/tls-loopback/smoke.json
     step "benchmark smoke: RocksDB, sysbench, TPC-C and YCSB on weft and on a local disk in the guest (the full run: harness/bench-apps.sh)"
     harness/bench-apps.sh --smoke
 fi
