@@ -17,7 +17,7 @@ mod url;
 pub use identify::{IdentifyError, TRANSFER_BYTES_CAP};
 pub use job::{probe_capacity_bytes, Job, JobError, JobIo, Outcome, Submitted, IO_TIMEOUT};
 pub use queue::{HeapBuffers, Queue};
-pub use tls::TlsError;
+pub use tls::{TlsError, TlsStream};
 pub use url::{TargetUrl, UrlError};
 
 use std::io;

@@ -2,7 +2,7 @@
 //! protocol core's [`HostQueue`]. A thread owns a queue; it submits commands,
 //! flushes them, and blocks reading until completions arrive.
 
-use crate::tls::{TlsIdentity, TlsSession};
+use crate::tls::{TlsIdentity, TlsStream};
 use crate::{check, read_write, set_cdw, sqe, InitiatorError};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -73,7 +73,7 @@ pub struct Queue {
     /// Busy-polls the socket instead of sleeping in the kernel (see [`Queue::set_polling`]).
     polling: bool,
     /// The TLS stream's record state, when the queue is in one.
-    tls: Option<TlsSession>,
+    tls: Option<TlsStream>,
 }
 
 impl Queue {
@@ -108,7 +108,7 @@ impl Queue {
         };
         queue.set_io_timeout(Some(ESTABLISH_TIMEOUT))?;
         if let Some(identity) = tls {
-            let session = TlsSession::handshake(&mut queue.stream, &identity)
+            let session = TlsStream::handshake(&mut queue.stream, &identity)
                 .map_err(|source| InitiatorError::Tls { address, source })?;
             queue.tls = Some(session);
         }
@@ -148,11 +148,10 @@ impl Queue {
     /// (on its own io_uring ring, as a replicated volume's primary does):
     /// the socket, the protocol state and the command buffers. Nothing is
     /// lost: every byte received was fed to the protocol state already.
-    /// None for a queue in a TLS stream (its record state stays here).
-    pub fn into_parts(self) -> Option<(TcpStream, HostQueue, HeapBuffers)> {
-        self.tls
-            .is_none()
-            .then_some((self.stream, self.host, self.buffers))
+    /// A queue in a TLS stream hands its record state over too: every
+    /// byte from then on goes through it.
+    pub fn into_parts(self) -> (TcpStream, HostQueue, HeapBuffers, Option<TlsStream>) {
+        (self.stream, self.host, self.buffers, self.tls)
     }
 
     /// The data buffer of command `cid`.

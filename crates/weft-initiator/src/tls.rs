@@ -4,15 +4,21 @@
 //! a version 0 identity naming the host and the subsystem), then every PDU
 //! sealed into records on the way out and opened on the way in.
 //!
+//! A queue taken apart (`Queue::into_parts`) hands its stream's record
+//! state ([`TlsStream`]) to whoever drives the socket next (a replica link
+//! on its replicator's ring).
+//!
 //! What it does not do: key updates (the Linux host and weft's target send
-//! none), or hand the record state to another driver (a queue in a TLS
-//! stream cannot be taken apart: see `Queue::into_parts`).
+//! none).
 
 use crate::OsRandom;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use weft_proto::tls::psk::{ConfiguredPsk, Identity};
-use weft_proto::tls::{record_len, Alert, ClientHandshake, Established, APPLICATION_DATA};
+use weft_proto::tls::{
+    record_len, Alert, ClientHandshake, Established, APPLICATION_DATA, HEADER_LEN, MAX_PLAINTEXT,
+    OVERHEAD,
+};
 
 /// What a queue connects over TLS with: the host's configured PSK and the
 /// two NQNs its identity names.
@@ -36,7 +42,7 @@ pub enum TlsError {
 
 /// An established stream's record state.
 #[derive(Debug)]
-pub(crate) struct TlsSession {
+pub struct TlsStream {
     established: Established,
     /// Received and not opened yet (a record's start).
     ciphertext: Vec<u8>,
@@ -44,12 +50,12 @@ pub(crate) struct TlsSession {
     sealed: Vec<u8>,
 }
 
-impl TlsSession {
+impl TlsStream {
     /// Runs the handshake on `stream` (its timeouts bound each step).
     pub(crate) fn handshake(
         stream: &mut TcpStream,
         identity: &TlsIdentity,
-    ) -> Result<TlsSession, TlsError> {
+    ) -> Result<TlsStream, TlsError> {
         let offered = Identity::of(identity.psk, 0, identity.host_nqn, identity.subsystem_nqn);
         // The libnvme form of the derivation: what the Linux host and weft's target use.
         let psk = offered.tls_psks(identity.psk).remove(0);
@@ -58,7 +64,7 @@ impl TlsSession {
         loop {
             stream.write_all(&handshake.take_output())?;
             if let Some(established) = handshake.established() {
-                return Ok(TlsSession {
+                return Ok(TlsStream {
                     ciphertext: established.leftover.clone(),
                     established,
                     sealed: Vec::new(),
@@ -77,6 +83,24 @@ impl TlsSession {
         }
     }
 
+    /// The bytes `plaintext_len` bytes of plaintext take once sealed.
+    pub fn sealed_len(plaintext_len: usize) -> usize {
+        plaintext_len + plaintext_len.div_ceil(MAX_PLAINTEXT) * (HEADER_LEN + OVERHEAD)
+    }
+
+    /// Seals `plaintext` into records at the front of `out` (which holds
+    /// [`TlsStream::sealed_len`] bytes at least); returns their length.
+    pub fn seal_into(&mut self, plaintext: &[u8], out: &mut [u8]) -> Result<usize, Alert> {
+        let mut at = 0;
+        for piece in plaintext.chunks(MAX_PLAINTEXT) {
+            at += self
+                .established
+                .send
+                .seal(APPLICATION_DATA, piece, &mut out[at..])?;
+        }
+        Ok(at)
+    }
+
     /// Seals `plaintext` into records; returns them.
     pub(crate) fn seal(&mut self, plaintext: &[u8]) -> Result<&[u8], Alert> {
         self.sealed.clear();
@@ -88,11 +112,7 @@ impl TlsSession {
 
     /// Takes `received` bytes and hands the plaintext of every complete
     /// record to `deliver`, in order.
-    pub(crate) fn open(
-        &mut self,
-        received: &[u8],
-        mut deliver: impl FnMut(&[u8]),
-    ) -> Result<(), Alert> {
+    pub fn open(&mut self, received: &[u8], mut deliver: impl FnMut(&[u8])) -> Result<(), Alert> {
         self.ciphertext.extend_from_slice(received);
         let mut start = 0;
         while let Some(len) = record_len(&self.ciphertext[start..])? {

@@ -8,7 +8,9 @@
 //! ECDH agreement of one's certificate key with the other's, see
 //! [`PairSecrets`]): nobody else can compute them, not a holder of the
 //! cluster's API token, not a writer of the store (which only carries the
-//! certificates, each checked against the cluster CA). Without
+//! certificates, each checked against the cluster CA). So does a TLS PSK:
+//! such a link runs in an NVMe/TCP TLS 1.3 stream (encrypted, and the
+//! replica subsystem refuses the node in the clear). Without
 //! certificates, every link's secrets derive from the cluster's API token,
 //! which every node holds: whoever holds it can connect as any node.
 //!
@@ -19,6 +21,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use weft_proto::auth::{DhGroup, DhchapSecret, HostKeys};
+use weft_proto::tls::psk::ConfiguredPsk;
 
 /// A node's half of the secrets it shares with each other node.
 pub trait PairSecrets: Send + Sync + std::fmt::Debug {
@@ -80,25 +83,53 @@ impl LinkKeys {
     /// replica subsystems (the same at both ends). `other` is the node at
     /// the other end from this one (`replica` when this node is `host`,
     /// else `host`), as its member record shows it.
-    pub fn between(&self, host: &str, replica: &str, other: &Peer) -> Result<HostKeys, String> {
+    pub fn between(
+        &self,
+        host: &str,
+        replica: &str,
+        other: &Peer,
+    ) -> Result<LinkCredentials, String> {
         debug_assert!(other.name == host || other.name == replica);
         let keys = match self {
-            LinkKeys::Token(keys) => return Ok(HostKeys::clone(keys)),
+            LinkKeys::Token(keys) => {
+                return Ok(LinkCredentials {
+                    dhchap: HostKeys::clone(keys),
+                    tls_psk: None,
+                })
+            }
             LinkKeys::Certificates(keys) => keys,
         };
         let shared = keys.agreed(other)?;
-        let derive = |end: &str| {
-            DhchapSecret::derived(
-                &shared,
-                &format!("weft replica link: {host} to {replica}: {end}"),
-            )
-        };
-        Ok(HostKeys {
-            host: derive("host"),
-            controller: Some(derive("replica")),
-            dh_group: DhGroup::Null,
+        let label = |end: &str| format!("weft replica link: {host} to {replica}: {end}");
+        let derive = |end: &str| DhchapSecret::derived(&shared, &label(end));
+        let tls_key = hmac_sha256(&shared, label("tls").as_bytes());
+        Ok(LinkCredentials {
+            dhchap: HostKeys {
+                host: derive("host"),
+                controller: Some(derive("replica")),
+                dh_group: DhGroup::Null,
+            },
+            tls_psk: Some(ConfiguredPsk::from_key(tls_key)),
         })
     }
+}
+
+/// What one link authenticates (and encrypts) with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkCredentials {
+    /// Its DH-HMAC-CHAP secrets, both ways.
+    pub dhchap: HostKeys,
+    /// Its TLS PSK, when the link runs in a TLS stream (nodes with certificates).
+    pub tls_psk: Option<ConfiguredPsk>,
+}
+
+/// HMAC-SHA-256 of `message` under `key`.
+fn hmac_sha256(key: &[u8], message: &[u8]) -> [u8; 32] {
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, key);
+    ring::hmac::sign(&key, message)
+        .as_ref()
+        .try_into()
+        .expect("32 bytes")
 }
 
 /// The secrets of every link in a cluster without certificates: derived
@@ -199,11 +230,11 @@ mod tests {
             at_host,
             "the other way"
         );
-        assert_ne!(
-            n3.between("n3", "n2", &peer("n2")).unwrap().host,
-            at_host.host
-        );
-        assert_ne!(at_host.host, at_host.controller.unwrap());
+        let third = n3.between("n3", "n2", &peer("n2")).unwrap();
+        assert_ne!(third.dhchap.host, at_host.dhchap.host);
+        assert_ne!(third.tls_psk, at_host.tls_psk);
+        assert!(at_host.tls_psk.is_some(), "certificates' links run in TLS");
+        assert_ne!(at_host.dhchap.host, at_host.dhchap.controller.unwrap());
         let forged = Peer {
             certificate: peer("n3").certificate,
             ..peer("n2")
@@ -215,9 +246,10 @@ mod tests {
         };
         assert!(n1.between("n1", "n2", &unpublished).is_err());
         let token = LinkKeys::of_token("token");
+        let by_token = token.between("n1", "n2", &unpublished).unwrap();
         assert_eq!(
-            token.between("n1", "n2", &unpublished).unwrap(),
-            token_keys("token")
+            (by_token.dhchap, by_token.tls_psk),
+            (token_keys("token"), None)
         );
         assert_eq!(n1.own_certificate(), peer("n1").certificate);
     }

@@ -1117,8 +1117,9 @@ impl Manager {
                 nodes,
                 addresses,
             } => {
+                let names: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
                 log::info!(
-                    "discovery referrals: {referrals:?}; peer nodes: {nodes:?} at {addresses:?}"
+                    "discovery referrals: {referrals:?}; peer nodes: {names:?} at {addresses:?}"
                 );
                 self.cluster_referrals = referrals;
                 self.cluster_peers = nodes;

@@ -164,17 +164,112 @@ fn replication_links_use_secrets_only_their_two_nodes_hold() {
         .output()
         .unwrap();
     assert!(String::from_utf8_lossy(&records.stdout).contains("\"certificate\""));
-    // The token's secrets, as node n1, to n2's replica subsystem: refused.
-    let url = format!("{}/{}", n2.nvme, replica_nqn("rep"));
-    let as_n1 = ConnectOptions {
+    // (The links between certified nodes run in TLS streams.)
+    // n1's own credentials for the link to n2 (from n1's key and n2's
+    // certificate, as n1 derives them) connect in a TLS stream with its PSK,
+    // once n2 exports the replica (it makes its copy as it sees the record).
+    let record: serde_json::Value = serde_json::from_slice(&records.stdout).unwrap();
+    let n2_peer = weft_node::link_keys::Peer {
+        name: "n2".into(),
+        certificate: Some(record["certificate"].as_str().unwrap().to_string()),
+    };
+    let files = pki.join("nodes/n1");
+    let n1_identity = weft_http::tls::NodeIdentity::from_pem_files(
+        &pki.join("ca.crt"),
+        &files.join("node.crt"),
+        &files.join("node.key"),
+    )
+    .unwrap();
+    let keys =
+        weft_node::link_keys::LinkKeys::of_certificates(std::sync::Arc::new(Pair(n1_identity)));
+    let credentials = keys.between("n1", "n2", &n2_peer).unwrap();
+    let url = TargetUrl::parse(&format!("{}/{}", n2.nvme, replica_nqn("rep"))).unwrap();
+    let as_n1 = |dhchap, tls_psk| ConnectOptions {
         host_nqn: node_host_nqn("n1"),
-        dhchap: Some(weft_node::link_keys::token_keys(&n1.token)),
+        dhchap: Some(dhchap),
+        tls_psk,
         ..ConnectOptions::default()
     };
-    let refused = Controller::connect(&TargetUrl::parse(&url).unwrap(), as_n1, 1)
-        .and_then(|c| c.open_io_queue(1).map(drop));
-    assert!(refused.is_err(), "the token no longer makes a node");
+    let in_tls = as_n1(credentials.dhchap.clone(), credentials.tls_psk.clone());
+    let start = std::time::Instant::now();
+    while let Err(error) = Controller::connect(&url, in_tls.clone(), 1) {
+        assert!(start.elapsed() < Duration::from_secs(10), "{error}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // A host's writes through the primary are acknowledged once n2 has
+    // them (over the TLS link), and n2's copy holds them: read back as n1
+    // once fenced at the record's epoch (which ends the primary's session).
+    let host_nqn = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-0000000ae9a2";
+    ok(&n1, &["host", "add", "tester", "--nqn", host_nqn]);
+    ok(&n1, &["volume", "attach", "rep", "--host", "tester"]);
+    let volume = TargetUrl::parse(&format!("{}/nqn.2026-11.io.weft:vol:rep", n1.nvme)).unwrap();
+    let as_host = ConnectOptions {
+        host_nqn: host_nqn.into(),
+        ..ConnectOptions::default()
+    };
+    let host = Controller::connect(&volume, as_host, 1).unwrap();
+    let mut queue = host.open_io_queue(1).unwrap();
+    let block = |n: u64| vec![n as u8 + 1; 4096];
+    for n in 0..64 {
+        let start = std::time::Instant::now();
+        while let Err(error) = queue.write(1, n, 4096, &block(n)) {
+            // (ANA transition while the primary starts to serve.)
+            assert!(start.elapsed() < Duration::from_secs(10), "{error}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    let shown = ok(&n1, &["volume", "show", "rep"]);
+    assert_eq!(shown.matches("in-sync").count(), 2, "{shown}");
+    drop((queue, host));
+    let volume_record = etcd
+        .ctl(&endpoints)
+        .args(["get", "/weft/volumes/rep", "--print-value-only"])
+        .output()
+        .unwrap();
+    let volume_record: serde_json::Value = serde_json::from_slice(&volume_record.stdout).unwrap();
+    let epoch = volume_record["replication"]["epoch"].as_u64().unwrap();
+    let reader = Controller::connect(&url, in_tls.clone(), 1).unwrap();
+    let token = weft_proto::fence::FenceToken {
+        epoch,
+        session: u32::MAX,
+    };
+    assert_eq!(reader.fence(token).unwrap(), Ok(()));
+    let mut copy = reader.open_io_queue(1).unwrap();
+    for n in 0..64 {
+        assert_eq!(
+            copy.read(1, n, 4096, 4096).unwrap(),
+            &block(n)[..],
+            "block {n}"
+        );
+    }
+    // The same in the clear: refused (the link must be encrypted).
+    let clear = Controller::connect(&url, as_n1(credentials.dhchap, None), 1).unwrap_err();
+    assert!(clear.to_string().contains("refused host"), "{clear}");
+    // The token's secrets, as node n1: refused, in the clear and in TLS
+    // (the token gives no PSK either: a token-derived one is refused too).
+    let token_keys = weft_node::link_keys::token_keys(&n1.token);
+    let refused = Controller::connect(&url, as_n1(token_keys.clone(), None), 1).unwrap_err();
+    assert!(refused.to_string().contains("refused host"), "{refused}");
+    let guessed = Some(weft_proto::tls::psk::ConfiguredPsk::from_key([7; 32]));
+    let refused = Controller::connect(&url, as_n1(token_keys, guessed), 1).unwrap_err();
+    assert!(refused.to_string().contains("TLS"), "{refused}");
     drop((n2, etcd));
+}
+
+/// A node's half of the link secrets, from its certificate files (as the
+/// node itself holds it).
+#[derive(Debug)]
+struct Pair(weft_http::tls::NodeIdentity);
+
+impl weft_node::link_keys::PairSecrets for Pair {
+    fn own_certificate(&self) -> Vec<u8> {
+        self.0.certificate_der().to_vec()
+    }
+
+    fn shared_with(&self, node: &str, certificate: &[u8]) -> Result<[u8; 32], String> {
+        let name = weft_cluster::pki::node_identity(node);
+        self.0.shared_secret(&name, certificate)
+    }
 }
 
 #[test]

@@ -246,15 +246,16 @@ impl Manager {
             .iter()
             .chain([&own])
             .filter_map(|peer| {
-                let keys = match &self.link_keys {
-                    // (Without a link secret no node is let in.)
-                    Some(keys) => keys.between(&peer.name, me, peer).ok()?,
-                    None => return None,
-                };
+                // (Without a link secret no node is let in.)
+                let credentials = self
+                    .link_keys
+                    .as_ref()?
+                    .between(&peer.name, me, peer)
+                    .ok()?;
                 Some(AllowedHost {
                     nqn: node_host_nqn(&peer.name),
-                    keys: Some(Arc::new(keys)),
-                    tls_psk: None,
+                    keys: Some(Arc::new(credentials.dhchap)),
+                    tls_psk: credentials.tls_psk.map(Arc::new),
                 })
             })
             .collect();

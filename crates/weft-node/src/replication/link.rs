@@ -199,15 +199,7 @@ impl Link {
         let State::Attaching(waiting) = std::mem::replace(&mut self.state, State::Ended) else {
             unreachable!("only an attaching link is opened");
         };
-        // (Links connect in the clear: a queue in a TLS stream keeps its parts.)
-        let Some(parts) = queue.into_parts() else {
-            log::warn!(
-                "replica {:?}: its link is in a TLS stream, which the ring cannot carry",
-                self.node
-            );
-            return self.refusal();
-        };
-        let socket = match RingSocket::new(id, parts) {
+        let socket = match RingSocket::new(id, queue.into_parts()) {
             Ok(socket) => socket,
             Err(error) => {
                 log::warn!("replica {:?}: no buffers for its link: {error}", self.node);
@@ -586,9 +578,10 @@ fn replica_url(target: &LinkTarget) -> Result<(TargetUrl, ConnectOptions), Strin
         name: member.name.clone(),
         certificate: member.certificate.clone(),
     };
-    let keys = target.keys.between(&target.me, &target.name, &other)?;
+    let credentials = target.keys.between(&target.me, &target.name, &other)?;
     let options = ConnectOptions {
-        dhchap: Some(keys),
+        dhchap: Some(credentials.dhchap),
+        tls_psk: credentials.tls_psk,
         ..target.options.clone()
     };
     let address = member

@@ -12,6 +12,11 @@
 //! headers and other data are copied into the send's own buffer, and the
 //! command buffers are then free.
 //!
+//! A link in a TLS stream (between nodes with certificates) seals each send
+//! into records in the send's buffer (its shared data copied once, into
+//! the plaintext gathered for sealing) and opens what it receives before
+//! the queue reads it.
+//!
 //! What this does not do: build commands or know what they mean
 //! (`super::link`), connect (the link's attach thread does, blocking), or
 //! time a silent replica out (the replication core's replica timeout does,
@@ -22,7 +27,7 @@ use std::io::Write as _;
 use std::net::{Shutdown, TcpStream};
 use std::ops::Range;
 use std::os::fd::AsRawFd;
-use weft_initiator::HeapBuffers;
+use weft_initiator::{HeapBuffers, TlsStream};
 use weft_proto::host::{DataTransfer, HostCompletion, HostQueue, SubmitError};
 use weft_proto::types::{Cid, SlotId};
 use weft_proto::{SlotBuffers, Transmit, TxSegment};
@@ -93,13 +98,16 @@ pub(crate) struct RingSocket {
     sending: bool,
     /// Shut down: no receive is armed again.
     closed: bool,
+    /// The TLS stream's record state, and the plaintext of a send gathered
+    /// for sealing (kept between sends), when the link is in one.
+    tls: Option<(TlsStream, Vec<u8>)>,
 }
 
 impl RingSocket {
     /// Takes over an initiator queue's parts.
     pub(crate) fn new(
         id: u32,
-        (stream, host, buffers): (TcpStream, HostQueue, HeapBuffers),
+        (stream, host, buffers, tls): (TcpStream, HostQueue, HeapBuffers, Option<TlsStream>),
     ) -> std::io::Result<RingSocket> {
         let mut send = SendBatch::new();
         send.push_buf(IoBuf::new(SEND_BYTES_MIN)?);
@@ -114,6 +122,7 @@ impl RingSocket {
             receiving: false,
             sending: false,
             closed: false,
+            tls: tls.map(|stream| (stream, Vec::new())),
         })
     }
 
@@ -178,6 +187,9 @@ impl RingSocket {
         if self.sending {
             return Ok(());
         }
+        if self.tls.is_some() {
+            return self.start_sealed(ring);
+        }
         let Some(transmit) = self.host.poll_transmit() else {
             return Ok(());
         };
@@ -235,6 +247,67 @@ impl RingSocket {
         Ok(())
     }
 
+    /// [`RingSocket::start`]'s send in a TLS stream: everything the queue
+    /// has to send, gathered and sealed into the send's buffer.
+    fn start_sealed(&mut self, ring: &mut WriteRing) -> Result<(), String> {
+        let fd = self.stream.as_raw_fd();
+        let Some(transmit) = self.host.poll_transmit() else {
+            return Ok(());
+        };
+        let (tls, plain) = self.tls.as_mut().expect("a TLS link");
+        plain.clear();
+        for segment in transmit.segments {
+            plain.extend_from_slice(segment_bytes(
+                &transmit,
+                segment,
+                &mut self.buffers,
+                &self.in_place,
+            ));
+        }
+        let sealed_len = TlsStream::sealed_len(plain.len());
+        let mut batch = self.send.take().ok_or("no send buffer")?;
+        let kept = batch
+            .take_bufs()
+            .next()
+            .expect("the batch keeps its buffer");
+        let mut buf = if kept.capacity() < sealed_len {
+            match IoBuf::new(sealed_len) {
+                Ok(larger) => larger,
+                Err(error) => {
+                    batch.push_buf(kept);
+                    self.send = Some(batch);
+                    return Err(format!("no send buffer: {error}"));
+                }
+            }
+        } else {
+            kept
+        };
+        let len = tls
+            .seal_into(plain, buf.as_mut_slice())
+            .map_err(|alert| format!("cannot seal: {alert}"))?;
+        let index = batch.push_buf(buf);
+        batch.push_segment(index, 0..len);
+        // Sealed: the command buffers and shared data are free to complete.
+        self.host.on_transmitted();
+        ring.push_socket(Op::Send { fd, batch }, self.token(SEND))
+            .map_err(|e| format!("cannot send: {e}"))?;
+        self.sending = true;
+        Ok(())
+    }
+
+    /// Feeds received bytes to the queue: as they are, or opened from
+    /// their records in a TLS stream.
+    fn feed(&mut self, received: &[u8]) -> Result<(), String> {
+        let (host, buffers) = (&mut self.host, &mut self.buffers);
+        match &mut self.tls {
+            None => host.handle_input(received, buffers),
+            Some((tls, _)) => tls
+                .open(received, |plaintext| host.handle_input(plaintext, buffers))
+                .map_err(|alert| format!("TLS: {alert}"))?,
+        }
+        Ok(())
+    }
+
     /// One of its operations completed: what it received is fed to the
     /// queue (its completions are then ready to poll), a short send is
     /// pushed again for the rest. An error ends the connection.
@@ -251,17 +324,16 @@ impl RingSocket {
                         Some(error) => format!("the replica ended the connection: {error}"),
                         None => "the replica closed the connection".to_string(),
                     }),
-                    Ok(len) => {
-                        self.host
-                            .handle_input(&buf.as_slice()[..len], &mut self.buffers);
-                        match self.host.error() {
+                    Ok(len) => match self.feed(&buf.as_slice()[..len]) {
+                        Err(error) => Err(error),
+                        Ok(()) => match self.host.error() {
                             Some(error) => {
                                 self.terminate_now();
                                 Err(format!("protocol error: {error}"))
                             }
                             None => Ok(()),
-                        }
-                    }
+                        },
+                    },
                     Err(error) => Err(format!("cannot receive: {error}")),
                 };
                 self.receive = Some(buf);
@@ -312,6 +384,13 @@ impl RingSocket {
             bytes.extend_from_slice(segment);
         }
         self.host.on_transmitted();
+        if let Some((tls, _)) = &mut self.tls {
+            let mut sealed = vec![0u8; TlsStream::sealed_len(bytes.len())];
+            match tls.seal_into(&bytes, &mut sealed) {
+                Ok(len) => bytes = sealed[..len].to_vec(),
+                Err(_) => return,
+            }
+        }
         // No operation is on the ring (none sends, the receive completed).
         if self.stream.set_nonblocking(true).is_ok() {
             let _ = (&self.stream).write_all(&bytes);
@@ -414,7 +493,8 @@ mod tests {
             in_capsule_bytes_max: 8192,
             buffer_bytes: 65536,
         });
-        let mut socket = RingSocket::new(7, (stream, host, HeapBuffers::new(4, 65536))).unwrap();
+        let mut socket =
+            RingSocket::new(7, (stream, host, HeapBuffers::new(4, 65536), None)).unwrap();
         socket.start(ring).unwrap();
         assert!(turn(ring, &mut socket).iter().all(Result::is_ok));
         let mut icreq = [0u8; 128];

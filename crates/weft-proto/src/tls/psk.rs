@@ -49,6 +49,15 @@ pub enum PskError {
 }
 
 impl ConfiguredPsk {
+    /// A SHA-256 configured PSK (hash 01) of the 32 bytes `key`: one two
+    /// parties derived from a secret they share.
+    pub fn from_key(key: [u8; 32]) -> ConfiguredPsk {
+        ConfiguredPsk {
+            hash: HashFunction::Sha256,
+            key: key.to_vec(),
+        }
+    }
+
     /// Parses the interchange format `NVMeTLSkey-1:HH:<base64>:`.
     pub fn parse(text: &str) -> Result<ConfiguredPsk, PskError> {
         let rest = text.strip_prefix("NVMeTLSkey-1:").ok_or(PskError::Format)?;
