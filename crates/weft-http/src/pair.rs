@@ -94,26 +94,9 @@ impl NodeIdentity {
 
 #[cfg(test)]
 mod tests {
-    use crate::tls::NodeIdentity;
-    use std::path::Path;
+    use crate::tls::tests::issued_by as identity;
     use std::time::SystemTime;
     use weft_cluster::pki::{node_identity, ClusterCa};
-
-    fn identity(dir: &Path, ca: &ClusterCa, issuer: &ClusterCa, node: &str) -> NodeIdentity {
-        let issued = issuer.issue_node(node, &[], SystemTime::now()).unwrap();
-        std::fs::create_dir_all(dir).unwrap();
-        let file = |name: &str, text: &str| {
-            let path = dir.join(format!("{node}-{name}"));
-            std::fs::write(&path, text).unwrap();
-            path
-        };
-        NodeIdentity::from_pem_files(
-            &file("ca.crt", &ca.cert_pem()),
-            &file("node.crt", &issued.cert_pem),
-            &file("node.key", &issued.key_pem),
-        )
-        .unwrap()
-    }
 
     /// Two nodes compute the same secret from each other's certificates;
     /// a third computes another; a certificate of another CA, or given

@@ -235,7 +235,7 @@ fn read_pair(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::time::SystemTime;
     use weft_cluster::pki::{node_identity, ClusterCa};
@@ -246,7 +246,12 @@ mod tests {
     }
 
     /// Node `node`'s identity trusting `ca`, its certificate from `issuer`.
-    fn issued_by(dir: &Path, ca: &ClusterCa, issuer: &ClusterCa, node: &str) -> NodeIdentity {
+    pub(crate) fn issued_by(
+        dir: &Path,
+        ca: &ClusterCa,
+        issuer: &ClusterCa,
+        node: &str,
+    ) -> NodeIdentity {
         let issued = issuer.issue_node(node, &[], SystemTime::now()).unwrap();
         std::fs::create_dir_all(dir).unwrap();
         let file = |name: &str, text: &str| {
