@@ -74,7 +74,7 @@ else
     harness/initiator-peers.sh
     step "a weft cluster (etcd and three nodes) from the Linux host: referrals, connect-all, fio verify"
     harness/cluster-interop.sh --weft target/release/weft
-    step "DH-HMAC-CHAP and TLS from the Linux 6.12 host (Debian trixie guest): bidirectional, host-only, FFDHE, TLS 1.3, refusals"
+    step "DH-HMAC-CHAP and TLS from the Linux 6.12 host (Debian trixie guest): bidirectional, host-only, FFDHE, TLS 1.3, the CSI node plugin's per-node secrets, refusals"
     harness/auth-interop.sh --weft target/release/weft
     step "benchmark smoke: NVMe/TCP TLS against the clear from the Linux 6.12 host (the full run: harness/bench-tls.sh)"
     harness/bench-tls.sh --rounds 1 --seconds 2 --json .cache/bench/tls/smoke.json

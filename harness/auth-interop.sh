@@ -9,7 +9,10 @@
 # further volume is attached to a second host NQN made with
 # `weft host add --tls`: the guest inserts the PSK weft printed, connects with --tls,
 # writes and reads back, finds TLS required in its discovery log, and is refused in the
-# clear.
+# clear. Last, `weft csi` runs in the guest as a Kubernetes node's controller and node
+# plugin (the CSI token; per-node DH-HMAC-CHAP secrets, its default): the volume it
+# creates and stages is connected with the secrets made for that node, and the node's NQN
+# alone is refused.
 # Usage: harness/auth-interop.sh [--weft BIN]   (as root; the trixie image is built once,
 # harness/vm/build-image.sh with LAB_SUITE=trixie)
 set -euo pipefail
@@ -36,6 +39,7 @@ FFDHE_NQN=nqn.2026-11.io.weft:vol:ffdhev
 FFDHE_HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-0000000a0a03
 TLS_NQN=nqn.2026-11.io.weft:vol:tlsv
 TLS_HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-0000000a0a02
+CSI_HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-0000000a0a04
 rm -rf "$WORK"
 mkdir -p "$SHARE"
 # Three DH-HMAC-CHAP secrets (32 random bytes, their CRC-32, base64: `nvme gen-dhchap-key`'s
@@ -70,11 +74,16 @@ grep -o 'NVMeTLSkey-1:01:[^ ]*:' "$WORK/tls-host.out" | head -1 > "$SHARE/tls-ps
 [ -s "$SHARE/tls-psk" ] || die "weft host add --tls printed no PSK: $(cat "$WORK/tls-host.out")"
 cli host list | grep -q "tlsguest .* yes" || die "weft host list does not show tlsguest's TLS"
 cli volume attach tlsv --host tlsguest > /dev/null
+# The CSI plugin in the guest: this binary and the token a CSI controller is given.
+cp "$WEFT" "$SHARE/weft"
+cp "$WORK/node/api-token.csi" "$SHARE/api-token.csi"
+CSI_TOOLS=$(harness/csi-tools.sh)
+[ "$CSI_TOOLS" = "$PWD/.cache/go/bin" ] || die "grpcurl is not where the guest looks for it ($CSI_TOOLS)"
 set +e
 LAB_IMAGE_DIR=$IMAGE harness/vm/vm-run.sh -n slirp -s "$SHARE" -c 2 -t 600 -e "WEFT_PORT=$PORT" \
     -e "WEFT_NQN=$NQN" -e "WEFT_HOSTNQN=$HOSTNQN" -e "WEFT_TLS_NQN=$TLS_NQN" \
     -e "WEFT_FFDHE_NQN=$FFDHE_NQN" -e "WEFT_FFDHE_HOSTNQN=$FFDHE_HOSTNQN" \
-    -e "WEFT_TLS_HOSTNQN=$TLS_HOSTNQN" harness/guest/auth.sh 2>&1 | tee "$WORK/run.log"
+    -e "WEFT_TLS_HOSTNQN=$TLS_HOSTNQN" -e "WEFT_CSI_HOSTNQN=$CSI_HOSTNQN" -e "WEFT_API_PORT=$API_PORT" harness/guest/auth.sh 2>&1 | tee "$WORK/run.log"
 rc=${PIPESTATUS[0]}
 set -e
 if grep -qE "panicked at|fatal runtime error" "$WORK/node.log"; then echo "auth-interop: weft panicked"; rc=1; fi

@@ -6,7 +6,10 @@
 # whose host weft gave the ffdhe2048 group: the kernel reports that group. Then TLS 1.3
 # with the PSK in $LAB_SHARE/tls-psk (tlshd does the handshake): the key inserted as
 # nvme-cli does, a connect with --tls, a write read back; TLS required in the discovery
-# log; refused in the clear. Prints "auth: PASS" when every check passed.
+# log; refused in the clear. Then `weft csi` as one Kubernetes node: a volume created,
+# published, staged and mounted with the per-node secrets its controller made, a file
+# written read back; the node's NQN alone, and another host's secret, refused. Prints
+# "auth: PASS" when every check passed.
 set -u
 ADDR=${LAB_HOST_IP:?needs slirp} PORT=${WEFT_PORT:?} NQN=${WEFT_NQN:?} HOSTNQN=${WEFT_HOSTNQN:?}
 TLS_NQN=${WEFT_TLS_NQN:?} TLS_HOSTNQN=${WEFT_TLS_HOSTNQN:?} PSK=$(cat "$LAB_SHARE/tls-psk")
@@ -86,4 +89,49 @@ echo "$entry" | grep -qi "treq:.*required" && echo "$entry" | grep -qi "sectype:
     && ok "discovery: treq required, sectype tls1.3" || fail "discovery entry: $entry"
 connect 2>/dev/null && fail "the TLS host connected in the clear" || ok "the TLS host is refused in the clear"
 disconnect
+
+echo "=== CSI: the node plugin connects with the DH-HMAC-CHAP secrets its controller made for this node"
+# `weft csi --mode all` (controller and node, as one Kubernetes node runs them), the
+# controller with the node's CSI token, the per-node secrets its default; the calls a
+# kubelet and the attacher make, through grpcurl.
+CSI=/tmp/weft-csi.sock CSI_HOSTNQN=${WEFT_CSI_HOSTNQN:?} CAP='{"mount":{"fs_type":"ext4"},"access_mode":{"mode":"SINGLE_NODE_WRITER"}}'
+csi_call() { # SERVICE/METHOD JSON
+    "$WEFT_DIR/.cache/go/bin/grpcurl" -plaintext -unix -import-path "$WEFT_DIR/crates/weft-csi/proto" \
+        -proto csi.proto -d "$2" "$CSI" "csi.v1.$1"
+}
+WEFT_API_TOKEN=$(cat "$LAB_SHARE/api-token.csi") "$LAB_SHARE/weft" csi --endpoint "unix://$CSI" --mode all \
+    --api "http://$ADDR:${WEFT_API_PORT:?}" --discovery "$ADDR:$PORT" --host-nqn "$CSI_HOSTNQN" \
+    --state-dir /tmp/csi-state 2> /tmp/csi.log &
+CSI_PID=$!
+for _ in $(seq 50); do [ -S "$CSI" ] && break; sleep 0.2; done
+(NQN=nqn.2026-11.io.weft:vol:csidb HOSTNQN=$CSI_HOSTNQN FAILS=0
+csi_call Controller/CreateVolume '{"name":"csidb","capacity_range":{"required_bytes":67108864},"volume_capabilities":[{"mount":{},"access_mode":{"mode":"SINGLE_NODE_WRITER"}}]}' > /dev/null \
+    && ok "CreateVolume csidb" || { fail "CreateVolume: $(tail -3 /tmp/csi.log)"; exit "$FAILS"; }
+context=$(csi_call Controller/ControllerPublishVolume '{"volume_id":"csidb","node_id":"'"$CSI_HOSTNQN"'","volume_capability":'"$CAP"'}' |
+    python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)["publishContext"]))')
+[[ "$context" == *'"dhchapSecret": "DHHC-1:'* && "$context" == *'"dhchapCtrlSecret": "DHHC-1:'* ]] \
+    && ok "ControllerPublishVolume: the publish context carries this node's host and controller secrets" \
+    || fail "publish context without secrets: $context"
+dmesg -C
+csi_call Node/NodeStageVolume '{"volume_id":"csidb","publish_context":'"$context"',"staging_target_path":"/tmp/csi-stage","volume_capability":'"$CAP"'}' > /dev/null \
+    && csi_call Node/NodePublishVolume '{"volume_id":"csidb","staging_target_path":"/tmp/csi-stage","target_path":"/tmp/csi-pod","volume_capability":'"$CAP"'}' > /dev/null \
+    && ok "NodeStageVolume (nvme connect, mkfs.ext4) and NodePublishVolume" || fail "stage and publish: $(tail -3 /tmp/csi.log)"
+said=$(dmesg | grep -o "authenticated with hash .*" | head -1)
+[ -n "$said" ] && ok "the kernel authenticated the volume's controller: $said" || fail "no DH-HMAC-CHAP in the kernel log: $(dmesg | tail -5)"
+head -c 1048576 /dev/urandom > /tmp/csi-data
+cp /tmp/csi-data /tmp/csi-pod/f && sync && echo 3 > /proc/sys/vm/drop_caches && cmp -s /tmp/csi-data /tmp/csi-pod/f \
+    && ok "a file written in the pod's mount reads back equal" || fail "the pod's file"
+csi_call Node/NodeUnpublishVolume '{"volume_id":"csidb","target_path":"/tmp/csi-pod"}' > /dev/null &&
+    csi_call Node/NodeUnstageVolume '{"volume_id":"csidb","staging_target_path":"/tmp/csi-stage"}' > /dev/null \
+    && ok "NodeUnpublishVolume, NodeUnstageVolume" || fail "unpublish and unstage: $(tail -3 /tmp/csi.log)"
+# The attack: the node's NQN is public (its CSINode object); presenting it opens nothing.
+connect 2>/dev/null && fail "the node's NQN alone connected to its volume" || ok "the node's NQN alone is refused (the volume is still published to it)"
+disconnect
+connect --dhchap-secret "$HOST_SECRET" 2>/dev/null && fail "another host's secret connected" || ok "another host's secret is refused"
+disconnect
+csi_call Controller/ControllerUnpublishVolume '{"volume_id":"csidb","node_id":"'"$CSI_HOSTNQN"'"}' > /dev/null &&
+    csi_call Controller/DeleteVolume '{"volume_id":"csidb"}' > /dev/null && ok "ControllerUnpublishVolume, DeleteVolume" || fail "unpublish and delete"
+exit "$FAILS") || FAILS=$((FAILS + $?))
+kill "$CSI_PID"; wait "$CSI_PID" 2>/dev/null
+
 [ "$FAILS" = 0 ] && echo "auth: PASS" || echo "auth: $FAILS FAILED"
