@@ -244,6 +244,12 @@ pub struct ConnectOptions {
     /// The host's NVMe/TCP TLS PSK (`NVMeTLSkey-1`): every queue then
     /// connects in a TLS 1.3 stream with it (none: in the clear).
     pub tls_psk: Option<weft_proto::tls::psk::ConfiguredPsk>,
+    /// In TLS, ask the target to update the keys of both directions once
+    /// either carried this many records under one key (RFC 8446 sections
+    /// 4.6.3 and 5.5; `weft_proto::tls::ASK_AFTER_RECORDS` between weft
+    /// nodes). Weft's target answers; Linux's nvmet may end a queue that
+    /// gets a KeyUpdate, so none is asked by default.
+    pub tls_key_update_after_records: Option<u64>,
 }
 
 impl Default for ConnectOptions {
@@ -261,6 +267,7 @@ impl Default for ConnectOptions {
             reconnect: Backoff::default(),
             dhchap: None,
             tls_psk: None,
+            tls_key_update_after_records: None,
         }
     }
 }
@@ -572,6 +579,7 @@ fn tls_of<'a>(url: &'a TargetUrl, options: &'a ConnectOptions) -> Option<tls::Tl
         psk,
         host_nqn: &options.host_nqn,
         subsystem_nqn: &url.nqn,
+        key_update_after_records: options.tls_key_update_after_records,
     })
 }
 

@@ -8,17 +8,24 @@
 //! state ([`TlsStream`]) to whoever drives the socket next (a replica link
 //! on its replicator's ring).
 //!
-//! What it does not do: key updates (the Linux host and weft's target send
-//! none).
+//! Key updates: when its options say so (links between weft nodes), the
+//! stream asks the target to update both directions' keys before either
+//! carried too many records under one (RFC 8446 section 5.5); a KeyUpdate
+//! the target sends is taken, and answered when it asks.
 
 use crate::OsRandom;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use weft_proto::tls::psk::{ConfiguredPsk, Identity};
 use weft_proto::tls::{
-    record_len, Alert, ClientHandshake, Established, APPLICATION_DATA, HEADER_LEN, MAX_PLAINTEXT,
-    OVERHEAD,
+    record_len, Alert, ClientHandshake, Established, KeyUpdates, APPLICATION_DATA, HEADER_LEN,
+    KEY_UPDATE_RECORD, MAX_PLAINTEXT, OVERHEAD,
 };
+
+/// A TLS record's content type for alerts (RFC 8446 section 5.1).
+const ALERT: u8 = 21;
+/// A TLS record's content type for handshake messages.
+const HANDSHAKE: u8 = 22;
 
 /// What a queue connects over TLS with: the host's configured PSK and the
 /// two NQNs its identity names.
@@ -27,6 +34,8 @@ pub(crate) struct TlsIdentity<'a> {
     pub(crate) psk: &'a ConfiguredPsk,
     pub(crate) host_nqn: &'a str,
     pub(crate) subsystem_nqn: &'a str,
+    /// Ask for key updates after this many records under one key.
+    pub(crate) key_update_after_records: Option<u64>,
 }
 
 /// Why a TLS stream could not be set up or carried on.
@@ -44,6 +53,8 @@ pub enum TlsError {
 #[derive(Debug)]
 pub struct TlsStream {
     established: Established,
+    /// Key updates asked, answered and taken.
+    updates: KeyUpdates,
     /// Received and not opened yet (a record's start).
     ciphertext: Vec<u8>,
     /// What the last seal produced.
@@ -51,6 +62,15 @@ pub struct TlsStream {
 }
 
 impl TlsStream {
+    fn new(established: Established, key_update_after_records: Option<u64>) -> TlsStream {
+        TlsStream {
+            updates: KeyUpdates::asking_after(key_update_after_records),
+            ciphertext: established.leftover.clone(),
+            established,
+            sealed: Vec::new(),
+        }
+    }
+
     /// Runs the handshake on `stream` (its timeouts bound each step).
     pub(crate) fn handshake(
         stream: &mut TcpStream,
@@ -64,11 +84,10 @@ impl TlsStream {
         loop {
             stream.write_all(&handshake.take_output())?;
             if let Some(established) = handshake.established() {
-                return Ok(TlsStream {
-                    ciphertext: established.leftover.clone(),
+                return Ok(TlsStream::new(
                     established,
-                    sealed: Vec::new(),
-                });
+                    identity.key_update_after_records,
+                ));
             }
             let read = stream.read(&mut buffer)?;
             if read == 0 {
@@ -83,15 +102,27 @@ impl TlsStream {
         }
     }
 
-    /// The bytes `plaintext_len` bytes of plaintext take once sealed.
+    /// The most bytes `plaintext_len` bytes of plaintext take once sealed
+    /// (a KeyUpdate may go first).
     pub fn sealed_len(plaintext_len: usize) -> usize {
-        plaintext_len + plaintext_len.div_ceil(MAX_PLAINTEXT) * (HEADER_LEN + OVERHEAD)
+        KEY_UPDATE_RECORD
+            + plaintext_len
+            + plaintext_len.div_ceil(MAX_PLAINTEXT) * (HEADER_LEN + OVERHEAD)
+    }
+
+    /// The KeyUpdates this stream sent and received.
+    pub fn key_updates(&self) -> (u64, u64) {
+        self.updates.counts()
     }
 
     /// Seals `plaintext` into records at the front of `out` (which holds
-    /// [`TlsStream::sealed_len`] bytes at least); returns their length.
+    /// [`TlsStream::sealed_len`] bytes at least), after the KeyUpdate due
+    /// if one is; returns their length.
     pub fn seal_into(&mut self, plaintext: &[u8], out: &mut [u8]) -> Result<usize, Alert> {
-        let mut at = 0;
+        let established = &mut self.established;
+        let mut at = self
+            .updates
+            .send_due(&mut established.send, &established.receive, out)?;
         for piece in plaintext.chunks(MAX_PLAINTEXT) {
             at += self
                 .established
@@ -104,7 +135,15 @@ impl TlsStream {
     /// Seals `plaintext` into records; returns them.
     pub(crate) fn seal(&mut self, plaintext: &[u8]) -> Result<&[u8], Alert> {
         self.sealed.clear();
-        self.established
+        self.sealed.resize(KEY_UPDATE_RECORD, 0);
+        let established = &mut self.established;
+        let update = self.updates.send_due(
+            &mut established.send,
+            &established.receive,
+            &mut self.sealed,
+        )?;
+        self.sealed.truncate(update);
+        established
             .send
             .seal_to(APPLICATION_DATA, plaintext, &mut self.sealed)?;
         Ok(&self.sealed)
@@ -121,15 +160,89 @@ impl TlsStream {
             }
             let record = &mut self.ciphertext[start..start + len];
             let (content_type, range) = self.established.receive.open(record)?;
-            if content_type != APPLICATION_DATA {
-                // An alert (the target ending the stream) or a handshake
-                // message (a key update): neither is carried on.
-                return Err(Alert::UnexpectedMessage);
+            match content_type {
+                APPLICATION_DATA => deliver(&record[range]),
+                HANDSHAKE => self
+                    .updates
+                    .received(&record[range], &mut self.established.receive)?,
+                ALERT if range.len() == 2 => return Err(Alert::Received(record[range.start + 1])),
+                _ => return Err(Alert::UnexpectedMessage),
             }
-            deliver(&record[range]);
             start += len;
         }
         self.ciphertext.drain(..start);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use weft_proto::tls::{PskStore, ServerHandshake};
+
+    struct Psk;
+
+    impl PskStore for Psk {
+        fn tls_psks(&self, _identity: &[u8]) -> Vec<Vec<u8>> {
+            vec![vec![7; 32]]
+        }
+    }
+
+    /// A stream asking after `records`, and the target's end of it.
+    fn pair(records: u64) -> (TlsStream, Established) {
+        let mut client = ClientHandshake::new(b"NVMe0R01 nqn.h nqn.s", &[7; 32], &OsRandom);
+        let mut server = ServerHandshake::new(&OsRandom);
+        for _ in 0..3 {
+            server.handle_input(&client.take_output(), &Psk).unwrap();
+            client.handle_input(&server.take_output()).unwrap();
+        }
+        let client = TlsStream::new(client.established().unwrap(), Some(records));
+        (client, server.established().unwrap())
+    }
+
+    /// What the ring of a replication link does: each send sealed into a
+    /// buffer of `sealed_len` (a KeyUpdate fits before the data), each
+    /// receive opened; the target's end answers as weft's target does.
+    #[test]
+    fn sealed_sends_ask_for_key_updates_within_sealed_len_and_take_the_answers() {
+        let (mut client, mut target) = pair(3);
+        let mut target_updates = KeyUpdates::answering();
+        for round in 0..20u32 {
+            let data: Vec<u8> = (0..20_000 + round).map(|i| i as u8).collect();
+            let mut out = vec![0u8; TlsStream::sealed_len(data.len())];
+            let len = client.seal_into(&data, &mut out).unwrap();
+            let mut received = Vec::new();
+            let mut at = 0;
+            while at < len {
+                let record_len = record_len(&out[at..]).unwrap().unwrap();
+                let record = &mut out[at..at + record_len];
+                let (kind, range) = target.receive.open(record).unwrap();
+                match kind {
+                    APPLICATION_DATA => received.extend_from_slice(&record[range]),
+                    _ => target_updates
+                        .received(&record[range], &mut target.receive)
+                        .unwrap(),
+                }
+                at += record_len;
+            }
+            assert_eq!(received, data, "round {round}");
+            let mut answer = vec![0u8; KEY_UPDATE_RECORD];
+            let update = target_updates
+                .send_due(&mut target.send, &target.receive, &mut answer)
+                .unwrap();
+            answer.truncate(update);
+            target
+                .send
+                .seal_to(APPLICATION_DATA, &round.to_be_bytes(), &mut answer)
+                .unwrap();
+            let mut delivered = Vec::new();
+            client
+                .open(&answer, |plaintext| delivered.extend_from_slice(plaintext))
+                .unwrap();
+            assert_eq!(delivered, round.to_be_bytes());
+        }
+        let (asked, taken) = client.key_updates();
+        assert!(asked >= 8, "every other round: {asked}");
+        assert_eq!((taken, target_updates.counts()), (asked, (asked, asked)));
     }
 }

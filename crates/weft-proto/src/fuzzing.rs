@@ -920,6 +920,7 @@ const FUZZ_TLS_PSK: [u8; 32] = [0x42; 32];
 const FUZZ_TLS_IDENTITY: &[u8] = b"NVMe0R01 nqn.fuzz-host nqn.fuzz-subsystem";
 
 /// TLS 1.3 on arbitrary input: the PSK text and identity parsers; a
+/// post-handshake message (a KeyUpdate); a
 /// target's handshake fed the input as a host's bytes (and, once
 /// established, the rest as records); an initiator's handshake fed it as a
 /// target's answer to its ClientHello. Randomness is counted, so the seeds
@@ -927,15 +928,28 @@ const FUZZ_TLS_IDENTITY: &[u8] = b"NVMe0R01 nqn.fuzz-host nqn.fuzz-subsystem";
 /// replay.
 pub fn tls(data: &[u8]) {
     use crate::tls::psk::{ConfiguredPsk, Identity};
-    use crate::tls::{ClientHandshake, ServerHandshake};
+    use crate::tls::{CipherSuite, ClientHandshake, KeyUpdates, RecordKeys, ServerHandshake};
     let _ = ConfiguredPsk::parse(&String::from_utf8_lossy(data));
     let _ = Identity::parse(data);
+    let mut keys = RecordKeys::new(CipherSuite::Aes128GcmSha256, &[0; 32]);
+    let _ = KeyUpdates::answering().received(data, &mut keys);
     let mut server = ServerHandshake::new(&testing::CountingRandom::default());
     if server.handle_input(data, &FuzzPsks).is_ok() {
         if let Some(mut established) = server.established() {
             let mut rest = std::mem::take(&mut established.leftover);
+            let mut updates = KeyUpdates::answering();
             while let Ok(Some(len)) = crate::tls::record_len(&rest) {
-                if len > rest.len() || established.receive.open(&mut rest[..len]).is_err() {
+                if len > rest.len() {
+                    break;
+                }
+                let Ok((kind, range)) = established.receive.open(&mut rest[..len]) else {
+                    break;
+                };
+                if kind != crate::tls::APPLICATION_DATA
+                    && updates
+                        .received(&rest[range], &mut established.receive)
+                        .is_err()
+                {
                     break;
                 }
                 rest.drain(..len);

@@ -12,7 +12,9 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 use weft_proto::auth::SecureRandom;
 use weft_proto::tls::psk::{ConfiguredPsk, Identity};
-use weft_proto::tls::{record_len, Alert, PskStore, ServerHandshake, APPLICATION_DATA};
+use weft_proto::tls::{
+    record_len, Alert, KeyUpdates, PskStore, ServerHandshake, APPLICATION_DATA, KEY_UPDATE_RECORD,
+};
 
 const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-00000000aaaa";
 const SUBSYSTEM: &str = "nqn.2026-11.io.weft:vol:db1";
@@ -51,9 +53,12 @@ fn host_credentials() -> (String, String) {
     (identity.to_string(), hex(&tls_psk))
 }
 
+/// The line a server read, and the KeyUpdates it sent and received.
+type Served = Result<(String, (u64, u64)), Alert>;
+
 /// Serves one connection: the handshake, then reads the peer's line and
-/// answers with one. Returns the line received.
-fn serve_one(listener: &TcpListener) -> Result<String, Alert> {
+/// answers with one (a target's key updates: it answers, never asks).
+fn serve_one(listener: &TcpListener) -> Served {
     let (mut stream, _) = listener.accept().unwrap();
     stream
         .set_read_timeout(Some(Duration::from_secs(20)))
@@ -72,13 +77,16 @@ fn serve_one(listener: &TcpListener) -> Result<String, Alert> {
         }
     };
     let mut received = std::mem::take(&mut established.leftover);
+    let mut updates = KeyUpdates::answering();
     let mut line = Vec::new();
     while !line.ends_with(b"\n") {
         while let Some(len) = record_len(&received)?.filter(|len| *len <= received.len()) {
             let mut record: Vec<u8> = received.drain(..len).collect();
             let (kind, range) = established.receive.open(&mut record)?;
-            if kind == APPLICATION_DATA {
-                line.extend_from_slice(&record[range]);
+            match kind {
+                APPLICATION_DATA => line.extend_from_slice(&record[range]),
+                HANDSHAKE => updates.received(&record[range], &mut established.receive)?,
+                _ => {}
             }
         }
         if line.ends_with(b"\n") {
@@ -88,18 +96,24 @@ fn serve_one(listener: &TcpListener) -> Result<String, Alert> {
         assert!(read > 0, "the peer closed before its line");
         received.extend_from_slice(&buffer[..read]);
     }
-    let mut answer = Vec::new();
+    let mut answer = vec![0u8; KEY_UPDATE_RECORD];
+    let update = updates.send_due(&mut established.send, &established.receive, &mut answer)?;
+    answer.truncate(update);
     established
         .send
         .seal_to(APPLICATION_DATA, b"hello from weft\n", &mut answer)?;
     stream.write_all(&answer).unwrap();
-    Ok(String::from_utf8(line).unwrap())
+    Ok((String::from_utf8(line).unwrap(), updates.counts()))
 }
 
+/// A TLS record's content type for handshake messages.
+const HANDSHAKE: u8 = 22;
+
 /// Runs `command` as the client of a server on a fresh port (its `{port}`
-/// replaced), feeding it `input`; returns what the server read and what
-/// the client printed.
-fn against(command: &[&str], input: &str) -> (Result<String, Alert>, String) {
+/// replaced), feeding it `input`, each piece a read of its own (a
+/// client's command is a read's first byte); returns what the server read
+/// and what the client printed.
+fn against(command: &[&str], input: &[&str]) -> (Served, String) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port().to_string();
     let args: Vec<String> = command.iter().map(|a| a.replace("{port}", &port)).collect();
@@ -111,11 +125,13 @@ fn against(command: &[&str], input: &str) -> (Result<String, Alert>, String) {
         .spawn()
         .unwrap_or_else(|e| panic!("{} (harness/deps.sh installs it): {e}", args[0]));
     let mut stdin = child.stdin.take().unwrap();
-    let input = input.to_string();
+    let input: Vec<String> = input.iter().map(|piece| piece.to_string()).collect();
     // The line goes once the client is connected; the client waits for more input.
     let writer = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(500));
-        let _ = stdin.write_all(input.as_bytes());
+        for piece in input {
+            std::thread::sleep(Duration::from_millis(500));
+            let _ = stdin.write_all(piece.as_bytes());
+        }
         std::thread::sleep(Duration::from_secs(2));
         drop(stdin);
     });
@@ -147,9 +163,45 @@ fn openssl_s_client_connects_with_the_hosts_psk() {
             "TLS_AES_128_GCM_SHA256",
             "-quiet",
         ],
-        "hello from openssl\n",
+        &["hello from openssl\n"],
     );
-    assert_eq!(served, Ok("hello from openssl\n".to_string()), "{printed}");
+    assert_eq!(
+        served,
+        Ok(("hello from openssl\n".to_string(), (0, 0))),
+        "{printed}"
+    );
+    assert!(printed.contains("hello from weft"), "{printed}");
+}
+
+#[test]
+fn openssl_s_client_asks_for_a_key_update_and_weft_answers() {
+    // s_client's "K" command (a line of its own, in its interactive mode:
+    // no -quiet) sends KeyUpdate with update_requested: weft opens what
+    // follows under the client's next key and sends its own KeyUpdate
+    // before its line, which the client opens under weft's next key.
+    let (identity, psk) = host_credentials();
+    let (served, printed) = against(
+        &[
+            "openssl",
+            "s_client",
+            "-connect",
+            "127.0.0.1:{port}",
+            "-tls1_3",
+            "-psk_identity",
+            &identity,
+            "-psk",
+            &psk,
+            "-ciphersuites",
+            "TLS_AES_128_GCM_SHA256",
+        ],
+        &["K\n", "hello after a key update\n"],
+    );
+    assert_eq!(
+        served,
+        Ok(("hello after a key update\n".to_string(), (1, 1))),
+        "{printed}"
+    );
+    assert!(printed.contains("KEYUPDATE"), "{printed}");
     assert!(printed.contains("hello from weft"), "{printed}");
 }
 
@@ -172,9 +224,13 @@ fn gnutls_with_the_linux_hosts_tlshd_settings_connects() {
             "{port}",
             "127.0.0.1",
         ],
-        "hello from gnutls\n",
+        &["hello from gnutls\n"],
     );
-    assert_eq!(served, Ok("hello from gnutls\n".to_string()), "{printed}");
+    assert_eq!(
+        served,
+        Ok(("hello from gnutls\n".to_string(), (0, 0))),
+        "{printed}"
+    );
     assert!(printed.contains("hello from weft"), "{printed}");
 }
 
@@ -196,7 +252,7 @@ fn openssl_with_another_key_is_refused() {
             "TLS_AES_128_GCM_SHA256",
             "-quiet",
         ],
-        "hello\n",
+        &["hello\n"],
     );
     assert_eq!(served, Err(Alert::DecryptError), "{printed}");
     assert!(printed.contains("decrypt error"), "{printed}");

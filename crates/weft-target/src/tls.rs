@@ -10,15 +10,19 @@
 //! is "not required": one port serves both, and a host given a TLS PSK is
 //! refused in the clear at Connect.
 //!
+//! A peer's KeyUpdate is taken (RFC 8446 section 4.6.3), and answered
+//! before the next record when it asks: weft's initiator asks on the long
+//! lived replication links.
+//!
 //! What this does not do: decide who may connect (the configuration's keys
-//! and the protocol's Connect checks do), or send anything but application
-//! data after the handshake (the Linux host ends a queue that gets a
+//! and the protocol's Connect checks do), or send a KeyUpdate or any other
+//! post-handshake message unasked (the Linux host ends a queue that gets a
 //! NewSessionTicket or KeyUpdate).
 
 use weft_proto::tls::psk::Identity;
 use weft_proto::tls::{
-    record_len, Alert, Established, RecordKeys, ServerHandshake, APPLICATION_DATA, HEADER_LEN,
-    MAX_PLAINTEXT, OVERHEAD,
+    record_len, Alert, Established, KeyUpdates, RecordKeys, ServerHandshake, APPLICATION_DATA,
+    HEADER_LEN, MAX_PLAINTEXT, OVERHEAD,
 };
 use weft_proto::{SlotBuffers, TargetConfig, Transmit, TxSegment};
 use weft_uring::IoBuf;
@@ -60,6 +64,8 @@ impl std::fmt::Debug for PeerTls {
 pub(crate) struct TlsStream {
     receive: RecordKeys,
     send: RecordKeys,
+    /// The peer's key updates, and the answer owed.
+    updates: KeyUpdates,
     /// Bytes of an incomplete record kept at the front of the receive buffer.
     pub(crate) partial: usize,
     /// Where sealing the protocol's transmit stands (segment, byte in it),
@@ -119,6 +125,7 @@ impl TlsStream {
             TlsStream {
                 receive: established.receive,
                 send: established.send,
+                updates: KeyUpdates::answering(),
                 partial: leftover.len(),
                 cursor: None,
                 out: Some(out),
@@ -146,6 +153,7 @@ impl TlsStream {
             match kind {
                 APPLICATION_DATA => deliver(&record[range]),
                 ALERT if range.len() == 2 => return Err(Alert::Received(record[range.start + 1])),
+                HANDSHAKE => self.updates.received(&record[range], &mut self.receive)?,
                 _ => return Err(Alert::UnexpectedMessage),
             }
             at += len;
@@ -185,8 +193,10 @@ impl TlsStream {
         out: &mut [u8],
     ) -> Result<(usize, bool), Alert> {
         let (mut segment, mut offset) = self.cursor.unwrap_or((0, 0));
+        // A KeyUpdate the peer asked for goes first (OUT_BYTES has room for it).
+        let update = self.updates.send_due(&mut self.send, &self.receive, out)?;
         // The record being filled starts at `record`; `filled` plaintext bytes so far.
-        let (mut record, mut filled) = (0, 0);
+        let (mut record, mut filled) = (update, 0);
         while segment < transmit.segments.len() {
             let room = out.len() - record - HEADER_LEN - OVERHEAD;
             let take_max = room.min(MAX_PLAINTEXT) - filled;
@@ -342,5 +352,63 @@ mod tests {
         }
         assert_eq!(stream.partial, 0);
         assert_eq!(delivered, message);
+    }
+
+    /// A host that asks for a key update: what it sends next opens under its
+    /// next key, and the target's next transmit starts with its answer.
+    #[test]
+    fn a_key_update_the_host_asks_for_is_taken_and_answered_first() {
+        use weft_proto::tls::KEY_UPDATE_RECORD;
+        let (mut host, server) = pair();
+        let mut buffer = IoBuf::new(128 * 1024).unwrap();
+        let (mut stream, _) = TlsStream::new(server, &mut buffer).unwrap();
+        let mut host_updates = KeyUpdates::asking_after(Some(0));
+        let mut wire = vec![0u8; KEY_UPDATE_RECORD];
+        let update = host_updates
+            .send_due(&mut host.send, &host.receive, &mut wire)
+            .unwrap();
+        assert_eq!(update, KEY_UPDATE_RECORD);
+        host.send
+            .seal_to(APPLICATION_DATA, b"after the update", &mut wire)
+            .unwrap();
+        buffer.as_mut_slice()[..wire.len()].copy_from_slice(&wire);
+        let mut delivered = Vec::new();
+        stream
+            .open_records(buffer.as_mut_slice(), wire.len(), |p| {
+                delivered.extend_from_slice(p)
+            })
+            .unwrap();
+        assert_eq!(delivered, b"after the update");
+        let bytes = b"the answer".to_vec();
+        let segments = vec![TxSegment::Bytes(0..bytes.len())];
+        let transmit = Transmit {
+            bytes: &bytes,
+            segments: &segments,
+        };
+        let mut slots = Slots(Vec::new());
+        let mut received = Vec::new();
+        for _ in 0..2 {
+            let (len, finished) = stream.seal(&transmit, &mut slots).unwrap();
+            assert!(finished);
+            let mut wire = stream.out.as_ref().unwrap().as_slice()[..len].to_vec();
+            let mut at = 0;
+            while at < wire.len() {
+                let len = record_len(&wire[at..]).unwrap().unwrap();
+                let (kind, range) = host.receive.open(&mut wire[at..at + len]).unwrap();
+                match kind {
+                    APPLICATION_DATA => {
+                        received.push(wire[at + range.start..at + range.end].to_vec())
+                    }
+                    _ => host_updates
+                        .received(&wire[at + range.start..at + range.end], &mut host.receive)
+                        .unwrap(),
+                }
+                at += len;
+            }
+        }
+        assert_eq!(received, [bytes.clone(), bytes]);
+        // The answer once, and the target asked nothing of its own.
+        assert_eq!(host_updates.counts(), (1, 1));
+        assert_eq!(stream.updates.counts(), (1, 1));
     }
 }

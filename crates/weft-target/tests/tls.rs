@@ -259,6 +259,37 @@ fn weft_s_initiator_connects_over_tls_with_the_host_s_psk() {
     );
 }
 
+/// A queue that asks for key updates (as replication links do), here after
+/// every 4 records: each answered by the target, the keys of both
+/// directions renewed many times, every block read back as written.
+#[test]
+fn weft_s_initiator_renews_both_directions_keys_and_the_target_answers() {
+    use weft_initiator::{ConnectOptions, Controller, TargetUrl};
+    let plane = plane_with_tls_host("tls-key-update");
+    let url = TargetUrl::parse(&format!("nvme-tcp://{}/{TEST_NQN}", plane.listening[0])).unwrap();
+    let options = ConnectOptions {
+        host_nqn: HOST_NQN.into(),
+        tls_psk: Some(ConfiguredPsk::parse(KEY).unwrap()),
+        tls_key_update_after_records: Some(4),
+        ..ConnectOptions::default()
+    };
+    let controller = Controller::connect(&url, options, 1).unwrap();
+    let mut queue = controller.open_io_queue(1).unwrap();
+    for round in 0..40u64 {
+        let data: Vec<u8> = (0..8192).map(|i| (i as u64 * 7 + round) as u8).collect();
+        queue.write(1, round * 16, 512, &data).unwrap();
+        assert_eq!(
+            queue.read(1, round * 16, 512, data.len() as u32).unwrap(),
+            &data[..],
+            "round {round}"
+        );
+    }
+    let (_, _, _, tls) = queue.into_parts();
+    let (asked, taken) = tls.expect("a TLS queue").key_updates();
+    assert!(asked >= 10, "{asked} key updates asked");
+    assert_eq!(taken, asked, "each answered");
+}
+
 /// `nvme discover --tls`: the discovery subsystem over TLS, with the key any
 /// subsystem gave the host; its log says TLS is required for the volume.
 #[test]

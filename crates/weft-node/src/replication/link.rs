@@ -581,6 +581,12 @@ fn replica_url(target: &LinkTarget) -> Result<(TargetUrl, ConnectOptions), Strin
     let credentials = target.keys.between(&target.me, &target.name, &other)?;
     let options = ConnectOptions {
         dhchap: Some(credentials.dhchap),
+        // A link lives as long as its primary's session and may carry more
+        // than one key should: it asks for key updates (both ends are weft).
+        tls_key_update_after_records: credentials
+            .tls_psk
+            .is_some()
+            .then_some(weft_proto::tls::ASK_AFTER_RECORDS),
         tls_psk: credentials.tls_psk,
         ..target.options.clone()
     };

@@ -109,6 +109,10 @@ pub(crate) fn same(a: &[u8], b: &[u8]) -> bool {
 /// One direction's record protection: the key and IV of a traffic secret,
 /// and the sequence number of the next record.
 pub struct RecordKeys {
+    suite: CipherSuite,
+    /// The traffic secret the key and IV come from: the next is derived
+    /// from it at a key update.
+    secret: Secret,
     key: aead::LessSafeKey,
     iv: [u8; aead::NONCE_LEN],
     sequence: u64,
@@ -132,19 +136,44 @@ pub const MAX_RECORD: usize = HEADER_LEN + MAX_PLAINTEXT + 256;
 impl RecordKeys {
     /// The keys of traffic secret `secret` under `suite`.
     pub(crate) fn new(suite: CipherSuite, secret: &Secret) -> RecordKeys {
+        let (key, iv) = Self::key_and_iv(suite, secret);
+        RecordKeys {
+            suite,
+            secret: *secret,
+            key,
+            iv,
+            sequence: 0,
+        }
+    }
+
+    /// Moves to the next traffic secret (RFC 8446 section 7.2:
+    /// application_traffic_secret_N+1 = HKDF-Expand-Label(secret_N, "traffic
+    /// upd", "", Hash.length)), its key and IV, and record 0.
+    pub(crate) fn update(&mut self) {
+        let mut next = [0u8; HASH_LEN];
+        hkdf::expand_label(HASH, &self.secret, b"traffic upd", &[], &mut next);
+        self.secret = next;
+        (self.key, self.iv) = Self::key_and_iv(self.suite, &self.secret);
+        self.sequence = 0;
+    }
+
+    /// The records protected or opened under the current key.
+    pub fn records(&self) -> u64 {
+        self.sequence
+    }
+
+    fn key_and_iv(
+        suite: CipherSuite,
+        secret: &Secret,
+    ) -> (aead::LessSafeKey, [u8; aead::NONCE_LEN]) {
         let algorithm = suite.algorithm();
         let mut key = [0u8; 32];
         let key = &mut key[..algorithm.key_len()];
         hkdf::expand_label(HASH, secret, b"key", &[], key);
         let mut iv = [0u8; aead::NONCE_LEN];
         hkdf::expand_label(HASH, secret, b"iv", &[], &mut iv);
-        RecordKeys {
-            key: aead::LessSafeKey::new(
-                aead::UnboundKey::new(algorithm, key).expect("key of the algorithm's length"),
-            ),
-            iv,
-            sequence: 0,
-        }
+        let key = aead::UnboundKey::new(algorithm, key).expect("key of the algorithm's length");
+        (aead::LessSafeKey::new(key), iv)
     }
 
     /// The next record's nonce (RFC 8446 section 5.3); a connection whose

@@ -1,7 +1,8 @@
 //! TLS 1.3 for NVMe/TCP (NVMe/TCP Transport Specification section 3.6, TP
 //! 8011), sans-IO: the handshake of an external pre-shared key with
 //! ephemeral x25519 (psk_dhe_ke) on the target's side and on the
-//! initiator's, and the record protection of the stream after it.
+//! initiator's, the record protection of the stream after it, and its key
+//! updates.
 //!
 //! Why its own and not a library's: rustls has no external PSKs, and the
 //! handshake this profile needs is small (no certificates, no X.509, no
@@ -17,11 +18,13 @@ mod client;
 mod codec;
 mod hkdf;
 mod incoming;
+mod key_update;
 mod keys;
 pub mod psk;
 mod server;
 
 pub use client::ClientHandshake;
+pub use key_update::{KeyUpdates, ASK_AFTER_RECORDS, KEY_UPDATE_RECORD};
 pub use keys::{
     record_len, CipherSuite, RecordKeys, HEADER_LEN, MAX_PLAINTEXT, MAX_RECORD, OVERHEAD,
 };
