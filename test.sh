@@ -64,6 +64,8 @@ step "benchmark smoke: control plane of a three-node cluster on etcd (the full r
 python3 harness/bench-cluster.py --volumes 30 --hosts 10 --json .cache/bench/cluster/smoke.json
 step "benchmark smoke: replicated volumes, one copy against three (the full run: harness/bench-replication.py)"
 python3 harness/bench-replication.py --runtime 1s --rounds 1 --failovers 1 --read-runtime 500ms --json .cache/bench/replication/smoke.json
+step "benchmark smoke: replication links in TLS against the clear, two clusters side by side (the full run: harness/bench-tls-links.py)"
+python3 harness/bench-tls-links.py --runtime 1s --rounds 1 --json .cache/bench/tls-links/smoke.json
 
 if [ "${WEFT_SKIP_VM:-}" = 1 ]; then
     step "kernel interop skipped (WEFT_SKIP_VM=1)"

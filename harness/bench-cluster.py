@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import signal
+import ssl
 import statistics
 import subprocess
 import sys
@@ -36,7 +37,8 @@ def quantile(values, q):
 
 
 class Cluster:
-    def __init__(self, weft, work, cluster_toml="", reactors=1, serve_args=()):
+    def __init__(self, weft, work, cluster_toml="", reactors=1, serve_args=(), pki=False,
+                 port_offset=0):
         self.weft = weft
         self.work = work
         # More lines of each node's [cluster] table (e.g. "lease_ttl_ms = 3000").
@@ -46,31 +48,62 @@ class Cluster:
         # More arguments of each `weft serve`.
         self.serve_args = list(serve_args)
         self.processes = []
-        self.etcd_url = "http://127.0.0.1:23791"
+        # With `pki`, set up as the README's cluster section says: the cluster's
+        # CA, etcd over TLS asking for a client certificate, each node with its
+        # own (`--pki`: the API over TLS, replication links in TLS); else etcd
+        # and the API in the clear (loopback, this run only).
+        self.pki = os.path.join(work, "pki") if pki else None
+        self.scheme = "https" if pki else "http"
+        self.port_offset = port_offset
+        self.etcd_url = f"{self.scheme}://127.0.0.1:{23791 + port_offset}"
         self.nodes = []
 
+    def etcd_tls(self):
+        """etcd's arguments for TLS, and etcdctl's (etcd's certificate is a client's too)."""
+        if not self.pki:
+            return [], []
+        crt, key, ca = (os.path.join(self.pki, f) for f in ("etcd.crt", "etcd.key", "ca.crt"))
+        return (["--cert-file", crt, "--key-file", key, "--client-cert-auth",
+                 "--trusted-ca-file", ca],
+                ["--cacert", ca, "--cert", crt, "--key", key])
+
     def start(self):
+        if self.pki:
+            subprocess.run([self.weft, "cluster", "init", "--pki", self.pki], check=True,
+                           stdout=subprocess.DEVNULL)
+            for index in range(3):
+                subprocess.run([self.weft, "cluster", "issue", f"n{index + 1}", "--pki", self.pki,
+                                "--address", "127.0.0.1"], check=True, stdout=subprocess.DEVNULL)
+            self.ssl = ssl.create_default_context(cafile=os.path.join(self.pki, "ca.crt"))
+        else:
+            self.ssl = None
         etcd_log = open(os.path.join(self.work, "etcd.log"), "w")
+        peer = f"http://127.0.0.1:{23801 + self.port_offset}"
+        server_tls, client_tls = self.etcd_tls()
         self.processes.append(subprocess.Popen(
             ["etcd", "--data-dir", os.path.join(self.work, "etcd"),
              "--listen-client-urls", self.etcd_url, "--advertise-client-urls", self.etcd_url,
-             "--listen-peer-urls", "http://127.0.0.1:23801",
-             "--initial-advertise-peer-urls", "http://127.0.0.1:23801",
-             "--initial-cluster", "default=http://127.0.0.1:23801"],
+             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+             "--initial-cluster", f"default={peer}"] + server_tls,
             stdout=subprocess.DEVNULL, stderr=etcd_log))
         self.wait(lambda: subprocess.run(
-            ["etcdctl", "--endpoints", self.etcd_url, "put", "bench", "ok"],
+            ["etcdctl", "--endpoints", self.etcd_url] + client_tls + ["put", "bench", "ok"],
             capture_output=True, env=dict(os.environ, ETCDCTL_API="3")).returncode == 0, "etcd")
         for index in range(3):
             name = f"n{index + 1}"
             data = os.path.join(self.work, name)
             os.makedirs(data, exist_ok=True)
-            # The harness's etcd asks for no credential (loopback, this run only).
+            nvme_port = 15600 + index + self.port_offset
+            api_port = 15700 + index + self.port_offset
             args = [self.weft, "serve", "--cluster", self.etcd_url, "--node", name,
-                    "--insecure-store",
-                    "--listen", f"127.0.0.1:{15600 + index}",
-                    "--api-listen", f"127.0.0.1:{15700 + index}", "--data-dir", data,
+                    "--listen", f"127.0.0.1:{nvme_port}",
+                    "--api-listen", f"127.0.0.1:{api_port}", "--data-dir", data,
                     "--reactors", str(self.reactors)] + self.serve_args
+            if self.pki:
+                args += ["--pki", os.path.join(self.pki, "nodes", name),
+                         "--api-advertise", f"https://127.0.0.1:{api_port}"]
+            else:
+                args += ["--insecure-store"]
             if index > 0:
                 args += ["--api-token-file", os.path.join(self.work, "n1", "api-token")]
             if self.cluster_toml:
@@ -81,8 +114,8 @@ class Cluster:
                 args += ["--config", config]
             log = open(os.path.join(self.work, f"{name}.log"), "a")
             self.processes.append(subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log))
-            node = {"name": name, "api": f"http://127.0.0.1:{15700 + index}",
-                    "nvme": f"127.0.0.1:{15600 + index}", "pid": self.processes[-1].pid,
+            node = {"name": name, "api": f"{self.scheme}://127.0.0.1:{api_port}",
+                    "nvme": f"127.0.0.1:{nvme_port}", "pid": self.processes[-1].pid,
                     "args": args, "process": len(self.processes) - 1}
             self.nodes.append(node)
             token_file = os.path.join(self.work, "n1", "api-token")
@@ -123,7 +156,7 @@ class Cluster:
             headers={"Authorization": f"Bearer {getattr(self, 'token', '')}",
                      "Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(request, timeout=60) as answer:
+            with urllib.request.urlopen(request, timeout=60, context=self.ssl) as answer:
                 return answer.status, json.loads(answer.read() or b"null")
         except urllib.error.HTTPError as error:
             return error.code, json.loads(error.read() or b"null")

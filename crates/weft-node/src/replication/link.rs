@@ -620,6 +620,11 @@ fn attach_patiently(target: &LinkTarget, token: Token) -> Result<Attached, Strin
 /// Connects, takes the fence and reads the intent.
 fn attach(target: &LinkTarget, token: Token) -> Result<Attached, String> {
     let (url, options) = replica_url(target)?;
+    let over = if options.tls_psk.is_some() {
+        "over TLS"
+    } else {
+        "in the clear"
+    };
     let controller = Controller::connect(&url, options, 1).map_err(|e| e.to_string())?;
     let fence = FenceToken {
         epoch: token.epoch.0,
@@ -634,6 +639,12 @@ fn attach(target: &LinkTarget, token: Token) -> Result<Attached, String> {
     }
     let written = controller.write_intent().map_err(|e| e.to_string())?;
     let queue = controller.open_io_queue(1).map_err(|e| e.to_string())?;
+    log::info!(
+        "replica on node {}: linked {over} at epoch {} ({})",
+        target.name,
+        token.epoch.0,
+        target.nqn
+    );
     let mut intent = RegionSet::new(target.regions);
     for &region in written.regions.iter().filter(|&&r| r < target.regions) {
         intent.insert(region);

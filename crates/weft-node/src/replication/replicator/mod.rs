@@ -597,7 +597,7 @@ impl Replicator {
         if serving != self.serving {
             self.serving = serving;
             self.path.set_serving(serving);
-            log::info!("volume {}: {serving:?}", self.volume);
+            log::info!("volume {}: serving: {serving:?}", self.volume);
             self.manager.reconcile();
         }
     }
