@@ -24,6 +24,7 @@ mod admission;
 pub mod cluster;
 mod moves;
 mod replicas;
+pub mod scoped_tokens;
 pub mod token;
 pub mod views;
 
@@ -84,14 +85,19 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "nodes/{node}/cordon"),
     ("POST", "nodes/{node}/uncordon"),
     ("POST", "nodes/{node}/drain"),
+    ("POST", "tokens/{role}/renew"),
 ];
 
 /// What every API call shares.
 struct Api {
     manager: ManagerHandle,
     status: StatusReader,
-    /// The admin token and the scoped ones ([`token::Credentials`]).
-    credentials: token::Credentials,
+    /// The admin token (the scoped ones derive from it at the
+    /// generations `store` holds: [`token::Credentials`]).
+    admin_token: String,
+    /// The node's store (its local copy, in a cluster): the scoped tokens'
+    /// generations.
+    store: Arc<dyn weft_control::Store>,
     /// Set when the node is a member of a cluster.
     cluster: Option<cluster::Cluster>,
 }
@@ -119,13 +125,16 @@ pub fn bind(address: SocketAddr) -> Result<TcpListener, String> {
 
 /// Serves the API on `listener` on a thread; returns its address. Changes
 /// go to the node's manager through `manager`; reads come from `status`;
-/// with `cluster`, calls about what other nodes hold go to them.
+/// with `cluster`, calls about what other nodes hold go to them. The
+/// scoped tokens' generations are read from `store`.
+#[allow(clippy::too_many_arguments)]
 pub fn start(
     listener: TcpListener,
     tls: Option<http::tls::Server>,
     manager: ManagerHandle,
     status: StatusReader,
     token: String,
+    store: Arc<dyn weft_control::Store>,
     limits: ApiLimits,
     cluster: Option<cluster::Cluster>,
 ) -> Result<SocketAddr, String> {
@@ -133,7 +142,8 @@ pub fn start(
     let api = Arc::new(Api {
         manager,
         status,
-        credentials: token::Credentials::of(&token),
+        admin_token: token,
+        store,
         cluster,
     });
     let admission = admission::Admission::new(limits.connections, limits.connections_per_address);
@@ -327,6 +337,9 @@ impl Api {
             Caller::Token(_) => {}
         }
         let mut body = None;
+        if pattern == "tokens/{role}/renew" {
+            return self.renew_token(&params[0]);
+        }
         if pattern.starts_with("nodes") {
             return match &self.cluster {
                 Some(cluster) => cluster.nodes_call(&request.method, pattern, &params),
@@ -341,14 +354,14 @@ impl Api {
                         &node,
                         request,
                         replaced.as_deref(),
-                        cluster.credential(self.credentials.admin()),
+                        cluster.credential(&self.admin_token),
                     )
                 }
                 cluster::Route::Gather => {
                     return match self.read(&request.method, pattern, &params) {
                         Some(Ok(local)) => {
                             let local = cluster::tag_node(local, cluster.node());
-                            let credential = cluster.credential(self.credentials.admin());
+                            let credential = cluster.credential(&self.admin_token);
                             cluster.gather(pattern, request, local, credential)
                         }
                         Some(Err(error)) => admin_failure(&error),
@@ -361,7 +374,7 @@ impl Api {
                         let (status, answer) = if node == cluster.node() {
                             self.local_call(pattern, &params, request, &request.body)
                         } else {
-                            let credential = cluster.credential(self.credentials.admin());
+                            let credential = cluster.credential(&self.admin_token);
                             cluster.forward(node, request, None, credential)
                         };
                         // A replica that was never created is no obstacle.
@@ -495,7 +508,10 @@ impl Api {
                 "this API needs a bearer token",
                 hint,
             )),
-            Some(token) => self.credentials.role_of(token.trim()).ok_or_else(|| {
+            Some(token) if token::matches(&self.admin_token, token.trim()) => {
+                Ok(token::Role::Admin)
+            }
+            Some(token) => self.credentials()?.role_of(token.trim()).ok_or_else(|| {
                 failure(
                     401,
                     "unauthorized",
@@ -503,6 +519,49 @@ impl Api {
                     hint,
                 )
             }),
+        }
+    }
+
+    /// The tokens accepted now: the scoped ones at the generations the
+    /// store holds (a local read).
+    fn credentials(&self) -> Result<token::Credentials, Response> {
+        let generations = scoped_tokens::read(self.store.as_ref()).map_err(|error| {
+            failure(
+                503,
+                "store_unavailable",
+                &format!("the scoped tokens' generations cannot be read: {error}"),
+                "call with the admin token, or once the node's store is readable again",
+            )
+        })?;
+        Ok(token::Credentials::of(&self.admin_token, generations))
+    }
+
+    /// `POST tokens/{role}/renew`: role `name`'s token moves to its next
+    /// generation, in the store every node reads; the old one is refused.
+    fn renew_token(&self, name: &str) -> Response {
+        let Some(role) = token::Role::scoped_named(name) else {
+            return failure(
+                404,
+                "no_such_token",
+                &format!("no scoped token {name:?}: the scoped tokens are csi and read-only"),
+                "renew csi or read-only (the admin token is rotated by hand: docs/SECURITY.md)",
+            );
+        };
+        match scoped_tokens::renew(self.store.as_ref(), role) {
+            Ok(generations) => (
+                200,
+                json!({
+                    "role": name,
+                    "generation": generations.of(role),
+                    "file": format!("{}.{name}", token::FILE_NAME),
+                }),
+            ),
+            Err(error) => failure(
+                503,
+                "store_unavailable",
+                &format!("{} was not renewed: {error}", role.describe()),
+                "try again once the store is reachable",
+            ),
         }
     }
 }

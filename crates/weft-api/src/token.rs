@@ -61,6 +61,16 @@ impl Role {
         }
     }
 
+    /// The scoped role named `name` (`csi`, `read-only`), as the CLI and
+    /// the API name them.
+    pub fn scoped_named(name: &str) -> Option<Role> {
+        match name {
+            "csi" => Some(Role::Csi),
+            "read-only" => Some(Role::ReadOnly),
+            _ => None,
+        }
+    }
+
     /// How it is named in messages.
     pub fn describe(self) -> &'static str {
         match self {
@@ -72,10 +82,12 @@ impl Role {
 }
 
 /// The tokens a node accepts: the admin token, and the scoped ones derived
-/// from it (HMAC-SHA256 of their role under the admin token). Every node of
-/// a cluster holds the admin token, so every node accepts the same scoped
-/// tokens with nothing stored anywhere, and none of them gives the admin
-/// token away. A scoped token is revoked by rotating the admin token.
+/// from it (HMAC-SHA256 of their role and generation under the admin
+/// token). Every node of a cluster holds the admin token and reads the
+/// generations from the store, so every node accepts the same scoped
+/// tokens with no token stored anywhere, and none of them gives the admin
+/// token away. A scoped token is revoked alone by moving its role to the
+/// next generation ([`crate::scoped_tokens::renew`]).
 #[derive(Clone)]
 pub struct Credentials {
     admin: String,
@@ -90,12 +102,12 @@ impl std::fmt::Debug for Credentials {
 }
 
 impl Credentials {
-    /// Those of admin token `admin`.
-    pub fn of(admin: &str) -> Credentials {
+    /// Those of admin token `admin` at `generations`.
+    pub fn of(admin: &str, generations: Generations) -> Credentials {
         Credentials {
             admin: admin.to_string(),
-            csi: derived(admin, Role::Csi),
-            read_only: derived(admin, Role::ReadOnly),
+            csi: derived(admin, Role::Csi, generations.csi),
+            read_only: derived(admin, Role::ReadOnly, generations.read_only),
         }
     }
 
@@ -143,13 +155,52 @@ impl Credentials {
     }
 }
 
-/// The scoped token of `role` under admin token `admin`.
-fn derived(admin: &str, role: Role) -> String {
+/// Which generation of each scoped token is valid: each starts at 0 and
+/// moves on when its token is revoked (the store keeps them, under
+/// [`crate::scoped_tokens::GENERATIONS_KEY`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Generations {
+    /// The CSI token's.
+    #[serde(default)]
+    pub csi: u64,
+    /// The read-only token's.
+    #[serde(default)]
+    pub read_only: u64,
+}
+
+impl Generations {
+    /// `role`'s (the admin token has none: 0).
+    pub fn of(&self, role: Role) -> u64 {
+        match role {
+            Role::Admin => 0,
+            Role::Csi => self.csi,
+            Role::ReadOnly => self.read_only,
+        }
+    }
+
+    /// These with `role`'s moved on by one.
+    pub fn renewed(mut self, role: Role) -> Generations {
+        match role {
+            Role::Admin => {}
+            Role::Csi => self.csi += 1,
+            Role::ReadOnly => self.read_only += 1,
+        }
+        self
+    }
+}
+
+/// The scoped token of `role` at `generation` under admin token `admin`
+/// (generation 0 is derived as before generations existed, so that tokens
+/// handed out then stay valid).
+fn derived(admin: &str, role: Role, generation: u64) -> String {
     use hmac::{Hmac, Mac};
     let mut mac = Hmac::<sha2::Sha256>::new_from_slice(admin.as_bytes())
         .expect("HMAC takes a key of any length");
     mac.update(b"weft api token:");
     mac.update(role.file_suffix().as_bytes());
+    if generation > 0 {
+        mac.update(format!(":{generation}").as_bytes());
+    }
     weft_node::identity::hex(&mac.finalize().into_bytes())
 }
 
@@ -259,16 +310,16 @@ mod tests {
 
     #[test]
     fn scoped_tokens_derive_from_the_admin_token_and_allow_their_routes_only() {
-        let credentials = Credentials::of("admin-token-0123456789abcdef");
+        let credentials = Credentials::of("admin-token-0123456789abcdef", Generations::default());
         let (csi, read_only) = (
-            derived("admin-token-0123456789abcdef", Role::Csi),
-            derived("admin-token-0123456789abcdef", Role::ReadOnly),
+            derived("admin-token-0123456789abcdef", Role::Csi, 0),
+            derived("admin-token-0123456789abcdef", Role::ReadOnly, 0),
         );
         assert_eq!(csi.len(), 64);
         assert_ne!(csi, read_only);
         assert_ne!(
             csi,
-            derived("another-admin-token-012345", Role::Csi),
+            derived("another-admin-token-012345", Role::Csi, 0),
             "per cluster"
         );
         assert_eq!(
@@ -296,6 +347,48 @@ mod tests {
         assert_eq!(read_private(&paths[1]).unwrap(), read_only);
         assert!(paths[1].to_string_lossy().ends_with("api-token.read-only"));
         std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_scoped_token_of_a_new_generation_replaces_its_roles_alone() {
+        let admin = "admin-token-0123456789abcdef";
+        let first = Credentials::of(admin, Generations::default());
+        // Generation 0: the tokens of builds before generations (Python's
+        // hmac: HMAC-SHA256(admin, "weft api token:.csi"), then ".csi:1").
+        assert_eq!(
+            first.token_of(Role::Csi),
+            "d00a29b2ef5fae790d09e2fb39690eeebae0a42d5e8a75152a51a9174c6f6e20"
+        );
+        let generations = Generations::default().renewed(Role::Csi);
+        assert_eq!(
+            generations,
+            Generations {
+                csi: 1,
+                read_only: 0
+            }
+        );
+        let second = Credentials::of(admin, generations);
+        assert_eq!(
+            second.token_of(Role::Csi),
+            "072d60eef6b60ab3cdaf5eaeaa3610794ab1678ab34a4e735a9fe12c9090252e"
+        );
+        let old_csi = first.token_of(Role::Csi);
+        assert_ne!(second.token_of(Role::Csi), old_csi);
+        assert_eq!(
+            second.role_of(old_csi),
+            None,
+            "the old CSI token is refused"
+        );
+        assert_eq!(second.role_of(second.token_of(Role::Csi)), Some(Role::Csi));
+        assert_eq!(
+            second.role_of(first.token_of(Role::ReadOnly)),
+            Some(Role::ReadOnly),
+            "the read-only token is untouched"
+        );
+        assert_eq!(second.role_of(admin), Some(Role::Admin));
+        assert_eq!(Role::scoped_named("csi"), Some(Role::Csi));
+        assert_eq!(Role::scoped_named("read-only"), Some(Role::ReadOnly));
+        assert_eq!(Role::scoped_named("admin"), None);
     }
 
     #[test]

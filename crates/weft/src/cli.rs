@@ -363,6 +363,16 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
             known(&[])?;
             nodes::command(&verb, operand(1, "node name"))?
         }
+        ("token", "renew") => {
+            known(&[])?;
+            let role = operand(1, "token: csi or read-only")?;
+            (
+                "POST",
+                format!("tokens/{role}/renew"),
+                None,
+                Show::Done("renewed: every node refuses the old token once it reads the store (this one at once, the others within seconds) and writes the new one beside its admin token (DATA_DIR/api-token.ROLE): hand that file to whoever held the old one"),
+            )
+        }
         ("snapshot", "create" | "delete") => {
             known(&[])?;
             let target = operand(1, "VOLUME@SNAPSHOT")?;
@@ -379,7 +389,7 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
         }
         _ => {
             return Err(format!(
-                "unknown command `weft {noun} {verb}`; see weft --help for pool, volume, snapshot and host commands"
+                "unknown command `weft {noun} {verb}`; see weft --help for the pool, volume, snapshot, host and token commands"
             ))
         }
     };

@@ -62,6 +62,8 @@ Usage:
   weft volume attach VOLUME --host HOST | detach VOLUME --host HOST
   weft node list | show NAME | cordon NAME | uncordon NAME | drain NAME | remove NAME   (a cluster)
   weft top [--interval D] [--count N]   live per-volume IOPS, MiB/s, p99 latency, queue depth
+  weft token renew csi|read-only   revoke a scoped API token: every node refuses it and writes
+                                   its successor beside its admin token (DATA_DIR/api-token.csi)
   weft volume set VOLUME [--iops-max N] [--bw-max SIZE] [--read-iops-max N] [--read-bw-max SIZE]
                          [--write-iops-max N] [--write-bw-max SIZE]     (none removes a limit)
       (admin commands talk to a running `weft serve`: --api URL or WEFT_API, default
@@ -246,13 +248,20 @@ fn parse_args() -> Result<Command, String> {
                 }
                 if matches!(
                     name.as_str(),
-                    "pool" | "volume" | "snapshot" | "host" | "namespace" | "top" | "node"
+                    "pool"
+                        | "volume"
+                        | "snapshot"
+                        | "host"
+                        | "namespace"
+                        | "top"
+                        | "node"
+                        | "token"
                 ) {
                     return cli::parse(&name, &mut parser).map(Command::Admin);
                 }
                 if name != "serve" {
                     return Err(format!(
-                        "unknown command \"{name}\"; the commands are serve, pool, volume, snapshot, host, node, cluster, top, bench and csi (see weft --help)"
+                        "unknown command \"{name}\"; the commands are serve, pool, volume, snapshot, host, node, token, cluster, top, bench and csi (see weft --help)"
                     ));
                 }
                 command = Some(name);
@@ -475,19 +484,6 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         .map(|spec| cluster::Connected::connect(spec, &token_path))
         .transpose()?;
     let (api_token, token_created) = token::load_or_create(&token_path)?;
-    // The scoped tokens, for the operator to hand out (never printed).
-    let scoped = token::Credentials::of(&api_token).write_scoped(&token_path);
-    match &scoped {
-        Ok(paths) => log::info!(
-            "scoped API tokens: {} (the CSI controller: volume lifecycle), {} (Prometheus, dashboards: reads)",
-            paths[0].display(),
-            paths[1].display()
-        ),
-        Err(error) => log::warn!(
-            "the scoped API tokens were not written beside {}: {error} (they are derived from it: write them where they can go, see docs/SECURITY.md)",
-            token_path.display()
-        ),
-    }
     let member = match connected {
         Some(connected) => {
             let api = (api_scheme, api_bound);
@@ -525,6 +521,25 @@ fn serve(args: ServeArgs) -> Result<(), String> {
             weft_control::DesiredState::new(Box::new(store), &identity::hex(&node.0))
         }
     };
+    let store = Arc::clone(desired.store());
+    // The scoped tokens, for the operator to hand out (never printed),
+    // written again whenever one is renewed.
+    let scoped = weft_api::scoped_tokens::write_and_follow(
+        Arc::clone(&store),
+        api_token.clone(),
+        token_path.clone(),
+    );
+    match &scoped {
+        Ok(paths) => log::info!(
+            "scoped API tokens: {} (the CSI controller: volume lifecycle), {} (Prometheus, dashboards: reads)",
+            paths[0].display(),
+            paths[1].display()
+        ),
+        Err(error) => log::warn!(
+            "the scoped API tokens were not written beside {}: {error} (they are derived from it: write them where they can go, see docs/SECURITY.md)",
+            token_path.display()
+        ),
+    }
     let mut manager = Manager::open(desired, node, base, config.limits.manager_queue)?;
     let lease = Arc::new(weft_cluster::LeaseClock::default());
     if let Some(member) = &member {
@@ -574,6 +589,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         handle.clone(),
         status.clone(),
         api_token.clone(),
+        store,
         api::ApiLimits {
             connections: config.limits.api_connections,
             connections_per_address: config.limits.api_connections_per_address,

@@ -7,7 +7,7 @@ mod support;
 use serde_json::{json, Value};
 use std::os::unix::fs::PermissionsExt;
 use std::process::Command;
-use support::{api, start_node, temp_dir, Node, WEFT};
+use support::{api, ok, refused, start_node, temp_dir, Node, WEFT};
 
 /// Calls the API with the node's token; asserts the status, returns the body.
 fn call(node: &Node, method: &str, path: &str, body: Option<Value>, status: u16) -> Value {
@@ -179,6 +179,72 @@ fn tokens_routes_and_the_openapi_document() {
     node.token = "0123456789abcdef0123456789abcdef".into();
     call(&node, "GET", "/api/v1/hosts", None, 200);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A leaked scoped token is revoked alone (`weft token renew`): refused
+/// at once, its successor written beside the admin token and accepted,
+/// the other scoped token and the admin token untouched, across a restart.
+#[test]
+fn a_scoped_token_is_revoked_alone_and_its_successor_written() {
+    let dir = temp_dir("api-renew");
+    let node = start_node(&dir.join("data"), &[]);
+    let file = dir.join("data").join("api-token.csi");
+    let read = |path: &std::path::Path| std::fs::read_to_string(path).unwrap().trim().to_string();
+    let (old_csi, read_only) = (read(&file), read(&dir.join("data/api-token.read-only")));
+    let (status, _) = api(&node, Some(&old_csi), "GET", "/api/v1/volumes", None);
+    assert_eq!(status, 200);
+    // Only the admin token renews; a scoped token may not, the admin token has no generation.
+    let (status, error) = api(
+        &node,
+        Some(&old_csi),
+        "POST",
+        "/api/v1/tokens/csi/renew",
+        None,
+    );
+    assert_eq!((status, code(&error)), (403, "forbidden"), "{error}");
+    let said = refused(&node, &["token", "renew", "admin"]);
+    assert!(
+        said.contains("the scoped tokens are csi and read-only"),
+        "{said}"
+    );
+    let said = ok(&node, &["token", "renew", "csi"]);
+    assert!(
+        said.contains("renewed") && said.contains("api-token.ROLE"),
+        "{said}"
+    );
+    let (status, error) = api(&node, Some(&old_csi), "GET", "/api/v1/volumes", None);
+    assert_eq!(
+        (status, code(&error)),
+        (401, "unauthorized"),
+        "the old token: {error}"
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while read(&file) == old_csi {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the new CSI token was not written"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let new_csi = read(&file);
+    let mode = std::fs::metadata(&file).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    assert!(!node.banner.contains(&new_csi));
+    let host = json!({"name": "renewed", "nqn": NQN_A}).to_string();
+    let (status, _) = api(&node, Some(&new_csi), "POST", "/api/v1/hosts", Some(&host));
+    assert_eq!(status, 201);
+    let (status, _) = api(&node, Some(&read_only), "GET", "/api/v1/hosts", None);
+    assert_eq!(status, 200, "the read-only token is untouched");
+    // The generation is in the node's store: the same tokens after a restart.
+    let token = node.token.clone();
+    assert!(node.terminate().success());
+    let node = start_node(&dir.join("data"), &[]);
+    assert_eq!(node.token, token);
+    assert_eq!(read(&file), new_csi);
+    for (presented, status) in [(&old_csi, 401), (&new_csi, 200), (&read_only, 200)] {
+        let (got, _) = api(&node, Some(presented), "GET", "/api/v1/hosts", None);
+        assert_eq!(got, status);
+    }
 }
 
 #[test]

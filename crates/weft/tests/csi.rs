@@ -29,7 +29,8 @@ impl Drop for Plugin {
 
 /// The CSI token of `node`'s cluster (derived from its admin token).
 fn csi_token(node: &Node) -> String {
-    let credentials = weft_api::token::Credentials::of(&node.token);
+    let credentials =
+        weft_api::token::Credentials::of(&node.token, weft_api::token::Generations::default());
     credentials.token_of(weft_api::token::Role::Csi).to_string()
 }
 

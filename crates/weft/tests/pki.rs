@@ -367,6 +367,36 @@ fn nodes_with_the_clusters_certificates_call_only_each_other() {
     .unwrap();
     assert_eq!(status, 403, "{}", String::from_utf8_lossy(&body));
 
+    // A leaked CSI token, revoked through n1: n2 refuses it too once it
+    // reads the record (both nodes write the new one beside the admin
+    // token file they share here).
+    let status_on_n2 = |token: &str| {
+        weft_http::call(
+            &endpoint,
+            Some(token),
+            "GET",
+            "/api/v1/volumes",
+            None,
+            Duration::from_secs(10),
+        )
+        .unwrap()
+        .0
+    };
+    let csi_file = dir.join("n1").join("api-token.csi");
+    let read = |path: &Path| std::fs::read_to_string(path).unwrap().trim().to_string();
+    let old_csi = read(&csi_file);
+    assert_eq!(status_on_n2(&old_csi), 200);
+    ok(&n1, &["token", "renew", "csi"]);
+    let start = std::time::Instant::now();
+    while status_on_n2(&old_csi) != 401 || read(&csi_file) == old_csi {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "n2 still takes the old CSI token"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(status_on_n2(&read(&csi_file)), 200);
+
     // A writer of etcd points n2's member record at an eavesdropper: n1's
     // next call to n2 goes there, and carries no token (before, it carried
     // the cluster's admin token in clear text); it fails, saying why.
