@@ -54,6 +54,8 @@ pub struct Cluster {
     store: Arc<dyn Store>,
     node: String,
     identity: Option<http::tls::NodeIdentity>,
+    /// What lets new nodes join with a token (nodes with certificates).
+    joins: Option<Arc<crate::join::Joins>>,
 }
 
 /// How a node proves itself when it calls another.
@@ -105,7 +107,19 @@ impl Cluster {
             store,
             node: node.to_string(),
             identity: None,
+            joins: None,
         }
+    }
+
+    /// Letting new nodes join with one-time tokens (`joins`).
+    pub fn with_joins(mut self, joins: crate::join::Joins) -> Cluster {
+        self.joins = Some(Arc::new(joins));
+        self
+    }
+
+    /// What lets new nodes join, if this node can.
+    pub(crate) fn joins(&self) -> Option<&crate::join::Joins> {
+        self.joins.as_deref()
     }
 
     /// With this node's certificate from the cluster's CA: it calls the

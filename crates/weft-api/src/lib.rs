@@ -22,6 +22,7 @@
 
 mod admission;
 pub mod cluster;
+pub mod join;
 mod moves;
 mod replicas;
 pub mod scoped_tokens;
@@ -86,6 +87,9 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "nodes/{node}/uncordon"),
     ("POST", "nodes/{node}/drain"),
     ("POST", "tokens/{role}/renew"),
+    ("GET", "cluster/ca"),
+    ("POST", "cluster/join-tokens"),
+    ("POST", "cluster/join"),
 ];
 
 /// What every API call shares.
@@ -297,6 +301,10 @@ impl Api {
         if pattern == "openapi.json" {
             return (200, serde_json::from_str(OPENAPI).expect("valid document"));
         }
+        // What a joining node calls before it holds any credential.
+        if let Some(response) = self.before_credentials(pattern, request) {
+            return response;
+        }
         // Only nodes forward calls: a call marked as forwarded skips the
         // cluster's own checks (where a volume lives, placement). Nodes with
         // certificates forward with them, and then no token may.
@@ -339,6 +347,14 @@ impl Api {
         let mut body = None;
         if pattern == "tokens/{role}/renew" {
             return self.renew_token(&params[0]);
+        }
+        if pattern == "cluster/join-tokens" {
+            return match self.cluster.as_ref().and_then(|c| Some((c, c.joins()?))) {
+                Some((cluster, joins)) => {
+                    joins.create_token(cluster.store().as_ref(), &self.admin_token, &request.body)
+                }
+                None => not_joinable(),
+            };
         }
         if pattern.starts_with("nodes") {
             return match &self.cluster {
@@ -520,6 +536,22 @@ impl Api {
                 )
             }),
         }
+    }
+
+    /// The routes a joining node calls without a credential: the CA's
+    /// certificate, and the join itself (its token is the credential).
+    fn before_credentials(&self, pattern: &str, request: &Request) -> Option<Response> {
+        if !matches!(pattern, "cluster/ca" | "cluster/join") {
+            return None;
+        }
+        let Some((cluster, joins)) = self.cluster.as_ref().and_then(|c| Some((c, c.joins()?)))
+        else {
+            return Some(not_joinable());
+        };
+        Some(match pattern {
+            "cluster/ca" => joins.ca(),
+            _ => joins.join(cluster.store().as_ref(), &self.admin_token, &request.body),
+        })
     }
 
     /// The tokens accepted now: the scoped ones at the generations the
@@ -1024,6 +1056,16 @@ fn no_route(request: &Request) -> Response {
         "no_route",
         &format!("no API route {} {}", request.method, request.path),
         "the routes are listed in GET /api/v1/openapi.json",
+    )
+}
+
+/// Joining with a token on a node that cannot take joins.
+fn not_joinable() -> Response {
+    failure(
+        409,
+        "not_joinable",
+        "nodes join with a token only a cluster whose nodes have certificates",
+        "start the cluster's nodes with --pki (weft cluster init, README: a cluster)",
     )
 }
 

@@ -17,6 +17,7 @@
 //! - [`replica_members`]: adding, removing and replacing a replicated
 //!   volume's replicas.
 //! - [`token`]: one API token for every node.
+//! - [`join`]: one-time tokens with which a new node gets its certificate.
 //! - [`pki`]: the cluster's certificate authority and the nodes'
 //!   certificates it issues.
 //! - [`agent`]: the thread that runs a node's heartbeats.
@@ -31,6 +32,7 @@
 
 pub mod agent;
 pub mod election;
+pub mod join;
 pub mod lease;
 pub mod membership;
 pub mod nodes;

@@ -66,6 +66,23 @@ pub enum PkiError {
     /// Signing failed.
     #[error("signing the certificate: {0}")]
     Signing(rcgen::Error),
+    /// A joining node's public key is not a P-256 point.
+    #[error("the public key is not an uncompressed P-256 point (65 bytes, 04 first)")]
+    BadPublicKey,
+}
+
+/// A joining node's public key: an uncompressed P-256 point (SEC1), what
+/// rcgen's `KeyPair::public_key_raw` gives for the keys weft makes.
+struct JoiningKey(Vec<u8>);
+
+impl rcgen::PublicKeyData for JoiningKey {
+    fn der_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    fn algorithm(&self) -> &rcgen::SignatureAlgorithm {
+        &rcgen::PKCS_ECDSA_P256_SHA256
+    }
 }
 
 /// A certificate and its private key, both PEM.
@@ -87,6 +104,14 @@ impl std::fmt::Debug for ClusterCa {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ClusterCa").finish_non_exhaustive()
     }
+}
+
+/// A new key for a node joining with a token: its public key (an
+/// uncompressed P-256 point, what [`ClusterCa::issue_node_for`] takes) and
+/// the key itself (PKCS#8 PEM, to be kept private).
+pub fn new_node_key() -> Result<(Vec<u8>, String), PkiError> {
+    let key = KeyPair::generate().map_err(PkiError::Signing)?;
+    Ok((key.public_key_raw().to_vec(), key.serialize_pem()))
 }
 
 /// The name a node's certificate carries: `NODE.node.weft` (node names
@@ -153,6 +178,39 @@ impl ClusterCa {
         self.issue(&format!("weft node {node}"), names, &usages, now)
     }
 
+    /// [`ClusterCa::issue_node`] for the key the node made and keeps
+    /// (`public_key`: an uncompressed P-256 point): the certificate (PEM)
+    /// of a node joining with a token, whose key never leaves it.
+    pub fn issue_node_for(
+        &self,
+        node: &str,
+        addresses: &[IpAddr],
+        public_key: &[u8],
+        now: SystemTime,
+    ) -> Result<String, PkiError> {
+        if public_key.len() != 65
+            || public_key[0] != 4
+            || p256::PublicKey::from_sec1_bytes(public_key).is_err()
+        {
+            return Err(PkiError::BadPublicKey);
+        }
+        let mut names = vec![node_identity(node)];
+        names.extend(addresses.iter().map(IpAddr::to_string));
+        let usages = [
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        let params = self.leaf_params(&format!("weft node {node}"), names, &usages, now)?;
+        let certificate = params
+            .signed_by(
+                &JoiningKey(public_key.to_vec()),
+                &self.certificate,
+                &self.key,
+            )
+            .map_err(PkiError::Signing)?;
+        Ok(certificate.pem())
+    }
+
     /// A certificate for etcd's members at `hosts` (DNS names or IP
     /// addresses), valid from `now` for a year: for their clients, and for
     /// each other (etcd's peer TLS presents one certificate both ways). It
@@ -180,6 +238,26 @@ impl ClusterCa {
         usages: &[ExtendedKeyUsagePurpose],
         now: SystemTime,
     ) -> Result<Issued, PkiError> {
+        let params = self.leaf_params(common_name, names, usages, now)?;
+        let key = KeyPair::generate().map_err(PkiError::Signing)?;
+        let certificate = params
+            .signed_by(&key, &self.certificate, &self.key)
+            .map_err(PkiError::Signing)?;
+        Ok(Issued {
+            cert_pem: certificate.pem(),
+            key_pem: key.serialize_pem(),
+        })
+    }
+
+    /// A leaf certificate's parameters: `common_name`, `names` (DNS names
+    /// or IP addresses), `usages`, valid from `now` for a year.
+    fn leaf_params(
+        &self,
+        common_name: &str,
+        names: Vec<String>,
+        usages: &[ExtendedKeyUsagePurpose],
+        now: SystemTime,
+    ) -> Result<CertificateParams, PkiError> {
         let mut params = CertificateParams::new(Vec::new()).map_err(PkiError::Signing)?;
         for name in names {
             let san = match name.parse::<IpAddr>() {
@@ -203,14 +281,7 @@ impl ClusterCa {
         // No serial given: rcgen derives it from the new key, unique as it is.
         params.not_before = (now - CLOCK_SKEW).into();
         params.not_after = (now + LEAF_VALIDITY).into();
-        let key = KeyPair::generate().map_err(PkiError::Signing)?;
-        let certificate = params
-            .signed_by(&key, &self.certificate, &self.key)
-            .map_err(PkiError::Signing)?;
-        Ok(Issued {
-            cert_pem: certificate.pem(),
-            key_pem: key.serialize_pem(),
-        })
+        Ok(params)
     }
 }
 
@@ -272,6 +343,32 @@ mod tests {
         assert!(etcd.is_ok());
         for named in ["n1.node.weft", "N1.NODE.WEFT", "n1.node.weft."] {
             assert!(loaded.issue_etcd(&[named.into()], now).is_err(), "{named}");
+        }
+    }
+
+    #[test]
+    fn a_joining_nodes_own_key_is_certified_and_a_bad_one_refused() {
+        let now = SystemTime::now();
+        let ca = ClusterCa::create(now).unwrap();
+        let key = KeyPair::generate().unwrap();
+        let pem = ca
+            .issue_node_for(
+                "n3",
+                &["10.0.0.3".parse().unwrap()],
+                key.public_key_raw(),
+                now,
+            )
+            .unwrap();
+        assert!(pem.starts_with("-----BEGIN CERTIFICATE-----"));
+        // The certificate carries the node's key: it is in its DER.
+        use rustls::pki_types::pem::PemObject as _;
+        let der = rustls::pki_types::CertificateDer::from_pem_slice(pem.as_bytes()).unwrap();
+        assert!(der.windows(65).any(|window| window == key.public_key_raw()));
+        for bad in [&[4u8; 65][..], &key.public_key_raw()[1..], &[]] {
+            assert!(matches!(
+                ca.issue_node_for("n3", &[], bad, now),
+                Err(PkiError::BadPublicKey)
+            ));
         }
     }
 }

@@ -121,6 +121,22 @@ impl Endpoint {
     }
 }
 
+impl Endpoint {
+    /// `https://host:port` trusting no certificate ([`tls::Client::unverified`]):
+    /// for what is checked by other means, never for anything secret.
+    pub fn unverified(url: &str) -> Result<Endpoint, String> {
+        let address = url
+            .trim_end_matches('/')
+            .strip_prefix("https://")
+            .ok_or_else(|| format!("{url}: give an https:// URL"))?;
+        let host = address.rsplit_once(':').map_or(address, |(host, _)| host);
+        Ok(Endpoint {
+            address: address.to_string(),
+            tls: Some(tls::Client::unverified(host)?),
+        })
+    }
+}
+
 /// Sends one request to `endpoint`, with `token` as bearer token if given,
 /// and returns status and body.
 pub fn call(

@@ -49,6 +49,8 @@ enum Show {
     Node,
     /// The replicas added and removed.
     ReplicaChange,
+    /// A join token, and how a new node uses it.
+    JoinToken,
     /// Live statistics every `interval`, `count` times (None: until interrupted).
     Top {
         interval: Duration,
@@ -363,6 +365,19 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
             known(&[])?;
             nodes::command(&verb, operand(1, "node name"))?
         }
+        ("token", "join") => {
+            known(&["node", "ttl"])?;
+            let ttl_s = match option("ttl") {
+                Some(text) => Some(crate::bench::parse_duration(&text, "--ttl")?.as_secs().max(1)),
+                None => None,
+            };
+            (
+                "POST",
+                "cluster/join-tokens".to_string(),
+                Some(json!({"node": option("node"), "ttl_s": ttl_s})),
+                Show::JoinToken,
+            )
+        }
         ("token", "renew") => {
             known(&[])?;
             let role = operand(1, "token: csi or read-only")?;
@@ -493,6 +508,7 @@ pub fn run(args: AdminArgs) -> Result<(), String> {
         Show::Nodes => nodes::print_list(&decode::<Vec<weft_api::views::NodeView>>(value)?),
         Show::Node => nodes::print_one(&decode(value)?),
         Show::ReplicaChange => print_replica_change(value),
+        Show::JoinToken => print_join_token(&value),
         Show::Top { .. } => unreachable!("handled above"),
     }
     if let Some(notice) = &args.notice {
@@ -944,4 +960,23 @@ fn print_volume(v: &VolumeView) {
             replica.state
         );
     }
+}
+
+/// A join token (shown once: it is a credential) and the command that uses it.
+fn print_join_token(value: &Value) {
+    let token = value["token"].as_str().unwrap_or_default();
+    let node = value["node"].as_str();
+    let hours = value["expires_in_s"].as_u64().unwrap_or_default() as f64 / 3600.0;
+    outln!(
+        "join token (once, for {}, valid {hours:.1} h):",
+        node.map_or("any node name".to_string(), |n| format!("node {n}"))
+    );
+    outln!("  {token}");
+    outln!(
+        "on the new node (its key and certificate go to DIR; the signing node runs with --ca-key):"
+    );
+    outln!(
+        "  weft serve --cluster https://ETCD:2379 --node {} --pki DIR --join {token} --join-via https://SIGNING_NODE:9440",
+        node.unwrap_or("NAME")
+    );
 }

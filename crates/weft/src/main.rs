@@ -12,6 +12,7 @@ mod cli;
 mod cluster;
 mod config;
 mod csi;
+mod join;
 mod limits;
 mod logger;
 mod pki;
@@ -64,6 +65,8 @@ Usage:
   weft top [--interval D] [--count N]   live per-volume IOPS, MiB/s, p99 latency, queue depth
   weft token renew csi|read-only   revoke a scoped API token: every node refuses it and writes
                                    its successor beside its admin token (DATA_DIR/api-token.csi)
+  weft token join [--node NAME] [--ttl D]   a one-time token with which a new node gets its own
+                                   certificate (weft serve --join TOKEN --join-via URL; default 1h)
   weft volume set VOLUME [--iops-max N] [--bw-max SIZE] [--read-iops-max N] [--read-bw-max SIZE]
                          [--write-iops-max N] [--write-bw-max SIZE]     (none removes a limit)
       (admin commands talk to a running `weft serve`: --api URL or WEFT_API, default
@@ -158,6 +161,12 @@ Serve options:
                        ca.crt, node.crt, node.key; config: [cluster] pki): its client
                        certificate for etcd, its API served over TLS with it, and the
                        other nodes called and recognised by theirs, trusting that CA only
+  --join TOKEN         get this node's key and certificate into --pki DIR with a one-time
+                       token (`weft token join`), from the node at --join-via URL (its
+                       API's https URL; that node runs with --ca-key); skipped when DIR
+                       holds a certificate already
+  --ca-key FILE        the cluster CA's key (`weft cluster init`'s ca.key, mode 0600): this
+                       node signs the certificates of nodes joining with a token
   --api-advertise URL  the URL other nodes call this node's API at (default: the advertised
                        address and the API's port; config: [cluster] api_advertise)
   --insecure-store     accept an etcd reached without any credential (no etcd user, no
@@ -202,6 +211,11 @@ struct ServeArgs {
     api_tls_cert: Option<PathBuf>,
     api_tls_key: Option<PathBuf>,
     cluster: cluster::ClusterArgs,
+    /// `--join TOKEN`, `--join-via URL`: the certificate from the cluster.
+    join_token: Option<String>,
+    join_via: Option<String>,
+    /// `--ca-key FILE`: this node signs joins.
+    ca_key: Option<PathBuf>,
 }
 
 enum Command {
@@ -305,6 +319,9 @@ fn parse_args() -> Result<Command, String> {
             Long("api-advertise") => {
                 args.cluster.api_advertise = Some(string_value(&mut parser, "--api-advertise")?)
             }
+            Long("join") => args.join_token = Some(string_value(&mut parser, "--join")?),
+            Long("join-via") => args.join_via = Some(string_value(&mut parser, "--join-via")?),
+            Long("ca-key") => args.ca_key = Some(parser.value().map_err(|e| e.to_string())?.into()),
             Long("config") => args.config = Some(parser.value().map_err(|e| e.to_string())?.into()),
             Long("data-dir") => {
                 args.data_dir = Some(parser.value().map_err(|e| e.to_string())?.into())
@@ -462,9 +479,33 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         (None, None) => config.api_tls.clone(),
         _ => return Err("--api-tls-cert and --api-tls-key go together (PEM files)".into()),
     };
+    if let Some(token) = &args.join_token {
+        let spec = config
+            .cluster
+            .as_ref()
+            .ok_or("--join is for a cluster node: give --cluster, --node and --pki too")?;
+        let via = args.join_via.as_deref().ok_or(
+            "--join needs --join-via https://NODE:PORT: the API of the node started with --ca-key",
+        )?;
+        join::join_if_needed(token, via, spec, &token_path)?;
+    }
     let identity = match &config.cluster {
         Some(spec) => spec.identity()?,
         None => None,
+    };
+    let joins = match (&identity, &config.cluster, &args.ca_key) {
+        (Some(_), Some(spec), ca_key) => {
+            let dir = spec.pki.as_ref().expect("an identity comes from --pki");
+            let ca_file = dir.join(pki::CA_CERT);
+            let ca_pem = std::fs::read_to_string(&ca_file)
+                .map_err(|e| format!("{}: {e}", ca_file.display()))?;
+            let signer = ca_key.as_deref().map(join::load_ca_key).transpose()?;
+            Some(weft_api::join::Joins::new(ca_pem, signer)?)
+        }
+        (_, _, Some(_)) => {
+            return Err("--ca-key is for a cluster node with --pki (it signs the certificates of nodes joining with a token)".into())
+        }
+        _ => None,
     };
     let api_tls = match (api_tls, &identity) {
         (None, None) => None,
@@ -576,9 +617,10 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     }
     let handle = manager.handle();
     let status = manager.status(Arc::clone(&plane));
-    let api_cluster = member.as_ref().map(|member| match identity {
-        Some(identity) => member.api().with_identity(identity),
-        None => member.api(),
+    let api_cluster = member.as_ref().map(|member| match (identity, joins) {
+        (Some(identity), Some(joins)) => member.api().with_identity(identity).with_joins(joins),
+        (Some(identity), None) => member.api().with_identity(identity),
+        (None, _) => member.api(),
     });
     manager
         .spawn(Arc::clone(&plane))

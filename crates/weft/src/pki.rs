@@ -19,7 +19,7 @@ use weft_cluster::pki::ClusterCa;
 /// The CA's certificate, in the CA's directory and in each node's.
 pub const CA_CERT: &str = "ca.crt";
 /// The CA's key.
-const CA_KEY: &str = "ca.key";
+pub const CA_KEY: &str = "ca.key";
 /// A node's certificate, in its directory.
 pub const NODE_CERT: &str = "node.crt";
 /// A node's key.
@@ -199,7 +199,7 @@ fn issue_etcd(ca: &ClusterCa, dir: &Path, hosts: &[String], now: SystemTime) -> 
 }
 
 /// Writes `text` to a new file `path` (never over one), mode 0600 if `private`.
-fn write_new(path: &Path, text: &str, private: bool) -> Result<(), String> {
+pub(crate) fn write_new(path: &Path, text: &str, private: bool) -> Result<(), String> {
     let mut file = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)

@@ -44,6 +44,19 @@ fn cluster(pki: &Path, args: &[&str]) -> (bool, String) {
 /// Node `name` with its certificates, its data under `dir/name`.
 fn node(dir: &Path, pki: &Path, name: &str, endpoints: &str, token: Option<&Path>) -> Node {
     let certificates = pki.join("nodes").join(name);
+    node_with(dir, pki, name, endpoints, token, &certificates, &[])
+}
+
+/// [`node`] with its certificates in `certificates` and `extra` arguments.
+fn node_with(
+    dir: &Path,
+    pki: &Path,
+    name: &str,
+    endpoints: &str,
+    token: Option<&Path>,
+    certificates: &Path,
+    extra: &[&str],
+) -> Node {
     let certificates = certificates.to_str().unwrap();
     let mut args = vec![
         "--cluster",
@@ -53,6 +66,7 @@ fn node(dir: &Path, pki: &Path, name: &str, endpoints: &str, token: Option<&Path
         "--pki",
         certificates,
     ];
+    args.extend(extra);
     let token_path = token.map(|t| t.to_str().unwrap().to_string());
     if let Some(path) = &token_path {
         args.extend(["--api-token-file", path]);
@@ -443,4 +457,152 @@ fn nodes_with_the_clusters_certificates_call_only_each_other() {
         "{text}"
     );
     drop(n2);
+}
+
+/// `weft serve` for node `name` joining with `token` through `via`, its
+/// certificates to go to `certificates`, that must fail: what it said.
+fn join_refused(
+    dir: &Path,
+    name: &str,
+    endpoints: &str,
+    certificates: &Path,
+    token: &str,
+    via: &str,
+) -> String {
+    let output = Command::new("timeout")
+        .arg("30")
+        .arg(WEFT)
+        .args(["serve", "--cluster", endpoints, "--node", name, "--pki"])
+        .arg(certificates)
+        .args([
+            "--join",
+            token,
+            "--join-via",
+            via,
+            "--api-listen",
+            "127.0.0.1:0",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+        ])
+        .arg(dir.join(name))
+        .output()
+        .unwrap();
+    assert!(!output.status.success(), "{name} joined");
+    assert!(!certificates.join("node.key").exists(), "{name} kept a key");
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// A node joins with a one-time token instead of files copied to it: the
+/// administrator makes a token for n2 through n1's API (n1 holds the CA's
+/// key); n2 fetches the CA, checks it against the token's pin, makes its
+/// own key and gets its certificate, then runs as a member n1 forwards to.
+/// A token with another pin sends nothing; a token for n2 does not join
+/// n3; a token used once does not join again.
+#[test]
+fn a_node_joins_with_a_one_time_token_and_its_own_key() {
+    let dir = temp_dir("pki-join");
+    let (_etcd, endpoints, pki) = certified_etcd(&dir, &["n1"]);
+    let ca_key = pki.join("ca.key");
+    let n1 = node_with(
+        &dir,
+        &pki,
+        "n1",
+        &endpoints,
+        None,
+        &pki.join("nodes/n1"),
+        &["--ca-key", ca_key.to_str().unwrap()],
+    );
+    let said = ok(&n1, &["token", "join", "--node", "n2", "--ttl", "10m"]);
+    let token = said
+        .split_whitespace()
+        .find(|word| word.starts_with("weftjoin-1:"))
+        .unwrap_or_else(|| panic!("{said}"))
+        .to_string();
+    assert!(said.contains("--join-via"), "{said}");
+    // Only the admin token makes them.
+    let csi = std::fs::read_to_string(dir.join("n1").join("api-token.csi")).unwrap();
+    let endpoint = weft_http::Endpoint::parse(&n1.api_url, Some(&pki.join("ca.crt"))).unwrap();
+    let (status, _) = weft_http::call(
+        &endpoint,
+        Some(csi.trim()),
+        "POST",
+        "/api/v1/cluster/join-tokens",
+        Some(b"{}"),
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    assert_eq!(status, 403);
+
+    let joined = dir.join("n2-pki");
+    // A token whose pin is not this cluster's CA (someone in between): nothing sent.
+    let mut tampered = token.clone();
+    let last = if tampered.ends_with('0') { "1" } else { "0" };
+    tampered.replace_range(tampered.len() - 1.., last);
+    let said = join_refused(&dir, "n2", &endpoints, &joined, &tampered, &n1.api_url);
+    assert!(said.contains("is not the one the token pins"), "{said}");
+    // A token for n2 does not join n3 (and stays n2's).
+    let said = join_refused(
+        &dir,
+        "n3",
+        &endpoints,
+        &dir.join("n3-pki"),
+        &token,
+        &n1.api_url,
+    );
+    assert!(said.contains("for node n2"), "{said}");
+
+    // No file copied: its certificate and the cluster's API token come with the join.
+    let n2 = node_with(
+        &dir,
+        &pki,
+        "n2",
+        &endpoints,
+        None,
+        &joined,
+        &["--join", &token, "--join-via", &n1.api_url],
+    );
+    assert_eq!(n2.token, n1.token);
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(joined.join("node.key"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+    assert_eq!(
+        std::fs::read(joined.join("ca.crt")).unwrap(),
+        std::fs::read(pki.join("ca.crt")).unwrap()
+    );
+    // n2 is a member n1 forwards to with certificates: a pool made on n2 through n1.
+    let start = std::time::Instant::now();
+    while !ok(&n1, &["node", "list"]).contains("n2") {
+        assert!(start.elapsed() < Duration::from_secs(10));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let device = dir.join("n2").join("p.img");
+    ok(
+        &n1,
+        &[
+            "pool",
+            "create",
+            "p",
+            "--node",
+            "n2",
+            "--device",
+            device.to_str().unwrap(),
+            "--device-size",
+            "64MiB",
+        ],
+    );
+    assert!(ok(&n2, &["pool", "list"]).contains("n2"));
+    // Used once: it joins nothing again.
+    let said = join_refused(
+        &dir,
+        "n2",
+        &endpoints,
+        &dir.join("again-pki"),
+        &token,
+        &n1.api_url,
+    );
+    assert!(said.contains("unknown or was used already"), "{said}");
 }
