@@ -13,17 +13,22 @@
 //! difference of the old and new data ([`update`]) instead of reading the
 //! whole stripe.
 //!
-//! What this does not do: place shards on nodes, read or write devices, or
-//! order writes against crashes (a torn stripe is the volume layer's to
+//! [`Geometry`] says where a volume's bytes go: stripes of `k` chunks,
+//! each shard on a member, parity rotating over the members.
+//!
+//! What this does not do: choose the members' nodes, read or write devices,
+//! or order writes against crashes (a torn stripe is the volume layer's to
 //! prevent); it is arithmetic on buffers, sans-IO, with no unsafe code.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod codec;
+mod geometry;
 mod gf256;
 
 pub use codec::{encode, reconstruct, update};
+pub use geometry::{Geometry, Piece};
 
 /// Why a layout or a reconstruction is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -46,6 +51,9 @@ pub enum EcError {
         /// Its parity shards.
         parity: usize,
     },
+    /// A chunk size this code does not take.
+    #[error("a chunk of {0} bytes: give a power of two of 4 KiB or more")]
+    Chunk(u32),
     /// Shards of different lengths, or not as many as the layout has.
     #[error(
         "a {layout} stripe has {expected} shards of one length: given {given} shard(s){lengths}"
