@@ -11,6 +11,11 @@
 //!   certified; the answer is its certificate, the CA's, and the cluster's
 //!   API token, which every node holds (a join token makes a node).
 //!
+//! The signing node also remembers the tokens it took (a file in its data
+//! directory, until they would have expired): a writer of etcd who kept a
+//! used token's record and learnt its text cannot put it back and join
+//! again.
+//!
 //! What this does not do: keep the CA's key (the node is started with it:
 //! `weft serve --ca-key`) or decide who may join beyond the token.
 
@@ -18,7 +23,8 @@ use crate::{failure, Response};
 use serde::Deserialize;
 use serde_json::json;
 use std::net::IpAddr;
-use std::sync::Arc;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 use weft_cluster::join::{self, JoinError, JoinToken};
 use weft_cluster::pki::ClusterCa;
@@ -35,16 +41,78 @@ pub struct Joins {
     pin: String,
     /// The CA itself, on the node started with its key: it signs.
     signer: Option<Arc<ClusterCa>>,
+    /// The tokens it took, and when each would have expired.
+    used: Mutex<UsedTokens>,
+}
+
+/// Tokens a signing node took: their ids and expiries (Unix ms), kept in
+/// a file so that a restart forgets none.
+#[derive(Debug, Default, serde::Serialize, Deserialize)]
+struct UsedTokens {
+    #[serde(skip)]
+    file: Option<PathBuf>,
+    taken: Vec<(String, u64)>,
+}
+
+impl UsedTokens {
+    fn load(file: PathBuf) -> Result<UsedTokens, String> {
+        let mut used = match std::fs::read(&file) {
+            Ok(bytes) => serde_json::from_slice::<UsedTokens>(&bytes)
+                .map_err(|e| format!("{}: {e} (the join tokens this node took)", file.display()))?,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => UsedTokens::default(),
+            Err(error) => return Err(format!("{}: {error}", file.display())),
+        };
+        used.file = Some(file);
+        Ok(used)
+    }
+
+    fn contains(&self, id: &str) -> bool {
+        self.taken.iter().any(|(taken, _)| taken == id)
+    }
+
+    /// Remembers `id`, forgetting those past their expiry at `now`.
+    fn insert(&mut self, id: &str, expires_unix_ms: u64, now: u64) {
+        self.taken.retain(|(_, expires)| *expires > now);
+        self.taken.push((id.to_string(), expires_unix_ms));
+        let Some(file) = &self.file else {
+            return;
+        };
+        let text = serde_json::to_vec(&*self).expect("serialisable");
+        if let Err(error) = weft_control::durable::write_file(file, &text, 0o600) {
+            log::warn!(
+                "{}: {error}: a token taken now is remembered until this node restarts",
+                file.display()
+            );
+        }
+    }
 }
 
 impl Joins {
-    /// From the CA's certificate `ca_pem`, and the CA if this node signs.
-    pub fn new(ca_pem: String, signer: Option<ClusterCa>) -> Result<Joins, String> {
-        let der = weft_http::tls::certificate_der(&ca_pem)?;
+    /// From the CA's certificate `ca_pem`, and the CA if this node signs;
+    /// `used_file` keeps the tokens it took.
+    pub fn new(
+        ca_pem: String,
+        signer: Option<ClusterCa>,
+        used_file: PathBuf,
+    ) -> Result<Joins, String> {
+        let used = match &signer {
+            Some(_) => UsedTokens::load(used_file)?,
+            None => UsedTokens::default(),
+        };
+        let der = match &weft_http::tls::certificates_der(&ca_pem)?[..] {
+            [der] => der.clone(),
+            other => {
+                return Err(format!(
+                    "the cluster CA's file holds {} certificates: give it the CA's alone (ca.crt)",
+                    other.len()
+                ))
+            }
+        };
         Ok(Joins {
             pin: join::pin_of(&der),
             ca_pem,
             signer: signer.map(Arc::new),
+            used: Mutex::new(used),
         })
     }
 
@@ -121,13 +189,24 @@ impl Joins {
         let Some(public_key) = weft_node::identity::parse_hex(&joining.public_key) else {
             return bad_request("public_key: not hex");
         };
+        // A key that cannot be certified does not use the token up.
+        if let Err(error) = weft_cluster::pki::check_public_key(&public_key) {
+            return bad_request(&format!("public_key: {error}"));
+        }
         let token: JoinToken = match joining.token.parse() {
             Ok(token) => token,
             Err(error) => return join_failure(&error),
         };
-        if let Err(error) = join::consume(store, key.as_bytes(), &token, &joining.node, now_ms()) {
-            return join_failure(&error);
+        let mut used = self.used.lock().expect("not poisoned");
+        if used.contains(&token.id) {
+            return join_failure(&JoinError::Unknown);
         }
+        let now = now_ms();
+        match join::consume(store, key.as_bytes(), &token, &joining.node, now) {
+            Ok(expires) => used.insert(&token.id, expires, now),
+            Err(error) => return join_failure(&error),
+        }
+        drop(used);
         match signer.issue_node_for(
             &joining.node,
             &joining.addresses,
@@ -167,7 +246,10 @@ fn join_failure(error: &JoinError) -> Response {
     match error {
         JoinError::Store(error) => crate::cluster::store_failure(error),
         JoinError::Malformed => bad_request(&error.to_string()),
-        JoinError::Unknown | JoinError::Expired | JoinError::OtherNode(_) => failure(
+        JoinError::Unknown
+        | JoinError::Expired
+        | JoinError::OtherNode(_)
+        | JoinError::MemberName(_) => failure(
             403,
             "join_refused",
             &error.to_string(),

@@ -99,9 +99,8 @@ struct Api {
     /// The admin token (the scoped ones derive from it at the
     /// generations `store` holds: [`token::Credentials`]).
     admin_token: String,
-    /// The node's store (its local copy, in a cluster): the scoped tokens'
-    /// generations.
-    store: Arc<dyn weft_control::Store>,
+    /// The scoped tokens' generations, as this node holds them.
+    scoped: Arc<scoped_tokens::ScopedTokens>,
     /// Set when the node is a member of a cluster.
     cluster: Option<cluster::Cluster>,
 }
@@ -130,7 +129,7 @@ pub fn bind(address: SocketAddr) -> Result<TcpListener, String> {
 /// Serves the API on `listener` on a thread; returns its address. Changes
 /// go to the node's manager through `manager`; reads come from `status`;
 /// with `cluster`, calls about what other nodes hold go to them. The
-/// scoped tokens' generations are read from `store`.
+/// scoped tokens are those of the generations `scoped` holds.
 #[allow(clippy::too_many_arguments)]
 pub fn start(
     listener: TcpListener,
@@ -138,7 +137,7 @@ pub fn start(
     manager: ManagerHandle,
     status: StatusReader,
     token: String,
-    store: Arc<dyn weft_control::Store>,
+    scoped: Arc<scoped_tokens::ScopedTokens>,
     limits: ApiLimits,
     cluster: Option<cluster::Cluster>,
 ) -> Result<SocketAddr, String> {
@@ -147,7 +146,7 @@ pub fn start(
         manager,
         status,
         admin_token: token,
-        store,
+        scoped,
         cluster,
     });
     let admission = admission::Admission::new(limits.connections, limits.connections_per_address);
@@ -557,7 +556,7 @@ impl Api {
     /// The tokens accepted now: the scoped ones at the generations the
     /// store holds (a local read).
     fn credentials(&self) -> Result<token::Credentials, Response> {
-        let generations = scoped_tokens::read(self.store.as_ref()).map_err(|error| {
+        let generations = self.scoped.current().map_err(|error| {
             failure(
                 503,
                 "store_unavailable",
@@ -579,7 +578,7 @@ impl Api {
                 "renew csi or read-only (the admin token is rotated by hand: docs/SECURITY.md)",
             );
         };
-        match scoped_tokens::renew(self.store.as_ref(), role) {
+        match self.scoped.renew(role) {
             Ok(generations) => (
                 200,
                 json!({
@@ -587,6 +586,12 @@ impl Api {
                     "generation": generations.of(role),
                     "file": format!("{}.{name}", token::FILE_NAME),
                 }),
+            ),
+            Err(error @ scoped_tokens::ScopedError::Exhausted(_)) => failure(
+                409,
+                "exhausted",
+                &error.to_string(),
+                "rotate the admin token (docs/SECURITY.md)",
             ),
             Err(error) => failure(
                 503,

@@ -178,14 +178,22 @@ impl Generations {
         }
     }
 
-    /// These with `role`'s moved on by one.
-    pub fn renewed(mut self, role: Role) -> Generations {
+    /// These with `role`'s moved on by one (none past the last).
+    pub fn renewed(mut self, role: Role) -> Option<Generations> {
         match role {
             Role::Admin => {}
-            Role::Csi => self.csi += 1,
-            Role::ReadOnly => self.read_only += 1,
+            Role::Csi => self.csi = self.csi.checked_add(1)?,
+            Role::ReadOnly => self.read_only = self.read_only.checked_add(1)?,
         }
-        self
+        Some(self)
+    }
+
+    /// The greater of each role's generation in these and `other`.
+    pub fn max(self, other: Generations) -> Generations {
+        Generations {
+            csi: self.csi.max(other.csi),
+            read_only: self.read_only.max(other.read_only),
+        }
     }
 }
 
@@ -359,7 +367,7 @@ mod tests {
             first.token_of(Role::Csi),
             "d00a29b2ef5fae790d09e2fb39690eeebae0a42d5e8a75152a51a9174c6f6e20"
         );
-        let generations = Generations::default().renewed(Role::Csi);
+        let generations = Generations::default().renewed(Role::Csi).unwrap();
         assert_eq!(
             generations,
             Generations {

@@ -50,6 +50,9 @@ pub enum JoinError {
     /// Made for another node's name.
     #[error("this join token is for node {0}, not this one")]
     OtherNode(String),
+    /// A token made for no name, used for the name of a member.
+    #[error("node {0} is a member already: a token made for no name joins only a new name (to replace {0}, make a token for it: weft token join --node {0})")]
+    MemberName(String),
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -146,16 +149,18 @@ pub fn create(
 }
 
 /// Takes `token` for node `node` at `now_unix_ms`, once: its record is
-/// removed (at the revision read, so that of two uses one wins). A token
-/// past its expiry is removed too, and refused; one whose record does not
-/// check under `key` (forged or changed in the store) is unknown.
+/// removed (at the revision read, so that of two uses one wins); returns
+/// when it would have expired. A token past its expiry is removed too, and
+/// refused; one whose record does not check under `key` (forged or changed
+/// in the store) is unknown; one made for no name does not join a member's
+/// name.
 pub fn consume(
     store: &dyn Store,
     key: &[u8],
     token: &JoinToken,
     node: &str,
     now_unix_ms: u64,
-) -> Result<(), JoinError> {
+) -> Result<u64, JoinError> {
     let record_key = format!("{JOIN_TOKENS_PREFIX}{}", token.id);
     let entry = store.get(&record_key)?.ok_or(JoinError::Unknown)?;
     let record: JoinTokenRecord = decode(&record_key, entry.value)?;
@@ -163,15 +168,19 @@ pub fn consume(
     if !same(record.check.as_bytes(), expected.as_bytes()) {
         return Err(JoinError::Unknown);
     }
-    if let Some(bound) = record.node.filter(|bound| bound != node) {
-        return Err(JoinError::OtherNode(bound));
+    match &record.node {
+        Some(bound) if bound != node => return Err(JoinError::OtherNode(bound.clone())),
+        None if store.get(&crate::records::member_key(node))?.is_some() => {
+            return Err(JoinError::MemberName(node.to_string()))
+        }
+        _ => {}
     }
     let removed = store.commit(Txn::new().remove(record_key, entry.revision));
     if now_unix_ms >= record.expires_unix_ms {
         return Err(JoinError::Expired);
     }
     match removed {
-        Ok(_) => Ok(()),
+        Ok(_) => Ok(record.expires_unix_ms),
         Err(StoreError::Conflict { .. }) => Err(JoinError::Unknown),
         Err(error) => Err(error.into()),
     }
@@ -262,12 +271,22 @@ mod tests {
             consume(&store, KEY, &token, "n4", 2_000),
             Err(JoinError::OtherNode(node)) if node == "n3"
         ));
-        consume(&store, KEY, &token, "n3", 2_000).unwrap();
+        assert_eq!(
+            consume(&store, KEY, &token, "n3", 2_000).unwrap(),
+            1_000 + 3_600_000
+        );
         assert!(matches!(
             consume(&store, KEY, &token, "n3", 2_000),
             Err(JoinError::Unknown)
         ));
         let any = create(&store, KEY, None, hour, 1_000, PIN).unwrap();
+        store
+            .commit(Txn::new().create(crate::records::member_key("n1"), serde_json::json!({})))
+            .unwrap();
+        assert!(matches!(
+            consume(&store, KEY, &any, "n1", 2_000),
+            Err(JoinError::MemberName(node)) if node == "n1"
+        ));
         assert!(matches!(
             consume(&store, KEY, &any, "n9", 1_000 + 3_600_000),
             Err(JoinError::Expired)

@@ -114,6 +114,18 @@ pub fn new_node_key() -> Result<(Vec<u8>, String), PkiError> {
     Ok((key.public_key_raw().to_vec(), key.serialize_pem()))
 }
 
+/// Checks that `public_key` is an uncompressed P-256 point, what
+/// [`ClusterCa::issue_node_for`] certifies.
+pub fn check_public_key(public_key: &[u8]) -> Result<(), PkiError> {
+    if public_key.len() != 65
+        || public_key[0] != 4
+        || p256::PublicKey::from_sec1_bytes(public_key).is_err()
+    {
+        return Err(PkiError::BadPublicKey);
+    }
+    Ok(())
+}
+
 /// The name a node's certificate carries: `NODE.node.weft` (node names
 /// are DNS labels, weft-cluster's `check_node_name`).
 pub fn node_identity(node: &str) -> String {
@@ -188,12 +200,7 @@ impl ClusterCa {
         public_key: &[u8],
         now: SystemTime,
     ) -> Result<String, PkiError> {
-        if public_key.len() != 65
-            || public_key[0] != 4
-            || p256::PublicKey::from_sec1_bytes(public_key).is_err()
-        {
-            return Err(PkiError::BadPublicKey);
-        }
+        check_public_key(public_key)?;
         let mut names = vec![node_identity(node)];
         names.extend(addresses.iter().map(IpAddr::to_string));
         let usages = [

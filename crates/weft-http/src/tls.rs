@@ -216,13 +216,11 @@ fn dns_names(certificate: &CertificateDer<'_>) -> Vec<String> {
 }
 
 /// The certificates of a CA file (PEM).
-/// The first certificate of `pem`, as DER.
-pub fn certificate_der(pem: &str) -> Result<Vec<u8>, String> {
+/// Every certificate of `pem`, as DER, in order.
+pub fn certificates_der(pem: &str) -> Result<Vec<Vec<u8>>, String> {
     CertificateDer::pem_slice_iter(pem.as_bytes())
-        .next()
-        .ok_or("no PEM certificate")?
-        .map(|der| der.to_vec())
-        .map_err(|e| e.to_string())
+        .map(|der| der.map(|der| der.to_vec()).map_err(|e| e.to_string()))
+        .collect()
 }
 
 /// A verifier that takes any certificate ([`Client::unverified`]), and

@@ -44,6 +44,13 @@ pub fn join_if_needed(
         );
         return Ok(());
     }
+    // The token is spent once the join answers: what could fail after is checked before.
+    if dir.join(NODE_KEY).exists() {
+        return Err(format!(
+            "--join: {} holds a key but no certificate (a join that did not finish, or another key): move it away and join with a new token",
+            dir.join(NODE_KEY).display()
+        ));
+    }
     let token: JoinToken = token.parse().map_err(|e| format!("--join: {e}"))?;
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let ca_file = dir.join(".ca.crt.joining");
@@ -94,16 +101,28 @@ fn pinned_ca(via: &str, token: &JoinToken) -> Result<String, String> {
     let ca_pem = answer["ca_pem"]
         .as_str()
         .ok_or_else(|| format!("--join-via {via}: no CA certificate in {answer}"))?;
-    let der =
-        weft_http::tls::certificate_der(ca_pem).map_err(|e| format!("--join-via {via}: {e}"))?;
-    let pin = pin_of(&der);
-    if pin != token.pin {
+    pinned(ca_pem, &token.pin).map_err(|e| format!("--join-via {via}: {e}"))?;
+    Ok(ca_pem.to_string())
+}
+
+/// Checks that `ca_pem` is one certificate, whose SHA-256 is `pin`: the
+/// file trusted next holds that certificate and nothing else (another
+/// certificate after the pinned one would be trusted too).
+fn pinned(ca_pem: &str, pin: &str) -> Result<(), String> {
+    let certificates = weft_http::tls::certificates_der(ca_pem)?;
+    let [der] = &certificates[..] else {
         return Err(format!(
-            "--join-via {via}: its cluster CA (SHA-256 {pin}) is not the one the token pins ({}): a wrong address, or someone in between; nothing was sent",
-            token.pin
+            "it gives {} certificates as the cluster's CA, not one: someone in between; nothing was sent",
+            certificates.len()
+        ));
+    };
+    let got = pin_of(der);
+    if got != pin {
+        return Err(format!(
+            "its cluster CA (SHA-256 {got}) is not the one the token pins ({pin}): a wrong address, or someone in between; nothing was sent"
         ));
     }
-    Ok(ca_pem.to_string())
+    Ok(())
 }
 
 /// One call of the join; the answer's JSON, or what went wrong.
@@ -151,4 +170,32 @@ pub fn load_ca_key(path: &Path) -> Result<weft_cluster::pki::ClusterCa, String> 
         std::fs::read_to_string(path).map_err(|e| format!("--ca-key {}: {e}", path.display()))?;
     weft_cluster::pki::ClusterCa::load(&pem)
         .map_err(|e| format!("--ca-key {}: {e}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ca_pem() -> String {
+        weft_cluster::pki::ClusterCa::create(std::time::SystemTime::now())
+            .unwrap()
+            .cert_pem()
+    }
+
+    #[test]
+    fn only_the_pinned_certificate_alone_is_trusted() {
+        let (ca, other) = (ca_pem(), ca_pem());
+        let der = weft_http::tls::certificates_der(&ca).unwrap().remove(0);
+        let pin = pin_of(&der);
+        assert_eq!(pinned(&ca, &pin), Ok(()));
+        // Another CA after the pinned one would be trusted by the next call.
+        let appended = format!("{ca}{other}");
+        assert!(pinned(&appended, &pin)
+            .unwrap_err()
+            .contains("2 certificates"));
+        assert!(pinned(&other, &pin)
+            .unwrap_err()
+            .contains("is not the one the token pins"));
+        assert!(pinned("", &pin).unwrap_err().contains("0 certificates"));
+    }
 }

@@ -162,9 +162,10 @@ Serve options:
                        certificate for etcd, its API served over TLS with it, and the
                        other nodes called and recognised by theirs, trusting that CA only
   --join TOKEN         get this node's key and certificate into --pki DIR with a one-time
-                       token (`weft token join`), from the node at --join-via URL (its
-                       API's https URL; that node runs with --ca-key); skipped when DIR
-                       holds a certificate already
+                       token (`weft token join`; or WEFT_JOIN_TOKEN, which the process
+                       list does not show), from the node at --join-via URL (its API's
+                       https URL; that node runs with --ca-key); skipped when DIR holds
+                       a certificate already
   --ca-key FILE        the cluster CA's key (`weft cluster init`'s ca.key, mode 0600): this
                        node signs the certificates of nodes joining with a token
   --api-advertise URL  the URL other nodes call this node's API at (default: the advertised
@@ -479,7 +480,12 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         (None, None) => config.api_tls.clone(),
         _ => return Err("--api-tls-cert and --api-tls-key go together (PEM files)".into()),
     };
-    if let Some(token) = &args.join_token {
+    // The token from the environment keeps it out of the process list.
+    let join_token = args
+        .join_token
+        .clone()
+        .or_else(|| std::env::var("WEFT_JOIN_TOKEN").ok());
+    if let Some(token) = &join_token {
         let spec = config
             .cluster
             .as_ref()
@@ -500,7 +506,8 @@ fn serve(args: ServeArgs) -> Result<(), String> {
             let ca_pem = std::fs::read_to_string(&ca_file)
                 .map_err(|e| format!("{}: {e}", ca_file.display()))?;
             let signer = ca_key.as_deref().map(join::load_ca_key).transpose()?;
-            Some(weft_api::join::Joins::new(ca_pem, signer)?)
+            let used = config.data_dir.join("join-tokens-used.json");
+            Some(weft_api::join::Joins::new(ca_pem, signer, used)?)
         }
         (_, _, Some(_)) => {
             return Err("--ca-key is for a cluster node with --pki (it signs the certificates of nodes joining with a token)".into())
@@ -565,8 +572,14 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     let store = Arc::clone(desired.store());
     // The scoped tokens, for the operator to hand out (never printed),
     // written again whenever one is renewed.
-    let scoped = weft_api::scoped_tokens::write_and_follow(
+    let mut generations_file = token_path.clone().into_os_string();
+    generations_file.push(".generations");
+    let scoped_tokens = Arc::new(weft_api::scoped_tokens::ScopedTokens::new(
         Arc::clone(&store),
+        generations_file.into(),
+    )?);
+    let scoped = weft_api::scoped_tokens::write_and_follow(
+        Arc::clone(&scoped_tokens),
         api_token.clone(),
         token_path.clone(),
     );
@@ -631,7 +644,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         handle.clone(),
         status.clone(),
         api_token.clone(),
-        store,
+        scoped_tokens,
         api::ApiLimits {
             connections: config.limits.api_connections,
             connections_per_address: config.limits.api_connections_per_address,

@@ -502,7 +502,7 @@ fn join_refused(
 #[test]
 fn a_node_joins_with_a_one_time_token_and_its_own_key() {
     let dir = temp_dir("pki-join");
-    let (_etcd, endpoints, pki) = certified_etcd(&dir, &["n1"]);
+    let (etcd, endpoints, pki) = certified_etcd(&dir, &["n1"]);
     let ca_key = pki.join("ca.key");
     let n1 = node_with(
         &dir,
@@ -533,6 +533,22 @@ fn a_node_joins_with_a_one_time_token_and_its_own_key() {
     )
     .unwrap();
     assert_eq!(status, 403);
+
+    // A writer of etcd keeps the token's record, to put it back once used.
+    let record_key = format!(
+        "/weft/cluster/join-tokens/{}",
+        token.split(':').nth(1).unwrap()
+    );
+    let kept = etcd
+        .ctl(&endpoints)
+        .args(["get", &record_key, "--print-value-only"])
+        .output()
+        .unwrap();
+    let kept = String::from_utf8(kept.stdout).unwrap().trim().to_string();
+    assert!(
+        kept.contains("check") && !kept.contains(token.split(':').nth(2).unwrap()),
+        "{kept}"
+    );
 
     let joined = dir.join("n2-pki");
     // A token whose pin is not this cluster's CA (someone in between): nothing sent.
@@ -601,6 +617,22 @@ fn a_node_joins_with_a_one_time_token_and_its_own_key() {
         "n2",
         &endpoints,
         &dir.join("again-pki"),
+        &token,
+        &n1.api_url,
+    );
+    assert!(said.contains("unknown or was used already"), "{said}");
+    // Nor with its record put back in etcd: the signing node remembers it.
+    let put = etcd
+        .ctl(&endpoints)
+        .args(["put", &record_key, &kept])
+        .output()
+        .unwrap();
+    assert!(put.status.success());
+    let said = join_refused(
+        &dir,
+        "n2",
+        &endpoints,
+        &dir.join("replayed-pki"),
         &token,
         &n1.api_url,
     );
