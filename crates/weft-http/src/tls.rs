@@ -66,9 +66,7 @@ impl Client {
     pub fn new(host: &str, ca_file: Option<&Path>) -> Result<Client, String> {
         let ca_file = ca_file.unwrap_or(Path::new(SYSTEM_CA_BUNDLE));
         let roots = read_roots(ca_file).map_err(|e| format!("{e} (give --api-ca FILE)"))?;
-        let host = host.trim_start_matches('[').trim_end_matches(']');
-        let name = ServerName::try_from(host.to_string())
-            .map_err(|e| format!("{host}: not a host name for TLS: {e}"))?;
+        let name = server_name(host)?;
         let config = ClientConfig::builder_with_provider(provider())
             .with_protocol_versions(VERSIONS)
             .map_err(|e| e.to_string())?
@@ -85,9 +83,7 @@ impl Client {
     /// with it, then checks it against the pin its join token carries). The
     /// server must still hold the key of the certificate it presents.
     pub fn unverified(host: &str) -> Result<Client, String> {
-        let host = host.trim_start_matches('[').trim_end_matches(']');
-        let name = ServerName::try_from(host.to_string())
-            .map_err(|e| format!("{host}: not a host name for TLS: {e}"))?;
+        let name = server_name(host)?;
         let config = ClientConfig::builder_with_provider(provider())
             .with_protocol_versions(VERSIONS)
             .map_err(|e| e.to_string())?
@@ -216,6 +212,14 @@ fn dns_names(certificate: &CertificateDer<'_>) -> Vec<String> {
 }
 
 /// The certificates of a CA file (PEM).
+/// The name a client checks the server's certificate against: `host` (a
+/// DNS name or an IP address, bracketed or not).
+fn server_name(host: &str) -> Result<ServerName<'static>, String> {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    ServerName::try_from(host.to_string())
+        .map_err(|e| format!("{host}: not a host name for TLS: {e}"))
+}
+
 /// Every certificate of `pem`, as DER, in order.
 pub fn certificates_der(pem: &str) -> Result<Vec<Vec<u8>>, String> {
     CertificateDer::pem_slice_iter(pem.as_bytes())

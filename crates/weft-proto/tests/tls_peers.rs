@@ -145,26 +145,32 @@ fn against(command: &[&str], input: &[&str]) -> (Served, String) {
     (served, printed)
 }
 
+/// OpenSSL's `s_client` with an external PSK over TLS 1.3 (`quiet`: no
+/// session details, and no commands read from its input).
+fn s_client<'a>(identity: &'a str, psk: &'a str, quiet: bool) -> Vec<&'a str> {
+    let mut args = vec![
+        "openssl",
+        "s_client",
+        "-connect",
+        "127.0.0.1:{port}",
+        "-tls1_3",
+        "-psk_identity",
+        identity,
+        "-psk",
+        psk,
+        "-ciphersuites",
+        "TLS_AES_128_GCM_SHA256",
+    ];
+    if quiet {
+        args.push("-quiet");
+    }
+    args
+}
+
 #[test]
 fn openssl_s_client_connects_with_the_hosts_psk() {
     let (identity, psk) = host_credentials();
-    let (served, printed) = against(
-        &[
-            "openssl",
-            "s_client",
-            "-connect",
-            "127.0.0.1:{port}",
-            "-tls1_3",
-            "-psk_identity",
-            &identity,
-            "-psk",
-            &psk,
-            "-ciphersuites",
-            "TLS_AES_128_GCM_SHA256",
-            "-quiet",
-        ],
-        &["hello from openssl\n"],
-    );
+    let (served, printed) = against(&s_client(&identity, &psk, true), &["hello from openssl\n"]);
     assert_eq!(
         served,
         Ok(("hello from openssl\n".to_string(), (0, 0))),
@@ -181,19 +187,7 @@ fn openssl_s_client_asks_for_a_key_update_and_weft_answers() {
     // before its line, which the client opens under weft's next key.
     let (identity, psk) = host_credentials();
     let (served, printed) = against(
-        &[
-            "openssl",
-            "s_client",
-            "-connect",
-            "127.0.0.1:{port}",
-            "-tls1_3",
-            "-psk_identity",
-            &identity,
-            "-psk",
-            &psk,
-            "-ciphersuites",
-            "TLS_AES_128_GCM_SHA256",
-        ],
+        &s_client(&identity, &psk, false),
         &["K\n", "hello after a key update\n"],
     );
     assert_eq!(
@@ -237,23 +231,7 @@ fn gnutls_with_the_linux_hosts_tlshd_settings_connects() {
 #[test]
 fn openssl_with_another_key_is_refused() {
     let (identity, _) = host_credentials();
-    let (served, printed) = against(
-        &[
-            "openssl",
-            "s_client",
-            "-connect",
-            "127.0.0.1:{port}",
-            "-tls1_3",
-            "-psk_identity",
-            &identity,
-            "-psk",
-            &"11".repeat(32),
-            "-ciphersuites",
-            "TLS_AES_128_GCM_SHA256",
-            "-quiet",
-        ],
-        &["hello\n"],
-    );
+    let (served, printed) = against(&s_client(&identity, &"11".repeat(32), true), &["hello\n"]);
     assert_eq!(served, Err(Alert::DecryptError), "{printed}");
     assert!(printed.contains("decrypt error"), "{printed}");
 }
