@@ -8,6 +8,7 @@
 # and smoke runs of the TLS and application benchmarks. Installs what it needs (Debian packages, the guest images,
 # Go tools, cargo-fuzz) idempotently. Run as root from anywhere: ./test.sh
 # Environment: WEFT_FUZZ_SECONDS (default 17 per target), WEFT_SIM_SEEDS (default 10000),
+# WEFT_EC_SIM_SEEDS (default 2000),
 # WEFT_NEMESIS_SECONDS (default 120),
 # WEFT_SKIP_VM=1 to skip the guest.
 set -euo pipefail
@@ -33,6 +34,9 @@ cargo test --workspace --locked
 step "replication simulation (VOPR-style): ${WEFT_SIM_SEEDS:=10000} seeds of crashes, pauses, power losses and partitions"
 # A failing seed prints itself and how to replay it.
 WEFT_SIM_SEEDS=$WEFT_SIM_SEEDS cargo test --release --locked -p weft-sim --test vopr seeds -- --nocapture
+
+step "erasure-coded volume simulation: ${WEFT_EC_SIM_SEEDS:=2000} seeds of crashes tearing partial-stripe writes, pauses, cuts and failed disks"
+WEFT_EC_SIM_SEEDS=$WEFT_EC_SIM_SEEDS cargo test --release --locked -p weft-sim --test ec seeds -- --nocapture
 
 step "nemesis (short): etcd, three nodes and a writer under kill -9, hangs, partitions and restarts (the long run: harness/nemesis.sh --minutes 30)"
 harness/nemesis.sh --seconds "${WEFT_NEMESIS_SECONDS:-120}" --json .cache/nemesis/smoke.json

@@ -24,11 +24,20 @@
 #![warn(missing_docs)]
 
 mod codec;
+pub mod controller;
+pub mod gather;
 mod geometry;
 mod gf256;
+pub mod journal;
+pub mod locks;
+pub mod messages;
+pub mod primary;
 
 pub use codec::{encode, reconstruct, update};
 pub use geometry::{Geometry, Piece};
+pub use journal::JournalLayout;
+pub use messages::{EcAction, FromMember, MemberOp, ToMember};
+pub use primary::{EcConfig, EcPhase, EcPrimary, RebuildProgress};
 
 /// Why a layout or a reconstruction is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

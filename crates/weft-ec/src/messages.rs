@@ -1,0 +1,119 @@
+//! What an erasure-coded volume's primary says to its members and to its
+//! driver, and what it hears back.
+//!
+//! A member is a shard volume behind its node's private subsystem, fenced
+//! as a replica is (`weft_proto::fence`): it reads and writes what it is
+//! told, for the session that fenced it last, and nothing else; every write
+//! is durable before it is answered (FUA). The journal, the parity and the
+//! recovery are all the primary's: a member needs no code of its own.
+
+use weft_replication::{HostResult, NodeId, OpId, ReplicaSet, Token};
+
+/// One read or write the primary asked of a member (its number, unique
+/// within the primary).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct MemberOp(pub u64);
+
+/// A message from the primary to a member.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToMember {
+    /// Take `token` as the fence: only it may read or write from now on.
+    Fence {
+        /// The new fence.
+        token: Token,
+    },
+    /// Read `len` bytes at `offset` of the shard volume.
+    Read {
+        /// The session.
+        token: Token,
+        /// The op.
+        op: MemberOp,
+        /// Where, in bytes.
+        offset: u64,
+        /// How much, in bytes.
+        len: u32,
+    },
+    /// Write `data` at `offset` of the shard volume, durably (FUA).
+    Write {
+        /// The session.
+        token: Token,
+        /// The op.
+        op: MemberOp,
+        /// Where, in bytes.
+        offset: u64,
+        /// What.
+        data: Vec<u8>,
+    },
+}
+
+/// What a member answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FromMember {
+    /// The fence was taken.
+    Fenced {
+        /// The fence.
+        token: Token,
+    },
+    /// The read `op` gave `data`.
+    Read {
+        /// The session it was sent under.
+        token: Token,
+        /// The op.
+        op: MemberOp,
+        /// The bytes.
+        data: Vec<u8>,
+    },
+    /// The write `op` is durable.
+    Written {
+        /// The session it was sent under.
+        token: Token,
+        /// The op.
+        op: MemberOp,
+    },
+    /// Refused: the member is fenced by `current`, not by the sender's
+    /// session (a newer primary fenced it, or it restarted and awaits a fence).
+    Refused {
+        /// The sender's token, echoed.
+        token: Token,
+        /// The member's fence.
+        current: Token,
+    },
+    /// The member's device failed the op (an I/O error, a failed pool).
+    Failed {
+        /// The session it was sent under.
+        token: Token,
+        /// The op.
+        op: MemberOp,
+    },
+}
+
+/// What the driver does next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EcAction {
+    /// Send to member `member` (its place in the record), on node `node`.
+    Send {
+        /// The member's place.
+        member: usize,
+        /// Its node.
+        node: NodeId,
+        /// The message.
+        msg: ToMember,
+    },
+    /// Replace the record at `base_revision` by `record` (compare-and-swap);
+    /// answer with `committed` or `commit_failed`.
+    Commit {
+        /// The revision the change is based on.
+        base_revision: u64,
+        /// The record wanted.
+        record: ReplicaSet,
+    },
+    /// Complete the host command (a read's bytes in `data`).
+    Complete {
+        /// The op.
+        op: OpId,
+        /// How.
+        result: HostResult,
+        /// A read's bytes (empty otherwise).
+        data: Vec<u8>,
+    },
+}

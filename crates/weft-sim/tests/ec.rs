@@ -1,0 +1,55 @@
+//! The erasure-coded simulation over many seeds, each of the issue's
+//! layouts in turn. `WEFT_EC_SIM_SEEDS` sets how many (default 60; CI runs
+//! more), `WEFT_SIM_SEED_BASE` where they start. A failing seed prints
+//! itself, its last events, and how to replay it: `WEFT_SIM_SEED=N cargo
+//! test -p weft-sim --test ec replay -- --nocapture`.
+
+use weft_ec::Layout;
+use weft_sim::ec::{run_ec, EcReport, EcSimConfig};
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().map(|v| {
+        v.parse()
+            .unwrap_or_else(|_| panic!("{name} must be a number, not {v:?}"))
+    })
+}
+
+/// The layout seed `seed` runs: 2+1, 4+2, 4+1, 8+2 in turn.
+fn config(seed: u64) -> EcSimConfig {
+    let (k, m) = [(2, 1), (4, 2), (4, 1), (8, 2)][(seed % 4) as usize];
+    EcSimConfig::new(Layout::new(k, m).expect("a layout"))
+}
+
+#[test]
+fn seeds() {
+    let count = env_u64("WEFT_EC_SIM_SEEDS").unwrap_or(60);
+    let base = env_u64("WEFT_SIM_SEED_BASE").unwrap_or(0);
+    let mut t = EcReport::default();
+    for seed in base..base + count {
+        match run_ec(seed, &config(seed)) {
+            Ok(report) => t.add(&report),
+            Err(failure) => panic!(
+                "{}",
+                failure.to_string().replace("--test vopr", "--test ec")
+            ),
+        }
+    }
+    println!(
+        "{count} seeds from {base}: {} writes and {} reads checked, {} retries; {} crashes ({} writes torn), {} pauses, {} cuts, {} disk failures; {} new epochs, {} members rebuilt into sync",
+        t.writes, t.reads, t.retries, t.crashes, t.torn_writes, t.pauses, t.cuts, t.disk_failures, t.promotions, t.rejoins
+    );
+}
+
+#[test]
+fn replay() {
+    let Some(seed) = env_u64("WEFT_SIM_SEED") else {
+        return;
+    };
+    match run_ec(seed, &config(seed)) {
+        Ok(report) => println!("seed {seed} passes: {report:?}"),
+        Err(failure) => panic!(
+            "{}",
+            failure.to_string().replace("--test vopr", "--test ec")
+        ),
+    }
+}
