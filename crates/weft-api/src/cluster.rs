@@ -319,9 +319,23 @@ impl Cluster {
                     .get("thick")
                     .and_then(Value::as_bool)
                     .unwrap_or(false);
-                let replicas = replica_count(&fields)?;
+                let layout = erasure_layout(&fields)?;
+                let replicas = match layout {
+                    Some(layout) => layout.shards(),
+                    None => replica_count(&fields)?,
+                };
+                // A member of an erasure-coded volume holds a k-th of it.
+                let member_bytes = match layout {
+                    Some(layout) => size_bytes.div_ceil(layout.data() as u64),
+                    None => size_bytes,
+                };
                 let wanted = (node.as_deref(), pool.as_deref());
-                let mut placed = self.place(size_bytes, thick, wanted, replicas)?;
+                let mut placed =
+                    self.place(member_bytes, thick, wanted, replicas)
+                        .map_err(|response| match layout {
+                            Some(layout) => erasure_unplaceable(layout, response),
+                            None => response,
+                        })?;
                 if replicas > 1 {
                     let placements: Vec<Value> = placed
                         .iter()
@@ -663,6 +677,55 @@ fn replica_count(fields: &serde_json::Map<String, Value>) -> Result<usize, Respo
     }
 }
 
+/// The erasure code a new volume asks for (`"ec": "4+2"`), if any.
+fn erasure_layout(
+    fields: &serde_json::Map<String, Value>,
+) -> Result<Option<weft_ec::Layout>, Response> {
+    let Some(value) = fields.get("ec").filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    if fields.get("replicas").is_some_and(|r| !r.is_null()) {
+        return Err(failure(
+            400,
+            "invalid",
+            "a volume is either replicated (replicas) or erasure-coded (ec), not both",
+            "give one of them",
+        ));
+    }
+    let text = value.as_str().unwrap_or_default();
+    text.parse::<weft_ec::Layout>()
+        .map(Some)
+        .map_err(|message| {
+            failure(
+                400,
+                "invalid",
+                &format!("ec is {value}: {message}"),
+                "e.g. \"ec\": \"4+2\" (k data and m parity shards, each on its own node)",
+            )
+        })
+}
+
+/// Placement's refusal of an erasure-coded volume, said in its terms.
+fn erasure_unplaceable(layout: weft_ec::Layout, (status, body): Response) -> Response {
+    if status != 409 {
+        return (status, body);
+    }
+    let why = body
+        .get("message")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    failure(
+        409,
+        "unplaceable",
+        &format!(
+            "an erasure-coded {layout} volume needs {} nodes in distinct zones, each with a pool that can hold a {}th of it ({why})",
+            layout.shards(),
+            layout.data(),
+        ),
+        "add, start or uncordon nodes, or ask for a layout with fewer shards (e.g. 2+1 needs 3 nodes)",
+    )
+}
+
 /// Whether another node forwarded this call (it is served here, not again forwarded).
 pub(crate) fn is_forwarded(request: &Request) -> bool {
     request.query.split('&').any(|part| part == LOCAL_MARK)
@@ -794,6 +857,10 @@ impl Cluster {
                 view["replicas"] = json!(replicas);
                 view["snapshots"] = json!(crate::views::snapshot_names(replication));
                 view["snapshot_copies"] = json!(crate::views::snapshot_copies(replication));
+                if let Some(erasure) = crate::views::erasure_view(replication) {
+                    view["erasure"] = json!(erasure);
+                    view["size_bytes"] = json!(replication.size_bytes);
+                }
             }
         }
         view

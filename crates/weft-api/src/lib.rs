@@ -667,6 +667,12 @@ struct AddDevices {
     device_size_bytes: Option<u64>,
 }
 
+/// An erasure-coded volume's chunk: a 128 KiB sequential write covers two
+/// members' chunks of a stripe (docs/ERASURE-CODING-DESIGN.md).
+const EC_CHUNK_BYTES: u32 = 64 * 1024;
+/// Journal slots per member: stripe updates in flight at once (at most).
+const EC_JOURNAL_SLOTS: u32 = 64;
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct CreateVolume {
@@ -686,6 +692,9 @@ struct CreateVolume {
     /// Where each replica goes, the first the primary: set by the node
     /// that placed them when it routes the call.
     placements: Option<Vec<ReplicaPlacementBody>>,
+    /// Erasure-coded across nodes: `"K+M"` (e.g. `"4+2"`); the placements
+    /// are then the stripe's members.
+    ec: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -904,12 +913,32 @@ fn create_volume(body: CreateVolume) -> Result<AdminOp, Response> {
             pool: p.pool,
         })
         .collect();
-    if body.replicas.unwrap_or(1) > 1 && replicas.is_empty() {
+    if (body.replicas.unwrap_or(1) > 1 || body.ec.is_some()) && replicas.is_empty() {
         return Err(not_a_cluster());
     }
+    let erasure = match &body.ec {
+        Some(text) => {
+            let layout: weft_ec::Layout = text.parse().map_err(|message: String| {
+                failure(
+                    400,
+                    "invalid",
+                    &format!("ec {text:?}: {message}"),
+                    "e.g. \"ec\": \"4+2\"",
+                )
+            })?;
+            Some(weft_control::ErasureRecord {
+                data_shards: layout.data() as u32,
+                parity_shards: layout.parity() as u32,
+                chunk_bytes: EC_CHUNK_BYTES,
+                journal_slots: EC_JOURNAL_SLOTS,
+            })
+        }
+        None => None,
+    };
     Ok(AdminOp::CreateVolume {
         identity,
         replicas,
+        erasure,
         pool,
         spec: VolumeSpec {
             name: body.name,

@@ -112,6 +112,44 @@ pub struct VolumeView {
     /// A replicated volume's snapshots: where each is held.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot_copies: Option<Vec<SnapshotCopiesView>>,
+    /// An erasure-coded volume's stripe and the raw capacity it takes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub erasure: Option<ErasureView>,
+}
+
+/// An erasure-coded volume's stripe (its `replicas` are the stripe's members).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ErasureView {
+    /// `K+M`: data and parity shards per stripe.
+    pub layout: String,
+    /// A chunk's bytes (one member's part of a stripe).
+    pub chunk_bytes: u32,
+    /// The bytes its members' shard volumes take together (provisioned:
+    /// thin shards allocate as written): parity and journals included.
+    pub raw_bytes: u64,
+    /// Raw bytes per usable byte, `(K+M)/K` and the journals.
+    pub raw_per_usable: f64,
+}
+
+/// The erasure view of a volume record's replication part, if erasure-coded.
+pub(crate) fn erasure_view(replication: &weft_control::ReplicationRecord) -> Option<ErasureView> {
+    let erasure = replication.erasure?;
+    let layout =
+        weft_ec::Layout::new(erasure.data_shards as usize, erasure.parity_shards as usize).ok()?;
+    let geometry = weft_ec::Geometry::new(layout, erasure.chunk_bytes).ok()?;
+    let journal = weft_ec::JournalLayout {
+        slots: erasure.journal_slots,
+        block_bytes: replication.block_size,
+        chunk_bytes: erasure.chunk_bytes,
+    };
+    let shard = journal.data_base() + geometry.shard_volume_bytes(replication.size_bytes);
+    let raw_bytes = shard * layout.shards() as u64;
+    Some(ErasureView {
+        layout: layout.to_string(),
+        chunk_bytes: erasure.chunk_bytes,
+        raw_bytes,
+        raw_per_usable: raw_bytes as f64 / replication.size_bytes.max(1) as f64,
+    })
 }
 
 /// A replicated volume's snapshot and the nodes whose copies hold it.
@@ -232,10 +270,10 @@ pub(crate) fn replica_views(
                 reason,
                 node: member.node.clone(),
                 pool: member.pool.clone(),
-                role: if member.node == replication.primary {
-                    "primary"
-                } else {
-                    "replica"
+                role: match (member.node == replication.primary, replication.erasure) {
+                    (true, _) => "primary",
+                    (false, Some(_)) => "member",
+                    (false, None) => "replica",
                 }
                 .into(),
                 state: state.into(),
@@ -350,7 +388,11 @@ impl From<&VolumeStatus> for VolumeView {
             name: info.name.clone(),
             pool: volume.pool.clone(),
             nqn: volume.nqn.clone(),
-            size_bytes: info.size_bytes,
+            // An erasure-coded volume's local volume is one member's shard.
+            size_bytes: match &volume.replication {
+                Some(r) if r.erasure.is_some() => r.size_bytes,
+                _ => info.size_bytes,
+            },
             block_size: info.block_size,
             thick: info.thick,
             allocated_bytes: info.allocated_bytes,
@@ -379,6 +421,7 @@ impl From<&VolumeStatus> for VolumeView {
                 replica_views(replication, &rebuilds)
             }),
             snapshot_copies: volume.replication.as_ref().map(snapshot_copies),
+            erasure: volume.replication.as_ref().and_then(erasure_view),
         }
     }
 }
@@ -480,6 +523,7 @@ mod tests {
             previous: None,
             retire: vec!["n4".into()],
             snapshots: Vec::new(),
+            erasure: None,
         };
         let views = replica_views(&replication, &[]);
         let shown: Vec<(&str, &str, &str)> = views

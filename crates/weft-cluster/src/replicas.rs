@@ -401,7 +401,12 @@ fn promotion(
         let name = node_name(record, id);
         name != record.primary && nodes.get(name).is_some_and(NodeView::is_alive)
     };
-    let next = weft_replication::controller::promote(&set, up)?;
+    // An erasure-coded volume's old primary keeps its member in sync: it
+    // holds a shard, not a copy another can do without (`weft_ec::controller`).
+    let next = match record.erasure {
+        Some(_) => weft_ec::controller::promote(&set, up)?,
+        None => weft_replication::controller::promote(&set, up)?,
+    };
     Some(with_replica_set(record, &next))
 }
 
@@ -429,6 +434,7 @@ mod tests {
             previous: Some("n1".into()),
             retire: Vec::new(),
             snapshots: Vec::new(),
+            erasure: None,
         }
     }
 

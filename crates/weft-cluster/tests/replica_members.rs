@@ -79,6 +79,7 @@ fn volume(store: &Arc<dyn Store>) {
             previous: None,
             retire: Vec::new(),
             snapshots: Vec::new(),
+            erasure: None,
         }),
         ..VolumeRecord::default()
     };

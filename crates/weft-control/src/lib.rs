@@ -28,9 +28,9 @@ pub use embedded::EmbeddedStore;
 pub use memory::{Clock, ManualClock, MemoryStore, SystemClock};
 pub use mirror::Mirror;
 pub use records::{
-    check_nqn, reservation_key, DesiredState, HeldReservation, HostRecord, PoolRecord, QosLimits,
-    RegistrantRecord, ReplicaRecord, ReplicaState, ReplicatedSnapshot, ReplicationRecord,
-    ReservationRecord, Versioned, VolumeRecord,
+    check_nqn, reservation_key, DesiredState, ErasureRecord, HeldReservation, HostRecord,
+    PoolRecord, QosLimits, RegistrantRecord, ReplicaRecord, ReplicaState, ReplicatedSnapshot,
+    ReplicationRecord, ReservationRecord, Versioned, VolumeRecord,
 };
 pub use store::{
     Change, Condition, Entry, LeaseId, Listing, Revision, Store, StoreError, Txn, WatchEvent,

@@ -183,6 +183,23 @@ pub struct ReplicationRecord {
     /// in-sync replica at one point of the write stream.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub snapshots: Vec<ReplicatedSnapshot>,
+    /// An erasure-coded volume's stripe: its members hold one shard each of
+    /// every stripe, in the order of `members`, instead of a copy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub erasure: Option<ErasureRecord>,
+}
+
+/// How an erasure-coded volume is cut into its members' shards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErasureRecord {
+    /// Data shards per stripe (`k`).
+    pub data_shards: u32,
+    /// Parity shards per stripe (`m`).
+    pub parity_shards: u32,
+    /// A chunk's bytes (one member's part of a stripe).
+    pub chunk_bytes: u32,
+    /// Journal slots at the start of each member's shard volume.
+    pub journal_slots: u32,
 }
 
 /// A snapshot of a replicated volume.

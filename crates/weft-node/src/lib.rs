@@ -39,6 +39,7 @@
 
 mod admin_error;
 pub mod cluster;
+mod erasure;
 pub mod exports;
 pub mod identity;
 mod intents;

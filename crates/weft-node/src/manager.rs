@@ -50,7 +50,10 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::mpsc::{self, Sender};
 use std::sync::Arc;
-use weft_control::{DesiredState, HostRecord, PoolRecord, QosLimits, StoreError, VolumeRecord};
+use weft_control::{
+    DesiredState, ErasureRecord, HostRecord, PoolRecord, QosLimits, ReplicationRecord, StoreError,
+    VolumeRecord,
+};
 use weft_proto::auth::{DhGroup, DhchapSecret, HostKeys};
 use weft_proto::target::{AllowedHost, HostAccess, NamespaceConfig, SubsystemConfig, TargetConfig};
 use weft_proto::tls::psk::ConfiguredPsk;
@@ -130,6 +133,8 @@ pub enum AdminOp {
         identity: VolumeIdentity,
         /// Where its replicas go, the first this node's (none: one copy).
         replicas: Vec<ReplicaPlacement>,
+        /// Erasure-coded: the replicas are the stripe's members, in order.
+        erasure: Option<ErasureRecord>,
     },
     /// Delete a volume (`force`: even with hosts connected).
     DeleteVolume {
@@ -487,6 +492,8 @@ pub struct Manager {
     cluster_lease: Option<Arc<weft_cluster::LeaseClock>>,
     /// The replicators of the replicated volumes this node is primary of.
     replicators: BTreeMap<String, crate::replication::replicator::ReplicatorHandle>,
+    /// The primaries of the erasure-coded volumes this node serves.
+    erasures: BTreeMap<String, crate::erasure::server::ErasureHandle>,
     /// The data plane, whose reactors host the replicators (set when the manager starts).
     plane: Option<Arc<DataPlane>>,
     /// How fast a replicator copies to a replica it rebuilds.
@@ -571,6 +578,7 @@ impl Manager {
             intents: BTreeMap::new(),
             cluster_lease: None,
             replicators: BTreeMap::new(),
+            erasures: BTreeMap::new(),
             plane: None,
             caller: None,
             after_exports: Vec::new(),
@@ -702,13 +710,18 @@ impl Manager {
                     // The primary writes to this replica through its
                     // private, fenced subsystem: the same volume, with a
                     // meter of its own (hosts' limits do not apply), and
-                    // the replica's write intent checked before each write.
-                    let intent = intents::intent_of(
-                        &mut self.intents,
-                        self.cluster_dir.as_deref(),
-                        &volume.name,
-                        volume.size_bytes,
-                    );
+                    // the replica's write intent checked before each write
+                    // (an erasure-coded member has none: its primary
+                    // journals every stripe update on the members).
+                    let intent = match replication.erasure {
+                        Some(_) => None,
+                        None => intents::intent_of(
+                            &mut self.intents,
+                            self.cluster_dir.as_deref(),
+                            &volume.name,
+                            volume.size_bytes,
+                        ),
+                    };
                     let volume_subsystem = config.subsystems.last().expect("pushed");
                     let mut replica =
                         self.replica_subsystem(&volume.name, volume_subsystem, replication);
@@ -984,6 +997,7 @@ impl Manager {
     }
 
     fn admin(&mut self, op: AdminOp, plane: &DataPlane) -> Result<(), AdminError> {
+        self.check_erasure_supports(&op)?;
         let exports_change = matches!(
             op,
             AdminOp::CreateVolume { .. }
@@ -1018,13 +1032,16 @@ impl Manager {
                 spec,
                 identity,
                 replicas,
+                erasure,
             } => {
                 self.check_volume_name_free(&spec.name)?;
                 self.pool_mut(&pool)?;
                 let mut chosen = self.check_identity_free(&spec.name, &identity)?;
-                chosen.replication = self.new_replication(&spec, &pool, &replicas)?;
+                chosen.replication = self.new_replication(&spec, &pool, &replicas, erasure)?;
+                // An erasure-coded volume's copy here is this node's shard.
+                let local = local_spec(&spec, chosen.replication.as_ref());
                 self.claimed(&spec.name, &pool, chosen, |manager| {
-                    Ok(manager.pool_mut(&pool)?.create_volume(&spec)?)
+                    Ok(manager.pool_mut(&pool)?.create_volume(&local)?)
                 })?;
                 log::info!(
                     "volume {} created in pool {pool}: {} bytes{}",
@@ -1683,8 +1700,20 @@ impl Drop for StopOnExit<'_> {
 /// is being recorded (a primary of the old size must not be asked past its end).
 fn served_size_bytes(local_size_bytes: u64, record: &VolumeRecord) -> u64 {
     match &record.replication {
+        // The local volume is one member's shard; hosts see the whole.
+        Some(replication) if replication.erasure.is_some() => replication.size_bytes,
         Some(replication) => local_size_bytes.min(replication.size_bytes),
         None => local_size_bytes,
+    }
+}
+
+/// The volume this node makes for a new volume `spec`: the volume itself,
+/// or for an erasure-coded one its shard (journal and a chunk per stripe).
+fn local_spec(spec: &VolumeSpec, replication: Option<&ReplicationRecord>) -> VolumeSpec {
+    let shard = replication.and_then(|r| crate::erasure::shard_bytes(r, r.erasure.as_ref()?));
+    VolumeSpec {
+        size_bytes: shard.unwrap_or(spec.size_bytes),
+        ..spec.clone()
     }
 }
 

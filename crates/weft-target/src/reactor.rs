@@ -70,6 +70,15 @@ pub(crate) enum Message {
         /// Retry it, or its result.
         outcome: VolumeOutcome,
     },
+    /// A read a path took (an erasure-coded volume's) is done: its bytes.
+    VolumeRead {
+        /// Connection index.
+        connection: usize,
+        /// The read.
+        request: IoRequest,
+        /// What it read.
+        data: Vec<u8>,
+    },
     /// A block I/O op completed with an injected failure instead of running.
     #[cfg(feature = "fault-injection")]
     Injected(Completion),
@@ -102,6 +111,7 @@ impl std::fmt::Debug for Message {
             Message::Connection(_, address, _) => write!(f, "Connection({address})"),
             Message::Exports(_, number) => write!(f, "Exports({number})"),
             Message::VolumeDone { connection, .. } => write!(f, "VolumeDone({connection})"),
+            Message::VolumeRead { connection, .. } => write!(f, "VolumeRead({connection})"),
             #[cfg(feature = "fault-injection")]
             Message::Injected(completion) => write!(f, "Injected({completion:?})"),
             Message::Guest(..) => write!(f, "Guest"),
@@ -843,6 +853,11 @@ impl Reactor {
                     request,
                     outcome,
                 } => self.on_volume_done(connection, request, outcome),
+                Message::VolumeRead {
+                    connection,
+                    request,
+                    data,
+                } => self.on_volume_read(connection, request, &data),
                 #[cfg(feature = "fault-injection")]
                 Message::Injected(completion) => self.complete(completion),
                 Message::Guest(guest, doorbell) => self.adopt_guest(guest, doorbell),
@@ -1328,7 +1343,7 @@ impl Reactor {
                 let peer = self.connections[index].as_mut().expect("live connection");
                 return finish_io(peer, &mut self.counts, now_ns, request.slot, Err(error));
             }
-            if !matches!(request.kind, IoKind::Read { .. }) {
+            if replicated.takes_reads() || !matches!(request.kind, IoKind::Read { .. }) {
                 return self.replicate(index, request, replicated);
             }
         }
@@ -1500,7 +1515,7 @@ impl Reactor {
                 fua: false,
             },
             IoKind::Flush => ReplicatedWork::Flush,
-            IoKind::Read { .. } => unreachable!("reads are served here"),
+            IoKind::Read { offset, len, .. } => ReplicatedWork::Read { offset, len },
             IoKind::Snapshot { .. } | IoKind::Grow { .. } | IoKind::Reserve { .. } => {
                 unreachable!("volume control is routed before")
             }
@@ -1589,6 +1604,27 @@ impl Reactor {
                 finish_io(peer, &mut self.counts, now_ns, request.slot, result)
             }
         }
+        self.drive(index);
+    }
+
+    /// A read a path took is done: its bytes go to the command's buffer.
+    fn on_volume_read(&mut self, index: usize, request: IoRequest, data: &[u8]) {
+        let now_ns = self.now_ns();
+        let peer = self.connections[index]
+            .as_mut()
+            .expect("a connection waiting for a path is kept");
+        peer.ops_in_flight -= 1;
+        let result = match request.kind {
+            IoKind::Read {
+                len, buffer_offset, ..
+            } if data.len() == len as usize => {
+                let at = buffer_offset as usize;
+                peer.slots.buffer(request.slot)[at..at + data.len()].copy_from_slice(data);
+                Ok(())
+            }
+            _ => Err(IoError::Other),
+        };
+        finish_io(peer, &mut self.counts, now_ns, request.slot, result);
         self.drive(index);
     }
 

@@ -8,6 +8,11 @@
 //! served from the local copy while the replicator says this node serves
 //! (its lease is valid and it is the active primary): one atomic load.
 //!
+//! An erasure-coded volume's path takes its reads too ([`Replicated::with_reads`]):
+//! no node holds the volume whole, and its primary reads each piece from
+//! the member that keeps it (or rebuilds it from the others); the answer
+//! carries the bytes, which the reactor copies into the command's buffer.
+//!
 //! What this does not do: talk to replicas, the store or the disk for
 //! replicated writes (the replicator does, in `weft-node`).
 
@@ -54,6 +59,14 @@ pub enum ReplicatedWork {
     },
     /// Make every completed write durable, everywhere.
     Flush,
+    /// Read `len` bytes at byte `offset` (a path that takes reads only):
+    /// answered with [`crate::VolumeReply::send_read`].
+    Read {
+        /// Byte offset on the volume.
+        offset: u64,
+        /// Length in bytes.
+        len: u32,
+    },
 }
 
 /// A replicated I/O and where its answer goes.
@@ -75,6 +88,8 @@ pub trait ReplicatedSink: Send + Sync {
 pub struct Replicated {
     serving: AtomicU8,
     sink: Box<dyn ReplicatedSink>,
+    /// Reads go to the sink too.
+    reads: bool,
 }
 
 impl fmt::Debug for Replicated {
@@ -89,7 +104,21 @@ impl Replicated {
         Replicated {
             serving: AtomicU8::new(Serving::Transition as u8),
             sink,
+            reads: false,
         }
+    }
+
+    /// A path whose reads go to `sink` too (an erasure-coded volume's).
+    pub fn with_reads(sink: Box<dyn ReplicatedSink>) -> Replicated {
+        Replicated {
+            reads: true,
+            ..Replicated::new(sink)
+        }
+    }
+
+    /// Whether reads go to the sink too.
+    pub(crate) fn takes_reads(&self) -> bool {
+        self.reads
     }
 
     /// Whether this node serves now.

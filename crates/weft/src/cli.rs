@@ -197,12 +197,17 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
             ("POST", path, None, Show::Done("cleared"))
         }
         ("volume", "create") => {
-            known(&["pool", "size", "thick", "block-size", "node", "nqn", "uuid", "nguid", "replicas"])?;
+            known(&["pool", "size", "thick", "block-size", "node", "nqn", "uuid", "nguid", "replicas", "ec"])?;
             let size_bytes = size("size")?.ok_or("weft volume create NAME --size SIZE [--pool POOL]: give --size, e.g. 100GiB")?;
             let block_size = size("block-size")?.unwrap_or(4096);
+            let ec = option("ec");
+            if ec.is_some() && option("replicas").is_some() {
+                return Err("weft volume create: give --replicas N or --ec K+M, not both (a volume is replicated or erasure-coded)".into());
+            }
             let replicas = match option("replicas") {
-                None => 1,
-                Some(text) => text.parse::<u32>().map_err(|_| format!("--replicas {text}: give a number of copies, 1 to 3"))?,
+                None if ec.is_some() => None,
+                None => Some(1),
+                Some(text) => Some(text.parse::<u32>().map_err(|_| format!("--replicas {text}: give a number of copies, 1 to 3"))?),
             };
             let body = json!({
                 "name": operand(1, "volume name")?,
@@ -215,6 +220,7 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
                 "block_size": block_size,
                 "thick": flag("thick"),
                 "replicas": replicas,
+                "ec": ec,
             });
             ("POST", "volumes".to_string(), Some(body), Show::Done("created"))
         }
@@ -754,11 +760,12 @@ fn print_volumes(volumes: &[VolumeView]) {
         false => String::new(),
     };
     outln!(
-        "{:<20} {}{:<12} {:>10} {:>10} {:<5} {:>9} {:>5}  NQN",
+        "{:<20} {}{:<12} {:>10} {:>10} {:>10} {:<6} {:>9} {:>5}  NQN",
         "NAME",
         node_column(&Some("NODE".into())),
         "POOL",
         "SIZE",
+        "RAW",
         "ALLOCATED",
         "TYPE",
         "SNAPSHOTS",
@@ -777,17 +784,32 @@ fn print_volumes(volumes: &[VolumeView]) {
             continue;
         }
         outln!(
-            "{:<20} {}{:<12} {:>10} {:>10} {:<5} {:>9} {:>5}  {}",
+            "{:<20} {}{:<12} {:>10} {:>10} {:>10} {:<6} {:>9} {:>5}  {}",
             v.name,
             node_column(&v.node),
             v.pool,
             human_bytes(v.size_bytes),
+            human_bytes(raw_bytes(v)),
             human_bytes(v.allocated_bytes),
-            if v.thick { "thick" } else { "thin" },
+            match &v.erasure {
+                Some(e) => format!("ec {}", e.layout),
+                None if v.thick => "thick".into(),
+                None => "thin".into(),
+            },
             v.snapshots.len(),
             v.connected_hosts.len(),
             v.nqn
         );
+    }
+}
+
+/// The flash a volume takes in all, provisioned: every copy of a
+/// replicated volume, every shard of an erasure-coded one with its parity.
+fn raw_bytes(v: &VolumeView) -> u64 {
+    match (&v.erasure, &v.replicas) {
+        (Some(e), _) => e.raw_bytes,
+        (None, Some(replicas)) => v.size_bytes * replicas.len() as u64,
+        (None, None) => v.size_bytes,
     }
 }
 
@@ -898,6 +920,15 @@ fn print_volume(v: &VolumeView) {
         v.block_size
     );
     outln!("type        {}", if v.thick { "thick" } else { "thin" });
+    if let Some(e) = &v.erasure {
+        outln!(
+            "erasure     {} (chunks of {}): takes {} raw, {:.2}x its size, journals included",
+            e.layout,
+            human_bytes(u64::from(e.chunk_bytes)),
+            human_bytes(e.raw_bytes),
+            e.raw_per_usable
+        );
+    }
     match &v.failure {
         Some(failure) if matches!(v.state.as_str(), "unavailable" | "missing") => {
             outln!("state       {}: {failure}", v.state)

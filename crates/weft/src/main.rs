@@ -48,8 +48,9 @@ Usage:
   weft pool list | show NAME | delete NAME | clear-failure NAME   [--node NODE]
   weft pool add-device NAME --device PATH [--device PATH]... [--device-size SIZE]   (online)
   weft namespace clear-failure NQN [--nsid N]   (a configured file or block device namespace)
-  weft volume create NAME --size SIZE [--pool POOL] [--node NODE] [--replicas N] [--thick] [--block-size 512|4096]
-                     [--nqn NQN] [--uuid UUID] [--nguid HEX]   (what hosts see; default weft's)
+  weft volume create NAME --size SIZE [--pool POOL] [--node NODE] [--replicas N | --ec K+M] [--thick]
+                     [--block-size 512|4096] [--nqn NQN] [--uuid UUID] [--nguid HEX]   (what hosts see; default weft's)
+                     (--ec 4+2: erasure-coded over K+M nodes, survives M of them at (K+M)/K the size)
   weft volume list | show NAME | delete NAME [--force] | resize NAME --size SIZE
   weft volume clone VOLUME@SNAPSHOT NAME [--node NODE] | flatten NAME
   weft volume move-primary NAME [--to NODE]   (a replicated volume's primary, planned)

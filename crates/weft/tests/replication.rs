@@ -9,73 +9,14 @@ mod support;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use support::etcd::{free_port, Etcd};
-use support::{ok, start_node_on, temp_dir, Node, Tmpfs};
+use support::cluster::{eventually, node, retrying, three_nodes};
+use support::{ok, temp_dir, Node, Tmpfs};
 use weft_initiator::{ConnectOptions, Controller, InitiatorError, Queue, TargetUrl};
 use weft_proto::reservation::{ACQUIRE_OPCODE, REGISTER_OPCODE};
 use weft_proto::status::{Status, StatusCodeType};
 
 const HOST_NQN: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-0000000ae9a1";
 const BLOCK: u32 = 4096;
-
-fn node(dir: &Path, name: &str, endpoints: &str, token_file: Option<&Path>) -> Node {
-    node_configured(dir, name, endpoints, token_file, "")
-}
-
-/// [`node`] with more of weft.toml's `[cluster]` table (`cluster`, lines).
-fn node_configured(
-    dir: &Path,
-    name: &str,
-    endpoints: &str,
-    token_file: Option<&Path>,
-    cluster: &str,
-) -> Node {
-    let data = dir.join(name);
-    let config = dir.join(format!("{name}.toml"));
-    let urls: Vec<String> = endpoints.split(',').map(|e| format!("{e:?}")).collect();
-    let table = format!(
-        "[cluster]\nendpoints = [{}]\nnode = {name:?}\ninsecure_store = true\n{cluster}\n",
-        urls.join(", ")
-    );
-    std::fs::write(&config, table).unwrap();
-    let config = config.to_str().unwrap().to_string();
-    let mut extra = vec![
-        "--config",
-        config.as_str(),
-        "--cluster",
-        endpoints,
-        "--node",
-        name,
-    ];
-    let token_path;
-    if let Some(file) = token_file {
-        token_path = file.to_str().unwrap().to_string();
-        extra.extend(["--api-token-file", &token_path]);
-    }
-    let listen = format!("127.0.0.1:{}", free_port());
-    let mut node = start_node_on(&data, &listen, &extra);
-    let file = token_file.map_or(data.join("api-token"), Path::to_path_buf);
-    node.token = std::fs::read_to_string(file).unwrap().trim().to_string();
-    node
-}
-
-/// etcd and nodes n1, n2 and n3 (each with the `[cluster]` lines
-/// `cluster`), sharing n1's API token: (etcd, its endpoints, the token file, the nodes).
-fn three_nodes(dir: &Path, cluster: &str) -> (Etcd, String, PathBuf, [Node; 3]) {
-    let etcd = Etcd::start(1, dir);
-    let endpoints = etcd.endpoints();
-    let n1 = node_configured(dir, "n1", &endpoints, None, cluster);
-    let token_file = dir.join("n1").join("api-token");
-    let n2 = node_configured(dir, "n2", &endpoints, Some(&token_file), cluster);
-    let n3 = node_configured(dir, "n3", &endpoints, Some(&token_file), cluster);
-    // A node's API answers before n1's copy of the store has seen it join:
-    // wait until n1 knows all three (pools are then placed by name).
-    eventually("n1 knows every node", || {
-        let (status, listed) = support::api(&n1, Some(&n1.token), "GET", "/api/v1/nodes", None);
-        status == 200 && listed.as_array().is_some_and(|nodes| nodes.len() == 3)
-    });
-    (etcd, endpoints, token_file, [n1, n2, n3])
-}
 
 /// Writes generation 1 of `blocks`, each acknowledged on every replica.
 fn write_blocks(queue: &mut Queue, blocks: std::ops::Range<u64>) {
@@ -113,19 +54,6 @@ fn in_sync(node: &Node) -> usize {
     replicas.iter().filter(|r| r["state"] == "in-sync").count()
 }
 
-/// Polls `check` until it holds (or panics after 30 s, naming `what`).
-fn eventually(what: &str, mut check: impl FnMut() -> bool) -> Duration {
-    let start = Instant::now();
-    while !check() {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "{what}: not within 30 s"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    start.elapsed()
-}
-
 /// An I/O queue to volume "rep"'s subsystem on `node`, as the attached host.
 fn connect(node: &Node) -> (Controller, Queue) {
     connect_to(node, "rep")
@@ -142,25 +70,6 @@ fn connect_to(node: &Node, volume: &str) -> (Controller, Queue) {
     let controller = Controller::connect(&url, options, 1).unwrap();
     let queue = controller.open_io_queue(1).unwrap();
     (controller, queue)
-}
-
-/// Runs `io` until it succeeds, as a multipath host does while the path is
-/// in ANA Transition (the primary fencing and resyncing): path statuses are
-/// retried, anything else fails the test.
-fn retrying<T>(what: &str, mut io: impl FnMut() -> Result<T, InitiatorError>) -> T {
-    let start = Instant::now();
-    loop {
-        match io() {
-            Ok(value) => return value,
-            Err(InitiatorError::Command { status, .. })
-                if status.sct == StatusCodeType::Path
-                    && start.elapsed() < Duration::from_secs(20) =>
-            {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            Err(error) => panic!("{what}: {error}"),
-        }
-    }
 }
 
 /// Through `n1`: a pool on each of n1, n2 and n3, the host "tester", and

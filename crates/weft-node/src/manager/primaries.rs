@@ -8,6 +8,7 @@
 use super::intents::intent_of;
 use super::replicas::node_host_nqn;
 use super::Manager;
+use crate::erasure::server::ErasureSetup;
 use crate::replication::replicator::{self, ReplicatorSetup};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -48,6 +49,9 @@ impl Manager {
         local_size_bytes: u64,
     ) -> Option<Arc<Replicated>> {
         let replication = record.replication.as_ref()?;
+        if replication.erasure.is_some() {
+            return Some(self.erasure_path(name, record));
+        }
         let me = self.cluster_node.clone();
         let (Some(me), Some(lease)) = (me, self.cluster_lease.clone()) else {
             return Some(refusing());
@@ -128,6 +132,71 @@ impl Manager {
     pub(super) fn stop_replicator(&mut self, name: &str) {
         if let Some(running) = self.replicators.remove(name) {
             running.stop();
+        }
+        if let Some(running) = self.erasures.remove(name) {
+            running.stop();
+        }
+    }
+
+    /// The path of erasure-coded volume `name` through this node: its
+    /// primary's (started if the record names this node and none runs),
+    /// else one that refuses everything. The local volume is a member's
+    /// shard: nothing reads or writes it but through the primary.
+    fn erasure_path(&mut self, name: &str, record: &VolumeRecord) -> Arc<Replicated> {
+        let replication = record.replication.as_ref().expect("replicated");
+        let me = self.cluster_node.clone();
+        let (Some(me), Some(lease)) = (me, self.cluster_lease.clone()) else {
+            return refusing();
+        };
+        if replication.primary != me {
+            if let Some(running) = self.erasures.remove(name) {
+                running.stop();
+            }
+            return refusing();
+        }
+        if let Some(running) = self.erasures.get(name).filter(|r| r.is_running()) {
+            return Arc::clone(&running.path);
+        }
+        if self.shut_down {
+            return refusing();
+        }
+        let found = self
+            .desired
+            .read::<VolumeRecord>(&format!("volumes/{name}"));
+        let (Ok(Some(found)), Some(dir), Some(link_keys)) =
+            (found, self.cluster_dir.clone(), self.link_keys.clone())
+        else {
+            return refusing();
+        };
+        let Some(replication) = found.record.replication else {
+            return refusing();
+        };
+        let setup = ErasureSetup {
+            volume: name.to_string(),
+            me: me.clone(),
+            replication,
+            revision: found.revision.0,
+            desired: self.desired.clone(),
+            lease,
+            connect: weft_initiator::ConnectOptions {
+                host_nqn: node_host_nqn(&me),
+                ..weft_initiator::ConnectOptions::default()
+            },
+            link_keys,
+            manager: Arc::new(self.handle.clone()),
+            dir,
+            rebuild_bytes_per_s: self.rebuild_bytes_per_s,
+        };
+        match crate::erasure::server::start(setup) {
+            Ok(running) => {
+                let path = Arc::clone(&running.path);
+                self.erasures.insert(name.to_string(), running);
+                path
+            }
+            Err(error) => {
+                log::error!("volume {name}: cannot start its primary: {error}");
+                refusing()
+            }
         }
     }
 }

@@ -31,6 +31,7 @@ fn make_replicated(desired: &DesiredState) {
             previous: None,
             retire: Vec::new(),
             snapshots: Vec::new(),
+            erasure: None,
         }),
         ..found.record
     };

@@ -15,7 +15,7 @@ use crate::identity;
 use crate::link_keys::{LinkKeys, Peer};
 use crate::replication::replica_nqn;
 use std::sync::Arc;
-use weft_control::{ReplicaRecord, ReplicaState, ReplicationRecord, VolumeRecord};
+use weft_control::{ErasureRecord, ReplicaRecord, ReplicaState, ReplicationRecord, VolumeRecord};
 use weft_proto::ana::{AnaConfig, AnaGroupId, AnaState};
 use weft_proto::fence::FenceAuthority;
 use weft_proto::target::{AllowedHost, HostAccess, NamespaceConfig, SubsystemConfig};
@@ -38,8 +38,9 @@ impl Manager {
         spec: &VolumeSpec,
         pool: &str,
         replicas: &[ReplicaPlacement],
+        erasure: Option<ErasureRecord>,
     ) -> Result<Option<ReplicationRecord>, AdminError> {
-        if replicas.len() <= 1 {
+        if replicas.len() <= 1 && erasure.is_none() {
             return Ok(None);
         }
         let invalid = |message: String| AdminError::Invalid(message);
@@ -54,7 +55,11 @@ impl Manager {
                 replicas[0].node, replicas[0].pool
             )));
         }
-        super::intents::check_replicated_size(&spec.name, spec.size_bytes)?;
+        if let Some(erasure) = &erasure {
+            check_erasure(spec, erasure, replicas.len())?;
+        } else {
+            super::intents::check_replicated_size(&spec.name, spec.size_bytes)?;
+        }
         let mut nodes: Vec<&str> = replicas.iter().map(|r| r.node.as_str()).collect();
         nodes.sort_unstable();
         nodes.dedup();
@@ -79,6 +84,7 @@ impl Manager {
             previous: None,
             retire: Vec::new(),
             snapshots: Vec::new(),
+            erasure,
         }))
     }
 
@@ -106,17 +112,23 @@ impl Manager {
             if replication.primary == node || self.pool_of(&name).is_ok() {
                 continue;
             }
+            let shard = replication
+                .erasure
+                .as_ref()
+                .and_then(|e| crate::erasure::shard_bytes(replication, e));
             let spec = VolumeSpec {
                 name: name.clone(),
-                size_bytes: replication.size_bytes,
+                size_bytes: shard.unwrap_or(replication.size_bytes),
                 block_size: replication.block_size,
                 thick: replication.thick,
             };
             // A copy made for a new volume (epoch 1, every replica in sync)
-            // is as empty as the others; any other may lack writes.
+            // is as empty as the others; any other may lack writes. (An
+            // erasure-coded member has no intent: its primary rebuilds
+            // a member that was not in sync.)
             let fresh = replication.epoch == 1 && member.state == ReplicaState::InSync;
             // The intent first: a copy never exists without it.
-            let intent = match (&self.cluster_dir, fresh) {
+            let intent = match (&self.cluster_dir, fresh || shard.is_some()) {
                 (Some(dir), false) => super::intents::create_unclean(dir, &name)
                     .map_err(|error| format!("its write intent file: {error}")),
                 _ => Ok(()),
@@ -218,6 +230,32 @@ impl Manager {
             .replication
             .is_some_and(|r| r.is_secondary(node))
     }
+}
+
+/// Checks a new erasure-coded volume: its layout, its members (one per
+/// shard) and its size (whole blocks, and whole chunks' worth of them).
+fn check_erasure(
+    spec: &VolumeSpec,
+    erasure: &ErasureRecord,
+    members: usize,
+) -> Result<(), AdminError> {
+    let layout = weft_ec::Layout::new(erasure.data_shards as usize, erasure.parity_shards as usize)
+        .map_err(|e| AdminError::Invalid(e.to_string()))?;
+    if members != layout.shards() {
+        return Err(AdminError::Invalid(format!(
+            "an erasure-coded {layout} volume has {} members, one per node: {members} were placed",
+            layout.shards()
+        )));
+    }
+    weft_ec::Geometry::new(layout, erasure.chunk_bytes)
+        .map_err(|e| AdminError::Invalid(e.to_string()))?;
+    if erasure.chunk_bytes < spec.block_size || erasure.journal_slots == 0 {
+        return Err(AdminError::Invalid(format!(
+            "a chunk of {} bytes and {} journal slots for {}-byte blocks: give a chunk of whole blocks and a slot at least",
+            erasure.chunk_bytes, erasure.journal_slots, spec.block_size
+        )));
+    }
+    Ok(())
 }
 
 /// The host NQN a node connects to other nodes' replica subsystems with.
@@ -326,7 +364,7 @@ mod tests {
         n2.cluster_ordinal = 1;
         let placements = placements([("n1", "p"), ("n2", "p")]);
         let chosen = VolumeRecord {
-            replication: n1.new_replication(&spec(), "p", &placements).unwrap(),
+            replication: n1.new_replication(&spec(), "p", &placements, None).unwrap(),
             ..VolumeRecord::default()
         };
         n1.claimed("db1", "p", chosen, create("db1")).unwrap();
@@ -369,7 +407,7 @@ mod tests {
         );
         let on_one_node = placements([("n1", "p"), ("n1", "p")]);
         assert!(matches!(
-            n1.new_replication(&spec(), "p", &on_one_node),
+            n1.new_replication(&spec(), "p", &on_one_node, None),
             Err(AdminError::Invalid(_))
         ));
         // Each node also exports its replica on a fenced, private subsystem.

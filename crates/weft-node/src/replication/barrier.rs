@@ -437,6 +437,7 @@ mod tests {
             previous: None,
             retire: Vec::new(),
             snapshots: Vec::new(),
+            erasure: None,
         }
     }
 

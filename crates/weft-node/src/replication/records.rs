@@ -1,7 +1,8 @@
 //! Changes a replicated volume's primary and its manager make to the
-//! volume record's replication part (`ReplicationRecord`): its snapshots
-//! and its size, each by compare-and-swap, tried again while others change
-//! the record.
+//! volume record's replication part (`ReplicationRecord`): its members'
+//! standing and epoch (a primary's compare-and-swap at the revision it
+//! read), its snapshots and its size (tried again while others change the
+//! record).
 
 use crate::admin_error::AdminError;
 use weft_control::{DesiredState, ReplicatedSnapshot, ReplicationRecord, StoreError, VolumeRecord};
@@ -77,4 +78,47 @@ pub(crate) fn change_replication(
     Err(AdminError::Unavailable(format!(
         "volume {volume}: its record changed {CAS_ATTEMPTS} times while this change was tried; try again"
     )))
+}
+
+/// What a compare-and-swap of a volume record's replication part did.
+pub(crate) enum Swapped {
+    /// Made: the new revision and part.
+    Done(u64, ReplicationRecord),
+    /// Not made: the part as it is now (none when the record is gone or unreadable).
+    Failed(Option<(u64, ReplicationRecord)>),
+}
+
+/// Replaces the volume record's replication part at revision `base`
+/// (compare-and-swap).
+pub(crate) fn swap_replication(
+    desired: &DesiredState,
+    volume: &str,
+    base: u64,
+    replication: ReplicationRecord,
+) -> Swapped {
+    let key = format!("volumes/{volume}");
+    let current = |desired: &DesiredState| match desired.read::<VolumeRecord>(&key) {
+        Ok(Some(found)) if found.revision.0 > base => found
+            .record
+            .replication
+            .map(|record| (found.revision.0, record)),
+        _ => None,
+    };
+    let found = match desired.read::<VolumeRecord>(&key) {
+        Ok(Some(found)) => found,
+        Ok(None) | Err(_) => return Swapped::Failed(None),
+    };
+    if found.revision.0 > base {
+        return Swapped::Failed(current(desired));
+    }
+    let mut record = found.record;
+    record.replication = Some(replication.clone());
+    match desired.update(&key, &record, weft_control::Revision(base)) {
+        Ok(revision) => Swapped::Done(revision.0, replication),
+        Err(StoreError::Conflict { .. }) => Swapped::Failed(current(desired)),
+        Err(error) => {
+            log::warn!("volume {volume}: record change not made: {error}");
+            Swapped::Failed(None)
+        }
+    }
 }

@@ -64,7 +64,7 @@ use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 use weft_cluster::replicas::{node_id, replica_set, with_replica_set};
 use weft_cluster::LeaseClock;
-use weft_control::{DesiredState, ReplicaState, ReplicationRecord, StoreError, VolumeRecord};
+use weft_control::{DesiredState, ReplicaState, ReplicationRecord, VolumeRecord};
 use weft_initiator::ConnectOptions;
 use weft_proto::fence::{FenceToken, Fences, LocalFence};
 use weft_proto::IoError;
@@ -706,6 +706,11 @@ impl Replicator {
                 (Some(extent), fua, Some(payload))
             }
             ReplicatedWork::Flush => (None, false, None),
+            ReplicatedWork::Read { .. } => {
+                // A replicated volume's path takes no reads (the reactors
+                // serve them from the local copy).
+                return reply.send(VolumeOutcome::Done(Err(IoError::Other)));
+            }
         };
         // (Past the end this primary began with, it completes with ANA
         // Transition: the volume grew, and the primary of the new size

@@ -22,33 +22,10 @@ pub(super) fn commit(
     base: u64,
     replication: ReplicationRecord,
 ) -> Event {
-    let key = format!("volumes/{volume}");
-    let current = |desired: &DesiredState| match desired.read::<VolumeRecord>(&key) {
-        Ok(Some(found)) if found.revision.0 > base => found
-            .record
-            .replication
-            .map(|record| (found.revision.0, record)),
-        _ => None,
-    };
-    let found = match desired.read::<VolumeRecord>(&key) {
-        Ok(Some(found)) => found,
-        Ok(None) | Err(_) => return Event::CommitFailed(None),
-    };
-    if found.revision.0 > base {
-        return Event::CommitFailed(current(desired));
-    }
-    let mut record = found.record;
-    record.replication = Some(replication.clone());
-    match desired.update(&key, &record, weft_control::Revision(base)) {
-        Ok(revision) => Event::Committed {
-            revision: revision.0,
-            record: replication,
-        },
-        Err(StoreError::Conflict { .. }) => Event::CommitFailed(current(desired)),
-        Err(error) => {
-            log::warn!("volume {volume}: record change not made: {error}");
-            Event::CommitFailed(None)
-        }
+    use crate::replication::records::{swap_replication, Swapped};
+    match swap_replication(desired, volume, base, replication) {
+        Swapped::Done(revision, record) => Event::Committed { revision, record },
+        Swapped::Failed(current) => Event::CommitFailed(current),
     }
 }
 

@@ -1,0 +1,119 @@
+//! A cluster of real nodes for the replicated and erasure-coded volume
+//! tests: etcd and `weft serve` nodes sharing one API token, and the
+//! patience a multipath host has (path errors retried, conditions awaited).
+
+use super::etcd::{free_port, Etcd};
+use super::{start_node_on, Node};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use weft_initiator::InitiatorError;
+use weft_proto::status::StatusCodeType;
+
+pub fn node(dir: &Path, name: &str, endpoints: &str, token_file: Option<&Path>) -> Node {
+    node_configured(dir, name, endpoints, token_file, "")
+}
+
+/// [`node`] with more of weft.toml's `[cluster]` table (`cluster`, lines).
+pub fn node_configured(
+    dir: &Path,
+    name: &str,
+    endpoints: &str,
+    token_file: Option<&Path>,
+    cluster: &str,
+) -> Node {
+    let data = dir.join(name);
+    let config = dir.join(format!("{name}.toml"));
+    let urls: Vec<String> = endpoints.split(',').map(|e| format!("{e:?}")).collect();
+    let table = format!(
+        "[cluster]\nendpoints = [{}]\nnode = {name:?}\ninsecure_store = true\n{cluster}\n",
+        urls.join(", ")
+    );
+    std::fs::write(&config, table).unwrap();
+    let config = config.to_str().unwrap().to_string();
+    let mut extra = vec![
+        "--config",
+        config.as_str(),
+        "--cluster",
+        endpoints,
+        "--node",
+        name,
+    ];
+    let token_path;
+    if let Some(file) = token_file {
+        token_path = file.to_str().unwrap().to_string();
+        extra.extend(["--api-token-file", &token_path]);
+    }
+    let listen = format!("127.0.0.1:{}", free_port());
+    let mut node = start_node_on(&data, &listen, &extra);
+    let file = token_file.map_or(data.join("api-token"), Path::to_path_buf);
+    node.token = std::fs::read_to_string(file).unwrap().trim().to_string();
+    node
+}
+
+/// etcd and nodes n1, n2 and n3 (each with the `[cluster]` lines
+/// `cluster`), sharing n1's API token: (etcd, its endpoints, the token file, the nodes).
+pub fn three_nodes(dir: &Path, cluster: &str) -> (Etcd, String, PathBuf, [Node; 3]) {
+    let (etcd, endpoints, token_file, nodes) = nodes(dir, cluster, 3);
+    let [n1, n2, n3]: [Node; 3] = nodes.try_into().ok().expect("three");
+    (etcd, endpoints, token_file, [n1, n2, n3])
+}
+
+/// etcd and nodes n1 to n`count` (each with the `[cluster]` lines
+/// `cluster`), sharing n1's API token: (etcd, its endpoints, the token file, the nodes).
+pub fn nodes(dir: &Path, cluster: &str, count: usize) -> (Etcd, String, PathBuf, Vec<Node>) {
+    let etcd = Etcd::start(1, dir);
+    let endpoints = etcd.endpoints();
+    let n1 = node_configured(dir, "n1", &endpoints, None, cluster);
+    let token_file = dir.join("n1").join("api-token");
+    let mut nodes = vec![n1];
+    for i in 2..=count {
+        let name = format!("n{i}");
+        nodes.push(node_configured(
+            dir,
+            &name,
+            &endpoints,
+            Some(&token_file),
+            cluster,
+        ));
+    }
+    // A node's API answers before n1's copy of the store has seen it join:
+    // wait until n1 knows them all (pools are then placed by name).
+    let n1 = &nodes[0];
+    eventually("n1 knows every node", || {
+        let (status, listed) = super::api(n1, Some(&n1.token), "GET", "/api/v1/nodes", None);
+        status == 200 && listed.as_array().is_some_and(|nodes| nodes.len() == count)
+    });
+    (etcd, endpoints, token_file, nodes)
+}
+
+/// Polls `check` until it holds (or panics after 30 s, naming `what`).
+pub fn eventually(what: &str, mut check: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    while !check() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{what}: not within 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    start.elapsed()
+}
+
+/// Runs `io` until it succeeds, as a multipath host does while the path is
+/// in ANA Transition (the primary fencing and resyncing): path statuses are
+/// retried, anything else fails the test.
+pub fn retrying<T>(what: &str, mut io: impl FnMut() -> Result<T, InitiatorError>) -> T {
+    let start = Instant::now();
+    loop {
+        match io() {
+            Ok(value) => return value,
+            Err(InitiatorError::Command { status, .. })
+                if status.sct == StatusCodeType::Path
+                    && start.elapsed() < Duration::from_secs(20) =>
+            {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(error) => panic!("{what}: {error}"),
+        }
+    }
+}
