@@ -71,6 +71,9 @@ python3 harness/bench-replication.py --runtime 1s --rounds 1 --failovers 1 --rea
 step "benchmark smoke: replication links in TLS against the clear, two clusters side by side (the full run: harness/bench-tls-links.py)"
 python3 harness/bench-tls-links.py --runtime 1s --rounds 1 --json .cache/bench/tls-links/smoke.json
 
+step "benchmark smoke: an erasure-coded 2+1 volume beside one copy and three replicas (the full run: harness/bench-erasure.py)"
+python3 harness/bench-erasure.py --runtime 1s --rounds 1 --json .cache/bench/erasure/smoke.json
+
 if [ "${WEFT_SKIP_VM:-}" = 1 ]; then
     step "kernel interop skipped (WEFT_SKIP_VM=1)"
 else

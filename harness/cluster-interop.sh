@@ -11,7 +11,9 @@
 # the share: REQUEST files "kill nI" / "start nI", answered with REQUEST.done): the host's
 # multipath resumes on the promoted replica with no I/O error, and everything written reads back.
 # Then the same through a hung primary (SIGSTOP/SIGCONT: "stop nI" / "cont nI"), a replica's
-# death, a node drain, and ext4 on the volume through a kill mid-write.
+# death, a node drain, and ext4 on the volume through a kill mid-write. An erasure-coded
+# volume (2+1, a shard on each node) takes fio writes with verify through the death of a
+# member's node and its return, then of its primary's node and its return.
 # Set up as the README says: the cluster's own CA (`weft cluster init`), etcd over TLS asking
 # every client for a certificate from it, and each node started with its own (`--pki`), its
 # API over TLS (the guest calls it with the CA, WEFT_API_CA): nodes 1 and 2 are given theirs
@@ -96,8 +98,11 @@ done
 cli volume create rep --size 64MiB --replicas 3 >/dev/null
 # And one of two replicas (on two of the three nodes).
 cli volume create rep2 --size 32MiB --replicas 2 >/dev/null
+# And an erasure-coded one: a shard on each node (2 data, 1 parity).
+cli volume create ec --size 32MiB --ec 2+1 >/dev/null
 cli volume list
 cli volume show rep
+cli volume show ec
 
 # The guest asks for node kills and restarts through the share (it cannot reach our processes).
 serve_requests() {

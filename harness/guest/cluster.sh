@@ -13,7 +13,8 @@
 # SIGCONT; prints when the host gave up on its paths), a replica's death, a `node drain`, a
 # snapshot and an online growth, and with ext4 on it (fsck clean, synced files intact after
 # the primary's kill mid-write); `rep2`, a volume of two replicas, through a kill of its
-# primary under fio with verify; a persistent discovery connection gets a Discovery
+# primary under fio with verify; `ec`, erasure-coded 2+1, under fio with verify through
+# the death of a member's node and of its primary's; a persistent discovery connection gets a Discovery
 # Log Page Change event when a fourth volume is attached; disconnect. Prints
 # "cluster: PASS" when every check passed.
 set -uo pipefail
@@ -32,7 +33,7 @@ HOSTNQN=$(cat /etc/nvme/hostnqn)
 
 echo "=== register this host through node 1 and attach the volumes of all three nodes"
 weft_cli host add guest --nqn "$HOSTNQN" && ok "host added" || fail "host add"
-for v in v1 v2 v3 rep rep2; do weft_cli volume attach "$v" --host guest && ok "$v attached" || fail "attach $v"; done
+for v in v1 v2 v3 rep rep2 ec; do weft_cli volume attach "$v" --host guest && ok "$v attached" || fail "attach $v"; done
 weft_cli node list
 
 echo "=== node 1's discovery log: its volume and referrals to the others"
@@ -405,6 +406,50 @@ else
     wait_in_sync "$via2" 3 && ok "rep: in sync again too" || fail "rep: not back in sync"
 fi
 
+echo "=== erasure-coded 2+1 (ec): fio through the death of a member's node and its return, then of its primary's"
+ec_dev=''
+for subsys in /sys/class/nvme-subsystem/nvme-subsys*; do
+    [ "$(cat "$subsys/subsysnqn" 2>/dev/null)" = "nqn.2026-11.io.weft:vol:ec" ] || continue
+    ec_dev=$(ls "$subsys" | grep -E '^nvme[0-9]+n[0-9]+$' | head -1)
+done
+wait_in_sync "$via" 3 ec && ok "ec: its three members in sync" || fail "ec: members not in sync"
+ec_primary=$(primary_via "$via" ec)
+ec_member=$(rep_field "$via" ec | awk '$2 == "member" {print $1}' | head -1)
+if [ -z "$ec_dev" ] || [ -z "$ec_primary" ] || [ -z "$ec_member" ]; then
+    fail "ec: device '$ec_dev', primary '$ec_primary', member '$ec_member': skipped"
+else
+    echo "  ec on /dev/$ec_dev, primary $ec_primary"
+    FIO_EC=(--filename="/dev/$ec_dev" --rw=randwrite --bs=4k --size=16m --direct=1 --ioengine=libaio
+        --iodepth=8 --verify=crc32c --randseed=11)
+    ec_through() { # NODE WHAT: fio writes while NODE is killed, then verifies; NODE restarts, rebuilt
+        local via_ec
+        via_ec=$(up_except "$1")
+        dmesg -C
+        timeout 300 fio --name="ec-$2" "${FIO_EC[@]}" --rate_iops=200 --do_verify=0 --output-format=json \
+            > "/tmp/fio-ec-$2.txt" 2>&1 &
+        local fio_pid=$!
+        sleep 3
+        request kill "$1" && ok "host killed $1, ec's $2 (kill -9)" || fail "kill $1 not done"
+        if wait "$fio_pid"; then
+            ok "ec: fio wrote through the $2's death without an error (longest write $(max_write_ms "/tmp/fio-ec-$2.txt") ms)"
+        else
+            fail "ec: fio during the $2's death: $(tail -3 "/tmp/fio-ec-$2.txt")"
+        fi
+        timeout 300 fio --name="ec-$2" "${FIO_EC[@]}" --verify_only > "/tmp/fio-ec-$2-verify.txt" 2>&1 \
+            && ok "ec: everything fio wrote reads back with the $2 gone (rebuilt from the others)" \
+            || fail "ec: verify with the $2 gone: $(tail -3 "/tmp/fio-ec-$2-verify.txt")"
+        dmesg | grep -qi "I/O error" && fail "kernel I/O errors during ec's $2's death" || ok "no kernel I/O error"
+        request start "$1" && ok "host restarted $1" || fail "restart $1 not done"
+        wait_in_sync "$via_ec" 3 ec && ok "ec: $1 rebuilt, every member in sync" || fail "ec: $1 not back in sync"
+        timeout 300 fio --name="ec-$2" "${FIO_EC[@]}" --verify_only > "/tmp/fio-ec-$2-back.txt" 2>&1 \
+            && ok "ec: everything reads back once $1 is back" \
+            || fail "ec: verify once $1 is back: $(tail -3 "/tmp/fio-ec-$2-back.txt")"
+    }
+    ec_through "$ec_member" member
+    ec_through "$ec_primary" primary
+    weft_on "$(up_except "$ec_primary")" volume show ec | sed 's/^/  /'
+fi
+
 echo "=== a persistent discovery connection hears of a volume attached later"
 udevadm monitor --kernel --property > /tmp/uevents 2>&1 &
 monitor=$!
@@ -418,6 +463,6 @@ grep -q "NVME_AEN=0x70f002" /tmp/uevents && ok "kernel event NVME_AEN=0x70f002 (
     || fail "no Discovery Log Page Change event: $(grep NVME_AEN /tmp/uevents | head -3)"
 
 nvme disconnect-all >/dev/null 2>&1
-for v in v1 v2 v3 v4 rep rep2; do weft_cli volume detach "$v" --host guest >/dev/null || fail "detach $v"; done
+for v in v1 v2 v3 v4 rep rep2 ec; do weft_cli volume detach "$v" --host guest >/dev/null || fail "detach $v"; done
 
 if [ "$FAILS" = 0 ]; then echo "cluster: PASS"; else echo "cluster: FAIL ($FAILS)"; exit 1; fi

@@ -342,7 +342,43 @@ impl EcPrimary {
 
     /// Whether it serves the host now (ANA Optimized).
     pub fn optimized(&self, now: Duration) -> bool {
-        self.phase == EcPhase::Active && now < self.lease_until
+        self.phase == EcPhase::Active && now < self.lease_until && self.moving_to().is_none()
+    }
+
+    /// The member's node a planned move hands the volume to (the
+    /// record's `move_to`), if one is asked for.
+    fn moving_to(&self) -> Option<NodeId> {
+        self.record.move_to.filter(|&to| to != self.config.me)
+    }
+
+    /// A planned move: once nothing is in flight (new host commands are
+    /// refused with ANA Transition meanwhile), commits the next epoch with
+    /// the target primary, or drops the move if the target is not an
+    /// in-sync member it reaches. It is deposed once that is committed.
+    fn hand_over(&mut self) {
+        let Some(to) = self.moving_to() else {
+            return;
+        };
+        let busy = !self.jobs.is_empty() || !self.journaled.is_empty() || !self.host.is_empty();
+        let lost = self.links.iter().any(|l| matches!(l, Link::Lost));
+        if self.phase != EcPhase::Active || self.committing || busy || lost {
+            return;
+        }
+        let member = usize::from(to.0);
+        let reachable = self.in_sync(member) && matches!(self.links[member], Link::Up);
+        let next = if reachable {
+            self.record.handed_over(to)
+        } else {
+            ReplicaSet {
+                move_to: None,
+                ..self.record.clone()
+            }
+        };
+        self.committing = true;
+        self.actions.push_back(EcAction::Commit {
+            base_revision: self.revision,
+            record: next,
+        });
     }
 
     /// The node's lease, as its last renewal has it: it serves until `until`.
@@ -456,7 +492,7 @@ impl EcPrimary {
     fn admits(&mut self, op: OpId, offset: u64, len: u64, now: Duration) -> bool {
         let result = match self.phase {
             EcPhase::Deposed => Some(HostResult::Inaccessible),
-            EcPhase::Active if now < self.lease_until => None,
+            EcPhase::Active if now < self.lease_until && self.moving_to().is_none() => None,
             _ => Some(HostResult::Transition),
         };
         // Past the size this primary began with: the next one serves it.
@@ -1182,6 +1218,10 @@ impl EcPrimary {
             }
         }
         self.record = record;
+        if self.record.primary != self.config.me {
+            // Handed over (a planned move).
+            return self.depose();
+        }
         self.commit_changes();
         self.release_journaled(now);
         match self.phase {
@@ -1380,12 +1420,13 @@ impl EcPrimary {
             }
         }
         self.advance_rebuilds(now);
+        self.hand_over();
     }
 
     /// Starts the next stripe of each rebuild the bandwidth allows, and
     /// puts a rebuilt member back in sync.
     fn advance_rebuilds(&mut self, now: Duration) {
-        if self.phase != EcPhase::Active {
+        if self.phase != EcPhase::Active || self.moving_to().is_some() {
             return;
         }
         self.refill_budget(now);
@@ -1471,29 +1512,28 @@ fn write_columns(pieces: &[(usize, u32, Vec<u8>)]) -> Range<u32> {
 }
 
 #[cfg(test)]
-mod tests {
+mod tests_support {
     use super::*;
     use crate::Layout;
-    use weft_replication::Epoch;
 
-    const MS: Duration = Duration::from_millis(1);
+    pub(super) const MS: Duration = Duration::from_millis(1);
 
     /// A primary and its members' disks, every message carried at once
     /// (or held, for a member that fell silent).
-    struct Bench {
-        primary: EcPrimary,
-        disks: Vec<Vec<u8>>,
-        silent: Vec<bool>,
+    pub(super) struct Bench {
+        pub(super) primary: EcPrimary,
+        pub(super) disks: Vec<Vec<u8>>,
+        pub(super) silent: Vec<bool>,
         /// Writes to drop (a crash before they landed), by member.
-        dropping_in_place: bool,
-        record: ReplicaSet,
-        revision: u64,
-        done: BTreeMap<OpId, (HostResult, Vec<u8>)>,
-        reads: usize,
-        now: Duration,
+        pub(super) dropping_in_place: bool,
+        pub(super) record: ReplicaSet,
+        pub(super) revision: u64,
+        pub(super) done: BTreeMap<OpId, (HostResult, Vec<u8>)>,
+        pub(super) reads: usize,
+        pub(super) now: Duration,
     }
 
-    fn config() -> EcConfig {
+    pub(super) fn config() -> EcConfig {
         let geometry = Geometry::new(Layout::new(4, 2).unwrap(), 4096).unwrap();
         EcConfig {
             me: NodeId(0),
@@ -1511,7 +1551,7 @@ mod tests {
     }
 
     impl Bench {
-        fn new(disks: Option<Vec<Vec<u8>>>, record: ReplicaSet) -> Bench {
+        pub(super) fn new(disks: Option<Vec<Vec<u8>>>, record: ReplicaSet) -> Bench {
             let config = config();
             let bytes = config.journal.data_base() + config.stripes() * 4096;
             let token = Token {
@@ -1538,7 +1578,7 @@ mod tests {
             bench
         }
 
-        fn run(&mut self) {
+        pub(super) fn run(&mut self) {
             let data_base = self.primary.config.journal.data_base();
             while let Some(action) = self.primary.poll_action() {
                 match action {
@@ -1589,12 +1629,12 @@ mod tests {
             }
         }
 
-        fn write(&mut self, op: u64, offset: u64, data: Vec<u8>) {
+        pub(super) fn write(&mut self, op: u64, offset: u64, data: Vec<u8>) {
             self.primary.host_write(OpId(op), offset, data, self.now);
             self.run();
         }
 
-        fn read(&mut self, op: u64, offset: u64, len: u32) -> Vec<u8> {
+        pub(super) fn read(&mut self, op: u64, offset: u64, len: u32) -> Vec<u8> {
             self.primary.host_read(OpId(op), offset, len, self.now);
             self.run();
             let (result, data) = self
@@ -1605,22 +1645,29 @@ mod tests {
             data
         }
 
-        fn tick(&mut self, by: Duration) {
+        pub(super) fn tick(&mut self, by: Duration) {
             self.now += by;
             self.primary.tick(self.now);
             self.run();
         }
     }
 
-    fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    pub(super) fn pattern(len: usize, seed: u8) -> Vec<u8> {
         (0..len)
             .map(|i| (i as u8).wrapping_mul(31) ^ seed)
             .collect()
     }
 
-    fn record() -> ReplicaSet {
+    pub(super) fn record() -> ReplicaSet {
         ReplicaSet::new(&(0..6).map(NodeId).collect::<Vec<_>>())
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tests_support::*;
+    use super::*;
+    use weft_replication::Epoch;
 
     #[test]
     fn writes_read_back_and_a_whole_stripe_is_written_without_reading() {
@@ -1697,5 +1744,40 @@ mod tests {
             .remove(&OpId(4))
             .unwrap_or_else(|| panic!("read around: {:?}", after.primary));
         assert_eq!((result, data), (HostResult::Ok, expected));
+    }
+}
+
+#[cfg(test)]
+mod move_tests {
+    use super::tests_support::*;
+    use super::*;
+
+    #[test]
+    fn a_planned_move_drains_then_hands_the_next_epoch_to_the_target() {
+        let mut bench = Bench::new(None, record());
+        bench.write(1, 0, pattern(4096, 1));
+        let mut moving = bench.record.clone();
+        moving.move_to = Some(NodeId(3));
+        bench.revision += 1;
+        bench.record = moving.clone();
+        bench
+            .primary
+            .record_changed(bench.revision, moving, bench.now);
+        // New commands wait for the next primary (ANA Transition).
+        bench.write(2, 0, pattern(4096, 2));
+        assert_eq!(
+            bench.done.remove(&OpId(2)).unwrap().0,
+            HostResult::Transition
+        );
+        assert!(!bench.primary.optimized(bench.now));
+        bench.tick(MS);
+        assert_eq!(bench.record.primary, NodeId(3));
+        assert_eq!(bench.record.epoch.0, 2);
+        assert_eq!(bench.record.move_to, None);
+        assert!(
+            bench.record.is_in_sync(NodeId(0)),
+            "the old primary's shard stays in sync"
+        );
+        assert_eq!(bench.primary.phase(), EcPhase::Deposed);
     }
 }

@@ -107,7 +107,8 @@ fn check(
 }
 
 #[test]
-fn an_erasure_coded_volume_keeps_its_writes_through_the_loss_of_a_member_and_of_its_primary() {
+fn an_erasure_coded_volume_keeps_its_writes_through_the_loss_of_a_member_of_its_primary_and_a_move()
+{
     let dir = temp_dir("erasure");
     let (etcd, endpoints, token_file, started) = nodes(&dir, "", 3);
     erasure_coded_volume(&started[0], &dir, &["n1", "n2", "n3"], "2+1");
@@ -235,6 +236,27 @@ fn an_erasure_coded_volume_keeps_its_writes_through_the_loss_of_a_member_and_of_
     );
     write(&mut queue, 16..32, 3);
     check(&mut queue, 16..32, |_| 3, &second);
+    drop((queue, controller));
+
+    // A planned move to the third node: drained, handed over, every write there.
+    let third = nodes
+        .iter()
+        .find(|(n, node)| node.is_some() && *n != second)
+        .map(|(n, _)| n.clone())
+        .unwrap();
+    let via = nodes[s].1.as_ref().unwrap();
+    let moved = Instant::now();
+    ok(via, &["volume", "move-primary", "ec", "--to", &third]);
+    eprintln!("moved to {third} in {:?}", moved.elapsed());
+    assert_eq!(primary_of(via), third);
+    let t = at(&nodes, &third);
+    let (controller, mut queue) = connect(nodes[t].1.as_ref().unwrap());
+    let third_generation = |b: u64| match b {
+        0..16 => 2,
+        16..32 => 3,
+        _ => 1,
+    };
+    check(&mut queue, written, third_generation, &third);
     drop((queue, controller));
     drop(etcd);
 }

@@ -16,9 +16,11 @@
 
 use super::link::{self, MemberTarget};
 use crate::link_keys::LinkKeys;
+use crate::replication::progress::Tracker;
 use crate::replication::records::{swap_replication, Swapped};
 use crate::replication::run::write_served_epoch;
 use crate::replication::{replica_nqn, NodeServices};
+use crate::status::{Published, RebuildStatus};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -55,6 +57,7 @@ pub(crate) struct ErasureSetup {
     pub manager: Arc<dyn NodeServices>,
     pub dir: PathBuf,
     pub rebuild_bytes_per_s: u64,
+    pub published: Arc<Published>,
 }
 
 /// A running primary, as the manager holds it.
@@ -157,6 +160,11 @@ struct Server {
     manager: Arc<dyn NodeServices>,
     stop_polling: Arc<AtomicBool>,
     stopping: bool,
+    published: Arc<Published>,
+    /// The rebuilds under way, by member.
+    trackers: BTreeMap<usize, Tracker>,
+    shown: Vec<RebuildStatus>,
+    chunk_bytes: u64,
 }
 
 impl Server {
@@ -178,6 +186,7 @@ impl Server {
             manager,
             dir,
             rebuild_bytes_per_s,
+            published,
         } = setup;
         let erasure = replication
             .erasure
@@ -264,6 +273,10 @@ impl Server {
             manager,
             stop_polling,
             stopping: false,
+            published,
+            trackers: BTreeMap::new(),
+            shown: Vec::new(),
+            chunk_bytes: u64::from(erasure.chunk_bytes),
         }))
     }
 
@@ -274,6 +287,7 @@ impl Server {
             self.primary.set_lease(self.lease.until(), now);
             self.primary.tick(now);
             self.pump();
+            self.track_rebuilds();
             let now_serving = match self.primary.phase() {
                 EcPhase::Deposed => Serving::Inaccessible,
                 _ if self.primary.optimized(now) => Serving::Yes,
@@ -306,10 +320,56 @@ impl Server {
             }
         }
         self.stop_polling.store(true, Ordering::Release);
+        self.published.rebuilds.set(&self.volume, Vec::new());
         for (_, op) in std::mem::take(&mut self.ops) {
             op.reply
                 .send(VolumeOutcome::Done(Err(IoError::PathInaccessible)));
         }
+    }
+
+    /// Publishes the progress of every member being rebuilt (`volume show`,
+    /// /metrics), and logs each rebuild that ended.
+    fn track_rebuilds(&mut self) {
+        let progress = self.primary.rebuilds();
+        let ended: Vec<usize> = self
+            .trackers
+            .keys()
+            .copied()
+            .filter(|m| !progress.iter().any(|p| p.member == *m))
+            .collect();
+        for member in ended {
+            let tracker = self.trackers.remove(&member).expect("tracked");
+            if self.primary.phase() == EcPhase::Active {
+                log::info!(
+                    "volume {}: member on {} rebuilt: {} MiB written of its {} MiB shard in {:.1} s",
+                    self.volume,
+                    self.replication.members[member].node,
+                    (u64::from(tracker.total()) * self.chunk_bytes) >> 20,
+                    (self.chunk_bytes * self.replication.size_bytes.div_ceil(self.stripe_bytes())) >> 20,
+                    tracker.elapsed().as_secs_f64()
+                );
+            }
+        }
+        let mut shown = Vec::new();
+        for p in progress {
+            let left = u32::try_from(p.total - p.done).unwrap_or(u32::MAX);
+            let tracker = self
+                .trackers
+                .entry(p.member)
+                .or_insert_with(|| Tracker::new(left));
+            let node = &self.replication.members[p.member].node;
+            shown.push(tracker.status(node, left, self.chunk_bytes));
+        }
+        if shown != self.shown {
+            self.published.rebuilds.set(&self.volume, shown.clone());
+            self.shown = shown;
+        }
+    }
+
+    /// A stripe's data bytes.
+    fn stripe_bytes(&self) -> u64 {
+        let erasure = self.replication.erasure.expect("erasure-coded");
+        self.chunk_bytes * u64::from(erasure.data_shards)
     }
 
     fn handle(&mut self, event: Event) {

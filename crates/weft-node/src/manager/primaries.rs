@@ -186,6 +186,7 @@ impl Manager {
             manager: Arc::new(self.handle.clone()),
             dir,
             rebuild_bytes_per_s: self.rebuild_bytes_per_s,
+            published: Arc::clone(&self.published),
         };
         match crate::erasure::server::start(setup) {
             Ok(running) => {

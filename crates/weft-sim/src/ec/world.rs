@@ -109,6 +109,10 @@ pub struct EcReport {
     pub promotions: u64,
     /// Members rebuilt back into sync.
     pub rejoins: u64,
+    /// Planned moves of the primary asked for.
+    pub moves_asked: u64,
+    /// Planned moves the primary carried out.
+    pub moves_done: u64,
 }
 
 impl EcReport {
@@ -124,6 +128,8 @@ impl EcReport {
         self.disk_failures += other.disk_failures;
         self.promotions += other.promotions;
         self.rejoins += other.rejoins;
+        self.moves_asked += other.moves_asked;
+        self.moves_done += other.moves_done;
     }
 }
 
@@ -603,6 +609,9 @@ impl World {
         if record.epoch > self.record.epoch {
             self.report.promotions += 1;
         }
+        if self.record.move_to.is_some() && self.record.move_to == Some(record.primary) {
+            self.report.moves_done += 1;
+        }
         for (old, new) in self.record.members.iter().zip(&record.members) {
             if old.state != MemberState::InSync && new.state == MemberState::InSync {
                 self.report.rejoins += 1;
@@ -640,6 +649,10 @@ impl World {
             Duration::from_millis(self.rng.range(low, high)),
             Event::Chaos,
         );
+        // Now and then the operator moves the primary (`move-primary`, a drain).
+        if self.rng.chance(150_000) {
+            return self.ask_move(out);
+        }
         let n = self.nodes.len() as u64;
         // The primary's node one time in three.
         let index = if self.rng.chance(333_333) {
@@ -689,6 +702,21 @@ impl World {
                 }
             }
         }
+    }
+
+    /// Asks the primary to hand over to another in-sync member, unless a
+    /// move is pending.
+    fn ask_move(&mut self, out: &mut Outbox) {
+        let candidates: Vec<NodeId> = self.record.in_sync_secondaries().collect();
+        if self.record.move_to.is_some() || candidates.is_empty() {
+            return;
+        }
+        let to = *self.rng.pick(&candidates);
+        let mut next = self.record.clone();
+        next.move_to = Some(to);
+        out.note(format!("the operator moves the primary to {to}"));
+        self.report.moves_asked += 1;
+        self.commit(next, out);
     }
 
     fn resume(&mut self, node: NodeId, out: &mut Outbox) {
