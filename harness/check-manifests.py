@@ -27,7 +27,7 @@ CURRENT = {
     ("snapshot.storage.k8s.io/v1", "VolumeSnapshotClass"),
 }
 PARAMETERS = {
-    "pool", "replicas", "thick", "blockSize", "fsType",
+    "pool", "replicas", "ec", "thick", "blockSize", "fsType",
     "iopsMax", "bwMax", "readIopsMax", "readBwMax", "writeIopsMax", "writeBwMax",
 }
 SIDECARS = ("csi-provisioner", "csi-attacher", "csi-resizer", "csi-snapshotter",

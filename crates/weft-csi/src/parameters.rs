@@ -1,5 +1,5 @@
-//! StorageClass parameters: what a volume is made with (`pool`, `replicas`,
-//! `thick`, `blockSize`), the QoS limits it gets once made (`iopsMax`,
+//! StorageClass parameters: what a volume is made with (`pool`, `replicas`
+//! or `ec` (erasure-coded, `"4+2"`), `thick`, `blockSize`), the QoS limits it gets once made (`iopsMax`,
 //! `bwMax`, `readIopsMax`, `readBwMax`, `writeIopsMax`, `writeBwMax`: I/O or
 //! bytes per second, as `weft volume set` takes them) and the filesystem
 //! the node makes on it when the volume capability names none (`fsType`:
@@ -11,9 +11,10 @@ use std::collections::HashMap;
 use tonic::Status;
 
 /// Every parameter taken, for messages.
-const PARAMETERS: [&str; 11] = [
+const PARAMETERS: [&str; 12] = [
     "pool",
     "replicas",
+    "ec",
     "thick",
     "blockSize",
     "iopsMax",
@@ -55,6 +56,8 @@ pub(crate) fn parse(
                 let count: u8 = value.parse().map_err(|_| bad("1, 2 or 3"))?;
                 body["replicas"] = json!(count);
             }
+            // The API checks the layout (and that replicas is not given too).
+            "ec" => body["ec"] = json!(value),
             "thick" => {
                 body["thick"] = json!(value.parse::<bool>().map_err(|_| bad("true or false"))?)
             }
@@ -120,6 +123,8 @@ mod tests {
         assert_eq!(settings.qos["read_iops_max"], 15000);
         assert_eq!(settings.qos["bw_max"], 209_715_200);
         assert_eq!(settings.fs_type.as_deref(), Some("xfs"));
+        let (body, _) = parsed(&[("ec", "4+2")]).unwrap();
+        assert_eq!(body, json!({"ec": "4+2"}));
     }
 
     #[test]
