@@ -10,13 +10,17 @@
 //! update changes, a CRC32C of header and data) and the member's new bytes.
 //! Only once every member it changes that is in sync in the store's record
 //! holds its record durably is the host's write acknowledged and are the
-//! same bytes written in place; the slot, and the stripe, are taken by the
-//! next update once those writes are durable.
+//! same bytes written in place (through the members' caches); the stripe is
+//! free for the next update once those writes are done, and its slot once a
+//! flush of the members made them durable.
 //!
 //! So after a crash, for each stripe only its newest record can be unapplied
-//! ([`recovery`]): if every in-sync member it changes holds it, it may have
-//! been acknowledged, and it is written in place again; if one lacks it, it
-//! was neither acknowledged nor applied anywhere, and it is dropped. A
+//! or its in-place bytes lost in a member's cache ([`recovery`]): if every
+//! in-sync member it changes holds it, it may have been acknowledged, and it
+//! is written in place again; if one lacks it, it was neither acknowledged
+//! nor applied anywhere, and it is dropped. (A record's slot is reused only
+//! after its in-place bytes were flushed, so an older record of the stripe
+//! is never needed again.) A
 //! stripe is thus always wholly its old or its new self. A torn record fails
 //! its CRC and counts as absent.
 //!

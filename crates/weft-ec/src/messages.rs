@@ -2,9 +2,9 @@
 //! driver, and what it hears back.
 //!
 //! A member is a shard volume behind its node's private subsystem, fenced
-//! as a replica is (`weft_proto::fence`): it reads and writes what it is
-//! told, for the session that fenced it last, and nothing else; every write
-//! is durable before it is answered (FUA). The journal, the parity and the
+//! as a replica is (`weft_proto::fence`): it reads, writes (durably before
+//! it answers when FUA) and flushes what it is told, for the session that
+//! fenced it last, and nothing else. The journal, the parity and the
 //! recovery are all the primary's: a member needs no code of its own.
 
 use weft_replication::{HostResult, NodeId, OpId, ReplicaSet, Token};
@@ -33,7 +33,8 @@ pub enum ToMember {
         /// How much, in bytes.
         len: u32,
     },
-    /// Write `data` at `offset` of the shard volume, durably (FUA).
+    /// Write `data` at `offset` of the shard volume (durably before it is
+    /// answered if `fua`).
     Write {
         /// The session.
         token: Token,
@@ -43,6 +44,15 @@ pub enum ToMember {
         offset: u64,
         /// What.
         data: Vec<u8>,
+        /// Force unit access.
+        fua: bool,
+    },
+    /// Make every write completed so far durable (answered `Written`).
+    Flush {
+        /// The session.
+        token: Token,
+        /// The op.
+        op: MemberOp,
     },
 }
 
@@ -63,7 +73,7 @@ pub enum FromMember {
         /// The bytes.
         data: Vec<u8>,
     },
-    /// The write `op` is durable.
+    /// The write `op` is done (durable if FUA), or the flush `op`.
     Written {
         /// The session it was sent under.
         token: Token,

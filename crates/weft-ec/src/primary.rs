@@ -23,8 +23,10 @@
 //! the old stripe (nothing for a whole stripe), computes the parity over
 //! the columns it changes, journals each changed member's bytes (in the
 //! stripe's own slot), and once all are durable, and no member's fault is
-//! left to commit, acknowledges the host and writes the bytes in place; the
-//! slot and the lock are given back once those writes are durable. A Flush
+//! left to commit, acknowledges the host and writes the bytes in place
+//! (not FUA); the lock is given back once those writes are done, the slot
+//! once a flush made them durable (one flush of the members a batch of
+//! updates went to, as soon as the one before ended). A host's Flush
 //! completes at once: every acknowledged write is durable in the journals.
 //!
 //! A member that fails an op or does not answer within the member
@@ -174,8 +176,9 @@ enum Step {
     Slot { changes: Changes },
     /// For the journal writes.
     Journaling { changes: Changes, slot: u32 },
-    /// For the in-place writes.
-    Applying { slot: Option<u32> },
+    /// For the in-place writes (to the members in `written`; a write's
+    /// journal slot is given back once a flush made them durable).
+    Applying { slot: Option<u32>, written: u16 },
 }
 
 /// A write job's new bytes: per changed member, its bytes over `columns`.
@@ -211,6 +214,17 @@ enum Purpose {
     RecoveryWrite,
     /// A rejoining member's journal being cleared.
     Clear,
+    /// A flush of the members applied writes went to.
+    Flush,
+}
+
+/// An update written in place: its journal slot, its stripe, and the
+/// members it was written to.
+#[derive(Debug, Clone, Copy)]
+struct Applied {
+    slot: u32,
+    stripe: u64,
+    written: u16,
 }
 
 #[derive(Debug)]
@@ -269,6 +283,11 @@ pub struct EcPrimary {
     /// is left to commit: only then is each record on every member in
     /// sync, so that it may be acknowledged and applied.
     journaled: Vec<JobId>,
+    /// Updates written in place, not yet flushed.
+    unflushed: Vec<Applied>,
+    /// The flush under way: the updates it makes durable, and its members
+    /// left to answer.
+    flushing: Option<(Vec<Applied>, usize)>,
     /// A record change is being committed.
     committing: bool,
     recovery: RecoveryState,
@@ -308,6 +327,8 @@ impl EcPrimary {
             slot_waiters: VecDeque::new(),
             next_seq: 1,
             journaled: Vec::new(),
+            unflushed: Vec::new(),
+            flushing: None,
             committing: false,
             recovery: RecoveryState::default(),
             rebuild_budget: 0,
@@ -359,7 +380,11 @@ impl EcPrimary {
         let Some(to) = self.moving_to() else {
             return;
         };
-        let busy = !self.jobs.is_empty() || !self.journaled.is_empty() || !self.host.is_empty();
+        let busy = !self.jobs.is_empty()
+            || !self.journaled.is_empty()
+            || !self.host.is_empty()
+            || !self.unflushed.is_empty()
+            || self.flushing.is_some();
         let lost = self.links.iter().any(|l| matches!(l, Link::Lost));
         if self.phase != EcPhase::Active || self.committing || busy || lost {
             return;
@@ -412,6 +437,8 @@ impl EcPrimary {
     pub fn is_idle(&self) -> bool {
         self.host.is_empty()
             && self.ops.is_empty()
+            && self.unflushed.is_empty()
+            && self.flushing.is_none()
             && !self.committing
             && self.links.iter().all(|l| matches!(l, Link::Up))
     }
@@ -635,7 +662,10 @@ impl EcPrimary {
             JobKind::Rebuild { member } => {
                 let member = *member;
                 let data = got.into_iter().next().expect("one want");
-                job.step = Step::Applying { slot: None };
+                job.step = Step::Applying {
+                    slot: None,
+                    written: 1 << member,
+                };
                 job.outstanding = 1;
                 let offset = self.config.in_place(stripe, 0);
                 let op = self.member_op(member, Purpose::Job { job: id, index: 0 }, now);
@@ -646,6 +676,7 @@ impl EcPrimary {
                         op,
                         offset,
                         data,
+                        fua: true,
                     },
                 );
             }
@@ -770,6 +801,7 @@ impl EcPrimary {
                     op,
                     offset,
                     data,
+                    fua: true,
                 },
             );
         }
@@ -818,9 +850,15 @@ impl EcPrimary {
                 self.mark_dirty(member, stripe);
             }
         }
+        let written = sends
+            .iter()
+            .fold(0u16, |mask, (member, _)| mask | 1 << member);
         let job = self.jobs.get_mut(&id).expect("the job");
         job.outstanding = sends.len();
-        job.step = Step::Applying { slot: Some(slot) };
+        job.step = Step::Applying {
+            slot: Some(slot),
+            written,
+        };
         self.part_done(host, now);
         if sends.is_empty() {
             return self.applied(id, now);
@@ -835,15 +873,17 @@ impl EcPrimary {
                     op,
                     offset,
                     data,
+                    fua: false,
                 },
             );
         }
     }
 
-    /// The job's in-place writes are durable.
+    /// The job's in-place writes are done (a rebuild's durable): the
+    /// stripe is free again; a write's slot waits for the next flush.
     fn applied(&mut self, id: JobId, now: Duration) {
         let job = &self.jobs[&id];
-        let Step::Applying { slot } = job.step else {
+        let Step::Applying { slot, written } = job.step else {
             unreachable!("a job applied was applying")
         };
         if let JobKind::Rebuild { member } = job.kind {
@@ -853,11 +893,80 @@ impl EcPrimary {
             }
         }
         if let Some(slot) = slot {
-            self.slot_busy[slot as usize] = false;
+            let stripe = job.stripe;
+            self.unflushed.push(Applied {
+                slot,
+                stripe,
+                written,
+            });
         }
         self.finish_job(id, now);
-        self.give_slots(now);
+        self.flush_applied(now);
         self.advance_rebuilds(now);
+    }
+
+    /// Flushes the members the applied writes went to, unless a flush is
+    /// under way; once it is done their slots are free: the next update of
+    /// those stripes may overwrite their records, the in-place bytes being
+    /// durable. Under load, one flush covers the writes of many updates.
+    fn flush_applied(&mut self, now: Duration) {
+        if self.flushing.is_some() || self.unflushed.is_empty() || self.is_ended() {
+            return;
+        }
+        let batch = std::mem::take(&mut self.unflushed);
+        let members = batch.iter().fold(0u16, |mask, a| mask | a.written);
+        let mut outstanding = 0;
+        for member in (0..self.links.len()).filter(|&m| members & (1 << m) != 0) {
+            // A member lost since is faulted: what it lacks is rebuilt.
+            if matches!(self.links[member], Link::Up | Link::Rebuilding(_)) {
+                let op = self.member_op(member, Purpose::Flush, now);
+                self.send(
+                    member,
+                    ToMember::Flush {
+                        token: self.token,
+                        op,
+                    },
+                );
+                outstanding += 1;
+            }
+        }
+        self.flushing = Some((batch, outstanding));
+        if outstanding == 0 {
+            self.flushed(now);
+        }
+    }
+
+    /// A flush's member answered (or was lost).
+    fn flush_done(&mut self, now: Duration) {
+        if let Some((_, outstanding)) = &mut self.flushing {
+            *outstanding -= 1;
+            if *outstanding == 0 {
+                self.flushed(now);
+            }
+        }
+    }
+
+    /// Every member flushed, or was lost: the slots are free, once no
+    /// lost member's fault is left to commit (until then it is in sync in
+    /// the store's record, and its journal's records are what a recovery
+    /// would write again over what its lost cache held).
+    fn flushed(&mut self, now: Duration) {
+        if self.links.iter().any(|l| matches!(l, Link::Lost)) {
+            return;
+        }
+        let (batch, _) = self.flushing.take().expect("a flush");
+        for applied in batch {
+            self.slot_busy[applied.slot as usize] = false;
+        }
+        self.give_slots(now);
+        self.flush_applied(now);
+    }
+
+    /// A flush that waited for a fault's commit ends now.
+    fn flushed_after_commit(&mut self, now: Duration) {
+        if matches!(self.flushing, Some((_, 0))) {
+            self.flushed(now);
+        }
     }
 
     /// Gives back the job's lock and starts the jobs waiting for it.
@@ -1003,6 +1112,7 @@ impl EcPrimary {
                     op,
                     offset,
                     data: zeros.clone(),
+                    fua: true,
                 },
             );
         }
@@ -1043,6 +1153,7 @@ impl EcPrimary {
                 }
                 self.advance_rebuilds(now);
             }
+            Purpose::Flush => self.flush_done(now),
         }
     }
 
@@ -1072,10 +1183,17 @@ impl EcPrimary {
         };
         if let Some(dirty) = &mut dirty {
             // And the stripes being changed now: their writes to it may
-            // not have landed.
+            // not have landed; and those written but not flushed: its
+            // cache may have lost them.
             for job in self.jobs.values() {
                 if job.writes() && !matches!(job.step, Step::Locking) {
                     dirty.insert(job.stripe as u32);
+                }
+            }
+            let flushing = self.flushing.iter().flat_map(|(batch, _)| batch.iter());
+            for applied in self.unflushed.iter().chain(flushing) {
+                if applied.written & (1 << member) != 0 {
+                    dirty.insert(applied.stripe as u32);
                 }
             }
             self.dirty[member] = Some(dirty.clone());
@@ -1118,6 +1236,7 @@ impl EcPrimary {
                 Purpose::JournalRead { .. } => self.recovery.reads_left -= 1,
                 Purpose::RecoveryWrite => self.recovery.writes_left -= 1,
                 Purpose::Clear => {}
+                Purpose::Flush => self.flush_done(now),
             }
         }
         if matches!(self.phase, EcPhase::Deposed | EcPhase::Stalled) {
@@ -1224,6 +1343,7 @@ impl EcPrimary {
         }
         self.commit_changes();
         self.release_journaled(now);
+        self.flushed_after_commit(now);
         match self.phase {
             EcPhase::Fencing => self.fencing_progress(now),
             EcPhase::Recovering => self.recovery_progress(now),
@@ -1346,6 +1466,7 @@ impl EcPrimary {
                         op,
                         offset,
                         data: record.data,
+                        fua: true,
                     },
                 );
             }
@@ -1368,6 +1489,7 @@ impl EcPrimary {
                         op,
                         offset,
                         data: zeros.clone(),
+                        fua: true,
                     },
                 );
             }
@@ -1598,11 +1720,13 @@ mod tests_support {
                                 let data = disk[at..at + len as usize].to_vec();
                                 FromMember::Read { token, op, data }
                             }
+                            ToMember::Flush { token, op } => FromMember::Written { token, op },
                             ToMember::Write {
                                 token,
                                 op,
                                 offset,
                                 data,
+                                ..
                             } => {
                                 if !(self.dropping_in_place && offset >= data_base) {
                                     let at = offset as usize;

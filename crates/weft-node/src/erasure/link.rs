@@ -1,8 +1,8 @@
 //! One member of an erasure-coded volume as its primary reaches it: a
 //! thread that owns an NVMe/TCP controller and I/O queue to the member's
 //! shard volume (its node's replica subsystem), takes the primary's fences
-//! (connecting anew for each), and runs its reads and writes (every write
-//! FUA), several at once, answering each as it completes.
+//! (connecting anew for each), and runs its reads, writes (FUA when asked)
+//! and flushes, several at once, answering each as it completes.
 //!
 //! A connection that fails answers every op on it as failed and is dropped:
 //! the primary faults the member and fences it again later, which connects
@@ -103,7 +103,9 @@ pub(crate) fn run(target: MemberTarget, inbox: Receiver<ToMember>, events: Sende
                         }
                     }
                 }
-                ToMember::Read { token, op, .. } | ToMember::Write { token, op, .. }
+                ToMember::Read { token, op, .. }
+                | ToMember::Write { token, op, .. }
+                | ToMember::Flush { token, op }
                     if session.as_ref().is_none_or(|s| s.token != token) =>
                 {
                     answer(FromMember::Failed { token, op })
@@ -166,7 +168,7 @@ fn fail_all(session: Session, answer: &impl Fn(FromMember)) {
     }
 }
 
-/// Queues a read or a write (FUA) on the session.
+/// Queues a read, a write or a flush on the session.
 fn submit(session: &mut Session, io: ToMember, block_size: u32) -> Result<(), String> {
     let block = u64::from(block_size);
     let (op, command, transfer, read) = match io {
@@ -179,13 +181,19 @@ fn submit(session: &mut Session, io: ToMember, block_size: u32) -> Result<(), St
             (op, command, DataTransfer::FromController(len), true)
         }
         ToMember::Write {
-            op, offset, data, ..
+            op,
+            offset,
+            data,
+            fua,
+            ..
         } => {
             check(offset, data.len(), block, session.transfer_bytes_max)?;
             let blocks = (data.len() as u64 / block) as u32;
             let mut command = read_write(io_opcode::WRITE, 1, offset / block, blocks);
-            let cdw12 = u32::from_le_bytes(command[48..52].try_into().expect("4 bytes"));
-            set_cdw(&mut command, 12, cdw12 | FUA);
+            if fua {
+                let cdw12 = u32::from_le_bytes(command[48..52].try_into().expect("4 bytes"));
+                set_cdw(&mut command, 12, cdw12 | FUA);
+            }
             let cid = session.queue.free_cid().ok_or("the queue is full")?;
             session.queue.buffer(cid)[..data.len()].copy_from_slice(&data);
             (
@@ -195,6 +203,12 @@ fn submit(session: &mut Session, io: ToMember, block_size: u32) -> Result<(), St
                 false,
             )
         }
+        ToMember::Flush { op, .. } => (
+            op,
+            weft_initiator::sqe(io_opcode::FLUSH, 1),
+            DataTransfer::None,
+            false,
+        ),
         ToMember::Fence { .. } => unreachable!("fences are taken apart"),
     };
     let cid = session

@@ -7,16 +7,18 @@
 //! The member side keeps what the node's target keeps: a fence (lost with
 //! the process: a restarted member refuses everything until fenced anew),
 //! commands admitted under the fence of their arrival, and a fence answered
-//! once the commands ahead of it are done (one disk queue, in order). Every
-//! write is durable when answered; a crash tears the one the disk was
-//! doing (each of its blocks lands or not).
+//! once the commands ahead of it are done (one disk queue, in order). A
+//! write lands in the disk's volatile cache unless FUA; a Flush makes what
+//! is cached durable. A crash is a power loss: each cached block keeps its
+//! new bytes or loses them, and the write the disk was doing is torn (each
+//! of its blocks lands or not).
 //!
-//! Persistent across a crash: the disk and the last epoch this node served
-//! as primary.
+//! Persistent across a crash: the disk's durable bytes and the last epoch
+//! this node served as primary.
 
 use super::world::{Cmd, EcSimConfig, Endpoint, Event, Msg, Outbox};
 use crate::rng::Rng;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 use weft_ec::{EcAction, EcPhase, EcPrimary, FromMember, ToMember};
 use weft_replication::{plan_start, Epoch, HostResult, NodeId, OpId, ReplicaSet, Start, Token};
@@ -49,6 +51,12 @@ enum Entry {
         op: weft_ec::MemberOp,
         offset: u64,
         data: Vec<u8>,
+        fua: bool,
+    },
+    Flush {
+        to: NodeId,
+        token: Token,
+        op: weft_ec::MemberOp,
     },
 }
 
@@ -57,7 +65,12 @@ pub(crate) struct Node {
     config: EcSimConfig,
     incarnation: u64,
     // Persistent.
+    /// What reads see (the cache included).
     pub disk: Vec<u8>,
+    /// What survives a power loss.
+    durable: Vec<u8>,
+    /// Blocks written since the last flush, not FUA.
+    cached: BTreeSet<usize>,
     served: Epoch,
     /// The disk fails every op (a failed pool), until the operator clears it.
     pub disk_failed: bool,
@@ -84,6 +97,8 @@ impl Node {
             id,
             incarnation: 0,
             disk: vec![0; config.shard_bytes() as usize],
+            durable: vec![0; config.shard_bytes() as usize],
+            cached: BTreeSet::new(),
             served: Epoch(0),
             disk_failed: false,
             fence: Token::default(),
@@ -137,18 +152,37 @@ impl Node {
     /// whether one was).
     pub fn crash(&mut self, rng: &mut Rng) -> bool {
         let mut torn = false;
-        if let (true, Some(Entry::Write { offset, data, .. })) = (self.busy, self.queue.front()) {
+        let block = self.config.block_bytes as usize;
+        let front = (self.busy, self.queue.front());
+        if let (
+            true,
+            Some(Entry::Write {
+                offset,
+                data,
+                fua: true,
+                ..
+            }),
+        ) = front
+        {
             if !self.disk_failed {
-                let block = self.config.block_bytes as usize;
                 for (i, bytes) in data.chunks(block).enumerate() {
                     if rng.chance(500_000) {
                         let at = *offset as usize + i * block;
-                        self.disk[at..at + bytes.len()].copy_from_slice(bytes);
+                        self.durable[at..at + bytes.len()].copy_from_slice(bytes);
                         torn = true;
                     }
                 }
             }
         }
+        // The cache: each block kept or lost.
+        for b in std::mem::take(&mut self.cached) {
+            let range = b * block..(b + 1) * block;
+            if rng.chance(500_000) {
+                let kept = self.disk[range.clone()].to_vec();
+                self.durable[range].copy_from_slice(&kept);
+            }
+        }
+        self.disk.clone_from(&self.durable);
         self.incarnation += 1;
         self.fence = Token::default();
         self.queue.clear();
@@ -405,15 +439,24 @@ impl Node {
                 op,
                 offset,
                 data,
+                fua,
             } => Entry::Write {
                 to: from,
                 token,
                 op,
                 offset,
                 data,
+                fua,
+            },
+            ToMember::Flush { token, op } => Entry::Flush {
+                to: from,
+                token,
+                op,
             },
         };
-        if let Entry::Read { token, .. } | Entry::Write { token, .. } = &entry {
+        if let Entry::Read { token, .. } | Entry::Write { token, .. } | Entry::Flush { token, .. } =
+            &entry
+        {
             if *token != self.fence {
                 let (token, current) = (*token, self.fence);
                 out.send(
@@ -455,7 +498,9 @@ impl Node {
         let entry = self.queue.pop_front().expect("the op being done");
         let (to, reply) = match entry {
             Entry::Fence { to, token } => (to, FromMember::Fenced { token }),
-            Entry::Read { to, token, op, .. } | Entry::Write { to, token, op, .. }
+            Entry::Read { to, token, op, .. }
+            | Entry::Write { to, token, op, .. }
+            | Entry::Flush { to, token, op }
                 if self.disk_failed =>
             {
                 (to, FromMember::Failed { token, op })
@@ -477,9 +522,29 @@ impl Node {
                 op,
                 offset,
                 data,
+                fua,
             } => {
                 let at = offset as usize;
                 self.disk[at..at + data.len()].copy_from_slice(&data);
+                let block = self.config.block_bytes as usize;
+                let blocks = at / block..(at + data.len()) / block;
+                if fua {
+                    self.durable[at..at + data.len()].copy_from_slice(&data);
+                    for b in blocks {
+                        self.cached.remove(&b);
+                    }
+                } else {
+                    self.cached.extend(blocks);
+                }
+                (to, FromMember::Written { token, op })
+            }
+            Entry::Flush { to, token, op } => {
+                let block = self.config.block_bytes as usize;
+                for b in std::mem::take(&mut self.cached) {
+                    let range = b * block..(b + 1) * block;
+                    let bytes = self.disk[range.clone()].to_vec();
+                    self.durable[range].copy_from_slice(&bytes);
+                }
                 (to, FromMember::Written { token, op })
             }
         };
@@ -498,6 +563,7 @@ fn brief(action: &EcAction) -> String {
             } => {
                 format!("read m{member} op{} @{offset}+{len}", op.0)
             }
+            ToMember::Flush { op, .. } => format!("flush m{member} op{}", op.0),
             ToMember::Write {
                 op, offset, data, ..
             } => {
