@@ -324,9 +324,14 @@ impl Cluster {
                     Some(layout) => layout.shards(),
                     None => replica_count(&fields)?,
                 };
-                // A member of an erasure-coded volume holds a k-th of it.
+                // A member of an erasure-coded volume holds a k-th of it
+                // (whole stripes) and its journal.
+                let block_size = fields
+                    .get("block_size")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(4096);
                 let member_bytes = match layout {
-                    Some(layout) => size_bytes.div_ceil(layout.data() as u64),
+                    Some(layout) => crate::shard_bytes(layout, size_bytes, block_size as u32),
                     None => size_bytes,
                 };
                 let wanted = (node.as_deref(), pool.as_deref());

@@ -673,6 +673,19 @@ const EC_CHUNK_BYTES: u32 = 64 * 1024;
 /// Journal slots per member: stripe updates in flight at once (at most).
 const EC_JOURNAL_SLOTS: u32 = 64;
 
+/// The bytes each member of an erasure-coded volume of `size_bytes` takes:
+/// its journal and a chunk of every stripe.
+pub(crate) fn shard_bytes(layout: weft_ec::Layout, size_bytes: u64, block_size: u32) -> u64 {
+    let journal = weft_ec::JournalLayout {
+        slots: EC_JOURNAL_SLOTS,
+        block_bytes: block_size,
+        chunk_bytes: EC_CHUNK_BYTES,
+    };
+    let shards = weft_ec::Geometry::new(layout, EC_CHUNK_BYTES)
+        .map_or(size_bytes, |g| g.shard_volume_bytes(size_bytes));
+    journal.data_base() + shards
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct CreateVolume {

@@ -139,7 +139,10 @@ struct Rebuild {
     /// Where the next stripe is looked for.
     cursor: u32,
     /// The stripe job running, if one is.
-    running: bool,
+    running: Option<JobId>,
+    /// It may join once the flushes reach this generation (every update
+    /// that skipped it then durable in place); none while stripes remain.
+    join_after: Option<u64>,
     done: u64,
     total: u64,
     /// Its return to the in-sync set is being committed.
@@ -288,6 +291,8 @@ pub struct EcPrimary {
     /// The flush under way: the updates it makes durable, and its members
     /// left to answer.
     flushing: Option<(Vec<Applied>, usize)>,
+    /// Flushes done.
+    flush_generation: u64,
     /// A record change is being committed.
     committing: bool,
     recovery: RecoveryState,
@@ -329,6 +334,7 @@ impl EcPrimary {
             journaled: Vec::new(),
             unflushed: Vec::new(),
             flushing: None,
+            flush_generation: 0,
             committing: false,
             recovery: RecoveryState::default(),
             rebuild_budget: 0,
@@ -541,7 +547,7 @@ impl EcPrimary {
 
     // ---- Jobs.
 
-    fn start_job(&mut self, stripe: u64, kind: JobKind, now: Duration) {
+    fn start_job(&mut self, stripe: u64, kind: JobKind, now: Duration) -> JobId {
         let id = self.next_job;
         self.next_job += 1;
         let job = Job {
@@ -555,6 +561,7 @@ impl EcPrimary {
         if granted {
             self.begin_reads(id, now);
         }
+        id
     }
 
     /// The job has its lock: plans and sends its reads.
@@ -661,6 +668,14 @@ impl EcPrimary {
             }
             JobKind::Rebuild { member } => {
                 let member = *member;
+                let current =
+                    matches!(&self.links[member], Link::Rebuilding(r) if r.running == Some(id));
+                if !current {
+                    // Its member was lost meanwhile: the stripe stays to rebuild.
+                    self.mark_dirty(member, stripe);
+                    return self.finish_job(id, now);
+                }
+                let job = self.jobs.get_mut(&id).expect("the job");
                 let data = got.into_iter().next().expect("one want");
                 job.step = Step::Applying {
                     slot: None,
@@ -888,8 +903,10 @@ impl EcPrimary {
         };
         if let JobKind::Rebuild { member } = job.kind {
             if let Link::Rebuilding(r) = &mut self.links[member] {
-                r.done += 1;
-                r.running = false;
+                if r.running == Some(id) {
+                    r.done += 1;
+                    r.running = None;
+                }
             }
         }
         if let Some(slot) = slot {
@@ -958,8 +975,10 @@ impl EcPrimary {
         for applied in batch {
             self.slot_busy[applied.slot as usize] = false;
         }
+        self.flush_generation += 1;
         self.give_slots(now);
         self.flush_applied(now);
+        self.advance_rebuilds(now);
     }
 
     /// A flush that waited for a fault's commit ends now.
@@ -1096,7 +1115,8 @@ impl EcPrimary {
             clearing: slots,
             pending,
             cursor: 0,
-            running: false,
+            running: None,
+            join_after: None,
             done: 0,
             total,
             joining: false,
@@ -1119,10 +1139,15 @@ impl EcPrimary {
     }
 
     fn op_done(&mut self, member: usize, op: MemberOp, data: Option<Vec<u8>>, now: Duration) {
-        let Some(out) = self.ops.remove(&op) else {
+        let Some(out) = self.ops.get(&op) else {
             return; // Given up on (its member was lost, or its job read again).
         };
-        debug_assert_eq!(out.member, member);
+        if out.member != member || !self.whole_read(&out.purpose, data.as_deref()) {
+            // A member that answers another's op, or reads short, is not
+            // trusted with the stripe: out, and rebuilt.
+            return self.lose(out.member, now);
+        }
+        let out = self.ops.remove(&op).expect("the op");
         match out.purpose {
             Purpose::Job { job, index } => {
                 let Some(j) = self.jobs.get_mut(&job) else {
@@ -1157,6 +1182,20 @@ impl EcPrimary {
         }
     }
 
+    /// Whether a job's read gave the bytes it asked for (other ops pass).
+    fn whole_read(&self, purpose: &Purpose, data: Option<&[u8]>) -> bool {
+        let (Purpose::Job { job, index }, Some(data)) = (purpose, data) else {
+            return true;
+        };
+        match self.jobs.get(job).map(|j| &j.step) {
+            Some(Step::Reading { plan, .. }) => plan
+                .reads()
+                .get(*index)
+                .is_some_and(|w| data.len() == (w.columns.end - w.columns.start) as usize),
+            _ => true,
+        }
+    }
+
     fn job_step_done(&mut self, id: JobId, now: Duration) {
         match self.jobs[&id].step {
             Step::Reading { .. } => self.reads_done(id, now),
@@ -1169,9 +1208,14 @@ impl EcPrimary {
     /// `member` failed or fell silent: out of use at once, faulted in the
     /// record before any write it missed is acknowledged.
     fn lose(&mut self, member: usize, now: Duration) {
-        let was_in_sync = self.in_sync(member);
+        // In sync, or its return being committed: the record says so then.
+        let joining = matches!(&self.links[member], Link::Rebuilding(r) if r.joining);
+        let was_in_sync = self.in_sync(member) || joining;
         let mut dirty = match &self.links[member] {
-            Link::Lost | Link::Away { .. } => return,
+            Link::Lost | Link::Away { .. } => {
+                // Out already: only its ops are given up on.
+                return self.give_up_ops(member, now);
+            }
             // Its stripes to rebuild are what it missed before.
             Link::Fencing { rejoin: true, .. } => None,
             // What it still lacks stays to be rebuilt.
@@ -1186,7 +1230,9 @@ impl EcPrimary {
             // not have landed; and those written but not flushed: its
             // cache may have lost them.
             for job in self.jobs.values() {
-                if job.writes() && !matches!(job.step, Step::Locking) {
+                let rebuilding_it =
+                    matches!(job.kind, JobKind::Rebuild { member: m } if m == member);
+                if rebuilding_it || (job.writes() && !matches!(job.step, Step::Locking)) {
                     dirty.insert(job.stripe as u32);
                 }
             }
@@ -1205,8 +1251,32 @@ impl EcPrimary {
                 retry_at: now + self.config.reattach_interval,
             }
         };
-        // Its ops are given up on: reads are made again from others,
-        // writes count as done without it.
+        self.give_up_ops(member, now);
+        if matches!(self.phase, EcPhase::Deposed | EcPhase::Stalled) {
+            return;
+        }
+        if was_in_sync {
+            let left = (0..self.links.len())
+                .filter(|&m| self.in_sync(m) && !matches!(self.links[m], Link::Lost))
+                .count();
+            if left < self.config.geometry.layout().data() {
+                return self.stall();
+            }
+            if self.phase == EcPhase::Recovering {
+                self.recovery.again = true;
+            }
+            self.commit_changes();
+        }
+        if self.phase == EcPhase::Fencing {
+            self.fencing_progress(now);
+        } else if self.phase == EcPhase::Recovering {
+            self.recovery_progress(now);
+        }
+    }
+
+    /// Gives up on `member`'s ops: reads are made again from others,
+    /// writes count as done without it.
+    fn give_up_ops(&mut self, member: usize, now: Duration) {
         let gone: Vec<MemberOp> = self
             .ops
             .iter()
@@ -1239,28 +1309,11 @@ impl EcPrimary {
                 Purpose::Flush => self.flush_done(now),
             }
         }
-        if matches!(self.phase, EcPhase::Deposed | EcPhase::Stalled) {
+        if self.is_ended() {
             return;
-        }
-        if was_in_sync {
-            let left = (0..self.links.len())
-                .filter(|&m| self.in_sync(m) && !matches!(self.links[m], Link::Lost))
-                .count();
-            if left < self.config.geometry.layout().data() {
-                return self.stall();
-            }
-            if self.phase == EcPhase::Recovering {
-                self.recovery.again = true;
-            }
-            self.commit_changes();
         }
         for job in reread {
             self.reread(job, now);
-        }
-        if self.phase == EcPhase::Fencing {
-            self.fencing_progress(now);
-        } else if self.phase == EcPhase::Recovering {
-            self.recovery_progress(now);
         }
     }
 
@@ -1285,7 +1338,7 @@ impl EcPrimary {
 
     /// Commits the members' changes (faults, returns) if none is in flight.
     fn commit_changes(&mut self) {
-        if self.committing {
+        if self.committing || self.is_ended() {
             return;
         }
         let mut next = self.record.clone();
@@ -1353,6 +1406,9 @@ impl EcPrimary {
 
     /// The compare-and-swap failed; `current` is the record now (None: deleted).
     pub fn commit_failed(&mut self, current: Option<(u64, ReplicaSet)>, now: Duration) {
+        if self.is_ended() {
+            return;
+        }
         self.committing = false;
         match current {
             Some((revision, record)) => {
@@ -1558,15 +1614,23 @@ impl EcPrimary {
             let Link::Rebuilding(r) = &mut self.links[member] else {
                 continue;
             };
-            if r.clearing > 0 || r.running || r.joining {
+            if r.clearing > 0 || r.running.is_some() || r.joining {
                 continue;
             }
             while r.cursor < stripes && !r.pending.contains(r.cursor) {
                 r.cursor += 1;
             }
             if r.cursor >= stripes {
-                r.joining = true;
-                self.commit_changes();
+                // Every update that skipped it is applied (its stripe's
+                // rebuild waited for the lock); it joins once they are
+                // flushed too: a recovery would drop their records, which
+                // it lacks, once it is in sync.
+                let quiet = self.unflushed.is_empty() && self.flushing.is_none();
+                let gate = *r.join_after.get_or_insert(self.flush_generation + 2);
+                if quiet || self.flush_generation >= gate {
+                    r.joining = true;
+                    self.commit_changes();
+                }
                 continue;
             }
             let limited = self.config.rebuild_bytes_per_sec > 0;
@@ -1578,8 +1642,10 @@ impl EcPrimary {
             }
             let stripe = r.cursor;
             r.pending.remove(stripe);
-            r.running = true;
-            self.start_job(u64::from(stripe), JobKind::Rebuild { member }, now);
+            let id = self.next_job;
+            r.running = Some(id);
+            let started = self.start_job(u64::from(stripe), JobKind::Rebuild { member }, now);
+            debug_assert_eq!(started, id);
         }
     }
 

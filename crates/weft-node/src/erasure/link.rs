@@ -13,7 +13,7 @@
 
 use super::server::Event;
 use crate::link_keys::{LinkKeys, Peer};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::mpsc::{Receiver, Sender, TryRecvError};
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,7 +22,7 @@ use weft_ec::{FromMember, MemberOp, ToMember};
 use weft_initiator::{read_write, set_cdw, ConnectOptions, Controller, Queue, TargetUrl};
 use weft_proto::command::io_opcode;
 use weft_proto::fence::FenceToken;
-use weft_proto::host::DataTransfer;
+use weft_proto::host::{DataTransfer, HostCompletion};
 use weft_replication::{Epoch, Token};
 
 /// How long a fence may take to connect to a member that is late.
@@ -33,6 +33,8 @@ const CONNECT_RETRY: Duration = Duration::from_millis(100);
 const IO_TIMEOUT: Duration = Duration::from_secs(5);
 /// FUA: CDW12 bit 30.
 const FUA: u32 = 1 << 30;
+/// Ops on a member's queue at once (more wait in the link's backlog).
+const IN_FLIGHT_MAX: usize = 32;
 
 /// Where a member is and how to reach it.
 pub(crate) struct MemberTarget {
@@ -58,14 +60,30 @@ struct Session {
     _controller: Controller,
     queue: Queue,
     token: Token,
-    /// Ops on the queue, by command id.
-    ops: BTreeMap<u16, (MemberOp, bool)>,
+    /// Ops on the queue, by command id, with a read's length.
+    ops: BTreeMap<u16, (MemberOp, Option<u32>)>,
+    /// Ops waiting for room on the queue, in order.
+    backlog: VecDeque<ToMember>,
     transfer_bytes_max: usize,
+}
+
+/// Why an op did not go out.
+enum SubmitError {
+    /// This op cannot be carried (answered failed; the session goes on).
+    Op(MemberOp, String),
+    /// The connection failed (every op of the session fails).
+    Connection(String),
 }
 
 /// Runs the member's link until the primary drops its sender.
 pub(crate) fn run(target: MemberTarget, inbox: Receiver<ToMember>, events: Sender<Event>) {
     let mut session: Option<Session> = None;
+    let answer = |reply: FromMember| {
+        let _ = events.send(Event::Member {
+            member: target.member,
+            reply,
+        });
+    };
     loop {
         let message = match &session {
             Some(s) if !s.ops.is_empty() => match inbox.try_recv() {
@@ -77,12 +95,6 @@ pub(crate) fn run(target: MemberTarget, inbox: Receiver<ToMember>, events: Sende
                 Ok(message) => Some(message),
                 Err(_) => return,
             },
-        };
-        let answer = |reply: FromMember| {
-            let _ = events.send(Event::Member {
-                member: target.member,
-                reply,
-            });
         };
         if let Some(message) = message {
             match message {
@@ -112,55 +124,67 @@ pub(crate) fn run(target: MemberTarget, inbox: Receiver<ToMember>, events: Sende
                 }
                 io => {
                     let s = session.as_mut().expect("a session");
-                    if let Err(error) = submit(s, io, target.block_size) {
+                    s.backlog.push_back(io);
+                    if let Err(error) = send_backlog(s, target.block_size, &answer) {
                         log::info!("member {} on node {}: {error}", target.member, target.node);
                         fail_all(session.take().expect("a session"), &answer);
                     }
                 }
             }
-            // Take every message waiting before sending.
+            // Take every message waiting before waiting for the member.
             continue;
         }
         let Some(s) = session.as_mut() else {
             continue;
         };
-        match s.queue.wait() {
-            Ok(done) => {
-                let Some((op, read)) = s.ops.remove(&done.cid.0) else {
-                    continue;
-                };
-                let token = s.token;
-                let reply = if done.status.is_success() {
-                    match read {
-                        true => {
-                            let len = done.received_bytes as usize;
-                            let data = s.queue.buffer(done.cid.0)[..len].to_vec();
-                            FromMember::Read { token, op, data }
-                        }
-                        false => FromMember::Written { token, op },
-                    }
-                } else if done.status == weft_proto::status::Status::RESERVATION_CONFLICT {
-                    // Fenced by another session: a newer primary (the
-                    // record tells this one it is deposed), or none since
-                    // the member restarted (faulted, fenced again later).
-                    let current = Token::default();
-                    FromMember::Refused { token, current }
-                } else {
-                    FromMember::Failed { token, op }
-                };
-                answer(reply);
-            }
-            Err(error) => {
-                log::info!("member {} on node {}: {error}", target.member, target.node);
-                fail_all(session.take().expect("a session"), &answer);
-            }
+        let done = s.queue.wait().map_err(|e| e.to_string()).and_then(|done| {
+            complete(s, done, &answer);
+            send_backlog(s, target.block_size, &answer)
+        });
+        if let Err(error) = done {
+            log::info!("member {} on node {}: {error}", target.member, target.node);
+            fail_all(session.take().expect("a session"), &answer);
         }
     }
 }
 
+/// Answers the op a completion ends.
+fn complete(s: &mut Session, done: HostCompletion, answer: &impl Fn(FromMember)) {
+    let Some((op, read)) = s.ops.remove(&done.cid.0) else {
+        return;
+    };
+    let token = s.token;
+    let reply = if done.status.is_success() {
+        match read {
+            // All of it, or the member is not trusted with it.
+            Some(len) if done.received_bytes == len => {
+                let data = s.queue.buffer(done.cid.0)[..len as usize].to_vec();
+                FromMember::Read { token, op, data }
+            }
+            Some(_) => FromMember::Failed { token, op },
+            None => FromMember::Written { token, op },
+        }
+    } else if done.status == weft_proto::status::Status::RESERVATION_CONFLICT {
+        // Fenced by another session: a newer primary (the record tells
+        // this one it is deposed), or none since the member restarted
+        // (faulted, fenced again later).
+        let current = Token::default();
+        FromMember::Refused { token, current }
+    } else {
+        FromMember::Failed { token, op }
+    };
+    answer(reply);
+}
+
 /// Answers every op of a session that ended as failed.
 fn fail_all(session: Session, answer: &impl Fn(FromMember)) {
-    for (op, _) in session.ops.into_values() {
+    let waiting = session.backlog.into_iter().filter_map(|io| match io {
+        ToMember::Read { op, .. } | ToMember::Write { op, .. } | ToMember::Flush { op, .. } => {
+            Some(op)
+        }
+        ToMember::Fence { .. } => None,
+    });
+    for op in session.ops.into_values().map(|(op, _)| op).chain(waiting) {
         answer(FromMember::Failed {
             token: session.token,
             op,
@@ -168,17 +192,43 @@ fn fail_all(session: Session, answer: &impl Fn(FromMember)) {
     }
 }
 
-/// Queues a read, a write or a flush on the session.
-fn submit(session: &mut Session, io: ToMember, block_size: u32) -> Result<(), String> {
+/// Sends what waits while the queue has room (at most [`IN_FLIGHT_MAX`]
+/// ops at once, which bounds the queue's buffers too).
+fn send_backlog(
+    s: &mut Session,
+    block_size: u32,
+    answer: &impl Fn(FromMember),
+) -> Result<(), String> {
+    while s.ops.len() < IN_FLIGHT_MAX && s.queue.free_cid().is_some() {
+        let Some(io) = s.backlog.pop_front() else {
+            break;
+        };
+        match submit(s, io, block_size) {
+            Ok(()) => {}
+            Err(SubmitError::Op(op, why)) => {
+                log::warn!("a member op not sent: {why}");
+                answer(FromMember::Failed { token: s.token, op });
+            }
+            Err(SubmitError::Connection(why)) => return Err(why),
+        }
+    }
+    s.queue.transmit().map_err(|e| e.to_string())
+}
+
+/// Queues a read, a write or a flush on the session (answering it failed
+/// if it cannot be carried).
+fn submit(session: &mut Session, io: ToMember, block_size: u32) -> Result<(), SubmitError> {
     let block = u64::from(block_size);
     let (op, command, transfer, read) = match io {
         ToMember::Read {
             op, offset, len, ..
         } => {
-            check(offset, len as usize, block, session.transfer_bytes_max)?;
+            if let Err(why) = check(offset, len as usize, block, session.transfer_bytes_max) {
+                return Err(SubmitError::Op(op, why));
+            }
             let blocks = (u64::from(len) / block) as u32;
             let command = read_write(io_opcode::READ, 1, offset / block, blocks);
-            (op, command, DataTransfer::FromController(len), true)
+            (op, command, DataTransfer::FromController(len), Some(len))
         }
         ToMember::Write {
             op,
@@ -187,36 +237,38 @@ fn submit(session: &mut Session, io: ToMember, block_size: u32) -> Result<(), St
             fua,
             ..
         } => {
-            check(offset, data.len(), block, session.transfer_bytes_max)?;
+            if let Err(why) = check(offset, data.len(), block, session.transfer_bytes_max) {
+                return Err(SubmitError::Op(op, why));
+            }
             let blocks = (data.len() as u64 / block) as u32;
             let mut command = read_write(io_opcode::WRITE, 1, offset / block, blocks);
             if fua {
                 let cdw12 = u32::from_le_bytes(command[48..52].try_into().expect("4 bytes"));
                 set_cdw(&mut command, 12, cdw12 | FUA);
             }
-            let cid = session.queue.free_cid().ok_or("the queue is full")?;
+            let cid = session.queue.free_cid().expect("room, checked");
             session.queue.buffer(cid)[..data.len()].copy_from_slice(&data);
             (
                 op,
                 command,
                 DataTransfer::ToController(data.len() as u32),
-                false,
+                None,
             )
         }
         ToMember::Flush { op, .. } => (
             op,
             weft_initiator::sqe(io_opcode::FLUSH, 1),
             DataTransfer::None,
-            false,
+            None,
         ),
         ToMember::Fence { .. } => unreachable!("fences are taken apart"),
     };
     let cid = session
         .queue
         .submit(command, transfer)
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| SubmitError::Connection(e.to_string()))?;
     session.ops.insert(cid.0, (op, read));
-    session.queue.transmit().map_err(|e| e.to_string())
+    Ok(())
 }
 
 fn check(offset: u64, len: usize, block: u64, most: usize) -> Result<(), String> {
@@ -265,6 +317,7 @@ fn fence(target: &MemberTarget, token: Token) -> Result<Result<Session, Token>, 
         queue,
         token,
         ops: BTreeMap::new(),
+        backlog: VecDeque::new(),
     }))
 }
 

@@ -125,7 +125,13 @@ pub(crate) fn start(setup: ErasureSetup) -> Result<ErasureHandle, String> {
             let manager = Arc::clone(&setup.manager);
             let volume = setup.volume.clone();
             match Server::begin(setup, events, Arc::clone(&path)) {
-                Ok(Some(server)) => server.serve(&inbox),
+                Ok(Some(server)) => {
+                    if server.serve(&inbox) == EcPhase::Stalled {
+                        // Fewer than k members answer: the next primary
+                        // (a new epoch) waits a moment before it tries.
+                        hold_off(&inbox);
+                    }
+                }
                 Ok(None) => {}
                 Err(error) => log::error!("volume {volume}: cannot serve: {error}"),
             }
@@ -137,6 +143,23 @@ pub(crate) fn start(setup: ErasureSetup) -> Result<ErasureHandle, String> {
         })
         .map_err(|e| format!("cannot start its thread: {e}"))?;
     Ok(handle)
+}
+
+/// How long a stalled primary's node waits before the next one starts.
+const STALL_BACKOFF: Duration = Duration::from_secs(1);
+
+/// Answers host I/O with ANA Transition for [`STALL_BACKOFF`].
+fn hold_off(inbox: &Receiver<Event>) {
+    let until = std::time::Instant::now() + STALL_BACKOFF;
+    while let Some(left) = until.checked_duration_since(std::time::Instant::now()) {
+        match inbox.recv_timeout(left) {
+            Ok(Event::Host(io)) => io
+                .reply
+                .send(VolumeOutcome::Done(Err(IoError::PathTransition))),
+            Ok(Event::Stop) | Err(RecvTimeoutError::Disconnected) => return,
+            Ok(_) | Err(RecvTimeoutError::Timeout) => {}
+        }
+    }
 }
 
 /// A host command in the core, and where its answer goes.
@@ -280,7 +303,8 @@ impl Server {
         }))
     }
 
-    fn serve(mut self, inbox: &Receiver<Event>) {
+    /// Serves until the primary ends; how it ended.
+    fn serve(mut self, inbox: &Receiver<Event>) -> EcPhase {
         let mut serving = Serving::Transition;
         loop {
             let now = self.lease.now();
@@ -325,6 +349,7 @@ impl Server {
             op.reply
                 .send(VolumeOutcome::Done(Err(IoError::PathInaccessible)));
         }
+        self.primary.phase()
     }
 
     /// Publishes the progress of every member being rebuilt (`volume show`,
