@@ -121,6 +121,12 @@ pub(crate) fn replica_change_failure(error: &ReplicaChangeError) -> Response {
             &message,
             &format!("give --replicas 1 to {REPLICAS_MAX}"),
         ),
+        ReplicaChangeError::ErasureCoded { .. } => failure(
+            400,
+            "erasure_coded",
+            &message,
+            "create a volume with another --ec layout (or --replicas) and copy the data over",
+        ),
         ReplicaChangeError::PrimaryDown { .. } => failure(
             409,
             "primary_down",

@@ -32,6 +32,7 @@
 
 pub mod agent;
 pub mod election;
+pub mod erasure;
 pub mod join;
 pub mod lease;
 pub mod membership;

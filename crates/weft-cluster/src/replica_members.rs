@@ -18,6 +18,11 @@
 //! (what the failover simulation covers): the host's I/O pauses for its
 //! fencing, well under a second.
 //!
+//! An erasure-coded volume has one member per shard: its count is fixed
+//! (`set_replica_count` refuses it), and a lost member is replaced in its
+//! place at once (no other member holds its shard; the primary rebuilds
+//! the new one in full from the others).
+//!
 //! What this does not do: create, copy or delete any data (the nodes do).
 
 use crate::election;
@@ -45,6 +50,14 @@ pub enum ReplicaChangeError {
     /// Fewer than one or more than [`REPLICAS_MAX`].
     #[error("a volume has 1 to {REPLICAS_MAX} replicas, not {0}")]
     Count(usize),
+    /// An erasure-coded volume has one member per shard, always.
+    #[error("volume {volume} is erasure-coded ({layout}): it has one member per shard, always; a member whose node is lost for good is replaced in its place (`weft node remove`, or by the controller after the replace delay)")]
+    ErasureCoded {
+        /// The volume.
+        volume: String,
+        /// Its layout, e.g. `4+2`.
+        layout: String,
+    },
     /// The primary's node is down: no copy may be dropped or added now.
     #[error("the primary of {volume} is on {node}, which is down: its replicas change only while it is up (the controller promotes another within seconds if one is in sync)")]
     PrimaryDown {
@@ -100,6 +113,12 @@ pub fn set_replica_count(
         return Err(ReplicaChangeError::Count(count));
     }
     change_members(store, volume, |replication, nodes| {
+        if let Some(erasure) = &replication.erasure {
+            return Err(ReplicaChangeError::ErasureCoded {
+                volume: volume.to_string(),
+                layout: format!("{}+{}", erasure.data_shards, erasure.parity_shards),
+            });
+        }
         let staying = replication.members.len() - replication.retire.len();
         if count >= staying {
             let kept: Vec<String> = replication
@@ -343,7 +362,9 @@ fn change_members_as(
     Err(StoreError::Conflict { key }.into())
 }
 
-/// The record with `decision` applied.
+/// The record with `decision` applied: a replicated volume's new replicas
+/// are added beside it and the retired ones leave later; an erasure-coded
+/// volume's (one per shard) take the lost members' places at once.
 fn changed(
     store: &dyn Store,
     found: &Versioned<VolumeRecord>,
@@ -352,55 +373,32 @@ fn changed(
 ) -> Result<(VolumeRecord, ReplicaChange), ReplicaChangeError> {
     let mut record = found.record.clone();
     let replication = record.replication.as_mut().expect("replicated");
-    replication.retire.retain(|n| !decision.keep.contains(n));
-    replication.retire.extend(decision.retire.iter().cloned());
+    let placed = place_new(store, nodes, replication, decision)?;
+    let fresh = |placement: &Placement| ReplicaRecord {
+        node: placement.node.clone(),
+        pool: placement.pool.clone(),
+        state: ReplicaState::Faulted { epoch: 0 },
+    };
+    if replication.erasure.is_some() {
+        // Its shard in place of the lost one: nothing else holds it, and
+        // the primary rebuilds it in full from the others.
+        assert_eq!(placed.len(), decision.retire.len(), "a member per shard");
+        for (lost, placement) in decision.retire.iter().zip(&placed) {
+            let member = replication.members.iter_mut().find(|m| &m.node == lost);
+            *member.expect("a lost member") = fresh(placement);
+        }
+    } else {
+        replication.retire.retain(|n| !decision.keep.contains(n));
+        replication.retire.extend(decision.retire.iter().cloned());
+        replication.members.extend(placed.iter().map(fresh));
+    }
     if replication
         .move_to
         .as_ref()
-        .is_some_and(|to| replication.retire.contains(to))
+        .is_some_and(|to| decision.retire.contains(to) || replication.retire.contains(to))
     {
         replication.move_to = None;
     }
-    // The new ones go to zones none of the replicas (retired or not) is in:
-    // a retired node may come back.
-    let taken: Vec<&str> = found
-        .record
-        .replication
-        .iter()
-        .flat_map(|r| r.members.iter().map(|m| m.node.as_str()))
-        .collect();
-    let volumes = volumes_by_node(store)?;
-    let request = PlacementRequest {
-        size_bytes: replication.size_bytes,
-        thick: replication.thick,
-        node: None,
-        pool: None,
-        volumes_by_node: &volumes,
-    };
-    let placed = match place_more(nodes, request, &taken, decision.add) {
-        Err(PlacementError::TooFewZones { .. }) if !decision.retire.is_empty() => {
-            // Replacing: the retired node's zone may take the new one.
-            let kept: Vec<&str> = taken
-                .iter()
-                .copied()
-                .filter(|n| !decision.retire.iter().any(|r| r == n))
-                .collect();
-            let others: BTreeMap<String, NodeView> = nodes
-                .iter()
-                .filter(|(name, _)| !decision.retire.contains(name))
-                .map(|(name, view)| (name.clone(), view.clone()))
-                .collect();
-            place_more(&others, request, &kept, decision.add)?
-        }
-        placed => placed?,
-    };
-    replication
-        .members
-        .extend(placed.iter().map(|placement| ReplicaRecord {
-            node: placement.node.clone(),
-            pool: placement.pool.clone(),
-            state: ReplicaState::Faulted { epoch: 0 },
-        }));
     // A new copy holds no snapshot, even on a node whose earlier copy did.
     for snapshot in &mut replication.snapshots {
         snapshot
@@ -414,6 +412,53 @@ fn changed(
             removed: decision.retire.clone(),
         },
     ))
+}
+
+/// Places `decision.add` new members of `replication` on nodes and in
+/// zones none of its members (retired or not) is on: a retired node may
+/// come back. When replacing and no other zone is left, the retired
+/// nodes' zones may take them. An erasure-coded member takes a shard's
+/// bytes.
+fn place_new(
+    store: &dyn Store,
+    nodes: &BTreeMap<String, NodeView>,
+    replication: &ReplicationRecord,
+    decision: &Decision,
+) -> Result<Vec<Placement>, ReplicaChangeError> {
+    let taken: Vec<&str> = replication
+        .members
+        .iter()
+        .map(|m| m.node.as_str())
+        .collect();
+    let size_bytes = match &replication.erasure {
+        Some(erasure) => crate::erasure::shard_bytes(replication, erasure)
+            .expect("a layout its creation checked"),
+        None => replication.size_bytes,
+    };
+    let volumes = volumes_by_node(store)?;
+    let request = PlacementRequest {
+        size_bytes,
+        thick: replication.thick,
+        node: None,
+        pool: None,
+        volumes_by_node: &volumes,
+    };
+    match place_more(nodes, request, &taken, decision.add) {
+        Err(PlacementError::TooFewZones { .. }) if !decision.retire.is_empty() => {
+            let kept: Vec<&str> = taken
+                .iter()
+                .copied()
+                .filter(|n| !decision.retire.iter().any(|r| r == n))
+                .collect();
+            let others: BTreeMap<String, NodeView> = nodes
+                .iter()
+                .filter(|(name, _)| !decision.retire.contains(name))
+                .map(|(name, view)| (name.clone(), view.clone()))
+                .collect();
+            Ok(place_more(&others, request, &kept, decision.add)?)
+        }
+        placed => Ok(placed?),
+    }
 }
 
 /// Drops from `volume`'s record the retired replicas the primary took out

@@ -11,8 +11,8 @@ use weft_cluster::replica_members::{
 use weft_cluster::{nodes, PoolSummary};
 use weft_control::records::{encode, read};
 use weft_control::{
-    ManualClock, MemoryStore, ReplicaRecord, ReplicaState, ReplicationRecord, Store, Txn,
-    VolumeRecord,
+    ErasureRecord, ManualClock, MemoryStore, ReplicaRecord, ReplicaState, ReplicationRecord, Store,
+    Txn, VolumeRecord,
 };
 
 const TTL: Duration = Duration::from_secs(5);
@@ -233,4 +233,89 @@ fn a_lost_node_cannot_give_up_a_primary() {
 
 fn members_of(store: &Arc<dyn Store>) -> Vec<String> {
     members(store).into_iter().map(|(node, _)| node).collect()
+}
+
+/// Volume "ec", erasure-coded 2+1: n1 (primary), n2, n3, all in sync.
+fn erasure_coded_volume(store: &Arc<dyn Store>) {
+    let member = |node: &str| ReplicaRecord {
+        node: node.into(),
+        pool: "p".into(),
+        state: ReplicaState::InSync,
+    };
+    let record = VolumeRecord {
+        id: "ec".into(),
+        node: Some("n1".into()),
+        pool: Some("p".into()),
+        replication: Some(ReplicationRecord {
+            epoch: 1,
+            primary: "n1".into(),
+            members: vec![member("n1"), member("n2"), member("n3")],
+            size_bytes: 1 << 20,
+            block_size: 4096,
+            thick: false,
+            move_to: None,
+            previous: None,
+            retire: Vec::new(),
+            snapshots: Vec::new(),
+            erasure: Some(ErasureRecord {
+                data_shards: 2,
+                parity_shards: 1,
+                chunk_bytes: 65536,
+                journal_slots: 64,
+            }),
+        }),
+        ..VolumeRecord::default()
+    };
+    let txn = Txn::new().create("volumes/ec", encode(&record));
+    store.commit(txn).unwrap();
+}
+
+fn erasure_members(store: &Arc<dyn Store>) -> ReplicationRecord {
+    let found = read::<VolumeRecord>(store.as_ref(), "volumes/ec")
+        .unwrap()
+        .unwrap();
+    found.record.replication.unwrap()
+}
+
+#[test]
+fn an_erasure_coded_member_lost_for_good_is_replaced_in_its_place() {
+    let (store, clock) = store();
+    let mut members = cluster(&store);
+    erasure_coded_volume(&store);
+    // Its members are one per shard: their count is not the operator's.
+    let refused = set_replica_count(store.as_ref(), "ec", 2).unwrap_err();
+    assert!(
+        matches!(refused, ReplicaChangeError::ErasureCoded { .. }),
+        "{refused}"
+    );
+    assert!(
+        refused.to_string().contains("erasure-coded (2+1)"),
+        "{refused}"
+    );
+    // n2 removed for good: n4 takes its place (the same shard), to be
+    // rebuilt in full; nothing is retired.
+    let replaced = replace_replicas_on(store.as_ref(), "n2").unwrap();
+    assert_eq!(replaced[0].0, "ec");
+    let record = erasure_members(&store);
+    let nodes: Vec<&str> = record.members.iter().map(|m| m.node.as_str()).collect();
+    assert_eq!(nodes, ["n1", "n4", "n3"]);
+    assert_eq!(record.members[1].state, ReplicaState::Faulted { epoch: 0 });
+    assert!(record.retire.is_empty());
+    assert!(record.erasure.is_some());
+    // n3 down past the delay: the controller puts it in the one node not
+    // among the members (n2, still up in this store).
+    for ms in [3000, 6000] {
+        clock.advance(Duration::from_secs(3));
+        for member in members.iter_mut().filter(|m| m.name() != "n3") {
+            member.heartbeat(&status(), ms).unwrap();
+        }
+    }
+    let controller = members[0].lease();
+    nodes::note_down_nodes(store.as_ref(), controller, 6000).unwrap();
+    let replaced = replace_lost_replicas(store.as_ref(), controller, 16_000, 10_000).unwrap();
+    assert_eq!(replaced.len(), 1, "{replaced:?}");
+    let record = erasure_members(&store);
+    let nodes: Vec<&str> = record.members.iter().map(|m| m.node.as_str()).collect();
+    assert_eq!(nodes, ["n1", "n4", "n2"]);
+    assert_eq!(record.primary, "n1");
 }

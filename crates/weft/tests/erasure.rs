@@ -2,7 +2,9 @@
 //! and three `weft serve` nodes on loopback holding a 2+1 volume, a host
 //! played by weft's own initiator. Writes acknowledged by the primary
 //! survive the loss of a member (read around it, then rebuilt when it
-//! returns) and of the primary itself (another member's node takes over).
+//! returns) and of the primary itself (another member's node takes over);
+//! a member whose node is lost for good is replaced on another node and
+//! rebuilt there in full.
 
 mod support;
 
@@ -257,6 +259,83 @@ fn an_erasure_coded_volume_keeps_its_writes_through_the_loss_of_a_member_of_its_
         _ => 1,
     };
     check(&mut queue, written, third_generation, &third);
+    drop((queue, controller));
+    drop(etcd);
+}
+
+/// The nodes of `ec`'s members, in shard order.
+fn member_nodes(node: &Node) -> Vec<String> {
+    let shown = shown(node);
+    let replicas = shown["replicas"].as_array().cloned().unwrap_or_default();
+    replicas
+        .iter()
+        .filter_map(|r| r["node"].as_str().map(str::to_string))
+        .collect()
+}
+
+#[test]
+fn an_erasure_coded_member_down_for_good_is_replaced_and_rebuilt_on_another_node() {
+    let dir = temp_dir("erasure-replace");
+    // Whichever node is the controller replaces a member down for 2 s.
+    let (etcd, _, _, started) = nodes(&dir, "replace_replica_after_s = 2", 4);
+    erasure_coded_volume(&started[0], &dir, &["n1", "n2", "n3"], "2+1");
+    let mut nodes: Vec<(String, Option<Node>)> = started
+        .into_iter()
+        .enumerate()
+        .map(|(i, n)| (format!("n{}", i + 1), Some(n)))
+        .collect();
+    let at = |nodes: &[(String, Option<Node>)], name: &str| {
+        nodes.iter().position(|(n, _)| n == name).unwrap()
+    };
+    let first = primary_of(nodes[0].1.as_ref().unwrap());
+    let p = at(&nodes, &first);
+    let (controller, mut queue) = connect(nodes[p].1.as_ref().unwrap());
+    write(&mut queue, 0..3 * STRIPE_BLOCKS, 1);
+    drop((queue, controller));
+    let refused = support::refused(
+        nodes[p].1.as_ref().unwrap(),
+        &["volume", "set", "ec", "--replicas", "3"],
+    );
+    assert!(refused.contains("one member per shard"), "{refused}");
+
+    // n4 gets a pool; a member other than the primary goes down for good.
+    let device = dir.join("n4").join("p.img");
+    let pool = ["pool", "create", "p", "--node", "n4", "--device"];
+    let pool = [
+        &pool[..],
+        &[device.to_str().unwrap(), "--device-size", "256MiB"],
+    ]
+    .concat();
+    ok(nodes[p].1.as_ref().unwrap(), &pool);
+    let members = member_nodes(nodes[p].1.as_ref().unwrap());
+    let lost = members.iter().find(|n| **n != first).unwrap().clone();
+    let shard = members.iter().position(|n| *n == lost).unwrap();
+    let l = at(&nodes, &lost);
+    nodes[l].1 = None;
+    let via = nodes[p].1.as_ref().unwrap();
+    let took = eventually("the lost member replaced in its place", || {
+        member_nodes(via).get(shard).map(String::as_str) == Some("n4")
+    });
+    let rebuilt = eventually("the replacement rebuilt and in sync", || in_sync(via) == 3);
+    eprintln!(
+        "{lost}'s shard replaced on n4 {took:?} after {lost} went down, in sync {rebuilt:?} later"
+    );
+
+    // The third member goes too: every read needs n4's rebuilt shard.
+    let third = members
+        .iter()
+        .find(|n| **n != first && **n != lost)
+        .unwrap()
+        .clone();
+    let t = at(&nodes, &third);
+    nodes[t].1 = None;
+    let (controller, mut queue) = connect(nodes[p].1.as_ref().unwrap());
+    check(
+        &mut queue,
+        0..3 * STRIPE_BLOCKS,
+        |_| 1,
+        "the primary and n4",
+    );
     drop((queue, controller));
     drop(etcd);
 }

@@ -20,27 +20,4 @@
 mod link;
 pub(crate) mod server;
 
-use weft_control::{ErasureRecord, ReplicationRecord};
-use weft_ec::{EcError, Geometry, JournalLayout, Layout};
-
-/// An erasure-coded volume's geometry and journal, from its record.
-pub(crate) fn shape(
-    replication: &ReplicationRecord,
-    erasure: &ErasureRecord,
-) -> Result<(Geometry, JournalLayout), EcError> {
-    let layout = Layout::new(erasure.data_shards as usize, erasure.parity_shards as usize)?;
-    let geometry = Geometry::new(layout, erasure.chunk_bytes)?;
-    let journal = JournalLayout {
-        slots: erasure.journal_slots,
-        block_bytes: replication.block_size,
-        chunk_bytes: erasure.chunk_bytes,
-    };
-    Ok((geometry, journal))
-}
-
-/// The bytes of each member's shard volume: its journal, then a chunk of
-/// every stripe.
-pub(crate) fn shard_bytes(replication: &ReplicationRecord, erasure: &ErasureRecord) -> Option<u64> {
-    let (geometry, journal) = shape(replication, erasure).ok()?;
-    Some(journal.data_base() + geometry.shard_volume_bytes(replication.size_bytes))
-}
+pub(crate) use weft_cluster::erasure::{shape, shard_bytes};
