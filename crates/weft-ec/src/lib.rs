@@ -36,8 +36,8 @@ pub mod primary;
 pub use codec::{encode, reconstruct, update};
 pub use geometry::{Geometry, Piece};
 pub use journal::JournalLayout;
-pub use messages::{EcAction, FromMember, MemberOp, ToMember};
-pub use primary::{EcConfig, EcPhase, EcPrimary, RebuildProgress};
+pub use messages::{EcAction, FromMember, MemberControl, MemberOp, ToMember};
+pub use primary::{ControlRefused, EcConfig, EcPhase, EcPrimary, RebuildProgress};
 
 /// Why a layout or a reconstruction is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -14,6 +14,23 @@ use weft_replication::{HostResult, NodeId, OpId, ReplicaSet, Token};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct MemberOp(pub u64);
 
+/// What every in-sync member is asked to do at one point of the write
+/// stream (`EcPrimary::control`), answered `Written`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MemberControl {
+    /// Grow the shard volume to `shard_bytes` (before the volume grows).
+    Grow {
+        /// The shard volume's new size.
+        shard_bytes: u64,
+    },
+    /// Take a snapshot of the shard volume, durably, under `name`
+    /// (replacing one of that name left by an attempt that failed).
+    Snapshot {
+        /// The snapshot's name.
+        name: String,
+    },
+}
+
 /// A message from the primary to a member.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ToMember {
@@ -53,6 +70,15 @@ pub enum ToMember {
         token: Token,
         /// The op.
         op: MemberOp,
+    },
+    /// Carry out `control` (answered `Written`).
+    Control {
+        /// The session.
+        token: Token,
+        /// The op.
+        op: MemberOp,
+        /// What to do.
+        control: MemberControl,
     },
 }
 
@@ -116,6 +142,15 @@ pub enum EcAction {
         base_revision: u64,
         /// The record wanted.
         record: ReplicaSet,
+    },
+    /// The control asked for (`EcPrimary::control`) is over: `members`
+    /// made it (each in sync in the record then); every other member in
+    /// sync then did not (it was faulted first).
+    ControlDone {
+        /// The control.
+        control: MemberControl,
+        /// The members that made it, by place.
+        members: Vec<usize>,
     },
     /// Complete the host command (a read's bytes in `data`).
     Complete {

@@ -41,6 +41,10 @@
 //! network, or decide to become primary (the controller promotes, as for
 //! replicated volumes).
 
+mod barrier;
+
+pub use barrier::ControlRefused;
+
 use crate::gather::{self, ReadPlan, Want};
 use crate::journal::{self, JournalLayout, Record};
 use crate::locks::{JobId, StripeLocks};
@@ -219,6 +223,8 @@ enum Purpose {
     Clear,
     /// A flush of the members applied writes went to.
     Flush,
+    /// A control (`barrier`).
+    Control,
 }
 
 /// An update written in place: its journal slot, its stripe, and the
@@ -298,6 +304,8 @@ pub struct EcPrimary {
     recovery: RecoveryState,
     rebuild_budget: u64,
     budget_at: Duration,
+    /// A control under way, and the writes it holds back.
+    barrier: Option<barrier::Barrier>,
 }
 
 impl EcPrimary {
@@ -339,6 +347,7 @@ impl EcPrimary {
             recovery: RecoveryState::default(),
             rebuild_budget: 0,
             budget_at: now,
+            barrier: None,
             record,
             config,
         };
@@ -390,7 +399,8 @@ impl EcPrimary {
             || !self.journaled.is_empty()
             || !self.host.is_empty()
             || !self.unflushed.is_empty()
-            || self.flushing.is_some();
+            || self.flushing.is_some()
+            || self.barrier.is_some();
         let lost = self.links.iter().any(|l| matches!(l, Link::Lost));
         if self.phase != EcPhase::Active || self.committing || busy || lost {
             return;
@@ -446,6 +456,7 @@ impl EcPrimary {
             && self.unflushed.is_empty()
             && self.flushing.is_none()
             && !self.committing
+            && self.barrier.is_none()
             && self.links.iter().all(|l| matches!(l, Link::Up))
     }
 
@@ -456,6 +467,9 @@ impl EcPrimary {
         if !self.admits(op, offset, data.len() as u64, now) {
             return;
         }
+        let Some((op, offset, data)) = self.hold_write((op, offset, data)) else {
+            return;
+        };
         let mut parts: BTreeMap<u64, Vec<(usize, u32, Vec<u8>)>> = BTreeMap::new();
         let chunk = u64::from(self.config.geometry.chunk_bytes());
         for piece in self.config.geometry.pieces(offset, data.len() as u64) {
@@ -1094,6 +1108,7 @@ impl EcPrimary {
             }
             _ => {}
         }
+        self.barrier_progress(now);
     }
 
     fn fenced(&mut self, member: usize, now: Duration) {
@@ -1179,6 +1194,7 @@ impl EcPrimary {
                 self.advance_rebuilds(now);
             }
             Purpose::Flush => self.flush_done(now),
+            Purpose::Control => self.control_answered(member, true),
         }
     }
 
@@ -1307,6 +1323,7 @@ impl EcPrimary {
                 Purpose::RecoveryWrite => self.recovery.writes_left -= 1,
                 Purpose::Clear => {}
                 Purpose::Flush => self.flush_done(now),
+                Purpose::Control => self.control_answered(member, false),
             }
         }
         if self.is_ended() {
@@ -1400,7 +1417,7 @@ impl EcPrimary {
         match self.phase {
             EcPhase::Fencing => self.fencing_progress(now),
             EcPhase::Recovering => self.recovery_progress(now),
-            _ => {}
+            _ => self.barrier_progress(now),
         }
     }
 
@@ -1417,6 +1434,7 @@ impl EcPrimary {
             }
             None => self.stall(),
         }
+        self.barrier_progress(now);
     }
 
     /// The store's record changed (a watch).
@@ -1598,6 +1616,7 @@ impl EcPrimary {
             }
         }
         self.advance_rebuilds(now);
+        self.barrier_progress(now);
         self.hand_over();
     }
 
@@ -1682,6 +1701,7 @@ impl EcPrimary {
         self.jobs.clear();
         self.locks = StripeLocks::default();
         self.journaled.clear();
+        self.drop_barrier(result);
         for (op, _) in std::mem::take(&mut self.host) {
             self.complete(op, result, Vec::new());
         }
@@ -1702,6 +1722,7 @@ fn write_columns(pieces: &[(usize, u32, Vec<u8>)]) -> Range<u32> {
 #[cfg(test)]
 mod tests_support {
     use super::*;
+    use crate::messages::MemberControl;
     use crate::Layout;
 
     pub(super) const MS: Duration = Duration::from_millis(1);
@@ -1719,6 +1740,14 @@ mod tests_support {
         pub(super) done: BTreeMap<OpId, (HostResult, Vec<u8>)>,
         pub(super) reads: usize,
         pub(super) now: Duration,
+        /// What reached the members and the driver, in order: `j` a
+        /// journal write, `w{stripe}` an in-place write, `f` a flush, `c`
+        /// a control, `commit` a record change, `done` a control's end.
+        pub(super) order: Vec<String>,
+        /// The member that fails the controls it is asked.
+        pub(super) failing_control: Option<usize>,
+        /// The controls done, with the members that made them.
+        pub(super) controls_done: Vec<(MemberControl, Vec<usize>)>,
     }
 
     pub(super) fn config() -> EcConfig {
@@ -1756,6 +1785,9 @@ mod tests_support {
                 done: BTreeMap::new(),
                 reads: 0,
                 now: Duration::ZERO,
+                order: Vec::new(),
+                failing_control: None,
+                controls_done: Vec::new(),
             };
             bench
                 .primary
@@ -1786,7 +1818,18 @@ mod tests_support {
                                 let data = disk[at..at + len as usize].to_vec();
                                 FromMember::Read { token, op, data }
                             }
-                            ToMember::Flush { token, op } => FromMember::Written { token, op },
+                            ToMember::Flush { token, op } => {
+                                self.order.push("f".into());
+                                FromMember::Written { token, op }
+                            }
+                            ToMember::Control { token, op, .. } => {
+                                self.order.push("c".into());
+                                if self.failing_control == Some(member) {
+                                    FromMember::Failed { token, op }
+                                } else {
+                                    FromMember::Written { token, op }
+                                }
+                            }
                             ToMember::Write {
                                 token,
                                 op,
@@ -1794,6 +1837,10 @@ mod tests_support {
                                 data,
                                 ..
                             } => {
+                                self.order.push(match offset.checked_sub(data_base) {
+                                    Some(at) => format!("w{}", at / 4096),
+                                    None => "j".into(),
+                                });
                                 if !(self.dropping_in_place && offset >= data_base) {
                                     let at = offset as usize;
                                     disk[at..at + data.len()].copy_from_slice(&data);
@@ -1808,12 +1855,17 @@ mod tests_support {
                         record,
                     } => {
                         assert_eq!(base_revision, self.revision);
+                        self.order.push("commit".into());
                         self.revision += 1;
                         self.record = record.clone();
                         self.primary.committed(self.revision, record, self.now);
                     }
                     EcAction::Complete { op, result, data } => {
                         self.done.insert(op, (result, data));
+                    }
+                    EcAction::ControlDone { control, members } => {
+                        self.order.push("done".into());
+                        self.controls_done.push((control, members));
                     }
                 }
             }

@@ -349,11 +349,11 @@ fn clean(command: &Command, subsystem: &SubsystemConfig) -> Result<IoPlan, Statu
     Ok(IoPlan::Clean { regions })
 }
 
-/// A Snapshot: only on a subsystem with a write intent (a replica
-/// subsystem), for one of its namespaces, with a name of 1 to
+/// A Snapshot: only on a volume's private subsystem (a replica's or a
+/// member's), for one of its namespaces, with a name of 1 to
 /// [`crate::intent::SNAPSHOT_NAME_BYTES_MAX`] bytes (CDW10) as its data.
 fn snapshot(command: &Command, subsystem: &SubsystemConfig) -> Result<IoPlan, Status> {
-    if subsystem.intent.is_none() {
+    if !is_private(subsystem) {
         return Err(Status::INVALID_OPCODE);
     }
     let ns = subsystem
@@ -372,13 +372,20 @@ fn snapshot(command: &Command, subsystem: &SubsystemConfig) -> Result<IoPlan, St
     })
 }
 
-/// A Grow: only on a subsystem with a write intent (a replica subsystem),
+/// Whether `subsystem` is a volume's private one, whose only host is its
+/// primary: a replica's (with a write intent) or an erasure-coded member's
+/// (fenced, without one). Snapshot and Grow are its primary's alone.
+fn is_private(subsystem: &SubsystemConfig) -> bool {
+    subsystem.intent.is_some() || subsystem.fenced
+}
+
+/// A Grow: only on a volume's private subsystem (a replica's or a member's),
 /// for one of its namespaces, to a size of whole blocks (the node checks
 /// the rest, as for any resize). A size the namespace has reached already
 /// is done: a growth tried again after its record failed finds its
 /// replicas grown.
 fn grow(command: &Command, subsystem: &SubsystemConfig) -> Result<IoPlan, Status> {
-    if subsystem.intent.is_none() {
+    if !is_private(subsystem) {
         return Err(Status::INVALID_OPCODE);
     }
     let ns = subsystem

@@ -35,8 +35,8 @@ fn seeds() {
         }
     }
     println!(
-        "{count} seeds from {base}: {} writes and {} reads checked, {} retries; {} crashes ({} writes torn), {} pauses, {} cuts, {} disk failures; {} of {} planned moves done, {} new epochs, {} members rebuilt into sync",
-        t.writes, t.reads, t.retries, t.crashes, t.torn_writes, t.pauses, t.cuts, t.disk_failures, t.moves_done, t.moves_asked, t.promotions, t.rejoins
+        "{count} seeds from {base}: {} writes and {} reads checked, {} retries; {} crashes ({} writes torn), {} pauses, {} cuts, {} disk failures; {} of {} planned moves done, {} new epochs, {} members rebuilt into sync; {} of {} snapshots taken and checked",
+        t.writes, t.reads, t.retries, t.crashes, t.torn_writes, t.pauses, t.cuts, t.disk_failures, t.moves_done, t.moves_asked, t.promotions, t.rejoins, t.snapshots_taken, t.snapshots_asked
     );
 }
 

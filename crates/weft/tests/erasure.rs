@@ -148,13 +148,8 @@ fn an_erasure_coded_volume_keeps_its_writes_through_the_loss_of_a_member_of_its_
         text.contains("erasure     2+1 (chunks of 64 KiB): takes 36.8 MiB raw"),
         "{text}"
     );
-    // What an erasure-coded volume does not do yet, or cannot have here.
+    // What an erasure-coded volume cannot have here.
     let n = nodes[p].1.as_ref().unwrap();
-    let refused = support::refused(n, &["snapshot", "create", "ec@s1"]);
-    assert!(
-        refused.contains("erasure-coded (2+1): it cannot be snapshotted yet"),
-        "{refused}"
-    );
     let create = ["volume", "create", "wide", "--size", "16MiB", "--ec", "4+2"];
     let refused = support::refused(n, &create);
     assert!(
@@ -337,5 +332,100 @@ fn an_erasure_coded_member_down_for_good_is_replaced_and_rebuilt_on_another_node
         "the primary and n4",
     );
     drop((queue, controller));
+    drop(etcd);
+}
+
+/// The snapshots in node `name`'s pool "p", as `via` tells.
+fn pool_snapshots(via: &Node, name: &str) -> Option<u64> {
+    let path = format!("/api/v1/pools/p?node={name}");
+    let (_, pool) = support::api(via, Some(&via.token), "GET", &path, None);
+    pool["snapshots"].as_u64()
+}
+
+#[test]
+fn an_erasure_coded_volume_grows_and_takes_snapshots_while_the_host_writes() {
+    let dir = temp_dir("erasure-grow");
+    let (etcd, _, _, started) = nodes(&dir, "", 3);
+    erasure_coded_volume(&started[0], &dir, &["n1", "n2", "n3"], "2+1");
+    let mut nodes: Vec<(String, Option<Node>)> = started
+        .into_iter()
+        .enumerate()
+        .map(|(i, n)| (format!("n{}", i + 1), Some(n)))
+        .collect();
+    let first = primary_of(nodes[0].1.as_ref().unwrap());
+    let p = nodes.iter().position(|(n, _)| *n == first).unwrap();
+    let other = (p + 1) % 3;
+    let (controller, mut queue) = connect(nodes[p].1.as_ref().unwrap());
+    write(&mut queue, 0..64, 1);
+
+    // A snapshot taken while the host writes: the writes wait for the
+    // members' snapshots, then go on.
+    let writer = std::thread::spawn(move || {
+        write(&mut queue, 0..64, 2);
+        (controller, queue)
+    });
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let taken = Instant::now();
+    ok(
+        nodes[other].1.as_ref().unwrap(),
+        &["snapshot", "create", "ec@s1"],
+    );
+    eprintln!("snapshot taken in {:?}", taken.elapsed());
+    let (controller, mut queue) = writer.join().unwrap();
+    let primary = nodes[p].1.take().unwrap();
+    let n = &primary;
+    let text = ok(n, &["volume", "show", "ec"]);
+    assert!(text.contains("snapshot    s1: taken, on n"), "{text}");
+    for name in ["n1", "n2", "n3"] {
+        eventually("each member's shard snapshot", || {
+            pool_snapshots(n, name) == Some(1)
+        });
+    }
+    check(&mut queue, 0..64, |_| 2, "the primary, after the snapshot");
+    drop((queue, controller));
+
+    // Grown while the host writes; then written past its old end.
+    let (controller, mut queue) = connect(n);
+    let writer = std::thread::spawn(move || {
+        write(&mut queue, 0..64, 3);
+        (controller, queue)
+    });
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let via = nodes[other].1.as_ref().unwrap();
+    let grown = ok(via, &["volume", "resize", "ec", "--size", "32MiB"]);
+    assert!(grown.contains("resized"), "{grown}");
+    drop(writer.join().unwrap());
+    let view = shown(n);
+    assert_eq!(view["size_bytes"], 32 << 20, "{view}");
+    let journal = 64 * (4096 + 65536);
+    let raw = view["erasure"]["raw_bytes"].as_u64().unwrap();
+    assert_eq!(raw, 3 * ((16 << 20) + journal), "{view}");
+    let shrink = support::refused(n, &["volume", "resize", "ec", "--size", "8MiB"]);
+    assert!(shrink.contains("only grow"), "{shrink}");
+    eventually("every member in sync", || in_sync(n) == 3);
+    let past = 4096..4096 + 2 * STRIPE_BLOCKS;
+    let (controller, mut queue) = connect(n);
+    write(&mut queue, past.clone(), 4);
+    check(&mut queue, past.clone(), |_| 4, "past the old end");
+    drop((queue, controller));
+
+    // A member other than the primary dies: read around it, past the old
+    // end too (the parity there agrees).
+    nodes[other].1 = None;
+    let (controller, mut queue) = connect(n);
+    check(&mut queue, 0..64, |_| 3, "the grown volume, a member lost");
+    check(&mut queue, past, |_| 4, "past the old end, a member lost");
+    drop((queue, controller));
+
+    // The snapshot goes: from the record, then from every member up.
+    let refused = support::refused(n, &["volume", "delete", "ec"]);
+    assert!(refused.contains("s1"), "{refused}");
+    ok(n, &["snapshot", "delete", "ec@s1"]);
+    let third = 3 - p - other;
+    for name in [&nodes[p].0, &nodes[third].0] {
+        eventually("the shard snapshot deleted", || {
+            pool_snapshots(n, name) == Some(0)
+        });
+    }
     drop(etcd);
 }

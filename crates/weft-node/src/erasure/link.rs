@@ -18,11 +18,12 @@ use std::sync::mpsc::{Receiver, Sender, TryRecvError};
 use std::sync::Arc;
 use std::time::Duration;
 use weft_control::Store;
-use weft_ec::{FromMember, MemberOp, ToMember};
+use weft_ec::{FromMember, MemberControl, MemberOp, ToMember};
 use weft_initiator::{read_write, set_cdw, ConnectOptions, Controller, Queue, TargetUrl};
 use weft_proto::command::io_opcode;
 use weft_proto::fence::FenceToken;
 use weft_proto::host::{DataTransfer, HostCompletion};
+use weft_proto::intent;
 use weft_replication::{Epoch, Token};
 
 /// How long a fence may take to connect to a member that is late.
@@ -118,6 +119,7 @@ pub(crate) fn run(target: MemberTarget, inbox: Receiver<ToMember>, events: Sende
                 ToMember::Read { token, op, .. }
                 | ToMember::Write { token, op, .. }
                 | ToMember::Flush { token, op }
+                | ToMember::Control { token, op, .. }
                     if session.as_ref().is_none_or(|s| s.token != token) =>
                 {
                     answer(FromMember::Failed { token, op })
@@ -179,9 +181,10 @@ fn complete(s: &mut Session, done: HostCompletion, answer: &impl Fn(FromMember))
 /// Answers every op of a session that ended as failed.
 fn fail_all(session: Session, answer: &impl Fn(FromMember)) {
     let waiting = session.backlog.into_iter().filter_map(|io| match io {
-        ToMember::Read { op, .. } | ToMember::Write { op, .. } | ToMember::Flush { op, .. } => {
-            Some(op)
-        }
+        ToMember::Read { op, .. }
+        | ToMember::Write { op, .. }
+        | ToMember::Flush { op, .. }
+        | ToMember::Control { op, .. } => Some(op),
         ToMember::Fence { .. } => None,
     });
     for op in session.ops.into_values().map(|(op, _)| op).chain(waiting) {
@@ -261,6 +264,10 @@ fn submit(session: &mut Session, io: ToMember, block_size: u32) -> Result<(), Su
             DataTransfer::None,
             None,
         ),
+        ToMember::Control { op, control, .. } => {
+            let (command, transfer) = control_command(session, op, &control)?;
+            (op, command, transfer, None)
+        }
         ToMember::Fence { .. } => unreachable!("fences are taken apart"),
     };
     let cid = session
@@ -269,6 +276,40 @@ fn submit(session: &mut Session, io: ToMember, block_size: u32) -> Result<(), Su
         .map_err(|e| SubmitError::Connection(e.to_string()))?;
     session.ops.insert(cid.0, (op, read));
     Ok(())
+}
+
+/// A control as the member's node takes it: the replica subsystem's
+/// vendor commands Grow and Snapshot (`weft_proto::intent`).
+fn control_command(
+    session: &mut Session,
+    op: MemberOp,
+    control: &MemberControl,
+) -> Result<([u8; 64], DataTransfer), SubmitError> {
+    match control {
+        MemberControl::Grow { shard_bytes } => {
+            let mut command = weft_initiator::sqe(intent::GROW_OPCODE, 1);
+            set_cdw(&mut command, 10, *shard_bytes as u32);
+            set_cdw(&mut command, 11, (*shard_bytes >> 32) as u32);
+            Ok((command, DataTransfer::None))
+        }
+        MemberControl::Snapshot { name } => {
+            let len = name.len();
+            if len == 0 || len > intent::SNAPSHOT_NAME_BYTES_MAX as usize {
+                return Err(SubmitError::Op(
+                    op,
+                    format!(
+                        "snapshot name {name:?}: 1 to {} bytes",
+                        intent::SNAPSHOT_NAME_BYTES_MAX
+                    ),
+                ));
+            }
+            let mut command = weft_initiator::sqe(intent::SNAPSHOT_OPCODE, 1);
+            set_cdw(&mut command, 10, len as u32);
+            let cid = session.queue.free_cid().expect("room, checked");
+            session.queue.buffer(cid)[..len].copy_from_slice(name.as_bytes());
+            Ok((command, DataTransfer::ToController(len as u32)))
+        }
+    }
 }
 
 fn check(offset: u64, len: usize, block: u64, most: usize) -> Result<(), String> {

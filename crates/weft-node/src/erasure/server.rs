@@ -14,8 +14,12 @@
 //! What this does not do: any stripe arithmetic or journaling (the core's),
 //! or block on the store in its loop.
 
+mod barriers;
+
 use super::link::{self, MemberTarget};
+use crate::admin_error::AdminError;
 use crate::link_keys::LinkKeys;
+use crate::replication::barrier::{Barrier, BarrierOp};
 use crate::replication::progress::Tracker;
 use crate::replication::records::{swap_replication, Swapped};
 use crate::replication::run::write_served_epoch;
@@ -78,6 +82,23 @@ impl ErasureHandle {
     pub fn is_running(&self) -> bool {
         !self.finished.load(Ordering::Acquire)
     }
+
+    /// Makes `op` on every member in sync at one point of the write
+    /// stream (`crate::replication::barrier`); `reply` hears back once
+    /// the record says so.
+    pub fn barrier(&self, op: BarrierOp, reply: Sender<Result<(), AdminError>>) {
+        if let Err(mpsc::SendError(Event::Barrier { reply, .. })) =
+            self.events.send(Event::Barrier { op, reply })
+        {
+            let _ = reply.send(Err(not_serving()));
+        }
+    }
+}
+
+fn not_serving() -> AdminError {
+    AdminError::Unavailable(
+        "this node's primary of the volume is starting, handing over or has ended; try again in a moment".into(),
+    )
 }
 
 /// What reaches the primary's thread.
@@ -95,6 +116,16 @@ pub(crate) enum Event {
     Record {
         revision: u64,
         record: Option<ReplicationRecord>,
+    },
+    /// A snapshot or a growth asked for.
+    Barrier {
+        op: BarrierOp,
+        reply: Sender<Result<(), AdminError>>,
+    },
+    /// The snapshot's announcement was written (barrier `seq`), or not.
+    Announced {
+        seq: u64,
+        result: Result<(), AdminError>,
     },
     Stop,
 }
@@ -188,6 +219,9 @@ struct Server {
     trackers: BTreeMap<usize, Tracker>,
     shown: Vec<RebuildStatus>,
     chunk_bytes: u64,
+    /// A snapshot or growth under way, and how many were asked for.
+    barrier: Option<Barrier>,
+    barriers: u64,
 }
 
 impl Server {
@@ -300,6 +334,8 @@ impl Server {
             trackers: BTreeMap::new(),
             shown: Vec::new(),
             chunk_bytes: u64::from(erasure.chunk_bytes),
+            barrier: None,
+            barriers: 0,
         }))
     }
 
@@ -344,6 +380,7 @@ impl Server {
             }
         }
         self.stop_polling.store(true, Ordering::Release);
+        self.fail_barrier(not_serving());
         self.published.rebuilds.set(&self.volume, Vec::new());
         for (_, op) in std::mem::take(&mut self.ops) {
             op.reply
@@ -408,6 +445,10 @@ impl Server {
                 self.primary.committed(revision, set, now);
             }
             Event::CommitFailed(current) => {
+                if let Some((_, record)) = &current {
+                    // Reshaped meanwhile (grown): the next primary serves it.
+                    self.stopping |= !same_members(record, &self.replication);
+                }
                 let current = current.map(|(revision, record)| {
                     let set = replica_set(&record);
                     self.replication = record;
@@ -423,6 +464,8 @@ impl Server {
                 // Deleted, or reshaped: the next primary serves it.
                 _ => self.stopping = true,
             },
+            Event::Barrier { op, reply } => self.begin_barrier(op, reply),
+            Event::Announced { seq, result } => self.announced(seq, result),
             Event::Stop => self.stopping = true,
         }
         self.pump();
@@ -485,6 +528,7 @@ impl Server {
                     }
                 }
                 EcAction::Complete { op, result, data } => self.complete(op, result, data),
+                EcAction::ControlDone { members, .. } => self.barrier_done(&members),
             }
         }
     }

@@ -4,6 +4,11 @@
 //! with the new size. Every other copy (out of sync, or on a node that was
 //! down) grows when its node reconciles with the record.
 //!
+//! An erasure-coded volume grows the same way: its primary grows every
+//! member's shard in sync at one point of its write stream
+//! (`crate::erasure`), records the new size, and the next primary serves
+//! it; shards out of sync grow when their nodes reconcile.
+//!
 //! What this does not do: shrink (no volume does).
 
 use super::{AdminError, Manager};
@@ -46,8 +51,11 @@ impl Manager {
             let _ = reply.send(Ok(()));
             return Ok(());
         }
+        let op = BarrierOp::Grow(size_bytes);
+        let erasure = self.erasures.get(volume).filter(|e| e.is_running());
         match self.replicators.get(volume).filter(|r| r.is_running()) {
-            Some(replicator) => replicator.barrier(BarrierOp::Grow(size_bytes), reply),
+            Some(replicator) => replicator.barrier(op, reply),
+            None if erasure.is_some() => erasure.expect("checked").barrier(op, reply),
             None => {
                 let me = self.cluster_node.clone().unwrap_or_default();
                 return Err(AdminError::Unavailable(format!(
@@ -58,8 +66,9 @@ impl Manager {
         Ok(())
     }
 
-    /// Grows this node's copies of replicated volumes to their records'
-    /// size (copies out of sync when their primary grew the volume).
+    /// Grows this node's copies of replicated volumes, and its shards of
+    /// erasure-coded ones, to their records' size (those out of sync when
+    /// their primary grew the volume).
     pub(super) fn grow_copies_to_records(&mut self) {
         let copies: Vec<(String, String, u64)> = self
             .pools
@@ -68,13 +77,18 @@ impl Manager {
                 p.volumes()
                     .map(move |v| (pool.clone(), v.name.clone(), v.size_bytes))
             })
-            .filter(|(_, volume, _)| self.intents.contains_key(volume))
             .collect();
         for (pool, volume, size_bytes) in copies {
-            if let Ok(Some(replication)) = self.replicated_record(&volume) {
-                if replication.size_bytes > size_bytes {
-                    let _ = self.grow_copy(&pool, &volume, replication.size_bytes);
-                }
+            let Ok(Some(replication)) = self.replicated_record(&volume) else {
+                continue;
+            };
+            let wanted = match &replication.erasure {
+                Some(erasure) => crate::erasure::shard_bytes(&replication, erasure),
+                None if self.intents.contains_key(&volume) => Some(replication.size_bytes),
+                None => None,
+            };
+            if let Some(wanted) = wanted.filter(|&wanted| wanted > size_bytes) {
+                let _ = self.grow_copy(&pool, &volume, wanted);
             }
         }
     }
@@ -109,8 +123,13 @@ impl Manager {
             );
             weft_proto::IoError::Other
         })?;
-        let dir = self.cluster_dir.clone();
-        super::intents::intent_of(&mut self.intents, dir.as_deref(), volume, size_bytes);
+        // A shard of an erasure-coded volume has no intent (its primary
+        // rebuilds a member that was out).
+        let shard = matches!(self.replicated_record(volume), Ok(Some(r)) if r.erasure.is_some());
+        if !shard {
+            let dir = self.cluster_dir.clone();
+            super::intents::intent_of(&mut self.intents, dir.as_deref(), volume, size_bytes);
+        }
         if size_bytes > current {
             log::info!("volume {volume}: this node's copy grown to {size_bytes} bytes");
         }

@@ -41,13 +41,11 @@ impl Manager {
         Ok(found.and_then(|found| found.record.replication))
     }
 
-    /// Refuses what erasure-coded volumes do not do yet: resize,
-    /// snapshots and clones (each member holds a shard, not a copy that a
-    /// snapshot of one node's volume could stand for).
+    /// Refuses what erasure-coded volumes do not do yet: clones (each
+    /// member holds a shard, not a copy that a volume of one copy could be
+    /// made from).
     pub(super) fn check_erasure_supports(&self, op: &AdminOp) -> Result<(), AdminError> {
         let (volume, what) = match op {
-            AdminOp::ResizeVolume { name, .. } => (name, "resized"),
-            AdminOp::CreateSnapshot { volume, .. } => (volume, "snapshotted"),
             AdminOp::CloneVolume { volume, .. } => (volume, "cloned"),
             _ => return Ok(()),
         };
@@ -70,8 +68,11 @@ impl Manager {
         reply: std::sync::mpsc::Sender<Result<(), AdminError>>,
     ) -> Result<(), AdminError> {
         check_name("snapshot", name)?;
-        let replicator = self.serving_replicator(volume)?;
-        replicator.barrier(BarrierOp::Snapshot(name.to_string()), reply);
+        let op = BarrierOp::Snapshot(name.to_string());
+        match self.erasures.get(volume).filter(|e| e.is_running()) {
+            Some(erasure) => erasure.barrier(op, reply),
+            None => self.serving_replicator(volume)?.barrier(op, reply),
+        }
         Ok(())
     }
 

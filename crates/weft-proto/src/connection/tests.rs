@@ -2138,8 +2138,8 @@ fn the_intent_log_page_lists_marked_regions_and_clean_drops_them() {
     assert_eq!(invalid.status(), Status::INVALID_OPCODE);
 }
 
-/// A replica's Snapshot (85h) reaches the data plane with its name,
-/// only from the fence holder, only where the subsystem has an intent,
+/// A replica's or a member's Snapshot (85h) reaches the data plane with
+/// its name, only from the fence holder, only on a private subsystem,
 /// with a name of 1 to 64 bytes that is exactly its data.
 #[test]
 fn a_snapshot_command_carries_its_name_to_the_data_plane() {
@@ -2174,11 +2174,17 @@ fn a_snapshot_command_carries_its_name_to_the_data_plane() {
     other_ns[4..8].copy_from_slice(&9u32.to_le_bytes());
     let missing = io.command(&other_ns, b"s2").pop().unwrap();
     assert_eq!(missing.status(), Status::INVALID_NAMESPACE);
+    // An erasure-coded member's subsystem: fenced, without an intent.
     update(&target, |config| config.subsystems[0].intent = None);
     io.update_config(target.config());
-    let invalid = io.command(&snapshot(8, b"s3", 2), b"s3").pop().unwrap();
+    let member = io.command(&snapshot(8, b"s3", 2), b"s3").pop().unwrap();
+    assert_eq!(member.status(), Status::SUCCESS);
+    // A host-facing subsystem: neither.
+    update(&target, |config| config.subsystems[0].fenced = false);
+    io.update_config(target.config());
+    let invalid = io.command(&snapshot(9, b"s4", 2), b"s4").pop().unwrap();
     assert_eq!(invalid.status(), Status::INVALID_OPCODE);
-    assert_eq!(io.snapshots.len(), 1, "only the valid one ran");
+    assert_eq!(io.snapshots, ["s1", "s3"], "only the valid ones ran");
 }
 
 /// A replica's Grow (84h) reaches the data plane with the new size

@@ -292,6 +292,42 @@ impl Host {
         Ok(())
     }
 
+    /// What each block may hold in a snapshot taken now: its last
+    /// acknowledged value, or the value of a write under way on it.
+    pub fn expected(&self) -> Vec<(u64, Option<u64>)> {
+        self.acked
+            .iter()
+            .copied()
+            .zip(self.under_way.iter().copied())
+            .collect()
+    }
+
+    /// The `bytes` at volume offset `base` of a snapshot hold, block by
+    /// block, one of the values `expected` allows.
+    pub fn check_snapshot(
+        &self,
+        expected: &[(u64, Option<u64>)],
+        base: u64,
+        bytes: &[u8],
+    ) -> Result<(), String> {
+        for (i, block_bytes) in bytes.chunks(self.block_bytes as usize).enumerate() {
+            let block = base / self.block_bytes + i as u64;
+            let Some(&(acked, under_way)) = expected.get(block as usize) else {
+                continue;
+            };
+            let value = u64::from_le_bytes(block_bytes[..8].try_into().expect("8 bytes"));
+            if block_bytes.chunks(8).any(|c| c != value.to_le_bytes()) {
+                return Err(format!("block {block} holds a torn or foreign block"));
+            }
+            if value != acked && Some(value) != under_way {
+                return Err(format!(
+                    "block {block} holds value {value}: when it was taken, its last acknowledged write wrote {acked} (and {under_way:?} was under way)"
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// At the end: the `bytes` at volume offset `base` hold every block's
     /// last acknowledged value.
     pub fn check_end(&self, base: u64, bytes: &[u8]) -> Result<(), String> {

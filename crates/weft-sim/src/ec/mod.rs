@@ -21,17 +21,26 @@
 //! or not), restart, pause, are cut off from the network, and their disks
 //! fail every op for a while; the primary's node among them.
 //!
+//! The operator now and then asks the primary for a snapshot (taken on
+//! every member in sync at one point of the write stream, by the code
+//! that ships: `EcPrimary::control`); each member's snapshot is kept.
+//!
 //! Checked all along: every read returns, block by block, the value of
 //! the last acknowledged write of that block.
 //! Checked at the end, once the faults heal: every command completed, every
 //! member is back in sync, every stripe's parity is its data's (no torn
 //! stripe: with any `m` members lost, every block would be rebuilt right)
-//! and every block holds its last acknowledged value.
+//! and every block holds its last acknowledged value; and every snapshot
+//! that `k` members or more took decodes, stripe by stripe from those
+//! members' snapshots, to what the host had acknowledged when it was
+//! taken (each block its last acknowledged value, or that of a write under
+//! way then), its parity agreeing where every member took it.
 //!
 //! [`EcPrimary`]: weft_ec::EcPrimary
 
 mod host;
 mod node;
+mod snapshots;
 mod world;
 
 pub use world::{run_ec, EcReport, EcSimConfig};

@@ -20,7 +20,7 @@ use super::world::{Cmd, EcSimConfig, Endpoint, Event, Msg, Outbox};
 use crate::rng::Rng;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
-use weft_ec::{EcAction, EcPhase, EcPrimary, FromMember, ToMember};
+use weft_ec::{EcAction, EcPhase, EcPrimary, FromMember, MemberControl, ToMember};
 use weft_replication::{plan_start, Epoch, HostResult, NodeId, OpId, ReplicaSet, Start, Token};
 
 const RENEW_EVERY: u64 = 10;
@@ -58,6 +58,12 @@ enum Entry {
         token: Token,
         op: weft_ec::MemberOp,
     },
+    Control {
+        to: NodeId,
+        token: Token,
+        op: weft_ec::MemberOp,
+        control: MemberControl,
+    },
 }
 
 pub(crate) struct Node {
@@ -71,6 +77,8 @@ pub(crate) struct Node {
     durable: Vec<u8>,
     /// Blocks written since the last flush, not FUA.
     cached: BTreeSet<usize>,
+    /// Its shard's snapshots, by name (durable: taken from flushed bytes).
+    snapshots: BTreeMap<String, Vec<u8>>,
     served: Epoch,
     /// The disk fails every op (a failed pool), until the operator clears it.
     pub disk_failed: bool,
@@ -99,6 +107,7 @@ impl Node {
             disk: vec![0; config.shard_bytes() as usize],
             durable: vec![0; config.shard_bytes() as usize],
             cached: BTreeSet::new(),
+            snapshots: BTreeMap::new(),
             served: Epoch(0),
             disk_failed: false,
             fence: Token::default(),
@@ -384,6 +393,11 @@ impl Node {
                         },
                     )
                 }
+                EcAction::ControlDone { control, members } => {
+                    if let MemberControl::Snapshot { name } = control {
+                        out.taken.push((name, members));
+                    }
+                }
                 EcAction::Complete { op, result, data } => {
                     if let Some((op, attempt)) = self.host_ops.remove(&op) {
                         out.send(
@@ -453,9 +467,17 @@ impl Node {
                 token,
                 op,
             },
+            ToMember::Control { token, op, control } => Entry::Control {
+                to: from,
+                token,
+                op,
+                control,
+            },
         };
-        if let Entry::Read { token, .. } | Entry::Write { token, .. } | Entry::Flush { token, .. } =
-            &entry
+        if let Entry::Read { token, .. }
+        | Entry::Write { token, .. }
+        | Entry::Flush { token, .. }
+        | Entry::Control { token, .. } = &entry
         {
             if *token != self.fence {
                 let (token, current) = (*token, self.fence);
@@ -501,6 +523,7 @@ impl Node {
             Entry::Read { to, token, op, .. }
             | Entry::Write { to, token, op, .. }
             | Entry::Flush { to, token, op }
+            | Entry::Control { to, token, op, .. }
                 if self.disk_failed =>
             {
                 (to, FromMember::Failed { token, op })
@@ -539,17 +562,55 @@ impl Node {
                 (to, FromMember::Written { token, op })
             }
             Entry::Flush { to, token, op } => {
-                let block = self.config.block_bytes as usize;
-                for b in std::mem::take(&mut self.cached) {
-                    let range = b * block..(b + 1) * block;
-                    let bytes = self.disk[range.clone()].to_vec();
-                    self.durable[range].copy_from_slice(&bytes);
+                self.flush_cache();
+                (to, FromMember::Written { token, op })
+            }
+            // As the node does: the pool flushed, then the snapshot taken.
+            Entry::Control {
+                to,
+                token,
+                op,
+                control,
+            } => {
+                if let MemberControl::Snapshot { name } = control {
+                    self.flush_cache();
+                    self.snapshots.insert(name, self.durable.clone());
                 }
                 (to, FromMember::Written { token, op })
             }
         };
         out.send(Endpoint::Node(to), Msg::FromMember(reply));
         self.kick(rng, out);
+    }
+}
+
+impl Node {
+    /// Makes every cached block durable.
+    fn flush_cache(&mut self) {
+        let block = self.config.block_bytes as usize;
+        for b in std::mem::take(&mut self.cached) {
+            let range = b * block..(b + 1) * block;
+            let bytes = self.disk[range.clone()].to_vec();
+            self.durable[range].copy_from_slice(&bytes);
+        }
+    }
+
+    /// The operator asks this node's primary for snapshot `name`.
+    pub fn ask_snapshot(&mut self, name: String, now: Duration, out: &mut Outbox) {
+        let Some(primary) = &mut self.primary else {
+            return;
+        };
+        let control = MemberControl::Snapshot { name: name.clone() };
+        match primary.control(control, now) {
+            Ok(()) => out.note(format!("{}: snapshot {name} asked", self.id)),
+            Err(refused) => out.note(format!("{}: snapshot {name} refused: {refused}", self.id)),
+        }
+        self.pump(now, out);
+    }
+
+    /// Its shard's snapshot `name`, if it took it.
+    pub fn snapshot(&self, name: &str) -> Option<&[u8]> {
+        self.snapshots.get(name).map(Vec::as_slice)
     }
 }
 
@@ -564,6 +625,9 @@ fn brief(action: &EcAction) -> String {
                 format!("read m{member} op{} @{offset}+{len}", op.0)
             }
             ToMember::Flush { op, .. } => format!("flush m{member} op{}", op.0),
+            ToMember::Control { op, control, .. } => {
+                format!("control m{member} op{} {control:?}", op.0)
+            }
             ToMember::Write {
                 op, offset, data, ..
             } => {
@@ -579,6 +643,9 @@ fn brief(action: &EcAction) -> String {
             }
         },
         EcAction::Commit { record, .. } => format!("commit {:?}", record.members),
+        EcAction::ControlDone { control, members } => {
+            format!("{control:?} done by members {members:?}")
+        }
         EcAction::Complete { op, result, data } => {
             format!("complete op{} {result:?} {} bytes", op.0, data.len())
         }

@@ -4,6 +4,7 @@
 
 use super::host::Host;
 use super::node::Node;
+use super::snapshots::Taken;
 use crate::rng::Rng;
 use crate::Failure;
 use std::cmp::Ordering;
@@ -113,6 +114,10 @@ pub struct EcReport {
     pub moves_asked: u64,
     /// Planned moves the primary carried out.
     pub moves_done: u64,
+    /// Snapshots asked of the primary.
+    pub snapshots_asked: u64,
+    /// Snapshots taken (each checked at the end).
+    pub snapshots_taken: u64,
 }
 
 impl EcReport {
@@ -130,6 +135,8 @@ impl EcReport {
         self.rejoins += other.rejoins;
         self.moves_asked += other.moves_asked;
         self.moves_done += other.moves_done;
+        self.snapshots_asked += other.snapshots_asked;
+        self.snapshots_taken += other.snapshots_taken;
     }
 }
 
@@ -228,6 +235,8 @@ pub(crate) struct Outbox {
     pub sends: Vec<(Endpoint, Msg)>,
     pub later: Vec<(Duration, Event)>,
     pub trace: Vec<String>,
+    /// Snapshots a primary took: their names and the members that did.
+    pub taken: Vec<(String, Vec<usize>)>,
 }
 
 impl Outbox {
@@ -237,6 +246,7 @@ impl Outbox {
             sends: Vec::new(),
             later: Vec::new(),
             trace: Vec::new(),
+            taken: Vec::new(),
         }
     }
 
@@ -314,6 +324,8 @@ struct World {
     record: ReplicaSet,
     revision: u64,
     lease_ends: BTreeMap<NodeId, Duration>,
+    /// The snapshots taken, to check at the end.
+    snapshots: Vec<Taken>,
     /// Per direction, when its last message arrives (TCP keeps order).
     last_arrival: BTreeMap<(Endpoint, Endpoint), Duration>,
     trace: VecDeque<String>,
@@ -350,6 +362,7 @@ impl World {
             record: ReplicaSet::new(&ids),
             revision: 1,
             lease_ends: ids.iter().map(|&id| (id, config.lease_ttl)).collect(),
+            snapshots: Vec::new(),
             last_arrival: BTreeMap::new(),
             trace: VecDeque::new(),
             report: EcReport::default(),
@@ -519,6 +532,16 @@ impl World {
         for line in out.trace {
             self.note(line);
         }
+        for (name, members) in out.taken {
+            // What each block may hold: what the host knows now.
+            let expected = self.host.expected();
+            self.snapshots.push(Taken {
+                name,
+                members,
+                expected,
+            });
+            self.report.snapshots_taken += 1;
+        }
         for (delay, event) in out.later {
             self.schedule(delay, event);
         }
@@ -649,9 +672,13 @@ impl World {
             Duration::from_millis(self.rng.range(low, high)),
             Event::Chaos,
         );
-        // Now and then the operator moves the primary (`move-primary`, a drain).
+        // Now and then the operator moves the primary (`move-primary`, a
+        // drain), or takes a snapshot.
         if self.rng.chance(150_000) {
             return self.ask_move(out);
+        }
+        if self.rng.chance(100_000) {
+            return self.ask_snapshot();
         }
         let n = self.nodes.len() as u64;
         // The primary's node one time in three.
@@ -717,6 +744,20 @@ impl World {
         out.note(format!("the operator moves the primary to {to}"));
         self.report.moves_asked += 1;
         self.commit(next, out);
+    }
+
+    /// Asks the primary's node for a snapshot, if it is up (what it sends
+    /// then is the node's).
+    fn ask_snapshot(&mut self) {
+        let primary = self.record.primary;
+        if self.liveness[primary.0 as usize] != Liveness::Up {
+            return;
+        }
+        let name = format!("s{}", self.report.snapshots_asked);
+        self.report.snapshots_asked += 1;
+        let mut out = Outbox::new(Endpoint::Node(primary));
+        self.nodes[primary.0 as usize].ask_snapshot(name, self.now, &mut out);
+        self.dispatch(out);
     }
 
     fn resume(&mut self, node: NodeId, out: &mut Outbox) {
@@ -788,6 +829,6 @@ impl World {
                 self.host.check_end(base, bytes)?;
             }
         }
-        Ok(())
+        super::snapshots::check(&self.snapshots, &self.nodes, &self.config, &self.host)
     }
 }
