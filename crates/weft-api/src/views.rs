@@ -524,6 +524,7 @@ mod tests {
             retire: vec!["n4".into()],
             snapshots: Vec::new(),
             erasure: None,
+            cloned_from: None,
         };
         let views = replica_views(&replication, &[]);
         let shown: Vec<(&str, &str, &str)> = views

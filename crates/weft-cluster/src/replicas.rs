@@ -435,6 +435,7 @@ mod tests {
             retire: Vec::new(),
             snapshots: Vec::new(),
             erasure: None,
+            cloned_from: None,
         }
     }
 

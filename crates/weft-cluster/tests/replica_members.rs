@@ -80,6 +80,7 @@ fn volume(store: &Arc<dyn Store>) {
             retire: Vec::new(),
             snapshots: Vec::new(),
             erasure: None,
+            cloned_from: None,
         }),
         ..VolumeRecord::default()
     };
@@ -263,6 +264,7 @@ fn erasure_coded_volume(store: &Arc<dyn Store>) {
                 chunk_bytes: 65536,
                 journal_slots: 64,
             }),
+            cloned_from: None,
         }),
         ..VolumeRecord::default()
     };

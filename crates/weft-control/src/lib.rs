@@ -30,7 +30,7 @@ pub use mirror::Mirror;
 pub use records::{
     check_nqn, reservation_key, DesiredState, ErasureRecord, HeldReservation, HostRecord,
     PoolRecord, QosLimits, RegistrantRecord, ReplicaRecord, ReplicaState, ReplicatedSnapshot,
-    ReplicationRecord, ReservationRecord, Versioned, VolumeRecord,
+    ReplicationRecord, ReservationRecord, SnapshotSource, Versioned, VolumeRecord,
 };
 pub use store::{
     Change, Condition, Entry, LeaseId, Listing, Revision, Store, StoreError, Txn, WatchEvent,

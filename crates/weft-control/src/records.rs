@@ -187,6 +187,20 @@ pub struct ReplicationRecord {
     /// every stripe, in the order of `members`, instead of a copy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub erasure: Option<ErasureRecord>,
+    /// An erasure-coded clone's source: each member in sync at its
+    /// creation makes its shard from its own shard of this snapshot (the
+    /// others start empty, faulted, and are rebuilt from them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cloned_from: Option<SnapshotSource>,
+}
+
+/// A volume's snapshot, named.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotSource {
+    /// The volume.
+    pub volume: String,
+    /// Its snapshot.
+    pub snapshot: String,
 }
 
 /// How an erasure-coded volume is cut into its members' shards.

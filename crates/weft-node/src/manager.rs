@@ -35,6 +35,7 @@ mod publish;
 mod record_races;
 pub(crate) mod replicas;
 mod sealed;
+mod shard_clones;
 mod shutdown;
 pub(crate) mod snapshots;
 
@@ -997,7 +998,6 @@ impl Manager {
     }
 
     fn admin(&mut self, op: AdminOp, plane: &DataPlane) -> Result<(), AdminError> {
-        self.check_erasure_supports(&op)?;
         let exports_change = matches!(
             op,
             AdminOp::CreateVolume { .. }
@@ -1075,14 +1075,19 @@ impl Manager {
                 snapshot,
                 name,
             } => {
-                self.check_replicated_clone(&volume, &snapshot)?;
                 self.check_volume_name_free(&name)?;
-                let pool = self.pool_of(&volume)?;
-                self.claimed(&name, &pool, VolumeRecord::default(), |manager| {
-                    Ok(manager
-                        .pool_mut(&pool)?
-                        .clone_volume(&volume, &snapshot, &name)?)
-                })?;
+                let source = self.replicated_record(&volume)?;
+                if let Some(source) = source.filter(|r| r.erasure.is_some()) {
+                    self.clone_erasure_coded(&volume, &snapshot, &name, &source)?;
+                } else {
+                    self.check_replicated_clone(&volume, &snapshot)?;
+                    let pool = self.pool_of(&volume)?;
+                    self.claimed(&name, &pool, VolumeRecord::default(), |manager| {
+                        Ok(manager
+                            .pool_mut(&pool)?
+                            .clone_volume(&volume, &snapshot, &name)?)
+                    })?;
+                }
                 log::info!("volume {name} cloned from {volume}@{snapshot}");
             }
             AdminOp::FlattenVolume(name) => self.flatten(&name)?,

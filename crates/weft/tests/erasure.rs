@@ -10,9 +10,9 @@ mod support;
 
 use std::path::Path;
 use std::time::Instant;
-use support::cluster::{eventually, node, nodes, retrying};
+use support::cluster::{connect_as, eventually, node, nodes, retrying};
 use support::{ok, temp_dir, Node};
-use weft_initiator::{ConnectOptions, Controller, Queue, TargetUrl};
+use weft_initiator::{Controller, Queue};
 
 const HOST_NQN: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-0000000ec21a";
 const BLOCK: u32 = 4096;
@@ -62,14 +62,7 @@ fn in_sync(node: &Node) -> usize {
 }
 
 fn connect(node: &Node) -> (Controller, Queue) {
-    let url = TargetUrl::parse(&format!("{}/nqn.2026-11.io.weft:vol:ec", node.nvme)).unwrap();
-    let options = ConnectOptions {
-        host_nqn: HOST_NQN.into(),
-        ..ConnectOptions::default()
-    };
-    let controller = Controller::connect(&url, options, 1).unwrap();
-    let queue = controller.open_io_queue(1).unwrap();
-    (controller, queue)
+    connect_as(node, "ec", HOST_NQN)
 }
 
 fn pattern(block: u64, generation: u8) -> Vec<u8> {
@@ -343,7 +336,7 @@ fn pool_snapshots(via: &Node, name: &str) -> Option<u64> {
 }
 
 #[test]
-fn an_erasure_coded_volume_grows_and_takes_snapshots_while_the_host_writes() {
+fn an_erasure_coded_volume_grows_and_takes_snapshots_and_clones_while_the_host_writes() {
     let dir = temp_dir("erasure-grow");
     let (etcd, _, _, started) = nodes(&dir, "", 3);
     erasure_coded_volume(&started[0], &dir, &["n1", "n2", "n3"], "2+1");
@@ -384,6 +377,23 @@ fn an_erasure_coded_volume_grows_and_takes_snapshots_while_the_host_writes() {
     check(&mut queue, 0..64, |_| 2, "the primary, after the snapshot");
     drop((queue, controller));
 
+    // A clone of it, on the same members: it holds the rewrite up to one
+    // block and none after it.
+    ok(n, &["volume", "clone", "ec@s1", "c1"]);
+    ok(n, &["volume", "attach", "c1", "--host", "tester"]);
+    let text = ok(n, &["volume", "show", "c1"]);
+    assert!(text.contains("erasure     2+1"), "{text}");
+    let (controller, mut queue) = connect_as(n, "c1", HOST_NQN);
+    let rewritten = (0..64u64)
+        .take_while(|&b| read(&mut queue, b) == pattern(b, 2))
+        .count() as u64;
+    eprintln!("the snapshot holds the rewrite of blocks 0..{rewritten}");
+    let snapshot_generation = move |b: u64| if b < rewritten { 2 } else { 1 };
+    check(&mut queue, 0..64, snapshot_generation, "the clone");
+    // The clone is a volume of its own: written, the source is not.
+    write(&mut queue, 0..8, 9);
+    drop((queue, controller));
+
     // Grown while the host writes; then written past its old end.
     let (controller, mut queue) = connect(n);
     let writer = std::thread::spawn(move || {
@@ -416,8 +426,18 @@ fn an_erasure_coded_volume_grows_and_takes_snapshots_while_the_host_writes() {
     check(&mut queue, 0..64, |_| 3, "the grown volume, a member lost");
     check(&mut queue, past, |_| 4, "past the old end, a member lost");
     drop((queue, controller));
+    let clone_generation = move |b: u64| if b < 8 { 9 } else { snapshot_generation(b) };
+    let (controller, mut queue) = connect_as(n, "c1", HOST_NQN);
+    check(
+        &mut queue,
+        0..64,
+        clone_generation,
+        "the clone, a member lost",
+    );
+    drop((queue, controller));
 
-    // The snapshot goes: from the record, then from every member up.
+    // The snapshot goes: from the record, then from every member up (the
+    // clone keeps its data).
     let refused = support::refused(n, &["volume", "delete", "ec"]);
     assert!(refused.contains("s1"), "{refused}");
     ok(n, &["snapshot", "delete", "ec@s1"]);
@@ -427,5 +447,13 @@ fn an_erasure_coded_volume_grows_and_takes_snapshots_while_the_host_writes() {
             pool_snapshots(n, name) == Some(0)
         });
     }
+    let (controller, mut queue) = connect_as(n, "c1", HOST_NQN);
+    check(
+        &mut queue,
+        0..64,
+        clone_generation,
+        "the clone, its source snapshot gone",
+    );
+    drop((queue, controller));
     drop(etcd);
 }

@@ -61,15 +61,7 @@ fn connect(node: &Node) -> (Controller, Queue) {
 
 /// An I/O queue to volume `volume`'s subsystem on `node`, as the host.
 fn connect_to(node: &Node, volume: &str) -> (Controller, Queue) {
-    let nqn = format!("nqn.2026-11.io.weft:vol:{volume}");
-    let url = TargetUrl::parse(&format!("{}/{nqn}", node.nvme)).unwrap();
-    let options = ConnectOptions {
-        host_nqn: HOST_NQN.into(),
-        ..ConnectOptions::default()
-    };
-    let controller = Controller::connect(&url, options, 1).unwrap();
-    let queue = controller.open_io_queue(1).unwrap();
-    (controller, queue)
+    support::cluster::connect_as(node, volume, HOST_NQN)
 }
 
 /// Through `n1`: a pool on each of n1, n2 and n3, the host "tester", and

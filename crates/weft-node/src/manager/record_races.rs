@@ -32,6 +32,7 @@ fn make_replicated(desired: &DesiredState) {
             retire: Vec::new(),
             snapshots: Vec::new(),
             erasure: None,
+            cloned_from: None,
         }),
         ..found.record
     };

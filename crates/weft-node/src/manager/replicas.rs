@@ -85,6 +85,7 @@ impl Manager {
             retire: Vec::new(),
             snapshots: Vec::new(),
             erasure,
+            cloned_from: None,
         }))
     }
 
@@ -133,9 +134,20 @@ impl Manager {
                     .map_err(|error| format!("its write intent file: {error}")),
                 _ => Ok(()),
             };
+            let cloned = replication
+                .cloned_from
+                .as_ref()
+                .filter(|_| member.state == ReplicaState::InSync);
             let created = intent.and_then(|()| {
                 self.pool_mut(&member.pool)
-                    .and_then(|pool| Ok(pool.create_volume(&spec)?))
+                    .and_then(|pool| match cloned {
+                        // An erasure-coded clone's member in sync: its
+                        // shard of the source's snapshot.
+                        Some(source) => {
+                            Ok(pool.clone_volume(&source.volume, &source.snapshot, &name)?)
+                        }
+                        None => Ok(pool.create_volume(&spec)?),
+                    })
                     .map_err(|error| error.to_string())
             });
             match created {

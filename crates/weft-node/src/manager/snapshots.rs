@@ -17,7 +17,6 @@
 //! What this does not do: take snapshots of volumes of one copy (the
 //! volume manager does, directly).
 
-use super::AdminOp;
 use super::{AdminError, Manager};
 use crate::replication::barrier::BarrierOp;
 use crate::replication::records::change_record;
@@ -39,24 +38,6 @@ impl Manager {
             .desired
             .read::<VolumeRecord>(&format!("volumes/{volume}"))?;
         Ok(found.and_then(|found| found.record.replication))
-    }
-
-    /// Refuses what erasure-coded volumes do not do yet: clones (each
-    /// member holds a shard, not a copy that a volume of one copy could be
-    /// made from).
-    pub(super) fn check_erasure_supports(&self, op: &AdminOp) -> Result<(), AdminError> {
-        let (volume, what) = match op {
-            AdminOp::CloneVolume { volume, .. } => (volume, "cloned"),
-            _ => return Ok(()),
-        };
-        let erasure = self.replicated_record(volume)?.and_then(|r| r.erasure);
-        match erasure {
-            Some(e) => Err(AdminError::Invalid(format!(
-                "volume {volume} is erasure-coded ({}+{}): it cannot be {what} yet; a replicated volume (--replicas) can",
-                e.data_shards, e.parity_shards
-            ))),
-            None => Ok(()),
-        }
     }
 
     /// Takes snapshot `name` of replicated `volume` on every copy in sync;
