@@ -1,18 +1,22 @@
 //! Erasure-coded volumes on real processes: etcd (Debian's etcd-server)
-//! and three `weft serve` nodes on loopback holding a 2+1 volume, a host
+//! and `weft serve` nodes on loopback holding 2+1 and 4+2 volumes, a host
 //! played by weft's own initiator. Writes acknowledged by the primary
-//! survive the loss of a member (read around it, then rebuilt when it
-//! returns) and of the primary itself (another member's node takes over);
-//! a member whose node is lost for good is replaced on another node and
-//! rebuilt there in full.
+//! survive the loss of members (read around them, then rebuilt when they
+//! return, two at once for 4+2) and of the primary itself (another
+//! member's node takes over, with the hosts' reservations); a member whose
+//! node is lost for good is replaced on another node and rebuilt there in
+//! full; snapshots, clones and growth are made while the host writes; QoS
+//! limits hold.
 
 mod support;
 
 use std::path::Path;
 use std::time::Instant;
-use support::cluster::{connect_as, eventually, node, nodes, retrying};
+use support::cluster::{eventually, node, nodes, retrying};
 use support::{ok, temp_dir, Node};
-use weft_initiator::{Controller, Queue};
+use weft_initiator::{Controller, InitiatorError, Queue};
+use weft_proto::reservation::{ACQUIRE_OPCODE, REGISTER_OPCODE};
+use weft_proto::status::{Status, StatusCodeType};
 
 const HOST_NQN: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-0000000ec21a";
 const BLOCK: u32 = 4096;
@@ -62,7 +66,14 @@ fn in_sync(node: &Node) -> usize {
 }
 
 fn connect(node: &Node) -> (Controller, Queue) {
-    connect_as(node, "ec", HOST_NQN)
+    connect_to(node, "ec", 1)
+}
+
+/// An I/O queue to volume `volume` on `node`, as host "tester" with host
+/// identifier `host_id` (each byte of it).
+fn connect_to(node: &Node, volume: &str, host_id: u8) -> (Controller, Queue) {
+    let nqn = format!("nqn.2026-11.io.weft:vol:{volume}");
+    support::connect_as(node, &nqn, HOST_NQN, host_id)
 }
 
 fn pattern(block: u64, generation: u8) -> Vec<u8> {
@@ -383,7 +394,7 @@ fn an_erasure_coded_volume_grows_and_takes_snapshots_and_clones_while_the_host_w
     ok(n, &["volume", "attach", "c1", "--host", "tester"]);
     let text = ok(n, &["volume", "show", "c1"]);
     assert!(text.contains("erasure     2+1"), "{text}");
-    let (controller, mut queue) = connect_as(n, "c1", HOST_NQN);
+    let (controller, mut queue) = connect_to(n, "c1", 1);
     let rewritten = (0..64u64)
         .take_while(|&b| read(&mut queue, b) == pattern(b, 2))
         .count() as u64;
@@ -427,7 +438,7 @@ fn an_erasure_coded_volume_grows_and_takes_snapshots_and_clones_while_the_host_w
     check(&mut queue, past, |_| 4, "past the old end, a member lost");
     drop((queue, controller));
     let clone_generation = move |b: u64| if b < 8 { 9 } else { snapshot_generation(b) };
-    let (controller, mut queue) = connect_as(n, "c1", HOST_NQN);
+    let (controller, mut queue) = connect_to(n, "c1", 1);
     check(
         &mut queue,
         0..64,
@@ -447,12 +458,145 @@ fn an_erasure_coded_volume_grows_and_takes_snapshots_and_clones_while_the_host_w
             pool_snapshots(n, name) == Some(0)
         });
     }
-    let (controller, mut queue) = connect_as(n, "c1", HOST_NQN);
+    let (controller, mut queue) = connect_to(n, "c1", 1);
     check(
         &mut queue,
         0..64,
         clone_generation,
         "the clone, its source snapshot gone",
+    );
+    drop((queue, controller));
+    drop(etcd);
+}
+
+/// The status a write of block 0 ends with, path statuses retried.
+fn write_status(queue: &mut Queue, byte: u8) -> Status {
+    let data = [byte; BLOCK as usize];
+    let start = Instant::now();
+    loop {
+        match queue.write(1, 0, BLOCK, &data) {
+            Ok(()) => return Status::SUCCESS,
+            Err(InitiatorError::Command { status, .. })
+                if status.sct == StatusCodeType::Path
+                    && start.elapsed() < std::time::Duration::from_secs(20) =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            Err(InitiatorError::Command { status, .. }) => return status,
+            Err(error) => panic!("write: {error}"),
+        }
+    }
+}
+
+#[test]
+fn reservations_and_qos_hold_on_an_erasure_coded_volume_and_its_next_primary() {
+    let dir = temp_dir("erasure-reservations");
+    let (etcd, _, _, started) = nodes(&dir, "", 3);
+    erasure_coded_volume(&started[0], &dir, &["n1", "n2", "n3"], "2+1");
+    let first = primary_of(&started[0]);
+    let p = first[1..].parse::<usize>().unwrap() - 1;
+    // Host A registers and takes Write Exclusive (CPTPL 11b, as Linux asks).
+    let (ca, mut a) = connect_to(&started[p], "ec", 0xA);
+    let (cb, mut b) = connect_to(&started[p], "ec", 0xB);
+    retrying("register", || {
+        a.reservation(REGISTER_OPCODE, 1, 0xC000_0000, &[0, 0xA1])
+    });
+    retrying("acquire", || {
+        a.reservation(ACQUIRE_OPCODE, 1, 0x100, &[0xA1, 0])
+    });
+    assert_eq!(write_status(&mut a, 1), Status::SUCCESS);
+    assert_eq!(write_status(&mut b, 2), Status::RESERVATION_CONFLICT);
+    drop((a, b, ca, cb));
+
+    // A limit of 50 writes a second holds: 100 writes take 2 s at least.
+    ok(&started[p], &["volume", "set", "ec", "--iops-max", "50"]);
+    let (ca, mut a) = connect_to(&started[p], "ec", 0xA);
+    let began = Instant::now();
+    for i in 0..100 {
+        assert_eq!(write_status(&mut a, i), Status::SUCCESS);
+    }
+    let took = began.elapsed();
+    assert!(took >= std::time::Duration::from_millis(1500), "{took:?}");
+    eprintln!("100 writes under a limit of 50 IOPS took {took:?}");
+    ok(&started[p], &["volume", "set", "ec", "--iops-max", "none"]);
+    drop((a, ca));
+
+    // The primary dies: the next one serves the same reservation.
+    let mut started = started;
+    let mut names: Vec<String> = (1..=3).map(|i| format!("n{i}")).collect();
+    drop(started.remove(p));
+    names.remove(p);
+    let mut second = String::new();
+    eventually("a promotion", || {
+        second = primary_of(&started[0]);
+        !second.is_empty() && second != first
+    });
+    let next = &started[names.iter().position(|n| *n == second).unwrap()];
+    let (_ca, mut a) = connect_to(next, "ec", 0xA);
+    let (_cb, mut b) = connect_to(next, "ec", 0xB);
+    assert_eq!(write_status(&mut b, 3), Status::RESERVATION_CONFLICT);
+    assert_eq!(write_status(&mut a, 4), Status::SUCCESS);
+    drop(etcd);
+}
+
+#[test]
+fn a_four_plus_two_volume_keeps_its_writes_through_the_loss_of_two_members() {
+    let dir = temp_dir("erasure-wide");
+    let names = ["n1", "n2", "n3", "n4", "n5", "n6"];
+    let (etcd, endpoints, token_file, started) = nodes(&dir, "", 6);
+    erasure_coded_volume(&started[0], &dir, &names, "4+2");
+    let mut nodes: Vec<(String, Option<Node>)> = names
+        .iter()
+        .map(|n| n.to_string())
+        .zip(started.into_iter().map(Some))
+        .collect();
+    let first = primary_of(nodes[0].1.as_ref().unwrap());
+    let p = nodes.iter().position(|(n, _)| *n == first).unwrap();
+    let (controller, mut queue) = connect(nodes[p].1.as_ref().unwrap());
+    // A 4+2 stripe is 256 KiB: 64 blocks.
+    let stripe = 2 * STRIPE_BLOCKS;
+    write(&mut queue, 0..2 * stripe, 1);
+    drop((queue, controller));
+
+    // Two members other than the primary die at once: read around both,
+    // and write on.
+    let lost: Vec<usize> = (0..6).filter(|&i| i != p).take(2).collect();
+    for &l in &lost {
+        nodes[l].1 = None;
+    }
+    let n = nodes[p].1.as_ref().unwrap();
+    let (controller, mut queue) = connect(n);
+    check(
+        &mut queue,
+        0..2 * stripe,
+        |_| 1,
+        "the primary, two members lost",
+    );
+    write(&mut queue, 0..stripe / 2, 2);
+    let generation = |b: u64| if b < stripe / 2 { 2 } else { 1 };
+    check(
+        &mut queue,
+        0..2 * stripe,
+        generation,
+        "the primary, two members lost",
+    );
+    eventually("both faulted", || in_sync(n) == 4);
+    drop((queue, controller));
+
+    // They return: rebuilt, in sync; every block still right.
+    for &l in &lost {
+        let name = nodes[l].0.clone();
+        nodes[l].1 = Some(node(&dir, &name, &endpoints, Some(&token_file)));
+    }
+    let n = nodes[p].1.as_ref().unwrap();
+    let took = eventually("both rebuilt and in sync", || in_sync(n) == 6);
+    eprintln!("two members back in sync {took:?} after their restart");
+    let (controller, mut queue) = connect(n);
+    check(
+        &mut queue,
+        0..2 * stripe,
+        generation,
+        "the primary, all back",
     );
     drop((queue, controller));
     drop(etcd);

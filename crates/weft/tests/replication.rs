@@ -61,7 +61,8 @@ fn connect(node: &Node) -> (Controller, Queue) {
 
 /// An I/O queue to volume `volume`'s subsystem on `node`, as the host.
 fn connect_to(node: &Node, volume: &str) -> (Controller, Queue) {
-    support::cluster::connect_as(node, volume, HOST_NQN)
+    let nqn = format!("nqn.2026-11.io.weft:vol:{volume}");
+    support::connect_as(node, &nqn, HOST_NQN, 1)
 }
 
 /// Through `n1`: a pool on each of n1, n2 and n3, the host "tester", and

@@ -6,7 +6,7 @@ use super::etcd::{free_port, Etcd};
 use super::{start_node_on, Node};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use weft_initiator::{ConnectOptions, Controller, InitiatorError, Queue, TargetUrl};
+use weft_initiator::InitiatorError;
 use weft_proto::status::StatusCodeType;
 
 pub fn node(dir: &Path, name: &str, endpoints: &str, token_file: Option<&Path>) -> Node {
@@ -116,17 +116,4 @@ pub fn retrying<T>(what: &str, mut io: impl FnMut() -> Result<T, InitiatorError>
             Err(error) => panic!("{what}: {error}"),
         }
     }
-}
-
-/// An I/O queue to volume `volume`'s subsystem on `node`, as host `host_nqn`.
-pub fn connect_as(node: &Node, volume: &str, host_nqn: &str) -> (Controller, Queue) {
-    let nqn = format!("nqn.2026-11.io.weft:vol:{volume}");
-    let url = TargetUrl::parse(&format!("{}/{nqn}", node.nvme)).unwrap();
-    let options = ConnectOptions {
-        host_nqn: host_nqn.into(),
-        ..ConnectOptions::default()
-    };
-    let controller = Controller::connect(&url, options, 1).unwrap();
-    let queue = controller.open_io_queue(1).unwrap();
-    (controller, queue)
 }
