@@ -569,3 +569,113 @@ fn topology_places_volumes_in_the_zone_asked_for() {
     });
     drop((n1, n2, etcd));
 }
+
+/// An erasure-coded StorageClass (`ec: "2+1"`) on three nodes: its volumes
+/// are made, expanded, snapshotted, cloned from a snapshot and from a
+/// volume, and deleted as any other.
+#[test]
+fn an_erasure_coded_class_makes_expands_snapshots_and_clones_volumes() {
+    let dir = temp_dir("csi-erasure");
+    let (etcd, _, _, nodes) = support::cluster::three_nodes(&dir, "");
+    for (node, name) in nodes.iter().zip(["n1", "n2", "n3"]) {
+        let device = dir.join(format!("{name}.img"));
+        let device = device.to_str().unwrap();
+        let args = ["pool", "create", "p", "--node", name, "--device", device];
+        ok(node, &[&args[..], &["--device-size", "256MiB"]].concat());
+    }
+    let n1 = &nodes[0];
+    let socket = dir.join("csi.sock");
+    let _plugin = start_plugin(n1, &socket);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let shown = |volume: &str| {
+        let path = format!("/api/v1/volumes/{volume}");
+        support::api(n1, Some(&n1.token), "GET", &path, None).1
+    };
+    runtime.block_on(async {
+        let mut controller = ControllerClient::new(channel(&socket).await);
+        let mut request = create("pvc-ec", 16 << 20);
+        request.parameters = HashMap::from([("ec".into(), "2+1".into())]);
+        let mut made = None;
+        for _ in 0..50 {
+            // Placement waits for the pools to be in their nodes' heartbeats.
+            match controller.create_volume(request.clone()).await {
+                Ok(response) => {
+                    made = response.into_inner().volume;
+                    break;
+                }
+                Err(_) => std::thread::sleep(std::time::Duration::from_millis(200)),
+            }
+        }
+        assert_eq!(made.expect("the volume made").capacity_bytes, 16 << 20);
+        assert_eq!(shown("pvc-ec")["erasure"]["layout"], "2+1");
+
+        let expand = ControllerExpandVolumeRequest {
+            volume_id: "pvc-ec".into(),
+            capacity_range: Some(CapacityRange {
+                required_bytes: 32 << 20,
+                limit_bytes: 0,
+            }),
+            ..Default::default()
+        };
+        // Unavailable while its first primary starts: the resizer retries.
+        let mut grown = controller.controller_expand_volume(expand.clone()).await;
+        for _ in 0..50 {
+            match &grown {
+                Err(status) if status.code() == Code::Unavailable => {
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                    grown = controller.controller_expand_volume(expand.clone()).await;
+                }
+                _ => break,
+            }
+        }
+        assert_eq!(grown.unwrap().into_inner().capacity_bytes, 32 << 20);
+        assert_eq!(shown("pvc-ec")["size_bytes"], 32 << 20);
+
+        let snap = CreateSnapshotRequest {
+            source_volume_id: "pvc-ec".into(),
+            name: "snap-ec".into(),
+            ..Default::default()
+        };
+        let taken = controller.create_snapshot(snap).await.unwrap();
+        let taken = taken.into_inner().snapshot.unwrap();
+        let sources = [
+            volume_content_source::Type::Snapshot(volume_content_source::SnapshotSource {
+                snapshot_id: taken.snapshot_id.clone(),
+            }),
+            volume_content_source::Type::Volume(volume_content_source::VolumeSource {
+                volume_id: "pvc-ec".into(),
+            }),
+        ];
+        for (name, source) in ["pvc-ec-a", "pvc-ec-b"].into_iter().zip(sources) {
+            let mut clone = create(name, 0);
+            clone.volume_content_source = Some(VolumeContentSource {
+                r#type: Some(source),
+            });
+            let made = controller.create_volume(clone).await.unwrap();
+            assert_eq!(made.into_inner().volume.unwrap().capacity_bytes, 32 << 20);
+            assert_eq!(shown(name)["erasure"]["layout"], "2+1", "{name}");
+        }
+        controller
+            .delete_snapshot(DeleteSnapshotRequest {
+                snapshot_id: taken.snapshot_id.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        for volume in ["pvc-ec-a", "pvc-ec-b", "pvc-ec"] {
+            controller
+                .delete_volume(DeleteVolumeRequest {
+                    volume_id: volume.into(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+        }
+        let listed = ok(n1, &["volume", "list"]);
+        assert!(!listed.contains("pvc-ec"), "{listed}");
+    });
+    drop(etcd);
+}

@@ -125,8 +125,7 @@ impl Manager {
         })?;
         // A shard of an erasure-coded volume has no intent (its primary
         // rebuilds a member that was out).
-        let shard = matches!(self.replicated_record(volume), Ok(Some(r)) if r.erasure.is_some());
-        if !shard {
+        if !self.is_erasure_coded(volume) {
             let dir = self.cluster_dir.clone();
             super::intents::intent_of(&mut self.intents, dir.as_deref(), volume, size_bytes);
         }

@@ -40,6 +40,11 @@ impl Manager {
         Ok(found.and_then(|found| found.record.replication))
     }
 
+    /// Whether `volume` is erasure-coded (this node's copy a shard).
+    pub(super) fn is_erasure_coded(&self, volume: &str) -> bool {
+        matches!(self.replicated_record(volume), Ok(Some(r)) if r.erasure.is_some())
+    }
+
     /// Takes snapshot `name` of replicated `volume` on every copy in sync;
     /// the caller (`reply`) hears back from the volume's replicator.
     pub(super) fn create_replicated_snapshot(
@@ -203,16 +208,22 @@ impl Manager {
         }
     }
 
-    /// Before a replicated copy is deleted (its record lists no snapshot,
-    /// or is gone): the snapshots it still has are stale (a taking that
-    /// failed, a deletion not reconciled yet) and go first. A copy is
-    /// known for replicated by its write intent: its record may be gone.
+    /// Before a replicated copy or an erasure-coded shard is deleted (its
+    /// record lists no snapshot, or is gone): the snapshots it still has
+    /// are stale (a taking that failed, a deletion not reconciled yet) and
+    /// go first. A copy is known for replicated by its write intent; a
+    /// shard by its record, or in a cluster by its record's absence (the
+    /// primary's node deletes the record before the members' shards; a
+    /// volume of one copy always has its record there).
     pub(super) fn drop_stale_copy_snapshots(
         &mut self,
         volume: &str,
         pool: &str,
     ) -> Result<(), AdminError> {
-        if self.intents.contains_key(volume) {
+        let key = format!("volumes/{volume}");
+        let orphan = self.cluster_node.is_some()
+            && matches!(self.desired.read::<VolumeRecord>(&key), Ok(None));
+        if self.intents.contains_key(volume) || orphan || self.is_erasure_coded(volume) {
             self.drop_copy_snapshots(pool, volume)?;
         }
         Ok(())
