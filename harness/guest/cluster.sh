@@ -14,7 +14,8 @@
 # snapshot and an online growth, and with ext4 on it (fsck clean, synced files intact after
 # the primary's kill mid-write); `rep2`, a volume of two replicas, through a kill of its
 # primary under fio with verify; `ec`, erasure-coded 2+1, under fio with verify through
-# the death of a member's node and of its primary's; a persistent discovery connection gets a Discovery
+# the death of a member's node and of its primary's, then a snapshot, a clone of it and a
+# growth online; a persistent discovery connection gets a Discovery
 # Log Page Change event when a fourth volume is attached; disconnect. Prints
 # "cluster: PASS" when every check passed.
 set -uo pipefail
@@ -448,6 +449,61 @@ else
     ec_through "$ec_member" member
     ec_through "$ec_primary" primary
     weft_on "$(up_except "$ec_primary")" volume show ec | sed 's/^/  /'
+
+    echo "=== ec: a snapshot, a clone of it and a growth online while fio writes"
+    via_ec=$(up_except none)
+    dmesg -C
+    timeout 300 fio --name=ec-barrier "${FIO_EC[@]}" --rate_iops=200 --do_verify=0 --output-format=json \
+        > /tmp/fio-ec-barrier.txt 2>&1 &
+    fio_pid=$!
+    sleep 3
+    taken=$(weft_on "$via_ec" snapshot create ec@s1 2>&1) && ok "ec: snapshot s1 taken under fio" \
+        || fail "ec: snapshot: $taken"
+    grown=$(weft_on "$via_ec" volume resize ec --size 48MiB 2>&1) && ok "ec: grown to 48 MiB under fio" \
+        || fail "ec: resize: $grown"
+    if wait "$fio_pid"; then
+        ok "ec: fio wrote through a snapshot and a growth without an error (longest write $(max_write_ms /tmp/fio-ec-barrier.txt) ms)"
+    else
+        fail "ec: fio during a snapshot and a growth: $(tail -3 /tmp/fio-ec-barrier.txt)"
+    fi
+    timeout 300 fio --name=ec-barrier "${FIO_EC[@]}" --verify_only > /tmp/fio-ec-barrier-verify.txt 2>&1 \
+        && ok "ec: everything fio wrote reads back after the snapshot and the growth" \
+        || fail "ec: verify after the snapshot and the growth: $(tail -3 /tmp/fio-ec-barrier-verify.txt)"
+    dmesg | grep -qi "I/O error" && fail "kernel I/O errors during ec's snapshot and growth" || ok "no kernel I/O error"
+    for _ in $(seq 40); do
+        [ "$(blockdev --getsize64 "/dev/$ec_dev")" = $((48 << 20)) ] && break
+        sleep 0.5
+    done
+    size=$(blockdev --getsize64 "/dev/$ec_dev")
+    [ "$size" = $((48 << 20)) ] && ok "ec: the host's device is 48 MiB now" \
+        || fail "ec: the host sees $size bytes, not 48 MiB"
+    shown=$(weft_on "$via_ec" volume show ec)
+    grep -q "snapshot    s1: taken, on n[1-3], n[1-3], n[1-3]" <<< "$shown" \
+        && ok "ec: s1 is held by all three members" || fail "ec: $(grep snapshot <<< "$shown")"
+    # A clone of the snapshot, on the same members, served to this host.
+    weft_on "$via_ec" volume clone ec@s1 ec-clone > /dev/null && ok "ec: cloned s1 to ec-clone" \
+        || fail "ec: clone of s1"
+    weft_on "$via_ec" volume attach ec-clone --host guest > /dev/null || fail "attach ec-clone"
+    clone_dev=''
+    for _ in $(seq 60); do
+        for subsys in /sys/class/nvme-subsystem/nvme-subsys*; do
+            [ "$(cat "$subsys/subsysnqn" 2>/dev/null)" = "nqn.2026-11.io.weft:vol:ec-clone" ] || continue
+            clone_dev=$(ls "$subsys" | grep -E '^nvme[0-9]+n[0-9]+$' | head -1)
+        done
+        [ -n "$clone_dev" ] && break
+        nvme connect-all -t tcp -a "$ADDR" -s "$PORT" > /dev/null 2>&1
+        sleep 1
+    done
+    if [ -n "$clone_dev" ]; then
+        # The clone holds what fio verified before the snapshot: the writes of the
+        # member's and the primary's deaths (the same seed and offsets).
+        timeout 300 fio --name=ec-primary "${FIO_EC[@]}" --filename="/dev/$clone_dev" --verify_only \
+            > /tmp/fio-ec-clone.txt 2>&1 && ok "ec-clone: what fio wrote before the snapshot reads back from the clone" \
+            || fail "ec-clone: verify: $(tail -3 /tmp/fio-ec-clone.txt)"
+    else
+        fail "ec-clone: no block device"
+    fi
+    weft_on "$via_ec" snapshot delete ec@s1 > /dev/null || fail "ec: snapshot delete"
 fi
 
 echo "=== a persistent discovery connection hears of a volume attached later"

@@ -4,7 +4,7 @@
 //! erasure-coded primary (`weft_ec::EcPrimary`) and drives it: host reads,
 //! writes and flushes from the reactors, its members' answers from the
 //! links, its record changes committed off the thread, the record read
-//! again every 100 ms, the node's lease and the time every 10 ms.
+//! again every 100 ms (`replication::records::poll_record`), the node's lease and the time every 10 ms.
 //!
 //! Once the primary ends (deposed, stalled, or stopped by the manager) the
 //! thread answers what it still holds with a path error, stops its links,
@@ -21,7 +21,7 @@ use crate::admin_error::AdminError;
 use crate::link_keys::LinkKeys;
 use crate::replication::barrier::{Barrier, BarrierOp};
 use crate::replication::progress::Tracker;
-use crate::replication::records::{swap_replication, Swapped};
+use crate::replication::records::{poll_record, same_shape, swap_replication, Swapped};
 use crate::replication::run::write_served_epoch;
 use crate::replication::{replica_nqn, NodeServices};
 use crate::status::{Published, RebuildStatus};
@@ -33,7 +33,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use weft_cluster::lease::LeaseClock;
 use weft_cluster::replicas::{node_id, replica_set, with_replica_set};
-use weft_control::{DesiredState, ReplicationRecord, VolumeRecord};
+use weft_control::{DesiredState, ReplicationRecord};
 use weft_ec::{EcAction, EcConfig, EcPhase, EcPrimary, FromMember, ToMember};
 use weft_initiator::ConnectOptions;
 use weft_proto::IoError;
@@ -42,7 +42,6 @@ use weft_target::replicated::{Replicated, ReplicatedIo, ReplicatedSink, Replicat
 use weft_target::{VolumeOutcome, VolumeReply};
 
 const TICK: Duration = Duration::from_millis(10);
-const RECORD_POLL: Duration = Duration::from_millis(100);
 const MEMBER_TIMEOUT: Duration = Duration::from_secs(2);
 const REATTACH_INTERVAL: Duration = Duration::from_secs(1);
 /// A Write Zeroes or Deallocate is written this much at a time.
@@ -310,11 +309,12 @@ impl Server {
         let mut primary = EcPrimary::new(config, set, revision, token, now);
         primary.set_lease(lease.until(), now);
         let stop_polling = Arc::new(AtomicBool::new(false));
+        let records = events.clone();
         poll_record(
             desired.clone(),
             volume.clone(),
-            events.clone(),
             Arc::clone(&stop_polling),
+            move |revision, record| records.send(Event::Record { revision, record }).is_ok(),
         );
         Ok(Some(Server {
             volume,
@@ -447,7 +447,7 @@ impl Server {
             Event::CommitFailed(current) => {
                 if let Some((_, record)) = &current {
                     // Reshaped meanwhile (grown): the next primary serves it.
-                    self.stopping |= !same_members(record, &self.replication);
+                    self.stopping |= !same_shape(record, &self.replication);
                 }
                 let current = current.map(|(revision, record)| {
                     let set = replica_set(&record);
@@ -457,7 +457,7 @@ impl Server {
                 self.primary.commit_failed(current, now);
             }
             Event::Record { revision, record } => match record {
-                Some(record) if same_members(&record, &self.replication) => {
+                Some(record) if same_shape(&record, &self.replication) => {
                     self.primary
                         .record_changed(revision, replica_set(&record), now);
                 }
@@ -562,58 +562,5 @@ impl Server {
 impl Drop for Server {
     fn drop(&mut self) {
         self.stop_polling.store(true, Ordering::Release);
-    }
-}
-
-/// Whether two records have the same members in the same order, size and
-/// stripe: the core's shape (a change of it is served by the next primary).
-fn same_members(a: &ReplicationRecord, b: &ReplicationRecord) -> bool {
-    a.size_bytes == b.size_bytes
-        && a.erasure == b.erasure
-        && a.members.len() == b.members.len()
-        && a.members
-            .iter()
-            .zip(&b.members)
-            .all(|(x, y)| x.node == y.node)
-}
-
-/// Reads the record every [`RECORD_POLL`] and reports each new revision.
-fn poll_record(
-    desired: DesiredState,
-    volume: String,
-    events: Sender<Event>,
-    stop: Arc<AtomicBool>,
-) {
-    let key = format!("volumes/{volume}");
-    let spawned = std::thread::Builder::new()
-        .name(format!("record-{volume}"))
-        .spawn(move || {
-            let mut seen = 0;
-            while !stop.load(Ordering::Acquire) {
-                match desired.read::<VolumeRecord>(&key) {
-                    Ok(Some(found)) if found.revision.0 != seen => {
-                        seen = found.revision.0;
-                        let event = Event::Record {
-                            revision: seen,
-                            record: found.record.replication,
-                        };
-                        if events.send(event).is_err() {
-                            return;
-                        }
-                    }
-                    Ok(None) => {
-                        let _ = events.send(Event::Record {
-                            revision: u64::MAX,
-                            record: None,
-                        });
-                        return;
-                    }
-                    _ => {}
-                }
-                std::thread::sleep(RECORD_POLL);
-            }
-        });
-    if let Err(error) = spawned {
-        log::error!("cannot start the record poller: {error}");
     }
 }

@@ -122,3 +122,57 @@ pub(crate) fn swap_replication(
         }
     }
 }
+
+/// How often a primary reads its volume's record again.
+const RECORD_POLL: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Reads `volume`'s record every [`RECORD_POLL`] on a thread of its own,
+/// until `stop`, and hands `report` each new revision's replication part;
+/// once the record is gone, `(u64::MAX, None)`, and ends. `report` answers
+/// whether anybody still listens (the poller ends when not).
+pub(crate) fn poll_record(
+    desired: DesiredState,
+    volume: String,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    mut report: impl FnMut(u64, Option<ReplicationRecord>) -> bool + Send + 'static,
+) {
+    use std::sync::atomic::Ordering;
+    let key = format!("volumes/{volume}");
+    let spawned = std::thread::Builder::new()
+        .name(format!("record-{volume}"))
+        .spawn(move || {
+            let mut seen = 0;
+            while !stop.load(Ordering::Acquire) {
+                match desired.read::<VolumeRecord>(&key) {
+                    Ok(Some(found)) if found.revision.0 != seen => {
+                        seen = found.revision.0;
+                        if !report(seen, found.record.replication) {
+                            return;
+                        }
+                    }
+                    Ok(None) => {
+                        report(u64::MAX, None);
+                        return;
+                    }
+                    _ => {}
+                }
+                std::thread::sleep(RECORD_POLL);
+            }
+        });
+    if let Err(error) = spawned {
+        log::error!("cannot start the record poller: {error}");
+    }
+}
+
+/// Whether two records give a primary the same shape: the same members in
+/// the same order (node ids are positions in the list), the same size and
+/// stripe. A change of it is served by a new primary (the next epoch).
+pub(crate) fn same_shape(a: &ReplicationRecord, b: &ReplicationRecord) -> bool {
+    a.size_bytes == b.size_bytes
+        && a.erasure == b.erasure
+        && a.members.len() == b.members.len()
+        && a.members
+            .iter()
+            .zip(&b.members)
+            .all(|(x, y)| x.node == y.node)
+}

@@ -168,11 +168,12 @@ impl Replicator {
             .map_err(|e| format!("its files' thread: {e}"))?;
         let ring = WriteRing::new(&backend, doorbell).map_err(|e| format!("its I/O ring: {e}"))?;
         let stop_poller = Arc::new(AtomicBool::new(false));
+        let records = events.clone();
         poll_record(
             desired.clone(),
             volume.clone(),
-            events.clone(),
             Arc::clone(&stop_poller),
+            move |revision, record| records.send(Event::Record { revision, record }).is_ok(),
         );
         log::info!(
             "volume {volume}: primary of epoch {} (revision {revision})",

@@ -51,9 +51,10 @@ use super::{replica_nqn, NodeServices};
 use super::{Doorbell, Event, Events, Inbox};
 use crate::admin_error::AdminError;
 use crate::intents::IntentFile;
+use crate::replication::records::{poll_record, same_shape};
 use crate::status::RebuildStatus;
 use copies::CopyLimiter;
-use record::{commit, poll_record, same_members};
+use record::commit;
 use std::collections::BTreeMap;
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
@@ -64,7 +65,7 @@ use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 use weft_cluster::replicas::{node_id, replica_set, with_replica_set};
 use weft_cluster::LeaseClock;
-use weft_control::{DesiredState, ReplicaState, ReplicationRecord, VolumeRecord};
+use weft_control::{DesiredState, ReplicaState, ReplicationRecord};
 use weft_initiator::ConnectOptions;
 use weft_proto::fence::{FenceToken, Fences, LocalFence};
 use weft_proto::IoError;
@@ -83,7 +84,6 @@ const TICK: Duration = Duration::from_millis(20);
 /// Events handled between two submissions of the ring's local writes.
 const EVENTS_PER_WAIT: usize = 32;
 /// How often the record is read again (the mirror is local: cheap).
-const RECORD_POLL: Duration = Duration::from_millis(100);
 /// A replica that has not answered within this long is faulted.
 const REPLICA_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long a region stays in the write intents after its last write (a
@@ -646,7 +646,7 @@ impl Replicator {
             }
             // Its members changed (the core numbers them by their place):
             // another replicator's job, as for a record seen changed.
-            Event::CommitFailed(Some((_, record))) if !same_members(&record, &self.replication) => {
+            Event::CommitFailed(Some((_, record))) if !same_shape(&record, &self.replication) => {
                 self.driver.end(End::Reshaped)
             }
             Event::CommitFailed(current) => {
@@ -658,7 +658,7 @@ impl Replicator {
                 self.driver.commit_failed(current, now);
             }
             Event::Record { revision, record } => match record {
-                Some(record) if same_members(&record, &self.replication) => {
+                Some(record) if same_shape(&record, &self.replication) => {
                     self.driver
                         .record_changed(revision, replica_set(&record), now);
                     self.adopt(revision, record);
