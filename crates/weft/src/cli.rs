@@ -801,6 +801,21 @@ fn print_volumes(volumes: &[VolumeView]) {
             v.nqn
         );
     }
+    // What the volumes take in all: usable against raw, cluster-wide.
+    let (usable, raw) = volumes
+        .iter()
+        .filter(|v| !matches!(v.state.as_str(), "unavailable" | "missing"))
+        .fold((0, 0), |(usable, raw), v| {
+            (usable + v.size_bytes, raw + raw_bytes(v))
+        });
+    if usable > 0 {
+        outln!(
+            "total: {} usable, {} raw ({:.2} bytes of flash per usable byte)",
+            human_bytes(usable),
+            human_bytes(raw),
+            raw as f64 / usable as f64
+        );
+    }
 }
 
 /// The flash a volume takes in all, provisioned: every copy of a

@@ -152,6 +152,11 @@ fn an_erasure_coded_volume_keeps_its_writes_through_the_loss_of_a_member_of_its_
         text.contains("erasure     2+1 (chunks of 64 KiB): takes 36.8 MiB raw"),
         "{text}"
     );
+    let listed = ok(nodes[p].1.as_ref().unwrap(), &["volume", "list"]);
+    assert!(
+        listed.contains("total: 16 MiB usable, 36.8 MiB raw (2.30 bytes of flash per usable byte)"),
+        "{listed}"
+    );
     // What an erasure-coded volume cannot have here.
     let n = nodes[p].1.as_ref().unwrap();
     let create = ["volume", "create", "wide", "--size", "16MiB", "--ec", "4+2"];
