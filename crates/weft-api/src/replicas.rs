@@ -127,6 +127,12 @@ pub(crate) fn replica_change_failure(error: &ReplicaChangeError) -> Response {
             &message,
             "create a volume with another --ec layout (or --replicas) and copy the data over",
         ),
+        ReplicaChangeError::TooFewInSync { .. } => failure(
+            409,
+            "too_few_in_sync",
+            &message,
+            "`weft volume show` tells which members are in sync; the lost ones can be replaced once k others are",
+        ),
         ReplicaChangeError::PrimaryDown { .. } => failure(
             409,
             "primary_down",

@@ -58,6 +58,19 @@ pub enum ReplicaChangeError {
         /// Its layout, e.g. `4+2`.
         layout: String,
     },
+    /// Replacing these members would leave fewer than `k` members in sync
+    /// to rebuild the new ones from.
+    #[error("volume {volume} has {in_sync} members in sync besides those to replace ({lost}), and an erasure-coded volume needs {needed} to rebuild them from: start the lost members' nodes again first (their shards are not dropped)")]
+    TooFewInSync {
+        /// The volume.
+        volume: String,
+        /// The members to replace.
+        lost: String,
+        /// The members in sync besides them.
+        in_sync: usize,
+        /// The volume's `k`.
+        needed: usize,
+    },
     /// The primary's node is down: no copy may be dropped or added now.
     #[error("the primary of {volume} is on {node}, which is down: its replicas change only while it is up (the controller promotes another within seconds if one is in sync)")]
     PrimaryDown {
@@ -341,6 +354,9 @@ fn change_members_as(
                 node: replication.primary.clone(),
             });
         }
+        if let Some(erasure) = &replication.erasure {
+            check_rebuildable(volume, replication, erasure, &decision.retire)?;
+        }
         let (next, change) = changed(store, &found, &nodes, &decision)?;
         let mut txn = Txn::new().update(key.clone(), encode(&next), found.revision);
         if let Some(controller) = controller {
@@ -412,6 +428,33 @@ fn changed(
             removed: decision.retire.clone(),
         },
     ))
+}
+
+/// Refuses to replace `lost` members of an erasure-coded volume unless
+/// `k` others stay in sync: the new ones are rebuilt from those, and a
+/// lost member replaced is dropped for good (a node down a long while may
+/// still hold a shard the volume cannot do without).
+fn check_rebuildable(
+    volume: &str,
+    replication: &ReplicationRecord,
+    erasure: &weft_control::ErasureRecord,
+    lost: &[String],
+) -> Result<(), ReplicaChangeError> {
+    let in_sync = replication
+        .members
+        .iter()
+        .filter(|m| m.state == ReplicaState::InSync && !lost.contains(&m.node))
+        .count();
+    let needed = erasure.data_shards as usize;
+    if in_sync < needed {
+        return Err(ReplicaChangeError::TooFewInSync {
+            volume: volume.to_string(),
+            lost: lost.join(", "),
+            in_sync,
+            needed,
+        });
+    }
+    Ok(())
 }
 
 /// Places `decision.add` new members of `replication` on nodes and in

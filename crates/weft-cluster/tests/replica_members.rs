@@ -304,6 +304,14 @@ fn an_erasure_coded_member_lost_for_good_is_replaced_in_its_place() {
     assert_eq!(record.members[1].state, ReplicaState::Faulted { epoch: 0 });
     assert!(record.retire.is_empty());
     assert!(record.erasure.is_some());
+    // The primary rebuilds n4 and puts it in sync.
+    let found = read::<VolumeRecord>(store.as_ref(), "volumes/ec")
+        .unwrap()
+        .unwrap();
+    let mut rebuilt = found.record;
+    rebuilt.replication.as_mut().unwrap().members[1].state = ReplicaState::InSync;
+    let txn = Txn::new().update("volumes/ec", encode(&rebuilt), found.revision);
+    store.commit(txn).unwrap();
     // n3 down past the delay: the controller puts it in the one node not
     // among the members (n2, still up in this store).
     for ms in [3000, 6000] {
@@ -320,4 +328,24 @@ fn an_erasure_coded_member_lost_for_good_is_replaced_in_its_place() {
     let nodes: Vec<&str> = record.members.iter().map(|m| m.node.as_str()).collect();
     assert_eq!(nodes, ["n1", "n4", "n2"]);
     assert_eq!(record.primary, "n1");
+    // Now n1 and n4 are in sync (n2 is to be rebuilt): n4 cannot be
+    // replaced, since n1 alone (k = 2) could not rebuild it.
+    let refused = replace_replicas_on(store.as_ref(), "n4").unwrap_err();
+    assert!(
+        matches!(
+            refused,
+            ReplicaChangeError::TooFewInSync {
+                in_sync: 1,
+                needed: 2,
+                ..
+            }
+        ),
+        "{refused}"
+    );
+    assert!(
+        refused
+            .to_string()
+            .contains("start the lost members' nodes again"),
+        "{refused}"
+    );
 }

@@ -1151,9 +1151,10 @@ impl Manager {
             // identities and every volume's limits from the records.
             AdminOp::Reconcile => {
                 self.grow_copies_to_records();
-                self.drop_stale_snapshots();
                 self.drop_removed_replicas(plane);
+                // Before stale snapshots go: a clone's member is made from one.
                 self.create_missing_replicas();
+                self.drop_stale_snapshots();
             }
             AdminOp::Flush => self.flush_pools()?,
             AdminOp::Shutdown => self.shut_down()?,

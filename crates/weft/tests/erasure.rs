@@ -385,6 +385,9 @@ fn an_erasure_coded_volume_grows_and_takes_snapshots_and_clones_while_the_host_w
     let n = &primary;
     let text = ok(n, &["volume", "show", "ec"]);
     assert!(text.contains("snapshot    s1: taken, on n"), "{text}");
+    // Taken again under the same name: refused, the first one kept.
+    let again = support::refused(n, &["snapshot", "create", "ec@s1"]);
+    assert!(again.contains("exists"), "{again}");
     for name in ["n1", "n2", "n3"] {
         eventually("each member's shard snapshot", || {
             pool_snapshots(n, name) == Some(1)

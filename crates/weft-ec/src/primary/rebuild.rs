@@ -76,6 +76,11 @@ impl EcPrimary {
                 // it lacks, once it is in sync.
                 let quiet = self.unflushed.is_empty() && self.flushing.is_none();
                 let gate = *r.join_after.get_or_insert(self.flush_generation + 2);
+                // Not while a control is under way: every member in sync
+                // when it ends made it (or was faulted).
+                if self.barrier.is_some() {
+                    continue;
+                }
                 if quiet || self.flush_generation >= gate {
                     r.joining = true;
                     self.commit_changes();

@@ -444,11 +444,12 @@ impl Server {
                 self.replication = record;
                 self.primary.committed(revision, set, now);
             }
+            Event::CommitFailed(Some((_, record))) if !same_shape(&record, &self.replication) => {
+                // Reshaped meanwhile (grown, a member replaced): the next
+                // primary serves it; this one commits nothing more.
+                self.stopping = true;
+            }
             Event::CommitFailed(current) => {
-                if let Some((_, record)) = &current {
-                    // Reshaped meanwhile (grown): the next primary serves it.
-                    self.stopping |= !same_shape(record, &self.replication);
-                }
                 let current = current.map(|(revision, record)| {
                     let set = replica_set(&record);
                     self.replication = record;

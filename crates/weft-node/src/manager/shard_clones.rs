@@ -144,3 +144,82 @@ fn clonable_holders(
     }
     Ok(holders)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::claims::tests::{member, scratch};
+    use super::*;
+    use std::sync::Arc;
+    use weft_control::{ErasureRecord, MemoryStore, Store, Txn};
+    use weft_volume::VolumeSpec;
+
+    /// A 2+1 record on n1, n2, n3, all in sync.
+    fn erasure_coded(cloned_from: Option<SnapshotSource>) -> VolumeRecord {
+        let members = ["n1", "n2", "n3"]
+            .map(|node| ReplicaRecord {
+                node: node.into(),
+                pool: "p".into(),
+                state: ReplicaState::InSync,
+            })
+            .to_vec();
+        VolumeRecord {
+            id: "ab".into(),
+            replication: Some(ReplicationRecord {
+                epoch: 1,
+                primary: "n1".into(),
+                members,
+                size_bytes: 1 << 20,
+                block_size: 4096,
+                thick: false,
+                move_to: None,
+                previous: None,
+                retire: Vec::new(),
+                snapshots: Vec::new(),
+                erasure: Some(ErasureRecord {
+                    data_shards: 2,
+                    parity_shards: 1,
+                    chunk_bytes: 65536,
+                    journal_slots: 4,
+                }),
+                cloned_from,
+            }),
+            ..VolumeRecord::default()
+        }
+    }
+
+    /// A clone acknowledged through n1 while n2 has not made its member
+    /// yet, and the source snapshot deleted from the record meanwhile: n2
+    /// keeps its copy of the snapshot until its member is made from it.
+    #[test]
+    fn a_snapshot_a_clone_member_is_owed_from_outlives_its_listing() {
+        let dir = scratch("shard-clones");
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::default());
+        let mut n2 = member(&store, "n2", &dir);
+        let shard = VolumeSpec {
+            name: "ec".into(),
+            size_bytes: 4 << 20,
+            block_size: 4096,
+            thick: false,
+        };
+        let pool = n2.pool_mut("p").unwrap();
+        pool.create_volume(&shard).unwrap();
+        pool.create_snapshot("ec", "s1").unwrap();
+        let source = SnapshotSource {
+            volume: "ec".into(),
+            snapshot: "s1".into(),
+        };
+        let encode = weft_control::records::encode;
+        let txn = Txn::new()
+            .create("volumes/ec", encode(&erasure_coded(None)))
+            .create("volumes/c1", encode(&erasure_coded(Some(source))));
+        store.commit(txn).unwrap();
+        let snapshots = |n: &Manager| n.pools["p"].volume_info("ec").unwrap().snapshots.len();
+
+        n2.drop_stale_snapshots();
+        assert_eq!(snapshots(&n2), 1, "owed to the clone's member");
+        n2.create_missing_replicas();
+        assert!(n2.pool_of("c1").is_ok(), "the member made from it");
+        n2.drop_stale_snapshots();
+        assert_eq!(snapshots(&n2), 0, "not listed, owed to nobody: gone");
+    }
+}

@@ -21,7 +21,7 @@ use super::{AdminError, Manager};
 use crate::replication::barrier::BarrierOp;
 use crate::replication::records::change_record;
 use std::time::Duration;
-use weft_control::{DesiredState, VolumeRecord};
+use weft_control::{DesiredState, ReplicaState, VolumeRecord};
 use weft_volume::{check_name, FileMedia, Pool, VolumeError};
 
 /// How long a snapshot taken for a primary is kept while this node's copy
@@ -91,7 +91,8 @@ impl Manager {
         let (key, snapshot) = (format!("volumes/{volume}"), name.to_string());
         self.store_write(move |desired| forget(desired, &key, &snapshot))?;
         if let Ok(pool) = self.pool_of(volume) {
-            if self.has_local_snapshot(&pool, volume, name) {
+            if self.has_local_snapshot(&pool, volume, name) && !self.needed_by_a_clone(volume, name)
+            {
                 if let Err(error) = self.pool_mut(&pool)?.delete_snapshot(volume, name) {
                     log::warn!("snapshot {volume}@{name}: this node's copy is deleted at its next reconcile: {error}");
                 }
@@ -140,7 +141,10 @@ impl Manager {
                     self.fresh_snapshots.remove(&fresh);
                     listed.taking || replication.holders(listed).contains(&me)
                 }
-                None => self.fresh_snapshots.contains_key(&fresh),
+                None => {
+                    self.fresh_snapshots.contains_key(&fresh)
+                        || self.needed_by_a_clone(&volume, &snapshot)
+                }
             };
             if kept {
                 continue;
@@ -224,6 +228,15 @@ impl Manager {
         let orphan = self.cluster_node.is_some()
             && matches!(self.desired.read::<VolumeRecord>(&key), Ok(None));
         if self.intents.contains_key(volume) || orphan || self.is_erasure_coded(volume) {
+            let names = self.pools[pool].volume_info(volume)?.snapshots;
+            if let Some((owed, ..)) = names
+                .iter()
+                .find(|(n, ..)| self.needed_by_a_clone(volume, n))
+            {
+                return Err(AdminError::Unavailable(format!(
+                    "volume {volume}: this node's copy of snapshot {owed} is still to make a member of a clone from; try again in a moment"
+                )));
+            }
             self.drop_copy_snapshots(pool, volume)?;
         }
         Ok(())
@@ -245,6 +258,32 @@ impl Manager {
             self.pool_mut(pool)?.delete_snapshot(volume, &name)?;
         }
         Ok(())
+    }
+
+    /// Whether this node's copy of `volume@snapshot` is still to make a
+    /// member of an erasure-coded clone from (one its record gives this
+    /// node in sync, not made yet): the snapshot outlives its listing until
+    /// then.
+    fn needed_by_a_clone(&self, volume: &str, snapshot: &str) -> bool {
+        let Some(me) = self.cluster_node.as_deref() else {
+            return false;
+        };
+        let Ok(records) = self.desired.volumes() else {
+            return true; // Unknown now: the next reconcile decides.
+        };
+        records.into_iter().any(|(name, record)| {
+            let Some(replication) = record.replication else {
+                return false;
+            };
+            let from_it = replication
+                .cloned_from
+                .as_ref()
+                .is_some_and(|s| s.volume == volume && s.snapshot == snapshot);
+            let owed = replication
+                .member(me)
+                .is_some_and(|m| m.state == ReplicaState::InSync);
+            from_it && owed && self.pool_of(&name).is_err()
+        })
     }
 
     fn has_local_snapshot(&self, pool: &str, volume: &str, name: &str) -> bool {

@@ -41,7 +41,9 @@ impl Server {
         let mut barrier = Barrier::new(op.clone(), self.barriers, reply);
         match op {
             BarrierOp::Snapshot(name) => {
-                debug_assert!(matches!(barrier.step(false, &self.volume), Step::Announce));
+                // To the announcing stage (a snapshot starts there).
+                let step = barrier.step(false, &self.volume);
+                debug_assert!(matches!(step, Step::Announce));
                 self.barrier = Some(barrier);
                 let (events, seq) = (self.events.clone(), self.barriers);
                 announce_snapshot(
