@@ -874,6 +874,20 @@ impl Manager {
         #[cfg(test)]
         self.io_served
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if let VolumeWork::Snapshot(name) = &request.work {
+            if self.needed_by_a_clone(&request.volume, name.as_str()) {
+                // Its copy of an earlier snapshot of that name is still to
+                // make a clone's member from: this copy does not take the
+                // new one (and does not hold it).
+                log::warn!(
+                    "volume {}: snapshot {} not taken again here: a clone's member is still to be made from this copy's earlier one",
+                    request.volume,
+                    name.as_str()
+                );
+                request.reply.send(VolumeOutcome::Done(Err(IoError::Other)));
+                return None;
+            }
+        }
         let (Some(pool), Some(health)) = (
             self.pools.get_mut(&request.pool),
             self.health.get(&request.pool),

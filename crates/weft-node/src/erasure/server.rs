@@ -166,8 +166,13 @@ pub(crate) fn start(setup: ErasureSetup) -> Result<ErasureHandle, String> {
                 Err(error) => log::error!("volume {volume}: cannot serve: {error}"),
             }
             path.set_serving(Serving::Inaccessible);
-            // What it still held answers ANA Inaccessible as it drops.
-            while inbox.try_recv().is_ok() {}
+            // What it still held answers ANA Inaccessible as it drops; a
+            // snapshot or growth asked meanwhile, to try again.
+            while let Ok(event) = inbox.try_recv() {
+                if let Event::Barrier { reply, .. } = event {
+                    let _ = reply.send(Err(not_serving()));
+                }
+            }
             finished.store(true, Ordering::Release);
             manager.reconcile();
         })
@@ -178,7 +183,8 @@ pub(crate) fn start(setup: ErasureSetup) -> Result<ErasureHandle, String> {
 /// How long a stalled primary's node waits before the next one starts.
 const STALL_BACKOFF: Duration = Duration::from_secs(1);
 
-/// Answers host I/O with ANA Transition for [`STALL_BACKOFF`].
+/// Answers host I/O with ANA Transition, and snapshots and growths with
+/// "try again", for [`STALL_BACKOFF`].
 fn hold_off(inbox: &Receiver<Event>) {
     let until = std::time::Instant::now() + STALL_BACKOFF;
     while let Some(left) = until.checked_duration_since(std::time::Instant::now()) {
@@ -186,6 +192,9 @@ fn hold_off(inbox: &Receiver<Event>) {
             Ok(Event::Host(io)) => io
                 .reply
                 .send(VolumeOutcome::Done(Err(IoError::PathTransition))),
+            Ok(Event::Barrier { reply, .. }) => {
+                let _ = reply.send(Err(not_serving()));
+            }
             Ok(Event::Stop) | Err(RecvTimeoutError::Disconnected) => return,
             Ok(_) | Err(RecvTimeoutError::Timeout) => {}
         }

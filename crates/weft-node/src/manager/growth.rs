@@ -82,7 +82,9 @@ impl Manager {
             let Ok(Some(replication)) = self.replicated_record(&volume) else {
                 continue;
             };
+            let me = self.cluster_node.as_deref().unwrap_or_default();
             let wanted = match &replication.erasure {
+                Some(_) if replication.member(me).is_none() => None,
                 Some(erasure) => crate::erasure::shard_bytes(&replication, erasure),
                 None if self.intents.contains_key(&volume) => Some(replication.size_bytes),
                 None => None,

@@ -40,9 +40,11 @@ impl Manager {
         Ok(found.and_then(|found| found.record.replication))
     }
 
-    /// Whether `volume` is erasure-coded (this node's copy a shard).
+    /// Whether `volume` is erasure-coded and this node one of its members
+    /// (its local copy a shard).
     pub(super) fn is_erasure_coded(&self, volume: &str) -> bool {
-        matches!(self.replicated_record(volume), Ok(Some(r)) if r.erasure.is_some())
+        let me = self.cluster_node.as_deref().unwrap_or_default();
+        matches!(self.replicated_record(volume), Ok(Some(r)) if r.erasure.is_some() && r.member(me).is_some())
     }
 
     /// Takes snapshot `name` of replicated `volume` on every copy in sync;
@@ -264,7 +266,7 @@ impl Manager {
     /// member of an erasure-coded clone from (one its record gives this
     /// node in sync, not made yet): the snapshot outlives its listing until
     /// then.
-    fn needed_by_a_clone(&self, volume: &str, snapshot: &str) -> bool {
+    pub(super) fn needed_by_a_clone(&self, volume: &str, snapshot: &str) -> bool {
         let Some(me) = self.cluster_node.as_deref() else {
             return false;
         };
