@@ -14,9 +14,9 @@ use std::path::Path;
 use std::time::Instant;
 use support::cluster::{eventually, node, nodes, retrying};
 use support::{ok, temp_dir, Node};
-use weft_initiator::{Controller, InitiatorError, Queue};
+use weft_initiator::{Controller, Queue};
 use weft_proto::reservation::{ACQUIRE_OPCODE, REGISTER_OPCODE};
-use weft_proto::status::{Status, StatusCodeType};
+use weft_proto::status::Status;
 
 const HOST_NQN: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-0000000ec21a";
 const BLOCK: u32 = 4096;
@@ -36,6 +36,20 @@ fn erasure_coded_volume(n1: &Node, dir: &Path, names: &[&str], layout: &str) {
     let create = ["volume", "create", "ec", "--size", "16MiB", "--ec", layout];
     eventually("the volume created", || support::weft(n1, &create).0);
     ok(n1, &["volume", "attach", "ec", "--host", "tester"]);
+}
+
+/// Started nodes by name (n1, n2, ...), each to be killed by taking it.
+fn named(started: Vec<Node>) -> Vec<(String, Option<Node>)> {
+    started
+        .into_iter()
+        .enumerate()
+        .map(|(i, n)| (format!("n{}", i + 1), Some(n)))
+        .collect()
+}
+
+/// The place of node `name` in [`named`]'s list.
+fn at(nodes: &[(String, Option<Node>)], name: &str) -> usize {
+    nodes.iter().position(|(n, _)| n == name).unwrap()
 }
 
 /// `volume show ec` as `node` answers it (null while the call fails).
@@ -118,14 +132,7 @@ fn an_erasure_coded_volume_keeps_its_writes_through_the_loss_of_a_member_of_its_
     let dir = temp_dir("erasure");
     let (etcd, endpoints, token_file, started) = nodes(&dir, "", 3);
     erasure_coded_volume(&started[0], &dir, &["n1", "n2", "n3"], "2+1");
-    let mut nodes: Vec<(String, Option<Node>)> = started
-        .into_iter()
-        .enumerate()
-        .map(|(i, n)| (format!("n{}", i + 1), Some(n)))
-        .collect();
-    let at = |nodes: &[(String, Option<Node>)], name: &str| {
-        nodes.iter().position(|(n, _)| n == name).unwrap()
-    };
+    let mut nodes = named(started);
     let first = primary_of(nodes[0].1.as_ref().unwrap());
     assert!(
         !first.is_empty(),
@@ -283,14 +290,7 @@ fn an_erasure_coded_member_down_for_good_is_replaced_and_rebuilt_on_another_node
     // Whichever node is the controller replaces a member down for 2 s.
     let (etcd, _, _, started) = nodes(&dir, "replace_replica_after_s = 2", 4);
     erasure_coded_volume(&started[0], &dir, &["n1", "n2", "n3"], "2+1");
-    let mut nodes: Vec<(String, Option<Node>)> = started
-        .into_iter()
-        .enumerate()
-        .map(|(i, n)| (format!("n{}", i + 1), Some(n)))
-        .collect();
-    let at = |nodes: &[(String, Option<Node>)], name: &str| {
-        nodes.iter().position(|(n, _)| n == name).unwrap()
-    };
+    let mut nodes = named(started);
     let first = primary_of(nodes[0].1.as_ref().unwrap());
     let p = at(&nodes, &first);
     let (controller, mut queue) = connect(nodes[p].1.as_ref().unwrap());
@@ -479,21 +479,7 @@ fn an_erasure_coded_volume_grows_and_takes_snapshots_and_clones_while_the_host_w
 
 /// The status a write of block 0 ends with, path statuses retried.
 fn write_status(queue: &mut Queue, byte: u8) -> Status {
-    let data = [byte; BLOCK as usize];
-    let start = Instant::now();
-    loop {
-        match queue.write(1, 0, BLOCK, &data) {
-            Ok(()) => return Status::SUCCESS,
-            Err(InitiatorError::Command { status, .. })
-                if status.sct == StatusCodeType::Path
-                    && start.elapsed() < std::time::Duration::from_secs(20) =>
-            {
-                std::thread::sleep(std::time::Duration::from_millis(50));
-            }
-            Err(InitiatorError::Command { status, .. }) => return status,
-            Err(error) => panic!("write: {error}"),
-        }
-    }
+    support::cluster::write_status(queue, BLOCK, byte)
 }
 
 #[test]

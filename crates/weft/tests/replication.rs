@@ -721,21 +721,7 @@ fn connect_as(node: &Node, host_id: u8) -> (Controller, Queue) {
 
 /// The status a write of block 0 ends with, path statuses retried.
 fn write_status(queue: &mut Queue, byte: u8) -> Status {
-    let data = [byte; BLOCK as usize];
-    let start = Instant::now();
-    loop {
-        match queue.write(1, 0, BLOCK, &data) {
-            Ok(()) => return Status::SUCCESS,
-            Err(InitiatorError::Command { status, .. })
-                if status.sct == StatusCodeType::Path
-                    && start.elapsed() < Duration::from_secs(20) =>
-            {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            Err(InitiatorError::Command { status, .. }) => return status,
-            Err(error) => panic!("write: {error}"),
-        }
-    }
+    support::cluster::write_status(queue, BLOCK, byte)
 }
 
 #[test]

@@ -117,3 +117,27 @@ pub fn retrying<T>(what: &str, mut io: impl FnMut() -> Result<T, InitiatorError>
         }
     }
 }
+
+/// The status a write of `byte`s to block 0 (of `block` bytes) ends with,
+/// path statuses retried for up to 20 s.
+pub fn write_status(
+    queue: &mut weft_initiator::Queue,
+    block: u32,
+    byte: u8,
+) -> weft_proto::status::Status {
+    let data = vec![byte; block as usize];
+    let start = Instant::now();
+    loop {
+        match queue.write(1, 0, block, &data) {
+            Ok(()) => return weft_proto::status::Status::SUCCESS,
+            Err(InitiatorError::Command { status, .. })
+                if status.sct == StatusCodeType::Path
+                    && start.elapsed() < Duration::from_secs(20) =>
+            {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(InitiatorError::Command { status, .. }) => return status,
+            Err(error) => panic!("write: {error}"),
+        }
+    }
+}
