@@ -61,6 +61,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("DELETE", "pools/{pool}"),
     ("POST", "pools/{pool}/devices"),
     ("POST", "pools/{pool}/clear-failure"),
+    ("POST", "pools/{pool}/rewrap"),
     ("POST", "subsystems/{nqn}/namespaces/{nsid}/clear-failure"),
     ("GET", "volumes"),
     ("POST", "volumes"),
@@ -699,6 +700,9 @@ struct CreateVolume {
     block_size: Option<u32>,
     #[serde(default)]
     thick: bool,
+    /// Encrypted at rest (AES-256-XTS, a data key per volume).
+    #[serde(default)]
+    encrypted: bool,
     source: Option<String>,
     /// Copies on distinct nodes (a cluster's; default 1).
     replicas: Option<u32>,
@@ -782,6 +786,7 @@ fn operation(
             }
         }
         ("POST", "pools/{pool}/clear-failure") => AdminOp::ClearPoolFailure(param(0)),
+        ("POST", "pools/{pool}/rewrap") => AdminOp::RewrapKeys(param(0)),
         ("POST", "subsystems/{nqn}/namespaces/{nsid}/clear-failure") => {
             AdminOp::ClearNamespaceFailure {
                 nqn: param(0),
@@ -894,6 +899,14 @@ fn not_a_cluster() -> Response {
 
 fn create_volume(body: CreateVolume) -> Result<AdminOp, Response> {
     if let Some(source) = body.source {
+        if body.encrypted {
+            return Err(failure(
+                400,
+                "invalid",
+                "a clone is encrypted exactly when its source is (it shares its blocks, and its key)",
+                "drop encrypted; to encrypt a copy of an unencrypted volume, create an encrypted volume and copy the data",
+            ));
+        }
         let Some((volume, snapshot)) = source.split_once('@') else {
             return Err(failure(
                 400,
@@ -958,6 +971,7 @@ fn create_volume(body: CreateVolume) -> Result<AdminOp, Response> {
             size_bytes,
             block_size: body.block_size.unwrap_or(4096),
             thick: body.thick,
+            encrypted: body.encrypted,
         },
     })
 }
@@ -1154,6 +1168,16 @@ fn admin_failure(error: &AdminError) -> Response {
                 "check the pool's devices, then run weft pool clear-failure POOL",
             ),
             VolumeError::Corrupt(_) => (500, "corrupt", "restore the pool's devices"),
+            VolumeError::Locked { .. } => (
+                409,
+                "locked",
+                "give this node the key-encryption key (--kek-file or --kek-command), then run `weft pool rewrap POOL`",
+            ),
+            VolumeError::NoKeyring { .. } => (
+                409,
+                "no-key",
+                "start weft serve with --kek-file PATH or --kek-command CMD",
+            ),
         },
         AdminError::Busy { .. } => (409, "busy", "disconnect the hosts or pass force"),
         AdminError::HostAttached { .. } => {

@@ -115,6 +115,20 @@ pub struct VolumeView {
     /// An erasure-coded volume's stripe and the raw capacity it takes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub erasure: Option<ErasureView>,
+    /// Encryption at rest, if it is encrypted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encryption: Option<EncryptionView>,
+}
+
+/// A volume's encryption at rest.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct EncryptionView {
+    /// The cipher: "aes-256-xts".
+    pub cipher: String,
+    /// The key-encryption key its data key is wrapped with (its id).
+    pub kek_id: String,
+    /// "unlocked", or "locked": the node lacks that key and serves nothing of it.
+    pub state: String,
 }
 
 /// An erasure-coded volume's stripe (its `replicas` are the stripe's members).
@@ -409,7 +423,10 @@ impl From<&VolumeStatus> for VolumeView {
             uuid: weft_proto::types::uuid_text(&volume.uuid),
             hosts: volume.hosts.clone(),
             qos: QosView::from(volume.qos),
-            state: state_name(&volume.failure),
+            state: match info.encryption {
+                Some(e) if !e.unlocked && volume.failure.is_none() => "locked".into(),
+                _ => state_name(&volume.failure),
+            },
             failure: volume.failure.clone(),
             node: None,
             replicas: volume.replication.as_ref().map(|replication| {
@@ -422,6 +439,11 @@ impl From<&VolumeStatus> for VolumeView {
             }),
             snapshot_copies: volume.replication.as_ref().map(snapshot_copies),
             erasure: volume.replication.as_ref().and_then(erasure_view),
+            encryption: info.encryption.map(|e| EncryptionView {
+                cipher: "aes-256-xts".into(),
+                kek_id: e.kek_id.to_string(),
+                state: if e.unlocked { "unlocked" } else { "locked" }.into(),
+            }),
         }
     }
 }
@@ -519,6 +541,7 @@ mod tests {
             size_bytes: 1 << 20,
             block_size: 4096,
             thick: false,
+            encrypted: false,
             move_to: None,
             previous: None,
             retire: vec!["n4".into()],

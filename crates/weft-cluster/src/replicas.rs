@@ -430,6 +430,7 @@ mod tests {
             size_bytes: 1 << 30,
             block_size: 4096,
             thick: false,
+            encrypted: false,
             move_to: None,
             previous: Some("n1".into()),
             retire: Vec::new(),

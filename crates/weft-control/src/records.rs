@@ -167,6 +167,10 @@ pub struct ReplicationRecord {
     /// Whether every replica is thick (its space allocated at creation).
     #[serde(default)]
     pub thick: bool,
+    /// Whether every replica (or member's shard) is encrypted at rest,
+    /// each with a data key of its own node's.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub encrypted: bool,
     /// A planned move: the primary hands its role to this node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub move_to: Option<String>,

@@ -18,6 +18,8 @@
 //!   change) and the status its heartbeats publish.
 //! - [`exports`]: the configured subsystems (files, block devices, RAM) and
 //!   the data plane's exports built from them.
+//! - [`keys`]: where the node's key-encryption keys come from (a file or a
+//!   command), for encrypted volumes.
 //! - [`identity`]: the node's identity and the serial numbers and namespace
 //!   IDs derived from it.
 //! - [`metrics`]: per-namespace statistics read from the data plane's
@@ -43,6 +45,7 @@ mod erasure;
 pub mod exports;
 pub mod identity;
 mod intents;
+pub mod keys;
 pub mod link_keys;
 pub mod manager;
 pub mod metrics;

@@ -23,6 +23,7 @@
 //! both after a restart.
 
 mod claims;
+mod encryption;
 mod growth;
 mod marking;
 pub use crate::admin_error::AdminError;
@@ -117,6 +118,9 @@ pub enum AdminOp {
     },
     /// Clear a pool's failure: reopen it at its last committed state and serve it again.
     ClearPoolFailure(String),
+    /// Read the node's key source again (unlocking what it now opens) and
+    /// wrap every data key of the pool with its current KEK.
+    RewrapKeys(String),
     /// Clear the failure of a configured (file or block device) namespace.
     ClearNamespaceFailure {
         /// Its subsystem.
@@ -485,6 +489,8 @@ pub struct Manager {
     link_keys: Option<crate::link_keys::LinkKeys>,
     /// What seals host secrets in the cluster's store (from the cluster's token).
     seal: Option<sealed::Seal>,
+    /// Where the node's key-encryption keys come from, and the keys.
+    keys: Option<(crate::keys::KeySource, Arc<weft_volume::crypt::Keyring>)>,
     /// The node's data directory in a cluster (its replicas' write intents live there).
     cluster_dir: Option<PathBuf>,
     /// The write intents of this node's replicas, by volume.
@@ -575,6 +581,7 @@ impl Manager {
             cluster_addresses: Vec::new(),
             link_keys: None,
             seal: None,
+            keys: None,
             cluster_dir: None,
             intents: BTreeMap::new(),
             cluster_lease: None,
@@ -625,6 +632,13 @@ impl Manager {
             let health = &Arc::clone(&self.health[pool_name]);
             for volume in pool.volumes() {
                 volume_names.insert(volume.name.clone());
+                let cipher = match pool.cipher(&volume.name) {
+                    Ok(cipher) => cipher,
+                    Err(error) => {
+                        log::error!("{error}; it is not exported until then");
+                        continue;
+                    }
+                };
                 let record = self.volume_record(&volume.name, &volume.id);
                 let served = ServedIdentity::of(&volume.name, &volume.id, &record);
                 let nqn = served.nqn;
@@ -681,6 +695,7 @@ impl Manager {
                     health: Arc::clone(health),
                     intent: None,
                     replicated: None,
+                    cipher,
                 });
                 let replicated = self.replicated_path(
                     &volume.name,
@@ -1022,6 +1037,7 @@ impl Manager {
                 | AdminOp::SetHostSecrets { .. }
                 | AdminOp::Reconcile
                 | AdminOp::SetPeers { .. }
+                | AdminOp::RewrapKeys(_)
         );
         match op {
             AdminOp::CreatePool {
@@ -1038,6 +1054,7 @@ impl Manager {
             } => self.add_devices(&pool, devices, device_bytes, plane)?,
             AdminOp::DeletePool(name) => self.delete_pool(&name)?,
             AdminOp::ClearPoolFailure(name) => self.clear_pool_failure(&name, plane)?,
+            AdminOp::RewrapKeys(name) => self.rewrap_pool(&name)?,
             AdminOp::ClearNamespaceFailure { nqn, nsid } => {
                 self.clear_namespace_failure(&nqn, nsid)?
             }
@@ -1219,7 +1236,8 @@ impl Manager {
             chunk_bytes,
             uuid,
         };
-        let pool = Pool::create(media, options)?;
+        let mut pool = Pool::create(media, options)?;
+        self.hand_keys(&mut pool);
         let record = PoolRecord {
             devices,
             adding: Vec::new(),
@@ -2033,6 +2051,7 @@ mod tests {
             size_bytes: 8 << 20,
             block_size: 4096,
             thick: false,
+            encrypted: false,
         };
         pool.create_volume(&spec).unwrap();
         let id = crate::identity::hex(&pool.volume_info("v").unwrap().id);

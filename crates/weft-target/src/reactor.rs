@@ -1398,6 +1398,15 @@ impl Reactor {
             return self.ask_manager(index, request, &volume, work);
         }
         let peer = self.connections[index].as_mut().expect("live connection");
+        if let (Some(cipher), IoKind::Write { buffer_offset, .. }) = (&volume.cipher, request.kind)
+        {
+            // In place, once: the host's data is not needed after this write.
+            let at = buffer_offset as usize;
+            cipher.encrypt(
+                offset,
+                &mut peer.slots.buffer(request.slot)[at..at + len as usize],
+            );
+        }
         peer.volume_io[usize::from(request.slot.0)] = Some(VolumeIo {
             backend: volume,
             request,
@@ -1443,6 +1452,11 @@ impl Reactor {
             if let Some(result) = finished {
                 let io = entry.take().expect("checked");
                 io.backend.gate.leave();
+                if let (Some(cipher), None, Ok(())) = (&io.backend.cipher, write, &result) {
+                    // Unwritten pieces were filled with zeroes, which stay.
+                    let at = buffer_offset as usize;
+                    cipher.decrypt(offset, &mut peer.slots.buffer(slot)[at..at + len as usize]);
+                }
                 finish_io(peer, &mut self.counts, now_ns, slot, result);
                 return;
             }

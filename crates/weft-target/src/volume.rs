@@ -18,6 +18,7 @@ use std::sync::{mpsc, Arc};
 use weft_proto::intent::WriteIntent;
 use weft_proto::reservation::{HostIdentifier, ReservationCommand};
 use weft_proto::{IoError, IoRequest};
+use weft_volume::crypt::VolumeCipher;
 use weft_volume::format::Layout;
 use weft_volume::{ChunkMap, Lookup, WriteGate};
 
@@ -47,6 +48,9 @@ pub struct VolumeBackend {
     /// On a replicated volume's primary: where its writes and flushes go
     /// (see [`crate::replicated`]).
     pub replicated: Option<Arc<Replicated>>,
+    /// An encrypted volume's cipher: what it writes to the devices is
+    /// encrypted first, what it reads from them decrypted after.
+    pub cipher: Option<Arc<VolumeCipher>>,
 }
 
 impl fmt::Debug for VolumeBackend {
@@ -410,6 +414,7 @@ mod tests {
             health: Arc::default(),
             intent: None,
             replicated: None,
+            cipher: None,
         };
         assert_eq!(backend.piece(4096, 8192), (Piece::Zeroes, 8192));
         // Straddles chunks 0 and 1: only the part in chunk 0 first.

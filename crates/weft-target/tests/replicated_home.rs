@@ -90,6 +90,7 @@ fn serve_replicated_volume(reactors: usize, sink: Arc<Recorder>) -> DataPlane {
         health: Arc::default(),
         intent: None,
         replicated: Some(Arc::new(path)),
+        cipher: None,
     };
     let config = TargetConfig {
         subsystems: vec![SubsystemConfig {

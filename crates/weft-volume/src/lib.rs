@@ -8,6 +8,7 @@
 //! - `pool`: the operations, allocation, copy-on-write, zeroing and commit.
 //! - `map`: the lock-free chunk map and I/O gate the data plane shares.
 //! - `media`: the devices (files or block devices) the pool lives on.
+//! - `crypt`: encryption at rest (AES-256-XTS per volume) and its keys.
 //! - `testing`: in-memory media that fails, tears and loses writes, for the
 //!   crash tests and the fuzz target.
 //!
@@ -19,6 +20,7 @@
 #![warn(missing_docs)]
 
 mod codec;
+pub mod crypt;
 pub mod format;
 pub mod map;
 pub mod media;
@@ -117,6 +119,21 @@ pub enum VolumeError {
     /// The devices do not hold an openable pool.
     #[error("{0}")]
     Corrupt(String),
+    /// An encrypted volume whose data key this node cannot unwrap.
+    #[error("volume {volume} is encrypted and locked: {source}")]
+    Locked {
+        /// The volume.
+        volume: String,
+        /// Why its key does not unwrap.
+        #[source]
+        source: crypt::KeyError,
+    },
+    /// Encryption asked of a node that holds no key-encryption key.
+    #[error("volume {volume} cannot be encrypted: this node has no key-encryption key; start weft serve with --kek-file PATH (one key per line, e.g. from `openssl rand -hex 32`) or --kek-command CMD")]
+    NoKeyring {
+        /// The volume.
+        volume: String,
+    },
 }
 
 impl VolumeError {

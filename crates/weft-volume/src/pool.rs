@@ -15,6 +15,7 @@
 //! ahead of the disk); reopening recovers the last committed state.
 
 use crate::codec::{Decoder, Encoder};
+use crate::crypt::{Keyring, VolumeCipher};
 use crate::format::{
     FormatError, Frame, Layout, Superblock, CHECKPOINT_MAGIC, FRAME_HEADER_BYTES, MEMBERS_MAX,
     META_BLOCK, RECORD_MAGIC, SUPERBLOCK_BYTES,
@@ -23,8 +24,12 @@ use crate::map::{ChunkMap, Lookup};
 use crate::media::Media;
 use crate::state::{runs_of, Origin, PoolState, Record, Run, Volume, NO_CHUNK};
 use crate::{check_name, VolumeError, SNAPSHOTS_PER_VOLUME_MAX, VOLUMES_MAX, VOLUME_CHUNKS_MAX};
+use std::collections::BTreeMap;
 use std::io;
 use std::sync::Arc;
+
+mod encryption;
+pub use encryption::{Encryption, Rewrapped};
 
 /// Largest payload of one journal record; bigger commits span several.
 const RECORD_PAYLOAD_MAX: usize = 256 * 1024;
@@ -53,6 +58,8 @@ pub struct VolumeSpec {
     pub block_size: u32,
     /// Preallocate every chunk now.
     pub thick: bool,
+    /// Encrypt it at rest (needs the node's keyring, see [`Pool::unlock`]).
+    pub encrypted: bool,
 }
 
 /// Capacity and usage of a pool.
@@ -110,6 +117,8 @@ pub struct VolumeInfo {
     pub origin: Option<Origin>,
     /// Snapshots, by name: (name, id, size in bytes).
     pub snapshots: Vec<(String, [u8; 16], u64)>,
+    /// Encryption at rest, if any.
+    pub encryption: Option<Encryption>,
 }
 
 /// A pool opened on its media.
@@ -128,6 +137,10 @@ pub struct Pool<M: Media> {
     data_dirty: bool,
     failed: Option<String>,
     warned_percent: u64,
+    /// The node's KEKs (none: encrypted volumes stay locked).
+    keyring: Option<Arc<Keyring>>,
+    /// Ciphers of the unlocked encrypted volumes.
+    ciphers: BTreeMap<String, Arc<VolumeCipher>>,
 }
 
 impl<M: Media> Pool<M> {
@@ -215,6 +228,8 @@ impl<M: Media> Pool<M> {
             data_dirty: false,
             failed: None,
             warned_percent: 0,
+            keyring: None,
+            ciphers: BTreeMap::new(),
         })
     }
 
@@ -233,9 +248,12 @@ impl<M: Media> Pool<M> {
             data_dirty: false,
             failed: None,
             warned_percent: 0,
+            keyring: None,
+            ciphers: BTreeMap::new(),
         };
         pool.repair_superblocks(&loaded.superblock_repairs)?;
         pool.resync_copies(resync)?;
+        pool.unlock_volumes();
         Ok(pool)
     }
 
@@ -357,7 +375,7 @@ impl<M: Media> Pool<M> {
         if new.metadata_copies() > old.metadata_copies() {
             // The new copies hold a checkpoint of this state already; this
             // makes every copy identical (same slot, empty journal).
-            if let Err(error) = self.write_checkpoint() {
+            if let Err(error) = self.write_checkpoint(false) {
                 self.failed = Some(format!("writing the metadata copies after growth: {error}"));
                 return Err(self.failed_error());
             }
@@ -478,10 +496,11 @@ impl<M: Media> Pool<M> {
             self.name(),
             self.sequence
         );
-        self.write_checkpoint().map_err(|source| VolumeError::Io {
-            context: format!("pool {}: rewriting its metadata copies", self.name()),
-            source,
-        })
+        self.write_checkpoint(false)
+            .map_err(|source| VolumeError::Io {
+                context: format!("pool {}: rewriting its metadata copies", self.name()),
+                source,
+            })
     }
 
     /// Reads the pool again from its media, at its last committed state, and
@@ -507,6 +526,7 @@ impl<M: Media> Pool<M> {
         self.pending.clear();
         self.data_dirty = false;
         self.failed = None;
+        self.unlock_volumes();
         self.repair_superblocks(&loaded.superblock_repairs)?;
         self.resync_copies(resync)
     }
@@ -623,6 +643,7 @@ impl<M: Media> Pool<M> {
                 .iter()
                 .map(|(name, s)| (name.clone(), s.id, s.size_bytes))
                 .collect(),
+            encryption: self.encryption(name),
         })
     }
 
@@ -637,6 +658,9 @@ impl<M: Media> Pool<M> {
         check_name("volume", &spec.name)?;
         self.check_new_volume(&spec.name)?;
         self.check_geometry(spec.size_bytes, spec.block_size)?;
+        if spec.encrypted {
+            self.check_keyring(&spec.name)?;
+        }
         let chunks = self.state.chunks_for(spec.size_bytes);
         let runs = if spec.thick {
             self.check_references(u64::from(chunks) + 1)?;
@@ -654,7 +678,15 @@ impl<M: Media> Pool<M> {
             runs,
         };
         self.stage(record);
-        self.commit()
+        let cipher = match spec.encrypted {
+            true => Some(self.stage_new_key(&spec.name, spec.block_size)?),
+            false => None,
+        };
+        self.commit()?;
+        if let Some(cipher) = cipher {
+            self.ciphers.insert(spec.name.clone(), cipher);
+        }
+        Ok(())
     }
 
     /// Whether `delete_volume` would accept `name` (it exists and has no snapshots).
@@ -686,12 +718,18 @@ impl<M: Media> Pool<M> {
         self.check_deletable(name)?;
         let volume = self.existing(name)?;
         let (map, gate) = (Arc::clone(&volume.map), Arc::clone(&volume.gate));
+        let keyed = volume.key.is_some();
         map.retire();
         let _quiet = gate.quiesce();
         self.stage(Record::DeleteVolume {
             name: name.to_string(),
         });
-        self.commit()
+        self.commit()?;
+        self.ciphers.remove(name);
+        match keyed {
+            true => self.scrub_metadata(),
+            false => Ok(()),
+        }
     }
 
     /// Grows a volume to `size_bytes` (shrinking is refused: it would drop data).
@@ -788,7 +826,11 @@ impl<M: Media> Pool<M> {
             },
         };
         self.stage(record);
-        self.commit()
+        self.commit()?;
+        if let Some(cipher) = self.ciphers.get(volume).cloned() {
+            self.ciphers.insert(name.to_string(), cipher);
+        }
+        Ok(())
     }
 
     /// Copies up to `max_chunks` chunks that `name` shares, from logical chunk
@@ -974,6 +1016,12 @@ impl<M: Media> Pool<M> {
 
     /// Writes `data` at `offset` (synchronously; the data plane has its own path).
     pub fn write(&mut self, name: &str, offset: u64, data: &[u8]) -> Result<(), VolumeError> {
+        let encrypted = self.cipher(name)?.map(|cipher| {
+            let mut stored = data.to_vec();
+            cipher.encrypt(offset, &mut stored);
+            stored
+        });
+        let data = encrypted.as_deref().unwrap_or(data);
         self.prepare_write(name, offset, data.len() as u64)?;
         self.commit()?;
         let map = Arc::clone(&self.existing(name)?.map);
@@ -995,6 +1043,7 @@ impl<M: Media> Pool<M> {
         let volume = self.existing(name)?;
         check_range(volume, offset, buf.len() as u64)?;
         let map = Arc::clone(&volume.map);
+        let cipher = self.cipher(name)?;
         self.for_each_piece(offset, buf.len(), |pool, index, within, range| {
             match map.lookup(index) {
                 Lookup::Unmapped => {
@@ -1010,7 +1059,11 @@ impl<M: Media> Pool<M> {
         .map_err(|source| VolumeError::Io {
             context: format!("reading volume {name}"),
             source,
-        })
+        })?;
+        if let Some(cipher) = cipher {
+            cipher.decrypt(offset, buf);
+        }
+        Ok(())
     }
 
     /// Reads `buf.len()` bytes at `offset` of snapshot `volume@snapshot`.
@@ -1035,6 +1088,7 @@ impl<M: Media> Pool<M> {
             ));
         }
         let chunks = source.chunks.clone();
+        let cipher = self.cipher(volume)?;
         self.for_each_piece(
             offset,
             buf.len(),
@@ -1052,7 +1106,11 @@ impl<M: Media> Pool<M> {
         .map_err(|source| VolumeError::Io {
             context: format!("reading snapshot {volume}@{snapshot}"),
             source,
-        })
+        })?;
+        if let Some(cipher) = cipher {
+            cipher.decrypt(offset, buf);
+        }
+        Ok(())
     }
 
     /// Makes every completed write durable (data on every member, then metadata).
@@ -1128,7 +1186,7 @@ impl<M: Media> Pool<M> {
             // the checkpoint in the other slot even when no record was
             // journaled since that one (a commit larger than the journal).
             self.sequence += 1;
-            return self.write_checkpoint();
+            return self.write_checkpoint(false);
         }
         let mut bytes = Vec::with_capacity(needed as usize);
         for frame in frames {
@@ -1150,9 +1208,10 @@ impl<M: Media> Pool<M> {
         Ok(())
     }
 
-    /// Writes the whole state to the older checkpoint slot; the journal then
-    /// starts over. Records after the checkpoint are numbered on from it.
-    fn write_checkpoint(&mut self) -> io::Result<()> {
+    /// Writes the whole state to the older checkpoint slot (with `whole`,
+    /// zeroing the rest of the slot too); the journal then starts over.
+    /// Records after the checkpoint are numbered on from it.
+    fn write_checkpoint(&mut self, whole: bool) -> io::Result<()> {
         let bytes = Frame {
             sequence: self.sequence,
             payload: self.state.encode(),
@@ -1164,8 +1223,12 @@ impl<M: Media> Pool<M> {
         );
         let slot = 1 - self.checkpoint_slot;
         let at = self.layout().checkpoint_offset(slot);
+        let tail = self.layout().checkpoint_bytes - bytes.len() as u64;
         for member in 0..self.layout().metadata_copies() {
             self.media.write_at(member, at, &bytes)?;
+            if whole && tail > 0 {
+                self.media.zero(member, at + bytes.len() as u64, tail)?;
+            }
             self.media.sync(member)?;
         }
         self.checkpoint_slot = slot;
@@ -1750,6 +1813,7 @@ mod tests {
             size_bytes: 8 << 20,
             block_size: 4096,
             thick: false,
+            encrypted: false,
         };
         pool.create_volume(&spec).unwrap();
         pool
@@ -1853,9 +1917,9 @@ mod tests {
     #[test]
     fn a_checkpoint_right_after_a_checkpoint_is_the_newer_one() {
         let mut pool = pool();
-        pool.write_checkpoint().unwrap();
+        pool.write_checkpoint(false).unwrap();
         if pool.checkpoint_slot == 0 {
-            pool.write_checkpoint().unwrap();
+            pool.write_checkpoint(false).unwrap();
         }
         // The next checkpoint lands in slot 0, the one an open prefers less
         // on a tie; a full journal sends the next commit there.
@@ -1865,6 +1929,7 @@ mod tests {
             size_bytes: 4 << 20,
             block_size: 4096,
             thick: false,
+            encrypted: false,
         };
         pool.create_volume(&spec).unwrap();
         assert_eq!(pool.checkpoint_slot, 0);
@@ -1930,6 +1995,7 @@ mod tests {
             size_bytes: 64 << 20,
             block_size: 4096,
             thick: false,
+            encrypted: false,
         };
         pool.create_volume(&spec).unwrap();
         let fill = |pool: &mut Pool<FaultyMedia>, from: u64, to: u64| {
@@ -2023,6 +2089,7 @@ mod tests {
             size_bytes: 4 << 20,
             block_size: 4096,
             thick: false,
+            encrypted: false,
         })
         .unwrap();
         pool.write("v", 0, &[7; 4096]).unwrap();

@@ -12,6 +12,7 @@
 //! choice), or validating user input beyond what keeps the state consistent.
 
 use crate::codec::{Decoder, Encoder};
+use crate::crypt::keys::{WrappedKey, WRAPPED_KEY_BYTES};
 use crate::format::FormatError;
 use crate::map::{ChunkMap, Lookup, WriteGate};
 use std::collections::BTreeMap;
@@ -120,6 +121,14 @@ pub enum Record {
         /// Volume.
         volume: String,
     },
+    /// A volume's data key, wrapped (set when an encrypted volume is
+    /// created, in the same commit, and replaced when it is rewrapped).
+    SetVolumeKey {
+        /// Volume.
+        volume: String,
+        /// The key.
+        key: WrappedKey,
+    },
 }
 
 /// A record or checkpoint that cannot be applied: the metadata is corrupt
@@ -155,6 +164,9 @@ pub struct Volume {
     pub snapshots: BTreeMap<String, Snapshot>,
     /// Chunks mapped.
     pub mapped_chunks: u32,
+    /// Its wrapped data key, if it is encrypted (a clone shares its
+    /// source's: they share blocks).
+    pub key: Option<WrappedKey>,
 }
 
 /// A read-only point-in-time copy of a volume.
@@ -337,6 +349,7 @@ impl PoolState {
                         gate: Arc::default(),
                         snapshots: BTreeMap::new(),
                         mapped_chunks: 0,
+                        key: None,
                     },
                 );
                 self.map_runs(name, runs)
@@ -431,6 +444,7 @@ impl PoolState {
                         ))
                     })?
                     .clone();
+                let key = self.volume(&origin.volume)?.key.clone();
                 let map = ChunkMap::new(snapshot.chunks.len());
                 let mut mapped = 0;
                 for (index, &chunk) in snapshot.chunks.iter().enumerate() {
@@ -459,11 +473,16 @@ impl PoolState {
                         gate: Arc::default(),
                         snapshots: BTreeMap::new(),
                         mapped_chunks: mapped,
+                        key,
                     },
                 );
                 Ok(())
             }
             Record::Map { volume, runs } => self.map_runs(volume, runs),
+            Record::SetVolumeKey { volume, key } => {
+                self.volume_mut(volume)?.key = Some(key.clone());
+                Ok(())
+            }
             Record::Unmap {
                 volume,
                 first,
@@ -633,11 +652,25 @@ impl PoolState {
                 encode_runs(&mut e, &snapshot.chunks);
             }
         }
+        // Keys last, and only when a volume has one: a pool without
+        // encrypted volumes stays readable by builds from before encryption.
+        let keyed: Vec<_> = self
+            .volumes
+            .values()
+            .filter_map(|v| Some((&v.name, v.key.as_ref()?)))
+            .collect();
+        if !keyed.is_empty() {
+            e.u32(keyed.len() as u32);
+            for (name, key) in keyed {
+                e.name(name);
+                e.bytes(&key.0);
+            }
+        }
         e.into_bytes()
     }
 
     /// An upper bound of `encode().len()`: 12 bytes per reference plus the
-    /// fixed part of every volume and snapshot.
+    /// fixed part of every volume and snapshot, and the volume keys.
     pub fn encoded_len_bound(&self) -> u64 {
         let objects = self.volumes.len() as u64
             + self
@@ -645,7 +678,8 @@ impl PoolState {
                 .values()
                 .map(|v| v.snapshots.len() as u64)
                 .sum::<u64>();
-        4 + objects * 300 + 12 * self.references
+        let keys = 4 + self.volumes.len() as u64 * (65 + WRAPPED_KEY_BYTES as u64);
+        4 + objects * 300 + 12 * self.references + keys
     }
 
     /// Rebuilds a state from a checkpoint.
@@ -704,7 +738,14 @@ impl PoolState {
             }
         }
         if !d.is_done() {
-            return Err(FormatError::Malformed("bytes after the last volume").into());
+            for _ in 0..d.u32()? {
+                let name = d.name()?;
+                let key = WrappedKey(d.array::<WRAPPED_KEY_BYTES>()?);
+                state.apply(&Record::SetVolumeKey { volume: name, key })?;
+            }
+        }
+        if !d.is_done() {
+            return Err(FormatError::Malformed("bytes after the last volume key").into());
         }
         state.settle_writable();
         Ok(state)
@@ -884,6 +925,11 @@ impl Record {
                 e.u8(9);
                 e.name(volume);
             }
+            Record::SetVolumeKey { volume, key } => {
+                e.u8(10);
+                e.name(volume);
+                e.bytes(&key.0);
+            }
         }
     }
 
@@ -931,6 +977,10 @@ impl Record {
                 count: d.u32()?,
             },
             9 => Record::Flattened { volume: d.name()? },
+            10 => Record::SetVolumeKey {
+                volume: d.name()?,
+                key: WrappedKey(d.array()?),
+            },
             _ => return Err(FormatError::Malformed("unknown record type")),
         })
     }

@@ -69,6 +69,13 @@ impl FaultyMedia {
         })
     }
 
+    /// Whether any member holds `needle` anywhere (what reads would see).
+    pub fn contains(&self, needle: &[u8]) -> bool {
+        self.members
+            .iter()
+            .any(|member| member.current.windows(needle.len()).any(|w| w == needle))
+    }
+
     /// Whether the injected failure happened.
     pub fn has_failed(&self) -> bool {
         self.failed
@@ -226,7 +233,7 @@ pub fn fuzz_open(data: &[u8]) {
         static SAMPLE: (FaultyMedia, crate::format::Layout) = {
             let options = PoolOptions { name: "fuzz".into(), chunk_bytes: 64 << 10, uuid: [3; 16] };
             let mut pool = Pool::create(FaultyMedia::new(1, 4 << 20, 1), options).expect("sample pool");
-            let spec = VolumeSpec { name: "v".into(), size_bytes: 256 << 10, block_size: 512, thick: false };
+            let spec = VolumeSpec { name: "v".into(), size_bytes: 256 << 10, block_size: 512, thick: false, encrypted: false };
             pool.create_volume(&spec).expect("volume");
             pool.write("v", 70 << 10, &[9; 4096]).expect("write");
             pool.create_snapshot("v", "s").expect("snapshot");

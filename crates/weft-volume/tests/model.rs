@@ -7,6 +7,8 @@
 //! operation must survive.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use weft_volume::crypt::Keyring;
 use weft_volume::testing::{FaultyMedia, SECTOR_BYTES};
 use weft_volume::{Pool, PoolOptions, VolumeError, VolumeSpec};
 
@@ -46,6 +48,7 @@ enum Op {
         name: String,
         size: u64,
         thick: bool,
+        encrypted: bool,
     },
     Delete {
         name: String,
@@ -81,6 +84,29 @@ enum Op {
     Flatten {
         name: String,
     },
+    /// The keyring's other KEK becomes current and every key is rewrapped.
+    Rotate,
+}
+
+const KEK_A: &str = "a7c3e1f09b8d6a4c2e0f1d3b5a79e8c6d4b2a0f1e3d5c7b9a8f6e4d2c0b1a3f5";
+const KEK_B: &str = "0b1a3f5a7c3e1f09b8d6a4c2e0f1d3b5a79e8c6d4b2a0f1e3d5c7b9a8f6e4d2c";
+
+/// Both KEKs, `first` current.
+fn keyring(first: bool) -> Arc<Keyring> {
+    let (a, b) = if first {
+        (KEK_A, KEK_B)
+    } else {
+        (KEK_B, KEK_A)
+    };
+    Arc::new(Keyring::parse(&format!("{a}\n{b}\n")).unwrap())
+}
+
+/// Opens `media` and unlocks its encrypted volumes (with either KEK current).
+fn open(media: FaultyMedia) -> Result<Pool<FaultyMedia>, VolumeError> {
+    let mut pool = Pool::open(media)?;
+    let locked = pool.unlock(keyring(true));
+    assert!(locked.is_empty(), "locked after open: {locked:?}");
+    Ok(pool)
 }
 
 fn random_op(rng: &mut Rng, model: &Model) -> Op {
@@ -92,6 +118,7 @@ fn random_op(rng: &mut Rng, model: &Model) -> Op {
             name,
             size: (1 + rng.below(48)) * 32 * 1024,
             thick: rng.below(5) == 0,
+            encrypted: rng.below(2) == 0,
         },
         3 => Op::Delete { name },
         4..=10 if size > 0 => {
@@ -133,6 +160,7 @@ fn random_op(rng: &mut Rng, model: &Model) -> Op {
             snapshot: rng.pick(&SNAPSHOTS).to_string(),
             into: rng.pick(&NAMES).to_string(),
         },
+        19 if rng.below(4) == 0 => Op::Rotate,
         _ => Op::Flatten { name },
     }
 }
@@ -145,11 +173,17 @@ fn pattern(seed: u8, offset: u64, len: u64) -> Vec<u8> {
 
 fn run(pool: &mut Pool<FaultyMedia>, op: &Op) -> Result<(), VolumeError> {
     match op {
-        Op::Create { name, size, thick } => pool.create_volume(&VolumeSpec {
+        Op::Create {
+            name,
+            size,
+            thick,
+            encrypted,
+        } => pool.create_volume(&VolumeSpec {
             name: name.clone(),
             size_bytes: *size,
             block_size: 512,
             thick: *thick,
+            encrypted: *encrypted,
         }),
         Op::Delete { name } => pool.delete_volume(name),
         Op::Write {
@@ -174,6 +208,12 @@ fn run(pool: &mut Pool<FaultyMedia>, op: &Op) -> Result<(), VolumeError> {
             into,
         } => pool.clone_volume(name, snapshot, into),
         Op::Flatten { name } => pool.flatten(name),
+        Op::Rotate => {
+            let current = pool.volumes().find_map(|v| Some(v.key.as_ref()?.kek_id()));
+            let a_is_current = current == Some(keyring(true).ids()[0]);
+            pool.unlock(keyring(!a_is_current));
+            pool.rewrap().map(|_| ())
+        }
     }
 }
 
@@ -229,7 +269,7 @@ fn apply(model: &Model, op: &Op) -> Model {
                 },
             );
         }
-        Op::Flatten { .. } => {}
+        Op::Flatten { .. } | Op::Rotate => {}
     }
     next
 }
@@ -318,12 +358,13 @@ fn exercise(seed: u64, ops: usize) {
     let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
     let media = FaultyMedia::new(2, MEMBER_BYTES, seed);
     let mut pool = Pool::create(media, options()).unwrap();
+    pool.unlock(keyring(true));
     let mut model = Model::new();
     let mut crashes = 0;
     let arm = |pool: Pool<FaultyMedia>, rng: &mut Rng| {
         let mut media = pool.into_media();
         media.fail_after_writes(1 + rng.below(80));
-        Pool::open(media).expect("reopen of an intact pool")
+        open(media).expect("reopen of an intact pool")
     };
     pool = arm(pool, &mut rng);
     for step in 0..ops {
@@ -333,7 +374,7 @@ fn exercise(seed: u64, ops: usize) {
             Err(VolumeError::Io { .. } | VolumeError::Failed { .. }) => {
                 crashes += 1;
                 let media = pool.into_media().crash();
-                pool = match Pool::open(media) {
+                pool = match open(media) {
                     Ok(pool) => pool,
                     Err(error) => panic!("seed {seed} step {step}: reopen after a crash during {op:?} failed: {error}"),
                 };
@@ -355,7 +396,7 @@ fn exercise(seed: u64, ops: usize) {
         }
     }
     // A last clean reopen must show exactly the model.
-    let mut pool = Pool::open(pool.into_media().crash()).unwrap();
+    let mut pool = open(pool.into_media().crash()).unwrap();
     let seen = observe(&mut pool);
     consistent(&seen, &model, &model).unwrap_or_else(|p| panic!("seed {seed} at the end: {p}"));
     assert!(
@@ -379,6 +420,7 @@ fn a_pool_reopens_with_its_volumes_snapshots_and_data() {
         size_bytes: 1 << 20,
         block_size: 4096,
         thick: false,
+        encrypted: false,
     };
     pool.create_volume(&spec).unwrap();
     pool.write("db1", 4096, &[7; 4096]).unwrap();
@@ -414,6 +456,7 @@ fn a_full_pool_refuses_only_writes_that_need_space() {
         size_bytes,
         block_size: 4096,
         thick: false,
+        encrypted: false,
     };
     pool.create_volume(&spec("big", capacity * 2)).unwrap();
     pool.write("big", 0, &vec![1; capacity as usize]).unwrap();
@@ -428,6 +471,7 @@ fn a_full_pool_refuses_only_writes_that_need_space() {
     pool.write("big", capacity, &[2; 4096]).unwrap();
     let error = pool.create_volume(&VolumeSpec {
         thick: true,
+        encrypted: false,
         ..spec("thick", 4 * CHUNK)
     });
     assert!(matches!(error, Err(VolumeError::PoolFull { .. })));
@@ -441,6 +485,7 @@ fn limits_and_mistakes_get_clear_errors() {
         size_bytes: 1 << 20,
         block_size: 4096,
         thick: false,
+        encrypted: false,
     };
     pool.create_volume(&spec).unwrap();
     let message = |r: Result<(), VolumeError>| r.unwrap_err().to_string();
@@ -462,12 +507,14 @@ fn limits_and_mistakes_get_clear_errors() {
 /// `members` devices, and the model of what it holds.
 fn pool_with_data(members: usize, seed: u64) -> (FaultyMedia, Model) {
     let mut pool = Pool::create(FaultyMedia::new(members, MEMBER_BYTES, seed), options()).unwrap();
+    pool.unlock(keyring(true));
     let mut model = Model::new();
     let ops = [
         Op::Create {
             name: "a".into(),
             size: 2 << 20,
             thick: false,
+            encrypted: true,
         },
         Op::Write {
             name: "a".into(),
@@ -494,6 +541,7 @@ fn pool_with_data(members: usize, seed: u64) -> (FaultyMedia, Model) {
             name: "c".into(),
             size: 1 << 20,
             thick: true,
+            encrypted: false,
         },
     ];
     for op in &ops {
@@ -514,19 +562,19 @@ fn growth_survives_a_crash_at_every_write() {
     for members in [1, 2] {
         for seed in 1..=4u64 {
             let (base, model) = pool_with_data(members, seed);
-            let old_chunks = Pool::open(base.clone()).unwrap().layout().chunks();
+            let old_chunks = open(base.clone()).unwrap().layout().chunks();
             let mut grown_cleanly = false;
             for failing_write in 0.. {
                 let mut media = base.clone();
                 media.fail_after_writes(failing_write);
-                let mut pool = Pool::open(media).unwrap();
+                let mut pool = open(media).unwrap();
                 let result = pool.add_members(vec![FaultyMedia::new(1, MEMBER_BYTES, seed)]);
                 let failed = pool.media().has_failed();
                 assert_eq!(result.is_err(), failed, "{result:?}");
                 let media = pool.into_media().crash();
                 let context = format!("{members} device(s), seed {seed}, write {failing_write}");
                 let mut pool =
-                    Pool::open(media).unwrap_or_else(|e| panic!("{context}: reopen failed: {e}"));
+                    open(media).unwrap_or_else(|e| panic!("{context}: reopen failed: {e}"));
                 let layout = *pool.layout();
                 assert!(
                     layout.members as usize == members || layout.members as usize == members + 1,
@@ -578,6 +626,7 @@ fn check_new_capacity(
         name: "big".into(),
         size: free,
         thick: true,
+        encrypted: false,
     };
     run(&mut pool, &op).unwrap_or_else(|e| panic!("{context}: allocating the new units: {e}"));
     model = apply(&model, &op);
@@ -591,7 +640,7 @@ fn check_new_capacity(
     };
     run(&mut pool, &write).unwrap();
     model = apply(&model, &write);
-    let mut pool = Pool::open(pool.into_media().crash()).unwrap();
+    let mut pool = open(pool.into_media().crash()).unwrap();
     let seen = observe(&mut pool);
     consistent(&seen, &model, &model).unwrap_or_else(|p| panic!("{context}: grown pool: {p}"));
 }

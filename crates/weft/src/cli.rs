@@ -90,7 +90,9 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
                     other => return Err(format!("-o {other}: use json or table")),
                 }
             }
-            Long(flag @ ("thick" | "force" | "tls")) => options.push((flag.to_string(), None)),
+            Long(flag @ ("thick" | "force" | "tls" | "encrypt")) => {
+                options.push((flag.to_string(), None))
+            }
             Long(name) => {
                 let name = name.to_string();
                 let value = text(parser.value()).map_err(|_| format!("--{name} needs a value"))?;
@@ -190,6 +192,11 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
             let path = format!("pools/{}/clear-failure{on_node}", operand(1, "pool name")?);
             ("POST", path, None, Show::Done("cleared: the pool is served again from its last committed state"))
         }
+        ("pool", "rewrap") => {
+            known(&["node"])?;
+            let path = format!("pools/{}/rewrap{on_node}", operand(1, "pool name")?);
+            ("POST", path, None, Show::Done("rewrapped: every data key the node's keys open is wrapped with its first key-encryption key (`weft volume show` names each volume's)"))
+        }
         ("namespace", "clear-failure") => {
             known(&["nsid"])?;
             let nsid = option("nsid").unwrap_or_else(|| "1".into());
@@ -197,7 +204,7 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
             ("POST", path, None, Show::Done("cleared"))
         }
         ("volume", "create") => {
-            known(&["pool", "size", "thick", "block-size", "node", "nqn", "uuid", "nguid", "replicas", "ec"])?;
+            known(&["pool", "size", "thick", "block-size", "node", "nqn", "uuid", "nguid", "replicas", "ec", "encrypt"])?;
             let size_bytes = size("size")?.ok_or("weft volume create NAME --size SIZE [--pool POOL]: give --size, e.g. 100GiB")?;
             let block_size = size("block-size")?.unwrap_or(4096);
             let ec = option("ec");
@@ -219,6 +226,7 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
                 "size_bytes": size_bytes,
                 "block_size": block_size,
                 "thick": flag("thick"),
+                "encrypted": flag("encrypt"),
                 "replicas": replicas,
                 "ec": ec,
             });
@@ -760,7 +768,7 @@ fn print_volumes(volumes: &[VolumeView]) {
         false => String::new(),
     };
     outln!(
-        "{:<20} {}{:<12} {:>10} {:>10} {:>10} {:<6} {:>9} {:>5}  NQN",
+        "{:<20} {}{:<12} {:>10} {:>10} {:>10} {:<10} {:>9} {:>5}  NQN",
         "NAME",
         node_column(&Some("NODE".into())),
         "POOL",
@@ -784,18 +792,14 @@ fn print_volumes(volumes: &[VolumeView]) {
             continue;
         }
         outln!(
-            "{:<20} {}{:<12} {:>10} {:>10} {:>10} {:<6} {:>9} {:>5}  {}",
+            "{:<20} {}{:<12} {:>10} {:>10} {:>10} {:<10} {:>9} {:>5}  {}",
             v.name,
             node_column(&v.node),
             v.pool,
             human_bytes(v.size_bytes),
             human_bytes(raw_bytes(v)),
             human_bytes(v.allocated_bytes),
-            match &v.erasure {
-                Some(e) => format!("ec {}", e.layout),
-                None if v.thick => "thick".into(),
-                None => "thin".into(),
-            },
+            volume_type(v),
             v.snapshots.len(),
             v.connected_hosts.len(),
             v.nqn
@@ -815,6 +819,20 @@ fn print_volumes(volumes: &[VolumeView]) {
             human_bytes(raw),
             raw as f64 / usable as f64
         );
+    }
+}
+
+/// How a volume is laid out and whether it is encrypted ("thin", "ec 4+2,enc").
+fn volume_type(v: &VolumeView) -> String {
+    let layout = match &v.erasure {
+        Some(e) => format!("ec {}", e.layout),
+        None if v.thick => "thick".into(),
+        None => "thin".into(),
+    };
+    match &v.encryption {
+        Some(e) if e.state == "locked" => format!("{layout},locked"),
+        Some(_) => format!("{layout},enc"),
+        None => layout,
     }
 }
 
@@ -935,6 +953,15 @@ fn print_volume(v: &VolumeView) {
         v.block_size
     );
     outln!("type        {}", if v.thick { "thick" } else { "thin" });
+    if let Some(e) = &v.encryption {
+        match e.state.as_str() {
+            "unlocked" => outln!("encryption  {}, data key wrapped by key-encryption key {}", e.cipher, e.kek_id),
+            _ => outln!(
+                "encryption  {}, LOCKED: this node lacks key-encryption key {}; add it to the node's --kek-file (or --kek-command) and run `weft pool rewrap {}`",
+                e.cipher, e.kek_id, v.pool
+            ),
+        }
+    }
     if let Some(e) = &v.erasure {
         outln!(
             "erasure     {} (chunks of {}): takes {} raw, {:.2}x its size, journals included",

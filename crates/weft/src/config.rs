@@ -52,6 +52,8 @@ struct ConfigFile {
     api_token_file: Option<PathBuf>,
     api_tls_cert: Option<PathBuf>,
     api_tls_key: Option<PathBuf>,
+    kek_file: Option<PathBuf>,
+    kek_command: Option<String>,
     reactors: Option<usize>,
     #[serde(default)]
     limits: LimitsFile,
@@ -108,6 +110,8 @@ pub struct ServeConfig {
     pub api_token_file: Option<PathBuf>,
     /// TLS for the API: certificate chain and key PEM files (None: plain HTTP).
     pub api_tls: Option<(PathBuf, PathBuf)>,
+    /// Where the key-encryption keys of encrypted volumes come from.
+    pub keys: Option<weft_node::keys::KeySource>,
     /// Reactor threads.
     pub reactors: usize,
     /// What network peers may hold.
@@ -128,6 +132,7 @@ impl ServeConfig {
             api_listen: None,
             api_token_file: None,
             api_tls: None,
+            keys: None,
             reactors: default_reactors(),
             limits: NodeLimits::default(),
             subsystems: vec![SubsystemSpec {
@@ -265,11 +270,27 @@ fn validate(file: ConfigFile, origin: &str) -> Result<ServeConfig, ConfigError> 
         api_listen,
         api_token_file: file.api_token_file,
         api_tls,
+        keys: key_source(file.kek_file, file.kek_command)
+            .map_err(|message| ConfigError::new(origin, "kek_file", message))?,
         reactors,
         limits,
         subsystems,
         cluster,
     })
+}
+
+/// The key source a file or command line names (at most one of the two).
+pub fn key_source(
+    file: Option<PathBuf>,
+    command: Option<String>,
+) -> Result<Option<weft_node::keys::KeySource>, String> {
+    use weft_node::keys::KeySource;
+    match (file, command) {
+        (Some(_), Some(_)) => Err("give a key file or a key command, not both".into()),
+        (Some(path), None) => Ok(Some(KeySource::File(path))),
+        (None, Some(command)) => Ok(Some(KeySource::Command(command))),
+        (None, None) => Ok(None),
+    }
 }
 
 /// Parses an `ADDRESS:PORT` listen address.

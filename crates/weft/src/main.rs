@@ -35,7 +35,7 @@ weft: NVMe/TCP storage node
 Usage:
   weft serve [--config FILE] [--listen ADDR:PORT]... [--data-dir DIR] [--api-listen ADDR:PORT]
              [--api-token-file FILE] [--reactors N] [--poll-us N] [--log-level LEVEL]
-             [--replicated-queues follow|spread]
+             [--replicated-queues follow|spread] [--kek-file FILE | --kek-command CMD]
              [--cluster https://ETCD:2379[,...] --node NAME [--pki DIR] [--advertise ADDR]
               [--zone ZONE] [--api-advertise URL] [--insecure-store]]
 
@@ -46,9 +46,12 @@ Usage:
   weft pool create NAME --device PATH [--device PATH]... [--device-size SIZE]
                         [--allocation-unit SIZE] [--force] [--node NODE]
   weft pool list | show NAME | delete NAME | clear-failure NAME   [--node NODE]
+  weft pool rewrap NAME [--node NODE]   read the node's keys again (unlocking what they open) and
+                        wrap every data key with the first (key rotation: no data rewritten)
   weft pool add-device NAME --device PATH [--device PATH]... [--device-size SIZE]   (online)
   weft namespace clear-failure NQN [--nsid N]   (a configured file or block device namespace)
   weft volume create NAME --size SIZE [--pool POOL] [--node NODE] [--replicas N | --ec K+M] [--thick]
+                     [--encrypt]   (AES-256-XTS at rest, a data key per volume: needs serve --kek-file)
                      [--block-size 512|4096] [--nqn NQN] [--uuid UUID] [--nguid HEX]   (what hosts see; default weft's)
                      (--ec 4+2: erasure-coded over K+M nodes, survives M of them at (K+M)/K the size)
   weft volume list | show NAME | delete NAME [--force] | resize NAME --size SIZE
@@ -151,6 +154,11 @@ Serve options:
                        --api https://HOST:PORT with --api-ca FILE (or WEFT_API_CA)
   --api-token-file FILE  the API's bearer token (default DATA_DIR/api-token, created with a
                        new random token at the first start; config: api_token_file)
+  --kek-file FILE      key-encryption keys of encrypted volumes, one per line (the first wraps
+                       new keys; each at least 32 bytes, e.g. `openssl rand -hex 32`; mode 600;
+                       config: kek_file). Without it, encrypted volumes stay locked
+  --kek-command CMD    the same keys printed by a shell command (a KMS or Vault client, a TPM
+                       unseal; config: kek_command); asked again by `weft pool rewrap`
   --cluster URLS       join the cluster whose desired state is in etcd at URLS (comma-
                        separated client URLs; config: [cluster] endpoints); any node's API
                        then shows and changes the whole cluster. Without it: a single node
@@ -218,6 +226,9 @@ struct ServeArgs {
     join_via: Option<String>,
     /// `--ca-key FILE`: this node signs joins.
     ca_key: Option<PathBuf>,
+    /// `--kek-file FILE`, `--kek-command CMD`: encryption keys.
+    kek_file: Option<PathBuf>,
+    kek_command: Option<String>,
 }
 
 enum Command {
@@ -323,6 +334,12 @@ fn parse_args() -> Result<Command, String> {
             }
             Long("join") => args.join_token = Some(string_value(&mut parser, "--join")?),
             Long("join-via") => args.join_via = Some(string_value(&mut parser, "--join-via")?),
+            Long("kek-file") => {
+                args.kek_file = Some(parser.value().map_err(|e| e.to_string())?.into())
+            }
+            Long("kek-command") => {
+                args.kek_command = Some(string_value(&mut parser, "--kek-command")?)
+            }
             Long("ca-key") => args.ca_key = Some(parser.value().map_err(|e| e.to_string())?.into()),
             Long("config") => args.config = Some(parser.value().map_err(|e| e.to_string())?.into()),
             Long("data-dir") => {
@@ -458,6 +475,9 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     }
     if let Some(reactors) = args.reactors {
         config.reactors = reactors;
+    }
+    if let Some(keys) = config::key_source(args.kek_file.clone(), args.kek_command.clone())? {
+        config.keys = Some(keys);
     }
     let node = NodeId::load_or_create(&config.data_dir)
         .map_err(|e| format!("node identity in {}: {e}", config.data_dir.display()))?;
@@ -596,6 +616,9 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         ),
     }
     let mut manager = Manager::open(desired, node, base, config.limits.manager_queue)?;
+    if let Some(keys) = config.keys.clone() {
+        manager.use_keys(keys)?;
+    }
     let lease = Arc::new(weft_cluster::LeaseClock::default());
     if let Some(member) = &member {
         manager

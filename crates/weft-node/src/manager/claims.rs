@@ -412,6 +412,7 @@ pub(super) mod tests {
                 size_bytes: 4 << 20,
                 block_size: 4096,
                 thick: false,
+                encrypted: false,
             };
             Ok(manager.pool_mut("p")?.create_volume(&spec)?)
         }

@@ -27,6 +27,7 @@ fn make_replicated(desired: &DesiredState) {
             size_bytes: 8 << 20,
             block_size: 4096,
             thick: false,
+            encrypted: false,
             move_to: None,
             previous: None,
             retire: Vec::new(),

@@ -80,6 +80,7 @@ impl Manager {
             size_bytes: spec.size_bytes,
             block_size: spec.block_size,
             thick: spec.thick,
+            encrypted: spec.encrypted,
             move_to: None,
             previous: None,
             retire: Vec::new(),
@@ -122,6 +123,7 @@ impl Manager {
                 size_bytes: shard.unwrap_or(replication.size_bytes),
                 block_size: replication.block_size,
                 thick: replication.thick,
+                encrypted: replication.encrypted,
             };
             // A copy made for a new volume (epoch 1, every replica in sync)
             // is as empty as the others; any other may lack writes. (An
@@ -356,6 +358,7 @@ mod tests {
             size_bytes: 4 << 20,
             block_size: 4096,
             thick: false,
+            encrypted: false,
         }
     }
 

@@ -58,6 +58,7 @@ impl Manager {
             size_bytes,
             block_size: source.block_size,
             thick: source.thick,
+            encrypted: source.encrypted,
             move_to: None,
             previous: None,
             retire: Vec::new(),
@@ -171,6 +172,7 @@ mod tests {
                 size_bytes: 1 << 20,
                 block_size: 4096,
                 thick: false,
+                encrypted: false,
                 move_to: None,
                 previous: None,
                 retire: Vec::new(),
@@ -200,6 +202,7 @@ mod tests {
             size_bytes: 4 << 20,
             block_size: 4096,
             thick: false,
+            encrypted: false,
         };
         let pool = n2.pool_mut("p").unwrap();
         pool.create_volume(&shard).unwrap();

@@ -433,6 +433,7 @@ mod tests {
             size_bytes: 16 << 20,
             block_size: 4096,
             thick: false,
+            encrypted: false,
             move_to: None,
             previous: None,
             retire: Vec::new(),

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use weft_proto::fence::FencedIo;
 use weft_proto::IoError;
 use weft_target::{VolumeBackend, VolumeOutcome, VolumeReply, VolumeRequest, VolumeWork};
+use weft_volume::crypt::VolumeCipher;
 use weft_volume::{FileMedia, Media};
 
 /// A volume's local copy.
@@ -102,6 +103,10 @@ impl LocalVolume {
             }
             done += piece;
         }
+        if let Some(cipher) = &self.backend.cipher {
+            // Unwritten pieces stayed zeroes, which decrypt to themselves.
+            cipher.decrypt(offset, &mut data);
+        }
         Ok(data)
     }
 
@@ -131,6 +136,22 @@ impl LocalVolume {
             Err(mpsc::RecvError) => Err(IoError::Other),
         }
     }
+}
+
+/// What the local copy stores of `data` written at `offset`: the data
+/// itself, or an encrypted volume's ciphertext of it (in a copy: the links
+/// send the host's data to the replicas, which encrypt with their own keys).
+pub(crate) fn stored_form(
+    cipher: Option<&VolumeCipher>,
+    offset: u64,
+    data: weft_uring::SharedBuf,
+) -> weft_uring::SharedBuf {
+    let Some(cipher) = cipher else {
+        return data;
+    };
+    let mut stored = data.as_slice().to_vec();
+    cipher.encrypt(offset, &mut stored);
+    weft_uring::SharedBuf::copy_from(&stored)
 }
 
 /// Where the piece of `[offset, offset + len)` in its first chunk lies on

@@ -363,6 +363,7 @@ pub(crate) mod tests {
             health: Arc::default(),
             intent: None,
             replicated: None,
+            cipher: None,
         })
     }
 

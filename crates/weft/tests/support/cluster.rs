@@ -21,6 +21,18 @@ pub fn node_configured(
     token_file: Option<&Path>,
     cluster: &str,
 ) -> Node {
+    node_with(dir, name, endpoints, token_file, cluster, &[])
+}
+
+/// [`node_configured`] with more `weft serve` arguments.
+pub fn node_with(
+    dir: &Path,
+    name: &str,
+    endpoints: &str,
+    token_file: Option<&Path>,
+    cluster: &str,
+    more: &[String],
+) -> Node {
     let data = dir.join(name);
     let config = dir.join(format!("{name}.toml"));
     let urls: Vec<String> = endpoints.split(',').map(|e| format!("{e:?}")).collect();
@@ -43,6 +55,7 @@ pub fn node_configured(
         token_path = file.to_str().unwrap().to_string();
         extra.extend(["--api-token-file", &token_path]);
     }
+    extra.extend(more.iter().map(String::as_str));
     let listen = format!("127.0.0.1:{}", free_port());
     let mut node = start_node_on(&data, &listen, &extra);
     let file = token_file.map_or(data.join("api-token"), Path::to_path_buf);
@@ -61,19 +74,30 @@ pub fn three_nodes(dir: &Path, cluster: &str) -> (Etcd, String, PathBuf, [Node; 
 /// etcd and nodes n1 to n`count` (each with the `[cluster]` lines
 /// `cluster`), sharing n1's API token: (etcd, its endpoints, the token file, the nodes).
 pub fn nodes(dir: &Path, cluster: &str, count: usize) -> (Etcd, String, PathBuf, Vec<Node>) {
+    nodes_with(dir, cluster, count, |_| Vec::new())
+}
+
+/// [`nodes`], each node given the `weft serve` arguments `more(name)`.
+pub fn nodes_with(
+    dir: &Path,
+    cluster: &str,
+    count: usize,
+    more: impl Fn(&str) -> Vec<String>,
+) -> (Etcd, String, PathBuf, Vec<Node>) {
     let etcd = Etcd::start(1, dir);
     let endpoints = etcd.endpoints();
-    let n1 = node_configured(dir, "n1", &endpoints, None, cluster);
+    let n1 = node_with(dir, "n1", &endpoints, None, cluster, &more("n1"));
     let token_file = dir.join("n1").join("api-token");
     let mut nodes = vec![n1];
     for i in 2..=count {
         let name = format!("n{i}");
-        nodes.push(node_configured(
+        nodes.push(node_with(
             dir,
             &name,
             &endpoints,
             Some(&token_file),
             cluster,
+            &more(&name),
         ));
     }
     // A node's API answers before n1's copy of the store has seen it join:

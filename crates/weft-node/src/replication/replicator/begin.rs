@@ -184,6 +184,7 @@ impl Replicator {
             me,
             pool,
             map: Arc::clone(&backend.map),
+            cipher: backend.cipher.clone(),
             files,
             barrier: None,
             barriers: 0,

@@ -353,6 +353,10 @@ struct Replicator {
     /// once the copy changes under it (grown), and then this primary ends
     /// (its local I/O fails with ANA Transition, the host retries on the next).
     map: Arc<weft_volume::ChunkMap>,
+    /// An encrypted volume's cipher: its local writes are encrypted (a
+    /// copy: the links send the host's data, each replica encrypting with
+    /// its own key), its local reads decrypted.
+    cipher: Option<Arc<weft_volume::crypt::VolumeCipher>>,
     held: std::collections::VecDeque<ReplicatedIo>,
     /// Changes its files (write intent, run file) off its turn.
     files: Durable,
@@ -768,6 +772,7 @@ impl Replicator {
                 let offset = extent.block * self.block_size;
                 let work = match self.ops.get(&op).and_then(|o| o.payload.clone()) {
                     Some(Payload::Data(data)) => {
+                        let data = super::local::stored_form(self.cipher.as_deref(), offset, data);
                         let write = RingWrite {
                             op,
                             offset,
