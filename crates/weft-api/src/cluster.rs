@@ -319,6 +319,10 @@ impl Cluster {
                     .get("thick")
                     .and_then(Value::as_bool)
                     .unwrap_or(false);
+                let encrypted = fields
+                    .get("encrypted")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false);
                 let layout = erasure_layout(&fields)?;
                 let replicas = match layout {
                     Some(layout) => layout.shards(),
@@ -335,12 +339,12 @@ impl Cluster {
                     None => size_bytes,
                 };
                 let wanted = (node.as_deref(), pool.as_deref());
-                let mut placed =
-                    self.place(member_bytes, thick, wanted, replicas)
-                        .map_err(|response| match layout {
-                            Some(layout) => erasure_unplaceable(layout, response),
-                            None => response,
-                        })?;
+                let mut placed = self
+                    .place(member_bytes, (thick, encrypted), wanted, replicas)
+                    .map_err(|response| match layout {
+                        Some(layout) => erasure_unplaceable(layout, response),
+                        None => response,
+                    })?;
                 if replicas > 1 {
                     let placements: Vec<Value> = placed
                         .iter()
@@ -367,7 +371,7 @@ impl Cluster {
     fn place(
         &self,
         size_bytes: u64,
-        thick: bool,
+        (thick, encrypted): (bool, bool),
         (node, pool): (Option<&str>, Option<&str>),
         replicas: usize,
     ) -> Result<Vec<Placement>, Response> {
@@ -379,15 +383,19 @@ impl Cluster {
             let request = PlacementRequest {
                 size_bytes,
                 thick,
+                encrypted,
                 node,
                 pool,
                 volumes_by_node: &volumes_by_node,
             };
             match place_replicas(&nodes, request, replicas) {
                 Ok(placed) => return Ok(placed),
-                Err(PlacementError::NoSuchPool(_) | PlacementError::NoNode)
-                    if Instant::now() < deadline && self.pool_recorded(pool, &nodes)? =>
-                {
+                // A node just started publishes its keys at its next heartbeat.
+                Err(
+                    PlacementError::NoSuchPool(_)
+                    | PlacementError::NoNode
+                    | PlacementError::NoKeys(_),
+                ) if Instant::now() < deadline && self.pool_recorded(pool, &nodes)? => {
                     std::thread::sleep(Duration::from_millis(100));
                 }
                 Err(error) => return Err(placement_failure(&error)),

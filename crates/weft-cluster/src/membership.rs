@@ -56,6 +56,8 @@ pub struct NodeStatus {
     pub pools: Vec<PoolSummary>,
     /// Volumes it serves.
     pub volumes: u32,
+    /// It holds key-encryption keys: encrypted volumes may be placed on it.
+    pub keys: bool,
 }
 
 /// Why a node may not join.
@@ -280,6 +282,7 @@ impl Member {
             heartbeat_unix_ms: now_unix_ms,
             pools: status.pools.clone(),
             volumes: status.volumes,
+            keys: status.keys,
             version: env!("CARGO_PKG_VERSION").to_string(),
         };
         encode(&record)

@@ -29,6 +29,8 @@ pub struct PlacementRequest<'a> {
     pub size_bytes: u64,
     /// Whether its space is allocated at creation.
     pub thick: bool,
+    /// Whether it is encrypted: only nodes holding keys take it.
+    pub encrypted: bool,
     /// The node the operator chose.
     pub node: Option<&'a str>,
     /// The pool the operator chose.
@@ -70,6 +72,9 @@ pub enum PlacementError {
     /// No node can take volumes.
     #[error("no node is up and uncordoned with a pool: create a pool (`weft pool create`) or start or uncordon a node")]
     NoNode,
+    /// No node that could take it holds key-encryption keys.
+    #[error("an encrypted volume goes only to nodes holding key-encryption keys, and {0}: start weft serve with --kek-file or --kek-command there")]
+    NoKeys(String),
     /// Fewer eligible zones than replicas.
     #[error("{replicas} replicas need {replicas} nodes in distinct zones with a pool that can hold the volume; only {found} were found: ask for fewer replicas, or add, start or uncordon nodes (in other zones)")]
     TooFewZones {
@@ -126,6 +131,26 @@ pub fn place(
         .filter(|(_, pool)| !pool.failed)
         .filter(|(_, pool)| request.pool.is_none_or(|name| pool.name == name))
         .collect();
+    let unkeyed = |name: &str| {
+        !nodes
+            .get(name)
+            .and_then(|n| n.alive.as_ref())
+            .is_some_and(|a| a.keys)
+    };
+    if request.encrypted && !candidates.is_empty() {
+        if let Some(node) = request.node.filter(|name| unkeyed(name)) {
+            return Err(PlacementError::NoKeys(format!("node {node} holds none")));
+        }
+    }
+    let candidates: Vec<_> = candidates
+        .into_iter()
+        .filter(|(name, _)| !request.encrypted || !unkeyed(name))
+        .collect();
+    if candidates.is_empty() && request.encrypted {
+        return Err(PlacementError::NoKeys(
+            "no node that could take it holds any".into(),
+        ));
+    }
     if candidates.is_empty() {
         return Err(match request.pool {
             Some(pool) => PlacementError::NoSuchPool(pool.to_string()),
@@ -292,6 +317,7 @@ mod tests {
                     })
                     .collect(),
                 volumes: 0,
+                keys: true,
                 version: String::new(),
             }),
             controller: false,
@@ -316,6 +342,7 @@ mod tests {
         PlacementRequest {
             size_bytes: size_gib * GIB,
             thick: false,
+            encrypted: false,
             node: None,
             pool: None,
             volumes_by_node: &NO_VOLUMES,
@@ -327,6 +354,30 @@ mod tests {
             node: node.into(),
             pool: pool.into(),
         })
+    }
+
+    /// Encrypted volumes go only to nodes holding keys, or are refused
+    /// saying so.
+    #[test]
+    fn encrypted_volumes_go_only_to_nodes_holding_keys() {
+        let mut nodes = cluster();
+        nodes.get_mut("n2").unwrap().alive.as_mut().unwrap().keys = false;
+        let encrypted = PlacementRequest {
+            encrypted: true,
+            ..request(10)
+        };
+        assert_eq!(place(&nodes, encrypted), placed("n1", "slow"));
+        assert_eq!(place(&nodes, request(10)), placed("n2", "fast"));
+        let on_n2 = PlacementRequest {
+            node: Some("n2"),
+            ..encrypted
+        };
+        let error = place(&nodes, on_n2).unwrap_err();
+        assert!(error.to_string().contains("node n2 holds none"), "{error}");
+        nodes.get_mut("n1").unwrap().alive.as_mut().unwrap().keys = false;
+        let error = place(&nodes, encrypted).unwrap_err();
+        assert!(matches!(error, PlacementError::NoKeys(_)), "{error}");
+        assert!(error.to_string().contains("--kek-file"), "{error}");
     }
 
     #[test]
@@ -377,6 +428,7 @@ mod tests {
         assert_eq!(place(&nodes, request(1)), placed("b", "p"));
         let thick = PlacementRequest {
             thick: true,
+            encrypted: false,
             ..request(1)
         };
         assert_eq!(
@@ -391,6 +443,7 @@ mod tests {
         assert_eq!(place(&cluster(), request(100)), placed("n2", "fast"));
         let thick = PlacementRequest {
             thick: true,
+            encrypted: false,
             ..request(85)
         };
         assert_eq!(

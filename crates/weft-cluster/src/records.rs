@@ -134,6 +134,9 @@ pub struct AliveRecord {
     pub pools: Vec<PoolSummary>,
     /// Volumes it serves.
     pub volumes: u32,
+    /// It holds key-encryption keys: encrypted volumes may be placed on it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub keys: bool,
     /// Its weft version.
     pub version: String,
 }

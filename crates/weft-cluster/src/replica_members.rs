@@ -482,6 +482,7 @@ fn place_new(
     let request = PlacementRequest {
         size_bytes,
         thick: replication.thick,
+        encrypted: replication.encrypted,
         node: None,
         pool: None,
         volumes_by_node: &volumes,

@@ -53,6 +53,7 @@ fn nodes_join_one_cluster_and_show_up_with_their_status() {
             failed: false,
         }],
         volumes: 3,
+        keys: false,
     };
     assert!(n1.heartbeat(&status, 1000).unwrap(), "first to campaign");
     let listed = nodes::list(store.as_ref()).unwrap();

@@ -32,6 +32,7 @@ fn status() -> NodeStatus {
             failed: false,
         }],
         volumes: 0,
+        keys: false,
     }
 }
 

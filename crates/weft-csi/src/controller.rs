@@ -466,6 +466,9 @@ impl ControllerService {
         source: &Option<Source>,
         placement: Option<&TopologyRequirement>,
     ) -> Result<Value, Status> {
+        if body["encrypted"] == json!(true) {
+            self.check_encrypted_source(source).await?;
+        }
         let snapshot = match source {
             Some(Source::Snapshot(snapshot)) => {
                 if crate::snapshots::split_id(snapshot).is_none() {
@@ -496,6 +499,26 @@ impl ControllerService {
         self.find(id)
             .await?
             .ok_or_else(|| Status::internal(format!("volume {id} was made but cannot be found")))
+    }
+
+    /// A class that encrypts makes clones only of encrypted volumes (a
+    /// clone shares its source's blocks and key: it is encrypted exactly
+    /// when its source is), rather than an unencrypted volume silently.
+    async fn check_encrypted_source(&self, source: &Option<Source>) -> Result<(), Status> {
+        let volume = match source {
+            None => return Ok(()),
+            Some(Source::Volume(volume)) => volume.clone(),
+            Some(Source::Snapshot(snapshot)) => match crate::snapshots::split_id(snapshot) {
+                Some((volume, _)) => volume.to_string(),
+                None => return Ok(()),
+            },
+        };
+        match self.find(&volume).await? {
+            Some(view) if view["encryption"].is_null() => Err(Status::invalid_argument(format!(
+                "the StorageClass encrypts, but the source volume {volume} is not encrypted: a clone is encrypted exactly when its source is; use a class without encrypted: \"true\" for it"
+            ))),
+            _ => Ok(()),
+        }
     }
 
     /// The snapshot a clone of `volume` named `name` is made from:

@@ -1,5 +1,6 @@
 //! StorageClass parameters: what a volume is made with (`pool`, `replicas`
-//! or `ec` (erasure-coded, `"4+2"`), `thick`, `blockSize`), the QoS limits it gets once made (`iopsMax`,
+//! or `ec` (erasure-coded, `"4+2"`), `thick`, `blockSize`, `encrypted`
+//! (at rest, with the nodes' keys)), the QoS limits it gets once made (`iopsMax`,
 //! `bwMax`, `readIopsMax`, `readBwMax`, `writeIopsMax`, `writeBwMax`: I/O or
 //! bytes per second, as `weft volume set` takes them) and the filesystem
 //! the node makes on it when the volume capability names none (`fsType`:
@@ -11,11 +12,12 @@ use std::collections::HashMap;
 use tonic::Status;
 
 /// Every parameter taken, for messages.
-const PARAMETERS: [&str; 12] = [
+const PARAMETERS: [&str; 13] = [
     "pool",
     "replicas",
     "ec",
     "thick",
+    "encrypted",
     "blockSize",
     "iopsMax",
     "bwMax",
@@ -60,6 +62,10 @@ pub(crate) fn parse(
             "ec" => body["ec"] = json!(value),
             "thick" => {
                 body["thick"] = json!(value.parse::<bool>().map_err(|_| bad("true or false"))?)
+            }
+            "encrypted" => {
+                body["encrypted"] =
+                    json!(value.parse::<bool>().map_err(|_| bad("true or false"))?)
             }
             "blockSize" => {
                 let size: u32 = value.parse().map_err(|_| bad("512 or 4096"))?;
@@ -123,8 +129,9 @@ mod tests {
         assert_eq!(settings.qos["read_iops_max"], 15000);
         assert_eq!(settings.qos["bw_max"], 209_715_200);
         assert_eq!(settings.fs_type.as_deref(), Some("xfs"));
-        let (body, _) = parsed(&[("ec", "4+2")]).unwrap();
-        assert_eq!(body, json!({"ec": "4+2"}));
+        let (body, _) = parsed(&[("ec", "4+2"), ("encrypted", "true")]).unwrap();
+        assert_eq!(body, json!({"ec": "4+2", "encrypted": true}));
+        assert!(parsed(&[("encrypted", "yes")]).is_err());
     }
 
     #[test]

@@ -209,6 +209,7 @@ fn referred<'a>(
 pub fn node_status(status: &StatusReader) -> NodeStatus {
     let pools = status.pools();
     NodeStatus {
+        keys: status.holds_keys(),
         volumes: pools
             .iter()
             .map(|pool| u32::try_from(pool.info.volumes).unwrap_or(u32::MAX))

@@ -228,6 +228,8 @@ pub(crate) struct Published {
     current: Mutex<Arc<NodeSnapshot>>,
     /// Rebuilds in progress, as the replicators publish them.
     pub(crate) rebuilds: crate::replication::progress::Rebuilds,
+    /// The node holds key-encryption keys (can hold encrypted volumes).
+    pub(crate) keys: std::sync::atomic::AtomicBool,
     /// Every snapshot published, in order: the tests read the order in
     /// which the manager did its work from it.
     #[cfg(test)]
@@ -267,6 +269,14 @@ impl StatusReader {
             plane,
             started: Instant::now(),
         }
+    }
+
+    /// Whether the node holds key-encryption keys (encrypted volumes can
+    /// be placed on it).
+    pub fn holds_keys(&self) -> bool {
+        self.published
+            .keys
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Every pool, by name.

@@ -570,13 +570,16 @@ fn topology_places_volumes_in_the_zone_asked_for() {
     drop((n1, n2, etcd));
 }
 
-/// An erasure-coded StorageClass (`ec: "2+1"`) on three nodes: its volumes
-/// are made, expanded, snapshotted, cloned from a snapshot and from a
-/// volume, and deleted as any other.
+/// An erasure-coded, encrypted StorageClass (`ec: "2+1"`, `encrypted:
+/// "true"`) on three nodes with keys of their own: its volumes are made,
+/// expanded, snapshotted, cloned from a snapshot and from a volume, and
+/// deleted as any other; a clone of an unencrypted volume is refused.
 #[test]
 fn an_erasure_coded_class_makes_expands_snapshots_and_clones_volumes() {
     let dir = temp_dir("csi-erasure");
-    let (etcd, _, _, nodes) = support::cluster::three_nodes(&dir, "");
+    std::fs::create_dir_all(&*dir).unwrap();
+    let keys = |name: &str| support::kek_args(&dir, name);
+    let (etcd, _, _, nodes) = support::cluster::nodes_with(&dir, "", 3, keys);
     for (node, name) in nodes.iter().zip(["n1", "n2", "n3"]) {
         let device = dir.join(format!("{name}.img"));
         let device = device.to_str().unwrap();
@@ -597,7 +600,11 @@ fn an_erasure_coded_class_makes_expands_snapshots_and_clones_volumes() {
     runtime.block_on(async {
         let mut controller = ControllerClient::new(channel(&socket).await);
         let mut request = create("pvc-ec", 16 << 20);
-        request.parameters = HashMap::from([("ec".into(), "2+1".into())]);
+        let class = HashMap::from([
+            ("ec".into(), "2+1".into()),
+            ("encrypted".into(), "true".into()),
+        ]);
+        request.parameters = class.clone();
         let mut made = None;
         for _ in 0..50 {
             // Placement waits for the pools to be in their nodes' heartbeats.
@@ -611,6 +618,7 @@ fn an_erasure_coded_class_makes_expands_snapshots_and_clones_volumes() {
         }
         assert_eq!(made.expect("the volume made").capacity_bytes, 16 << 20);
         assert_eq!(shown("pvc-ec")["erasure"]["layout"], "2+1");
+        assert_eq!(shown("pvc-ec")["encryption"]["state"], "unlocked");
 
         let expand = ControllerExpandVolumeRequest {
             volume_id: "pvc-ec".into(),
@@ -651,13 +659,30 @@ fn an_erasure_coded_class_makes_expands_snapshots_and_clones_volumes() {
         ];
         for (name, source) in ["pvc-ec-a", "pvc-ec-b"].into_iter().zip(sources) {
             let mut clone = create(name, 0);
+            clone.parameters = class.clone();
             clone.volume_content_source = Some(VolumeContentSource {
                 r#type: Some(source),
             });
             let made = controller.create_volume(clone).await.unwrap();
             assert_eq!(made.into_inner().volume.unwrap().capacity_bytes, 32 << 20);
             assert_eq!(shown(name)["erasure"]["layout"], "2+1", "{name}");
+            assert_eq!(shown(name)["encryption"]["state"], "unlocked", "{name}");
         }
+        // An encrypting class does not clone an unencrypted volume.
+        let plain = controller.create_volume(create("pvc-plain", 8 << 20)).await;
+        assert!(plain.is_ok(), "{plain:?}");
+        let mut clone = create("pvc-plain-copy", 0);
+        clone.parameters = class.clone();
+        clone.volume_content_source = Some(VolumeContentSource {
+            r#type: Some(volume_content_source::Type::Volume(
+                volume_content_source::VolumeSource {
+                    volume_id: "pvc-plain".into(),
+                },
+            )),
+        });
+        let refused = controller.create_volume(clone).await.unwrap_err();
+        assert_eq!(refused.code(), Code::InvalidArgument, "{refused}");
+        assert!(refused.message().contains("not encrypted"), "{refused}");
         controller
             .delete_snapshot(DeleteSnapshotRequest {
                 snapshot_id: taken.snapshot_id.clone(),
@@ -665,7 +690,7 @@ fn an_erasure_coded_class_makes_expands_snapshots_and_clones_volumes() {
             })
             .await
             .unwrap();
-        for volume in ["pvc-ec-a", "pvc-ec-b", "pvc-ec"] {
+        for volume in ["pvc-ec-a", "pvc-ec-b", "pvc-ec", "pvc-plain"] {
             controller
                 .delete_volume(DeleteVolumeRequest {
                     volume_id: volume.into(),

@@ -24,6 +24,9 @@ impl Manager {
             keyring.ids()[0]
         );
         self.keys = Some((source, Arc::clone(&keyring)));
+        self.published
+            .keys
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         for pool in self.pools.values_mut() {
             pool.unlock(Arc::clone(&keyring));
         }

@@ -424,3 +424,15 @@ impl Drop for Tmpfs {
         let _ = Command::new("umount").arg("-l").arg(&self.0).status();
     }
 }
+
+/// `weft serve` arguments giving node `name` a key file of its own (a
+/// key-encryption key derived from its name, mode 600, under `dir`), for
+/// encrypted volumes.
+pub fn kek_args(dir: &std::path::Path, name: &str) -> Vec<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join(format!("{name}.kek"));
+    let key = format!("{name:-<8}").repeat(8);
+    std::fs::write(&path, format!("{key}\n")).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    vec!["--kek-file".into(), path.to_str().unwrap().to_string()]
+}
