@@ -786,7 +786,10 @@ fn operation(
             }
         }
         ("POST", "pools/{pool}/clear-failure") => AdminOp::ClearPoolFailure(param(0)),
-        ("POST", "pools/{pool}/rewrap") => AdminOp::RewrapKeys(param(0)),
+        ("POST", "pools/{pool}/rewrap") => AdminOp::RewrapKeys {
+            pool: param(0),
+            keyring: None,
+        },
         ("POST", "subsystems/{nqn}/namespaces/{nsid}/clear-failure") => {
             AdminOp::ClearNamespaceFailure {
                 nqn: param(0),

@@ -8,15 +8,19 @@
 //! What this does not do: derive or use keys (weft-volume's `crypt`).
 
 use std::io::Read;
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use weft_volume::crypt::Keyring;
+use zeroize::Zeroizing;
 
 /// The longest a key command may take.
 const COMMAND_PATIENCE: Duration = Duration::from_secs(30);
 /// The most key text read from a source.
 const KEY_TEXT_BYTES_MAX: u64 = 64 << 10;
+/// The most of a failed key command's standard error quoted.
+const STDERR_BYTES_MAX: u64 = 4096;
 
 /// A source of key-encryption keys.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,7 +32,7 @@ pub enum KeySource {
 }
 
 impl KeySource {
-    /// Reads the keys now.
+    /// Reads the keys now (a command: in this thread, for up to 30 s).
     pub fn load(&self) -> Result<Keyring, String> {
         let text = match self {
             KeySource::File(path) => read_file(path)?,
@@ -37,87 +41,111 @@ impl KeySource {
         Keyring::parse(&text).map_err(|error| format!("{}: {error}", self.describe()))
     }
 
-    /// What it is, for messages (never the keys).
+    /// What kind it is, for logs ("key file", "key command").
+    pub fn kind(&self) -> &'static str {
+        match self {
+            KeySource::File(_) => "key file",
+            KeySource::Command(_) => "key command",
+        }
+    }
+
+    /// What it is, for messages: a file's path; never a command's text
+    /// (commands carry tokens) nor any key.
     pub fn describe(&self) -> String {
         match self {
             KeySource::File(path) => format!("key file {}", path.display()),
-            KeySource::Command(command) => format!("key command `{command}`"),
+            KeySource::Command(_) => "the key command (--kek-command)".into(),
         }
     }
 }
 
-fn read_file(path: &std::path::Path) -> Result<String, String> {
+fn read_file(path: &std::path::Path) -> Result<Zeroizing<String>, String> {
     let describe = || format!("key file {}", path.display());
     let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", describe()))?;
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        let mode = file
-            .metadata()
-            .map_err(|e| format!("{}: {e}", describe()))?
-            .permissions()
-            .mode();
-        if mode & 0o077 != 0 {
-            return Err(format!(
-                "{} can be read by other users (mode {:o}); run `chmod 600 {}`",
-                describe(),
-                mode & 0o777,
-                path.display()
-            ));
-        }
+    use std::os::unix::fs::PermissionsExt;
+    let mode = file
+        .metadata()
+        .map_err(|e| format!("{}: {e}", describe()))?
+        .permissions()
+        .mode();
+    if mode & 0o077 != 0 {
+        return Err(format!(
+            "{} can be read by other users (mode {:o}); run `chmod 600 {}`",
+            describe(),
+            mode & 0o777,
+            path.display()
+        ));
     }
-    let mut text = String::new();
+    let mut text = Zeroizing::new(String::new());
     file.take(KEY_TEXT_BYTES_MAX)
         .read_to_string(&mut text)
         .map_err(|e| format!("{}: {e}", describe()))?;
     Ok(text)
 }
 
-fn run(command: &str) -> Result<String, String> {
-    let describe = || format!("key command `{command}`");
+/// Runs `command` in a process group of its own (killed whole if it takes
+/// too long), its output read as it comes (a chatty command never blocks
+/// on a full pipe).
+fn run(command: &str) -> Result<Zeroizing<String>, String> {
+    const WHAT: &str = "the key command (--kek-command)";
     let mut child = Command::new("/bin/sh")
         .arg("-c")
         .arg(command)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
+        .process_group(0)
         .spawn()
-        .map_err(|e| format!("{}: {e}", describe()))?;
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
-            break status;
-        }
-        if started.elapsed() > COMMAND_PATIENCE {
-            let _ = child.kill();
+        .map_err(|e| format!("{WHAT}: {e}"))?;
+    let stdout = drain(child.stdout.take(), KEY_TEXT_BYTES_MAX);
+    let stderr = drain(child.stderr.take(), STDERR_BYTES_MAX);
+    let status = match wait(&mut child) {
+        Some(status) => status,
+        None => {
+            kill_group(&child);
             let _ = child.wait();
             return Err(format!(
-                "{} did not finish within {} s",
-                describe(),
+                "{WHAT} did not finish within {} s",
                 COMMAND_PATIENCE.as_secs()
             ));
         }
-        std::thread::sleep(Duration::from_millis(10));
     };
-    let mut text = String::new();
-    if let Some(stdout) = child.stdout.take() {
-        stdout
-            .take(KEY_TEXT_BYTES_MAX)
-            .read_to_string(&mut text)
-            .map_err(|e| format!("{}: {e}", describe()))?;
-    }
+    let text = Zeroizing::new(stdout.join().unwrap_or_default());
     if !status.success() {
-        let mut stderr = String::new();
-        if let Some(pipe) = child.stderr.take() {
-            let _ = pipe.take(4096).read_to_string(&mut stderr);
-        }
-        return Err(format!(
-            "{} failed ({status}): {}",
-            describe(),
-            stderr.trim()
-        ));
+        let stderr = stderr.join().unwrap_or_default();
+        return Err(format!("{WHAT} failed ({status}): {}", stderr.trim()));
     }
     Ok(text)
+}
+
+/// Reads `pipe` to its end on a thread of its own (at most `limit` bytes
+/// kept, the rest read and dropped).
+fn drain<R: Read + Send + 'static>(pipe: Option<R>, limit: u64) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut text = String::new();
+        if let Some(mut pipe) = pipe {
+            let _ = pipe.by_ref().take(limit).read_to_string(&mut text);
+            let _ = std::io::copy(&mut pipe, &mut std::io::sink());
+        }
+        text
+    })
+}
+
+fn wait(child: &mut Child) -> Option<std::process::ExitStatus> {
+    let started = Instant::now();
+    while started.elapsed() < COMMAND_PATIENCE {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Some(status);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    None
+}
+
+/// Kills the command's whole process group (its children too).
+fn kill_group(child: &Child) {
+    let group = format!("-{}", child.id());
+    let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
 }
 
 #[cfg(test)]
@@ -151,6 +179,14 @@ mod tests {
             .load()
             .unwrap_err();
         assert!(error.contains("vault sealed"), "{error}");
+        // A chatty command does not block on its pipe; the text of a
+        // command (it may carry a token) is never quoted.
+        let chatty = format!("head -c 200000 /dev/zero | tr '\\0' x >&2; echo {KEY}");
+        assert_eq!(KeySource::Command(chatty).load().unwrap().ids().len(), 1);
+        let error = KeySource::Command("echo token=s3cr3t >/dev/null; exit 1".into())
+            .load()
+            .unwrap_err();
+        assert!(!error.contains("s3cr3t"), "{error}");
         let error = KeySource::Command("echo short".into()).load().unwrap_err();
         assert!(error.contains("openssl rand -hex 32"), "{error}");
     }

@@ -118,9 +118,15 @@ pub enum AdminOp {
     },
     /// Clear a pool's failure: reopen it at its last committed state and serve it again.
     ClearPoolFailure(String),
-    /// Read the node's key source again (unlocking what it now opens) and
-    /// wrap every data key of the pool with its current KEK.
-    RewrapKeys(String),
+    /// Use the node's keys as its key source gives them now (unlocking
+    /// what they open) and wrap every data key of the pool with the first.
+    RewrapKeys {
+        /// The pool.
+        pool: String,
+        /// The keys, read by [`ManagerHandle::call`] in the caller's thread
+        /// (a key command may take seconds: never on the manager's).
+        keyring: Option<Arc<weft_volume::crypt::Keyring>>,
+    },
     /// Clear the failure of a configured (file or block device) namespace.
     ClearNamespaceFailure {
         /// Its subsystem.
@@ -368,6 +374,8 @@ pub struct ManagerHandle {
     io_full: Arc<LimitReached>,
     /// Admin calls refused since their queue was last full.
     admin_full: Arc<LimitReached>,
+    /// Where the node's key-encryption keys come from.
+    key_source: Option<crate::keys::KeySource>,
 }
 
 impl crate::replication::NodeServices for ManagerHandle {
@@ -432,6 +440,16 @@ impl ManagerHandle {
 
     /// Runs an admin operation and waits for its result.
     pub fn call(&self, op: AdminOp) -> Result<(), AdminError> {
+        let op = match op {
+            AdminOp::RewrapKeys {
+                pool,
+                keyring: None,
+            } => AdminOp::RewrapKeys {
+                pool,
+                keyring: Some(self.load_keys()?),
+            },
+            op => op,
+        };
         let stopped = || AdminError::Node("the volume manager has stopped".into());
         let (reply, result) = mpsc::channel();
         match self.inbox.push_admin(Admin { op, reply }) {
@@ -489,8 +507,8 @@ pub struct Manager {
     link_keys: Option<crate::link_keys::LinkKeys>,
     /// What seals host secrets in the cluster's store (from the cluster's token).
     seal: Option<sealed::Seal>,
-    /// Where the node's key-encryption keys come from, and the keys.
-    keys: Option<(crate::keys::KeySource, Arc<weft_volume::crypt::Keyring>)>,
+    /// The node's key-encryption keys, if it has any.
+    keyring: Option<Arc<weft_volume::crypt::Keyring>>,
     /// The node's data directory in a cluster (its replicas' write intents live there).
     cluster_dir: Option<PathBuf>,
     /// The write intents of this node's replicas, by volume.
@@ -570,6 +588,7 @@ impl Manager {
                 io_queue: queue,
                 io_full: Arc::default(),
                 admin_full: Arc::default(),
+                key_source: None,
             },
             generation,
             published: Arc::default(),
@@ -581,7 +600,7 @@ impl Manager {
             cluster_addresses: Vec::new(),
             link_keys: None,
             seal: None,
-            keys: None,
+            keyring: None,
             cluster_dir: None,
             intents: BTreeMap::new(),
             cluster_lease: None,
@@ -1037,7 +1056,7 @@ impl Manager {
                 | AdminOp::SetHostSecrets { .. }
                 | AdminOp::Reconcile
                 | AdminOp::SetPeers { .. }
-                | AdminOp::RewrapKeys(_)
+                | AdminOp::RewrapKeys { .. }
         );
         match op {
             AdminOp::CreatePool {
@@ -1054,7 +1073,7 @@ impl Manager {
             } => self.add_devices(&pool, devices, device_bytes, plane)?,
             AdminOp::DeletePool(name) => self.delete_pool(&name)?,
             AdminOp::ClearPoolFailure(name) => self.clear_pool_failure(&name, plane)?,
-            AdminOp::RewrapKeys(name) => self.rewrap_pool(&name)?,
+            AdminOp::RewrapKeys { pool, keyring } => self.rewrap_pool(&pool, keyring)?,
             AdminOp::ClearNamespaceFailure { nqn, nsid } => {
                 self.clear_namespace_failure(&nqn, nsid)?
             }

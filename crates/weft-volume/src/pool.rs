@@ -139,8 +139,8 @@ pub struct Pool<M: Media> {
     warned_percent: u64,
     /// The node's KEKs (none: encrypted volumes stay locked).
     keyring: Option<Arc<Keyring>>,
-    /// Ciphers of the unlocked encrypted volumes.
-    ciphers: BTreeMap<String, Arc<VolumeCipher>>,
+    /// Ciphers of the unlocked encrypted volumes, by volume id.
+    ciphers: BTreeMap<[u8; 16], Arc<VolumeCipher>>,
 }
 
 impl<M: Media> Pool<M> {
@@ -254,6 +254,8 @@ impl<M: Media> Pool<M> {
         pool.repair_superblocks(&loaded.superblock_repairs)?;
         pool.resync_copies(resync)?;
         pool.unlock_volumes();
+        // A crash before a crypto-erase finished: finished now.
+        pool.scrub_if_owed()?;
         Ok(pool)
     }
 
@@ -496,6 +498,10 @@ impl<M: Media> Pool<M> {
             self.name(),
             self.sequence
         );
+        // Numbered past every checkpoint on any copy: a copy behind may have
+        // its newest in the other slot, and a tie would leave the copies
+        // picking different slots (and disagreeing at every open).
+        self.sequence += 1;
         self.write_checkpoint(false)
             .map_err(|source| VolumeError::Io {
                 context: format!("pool {}: rewriting its metadata copies", self.name()),
@@ -528,7 +534,8 @@ impl<M: Media> Pool<M> {
         self.failed = None;
         self.unlock_volumes();
         self.repair_superblocks(&loaded.superblock_repairs)?;
-        self.resync_copies(resync)
+        self.resync_copies(resync)?;
+        self.scrub_if_owed()
     }
 
     /// Pool name.
@@ -658,9 +665,11 @@ impl<M: Media> Pool<M> {
         check_name("volume", &spec.name)?;
         self.check_new_volume(&spec.name)?;
         self.check_geometry(spec.size_bytes, spec.block_size)?;
-        if spec.encrypted {
-            self.check_keyring(&spec.name)?;
-        }
+        // The key first: nothing is staged when it cannot be made.
+        let key = match spec.encrypted {
+            true => Some(self.new_volume_key(&spec.name, spec.block_size)?),
+            false => None,
+        };
         let chunks = self.state.chunks_for(spec.size_bytes);
         let runs = if spec.thick {
             self.check_references(u64::from(chunks) + 1)?;
@@ -676,16 +685,11 @@ impl<M: Media> Pool<M> {
             block_size: spec.block_size,
             thick: spec.thick,
             runs,
+            key: key.as_ref().map(|(wrapped, _)| wrapped.clone()),
         };
         self.stage(record);
-        let cipher = match spec.encrypted {
-            true => Some(self.stage_new_key(&spec.name, spec.block_size)?),
-            false => None,
-        };
         self.commit()?;
-        if let Some(cipher) = cipher {
-            self.ciphers.insert(spec.name.clone(), cipher);
-        }
+        self.keep_cipher(&spec.name, key.map(|(_, cipher)| cipher));
         Ok(())
     }
 
@@ -717,19 +721,15 @@ impl<M: Media> Pool<M> {
         self.check_usable()?;
         self.check_deletable(name)?;
         let volume = self.existing(name)?;
-        let (map, gate) = (Arc::clone(&volume.map), Arc::clone(&volume.gate));
-        let keyed = volume.key.is_some();
+        let (map, gate, id) = (Arc::clone(&volume.map), Arc::clone(&volume.gate), volume.id);
         map.retire();
         let _quiet = gate.quiesce();
         self.stage(Record::DeleteVolume {
             name: name.to_string(),
         });
         self.commit()?;
-        self.ciphers.remove(name);
-        match keyed {
-            true => self.scrub_metadata(),
-            false => Ok(()),
-        }
+        self.ciphers.remove(&id);
+        self.scrub_if_owed()
     }
 
     /// Grows a volume to `size_bytes` (shrinking is refused: it would drop data).
@@ -827,9 +827,8 @@ impl<M: Media> Pool<M> {
         };
         self.stage(record);
         self.commit()?;
-        if let Some(cipher) = self.ciphers.get(volume).cloned() {
-            self.ciphers.insert(name.to_string(), cipher);
-        }
+        let cipher = self.cipher(volume).ok().flatten();
+        self.keep_cipher(name, cipher);
         Ok(())
     }
 
@@ -1016,7 +1015,9 @@ impl<M: Media> Pool<M> {
 
     /// Writes `data` at `offset` (synchronously; the data plane has its own path).
     pub fn write(&mut self, name: &str, offset: u64, data: &[u8]) -> Result<(), VolumeError> {
-        let encrypted = self.cipher(name)?.map(|cipher| {
+        let cipher = self.cipher(name)?;
+        check_aligned(cipher.as_deref(), name, offset, data.len())?;
+        let encrypted = cipher.map(|cipher| {
             let mut stored = data.to_vec();
             cipher.encrypt(offset, &mut stored);
             stored
@@ -1044,6 +1045,7 @@ impl<M: Media> Pool<M> {
         check_range(volume, offset, buf.len() as u64)?;
         let map = Arc::clone(&volume.map);
         let cipher = self.cipher(name)?;
+        check_aligned(cipher.as_deref(), name, offset, buf.len())?;
         self.for_each_piece(offset, buf.len(), |pool, index, within, range| {
             match map.lookup(index) {
                 Lookup::Unmapped => {
@@ -1089,6 +1091,7 @@ impl<M: Media> Pool<M> {
         }
         let chunks = source.chunks.clone();
         let cipher = self.cipher(volume)?;
+        check_aligned(cipher.as_deref(), volume, offset, buf.len())?;
         self.for_each_piece(
             offset,
             buf.len(),
@@ -1227,7 +1230,7 @@ impl<M: Media> Pool<M> {
         for member in 0..self.layout().metadata_copies() {
             self.media.write_at(member, at, &bytes)?;
             if whole && tail > 0 {
-                self.media.zero(member, at + bytes.len() as u64, tail)?;
+                self.write_zeroes(member, at + bytes.len() as u64, tail)?;
             }
             self.media.sync(member)?;
         }
@@ -1239,6 +1242,21 @@ impl<M: Media> Pool<M> {
             self.sequence,
             bytes.len()
         );
+        Ok(())
+    }
+
+    /// Overwrites `len` bytes at `offset` of `member` with zeroes, written
+    /// (not punched or marked unwritten: what was there must be gone).
+    fn write_zeroes(&mut self, member: usize, offset: u64, len: u64) -> io::Result<()> {
+        const PIECE_BYTES: u64 = 1 << 20;
+        let zeroes = vec![0u8; PIECE_BYTES.min(len) as usize];
+        let mut done = 0;
+        while done < len {
+            let piece = PIECE_BYTES.min(len - done);
+            self.media
+                .write_at(member, offset + done, &zeroes[..piece as usize])?;
+            done += piece;
+        }
         Ok(())
     }
 
@@ -1454,6 +1472,22 @@ impl<M: Media> Pool<M> {
             );
         }
         self.warned_percent = level;
+    }
+}
+
+/// An encrypted volume is read and written in whole blocks (its data units).
+fn check_aligned(
+    cipher: Option<&VolumeCipher>,
+    volume: &str,
+    offset: u64,
+    len: usize,
+) -> Result<(), VolumeError> {
+    match cipher {
+        Some(cipher) if !cipher.aligned(offset, len) => Err(VolumeError::invalid(
+            format!("range {offset}+{len} of encrypted volume {volume}"),
+            format!("use whole {}-byte blocks", cipher.unit_bytes()),
+        )),
+        _ => Ok(()),
     }
 }
 

@@ -59,6 +59,9 @@ pub enum Record {
         thick: bool,
         /// Preallocated chunks.
         runs: Vec<Run>,
+        /// An encrypted volume's wrapped data key: in the record that
+        /// creates it, so that no replay ever sees it unencrypted.
+        key: Option<WrappedKey>,
     },
     /// A volume (without snapshots) is gone; its chunks are released.
     DeleteVolume {
@@ -121,8 +124,7 @@ pub enum Record {
         /// Volume.
         volume: String,
     },
-    /// A volume's data key, wrapped (set when an encrypted volume is
-    /// created, in the same commit, and replaced when it is rewrapped).
+    /// An encrypted volume's data key, wrapped anew (KEK rotation).
     SetVolumeKey {
         /// Volume.
         volume: String,
@@ -195,6 +197,9 @@ pub struct PoolState {
     released: Vec<u32>,
     references: u64,
     allocated: u32,
+    /// A wrapped key was dropped or replaced: older metadata on the devices
+    /// still holds it until the pool scrubs it (see `Pool::scrub_metadata`).
+    pub scrub_owed: bool,
 }
 
 impl PoolState {
@@ -209,6 +214,7 @@ impl PoolState {
             released: Vec::new(),
             references: 0,
             allocated: 0,
+            scrub_owed: false,
         }
     }
 
@@ -330,6 +336,7 @@ impl PoolState {
                 block_size,
                 thick,
                 runs,
+                key,
             } => {
                 if self.volumes.contains_key(name) {
                     return Err(inconsistent(format!("volume {name} created twice")));
@@ -349,7 +356,7 @@ impl PoolState {
                         gate: Arc::default(),
                         snapshots: BTreeMap::new(),
                         mapped_chunks: 0,
-                        key: None,
+                        key: key.clone(),
                     },
                 );
                 self.map_runs(name, runs)
@@ -362,6 +369,8 @@ impl PoolState {
                     )));
                 }
                 let volume = self.volumes.remove(name).expect("checked");
+                // Its key is still in the metadata on the devices.
+                self.scrub_owed |= volume.key.is_some();
                 for lookup in volume.map.iter() {
                     if let Lookup::Mapped { chunk, .. } = lookup {
                         self.unref(chunk);
@@ -480,7 +489,15 @@ impl PoolState {
             }
             Record::Map { volume, runs } => self.map_runs(volume, runs),
             Record::SetVolumeKey { volume, key } => {
-                self.volume_mut(volume)?.key = Some(key.clone());
+                let volume = self.volume_mut(volume)?;
+                if volume.key.replace(key.clone()).is_none() {
+                    return Err(inconsistent(format!(
+                        "volume {} given a key after its creation",
+                        volume.name
+                    )));
+                }
+                // The old wrapping is still in the metadata on the devices.
+                self.scrub_owed = true;
                 Ok(())
             }
             Record::Unmap {
@@ -652,19 +669,21 @@ impl PoolState {
                 encode_runs(&mut e, &snapshot.chunks);
             }
         }
-        // Keys last, and only when a volume has one: a pool without
-        // encrypted volumes stays readable by builds from before encryption.
+        // Keys last, and only when a volume has one (or one was dropped):
+        // a pool that never held an encrypted volume stays readable by
+        // builds from before encryption.
         let keyed: Vec<_> = self
             .volumes
             .values()
             .filter_map(|v| Some((&v.name, v.key.as_ref()?)))
             .collect();
-        if !keyed.is_empty() {
+        if !keyed.is_empty() || self.scrub_owed {
             e.u32(keyed.len() as u32);
             for (name, key) in keyed {
                 e.name(name);
                 e.bytes(&key.0);
             }
+            e.u8(u8::from(self.scrub_owed));
         }
         e.into_bytes()
     }
@@ -678,7 +697,7 @@ impl PoolState {
                 .values()
                 .map(|v| v.snapshots.len() as u64)
                 .sum::<u64>();
-        let keys = 4 + self.volumes.len() as u64 * (65 + WRAPPED_KEY_BYTES as u64);
+        let keys = 5 + self.volumes.len() as u64 * (65 + WRAPPED_KEY_BYTES as u64);
         4 + objects * 300 + 12 * self.references + keys
     }
 
@@ -711,6 +730,7 @@ impl PoolState {
                 block_size,
                 thick,
                 runs: Vec::new(),
+                key: None,
             })?;
             let volume_chunks = state.chunks_for(size_bytes);
             let runs = decode_runs(&mut d, volume_chunks)?;
@@ -741,8 +761,9 @@ impl PoolState {
             for _ in 0..d.u32()? {
                 let name = d.name()?;
                 let key = WrappedKey(d.array::<WRAPPED_KEY_BYTES>()?);
-                state.apply(&Record::SetVolumeKey { volume: name, key })?;
+                state.volume_mut(&name)?.key = Some(key);
             }
+            state.scrub_owed = d.flag()?;
         }
         if !d.is_done() {
             return Err(FormatError::Malformed("bytes after the last volume key").into());
@@ -865,14 +886,20 @@ impl Record {
                 block_size,
                 thick,
                 runs,
+                key,
             } => {
-                e.u8(1);
+                // Type 11 is type 1 with the key last: a pool without
+                // encrypted volumes stays readable by older builds.
+                e.u8(if key.is_some() { 11 } else { 1 });
                 e.bytes(id);
                 e.name(name);
                 e.u64(*size_bytes);
                 e.u32(*block_size);
                 e.u8(u8::from(*thick));
                 encode_run_list(e, runs);
+                if let Some(key) = key {
+                    e.bytes(&key.0);
+                }
             }
             Record::DeleteVolume { name } => {
                 e.u8(2);
@@ -936,13 +963,17 @@ impl Record {
     /// Decodes one record.
     pub fn decode(d: &mut Decoder<'_>) -> Result<Record, FormatError> {
         Ok(match d.u8()? {
-            1 => Record::CreateVolume {
+            kind @ (1 | 11) => Record::CreateVolume {
                 id: d.array()?,
                 name: d.name()?,
                 size_bytes: d.u64()?,
                 block_size: d.u32()?,
                 thick: d.flag()?,
                 runs: decode_run_list(d)?,
+                key: match kind {
+                    11 => Some(WrappedKey(d.array()?)),
+                    _ => None,
+                },
             },
             2 => Record::DeleteVolume { name: d.name()? },
             3 => Record::ResizeVolume {
@@ -1011,6 +1042,7 @@ mod tests {
             block_size: 4096,
             thick: false,
             runs: Vec::new(),
+            key: None,
         }
     }
 

@@ -167,11 +167,12 @@ fn rotation_rewraps_without_rewriting_data_and_leaves_no_old_wrapping() {
     assert_eq!(block(&before), secret(1));
     let media = pool.into_media().crash();
     assert_eq!(block(&media), secret(1));
-    let mut pool = Pool::open(media).unwrap();
+    let mut pool = Pool::open(media.clone()).unwrap();
     assert!(
         pool.unlock(keyring(&[NEW_KEK])).is_empty(),
         "the old KEK is no longer needed"
     );
+    let mut pool = Pool::open(media).unwrap();
     assert!(
         !pool.unlock(keyring(&[OLD_KEK])).is_empty(),
         "the old KEK alone opens nothing"
@@ -208,4 +209,70 @@ fn deleting_an_encrypted_volume_destroys_its_key() {
     assert!(pool.unlock(keyring(&[OLD_KEK])).is_empty());
     assert!(pool.volume_info("v").is_err());
     pool.write("keep", 0, &secret(2)).unwrap();
+}
+
+/// A crash at any write of a delete's crypto-erase: the pool reopens with
+/// the volume (delete not committed) or without it and without any copy
+/// of its wrapped key (the scrub is finished at the open).
+#[test]
+fn a_crypto_erase_cut_short_by_a_crash_is_finished_at_the_next_open() {
+    let mut pool = Pool::create(FaultyMedia::new(2, 8 << 20, 3), options()).unwrap();
+    pool.unlock(keyring(&[OLD_KEK]));
+    pool.create_volume(&spec("v", true)).unwrap();
+    pool.write("v", 0, &secret(1)).unwrap();
+    pool.flush().unwrap();
+    let wrapped = pool.volumes().next().unwrap().key.clone().unwrap();
+    let base = pool.into_media();
+    let mut finished = false;
+    for failing_write in 0..400 {
+        let mut media = base.clone();
+        media.fail_after_writes(failing_write);
+        let mut pool = Pool::open(media).unwrap();
+        pool.unlock(keyring(&[OLD_KEK]));
+        let deleted = pool.delete_volume("v");
+        let failed = pool.media().has_failed();
+        let pool = Pool::open(pool.into_media().crash()).unwrap();
+        let media = pool.media();
+        match pool.volume_info("v") {
+            Ok(_) => assert!(media.contains(&wrapped.0)),
+            Err(_) => assert!(
+                !media.contains(&wrapped.0),
+                "write {failing_write}: the key survived a delete"
+            ),
+        }
+        if !failed {
+            deleted.unwrap();
+            finished = true;
+            break;
+        }
+    }
+    assert!(finished);
+}
+
+/// A volume unlocked with a KEK the keyring no longer has stays served and
+/// is rewrapped from its key in memory.
+#[test]
+fn a_rewrap_after_the_old_kek_is_gone_uses_the_key_in_memory() {
+    let mut pool = Pool::create(FaultyMedia::new(1, 8 << 20, 1), options()).unwrap();
+    pool.unlock(keyring(&[OLD_KEK]));
+    pool.create_volume(&spec("v", true)).unwrap();
+    pool.write("v", 0, &secret(5)).unwrap();
+    assert!(
+        pool.unlock(keyring(&[NEW_KEK])).is_empty(),
+        "still unlocked"
+    );
+    let mut buf = vec![0; 4096];
+    pool.read("v", 0, &mut buf).unwrap();
+    assert_eq!(buf, secret(5));
+    assert_eq!(pool.rewrap().unwrap().rewrapped, vec!["v".to_string()]);
+    pool.flush().unwrap();
+    let mut pool = Pool::open(pool.into_media().crash()).unwrap();
+    assert!(pool.unlock(keyring(&[NEW_KEK])).is_empty());
+    pool.read("v", 0, &mut buf).unwrap();
+    assert_eq!(buf, secret(5));
+    let error = pool.read("v", 512, &mut buf).unwrap_err();
+    assert!(
+        error.to_string().contains("whole 4096-byte blocks"),
+        "{error}"
+    );
 }

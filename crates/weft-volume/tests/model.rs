@@ -364,7 +364,7 @@ fn exercise(seed: u64, ops: usize) {
     let arm = |pool: Pool<FaultyMedia>, rng: &mut Rng| {
         let mut media = pool.into_media();
         media.fail_after_writes(1 + rng.below(80));
-        open(media).expect("reopen of an intact pool")
+        open(media).unwrap_or_else(|e| panic!("seed {seed}: reopen of an intact pool: {e}"))
     };
     pool = arm(pool, &mut rng);
     for step in 0..ops {

@@ -40,7 +40,8 @@ pub struct VolumeCipher {
     data: Aes256,
     tweak: Aes256,
     unit_shift: u32,
-    key_id: KeyId,
+    /// Kept to wrap it anew while its old KEK is gone from the keyring.
+    key: DataKey,
 }
 
 impl std::fmt::Debug for VolumeCipher {
@@ -50,9 +51,8 @@ impl std::fmt::Debug for VolumeCipher {
 }
 
 impl VolumeCipher {
-    /// The cipher of a volume of `block_size`-byte blocks (512 or 4096);
-    /// `key_id` names the key-encryption key its data key is wrapped with.
-    pub fn new(key: &DataKey, block_size: u32, key_id: KeyId) -> VolumeCipher {
+    /// The cipher of a volume of `block_size`-byte blocks (512 or 4096).
+    pub fn new(key: &DataKey, block_size: u32) -> VolumeCipher {
         assert!(
             block_size.is_power_of_two() && block_size as usize >= BATCH_BYTES,
             "a data unit is a power of two of at least {BATCH_BYTES} bytes"
@@ -62,18 +62,24 @@ impl VolumeCipher {
             data: Aes256::new(data.into()),
             tweak: Aes256::new(tweak.into()),
             unit_shift: block_size.trailing_zeros(),
-            key_id,
+            key: key.clone(),
         }
+    }
+
+    /// The data key (to wrap it anew).
+    pub(crate) fn data_key(&self) -> &DataKey {
+        &self.key
+    }
+
+    /// Whether `[volume_offset, + len)` is in whole units.
+    pub fn aligned(&self, volume_offset: u64, len: usize) -> bool {
+        let unit = u64::from(self.unit_bytes());
+        volume_offset.is_multiple_of(unit) && (len as u64).is_multiple_of(unit)
     }
 
     /// Bytes per data unit (the volume's block size).
     pub fn unit_bytes(&self) -> u32 {
         1 << self.unit_shift
-    }
-
-    /// The key-encryption key the volume's data key is wrapped with.
-    pub fn key_id(&self) -> KeyId {
-        self.key_id
     }
 
     /// Encrypts `data`, the bytes at `volume_offset` of the volume, in place.
@@ -172,7 +178,7 @@ mod tests {
 
     fn cipher(block_size: u32) -> VolumeCipher {
         let key: [u8; 64] = std::array::from_fn(|i| i as u8);
-        VolumeCipher::new(&DataKey::from_bytes(key), block_size, KeyId([0; 8]))
+        VolumeCipher::new(&DataKey::from_bytes(key), block_size)
     }
 
     fn counting(len: usize) -> Vec<u8> {
