@@ -58,12 +58,15 @@ if [ "$TARGET" = weft ]; then
     [ -x "$WEFT" ] || die "no weft binary at $WEFT (cargo build --release, or --weft PATH)"
     WEFT=$(realpath "$WEFT")
     if (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null; then die "something already listens on 127.0.0.1:$PORT"; fi
+    # The key-encryption key of step i's encrypted volume (mode 600, as weft asks).
+    (umask 077 && python3 -c "import secrets; print(secrets.token_hex(32))" > "$WORK/kek")
     cat > "$WORK/weft.toml" <<EOF
 # written by harness/interop.sh
 data_dir = "$WORK/data"
 listen = ["127.0.0.1:$PORT"]
 api_listen = "127.0.0.1:$API_PORT"
 api_token_file = "$SHARE/api-token"
+kek_file = "$WORK/kek"
 
 [[subsystem]]
 nqn = "nqn.2026-11.io.weft:default"

@@ -4,7 +4,8 @@
 #   a discovery   b connect + identify   c fio write+verify   d header/data digests
 #   e ext4 persistence across reconnect   f restart (SIGTERM)   g malformed PDUs
 #   h data written with O_DIRECT+fsync survives kill -9
-#   i volumes (weft only): a pool over two files (grown online by a third under I/O), two volumes connected at once, ext4
+#   i volumes (weft only): a pool over two files (grown online by a third under I/O), two
+#     volumes connected at once (one thick and encrypted at rest, the key from a key file), ext4
 #     snapshot after fsfreeze, a clone mounted alongside shows the snapshot's files, online
 #     resize seen through the namespace-attribute-changed event + resize2fs, data intact
 #     after a weft restart, delete refused while a host is connected; host access: an
@@ -630,7 +631,8 @@ step_volumes() {
     check "pool create fast over two 1 GiB files" \
         weft_cli pool create fast --device "$WEFT_POOL_DIR/pool0.img" --device "$WEFT_POOL_DIR/pool1.img" --device-size 1GiB || return
     check "volume create vol-a 256MiB (thin)" weft_cli volume create vol-a --pool fast --size 256MiB || return
-    check "volume create vol-b 128MiB (thick)" weft_cli volume create vol-b --pool fast --size 128MiB --thick || return
+    check "volume create vol-b 128MiB (thick, encrypted)" weft_cli volume create vol-b --pool fast --size 128MiB --thick --encrypt || return
+    check "vol-b is encrypted (AES-256-XTS)" eval 'weft_cli volume show vol-b | grep -q "^encryption  aes-256-xts, data key wrapped by key-encryption key"'
     weft_cli pool list | sed 's/^/  /'
     check "no host attached: vol-a not in discovery" not_discovered "$HOSTNQN" "$VOLA" "$VOLB"
     check "no host attached: connect vol-a refused" refused_host "$VOLA"

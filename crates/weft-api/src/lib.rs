@@ -659,6 +659,9 @@ struct CreatePool {
     device_size_bytes: Option<u64>,
     #[serde(default)]
     force: bool,
+    /// Encrypt every volume created in it.
+    #[serde(default)]
+    encrypt: bool,
 }
 
 #[derive(Deserialize)]
@@ -774,6 +777,7 @@ fn operation(
                 chunk_bytes: p.allocation_unit_bytes.unwrap_or(DEFAULT_CHUNK_BYTES),
                 device_bytes: p.device_size_bytes,
                 force: p.force,
+                encrypt: p.encrypt,
             }
         }
         ("DELETE", "pools/{pool}") => AdminOp::DeletePool(param(0)),

@@ -38,6 +38,9 @@ pub struct PoolView {
     /// In a cluster: the node it is on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
+    /// Every volume created in it is encrypted at rest.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub encrypt: bool,
 }
 
 /// A pool with its devices, as `weft pool show` prints it.
@@ -368,6 +371,7 @@ impl From<&PoolStatus> for PoolView {
             state: state_name(&pool.failure),
             failure: pool.failure.clone(),
             node: None,
+            encrypt: pool.encrypt,
         }
     }
 }
@@ -508,6 +512,7 @@ mod tests {
                 metadata_copy,
             })),
             failure: Some("fdatasync failed".into()),
+            encrypt: false,
         };
         let json = serde_json::to_value(PoolDetail::from(&status)).unwrap();
         assert_eq!(json["name"], "fast");

@@ -32,6 +32,9 @@ pub struct PoolRecord {
     /// the next open they are members if the pool's superblocks say so.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub adding: Vec<PathBuf>,
+    /// Every volume created in it is encrypted at rest.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub encrypt: bool,
 }
 
 /// A host that may be given volumes.
@@ -707,6 +710,7 @@ mod tests {
         let pool = PoolRecord {
             devices: vec!["/dev/nvme0n1".into()],
             adding: Vec::new(),
+            encrypt: false,
         };
         state.change_pool("fast", |_| Some(pool.clone())).unwrap();
         let host = HostRecord {

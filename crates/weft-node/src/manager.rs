@@ -104,6 +104,8 @@ pub enum AdminOp {
         device_bytes: Option<u64>,
         /// Overwrite devices that hold another pool.
         force: bool,
+        /// Encrypt every volume created in it (needs the node's keys).
+        encrypt: bool,
     },
     /// Delete a pool that holds no volume (its devices' superblocks are erased).
     DeletePool(String),
@@ -1065,7 +1067,8 @@ impl Manager {
                 chunk_bytes,
                 device_bytes,
                 force,
-            } => self.create_pool(name, devices, chunk_bytes, device_bytes, force)?,
+                encrypt,
+            } => self.create_pool(name, devices, chunk_bytes, device_bytes, (force, encrypt))?,
             AdminOp::AddDevices {
                 pool,
                 devices,
@@ -1086,6 +1089,10 @@ impl Manager {
             } => {
                 self.check_volume_name_free(&spec.name)?;
                 self.pool_mut(&pool)?;
+                let spec = VolumeSpec {
+                    encrypted: spec.encrypted || self.pool_encrypts(&pool)?,
+                    ..spec
+                };
                 let mut chosen = self.check_identity_free(&spec.name, &identity)?;
                 chosen.replication = self.new_replication(&spec, &pool, &replicas, erasure)?;
                 // An erasure-coded volume's copy here is this node's shard.
@@ -1221,11 +1228,16 @@ impl Manager {
         devices: Vec<PathBuf>,
         chunk_bytes: u32,
         device_bytes: Option<u64>,
-        force: bool,
+        (force, encrypt): (bool, bool),
     ) -> Result<(), AdminError> {
         weft_volume::check_name("pool", &name)?;
         if self.pools.contains_key(&name) {
             return Err(VolumeError::Exists { kind: "pool", name }.into());
+        }
+        if encrypt && self.keyring.is_none() {
+            return Err(AdminError::Invalid(format!(
+                "pool {name} is to encrypt its volumes, but this node has no key-encryption key: start weft serve with --kek-file PATH or --kek-command CMD"
+            )));
         }
         check_devices_free(&devices, &self.desired.pools()?)?;
         let mut media = FileMedia::open(&devices, device_bytes).map_err(|e| {
@@ -1260,6 +1272,7 @@ impl Manager {
         let record = PoolRecord {
             devices,
             adding: Vec::new(),
+            encrypt,
         };
         self.store_write(|d| d.change_pool(&name, |_| Some(record.clone())))?;
         self.health.insert(name.clone(), Arc::default());
@@ -1843,6 +1856,7 @@ fn reconcile_members(
         Some(PoolRecord {
             devices: devices.clone(),
             adding: Vec::new(),
+            ..record
         })
     })?;
     for path in left_out {
@@ -2079,6 +2093,7 @@ mod tests {
         let record = PoolRecord {
             devices,
             adding: Vec::new(),
+            encrypt: false,
         };
         desired.change_pool("p", |_| Some(record.clone())).unwrap();
         let host = HostRecord {

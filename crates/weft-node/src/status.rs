@@ -33,6 +33,8 @@ pub struct PoolStatus {
     pub members: Arc<[MemberUsage]>,
     /// Why it failed (every I/O on its volumes fails until cleared), if it did.
     pub failure: Option<String>,
+    /// Every volume created in it is encrypted (its record says).
+    pub encrypt: bool,
 }
 
 /// A volume: its pool, shape and usage, who may use it and who does.
@@ -120,6 +122,8 @@ pub(crate) struct PoolSnapshot {
     /// Its devices as the desired state records them (`None`: it records
     /// no such pool, which is then not listed).
     pub(crate) devices: Option<Vec<PathBuf>>,
+    /// Its record says every volume created in it is encrypted.
+    pub(crate) encrypt: bool,
     pub(crate) info: PoolInfo,
     pub(crate) members: Arc<[MemberUsage]>,
     /// The failure the pool itself noticed (a metadata write or sync).
@@ -156,6 +160,7 @@ impl PoolSnapshot {
             info: self.info.clone(),
             members: Arc::clone(&self.members),
             failure: self.failure(),
+            encrypt: self.encrypt,
         }
     }
 }

@@ -148,7 +148,7 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
     let mut notice = None;
     let (method, path, body, show) = match (noun, verb.as_str()) {
         ("pool", "create") => {
-            known(&["device", "allocation-unit", "device-size", "force", "node"])?;
+            known(&["device", "allocation-unit", "device-size", "force", "node", "encrypt"])?;
             let devices = values("device");
             if devices.is_empty() {
                 return Err("weft pool create NAME --device PATH [--device PATH]...: give at least one device".into());
@@ -160,6 +160,7 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
                 "devices": devices,
                 "allocation_unit_bytes": unit,
                 "device_size_bytes": size("device-size")?,
+                "encrypt": flag("encrypt"),
                 "force": flag("force"),
                 "node": option("node"),
             });
@@ -739,6 +740,9 @@ fn print_pools(pools: &[PoolView]) {
 
 fn print_pool(detail: &PoolDetail) {
     print_pools(std::slice::from_ref(&detail.pool));
+    if detail.pool.encrypt {
+        outln!("new volumes are encrypted at rest (AES-256-XTS, a data key each)");
+    }
     outln!();
     outln!(
         "{:<40} {:>10} {:>10} {:>10} {:>8}  STATE",

@@ -99,6 +99,20 @@ fn an_encrypted_volume_is_ciphertext_on_its_device_and_served_only_with_its_key(
         error.contains("no key-encryption key") && error.contains("--kek-file"),
         "{error}"
     );
+    let other = dir.join("q.img");
+    let other = other.to_str().unwrap();
+    let pool_args = [
+        "pool",
+        "create",
+        "q",
+        "--device",
+        other,
+        "--device-size",
+        "64MiB",
+        "--encrypt",
+    ];
+    let error = refused(&node, &pool_args);
+    assert!(error.contains("no key-encryption key"), "{error}");
     node.terminate();
 
     let node = start_node(&data, &["--kek-file", keys_arg]);
@@ -182,6 +196,21 @@ fn an_encrypted_volume_is_ciphertext_on_its_device_and_served_only_with_its_key(
     // With it: every block back.
     let node = start_node(&data, &["--kek-file", keys_arg]);
     check_blocks(&node, "sec");
+    let show = ok(&node, &["volume", "show", "sec"]);
+    assert!(
+        show.contains("state       online") && !show.contains("LOCKED"),
+        "{show}"
+    );
+
+    // A pool that encrypts every volume made in it.
+    ok(&node, &pool_args);
+    assert!(ok(&node, &["pool", "show", "q"]).contains("new volumes are encrypted"));
+    ok(
+        &node,
+        &["volume", "create", "byq", "--pool", "q", "--size", "8MiB"],
+    );
+    let show = ok(&node, &["volume", "show", "byq"]);
+    assert!(show.contains("encryption  aes-256-xts"), "{show}");
 
     // Rotation: the new key first, the old one kept until the rewrap.
     write_key_file(&keys, &[KEK_B, KEK_A]);

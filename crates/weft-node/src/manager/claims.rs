@@ -383,6 +383,7 @@ pub(super) mod tests {
         let record = PoolRecord {
             devices,
             adding: Vec::new(),
+            encrypt: false,
         };
         desired.change_pool("p", |_| Some(record.clone())).unwrap();
         let mut manager = idle_manager(desired);

@@ -28,6 +28,8 @@ impl Manager {
         );
         self.handle.key_source = Some(source);
         self.install_keys(keyring);
+        // What was published at open showed them locked.
+        self.publish();
         Ok(())
     }
 
@@ -37,6 +39,15 @@ impl Manager {
         for pool in self.pools.values_mut() {
             pool.unlock(Arc::clone(&keyring));
         }
+    }
+
+    /// Whether `pool` encrypts every volume created in it (its record says).
+    pub(super) fn pool_encrypts(&self, pool: &str) -> Result<bool, AdminError> {
+        Ok(self
+            .desired
+            .pools()?
+            .get(pool)
+            .is_some_and(|record| record.encrypt))
     }
 
     /// Gives a pool just created or opened the node's keyring.

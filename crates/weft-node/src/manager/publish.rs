@@ -159,6 +159,7 @@ impl Manager {
             let info = pool.info();
             let snapshot = PoolSnapshot {
                 devices: records.get(name).map(|record| record.devices.clone()),
+                encrypt: records.get(name).is_some_and(|record| record.encrypt),
                 members: self.member_usage.get(name, pool, &info, true),
                 info,
                 failure: pool.failure().map(str::to_string),

@@ -26,7 +26,7 @@
 
 pub mod keys;
 
-use aes::cipher::{BlockEncrypt, KeyInit};
+use aes::cipher::{BlockDecrypt, BlockEncrypt, KeyInit};
 use aes::{Aes256, Block};
 pub use keys::{DataKey, Kek, KeyError, KeyId, Keyring, WrappedKey};
 
@@ -123,30 +123,27 @@ impl VolumeCipher {
         let mut start = Block::from(u128::from(index).to_le_bytes());
         self.tweak.encrypt_block(&mut start);
         let mut tweak = u128::from_le_bytes(start.into());
-        let mut tweaks = [0u128; BATCH_BLOCKS];
+        let mut tweaks = [[0u8; 16]; BATCH_BLOCKS];
         let mut blocks = [Block::default(); BATCH_BLOCKS];
         for batch in unit.chunks_exact_mut(BATCH_BYTES) {
-            for ((t, block), bytes) in tweaks
-                .iter_mut()
-                .zip(blocks.iter_mut())
-                .zip(batch.chunks_exact(16))
-            {
-                *t = tweak;
-                *block = Block::from((le(bytes) ^ tweak).to_le_bytes());
+            for t in tweaks.iter_mut() {
+                *t = tweak.to_le_bytes();
                 tweak = times_x(tweak);
+            }
+            // Byte-wise XORs over whole blocks: the compiler vectorises them.
+            for ((block, t), bytes) in blocks.iter_mut().zip(&tweaks).zip(batch.chunks_exact(16)) {
+                for ((b, t), x) in block.iter_mut().zip(t).zip(bytes) {
+                    *b = x ^ t;
+                }
             }
             match direction {
                 Direction::Encrypt => self.data.encrypt_blocks(&mut blocks),
-                Direction::Decrypt => {
-                    aes::cipher::BlockDecrypt::decrypt_blocks(&self.data, &mut blocks)
-                }
+                Direction::Decrypt => self.data.decrypt_blocks(&mut blocks),
             }
-            for ((t, block), bytes) in tweaks
-                .iter()
-                .zip(blocks.iter())
-                .zip(batch.chunks_exact_mut(16))
-            {
-                bytes.copy_from_slice(&(le(block) ^ t).to_le_bytes());
+            for ((block, t), bytes) in blocks.iter().zip(&tweaks).zip(batch.chunks_exact_mut(16)) {
+                for ((x, t), b) in bytes.iter_mut().zip(t).zip(block) {
+                    *x = b ^ t;
+                }
             }
         }
     }
