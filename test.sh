@@ -73,6 +73,8 @@ python3 harness/bench-tls-links.py --runtime 1s --rounds 1 --json .cache/bench/t
 
 step "benchmark smoke: an erasure-coded 2+1 volume beside one copy and three replicas (the full run: harness/bench-erasure.py)"
 python3 harness/bench-erasure.py --runtime 1s --rounds 1 --json .cache/bench/erasure/smoke.json
+step "benchmark smoke: encrypted volumes against the clear (the full run: harness/bench-encryption.py)"
+python3 harness/bench-encryption.py --runtime 1s --rounds 1 --json .cache/bench/encryption/smoke.json
 
 if [ "${WEFT_SKIP_VM:-}" = 1 ]; then
     step "kernel interop skipped (WEFT_SKIP_VM=1)"
