@@ -307,8 +307,15 @@ impl Cluster {
         let text = |name: &str| fields.get(name).and_then(Value::as_str).map(str::to_string);
         let (node, pool) = (text("node"), text("pool"));
         let size_bytes = fields.get("size_bytes").and_then(Value::as_u64);
+        let layout = erasure_layout(&fields)?;
+        let replicas = match layout {
+            Some(layout) => layout.shards(),
+            None => replica_count(&fields)?,
+        };
         let (node, pool) = match (node, pool, size_bytes) {
-            (Some(node), Some(pool), _) => (node, pool),
+            // One copy where the operator says; more are placed (the first
+            // where the operator says, the others on other nodes).
+            (Some(node), Some(pool), _) if replicas == 1 => (node, pool),
             // The node that creates it says what is missing.
             (node, pool, None) => (
                 node.unwrap_or_else(|| self.node.clone()),
@@ -323,11 +330,6 @@ impl Cluster {
                     .get("encrypted")
                     .and_then(Value::as_bool)
                     .unwrap_or(false);
-                let layout = erasure_layout(&fields)?;
-                let replicas = match layout {
-                    Some(layout) => layout.shards(),
-                    None => replica_count(&fields)?,
-                };
                 // A member of an erasure-coded volume holds a k-th of it
                 // (whole stripes) and its journal.
                 let block_size = fields

@@ -609,6 +609,9 @@ pub struct NodeView {
     pub volumes: u32,
     /// Its weft version.
     pub version: Option<String>,
+    /// It holds key-encryption keys (encrypted volumes may go there).
+    #[serde(default)]
+    pub keys: bool,
 }
 
 /// One pool of a node, from its heartbeat.
@@ -622,6 +625,9 @@ pub struct NodePoolView {
     pub allocated_bytes: u64,
     /// Whether it failed.
     pub failed: bool,
+    /// Every volume created in it is encrypted at rest.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub encrypt: bool,
 }
 
 impl From<&weft_cluster::NodeView> for NodeView {
@@ -636,6 +642,7 @@ impl From<&weft_cluster::NodeView> for NodeView {
                 capacity_bytes: pool.capacity_bytes,
                 allocated_bytes: pool.allocated_bytes,
                 failed: pool.failed,
+                encrypt: pool.encrypt,
             })
             .collect();
         NodeView {
@@ -654,6 +661,7 @@ impl From<&weft_cluster::NodeView> for NodeView {
             pools,
             volumes: alive.map_or(0, |a| a.volumes),
             version: alive.map(|a| a.version.clone()),
+            keys: alive.is_some_and(|a| a.keys),
         }
     }
 }

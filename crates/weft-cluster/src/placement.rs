@@ -76,7 +76,7 @@ pub enum PlacementError {
     #[error("an encrypted volume goes only to nodes holding key-encryption keys, and {0}: start weft serve with --kek-file or --kek-command there")]
     NoKeys(String),
     /// Fewer eligible zones than replicas.
-    #[error("{replicas} replicas need {replicas} nodes in distinct zones with a pool that can hold the volume; only {found} were found: ask for fewer replicas, or add, start or uncordon nodes (in other zones)")]
+    #[error("{replicas} replicas need {replicas} nodes in distinct zones with a pool that can hold the volume (and key-encryption keys, for an encrypted one); only {found} were found: ask for fewer replicas, or add, start or uncordon nodes (in other zones)")]
     TooFewZones {
         /// Replicas asked for.
         replicas: usize,
@@ -141,16 +141,16 @@ pub fn place(
         if let Some(node) = request.node.filter(|name| unkeyed(name)) {
             return Err(PlacementError::NoKeys(format!("node {node} holds none")));
         }
+        if candidates.iter().all(|(name, _)| unkeyed(name)) {
+            return Err(PlacementError::NoKeys(
+                "no node that could take it holds any".into(),
+            ));
+        }
     }
     let candidates: Vec<_> = candidates
         .into_iter()
         .filter(|(name, _)| !request.encrypted || !unkeyed(name))
         .collect();
-    if candidates.is_empty() && request.encrypted {
-        return Err(PlacementError::NoKeys(
-            "no node that could take it holds any".into(),
-        ));
-    }
     if candidates.is_empty() {
         return Err(match request.pool {
             Some(pool) => PlacementError::NoSuchPool(pool.to_string()),
@@ -205,8 +205,20 @@ pub fn place_replicas(
 ) -> Result<Vec<Placement>, PlacementError> {
     assert!(replicas >= 1, "a volume has a replica");
     let first = place(nodes, request)?;
+    // A pool that encrypts its volumes makes this one encrypted: its
+    // other members go only where keys are.
+    let encrypts = nodes
+        .get(&first.node)
+        .and_then(|node| node.alive.as_ref())
+        .is_some_and(|alive| {
+            alive
+                .pools
+                .iter()
+                .any(|p| p.name == first.pool && p.encrypt)
+        });
     let others = PlacementRequest {
         node: None,
+        encrypted: request.encrypted || encrypts,
         ..request
     };
     let mut chosen = place_more(nodes, others, &[first.node.as_str()], replicas - 1)?;
@@ -242,7 +254,8 @@ pub fn place_more(
             Err(
                 PlacementError::NoNode
                 | PlacementError::NoSuchPool(_)
-                | PlacementError::NoRoom { .. },
+                | PlacementError::NoRoom { .. }
+                | PlacementError::NoKeys(_),
             ) => {
                 return Err(PlacementError::TooFewZones {
                     replicas: taken.len() + count,
@@ -314,6 +327,7 @@ mod tests {
                         allocated_bytes: allocated * GIB,
                         provisioned_bytes: allocated * GIB,
                         failed: false,
+                        encrypt: false,
                     })
                     .collect(),
                 volumes: 0,
@@ -378,6 +392,34 @@ mod tests {
         let error = place(&nodes, encrypted).unwrap_err();
         assert!(matches!(error, PlacementError::NoKeys(_)), "{error}");
         assert!(error.to_string().contains("--kek-file"), "{error}");
+        // A pool that is not there is named as such, keys or none.
+        let nope = PlacementRequest {
+            pool: Some("nope"),
+            ..encrypted
+        };
+        let error = place(&nodes, nope).unwrap_err();
+        assert_eq!(error, PlacementError::NoSuchPool("nope".into()));
+    }
+
+    /// A volume whose first member lands in a pool that encrypts is
+    /// encrypted: its other members go only to nodes holding keys; too few
+    /// of them is too few zones (so a replacement may fall back as usual).
+    #[test]
+    fn a_pool_that_encrypts_sends_the_other_members_to_nodes_holding_keys() {
+        let mut nodes = cluster();
+        let n2 = nodes.get_mut("n2").unwrap().alive.as_mut().unwrap();
+        n2.pools[0].encrypt = true;
+        nodes.get_mut("n1").unwrap().alive.as_mut().unwrap().keys = false;
+        let error = place_replicas(&nodes, request(10), 2).unwrap_err();
+        assert!(
+            matches!(error, PlacementError::TooFewZones { .. }),
+            "{error}"
+        );
+        assert!(error.to_string().contains("key-encryption keys"), "{error}");
+        nodes.get_mut("n1").unwrap().alive.as_mut().unwrap().keys = true;
+        let placed = place_replicas(&nodes, request(10), 2).unwrap();
+        let on: Vec<&str> = placed.iter().map(|p| p.node.as_str()).collect();
+        assert_eq!(on, ["n2", "n1"]);
     }
 
     #[test]

@@ -109,6 +109,10 @@ pub struct PoolSummary {
     /// Whether the pool has failed (no volume goes there).
     #[serde(default)]
     pub failed: bool,
+    /// Every volume created in it is encrypted (its other members then
+    /// go only to nodes holding keys).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub encrypt: bool,
 }
 
 impl PoolSummary {
@@ -191,6 +195,7 @@ mod tests {
             allocated_bytes: 12,
             provisioned_bytes: 20,
             failed: false,
+            encrypt: false,
         };
         assert_eq!(pool.free_bytes(), 0);
         assert_eq!(pool.unpromised_bytes(), 0);

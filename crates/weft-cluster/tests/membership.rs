@@ -51,6 +51,7 @@ fn nodes_join_one_cluster_and_show_up_with_their_status() {
             allocated_bytes: 10,
             provisioned_bytes: 10,
             failed: false,
+            encrypt: false,
         }],
         volumes: 3,
         keys: false,

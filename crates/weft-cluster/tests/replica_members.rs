@@ -30,6 +30,7 @@ fn status() -> NodeStatus {
             allocated_bytes: 0,
             provisioned_bytes: 0,
             failed: false,
+            encrypt: false,
         }],
         volumes: 0,
         keys: false,

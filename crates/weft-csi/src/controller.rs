@@ -435,7 +435,8 @@ impl ControllerService {
         if clustered(&pools) {
             if let Some(requirement) = requirement {
                 let nodes = self.list("nodes").await?;
-                if let Some(node) = crate::topology::choose(&nodes, requirement) {
+                let encrypted = body["encrypted"] == json!(true);
+                if let Some(node) = crate::topology::choose(&nodes, requirement, encrypted) {
                     body["node"] = json!(node);
                 }
             }

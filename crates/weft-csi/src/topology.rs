@@ -52,13 +52,22 @@ pub(crate) fn named<'a>(nodes: &'a [Value], segment: &HashMap<String, String>) -
 }
 
 /// Where a volume with `requirement` goes: the roomiest storage node the
-/// first segment that names any names (preferred segments first).
-pub(crate) fn choose(nodes: &[Value], requirement: &TopologyRequirement) -> Option<String> {
+/// first segment that names any names (preferred segments first); for an
+/// `encrypted` one, only nodes holding key-encryption keys count.
+pub(crate) fn choose(
+    nodes: &[Value],
+    requirement: &TopologyRequirement,
+    encrypted: bool,
+) -> Option<String> {
     requirement
         .preferred
         .iter()
         .chain(&requirement.requisite)
-        .map(|topology| named(nodes, &topology.segments))
+        .map(|topology| {
+            let mut named = named(nodes, &topology.segments);
+            named.retain(|node| !encrypted || node["keys"] == true);
+            named
+        })
         .find(|named| !named.is_empty())?
         .into_iter()
         .max_by_key(|node| free_bytes(node, None))
@@ -87,7 +96,7 @@ mod tests {
 
     fn nodes() -> Vec<Value> {
         let node = |name: &str, zone: &str, state: &str, free: u64| {
-            json!({"name": name, "zone": zone, "state": state, "pools": [
+            json!({"name": name, "zone": zone, "state": state, "keys": name != "s2", "pools": [
                 {"name": "p", "capacity_bytes": 100 + free, "allocated_bytes": 100, "failed": false},
                 {"name": "q", "capacity_bytes": 1000, "allocated_bytes": 0, "failed": true},
             ]})
@@ -138,12 +147,14 @@ mod tests {
                 segment(&[(NODE_KEY, "worker-8"), (ZONE_KEY, "z1")]),
             ],
         };
-        assert_eq!(choose(&nodes, &requirement).as_deref(), Some("s2"));
+        assert_eq!(choose(&nodes, &requirement, false).as_deref(), Some("s2"));
+        // s2 holds no keys: an encrypted volume goes to s1, the next in z1.
+        assert_eq!(choose(&nodes, &requirement, true).as_deref(), Some("s1"));
         let requirement = TopologyRequirement {
             requisite: vec![segment(&[(NODE_KEY, "worker-7")])],
             preferred: Vec::new(),
         };
-        assert_eq!(choose(&nodes, &requirement), None, "anywhere");
+        assert_eq!(choose(&nodes, &requirement, false), None, "anywhere");
         assert_eq!(
             free_bytes(&nodes[1], None),
             30,

@@ -222,6 +222,7 @@ pub fn node_status(status: &StatusReader) -> NodeStatus {
                 allocated_bytes: pool.info.allocated_bytes,
                 provisioned_bytes: pool.info.provisioned_bytes,
                 failed: pool.failure.is_some(),
+                encrypt: pool.encrypt,
             })
             .collect(),
     }

@@ -11,6 +11,7 @@ use std::io::Read;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use weft_volume::crypt::Keyring;
 use zeroize::Zeroizing;
@@ -97,42 +98,51 @@ fn run(command: &str) -> Result<Zeroizing<String>, String> {
         .process_group(0)
         .spawn()
         .map_err(|e| format!("{WHAT}: {e}"))?;
+    let started = Instant::now();
     let stdout = drain(child.stdout.take(), KEY_TEXT_BYTES_MAX);
     let stderr = drain(child.stderr.take(), STDERR_BYTES_MAX);
-    let status = match wait(&mut child) {
-        Some(status) => status,
-        None => {
-            kill_group(&child);
-            let _ = child.wait();
-            return Err(format!(
-                "{WHAT} did not finish within {} s",
-                COMMAND_PATIENCE.as_secs()
-            ));
-        }
+    let Some(status) = wait(&mut child, started) else {
+        kill_group(&mut child);
+        return Err(format!(
+            "{WHAT} did not finish within {} s",
+            COMMAND_PATIENCE.as_secs()
+        ));
     };
-    let text = Zeroizing::new(stdout.join().unwrap_or_default());
+    // A process the command left behind may hold its output open: waited
+    // for no longer than the command's own time.
+    let left = COMMAND_PATIENCE.saturating_sub(started.elapsed());
+    let Ok(text) = stdout.recv_timeout(left) else {
+        kill_group(&mut child);
+        return Err(format!(
+            "{WHAT} exited, but a process it started keeps its output open; make it print the keys and exit"
+        ));
+    };
+    let text = Zeroizing::new(text);
     if !status.success() {
-        let stderr = stderr.join().unwrap_or_default();
+        let stderr = stderr
+            .recv_timeout(Duration::from_secs(1))
+            .unwrap_or_default();
         return Err(format!("{WHAT} failed ({status}): {}", stderr.trim()));
     }
     Ok(text)
 }
 
 /// Reads `pipe` to its end on a thread of its own (at most `limit` bytes
-/// kept, the rest read and dropped).
-fn drain<R: Read + Send + 'static>(pipe: Option<R>, limit: u64) -> std::thread::JoinHandle<String> {
+/// kept, the rest read and dropped); the text arrives on the receiver.
+fn drain<R: Read + Send + 'static>(pipe: Option<R>, limit: u64) -> mpsc::Receiver<String> {
+    let (sender, receiver) = mpsc::channel();
     std::thread::spawn(move || {
         let mut text = String::new();
         if let Some(mut pipe) = pipe {
             let _ = pipe.by_ref().take(limit).read_to_string(&mut text);
             let _ = std::io::copy(&mut pipe, &mut std::io::sink());
         }
-        text
-    })
+        let _ = sender.send(text);
+    });
+    receiver
 }
 
-fn wait(child: &mut Child) -> Option<std::process::ExitStatus> {
-    let started = Instant::now();
+fn wait(child: &mut Child, started: Instant) -> Option<std::process::ExitStatus> {
     while started.elapsed() < COMMAND_PATIENCE {
         if let Ok(Some(status)) = child.try_wait() {
             return Some(status);
@@ -142,10 +152,13 @@ fn wait(child: &mut Child) -> Option<std::process::ExitStatus> {
     None
 }
 
-/// Kills the command's whole process group (its children too).
-fn kill_group(child: &Child) {
+/// Kills the command's whole process group (its children too), and the
+/// shell itself in any case.
+fn kill_group(child: &mut Child) {
     let group = format!("-{}", child.id());
     let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
+    let _ = child.kill();
+    let _ = child.wait();
 }
 
 #[cfg(test)]

@@ -378,6 +378,9 @@ pub struct ManagerHandle {
     admin_full: Arc<LimitReached>,
     /// Where the node's key-encryption keys come from.
     key_source: Option<crate::keys::KeySource>,
+    /// Held by a rewrap from loading the keys until the manager answered:
+    /// a slow key command's older keys never land after newer ones.
+    rewraps: Arc<std::sync::Mutex<()>>,
 }
 
 impl crate::replication::NodeServices for ManagerHandle {
@@ -442,14 +445,20 @@ impl ManagerHandle {
 
     /// Runs an admin operation and waits for its result.
     pub fn call(&self, op: AdminOp) -> Result<(), AdminError> {
+        let mut _one_rewrap_at_a_time = None;
         let op = match op {
             AdminOp::RewrapKeys {
                 pool,
                 keyring: None,
-            } => AdminOp::RewrapKeys {
-                pool,
-                keyring: Some(self.load_keys()?),
-            },
+            } => {
+                let guard = self.rewraps.lock();
+                _one_rewrap_at_a_time =
+                    Some(guard.unwrap_or_else(std::sync::PoisonError::into_inner));
+                AdminOp::RewrapKeys {
+                    pool,
+                    keyring: Some(self.load_keys()?),
+                }
+            }
             op => op,
         };
         let stopped = || AdminError::Node("the volume manager has stopped".into());
@@ -591,6 +600,7 @@ impl Manager {
                 io_full: Arc::default(),
                 admin_full: Arc::default(),
                 key_source: None,
+                rewraps: Arc::default(),
             },
             generation,
             published: Arc::default(),

@@ -403,6 +403,49 @@ fn replicas_and_members_each_encrypt_with_their_own_nodes_key() {
             "{name}'s device holds plaintext after the rebuild"
         );
     }
+
+    // A pool that encrypts its volumes encrypts a replica placed in it,
+    // whatever the volume's primary does: n2's pool `sealed` encrypts,
+    // n1's and n3's do not.
+    for name in ["n1", "n2", "n3"] {
+        let device = dir.join(name).join("sealed.img");
+        let mut args = vec!["pool", "create", "sealed", "--node", name];
+        args.extend([
+            "--device",
+            device.to_str().unwrap(),
+            "--device-size",
+            "64MiB",
+        ]);
+        if name == "n2" {
+            args.push("--encrypt");
+        }
+        ok(survivor, &args);
+    }
+    let create = [
+        "volume",
+        "create",
+        "mixed",
+        "--size",
+        "8MiB",
+        "--replicas",
+        "3",
+    ];
+    let create = [&create[..], &["--pool", "sealed", "--node", "n1"]].concat();
+    eventually("the volume created", || support::weft(survivor, &create).0);
+    ok(survivor, &["volume", "attach", "mixed", "--host", "tester"]);
+    eventually("every member in sync", || {
+        let states = member_states(survivor, "mixed");
+        states.len() == 3 && states.iter().all(|(_, _, state)| state == "in-sync")
+    });
+    let n1 = nodes[0].as_ref().unwrap();
+    let (_c, mut queue) = connect_as(n1, &nqn("mixed"), HOST_NQN, 1);
+    for n in 0..8 {
+        retrying("write", || queue.write(1, n * 2, BLOCK, &block(n)));
+    }
+    retrying("flush", || queue.flush(1));
+    let sealed = |name: &str| dir.join(name).join("sealed.img");
+    assert!(device_holds(&sealed("n1"), marker), "n1's plain copy");
+    assert!(!device_holds(&sealed("n2"), marker), "n2's pool encrypts");
 }
 
 /// The primary of `volume` other than `lost`, once there is one.

@@ -118,12 +118,24 @@ impl Manager {
                 .erasure
                 .as_ref()
                 .and_then(|e| crate::erasure::shard_bytes(replication, e));
+            // A pool that encrypts its volumes encrypts this copy too (with
+            // this node's key, as every copy has its own).
+            let pool_encrypts = match self.pool_encrypts(&member.pool) {
+                Ok(encrypts) => encrypts,
+                Err(error) => {
+                    log::warn!(
+                        "volume {name}: its copy waits: pool {}: {error}",
+                        member.pool
+                    );
+                    continue;
+                }
+            };
             let spec = VolumeSpec {
                 name: name.clone(),
                 size_bytes: shard.unwrap_or(replication.size_bytes),
                 block_size: replication.block_size,
                 thick: replication.thick,
-                encrypted: replication.encrypted,
+                encrypted: replication.encrypted || pool_encrypts,
             };
             // A copy made for a new volume (epoch 1, every replica in sync)
             // is as empty as the others; any other may lack writes. (An
