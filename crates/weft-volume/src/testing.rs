@@ -223,7 +223,8 @@ impl Media for FaultyMedia {
 }
 
 /// Fuzz entry point: damages the metadata of a small pool (a volume with
-/// data, a snapshot and a clone) with `data` — the first byte picks the
+/// data, a snapshot and a clone, encrypted volumes, one of them deleted so
+/// that its key was scrubbed) with `data` — the first byte picks the
 /// region (superblock, either checkpoint, journal), the next two an offset in
 /// it — then opens it and reads everything. Opening may fail; it must never
 /// panic or allocate without bound.
@@ -233,8 +234,15 @@ pub fn fuzz_open(data: &[u8]) {
         static SAMPLE: (FaultyMedia, crate::format::Layout) = {
             let options = PoolOptions { name: "fuzz".into(), chunk_bytes: 64 << 10, uuid: [3; 16] };
             let mut pool = Pool::create(FaultyMedia::new(1, 4 << 20, 1), options).expect("sample pool");
-            let spec = VolumeSpec { name: "v".into(), size_bytes: 256 << 10, block_size: 512, thick: false, encrypted: false };
-            pool.create_volume(&spec).expect("volume");
+            pool.unlock(fuzz_keyring());
+            let spec = |name: &str, encrypted| VolumeSpec { name: name.into(), size_bytes: 256 << 10, block_size: 512, thick: false, encrypted };
+            for (name, encrypted) in [("e", true), ("d", true)] {
+                pool.create_volume(&spec(name, encrypted)).expect("volume");
+            }
+            pool.write("e", 4 << 10, &[7; 4096]).expect("write");
+            pool.delete_volume("d").expect("delete");
+            pool.create_volume(&spec("f", true)).expect("volume");
+            pool.create_volume(&spec("v", false)).expect("volume");
             pool.write("v", 70 << 10, &[9; 4096]).expect("write");
             pool.create_snapshot("v", "s").expect("snapshot");
             pool.clone_volume("v", "s", "c").expect("clone");
@@ -268,6 +276,7 @@ pub fn fuzz_open(data: &[u8]) {
     let Ok(mut pool) = Pool::open(media) else {
         return;
     };
+    pool.unlock(fuzz_keyring());
     type Sizes = Vec<(String, u64)>;
     let volumes: Vec<(String, u64, Sizes)> = pool
         .volumes()
@@ -289,6 +298,12 @@ pub fn fuzz_open(data: &[u8]) {
             let _ = pool.read_snapshot(&name, &snapshot, 0, &mut buf);
         }
     }
+}
+
+/// The fuzz sample's key-encryption key.
+fn fuzz_keyring() -> std::sync::Arc<crate::crypt::Keyring> {
+    let keyring = crate::crypt::Keyring::parse(&"fuzz-kek-".repeat(4)).expect("a key");
+    std::sync::Arc::new(keyring)
 }
 
 /// Recomputes the CRC of the frame at `start` (payload length clamped to the region).
