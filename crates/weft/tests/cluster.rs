@@ -105,24 +105,7 @@ fn three_nodes_share_one_desired_state_in_etcd() {
     });
 
     // Pools on every node, made through n1.
-    for (name, node_dir) in [("n1", "n1"), ("n2", "n2"), ("n3", "n3")] {
-        let device = dir.join(node_dir).join("p.img");
-        let device = device.to_str().unwrap();
-        ok(
-            &n1,
-            &[
-                "pool",
-                "create",
-                "p",
-                "--node",
-                name,
-                "--device",
-                device,
-                "--device-size",
-                "256MiB",
-            ],
-        );
-    }
+    support::cluster::pool_on_each(&n1, &dir, &["n1", "n2", "n3"]);
     let pools = json(&n2, &["pool", "list"]);
     let mut pool_nodes: Vec<&str> = pools
         .as_array()

@@ -12,6 +12,17 @@ const HOST_NQN: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-
 const KEK_A: &str = "6b1d0e8f2a4c39577e1b0d2f4a6c8e9f1b3d5f7a9c0e2f4b6d8a1c3e5f7b9d0a";
 const KEK_B: &str = "b9d0a6b1d0e8f2a4c39577e1b0d2f4a6c8e9f1b3d5f7a9c0e2f4b6d8a1c3e5f7";
 const BLOCK: u32 = 4096;
+/// `weft volume create` of the single node's encrypted volume.
+const CREATE_SEC: [&str; 8] = [
+    "volume",
+    "create",
+    "sec",
+    "--pool",
+    "p",
+    "--size",
+    "16MiB",
+    "--encrypt",
+];
 const BLOCKS: u64 = 64;
 
 /// Block `n`'s recognisable content.
@@ -82,19 +93,7 @@ fn an_encrypted_volume_is_ciphertext_on_its_device_and_served_only_with_its_key(
             "256MiB",
         ],
     );
-    let error = refused(
-        &node,
-        &[
-            "volume",
-            "create",
-            "sec",
-            "--pool",
-            "p",
-            "--size",
-            "16MiB",
-            "--encrypt",
-        ],
-    );
+    let error = refused(&node, &CREATE_SEC);
     assert!(
         error.contains("no key-encryption key") && error.contains("--kek-file"),
         "{error}"
@@ -116,19 +115,7 @@ fn an_encrypted_volume_is_ciphertext_on_its_device_and_served_only_with_its_key(
     node.terminate();
 
     let node = start_node(&data, &["--kek-file", keys_arg]);
-    ok(
-        &node,
-        &[
-            "volume",
-            "create",
-            "sec",
-            "--pool",
-            "p",
-            "--size",
-            "16MiB",
-            "--encrypt",
-        ],
-    );
+    ok(&node, &CREATE_SEC);
     ok(
         &node,
         &[
@@ -243,19 +230,9 @@ fn an_encrypted_volume_is_ciphertext_on_its_device_and_served_only_with_its_key(
     node.terminate();
 }
 
-/// `volume show NAME` as the API gives it (null while the call fails).
-fn shown(node: &Node, volume: &str) -> serde_json::Value {
-    let path = format!("/api/v1/volumes/{volume}");
-    let (status, shown) = support::api(node, Some(&node.token), "GET", &path, None);
-    if status == 200 {
-        shown
-    } else {
-        serde_json::Value::Null
-    }
-}
-
+/// Each member of `volume` as `node` shows it: (node, role, state).
 fn member_states(node: &Node, volume: &str) -> Vec<(String, String, String)> {
-    let shown = shown(node, volume);
+    let shown = support::cluster::volume_view(node, volume);
     let replicas = shown["replicas"].as_array().cloned().unwrap_or_default();
     replicas
         .iter()
@@ -284,19 +261,7 @@ fn replicas_and_members_each_encrypt_with_their_own_nodes_key() {
     };
     let (_etcd, _endpoints, _token, started) = nodes_with(&dir, "", 3, key_arg);
     let n1 = &started[0];
-    for name in ["n1", "n2", "n3"] {
-        let device = dir.join(name).join("p.img");
-        let args = [
-            "pool",
-            "create",
-            "p",
-            "--node",
-            name,
-            "--device",
-            device.to_str().unwrap(),
-        ];
-        ok(n1, &[&args[..], &["--device-size", "256MiB"]].concat());
-    }
+    support::cluster::pool_on_each(n1, &dir, &["n1", "n2", "n3"]);
     ok(n1, &["host", "add", "tester", "--nqn", HOST_NQN]);
     for (volume, layout) in [("rep", ["--replicas", "3"]), ("ec", ["--ec", "2+1"])] {
         let create = [

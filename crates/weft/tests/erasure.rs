@@ -26,12 +26,7 @@ const STRIPE_BLOCKS: u64 = 32;
 /// Through `n1`: a pool on each of `names`, the host "tester", and volume
 /// "ec" (16 MiB, erasure-coded `layout`) attached to it.
 fn erasure_coded_volume(n1: &Node, dir: &Path, names: &[&str], layout: &str) {
-    for name in names {
-        let device = dir.join(name).join("p.img");
-        let device = device.to_str().unwrap();
-        let args = ["pool", "create", "p", "--node", name, "--device", device];
-        ok(n1, &[&args[..], &["--device-size", "256MiB"]].concat());
-    }
+    support::cluster::pool_on_each(n1, dir, names);
     ok(n1, &["host", "add", "tester", "--nqn", HOST_NQN]);
     let create = ["volume", "create", "ec", "--size", "16MiB", "--ec", layout];
     eventually("the volume created", || support::weft(n1, &create).0);
@@ -54,12 +49,7 @@ fn at(nodes: &[(String, Option<Node>)], name: &str) -> usize {
 
 /// `volume show ec` as `node` answers it (null while the call fails).
 fn shown(node: &Node) -> serde_json::Value {
-    let (status, shown) = support::api(node, Some(&node.token), "GET", "/api/v1/volumes/ec", None);
-    if status == 200 {
-        shown
-    } else {
-        serde_json::Value::Null
-    }
+    support::cluster::volume_view(node, "ec")
 }
 
 fn primary_of(node: &Node) -> String {

@@ -165,3 +165,28 @@ pub fn write_status(
         }
     }
 }
+
+/// Through `via`: pool `p` on each node of `names`, over a 256 MiB sparse
+/// file `DIR/NAME/p.img`.
+pub fn pool_on_each(via: &Node, dir: &Path, names: &[&str]) {
+    for name in names {
+        let device = dir.join(name).join("p.img");
+        let args = ["pool", "create", "p", "--node", name, "--device"];
+        let size = ["--device-size", "256MiB"];
+        super::ok(
+            via,
+            &[&args[..], &[device.to_str().unwrap()], &size].concat(),
+        );
+    }
+}
+
+/// `GET volumes/VOLUME` as `node` answers it (null while the call fails).
+pub fn volume_view(node: &Node, volume: &str) -> serde_json::Value {
+    let path = format!("/api/v1/volumes/{volume}");
+    let (status, shown) = super::api(node, Some(&node.token), "GET", &path, None);
+    if status == 200 {
+        shown
+    } else {
+        serde_json::Value::Null
+    }
+}
