@@ -1166,7 +1166,7 @@ fn admin_failure(error: &AdminError) -> Response {
                 (507, "pool_full", "free space: delete snapshots or volumes")
             }
             VolumeError::MetadataFull { .. } => {
-                (507, "metadata_full", "delete snapshots or clones")
+                (507, "metadata_full", "free space: delete snapshots, clones or volumes, or add devices")
             }
             VolumeError::Io { .. } => (500, "io", "check the device (dmesg) and retry"),
             VolumeError::Failed { .. } => (

@@ -1,4 +1,4 @@
-//! The pool's on-disk format, versions 1 and 2 (docs/VOLUME-FORMAT.md
+//! The pool's on-disk format, versions 1 to 3 (docs/VOLUME-FORMAT.md
 //! describes it for humans; this module is the normative encoder and decoder).
 //!
 //! Every member device starts with a metadata region of `meta_bytes`
@@ -13,7 +13,9 @@
 //!
 //! The chunks are striped over groups of members, one after the other: the
 //! devices the pool was created on, then those of each growth (version 2
-//! superblocks list the groups and a generation number).
+//! superblocks list the groups and a generation number). Checkpoints that
+//! outgrow their slots continue into allocation units the superblock names
+//! (version 3, see `extension`).
 //!
 //! Superblocks, checkpoints and journal records each carry a CRC-32C, and
 //! checkpoints and records carry the pool UUID and a sequence number, so a
@@ -23,9 +25,13 @@
 use crate::codec::{Decoder, Encoder};
 use thiserror::Error;
 
-/// Newest format version: written once a pool has grown (a pool that never
-/// grew is written in version 1). This code opens versions 1 and 2.
-pub const FORMAT_VERSION: u32 = 2;
+mod extension;
+pub use extension::{Extension, Extent, EXTENTS_MAX};
+
+/// Newest format version: written once a pool's checkpoints extend past
+/// their slots; version 2 once a pool has grown, version 1 before. This
+/// code opens versions 1 to 3.
+pub const FORMAT_VERSION: u32 = 3;
 /// Superblock magic.
 pub const SUPERBLOCK_MAGIC: [u8; 8] = *b"WEFTPOOL";
 /// Journal record magic.
@@ -55,7 +61,7 @@ pub enum FormatError {
     #[error("checksum mismatch")]
     BadChecksum,
     /// Written by a newer (or unknown) format version.
-    #[error("format version {0} is not supported (this weft reads versions 1 and 2)")]
+    #[error("format version {0} is not supported (this weft reads versions 1 to 3)")]
     UnsupportedVersion(u32),
     /// Belongs to another pool (a stale block from a pool created earlier on the same device).
     #[error("belongs to another pool")]
@@ -144,10 +150,24 @@ impl Layout {
     /// Checkpoints are sized to hold about eight chunk references per
     /// physical chunk at the worst-case encoding (12 bytes per reference).
     pub fn plan(members: u16, member_bytes: u64, chunk_bytes: u32) -> Result<Layout, String> {
+        let rough_chunks = member_bytes / u64::from(chunk_bytes) * u64::from(members);
+        let checkpoint_bytes = round_up(64 * 1024 + rough_chunks * 96, 1 << 20);
+        Layout::plan_with_checkpoints(members, member_bytes, chunk_bytes, checkpoint_bytes)
+    }
+
+    /// As [`Layout::plan`], with checkpoint slots of `checkpoint_bytes` (a
+    /// multiple of 4 KiB; the crash tests use small ones, so that
+    /// checkpoints outgrow their slots early).
+    pub fn plan_with_checkpoints(
+        members: u16,
+        member_bytes: u64,
+        chunk_bytes: u32,
+        checkpoint_bytes: u64,
+    ) -> Result<Layout, String> {
         assert!(chunk_bytes.is_power_of_two(), "validated by the caller");
+        assert!(checkpoint_bytes.is_multiple_of(META_BLOCK as u64) && checkpoint_bytes > 0);
         let chunk = u64::from(chunk_bytes);
         let rough_chunks = member_bytes / chunk * u64::from(members);
-        let checkpoint_bytes = round_up(64 * 1024 + rough_chunks * 96, 1 << 20);
         let journal_bytes = round_up((rough_chunks * 16).clamp(1 << 20, 64 << 20), 1 << 20);
         let meta_bytes = round_up(
             CHECKPOINTS_OFFSET + 2 * checkpoint_bytes + journal_bytes,
@@ -255,6 +275,24 @@ impl Layout {
         (member, offset)
     }
 
+    /// The physical chunk that starts at byte `offset` of `member`, if one does.
+    pub fn chunk_at(&self, member: usize, offset: u64) -> Option<u32> {
+        let group = self.groups().iter().find(|g| {
+            let first = usize::from(g.first_member);
+            (first..first + usize::from(g.members)).contains(&member)
+        })?;
+        let data = offset.checked_sub(self.meta_bytes)?;
+        let index = data >> self.chunk_shift();
+        if data & (u64::from(self.chunk_bytes) - 1) != 0
+            || index >= u64::from(group.chunks_per_member)
+        {
+            return None;
+        }
+        let within = index as u32 * u32::from(group.members)
+            + (member - usize::from(group.first_member)) as u32;
+        Some(group.first_chunk + within)
+    }
+
     /// Byte offset of checkpoint slot `slot` (0 or 1) on each metadata member.
     pub fn checkpoint_offset(&self, slot: usize) -> u64 {
         CHECKPOINTS_OFFSET + slot as u64 * self.checkpoint_bytes
@@ -304,31 +342,39 @@ pub struct Superblock {
     pub generation: u64,
     /// Region sizes and groups.
     pub layout: Layout,
+    /// Where the checkpoint slots continue (empty until they outgrow their size).
+    pub extension: Extension,
 }
 
 impl Superblock {
-    /// One superblock copy, padded to [`SUPERBLOCK_BYTES`], CRC last. A pool
-    /// that never grew is written in version 1 (older builds open it).
+    /// One superblock copy, padded to [`SUPERBLOCK_BYTES`], CRC last. Written
+    /// in the oldest version that holds it (older builds open a pool that
+    /// never grew, and one whose checkpoints never outgrew their slots).
     pub fn encode(&self) -> Vec<u8> {
         let layout = &self.layout;
         let version_1 =
             self.generation == 0 && layout.groups().len() == 1 && layout.groups()[0].tag == 0;
+        let version = match (version_1, self.extension.is_empty()) {
+            (true, true) => 1,
+            (false, true) => 2,
+            (_, false) => FORMAT_VERSION,
+        };
         let mut e = Encoder::new();
         e.bytes(&SUPERBLOCK_MAGIC);
-        e.u32(if version_1 { 1 } else { FORMAT_VERSION });
+        e.u32(version);
         e.u32(0); // flags, none defined
         e.bytes(&self.pool_uuid);
         e.name(&self.pool_name);
         e.u16(self.member);
         e.u16(layout.members);
         e.u32(layout.chunk_bytes);
-        if version_1 {
+        if version == 1 {
             e.u32(layout.groups()[0].chunks_per_member);
         }
         e.u64(layout.meta_bytes);
         e.u64(layout.checkpoint_bytes);
         e.u64(layout.journal_bytes);
-        if !version_1 {
+        if version > 1 {
             e.u64(self.generation);
             e.u16(layout.groups().len() as u16);
             for group in layout.groups() {
@@ -337,15 +383,21 @@ impl Superblock {
                 e.u32(group.tag);
             }
         }
+        if version > 2 {
+            self.extension.encode(&mut e);
+        }
         let mut bytes = e.into_bytes();
-        assert!(bytes.len() <= SUPERBLOCK_BYTES - 4, "64 groups fit");
+        assert!(
+            bytes.len() <= SUPERBLOCK_BYTES - 4,
+            "64 groups and 3 x 2 x 16 extents fit"
+        );
         bytes.resize(SUPERBLOCK_BYTES - 4, 0);
         let crc = crc32c::crc32c(&bytes);
         bytes.extend_from_slice(&crc.to_le_bytes());
         bytes
     }
 
-    /// Decodes and checks one superblock copy (version 1 or 2).
+    /// Decodes and checks one superblock copy (version 1, 2 or 3).
     pub fn decode(block: &[u8]) -> Result<Superblock, FormatError> {
         if block.len() < SUPERBLOCK_BYTES {
             return Err(FormatError::Truncated);
@@ -402,13 +454,23 @@ impl Superblock {
         if layout.members != members || member >= members {
             return Err(inconsistent());
         }
+        let extension = match version {
+            3 => Extension::decode(&mut d, &layout)?,
+            _ => Extension::default(),
+        };
         Ok(Superblock {
             pool_uuid,
             pool_name,
             member,
             generation,
             layout,
+            extension,
         })
+    }
+
+    /// Bytes one checkpoint may take (its slot and the slot's extents).
+    pub fn checkpoint_room(&self) -> u64 {
+        self.extension.room(&self.layout)
     }
 }
 
@@ -528,6 +590,7 @@ mod tests {
             member: 1,
             generation: 0,
             layout: Layout::plan(2, 256 << 20, 1 << 20).unwrap(),
+            extension: Extension::default(),
         }
     }
 
@@ -579,12 +642,12 @@ mod tests {
             Err(FormatError::BadMagic)
         );
         let mut newer = superblock().encode();
-        newer[8] = 3;
+        newer[8] = 4;
         let crc = crc32c::crc32c(&newer[..SUPERBLOCK_BYTES - 4]);
         newer[SUPERBLOCK_BYTES - 4..].copy_from_slice(&crc.to_le_bytes());
         assert_eq!(
             Superblock::decode(&newer),
-            Err(FormatError::UnsupportedVersion(3))
+            Err(FormatError::UnsupportedVersion(4))
         );
     }
 
@@ -662,6 +725,136 @@ mod tests {
         let v1 = superblock().encode();
         assert_eq!(hex(&v1[8..12]), "01000000");
         assert_eq!(Superblock::decode(&v1).unwrap().layout.groups().len(), 1);
+    }
+
+    /// `grown()` with checkpoints extended by 2 units per slot: copies 0
+    /// and 1 on their own members, copy 2 on member 3 (not a copy).
+    fn extended() -> Superblock {
+        let base = grown();
+        let layout = base.layout;
+        let unit = |member: usize, index: u64| Extent {
+            member: member as u16,
+            offset: layout.meta_bytes + (index << 20),
+            chunks: 1,
+        };
+        let extension = Extension {
+            chunks: 2,
+            copies: vec![
+                [
+                    vec![unit(0, 10), unit(0, 20)],
+                    vec![unit(0, 11), unit(0, 21)],
+                ],
+                [
+                    vec![Extent {
+                        chunks: 2,
+                        ..unit(1, 0)
+                    }],
+                    vec![Extent {
+                        chunks: 2,
+                        ..unit(1, 2)
+                    }],
+                ],
+                [
+                    vec![Extent {
+                        chunks: 2,
+                        ..unit(3, 0)
+                    }],
+                    vec![Extent {
+                        chunks: 2,
+                        ..unit(3, 2)
+                    }],
+                ],
+            ],
+        };
+        Superblock {
+            generation: 2,
+            extension,
+            ..base
+        }
+    }
+
+    /// Checkpoints that outgrew their slots make a version 3 superblock
+    /// naming the units they continue into; version 2 builds refuse it.
+    #[test]
+    fn extended_superblocks_are_version_3_and_are_checked() {
+        let superblock = extended();
+        let block = superblock.encode();
+        assert_eq!(hex(&block[8..16]), "0300000000000000", "version 3, flags 0");
+        assert_eq!(Superblock::decode(&block).unwrap(), superblock);
+        let at = 8 + 8 + 16 + 5 + 2 + 2 + 4 + 24 + 10 + 20;
+        assert_eq!(
+            hex(&block[at..at + 6 + 14]),
+            "02000000".to_owned() + "03" + "02" + "0000" + "0000e00000000000" + "01000000",
+            "2 units per slot, 3 copies; copy 0 slot 0: 2 extents, member 0 at 14 MiB, 1 unit"
+        );
+        let layout = superblock.layout;
+        assert_eq!(
+            superblock.checkpoint_room(),
+            layout.checkpoint_bytes + (2 << 20)
+        );
+        assert_eq!(
+            superblock.extension.pieces(&layout, 2, 1),
+            vec![
+                (2, layout.checkpoint_offset(1), layout.checkpoint_bytes),
+                (3, layout.meta_bytes + (2 << 20), 2 << 20)
+            ]
+        );
+        let mut held = superblock.extension.chunks_held(&layout);
+        held.sort_unstable();
+        assert_eq!(held.len(), 12);
+        assert_eq!(layout.chunk_at(0, layout.meta_bytes + (10 << 20)), Some(20));
+        assert_eq!(
+            layout.chunk_at(3, layout.meta_bytes + (2 << 20)),
+            Some(504 + 1 + 3 * 2)
+        );
+        assert_eq!(
+            layout.chunk_at(3, layout.meta_bytes + 4096),
+            None,
+            "not a unit's start"
+        );
+        assert_eq!(
+            layout.chunk_at(4, layout.meta_bytes + (124 << 20)),
+            None,
+            "past the device's units"
+        );
+
+        let rejected = |change: &dyn Fn(&mut Extension)| {
+            let mut bad = extended();
+            change(&mut bad.extension);
+            Superblock::decode(&bad.encode())
+        };
+        let malformed = Err(FormatError::Malformed(
+            "superblock checkpoint extension is inconsistent",
+        ));
+        assert_eq!(rejected(&|e| e.chunks = 3), malformed, "slots add up to 2");
+        assert_eq!(
+            rejected(&|e| e.copies[2][0][0].member = 5),
+            malformed,
+            "a member beyond the pool"
+        );
+        assert_eq!(
+            rejected(&|e| e.copies[1][1][0].offset = layout.meta_bytes),
+            malformed,
+            "a unit named twice"
+        );
+        assert_eq!(
+            rejected(&|e| e.copies[0][0][0].offset = layout.meta_bytes + (251 << 20)),
+            Ok(Superblock {
+                extension: {
+                    let mut e = extended().extension;
+                    e.copies[0][0][0].offset = layout.meta_bytes + (251 << 20);
+                    e
+                },
+                ..extended()
+            }),
+            "the last unit of member 0"
+        );
+        assert_eq!(
+            rejected(&|e| e.copies[0][0][0].offset = layout.meta_bytes + (252 << 20)),
+            malformed,
+            "past member 0's units"
+        );
+        assert_eq!(rejected(&|e| e.copies.truncate(2)), malformed, "3 copies");
     }
 
     #[test]

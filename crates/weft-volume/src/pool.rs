@@ -17,8 +17,8 @@
 use crate::codec::{Decoder, Encoder};
 use crate::crypt::{Keyring, VolumeCipher};
 use crate::format::{
-    FormatError, Frame, Layout, Superblock, CHECKPOINT_MAGIC, FRAME_HEADER_BYTES, MEMBERS_MAX,
-    META_BLOCK, RECORD_MAGIC, SUPERBLOCK_BYTES,
+    Extension, FormatError, Frame, Layout, Superblock, CHECKPOINT_MAGIC, MEMBERS_MAX, META_BLOCK,
+    RECORD_MAGIC, SUPERBLOCK_BYTES,
 };
 use crate::map::{ChunkMap, Lookup};
 use crate::media::Media;
@@ -28,7 +28,9 @@ use std::collections::BTreeMap;
 use std::io;
 use std::sync::Arc;
 
+mod checkpoints;
 mod encryption;
+use checkpoints::{read_checkpoint, write_checkpoint_frame, write_zeroes};
 pub use encryption::{Encryption, Rewrapped};
 
 /// Largest payload of one journal record; bigger commits span several.
@@ -153,7 +155,28 @@ impl<M: Media> Pool<M> {
     }
 
     /// Formats `media` as a new, empty pool.
-    pub fn create(mut media: M, options: PoolOptions) -> Result<Pool<M>, VolumeError> {
+    pub fn create(media: M, options: PoolOptions) -> Result<Pool<M>, VolumeError> {
+        Pool::create_planned(media, options, Layout::plan)
+    }
+
+    /// As [`Pool::create`], with checkpoint slots of `checkpoint_bytes` (a
+    /// multiple of 4 KiB): small slots make checkpoints outgrow them early.
+    #[cfg(any(test, feature = "testing"))]
+    pub fn create_with_checkpoints(
+        media: M,
+        options: PoolOptions,
+        checkpoint_bytes: u64,
+    ) -> Result<Pool<M>, VolumeError> {
+        Pool::create_planned(media, options, |members, bytes, chunk| {
+            Layout::plan_with_checkpoints(members, bytes, chunk, checkpoint_bytes)
+        })
+    }
+
+    fn create_planned(
+        mut media: M,
+        options: PoolOptions,
+        plan: impl Fn(u16, u64, u32) -> Result<Layout, String>,
+    ) -> Result<Pool<M>, VolumeError> {
         check_name("pool", &options.name)?;
         if !options.chunk_bytes.is_power_of_two()
             || !(64 << 10..=1 << 30).contains(&options.chunk_bytes)
@@ -169,7 +192,7 @@ impl<M: Media> Pool<M> {
             .filter(|&m| (1..=64).contains(&m))
             .ok_or_else(|| VolumeError::invalid("device list", "give 1 to 64 devices"))?;
         let smallest = (0..members).map(|m| media.size_bytes(m)).min().unwrap_or(0);
-        let layout = Layout::plan(members_u16, smallest, options.chunk_bytes)
+        let layout = plan(members_u16, smallest, options.chunk_bytes)
             .map_err(|reason| VolumeError::invalid("devices", reason))?;
         let superblock = Superblock {
             pool_uuid: options.uuid,
@@ -177,6 +200,7 @@ impl<M: Media> Pool<M> {
             member: 0,
             generation: 0,
             layout,
+            extension: Extension::default(),
         };
         let state = PoolState::new(layout.chunks(), layout.chunk_shift());
         let io = |context: &str| {
@@ -286,10 +310,9 @@ impl<M: Media> Pool<M> {
     /// Each device must hold at least the metadata region and one allocation
     /// unit, and must not be a member already or carry another pool's
     /// superblock. The pool keeps at most 64 devices and fewer than 2^32
-    /// allocation units. The checkpoint region keeps the size chosen at
-    /// creation: a pool grown to many times its size runs out of room for
-    /// references before it runs out of space (changes then fail with "no
-    /// room left for metadata"; a warning says so at growth).
+    /// allocation units. The checkpoints grow into free units as the pool
+    /// holds more (see `checkpoints`); a metadata copy a growth adds takes
+    /// its share of them from its own device.
     ///
     /// Crash-atomic: the new devices' superblocks (and metadata copies, when
     /// the pool had fewer than three members) are written and synced first;
@@ -352,9 +375,17 @@ impl<M: Media> Pool<M> {
                 return Err(error);
             }
         };
+        let (extension, new_units) = match self.extension_for_growth(&new) {
+            Ok(planned) => planned,
+            Err(error) => {
+                self.detach_from(first_new);
+                return Err(error);
+            }
+        };
         let grown = Superblock {
             generation: self.superblock.generation + 1,
             layout: new,
+            extension,
             ..self.superblock.clone()
         };
         if let Err(source) = self.prepare_new_members(&grown, first_new) {
@@ -373,6 +404,9 @@ impl<M: Media> Pool<M> {
         }
         self.superblock = grown;
         self.state.grow(new.chunks());
+        self.state
+            .reserve(&new_units)
+            .expect("a new device's units are free");
         self.state.renew_maps();
         if new.metadata_copies() > old.metadata_copies() {
             // The new copies hold a checkpoint of this state already; this
@@ -381,14 +415,6 @@ impl<M: Media> Pool<M> {
                 self.failed = Some(format!("writing the metadata copies after growth: {error}"));
                 return Err(self.failed_error());
             }
-        }
-        let references = (new.checkpoint_bytes - FRAME_HEADER_BYTES as u64) / 12;
-        if u64::from(new.chunks()) > references {
-            log::warn!(
-                "pool {}: {} allocation units now, but its metadata region (sized at creation) holds about {references} references; beyond that, changes fail with \"no room left for metadata\"",
-                self.name(),
-                new.chunks()
-            );
         }
         log::info!(
             "pool {}: grew to {} devices, {} allocation units (generation {})",
@@ -462,8 +488,7 @@ impl<M: Media> Pool<M> {
             let empty = vec![0u8; META_BLOCK];
             let slot = 1 - self.checkpoint_slot;
             for member in first_new..layout.metadata_copies() {
-                self.media
-                    .write_at(member, layout.checkpoint_offset(slot), &checkpoint)?;
+                write_checkpoint_frame(&mut self.media, grown, member, slot, &checkpoint, false)?;
                 self.media
                     .write_at(member, layout.checkpoint_offset(1 - slot), &empty)?;
                 self.media
@@ -652,6 +677,19 @@ impl<M: Media> Pool<M> {
                 .collect(),
             encryption: self.encryption(name),
         })
+    }
+
+    /// Bytes a checkpoint may take now: its slot, sized at creation, and
+    /// the allocation units the slots grew into since.
+    pub fn checkpoint_room(&self) -> u64 {
+        self.superblock.checkpoint_room()
+    }
+
+    /// Bytes a checkpoint of the pool's state takes now (the crash tests
+    /// check that checkpoints reach into their extensions).
+    #[cfg(any(test, feature = "testing"))]
+    pub fn checkpoint_bytes(&self) -> usize {
+        Frame::encoded_len(self.state.encode().len())
     }
 
     /// Why the pool stopped accepting changes, if it did.
@@ -1220,19 +1258,9 @@ impl<M: Media> Pool<M> {
             payload: self.state.encode(),
         }
         .encode(CHECKPOINT_MAGIC, &self.superblock.pool_uuid);
-        assert!(
-            bytes.len() as u64 <= self.layout().checkpoint_bytes,
-            "checkpoint size is checked before references are added"
-        );
         let slot = 1 - self.checkpoint_slot;
-        let at = self.layout().checkpoint_offset(slot);
-        let tail = self.layout().checkpoint_bytes - bytes.len() as u64;
-        for member in 0..self.layout().metadata_copies() {
-            self.media.write_at(member, at, &bytes)?;
-            if whole && tail > 0 {
-                self.write_zeroes(member, at + bytes.len() as u64, tail)?;
-            }
-            self.media.sync(member)?;
+        for copy in 0..self.layout().metadata_copies() {
+            write_checkpoint_frame(&mut self.media, &self.superblock, copy, slot, &bytes, whole)?;
         }
         self.checkpoint_slot = slot;
         self.journal_used = 0;
@@ -1242,21 +1270,6 @@ impl<M: Media> Pool<M> {
             self.sequence,
             bytes.len()
         );
-        Ok(())
-    }
-
-    /// Overwrites `len` bytes at `offset` of `member` with zeroes, written
-    /// (not punched or marked unwritten: what was there must be gone).
-    fn write_zeroes(&mut self, member: usize, offset: u64, len: u64) -> io::Result<()> {
-        const PIECE_BYTES: u64 = 1 << 20;
-        let zeroes = vec![0u8; PIECE_BYTES.min(len) as usize];
-        let mut done = 0;
-        while done < len {
-            let piece = PIECE_BYTES.min(len - done);
-            self.media
-                .write_at(member, offset + done, &zeroes[..piece as usize])?;
-            done += piece;
-        }
         Ok(())
     }
 
@@ -1346,17 +1359,6 @@ impl<M: Media> Pool<M> {
                 format!("size {size_bytes}"),
                 format!("give a multiple of the block size ({block_size}) up to {max} bytes ({VOLUME_CHUNKS_MAX} allocation units)"),
             ));
-        }
-        Ok(())
-    }
-
-    /// Refuses a change whose references would not fit in a checkpoint.
-    fn check_references(&self, added: u64) -> Result<(), VolumeError> {
-        let bound = self.state.encoded_len_bound() + OBJECT_BYTES + 12 * added;
-        if bound + FRAME_HEADER_BYTES as u64 > self.layout().checkpoint_bytes {
-            return Err(VolumeError::MetadataFull {
-                pool: self.name().to_string(),
-            });
         }
         Ok(())
     }
@@ -1585,16 +1587,9 @@ fn load_copy<M: Media>(
     let uuid = superblock.pool_uuid;
     let (checkpoint_slot, checkpoint) = (0..2)
         .filter_map(|slot| {
-            read_frame(
-                media,
-                member,
-                layout.checkpoint_offset(slot),
-                layout.checkpoint_bytes,
-                CHECKPOINT_MAGIC,
-                &uuid,
-            )
-            .ok()
-            .map(|frame| (slot, frame))
+            read_checkpoint(media, superblock, member, slot)
+                .ok()
+                .map(|frame| (slot, frame))
         })
         .max_by_key(|(_, frame)| frame.sequence)
         .ok_or("neither checkpoint is readable")?;
@@ -1618,6 +1613,9 @@ fn load_copy<M: Media>(
         sequence = frame.sequence;
         journal_used += Frame::encoded_len(frame.payload.len()) as u64;
     }
+    state
+        .reserve(&superblock.extension.chunks_held(&layout))
+        .map_err(|error| format!("checkpoint extension: {error}"))?;
     state.rebuild_free();
     state.settle_writable();
     Ok(Copy {

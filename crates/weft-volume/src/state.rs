@@ -291,6 +291,33 @@ impl PoolState {
         self.free.append(&mut self.released);
     }
 
+    /// Holds `chunks` for metadata (checkpoint extensions): never free,
+    /// never mapped. Each must be free now or unused (at open, before
+    /// `rebuild_free`): a volume mapping one is corrupt metadata.
+    pub fn reserve(&mut self, chunks: &[u32]) -> Result<(), Inconsistent> {
+        for &chunk in chunks {
+            let count = self
+                .refcounts
+                .get_mut(chunk as usize)
+                .ok_or_else(|| inconsistent(format!("metadata chunk {chunk} beyond the pool")))?;
+            if *count != 0 {
+                return Err(inconsistent(format!(
+                    "chunk {chunk} holds metadata but is mapped or held already"
+                )));
+            }
+            *count = 1;
+            self.allocated += 1;
+        }
+        let refcounts = &self.refcounts;
+        self.free.retain(|&chunk| refcounts[chunk as usize] == 0);
+        Ok(())
+    }
+
+    /// The chunks free to allocate now.
+    pub fn free_chunks(&self) -> &[u32] {
+        &self.free
+    }
+
     /// Rebuilds the free list from the reference counts (after replay).
     pub fn rebuild_free(&mut self) {
         self.released.clear();

@@ -225,37 +225,23 @@ impl Media for FaultyMedia {
 /// Fuzz entry point: damages the metadata of a small pool (a volume with
 /// data, a snapshot and a clone, encrypted volumes, one of them deleted so
 /// that its key was scrubbed) with `data` — the first byte picks the
-/// region (superblock, either checkpoint, journal), the next two an offset in
-/// it — then opens it and reads everything. Opening may fail; it must never
-/// panic or allocate without bound.
+/// region (superblock, either checkpoint, journal), whether to re-seal its
+/// checksum, and the sample (with bit 3: one whose checkpoints outgrew their
+/// slots, a version 3 superblock), the next two an offset in it — then
+/// opens it and reads everything. Opening may fail; it must never panic or
+/// allocate without bound.
 pub fn fuzz_open(data: &[u8]) {
-    use crate::{Pool, PoolOptions, VolumeSpec};
+    use crate::Pool;
     thread_local! {
-        static SAMPLE: (FaultyMedia, crate::format::Layout) = {
-            let options = PoolOptions { name: "fuzz".into(), chunk_bytes: 64 << 10, uuid: [3; 16] };
-            let mut pool = Pool::create(FaultyMedia::new(1, 4 << 20, 1), options).expect("sample pool");
-            pool.unlock(fuzz_keyring());
-            let spec = |name: &str, encrypted| VolumeSpec { name: name.into(), size_bytes: 256 << 10, block_size: 512, thick: false, encrypted };
-            for (name, encrypted) in [("e", true), ("d", true)] {
-                pool.create_volume(&spec(name, encrypted)).expect("volume");
-            }
-            pool.write("e", 4 << 10, &[7; 4096]).expect("write");
-            pool.delete_volume("d").expect("delete");
-            pool.create_volume(&spec("f", true)).expect("volume");
-            pool.create_volume(&spec("v", false)).expect("volume");
-            pool.write("v", 70 << 10, &[9; 4096]).expect("write");
-            pool.create_snapshot("v", "s").expect("snapshot");
-            pool.clone_volume("v", "s", "c").expect("clone");
-            pool.deallocate("v", 64 << 10, 64 << 10).expect("deallocate");
-            pool.flush().expect("flush");
-            let layout = *pool.layout();
-            (pool.into_media(), layout)
-        };
+        static SAMPLES: [(FaultyMedia, crate::format::Layout); 2] =
+            [fuzz_sample(false), fuzz_sample(true)];
     }
     let Some((&[region, low, high], damage)) = data.split_first_chunk::<3>() else {
         return;
     };
-    let (mut media, layout) = SAMPLE.with(|(media, layout)| (media.clone(), *layout));
+    let extended = usize::from(region & 8 != 0);
+    let (mut media, layout) =
+        SAMPLES.with(|samples| (samples[extended].0.clone(), samples[extended].1));
     let (start, len) = match region % 4 {
         0 => (0, 8192),
         1 => (layout.checkpoint_offset(0), layout.checkpoint_bytes),
@@ -268,9 +254,12 @@ pub fn fuzz_open(data: &[u8]) {
     media
         .write_at(0, offset, damage)
         .expect("within the device");
-    if region & 4 != 0 && region % 4 != 0 {
-        // Re-seal the frame at the region start so decoding goes past the checksum.
-        reseal_frame(&mut media, start, len);
+    if region & 4 != 0 {
+        // Re-seal so that decoding goes past the checksum.
+        match region % 4 {
+            0 => reseal_superblocks(&mut media),
+            _ => reseal_frame(&mut media, start, len),
+        }
     }
     media.sync(0).expect("sync");
     let Ok(mut pool) = Pool::open(media) else {
@@ -297,6 +286,69 @@ pub fn fuzz_open(data: &[u8]) {
             let mut buf = vec![0u8; size.min(1 << 20) as usize];
             let _ = pool.read_snapshot(&name, &snapshot, 0, &mut buf);
         }
+    }
+}
+
+/// The pool `fuzz_open` damages, and its layout; with `extended`, its
+/// checkpoint slots are one block and its checkpoints reach past them.
+fn fuzz_sample(extended: bool) -> (FaultyMedia, crate::format::Layout) {
+    use crate::{Pool, PoolOptions, VolumeSpec};
+    let options = PoolOptions {
+        name: "fuzz".into(),
+        chunk_bytes: 64 << 10,
+        uuid: [3; 16],
+    };
+    let media = FaultyMedia::new(1, 4 << 20, 1);
+    let mut pool = match extended {
+        true => Pool::create_with_checkpoints(media, options, 4096),
+        false => Pool::create(media, options),
+    }
+    .expect("sample pool");
+    pool.unlock(fuzz_keyring());
+    let spec = |name: &str, encrypted| VolumeSpec {
+        name: name.into(),
+        size_bytes: 256 << 10,
+        block_size: 512,
+        thick: false,
+        encrypted,
+    };
+    for (name, encrypted) in [("e", true), ("d", true)] {
+        pool.create_volume(&spec(name, encrypted)).expect("volume");
+    }
+    pool.write("e", 4 << 10, &[7; 4096]).expect("write");
+    pool.delete_volume("d").expect("delete");
+    pool.create_volume(&spec("f", true)).expect("volume");
+    pool.create_volume(&spec("v", false)).expect("volume");
+    pool.write("v", 70 << 10, &[9; 4096]).expect("write");
+    pool.create_snapshot("v", "s").expect("snapshot");
+    pool.clone_volume("v", "s", "c").expect("clone");
+    pool.deallocate("v", 64 << 10, 64 << 10)
+        .expect("deallocate");
+    if extended {
+        for index in 0..60 {
+            let name = format!("a-long-name-that-makes-the-checkpoint-grow-{index}");
+            pool.create_snapshot("c", &name).expect("snapshot");
+        }
+        // A checkpoint now, over the slot and its extension.
+        pool.delete_volume("f").expect("delete");
+        assert!(pool.checkpoint_bytes() > 4096, "reaches past its slot");
+    }
+    pool.flush().expect("flush");
+    let layout = *pool.layout();
+    (pool.into_media(), layout)
+}
+
+/// Recomputes the CRC of both superblock copies of member 0.
+fn reseal_superblocks(media: &mut FaultyMedia) {
+    use crate::format::SUPERBLOCK_BYTES;
+    for copy in 0..2u64 {
+        let at = copy * SUPERBLOCK_BYTES as u64;
+        let mut block = vec![0u8; SUPERBLOCK_BYTES];
+        media.read_at(0, at, &mut block).expect("within the device");
+        let crc = crc32c::crc32c(&block[..SUPERBLOCK_BYTES - 4]);
+        media
+            .write_at(0, at + SUPERBLOCK_BYTES as u64 - 4, &crc.to_le_bytes())
+            .expect("within the device");
     }
 }
 

@@ -10,12 +10,14 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use weft_volume::crypt::Keyring;
 use weft_volume::testing::{FaultyMedia, SECTOR_BYTES};
-use weft_volume::{Pool, PoolOptions, VolumeError, VolumeSpec};
+use weft_volume::{Media, Pool, PoolOptions, VolumeError, VolumeSpec};
 
 const CHUNK: u64 = 64 * 1024;
 const MEMBER_BYTES: usize = 10 << 20;
 const NAMES: [&str; 4] = ["a", "b", "c", "d"];
 const SNAPSHOTS: [&str; 2] = ["s1", "s2"];
+/// More snapshots per volume, for states that outgrow small checkpoint slots.
+const MORE_SNAPSHOTS: [&str; 8] = ["s1", "s2", "s3", "s4", "s5", "s6", "s7", "s8"];
 
 #[derive(Debug, Clone, Default, PartialEq)]
 struct ModelVolume {
@@ -109,7 +111,7 @@ fn open(media: FaultyMedia) -> Result<Pool<FaultyMedia>, VolumeError> {
     Ok(pool)
 }
 
-fn random_op(rng: &mut Rng, model: &Model) -> Op {
+fn random_op(rng: &mut Rng, model: &Model, snapshots: &[&str]) -> Op {
     let name = rng.pick(&NAMES).to_string();
     let size_of = |name: &str| model.get(name).map_or(0, |v| v.data.len() as u64);
     let size = size_of(&name);
@@ -149,15 +151,15 @@ fn random_op(rng: &mut Rng, model: &Model) -> Op {
         },
         14 | 15 => Op::Snapshot {
             name,
-            snapshot: rng.pick(&SNAPSHOTS).to_string(),
+            snapshot: rng.pick(snapshots).to_string(),
         },
         16 => Op::DeleteSnapshot {
             name,
-            snapshot: rng.pick(&SNAPSHOTS).to_string(),
+            snapshot: rng.pick(snapshots).to_string(),
         },
         17 | 18 => Op::Clone {
             name,
-            snapshot: rng.pick(&SNAPSHOTS).to_string(),
+            snapshot: rng.pick(snapshots).to_string(),
             into: rng.pick(&NAMES).to_string(),
         },
         19 if rng.below(4) == 0 => Op::Rotate,
@@ -352,15 +354,32 @@ fn options() -> PoolOptions {
     }
 }
 
+/// Checkpoint slots of one metadata block: the pool's checkpoints outgrow
+/// them within a few operations and continue into allocation units.
+const SMALL_SLOTS: u64 = 4096;
+
+/// A pool on `members` fresh devices, with checkpoint slots as planned or
+/// `SMALL_SLOTS` small.
+fn create(members: usize, seed: u64, small_slots: bool) -> Pool<FaultyMedia> {
+    let media = FaultyMedia::new(members, MEMBER_BYTES, seed);
+    match small_slots {
+        true => Pool::create_with_checkpoints(media, options(), SMALL_SLOTS).unwrap(),
+        false => Pool::create(media, options()).unwrap(),
+    }
+}
+
 /// One seed: `ops` operations, with a failure injected after a random number
 /// of writes in every round; after each failure: power cut, reopen, compare.
-fn exercise(seed: u64, ops: usize) {
+/// With `small_slots` the checkpoints outgrow their slots early, so that
+/// extending them (and writing and reading checkpoints over their
+/// extensions) is among what crashes cut short.
+fn exercise(seed: u64, ops: usize, small_slots: bool) {
     let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
-    let media = FaultyMedia::new(2, MEMBER_BYTES, seed);
-    let mut pool = Pool::create(media, options()).unwrap();
+    let mut pool = create(2, seed, small_slots);
     pool.unlock(keyring(true));
     let mut model = Model::new();
     let mut crashes = 0;
+    let mut most_spilled = 0;
     let arm = |pool: Pool<FaultyMedia>, rng: &mut Rng| {
         let mut media = pool.into_media();
         media.fail_after_writes(1 + rng.below(80));
@@ -368,7 +387,12 @@ fn exercise(seed: u64, ops: usize) {
     };
     pool = arm(pool, &mut rng);
     for step in 0..ops {
-        let op = random_op(&mut rng, &model);
+        let snapshots: &[&str] = if small_slots {
+            &MORE_SNAPSHOTS
+        } else {
+            &SNAPSHOTS
+        };
+        let op = random_op(&mut rng, &model, snapshots);
         match run(&mut pool, &op) {
             Ok(()) => model = apply(&model, &op),
             Err(VolumeError::Io { .. } | VolumeError::Failed { .. }) => {
@@ -388,6 +412,7 @@ fn exercise(seed: u64, ops: usize) {
             // Refused (no space, no such volume, limits...): nothing changed.
             Err(_) => {}
         }
+        most_spilled = most_spilled.max(pool.checkpoint_bytes());
         if step % 16 == 0 {
             let seen = observe(&mut pool);
             if let Err(problem) = consistent(&seen, &model, &model) {
@@ -403,12 +428,27 @@ fn exercise(seed: u64, ops: usize) {
         crashes > 0 || ops < 100,
         "seed {seed}: no failure was injected"
     );
+    if small_slots {
+        assert!(
+            most_spilled > SMALL_SLOTS as usize,
+            "seed {seed}: no checkpoint reached past its slot"
+        );
+    }
 }
 
 #[test]
 fn random_operations_survive_injected_crashes() {
     for seed in 1..=12 {
-        exercise(seed, 1000);
+        exercise(seed, 1000, false);
+    }
+}
+
+/// The same with checkpoints that outgrow their slots: the extensions are
+/// made, written and read back through crashes at random writes.
+#[test]
+fn random_operations_survive_injected_crashes_with_growing_checkpoints() {
+    for seed in 21..=26 {
+        exercise(seed, 1000, true);
     }
 }
 
@@ -504,9 +544,10 @@ fn limits_and_mistakes_get_clear_errors() {
 }
 
 /// A pool with volumes, a snapshot, a clone and data (flushed), on
-/// `members` devices, and the model of what it holds.
-fn pool_with_data(members: usize, seed: u64) -> (FaultyMedia, Model) {
-    let mut pool = Pool::create(FaultyMedia::new(members, MEMBER_BYTES, seed), options()).unwrap();
+/// `members` devices, and the model of what it holds. With `small_slots`,
+/// more snapshots: its checkpoints have outgrown their slots.
+fn pool_with_data(members: usize, seed: u64, small_slots: bool) -> (FaultyMedia, Model) {
+    let mut pool = create(members, seed, small_slots);
     pool.unlock(keyring(true));
     let mut model = Model::new();
     let ops = [
@@ -544,24 +585,41 @@ fn pool_with_data(members: usize, seed: u64) -> (FaultyMedia, Model) {
             encrypted: false,
         },
     ];
-    for op in &ops {
+    let more = ["a", "b", "c"].iter().flat_map(|name| {
+        (0..20).map(|index| Op::Snapshot {
+            name: name.to_string(),
+            snapshot: format!("a-long-name-that-makes-the-checkpoint-grow-{index}"),
+        })
+    });
+    let more: Vec<Op> = if small_slots { more.collect() } else { vec![] };
+    for op in ops.iter().chain(&more) {
         run(&mut pool, op).unwrap();
         model = apply(&model, op);
+    }
+    if small_slots {
+        assert!(
+            pool.checkpoint_bytes() > SMALL_SLOTS as usize,
+            "the checkpoint reaches past its slot: {} bytes",
+            pool.checkpoint_bytes()
+        );
     }
     pool.flush().unwrap();
     (pool.into_media(), model)
 }
 
 /// Growth crashes at every write it makes (on pools of one and two devices,
-/// so that metadata copies are added too): the pool always reopens with
-/// every committed volume and byte, in the old layout or the new one, never
-/// a mix; a growth that did not commit can be done again; and once grown,
-/// the pool allocates beyond its old capacity and all of it survives a crash.
+/// so that metadata copies are added too, and with checkpoints that
+/// outgrew their slots, so that a new copy takes its share of the
+/// extension): the pool always reopens with every committed volume and
+/// byte, in the old layout or the new one, never a mix; a growth that did
+/// not commit can be done again; and once grown, the pool allocates beyond
+/// its old capacity and all of it survives a crash.
 #[test]
 fn growth_survives_a_crash_at_every_write() {
-    for members in [1, 2] {
-        for seed in 1..=4u64 {
-            let (base, model) = pool_with_data(members, seed);
+    for (members, small_slots) in [(1, false), (2, false), (1, true), (2, true)] {
+        // Fewer seeds with small slots: 60 more snapshots to read back each time.
+        for seed in 1..=if small_slots { 2 } else { 4 } {
+            let (base, model) = pool_with_data(members, seed, small_slots);
             let old_chunks = open(base.clone()).unwrap().layout().chunks();
             let mut grown_cleanly = false;
             for failing_write in 0.. {
@@ -572,7 +630,9 @@ fn growth_survives_a_crash_at_every_write() {
                 let failed = pool.media().has_failed();
                 assert_eq!(result.is_err(), failed, "{result:?}");
                 let media = pool.into_media().crash();
-                let context = format!("{members} device(s), seed {seed}, write {failing_write}");
+                let context = format!(
+                    "{members} device(s), small slots {small_slots}, seed {seed}, write {failing_write}"
+                );
                 let mut pool =
                     open(media).unwrap_or_else(|e| panic!("{context}: reopen failed: {e}"));
                 let layout = *pool.layout();
@@ -593,6 +653,7 @@ fn growth_survives_a_crash_at_every_write() {
                     pool.add_members(vec![FaultyMedia::new(1, MEMBER_BYTES, seed)])
                         .unwrap_or_else(|e| panic!("{context}: growing again: {e}"));
                 }
+                check_new_copy_alone(&mut pool, &model, members, &context);
                 check_new_capacity(pool, model.clone(), old_chunks, &context);
                 if !failed {
                     grown_cleanly = true;
@@ -602,6 +663,30 @@ fn growth_survives_a_crash_at_every_write() {
             assert!(grown_cleanly);
         }
     }
+}
+
+/// Damages every metadata copy but the one growth added last (on the pool
+/// grown from `members` devices) and checks that the pool opens whole from
+/// that copy alone (its checkpoint over its own slot and extension).
+fn check_new_copy_alone(
+    pool: &mut Pool<FaultyMedia>,
+    model: &Model,
+    members: usize,
+    context: &str,
+) {
+    let layout = *pool.layout();
+    let mut media = pool.media().clone();
+    for member in 0..members {
+        let start = layout.checkpoint_offset(0);
+        let len = layout.journal_offset() + layout.journal_bytes - start;
+        media
+            .write_at(member, start, &vec![0xEE; len as usize])
+            .unwrap();
+    }
+    let mut alone = open(media).unwrap_or_else(|e| panic!("{context}: from the new copy: {e}"));
+    let seen = observe(&mut alone);
+    consistent(&seen, model, model)
+        .unwrap_or_else(|p| panic!("{context}: opened from the new copy: {p}"));
 }
 
 /// Allocates every free unit of a grown pool (past its old capacity) to a
@@ -643,4 +728,76 @@ fn check_new_capacity(
     let mut pool = open(pool.into_media().crash()).unwrap();
     let seen = observe(&mut pool);
     consistent(&seen, &model, &model).unwrap_or_else(|p| panic!("{context}: grown pool: {p}"));
+}
+
+/// The case that metadata growth is for: a pool created on one device and
+/// grown eight times holds more references than the checkpoint slots sized
+/// at its creation can (a thick volume over most of it and six snapshots;
+/// before format version 3 this failed with "no room left for metadata"),
+/// keeps them across a power cut, and refuses a change only when no free
+/// unit is left to extend its checkpoints with. The thick volume fills the
+/// first devices, so the copies' extensions land on the last one.
+#[test]
+fn a_pool_grown_many_times_keeps_room_for_its_metadata() {
+    const SLOT: u64 = 64 << 10;
+    let media = FaultyMedia::new(1, MEMBER_BYTES, 1);
+    let mut pool = Pool::create_with_checkpoints(media, options(), SLOT).unwrap();
+    for seed in 2..=9 {
+        pool.add_members(vec![FaultyMedia::new(1, MEMBER_BYTES, seed)])
+            .unwrap();
+    }
+    let info = pool.info();
+    let size = info.capacity_bytes - 40 * CHUNK;
+    let mut model = Model::new();
+    let mut ops = vec![
+        Op::Create {
+            name: "big".into(),
+            size,
+            thick: true,
+            encrypted: false,
+        },
+        Op::Write {
+            name: "big".into(),
+            offset: size - 8192,
+            len: 8192,
+            seed: 5,
+        },
+    ];
+    for index in 0..6 {
+        ops.push(Op::Snapshot {
+            name: "big".into(),
+            snapshot: format!("s{index}"),
+        });
+        ops.push(Op::Write {
+            name: "big".into(),
+            offset: index * 3 * CHUNK,
+            len: 4096,
+            seed: index as u8 + 10,
+        });
+    }
+    for op in &ops {
+        run(&mut pool, op).unwrap_or_else(|e| panic!("{op:?}: {e}"));
+        model = apply(&model, op);
+    }
+    assert!(pool.checkpoint_room() > SLOT, "the slots were extended");
+    let held = pool.info().allocated_bytes / CHUNK - size / CHUNK - 6;
+    assert!(held > 0, "the extension's units count as allocated");
+    let mut pool = open(pool.into_media().crash()).unwrap();
+    let seen = observe(&mut pool);
+    consistent(&seen, &model, &model).unwrap();
+
+    let mut refused = None;
+    for index in 6..256 {
+        if let Err(error) = pool.create_snapshot("big", &format!("s{index}")) {
+            refused = Some(error);
+            break;
+        }
+    }
+    let error = refused.expect("the free units run out").to_string();
+    assert!(error.contains("no room left for metadata"), "{error}");
+    let mut pool = open(pool.into_media().crash()).unwrap();
+    let seen = observe(&mut pool);
+    for (name, volume) in &model {
+        assert_eq!(seen[name].data, volume.data, "{name}");
+    }
 }

@@ -226,7 +226,7 @@ impl<M: Media> Pool<M> {
 
     /// Leaves no metadata older than the committed state on the devices:
     /// the state written whole into both checkpoint slots (each slot's
-    /// tail overwritten with zeroes), the journal overwritten with zeroes,
+    /// tail and extents overwritten with zeroes), the journal overwritten with zeroes,
     /// and only then a third checkpoint saying the scrub is done. A crash
     /// at any step opens to a checkpoint of the committed state, still
     /// owing the scrub until the last step.
@@ -239,7 +239,7 @@ impl<M: Media> Pool<M> {
             }
             let (at, len) = (self.layout().journal_offset(), self.layout().journal_bytes);
             for member in 0..self.layout().metadata_copies() {
-                self.write_zeroes(member, at, len)?;
+                super::write_zeroes(&mut self.media, member, at, len)?;
                 self.media.sync(member)?;
             }
             self.state.scrub_owed = false;
