@@ -855,6 +855,20 @@ mod tests {
             "past member 0's units"
         );
         assert_eq!(rejected(&|e| e.copies.truncate(2)), malformed, "3 copies");
+        assert_eq!(
+            rejected(&|e| e.copies[0][0][0] = Extent {
+                member: 0,
+                offset: u64::MAX - 9,
+                chunks: 2
+            }),
+            malformed,
+            "an offset that overflows"
+        );
+        assert_eq!(
+            rejected(&|e| e.chunks = layout.chunks() / 6 + 1),
+            malformed,
+            "more units than the pool has"
+        );
     }
 
     #[test]

@@ -93,7 +93,7 @@ pub enum VolumeError {
         /// Units free.
         free: u64,
     },
-    /// The change would not fit in a checkpoint, and no free unit is left to extend it.
+    /// The change would not fit in a checkpoint, and the checkpoints cannot be extended.
     #[error("pool {pool} has no room left for metadata: its checkpoints need more allocation units and none is free; delete snapshots, clones or volumes, or add devices with `weft pool add-device`")]
     MetadataFull {
         /// The pool.

@@ -139,34 +139,44 @@ impl Extension {
     }
 
     /// Every extent lies on allocation units of its member, each slot adds
-    /// up to `chunks` and no unit is named twice.
+    /// up to `chunks` and no unit is named twice. Works on extents (at most
+    /// 96), never on units one by one: a damaged but sealed superblock on a
+    /// device offered to a pool must not cost memory in proportion to what
+    /// it claims.
     fn check(&self, layout: &Layout) -> Result<(), FormatError> {
+        let copies = self.copies.len() as u64;
         if self.chunks == 0
-            || self.chunks > layout.chunks()
             || self.copies.len() != layout.metadata_copies()
+            || 2 * copies * u64::from(self.chunks) > u64::from(layout.chunks())
         {
             return Err(malformed());
         }
+        let mut spans = Vec::new();
         for extent_list in self.copies.iter().flatten() {
             let mut sum = 0u64;
             for extent in extent_list {
-                let last = u64::from(extent.chunks.checked_sub(1).ok_or_else(malformed)?);
-                let end = extent.offset + (last << layout.chunk_shift());
                 let member = usize::from(extent.member);
+                let last = u64::from(extent.chunks.checked_sub(1).ok_or_else(malformed)?);
+                let end = (last << layout.chunk_shift())
+                    .checked_add(extent.offset)
+                    .ok_or_else(malformed)?;
                 if layout.chunk_at(member, extent.offset).is_none()
                     || layout.chunk_at(member, end).is_none()
                 {
                     return Err(malformed());
                 }
+                spans.push((member, extent.offset, end));
                 sum += u64::from(extent.chunks);
             }
             if sum != u64::from(self.chunks) {
                 return Err(malformed());
             }
         }
-        let mut held = self.chunks_held(layout);
-        held.sort_unstable();
-        if held.windows(2).any(|pair| pair[0] == pair[1]) {
+        spans.sort_unstable();
+        let overlap = spans
+            .windows(2)
+            .any(|pair| pair[0].0 == pair[1].0 && pair[1].1 <= pair[0].2);
+        if overlap {
             return Err(malformed());
         }
         Ok(())

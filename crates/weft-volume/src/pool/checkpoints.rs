@@ -18,6 +18,7 @@ use crate::format::{Extension, Extent, FormatError, Frame, Layout, Superblock, E
 use crate::format::{CHECKPOINT_MAGIC, FRAME_HEADER_BYTES, META_BLOCK};
 use crate::media::Media;
 use crate::VolumeError;
+use std::collections::BTreeSet;
 use std::io;
 
 impl<M: Media> Pool<M> {
@@ -30,6 +31,12 @@ impl<M: Media> Pool<M> {
         let room = self.superblock.checkpoint_room();
         if needed <= room {
             return Ok(());
+        }
+        if needed > u64::from(u32::MAX) {
+            // A frame's payload length is 32 bits.
+            return Err(VolumeError::MetadataFull {
+                pool: self.name().to_string(),
+            });
         }
         self.extend_checkpoints(needed - room)
     }
@@ -80,8 +87,10 @@ impl<M: Media> Pool<M> {
     /// and the units it takes; None if some copy cannot have them.
     ///
     /// A copy takes its units from its own member if it can, else from the
-    /// member with the most free units, preferring one no other copy uses
-    /// (the lowest units first, so that they are consecutive where they can be).
+    /// member with the most free units, preferring one no other copy uses;
+    /// each slot's from as few runs of consecutive units as it can (the 16
+    /// extents a slot may have then last: with the room doubling each
+    /// time, they hold 2^16 times the room sized at creation).
     fn plan_extension(&self, add: u32) -> Option<(Extension, Vec<u32>)> {
         let layout = self.layout();
         let members = usize::from(layout.members);
@@ -105,16 +114,18 @@ impl<M: Media> Pool<M> {
                 .collect();
             let mut elsewhere: Vec<usize> = (0..members).filter(|&m| m != copy).collect();
             elsewhere.sort_by_key(|m| (others.contains(m), std::cmp::Reverse(free[*m].len())));
-            let (member, slots) = std::iter::once(copy)
+            let (member, slots, chosen) = std::iter::once(copy)
                 .chain(elsewhere)
                 .filter(|&member| free[member].len() >= wanted)
                 .find_map(|member| {
-                    let units = &free[member][..wanted];
-                    let slots = extend_slots(&extension.copies[copy], member, units, add, layout);
-                    Some((member, slots?))
+                    let picked = pick_runs(&free[member], add, layout.chunk_bytes);
+                    let slots = extend_slots(&extension.copies[copy], member, &picked, layout)?;
+                    Some((member, slots, picked))
                 })?;
             extension.copies[copy] = slots;
-            taken.extend(free[member].drain(..wanted).map(|(_, chunk)| chunk));
+            let chosen: BTreeSet<u32> = chosen.iter().flatten().map(|&(_, chunk)| chunk).collect();
+            free[member].retain(|(_, chunk)| !chosen.contains(chunk));
+            taken.extend(chosen);
         }
         extension.chunks = extension.chunks.checked_add(add)?;
         Some((extension, taken))
@@ -166,17 +177,50 @@ impl<M: Media> Pool<M> {
     }
 }
 
-/// `slots` with `units` of `member` added, the first `add` to slot 0 and
-/// the rest to slot 1; None if a slot would have too many extents.
+/// `add` units for each slot from `units` (free units of one member, by
+/// offset; at least `2 * add` of them): for each slot, the smallest run of
+/// consecutive units that holds what is still needed, else the longest.
+fn pick_runs(units: &[(u64, u32)], add: u32, chunk_bytes: u32) -> [Vec<(u64, u32)>; 2] {
+    let mut runs: Vec<&[(u64, u32)]> = Vec::new();
+    let mut start = 0;
+    for index in 1..=units.len() {
+        let follows =
+            index < units.len() && units[index].0 == units[index - 1].0 + u64::from(chunk_bytes);
+        if !follows {
+            runs.push(&units[start..index]);
+            start = index;
+        }
+    }
+    let mut picked: [Vec<(u64, u32)>; 2] = Default::default();
+    for slot in &mut picked {
+        let mut need = add as usize;
+        while need > 0 {
+            let fits = (0..runs.len())
+                .filter(|&r| runs[r].len() >= need)
+                .min_by_key(|&r| runs[r].len());
+            let index = fits
+                .or_else(|| (0..runs.len()).max_by_key(|&r| runs[r].len()))
+                .expect("at least 2 * add units were given");
+            let take = need.min(runs[index].len());
+            slot.extend_from_slice(&runs[index][..take]);
+            runs[index] = &runs[index][take..];
+            need -= take;
+        }
+        slot.sort_unstable();
+    }
+    picked
+}
+
+/// `slots` with `picked` units of `member` added (the first list to slot
+/// 0, the second to slot 1); None if a slot would have too many extents.
 fn extend_slots(
     slots: &[Vec<Extent>; 2],
     member: usize,
-    units: &[(u64, u32)],
-    add: u32,
+    picked: &[Vec<(u64, u32)>; 2],
     layout: &Layout,
 ) -> Option<[Vec<Extent>; 2]> {
     let mut grown = slots.clone();
-    for (slot, part) in grown.iter_mut().zip(units.chunks(add as usize)) {
+    for (slot, part) in grown.iter_mut().zip(picked) {
         for &(offset, _) in part {
             append(slot, member as u16, offset, layout.chunk_bytes);
         }
@@ -294,4 +338,28 @@ pub(super) fn read_checkpoint<M: Media>(
         filled += part;
     }
     Frame::decode(&bytes, CHECKPOINT_MAGIC, uuid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each slot takes the smallest run that holds what it needs: few
+    /// extents, and long runs kept for later.
+    #[test]
+    fn slots_take_whole_runs_best_fit_first() {
+        let unit = 1u32 << 16;
+        let units: Vec<(u64, u32)> = [0u32, 1, 2, 5, 6, 7, 8, 9, 20]
+            .iter()
+            .map(|&index| (u64::from(index * unit), 100 + index))
+            .collect();
+        let [first, second] = pick_runs(&units, 3, unit);
+        assert_eq!(first, units[..3], "the run of exactly 3");
+        assert_eq!(second, units[3..6], "the start of the run of 5");
+        let [first, second] = pick_runs(&units, 4, unit);
+        assert_eq!(first, units[3..7], "the run of 5 holds 4");
+        let mut expected = units[..3].to_vec();
+        expected.push(units[7]);
+        assert_eq!(second, expected, "the longest runs left, 3 then 1");
+    }
 }
