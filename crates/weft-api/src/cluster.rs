@@ -400,6 +400,12 @@ impl Cluster {
                 ) if Instant::now() < deadline && self.pool_recorded(pool, &nodes)? => {
                     std::thread::sleep(Duration::from_millis(100));
                 }
+                // Pools just made on other nodes may be the replicas' room.
+                Err(PlacementError::TooFewZones { .. })
+                    if Instant::now() < deadline && self.pool_unreported(&nodes)? =>
+                {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
                 Err(error) => return Err(placement_failure(&error)),
             }
         }
@@ -413,6 +419,17 @@ impl Cluster {
     ) -> Result<bool, Response> {
         Ok(self.recorded_pools()?.into_iter().any(|(node, name)| {
             pool.is_none_or(|pool| pool == name) && nodes.get(&node).is_some_and(NodeView::is_alive)
+        }))
+    }
+
+    /// Whether an up node has a pool in the store that its heartbeat does
+    /// not report yet (created since its last heartbeat).
+    fn pool_unreported(&self, nodes: &BTreeMap<String, NodeView>) -> Result<bool, Response> {
+        Ok(self.recorded_pools()?.into_iter().any(|(node, name)| {
+            nodes
+                .get(&node)
+                .and_then(|view| view.alive.as_ref())
+                .is_some_and(|alive| alive.pools.iter().all(|pool| pool.name != name))
         }))
     }
 

@@ -28,9 +28,10 @@ pub use embedded::EmbeddedStore;
 pub use memory::{Clock, ManualClock, MemoryStore, SystemClock};
 pub use mirror::Mirror;
 pub use records::{
-    check_nqn, reservation_key, DesiredState, ErasureRecord, HeldReservation, HostRecord,
-    PoolRecord, QosLimits, RegistrantRecord, ReplicaRecord, ReplicaState, ReplicatedSnapshot,
-    ReplicationRecord, ReservationRecord, SnapshotSource, Versioned, VolumeRecord,
+    check_nqn, nqn_form_note, reservation_key, DesiredState, ErasureRecord, HeldReservation,
+    HostRecord, PoolRecord, QosLimits, RegistrantRecord, ReplicaRecord, ReplicaState,
+    ReplicatedSnapshot, ReplicationRecord, ReservationRecord, SnapshotSource, Versioned,
+    VolumeRecord,
 };
 pub use store::{
     Change, Condition, Entry, LeaseId, Listing, Revision, Store, StoreError, Txn, WatchEvent,

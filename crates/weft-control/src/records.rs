@@ -310,13 +310,14 @@ pub enum ReplicaState {
     },
 }
 
-/// Checks that `nqn` is a plausible NVMe Qualified Name: starts with "nqn.",
-/// at most 223 bytes, printable ASCII without spaces.
+/// Checks that `nqn` is a name hosts can use as an NQN: what Linux's nvmet
+/// accepts (1 to 223 bytes, printable ASCII without spaces), so that a
+/// subsystem or host moved from nvmet keeps its name (blktests' are
+/// `blktests-subsystem-1`). [`nqn_form_note`] says when it is not in the
+/// specification's form.
 pub fn check_nqn(nqn: &str) -> Result<(), String> {
-    if !nqn.starts_with("nqn.") {
-        return Err(format!(
-            "{nqn:?} is not an NQN: it must start with \"nqn.\" (a Linux host's is in /etc/nvme/hostnqn)"
-        ));
+    if nqn.is_empty() {
+        return Err("the NQN is empty (a Linux host's is in /etc/nvme/hostnqn)".to_string());
     }
     if nqn.len() > NQN_BYTES_MAX {
         return Err(format!(
@@ -328,6 +329,29 @@ pub fn check_nqn(nqn: &str) -> Result<(), String> {
         Some(c) => Err(format!("{c:?} is not allowed in an NQN")),
         None => Ok(()),
     }
+}
+
+/// A note for an NQN that [`check_nqn`] accepts but that is not in the form
+/// NVMe Base 2.0 section 4.5 ("NVMe Qualified Names") gives
+/// (`nqn.YYYY-MM.reverse.domain`, optionally `:name`); None when it is.
+pub fn nqn_form_note(nqn: &str) -> Option<String> {
+    let in_form = nqn.strip_prefix("nqn.").is_some_and(|rest| {
+        let bytes = rest.as_bytes();
+        let date = bytes.len() > 8
+            && bytes[..4].iter().all(u8::is_ascii_digit)
+            && bytes[4] == b'-'
+            && bytes[5..7].iter().all(u8::is_ascii_digit)
+            && bytes[7] == b'.';
+        let domain = rest
+            .get(8..)
+            .map_or("", |r| r.split(':').next().unwrap_or(""));
+        date && !domain.is_empty()
+    });
+    (!in_form).then(|| {
+        format!(
+            "note: {nqn:?} is not in the NVMe specification's NQN form (nqn.YYYY-MM.reverse.domain:name); accepted as Linux nvmet accepts it, and Linux hosts use it, but other hosts may refuse it"
+        )
+    })
 }
 
 /// A record with the revision that last wrote it: an update made from it
@@ -875,10 +899,36 @@ mod tests {
             check_nqn("nqn.2014-08.org.nvmexpress:uuid:0f8fad5b-d9cb-469f-a165-70867728950e")
                 .is_ok()
         );
-        assert!(check_nqn("web1").unwrap_err().contains("must start with"));
+        assert!(
+            check_nqn("blktests-subsystem-1").is_ok(),
+            "as nvmet accepts"
+        );
+        assert!(check_nqn("").unwrap_err().contains("empty"));
         assert!(check_nqn("nqn.a b").unwrap_err().contains("' '"));
+        assert!(check_nqn("nqn.é").is_err());
         assert!(check_nqn(&format!("nqn.{}", "x".repeat(220)))
             .unwrap_err()
             .contains("223"));
+        assert!(check_nqn(&"x".repeat(223)).is_ok());
+    }
+
+    #[test]
+    fn names_outside_the_specifications_form_get_a_note() {
+        for in_form in [
+            "nqn.2014-08.org.nvmexpress:uuid:0f8fad5b-d9cb-469f-a165-70867728950e",
+            "nqn.2026-11.io.weft:vol:db1",
+            "nqn.2014-08.org.nvmexpress.discovery",
+        ] {
+            assert_eq!(nqn_form_note(in_form), None, "{in_form}");
+        }
+        for outside in [
+            "blktests-subsystem-1",
+            "nqn.",
+            "nqn.2026-11.",
+            "nqn.26-11.io.x:y",
+        ] {
+            let note = nqn_form_note(outside).expect(outside);
+            assert!(note.contains("nvmet accepts"), "{note}");
+        }
     }
 }

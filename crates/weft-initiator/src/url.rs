@@ -34,8 +34,8 @@ impl TargetUrl {
         let (authority, nqn) = rest
             .split_once('/')
             .ok_or_else(|| error("the subsystem NQN is missing"))?;
-        if !nqn.starts_with("nqn.") {
-            return Err(error("the path is not an NQN"));
+        if nqn.is_empty() {
+            return Err(error("the subsystem NQN is missing"));
         }
         if nqn.len() > NQN_BYTES_MAX {
             return Err(error(&format!(

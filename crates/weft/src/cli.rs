@@ -217,6 +217,7 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
                 None => Some(1),
                 Some(text) => Some(text.parse::<u32>().map_err(|_| format!("--replicas {text}: give a number of copies, 1 to 3"))?),
             };
+            notice = option("nqn").as_deref().and_then(weft_control::nqn_form_note);
             let body = json!({
                 "name": operand(1, "volume name")?,
                 "pool": option("pool"),
@@ -324,6 +325,7 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
                 (true, None) => Some(new_tls_psk()),
                 (false, given) => given,
             };
+            notice = weft_control::nqn_form_note(&nqn);
             if let Some(psk) = &tls_psk {
                 notice = Some(tls_instructions(&name, &nqn, psk));
             }

@@ -12,6 +12,7 @@ mod cli;
 mod cluster;
 mod config;
 mod csi;
+mod help;
 mod join;
 mod limits;
 mod logger;
@@ -110,8 +111,9 @@ Commands:
           bandwidth and latency percentiles.
   csi     The Kubernetes CSI plugin (driver csi.weft.io) on a Unix socket, over a node's
           API: volumes created (idempotent by name; StorageClass parameters pool, replicas,
-          thick, blockSize), deleted, listed, published to nodes (their host NQNs),
-          expanded; on a node: connected (every path, multipath), formatted when empty
+          ec, thick, encrypted, blockSize), deleted, listed, published to nodes (their host
+          NQNs), expanded, snapshotted (VolumeSnapshot) and cloned (a PVC from a snapshot or
+          from another PVC); on a node: connected (every path, multipath), formatted when empty
           (ext4, xfs), mounted, unmounted, disconnected. Each node's host gets bidirectional
           DH-HMAC-CHAP secrets of its own and connects with them (--dhchap none: for nodes
           whose kernel lacks NVMe in-band authentication, CONFIG_NVME_AUTH, e.g. Linux 6.1).
@@ -237,7 +239,8 @@ enum Command {
     Admin(cli::AdminArgs),
     Csi(csi::CsiArgs),
     Pki(pki::PkiArgs),
-    Help,
+    /// Everything, or one command's part.
+    Help(Option<&'static str>),
     Version,
 }
 
@@ -253,12 +256,15 @@ fn main() -> ExitCode {
 
 fn parse_args() -> Result<Command, String> {
     use lexopt::prelude::*;
+    if let Some(topic) = help_asked() {
+        return Ok(Command::Help(topic));
+    }
     let mut parser = lexopt::Parser::from_env();
     let mut args = ServeArgs::default();
     let mut command = None;
     while let Some(arg) = parser.next().map_err(|e| format!("{e}; see weft --help"))? {
         match arg {
-            Short('h') | Long("help") => return Ok(Command::Help),
+            Short('h') | Long("help") => return Ok(Command::Help(None)),
             Short('V') | Long("version") => return Ok(Command::Version),
             Value(value) if command.is_none() => {
                 let name = value
@@ -411,8 +417,25 @@ fn parse_args() -> Result<Command, String> {
     }
     match command {
         Some(_) => Ok(Command::Serve(args)),
-        None => Ok(Command::Help),
+        None => Ok(Command::Help(None)),
     }
+}
+
+/// `-h` or `--help` anywhere: help on the command given first (every
+/// command and subcommand takes it), or on everything.
+fn help_asked() -> Option<Option<&'static str>> {
+    let args: Vec<_> = std::env::args_os().skip(1).collect();
+    if !args.iter().any(|arg| arg == "-h" || arg == "--help") {
+        return None;
+    }
+    let first = args
+        .iter()
+        .find(|arg| !arg.to_string_lossy().starts_with('-'));
+    Some(first.and_then(|first| {
+        help::COMMANDS
+            .into_iter()
+            .find(|command| first.to_str() == Some(command))
+    }))
 }
 
 /// The next option value as text.
@@ -427,8 +450,12 @@ fn string_value(parser: &mut lexopt::Parser, option: &str) -> Result<String, Str
 
 fn run(command: Command) -> Result<(), String> {
     match command {
-        Command::Help => {
+        Command::Help(None) => {
             out!("{USAGE}");
+            Ok(())
+        }
+        Command::Help(Some(command)) => {
+            out!("{}", help::for_command(USAGE, command));
             Ok(())
         }
         Command::Version => {

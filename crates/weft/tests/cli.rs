@@ -339,6 +339,54 @@ fn errors_say_what_is_wrong() {
     );
 }
 
+/// Every command and subcommand takes --help and answers with its own
+/// part of the usage text (and success), not with an error.
+#[test]
+fn every_command_takes_help() {
+    for command in [
+        "serve",
+        "pool",
+        "volume",
+        "snapshot",
+        "host",
+        "namespace",
+        "node",
+        "token",
+        "top",
+        "cluster",
+        "bench",
+        "csi",
+    ] {
+        let (ok, help, errors) = weft(&[command, "--help"]);
+        assert!(ok, "weft {command} --help: {errors}");
+        assert!(
+            help.contains(&format!("  weft {command}")),
+            "weft {command} --help: {help}"
+        );
+        assert!(help.contains("weft --help shows every command"), "{help}");
+    }
+    let (ok, help, _) = weft(&["volume", "create", "--help"]);
+    assert!(ok && help.contains("--replicas N"), "{help}");
+    assert!(help.contains("admin commands talk to a running"), "{help}");
+    let (ok, help, _) = weft(&["bench", "compare", "-h"]);
+    assert!(
+        ok && help.contains("Bench options:") && !help.contains("Serve options:"),
+        "{help}"
+    );
+    let (ok, help, _) = weft(&["serve", "--help"]);
+    assert!(
+        ok && help.contains("--kek-file FILE") && !help.contains("Bench options:"),
+        "{help}"
+    );
+    let (ok, help, _) = weft(&["csi", "--help"]);
+    assert!(
+        ok && help.contains("snapshotted (VolumeSnapshot)"),
+        "{help}"
+    );
+    let (ok, help, _) = weft(&["--help"]);
+    assert!(ok && help.contains("Bench options:") && help.contains("Serve options:"));
+}
+
 /// A reader that leaves early (`weft volume show v | grep -q x` under
 /// pipefail) ends the command quietly with success, not with a panic.
 #[test]

@@ -269,7 +269,8 @@ fn replicas_and_members_each_encrypt_with_their_own_nodes_key() {
             &layout[..],
         ]
         .concat();
-        eventually("the volume created", || support::weft(n1, &create).0);
+        // At once: placement waits for the new pools' first heartbeats.
+        ok(n1, &create);
         ok(n1, &["volume", "attach", volume, "--host", "tester"]);
     }
     let primary = |volume: &str| {

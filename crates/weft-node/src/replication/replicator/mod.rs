@@ -601,7 +601,16 @@ impl Replicator {
         if serving != self.serving {
             self.serving = serving;
             self.path.set_serving(serving);
-            log::info!("volume {}: serving: {serving:?}", self.volume);
+            let what = match serving {
+                Serving::Yes => "its primary here serves hosts (ANA optimized)",
+                Serving::Transition => {
+                    "its primary here is being set up or handed over (ANA change: hosts retry)"
+                }
+                Serving::Inaccessible => {
+                    "no longer served here (ANA inaccessible: hosts use another path)"
+                }
+            };
+            log::info!("volume {}: {what}", self.volume);
             self.manager.reconcile();
         }
     }
