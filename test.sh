@@ -28,6 +28,9 @@ harness/csi-spec.sh
 step "Kubernetes manifests (deploy/kubernetes), checked offline"
 python3 harness/check-manifests.py
 
+step "monitoring (deploy/monitoring): alerting rules checked and unit-tested by promtool, dashboards and rules against a real node and a real Prometheus"
+python3 harness/check-monitoring.py
+
 step "cargo test (unit, protocol, seeded fuzz loops)"
 cargo test --workspace --locked
 

@@ -4,8 +4,9 @@
 # (ring, the API's TLS crypto, builds C), openssl (the API TLS test makes a certificate; it and
 # gnutls-cli are the NVMe/TCP TLS tests' peers),
 # protoc and its well-known types (etcd-client compiles etcd's gRPC API at build time) and etcd with etcdctl (the
-# cluster store's tests run real members; harness/etcd.sh starts them by hand) and fio (it
-# loads weft's external I/O engine, libweft_fio.so).
+# cluster store's tests run real members; harness/etcd.sh starts them by hand), fio (it
+# loads weft's external I/O engine, libweft_fio.so) and prometheus (its promtool checks the
+# alerting rules).
 # The guest image itself carries nvme-cli and fio (harness/vm/build-image.sh).
 set -euo pipefail
 missing=()
@@ -34,6 +35,8 @@ python3 -c 'import yaml' 2>/dev/null || missing+=(python3-yaml)
 need etcdctl etcd-client
 # Debian's fio loads weft's external I/O engine (harness/fio-engine.sh).
 need fio fio
+# promtool checks and unit-tests deploy/monitoring's alerting rules (harness/check-monitoring.py).
+need promtool prometheus
 if [ ${#missing[@]} -gt 0 ]; then
     echo "deps: installing ${missing[*]}"
     apt-get update -q

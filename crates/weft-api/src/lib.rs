@@ -498,7 +498,10 @@ impl Api {
 
     /// The Prometheus exposition (any caller).
     fn metrics(&self) -> Result<String, Response> {
-        Ok(self.status.prometheus())
+        let mut text = self.status.prometheus();
+        let node = self.cluster.as_ref().map_or("", cluster::Cluster::node);
+        weft_node::metrics::node_info(&mut text, node);
+        Ok(text)
     }
 
     /// Who calls: the node whose certificate (from the cluster's CA) the

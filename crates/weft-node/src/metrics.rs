@@ -2,13 +2,16 @@
 //! plane's meters (as JSON for `weft top`, `GET /api/v1/stats`) and the
 //! Prometheus exposition at `GET /metrics` — per volume and per node
 //! commands, bytes, errors, latency histograms, queue depth, connected
-//! hosts, QoS limits, and pool capacity.
+//! hosts, QoS limits, pool capacity, rebuilds and the members of replicated
+//! volumes.
 //!
 //! Everything here reads counters the reactors publish every tick; nothing
 //! touches the I/O path.
 
+mod members;
 mod stages;
 
+pub use members::{node_info, volume_members};
 pub use stages::{StageStats, StagesStats};
 
 use crate::status::PoolStatus;

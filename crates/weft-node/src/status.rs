@@ -342,10 +342,12 @@ impl StatusReader {
         metrics::collect(&self.plane, &self.started)
     }
 
-    /// The Prometheus exposition of the statistics, the pools and the rebuilds.
+    /// The Prometheus exposition of the statistics, the pools, the rebuilds
+    /// and the members of replicated volumes.
     pub fn prometheus(&self) -> String {
         let mut text = metrics::prometheus(&self.stats(), &self.pools());
         metrics::rebuilds(&mut text, &self.published.rebuilds.all());
+        metrics::volume_members(&mut text, &self.volumes());
         text
     }
 }

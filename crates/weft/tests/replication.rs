@@ -312,7 +312,23 @@ fn a_replica_whose_node_rebooted_leaves_the_in_sync_set_before_it_joins_again() 
     let metrics = metrics.as_str().unwrap_or_default().to_string();
     let total = "weft_rebuild_total_bytes{volume=\"rep\",replica=\"n3\"} 16777216";
     assert!(metrics.contains(total), "{metrics}");
+    // What the alerts read: the members by role and state, and who reports.
+    assert!(metrics.contains("weft_node_info{node=\"n1\","), "{metrics}");
+    let member = |node: &str, role: &str, state: &str| {
+        format!("weft_volume_member{{volume=\"rep\",node=\"{node}\",role=\"{role}\",state=\"{state}\"}} 1")
+    };
+    let exported = |line: &str| {
+        let (_, metrics) = support::api(&n1, Some(&n1.token), "GET", "/metrics", None);
+        metrics.as_str().unwrap_or_default().contains(line)
+    };
+    assert!(exported(&member("n1", "primary", "in_sync")));
+    eventually("n3 exported as faulted", || {
+        exported(&member("n3", "replica", "faulted"))
+    });
     eventually("n3 rebuilt", || in_sync(&n1) == 3);
+    eventually("n3 exported as in sync", || {
+        exported(&member("n3", "replica", "in_sync"))
+    });
     let took = restarted.elapsed();
     eprintln!("n3 rebuilt and in sync {took:?} after its restart ({progress})");
     assert!(

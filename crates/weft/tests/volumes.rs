@@ -146,7 +146,10 @@ fn volumes_are_carved_served_snapshotted_and_survive_a_restart() {
     assert!(error.contains("' ' is not allowed in an NQN"), "{error}");
     // A name Linux nvmet accepts is accepted, with a note on its form.
     let said = ok(&node, &["host", "add", "other", "--nqn", "blktests-host-1"]);
-    assert!(said.contains("not in the NVMe specification's NQN form"), "{said}");
+    assert!(
+        said.contains("not in the NVMe specification's NQN form"),
+        "{said}"
+    );
     ok(&node, &["host", "delete", "other"]);
     let output = Command::new(WEFT)
         .args(["host", "list", "--api", &node.api])
