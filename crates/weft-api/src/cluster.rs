@@ -42,8 +42,9 @@ const FORWARD_TIMEOUT: Duration = Duration::from_secs(120);
 /// failover answers without it instead of waiting the write timeout.
 const READ_FORWARD_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// How long placement waits for a heartbeat to report a pool just created
-/// (heartbeats are a third of the lease apart: 1.7 s by default).
+/// The least time placement waits for a heartbeat to report a pool just
+/// created (heartbeats are a third of the lease apart, 1 s by default; see
+/// [`Cluster::with_heartbeat_interval`]).
 const HEARTBEAT_WAIT: Duration = Duration::from_secs(3);
 
 /// The query mark of a call forwarded by another node.
@@ -53,6 +54,8 @@ const LOCAL_MARK: &str = "local=1";
 pub struct Cluster {
     store: Arc<dyn Store>,
     node: String,
+    /// How long placement waits for new pools' first heartbeats.
+    heartbeat_wait: Duration,
     identity: Option<http::tls::NodeIdentity>,
     /// What lets new nodes join with a token (nodes with certificates).
     joins: Option<Arc<crate::join::Joins>>,
@@ -106,9 +109,17 @@ impl Cluster {
         Cluster {
             store,
             node: node.to_string(),
+            heartbeat_wait: HEARTBEAT_WAIT,
             identity: None,
             joins: None,
         }
+    }
+
+    /// Heartbeats `interval` apart (a third of the lease): placement waits
+    /// two of them (3 s at least) for a pool just created to be reported.
+    pub fn with_heartbeat_interval(mut self, interval: Duration) -> Cluster {
+        self.heartbeat_wait = (2 * interval).max(HEARTBEAT_WAIT);
+        self
     }
 
     /// Letting new nodes join with one-time tokens (`joins`).
@@ -377,7 +388,7 @@ impl Cluster {
         (node, pool): (Option<&str>, Option<&str>),
         replicas: usize,
     ) -> Result<Vec<Placement>, Response> {
-        let deadline = Instant::now() + HEARTBEAT_WAIT;
+        let deadline = Instant::now() + self.heartbeat_wait;
         loop {
             let nodes = nodes::list(self.store.as_ref()).map_err(|e| store_failure(&e))?;
             let volumes_by_node = weft_cluster::placement::volumes_by_node(self.store.as_ref())

@@ -311,7 +311,7 @@ pub enum ReplicaState {
 }
 
 /// Checks that `nqn` is a name hosts can use as an NQN: what Linux's nvmet
-/// accepts (1 to 223 bytes, printable ASCII without spaces), so that a
+/// accepts (1 to 223 bytes, printable ASCII without spaces or '/'), so that a
 /// subsystem or host moved from nvmet keeps its name (blktests' are
 /// `blktests-subsystem-1`). [`nqn_form_note`] says when it is not in the
 /// specification's form.
@@ -325,7 +325,8 @@ pub fn check_nqn(nqn: &str) -> Result<(), String> {
             nqn.len()
         ));
     }
-    match nqn.chars().find(|c| !c.is_ascii_graphic()) {
+    // Linux nvmet's subsystems are configfs directories: no '/' either.
+    match nqn.chars().find(|&c| !c.is_ascii_graphic() || c == '/') {
         Some(c) => Err(format!("{c:?} is not allowed in an NQN")),
         None => Ok(()),
     }
@@ -906,6 +907,7 @@ mod tests {
         assert!(check_nqn("").unwrap_err().contains("empty"));
         assert!(check_nqn("nqn.a b").unwrap_err().contains("' '"));
         assert!(check_nqn("nqn.é").is_err());
+        assert!(check_nqn("nqn.a/b").unwrap_err().contains("'/'"));
         assert!(check_nqn(&format!("nqn.{}", "x".repeat(220)))
             .unwrap_err()
             .contains("223"));

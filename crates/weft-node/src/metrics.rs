@@ -172,6 +172,24 @@ pub fn collect(plane: &DataPlane, clock: &std::time::Instant) -> Stats {
 /// Text being written in the Prometheus exposition format.
 struct Exposition(String);
 
+/// `value` as a label value of the text format: backslash, double quote and
+/// line feed escaped (an NQN may hold the first two).
+fn escape(value: &str) -> std::borrow::Cow<'_, str> {
+    if !value.contains(['\\', '"', '\n']) {
+        return std::borrow::Cow::Borrowed(value);
+    }
+    let mut escaped = String::with_capacity(value.len() + 2);
+    for c in value.chars() {
+        match c {
+            '\\' => escaped.push_str("\\\\"),
+            '"' => escaped.push_str("\\\""),
+            '\n' => escaped.push_str("\\n"),
+            c => escaped.push(c),
+        }
+    }
+    std::borrow::Cow::Owned(escaped)
+}
+
 impl Exposition {
     fn family(&mut self, name: &str, kind: &str, help: &str) {
         let _ = writeln!(self.0, "# HELP {name} {help}\n# TYPE {name} {kind}");
@@ -206,9 +224,9 @@ pub fn prometheus(stats: &Stats, pools: &[PoolStatus]) -> String {
     let labels = |ns: &NamespaceStats| {
         format!(
             "subsystem=\"{}\",nsid=\"{}\",volume=\"{}\"",
-            ns.nqn,
+            escape(&ns.nqn),
             ns.nsid,
-            ns.volume.as_deref().unwrap_or("")
+            escape(ns.volume.as_deref().unwrap_or(""))
         )
     };
     // Per namespace and operation (bytes: reads and writes only).
@@ -434,6 +452,12 @@ fn node_totals(out: &mut Exposition, stats: &Stats) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(escape("nqn.2026-11.io.weft:a"), "nqn.2026-11.io.weft:a");
+        assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
 
     fn class(ops: u64, fast: u64) -> ClassStats {
         let mut buckets = vec![0; LATENCY_BOUNDS_US.len() + 1];

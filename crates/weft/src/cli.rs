@@ -327,7 +327,11 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
             };
             notice = weft_control::nqn_form_note(&nqn);
             if let Some(psk) = &tls_psk {
-                notice = Some(tls_instructions(&name, &nqn, psk));
+                let tls = tls_instructions(&name, &nqn, psk);
+                notice = Some(match notice {
+                    Some(note) => format!("{tls}\n{note}"),
+                    None => tls,
+                });
             }
             if option("dhchap-secret").is_none() && tls_psk.is_none() {
                 warning = Some(format!(

@@ -589,6 +589,7 @@ impl Member {
     pub fn api(&self) -> weft_api::cluster::Cluster {
         let mirror: Arc<dyn Store> = self.connected.mirror.clone();
         weft_api::cluster::Cluster::new(mirror, self.name())
+            .with_heartbeat_interval(self.connected.spec.lease_ttl / 3)
     }
 
     /// Starts heartbeats (publishing what `status` reports) and following

@@ -421,20 +421,17 @@ fn parse_args() -> Result<Command, String> {
     }
 }
 
-/// `-h` or `--help` anywhere: help on the command given first (every
+/// `-h` or `--help` anywhere: help on the first command named (every
 /// command and subcommand takes it), or on everything.
 fn help_asked() -> Option<Option<&'static str>> {
     let args: Vec<_> = std::env::args_os().skip(1).collect();
     if !args.iter().any(|arg| arg == "-h" || arg == "--help") {
         return None;
     }
-    let first = args
-        .iter()
-        .find(|arg| !arg.to_string_lossy().starts_with('-'));
-    Some(first.and_then(|first| {
+    Some(args.iter().find_map(|arg| {
         help::COMMANDS
             .into_iter()
-            .find(|command| first.to_str() == Some(command))
+            .find(|command| arg.to_str() == Some(command))
     }))
 }
 

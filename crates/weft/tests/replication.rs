@@ -313,9 +313,16 @@ fn a_replica_whose_node_rebooted_leaves_the_in_sync_set_before_it_joins_again() 
     let total = "weft_rebuild_total_bytes{volume=\"rep\",replica=\"n3\"} 16777216";
     assert!(metrics.contains(total), "{metrics}");
     // What the alerts read: the members by role and state, and who reports.
-    assert!(metrics.contains("weft_node_info{node=\"n1\","), "{metrics}");
+    assert!(
+        metrics.contains("weft_node_info{weft_node=\"n1\","),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("weft_volume_epoch{volume=\"rep\"} "),
+        "{metrics}"
+    );
     let member = |node: &str, role: &str, state: &str| {
-        format!("weft_volume_member{{volume=\"rep\",node=\"{node}\",role=\"{role}\",state=\"{state}\"}} 1")
+        format!("weft_volume_member{{volume=\"rep\",weft_node=\"{node}\",role=\"{role}\",state=\"{state}\"}} 1")
     };
     let exported = |line: &str| {
         let (_, metrics) = support::api(&n1, Some(&n1.token), "GET", "/metrics", None);
