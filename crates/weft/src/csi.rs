@@ -140,6 +140,13 @@ fn node_options(args: NodeArgs, api: &str) -> Result<weft_csi::NodeOptions, Stri
                 format!("{HOST_NQN_FILE}: {e}; give --host-nqn (nvme gen-hostnqn makes one)")
             })?,
     };
+    // The node's id is its host NQN: the controller tells node ids from
+    // other names by the specification's form.
+    if weft_control::nqn_form_note(&host_nqn).is_some() {
+        return Err(format!(
+            "the node's host NQN {host_nqn:?} is not in the NVMe specification's form (nqn.YYYY-MM.domain:name), which a CSI node's id must be; give --host-nqn \"$(nvme gen-hostnqn)\" or fix {HOST_NQN_FILE}"
+        ));
+    }
     let discovery = discovery.unwrap_or_else(|| {
         let host = api.split("://").last().unwrap_or(api);
         let host = host.rsplit_once(':').map_or(host, |(host, _)| host);

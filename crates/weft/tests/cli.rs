@@ -331,6 +331,22 @@ fn errors_say_what_is_wrong() {
         errors.contains("--rw \"sideways\" is not one of"),
         "{errors}"
     );
+    let (ok, _, errors) = weft(&[
+        "csi",
+        "--endpoint",
+        "unix:///tmp/weft-cli-test.sock",
+        "--mode",
+        "node",
+        "--node-name",
+        "n1",
+        "--host-nqn",
+        "blktests-host-1",
+    ]);
+    assert!(!ok);
+    assert!(
+        errors.contains("\"blktests-host-1\" is not in the NVMe specification's form"),
+        "{errors}"
+    );
     let (ok, _, errors) = weft(&["frobnicate"]);
     assert!(!ok);
     assert!(
