@@ -31,6 +31,10 @@ python3 harness/check-manifests.py
 step "monitoring (deploy/monitoring): alerting rules checked and unit-tested by promtool, dashboards and rules against a real node and a real Prometheus"
 python3 harness/check-monitoring.py
 
+step "web dashboard (/ui/) in headless Chromium against a node with 1000 volumes"
+# Debian's Python: python3-selenium is installed for it.
+/usr/bin/python3 harness/check-ui.py --volumes 1000 --json .cache/ui/figures.json
+
 step "cargo test (unit, protocol, seeded fuzz loops)"
 cargo test --workspace --locked
 

@@ -37,6 +37,10 @@ need etcdctl etcd-client
 need fio fio
 # promtool checks and unit-tests deploy/monitoring's alerting rules (harness/check-monitoring.py).
 need promtool prometheus
+# The web dashboard's test drives headless Chromium with Selenium (harness/check-ui.py).
+need chromium chromium
+need chromedriver chromium-driver
+/usr/bin/python3 -c 'import selenium' 2>/dev/null || missing+=(python3-selenium)
 if [ ${#missing[@]} -gt 0 ]; then
     echo "deps: installing ${missing[*]}"
     apt-get update -q

@@ -13,6 +13,8 @@
 //! `/api/v1/openapi.json`) documents each of them, which a test checks.
 //! Beside them, `GET /metrics` serves the Prometheus exposition (token
 //! needed too: Prometheus sends it with `authorization: credentials_file`).
+//! `GET /ui/` serves the web dashboard's files ([`ui`]: they hold no data;
+//! the page reads everything through the API with the operator's token).
 //!
 //! What it does not do: touch the I/O path, own or change any state itself
 //! (the manager does), or know how pools and volumes are stored.
@@ -27,6 +29,7 @@ mod moves;
 mod replicas;
 pub mod scoped_tokens;
 pub mod token;
+mod ui;
 pub mod views;
 
 use serde::Deserialize;
@@ -241,6 +244,7 @@ fn serve_connection<S: Read + Write>(
     let request = http::read_request_after_head(&mut stream, head_read);
     let peer = peer_node(&stream);
     let (status, body) = match request {
+        Ok(request) if request.method == "GET" && ui::serve(&mut stream, &request.path) => return,
         Ok(request) if request.path == "/metrics" && request.method == "GET" => {
             match api.caller(&request, peer.as_deref()).and_then(|_| api.metrics()) {
                 Ok(text) => {

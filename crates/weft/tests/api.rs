@@ -441,10 +441,10 @@ fn every_route_answers_and_fails_as_documented_and_state_survives_kill_9() {
         &node,
         "POST",
         "/api/v1/hosts",
-        Some(json!({"name": "web2", "nqn": "web2"})),
+        Some(json!({"name": "web2", "nqn": "web 2"})),
         400,
     );
-    assert!(message(&bad_nqn).contains("must start with"));
+    assert!(message(&bad_nqn).contains("' ' is not allowed in an NQN"));
     call(
         &node,
         "POST",

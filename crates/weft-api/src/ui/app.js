@@ -1,0 +1,462 @@
+// weft's dashboard: polls this node's API (/api/v1) with the token the
+// operator gives (kept in this tab's sessionStorage only) and shows the
+// cluster, capacity, volumes, hosts, this node's I/O and what changed.
+// Every value from the API goes into the page as text, never as markup.
+"use strict";
+
+const POLL_MS = 1000;
+const HISTORY = 300; // samples kept for the charts: 5 minutes at 1 s
+const EVENTS_MAX = 200;
+
+const state = {
+  token: sessionStorage.getItem("weft-token"),
+  single: false, // the node is no member of a cluster
+  previous: null, // the last snapshot, to find what changed
+  samples: [], // {t, stats}
+  events: [],
+  timer: null,
+};
+
+const $ = (id) => document.getElementById(id);
+
+function el(tag, text, className) {
+  const node = document.createElement(tag);
+  if (text !== undefined && text !== null) node.textContent = String(text);
+  if (className) node.className = className;
+  return node;
+}
+
+function bytes(n) {
+  if (n === null || n === undefined) return "";
+  const units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+  let value = n;
+  let unit = 0;
+  while (value >= 1024 && unit < units.length - 1) {
+    value /= 1024;
+    unit += 1;
+  }
+  return `${value >= 100 || unit === 0 ? value.toFixed(0) : value.toFixed(1)} ${units[unit]}`;
+}
+
+function percent(part, whole) {
+  return whole > 0 ? part / whole : 0;
+}
+
+function level(ratio) {
+  return ratio >= 0.9 ? "critical" : ratio >= 0.8 ? "warning" : "ok";
+}
+
+async function api(path) {
+  const response = await fetch(`/api/v1/${path}`, {
+    headers: { Authorization: `Bearer ${state.token}` },
+    cache: "no-store",
+  });
+  const body = await response.json().catch(() => ({}));
+  if (!response.ok) {
+    const error = new Error(body.message || `HTTP ${response.status}`);
+    error.status = response.status;
+    error.code = body.code;
+    throw error;
+  }
+  return body;
+}
+
+async function snapshot() {
+  const [pools, volumes, hosts, stats] = await Promise.all([
+    api("pools"),
+    api("volumes"),
+    api("hosts"),
+    api("stats"),
+  ]);
+  // A cluster's pools and volumes name their nodes; a single node's do not
+  // (and its API has no nodes to list: asked once only, when it has no pool).
+  const clustered = pools.some((p) => p.node) || volumes.some((v) => v.node);
+  let nodes = null;
+  if (clustered || (!state.single && pools.length === 0)) {
+    nodes = await api("nodes").catch((error) => {
+      if (error.code !== "not_a_cluster") throw error;
+      state.single = true;
+      return null;
+    });
+  }
+  return { pools, volumes, hosts, stats, nodes, at: Date.now() };
+}
+
+function fillTable(table, rows) {
+  const body = table.tBodies[0];
+  const fresh = document.createElement("tbody");
+  for (const cells of rows) {
+    const row = document.createElement("tr");
+    for (const cell of cells) {
+      const td = document.createElement("td");
+      if (cell instanceof Node) td.appendChild(cell);
+      else td.textContent = cell === null || cell === undefined ? "" : String(cell);
+      row.appendChild(td);
+    }
+    fresh.appendChild(row);
+  }
+  table.replaceChild(fresh, body);
+}
+
+function card(title, value, className) {
+  const box = el("div", null, `card ${className || ""}`);
+  box.appendChild(el("span", title, "card-title"));
+  box.appendChild(el("strong", value));
+  return box;
+}
+
+function badge(text, className) {
+  return el("span", text, `badge ${className || text}`);
+}
+
+function usage(allocated, capacity) {
+  const ratio = percent(allocated, capacity);
+  const wrap = el("span", null, "usage");
+  const meter = el("meter");
+  meter.min = 0;
+  meter.max = 1;
+  meter.low = 0.8;
+  meter.high = 0.9;
+  meter.optimum = 0;
+  meter.value = ratio;
+  wrap.appendChild(meter);
+  wrap.appendChild(el("span", `${bytes(allocated)} (${(ratio * 100).toFixed(0)}%)`, level(ratio)));
+  return wrap;
+}
+
+function renderCluster(s) {
+  const summary = $("cluster-summary");
+  summary.replaceChildren();
+  if (!s.nodes) {
+    summary.appendChild(card("Mode", "single node"));
+    fillTable($("nodes"), []);
+    $("nodes").hidden = true;
+    return;
+  }
+  $("nodes").hidden = false;
+  const count = (wanted) => s.nodes.filter((n) => n.state === wanted).length;
+  summary.appendChild(card("Nodes up", count("up")));
+  summary.appendChild(card("Cordoned", count("cordoned"), count("cordoned") ? "warning" : ""));
+  summary.appendChild(card("Down", count("down"), count("down") ? "critical" : ""));
+  const controller = s.nodes.find((n) => n.controller);
+  summary.appendChild(card("Controller", controller ? controller.name : "none"));
+  fillTable(
+    $("nodes"),
+    s.nodes.map((n) => [
+      n.name,
+      badge(n.state),
+      n.zone || "",
+      n.controller ? "yes" : "",
+      n.pools.map((p) => p.name + (p.failed ? " (failed)" : "")).join(", "),
+      usage(n.allocated_bytes, n.capacity_bytes),
+      n.volumes,
+      n.heartbeat_unix_ms ? `${Math.max(0, Math.round((Date.now() - n.heartbeat_unix_ms) / 1000))} s ago` : "",
+    ]),
+  );
+}
+
+function renderCapacity(s) {
+  const total = (field) => s.pools.reduce((sum, p) => sum + p[field], 0);
+  const capacity = total("capacity_bytes");
+  const allocated = total("allocated_bytes");
+  const provisioned = total("provisioned_bytes");
+  const summary = $("capacity-summary");
+  summary.replaceChildren(
+    card("Usable", bytes(capacity)),
+    card("Allocated", `${bytes(allocated)} (${(percent(allocated, capacity) * 100).toFixed(0)}%)`, level(percent(allocated, capacity))),
+    card("Provisioned", `${bytes(provisioned)} (${percent(provisioned, capacity).toFixed(2)}x usable)`),
+    card("Pools failed", s.pools.filter((p) => p.state === "failed").length, s.pools.some((p) => p.state === "failed") ? "critical" : ""),
+  );
+  fillTable(
+    $("pools"),
+    s.pools.map((p) => [
+      p.name,
+      p.node || "this node",
+      badge(p.state),
+      bytes(p.capacity_bytes),
+      usage(p.allocated_bytes, p.capacity_bytes),
+      `${bytes(p.provisioned_bytes)} (${p.overcommit.toFixed(2)}x)`,
+      p.volumes,
+    ]),
+  );
+}
+
+function copies(v) {
+  if (!v.replicas) return "one copy";
+  return v.replicas
+    .map((r) => {
+      let text = `${r.node}: ${r.role} ${r.state}`;
+      if (r.rebuild) {
+        const done = percent(r.rebuild.done_bytes, r.rebuild.total_bytes) * 100;
+        const eta = r.rebuild.eta_s === null || r.rebuild.eta_s === undefined ? "" : `, ${r.rebuild.eta_s} s left`;
+        text += ` ${done.toFixed(0)}% at ${bytes(r.rebuild.rate_bytes_per_s)}/s${eta}`;
+      }
+      return text;
+    })
+    .join("; ");
+}
+
+function limits(q) {
+  const parts = [];
+  if (q.iops_max) parts.push(`${q.iops_max} IOPS`);
+  if (q.bw_max) parts.push(`${bytes(q.bw_max)}/s`);
+  if (q.read_iops_max) parts.push(`read ${q.read_iops_max} IOPS`);
+  if (q.read_bw_max) parts.push(`read ${bytes(q.read_bw_max)}/s`);
+  if (q.write_iops_max) parts.push(`write ${q.write_iops_max} IOPS`);
+  if (q.write_bw_max) parts.push(`write ${bytes(q.write_bw_max)}/s`);
+  return parts.join(", ");
+}
+
+function renderVolumes(s) {
+  const filter = $("volume-filter").value.trim().toLowerCase();
+  const shown = s.volumes.filter(
+    (v) => !filter || [v.name, v.node || "", v.pool].some((text) => text.toLowerCase().includes(filter)),
+  );
+  fillTable(
+    $("volume-table"),
+    shown.map((v) => [
+      v.name,
+      bytes(v.size_bytes),
+      v.node || "this node",
+      v.pool,
+      badge(v.state),
+      copies(v),
+      limits(v.qos),
+      v.hosts.join(", "),
+      v.connected_hosts.length,
+    ]),
+  );
+  $("volume-count").textContent = `${shown.length} of ${s.volumes.length} volumes`;
+}
+
+function renderHosts(s) {
+  fillTable(
+    $("host-table"),
+    s.hosts.map((h) => [h.name, h.nqn, h.dhchap, h.tls ? "yes" : "", h.volumes.join(", ")]),
+  );
+}
+
+// Totals of the namespaces a chart shows (one volume, or all).
+function totals(stats, volume) {
+  const sum = { readOps: 0, writeOps: 0, bytes: 0, buckets: [] };
+  for (const ns of stats.namespaces) {
+    if (volume && ns.volume !== volume) continue;
+    sum.readOps += ns.read.ops;
+    sum.writeOps += ns.write.ops;
+    sum.bytes += ns.read.bytes + ns.write.bytes;
+    for (const c of [ns.read, ns.write]) {
+      c.buckets.forEach((n, i) => {
+        sum.buckets[i] = (sum.buckets[i] || 0) + n;
+      });
+    }
+  }
+  return sum;
+}
+
+// Upper bound (ms) of the bucket holding quantile q of the commands counted between two totals.
+function quantileMs(earlier, later, bounds, q) {
+  const counts = later.buckets.map((n, i) => n - (earlier.buckets[i] || 0));
+  const all = counts.reduce((a, b) => a + b, 0);
+  if (all <= 0) return null;
+  let seen = 0;
+  for (let i = 0; i < counts.length; i += 1) {
+    seen += counts[i];
+    if (seen >= q * all) return i < bounds.length ? bounds[i] / 1000 : bounds[bounds.length - 1] / 1000;
+  }
+  return null;
+}
+
+function series(volume) {
+  const points = [];
+  for (let i = 1; i < state.samples.length; i += 1) {
+    const a = state.samples[i - 1];
+    const b = state.samples[i];
+    const seconds = (b.stats.time_ns - a.stats.time_ns) / 1e9;
+    if (seconds <= 0) continue;
+    const ta = totals(a.stats, volume);
+    const tb = totals(b.stats, volume);
+    const bounds = b.stats.latency_bounds_us;
+    points.push({
+      read: (tb.readOps - ta.readOps) / seconds,
+      write: (tb.writeOps - ta.writeOps) / seconds,
+      mib: (tb.bytes - ta.bytes) / seconds / 1048576,
+      p50: quantileMs(ta, tb, bounds, 0.5),
+      p99: quantileMs(ta, tb, bounds, 0.99),
+    });
+  }
+  return points;
+}
+
+function draw(svg, lines) {
+  svg.replaceChildren();
+  const values = lines.flatMap((line) => line.values.filter((v) => v !== null));
+  const top = Math.max(1e-9, ...values);
+  for (const line of lines) {
+    const step = 300 / Math.max(1, HISTORY - 1);
+    const offset = 300 - step * (line.values.length - 1);
+    const coordinates = line.values
+      .map((v, i) => (v === null ? null : `${(offset + i * step).toFixed(1)},${(98 - (v / top) * 94).toFixed(1)}`))
+      .filter((p) => p !== null);
+    if (coordinates.length === 0) continue;
+    const polyline = document.createElementNS("http://www.w3.org/2000/svg", "polyline");
+    polyline.setAttribute("points", coordinates.join(" "));
+    polyline.setAttribute("class", line.className);
+    svg.appendChild(polyline);
+  }
+}
+
+function renderCharts() {
+  const select = $("chart-volume");
+  const names = [...new Set(state.previous.stats.namespaces.map((ns) => ns.volume).filter(Boolean))].sort();
+  const known = [...select.options].map((o) => o.value).filter(Boolean);
+  if (names.join("\n") !== known.join("\n")) {
+    const chosen = select.value;
+    select.replaceChildren(el("option", "All volumes"));
+    select.options[0].value = "";
+    for (const name of names) {
+      const option = el("option", name);
+      option.value = name;
+      select.appendChild(option);
+    }
+    select.value = names.includes(chosen) ? chosen : "";
+  }
+  const points = series(select.value);
+  draw($("chart-iops"), [
+    { className: "read", values: points.map((p) => p.read) },
+    { className: "write", values: points.map((p) => p.write) },
+  ]);
+  draw($("chart-bw"), [{ className: "read", values: points.map((p) => p.mib) }]);
+  draw($("chart-latency"), [
+    { className: "read", values: points.map((p) => p.p50) },
+    { className: "write", values: points.map((p) => p.p99) },
+  ]);
+  const last = points[points.length - 1];
+  $("now-iops").textContent = last ? `now: ${last.read.toFixed(0)} read, ${last.write.toFixed(0)} write` : "";
+  $("now-bw").textContent = last ? `now: ${last.mib.toFixed(1)} MiB/s` : "";
+  $("now-latency").textContent =
+    last && last.p99 !== null ? `now: p50 ${last.p50} ms, p99 ${last.p99} ms` : "now: no I/O";
+}
+
+function note(text, className) {
+  state.events.unshift({ at: new Date(), text, className });
+  state.events.length = Math.min(state.events.length, EVENTS_MAX);
+}
+
+// What changed between two snapshots, as events.
+function changes(before, after) {
+  const byName = (list) => new Map((list || []).map((item) => [item.name, item]));
+  if (before.nodes && after.nodes) {
+    const old = byName(before.nodes);
+    for (const node of after.nodes) {
+      const was = old.get(node.name);
+      if (!was) note(`node ${node.name} joined (${node.state})`, "ok");
+      else if (was.state !== node.state) note(`node ${node.name} is ${node.state} (was ${was.state})`, node.state === "down" ? "critical" : node.state === "up" ? "ok" : "warning");
+    }
+  }
+  const oldPools = new Map(before.pools.map((p) => [`${p.node}/${p.name}`, p]));
+  for (const pool of after.pools) {
+    const was = oldPools.get(`${pool.node}/${pool.name}`);
+    if (was && was.state !== pool.state) note(`pool ${pool.name}${pool.node ? ` on ${pool.node}` : ""} is ${pool.state}${pool.failure ? `: ${pool.failure}` : ""}`, pool.state === "failed" ? "critical" : "ok");
+    const ratio = percent(pool.allocated_bytes, pool.capacity_bytes);
+    if (was && level(ratio) !== "ok" && level(percent(was.allocated_bytes, was.capacity_bytes)) !== level(ratio)) note(`pool ${pool.name} is ${(ratio * 100).toFixed(0)}% allocated`, level(ratio));
+  }
+  const oldVolumes = byName(before.volumes);
+  const newVolumes = byName(after.volumes);
+  for (const volume of after.volumes) {
+    const was = oldVolumes.get(volume.name);
+    if (!was) {
+      note(`volume ${volume.name} created (${bytes(volume.size_bytes)})`, "ok");
+      continue;
+    }
+    const primary = (v) => (v.replicas || []).find((r) => r.role === "primary");
+    const p0 = primary(was);
+    const p1 = primary(volume);
+    if (p0 && p1 && p0.node !== p1.node) note(`volume ${volume.name}: primary moved from ${p0.node} to ${p1.node} (failover or move)`, "warning");
+    const oldReplicas = new Map((was.replicas || []).map((r) => [r.node, r]));
+    for (const replica of volume.replicas || []) {
+      const r0 = oldReplicas.get(replica.node);
+      if (!r0) continue;
+      if (!r0.rebuild && replica.rebuild) note(`volume ${volume.name}: rebuild of the copy on ${replica.node} started (${bytes(replica.rebuild.total_bytes)})`, "warning");
+      if (r0.state !== replica.state && replica.state === "in_sync") note(`volume ${volume.name}: the copy on ${replica.node} is in sync${r0.rebuild ? " (rebuild done)" : ""}`, "ok");
+      else if (r0.state !== replica.state) note(`volume ${volume.name}: the copy on ${replica.node} is ${replica.state}`, "warning");
+    }
+  }
+  for (const volume of before.volumes) {
+    if (!newVolumes.has(volume.name)) note(`volume ${volume.name} deleted`, "ok");
+  }
+}
+
+function renderEvents() {
+  const list = $("event-list");
+  list.replaceChildren(
+    ...state.events.map((event) => {
+      const item = el("li", null, event.className);
+      item.appendChild(el("time", event.at.toLocaleTimeString()));
+      item.appendChild(document.createTextNode(` ${event.text}`));
+      return item;
+    }),
+  );
+}
+
+async function poll() {
+  try {
+    const s = await snapshot();
+    if (state.previous) changes(state.previous, s);
+    state.previous = s;
+    state.samples.push({ t: s.at, stats: s.stats });
+    if (state.samples.length > HISTORY) state.samples.shift();
+    renderCluster(s);
+    renderCapacity(s);
+    renderVolumes(s);
+    renderHosts(s);
+    renderCharts();
+    renderEvents();
+    $("status").textContent = `Updated ${new Date(s.at).toLocaleTimeString()}`;
+    $("status").className = "";
+  } catch (error) {
+    if (error.status === 401) {
+      signOut("That token was refused: give a token of this node (DATA_DIR/api-token.read-only or api-token).");
+      return;
+    }
+    $("status").textContent = `This node does not answer (${error.message}); retrying`;
+    $("status").className = "critical";
+  }
+  state.timer = setTimeout(poll, POLL_MS);
+}
+
+function signIn(token) {
+  state.token = token;
+  sessionStorage.setItem("weft-token", token);
+  $("sign-in").hidden = true;
+  $("dashboard").hidden = false;
+  $("sign-out").hidden = false;
+  poll();
+}
+
+function signOut(message) {
+  clearTimeout(state.timer);
+  sessionStorage.removeItem("weft-token");
+  state.token = null;
+  state.previous = null;
+  state.samples = [];
+  state.single = false;
+  $("sign-in").hidden = false;
+  $("dashboard").hidden = true;
+  $("sign-out").hidden = true;
+  $("sign-in-error").textContent = message || "";
+  $("status").textContent = "Not signed in";
+  $("token").focus();
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  $("sign-in-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    signIn($("token").value.trim());
+    $("token").value = "";
+  });
+  $("sign-out").addEventListener("click", () => signOut());
+  $("volume-filter").addEventListener("input", () => state.previous && renderVolumes(state.previous));
+  $("chart-volume").addEventListener("change", () => state.previous && renderCharts());
+  if (state.token) signIn(state.token);
+  else $("token").focus();
+});
