@@ -30,7 +30,9 @@ from selenium.webdriver.common.keys import Keys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NVME, API = "127.0.0.1:14490", "127.0.0.1:14491"
-HOST_NQN = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-0000000000ui"
+HOST_NQN = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-00000000a1e7"
+# A name as hostile as an NQN may be: shown as text, never as markup.
+HOSTILE_NQN = "nqn.2014-08.io.weft:<b>bold</b>\"'&amp;".replace("/", "")
 
 
 def fail(message):
@@ -100,8 +102,21 @@ def wait(what, check, seconds=20):
     fail(f"the page did not show {what} within {seconds} s")
 
 
-def console_errors(driver):
-    return [entry for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
+def console_errors(driver, expected=()):
+    """The browser's error entries since the last call, but those `expected`."""
+    return [entry for entry in driver.get_log("browser") if entry["level"] == "SEVERE"
+            and not any(text in entry["message"] for text in expected)]
+
+
+def page_has(driver, selector, text):
+    return driver.execute_script(
+        "const e = document.querySelector(arguments[0]); return !!e && e.textContent.includes(arguments[1])",
+        selector, text)
+
+
+def rows(driver, selector):
+    return driver.execute_script(
+        "return document.querySelectorAll(arguments[0]).length", f"{selector} tbody tr")
 
 
 def main():
@@ -119,6 +134,7 @@ def main():
         node.cli("pool", "create", "fast", "--device", os.path.join(scratch, "fast.img"),
                  "--device-size", "4GiB")
         node.cli("host", "add", "web1", "--nqn", HOST_NQN)
+        node.cli("host", "add", "odd", "--nqn", HOSTILE_NQN)
         started = time.time()
         for index in range(args.volumes):
             node.call("POST", "volumes",
@@ -136,35 +152,41 @@ def main():
         token.send_keys("not-a-token", Keys.ENTER)
         wait("a refusal of a wrong token",
              lambda: "refused" in driver.find_element(By.ID, "sign-in-error").text)
-        driver.get_log("browser")  # the refused call's 401, logged as asked
+        # The refused call's 401 is the one error expected so far.
+        errors = console_errors(driver, expected=["status of 401"])
+        if errors:
+            fail(f"console errors at load: {errors}")
         driver.find_element(By.ID, "token").send_keys(node.read_only, Keys.ENTER)
         signed_in = time.time()
-        rows = lambda: driver.find_elements(By.CSS_SELECTOR, "#volume-table tbody tr")
-        wait(f"{args.volumes} volumes", lambda: len(rows()) == args.volumes)
+        wait(f"{args.volumes} volumes", lambda: rows(driver, "#volume-table") == args.volumes)
         render_s = time.time() - signed_in
         print(f"every volume shown {render_s:.2f} s after signing in")
         text = driver.find_element(By.ID, "dashboard").text
-        for expected in ("vol0000", "fast", "web1", HOST_NQN, "single node"):
+        for expected in ("vol0000", "fast", "web1", HOST_NQN, HOSTILE_NQN, "single node"):
             if expected not in text:
                 fail(f"the dashboard does not show {expected!r}")
+        if driver.find_elements(By.CSS_SELECTOR, "#host-table b"):
+            fail("a host's NQN became markup")
         driver.save_screenshot(os.path.join(args.out, "dashboard-1280x800.png"))
 
         # A change made elsewhere lands on the page, and in its events.
         node.cli("volume", "create", "fresh", "--pool", "fast", "--size", "1GiB")
         created = time.time()  # from the moment the API answered
-        wait("a volume created meanwhile", lambda: any("fresh" in r.text for r in rows()))
+        wait("a volume created meanwhile", lambda: page_has(driver, "#volume-table", "fresh"))
         update_s = time.time() - created
-        wait("its event", lambda: "volume fresh created" in
-             driver.find_element(By.ID, "event-list").text)
+        wait("its event", lambda: page_has(driver, "#event-list", "volume fresh created"))
         print(f"a volume created by the CLI shown {update_s:.2f} s after it was, and in the events")
 
         # I/O reaches the charts.
         url = f"nvme-tcp://{NVME}/nqn.2026-11.io.weft:vol:vol0000"
-        subprocess.run([args.weft, "bench", "--target", url, "--hostnqn", HOST_NQN,
-                        "--rw", "randrw", "--runtime", "4s"], check=True, capture_output=True)
-        wait("I/O in the charts", lambda: "now: no I/O" not in
-             driver.find_element(By.ID, "now-latency").text and
-             driver.find_elements(By.CSS_SELECTOR, "#chart-iops polyline"))
+        bench = subprocess.Popen([args.weft, "bench", "--target", url, "--hostnqn", HOST_NQN,
+                                  "--rw", "randrw", "--runtime", "6s"],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait("I/O in the charts, while it runs", lambda: page_has(driver, "#now-iops", "now:")
+             and not page_has(driver, "#now-latency", "no I/O")
+             and driver.find_elements(By.CSS_SELECTOR, "#chart-iops polyline"))
+        if bench.wait(timeout=60) != 0:
+            fail("weft bench failed")
         driver.find_element(By.CSS_SELECTOR, "a[href='#charts']").click()
         driver.save_screenshot(os.path.join(args.out, "charts-1280x800.png"))
 
@@ -175,9 +197,24 @@ def main():
             driver.switch_to.active_element.send_keys(Keys.TAB)
             active = driver.switch_to.active_element
             reached.add(active.get_attribute("id") or active.text)
-        for wanted in ("Cluster", "Volumes", "Events"):
+        for _ in range(4):
+            driver.switch_to.active_element.send_keys(Keys.TAB)
+            active = driver.switch_to.active_element
+            reached.add(active.get_attribute("id") or active.text)
+        for wanted in ("Cluster", "Volumes", "Events", "sign-out", "volume-filter"):
             if wanted not in reached:
                 fail(f"Tab does not reach {wanted!r} (reached {sorted(reached)})")
+        # Enter on a link goes to its section; typing in the filter filters.
+        driver.execute_script("document.activeElement.blur()")
+        link = driver.find_element(By.CSS_SELECTOR, "a[href='#hosts']")
+        link.send_keys(Keys.ENTER)
+        if not driver.current_url.endswith("#hosts"):
+            fail(f"Enter on the Hosts link went to {driver.current_url}")
+        search = driver.find_element(By.ID, "volume-filter")
+        search.send_keys("fresh")
+        wait("the filter", lambda: rows(driver, "#volume-table") == 1)
+        search.clear()
+        search.send_keys(" ", Keys.BACKSPACE)
 
         # A phone-sized window: nothing wider than the screen but the tables' own scroll.
         driver.set_window_size(390, 844)
@@ -191,6 +228,8 @@ def main():
         errors = console_errors(driver)
         if errors:
             fail(f"console errors: {errors}")
+        if "critical" in driver.find_element(By.ID, "status").get_attribute("class"):
+            fail(f"the page says: {driver.find_element(By.ID, 'status').text}")
         # The dashboard's files are served with a strict policy.
         with urllib.request.urlopen(f"http://{API}/ui/") as response:
             policy = response.headers["Content-Security-Policy"]

@@ -8,13 +8,18 @@ const POLL_MS = 1000;
 const HISTORY = 300; // samples kept for the charts: 5 minutes at 1 s
 const EVENTS_MAX = 200;
 
+const FETCH_TIMEOUT_MS = 5000;
+
 const state = {
   token: sessionStorage.getItem("weft-token"),
   single: false, // the node is no member of a cluster
   previous: null, // the last snapshot, to find what changed
-  samples: [], // {t, stats}
+  counters: null, // the last statistics, reduced: {timeNs, all, volumes: Map}
+  points: { all: [], volumes: new Map() }, // chart points, per volume and in all
+  bounds: [],
   events: [],
   timer: null,
+  generation: 0, // bumped at sign-in and sign-out: a poll of an older one stops
 };
 
 const $ = (id) => document.getElementById(id);
@@ -50,6 +55,7 @@ async function api(path) {
   const response = await fetch(`/api/v1/${path}`, {
     headers: { Authorization: `Bearer ${state.token}` },
     cache: "no-store",
+    signal: AbortSignal.timeout(FETCH_TIMEOUT_MS),
   });
   const body = await response.json().catch(() => ({}));
   if (!response.ok) {
@@ -74,8 +80,8 @@ async function snapshot() {
   let nodes = null;
   if (clustered || (!state.single && pools.length === 0)) {
     nodes = await api("nodes").catch((error) => {
-      if (error.code !== "not_a_cluster") throw error;
-      state.single = true;
+      if (error.code === "not_a_cluster") state.single = true;
+      else console.error("weft: listing nodes", error);
       return null;
     });
   }
@@ -175,7 +181,7 @@ function renderCapacity(s) {
       badge(p.state),
       bytes(p.capacity_bytes),
       usage(p.allocated_bytes, p.capacity_bytes),
-      `${bytes(p.provisioned_bytes)} (${p.overcommit.toFixed(2)}x)`,
+      `${bytes(p.provisioned_bytes)} (${p.overcommit === null ? "-" : p.overcommit.toFixed(2)}x)`,
       p.volumes,
     ]),
   );
@@ -236,55 +242,106 @@ function renderHosts(s) {
   );
 }
 
-// Totals of the namespaces a chart shows (one volume, or all).
-function totals(stats, volume) {
-  const sum = { readOps: 0, writeOps: 0, bytes: 0, buckets: [] };
+// One statistics sample reduced to counters: per namespace first (so that a
+// namespace that appears, goes or restarts never makes a rate negative),
+// then summed per volume and in all.
+function reduce(stats) {
+  const namespaces = new Map();
   for (const ns of stats.namespaces) {
-    if (volume && ns.volume !== volume) continue;
-    sum.readOps += ns.read.ops;
-    sum.writeOps += ns.write.ops;
-    sum.bytes += ns.read.bytes + ns.write.bytes;
-    for (const c of [ns.read, ns.write]) {
-      c.buckets.forEach((n, i) => {
-        sum.buckets[i] = (sum.buckets[i] || 0) + n;
+    const buckets = ns.read.buckets.map((n, i) => n + (ns.write.buckets[i] || 0));
+    namespaces.set(`${ns.nqn}\n${ns.nsid}`, {
+      volume: ns.volume,
+      readOps: ns.read.ops,
+      writeOps: ns.write.ops,
+      bytes: ns.read.bytes + ns.write.bytes,
+      buckets,
+    });
+  }
+  return { timeNs: stats.time_ns, namespaces };
+}
+
+function emptyDelta() {
+  return { read: 0, write: 0, bytes: 0, buckets: [] };
+}
+
+// What happened between two reduced samples, per volume and in all.
+function deltas(before, after) {
+  const all = emptyDelta();
+  const volumes = new Map();
+  for (const [key, b] of after.namespaces) {
+    const a = before.namespaces.get(key);
+    if (!a || b.readOps < a.readOps || b.writeOps < a.writeOps) continue; // new or restarted
+    const targets = [all];
+    if (b.volume) {
+      if (!volumes.has(b.volume)) volumes.set(b.volume, emptyDelta());
+      targets.push(volumes.get(b.volume));
+    }
+    for (const d of targets) {
+      d.read += b.readOps - a.readOps;
+      d.write += b.writeOps - a.writeOps;
+      d.bytes += Math.max(0, b.bytes - a.bytes);
+      b.buckets.forEach((n, i) => {
+        d.buckets[i] = (d.buckets[i] || 0) + Math.max(0, n - (a.buckets[i] || 0));
       });
     }
   }
-  return sum;
+  return { all, volumes };
 }
 
-// Upper bound (ms) of the bucket holding quantile q of the commands counted between two totals.
-function quantileMs(earlier, later, bounds, q) {
-  const counts = later.buckets.map((n, i) => n - (earlier.buckets[i] || 0));
-  const all = counts.reduce((a, b) => a + b, 0);
-  if (all <= 0) return null;
+// Upper bound (ms) of the bucket holding quantile q of `counts`; the last
+// bucket has no bound: Infinity.
+function quantileMs(counts, q) {
+  const total = counts.reduce((a, b) => a + b, 0);
+  if (total <= 0) return null;
   let seen = 0;
   for (let i = 0; i < counts.length; i += 1) {
     seen += counts[i];
-    if (seen >= q * all) return i < bounds.length ? bounds[i] / 1000 : bounds[bounds.length - 1] / 1000;
+    if (seen >= q * total) return i < state.bounds.length ? state.bounds[i] / 1000 : Infinity;
   }
   return null;
 }
 
-function series(volume) {
-  const points = [];
-  for (let i = 1; i < state.samples.length; i += 1) {
-    const a = state.samples[i - 1];
-    const b = state.samples[i];
-    const seconds = (b.stats.time_ns - a.stats.time_ns) / 1e9;
-    if (seconds <= 0) continue;
-    const ta = totals(a.stats, volume);
-    const tb = totals(b.stats, volume);
-    const bounds = b.stats.latency_bounds_us;
-    points.push({
-      read: (tb.readOps - ta.readOps) / seconds,
-      write: (tb.writeOps - ta.writeOps) / seconds,
-      mib: (tb.bytes - ta.bytes) / seconds / 1048576,
-      p50: quantileMs(ta, tb, bounds, 0.5),
-      p99: quantileMs(ta, tb, bounds, 0.99),
-    });
+function point(delta, seconds) {
+  return {
+    read: delta.read / seconds,
+    write: delta.write / seconds,
+    mib: delta.bytes / seconds / 1048576,
+    p50: quantileMs(delta.buckets, 0.5),
+    p99: quantileMs(delta.buckets, 0.99),
+  };
+}
+
+function push(list, value) {
+  list.push(value);
+  if (list.length > HISTORY) list.shift();
+}
+
+// Adds a statistics sample: one chart point per volume and one in all.
+function addSample(stats) {
+  state.bounds = stats.latency_bounds_us;
+  const now = reduce(stats);
+  const before = state.counters;
+  state.counters = now;
+  if (!before) return;
+  const seconds = (now.timeNs - before.timeNs) / 1e9;
+  if (seconds <= 0) return;
+  const { all, volumes } = deltas(before, now);
+  push(state.points.all, point(all, seconds));
+  for (const [name, delta] of volumes) {
+    if (!state.points.volumes.has(name)) state.points.volumes.set(name, []);
+    push(state.points.volumes.get(name), point(delta, seconds));
   }
-  return points;
+  for (const name of [...state.points.volumes.keys()]) {
+    if (!volumes.has(name)) state.points.volumes.delete(name); // gone from this node
+  }
+}
+
+function milliseconds(value) {
+  return value === Infinity ? `>${state.bounds[state.bounds.length - 1] / 1000}` : `${value}`;
+}
+
+function finite(value) {
+  return value === Infinity ? state.bounds[state.bounds.length - 1] / 1000 : value;
 }
 
 function draw(svg, lines) {
@@ -307,7 +364,7 @@ function draw(svg, lines) {
 
 function renderCharts() {
   const select = $("chart-volume");
-  const names = [...new Set(state.previous.stats.namespaces.map((ns) => ns.volume).filter(Boolean))].sort();
+  const names = [...state.points.volumes.keys()].sort();
   const known = [...select.options].map((o) => o.value).filter(Boolean);
   if (names.join("\n") !== known.join("\n")) {
     const chosen = select.value;
@@ -320,21 +377,21 @@ function renderCharts() {
     }
     select.value = names.includes(chosen) ? chosen : "";
   }
-  const points = series(select.value);
+  const points = select.value ? state.points.volumes.get(select.value) || [] : state.points.all;
   draw($("chart-iops"), [
     { className: "read", values: points.map((p) => p.read) },
     { className: "write", values: points.map((p) => p.write) },
   ]);
   draw($("chart-bw"), [{ className: "read", values: points.map((p) => p.mib) }]);
   draw($("chart-latency"), [
-    { className: "read", values: points.map((p) => p.p50) },
-    { className: "write", values: points.map((p) => p.p99) },
+    { className: "read", values: points.map((p) => (p.p50 === null ? null : finite(p.p50))) },
+    { className: "write", values: points.map((p) => (p.p99 === null ? null : finite(p.p99))) },
   ]);
   const last = points[points.length - 1];
   $("now-iops").textContent = last ? `now: ${last.read.toFixed(0)} read, ${last.write.toFixed(0)} write` : "";
   $("now-bw").textContent = last ? `now: ${last.mib.toFixed(1)} MiB/s` : "";
   $("now-latency").textContent =
-    last && last.p99 !== null ? `now: p50 ${last.p50} ms, p99 ${last.p99} ms` : "now: no I/O";
+    last && last.p99 !== null ? `now: p50 ${milliseconds(last.p50)} ms, p99 ${milliseconds(last.p99)} ms` : "now: no I/O";
 }
 
 function note(text, className) {
@@ -377,7 +434,7 @@ function changes(before, after) {
       const r0 = oldReplicas.get(replica.node);
       if (!r0) continue;
       if (!r0.rebuild && replica.rebuild) note(`volume ${volume.name}: rebuild of the copy on ${replica.node} started (${bytes(replica.rebuild.total_bytes)})`, "warning");
-      if (r0.state !== replica.state && replica.state === "in_sync") note(`volume ${volume.name}: the copy on ${replica.node} is in sync${r0.rebuild ? " (rebuild done)" : ""}`, "ok");
+      if (r0.state !== replica.state && replica.state === "in-sync") note(`volume ${volume.name}: the copy on ${replica.node} is in sync${r0.rebuild ? " (rebuild done)" : ""}`, "ok");
       else if (r0.state !== replica.state) note(`volume ${volume.name}: the copy on ${replica.node} is ${replica.state}`, "warning");
     }
   }
@@ -398,53 +455,68 @@ function renderEvents() {
   );
 }
 
-async function poll() {
+async function poll(generation) {
+  let delay = POLL_MS;
   try {
     const s = await snapshot();
+    if (generation !== state.generation) return; // signed out meanwhile
     if (state.previous) changes(state.previous, s);
     state.previous = s;
-    state.samples.push({ t: s.at, stats: s.stats });
-    if (state.samples.length > HISTORY) state.samples.shift();
+    addSample(s.stats);
     renderCluster(s);
     renderCapacity(s);
     renderVolumes(s);
     renderHosts(s);
     renderCharts();
     renderEvents();
-    $("status").textContent = `Updated ${new Date(s.at).toLocaleTimeString()}`;
+    $("updated").textContent = `Updated ${new Date(s.at).toLocaleTimeString()}`;
+    $("status").textContent = "";
     $("status").className = "";
   } catch (error) {
+    if (generation !== state.generation) return;
     if (error.status === 401) {
-      signOut("That token was refused: give a token of this node (DATA_DIR/api-token.read-only or api-token).");
+      signOut("That token was refused: give a token of this node (DATA_DIR/api-token.read-only).");
       return;
     }
-    $("status").textContent = `This node does not answer (${error.message}); retrying`;
+    console.error("weft:", error);
+    delay = Math.min(10000, POLL_MS * 5); // back off while the node does not answer
+    $("status").textContent =
+      error.status === 403
+        ? `This token may not read everything the page shows (${error.message})`
+        : error.status
+          ? `The node answered ${error.status}: ${error.message}; retrying`
+          : `This node does not answer (${error.message}); retrying`;
     $("status").className = "critical";
   }
-  state.timer = setTimeout(poll, POLL_MS);
+  state.timer = setTimeout(() => poll(generation), delay);
 }
 
 function signIn(token) {
+  clearTimeout(state.timer);
+  state.generation += 1;
   state.token = token;
   sessionStorage.setItem("weft-token", token);
   $("sign-in").hidden = true;
   $("dashboard").hidden = false;
   $("sign-out").hidden = false;
-  poll();
+  poll(state.generation);
 }
 
 function signOut(message) {
   clearTimeout(state.timer);
+  state.generation += 1;
   sessionStorage.removeItem("weft-token");
   state.token = null;
   state.previous = null;
-  state.samples = [];
+  state.counters = null;
+  state.points = { all: [], volumes: new Map() };
   state.single = false;
   $("sign-in").hidden = false;
   $("dashboard").hidden = true;
   $("sign-out").hidden = true;
   $("sign-in-error").textContent = message || "";
-  $("status").textContent = "Not signed in";
+  $("status").textContent = "";
+  $("updated").textContent = "Not signed in";
   $("token").focus();
 }
 
