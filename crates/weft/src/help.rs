@@ -2,24 +2,15 @@
 //! usage lines, its paragraph under "Commands:" and its options section),
 //! cut from the one text `weft --help` prints, so the two never disagree.
 
-/// The commands that have help of their own.
+/// The commands: the admin ones, then those that run on their own.
 pub const COMMANDS: [&str; 12] = [
-    "serve",
-    "pool",
-    "volume",
-    "snapshot",
-    "host",
-    "namespace",
-    "node",
-    "token",
-    "top",
-    "cluster",
-    "bench",
-    "csi",
+    ADMIN[0], ADMIN[1], ADMIN[2], ADMIN[3], ADMIN[4], ADMIN[5], ADMIN[6], ADMIN[7], "serve",
+    "cluster", "bench", "csi",
 ];
 
-/// Commands that talk to a running node's API (the note on --api applies).
-const ADMIN: [&str; 8] = [
+/// Commands that talk to a running node's API (`cli::parse` runs them; the
+/// note on --api applies).
+pub const ADMIN: [&str; 8] = [
     "pool",
     "volume",
     "snapshot",

@@ -279,17 +279,7 @@ fn parse_args() -> Result<Command, String> {
                 if name == "cluster" {
                     return pki::parse(&mut parser).map(Command::Pki);
                 }
-                if matches!(
-                    name.as_str(),
-                    "pool"
-                        | "volume"
-                        | "snapshot"
-                        | "host"
-                        | "namespace"
-                        | "top"
-                        | "node"
-                        | "token"
-                ) {
+                if help::ADMIN.contains(&name.as_str()) {
                     return cli::parse(&name, &mut parser).map(Command::Admin);
                 }
                 if name != "serve" {
