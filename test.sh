@@ -34,6 +34,8 @@ python3 harness/check-monitoring.py
 step "web dashboard (/ui/) in headless Chromium against a node with 1000 volumes"
 # Debian's Python: python3-selenium is installed for it.
 /usr/bin/python3 harness/check-ui.py --volumes 1000 --json .cache/ui/figures.json
+step "web dashboard against a three-node cluster on etcd: acting from the page, a node killed shown down, its failover in the events"
+/usr/bin/python3 harness/check-ui-cluster.py --json .cache/ui/cluster.json
 
 step "cargo test (unit, protocol, seeded fuzz loops)"
 cargo test --workspace --locked

@@ -54,10 +54,16 @@ pub const DEFAULT_API_LISTEN: &str = "127.0.0.1:9440";
 /// The OpenAPI 3 document of this API.
 pub const OPENAPI: &str = include_str!("openapi.json");
 
+/// The longest a `GET changes` waits for a change: a connection it holds
+/// is one of the few a client address may hold.
+pub const CHANGES_WAIT_MAX: Duration = Duration::from_secs(10);
+
 /// Every route: method and path under `/api/v1/`, `{name}` matching one segment.
 pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "openapi.json"),
     ("GET", "stats"),
+    ("GET", "session"),
+    ("GET", "changes"),
     ("GET", "pools"),
     ("POST", "pools"),
     ("GET", "pools/{pool}"),
@@ -321,7 +327,7 @@ impl Api {
             Ok(caller) => caller,
             Err(response) => return response,
         };
-        match caller {
+        match &caller {
             Caller::Node(node) if !forwarded => {
                 return failure(
                     403,
@@ -335,7 +341,7 @@ impl Api {
             }
             Caller::Node(_) => {}
             Caller::Token(role) if !role.allows(&request.method, pattern) => {
-                return forbidden(role, &request.method, &request.path)
+                return forbidden(*role, &request.method, &request.path)
             }
             // The CSI controller sets the secrets of the hosts it made only.
             Caller::Token(token::Role::Csi)
@@ -343,10 +349,15 @@ impl Api {
             {
                 return forbidden(token::Role::Csi, &request.method, &request.path)
             }
-            Caller::Token(role) if forwarded && (certified || role != token::Role::Admin) => {
-                return forbidden(role, &request.method, "a forwarded call (local=1)")
+            Caller::Token(role) if forwarded && (certified || *role != token::Role::Admin) => {
+                return forbidden(*role, &request.method, "a forwarded call (local=1)")
             }
             Caller::Token(_) => {}
+        }
+        match pattern {
+            "session" => return self.session(&caller),
+            "changes" => return self.changes(&request.query),
+            _ => {}
         }
         let mut body = None;
         if pattern == "tokens/{role}/renew" {
@@ -415,6 +426,57 @@ impl Api {
         }
         let body = body.as_deref().unwrap_or(&request.body);
         self.local_call(pattern, &params, request, body)
+    }
+
+    /// Who the caller is to this node: the role of its token (what it may
+    /// do), and where it is (the dashboard shows its actions from this).
+    fn session(&self, caller: &Caller) -> Response {
+        let role = match caller {
+            Caller::Token(role) => role.name(),
+            Caller::Node(_) => "node",
+        };
+        (
+            200,
+            json!({"role": role, "node": self.node(), "cluster": self.cluster.is_some()}),
+        )
+    }
+
+    /// Answers this node's status generation once it passes `after`, or
+    /// after `wait_ms` (at most [`CHANGES_WAIT_MAX`]) if it does not: a
+    /// long poll, so that a dashboard learns of a change at once. It covers
+    /// what this node serves; what other nodes serve shows at the next poll.
+    fn changes(&self, query: &str) -> Response {
+        let mut after = None;
+        let mut wait = Duration::ZERO;
+        for pair in query.split('&').filter(|pair| !pair.is_empty()) {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let number = value.parse::<u64>().map_err(|_| {
+                failure(
+                    400,
+                    "invalid",
+                    &format!("{key}={value:?} is not a number"),
+                    "give after=GENERATION and wait_ms=MILLISECONDS as whole numbers",
+                )
+            });
+            match (key, number) {
+                (_, Err(response)) => return response,
+                ("after", Ok(n)) => after = Some(n),
+                ("wait_ms", Ok(n)) => wait = Duration::from_millis(n).min(CHANGES_WAIT_MAX),
+                (other, Ok(_)) => {
+                    return failure(
+                        400,
+                        "invalid",
+                        &format!("unknown parameter {other:?}"),
+                        "give after=GENERATION and wait_ms=MILLISECONDS",
+                    )
+                }
+            }
+        }
+        let generation = match after {
+            Some(seen) => self.status.wait_for_change(seen, wait),
+            None => self.status.generation(),
+        };
+        (200, json!({ "generation": generation }))
     }
 
     /// Serves a change on this node.

@@ -71,6 +71,15 @@ impl Role {
         }
     }
 
+    /// Its name in the API's answers (`GET session`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Admin => "admin",
+            Role::Csi => "csi",
+            Role::ReadOnly => "read-only",
+        }
+    }
+
     /// How it is named in messages.
     pub fn describe(self) -> &'static str {
         match self {

@@ -31,6 +31,10 @@ fn asset(path: &str) -> Option<(&'static str, &'static [u8])> {
             "text/javascript; charset=utf-8",
             include_bytes!("ui/app.js").as_slice(),
         ),
+        "/ui/actions.js" => (
+            "text/javascript; charset=utf-8",
+            include_bytes!("ui/actions.js").as_slice(),
+        ),
         "/ui/app.css" => (
             "text/css; charset=utf-8",
             include_bytes!("ui/app.css").as_slice(),

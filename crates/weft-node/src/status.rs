@@ -9,13 +9,17 @@
 //! [`StatusReader`] reads (allocation figures may lag by one batch). What
 //! changes without the manager is read live: a failure the data plane saw,
 //! the hosts connected, the I/O statistics.
+//!
+//! Each snapshot published bumps a generation that readers may wait on
+//! ([`StatusReader::wait_for_change`]): the web dashboard asks for its next
+//! view the moment something changed rather than at its next poll.
 
 use crate::manager::{not_found, AdminError};
 use crate::metrics::{self, Stats};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Instant;
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 use weft_control::{QosLimits, ReplicationRecord};
 use weft_target::{DataPlane, Health};
 use weft_volume::{MemberUsage, PoolInfo, VolumeInfo};
@@ -231,6 +235,9 @@ fn volume_status(
 #[derive(Debug, Default)]
 pub(crate) struct Published {
     current: Mutex<Arc<NodeSnapshot>>,
+    /// How many snapshots were published, and a wake-up for those waiting.
+    generation: Mutex<u64>,
+    changed: Condvar,
     /// Rebuilds in progress, as the replicators publish them.
     pub(crate) rebuilds: crate::replication::progress::Rebuilds,
     /// The node holds key-encryption keys (can hold encrypted volumes).
@@ -253,6 +260,24 @@ impl Published {
         #[cfg(test)]
         self.history.lock().unwrap().push(Arc::clone(&snapshot));
         *self.current.lock().unwrap_or_else(PoisonError::into_inner) = snapshot;
+        *self
+            .generation
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) += 1;
+        self.changed.notify_all();
+    }
+
+    /// The generation once it passes `seen`, or as it is after `timeout`.
+    fn wait_for_change(&self, seen: u64, timeout: Duration) -> u64 {
+        let generation = self
+            .generation
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let (generation, _) = self
+            .changed
+            .wait_timeout_while(generation, timeout, |now| *now == seen)
+            .unwrap_or_else(PoisonError::into_inner);
+        *generation
     }
 }
 
@@ -282,6 +307,22 @@ impl StatusReader {
         self.published
             .keys
             .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// How many snapshots the manager published so far (it moves with every
+    /// change of what [`StatusReader::pools`], `volumes` and `hosts` answer).
+    pub fn generation(&self) -> u64 {
+        *self
+            .published
+            .generation
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Waits up to `timeout` for the generation to differ from `seen`;
+    /// answers the generation then. Holds no lock the manager needs meanwhile.
+    pub fn wait_for_change(&self, seen: u64, timeout: Duration) -> u64 {
+        self.published.wait_for_change(seen, timeout)
     }
 
     /// Every pool, by name.
@@ -349,5 +390,32 @@ impl StatusReader {
         metrics::rebuilds(&mut text, &self.published.rebuilds.all());
         metrics::volume_members(&mut text, &self.volumes());
         text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reader_waiting_for_a_change_wakes_when_a_snapshot_is_published() {
+        let published = Arc::new(Published::default());
+        assert_eq!(published.wait_for_change(0, Duration::from_millis(10)), 0);
+        let publisher = Arc::clone(&published);
+        let waiter = std::thread::spawn(move || {
+            let started = Instant::now();
+            let seen = published.wait_for_change(0, Duration::from_secs(30));
+            (seen, started.elapsed())
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        publisher.store(NodeSnapshot::default());
+        let (seen, waited) = waiter.join().unwrap();
+        assert_eq!(seen, 1);
+        assert!(
+            waited < Duration::from_secs(10),
+            "woken by the change, not the timeout"
+        );
+        // A generation already past the one seen answers at once.
+        assert_eq!(publisher.wait_for_change(0, Duration::from_secs(30)), 1);
     }
 }

@@ -897,3 +897,63 @@ fn one_address_cannot_hold_every_api_connection() {
     call(&node, "GET", "/api/v1/pools", None, 200);
     drop(idle);
 }
+
+#[test]
+fn a_caller_learns_its_role_and_a_long_poll_wakes_at_a_change() {
+    let dir = temp_dir("api-changes");
+    let node = start_node(&dir.join("data"), &[]);
+    let read_only = std::fs::read_to_string(dir.join("data/api-token.read-only")).unwrap();
+    let session = call(&node, "GET", "/api/v1/session", None, 200);
+    assert_eq!(
+        session,
+        json!({"role": "admin", "node": null, "cluster": false})
+    );
+    let (status, session) = api(
+        &node,
+        Some(read_only.trim()),
+        "GET",
+        "/api/v1/session",
+        None,
+    );
+    assert_eq!((status, &session["role"]), (200, &json!("read-only")));
+    let (status, _) = api(&node, None, "GET", "/api/v1/session", None);
+    assert_eq!(status, 401);
+
+    // Without `after`, the generation now; with it and no change, the same
+    // one once the wait is over.
+    let now = call(&node, "GET", "/api/v1/changes", None, 200)["generation"]
+        .as_u64()
+        .unwrap();
+    let started = std::time::Instant::now();
+    let path = format!("/api/v1/changes?after={now}&wait_ms=300");
+    assert_eq!(call(&node, "GET", &path, None, 200)["generation"], now);
+    assert!(started.elapsed() >= std::time::Duration::from_millis(250));
+    // A change made meanwhile wakes a long poll at once.
+    let waiter = {
+        let (address, token) = (node.api.clone(), node.token.clone());
+        std::thread::spawn(move || {
+            let started = std::time::Instant::now();
+            let path = format!("/api/v1/changes?after={now}&wait_ms=10000");
+            let (status, body) = support::api_at(&address, Some(&token), "GET", &path, None);
+            (status, body, started.elapsed())
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let host = json!({"name": "woken", "nqn": NQN_A});
+    call(&node, "POST", "/api/v1/hosts", Some(host), 201);
+    let (status, body, waited) = waiter.join().unwrap();
+    assert_eq!(status, 200);
+    assert!(body["generation"].as_u64().unwrap() > now, "{body}");
+    assert!(waited < std::time::Duration::from_secs(5), "{waited:?}");
+    // Mistakes are named.
+    let error = call(&node, "GET", "/api/v1/changes?after=soon", None, 400);
+    assert!(
+        message(&error).contains("after=\"soon\" is not a number"),
+        "{error}"
+    );
+    let error = call(&node, "GET", "/api/v1/changes?since=1", None, 400);
+    assert!(
+        message(&error).contains("unknown parameter \"since\""),
+        "{error}"
+    );
+}

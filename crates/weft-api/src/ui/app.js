@@ -1,10 +1,14 @@
-// weft's dashboard: polls this node's API (/api/v1) with the token the
+// weft's dashboard: reads this node's API (/api/v1) with the token the
 // operator gives (kept in this tab's sessionStorage only) and shows the
 // cluster, capacity, volumes, hosts, this node's I/O and what changed.
-// Every value from the API goes into the page as text, never as markup.
+// It asks again every second, and at once when the node says something
+// changed (GET changes, a long poll). What an admin token can do from the
+// page is in actions.js. Every value from the API goes into the page as
+// text, never as markup.
 "use strict";
 
 const POLL_MS = 1000;
+const MIN_GAP_MS = 150; // between two views, however fast changes come
 const HISTORY = 300; // samples kept for the charts: 5 minutes at 1 s
 const EVENTS_MAX = 200;
 
@@ -18,8 +22,13 @@ const state = {
   points: { all: [], volumes: new Map() }, // chart points, per volume and in all
   bounds: [],
   events: [],
-  timer: null,
+  primaries: new Map(), // replicated volume -> the node of its primary, as last seen
   generation: 0, // bumped at sign-in and sign-out: a poll of an older one stops
+  role: null, // the token's role (GET session): "admin" may act
+  cluster: false,
+  node: null, // this node's name in its cluster
+  seen: null, // the node's status generation (GET changes) of the last view
+  wake: null, // aborts the wait for a change: an action asks for a view now
 };
 
 const $ = (id) => document.getElementById(id);
@@ -51,17 +60,35 @@ function level(ratio) {
   return ratio >= 0.9 ? "critical" : ratio >= 0.8 ? "warning" : "ok";
 }
 
-async function api(path) {
+// A signal that aborts when either does.
+function either(a, b) {
+  const both = new AbortController();
+  for (const signal of [a, b]) {
+    if (signal.aborted) both.abort();
+    else signal.addEventListener("abort", () => both.abort(), { once: true });
+  }
+  return both.signal;
+}
+
+// Calls the API; `options`: method, body (sent as JSON), signal. Throws an
+// Error with the API's message, status and code when it refuses.
+async function api(path, options = {}) {
+  const headers = { Authorization: `Bearer ${state.token}` };
+  if (options.body !== undefined) headers["Content-Type"] = "application/json";
+  const timeout = AbortSignal.timeout(FETCH_TIMEOUT_MS + (options.waitMs || 0));
   const response = await fetch(`/api/v1/${path}`, {
-    headers: { Authorization: `Bearer ${state.token}` },
+    method: options.method || "GET",
+    headers,
+    body: options.body === undefined ? undefined : JSON.stringify(options.body),
     cache: "no-store",
-    signal: AbortSignal.timeout(FETCH_TIMEOUT_MS),
+    signal: options.signal ? either(options.signal, timeout) : timeout,
   });
   const body = await response.json().catch(() => ({}));
   if (!response.ok) {
     const error = new Error(body.message || `HTTP ${response.status}`);
     error.status = response.status;
     error.code = body.code;
+    error.hint = body.hint;
     throw error;
   }
   return body;
@@ -88,20 +115,46 @@ async function snapshot() {
   return { pools, volumes, hosts, stats, nodes, at: Date.now() };
 }
 
+// What each element last showed (see same): an element whose content would
+// not change is left alone, so that the focus and a control's state stay.
+const shown = new WeakMap();
+
+// True if `element` shows `signature` already; else remembers it.
+function same(element, signature) {
+  if (shown.get(element) === signature) return true;
+  shown.set(element, signature);
+  return false;
+}
+
+function cellText(cell) {
+  if (cell instanceof Node) return `${cell.className}:${cell.textContent}`;
+  return cell === null || cell === undefined ? "" : String(cell);
+}
+
+// Fills a table's body with `rows` (cells as text or nodes) unless it shows
+// them already; the focus stays on the control of the same text.
 function fillTable(table, rows) {
+  if (same(table, JSON.stringify(rows.map((cells) => cells.map(cellText))))) return;
   const body = table.tBodies[0];
+  const active = document.activeElement;
+  const focused = body.contains(active) ? { text: active.textContent, row: [...body.rows].indexOf(active.closest("tr")) } : null;
   const fresh = document.createElement("tbody");
   for (const cells of rows) {
     const row = document.createElement("tr");
     for (const cell of cells) {
       const td = document.createElement("td");
       if (cell instanceof Node) td.appendChild(cell);
-      else td.textContent = cell === null || cell === undefined ? "" : String(cell);
+      else td.textContent = cellText(cell);
       row.appendChild(td);
     }
     fresh.appendChild(row);
   }
   table.replaceChild(fresh, body);
+  if (focused !== null) {
+    const again = (where) => [...where.querySelectorAll("button")].find((b) => b.textContent === focused.text);
+    const target = (fresh.rows[focused.row] && again(fresh.rows[focused.row])) || again(fresh);
+    if (target) target.focus();
+  }
 }
 
 function card(title, value, className) {
@@ -157,6 +210,7 @@ function renderCluster(s) {
       usage(n.allocated_bytes, n.capacity_bytes),
       n.volumes,
       n.heartbeat_unix_ms ? `${Math.max(0, Math.round((Date.now() - n.heartbeat_unix_ms) / 1000))} s ago` : "",
+      nodeActions(n),
     ]),
   );
 }
@@ -183,6 +237,7 @@ function renderCapacity(s) {
       usage(p.allocated_bytes, p.capacity_bytes),
       `${bytes(p.provisioned_bytes)} (${p.overcommit === null ? "-" : p.overcommit.toFixed(2)}x)`,
       p.volumes,
+      poolActions(p),
     ]),
   );
 }
@@ -221,7 +276,7 @@ function renderVolumes(s) {
   fillTable(
     $("volume-table"),
     shown.map((v) => [
-      v.name,
+      volumeButton(v.name),
       bytes(v.size_bytes),
       v.node || "this node",
       v.pool,
@@ -425,10 +480,6 @@ function changes(before, after) {
       note(`volume ${volume.name} created (${bytes(volume.size_bytes)})`, "ok");
       continue;
     }
-    const primary = (v) => (v.replicas || []).find((r) => r.role === "primary");
-    const p0 = primary(was);
-    const p1 = primary(volume);
-    if (p0 && p1 && p0.node !== p1.node) note(`volume ${volume.name}: primary moved from ${p0.node} to ${p1.node} (failover or move)`, "warning");
     const oldReplicas = new Map((was.replicas || []).map((r) => [r.node, r]));
     for (const replica of volume.replicas || []) {
       const r0 = oldReplicas.get(replica.node);
@@ -443,6 +494,24 @@ function changes(before, after) {
   }
 }
 
+// Each replicated volume's primary as last seen: a move or failover shows
+// even when the list had the volume without its copies in between (its
+// node between owners, or down).
+function primaries(s, noting) {
+  const listed = new Set();
+  for (const volume of s.volumes) {
+    listed.add(volume.name);
+    const primary = (volume.replicas || []).find((r) => r.role === "primary");
+    if (!primary) continue;
+    const known = state.primaries.get(volume.name);
+    if (noting && known && known !== primary.node) {
+      note(`volume ${volume.name}: primary moved from ${known} to ${primary.node} (failover or move)`, "warning");
+    }
+    state.primaries.set(volume.name, primary.node);
+  }
+  for (const name of [...state.primaries.keys()]) if (!listed.has(name)) state.primaries.delete(name);
+}
+
 function renderEvents() {
   const list = $("event-list");
   list.replaceChildren(
@@ -455,12 +524,13 @@ function renderEvents() {
   );
 }
 
-async function poll(generation) {
-  let delay = POLL_MS;
+// Takes a view of everything and shows it; false if it failed (and says so).
+async function refresh(generation) {
   try {
     const s = await snapshot();
-    if (generation !== state.generation) return; // signed out meanwhile
+    if (generation !== state.generation) return false; // signed out meanwhile
     if (state.previous) changes(state.previous, s);
+    primaries(s, state.previous !== null);
     state.previous = s;
     addSample(s.stats);
     renderCluster(s);
@@ -469,17 +539,18 @@ async function poll(generation) {
     renderHosts(s);
     renderCharts();
     renderEvents();
+    renderActions(s);
     $("updated").textContent = `Updated ${new Date(s.at).toLocaleTimeString()}`;
     $("status").textContent = "";
     $("status").className = "";
+    return true;
   } catch (error) {
-    if (generation !== state.generation) return;
+    if (generation !== state.generation) return false;
     if (error.status === 401) {
       signOut("That token was refused: give a token of this node (DATA_DIR/api-token.read-only).");
-      return;
+      return false;
     }
     console.error("weft:", error);
-    delay = Math.min(10000, POLL_MS * 5); // back off while the node does not answer
     $("status").textContent =
       error.status === 403
         ? `This token may not read everything the page shows (${error.message})`
@@ -487,27 +558,103 @@ async function poll(generation) {
           ? `The node answered ${error.status}: ${error.message}; retrying`
           : `This node does not answer (${error.message}); retrying`;
     $("status").className = "critical";
+    return false;
   }
-  state.timer = setTimeout(() => poll(generation), delay);
 }
 
-function signIn(token) {
-  clearTimeout(state.timer);
+function sleep(ms, signal) {
+  return new Promise((resolve) => {
+    const timer = setTimeout(resolve, ms);
+    signal.addEventListener("abort", () => {
+      clearTimeout(timer);
+      resolve();
+    });
+  });
+}
+
+// Waits until the node says something it serves changed, `ms` pass, or an
+// action asks for a view now (wakeUp); never throws.
+async function changed(ms) {
+  const wake = new AbortController();
+  state.wake = wake;
+  try {
+    if (state.seen === null) {
+      await sleep(ms, wake.signal);
+      return;
+    }
+    const answer = await api(`changes?after=${state.seen}&wait_ms=${Math.round(ms)}`, {
+      signal: wake.signal,
+      waitMs: ms,
+    });
+    state.seen = answer.generation;
+  } catch (error) {
+    if (!wake.signal.aborted) await sleep(ms, wake.signal); // an older node, or none answering
+  } finally {
+    state.wake = null;
+  }
+}
+
+// Asks for a new view now (after an action).
+function wakeUp() {
+  if (state.wake) state.wake.abort();
+}
+
+async function run(generation) {
+  while (generation === state.generation) {
+    const started = Date.now();
+    // The generation first: a change while the view is taken wakes the next wait.
+    if (state.seen === null) state.seen = await api("changes").then((a) => a.generation, () => null);
+    const ok = await refresh(generation);
+    if (generation !== state.generation) return;
+    const gap = Math.max(0, MIN_GAP_MS - (Date.now() - started));
+    if (gap) await sleep(gap, new AbortController().signal);
+    // Back off while the node does not answer.
+    await changed(ok ? Math.max(0, POLL_MS - (Date.now() - started)) : POLL_MS * 5);
+  }
+}
+
+async function signIn(token) {
   state.generation += 1;
+  const generation = state.generation;
+  wakeUp();
   state.token = token;
   sessionStorage.setItem("weft-token", token);
+  let session;
+  try {
+    session = await api("session");
+  } catch (error) {
+    if (generation !== state.generation) return;
+    if (error.status === 401) {
+      signOut("That token was refused: give a token of this node (DATA_DIR/api-token.read-only).");
+      return;
+    }
+    session = { role: "read-only", cluster: false, node: null }; // look while it does not answer
+    console.error("weft: asking who this token is", error);
+  }
+  if (generation !== state.generation) return;
+  state.role = session.role;
+  state.cluster = session.cluster;
+  state.node = session.node;
+  document.body.classList.toggle("can-act", state.role === "admin");
+  $("who").textContent = state.role === "admin" ? "admin: can act" : `${state.role}: looks only`;
   $("sign-in").hidden = true;
   $("dashboard").hidden = false;
   $("sign-out").hidden = false;
-  poll(state.generation);
+  run(generation);
 }
 
 function signOut(message) {
-  clearTimeout(state.timer);
   state.generation += 1;
+  wakeUp();
+  closeDialogs();
+  document.body.classList.remove("can-act");
+  state.role = null;
+  $("who").textContent = "";
   sessionStorage.removeItem("weft-token");
   state.token = null;
   state.previous = null;
+  state.seen = null;
+  state.primaries = new Map();
   state.counters = null;
   state.points = { all: [], volumes: new Map() };
   state.single = false;
@@ -528,6 +675,7 @@ document.addEventListener("DOMContentLoaded", () => {
   });
   $("sign-out").addEventListener("click", () => signOut());
   $("volume-filter").addEventListener("input", () => state.previous && renderVolumes(state.previous));
+  setUpActions();
   $("chart-volume").addEventListener("change", () => state.previous && renderCharts());
   if (state.token) signIn(state.token);
   else $("token").focus();

@@ -364,16 +364,26 @@ pub fn api(
     path: &str,
     body: Option<&str>,
 ) -> (u16, serde_json::Value) {
+    api_at(&node.api, token, method, path, body)
+}
+
+/// [`api`] at the API's address (host:port), from a thread that holds no [`Node`].
+pub fn api_at(
+    address: &str,
+    token: Option<&str>,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+) -> (u16, serde_json::Value) {
     use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(&node.api).unwrap();
+    let mut stream = std::net::TcpStream::connect(address).unwrap();
     let body = body.unwrap_or_default();
     let authorization = token
         .map(|t| format!("Authorization: Bearer {t}\r\n"))
         .unwrap_or_default();
     write!(
         stream,
-        "{method} {path} HTTP/1.1\r\nHost: {}\r\n{authorization}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        node.api,
+        "{method} {path} HTTP/1.1\r\nHost: {address}\r\n{authorization}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     )
     .unwrap();

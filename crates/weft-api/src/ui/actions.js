@@ -1,0 +1,301 @@
+// What an admin token can do from the dashboard: create, delete and resize
+// volumes, attach and detach hosts, take, clone and delete snapshots, move
+// a replicated volume's primary, cordon, uncordon and drain nodes, clear a
+// pool's failure. Each action is one API call; what destroys anything asks
+// first; a refusal shows the API's own message and hint where the action
+// was asked. The controls carry the class "action": shown to an admin token
+// only (body.can-act), the API refuses the others anyway.
+"use strict";
+
+const dialogState = { volume: null }; // the volume whose dialog is open
+
+const SIZE_UNITS = { "": 1, k: 2 ** 10, m: 2 ** 20, g: 2 ** 30, t: 2 ** 40 };
+
+// Sizes as the CLI takes them: bytes, or a number with KiB, MiB, GiB, TiB
+// (or k, M, G, T; any case).
+function parseSize(text) {
+  const match = /^\s*(\d+)\s*([kmgt]?)(i?b?)\s*$/i.exec(text);
+  if (!match || (match[3] && !match[2] && match[3].toLowerCase() !== "b")) {
+    throw new Error(`"${text}" is not a size: use bytes or a number with KiB, MiB, GiB or TiB`);
+  }
+  return Number(match[1]) * SIZE_UNITS[match[2].toLowerCase()];
+}
+
+// Says `text` in `where` (a live region), as an error or as done.
+function tell(where, text, className) {
+  where.textContent = text;
+  where.className = `said ${className}`;
+}
+
+function apiError(error) {
+  return error.hint ? `${error.message} (${error.hint})` : error.message;
+}
+
+// Runs `action` (an async API call) for a control; shows a refusal in
+// `where` (an element with role=alert), and asks for a new view after.
+async function act(where, action) {
+  where.textContent = "";
+  try {
+    await action();
+    return true;
+  } catch (error) {
+    tell(where, apiError(error), "error");
+    return false;
+  } finally {
+    wakeUp();
+  }
+}
+
+// Asks before anything is destroyed: true if the operator said yes.
+function confirmAction(text, verb) {
+  const dialog = $("confirm-dialog");
+  $("confirm-text").textContent = text;
+  $("confirm-yes").textContent = verb;
+  dialog.returnValue = "";
+  dialog.showModal();
+  $("confirm-cancel").focus();
+  return new Promise((resolve) => {
+    dialog.addEventListener("close", () => resolve(dialog.returnValue === "yes"), { once: true });
+  });
+}
+
+function button(text, onClick, className) {
+  const node = el("button", text, className);
+  node.type = "button";
+  node.addEventListener("click", onClick);
+  return node;
+}
+
+function path(...parts) {
+  return parts.map(encodeURIComponent).join("/");
+}
+
+// A node's actions, for its row.
+function nodeActions(node) {
+  const cell = el("span", null, "action row-actions");
+  const say = $("cluster-error");
+  const call = (verb) => () => act(say, () => api(path("nodes", node.name, verb), { method: "POST" }));
+  if (node.state === "cordoned") cell.appendChild(button("Uncordon", call("uncordon")));
+  else cell.appendChild(button("Cordon", call("cordon")));
+  cell.appendChild(
+    button("Drain", async () => {
+      const text = `Drain node ${node.name}? Its primaries move to other nodes and no new volume is placed on it.`;
+      if (await confirmAction(text, "Drain")) await call("drain")();
+    }),
+  );
+  return cell;
+}
+
+// A pool's actions: clearing its failure once the cause is mended.
+function poolActions(pool) {
+  if (pool.state !== "failed") return "";
+  const query = pool.node ? `?node=${encodeURIComponent(pool.node)}` : "";
+  return button(
+    "Clear failure",
+    async () => {
+      const text = `Clear pool ${pool.name}'s failure (${pool.failure || "failed"})? Do it once the device is back: I/O resumes on it.`;
+      if (await confirmAction(text, "Clear failure")) {
+        await act($("capacity-error"), () => api(`${path("pools", pool.name, "clear-failure")}${query}`, { method: "POST" }));
+      }
+    },
+    "action",
+  );
+}
+
+// A volume's name, opening its dialog.
+function volumeButton(name) {
+  const node = button(name, () => openVolume(name), "link");
+  node.setAttribute("aria-haspopup", "dialog");
+  return node;
+}
+
+function openVolume(name) {
+  dialogState.volume = name;
+  $("volume-error").textContent = "";
+  $("snapshot-name").value = "";
+  $("clone-name").value = "";
+  $("resize-size").value = "";
+  renderVolumeDialog();
+  $("volume-dialog").showModal();
+}
+
+function closeDialogs() {
+  for (const id of ["volume-dialog", "confirm-dialog"]) if ($(id).open) $(id).close();
+  dialogState.volume = null;
+}
+
+function fact(list, term, value) {
+  list.appendChild(el("dt", term));
+  list.appendChild(el("dd", value));
+}
+
+function options(select, values, empty) {
+  if (same(select, JSON.stringify([values, empty]))) return;
+  const chosen = select.value;
+  select.replaceChildren();
+  if (empty !== undefined) select.appendChild(el("option", empty));
+  if (empty !== undefined) select.options[0].value = "";
+  for (const value of values) {
+    const option = el("option", value);
+    option.value = value;
+    select.appendChild(option);
+  }
+  if (values.includes(chosen)) select.value = chosen;
+}
+
+// What the volume dialog shows, from the last view (kept while open).
+function renderVolumeDialog() {
+  const s = state.previous;
+  const name = dialogState.volume;
+  if (!s || name === null) return;
+  const volume = s.volumes.find((v) => v.name === name);
+  // Rebuilt only when what it shows changed: the focus stays where it is.
+  const hostNames = s.hosts.map((h) => h.name);
+  if (same($("volume-dialog"), JSON.stringify([name, volume, hostNames]))) return;
+  $("volume-dialog-title").textContent = `Volume ${name}`;
+  const facts = $("volume-facts");
+  facts.replaceChildren();
+  if (!volume) {
+    fact(facts, "State", "deleted");
+    $("volume-actions").hidden = true;
+    return;
+  }
+  $("volume-actions").hidden = false;
+  fact(facts, "Size", `${bytes(volume.size_bytes)} (${bytes(volume.allocated_bytes)} allocated)`);
+  fact(facts, "Pool", volume.node ? `${volume.pool} on ${volume.node}` : volume.pool);
+  fact(facts, "State", volume.state + (volume.failure ? `: ${volume.failure}` : ""));
+  fact(facts, "NQN", volume.nqn);
+  fact(facts, "Copies", copies(volume));
+  if (volume.origin) fact(facts, "Cloned from", volume.origin);
+  if (volume.encryption) fact(facts, "Encryption", `${volume.encryption.cipher}, ${volume.encryption.state}`);
+  fact(facts, "Limits", limits(volume.qos) || "none");
+  fact(facts, "Connected", volume.connected_hosts.join(", ") || "none");
+
+  const hosts = $("volume-hosts");
+  hosts.replaceChildren(
+    ...volume.hosts.map((host) => {
+      const item = el("li", host);
+      item.appendChild(
+        button(
+          "Detach",
+          async () => {
+            const text = `Detach host ${host} from ${name}? It loses access to the volume at once.`;
+            if (await confirmAction(text, "Detach")) {
+              await act($("volume-error"), () => api(path("volumes", name, "hosts", host), { method: "DELETE" }));
+            }
+          },
+          "action",
+        ),
+      );
+      return item;
+    }),
+  );
+  if (volume.hosts.length === 0) hosts.appendChild(el("li", "no host attached"));
+  options(
+    $("attach-host"),
+    hostNames.filter((h) => !volume.hosts.includes(h)),
+  );
+
+  const snapshots = $("volume-snapshots");
+  snapshots.replaceChildren(
+    ...volume.snapshots.map((snapshot) => {
+      const item = el("li", snapshot);
+      item.appendChild(
+        button(
+          "Delete",
+          async () => {
+            const text = `Delete snapshot ${snapshot} of ${name}? What it holds is gone for good.`;
+            if (await confirmAction(text, "Delete snapshot")) {
+              await act($("volume-error"), () => api(path("volumes", name, "snapshots", snapshot), { method: "DELETE" }));
+            }
+          },
+          "action",
+        ),
+      );
+      return item;
+    }),
+  );
+  if (volume.snapshots.length === 0) snapshots.appendChild(el("li", "no snapshot"));
+  options($("clone-snapshot"), volume.snapshots);
+  $("clone-form").hidden = volume.snapshots.length === 0;
+
+  const replicas = volume.replicas || [];
+  const primary = replicas.find((r) => r.role === "primary");
+  const others = replicas.filter((r) => r.role !== "primary").map((r) => r.node);
+  $("move-form").hidden = !primary || others.length === 0;
+  options($("move-to"), others);
+}
+
+// The volume list's own controls and the open dialog, after each view.
+function renderActions(s) {
+  options($("new-pool"), [...new Set(s.pools.map((p) => p.name))].sort());
+  $("new-replicas-field").hidden = !state.cluster;
+  if (dialogState.volume !== null) renderVolumeDialog();
+}
+
+function onSubmit(id, handler) {
+  $(id).addEventListener("submit", (event) => {
+    event.preventDefault();
+    handler();
+  });
+}
+
+function setUpActions() {
+  for (const id of ["confirm-yes", "confirm-cancel"]) {
+    $(id).addEventListener("click", () => $("confirm-dialog").close(id === "confirm-yes" ? "yes" : "cancel"));
+  }
+  $("volume-close").addEventListener("click", () => closeDialogs());
+  $("volume-dialog").addEventListener("close", () => {
+    dialogState.volume = null;
+  });
+
+  onSubmit("new-volume-form", async () => {
+    const say = $("new-volume-error");
+    const name = $("new-name").value.trim();
+    const done = await act(say, () => {
+      const body = { name, size_bytes: parseSize($("new-size").value), pool: $("new-pool").value };
+      const copies = Number($("new-replicas").value);
+      if (state.cluster && copies > 1) body.replicas = copies;
+      return api("volumes", { method: "POST", body });
+    });
+    if (done) {
+      $("new-name").value = "";
+      tell(say, `Volume ${name} created.`, "ok");
+    }
+  });
+
+  const volumeCall = (method, suffix, body) => () =>
+    api(path("volumes", dialogState.volume, ...suffix), { method, body: body && body() });
+
+  onSubmit("resize-form", () =>
+    act($("volume-error"), volumeCall("POST", ["resize"], () => ({ size_bytes: parseSize($("resize-size").value) }))),
+  );
+  onSubmit("attach-form", () =>
+    act($("volume-error"), volumeCall("POST", ["hosts"], () => ({ host: $("attach-host").value }))),
+  );
+  onSubmit("snapshot-form", async () => {
+    if (await act($("volume-error"), volumeCall("POST", ["snapshots"], () => ({ name: $("snapshot-name").value.trim() })))) {
+      $("snapshot-name").value = "";
+    }
+  });
+  onSubmit("clone-form", async () => {
+    const name = $("clone-name").value.trim();
+    const source = `${dialogState.volume}@${$("clone-snapshot").value}`;
+    if (await act($("volume-error"), () => api("volumes", { method: "POST", body: { name, source } }))) {
+      $("clone-name").value = "";
+      tell($("volume-error"), `Volume ${name} cloned from ${source}.`, "ok");
+    }
+  });
+  onSubmit("move-form", () =>
+    act($("volume-error"), volumeCall("POST", ["move-primary"], () => ({ to: $("move-to").value }))),
+  );
+  $("delete-volume").addEventListener("click", async () => {
+    const name = dialogState.volume;
+    const text = `Delete volume ${name}? Its data and snapshots are gone for good.`;
+    if (!(await confirmAction(text, "Delete volume"))) return;
+    if (await act($("volume-error"), () => api(path("volumes", name), { method: "DELETE" }))) {
+      closeDialogs();
+      tell($("new-volume-error"), `Volume ${name} deleted.`, "ok");
+    }
+  });
+}
