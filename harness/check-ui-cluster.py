@@ -89,6 +89,12 @@ def main():
         driver.find_element(By.ID, "token").send_keys(cluster.token, Keys.ENTER)
         ui.wait("three nodes up", lambda: all(node_state(driver, f"n{i}") == "up" for i in (1, 2, 3)))
         ui.wait("the controller", lambda: ui.page_has(driver, "#cluster-summary", "Controller"))
+        ui.wait("etcd's health", lambda: ui.page_has(driver, "#cluster-summary", "Store (etcd)")
+                and ui.page_has(driver, "#cluster-summary", "answers ("))
+        # The charts show another node's I/O when asked.
+        Select(driver.find_element(By.ID, "chart-node")).select_by_value("n3")
+        ui.wait("n3's statistics", lambda: ui.page_has(driver, "#now-latency", "now:")
+                and not driver.find_element(By.ID, "charts-error").text)
 
         # A replicated volume created in the page is in `weft volume list`.
         ui.click(driver, driver.find_element(By.CSS_SELECTOR, "#new-volume summary"))
@@ -123,6 +129,8 @@ def main():
         # API) is shown and asked again.
         for attempt in range(3):
             ui.submit(driver, "move-form")
+            if "n2" not in ui.confirm(driver, "yes"):
+                fail("the move's question does not name where to")
             ui.wait("the primary on n2 or a refusal", lambda: primary() == "n2"
                     or ui.page_has(driver, "#volume-error", "did not hand over"), seconds=60)
             if primary() == "n2":
@@ -148,9 +156,17 @@ def main():
         driver.save_screenshot(os.path.join(args.out, "cluster-node-down-1280x800.png"))
         print(f"n2 shown down {down_s:.1f} s after kill -9 (lease {LEASE_MS / 1000:.0f} s); "
               f"its primary's failover in the events {failover_s:.1f} s after")
-        # Within the lease, and one poll and one heartbeat interval of slack.
-        if down_s > LEASE_MS / 1000 + 2:
+        # Within the lease, with slack for a poll, a heartbeat interval and a
+        # busy machine (the figure is what the README reports).
+        if down_s > LEASE_MS / 1000 + 4:
             fail(f"n2 was shown down {down_s:.1f} s after its death (lease {LEASE_MS} ms)")
+        # etcd stops: the page says its store does not answer.
+        etcd = cluster.processes[0]
+        etcd.kill()
+        etcd.wait()
+        ui.wait("the store not answering", lambda: ui.page_has(driver, "#cluster-summary", "does not answer")
+                and ui.page_has(driver, "#event-list", "the cluster's store does not answer"), seconds=30)
+        driver.save_screenshot(os.path.join(args.out, "cluster-store-down-1280x800.png"))
         errors = ui.console_errors(driver, expected=["status of 502", "status of 503"])
         if errors:
             fail(f"console errors: {errors}")

@@ -53,6 +53,8 @@ const LOCAL_MARK: &str = "local=1";
 /// What the API of a cluster node needs.
 pub struct Cluster {
     store: Arc<dyn Store>,
+    /// The store itself (etcd), not this node's copy: asked for its health.
+    remote: Option<Arc<dyn Store>>,
     node: String,
     /// How long placement waits for new pools' first heartbeats.
     heartbeat_wait: Duration,
@@ -108,6 +110,7 @@ impl Cluster {
     pub fn new(store: Arc<dyn Store>, node: &str) -> Cluster {
         Cluster {
             store,
+            remote: None,
             node: node.to_string(),
             heartbeat_wait: HEARTBEAT_WAIT,
             identity: None,
@@ -119,6 +122,13 @@ impl Cluster {
     /// two of them (3 s at least) for a pool just created to be reported.
     pub fn with_heartbeat_interval(mut self, interval: Duration) -> Cluster {
         self.heartbeat_wait = (2 * interval).max(HEARTBEAT_WAIT);
+        self
+    }
+
+    /// With the cluster's store itself (`store` is this node's copy of it):
+    /// `GET cluster/store` reads from it to tell whether it answers.
+    pub fn with_remote_store(mut self, remote: Arc<dyn Store>) -> Cluster {
+        self.remote = Some(remote);
         self
     }
 
@@ -182,6 +192,11 @@ impl Cluster {
         }
         let result = match (request.method.as_str(), pattern) {
             ("GET", "volumes" | "pools") => Ok(Route::Gather),
+            // Another node's statistics (the dashboard's charts per node).
+            ("GET", "stats") => Ok(match query_value(&request.query, "node") {
+                Some(node) => self.to_node(node.to_string(), None),
+                None => Route::Local(None),
+            }),
             ("POST", "volumes") => self.route_new_volume(&request.body),
             ("POST", "pools") => self.route_new_pool(&request.body),
             ("DELETE", "volumes/{volume}") => self.route_volume_deletion(&params[0]),
@@ -641,6 +656,25 @@ impl Cluster {
             Ok(value) => (200, value),
             Err(error) => node_failure(&error),
         }
+    }
+
+    /// Whether the cluster's store answers a read, and how fast: the
+    /// dashboard's "etcd health". A store that does not answer is reported
+    /// (200, reachable false), not failed: the answer is the finding.
+    pub(crate) fn store_health(&self) -> Response {
+        let store = self.remote.as_ref().unwrap_or(&self.store);
+        let started = std::time::Instant::now();
+        let read = store.get(&format!("nodes/{}", self.node));
+        let answer_ms = started.elapsed().as_secs_f64() * 1000.0;
+        (
+            200,
+            json!({
+                "location": store.location(),
+                "reachable": read.is_ok(),
+                "answer_ms": (answer_ms * 100.0).round() / 100.0,
+                "error": read.err().map(|e| e.to_string()),
+            }),
+        )
     }
 
     /// Forgets a node that is down, with its pools' records: the replicas it

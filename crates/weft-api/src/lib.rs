@@ -98,6 +98,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "nodes/{node}/drain"),
     ("POST", "tokens/{role}/renew"),
     ("GET", "cluster/ca"),
+    ("GET", "cluster/store"),
     ("POST", "cluster/join-tokens"),
     ("POST", "cluster/join"),
 ];
@@ -357,6 +358,12 @@ impl Api {
         match pattern {
             "session" => return self.session(&caller),
             "changes" => return self.changes(&request.query),
+            "cluster/store" => {
+                return match &self.cluster {
+                    Some(cluster) => cluster.store_health(),
+                    None => not_a_cluster(),
+                }
+            }
             _ => {}
         }
         let mut body = None;
@@ -450,6 +457,9 @@ impl Api {
         let mut wait = Duration::ZERO;
         for pair in query.split('&').filter(|pair| !pair.is_empty()) {
             let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            if key == "local" {
+                continue; // the mark of a call forwarded by another node
+            }
             let number = value.parse::<u64>().map_err(|_| {
                 failure(
                     400,

@@ -254,17 +254,29 @@ impl Published {
         Arc::clone(&self.current.lock().unwrap_or_else(PoisonError::into_inner))
     }
 
-    /// Replaces the snapshot.
+    /// Replaces the snapshot with one that differs in what readers wait
+    /// for (volumes, hosts, a pool's state): the generation moves.
     pub(crate) fn store(&self, snapshot: NodeSnapshot) {
-        let snapshot = Arc::new(snapshot);
-        #[cfg(test)]
-        self.history.lock().unwrap().push(Arc::clone(&snapshot));
-        *self.current.lock().unwrap_or_else(PoisonError::into_inner) = snapshot;
+        self.replace(snapshot);
         *self
             .generation
             .lock()
             .unwrap_or_else(PoisonError::into_inner) += 1;
         self.changed.notify_all();
+    }
+
+    /// Replaces the snapshot with one whose figures only moved (allocation
+    /// as writes go on): the generation stays, so that a dashboard waiting
+    /// for a change is not woken by every write.
+    pub(crate) fn refresh_figures(&self, snapshot: NodeSnapshot) {
+        self.replace(snapshot);
+    }
+
+    fn replace(&self, snapshot: NodeSnapshot) {
+        let snapshot = Arc::new(snapshot);
+        #[cfg(test)]
+        self.history.lock().unwrap().push(Arc::clone(&snapshot));
+        *self.current.lock().unwrap_or_else(PoisonError::into_inner) = snapshot;
     }
 
     /// The generation once it passes `seen`, or as it is after `timeout`.
@@ -417,5 +429,8 @@ mod tests {
         );
         // A generation already past the one seen answers at once.
         assert_eq!(publisher.wait_for_change(0, Duration::from_secs(30)), 1);
+        // Figures that only moved wake nobody.
+        publisher.refresh_figures(NodeSnapshot::default());
+        assert_eq!(publisher.wait_for_change(1, Duration::from_millis(10)), 1);
     }
 }

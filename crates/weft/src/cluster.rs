@@ -590,6 +590,7 @@ impl Member {
         let mirror: Arc<dyn Store> = self.connected.mirror.clone();
         weft_api::cluster::Cluster::new(mirror, self.name())
             .with_heartbeat_interval(self.connected.spec.lease_ttl / 3)
+            .with_remote_store(Arc::clone(&self.connected.remote))
     }
 
     /// Starts heartbeats (publishing what `status` reports) and following

@@ -124,11 +124,6 @@ function closeDialogs() {
   dialogState.volume = null;
 }
 
-function fact(list, term, value) {
-  list.appendChild(el("dt", term));
-  list.appendChild(el("dd", value));
-}
-
 function options(select, values, empty) {
   if (same(select, JSON.stringify([values, empty]))) return;
   const chosen = select.value;
@@ -149,28 +144,51 @@ function renderVolumeDialog() {
   const name = dialogState.volume;
   if (!s || name === null) return;
   const volume = s.volumes.find((v) => v.name === name);
-  // Rebuilt only when what it shows changed: the focus stays where it is.
+  // Each part rebuilt only when what it shows changed: a focused control
+  // in one part stays while the figures of another move.
   const hostNames = s.hosts.map((h) => h.name);
-  if (same($("volume-dialog"), JSON.stringify([name, volume, hostNames]))) return;
   $("volume-dialog-title").textContent = `Volume ${name}`;
   const facts = $("volume-facts");
-  facts.replaceChildren();
+  $("volume-actions").hidden = !volume;
   if (!volume) {
-    fact(facts, "State", "deleted");
-    $("volume-actions").hidden = true;
+    if (!same(facts, "deleted")) facts.replaceChildren(el("dt", "State"), el("dd", "deleted"));
     return;
   }
-  $("volume-actions").hidden = false;
-  fact(facts, "Size", `${bytes(volume.size_bytes)} (${bytes(volume.allocated_bytes)} allocated)`);
-  fact(facts, "Pool", volume.node ? `${volume.pool} on ${volume.node}` : volume.pool);
-  fact(facts, "State", volume.state + (volume.failure ? `: ${volume.failure}` : ""));
-  fact(facts, "NQN", volume.nqn);
-  fact(facts, "Copies", copies(volume));
-  if (volume.origin) fact(facts, "Cloned from", volume.origin);
-  if (volume.encryption) fact(facts, "Encryption", `${volume.encryption.cipher}, ${volume.encryption.state}`);
-  fact(facts, "Limits", limits(volume.qos) || "none");
-  fact(facts, "Connected", volume.connected_hosts.join(", ") || "none");
+  renderVolumeFacts(facts, volume);
+  if (!same($("volume-hosts"), JSON.stringify([name, volume.hosts]))) renderVolumeHosts(name, volume);
+  options(
+    $("attach-host"),
+    hostNames.filter((h) => !volume.hosts.includes(h)),
+  );
+  $("attach-form").hidden = $("attach-host").options.length === 0;
+  if (!same($("volume-snapshots"), JSON.stringify([name, volume.snapshots]))) renderVolumeSnapshots(name, volume);
+  options($("clone-snapshot"), volume.snapshots);
+  $("clone-form").hidden = volume.snapshots.length === 0;
 
+  const replicas = volume.replicas || [];
+  const primary = replicas.find((r) => r.role === "primary");
+  const others = replicas.filter((r) => r.role !== "primary").map((r) => r.node);
+  $("move-form").hidden = !primary || others.length === 0;
+  options($("move-to"), others);
+}
+
+function renderVolumeFacts(facts, volume) {
+  const list = [];
+  const fact = (term, value) => list.push([term, value]);
+  fact("Size", `${bytes(volume.size_bytes)} (${bytes(volume.allocated_bytes)} allocated)`);
+  fact("Pool", volume.node ? `${volume.pool} on ${volume.node}` : volume.pool);
+  fact("State", volume.state + (volume.failure ? `: ${volume.failure}` : ""));
+  fact("NQN", volume.nqn);
+  fact("Copies", copies(volume));
+  if (volume.origin) fact("Cloned from", volume.origin);
+  if (volume.encryption) fact("Encryption", `${volume.encryption.cipher}, ${volume.encryption.state}`);
+  fact("Limits", limits(volume.qos) || "none");
+  fact("Connected", volume.connected_hosts.join(", ") || "none");
+  if (same(facts, JSON.stringify(list))) return;
+  facts.replaceChildren(...list.flatMap(([term, value]) => [el("dt", term), el("dd", value)]));
+}
+
+function renderVolumeHosts(name, volume) {
   const hosts = $("volume-hosts");
   hosts.replaceChildren(
     ...volume.hosts.map((host) => {
@@ -191,11 +209,9 @@ function renderVolumeDialog() {
     }),
   );
   if (volume.hosts.length === 0) hosts.appendChild(el("li", "no host attached"));
-  options(
-    $("attach-host"),
-    hostNames.filter((h) => !volume.hosts.includes(h)),
-  );
+}
 
+function renderVolumeSnapshots(name, volume) {
   const snapshots = $("volume-snapshots");
   snapshots.replaceChildren(
     ...volume.snapshots.map((snapshot) => {
@@ -216,19 +232,12 @@ function renderVolumeDialog() {
     }),
   );
   if (volume.snapshots.length === 0) snapshots.appendChild(el("li", "no snapshot"));
-  options($("clone-snapshot"), volume.snapshots);
-  $("clone-form").hidden = volume.snapshots.length === 0;
-
-  const replicas = volume.replicas || [];
-  const primary = replicas.find((r) => r.role === "primary");
-  const others = replicas.filter((r) => r.role !== "primary").map((r) => r.node);
-  $("move-form").hidden = !primary || others.length === 0;
-  options($("move-to"), others);
 }
 
 // The volume list's own controls and the open dialog, after each view.
 function renderActions(s) {
-  options($("new-pool"), [...new Set(s.pools.map((p) => p.name))].sort());
+  // A cluster places a volume itself when no pool is named.
+  options($("new-pool"), [...new Set(s.pools.map((p) => p.name))].sort(), state.cluster ? "any" : undefined);
   $("new-replicas-field").hidden = !state.cluster;
   if (dialogState.volume !== null) renderVolumeDialog();
 }
@@ -253,7 +262,8 @@ function setUpActions() {
     const say = $("new-volume-error");
     const name = $("new-name").value.trim();
     const done = await act(say, () => {
-      const body = { name, size_bytes: parseSize($("new-size").value), pool: $("new-pool").value };
+      const body = { name, size_bytes: parseSize($("new-size").value) };
+      if ($("new-pool").value) body.pool = $("new-pool").value;
       const copies = Number($("new-replicas").value);
       if (state.cluster && copies > 1) body.replicas = copies;
       return api("volumes", { method: "POST", body });
@@ -286,9 +296,13 @@ function setUpActions() {
       tell($("volume-error"), `Volume ${name} cloned from ${source}.`, "ok");
     }
   });
-  onSubmit("move-form", () =>
-    act($("volume-error"), volumeCall("POST", ["move-primary"], () => ({ to: $("move-to").value }))),
-  );
+  onSubmit("move-form", async () => {
+    const to = $("move-to").value;
+    const text = `Move ${dialogState.volume}'s primary to ${to}? Its hosts switch paths (ANA) during the hand-over.`;
+    if (await confirmAction(text, "Move primary")) {
+      await act($("volume-error"), volumeCall("POST", ["move-primary"], () => ({ to })));
+    }
+  });
   $("delete-volume").addEventListener("click", async () => {
     const name = dialogState.volume;
     const text = `Delete volume ${name}? Its data and snapshots are gone for good.`;

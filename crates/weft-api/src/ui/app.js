@@ -13,15 +13,21 @@ const HISTORY = 300; // samples kept for the charts: 5 minutes at 1 s
 const EVENTS_MAX = 200;
 
 const FETCH_TIMEOUT_MS = 5000;
+// A change may take long on the node (a primary's move waits for its
+// hand-over, a drain moves many): the page waits for its answer this long.
+const ACTION_TIMEOUT_MS = 120000;
 
 const state = {
   token: sessionStorage.getItem("weft-token"),
-  single: false, // the node is no member of a cluster
   previous: null, // the last snapshot, to find what changed
   counters: null, // the last statistics, reduced: {timeNs, all, volumes: Map}
   points: { all: [], volumes: new Map() }, // chart points, per volume and in all
   bounds: [],
   events: [],
+  chartNode: "", // the node whose I/O the charts show ("": this one)
+  store: null, // the cluster's store's health, as last answered
+  storeAsking: false,
+  statsError: null,
   primaries: new Map(), // replicated volume -> the node of its primary, as last seen
   generation: 0, // bumped at sign-in and sign-out: a poll of an older one stops
   role: null, // the token's role (GET session): "admin" may act
@@ -29,6 +35,8 @@ const state = {
   node: null, // this node's name in its cluster
   seen: null, // the node's status generation (GET changes) of the last view
   wake: null, // aborts the wait for a change: an action asks for a view now
+  pending: false, // a view was asked for while none was awaited
+  roleUnknown: false, // the role was not learned at sign-in: asked again
 };
 
 const $ = (id) => document.getElementById(id);
@@ -75,7 +83,8 @@ function either(a, b) {
 async function api(path, options = {}) {
   const headers = { Authorization: `Bearer ${state.token}` };
   if (options.body !== undefined) headers["Content-Type"] = "application/json";
-  const timeout = AbortSignal.timeout(FETCH_TIMEOUT_MS + (options.waitMs || 0));
+  const acting = (options.method || "GET") !== "GET";
+  const timeout = AbortSignal.timeout(acting ? ACTION_TIMEOUT_MS : FETCH_TIMEOUT_MS + (options.waitMs || 0));
   const response = await fetch(`/api/v1/${path}`, {
     method: options.method || "GET",
     headers,
@@ -83,36 +92,62 @@ async function api(path, options = {}) {
     cache: "no-store",
     signal: options.signal ? either(options.signal, timeout) : timeout,
   });
+  if (response.ok) return response.json(); // a body cut short throws too
   const body = await response.json().catch(() => ({}));
-  if (!response.ok) {
-    const error = new Error(body.message || `HTTP ${response.status}`);
-    error.status = response.status;
-    error.code = body.code;
-    error.hint = body.hint;
-    throw error;
-  }
-  return body;
+  const error = new Error(body.message || `HTTP ${response.status}`);
+  error.status = response.status;
+  error.code = body.code;
+  error.hint = body.hint;
+  throw error;
+}
+
+// The statistics of the node the charts show (this one, or another of the
+// cluster): null, and said under the charts, if that node does not answer.
+function nodeStats() {
+  const path = state.chartNode ? `stats?node=${encodeURIComponent(state.chartNode)}` : "stats";
+  return api(path).then(
+    (stats) => {
+      state.statsError = null;
+      return stats;
+    },
+    (error) => {
+      if (error.status === 401) throw error;
+      state.statsError = `no statistics from ${state.chartNode || "this node"}: ${error.message}`;
+      return null;
+    },
+  );
 }
 
 async function snapshot() {
-  const [pools, volumes, hosts, stats] = await Promise.all([
+  if (state.roleUnknown) learnSession(await api("session").catch(() => null));
+  const cluster = state.cluster;
+  const statsNode = state.chartNode;
+  const [pools, volumes, hosts, stats, nodes] = await Promise.all([
     api("pools"),
     api("volumes"),
     api("hosts"),
-    api("stats"),
+    nodeStats(),
+    cluster ? api("nodes") : null,
   ]);
-  // A cluster's pools and volumes name their nodes; a single node's do not
-  // (and its API has no nodes to list: asked once only, when it has no pool).
-  const clustered = pools.some((p) => p.node) || volumes.some((v) => v.node);
-  let nodes = null;
-  if (clustered || (!state.single && pools.length === 0)) {
-    nodes = await api("nodes").catch((error) => {
-      if (error.code === "not_a_cluster") state.single = true;
-      else console.error("weft: listing nodes", error);
-      return null;
+  if (cluster) askStore();
+  return { pools, volumes, hosts, stats, statsNode, nodes, store: cluster ? state.store : null, at: Date.now() };
+}
+
+// Asks whether the cluster's store answers, one question at a time and
+// beside the views: a store that does not answer holds its question for
+// seconds, never the page. Its health is a finding, not a failure.
+function askStore() {
+  if (state.storeAsking) return;
+  state.storeAsking = true;
+  const generation = state.generation;
+  api("cluster/store")
+    .catch((error) => ({ reachable: false, error: error.message }))
+    .then((health) => {
+      if (generation === state.generation) state.store = health;
+    })
+    .finally(() => {
+      state.storeAsking = false;
     });
-  }
-  return { pools, volumes, hosts, stats, nodes, at: Date.now() };
 }
 
 // What each element last showed (see same): an element whose content would
@@ -137,7 +172,8 @@ function fillTable(table, rows) {
   if (same(table, JSON.stringify(rows.map((cells) => cells.map(cellText))))) return;
   const body = table.tBodies[0];
   const active = document.activeElement;
-  const focused = body.contains(active) ? { text: active.textContent, row: [...body.rows].indexOf(active.closest("tr")) } : null;
+  // The row is known by its first cell (a node's, a pool's, a volume's name).
+  const focused = body.contains(active) ? { text: active.textContent, row: active.closest("tr").cells[0].textContent } : null;
   const fresh = document.createElement("tbody");
   for (const cells of rows) {
     const row = document.createElement("tr");
@@ -151,8 +187,10 @@ function fillTable(table, rows) {
   }
   table.replaceChild(fresh, body);
   if (focused !== null) {
-    const again = (where) => [...where.querySelectorAll("button")].find((b) => b.textContent === focused.text);
-    const target = (fresh.rows[focused.row] && again(fresh.rows[focused.row])) || again(fresh);
+    // The same row's control of that text, else its first: never another row's.
+    const row = [...fresh.rows].find((r) => r.cells[0].textContent === focused.row);
+    const buttons = row ? [...row.querySelectorAll("button")] : [];
+    const target = buttons.find((b) => b.textContent === focused.text) || buttons[0];
     if (target) target.focus();
   }
 }
@@ -199,6 +237,11 @@ function renderCluster(s) {
   summary.appendChild(card("Down", count("down"), count("down") ? "critical" : ""));
   const controller = s.nodes.find((n) => n.controller);
   summary.appendChild(card("Controller", controller ? controller.name : "none"));
+  if (s.store) {
+    const store = s.store.reachable ? `answers (${s.store.answer_ms} ms)` : `does not answer: ${s.store.error}`;
+    const title = s.store.location ? s.store.location.split(" ")[0] : "store";
+    summary.appendChild(card(`Store (${title})`, store, s.store.reachable ? "" : "critical"));
+  }
   fillTable(
     $("nodes"),
     s.nodes.map((n) => [
@@ -379,7 +422,11 @@ function addSample(stats) {
   state.counters = now;
   if (!before) return;
   const seconds = (now.timeNs - before.timeNs) / 1e9;
-  if (seconds <= 0) return;
+  if (seconds <= 0) return; // a node restarted: counting starts again
+  if (seconds < 0.9) {
+    state.counters = before; // views come faster than once a second: one point a second
+    return;
+  }
   const { all, volumes } = deltas(before, now);
   push(state.points.all, point(all, seconds));
   for (const [name, delta] of volumes) {
@@ -415,6 +462,33 @@ function draw(svg, lines) {
     polyline.setAttribute("class", line.className);
     svg.appendChild(polyline);
   }
+}
+
+// The nodes whose I/O the charts can show (a cluster's), and what failed.
+function renderChartNodes(s) {
+  $("chart-node-field").hidden = !s.nodes;
+  $("charts-error").textContent = state.statsError || "";
+  if (!s.nodes) return;
+  const select = $("chart-node");
+  const names = s.nodes.map((n) => n.name).filter((name) => name !== state.node);
+  if (same(select, JSON.stringify(names))) return;
+  select.replaceChildren(el("option", `${state.node} (this node)`));
+  select.options[0].value = "";
+  for (const name of names) {
+    const option = el("option", name);
+    option.value = name;
+    select.appendChild(option);
+  }
+  select.value = state.chartNode;
+}
+
+// The charts show another node's I/O from now on.
+function chooseChartNode(name) {
+  state.chartNode = name;
+  state.counters = null;
+  state.points = { all: [], volumes: new Map() };
+  renderCharts();
+  wakeUp();
 }
 
 function renderCharts() {
@@ -464,6 +538,10 @@ function changes(before, after) {
       if (!was) note(`node ${node.name} joined (${node.state})`, "ok");
       else if (was.state !== node.state) note(`node ${node.name} is ${node.state} (was ${was.state})`, node.state === "down" ? "critical" : node.state === "up" ? "ok" : "warning");
     }
+  }
+  if (before.store && after.store && before.store.reachable !== after.store.reachable) {
+    if (after.store.reachable) note("the cluster's store answers again", "ok");
+    else note(`the cluster's store does not answer: ${after.store.error}`, "critical");
   }
   const oldPools = new Map(before.pools.map((p) => [`${p.node}/${p.name}`, p]));
   for (const pool of after.pools) {
@@ -532,11 +610,12 @@ async function refresh(generation) {
     if (state.previous) changes(state.previous, s);
     primaries(s, state.previous !== null);
     state.previous = s;
-    addSample(s.stats);
+    if (s.stats && s.statsNode === state.chartNode) addSample(s.stats);
     renderCluster(s);
     renderCapacity(s);
     renderVolumes(s);
     renderHosts(s);
+    renderChartNodes(s);
     renderCharts();
     renderEvents();
     renderActions(s);
@@ -577,6 +656,10 @@ function sleep(ms, signal) {
 async function changed(ms) {
   const wake = new AbortController();
   state.wake = wake;
+  if (state.pending) {
+    state.pending = false; // an action asked for a view while one was taken
+    return;
+  }
   try {
     if (state.seen === null) {
       await sleep(ms, wake.signal);
@@ -586,17 +669,19 @@ async function changed(ms) {
       signal: wake.signal,
       waitMs: ms,
     });
-    state.seen = answer.generation;
+    state.seen = Number.isSafeInteger(answer.generation) ? answer.generation : null;
   } catch (error) {
+    if (error.status === 400) state.seen = null; // asked again before the next wait
     if (!wake.signal.aborted) await sleep(ms, wake.signal); // an older node, or none answering
   } finally {
-    state.wake = null;
+    if (state.wake === wake) state.wake = null;
   }
 }
 
 // Asks for a new view now (after an action).
 function wakeUp() {
   if (state.wake) state.wake.abort();
+  else state.pending = true; // a view is being taken: the next wait returns at once
 }
 
 async function run(generation) {
@@ -608,9 +693,21 @@ async function run(generation) {
     if (generation !== state.generation) return;
     const gap = Math.max(0, MIN_GAP_MS - (Date.now() - started));
     if (gap) await sleep(gap, new AbortController().signal);
+    if (generation !== state.generation) return;
     // Back off while the node does not answer.
     await changed(ok ? Math.max(0, POLL_MS - (Date.now() - started)) : POLL_MS * 5);
   }
+}
+
+// What GET session answered (null: not yet).
+function learnSession(session) {
+  state.roleUnknown = session === null;
+  const known = session || { role: "read-only", cluster: false, node: null };
+  state.role = known.role;
+  state.cluster = known.cluster;
+  state.node = known.node;
+  document.body.classList.toggle("can-act", state.role === "admin");
+  $("who").textContent = state.roleUnknown ? "" : state.role === "admin" ? "admin: can act" : `${state.role}: looks only`;
 }
 
 async function signIn(token) {
@@ -628,15 +725,11 @@ async function signIn(token) {
       signOut("That token was refused: give a token of this node (DATA_DIR/api-token.read-only).");
       return;
     }
-    session = { role: "read-only", cluster: false, node: null }; // look while it does not answer
+    session = null; // look meanwhile; asked again with the next view
     console.error("weft: asking who this token is", error);
   }
   if (generation !== state.generation) return;
-  state.role = session.role;
-  state.cluster = session.cluster;
-  state.node = session.node;
-  document.body.classList.toggle("can-act", state.role === "admin");
-  $("who").textContent = state.role === "admin" ? "admin: can act" : `${state.role}: looks only`;
+  learnSession(session);
   $("sign-in").hidden = true;
   $("dashboard").hidden = false;
   $("sign-out").hidden = false;
@@ -654,10 +747,13 @@ function signOut(message) {
   state.token = null;
   state.previous = null;
   state.seen = null;
+  state.pending = false;
   state.primaries = new Map();
+  state.chartNode = "";
+  state.statsError = null;
+  state.store = null;
   state.counters = null;
   state.points = { all: [], volumes: new Map() };
-  state.single = false;
   $("sign-in").hidden = false;
   $("dashboard").hidden = true;
   $("sign-out").hidden = true;
@@ -677,6 +773,7 @@ document.addEventListener("DOMContentLoaded", () => {
   $("volume-filter").addEventListener("input", () => state.previous && renderVolumes(state.previous));
   setUpActions();
   $("chart-volume").addEventListener("change", () => state.previous && renderCharts());
+  $("chart-node").addEventListener("change", () => chooseChartNode($("chart-node").value));
   if (state.token) signIn(state.token);
   else $("token").focus();
 });

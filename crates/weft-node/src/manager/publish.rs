@@ -184,6 +184,7 @@ impl Manager {
         let old = self.published.load();
         let mut pools = old.pools.clone();
         let mut changed = false;
+        let mut failed = false;
         for (name, volumes) in &touched.pools {
             let (Some(pool), Some(previous)) = (self.pools.get(name), old.pools.get(name)) else {
                 continue;
@@ -213,21 +214,32 @@ impl Manager {
             }
             snapshot.info = pool.info();
             snapshot.members = self.member_usage.get(name, pool, &snapshot.info, false);
+            failed |= failure != previous.failure;
             snapshot.failure = failure;
             pools.insert(name.clone(), Arc::new(snapshot));
             changed = true;
         }
         if changed {
             let hosts = Arc::clone(&old.hosts);
-            self.published.store(NodeSnapshot { pools, hosts });
+            let snapshot = NodeSnapshot { pools, hosts };
+            // Only a pool's failure is news; allocation figures are not.
+            if failed {
+                self.published.store(snapshot);
+            } else {
+                self.published.refresh_figures(snapshot);
+            }
         }
     }
 
     /// Publishes the member usage held back while I/O allocated, now due.
     pub(super) fn publish_member_usage(&mut self) {
+        let due = self.member_usage.due();
+        if due.is_empty() {
+            return;
+        }
         let old = self.published.load();
         let mut pools = old.pools.clone();
-        for name in self.member_usage.due() {
+        for name in due {
             let (Some(pool), Some(previous)) = (self.pools.get(&name), old.pools.get(&name)) else {
                 self.member_usage.pools.remove(&name);
                 continue;
@@ -238,7 +250,8 @@ impl Manager {
             pools.insert(name, Arc::new(snapshot));
         }
         let hosts = Arc::clone(&old.hosts);
-        self.published.store(NodeSnapshot { pools, hosts });
+        self.published
+            .refresh_figures(NodeSnapshot { pools, hosts });
     }
 }
 
