@@ -37,6 +37,9 @@ step "web dashboard (/ui/) in headless Chromium against a node with 1000 volumes
 step "web dashboard against a three-node cluster on etcd: acting from the page, a node killed shown down, its failover in the events"
 /usr/bin/python3 harness/check-ui-cluster.py --json .cache/ui/cluster.json
 
+step "the user guide: every command of README.md and docs/guide/ run against real nodes and etcd"
+python3 harness/check-guide.py
+
 step "cargo test (unit, protocol, seeded fuzz loops)"
 cargo test --workspace --locked
 

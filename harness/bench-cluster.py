@@ -48,7 +48,7 @@ class Cluster:
         # More arguments of each `weft serve`.
         self.serve_args = list(serve_args)
         self.processes = []
-        # With `pki`, set up as the README's cluster section says: the cluster's
+        # With `pki`, set up as the guide's cluster chapter (docs/guide/04-cluster.md) says: the cluster's
         # CA, etcd over TLS asking for a client certificate, each node with its
         # own (`--pki`: the API over TLS, replication links in TLS); else etcd
         # and the API in the clear (loopback, this run only).

@@ -4,7 +4,7 @@ by side in one run, each etcd and three `weft serve` nodes on loopback:
 
   clear: etcd and the API in the clear (--insecure-store), links keyed by the
          cluster's token, in the clear;
-  tls:   set up as the README's cluster section says (the cluster's CA, etcd
+  tls:   set up as the guide's cluster chapter (docs/guide/04-cluster.md) says (the cluster's CA, etcd
          over TLS with client certificates, `--pki` nodes): the links between
          nodes run in NVMe/TCP TLS 1.3 (AES-128-GCM), keyed per pair of nodes.
 

@@ -14,7 +14,7 @@
 # death, a node drain, and ext4 on the volume through a kill mid-write. An erasure-coded
 # volume (2+1, a shard on each node) takes fio writes with verify through the death of a
 # member's node and its return, then of its primary's node and its return.
-# Set up as the README says: the cluster's own CA (`weft cluster init`), etcd over TLS asking
+# Set up as the guide says (docs/guide/04-cluster.md): the cluster's own CA (`weft cluster init`), etcd over TLS asking
 # every client for a certificate from it, and each node started with its own (`--pki`), its
 # API over TLS (the guest calls it with the CA, WEFT_API_CA): nodes 1 and 2 are given theirs
 # (`weft cluster issue`), node 3 joins with a one-time token (`weft token join`, node 1

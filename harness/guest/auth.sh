@@ -21,6 +21,10 @@ ok() { echo "  ok: $*"; }
 fail() { echo "FAIL: $*"; FAILS=$((FAILS + 1)); }
 echo "kernel $(uname -r), $(nvme version | head -1)"
 modprobe nvme-tcp
+# The guide's way to make a host's secret (docs/guide/03-hosts-and-security.md).
+made=$(nvme gen-dhchap-key --nqn "$HOSTNQN" 2>&1)
+[[ "$made" == DHHC-1:0?:*: ]] && ok "nvme gen-dhchap-key makes a DHHC-1 secret" \
+    || fail "nvme gen-dhchap-key printed: $made"
 connect() { timeout 60 nvme connect -t tcp -a "$ADDR" -s "$PORT" -n "$NQN" --hostnqn "$HOSTNQN" "$@"; }
 device() { # the namespace of NQN, once it appears
     for _ in $(seq 50); do

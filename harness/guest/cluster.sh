@@ -51,7 +51,7 @@ done
 echo "=== nvme connect-all through node 1 alone"
 dmesg -C
 # A keep-alive timeout of 1 s (Linux's default is 5): a hung (not dead) node's paths hold the
-# host's I/O until the host's keep-alive gives up on them (README, replicated volumes).
+# host's I/O until the host's keep-alive gives up on them (docs/guide/05-replication-and-failover.md).
 timeout 300 nvme connect-all -t tcp -a "$ADDR" -s "$PORT" --keep-alive-tmo=1 2>&1 | tail -5
 sleep 2
 dmesg | tail -20 | sed 's/^/  kernel: /'

@@ -253,7 +253,7 @@ fn join_failure(error: &JoinError) -> Response {
             403,
             "join_refused",
             &error.to_string(),
-            "ask an administrator for a new token: weft cluster join-token --node NAME",
+            "ask an administrator for a new token: weft token join --node NAME",
         ),
     }
 }

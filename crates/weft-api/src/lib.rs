@@ -979,7 +979,7 @@ fn not_a_cluster() -> Response {
         404,
         "not_a_cluster",
         "this node is not a member of a cluster",
-        "start weft serve with --cluster ETCD_URLS --node NAME (see the README's Cluster section)",
+        "start weft serve with --cluster ETCD_URLS --node NAME (see docs/guide/04-cluster.md)",
     )
 }
 
@@ -1212,7 +1212,7 @@ fn not_joinable() -> Response {
         409,
         "not_joinable",
         "nodes join with a token only a cluster whose nodes have certificates",
-        "start the cluster's nodes with --pki (weft cluster init, README: a cluster)",
+        "start the cluster's nodes with --pki (weft cluster init, docs/guide/04-cluster.md)",
     )
 }
 

@@ -39,13 +39,13 @@ pub const TTL_MAX: Duration = Duration::from_secs(7 * 86_400);
 #[derive(Debug, Error)]
 pub enum JoinError {
     /// The text is not a join token.
-    #[error("not a join token (weftjoin-1:ID:SECRET:PIN, as `weft cluster join-token` prints it)")]
+    #[error("not a join token (weftjoin-1:ID:SECRET:PIN, as `weft token join` prints it)")]
     Malformed,
     /// No such token: never made, used already, or removed.
-    #[error("this join token is unknown or was used already (a token joins one node, once): make another with `weft cluster join-token`")]
+    #[error("this join token is unknown or was used already (a token joins one node, once): make another with `weft token join`")]
     Unknown,
     /// Past its expiry.
-    #[error("this join token expired: make another with `weft cluster join-token`")]
+    #[error("this join token expired: make another with `weft token join`")]
     Expired,
     /// Made for another node's name.
     #[error("this join token is for node {0}, not this one")]

@@ -147,7 +147,7 @@ Bench options:
                        different CPUs (and on one CPU for reference): the path's physical floor
 
 Serve options:
-  --config FILE        TOML file declaring listeners, subsystems and namespaces (see README)
+  --config FILE        TOML file declaring listeners, subsystems and namespaces (see docs/guide/01-single-node.md)
   --listen ADDR:PORT   listen address, repeatable; replaces the configured ones
   --data-dir DIR       node identity, default files and the pool list (default ./weft-data)
   --api-listen ADDR:PORT  control API address (default 127.0.0.1:9440; config: api_listen)

@@ -1,4 +1,4 @@
-//! The cluster's own CA, as the README sets a cluster up: `weft cluster
+//! The cluster's own CA, as the guide sets a cluster up (docs/guide/04-cluster.md): `weft cluster
 //! init` and `weft cluster issue NODE`, etcd over TLS asking every client
 //! for a certificate from that CA, and two nodes started with theirs
 //! (`--pki`). Nodes call each other with their certificates over TLS only;
