@@ -16,6 +16,7 @@ import argparse
 import glob
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -27,8 +28,12 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GUIDE = os.path.join(ROOT, "docs", "guide")
 MODES = ("node", "self", "none")
+# A chapter that runs longer hangs (a node that never came up, waited for).
+CHAPTER_SECONDS = 300
 # A chapter's node, as `weft serve` with no configuration listens.
 API = "127.0.0.1:9440"
+# What the chapters that start their own (etcd, three nodes) listen on.
+SELF_PORTS = [2379, 2380, 4420, 4421, 4422, 9440, 9441, 9442]
 
 
 def fail(message):
@@ -39,6 +44,9 @@ def blocks(path):
     """(language, info, first line number, text) of each fenced block."""
     found, current = [], None
     for number, line in enumerate(open(path).read().split("\n"), 1):
+        if current is None and re.match(r"\s+```|```(bash|shell|console)\b", line):
+            fail(f"{path}:{number}: a block this harness would not run: write ```sh at the "
+                 "line's start (or ```text for output)")
         if current is None and line.startswith("```"):
             words = line[3:].split()
             current = (words[0] if words else "", " ".join(words[1:]), number + 1, [])
@@ -72,7 +80,9 @@ def script(path, chapter_blocks):
             parts.append(text)
         elif language == "toml" and text.startswith("# file: "):
             name = text.split("\n", 1)[0][len("# file: "):].strip()
-            parts.append(f"cat > {name} <<'WEFT_GUIDE_EOF'\n{text}\nWEFT_GUIDE_EOF")
+            if name.startswith("/") or ".." in name.split("/"):
+                fail(f"{path}:{line}: a file block must name a file in the chapter's directory")
+            parts.append(f"cat > {shlex.quote(name)} <<'WEFT_GUIDE_EOF'\n{text}\nWEFT_GUIDE_EOF")
     return "\n".join(parts) + "\n"
 
 
@@ -100,7 +110,7 @@ def busy(address):
         socket.create_connection((host, int(port)), timeout=1).close()
     except OSError:
         return
-    fail(f"something listens on {address} already: stop it (the guide's node uses it)")
+    fail(f"something listens on {address} already: stop it (the guide's chapters use it)")
 
 
 def wait_for(address, process, log, seconds=30):
@@ -137,13 +147,14 @@ def run_chapter(path, weft, keep, verbose):
     node = None
     groups = []
     try:
+        for port in SELF_PORTS if mode == "self" else [9440, 4420]:
+            busy(f"127.0.0.1:{port}")
         if mode == "node":
-            busy(API)
             log = os.path.join(work, "serve.log")
             node = subprocess.Popen([weft, "serve"],
                                     cwd=work, stdout=open(log, "w"), stderr=subprocess.STDOUT,
                                     start_new_session=True)
-            groups.append(node.pid)
+            groups.append(node)
             wait_for(API, node, log)
         started = time.time()
         # Its own process group: what its blocks start in the background
@@ -153,15 +164,20 @@ def run_chapter(path, weft, keep, verbose):
         out, err = (open(os.path.join(work, f".guide.{n}"), "w+") for n in ("out", "err"))
         bash = subprocess.Popen(["bash", "-c", script(path, chapter_blocks)], cwd=work, env=env,
                                 stdout=out, stderr=err, start_new_session=True)
-        groups.append(bash.pid)
-        bash.wait(timeout=900)
+        groups.append(bash)
+        try:
+            bash.wait(timeout=CHAPTER_SECONDS)
+        except subprocess.TimeoutExpired:
+            bash.kill()
+            bash.wait()
         stdout, stderr = (open(f.name).read() for f in (out, err))
         if bash.returncode != 0:
+            keep = True  # its logs tell why
             where = re.findall(r">>> (\S+)", stderr)
             print(stdout[-3000:])
             print(stderr[-3000:], file=sys.stderr)
-            fail(f"the block at {where[-1] if where else path} failed (exit {bash.returncode}); "
-                 f"its directory: {work}")
+            what = "timed out" if bash.returncode == -signal.SIGKILL else f"failed (exit {bash.returncode})"
+            fail(f"the block at {where[-1] if where else path} {what}; its directory: {work}")
         if verbose:
             print(stdout)
         print(f"  {os.path.basename(path)}: {len(runnable)} blocks ran in {time.time() - started:.1f} s")
@@ -171,22 +187,28 @@ def run_chapter(path, weft, keep, verbose):
 
 
 def cleanup(work, groups, keep):
-    for group in groups:
+    """Stops every process group the chapter made (its leader and what its
+    blocks left in the background), then removes its directory."""
+    for process in groups:
         try:
-            os.killpg(group, signal.SIGTERM)
+            os.killpg(process.pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
-    deadline = time.time() + 20
-    for group in groups:
+    for process in groups:
+        try:
+            process.wait(timeout=20)  # the leader reaped: no zombie answers for the group
+        except subprocess.TimeoutExpired:
+            pass
+        deadline = time.time() + 20
         while time.time() < deadline:
             try:
-                os.killpg(group, 0)
+                os.killpg(process.pid, 0)
                 time.sleep(0.1)
             except ProcessLookupError:
                 break
         else:
             try:
-                os.killpg(group, signal.SIGKILL)
+                os.killpg(process.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
     if not keep:
@@ -202,10 +224,15 @@ def main():
     args = parser.parse_args()
     chapters = args.chapters or [os.path.join(ROOT, "README.md")] + sorted(
         glob.glob(os.path.join(GUIDE, "[0-9][0-9]-*.md")))
+    weft = os.path.abspath(args.weft)
     used = guest_nvme_subcommands()
     ran = host = unrun = 0
+    # Every chapter checked before any runs.
     for path in chapters:
         chapter_blocks = blocks(path)
+        _, after = mode_of(path)
+        if after and not os.path.exists(os.path.join(os.path.dirname(path), after)):
+            fail(f"{path}: goes on from {after}, which does not exist")
         check_host_blocks(path, chapter_blocks, used)
         host += sum(1 for b in chapter_blocks if b[0] == "sh" and b[1] == "host")
         for language, info, line, text in chapter_blocks:
@@ -214,7 +241,8 @@ def main():
                 print(f"  not run here: {os.path.basename(path)}:{line}")
             elif language == "sh" and info not in ("", "host", "no-run"):
                 fail(f"{path}:{line}: unknown block kind 'sh {info}'")
-        ran += run_chapter(path, args.weft, args.keep, args.verbose)
+    for path in chapters:
+        ran += run_chapter(path, weft, args.keep, args.verbose)
     print(f"check-guide: PASS ({ran} blocks run, {host} host blocks checked against the guest "
           f"tests, {unrun} not run here, in {len(chapters)} chapters)")
 

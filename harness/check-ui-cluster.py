@@ -2,8 +2,9 @@
 """The web dashboard against a real cluster: etcd and three `weft serve` on
 loopback, a volume of three copies, headless Chromium (as check-ui.py) on
 one node's page with the admin token. From the page: a replicated volume
-created (then in `weft volume list`), a node cordoned and uncordoned, the
-volume's primary moved. Then the primary's node is killed (kill -9): the
+created (then in `weft volume list`), a node cordoned, uncordoned and
+drained (asked first), the volume's primary moved (asked first), another
+node's charts, etcd's health. Then the primary's node is killed (kill -9): the
 page must show it down (red) within its lease and the failover among its
 events. Measures both delays; screenshots go to --out.
 
@@ -118,6 +119,18 @@ def main():
             fail("the page's cordon did not reach the cluster")
         ui.click(driver, node_button(driver, "n3", "Uncordon"))
         ui.wait("n3 up again", lambda: node_state(driver, "n3") == "up")
+        # Draining asks first; Cancel leaves the node be, yes drains it.
+        ui.click(driver, node_button(driver, "n3", "Drain"))
+        if "n3" not in ui.confirm(driver, "cancel"):
+            fail("the drain's question does not name the node")
+        time.sleep(0.5)
+        if cluster.must(n1, "GET", "nodes/n3")["state"] != "up":
+            fail("Cancel drained the node")
+        ui.click(driver, node_button(driver, "n3", "Drain"))
+        ui.confirm(driver, "yes")
+        ui.wait("n3 drained (cordoned)", lambda: node_state(driver, "n3") == "cordoned")
+        ui.click(driver, node_button(driver, "n3", "Uncordon"))
+        ui.wait("n3 up after its drain", lambda: node_state(driver, "n3") == "up")
 
         # Move rep's primary to n2 from its dialog.
         ui.click(driver, ui.volume_button(driver, "rep"))
@@ -157,7 +170,7 @@ def main():
         print(f"n2 shown down {down_s:.1f} s after kill -9 (lease {LEASE_MS / 1000:.0f} s); "
               f"its primary's failover in the events {failover_s:.1f} s after")
         # Within the lease, with slack for a poll, a heartbeat interval and a
-        # busy machine (the figure is what the README reports).
+        # busy machine (the figure is what the guide reports).
         if down_s > LEASE_MS / 1000 + 4:
             fail(f"n2 was shown down {down_s:.1f} s after its death (lease {LEASE_MS} ms)")
         # etcd stops: the page says its store does not answer.

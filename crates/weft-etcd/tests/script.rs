@@ -1,4 +1,4 @@
-//! harness/etcd.sh, which later cluster tests and the README use, starts
+//! harness/etcd.sh, which later cluster tests and the guide use, starts
 //! members a store can use and stops them.
 
 mod support;

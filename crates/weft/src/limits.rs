@@ -1,8 +1,9 @@
 //! The limits on what network peers can hold, as the node is configured
 //! (the `[limits]` table of weft.toml, or flags): every one has a default
-//! documented here and in the README, and each is logged once when reached
-//! where it is enforced (the data plane's listeners, the protocol core, the
-//! API server, the volume manager).
+//! documented here and in the guide (docs/guide/01-single-node.md,
+//! "Limits"), and each is logged once when reached where it is enforced
+//! (the data plane's listeners, the protocol core, the API server, the
+//! volume manager).
 
 use crate::config::ConfigError;
 use serde::Deserialize;

@@ -288,21 +288,28 @@ fn parse_size(text: &str, name: &str) -> Result<u64, String> {
     crate::config::parse_size_text(text).map_err(|e| format!("{name} {e}"))
 }
 
+/// A duration option: a whole number with `ms`, `s` (or none), `m`, `h`
+/// or `d` (`--runtime 10s`, `--ttl 1h`).
 pub fn parse_duration(text: &str, name: &str) -> Result<Duration, String> {
+    let wrong = || format!("{name} \"{text}\" is not a duration like 500ms, 10s, 5m or 1h");
     let (digits, unit) = text.split_at(
         text.find(|c: char| !c.is_ascii_digit())
             .unwrap_or(text.len()),
     );
-    let value: u64 = digits
-        .parse()
-        .map_err(|_| format!("{name} \"{text}\" is not a duration like 10s or 500ms"))?;
+    let value: u64 = digits.parse().map_err(|_| wrong())?;
+    let seconds = |per: u64| {
+        value
+            .checked_mul(per)
+            .map(Duration::from_secs)
+            .ok_or_else(|| format!("{name} \"{text}\" is too long"))
+    };
     match unit {
-        "" | "s" => Ok(Duration::from_secs(value)),
         "ms" => Ok(Duration::from_millis(value)),
-        "m" => Ok(Duration::from_secs(value * 60)),
-        _ => Err(format!(
-            "{name} \"{text}\" is not a duration like 10s or 500ms"
-        )),
+        "" | "s" => seconds(1),
+        "m" => seconds(60),
+        "h" => seconds(3600),
+        "d" => seconds(86_400),
+        _ => Err(wrong()),
     }
 }
 
@@ -808,6 +815,22 @@ fn floor_client(
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn durations_take_the_units_their_options_name() {
+        let parse = |text| parse_duration(text, "--ttl");
+        assert_eq!(parse("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse("10"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse("7d"), Ok(Duration::from_secs(7 * 86_400)));
+        assert!(parse("1w").unwrap_err().contains("not a duration like"));
+        assert!(parse("h").unwrap_err().contains("not a duration like"));
+        assert!(parse("18446744073709551615d")
+            .unwrap_err()
+            .contains("too long"));
+    }
     use super::*;
 
     fn parse_line(line: &str) -> Result<BenchArgs, String> {
