@@ -188,18 +188,18 @@ function renderVolumeFacts(facts, volume) {
   facts.replaceChildren(...list.flatMap(([term, value]) => [el("dt", term), el("dd", value)]));
 }
 
-function renderVolumeHosts(name, volume) {
-  const hosts = $("volume-hosts");
-  hosts.replaceChildren(
-    ...volume.hosts.map((host) => {
-      const item = el("li", host);
+// A list of a volume's things (its hosts, its snapshots), each with a
+// button that removes it once the operator said yes.
+function removableList(list, names, empty, remove) {
+  list.replaceChildren(
+    ...names.map((thing) => {
+      const item = el("li", thing);
       item.appendChild(
         button(
-          "Detach",
+          remove.label,
           async () => {
-            const text = `Detach host ${host} from ${name}? It loses access to the volume at once.`;
-            if (await confirmAction(text, "Detach")) {
-              await act($("volume-error"), () => api(path("volumes", name, "hosts", host), { method: "DELETE" }));
+            if (await confirmAction(remove.question(thing), remove.verb)) {
+              await act($("volume-error"), () => api(remove.path(thing), { method: "DELETE" }));
             }
           },
           "action",
@@ -208,30 +208,25 @@ function renderVolumeHosts(name, volume) {
       return item;
     }),
   );
-  if (volume.hosts.length === 0) hosts.appendChild(el("li", "no host attached"));
+  if (names.length === 0) list.appendChild(el("li", empty));
+}
+
+function renderVolumeHosts(name, volume) {
+  removableList($("volume-hosts"), volume.hosts, "no host attached", {
+    label: "Detach",
+    verb: "Detach",
+    question: (host) => `Detach host ${host} from ${name}? It loses access to the volume at once.`,
+    path: (host) => path("volumes", name, "hosts", host),
+  });
 }
 
 function renderVolumeSnapshots(name, volume) {
-  const snapshots = $("volume-snapshots");
-  snapshots.replaceChildren(
-    ...volume.snapshots.map((snapshot) => {
-      const item = el("li", snapshot);
-      item.appendChild(
-        button(
-          "Delete",
-          async () => {
-            const text = `Delete snapshot ${snapshot} of ${name}? What it holds is gone for good.`;
-            if (await confirmAction(text, "Delete snapshot")) {
-              await act($("volume-error"), () => api(path("volumes", name, "snapshots", snapshot), { method: "DELETE" }));
-            }
-          },
-          "action",
-        ),
-      );
-      return item;
-    }),
-  );
-  if (volume.snapshots.length === 0) snapshots.appendChild(el("li", "no snapshot"));
+  removableList($("volume-snapshots"), volume.snapshots, "no snapshot", {
+    label: "Delete",
+    verb: "Delete snapshot",
+    question: (snapshot) => `Delete snapshot ${snapshot} of ${name}? What it holds is gone for good.`,
+    path: (snapshot) => path("volumes", name, "snapshots", snapshot),
+  });
 }
 
 // The volume list's own controls and the open dialog, after each view.
