@@ -6,7 +6,7 @@
 
 mod support;
 
-use support::{connect_as, ok, refused, start_node, temp_dir, Node};
+use support::{connect_as, ok, refused, start_node, temp_dir, wait_no_connected_hosts, Node};
 
 const HOST_NQN: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-00000000e0c1";
 const KEK_A: &str = "6b1d0e8f2a4c39577e1b0d2f4a6c8e9f1b3d5f7a9c0e2f4b6d8a1c3e5f7b9d0a";
@@ -213,6 +213,7 @@ fn an_encrypted_volume_is_ciphertext_on_its_device_and_served_only_with_its_key(
     check_blocks(&node, "sec");
 
     // Deleting it leaves nothing readable, and a new volume reads zeroes.
+    wait_no_connected_hosts(&node, "sec");
     ok(&node, &["volume", "delete", "sec"]);
     ok(
         &node,

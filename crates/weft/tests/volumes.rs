@@ -283,6 +283,7 @@ fn volumes_are_carved_served_snapshotted_and_survive_a_restart() {
         errors.contains("CAPACITY_EXCEEDED (SCT 0h, SC 81h, DNR)"),
         "{errors}"
     );
+    support::wait_no_connected_hosts(&node, "big");
     ok(&node, &["volume", "delete", "big"]);
     ok(&node, &["volume", "flatten", "db1-copy"]);
     let before = ok(&node, &["volume", "list"]);
@@ -616,6 +617,7 @@ fn a_volume_may_be_given_the_identity_hosts_know() {
     }
     let node = start(&dir.join("data"));
     check(&node);
+    support::wait_no_connected_hosts(&node, "legacy");
     ok(&node, &["volume", "delete", "legacy"]);
     ok(&node, &create);
     ok(&node, &["volume", "attach", "legacy", "--host", "h"]);

@@ -286,6 +286,25 @@ pub fn ok(node: &Node, args: &[&str]) -> String {
     out
 }
 
+/// Waits (up to 10 s) until `volume` on `node` lists no connected host.
+/// A host's TCP close reaches the node's reactor a moment after the
+/// client has dropped its queues, so a test that deletes right after
+/// reading would race it.
+pub fn wait_no_connected_hosts(node: &Node, volume: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let show = ok(node, &["volume", "show", volume, "-o", "json"]);
+        if show.contains("\"connected_hosts\": []") {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "hosts still connected to {volume} after 10 s: {show}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 /// `weft ARGS` that must fail; its stderr.
 pub fn refused(node: &Node, args: &[&str]) -> String {
     let (success, out, errors) = weft(node, args);
