@@ -6,7 +6,7 @@
 # protoc and its well-known types (etcd-client compiles etcd's gRPC API at build time) and etcd with etcdctl (the
 # cluster store's tests run real members; harness/etcd.sh starts them by hand), fio (it
 # loads weft's external I/O engine, libweft_fio.so) and prometheus (its promtool checks the
-# alerting rules).
+# alerting rules), Ceph (the peer weft is measured beside).
 # The guest image itself carries nvme-cli and fio (harness/vm/build-image.sh).
 set -euo pipefail
 missing=()
@@ -41,6 +41,12 @@ need promtool prometheus
 need chromium chromium
 need chromedriver chromium-driver
 /usr/bin/python3 -c 'import selenium' 2>/dev/null || missing+=(python3-selenium)
+# Ceph 16.2, started by hand beside weft (harness/bench-peers.py); ceph-common brings
+# librbd, which Debian's fio loads for its rbd engine.
+need ceph-mon ceph-mon
+need ceph-mgr ceph-mgr
+need ceph-osd ceph-osd
+need rbd ceph-common
 if [ ${#missing[@]} -gt 0 ]; then
     echo "deps: installing ${missing[*]}"
     apt-get update -q
