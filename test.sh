@@ -89,6 +89,8 @@ step "benchmark smoke: encrypted volumes against the clear (the full run: harnes
 python3 harness/bench-encryption.py --runtime 1s --rounds 1 --json .cache/bench/encryption/smoke.json
 step "benchmark smoke: weft beside Ceph RBD (16.2, started by hand on loopback), fio against both, and kill -9 of the primary under a writer (the full run: harness/bench-peers.py)"
 python3 harness/bench-peers.py --runtime 1 --rounds 1 --size-mib 128 --osd-gib 2 --outage 2 --failover kill --json .cache/bench/peers/smoke.json
+step "benchmark smoke: how the control plane's costs grow with nodes and volumes, a three-member etcd and six nodes (the full run: harness/bench-scale.py, 32 nodes)"
+python3 harness/bench-scale.py --nodes 6 --counts 30,90 --hosts 20 --json .cache/bench/scale/smoke.json
 
 if [ "${WEFT_SKIP_VM:-}" = 1 ]; then
     step "kernel interop skipped (WEFT_SKIP_VM=1)"

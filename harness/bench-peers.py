@@ -298,6 +298,7 @@ def run_load(side, target, load, runtime_s, size):
     ramp = 1 if runtime_s >= 3 else 0
     done = subprocess.run(fio_command(side.fio_target(target), rw, bs, iodepth, runtime_s, size,
                                       ramp), env=side.env(), capture_output=True, text=True)
+    # The CPU counted over the ramp too: scaled to the measured time.
     storage_cpu = cpu_seconds(pids) - before
     if done.returncode != 0:
         sys.exit(f"bench-peers: fio {load[0]} on {side.name} {target}: {done.stderr.strip()}")
@@ -305,7 +306,8 @@ def run_load(side, target, load, runtime_s, size):
     sides = [job[d] for d in ("read", "write") if job[d]["total_ios"]]
     ios = sum(s["total_ios"] for s in sides)
     measured_s = job["job_runtime"] / 1000
-    client_cpu = (job["usr_cpu"] + job["sys_cpu"]) / 100 * (measured_s + ramp)
+    storage_cpu *= measured_s / (measured_s + ramp)
+    client_cpu = (job["usr_cpu"] + job["sys_cpu"]) / 100 * measured_s
     mean_us = sum(s["clat_ns"]["mean"] * s["total_ios"] for s in sides) / max(ios, 1) / 1000
     p99_us = max(s["clat_ns"]["percentile"]["99.000000"] for s in sides) / 1000
     return {"iops": sum(s["iops"] for s in sides), "mean_us": mean_us, "p99_us": p99_us,

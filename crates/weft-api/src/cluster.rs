@@ -263,13 +263,23 @@ impl Cluster {
         })
     }
 
-    /// The record of `volume`, if the cluster has it.
+    /// The record of `volume`, if the cluster has it. This node's copy of
+    /// the store may lag behind a create that another node made and already
+    /// answered (the caller's next call, `volume attach` right after
+    /// `volume create`, came here first): a volume missing from the copy is
+    /// looked for in the store itself before it is called missing.
     fn volume_record(&self, volume: &str) -> Result<Option<VolumeRecord>, Response> {
-        let record = weft_control::records::read::<VolumeRecord>(
-            self.store.as_ref(),
-            &format!("volumes/{volume}"),
-        )
-        .map_err(|e| store_failure(&e))?;
+        let key = format!("volumes/{volume}");
+        let record = weft_control::records::read::<VolumeRecord>(self.store.as_ref(), &key)
+            .map_err(|e| store_failure(&e))?;
+        if let (None, Some(remote)) = (&record, &self.remote) {
+            // A store that does not answer leaves the copy's answer.
+            if let Ok(Some(found)) =
+                weft_control::records::read::<VolumeRecord>(remote.as_ref(), &key)
+            {
+                return Ok(Some(found.record));
+            }
+        }
         Ok(record.map(|found| found.record))
     }
 
@@ -1072,6 +1082,42 @@ mod tests {
             "{body}"
         );
         assert!(took >= timeout && took < Duration::from_secs(5), "{took:?}");
+    }
+
+    #[test]
+    fn a_volume_this_nodes_copy_has_not_seen_yet_is_routed_by_the_store_itself() {
+        // The copy lags: the record is in the store (etcd) only.
+        let copy: Arc<dyn Store> = Arc::new(weft_control::MemoryStore::default());
+        let remote: Arc<dyn Store> = Arc::new(weft_control::MemoryStore::default());
+        let record = VolumeRecord {
+            id: "00".into(),
+            node: Some("n2".into()),
+            ..VolumeRecord::default()
+        };
+        let txn =
+            weft_control::Txn::new().create("volumes/v", weft_control::records::encode(&record));
+        remote.commit(txn).unwrap();
+        let request = Request {
+            method: "POST".into(),
+            path: "/api/v1/volumes/v/hosts".into(),
+            query: String::new(),
+            authorization: None,
+            body: br#"{"host": "h"}"#.to_vec(),
+        };
+        let params = ["v".to_string()];
+        let lagging = Cluster::new(Arc::clone(&copy), "n1");
+        assert!(
+            matches!(
+                lagging.route("volumes/{volume}/hosts", &params, &request),
+                Route::Local(_)
+            ),
+            "without the store itself, the copy's answer: served here, where it is missing"
+        );
+        let cluster = Cluster::new(copy, "n1").with_remote_store(remote);
+        match cluster.route("volumes/{volume}/hosts", &params, &request) {
+            Route::Forward(node, None) => assert_eq!(node, "n2"),
+            _ => panic!("not forwarded to the node that holds it"),
+        }
     }
 
     #[test]
