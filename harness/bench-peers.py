@@ -165,7 +165,11 @@ class WeftSide:
             # Its I/O waits on the frozen path (a kernel host retries it
             # elsewhere after its I/O timeout); the next ones go elsewhere.
             writer.kill()
-        writer.wait(timeout=60)
+        try:
+            writer.wait(timeout=60)
+        finally:
+            if writer.poll() is None:
+                writer.kill()
         failed = fio_errors(prefix + ".json", writer.returncode) if mode == "kill" else 0
         # Writes go on through the new primary for the rest of the outage.
         new_primary = next(n for n in others if n["name"] == replication.primary_of(cluster, survivor))
@@ -232,7 +236,11 @@ class CephSide:
             self.ceph.kill_osd(osd)
         else:
             os.kill(pid, signal.SIGSTOP)
-        writer.wait(timeout=outage_s + 300)
+        try:
+            writer.wait(timeout=outage_s + 300)
+        finally:
+            if writer.poll() is None:
+                writer.kill()
         failed = fio_errors(prefix + ".json", writer.returncode)
         pause = longest_gap(f"{prefix}_lat.1.log")
         before = self.ceph.recovered_bytes()

@@ -33,6 +33,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 
@@ -153,20 +154,26 @@ def etcd_rates(cluster, seconds, work=None):
 # starve one another, and a node that misses its lease is down until it
 # joins again; what a script of a user's would do, counted.
 REFUSED = {"busy": 0, "node_down": 0, "unavailable": 0}
+REFUSED_LOCK = threading.Lock()
 
 
 def timed_call(cluster, method, path, body):
     """Milliseconds until `method path` succeeded through n1 (retried for up
     to 60 s while the cluster answers 503)."""
     start = time.perf_counter()
+    retried = False
     while True:
         status, answer = cluster.call(cluster.nodes[0], method, path, body)
-        if status in (200, 201, 204):
+        # A retried create answered "exists": the first attempt was made
+        # after all, its answer lost.
+        if status in (200, 201, 204) or (retried and status == 409):
             return (time.perf_counter() - start) * 1000
         code = (answer or {}).get("code", "") if isinstance(answer, dict) else ""
         if status != 503 or time.perf_counter() - start > 60:
             sys.exit(f"bench-scale: {method} {path}: {status} {answer}")
-        REFUSED[code if code in REFUSED else "unavailable"] += 1
+        with REFUSED_LOCK:
+            REFUSED[code if code in REFUSED else "unavailable"] += 1
+        retried = True
         time.sleep(0.2)
 
 
@@ -241,18 +248,22 @@ def failover(cluster):
     killed = time.perf_counter()
     process.wait()
     down_s = None
+    waiting = set(primaries[name])
     while time.perf_counter() - killed < 120:
         if down_s is None:
             nodes = cluster.must(via, "GET", "nodes")
             if any(n["name"] == name and n["state"] == "down" for n in nodes):
                 down_s = time.perf_counter() - killed
-        if down_s is not None:
-            moved = cluster.must(via, "GET", "volumes")
-            still = [v["name"] for v in moved if v["name"] in primaries[name] and any(
-                r["role"] == "primary" and r["node"] == name for r in v.get("replicas") or [])]
-            if not still:
-                return {"node": name, "primaries": len(primaries[name]), "down_s": down_s,
-                        "all_moved_s": time.perf_counter() - killed}
+        # Each volume asked for by name (routed to the primary its record
+        # names): moved once a live node answers with another primary.
+        for volume in sorted(waiting):
+            status, shown = cluster.call(via, "GET", f"volumes/{volume}")
+            if status == 200 and any(r["role"] == "primary" and r["node"] != name
+                                     for r in shown.get("replicas") or []):
+                waiting.discard(volume)
+        if down_s is not None and not waiting:
+            return {"node": name, "primaries": len(primaries[name]), "down_s": down_s,
+                    "all_moved_s": time.perf_counter() - killed}
         time.sleep(0.1)
     sys.exit(f"bench-scale: {name}'s primaries not moved within 120 s")
 
@@ -267,16 +278,18 @@ def main():
     parser.add_argument("--lease-ms", type=int, default=10000,
                         help="each node's lease_ttl_ms: 32 nodes share 2 cores here, and a"
                              " node starved for the default 3 s would be taken for dead")
-    parser.add_argument("--data", default="/dev/shm/weft-bench-scale",
-                        help="where etcd and the nodes keep their data (a tmpfs by default)")
+    parser.add_argument("--data", default="/dev/shm",
+                        help="under which etcd and the nodes keep their data (in a directory"
+                             " weft-bench-scale it makes and removes; a tmpfs by default)")
     parser.add_argument("--json", default=os.path.join(ROOT, ".cache/bench/scale/result.json"))
     args = parser.parse_args()
     counts = [int(c) for c in args.counts.split(",")]
     work = os.path.join(ROOT, ".cache/bench/scale/run")
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
-    shutil.rmtree(args.data, ignore_errors=True)
-    cluster = ScaleCluster(args.weft, work, args.nodes, args.data, args.lease_ms)
+    data = os.path.join(args.data, "weft-bench-scale")
+    shutil.rmtree(data, ignore_errors=True)
+    cluster = ScaleCluster(args.weft, work, args.nodes, data, args.lease_ms)
     result = {"nodes": args.nodes, "hosts": args.hosts, "clients": args.clients,
               "lease_ms": args.lease_ms, "steps": []}
     try:

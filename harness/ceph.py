@@ -38,6 +38,8 @@ class Ceph:
         self.osd_bytes = osd_bytes
         self.conf = os.path.join(work, "ceph.conf")
         self.env = dict(os.environ, CEPH_CONF=self.conf)
+        # Known before any daemon starts: stop() after a failed start finds them.
+        self.osds = []
 
     def config(self, fsid):
         w = self.work

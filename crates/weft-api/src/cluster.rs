@@ -232,12 +232,11 @@ impl Cluster {
     /// volume's to every replica's node, each of which must be up (a
     /// replica left behind would hold the name and space on its node).
     fn route_volume_deletion(&self, volume: &str) -> Result<Route, Response> {
-        let record = weft_control::records::read::<VolumeRecord>(
-            self.store.as_ref(),
-            &format!("volumes/{volume}"),
-        )
-        .map_err(|e| store_failure(&e))?;
-        let Some(replication) = record.and_then(|found| found.record.replication) else {
+        // As any volume call: the store itself if this node's copy lags (a
+        // replicated volume's deletion sent as a plain one would leave its
+        // replicas behind).
+        let record = self.volume_record(volume)?;
+        let Some(replication) = record.and_then(|record| record.replication) else {
             return self.route_volume(volume);
         };
         let replicas: Vec<String> = replication
@@ -1118,6 +1117,43 @@ mod tests {
             Route::Forward(node, None) => assert_eq!(node, "n2"),
             _ => panic!("not forwarded to the node that holds it"),
         }
+    }
+
+    #[test]
+    fn a_replicated_volume_this_nodes_copy_has_not_seen_is_not_deleted_as_a_plain_one() {
+        let copy: Arc<dyn Store> = Arc::new(weft_control::MemoryStore::default());
+        let remote: Arc<dyn Store> = Arc::new(weft_control::MemoryStore::default());
+        let member = |node: &str| json!({"node": node, "pool": "p", "state": "in_sync"});
+        let record = json!({
+            "id": "00", "hosts": [], "qos": {}, "node": "n2", "pool": "p",
+            "replication": {
+                "epoch": 1, "primary": "n2", "members": [member("n2"), member("n3")],
+                "size_bytes": 1 << 20, "block_size": 512,
+            },
+        });
+        // What the store's own reader makes of it: a replicated volume.
+        let decoded: VolumeRecord =
+            weft_control::records::decode("volumes/r", record.clone()).unwrap();
+        assert!(decoded.replication.is_some());
+        remote
+            .commit(weft_control::Txn::new().create("volumes/r", record))
+            .unwrap();
+        let request = Request {
+            method: "DELETE".into(),
+            path: "/api/v1/volumes/r".into(),
+            query: String::new(),
+            authorization: None,
+            body: Vec::new(),
+        };
+        let cluster = Cluster::new(copy, "n1").with_remote_store(remote);
+        // The copy knows no nodes either: refused (no such node), as a
+        // replicated deletion whose replicas' nodes are checked first; never
+        // forwarded to the primary alone.
+        let route = cluster.route("volumes/{volume}", &["r".to_string()], &request);
+        if let Route::Forward(node, _) = route {
+            panic!("a plain deletion sent to {node}: its replicas would stay");
+        }
+        assert!(matches!(route, Route::Respond(_)));
     }
 
     #[test]

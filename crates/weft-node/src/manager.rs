@@ -850,7 +850,10 @@ impl Manager {
                 Next::Admin(Admin { op, reply }) => {
                     if matches!(op, AdminOp::Reconcile) {
                         // Changes from now on need a reconcile of their own.
-                        self.handle.reconcile_queued.store(false, Ordering::Release);
+                        // A read-modify-write: it reads what a notifier that
+                        // found the mark set released (its change), so this
+                        // reconcile sees that change.
+                        self.handle.reconcile_queued.swap(false, Ordering::AcqRel);
                     }
                     self.caller = Some(reply);
                     let result = self.admin(op, plane);
@@ -2484,7 +2487,7 @@ mod tests {
         manager
             .handle
             .reconcile_queued
-            .store(false, Ordering::Release);
+            .swap(false, Ordering::AcqRel);
         handle.reconcile();
         assert_eq!(queued(inbox).len(), 1);
     }
