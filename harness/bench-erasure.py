@@ -23,7 +23,6 @@ Usage: harness/bench-erasure.py [--weft target/release/weft] [--runtime 5s]
 """
 
 import argparse
-import importlib.util
 import json
 import os
 import shutil
@@ -33,20 +32,14 @@ import subprocess
 import sys
 import time
 
+from harness_module import load
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZE = 256 << 20
 VOLUMES = ["single", "rep", "ec"]
 LOADS = [("randwrite", 1, "4k"), ("randwrite", 32, "4k"), ("write", 8, "128k"),
          ("randread", 1, "4k"), ("randread", 32, "4k")]
 DEGRADED = [("randread", 1, "4k"), ("randread", 32, "4k")]
-
-
-def load(name):
-    path = os.path.join(ROOT, "harness", f"{name}.py")
-    spec = importlib.util.spec_from_file_location(name.replace("-", "_"), path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 replication = load("bench-replication")

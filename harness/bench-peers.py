@@ -40,7 +40,6 @@ Usage: harness/bench-peers.py [--weft target/release/weft] [--engine PATH]
 """
 
 import argparse
-import importlib.util
 import json
 import os
 import signal
@@ -48,6 +47,8 @@ import statistics
 import subprocess
 import sys
 import time
+
+from harness_module import load
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOST_NQN = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-0000000bc1a5"
@@ -58,14 +59,6 @@ LOADS = [("randread_4k_qd1", "randread", "4k", 1), ("randwrite_4k_qd1", "randwri
          ("write_128k_qd8", "write", "128k", 8), ("randrw70_4k_qd16", "randrw", "4k", 16)]
 # (weft volume or Ceph image, kind)
 TARGETS = [("rep", "3 replicas"), ("ec", "erasure-coded 2+1")]
-
-
-def load(name):
-    path = os.path.join(ROOT, "harness", f"{name}.py")
-    spec = importlib.util.spec_from_file_location(name.replace("-", "_"), path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 ceph_module = load("ceph")

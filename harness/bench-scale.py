@@ -27,7 +27,6 @@ Usage: harness/bench-scale.py [--weft target/release/weft] [--nodes 32]
 
 import argparse
 import concurrent.futures
-import importlib.util
 import json
 import os
 import shutil
@@ -37,17 +36,11 @@ import threading
 import time
 import urllib.request
 
+from harness_module import load
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ETCD_CLIENT, ETCD_PEER, NVME, API = 24791, 24801, 16000, 16200
 VOLUME_BYTES = 16 << 20
-
-
-def load(name):
-    path = os.path.join(ROOT, "harness", f"{name}.py")
-    spec = importlib.util.spec_from_file_location(name.replace("-", "_"), path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 bench_cluster = load("bench-cluster")

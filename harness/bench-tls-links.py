@@ -20,12 +20,13 @@ Usage: harness/bench-tls-links.py [--weft target/release/weft] [--runtime 5s]
 """
 
 import argparse
-import importlib.util
 import json
 import os
 import shutil
 import statistics
 import sys
+
+from harness_module import load
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZE = 256 << 20
@@ -33,14 +34,6 @@ VOLUMES = ["single", "rep"]
 CLUSTERS = ["clear", "tls"]
 # (rw, queue depth, block size): writes, what crosses the links.
 LOADS = [("randwrite", 1, "4k"), ("randwrite", 32, "4k"), ("write", 8, "128k")]
-
-
-def load(name):
-    path = os.path.join(ROOT, "harness", f"{name}.py")
-    spec = importlib.util.spec_from_file_location(name.replace("-", "_"), path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 replication = load("bench-replication")
