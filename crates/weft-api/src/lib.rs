@@ -564,7 +564,9 @@ impl Api {
             ("GET", "volumes/{volume}") => status
                 .volume(&params[0])
                 .map(|volume| json_of(VolumeView::from(&volume))),
-            ("GET", "hosts") => Ok(json_of(list::<_, HostView>(&status.hosts()))),
+            ("GET", "hosts") => status
+                .hosts()
+                .map(|hosts| json_of(list::<_, HostView>(&hosts))),
             ("GET", "hosts/{host}") => status
                 .host(&params[0])
                 .map(|host| json_of(HostView::from(&host))),

@@ -595,7 +595,8 @@ pub struct NodeView {
     pub state: String,
     /// Whether it is the cluster's controller now.
     pub controller: bool,
-    /// Its last heartbeat (Unix milliseconds), while up.
+    /// When it last reported its status (Unix milliseconds), while up: at
+    /// each change, and at least every minute.
     pub heartbeat_unix_ms: Option<u64>,
     /// When it was seen going down (Unix milliseconds).
     pub down_since_unix_ms: Option<u64>,

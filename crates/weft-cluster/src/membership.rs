@@ -49,6 +49,10 @@ pub struct MemberConfig {
     pub certificate: Option<String>,
 }
 
+/// The longest a node's liveness record keeps a status unchanged before
+/// it is written again (its time tells `weft node show` the node reports).
+pub const STATUS_REFRESH_MS: u64 = 60_000;
+
 /// What a node reports at each heartbeat.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct NodeStatus {
@@ -113,6 +117,9 @@ pub struct Member {
     ordinal: u16,
     /// Revision of our liveness record (a change by anyone else is a takeover).
     alive_revision: Revision,
+    /// The status our liveness record holds and when it was written (none:
+    /// unknown, after a failed write).
+    written: Option<(NodeStatus, u64)>,
 }
 
 impl std::fmt::Debug for Member {
@@ -147,10 +154,12 @@ impl Member {
             lease,
             ordinal,
             alive_revision: Revision(0),
+            written: None,
         };
         let status = NodeStatus::default();
         let txn = joined.alive_created(&status, now_unix_ms);
         joined.alive_revision = joined.commit_alive(txn)?;
+        joined.written = Some((status, now_unix_ms));
         Ok(joined)
     }
 
@@ -213,7 +222,11 @@ impl Member {
         )?)
     }
 
-    /// Updates our liveness record. A commit whose answer was lost (the
+    /// Updates our liveness record when `status` differs from what it holds,
+    /// or it is [`STATUS_REFRESH_MS`] old: every node watches these records,
+    /// so a write at every heartbeat made watch events grow with the square
+    /// of the nodes (the lease, kept alive apart, says the node is up).
+    /// A commit whose answer was lost (the
     /// store's connection broke after it applied it) leaves us holding a
     /// stale revision of our own record: the update's condition then fails
     /// though nobody else wrote it. The record under our lease is ours (no
@@ -221,6 +234,12 @@ impl Member {
     /// update made again; one under another lease means another process
     /// took the name.
     fn publish(&mut self, status: &NodeStatus, now_unix_ms: u64) -> Result<(), JoinError> {
+        if let Some((written, at)) = &self.written {
+            if written == status && now_unix_ms.saturating_sub(*at) < STATUS_REFRESH_MS {
+                return Ok(());
+            }
+        }
+        self.written = None;
         let key = alive_key(&self.config.name);
         let update = |revision| {
             Txn::new().update_leased(
@@ -244,6 +263,7 @@ impl Member {
             },
             Err(error) => return Err(error.into()),
         }
+        self.written = Some((status.clone(), now_unix_ms));
         Ok(())
     }
 
@@ -262,8 +282,10 @@ impl Member {
         );
         claim_name(self.store.as_ref(), &self.config, now_unix_ms)?;
         self.lease = self.store.grant_lease(self.config.lease_ttl)?;
+        self.written = None;
         let txn = self.alive_created(status, now_unix_ms);
         self.alive_revision = self.commit_alive(txn)?;
+        self.written = Some((status.clone(), now_unix_ms));
         Ok(())
     }
 

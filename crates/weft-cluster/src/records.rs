@@ -127,12 +127,14 @@ impl PoolSummary {
     }
 }
 
-/// A node that is up: written under its lease, refreshed at every heartbeat.
+/// A node that is up: written under its lease, rewritten at a heartbeat
+/// when its status changed (and at least every
+/// [`crate::membership::STATUS_REFRESH_MS`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AliveRecord {
     /// The node id of the process holding the name.
     pub node_id: String,
-    /// Its last heartbeat (Unix milliseconds).
+    /// When it last wrote this record (Unix milliseconds).
     pub heartbeat_unix_ms: u64,
     /// Its pools.
     pub pools: Vec<PoolSummary>,

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 use std::time::Duration;
-use weft_cluster::membership::{JoinError, Member, MemberConfig, NodeStatus};
+use weft_cluster::membership::{JoinError, Member, MemberConfig, NodeStatus, STATUS_REFRESH_MS};
 use weft_cluster::nodes::{self, NodeError, NodeState};
 use weft_cluster::{election, PoolSummary};
 use weft_control::intercept::{Hook, Intercepted};
@@ -64,6 +64,40 @@ fn nodes_join_one_cluster_and_show_up_with_their_status() {
     assert_eq!(alive.pools, status.pools);
     assert!(listed["n1"].controller && !listed["n2"].controller);
     assert_eq!(listed["n2"].state(), NodeState::Up);
+}
+
+/// Every node watches the liveness records: one written at every heartbeat
+/// made 32 nodes 300 watch events a second at rest (PERFORMANCE.md, 17).
+#[test]
+fn a_status_is_written_when_it_changes_or_is_a_minute_old() {
+    let (store, _) = store();
+    let mut n1 = join(&store, "n1", "aa");
+    let revision =
+        |store: &Arc<dyn Store>| store.get("cluster/alive/n1").unwrap().unwrap().revision;
+    let joined = revision(&store);
+    n1.heartbeat(&NodeStatus::default(), 1000).unwrap();
+    n1.heartbeat(&NodeStatus::default(), 2000).unwrap();
+    assert_eq!(revision(&store), joined, "unchanged: not written");
+    let busier = NodeStatus {
+        volumes: 1,
+        ..NodeStatus::default()
+    };
+    n1.heartbeat(&busier, 3000).unwrap();
+    let changed = revision(&store);
+    assert!(changed > joined, "a change is written at once");
+    n1.heartbeat(&busier, 3000 + STATUS_REFRESH_MS - 1).unwrap();
+    assert_eq!(revision(&store), changed);
+    n1.heartbeat(&busier, 3000 + STATUS_REFRESH_MS).unwrap();
+    assert!(
+        revision(&store) > changed,
+        "written again once a minute old"
+    );
+    let listed = nodes::list(store.as_ref()).unwrap();
+    let alive = listed["n1"].alive.as_ref().unwrap();
+    assert_eq!(
+        (alive.heartbeat_unix_ms, alive.volumes),
+        (3000 + STATUS_REFRESH_MS, 1)
+    );
 }
 
 #[test]
@@ -249,17 +283,22 @@ fn a_heartbeat_whose_answer_was_lost_does_not_stop_the_next_ones() {
     let lossy = Arc::new(Intercepted::new(inner, lose));
     let store: Arc<dyn Store> = lossy.clone();
     let mut n1 = join(&store, "n1", "aa");
-    n1.heartbeat(&NodeStatus::default(), 1000).unwrap();
+    // A status that changes at every heartbeat, so that each writes.
+    let status = |at: u64| NodeStatus {
+        volumes: (at / 1000) as u32,
+        ..NodeStatus::default()
+    };
+    n1.heartbeat(&status(1000), 1000).unwrap();
     lossy
         .hook()
         .0
         .store(true, std::sync::atomic::Ordering::SeqCst);
     assert!(
-        n1.heartbeat(&NodeStatus::default(), 2000).is_err(),
+        n1.heartbeat(&status(2000), 2000).is_err(),
         "the answer was lost"
     );
     for at in [3000, 4000] {
-        n1.heartbeat(&NodeStatus::default(), at).unwrap();
+        n1.heartbeat(&status(at), at).unwrap();
     }
     let listed = nodes::list(store.as_ref()).unwrap();
     assert_eq!(listed["n1"].alive.as_ref().unwrap().heartbeat_unix_ms, 4000);

@@ -7,7 +7,12 @@
 //!   [`AdminOp::Reconcile`], which rebuilds the exports from the store's
 //!   records: a node that was down, or cut off from the store, catches up
 //!   the same way once its copy of the store (weft-control's `Mirror`) has
-//!   caught up.
+//!   caught up. Only the volume records that concern the node count (it
+//!   holds a copy, or the record names it): a reconcile passes over every
+//!   record, so with every node reconciling at every change a cluster's
+//!   cost grew with nodes x changes x volumes. Others only move the status
+//!   generation (hosts' attachments are read from the store). Every
+//!   [`RESYNC`] the node reconciles anyway, as controllers resync.
 //! - A change of the cluster's members (a node joined, left, went down)
 //!   calls the caller's `on_members`, which updates the referrals of the
 //!   node's discovery controller.
@@ -23,11 +28,12 @@ use crate::link_keys::Peer;
 use crate::manager::{AdminOp, ManagerHandle};
 use crate::status::StatusReader;
 use std::net::SocketAddr;
-use std::sync::mpsc::Receiver;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use weft_cluster::membership::NodeStatus;
 use weft_cluster::records::{PoolSummary, ALIVE_PREFIX, MEMBERS_PREFIX};
+use weft_control::records::{HOSTS_PREFIX, VOLUMES_PREFIX};
 use weft_control::Store;
 
 /// How long changes are gathered before one reconcile (a burst of record
@@ -37,17 +43,71 @@ const GATHER: Duration = Duration::from_millis(50);
 /// Wait between attempts while a reconcile fails (the manager is busy).
 const RETRY: Duration = Duration::from_secs(1);
 
+/// The longest between two reconciles, changes or not: a safety net, as
+/// the resync period of a Kubernetes controller.
+pub const RESYNC: Duration = Duration::from_secs(60);
+
+/// Which changed records concern this node.
+pub struct Interest {
+    /// The node's name in the cluster.
+    pub node: String,
+    /// The node's copy of the store.
+    pub store: Arc<dyn Store>,
+    /// What the node holds.
+    pub status: StatusReader,
+}
+
+impl Interest {
+    /// Whether a change of volume record `key` concerns the node: it holds
+    /// a copy of the volume (a change, or its deletion), or the record names
+    /// it (a copy to make here, a primary or move to take). A record that
+    /// cannot be read counts.
+    fn concerns_volume(&self, key: &str, volume: &str) -> bool {
+        if self.status.holds(volume) {
+            return true;
+        }
+        match self.store.get(key) {
+            Ok(Some(entry)) => names(&entry.value, &self.node),
+            Ok(None) => false,
+            Err(_) => true,
+        }
+    }
+}
+
+/// Whether `value` holds the string `node` anywhere. Looser than the
+/// record's fields on purpose: a field added later that names a node is
+/// not missed, and a host that shares the node's name costs a reconcile.
+fn names(value: &serde_json::Value, node: &str) -> bool {
+    match value {
+        serde_json::Value::String(text) => text == node,
+        serde_json::Value::Array(items) => items.iter().any(|item| names(item, node)),
+        serde_json::Value::Object(fields) => fields.values().any(|field| names(field, node)),
+        _ => false,
+    }
+}
+
 /// What kinds of records changed.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 struct Changed {
+    /// Records the node serves from changed: reconcile.
     served: bool,
+    /// Records of others changed: what hosts' status answers moved.
+    others: bool,
     members: bool,
 }
 
 impl Changed {
-    fn note(&mut self, key: &str) {
-        if key.starts_with("hosts/") || key.starts_with("volumes/") {
+    /// Notes a change of `key`; `concerns(key, volume)` tells whether a
+    /// volume record concerns the node.
+    fn note(&mut self, key: &str, concerns: impl Fn(&str, &str) -> bool) {
+        if key.starts_with(HOSTS_PREFIX) {
             self.served = true;
+        } else if let Some(volume) = key.strip_prefix(VOLUMES_PREFIX) {
+            if concerns(key, volume) {
+                self.served = true;
+            } else {
+                self.others = true;
+            }
         } else if key.starts_with(MEMBERS_PREFIX) || key.starts_with(ALIVE_PREFIX) {
             self.members = true;
         }
@@ -55,11 +115,13 @@ impl Changed {
 }
 
 /// Follows `changes` (keys changed in the store) on a thread of its own
-/// until the store's copy goes away: served records become reconciles of
-/// `manager`, member changes calls of `on_members` (called once at start).
+/// until the store's copy goes away: records that concern the node become
+/// reconciles of `manager`, member changes calls of `on_members` (called
+/// once at start).
 pub fn follow(
     changes: Receiver<String>,
     manager: ManagerHandle,
+    interest: Interest,
     on_members: impl Fn() + Send + 'static,
 ) -> std::io::Result<()> {
     std::thread::Builder::new()
@@ -69,18 +131,32 @@ pub fn follow(
             // What changed while the node was away (e.g. its replica
             // replaced) is in the store's copy already: serve it.
             reconcile(&manager);
-            while let Ok(first) = changes.recv() {
+            let mut reconciled = Instant::now();
+            loop {
+                let wait = RESYNC.saturating_sub(reconciled.elapsed());
+                let first = match changes.recv_timeout(wait) {
+                    Ok(key) => Some(key),
+                    Err(RecvTimeoutError::Timeout) => None,
+                    Err(RecvTimeoutError::Disconnected) => return,
+                };
                 let mut changed = Changed::default();
-                changed.note(&first);
-                std::thread::sleep(GATHER);
-                for key in changes.try_iter() {
-                    changed.note(&key);
+                let concerns = |key: &str, volume: &str| interest.concerns_volume(key, volume);
+                if let Some(first) = first {
+                    changed.note(&first, concerns);
+                    std::thread::sleep(GATHER);
+                    for key in changes.try_iter() {
+                        changed.note(&key, concerns);
+                    }
                 }
                 if changed.members {
                     on_members();
                 }
-                if changed.served {
+                if changed.others {
+                    interest.status.note_desired_change();
+                }
+                if changed.served || reconciled.elapsed() >= RESYNC {
                     reconcile(&manager);
+                    reconciled = Instant::now();
                 }
             }
         })
@@ -277,14 +353,35 @@ mod tests {
     }
 
     #[test]
-    fn changes_are_sorted_into_served_records_and_members() {
+    fn changes_are_sorted_into_served_records_others_and_members() {
+        let ours = |_: &str, volume: &str| volume == "db1";
         let mut changed = Changed::default();
-        changed.note("nodes/n1/pools/fast");
+        changed.note("nodes/n1/pools/fast", ours);
         assert_eq!(changed, Changed::default(), "pools are the node's own");
-        changed.note("hosts/web1");
-        assert!(changed.served && !changed.members);
+        changed.note("hosts/web1", ours);
+        assert!(changed.served && !changed.members && !changed.others);
         let mut changed = Changed::default();
-        changed.note("cluster/alive/n2");
+        changed.note("volumes/logs", ours);
+        assert!(changed.others && !changed.served, "another node's volume");
+        changed.note("volumes/db1", ours);
+        assert!(changed.served);
+        let mut changed = Changed::default();
+        changed.note("cluster/alive/n2", ours);
         assert!(changed.members && !changed.served);
+    }
+
+    #[test]
+    fn a_record_concerns_the_nodes_it_names_anywhere() {
+        let record = serde_json::json!({
+            "id": "00", "hosts": ["web1"], "qos": {"iops_max": 10},
+            "replication": {"epoch": 3, "primary": "n2",
+                "members": [{"node": "n2"}, {"node": "n5"}], "move_to": "n7"}
+        });
+        for node in ["n2", "n5", "n7", "web1"] {
+            assert!(names(&record, node), "{node}");
+        }
+        for node in ["n1", "n", "web", "3"] {
+            assert!(!names(&record, node), "{node}");
+        }
     }
 }

@@ -10,6 +10,11 @@
 //! changes without the manager is read live: a failure the data plane saw,
 //! the hosts connected, the I/O statistics.
 //!
+//! Hosts are read from the desired state when asked: which volumes a host
+//! is attached to is the cluster's, and a node reconciles only the volume
+//! records that concern it (crate::cluster), so a snapshot of its own
+//! would lag behind attachments made on other nodes.
+//!
 //! Each snapshot published bumps a generation that readers may wait on
 //! ([`StatusReader::wait_for_change`]): the web dashboard asks for its next
 //! view the moment something changed rather than at its next poll.
@@ -20,7 +25,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
-use weft_control::{QosLimits, ReplicationRecord};
+use weft_control::{DesiredState, HostRecord, QosLimits, ReplicationRecord, VolumeRecord};
 use weft_target::{DataPlane, Health};
 use weft_volume::{MemberUsage, PoolInfo, VolumeInfo};
 
@@ -116,8 +121,6 @@ pub enum Authentication {
 pub(crate) struct NodeSnapshot {
     /// Every open pool, by name.
     pub(crate) pools: BTreeMap<String, Arc<PoolSnapshot>>,
-    /// Every host, by name.
-    pub(crate) hosts: Arc<[HostStatus]>,
 }
 
 /// One pool in a [`NodeSnapshot`].
@@ -258,6 +261,11 @@ impl Published {
     /// for (volumes, hosts, a pool's state): the generation moves.
     pub(crate) fn store(&self, snapshot: NodeSnapshot) {
         self.replace(snapshot);
+        self.note_change();
+    }
+
+    /// Moves the generation and wakes those waiting for it.
+    fn note_change(&self) {
         *self
             .generation
             .lock()
@@ -300,15 +308,21 @@ impl Published {
 pub struct StatusReader {
     published: Arc<Published>,
     plane: Arc<DataPlane>,
+    desired: DesiredState,
     /// The clock of the statistics' timestamps.
     started: Instant,
 }
 
 impl StatusReader {
-    pub(crate) fn new(published: Arc<Published>, plane: Arc<DataPlane>) -> StatusReader {
+    pub(crate) fn new(
+        published: Arc<Published>,
+        plane: Arc<DataPlane>,
+        desired: DesiredState,
+    ) -> StatusReader {
         StatusReader {
             published,
             plane,
+            desired,
             started: Instant::now(),
         }
     }
@@ -374,20 +388,35 @@ impl StatusReader {
         Ok(volume)
     }
 
-    /// Every host, by name.
-    pub fn hosts(&self) -> Vec<HostStatus> {
-        self.published.load().hosts.to_vec()
+    /// Every host, by name, from the desired state.
+    pub fn hosts(&self) -> Result<Vec<HostStatus>, AdminError> {
+        Ok(host_statuses(
+            self.desired.hosts()?,
+            &self.desired.volumes()?,
+        ))
     }
 
     /// Host `name`.
     pub fn host(&self, name: &str) -> Result<HostStatus, AdminError> {
-        self.published
-            .load()
-            .hosts
-            .iter()
+        self.hosts()?
+            .into_iter()
             .find(|host| host.name == name)
-            .cloned()
             .ok_or_else(|| not_found("host", name))
+    }
+
+    /// Whether one of the node's pools holds a copy of volume `name`.
+    pub(crate) fn holds(&self, name: &str) -> bool {
+        let snapshot = self.published.load();
+        snapshot
+            .pools
+            .values()
+            .any(|pool| pool.volumes.contains_key(name))
+    }
+
+    /// Moves the generation without a new snapshot: what
+    /// [`StatusReader::hosts`] answers changed in the desired state.
+    pub(crate) fn note_desired_change(&self) {
+        self.published.note_change();
     }
 
     /// Every namespace's I/O statistics now.
@@ -405,9 +434,86 @@ impl StatusReader {
     }
 }
 
+/// Each host's status, with the volumes it is attached to: one pass over the
+/// volume records (a pass per host made a status of 1,000 hosts and 10,000
+/// volumes ten million comparisons, at every change, on every node).
+pub(crate) fn host_statuses(
+    hosts: BTreeMap<String, HostRecord>,
+    records: &BTreeMap<String, VolumeRecord>,
+) -> Vec<HostStatus> {
+    let mut attached: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for (volume, record) in records {
+        for host in &record.hosts {
+            attached.entry(host).or_default().push(volume.clone());
+        }
+    }
+    hosts
+        .into_iter()
+        .map(|(name, host)| HostStatus {
+            volumes: attached.remove(name.as_str()).unwrap_or_default(),
+            name,
+            authentication: match (&host.dhchap_secret, &host.dhchap_ctrl_secret) {
+                (None, _) => Authentication::None,
+                (Some(_), None) => Authentication::Host,
+                (Some(_), Some(_)) => Authentication::Bidirectional,
+            },
+            tls: host.tls_psk.is_some(),
+            dh_group: host.dhchap_group.filter(|_| host.dhchap_secret.is_some()),
+            nqn: host.nqn,
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_host_lists_the_volumes_it_is_attached_to_in_name_order() {
+        let host = |nqn: &str| HostRecord {
+            nqn: nqn.into(),
+            dhchap_secret: None,
+            dhchap_ctrl_secret: None,
+            tls_psk: None,
+            dhchap_group: None,
+        };
+        let hosts: BTreeMap<String, HostRecord> = ["a", "b", "c"]
+            .into_iter()
+            .map(|name| {
+                (
+                    name.to_string(),
+                    host(&format!("nqn.2014-08.org.example:{name}")),
+                )
+            })
+            .collect();
+        let volume = |hosts: &[&str]| VolumeRecord {
+            hosts: hosts.iter().map(|h| h.to_string()).collect(),
+            ..VolumeRecord::default()
+        };
+        let records: BTreeMap<String, VolumeRecord> = [
+            ("v2", volume(&["b"])),
+            ("v1", volume(&["a", "b"])),
+            ("v3", volume(&[])),
+            ("v4", volume(&["gone"])),
+        ]
+        .into_iter()
+        .map(|(name, record)| (name.to_string(), record))
+        .collect();
+        let statuses = host_statuses(hosts, &records);
+        let listed: Vec<(&str, Vec<&str>)> = statuses
+            .iter()
+            .map(|s| {
+                (
+                    s.name.as_str(),
+                    s.volumes.iter().map(String::as_str).collect(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            listed,
+            [("a", vec!["v1"]), ("b", vec!["v1", "v2"]), ("c", vec![])]
+        );
+    }
 
     #[test]
     fn a_reader_waiting_for_a_change_wakes_when_a_snapshot_is_published() {

@@ -619,12 +619,22 @@ impl Member {
             .wake_on_departures(self.connected.mirror.subscribe(), Arc::clone(&mirror))
             .map_err(|e| format!("cannot start the cluster agent: {e}"))?;
         let referrals = weft_node::cluster::referral_keeper(
-            mirror,
+            Arc::clone(&mirror),
             self.connected.spec.node.clone(),
             manager.clone(),
         );
-        weft_node::cluster::follow(self.connected.mirror.subscribe(), manager, referrals)
-            .map_err(|e| format!("cannot follow the cluster store: {e}"))?;
+        let interest = weft_node::cluster::Interest {
+            node: self.connected.spec.node.clone(),
+            store: mirror,
+            status,
+        };
+        weft_node::cluster::follow(
+            self.connected.mirror.subscribe(),
+            manager,
+            interest,
+            referrals,
+        )
+        .map_err(|e| format!("cannot follow the cluster store: {e}"))?;
         Ok(Running { agent })
     }
 }

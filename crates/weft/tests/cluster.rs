@@ -185,6 +185,13 @@ fn three_nodes_share_one_desired_state_in_etcd() {
     ok(&n2, &["host", "add", "tester", "--nqn", HOST_NQN]);
     ok(&n1, &["volume", "attach", "v3", "--host", "tester"]);
     ok(&n1, &["volume", "attach", "v2", "--host", "tester"]);
+    // Attachments are the cluster's: a node holding neither volume (it
+    // does not reconcile their records) lists them as well.
+    eventually(
+        Duration::from_secs(10),
+        "n1 lists tester's attachments",
+        || json(&n1, &["host", "show", "tester"])["volumes"] == serde_json::json!(["v2", "v3"]),
+    );
     ok(&n3, &["volume", "resize", "v2", "--size", "48MiB"]);
     ok(&n1, &["snapshot", "create", "v2@s1"]);
     let v2 = json(&n3, &["volume", "show", "v2"]);

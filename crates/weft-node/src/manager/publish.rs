@@ -131,9 +131,9 @@ impl Manager {
     /// Publishes everything anew (after an admin operation). If the desired
     /// state cannot be read, the last snapshot stays (and the error is logged).
     pub(super) fn publish(&mut self) {
-        let (records, hosts) = match (self.desired.pools(), self.desired.hosts()) {
-            (Ok(records), Ok(hosts)) => (records, hosts),
-            (Err(error), _) | (_, Err(error)) => {
+        let records = match self.desired.pools() {
+            Ok(records) => records,
+            Err(error) => {
                 log::error!("the node's status is not updated: {error}");
                 return;
             }
@@ -171,11 +171,7 @@ impl Manager {
         self.member_usage
             .pools
             .retain(|name, _| self.pools.contains_key(name));
-        let attachments = self
-            .attachment_records()
-            .unwrap_or_else(|_| volume_records.clone());
-        let hosts = super::host_statuses(hosts, &attachments).into();
-        self.published.store(NodeSnapshot { pools, hosts });
+        self.published.store(NodeSnapshot { pools });
     }
 
     /// Publishes what a batch of I/O may have changed: the figures of its
@@ -220,8 +216,7 @@ impl Manager {
             changed = true;
         }
         if changed {
-            let hosts = Arc::clone(&old.hosts);
-            let snapshot = NodeSnapshot { pools, hosts };
+            let snapshot = NodeSnapshot { pools };
             // Only a pool's failure is news; allocation figures are not.
             if failed {
                 self.published.store(snapshot);
@@ -249,9 +244,7 @@ impl Manager {
             snapshot.members = self.member_usage.get(&name, pool, &snapshot.info, true);
             pools.insert(name, Arc::new(snapshot));
         }
-        let hosts = Arc::clone(&old.hosts);
-        self.published
-            .refresh_figures(NodeSnapshot { pools, hosts });
+        self.published.refresh_figures(NodeSnapshot { pools });
     }
 }
 
@@ -281,7 +274,6 @@ mod tests {
         assert_eq!(after.pools["p"].info.allocated_bytes, chunk);
         assert_eq!(after.pools["p"].volumes["v"].info.allocated_bytes, chunk);
         assert_eq!(after.pools["p"].volumes["v"].hosts, ["h"], "kept");
-        assert_eq!(after.hosts, before.hosts, "kept");
         assert_eq!(after.pools["p"].members[0].allocated_bytes, 0, "held back");
         let due = manager
             .member_usage

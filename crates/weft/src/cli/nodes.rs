@@ -66,7 +66,7 @@ pub(super) fn print_list(nodes: &[NodeView]) {
         "STATE",
         "NVME/TCP",
         "API",
-        "HEARTBEAT",
+        "REPORTED",
         "CAPACITY",
         "VOLUMES"
     );
@@ -119,7 +119,7 @@ pub(super) fn print_one(node: &NodeView) {
             first + 0x3fe
         );
     }
-    outln!("heartbeat   {}", ago(node.heartbeat_unix_ms));
+    outln!("reported    {}", ago(node.heartbeat_unix_ms));
     outln!("version     {}", node.version.as_deref().unwrap_or("-"));
     outln!("volumes     {}", node.volumes);
     outln!(
