@@ -101,6 +101,8 @@ else
     harness/initiator-peers.sh
     step "a weft cluster (etcd and three nodes) from the Linux host: referrals, connect-all, fio verify"
     harness/cluster-interop.sh --weft target/release/weft
+    step "benchmark smoke: discovery connections of the Linux host's nvme connect-all through the referrals of six nodes (the full run: harness/bench-discovery.py)"
+    python3 harness/bench-discovery.py --nodes 6 --json .cache/bench/discovery/smoke.json
     step "DH-HMAC-CHAP and TLS from the Linux 6.12 host (Debian trixie guest): bidirectional, host-only, FFDHE, TLS 1.3, the CSI node plugin's per-node secrets, refusals"
     harness/auth-interop.sh --weft target/release/weft
     step "benchmark smoke: NVMe/TCP TLS against the clear from the Linux 6.12 host (the full run: harness/bench-tls.sh)"

@@ -11,7 +11,8 @@ At each step:
     `volume list` through n1 (it gathers every node's volumes);
   - etcd's writes (puts, deletes, transactions) and the watch events it sent
     per second over 10 s at rest, read from its /metrics;
-  - the resident memory of the nodes per copy they hold.
+  - the nodes' CPU over those 10 s (percent of one core, all nodes), their
+    threads, and their resident memory per copy they hold.
 Then, at the largest count: the same etcd figures during a churn of creates
 and deletes, and the node holding the most replicated primaries killed
 (SIGKILL): the time until the cluster lists it down and until every one of
@@ -86,7 +87,7 @@ class ScaleCluster(bench_cluster.Cluster):
             args = [self.weft, "serve", "--cluster", self.etcd_url, "--node", name,
                     "--listen", f"127.0.0.1:{NVME + index}",
                     "--api-listen", f"127.0.0.1:{API + index}", "--data-dir", data,
-                    "--reactors", "1", "--insecure-store"]
+                    "--reactors", "1", "--insecure-store"] + self.serve_args
             if index > 0:
                 args += ["--api-token-file", token_file]
             if self.lease_ms:
@@ -185,6 +186,22 @@ def make_volumes(cluster, first, last, hosts, clients):
     return [c for c, _ in done], [a for _, a in done]
 
 
+def cpu_seconds(pid):
+    """User and system CPU seconds process `pid` used so far."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rpartition(")")[2].split()
+    # utime and stime are fields 14 and 15; the split starts at field 3.
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def threads(pid):
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("Threads:"):
+                return int(line.split()[1])
+    return 0
+
+
 def copies_held(count):
     """Copies the cluster holds for `count` volumes (every third has three)."""
     replicated = sum(1 for index in range(count) if index % 3 == 2)
@@ -197,11 +214,16 @@ def step_figures(cluster, count, create_ms, attach_ms, rss_before):
     if listed != count:
         sys.exit(f"bench-scale: {listed} volumes listed, {count} made")
     grown = sum(rss_kib(node["pid"]) - rss_before[node["name"]] for node in cluster.nodes)
+    cpu_before, start = sum(cpu_seconds(n["pid"]) for n in cluster.nodes), time.perf_counter()
+    at_rest = etcd_rates(cluster, 10)
+    cpu = sum(cpu_seconds(n["pid"]) for n in cluster.nodes) - cpu_before
     return {"count": count,
             "create_ms_p50": quantile(create_ms, 0.5), "create_ms_p99": quantile(create_ms, 0.99),
             "attach_ms_p50": quantile(attach_ms, 0.5), "attach_ms_p99": quantile(attach_ms, 0.99),
             "list_ms_p50": quantile(list_ms, 0.5), "list_ms_max": max(list_ms),
-            "etcd_at_rest": etcd_rates(cluster, 10),
+            "etcd_at_rest": at_rest,
+            "nodes_cpu_pct_at_rest": 100 * cpu / (time.perf_counter() - start),
+            "threads_per_node": sum(threads(n["pid"]) for n in cluster.nodes) / len(cluster.nodes),
             "rss_kib_per_copy": grown / copies_held(count),
             "rss_mib_nodes": sum(rss_kib(node["pid"]) for node in cluster.nodes) / 1024}
 
@@ -275,6 +297,9 @@ def main():
                         help="under which etcd and the nodes keep their data (in a directory"
                              " weft-bench-scale it makes and removes; a tmpfs by default)")
     parser.add_argument("--json", default=os.path.join(ROOT, ".cache/bench/scale/result.json"))
+    parser.add_argument("--hold-s", type=int, default=0,
+                        help="keep the cluster at rest this long after the last step (to"
+                             " profile it: the nodes' pids are in the work directory's log)")
     args = parser.parse_args()
     counts = [int(c) for c in args.counts.split(",")]
     work = os.path.join(ROOT, ".cache/bench/scale/run")
@@ -311,6 +336,10 @@ def main():
             made = count
             result["steps"].append(step_figures(cluster, count, create_ms, attach_ms, rss_before))
             print(f"bench-scale: {count} volumes", file=sys.stderr)
+        if args.hold_s:
+            print(f"bench-scale: holding for {args.hold_s} s; nodes' pids:"
+                  f" {' '.join(str(n['pid']) for n in cluster.nodes)}", file=sys.stderr)
+            time.sleep(args.hold_s)
         result["etcd_churn"] = etcd_rates(cluster, 10, churn(cluster))
         result["refused_503"] = dict(REFUSED)
         result["leases_lost"] = leases_lost(work)
@@ -331,13 +360,15 @@ def report(result):
           f" {result['etcd_idle']['writes_per_s']:.1f} writes/s,"
           f" {result['etcd_idle']['watch_events_per_s']:.1f} watch events/s")
     print(f"{'volumes':>8}{'create p50':>11}{'p99':>8}{'attach p50':>11}{'p99':>8}"
-          f"{'list p50':>10}{'etcd w/s':>10}{'events/s':>10}{'KiB/copy':>10}{'nodes MiB':>10}")
+          f"{'list p50':>10}{'etcd w/s':>10}{'events/s':>10}{'CPU %':>8}{'threads':>9}"
+          f"{'KiB/copy':>10}{'nodes MiB':>10}")
     for step in result["steps"]:
         rest = step["etcd_at_rest"]
         print(f"{step['count']:>8}{step['create_ms_p50']:>11.1f}{step['create_ms_p99']:>8.1f}"
               f"{step['attach_ms_p50']:>11.1f}{step['attach_ms_p99']:>8.1f}"
               f"{step['list_ms_p50']:>10.1f}{rest['writes_per_s']:>10.1f}"
-              f"{rest['watch_events_per_s']:>10.1f}{step['rss_kib_per_copy']:>10.1f}"
+              f"{rest['watch_events_per_s']:>10.1f}{step['nodes_cpu_pct_at_rest']:>8.1f}"
+              f"{step['threads_per_node']:>9.0f}{step['rss_kib_per_copy']:>10.1f}"
               f"{step['rss_mib_nodes']:>10.0f}")
     print(f"calls answered 503 and retried: {result['refused_503']}; leases lost by starved"
           f" nodes: {result['leases_lost']}")

@@ -2,9 +2,10 @@
 //! with an io_uring of its own (the primary of a replicated volume: its
 //! local writes and its replicas' sockets) and no thread. The guest's ring
 //! signals an eventfd (its doorbell) when completions arrive; the reactor
-//! reads the doorbell on its own ring and gives the guest a turn when it
-//! rings, after any batch of its own completions that handed the guest
-//! work, and when a spin finds the guest's ring busy. A write a reactor
+//! reads the doorbell on its own ring and gives that guest a turn when it
+//! rings, every guest after any batch of its own completions that handed
+//! a guest work (which one is not known there), and a guest whose ring a
+//! spin finds busy. A write a reactor
 //! hands to its own guest is taken up in the same wake-up, and the answer
 //! reaches the reactor's mailbox without an eventfd write (the reactor
 //! reads its mailbox after every turn of its guests): no thread is put to

@@ -94,3 +94,89 @@ fn a_guest_is_given_turns_by_its_doorbell_and_dropped_once_finished() {
     (&kick).write_all(&1u64.to_ne_bytes()).unwrap();
     support::eventually("the guest dropped", || dropped.load(Ordering::Acquire));
 }
+
+/// Counts its turns and the thread they came on; its ring never has work.
+struct Idle {
+    ring: Ring,
+    turns: Arc<AtomicU32>,
+    thread: Arc<std::sync::Mutex<Option<std::thread::ThreadId>>>,
+}
+
+impl Guest for Idle {
+    fn has_work(&mut self) -> bool {
+        self.ring.has_work()
+    }
+
+    fn turn(&mut self) -> bool {
+        self.turns.fetch_add(1, Ordering::AcqRel);
+        *self.thread.lock().unwrap() = Some(std::thread::current().id());
+        true
+    }
+}
+
+/// Every replicator ticks on its own doorbell; a reactor that turned all
+/// its guests at any doorbell spent G^2 turns per tick on G guests, which
+/// starved nodes holding a hundred replicated volumes while at rest.
+#[test]
+fn a_doorbell_turns_its_own_guest_and_no_other() {
+    let plane = support::start_plane("guests-own-turns");
+    let idle: Vec<_> = (0..8)
+        .map(|n| {
+            let (turns, thread) = (Arc::new(AtomicU32::new(0)), Arc::default());
+            let doorbell = weft_uring::eventfd().unwrap();
+            let mut ring = Ring::new(8).unwrap();
+            ring.register_eventfd(doorbell.as_raw_fd()).unwrap();
+            let guest = Idle {
+                ring,
+                turns: Arc::clone(&turns),
+                thread: Arc::clone(&thread),
+            };
+            plane.host(&format!("idle-{n}"), Box::new(guest), doorbell);
+            (turns, thread)
+        })
+        .collect();
+    support::eventually("every idle guest had its first turn", || {
+        idle.iter()
+            .all(|(turns, _)| turns.load(Ordering::Acquire) >= 1)
+    });
+    // A ticker on each reactor: twenty timers each, a doorbell each.
+    let tickers: Vec<_> = (0..8)
+        .map(|n| {
+            let mut ring = Ring::new(8).unwrap();
+            let after = Duration::from_millis(2);
+            ring.push(Op::Timeout { after }, TIMER).unwrap();
+            let kick = weft_uring::eventfd().unwrap();
+            let fd = kick.as_raw_fd();
+            ring.push(Op::ReadEventfd { fd }, KICKED).unwrap();
+            let doorbell = weft_uring::eventfd().unwrap();
+            ring.register_eventfd(doorbell.as_raw_fd()).unwrap();
+            let fired = Arc::new(AtomicU32::new(0));
+            let ticker = Ticker {
+                ring,
+                timers_left: 20,
+                kicked: false,
+                _kick: kick.try_clone().unwrap(),
+                fired: Arc::clone(&fired),
+                dropped: Arc::default(),
+            };
+            plane.host(&format!("ticker-{n}"), Box::new(ticker), doorbell);
+            (fired, kick)
+        })
+        .collect();
+    support::eventually("every ticker fired its timers", || {
+        tickers
+            .iter()
+            .all(|(fired, _)| fired.load(Ordering::Acquire) == 20)
+    });
+    for (turns, thread) in &idle {
+        assert!(thread.lock().unwrap().is_some());
+        assert_eq!(
+            turns.load(Ordering::Acquire),
+            1,
+            "turned by the doorbells of others on its reactor"
+        );
+    }
+    for (_, kick) in &tickers {
+        (&*kick).write_all(&1u64.to_ne_bytes()).unwrap();
+    }
+}
