@@ -336,6 +336,7 @@ def main():
             made = count
             result["steps"].append(step_figures(cluster, count, create_ms, attach_ms, rss_before))
             print(f"bench-scale: {count} volumes", file=sys.stderr)
+            write_json(args.json, result)  # what a later step's failure leaves
         if args.hold_s:
             print(f"bench-scale: holding for {args.hold_s} s; nodes' pids:"
                   f" {' '.join(str(n['pid']) for n in cluster.nodes)}", file=sys.stderr)
@@ -347,10 +348,14 @@ def main():
     finally:
         cluster.stop()
     report(result)
-    os.makedirs(os.path.dirname(args.json), exist_ok=True)
-    with open(args.json, "w") as out:
-        json.dump(result, out, indent=2)
+    write_json(args.json, result)
     print(f"bench-scale: JSON in {args.json}")
+
+
+def write_json(path, result):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as out:
+        json.dump(result, out, indent=2)
 
 
 def report(result):

@@ -500,6 +500,19 @@ impl Primary {
         &self.record
     }
 
+    /// Whether nothing waits on the time but the lease's end and
+    /// housekeeping due seconds away (cleaning the write intent, asking a
+    /// commit again): serving, no op in flight, every replica in sync.
+    /// Its driver may look at the time less often meanwhile.
+    pub fn quiet(&self) -> bool {
+        self.phase == PrimaryPhase::Active
+            && self.ops.is_empty()
+            && self
+                .links
+                .values()
+                .all(|link| link.state == LinkState::Live)
+    }
+
     /// Whether this path is the one to use (ANA Optimized): serving, with a valid lease.
     pub fn optimized(&self, now: Duration) -> bool {
         self.phase == PrimaryPhase::Active && now < self.lease_until && !self.handing_over()
@@ -1745,6 +1758,28 @@ mod tests {
         assert!(
             actions.contains(&Action::IntentClear(1)),
             "then the intent is cleaned"
+        );
+    }
+
+    #[test]
+    fn a_primary_is_quiet_only_while_nothing_is_in_flight_and_every_replica_in_sync() {
+        let (mut primary, token) = active();
+        assert!(primary.quiet(), "serving, nothing in flight");
+        primary.host_write(OpId(1), BLOCK_0, false, 2 * MS);
+        drain(&mut primary);
+        assert!(!primary.quiet(), "a write waits on a replica's timeout");
+        primary.local_done(OpId(1), 3 * MS);
+        let done = FromReplica::Done { token, op: OpId(1) };
+        primary.replica_reply(NodeId(1), done, 4 * MS);
+        drain(&mut primary);
+        assert!(primary.quiet(), "answered");
+        primary.host_write(OpId(2), BLOCK_0, false, 5 * MS);
+        drain(&mut primary);
+        primary.tick(5 * MS + config().replica_timeout);
+        drain(&mut primary);
+        assert!(
+            !primary.quiet(),
+            "a replica faulted: it is asked back in time"
         );
     }
 
