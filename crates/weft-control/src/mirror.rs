@@ -264,6 +264,15 @@ impl Store for Mirror {
         })
     }
 
+    fn visit(&self, prefix: &str, visit: &mut dyn FnMut(&Entry)) -> Result<Revision, StoreError> {
+        let copy = self.copy.lock().expect("mirror lock");
+        copy.entries
+            .range(prefix.to_string()..)
+            .take_while(|(key, _)| key.starts_with(prefix))
+            .for_each(|(_, entry)| visit(entry));
+        Ok(copy.revision)
+    }
+
     fn commit(&self, txn: Txn) -> Result<Revision, StoreError> {
         if self.lost.load(Ordering::Relaxed) {
             return Err(StoreError::Unavailable {

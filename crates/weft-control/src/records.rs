@@ -16,9 +16,9 @@
 
 use crate::store::{Condition, Revision, Store, StoreError, Txn};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// Longest NQN (NVMe Base 2.0, section 4.5: 223 bytes).
 pub const NQN_BYTES_MAX: usize = 223;
@@ -370,6 +370,59 @@ pub struct Versioned<T> {
 pub struct DesiredState {
     store: Arc<dyn Store>,
     node: String,
+    /// Volume and host records as last decoded: a reconcile reads every
+    /// one, and copying and decoding the unchanged ones again made its
+    /// cost grow with the volumes.
+    volumes_decoded: Arc<Decoded<VolumeRecord>>,
+    hosts_decoded: Arc<Decoded<HostRecord>>,
+}
+
+/// Records of one prefix as last decoded, with the revision each was read at.
+#[derive(Debug)]
+struct Decoded<T>(Mutex<HashMap<String, (Revision, T)>>);
+
+impl<T> Default for Decoded<T> {
+    fn default() -> Decoded<T> {
+        Decoded(Mutex::default())
+    }
+}
+
+impl<T: DeserializeOwned + Clone> Decoded<T> {
+    /// Every record under `prefix` in `store`, by the rest of its key;
+    /// only those whose revision changed since the last call are decoded.
+    fn list(&self, store: &dyn Store, prefix: &str) -> Result<BTreeMap<String, T>, StoreError> {
+        let mut decoded = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut records = BTreeMap::new();
+        let mut corrupt = None;
+        store.visit(prefix, &mut |entry| {
+            let name = &entry.key[prefix.len()..];
+            let record = match decoded.get(name) {
+                Some((revision, record)) if *revision == entry.revision => record.clone(),
+                _ => match T::deserialize(&entry.value) {
+                    Ok(record) => {
+                        decoded.insert(name.to_string(), (entry.revision, record.clone()));
+                        record
+                    }
+                    Err(error) => {
+                        corrupt.get_or_insert(StoreError::Corrupt {
+                            location: format!("key {}", entry.key),
+                            message: error.to_string(),
+                        });
+                        return;
+                    }
+                },
+            };
+            records.insert(name.to_string(), record);
+        })?;
+        if let Some(error) = corrupt {
+            return Err(error);
+        }
+        decoded.retain(|name, _| records.contains_key(name));
+        Ok(records)
+    }
 }
 
 impl std::fmt::Debug for DesiredState {
@@ -391,6 +444,8 @@ impl DesiredState {
         DesiredState {
             store,
             node: node.to_string(),
+            volumes_decoded: Arc::default(),
+            hosts_decoded: Arc::default(),
         }
     }
 
@@ -500,7 +555,7 @@ impl DesiredState {
 
     /// Every host, by name.
     pub fn hosts(&self) -> Result<BTreeMap<String, HostRecord>, StoreError> {
-        self.list(HOSTS_PREFIX)
+        self.hosts_decoded.list(self.store.as_ref(), HOSTS_PREFIX)
     }
 
     /// Changes the record of host `name` (see [`DesiredState::change`]).
@@ -514,7 +569,8 @@ impl DesiredState {
 
     /// Every volume record, by volume name.
     pub fn volumes(&self) -> Result<BTreeMap<String, VolumeRecord>, StoreError> {
-        self.list(VOLUMES_PREFIX)
+        self.volumes_decoded
+            .list(self.store.as_ref(), VOLUMES_PREFIX)
     }
 
     /// The record of volume `name` whose id is `id`: a record of another
@@ -728,6 +784,46 @@ mod tests {
     use super::*;
     use crate::intercept::{Call, Hook, Intercepted};
     use crate::MemoryStore;
+
+    /// Volume records are decoded once per revision, and a listing shows
+    /// every change, a deletion and a record made anew with the same name.
+    #[test]
+    fn listed_records_are_decoded_again_only_when_they_changed() {
+        let store = Arc::new(MemoryStore::default());
+        let state = DesiredState::shared(store.clone(), "n1");
+        let attach = |host: &'static str| {
+            move |record: &mut VolumeRecord| {
+                record.hosts.insert(host.to_string());
+            }
+        };
+        state.change_volume("db1", "aa", attach("web1")).unwrap();
+        state.change_volume("db2", "bb", attach("web2")).unwrap();
+        assert_eq!(state.volumes().unwrap()["db1"].hosts.len(), 1);
+        let clone = state.clone();
+        clone.change_volume("db1", "aa", attach("web3")).unwrap();
+        let listed = state.volumes().unwrap();
+        assert_eq!(
+            listed["db1"].hosts.len(),
+            2,
+            "a change through a clone is seen"
+        );
+        assert_eq!(listed["db2"].hosts.len(), 1);
+        let db2 = store.get("volumes/db2").unwrap().unwrap();
+        store
+            .commit(Txn::new().remove("volumes/db2", db2.revision))
+            .unwrap();
+        assert!(!state.volumes().unwrap().contains_key("db2"), "deleted");
+        state.change_volume("db2", "cc", |_| {}).unwrap();
+        assert_eq!(state.volumes().unwrap()["db2"].id, "cc", "made anew");
+        assert_eq!(state.volumes_decoded.0.lock().unwrap().len(), 2);
+        store
+            .commit(Txn::new().create("volumes/bad", serde_json::json!({"id": 7})))
+            .unwrap();
+        assert!(matches!(
+            state.volumes(),
+            Err(StoreError::Corrupt { location, .. }) if location == "key volumes/bad"
+        ));
+    }
 
     #[test]
     fn records_round_trip_by_name() {

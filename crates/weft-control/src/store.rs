@@ -270,6 +270,15 @@ pub trait Store: Send + Sync {
     fn get(&self, key: &str) -> Result<Option<Entry>, StoreError>;
     /// Every entry whose key starts with `prefix`.
     fn list(&self, prefix: &str) -> Result<Listing, StoreError>;
+    /// Shows `visit` every entry whose key starts with `prefix`, in key
+    /// order, without copying them where the store holds them in memory
+    /// (a node's copy of the cluster store: a reconcile that listed
+    /// 10,000 records copied every one); the listing's revision.
+    fn visit(&self, prefix: &str, visit: &mut dyn FnMut(&Entry)) -> Result<Revision, StoreError> {
+        let listing = self.list(prefix)?;
+        listing.entries.iter().for_each(visit);
+        Ok(listing.revision)
+    }
     /// Applies `txn` if its conditions hold; the commit's revision.
     fn commit(&self, txn: Txn) -> Result<Revision, StoreError>;
     /// A new lease that ends `ttl` after it was last kept alive.

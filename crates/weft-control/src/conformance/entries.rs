@@ -44,6 +44,12 @@ pub fn revisions_and_listings(harness: &dyn Harness) {
         .collect();
     assert_eq!(listed, [("hosts/a", first), ("hosts/b", second)]);
     assert_eq!(listing.entries[0].value, json!("a"));
+    // A visit shows what a listing holds, in the same order.
+    let mut visited = Vec::new();
+    let revision = store
+        .visit("hosts/", &mut |entry| visited.push(entry.clone()))
+        .expect("visit");
+    assert_eq!((visited, revision), (listing.entries.clone(), second));
 
     let all = store.list("").expect("list everything");
     let keys: Vec<&str> = all.entries.iter().map(|entry| entry.key.as_str()).collect();
