@@ -12,7 +12,9 @@
 //!   record, so with every node reconciling at every change a cluster's
 //!   cost grew with nodes x changes x volumes. Others only move the status
 //!   generation (hosts' attachments are read from the store). Every
-//!   [`RESYNC`] the node reconciles anyway, as controllers resync.
+//!   [`RESYNC`] the node reconciles and reads the members anyway, as
+//!   controllers resync; a copy that read the whole store again (its
+//!   watch was lost) counts as a change of everything.
 //! - A change of the cluster's members (a node joined, left, went down)
 //!   calls the caller's `on_members`, which updates the referrals of the
 //!   node's discovery controller.
@@ -100,7 +102,12 @@ impl Changed {
     /// Notes a change of `key`; `concerns(key, volume)` tells whether a
     /// volume record concerns the node.
     fn note(&mut self, key: &str, concerns: impl Fn(&str, &str) -> bool) {
-        if key.starts_with(HOSTS_PREFIX) {
+        if key.is_empty() {
+            // The copy read the whole store again (its watch was lost):
+            // any record may have changed.
+            self.served = true;
+            self.members = true;
+        } else if key.starts_with(HOSTS_PREFIX) {
             self.served = true;
         } else if let Some(volume) = key.strip_prefix(VOLUMES_PREFIX) {
             if concerns(key, volume) {
@@ -148,13 +155,17 @@ pub fn follow(
                         changed.note(&key, concerns);
                     }
                 }
-                if changed.members {
+                let resync = reconciled.elapsed() >= RESYNC;
+                // At a resync too: telling the manager of the members may
+                // have failed (it was busy), and members rarely change now
+                // that liveness records are rewritten only with news.
+                if changed.members || resync {
                     on_members();
                 }
                 if changed.others {
                     interest.status.note_desired_change();
                 }
-                if changed.served || reconciled.elapsed() >= RESYNC {
+                if changed.served || resync {
                     reconcile(&manager);
                     reconciled = Instant::now();
                 }
@@ -368,6 +379,12 @@ mod tests {
         let mut changed = Changed::default();
         changed.note("cluster/alive/n2", ours);
         assert!(changed.members && !changed.served);
+        let mut changed = Changed::default();
+        changed.note("", ours);
+        assert!(
+            changed.members && changed.served,
+            "the copy read everything again"
+        );
     }
 
     #[test]

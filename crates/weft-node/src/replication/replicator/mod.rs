@@ -457,10 +457,6 @@ impl Replicator {
             }
             handled += 1;
         }
-        if handled == EVENTS_PER_WAIT {
-            // The rest at the next turn, which the inbox's ring brings at once.
-            self.events.wake();
-        }
         // Sleeps (until an event, a local write, a socket or the tick)
         // only if nothing came; submits the local writes and the links'
         // commands either way.
@@ -470,6 +466,13 @@ impl Replicator {
         let mut woken = std::mem::take(&mut self.woken);
         let tick = self.tick(now);
         let waited = self.ring.wait(sleep, tick, &mut woken);
+        if handled == EVENTS_PER_WAIT {
+            // The rest at the next turn, which the inbox's ring brings at
+            // once. After the wait: the wait hears the wake-up that brought
+            // these events, and a wake-up before it would be taken for
+            // that one and lost (a reactor's guest then waited for its tick).
+            self.events.wake();
+        }
         for completion in woken.sockets.drain(..) {
             self.links
                 .completed(completion, &mut self.ring, &mut replies);
