@@ -184,12 +184,17 @@ class Cluster:
             shutil.rmtree(os.path.join(self.work, data), ignore_errors=True)
 
 
-def rss_kib(pid):
+def proc_status(pid, field):
+    """The number after `field:` in /proc/PID/status (0 if absent)."""
     with open(f"/proc/{pid}/status") as status:
         for line in status:
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1])
     return 0
+
+
+def rss_kib(pid):
+    return proc_status(pid, "VmRSS")
 
 
 def timed(action):

@@ -48,6 +48,10 @@ bench_cluster = load("bench-cluster")
 quantile, rss_kib = bench_cluster.quantile, bench_cluster.rss_kib
 
 
+def threads(pid):
+    return bench_cluster.proc_status(pid, "Threads")
+
+
 class ScaleCluster(bench_cluster.Cluster):
     """bench-cluster.py's cluster with `nodes` nodes and a three-member etcd."""
 
@@ -192,14 +196,6 @@ def cpu_seconds(pid):
         fields = stat.read().rpartition(")")[2].split()
     # utime and stime are fields 14 and 15; the split starts at field 3.
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def threads(pid):
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("Threads:"):
-                return int(line.split()[1])
-    return 0
 
 
 def copies_held(count):

@@ -1741,10 +1741,7 @@ impl Manager {
     }
 
     fn host_statuses(&self) -> Result<Vec<HostStatus>, AdminError> {
-        Ok(crate::status::host_statuses(
-            self.desired.hosts()?,
-            &self.desired.volumes()?,
-        ))
+        crate::status::hosts_of(&self.desired)
     }
 
     fn check_volume_name_free(&self, name: &str) -> Result<(), AdminError> {

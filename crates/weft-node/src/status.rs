@@ -390,10 +390,7 @@ impl StatusReader {
 
     /// Every host, by name, from the desired state.
     pub fn hosts(&self) -> Result<Vec<HostStatus>, AdminError> {
-        Ok(host_statuses(
-            self.desired.hosts()?,
-            &self.desired.volumes()?,
-        ))
+        hosts_of(&self.desired)
     }
 
     /// Host `name`.
@@ -434,10 +431,15 @@ impl StatusReader {
     }
 }
 
+/// Every host's status in `desired`, by name.
+pub(crate) fn hosts_of(desired: &DesiredState) -> Result<Vec<HostStatus>, AdminError> {
+    Ok(host_statuses(desired.hosts()?, &desired.volumes()?))
+}
+
 /// Each host's status, with the volumes it is attached to: one pass over the
 /// volume records (a pass per host made a status of 1,000 hosts and 10,000
 /// volumes ten million comparisons, at every change, on every node).
-pub(crate) fn host_statuses(
+fn host_statuses(
     hosts: BTreeMap<String, HostRecord>,
     records: &BTreeMap<String, VolumeRecord>,
 ) -> Vec<HostStatus> {

@@ -62,9 +62,13 @@ impl Drop for Ticker {
     }
 }
 
-#[test]
-fn a_guest_is_given_turns_by_its_doorbell_and_dropped_once_finished() {
-    let plane = support::start_plane("guests");
+/// Hosts on `plane`, by `key`, a [`Ticker`] of `timers` timers: how many
+/// fired, whether it was dropped, and the eventfd that kicks it.
+fn host_ticker(
+    plane: &weft_target::DataPlane,
+    key: &str,
+    timers: u32,
+) -> (Arc<AtomicU32>, Arc<AtomicBool>, File) {
     let kick = weft_uring::eventfd().unwrap();
     let mut ring = Ring::new(8).unwrap();
     let after = Duration::from_millis(5);
@@ -73,19 +77,23 @@ fn a_guest_is_given_turns_by_its_doorbell_and_dropped_once_finished() {
     ring.push(Op::ReadEventfd { fd }, KICKED).unwrap();
     let doorbell = weft_uring::eventfd().unwrap();
     ring.register_eventfd(doorbell.as_raw_fd()).unwrap();
-    let (fired, dropped) = (
-        Arc::new(AtomicU32::new(0)),
-        Arc::new(AtomicBool::new(false)),
-    );
+    let (fired, dropped) = (Arc::default(), Arc::default());
     let ticker = Ticker {
         ring,
-        timers_left: 3,
+        timers_left: timers,
         kicked: false,
         _kick: kick.try_clone().unwrap(),
         fired: Arc::clone(&fired),
         dropped: Arc::clone(&dropped),
     };
-    plane.host("ticker", Box::new(ticker), doorbell);
+    plane.host(key, Box::new(ticker), doorbell);
+    (fired, dropped, kick)
+}
+
+#[test]
+fn a_guest_is_given_turns_by_its_doorbell_and_dropped_once_finished() {
+    let plane = support::start_plane("guests");
+    let (fired, dropped, kick) = host_ticker(&plane, "ticker", 3);
 
     // Each timer is pushed in a turn, and its completion brings the next.
     support::eventually("three timers fired", || fired.load(Ordering::Acquire) == 3);
@@ -142,24 +150,7 @@ fn a_doorbell_turns_its_own_guest_and_no_other() {
     // A ticker on each reactor: twenty timers each, a doorbell each.
     let tickers: Vec<_> = (0..8)
         .map(|n| {
-            let mut ring = Ring::new(8).unwrap();
-            let after = Duration::from_millis(2);
-            ring.push(Op::Timeout { after }, TIMER).unwrap();
-            let kick = weft_uring::eventfd().unwrap();
-            let fd = kick.as_raw_fd();
-            ring.push(Op::ReadEventfd { fd }, KICKED).unwrap();
-            let doorbell = weft_uring::eventfd().unwrap();
-            ring.register_eventfd(doorbell.as_raw_fd()).unwrap();
-            let fired = Arc::new(AtomicU32::new(0));
-            let ticker = Ticker {
-                ring,
-                timers_left: 20,
-                kicked: false,
-                _kick: kick.try_clone().unwrap(),
-                fired: Arc::clone(&fired),
-                dropped: Arc::default(),
-            };
-            plane.host(&format!("ticker-{n}"), Box::new(ticker), doorbell);
+            let (fired, _, kick) = host_ticker(&plane, &format!("ticker-{n}"), 20);
             (fired, kick)
         })
         .collect();
