@@ -106,8 +106,9 @@ class WeftSide:
             cluster.wait(lambda: replication.write_once(cluster, n1, volume), f"{volume} served",
                          60)
 
-    def in_sync(self, volume):
-        return sum(r["state"] == "in-sync" for r in replication.replicas(self.cluster, volume))
+    def in_sync(self, volume, via=None):
+        replicas = replication.replicas(self.cluster, volume, via)
+        return sum(r["state"] == "in-sync" for r in replicas)
 
     def fio_target(self, volume, node=None):
         node = node or self.cluster.nodes[0]
@@ -178,7 +179,9 @@ class WeftSide:
         else:
             process.send_signal(signal.SIGCONT)
         copied = 0
-        while self.in_sync("rep") < 3:
+        # (Asked of the new primary's node: one just thawed answers from
+        # its copy of the store as it was when it froze, for a moment.)
+        while self.in_sync("rep", new_primary) < 3:
             if time.perf_counter() - started > 300:
                 sys.exit("bench-peers: weft's replica not in sync within 300 s of its restart")
             for replica in replication.replicas(cluster, "rep", new_primary):

@@ -1,8 +1,9 @@
 //! A replica's write intent, as its target serves it: which regions of the
 //! replica may hold a write that not every in-sync replica holds (md's
 //! write-intent bitmap, kept on every copy). A primary reads it when it
-//! fences the replica, and resyncs those regions from its own copy before it
-//! serves (docs/REPLICATION-DESIGN.md, "As built").
+//! fences the replica, and resyncs those regions from its own copy, hosts'
+//! I/O to each of them waiting for its copy (docs/REPLICATION-DESIGN.md,
+//! "As built").
 //!
 //! - A write to a region not in the intent is not applied until the region
 //!   is marked durably; marking is the node's job (the data plane hands the

@@ -83,6 +83,10 @@ pub enum End {
 pub enum Serving {
     /// Optimized: it serves, under a valid lease.
     Yes,
+    /// Optimized, but reads go through the primary too: a promotion's
+    /// resync is under way, and a read of a region not yet copied to every
+    /// replica waits for its copy ([`Primary::host_read`]).
+    Resyncing,
     /// Being set up or handed over: retry, on any path.
     Transition,
     /// Not the primary any more.
@@ -140,6 +144,8 @@ impl Driver {
     pub fn serving(&self, now: Duration) -> Serving {
         if self.ended.is_none() && self.primary.optimized(now) {
             Serving::Yes
+        } else if self.ended.is_none() && self.primary.serves(now) {
+            Serving::Resyncing
         } else if self.ended().is_some() {
             Serving::Inaccessible
         } else {
@@ -277,6 +283,13 @@ mod tests {
 
     /// An active primary with its replica in sync (fenced and answered).
     fn active() -> Driver {
+        let driver = fenced(&[]);
+        assert_eq!(driver.serving(ZERO), Serving::Yes);
+        driver
+    }
+
+    /// A primary whose replica answered its fence with `intent` (regions).
+    fn fenced(intent: &[u32]) -> Driver {
         let geometry = Geometry {
             blocks: 16,
             region_blocks: 4,
@@ -307,17 +320,30 @@ mod tests {
                 msg: ToReplica::Fence { token },
             } = action
             {
-                let intent = RegionSet::new(regions);
+                let mut regions = RegionSet::new(regions);
+                for &region in intent {
+                    regions.insert(region);
+                }
                 let fenced = FromReplica::Fenced {
                     token,
-                    intent,
+                    intent: regions,
                     unclean: false,
                 };
                 driver.replica_reply(to, fenced, ZERO);
             }
         }
-        assert_eq!(driver.serving(ZERO), Serving::Yes);
         driver
+    }
+
+    #[test]
+    fn a_resyncing_primary_serves_with_reads_through_it() {
+        let driver = fenced(&[2]);
+        assert_eq!(driver.serving(ZERO), Serving::Resyncing);
+        assert_eq!(
+            driver.serving(Duration::from_secs(10)),
+            Serving::Transition,
+            "the lease ended"
+        );
     }
 
     const ZERO: Duration = Duration::ZERO;

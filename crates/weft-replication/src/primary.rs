@@ -12,7 +12,10 @@
 //!
 //! Its life: **Fencing** every replica the record calls in sync with a new
 //! token, collecting their write intents; **Resyncing** the regions any of
-//! them (or this node) may hold unconfirmed writes in, from this node's copy;
+//! them (or this node) may hold unconfirmed writes in, from this node's copy,
+//! while serving the host already (as md and DRBD do: a read or write of a
+//! region not yet copied to every replica waits for that copy, which goes
+//! first, so that no read returns data the next primary could undo);
 //! **Active**, serving the host; **Deposed** as soon as it learns of a newer
 //! epoch, after which it completes nothing but with a path error.
 //!
@@ -70,7 +73,8 @@ pub struct PrimaryConfig {
 pub enum PrimaryPhase {
     /// Fencing the in-sync replicas.
     Fencing,
-    /// Copying the regions that may differ to the in-sync replicas.
+    /// Copying the regions that may differ to the in-sync replicas, and
+    /// serving (what touches a region not yet copied waits for it).
     Resyncing,
     /// Serving.
     Active,
@@ -303,7 +307,8 @@ enum SoleFlush {
 #[derive(Debug)]
 struct Op {
     kind: OpKind,
-    /// Waiting for an overlapping write or copy to finish.
+    /// Waiting for an overlapping write or copy to finish, or (while
+    /// resyncing) for its regions to be copied.
     queued: bool,
     local_pending: bool,
     /// Replicas whose answer is required, not yet received.
@@ -361,10 +366,11 @@ pub struct Primary {
     links: BTreeMap<NodeId, Link>,
     sessions: u32,
     ops: BTreeMap<OpId, Op>,
-    /// The host writes waiting for an overlapping write or copy (the ops
-    /// whose `queued` is set), so that a write's completion looks at these
-    /// only, not at every op in flight.
-    queued_writes: BTreeSet<OpId>,
+    /// The host writes waiting for an overlapping write or copy, and the
+    /// host reads and writes waiting for a resync's copy (the ops whose
+    /// `queued` is set), so that a completion looks at these only, not at
+    /// every op in flight.
+    queued: BTreeSet<OpId>,
     /// No op can be past its deadline before this time: the deadline scan
     /// of `tick` waits for it (every deadline is set `replica_timeout`
     /// after the moment its op is sent, and time does not go back).
@@ -381,6 +387,13 @@ pub struct Primary {
     clean_due_at: Duration,
     /// Regions to resync at promotion.
     resync: RegionSet,
+    /// While resyncing, per region: the live replicas that have yet to be
+    /// sent its copy, and its copies in flight. A host op waits while a
+    /// region of its extent counts any (empty once active).
+    lacking: Vec<u8>,
+    /// While resyncing: a region's count reached zero, or a replica was
+    /// dropped, since queued ops were last looked at.
+    settled: bool,
     /// The run's kept regions (see [`Run`]).
     kept: RegionSet,
     /// Whether the run's kept regions or members to rebuild in full may be
@@ -428,10 +441,12 @@ impl Primary {
             links: BTreeMap::new(),
             sessions: 0,
             ops: BTreeMap::new(),
-            queued_writes: BTreeSet::new(),
+            queued: BTreeSet::new(),
             deadline_scan_at: Duration::ZERO,
             next_internal_op: INTERNAL_OP_BASE,
             resync: intent.clone(),
+            lacking: Vec::new(),
+            settled: false,
             kept: run.kept.clone(),
             run_degraded,
             sole_flush: None,
@@ -513,9 +528,25 @@ impl Primary {
                 .all(|link| link.state == LinkState::Live)
     }
 
-    /// Whether this path is the one to use (ANA Optimized): serving, with a valid lease.
+    /// Whether this path serves (ANA Optimized) and every region is
+    /// settled, so that a read may go to this node's copy directly: serving,
+    /// the resync done.
     pub fn optimized(&self, now: Duration) -> bool {
-        self.phase == PrimaryPhase::Active && now < self.lease_until && !self.handing_over()
+        self.phase == PrimaryPhase::Active && self.serves(now)
+    }
+
+    /// Whether this path serves (ANA Optimized): active or resyncing, with
+    /// a valid lease, not handing over. While resyncing, reads go through
+    /// [`Primary::host_read`], which holds those of regions not yet copied;
+    /// and a primary whose copy failed then serves nothing (it hands over
+    /// once active).
+    pub fn serves(&self, now: Duration) -> bool {
+        let phase_serves = match self.phase {
+            PrimaryPhase::Active => true,
+            PrimaryPhase::Resyncing => !self.own_copy_failed,
+            PrimaryPhase::Fencing | PrimaryPhase::Deposed => false,
+        };
+        phase_serves && now < self.lease_until && !self.handing_over()
     }
 
     /// The lease of this node runs until `until` (as this node sees it,
@@ -596,17 +627,26 @@ impl Primary {
                 local_failed: false,
             },
         );
-        self.queued_writes.insert(op);
+        self.queued.insert(op);
         self.start_queued(now);
     }
 
-    /// A host read of `extent`, served from this node's copy.
+    /// A host read of `extent`, served from this node's copy (once the
+    /// resync copied its regions, if one is under way).
     pub fn host_read(&mut self, op: OpId, extent: Extent, now: Duration) {
         self.check_op_id(op);
         if let Some(refusal) = self.refusal(now) {
             return self.complete(op, refusal);
         }
-        self.ops.insert(op, new_op(OpKind::Read { extent }, now));
+        let mut read = new_op(OpKind::Read { extent }, now);
+        if self.unsettled(&extent) {
+            read.queued = true;
+            self.queued.insert(op);
+            self.ops.insert(op, read);
+            // Its regions' copies go first.
+            return self.start_copies(now);
+        }
+        self.ops.insert(op, read);
         self.actions.push_back(Action::LocalRead { op, extent });
     }
 
@@ -645,7 +685,7 @@ impl Primary {
     fn refusal(&self, now: Duration) -> Option<HostResult> {
         match self.phase {
             PrimaryPhase::Deposed => Some(HostResult::Inaccessible),
-            PrimaryPhase::Active if now < self.lease_until && !self.handing_over() => None,
+            _ if self.serves(now) => None,
             _ => Some(HostResult::Transition),
         }
     }
@@ -992,7 +1032,9 @@ impl Primary {
         // recorded the epoch before building it). Cleared, a retired
         // previous primary may leave the record.
         wanted.previous = None;
-        if self.record.move_to.is_some() && self.move_target().is_none() {
+        // (A move asked for while resyncing waits for the resync.)
+        let can_tell = self.phase != PrimaryPhase::Resyncing;
+        if self.record.move_to.is_some() && can_tell && self.move_target().is_none() {
             wanted.move_to = None;
         }
         for (&node, link) in &self.links {
@@ -1074,7 +1116,7 @@ impl Primary {
         }
         self.phase = PrimaryPhase::Deposed;
         let ops = std::mem::take(&mut self.ops);
-        self.queued_writes.clear();
+        self.queued.clear();
         for (op, entry) in ops {
             if entry.is_host() && !entry.answered {
                 self.complete(op, HostResult::Inaccessible);
@@ -1196,6 +1238,16 @@ impl Primary {
             self.mark_full(node);
         }
         let link = self.links.get_mut(&node).expect("a link");
+        if self.phase == PrimaryPhase::Resyncing && link.state == LinkState::Live {
+            // Hosts no longer wait for what it lacks (its copies in
+            // flight count until they end).
+            let lacked: Vec<u32> = link.dirty.iter().collect();
+            for region in lacked {
+                self.one_less_lacking(region);
+            }
+            self.settled = true;
+        }
+        let link = self.links.get_mut(&node).expect("a link");
         link.state = LinkState::Down {
             retry_at: now + self.config.reattach_interval,
         };
@@ -1230,7 +1282,9 @@ impl Primary {
 
     fn progress(&mut self, op: OpId, now: Duration) {
         let faults_pending = self.faults_pending();
-        let handing_over = self.handing_over();
+        // A write that failed here is retried on the primary this one hands
+        // over to (while resyncing, once it is active).
+        let retried_elsewhere = self.handing_over() || self.phase == PrimaryPhase::Resyncing;
         let Some(entry) = self.ops.get_mut(&op) else {
             return;
         };
@@ -1246,7 +1300,7 @@ impl Primary {
                 // A read is only as good as the lease it completes under.
                 OpKind::Read { .. } if now >= self.lease_until => HostResult::Transition,
                 // This copy failed: retried on the primary it hands over to.
-                _ if entry.local_failed && handing_over => HostResult::Transition,
+                _ if entry.local_failed && retried_elsewhere => HostResult::Transition,
                 _ => HostResult::Ok,
             };
             self.actions.push_back(Action::Complete { op, result });
@@ -1271,7 +1325,12 @@ impl Primary {
                 }
                 self.start_queued(now);
             }
-            OpKind::Copy { .. } => self.start_queued(now),
+            OpKind::Copy { region, .. } => {
+                if self.phase == PrimaryPhase::Resyncing {
+                    self.one_less_lacking(region);
+                }
+                self.start_queued(now);
+            }
             OpKind::JoinFlush { to } => {
                 if let Some(link) = self.links.get_mut(&to) {
                     let clean = link.state == LinkState::Rebuilding && !link.written_since_flush;
@@ -1329,28 +1388,39 @@ impl Primary {
         }
     }
 
-    /// Starts queued writes that no longer overlap a write or copy in flight.
+    /// Starts queued writes that no longer overlap a write or copy in
+    /// flight, and queued reads and writes whose regions the resync copied.
     fn start_queued(&mut self, now: Duration) {
-        if self.phase != PrimaryPhase::Active {
+        if !matches!(self.phase, PrimaryPhase::Active | PrimaryPhase::Resyncing) {
             return;
         }
         debug_assert!(
             self.ops
                 .iter()
-                .all(|(id, op)| op.queued == self.queued_writes.contains(id)),
-            "queued_writes lists the queued ops"
+                .all(|(id, op)| op.queued == self.queued.contains(id)),
+            "queued lists the queued ops"
         );
         let geometry = self.config.geometry;
-        let mut next = self.queued_writes.first().copied();
+        let mut next = self.queued.first().copied();
         while let Some(id) = next {
             next = self
-                .queued_writes
+                .queued
                 .range((Bound::Excluded(id), Bound::Unbounded))
                 .next()
                 .copied();
-            let OpKind::Write { extent, fua } = self.ops[&id].kind else {
-                continue;
+            let (extent, fua) = match self.ops[&id].kind {
+                OpKind::Write { extent, fua } => (extent, fua),
+                OpKind::Read { extent } => {
+                    if !self.unsettled(&extent) {
+                        self.start_read(id, extent);
+                    }
+                    continue;
+                }
+                _ => continue,
             };
+            if self.unsettled(&extent) {
+                continue;
+            }
             let blocked = self.ops.iter().any(|(&other, op)| {
                 other != id
                     && !op.queued
@@ -1358,13 +1428,66 @@ impl Primary {
             });
             // Queued writes keep their order: an earlier queued write that
             // overlaps goes first.
-            let behind = self.queued_writes.range(..id).any(|earlier| {
+            let behind = self.queued.range(..id).any(|earlier| {
                 matches!(self.ops[earlier].kind, OpKind::Write { extent: e, .. } if e.overlaps(&extent))
             });
             if !blocked && !behind {
                 self.start_write(id, extent, fua, now);
             }
         }
+    }
+
+    fn start_read(&mut self, op: OpId, extent: Extent) {
+        let entry = self.ops.get_mut(&op).expect("queued");
+        entry.queued = false;
+        self.queued.remove(&op);
+        self.actions.push_back(Action::LocalRead { op, extent });
+    }
+
+    /// Whether a region of `extent` may still differ among the copies in
+    /// sync: the resync has yet to copy it to some in-sync replica (or its
+    /// copy is in flight). Never while active.
+    fn unsettled(&self, extent: &Extent) -> bool {
+        self.phase == PrimaryPhase::Resyncing
+            && self
+                .config
+                .geometry
+                .regions_of(extent)
+                .any(|region| self.lacking[region as usize] > 0)
+    }
+
+    /// A resync copy of `region` is done, or will not be made: one fewer
+    /// for it to wait on.
+    fn one_less_lacking(&mut self, region: u32) {
+        let count = &mut self.lacking[region as usize];
+        debug_assert!(*count > 0, "region {region} counted");
+        *count -= 1;
+        if *count == 0 {
+            self.settled = true;
+        }
+    }
+
+    /// A region some queued host op waits for that a live replica still
+    /// lacks, and that replica, unless `busy`.
+    fn waited_region(&self, busy: impl Fn(u32) -> bool) -> Option<(NodeId, u32)> {
+        let geometry = self.config.geometry;
+        self.queued.iter().find_map(|id| {
+            let extent = match self.ops[id].kind {
+                OpKind::Write { extent, .. } | OpKind::Read { extent } => extent,
+                _ => return None,
+            };
+            geometry.regions_of(&extent).find_map(|region| {
+                if self.lacking[region as usize] == 0 {
+                    return None;
+                }
+                self.links
+                    .iter()
+                    .find(|(_, l)| {
+                        l.state == LinkState::Live && l.dirty.contains(region) && !busy(region)
+                    })
+                    .map(|(&node, _)| (node, region))
+            })
+        })
     }
 
     fn start_write(&mut self, op: OpId, extent: Extent, fua: bool, now: Duration) {
@@ -1411,7 +1534,7 @@ impl Primary {
         }
         let entry = self.ops.get_mut(&op).expect("queued");
         entry.queued = false;
-        self.queued_writes.remove(&op);
+        self.queued.remove(&op);
         entry.local_pending = true;
         entry.required = required;
         entry.optional = optional;
@@ -1429,13 +1552,22 @@ impl Primary {
         if self.phase == PrimaryPhase::Active {
             self.rebuilt(now);
         }
-        if self.phase == PrimaryPhase::Resyncing && self.resync_done() {
+        let resyncing = self.phase == PrimaryPhase::Resyncing;
+        if resyncing && self.resync_done() {
+            debug_assert!(self.lacking.iter().all(|&n| n == 0), "every copy counted");
+            self.lacking = Vec::new();
+            self.settled = true;
             self.phase = PrimaryPhase::Active;
             let resynced: Vec<u32> = self.resync.iter().collect();
             self.to_clean
                 .extend(resynced.into_iter().map(|region| (region, now)));
             self.clean_due_at = self.clean_due_at.min(now + self.config.clean_delay);
             self.resync = RegionSet::new(self.config.geometry.regions());
+        }
+        if resyncing && std::mem::take(&mut self.settled) {
+            // A copy done or a replica dropped may have settled what a
+            // queued op waits for (and, the resync done, everything is).
+            self.start_queued(now);
         }
         self.clean(now);
         self.try_hand_over(now);
@@ -1456,9 +1588,13 @@ impl Primary {
         // to them and to any replica whose dirty set is known (the previous
         // primary's: it may lack those regions too).
         self.phase = PrimaryPhase::Resyncing;
+        self.lacking = vec![0; self.config.geometry.regions() as usize];
         for link in self.links.values_mut() {
             if link.state == LinkState::Live {
                 link.dirty = self.resync.clone();
+                for region in self.resync.iter() {
+                    self.lacking[region as usize] += 1;
+                }
             } else if !link.full {
                 link.dirty.union_with(&self.resync);
             }
@@ -1508,11 +1644,17 @@ impl Primary {
                         && !matches!(op.kind, OpKind::Write { .. } if op.queued)
                 })
             };
-            let next = self.links.iter().find_map(|(&node, link)| {
-                (link.state == copying_state)
-                    .then(|| link.dirty.iter().find(|&r| !busy(r, &self.ops)))
-                    .flatten()
-                    .map(|region| (node, region))
+            // While resyncing, the regions hosts wait for go first.
+            let waited = (self.phase == PrimaryPhase::Resyncing)
+                .then(|| self.waited_region(|r| busy(r, &self.ops)))
+                .flatten();
+            let next = waited.or_else(|| {
+                self.links.iter().find_map(|(&node, link)| {
+                    (link.state == copying_state)
+                        .then(|| link.dirty.iter().find(|&r| !busy(r, &self.ops)))
+                        .flatten()
+                        .map(|region| (node, region))
+                })
             });
             let Some((to, region)) = next else {
                 return;
@@ -1781,6 +1923,255 @@ mod tests {
             !primary.quiet(),
             "a replica faulted: it is asked back in time"
         );
+    }
+
+    /// The internal op of the `nth` copy started (0: the first).
+    fn copy_op(nth: u64) -> OpId {
+        OpId(INTERNAL_OP_BASE + nth)
+    }
+
+    fn region_extent(region: u64) -> Extent {
+        Extent {
+            block: region * 4,
+            blocks: 4,
+        }
+    }
+
+    /// Copies `copy` (of `region`) to n1 and n1 answers: the actions after.
+    fn copy_to_n1(primary: &mut Primary, token: Token, copy: OpId, now: Duration) -> Vec<Action> {
+        primary.local_done(copy, now);
+        let sent = drain(primary);
+        assert!(
+            matches!(sent[..], [Action::Send { to: NodeId(1), msg: ToReplica::Copy { op, .. } }] if op == copy),
+            "{sent:?}"
+        );
+        primary.replica_reply(NodeId(1), FromReplica::Done { token, op: copy }, now);
+        drain(primary)
+    }
+
+    #[test]
+    fn a_resyncing_primary_serves_at_once_and_holds_what_touches_a_region_not_yet_copied() {
+        let regions = config().geometry.regions();
+        let mut primary = leased(ReplicaSet::new(&[NodeId(0), NodeId(1)]));
+        primary.config.copies_in_flight_max = 1;
+        let token = Token {
+            epoch: Epoch(1),
+            session: 1,
+        };
+        drain(&mut primary);
+        // n1 may hold unconfirmed writes in regions 1, 2 and 3.
+        let mut intent = RegionSet::new(regions);
+        for region in [1, 2, 3] {
+            intent.insert(region);
+        }
+        let fenced = FromReplica::Fenced {
+            token,
+            intent,
+            unclean: false,
+        };
+        primary.replica_reply(NodeId(1), fenced, MS);
+        assert_eq!(primary.phase(), PrimaryPhase::Resyncing);
+        let first = [Action::LocalRead {
+            op: copy_op(0),
+            extent: region_extent(1),
+        }];
+        assert_eq!(drain(&mut primary), first, "the resync's first copy");
+        assert!(primary.serves(MS) && !primary.optimized(MS));
+
+        // Region 0 is settled: served at once.
+        primary.host_read(OpId(1), BLOCK_0, 2 * MS);
+        primary.host_write(OpId(2), BLOCK_0, false, 2 * MS);
+        let actions = drain(&mut primary);
+        assert!(actions.contains(&Action::LocalRead {
+            op: OpId(1),
+            extent: BLOCK_0
+        }));
+        assert!(actions.contains(&Action::LocalWrite {
+            op: OpId(2),
+            extent: BLOCK_0,
+            fua: false
+        }));
+
+        // Region 3 is not copied yet: its read and write wait, and its
+        // copy goes before region 2's.
+        let block_12 = Extent {
+            block: 12,
+            blocks: 1,
+        };
+        primary.host_read(OpId(3), block_12, 3 * MS);
+        primary.host_write(OpId(4), block_12, false, 3 * MS);
+        assert_eq!(drain(&mut primary), [], "held");
+        let next = copy_to_n1(&mut primary, token, copy_op(0), 4 * MS);
+        assert_eq!(
+            next,
+            [Action::LocalRead {
+                op: copy_op(1),
+                extent: region_extent(3)
+            }],
+            "the region hosts wait for is copied next"
+        );
+        let released = copy_to_n1(&mut primary, token, copy_op(1), 5 * MS);
+        assert!(released.contains(&Action::LocalRead {
+            op: OpId(3),
+            extent: block_12
+        }));
+        assert!(released.contains(&Action::LocalWrite {
+            op: OpId(4),
+            extent: block_12,
+            fua: false
+        }));
+        assert!(released.contains(&Action::LocalRead {
+            op: copy_op(2),
+            extent: region_extent(2)
+        }));
+        assert_eq!(primary.phase(), PrimaryPhase::Resyncing);
+        copy_to_n1(&mut primary, token, copy_op(2), 6 * MS);
+        assert_eq!(primary.phase(), PrimaryPhase::Active);
+        assert!(primary.optimized(6 * MS));
+    }
+
+    /// A new primary of n0 with n1 and n2 in sync, each fenced with region
+    /// 1 in its intent, one copy in flight at a time: resyncing, the copy
+    /// of region 1 to n1 started (`copy_op(0)`). Tokens of n1 and n2.
+    fn resyncing_region_1_to_two() -> (Primary, Token, Token) {
+        let regions = config().geometry.regions();
+        let mut primary = leased(ReplicaSet::new(&[NodeId(0), NodeId(1), NodeId(2)]));
+        primary.config.copies_in_flight_max = 1;
+        drain(&mut primary);
+        let mut intent = RegionSet::new(regions);
+        intent.insert(1);
+        let token = |session| Token {
+            epoch: Epoch(1),
+            session,
+        };
+        for (node, session) in [(NodeId(1), 1), (NodeId(2), 2)] {
+            let fenced = FromReplica::Fenced {
+                token: token(session),
+                intent: intent.clone(),
+                unclean: false,
+            };
+            primary.replica_reply(node, fenced, MS);
+        }
+        assert_eq!(primary.phase(), PrimaryPhase::Resyncing);
+        drain(&mut primary);
+        (primary, token(1), token(2))
+    }
+
+    fn sent_writes(actions: &[Action]) -> Vec<NodeId> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Send {
+                    to,
+                    msg: ToReplica::Write { .. },
+                } => Some(*to),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_write_to_a_region_being_resynced_waits_until_every_replica_has_its_copy() {
+        let (mut primary, n1, n2) = resyncing_region_1_to_two();
+        let block_4 = Extent {
+            block: 4,
+            blocks: 1,
+        };
+        primary.host_write(OpId(1), block_4, false, 2 * MS);
+        assert_eq!(drain(&mut primary), [], "region 1 is being copied");
+        primary.local_done(copy_op(0), 3 * MS);
+        drain(&mut primary);
+        let done = FromReplica::Done {
+            token: n1,
+            op: copy_op(0),
+        };
+        primary.replica_reply(NodeId(1), done, 4 * MS);
+        let actions = drain(&mut primary);
+        assert_eq!(
+            actions,
+            [Action::LocalRead {
+                op: copy_op(1),
+                extent: region_extent(1)
+            }],
+            "n2 lacks it still: the write waits"
+        );
+        primary.local_done(copy_op(1), 5 * MS);
+        drain(&mut primary);
+        let done = FromReplica::Done {
+            token: n2,
+            op: copy_op(1),
+        };
+        primary.replica_reply(NodeId(2), done, 6 * MS);
+        let actions = drain(&mut primary);
+        assert_eq!(sent_writes(&actions), [NodeId(1), NodeId(2)]);
+        assert_eq!(primary.phase(), PrimaryPhase::Active);
+    }
+
+    #[test]
+    fn a_replica_dropped_during_the_resync_releases_what_waited_for_it_after_the_store_agrees() {
+        let (mut primary, n1, _) = resyncing_region_1_to_two();
+        let block_4 = Extent {
+            block: 4,
+            blocks: 1,
+        };
+        primary.host_write(OpId(1), block_4, false, 2 * MS);
+        primary.local_done(copy_op(0), 3 * MS);
+        let done = FromReplica::Done {
+            token: n1,
+            op: copy_op(0),
+        };
+        primary.replica_reply(NodeId(1), done, 4 * MS);
+        drain(&mut primary);
+        // n2 never answers its copy: dropped, the write goes to n1 alone...
+        primary.local_done(copy_op(1), 5 * MS);
+        drain(&mut primary);
+        primary.tick(5 * MS + config().replica_timeout);
+        let actions = drain(&mut primary);
+        assert_eq!(sent_writes(&actions), [NodeId(1)]);
+        assert!(actions.contains(&Action::Full(NodeId(2))), "{actions:?}");
+        let Some(Action::Commit { record, .. }) = actions
+            .iter()
+            .find(|a| matches!(a, Action::Commit { .. }))
+            .cloned()
+        else {
+            panic!("no commit in {actions:?}")
+        };
+        // ...and completes once the store no longer calls n2 in sync.
+        let now = 300 * MS;
+        primary.local_done(OpId(1), now);
+        let done = FromReplica::Done {
+            token: n1,
+            op: OpId(1),
+        };
+        primary.replica_reply(NodeId(1), done, now);
+        assert!(completions(&drain(&mut primary)).is_empty(), "{record:?}");
+        primary.committed(2, record, now);
+        assert_eq!(
+            completions(&drain(&mut primary)),
+            [(OpId(1), HostResult::Ok)]
+        );
+    }
+
+    #[test]
+    fn a_primary_whose_copy_fails_while_resyncing_sends_hosts_elsewhere() {
+        let (mut primary, _, _) = resyncing_region_1_to_two();
+        primary.host_write(OpId(1), BLOCK_0, false, 2 * MS);
+        drain(&mut primary);
+        primary.local_failed(OpId(1), 3 * MS);
+        for n in [1, 2] {
+            let token = Token {
+                epoch: Epoch(1),
+                session: n,
+            };
+            let done = FromReplica::Done { token, op: OpId(1) };
+            primary.replica_reply(NodeId(n.try_into().unwrap()), done, 3 * MS);
+        }
+        assert_eq!(
+            completions(&drain(&mut primary)),
+            [(OpId(1), HostResult::Transition)],
+            "retried on another path, not an error"
+        );
+        assert!(!primary.serves(3 * MS));
     }
 
     #[test]

@@ -518,7 +518,7 @@ impl Node {
     }
 
     fn is_optimized(&self, now: Duration) -> bool {
-        matches!(&self.role, Role::Primary(d) if d.serving(now) == weft_replication::Serving::Yes)
+        matches!(&self.role, Role::Primary(d) if matches!(d.serving(now), weft_replication::Serving::Yes | weft_replication::Serving::Resyncing))
     }
 
     fn store_answer(&mut self, tag: u64, resp: StoreResp, now: Duration, out: &mut Outbox) {

@@ -1356,13 +1356,14 @@ impl Reactor {
     /// map allows it, else through the manager.
     fn submit_volume_io(&mut self, index: usize, request: IoRequest, volume: Arc<VolumeBackend>) {
         if let Some(replicated) = &volume.replicated {
-            if let Some(error) = replicated.refusal() {
-                let now_ns = self.now_ns();
-                let peer = self.connections[index].as_mut().expect("live connection");
-                return finish_io(peer, &mut self.counts, now_ns, request.slot, Err(error));
-            }
-            if replicated.takes_reads() || !matches!(request.kind, IoKind::Read { .. }) {
-                return self.replicate(index, request, replicated);
+            match replicated.route(matches!(request.kind, IoKind::Read { .. })) {
+                Err(error) => {
+                    let now_ns = self.now_ns();
+                    let peer = self.connections[index].as_mut().expect("live connection");
+                    return finish_io(peer, &mut self.counts, now_ns, request.slot, Err(error));
+                }
+                Ok(true) => return self.replicate(index, request, replicated),
+                Ok(false) => {}
             }
         }
         if let Some(intent) = &volume.intent {

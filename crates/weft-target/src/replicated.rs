@@ -7,6 +7,9 @@
 //! reactor's mailbox like the manager does. Reads stay in the reactor,
 //! served from the local copy while the replicator says this node serves
 //! (its lease is valid and it is the active primary): one atomic load.
+//! While a new primary's resync copies the regions the replicas may
+//! disagree on, reads go to the replicator too ([`Serving::Resyncing`]),
+//! which holds those of regions not yet copied.
 //!
 //! An erasure-coded volume's path takes its reads too ([`Replicated::with_reads`]):
 //! no node holds the volume whole, and its primary reads each piece from
@@ -27,6 +30,9 @@ use weft_proto::IoError;
 pub enum Serving {
     /// Served (reads locally, writes through the replicator).
     Yes = 0,
+    /// Served, reads through the replicator too (a promotion's resync is
+    /// under way; ANA Optimized all the same).
+    Resyncing = 3,
     /// Not now: being set up, handed over, or the lease is in doubt (ANA Transition).
     Transition = 1,
     /// Not here: another node is the primary (ANA Inaccessible).
@@ -59,7 +65,8 @@ pub enum ReplicatedWork {
     },
     /// Make every completed write durable, everywhere.
     Flush,
-    /// Read `len` bytes at byte `offset` (a path that takes reads only):
+    /// Read `len` bytes at byte `offset` (a path that takes reads, or any
+    /// replicated path while its primary resyncs):
     /// answered with [`crate::VolumeReply::send_read`].
     Read {
         /// Byte offset on the volume.
@@ -116,16 +123,12 @@ impl Replicated {
         }
     }
 
-    /// Whether reads go to the sink too.
-    pub(crate) fn takes_reads(&self) -> bool {
-        self.reads
-    }
-
     /// Whether this node serves now.
     pub fn serving(&self) -> Serving {
         match self.serving.load(Ordering::Acquire) {
             0 => Serving::Yes,
             1 => Serving::Transition,
+            3 => Serving::Resyncing,
             _ => Serving::Inaccessible,
         }
     }
@@ -135,17 +138,48 @@ impl Replicated {
         self.serving.store(serving as u8, Ordering::Release);
     }
 
-    /// The error an I/O gets when this node does not serve now.
-    pub(crate) fn refusal(&self) -> Option<IoError> {
+    /// Where an I/O of this kind (`read` or not) goes now: the error it
+    /// gets when this node does not serve, else whether the replicator
+    /// takes it (`true`) or the reactor serves it from the local copy.
+    pub(crate) fn route(&self, read: bool) -> Result<bool, IoError> {
         match self.serving() {
-            Serving::Yes => None,
-            Serving::Transition => Some(IoError::PathTransition),
-            Serving::Inaccessible => Some(IoError::PathInaccessible),
+            Serving::Yes => Ok(self.reads || !read),
+            Serving::Resyncing => Ok(true),
+            Serving::Transition => Err(IoError::PathTransition),
+            Serving::Inaccessible => Err(IoError::PathInaccessible),
         }
     }
 
     /// Hands an I/O to the replicator.
     pub(crate) fn submit(&self, io: ReplicatedIo) {
         self.sink.submit(io);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Nowhere;
+
+    impl ReplicatedSink for Nowhere {
+        fn submit(&self, _io: ReplicatedIo) {}
+    }
+
+    #[test]
+    fn reads_stay_in_the_reactor_only_once_every_region_is_settled() {
+        let path = Replicated::new(Box::new(Nowhere));
+        assert_eq!(path.route(true), Err(IoError::PathTransition), "not yet");
+        path.set_serving(Serving::Resyncing);
+        assert_eq!(path.route(true), Ok(true), "a resync's reads may wait");
+        assert_eq!(path.route(false), Ok(true));
+        path.set_serving(Serving::Yes);
+        assert_eq!(path.route(true), Ok(false), "from the local copy");
+        assert_eq!(path.route(false), Ok(true));
+        path.set_serving(Serving::Inaccessible);
+        assert_eq!(path.route(true), Err(IoError::PathInaccessible));
+        let erasure = Replicated::with_reads(Box::new(Nowhere));
+        erasure.set_serving(Serving::Yes);
+        assert_eq!(erasure.route(true), Ok(true), "no copy here is whole");
     }
 }

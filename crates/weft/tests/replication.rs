@@ -68,6 +68,11 @@ fn connect_to(node: &Node, volume: &str) -> (Controller, Queue) {
 /// Through `n1`: a pool on each of n1, n2 and n3, the host "tester", and
 /// volume "rep" (16 MiB, `replicas` replicas, `extra` options) attached to it.
 fn replicated_volume(n1: &Node, dir: &Path, replicas: &str, extra: &[&str]) {
+    replicated_volume_of(n1, dir, "16MiB", replicas, extra);
+}
+
+/// [`replicated_volume`] of `size`.
+fn replicated_volume_of(n1: &Node, dir: &Path, size: &str, replicas: &str, extra: &[&str]) {
     for name in ["n1", "n2", "n3"] {
         let device = dir.join(name).join("p.img");
         let device = device.to_str().unwrap();
@@ -83,7 +88,7 @@ fn replicated_volume(n1: &Node, dir: &Path, replicas: &str, extra: &[&str]) {
         "create",
         "rep",
         "--size",
-        "16MiB",
+        size,
         "--replicas",
         replicas,
     ];
@@ -787,6 +792,62 @@ fn a_reservation_holds_on_the_new_primary_after_the_old_one_is_killed() {
     });
     assert_eq!(write_status(&mut a, 5), Status::RESERVATION_CONFLICT);
     assert_eq!(write_status(&mut b, 6), Status::SUCCESS);
+    drop(etcd);
+}
+
+/// A new primary serves hosts while it resyncs the regions its replicas
+/// may disagree on (every region written within the clean delay of the
+/// kill is in the write intents): what it reads and writes meanwhile is
+/// right, a read of a region not yet copied waiting for its copy.
+#[test]
+fn a_new_primary_serves_hosts_while_it_resyncs() {
+    let dir = temp_dir("replication-resync");
+    let (etcd, _, _, [n1, n2, n3]) = three_nodes(&dir, "");
+    // Large enough for a resync a host's reads meet (240 MiB copied).
+    replicated_volume_of(&n1, &dir, "240MiB", "3", &["--node", "n1"]);
+    let (controller, mut queue) = connect(&n1);
+    write_blocks(&mut queue, 0..1);
+    eventually("every replica in sync", || in_sync(&n1) == 3);
+    // A block in each region of 1 MiB, just before the kill.
+    let blocks_per_region = (1 << 20) / u64::from(BLOCK);
+    let written: Vec<u64> = (0..240).map(|r| r * blocks_per_region + 1).collect();
+    for &block in &written {
+        let data = pattern(block, 2);
+        retrying("write", || queue.write(1, block, BLOCK, &data));
+    }
+    drop((queue, controller));
+    drop(n1);
+    let mut second = String::new();
+    eventually("a promotion", || {
+        second = primary_of(&n2);
+        !second.is_empty() && second != "n1"
+    });
+    let next = if second == "n2" { &n2 } else { &n3 };
+    let (_controller, mut queue) = connect(next);
+    let mut read = |block: u64| {
+        retrying("read", || {
+            queue.read(1, block, BLOCK, BLOCK).map(<[u8]>::to_vec)
+        })
+    };
+    assert_eq!(read(0), pattern(0, 1));
+    for &block in written.iter().rev() {
+        assert_eq!(read(block), pattern(block, 2), "block {block}");
+    }
+    drop(read);
+    // Writes meanwhile, to regions copied or not yet.
+    for &block in written.iter().step_by(16) {
+        let data = pattern(block, 3);
+        retrying("write", || queue.write(1, block, BLOCK, &data));
+        let back = retrying("read", || {
+            queue.read(1, block, BLOCK, BLOCK).map(<[u8]>::to_vec)
+        });
+        assert_eq!(back, data, "block {block}");
+    }
+    let log = std::fs::read_to_string(dir.join(format!("{second}.log"))).unwrap();
+    assert!(
+        log.contains("serves hosts while it resyncs the replicas"),
+        "{log}"
+    );
     drop(etcd);
 }
 

@@ -122,7 +122,7 @@ impl Manager {
     /// The ANA state of a replicated volume's path through this node.
     pub(super) fn replicated_ana_state(path: &Replicated) -> AnaState {
         match path.serving() {
-            Serving::Yes => AnaState::Optimized,
+            Serving::Yes | Serving::Resyncing => AnaState::Optimized,
             Serving::Transition => AnaState::Change,
             Serving::Inaccessible => AnaState::Inaccessible,
         }

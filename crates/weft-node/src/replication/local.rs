@@ -9,8 +9,14 @@
 //! Deallocate, Flush) goes to the volume manager, as the reactors' slow
 //! path does, and the worker waits for its answer.
 //!
+//! Host reads come here only during a promotion's resync (the reactors
+//! serve them otherwise); like copies, they enter the volume's gate, so a
+//! Deallocate that frees a chunk waits for them (the chunk may go to
+//! another volume). A host read is not ordered against writes: concurrent
+//! commands, as NVMe allows.
+//!
 //! What this does not do: allocate or commit metadata itself (only the
-//! manager does), or serve hosts (the reactors do).
+//! manager does).
 
 use super::{Event, Events};
 use std::sync::mpsc;
@@ -89,6 +95,15 @@ impl LocalVolume {
 
     /// Reads `len` bytes at `offset` (unwritten chunks read as zeroes).
     pub(crate) fn read(&mut self, offset: u64, len: usize) -> Result<Vec<u8>, IoError> {
+        while !self.backend.gate.enter() {
+            self.ask(VolumeWork::Wait)?;
+        }
+        let read = self.read_mapped(offset, len);
+        self.backend.gate.leave();
+        read
+    }
+
+    fn read_mapped(&mut self, offset: u64, len: usize) -> Result<Vec<u8>, IoError> {
         if self.backend.map.is_retired() {
             return Err(IoError::PathTransition);
         }
@@ -186,7 +201,7 @@ pub(crate) enum LocalWork {
         fua: bool,
         fenced: FencedIo,
     },
-    /// Read `len` bytes at `offset` (a rebuild copy).
+    /// Read `len` bytes at `offset` (a copy's, or a host's during a resync).
     Read { offset: u64, len: usize },
     /// Make every completed write durable.
     Flush,

@@ -124,7 +124,7 @@ pub fn eventually(what: &str, mut check: impl FnMut() -> bool) -> Duration {
 }
 
 /// Runs `io` until it succeeds, as a multipath host does while the path is
-/// in ANA Transition (the primary fencing and resyncing): path statuses are
+/// in ANA Transition (the primary fencing): path statuses are
 /// retried, anything else fails the test.
 pub fn retrying<T>(what: &str, mut io: impl FnMut() -> Result<T, InitiatorError>) -> T {
     let start = Instant::now();

@@ -15,7 +15,7 @@ impl Replicator {
             ))
         } else if self.serving != Serving::Yes {
             Some(format!(
-                "volume {}: its primary is being set up or handed over; try again in a moment",
+                "volume {}: its primary is being set up, resynced or handed over; try again in a moment",
                 self.volume
             ))
         } else {
@@ -59,8 +59,8 @@ impl Replicator {
         let Some(barrier) = &mut self.barrier else {
             return;
         };
-        let writes_in_flight = self.ops.values().any(|op| op.reply.is_some());
-        match barrier.step(writes_in_flight, &self.volume) {
+        let host_io_in_flight = self.ops.values().any(|op| op.reply.is_some());
+        match barrier.step(host_io_in_flight, &self.volume) {
             Step::Waiting => {}
             Step::Announce => {
                 let BarrierOp::Snapshot(name) = barrier.op.clone() else {

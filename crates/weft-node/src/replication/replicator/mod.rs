@@ -2,7 +2,8 @@
 //! a guest of one of the node's reactors (`weft_target::guest`) once a
 //! thread of its own has taken its epoch and fenced. It drives the
 //! replication core's `Primary` as `weft-sim`'s node does: host writes and
-//! flushes come from the reactors, replicas' answers from its links'
+//! flushes (and reads, during a promotion's resync) come from the
+//! reactors, replicas' answers from its links'
 //! sockets, the record's changes from a poller and the store's answers
 //! from commit threads, as [`Event`]s on one channel or completions on its
 //! ring; the actions go out in order (mapped local writes and the links'
@@ -307,8 +308,32 @@ impl Guest for Replicator {
 struct OpData {
     reply: Option<VolumeReply>,
     payload: Option<Payload>,
+    /// A host read's data, once its local read is done.
+    read: Option<Vec<u8>>,
     /// The local part failed (the host gets this error).
     error: Option<IoError>,
+}
+
+impl OpData {
+    /// A host's I/O, answered through `reply`.
+    fn host(reply: VolumeReply, payload: Option<Payload>) -> OpData {
+        OpData {
+            reply: Some(reply),
+            payload,
+            read: None,
+            error: None,
+        }
+    }
+
+    /// A copy's.
+    fn internal() -> OpData {
+        OpData {
+            reply: None,
+            payload: None,
+            read: None,
+            error: None,
+        }
+    }
 }
 
 struct Replicator {
@@ -615,6 +640,7 @@ impl Replicator {
     fn publish(&mut self, now: Duration) {
         let serving = match self.driver.serving(now) {
             weft_replication::Serving::Yes => Serving::Yes,
+            weft_replication::Serving::Resyncing => Serving::Resyncing,
             weft_replication::Serving::Transition => Serving::Transition,
             weft_replication::Serving::Inaccessible => Serving::Inaccessible,
         };
@@ -623,6 +649,9 @@ impl Replicator {
             self.path.set_serving(serving);
             let what = match serving {
                 Serving::Yes => "its primary here serves hosts (ANA optimized)",
+                Serving::Resyncing => {
+                    "its primary here serves hosts while it resyncs the replicas (ANA optimized; reads of regions not yet copied wait for them)"
+                }
                 Serving::Transition => {
                     "its primary here is being set up or handed over (ANA change: hosts retry)"
                 }
@@ -739,23 +768,18 @@ impl Replicator {
                 (Some(extent), fua, Some(payload))
             }
             ReplicatedWork::Flush => (None, false, None),
-            ReplicatedWork::Read { .. } => {
-                // A replicated volume's path takes no reads (the reactors
-                // serve them from the local copy).
-                return reply.send(VolumeOutcome::Done(Err(IoError::Other)));
+            ReplicatedWork::Read { offset, len } => {
+                // While resyncing (the reactors serve reads from the local
+                // copy otherwise): held by the core until its regions are copied.
+                let extent = self.extent(offset, u64::from(len));
+                self.ops.insert(op, OpData::host(reply, None));
+                return self.driver.host_read(op, extent, now);
             }
         };
         // (Past the end this primary began with, it completes with ANA
         // Transition: the volume grew, and the primary of the new size
         // takes it in a moment.)
-        self.ops.insert(
-            op,
-            OpData {
-                reply: Some(reply),
-                payload,
-                error: None,
-            },
-        );
+        self.ops.insert(op, OpData::host(reply, payload));
         match extent {
             Some(extent) => self.driver.host_write(op, extent, fua, now),
             None => self.driver.host_flush(op, now),
@@ -835,10 +859,10 @@ impl Replicator {
                 };
                 self.local.submit(op, work);
             }
+            Action::LocalRead { op, extent } if self.is_host_op(op) => self.copy_read(op, extent),
             Action::LocalRead { op, extent } => {
-                // Every local read here is a copy's (hosts' reads stay in
-                // the reactors): under the rebuild bandwidth limit, except
-                // a promotion's resync, which hosts wait for.
+                // A copy's: under the rebuild bandwidth limit, except a
+                // promotion's resync, which hosts' reads may wait for.
                 let bytes = u64::from(extent.blocks) * self.block_size;
                 if !self.resyncing() && (!self.deferred.is_empty() || !self.limiter.take(bytes)) {
                     self.deferred.push_back((op, extent));
@@ -875,11 +899,11 @@ impl Replicator {
     }
 
     /// Whether this primary is copying what may differ among the replicas
-    /// it fenced at its promotion: hosts are not served until it is done
-    /// (ANA Change), so the rebuild bandwidth limit, which is there to
-    /// leave the devices and links to hosts' I/O, would only make the
-    /// failover's pause longer (4 s more for a 1 GiB volume written at
-    /// random, whose every region is in the intents, at 256 MiB/s).
+    /// it fenced at its promotion: a host's I/O on a region not yet copied
+    /// waits for it, so the rebuild bandwidth limit, which is there to
+    /// leave the devices and links to hosts' I/O, would only make hosts
+    /// wait longer (the whole resync of a 1 GiB volume written at random,
+    /// whose every region is in the intents, took 4 s more at 256 MiB/s).
     fn resyncing(&self) -> bool {
         self.driver.primary().phase() == PrimaryPhase::Resyncing
     }
@@ -935,7 +959,12 @@ impl Replicator {
         }
     }
 
-    /// Reads a region to copy.
+    /// Whether `op` is a host's (not a copy's).
+    fn is_host_op(&self, op: OpId) -> bool {
+        self.ops.get(&op).is_some_and(|o| o.reply.is_some())
+    }
+
+    /// Reads a region to copy, or for a host.
     fn copy_read(&mut self, op: OpId, extent: Extent) {
         let offset = extent.block * self.block_size;
         let len = (u64::from(extent.blocks) * self.block_size) as usize;
@@ -951,6 +980,10 @@ impl Replicator {
             let Some(data) = read else {
                 return;
             };
+            if let Some(host) = self.ops.get_mut(&op).filter(|o| o.reply.is_some()) {
+                host.read = Some(data);
+                return;
+            }
             let blocks = data.len() as u64 / self.block_size;
             let payload = if data.iter().all(|&b| b == 0) {
                 Payload::Zeroes {
@@ -962,11 +995,7 @@ impl Replicator {
                 // and sent from this copy to every replica rebuilt.)
                 Payload::Data(weft_uring::SharedBuf::copy_from(&data))
             };
-            let entry = self.ops.entry(op).or_insert_with(|| OpData {
-                reply: None,
-                payload: None,
-                error: None,
-            });
+            let entry = self.ops.entry(op).or_insert_with(OpData::internal);
             entry.payload = Some(payload);
         });
         self.local_done(op, result, now);
@@ -998,6 +1027,9 @@ impl Replicator {
             return;
         };
         if let Some(reply) = entry.reply {
+            if let (HostResult::Ok, None, Some(data)) = (result, entry.error, entry.read) {
+                return reply.send_read(data);
+            }
             let outcome = match (result, entry.error) {
                 (HostResult::Ok, None) => Ok(()),
                 (HostResult::Ok, Some(error)) => Err(error),
