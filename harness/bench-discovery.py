@@ -6,10 +6,10 @@ it), then the Linux host in the guest (harness/guest/discovery.sh) runs one
 `nvme connect-all` against node 1 and counts the discovery controllers its
 kernel created, and the nodes they reached.
 
-Up to four nodes every node refers to all others; nvme-cli visits one discovery
-controller per simple path through the referrals (5 connections for 3 nodes,
-16 for 4); beyond, each node refers to its successor in a ring, one connection
-per node (weft-node/src/cluster.rs, referral_keeper).
+Up to three nodes every node refers to all others; nvme-cli visits one discovery
+controller per simple path through the referrals (5 connections for 3 nodes, and
+it would be 16 for 4); beyond, each node refers to its successor in a ring, one
+connection per node (weft-node/src/cluster.rs, referral_keeper).
 
 Prints a table and writes JSON (default .cache/bench/discovery/result.json).
 
