@@ -1354,6 +1354,11 @@ impl Manager {
         }
         self.discard_volume(name, &pool, plane)?;
         log::info!("volume {name} deleted");
+        // Room freed: a copy this node could not make or grow for want of
+        // it is tried again now (the store's deletion may reach this node's
+        // follower after the volume is gone here, when it no longer
+        // concerns the node, and the next resync is a minute away).
+        crate::replication::NodeServices::reconcile(&self.handle());
         Ok(())
     }
 

@@ -98,6 +98,9 @@ pub(crate) struct Doorbell {
     /// Set by the sender that writes the eventfd; cleared by the replicator
     /// when it reads the eventfd, before it reads the channel again.
     pending: AtomicBool,
+    /// Events delivered without a ring (by its own reactor) since the
+    /// replicator last read the channel: a turn has work.
+    posted: AtomicBool,
 }
 
 impl Doorbell {
@@ -128,6 +131,7 @@ impl Events {
         let doorbell = Arc::new(Doorbell {
             eventfd: weft_uring::eventfd()?,
             pending: AtomicBool::new(false),
+            posted: AtomicBool::new(false),
         });
         let (sender, receiver) = mpsc::channel();
         let inbox = Inbox {
@@ -142,7 +146,20 @@ impl Events {
     // As `mpsc::Sender::send`.
     #[allow(clippy::result_large_err)]
     pub(crate) fn post(&self, event: Event) -> Result<(), mpsc::SendError<Event>> {
-        self.sender.send(event)
+        self.sender.send(event)?;
+        // After the event: whoever sees the flag finds the event.
+        self.doorbell.posted.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// Whether events were posted since the replicator last read its inbox.
+    pub(crate) fn posted(&self) -> bool {
+        self.doorbell.posted.load(Ordering::Acquire)
+    }
+
+    /// The replicator reads its inbox now: what is posted from now on is news.
+    pub(crate) fn reading(&self) {
+        self.doorbell.posted.store(false, Ordering::Release);
     }
 
     /// Wakes the replicator as an event would.

@@ -3,9 +3,9 @@
 //! local writes and its replicas' sockets) and no thread. The guest's ring
 //! signals an eventfd (its doorbell) when completions arrive; the reactor
 //! reads the doorbell on its own ring and gives that guest a turn when it
-//! rings, every guest after any batch of its own completions that handed
-//! a guest work (which one is not known there), and a guest whose ring a
-//! spin finds busy. A write a reactor
+//! rings, every guest that says it has work after any batch of its own
+//! completions that handed a guest work (which one is not known there),
+//! and a guest whose ring a spin finds busy. A write a reactor
 //! hands to its own guest is taken up in the same wake-up, and the answer
 //! reaches the reactor's mailbox without an eventfd write (the reactor
 //! reads its mailbox after every turn of its guests): no thread is put to
@@ -22,7 +22,8 @@
 /// its ring.
 pub trait Guest: Send {
     /// Whether a turn would find work now, without a system call (a
-    /// spinning reactor asks).
+    /// spinning reactor asks, and a reactor that handed some guest work
+    /// without ringing its doorbell): work handed over that way included.
     fn has_work(&mut self) -> bool;
 
     /// Does what it can now without blocking. False once it has finished

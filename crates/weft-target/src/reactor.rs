@@ -254,7 +254,7 @@ impl ReactorHandle {
                     throttle_timer: None,
                     guests: Vec::new(),
                     guests_due: false,
-                    all_guests_due: false,
+                    guests_to_ask: false,
                 }
                 .run();
             })?;
@@ -621,8 +621,8 @@ struct Reactor {
     /// A guest may have work: give those due a turn.
     guests_due: bool,
     /// Work went to a guest this reactor cannot tell (a replicated
-    /// volume's I/O): give every guest a turn.
-    all_guests_due: bool,
+    /// volume's I/O): ask every guest whether it has work.
+    guests_to_ask: bool,
 }
 
 impl Reactor {
@@ -683,14 +683,17 @@ impl Reactor {
         if !std::mem::take(&mut self.guests_due) {
             return;
         }
-        let all = std::mem::take(&mut self.all_guests_due);
+        let ask = std::mem::take(&mut self.guests_to_ask);
         for hosted in self.guests.iter_mut().flatten() {
-            if !std::mem::take(&mut hosted.due) && !all {
-                continue;
-            }
             let Some(guest) = hosted.guest.as_mut() else {
                 continue;
             };
+            // (Asking is cheap, a turn is not: its ring's submission, its
+            // inbox, its state machine.)
+            let due = std::mem::take(&mut hosted.due) || (ask && guest.has_work());
+            if !due {
+                continue;
+            }
             if !guest.turn() {
                 hosted.guest = None;
                 // Its doorbell's read completes now: then the slot is free.
@@ -1557,7 +1560,7 @@ impl Reactor {
         // Its replicator may be this reactor's guest (which one is not
         // known here).
         self.guests_due |= !self.guests.is_empty();
-        self.all_guests_due |= !self.guests.is_empty();
+        self.guests_to_ask |= !self.guests.is_empty();
         replicated.submit(ReplicatedIo {
             work,
             reply: VolumeReply::reactor(Arc::clone(&self.mailbox), index, request),

@@ -75,7 +75,11 @@ impl Guest for Probe {
 }
 
 fn serve_replicated_volume(reactors: usize, sink: Arc<Recorder>) -> DataPlane {
-    let path = Replicated::new(Box::new(RecordingSink(sink)));
+    serve_with_sink(reactors, Box::new(RecordingSink(sink)))
+}
+
+fn serve_with_sink(reactors: usize, sink: Box<dyn ReplicatedSink>) -> DataPlane {
+    let path = Replicated::new(sink);
     path.set_serving(Serving::Yes);
     let backend = VolumeBackend {
         pool: "p".into(),
@@ -236,4 +240,82 @@ fn by_default_queues_stay_where_the_listener_dealt_them() {
     let mut threads = recorder.0.lock().unwrap().clone();
     threads.sort();
     assert_eq!(threads, ["weft-reactor-0", "weft-reactor-1"]);
+}
+
+/// Work posted to a guest without its doorbell, as a replicator's own
+/// reactor hands it host I/O: the guest answers it on its turn.
+#[derive(Default)]
+struct Postbox {
+    posted: Mutex<Vec<ReplicatedIo>>,
+}
+
+struct PostboxSink(Arc<Postbox>);
+
+impl ReplicatedSink for PostboxSink {
+    fn submit(&self, io: ReplicatedIo) {
+        self.0.posted.lock().unwrap().push(io);
+    }
+}
+
+struct PostboxGuest(Arc<Postbox>);
+
+impl Guest for PostboxGuest {
+    fn has_work(&mut self) -> bool {
+        !self.0.posted.lock().unwrap().is_empty()
+    }
+
+    fn turn(&mut self) -> bool {
+        for io in self.0.posted.lock().unwrap().drain(..) {
+            io.reply.send(VolumeOutcome::Done(Ok(())));
+        }
+        true
+    }
+}
+
+/// Never has work; counts its turns.
+struct Idle(Arc<std::sync::atomic::AtomicU32>);
+
+impl Guest for Idle {
+    fn has_work(&mut self) -> bool {
+        false
+    }
+
+    fn turn(&mut self) -> bool {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        true
+    }
+}
+
+/// A reactor that hands a replicated volume's I/O over cannot tell which
+/// of its guests took it: it asks each whether it has work and turns only
+/// those (turning every guest cost a reactor of G guests G turns per I/O).
+#[test]
+fn a_hand_over_turns_the_guest_that_took_it_and_no_other() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    let postbox = Arc::new(Postbox::default());
+    let plane = serve_with_sink(1, Box::new(PostboxSink(Arc::clone(&postbox))));
+    let doorbell = weft_uring::eventfd().unwrap();
+    plane.host(VOLUME, Box::new(PostboxGuest(postbox)), doorbell);
+    let idle: Vec<Arc<AtomicU32>> = (0..4).map(|_| Arc::default()).collect();
+    for (n, turns) in idle.iter().enumerate() {
+        let doorbell = weft_uring::eventfd().unwrap();
+        plane.host(
+            &format!("idle-{n}"),
+            Box::new(Idle(Arc::clone(turns))),
+            doorbell,
+        );
+    }
+    support::eventually("every idle guest's first turn", || {
+        idle.iter().all(|t| t.load(Ordering::Acquire) >= 1)
+    });
+    let (_admin, cntlid) = support::admin(plane.listening[0], 0);
+    let mut queue = support::io_queue(plane.listening[0], cntlid, 1, false);
+    let data = vec![0x7Eu8; BLOCK as usize];
+    for cid in 1..=20u16 {
+        let write = testing::rw(io_opcode::WRITE, cid, 1, u64::from(cid), 1, BLOCK, true);
+        assert_eq!(queue.command(&write, &data).1.status(), Status::SUCCESS);
+    }
+    for turns in &idle {
+        assert_eq!(turns.load(Ordering::Acquire), 1, "turned by others' I/O");
+    }
 }

@@ -295,7 +295,8 @@ fn wind_up(
 
 impl Guest for Replicator {
     fn has_work(&mut self) -> bool {
-        self.ring.has_work()
+        // Posted events wait, once draining, for its end to answer them.
+        self.ring.has_work() || (self.draining.is_none() && self.events.posted())
     }
 
     fn turn(&mut self) -> bool {
@@ -471,6 +472,7 @@ impl Replicator {
         // A bounded batch of the inbox's events first: what they start
         // goes out with this turn's submission.
         let mut handled = 0;
+        self.events.reading();
         while handled < EVENTS_PER_WAIT {
             match self.inbox.try_recv() {
                 Ok(Event::Stop) | Err(TryRecvError::Disconnected) => {
