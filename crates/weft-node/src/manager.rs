@@ -1349,16 +1349,22 @@ impl Manager {
         // then release its space. A crash in between leaves a volume that no
         // host may use, never a new volume that inherits old permissions.
         // A replica another node serves leaves the record to that node.
-        if !self.is_secondary(name) {
+        let secondary = self.is_secondary(name);
+        if !secondary {
             self.store_write(|d| d.delete_volume(name))?;
         }
         self.discard_volume(name, &pool, plane)?;
         log::info!("volume {name} deleted");
-        // Room freed: a copy this node could not make or grow for want of
-        // it is tried again now (the store's deletion may reach this node's
-        // follower after the volume is gone here, when it no longer
-        // concerns the node, and the next resync is a minute away).
-        crate::replication::NodeServices::reconcile(&self.handle());
+        if !secondary {
+            // Room freed: a copy this node could not make or grow for want
+            // of it is tried again now (the store's deletion may reach this
+            // node's follower after the volume is gone here, when it no
+            // longer concerns the node, and the next resync is a minute
+            // away). Not for a replica whose primary deleted the record:
+            // this node's copy of the store may not show that yet, and a
+            // reconcile now would make the replica again.
+            crate::replication::NodeServices::reconcile(&self.handle());
+        }
         Ok(())
     }
 

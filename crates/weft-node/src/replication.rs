@@ -157,9 +157,14 @@ impl Events {
         self.doorbell.posted.load(Ordering::Acquire)
     }
 
-    /// The replicator reads its inbox now: what is posted from now on is news.
+    /// The replicator reads its inbox now: what is posted or sent from now
+    /// on is news. A sender that finds no wake-up pending after this rings
+    /// the doorbell again (cleared only once the eventfd was read, a wake-up
+    /// taken for an event read in this turn could hide one sent meanwhile,
+    /// which then waited for the replicator's tick).
     pub(crate) fn reading(&self) {
         self.doorbell.posted.store(false, Ordering::Release);
+        self.doorbell.heard();
     }
 
     /// Wakes the replicator as an event would.
