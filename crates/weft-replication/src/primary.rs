@@ -391,8 +391,8 @@ pub struct Primary {
     /// sent its copy, and its copies in flight. A host op waits while a
     /// region of its extent counts any (empty once active).
     lacking: Vec<u8>,
-    /// While resyncing: a region's count reached zero, or a replica was
-    /// dropped, since queued ops were last looked at.
+    /// While resyncing: a region's count reached zero since queued ops
+    /// were last looked at.
     settled: bool,
     /// The run's kept regions (see [`Run`]).
     kept: RegionSet,
@@ -1245,7 +1245,6 @@ impl Primary {
             for region in lacked {
                 self.one_less_lacking(region);
             }
-            self.settled = true;
         }
         let link = self.links.get_mut(&node).expect("a link");
         link.state = LinkState::Down {
@@ -1325,12 +1324,12 @@ impl Primary {
                 }
                 self.start_queued(now);
             }
-            OpKind::Copy { region, .. } => {
-                if self.phase == PrimaryPhase::Resyncing {
-                    self.one_less_lacking(region);
-                }
-                self.start_queued(now);
+            // (While resyncing, the pump that follows starts what the
+            // copy settled.)
+            OpKind::Copy { region, .. } if self.phase == PrimaryPhase::Resyncing => {
+                self.one_less_lacking(region);
             }
+            OpKind::Copy { .. } => self.start_queued(now),
             OpKind::JoinFlush { to } => {
                 if let Some(link) = self.links.get_mut(&to) {
                     let clean = link.state == LinkState::Rebuilding && !link.written_since_flush;
@@ -1789,6 +1788,11 @@ mod tests {
         block: 0,
         blocks: 1,
     };
+    /// In region 1 (of 4 blocks each).
+    const BLOCK_4: Extent = Extent {
+        block: 4,
+        blocks: 1,
+    };
 
     fn config() -> PrimaryConfig {
         PrimaryConfig {
@@ -1937,15 +1941,21 @@ mod tests {
         }
     }
 
-    /// Copies `copy` (of `region`) to n1 and n1 answers: the actions after.
-    fn copy_to_n1(primary: &mut Primary, token: Token, copy: OpId, now: Duration) -> Vec<Action> {
+    /// Copies `copy` to `to` (its session `token`) and it answers: the actions after.
+    fn copy_to(
+        primary: &mut Primary,
+        to: NodeId,
+        token: Token,
+        copy: OpId,
+        now: Duration,
+    ) -> Vec<Action> {
         primary.local_done(copy, now);
         let sent = drain(primary);
         assert!(
-            matches!(sent[..], [Action::Send { to: NodeId(1), msg: ToReplica::Copy { op, .. } }] if op == copy),
+            matches!(sent[..], [Action::Send { to: sent_to, msg: ToReplica::Copy { op, .. } }] if op == copy && sent_to == to),
             "{sent:?}"
         );
-        primary.replica_reply(NodeId(1), FromReplica::Done { token, op: copy }, now);
+        primary.replica_reply(to, FromReplica::Done { token, op: copy }, now);
         drain(primary)
     }
 
@@ -2001,7 +2011,7 @@ mod tests {
         primary.host_read(OpId(3), block_12, 3 * MS);
         primary.host_write(OpId(4), block_12, false, 3 * MS);
         assert_eq!(drain(&mut primary), [], "held");
-        let next = copy_to_n1(&mut primary, token, copy_op(0), 4 * MS);
+        let next = copy_to(&mut primary, NodeId(1), token, copy_op(0), 4 * MS);
         assert_eq!(
             next,
             [Action::LocalRead {
@@ -2010,7 +2020,7 @@ mod tests {
             }],
             "the region hosts wait for is copied next"
         );
-        let released = copy_to_n1(&mut primary, token, copy_op(1), 5 * MS);
+        let released = copy_to(&mut primary, NodeId(1), token, copy_op(1), 5 * MS);
         assert!(released.contains(&Action::LocalRead {
             op: OpId(3),
             extent: block_12
@@ -2025,7 +2035,7 @@ mod tests {
             extent: region_extent(2)
         }));
         assert_eq!(primary.phase(), PrimaryPhase::Resyncing);
-        copy_to_n1(&mut primary, token, copy_op(2), 6 * MS);
+        copy_to(&mut primary, NodeId(1), token, copy_op(2), 6 * MS);
         assert_eq!(primary.phase(), PrimaryPhase::Active);
         assert!(primary.optimized(6 * MS));
     }
@@ -2073,20 +2083,9 @@ mod tests {
     #[test]
     fn a_write_to_a_region_being_resynced_waits_until_every_replica_has_its_copy() {
         let (mut primary, n1, n2) = resyncing_region_1_to_two();
-        let block_4 = Extent {
-            block: 4,
-            blocks: 1,
-        };
-        primary.host_write(OpId(1), block_4, false, 2 * MS);
+        primary.host_write(OpId(1), BLOCK_4, false, 2 * MS);
         assert_eq!(drain(&mut primary), [], "region 1 is being copied");
-        primary.local_done(copy_op(0), 3 * MS);
-        drain(&mut primary);
-        let done = FromReplica::Done {
-            token: n1,
-            op: copy_op(0),
-        };
-        primary.replica_reply(NodeId(1), done, 4 * MS);
-        let actions = drain(&mut primary);
+        let actions = copy_to(&mut primary, NodeId(1), n1, copy_op(0), 4 * MS);
         assert_eq!(
             actions,
             [Action::LocalRead {
@@ -2095,14 +2094,7 @@ mod tests {
             }],
             "n2 lacks it still: the write waits"
         );
-        primary.local_done(copy_op(1), 5 * MS);
-        drain(&mut primary);
-        let done = FromReplica::Done {
-            token: n2,
-            op: copy_op(1),
-        };
-        primary.replica_reply(NodeId(2), done, 6 * MS);
-        let actions = drain(&mut primary);
+        let actions = copy_to(&mut primary, NodeId(2), n2, copy_op(1), 6 * MS);
         assert_eq!(sent_writes(&actions), [NodeId(1), NodeId(2)]);
         assert_eq!(primary.phase(), PrimaryPhase::Active);
     }
@@ -2110,18 +2102,8 @@ mod tests {
     #[test]
     fn a_replica_dropped_during_the_resync_releases_what_waited_for_it_after_the_store_agrees() {
         let (mut primary, n1, _) = resyncing_region_1_to_two();
-        let block_4 = Extent {
-            block: 4,
-            blocks: 1,
-        };
-        primary.host_write(OpId(1), block_4, false, 2 * MS);
-        primary.local_done(copy_op(0), 3 * MS);
-        let done = FromReplica::Done {
-            token: n1,
-            op: copy_op(0),
-        };
-        primary.replica_reply(NodeId(1), done, 4 * MS);
-        drain(&mut primary);
+        primary.host_write(OpId(1), BLOCK_4, false, 2 * MS);
+        copy_to(&mut primary, NodeId(1), n1, copy_op(0), 4 * MS);
         // n2 never answers its copy: dropped, the write goes to n1 alone...
         primary.local_done(copy_op(1), 5 * MS);
         drain(&mut primary);

@@ -773,12 +773,7 @@ fn a_reservation_holds_on_the_new_primary_after_the_old_one_is_killed() {
 
     // n1 dies: the promoted replica serves the same reservation.
     drop(n1);
-    let mut second = String::new();
-    eventually("a promotion", || {
-        second = primary_of(&n2);
-        !second.is_empty() && second != "n1"
-    });
-    let next = if second == "n2" { &n2 } else { &n3 };
+    let (_, next) = promoted_instead_of_n1(&n2, &n3);
     let (_ca, mut a) = connect_as(next, 0xA);
     let (_cb, mut b) = connect_as(next, 0xB);
     assert_eq!(write_status(&mut b, 3), Status::RESERVATION_CONFLICT);
@@ -793,6 +788,17 @@ fn a_reservation_holds_on_the_new_primary_after_the_old_one_is_killed() {
     assert_eq!(write_status(&mut a, 5), Status::RESERVATION_CONFLICT);
     assert_eq!(write_status(&mut b, 6), Status::SUCCESS);
     drop(etcd);
+}
+
+/// Once n1 died: the replica promoted (`volume show` through n2), and its node.
+fn promoted_instead_of_n1<'a>(n2: &'a Node, n3: &'a Node) -> (String, &'a Node) {
+    let mut second = String::new();
+    eventually("a promotion", || {
+        second = primary_of(n2);
+        !second.is_empty() && second != "n1"
+    });
+    let next = if second == "n2" { n2 } else { n3 };
+    (second, next)
 }
 
 /// A new primary serves hosts while it resyncs the regions its replicas
@@ -817,12 +823,7 @@ fn a_new_primary_serves_hosts_while_it_resyncs() {
     }
     drop((queue, controller));
     drop(n1);
-    let mut second = String::new();
-    eventually("a promotion", || {
-        second = primary_of(&n2);
-        !second.is_empty() && second != "n1"
-    });
-    let next = if second == "n2" { &n2 } else { &n3 };
+    let (second, next) = promoted_instead_of_n1(&n2, &n3);
     let (_controller, mut queue) = connect(next);
     let mut read = |block: u64| {
         retrying("read", || {

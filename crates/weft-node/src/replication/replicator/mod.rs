@@ -861,7 +861,7 @@ impl Replicator {
                 };
                 self.local.submit(op, work);
             }
-            Action::LocalRead { op, extent } if self.is_host_op(op) => self.copy_read(op, extent),
+            Action::LocalRead { op, extent } if self.is_host_op(op) => self.read_local(op, extent),
             Action::LocalRead { op, extent } => {
                 // A copy's: under the rebuild bandwidth limit, except a
                 // promotion's resync, which hosts' reads may wait for.
@@ -870,7 +870,7 @@ impl Replicator {
                     self.deferred.push_back((op, extent));
                     return;
                 }
-                self.copy_read(op, extent);
+                self.read_local(op, extent);
             }
             Action::LocalFlush { op } => self.local.submit(op, LocalWork::Flush),
             Action::Send { to, msg } => self.send(to, msg),
@@ -918,7 +918,7 @@ impl Replicator {
                 return;
             }
             self.deferred.pop_front();
-            self.copy_read(op, extent);
+            self.read_local(op, extent);
         }
     }
 
@@ -967,7 +967,7 @@ impl Replicator {
     }
 
     /// Reads a region to copy, or for a host.
-    fn copy_read(&mut self, op: OpId, extent: Extent) {
+    fn read_local(&mut self, op: OpId, extent: Extent) {
         let offset = extent.block * self.block_size;
         let len = (u64::from(extent.blocks) * self.block_size) as usize;
         self.local.submit(op, LocalWork::Read { offset, len });
