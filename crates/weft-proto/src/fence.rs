@@ -38,6 +38,26 @@
 //! is refused. Whoever holds a node's keys can then no longer fence a
 //! replica with the largest epoch and stop its volume's writes.
 //!
+//! Read grants: a primary serves reads from its own copy, and a new
+//! primary must not serve before the old one stopped. The node's lease
+//! says so once it ran out; a replica says so sooner. Every command of the
+//! fence's holder that reaches the replica grants that holder reads for
+//! [`READ_GRANT`] from then on (the holder counts from when it *sent* a
+//! command the replica answered, less a margin, and keeps idle links busy
+//! with [`GRANT_OPCODE`], a vendor I/O command with no data that does
+//! nothing else). A fence that takes the subsystem from another node's
+//! session after a promotion ([`FenceAuthority::waits_for_grants`]) is
+//! answered only once the grant it ends ran out ([`Fences::grant_ends`]),
+//! and so is a new primary's own local fence: by the time the new primary
+//! serves, the old one stopped serving reads, whether it is dead, hung or
+//! cut off. A planned handover's old primary stopped serving before it
+//! committed the record, and is not waited for; neither is a session of
+//! the same node (a primary re-attaching, or serving its next epoch). A
+//! target that restarted does not know whom its last process granted
+//! reads: the target's clock starts with its process, so such grants ran
+//! out [`READ_GRANT`] after it at the latest, and a fence that finds no
+//! earlier holder waits until then.
+//!
 //! What this does not do: persist the fence (a restarted target admits
 //! nothing until fenced anew, and a restart ends every connection, so no
 //! older session can speak again), or know what an epoch means (weft's
@@ -74,6 +94,17 @@ impl FenceToken {
     }
 }
 
+/// How long a command of the fence's holder lets it serve reads (see the
+/// module's docs): a promotion's fence waits this long after the old
+/// holder's last command reached this replica.
+pub const READ_GRANT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// weft's read-grant command: a vendor-specific I/O command (opcodes 80h
+/// to FFh, NVM Command Set 1.0, Figure 11; bits 1:0 clear: no data) that a
+/// fenced subsystem's holder sends on an idle link to renew its grant.
+/// Refused with Reservation Conflict, as any I/O, once another fenced.
+pub const GRANT_OPCODE: u8 = 0x88;
+
 /// How long a fence its node's record does not admit yet waits for one
 /// that does: the time a node takes to see a new primary's record, with
 /// room to spare.
@@ -87,6 +118,10 @@ pub struct FenceAuthority {
     pub host_nqn: String,
     /// The record's epoch.
     pub epoch: u64,
+    /// The record made its primary by promotion, deposing the previous one
+    /// (not by the previous primary's own handover): a fence waits out the
+    /// read grant of the other node that held it (see the module's docs).
+    pub waits_for_grants: bool,
 }
 
 /// What a [`FenceAuthority`] says of a fence.
@@ -120,6 +155,25 @@ struct Fence {
     /// Controllers that have run fenced I/O on the subsystem: a new fence
     /// waits until none but the new holder has any on its way.
     participants: Vec<Arc<ControllerShared>>,
+    /// The last host's controller that held the fence: the one whose reads
+    /// a grant from this replica may let go on.
+    grantee: Option<Arc<ControllerShared>>,
+    /// The grant the holder took the fence from.
+    owed: Owed,
+}
+
+/// The read grant a fence ended (see the module's docs).
+#[derive(Debug, Default)]
+enum Owed {
+    /// None: the fence's first holder since the target started, whose
+    /// previous process may have granted reads to anyone.
+    #[default]
+    SinceStart,
+    /// None but its own node's.
+    Nothing,
+    /// Another node's session's: it runs out [`READ_GRANT`] after its last
+    /// command was heard.
+    Grantee(Arc<ControllerShared>),
 }
 
 /// The fences of a target's fenced subsystems, by subsystem NQN. Touched by
@@ -151,7 +205,39 @@ impl Fences {
             previous.set_fence_holder(false);
         }
         controller.set_fence_holder(true);
+        fence.owed = match &fence.grantee {
+            None => Owed::SinceStart,
+            Some(grantee) if grantee.hostnqn == controller.hostnqn => Owed::Nothing,
+            Some(grantee) => Owed::Grantee(Arc::clone(grantee)),
+        };
+        if controller.is_remote() {
+            fence.grantee = Some(Arc::clone(controller));
+        }
         Ok(())
+    }
+
+    /// When the read grant `holder`'s fence ended runs out: the last
+    /// command of the other node's session it took the fence from, heard
+    /// plus [`READ_GRANT`] (none if its own node's, or never heard); if the
+    /// fence had no holder since the target started, [`READ_GRANT`] after
+    /// the start of the target's clock. Read once the fence
+    /// [`Fences::drained`]: every command let through before it was taken
+    /// was heard by then.
+    pub fn grant_ends(&self, holder: &ControllerShared) -> Option<crate::types::Timestamp> {
+        let inner = self.lock();
+        let fence = inner.get(&holder.subnqn)?;
+        if !fence
+            .holder
+            .as_ref()
+            .is_some_and(|h| std::ptr::eq(Arc::as_ptr(h), holder))
+        {
+            return None;
+        }
+        match &fence.owed {
+            Owed::SinceStart => Some(crate::types::Timestamp(READ_GRANT)),
+            Owed::Nothing => None,
+            Owed::Grantee(grantee) => Some(grantee.heard_at()?.after(READ_GRANT)),
+        }
     }
 
     /// Whether no controller of `holder`'s subsystem but `holder` has fenced
@@ -253,6 +339,12 @@ impl LocalFence {
         self.fences.drained(&self.writer)
     }
 
+    /// When the read grant of the other node it took the fence from runs
+    /// out (see [`Fences::grant_ends`]): a promoted primary serves after it.
+    pub fn grant_ends(&self) -> Option<crate::types::Timestamp> {
+        self.fences.grant_ends(&self.writer)
+    }
+
     /// A write is about to go to the media: counted until the guard drops,
     /// or refused (none) if a newer fence took the subsystem: it must not run.
     pub fn enter(&self) -> Option<FencedIo> {
@@ -299,6 +391,7 @@ mod tests {
         let authority = FenceAuthority {
             host_nqn: "nqn.node:n1".into(),
             epoch: 4,
+            waits_for_grants: true,
         };
         let admits = |host: &str, epoch| authority.admits(host, token(epoch, 7));
         assert_eq!(admits("nqn.node:n1", 4), FenceAdmission::Admitted);
@@ -390,6 +483,58 @@ mod tests {
         assert!(!local.drained(), "the old primary's write is on its way");
         old.fenced_io_done();
         assert!(local.drained());
+    }
+
+    #[test]
+    fn a_fence_learns_when_the_grant_it_ended_runs_out_and_a_same_node_session_ends_none() {
+        use crate::types::Timestamp;
+        let at = |ms| Timestamp(std::time::Duration::from_millis(ms));
+        let registry = ControllerRegistry::default();
+        let fences = Arc::new(Fences::default());
+        let old = registry.create("nqn.r", "nqn.a", [1; 16], 8).unwrap();
+        fences.fence(token(1, 1), &old).unwrap();
+        assert_eq!(
+            fences.grant_ends(&old),
+            Some(at(1000)),
+            "the first since the target started: its last process may have granted reads"
+        );
+        old.heard(at(100));
+        old.heard(at(400));
+        old.heard(at(300));
+        assert_eq!(
+            old.heard_at(),
+            Some(at(400)),
+            "the last heard, not the latest call"
+        );
+        let again = registry.create("nqn.r", "nqn.a", [1; 16], 8).unwrap();
+        fences.fence(token(1, 2), &again).unwrap();
+        assert_eq!(fences.grant_ends(&again), None, "its own node's grant");
+        again.heard(at(500));
+        // Its connection ends (a kill -9): the grant it holds does not.
+        fences.forget(&again);
+        let newer = registry.create("nqn.r", "nqn.b", [2; 16], 8).unwrap();
+        fences.fence(token(2, 1), &newer).unwrap();
+        assert_eq!(fences.grant_ends(&newer), Some(at(1500)));
+        assert_eq!(fences.grant_ends(&old), None, "only for the holder");
+        // The new primary's own copy, which the old one also wrote to.
+        let on_b = registry.create("nqn.q", "nqn.a", [1; 16], 8).unwrap();
+        fences.fence(token(1, 1), &on_b).unwrap();
+        on_b.heard(at(700));
+        let local = fences.fence_local("nqn.q", token(2, 0)).unwrap();
+        assert_eq!(local.grant_ends(), Some(at(1700)));
+        // A session never heard granted nothing.
+        let silent = registry.create("nqn.s", "nqn.a", [1; 16], 8).unwrap();
+        fences.fence(token(1, 1), &silent).unwrap();
+        let after = fences.fence_local("nqn.s", token(2, 0)).unwrap();
+        assert_eq!(after.grant_ends(), None);
+        assert_eq!(
+            fences
+                .fence_local("nqn.t", token(1, 0))
+                .unwrap()
+                .grant_ends(),
+            Some(at(1000)),
+            "none held it since the start"
+        );
     }
 
     #[test]

@@ -171,6 +171,9 @@ pub enum IoPlan {
         ranges: u16,
         deallocate: bool,
     },
+    /// A read grant's renewal (see [`crate::fence::GRANT_OPCODE`]): nothing
+    /// but the fence's check.
+    Grant,
     /// Clean: drop `regions` regions (u32s in the slot buffer) from the
     /// replica's write intent (see [`crate::intent`]).
     Clean { regions: u32 },
@@ -200,6 +203,7 @@ impl IoPlan {
             | IoPlan::WriteZeroes { nsid, .. }
             | IoPlan::DatasetManagement { nsid, .. } => Some((nsid, Access::Write)),
             IoPlan::Clean { .. }
+            | IoPlan::Grant
             | IoPlan::Snapshot { .. }
             | IoPlan::Grow { .. }
             | IoPlan::Reserve { .. }
@@ -235,6 +239,13 @@ impl IoPlan {
         }
         if command.opcode == crate::intent::CLEAN_OPCODE {
             return clean(command, subsystem);
+        }
+        if command.opcode == crate::fence::GRANT_OPCODE {
+            // Only a fenced subsystem grants reads.
+            return match subsystem.fenced {
+                true => Ok(IoPlan::Grant),
+                false => Err(Status::INVALID_OPCODE),
+            };
         }
         if command.opcode == crate::intent::SNAPSHOT_OPCODE {
             return snapshot(command, subsystem);

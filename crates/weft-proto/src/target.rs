@@ -551,6 +551,10 @@ pub struct ControllerShared {
     /// I/O commands on a fenced subsystem admitted and not yet done: a new
     /// fence is answered once the previous holder's count is zero.
     fenced_io_in_flight: AtomicU32,
+    /// When its last command on a fenced subsystem reached the target
+    /// (nanoseconds of the target's clock; 0: never): what a read grant
+    /// runs from (see [`crate::fence::READ_GRANT`]).
+    heard_at_ns: AtomicU64,
 }
 
 impl ControllerShared {
@@ -595,6 +599,7 @@ impl ControllerShared {
             counters: ControllerCounters::default(),
             fence_holder: AtomicBool::new(false),
             fenced_io_in_flight: AtomicU32::new(0),
+            heard_at_ns: AtomicU64::new(0),
         }
     }
 
@@ -632,6 +637,29 @@ impl ControllerShared {
     pub fn fenced_io_done(&self) {
         let before = self.fenced_io_in_flight.fetch_sub(1, Ordering::SeqCst);
         debug_assert!(before > 0, "more fenced I/O done than entered");
+    }
+
+    /// A command of its reached the target at `now` (on a fenced
+    /// subsystem: a fence, or I/O about to enter it). Recorded before the
+    /// I/O enters (sequentially consistent with the fence's holder flag):
+    /// a fencer that cleared the flag and then waited for the count to
+    /// drain sees the time of every command it let through.
+    pub fn heard(&self, now: crate::types::Timestamp) {
+        let ns = (now.0.as_nanos() as u64).max(1);
+        self.heard_at_ns.fetch_max(ns, Ordering::SeqCst);
+    }
+
+    /// When its last command on a fenced subsystem reached the target, if any did.
+    pub fn heard_at(&self) -> Option<crate::types::Timestamp> {
+        match self.heard_at_ns.load(Ordering::SeqCst) {
+            0 => None,
+            ns => Some(crate::types::Timestamp(std::time::Duration::from_nanos(ns))),
+        }
+    }
+
+    /// Whether it is a host's controller (not the target's own writer).
+    pub fn is_remote(&self) -> bool {
+        !self.hostnqn.is_empty()
     }
 
     /// Its I/O commands on a fenced subsystem on their way to the media.

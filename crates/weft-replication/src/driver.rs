@@ -85,7 +85,8 @@ pub enum Serving {
     Yes,
     /// Optimized, but reads go through the primary too: a promotion's
     /// resync is under way, and a read of a region not yet copied to every
-    /// replica waits for its copy ([`Primary::host_read`]).
+    /// replica waits for its copy ([`Primary::host_read`]); or a replica's
+    /// read grant ran out, and reads wait for its renewal.
     Resyncing,
     /// Being set up or handed over: retry, on any path.
     Transition,
@@ -301,6 +302,7 @@ mod tests {
             reattach_interval: Duration::from_secs(1),
             copies_in_flight_max: 4,
             clean_delay: Duration::from_secs(2),
+            read_grant: Duration::from_millis(800),
         };
         let regions = geometry.regions();
         let run = Run::new(Epoch(1), regions);

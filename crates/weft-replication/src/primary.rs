@@ -28,6 +28,18 @@
 //! replica. No lease has to run out, so the host pauses only for the drain
 //! and the new primary's fencing.
 //!
+//! Reads rest on grants as well as the lease: a read is served from this
+//! node's copy only while every replica the store may call in sync granted
+//! it reads (`weft_proto::fence`'s read grants: a replica answering a
+//! command sent at `t` lets this primary serve reads until `t` plus
+//! [`PrimaryConfig::read_grant`]; a replica promoted, or fenced by one
+//! promoted, waits longer than that after this primary's last command). A
+//! link with nothing else to say renews its grant with a [`ToReplica::Grant`]
+//! once a third of it is spent; a read that finds a grant run out (a replica
+//! late, or gone and not yet faulted) waits for its renewal, or for the
+//! replica to leave the in-sync set. So a promotion need not wait for this
+//! node's lease to end to be safe for reads.
+//!
 //! A primary whose own copy fails (a local write, read or flush fails:
 //! a disk error, a failed pool) hands over the same way to an in-sync
 //! replica it reaches, marking itself faulted under its epoch (rebuilt in
@@ -66,6 +78,11 @@ pub struct PrimaryConfig {
     /// completed (md's bitmap delay): a region written again meanwhile
     /// costs no intent update, at the price of a larger resync at promotion.
     pub clean_delay: Duration,
+    /// How long after sending a command a replica answered this primary
+    /// may serve reads on that answer: the replicas' grant
+    /// (`weft_proto::fence::READ_GRANT`) less a margin for the clocks' rates,
+    /// the driver's ticks and a read already on its way to the disk.
+    pub read_grant: Duration,
 }
 
 /// The primary's stage.
@@ -124,6 +141,13 @@ pub enum ToReplica {
     },
     /// Make every completed write durable.
     Flush {
+        /// The session.
+        token: Token,
+        /// The op.
+        op: OpId,
+    },
+    /// Nothing but a renewal of the read grant (see the module's docs).
+    Grant {
         /// The session.
         token: Token,
         /// The op.
@@ -254,6 +278,8 @@ struct Link {
     flushed: bool,
     /// It was sent a write since its join flush was sent.
     written_since_flush: bool,
+    /// Until when its answers grant this primary reads.
+    granted_until: Duration,
 }
 
 impl Link {
@@ -295,6 +321,10 @@ enum OpKind {
     HandoverFlush {
         to: NodeId,
     },
+    /// Renews the read grant of `to`.
+    Grant {
+        to: NodeId,
+    },
 }
 
 /// The local flush before this node is left the only copy in sync.
@@ -330,6 +360,7 @@ impl Op {
                 | OpKind::JoinFlush { .. }
                 | OpKind::SoleFlush
                 | OpKind::HandoverFlush { .. }
+                | OpKind::Grant { .. }
         )
     }
 
@@ -341,7 +372,8 @@ impl Op {
             | OpKind::Flush
             | OpKind::JoinFlush { .. }
             | OpKind::SoleFlush
-            | OpKind::HandoverFlush { .. } => None,
+            | OpKind::HandoverFlush { .. }
+            | OpKind::Grant { .. } => None,
         }
     }
 
@@ -394,6 +426,8 @@ pub struct Primary {
     /// While resyncing: a region's count reached zero since queued ops
     /// were last looked at.
     settled: bool,
+    /// A host read waits for a read grant's renewal.
+    reads_wait_for_grants: bool,
     /// The run's kept regions (see [`Run`]).
     kept: RegionSet,
     /// Whether the run's kept regions or members to rebuild in full may be
@@ -447,6 +481,7 @@ impl Primary {
             resync: intent.clone(),
             lacking: Vec::new(),
             settled: false,
+            reads_wait_for_grants: false,
             kept: run.kept.clone(),
             run_degraded,
             sole_flush: None,
@@ -489,6 +524,7 @@ impl Primary {
                 full: !known,
                 flushed: false,
                 written_since_flush: false,
+                granted_until: Duration::ZERO,
             };
             primary.links.insert(member.node, link);
             if member.state == MemberState::InSync {
@@ -532,14 +568,40 @@ impl Primary {
     /// settled, so that a read may go to this node's copy directly: serving,
     /// the resync done.
     pub fn optimized(&self, now: Duration) -> bool {
-        self.phase == PrimaryPhase::Active && self.serves(now)
+        self.phase == PrimaryPhase::Active && self.serves(now) && self.granted(now)
+    }
+
+    /// Whether every replica the store may call in sync granted this
+    /// primary reads at `now` (see the module's docs).
+    fn granted(&self, now: Duration) -> bool {
+        self.links
+            .iter()
+            .all(|(&node, link)| now < link.granted_until || !self.maybe_in_sync(node))
+    }
+
+    /// When a read grant is next due for renewal, or runs out (the driver
+    /// looks at the time by then; `Duration::MAX` if no grant is needed).
+    pub fn grants_due(&self) -> Duration {
+        self.links
+            .iter()
+            .filter(|(&node, _)| self.maybe_in_sync(node))
+            .map(|(_, link)| self.renewal_due(link))
+            .min()
+            .unwrap_or(Duration::MAX)
+    }
+
+    /// Once a third of its grant is spent.
+    fn renewal_due(&self, link: &Link) -> Duration {
+        link.granted_until
+            .saturating_sub(self.config.read_grant * 2 / 3)
     }
 
     /// Whether this path serves (ANA Optimized): active or resyncing, with
-    /// a valid lease, not handing over. While resyncing, reads go through
-    /// [`Primary::host_read`], which holds those of regions not yet copied;
-    /// and a primary whose copy failed then serves nothing (it hands over
-    /// once active).
+    /// a valid lease, not handing over. While resyncing, or a read grant
+    /// runs out, reads go through [`Primary::host_read`], which holds those
+    /// of regions not yet copied, and all while a grant is renewed; and a
+    /// primary whose copy failed serves nothing while resyncing (it hands
+    /// over once active).
     pub fn serves(&self, now: Duration) -> bool {
         let phase_serves = match self.phase {
             PrimaryPhase::Active => true,
@@ -639,6 +701,13 @@ impl Primary {
             return self.complete(op, refusal);
         }
         let mut read = new_op(OpKind::Read { extent }, now);
+        if !self.granted(now) {
+            read.queued = true;
+            self.queued.insert(op);
+            self.ops.insert(op, read);
+            self.reads_wait_for_grants = true;
+            return self.renew_grants(now);
+        }
         if self.unsettled(&extent) {
             read.queued = true;
             self.queued.insert(op);
@@ -776,6 +845,10 @@ impl Primary {
             }
             FromReplica::Done { token, op } if token == link.token => {
                 if let Some(entry) = self.ops.get_mut(&op) {
+                    // Sent `replica_timeout` before its deadline.
+                    let sent = entry.deadline.saturating_sub(self.config.replica_timeout);
+                    let link = self.links.get_mut(&from).expect("a link");
+                    link.granted_until = link.granted_until.max(sent + self.config.read_grant);
                     entry.required.retain(|&n| n != from);
                     entry.optional.retain(|&n| n != from);
                     self.progress(op, now);
@@ -816,10 +889,15 @@ impl Primary {
 
     fn fenced(&mut self, node: NodeId, intent: RegionSet, now: Duration) {
         let geometry = self.config.geometry;
+        let (timeout, read_grant) = (self.config.replica_timeout, self.config.read_grant);
         let link = self.links.get_mut(&node).expect("a link");
-        let LinkState::Fencing { rejoin, .. } = link.state else {
+        let LinkState::Fencing { rejoin, deadline } = link.state else {
             return;
         };
+        // The fence was sent `replica_timeout` before its deadline.
+        link.granted_until = link
+            .granted_until
+            .max(deadline.saturating_sub(timeout) + read_grant);
         if rejoin {
             // It may hold writes others lack (its intent) and lacks what
             // it missed (dirty), or everything if that is not known here.
@@ -1166,6 +1244,7 @@ impl Primary {
         if self.commit_retry_at.is_some_and(|at| now >= at) {
             self.maybe_commit();
         }
+        self.renew_grants(now);
         if self.phase == PrimaryPhase::Active {
             let rejoining: Vec<NodeId> = self
                 .links
@@ -1194,6 +1273,43 @@ impl Primary {
             }),
             "an op is due before the deadline scan"
         );
+    }
+
+    /// Asks every replica whose read grant is due for renewal, and none
+    /// is on its way, to renew it (see the module's docs).
+    fn renew_grants(&mut self, now: Duration) {
+        if !matches!(self.phase, PrimaryPhase::Active | PrimaryPhase::Resyncing) {
+            return;
+        }
+        let renewing: Vec<NodeId> = self
+            .ops
+            .values()
+            .filter_map(|op| match op.kind {
+                OpKind::Grant { to } => Some(to),
+                _ => None,
+            })
+            .collect();
+        let due: Vec<(NodeId, Token)> = self
+            .links
+            .iter()
+            .filter(|(&node, link)| {
+                matches!(link.state, LinkState::Live | LinkState::Joining)
+                    && now >= self.renewal_due(link)
+                    && self.maybe_in_sync(node)
+                    && !renewing.contains(&node)
+            })
+            .map(|(&node, link)| (node, link.token))
+            .collect();
+        for (to, token) in due {
+            let op = OpId(self.next_internal_op);
+            self.next_internal_op += 1;
+            let mut grant = new_op(OpKind::Grant { to }, now);
+            grant.required.push(to);
+            grant.deadline = now + self.config.replica_timeout;
+            self.ops.insert(op, grant);
+            let msg = ToReplica::Grant { token, op };
+            self.actions.push_back(Action::Send { to, msg });
+        }
     }
 
     fn send_fence(&mut self, node: NodeId, rejoin: bool, now: Duration) {
@@ -1281,6 +1397,7 @@ impl Primary {
 
     fn progress(&mut self, op: OpId, now: Duration) {
         let faults_pending = self.faults_pending();
+        let granted = self.granted(now);
         // A write that failed here is retried on the primary this one hands
         // over to (while resyncing, once it is active).
         let retried_elsewhere = self.handing_over() || self.phase == PrimaryPhase::Resyncing;
@@ -1297,7 +1414,9 @@ impl Primary {
             entry.answered = true;
             let result = match entry.kind {
                 // A read is only as good as the lease it completes under.
-                OpKind::Read { .. } if now >= self.lease_until => HostResult::Transition,
+                OpKind::Read { .. } if now >= self.lease_until || !granted => {
+                    HostResult::Transition
+                }
                 // This copy failed: retried on the primary it hands over to.
                 _ if entry.local_failed && retried_elsewhere => HostResult::Transition,
                 _ => HostResult::Ok,
@@ -1341,12 +1460,10 @@ impl Primary {
                 self.maybe_commit();
             }
             OpKind::HandoverFlush { to } => self.handover_flushed = Some(to),
-            OpKind::Read { .. } | OpKind::Flush => {}
+            OpKind::Read { .. } | OpKind::Flush | OpKind::Grant { .. } => {}
         }
     }
 
-    /// Rebuilding replicas with nothing left to copy or in flight join:
-    /// from now on their answers are required; then the record says so.
     /// Rebuilding replicas with nothing left to copy or in flight are
     /// flushed, then join (a replica that joins holds durably what it was sent).
     fn rebuilt(&mut self, now: Duration) {
@@ -1410,7 +1527,7 @@ impl Primary {
             let (extent, fua) = match self.ops[&id].kind {
                 OpKind::Write { extent, fua } => (extent, fua),
                 OpKind::Read { extent } => {
-                    if !self.unsettled(&extent) {
+                    if !self.unsettled(&extent) && self.granted(now) {
                         self.start_read(id, extent);
                     }
                     continue;
@@ -1566,6 +1683,11 @@ impl Primary {
         if resyncing && std::mem::take(&mut self.settled) {
             // A copy done or a replica dropped may have settled what a
             // queued op waits for (and, the resync done, everything is).
+            self.start_queued(now);
+        }
+        if self.reads_wait_for_grants && self.granted(now) {
+            // Renewed, or the replica that had not left the in-sync set.
+            self.reads_wait_for_grants = false;
             self.start_queued(now);
         }
         self.clean(now);
@@ -1805,6 +1927,8 @@ mod tests {
             reattach_interval: 300 * MS,
             copies_in_flight_max: 2,
             clean_delay: Duration::ZERO,
+            // Never spent in these tests but those of grants (`granting`).
+            read_grant: Duration::from_secs(3600),
         }
     }
 
@@ -1815,10 +1939,14 @@ mod tests {
     /// A new primary of n0 over `record` (epoch 1, at revision 1, nothing
     /// in its intent or run), its lease valid for a second.
     fn leased(record: ReplicaSet) -> Primary {
-        let regions = config().geometry.regions();
+        leased_with(config(), record)
+    }
+
+    fn leased_with(config: PrimaryConfig, record: ReplicaSet) -> Primary {
+        let regions = config.geometry.regions();
         let run = Run::new(Epoch(1), regions);
         let intent = RegionSet::new(regions);
-        let mut primary = Primary::new(config(), record, 1, intent, run, Duration::ZERO);
+        let mut primary = Primary::new(config, record, 1, intent, run, Duration::ZERO);
         primary.set_lease(1000 * MS, Duration::ZERO);
         primary
     }
@@ -1875,6 +2003,110 @@ mod tests {
             .expect("a local flush first");
         primary.local_done(flush, 301 * MS);
         drain(primary)
+    }
+
+    /// The grant renewal sent to n1, if exactly that was sent.
+    fn renewal(actions: &[Action], token: Token) -> OpId {
+        match actions {
+            [Action::Send {
+                to: NodeId(1),
+                msg: ToReplica::Grant { token: sent, op },
+            }] if *sent == token => *op,
+            _ => panic!("not one renewal: {actions:?}"),
+        }
+    }
+
+    /// Read grants (see the module's docs): reads are served only while
+    /// the in-sync replica's grant runs, from when the command it answered
+    /// was sent; an idle link renews it once a third is spent; a read that
+    /// finds it run out waits for the renewal, or for the replica to leave
+    /// the in-sync set, and the direct path (`optimized`) is closed meanwhile.
+    #[test]
+    fn reads_rest_on_the_in_sync_replicas_grant_and_wait_for_its_renewal() {
+        let granting = PrimaryConfig {
+            read_grant: 150 * MS,
+            ..config()
+        };
+        let mut primary = leased_with(granting, ReplicaSet::new(&[NodeId(0), NodeId(1)]));
+        let token = Token {
+            epoch: Epoch(1),
+            session: 1,
+        };
+        drain(&mut primary);
+        let fenced = FromReplica::Fenced {
+            token,
+            intent: RegionSet::new(config().geometry.regions()),
+            unclean: false,
+        };
+        primary.replica_reply(NodeId(1), fenced, 10 * MS);
+        assert!(
+            primary.optimized(149 * MS),
+            "granted from the fence's sending"
+        );
+        assert!(!primary.optimized(150 * MS));
+        assert_eq!(primary.grants_due(), 50 * MS);
+        primary.tick(49 * MS);
+        assert!(drain(&mut primary).is_empty(), "not due yet");
+        primary.tick(50 * MS);
+        let first = renewal(&drain(&mut primary), token);
+        primary.tick(60 * MS);
+        assert!(
+            drain(&mut primary).is_empty(),
+            "one renewal on its way at a time"
+        );
+        primary.replica_reply(NodeId(1), FromReplica::Done { token, op: first }, 61 * MS);
+        assert!(primary.optimized(199 * MS) && !primary.optimized(200 * MS));
+        // n1 turns slow: the next renewal's answer comes after the grant ran out.
+        primary.tick(100 * MS);
+        let second = renewal(&drain(&mut primary), token);
+        primary.host_read(OpId(1), BLOCK_0, 210 * MS);
+        assert!(!primary.optimized(210 * MS));
+        assert!(drain(&mut primary).is_empty(), "the read waits");
+        primary.replica_reply(NodeId(1), FromReplica::Done { token, op: second }, 215 * MS);
+        assert_eq!(
+            drain(&mut primary),
+            [Action::LocalRead {
+                op: OpId(1),
+                extent: BLOCK_0
+            }],
+            "renewed until 250 ms"
+        );
+        primary.local_done(OpId(1), 216 * MS);
+        assert_eq!(
+            completions(&drain(&mut primary)),
+            [(OpId(1), HostResult::Ok)]
+        );
+        // n1 is gone: a read waits until the store takes it out of the in-sync set.
+        primary.tick(220 * MS);
+        renewal(&drain(&mut primary), token);
+        primary.host_read(OpId(2), BLOCK_0, 260 * MS);
+        assert!(drain(&mut primary).is_empty(), "the read waits");
+        primary.tick(420 * MS);
+        let flush = drain(&mut primary)
+            .into_iter()
+            .find_map(|a| match a {
+                Action::LocalFlush { op } => Some(op),
+                _ => None,
+            })
+            .expect("left the only copy in sync, it flushes first");
+        primary.local_done(flush, 421 * MS);
+        let record = drain(&mut primary)
+            .into_iter()
+            .find_map(|a| match a {
+                Action::Commit { record, .. } => Some(record),
+                _ => None,
+            })
+            .expect("n1 faulted");
+        primary.committed(2, record, 422 * MS);
+        assert!(drain(&mut primary).contains(&Action::LocalRead {
+            op: OpId(2),
+            extent: BLOCK_0
+        }));
+        assert!(
+            primary.optimized(423 * MS),
+            "no grant needed from a faulted copy"
+        );
+        assert_eq!(primary.grants_due(), Duration::MAX);
     }
 
     #[test]

@@ -60,6 +60,16 @@ pub struct ReplicaSet {
 }
 
 impl ReplicaSet {
+    /// Whether the previous primary handed the role over itself (a planned
+    /// move: it stays in sync), having stopped serving before it committed
+    /// the record; not a promotion over it, nor a record whose previous
+    /// primary was forgotten. Only then need a new primary's fences not
+    /// wait out the read grants its replicas gave (`weft_proto::fence`).
+    pub fn handed_over_by_previous(&self) -> bool {
+        self.previous
+            .is_some_and(|p| p != self.primary && self.state_of(p) == Some(MemberState::InSync))
+    }
+
     /// A new volume's replica set: every replica in sync (they are all
     /// empty), `nodes[0]` primary, epoch 1.
     pub fn new(nodes: &[NodeId]) -> ReplicaSet {

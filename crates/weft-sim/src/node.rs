@@ -16,7 +16,12 @@
 //! copy of the record names, at the record's epoch (`FenceAuthority`: a
 //! fence its record does not admit yet waits for a newer record, as the
 //! target's does, then is refused). Its write intent is the
-//! target's too (`weft_proto::intent::WriteIntent`): a replica's write to a
+//! target's too (`weft_proto::intent::WriteIntent`). Read grants are the
+//! target's as well: each command of a session is heard on the process's
+//! own clock (which starts with the process, as the target's does), a
+//! fence is answered once the grant it ended ran out (after a promotion),
+//! and a promoted primary's own fence waits for it before it serves. Its write intent is the
+//! target's (`weft_proto::intent::WriteIntent`): a replica's write to a
 //! region it does not cover, or while the node is unclean, marks it (in the
 //! file first) as the node's slow path does; a Clean clears it in memory,
 //! written to the file lazily (once a second); a fence is answered with the
@@ -36,10 +41,11 @@ use std::sync::Arc;
 use std::time::Duration;
 use weft_proto::fence::{
     FenceAdmission, FenceAuthority, FenceToken, FencedIo, Fences, LocalFence,
-    FENCE_ADMISSION_PATIENCE,
+    FENCE_ADMISSION_PATIENCE, READ_GRANT,
 };
 use weft_proto::intent::{clean_regions, IntentLogHeader, WriteIntent, INTENT_LOG_HEADER_LEN};
 use weft_proto::target::{ControllerRegistry, ControllerShared};
+use weft_proto::types::Timestamp;
 use weft_replication::{
     plan_start, Action, Driver, Epoch, Extent, FromReplica, Geometry, HostResult, MemberState,
     NodeId, OpId, Primary, PrimaryConfig, PrimaryPhase, RegionSet, ReplicaSet, Run, Start,
@@ -156,6 +162,11 @@ pub struct Node {
     sessions: BTreeMap<NodeId, (Token, Arc<ControllerShared>)>,
     /// Its primary's hold on the fence, for its local writes.
     own_fence: Option<LocalFence>,
+    /// A promotion it serves once the read grant its own fence ended ran
+    /// out: its fence, and the record (and revision) it serves.
+    promoted: Option<(LocalFence, u64, ReplicaSet, bool)>,
+    /// When its process started: its target's clock counts from here.
+    started_at: Duration,
     role: Role,
     record: Option<(u64, ReplicaSet)>,
     lease_until: Duration,
@@ -204,6 +215,8 @@ impl Node {
             controllers: ControllerRegistry::default(),
             sessions: BTreeMap::new(),
             own_fence: None,
+            promoted: None,
+            started_at: Duration::ZERO,
             intent_file: RegionSet::new(regions),
             served_epoch: Epoch(0),
             run: Run::new(Epoch(0), regions),
@@ -300,6 +313,7 @@ impl Node {
     fn become_replica(&mut self) {
         self.role = Role::Replica;
         self.own_fence = None;
+        self.promoted = None;
         self.host_ops.clear();
         self.buffers.clear();
     }
@@ -349,6 +363,28 @@ impl Node {
     /// ended, as `weft serve` does.
     pub fn restart(&mut self, now: Duration) {
         self.may_register_at = now + self.lease_ttl;
+        self.started_at = now;
+    }
+
+    /// `now` on its target's clock.
+    fn target_time(&self, now: Duration) -> Timestamp {
+        Timestamp(now.saturating_sub(self.started_at))
+    }
+
+    /// Whether a fence of its replica subsystem may be answered: no other
+    /// writer's I/O on its way and, unless its record says the previous
+    /// primary handed over, the read grant it ended ran out.
+    fn fence_settled(&self, controller: &ControllerShared, now: Duration) -> bool {
+        let waits = self
+            .record
+            .as_ref()
+            .is_none_or(|(_, record)| !record.handed_over_by_previous());
+        self.fences.drained(controller)
+            && !(waits
+                && self
+                    .fences
+                    .grant_ends(controller)
+                    .is_some_and(|ends| self.target_time(now) < ends))
     }
 
     fn apply(&mut self, extent: Extent, data: &[u64], durable: bool) {
@@ -382,6 +418,8 @@ impl Node {
 
     pub fn tick(&mut self, now: Duration, rng: &mut Rng, out: &mut Outbox) {
         self.admit_fences(now, out);
+        self.answer_fences(now, out);
+        self.serve_when_granted(now, out);
         let may_renew = self.may_register && now >= self.may_register_at;
         if may_renew && self.last_renew.is_none_or(|t| now >= t + RENEW_EVERY) {
             self.last_renew = Some(now);
@@ -578,6 +616,18 @@ impl Node {
                 return;
             }
         }
+        if let Some((_, pending_revision, pending, _)) = &mut self.promoted {
+            if record.epoch == pending.epoch && record.primary == self.id {
+                // Its promotion, changed meanwhile: served as it is now.
+                (*pending_revision, *pending) = (revision, record);
+                return;
+            }
+            out.note(format!(
+                "epoch {} superseded before it served",
+                pending.epoch.0
+            ));
+            self.promoted = None;
+        }
         if record.primary != self.id {
             return;
         }
@@ -720,6 +770,34 @@ impl Node {
         // (Its own writes drained before it began, and replicas' writes
         // land at once here: nobody's are on their way.)
         assert!(own_fence.drained(), "no write on its way to its copy");
+        self.promoted = Some((own_fence, revision, record, continued));
+        self.serve_when_granted(now, out);
+    }
+
+    /// Serves the promotion it fenced its copy for once the read grant its
+    /// fence ended ran out (unless the previous primary handed over), as
+    /// the replicator's `fence_own` waits; dropped if a newer fence took
+    /// its copy meanwhile.
+    fn serve_when_granted(&mut self, now: Duration, out: &mut Outbox) {
+        let Some((own_fence, revision, record, continued)) = self.promoted.take() else {
+            return;
+        };
+        if !own_fence.holds() {
+            out.note(format!("epoch {} fenced before it served", record.epoch.0));
+            return;
+        }
+        let granted = own_fence
+            .grant_ends()
+            .filter(|_| !record.handed_over_by_previous())
+            .filter(|&ends| self.target_time(now) < ends);
+        if let Some(ends) = granted {
+            out.note(format!(
+                "serves epoch {} once its copy's grant ends at {ends:?}",
+                record.epoch.0
+            ));
+            self.promoted = Some((own_fence, revision, record, continued));
+            return;
+        }
         if !continued {
             self.run = Run::new(record.epoch, self.geometry.regions());
         }
@@ -738,6 +816,7 @@ impl Node {
             reattach_interval: Duration::from_millis(300),
             copies_in_flight_max: 4,
             clean_delay: self.clean_delay,
+            read_grant: READ_GRANT - LEASE_MARGIN,
         };
         let intent = self.intent_marked();
         let primary = Primary::new(config, record, revision, intent, self.run.clone(), now);
@@ -809,11 +888,18 @@ impl Node {
             };
             out.after(disk_time, answer);
         };
-        // Its session's controller must hold the fence, counted while it writes.
+        // Its session's controller must hold the fence, counted while it
+        // writes; heard first, as the target hears a command.
+        let heard = self.target_time(now);
         let session = self
             .sessions
             .get(&primary)
-            .filter(|(session, controller)| *session == token && controller.fenced_io_enter())
+            .filter(|(session, controller)| {
+                *session == token && {
+                    controller.heard(heard);
+                    controller.fenced_io_enter()
+                }
+            })
             .map(|(_, controller)| Arc::clone(controller));
         let (Some(controller), Role::Replica) = (session, &self.role) else {
             if !matches!(msg, ToReplica::Clean { .. }) {
@@ -860,6 +946,8 @@ impl Node {
                 self.flush();
                 answer(FromReplica::Done { token, op }, out);
             }
+            // The fence let it in: that is all a grant asks.
+            ToReplica::Grant { op, .. } => answer(FromReplica::Done { token, op }, out),
             ToReplica::Clean { regions, .. } => self.intent.clean(regions),
         }
         controller.fenced_io_done();
@@ -872,6 +960,7 @@ impl Node {
         let authority = self.record.as_ref().map(|(_, record)| FenceAuthority {
             host_nqn: node_host(record.primary),
             epoch: record.epoch.0,
+            waits_for_grants: !record.handed_over_by_previous(),
         });
         let (node, incarnation) = (self.id, self.incarnation);
         for (primary, token, refused_at) in std::mem::take(&mut self.unadmitted) {
@@ -892,7 +981,7 @@ impl Node {
             });
             let refusal = match admission {
                 FenceAdmission::Admitted => {
-                    self.fence_admitted(primary, token, out, answer);
+                    self.fence_admitted(primary, token, now, out, answer);
                     continue;
                 }
                 FenceAdmission::Stale(epoch) => epoch,
@@ -917,6 +1006,7 @@ impl Node {
         &mut self,
         primary: NodeId,
         token: Token,
+        now: Duration,
         out: &mut Outbox,
         answer: impl Fn(FromReplica, &mut Outbox),
     ) {
@@ -927,7 +1017,7 @@ impl Node {
                 self.become_replica();
             }
         }
-        self.take_fence(primary, token, out, answer);
+        self.take_fence(primary, token, now, out, answer);
     }
 
     /// A primary's new session fences the replica subsystem (its previous
@@ -937,6 +1027,7 @@ impl Node {
         &mut self,
         primary: NodeId,
         token: Token,
+        now: Duration,
         out: &mut Outbox,
         answer: impl Fn(FromReplica, &mut Outbox),
     ) {
@@ -949,6 +1040,8 @@ impl Node {
             .controllers
             .create(REPLICA_NQN, &host, [primary.0 as u8; 16], 16)
             .expect("one controller per primary");
+        // The fence is a command of the new holder: its grant runs from here.
+        controller.heard(self.target_time(now));
         if let Err(current) = self.fences.fence(fence_token(token), &controller) {
             self.controllers.remove(controller.cntlid);
             let current = token_of_fence(current);
@@ -965,11 +1058,12 @@ impl Node {
             "a newer fence deposed its primary: it is a replica"
         );
         out.note(format!("fence {token:?} from {primary}: taken"));
-        if !self.fences.drained(&controller) {
-            // This node's own writes (an ended primary's) are on their way:
-            // none may land after the new primary copied their region.
+        if !self.fence_settled(&controller, now) {
+            // This node's own writes (an ended primary's) are on their way
+            // (none may land after the new primary copied their region), or
+            // the read grant the fence ended has not run out.
             out.note(format!(
-                "fence answer waits for {} local I/O",
+                "fence answer waits for {} local I/O or a read grant",
                 self.local.len()
             ));
             self.fence_answers.push((primary, token, controller));
@@ -1004,22 +1098,7 @@ impl Node {
             }
             Local::Flush => self.flush(),
         }
-        let answers = std::mem::take(&mut self.fence_answers);
-        for (to, token, controller) in answers {
-            if !self.fences.drained(&controller) {
-                self.fence_answers.push((to, token, controller));
-                continue;
-            }
-            let reply = self.fenced(token);
-            let (node, incarnation) = (self.id, self.incarnation);
-            let answer = Event::ReplicaAnswer {
-                node,
-                incarnation,
-                to,
-                reply,
-            };
-            out.after(Duration::ZERO, answer);
-        }
+        self.answer_fences(now, out);
         if let Role::Primary(driver) = &mut self.role {
             if failed {
                 out.note(format!("local I/O of {op:?} failed: its disk failed"));
@@ -1034,6 +1113,26 @@ impl Node {
 
     /// The change to its files reached the disk, or could not (`rng`
     /// decides: a full disk).
+    /// Answers the fences taken that have settled (see `fence_settled`).
+    fn answer_fences(&mut self, now: Duration, out: &mut Outbox) {
+        let answers = std::mem::take(&mut self.fence_answers);
+        for (to, token, controller) in answers {
+            if !self.fence_settled(&controller, now) {
+                self.fence_answers.push((to, token, controller));
+                continue;
+            }
+            let reply = self.fenced(token);
+            let (node, incarnation) = (self.id, self.incarnation);
+            let answer = Event::ReplicaAnswer {
+                node,
+                incarnation,
+                to,
+                reply,
+            };
+            out.after(Duration::ZERO, answer);
+        }
+    }
+
     pub fn files_done(&mut self, incarnation: u64, now: Duration, rng: &mut Rng, out: &mut Outbox) {
         if incarnation != self.incarnation {
             return;
@@ -1253,6 +1352,7 @@ fn token_of(msg: &ToReplica) -> Token {
         | ToReplica::Write { token, .. }
         | ToReplica::Copy { token, .. }
         | ToReplica::Flush { token, .. }
+        | ToReplica::Grant { token, .. }
         | ToReplica::Clean { token, .. } => *token,
     }
 }

@@ -32,6 +32,8 @@ pub struct DataPlane {
     exports: Mutex<(Arc<Exports>, u64)>,
     /// Every reactor's stage counts.
     stages: Arc<StageTotals>,
+    /// Its clock's origin: every reactor's `Timestamp`s count from it.
+    epoch: Instant,
 }
 
 /// Why the data plane could not start.
@@ -135,6 +137,7 @@ impl DataPlane {
             reactors,
             exports: Mutex::new((exports, 0)),
             stages,
+            epoch,
         })
     }
 
@@ -142,6 +145,12 @@ impl DataPlane {
     /// their media (see `weft_proto::fence::LocalFence`).
     pub fn fences(&self) -> Arc<weft_proto::fence::Fences> {
         Arc::clone(&self.target.fences)
+    }
+
+    /// The time on the clock its connections run on (what a fence's read
+    /// grant is measured with: see `weft_proto::fence::READ_GRANT`).
+    pub fn now(&self) -> weft_proto::types::Timestamp {
+        weft_proto::types::Timestamp(self.epoch.elapsed())
     }
 
     /// Serves `exports` from now on: the target's configuration becomes

@@ -345,6 +345,8 @@ impl Manager {
             fence_authority: Some(FenceAuthority {
                 host_nqn: node_host_nqn(&replication.primary),
                 epoch: replication.epoch,
+                waits_for_grants: !weft_cluster::replicas::replica_set(replication)
+                    .handed_over_by_previous(),
             }),
             ..served.clone()
         }

@@ -387,6 +387,15 @@ impl Session {
             ToReplica::Copy { op, extent, .. } => {
                 self.build_write(op, extent.block, payload, false)
             }
+            ToReplica::Grant { op, .. } => {
+                let command = sqe(weft_proto::fence::GRANT_OPCODE, NSID);
+                self.push(
+                    command,
+                    DataTransfer::None,
+                    Data::None,
+                    Part::Core(Some(op)),
+                );
+            }
             ToReplica::Flush { op, .. } => {
                 let command = sqe(io_opcode::FLUSH, NSID);
                 self.push(

@@ -126,7 +126,7 @@ impl Connection {
                 };
                 self.finish(slot, outcome, buffers);
             }
-            State::Io(..) => self.start_io(slot, buffers),
+            State::Io(..) => self.start_io(slot, now, buffers),
             State::AwaitIcReq | State::Closing => {
                 unreachable!("commands are only received on initialized queues")
             }
@@ -161,8 +161,13 @@ impl Connection {
         }
     }
 
-    pub(super) fn start_io(&mut self, slot: SlotId, buffers: &mut impl SlotBuffers) {
-        if !self.enter_fence(slot) {
+    pub(super) fn start_io(
+        &mut self,
+        slot: SlotId,
+        now: Timestamp,
+        buffers: &mut impl SlotBuffers,
+    ) {
+        if !self.enter_fence(slot, now) {
             return self.complete(slot, Status::RESERVATION_CONFLICT, 0, 0, buffers);
         }
         let plan = self.slots[usize::from(slot.0)]
@@ -276,6 +281,8 @@ impl Connection {
                     self.dsm_ranges.len()
                 }
             }
+            // The fence let it in: that is all a grant asks.
+            IoPlan::Grant => 0,
             IoPlan::Clean { regions } => {
                 let subsystem = &self.config.subsystems[io_queue.subsystem];
                 let intent = subsystem

@@ -59,38 +59,65 @@ impl Connection {
     }
 
     /// Takes the fence with `token` (refused if not larger than the
-    /// current one), answering now or once the others drained.
+    /// current one), answering now or once the others drained and the read
+    /// grant it ends ran out.
     fn take_fence(&mut self, slot: SlotId, token: FenceToken, now: Timestamp) {
         let State::Admin(queue, _) = &self.state else {
             unreachable!("fences are taken on admin queues")
         };
-        let fences = &self.target.fences;
-        match fences.fence(token, &queue.controller) {
+        // The fence is a command of the new holder: its grant runs from here.
+        queue.controller.heard(now);
+        if let Err(current) = self.target.fences.fence(token, &queue.controller) {
             // The result carries the current epoch: the asker learns of a newer primary.
-            Err(current) => self.respond(slot, Status::RESERVATION_CONFLICT, current.epoch),
-            Ok(()) if fences.drained(&queue.controller) => self.respond(slot, Status::SUCCESS, 0),
-            Ok(()) => {
+            return self.respond(slot, Status::RESERVATION_CONFLICT, current.epoch);
+        }
+        match self.fence_settles_at(now) {
+            None => self.respond(slot, Status::SUCCESS, 0),
+            Some(check_at) => {
                 self.slots[usize::from(slot.0)].state = SlotState::Parked;
                 self.fence_wait = Some(FenceWait {
                     slot,
-                    check_at: now.after(FENCE_DRAIN_CHECK),
+                    check_at,
                     unadmitted: None,
                 });
             }
         }
     }
 
+    /// None once the fence this controller took may be answered: no other
+    /// controller's I/O is on its way to the media and, after a promotion,
+    /// the read grant it ended ran out. Else when to look again.
+    fn fence_settles_at(&self, now: Timestamp) -> Option<Timestamp> {
+        let State::Admin(queue, _) = &self.state else {
+            unreachable!("fences are taken on admin queues")
+        };
+        let fences = &self.target.fences;
+        if !fences.drained(&queue.controller) {
+            return Some(now.after(FENCE_DRAIN_CHECK));
+        }
+        let waits = self
+            .config
+            .subsystem(&queue.controller.subnqn)
+            .and_then(|s| s.fence_authority.as_ref())
+            .is_some_and(|a| a.waits_for_grants);
+        match fences.grant_ends(&queue.controller) {
+            Some(ends) if waits && now < ends => Some(ends),
+            _ => None,
+        }
+    }
+
     /// Answers a waiting fence once it is admitted (or refused: not
-    /// admitted in time, or stale) and the other controllers drained.
+    /// admitted in time, or stale), the other controllers drained and the
+    /// grant it ended ran out.
     pub(super) fn check_fence(&mut self, now: Timestamp) {
-        let (Some(wait), State::Admin(queue, _)) = (&mut self.fence_wait, &self.state) else {
+        let Some(wait) = &self.fence_wait else {
             return;
         };
         if let Some((token, refused_at)) = wait.unadmitted {
             return self.check_fence_admission(token, refused_at, now);
         }
-        if !self.target.fences.drained(&queue.controller) {
-            wait.check_at = now.after(FENCE_DRAIN_CHECK);
+        if let Some(check_at) = self.fence_settles_at(now) {
+            self.fence_wait.as_mut().expect("waiting").check_at = check_at;
             return;
         }
         let slot = wait.slot;
@@ -136,7 +163,7 @@ impl Connection {
     /// Counts slot `slot`'s command against its subsystem's fence as it
     /// goes to the media; false if the controller no longer holds the fence
     /// (the command must not run).
-    pub(super) fn enter_fence(&mut self, slot: SlotId) -> bool {
+    pub(super) fn enter_fence(&mut self, slot: SlotId, now: Timestamp) -> bool {
         let State::Io(queue, io) = &self.state else {
             return true;
         };
@@ -148,6 +175,8 @@ impl Connection {
             self.target.fences.join(controller);
             self.fence_controller = Some(Arc::clone(controller));
         }
+        // Heard before it enters: see `ControllerShared::heard`.
+        controller.heard(now);
         if !controller.fenced_io_enter() {
             return false;
         }

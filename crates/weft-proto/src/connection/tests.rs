@@ -2048,6 +2048,7 @@ fn only_the_records_primary_at_the_records_epoch_takes_the_fence() {
     let authority = |epoch| FenceAuthority {
         host_nqn: HOST_NQN.to_string(),
         epoch,
+        waits_for_grants: true,
     };
     update(&target, |config| {
         config.subsystems[0].fenced = true;
@@ -2081,6 +2082,95 @@ fn only_the_records_primary_at_the_records_epoch_takes_the_fence() {
     admin.advance(Duration::from_millis(10));
     assert_eq!(admin.expect().status(), Status::SUCCESS);
     assert_eq!(target.fences.token(TEST_NQN).epoch, 4);
+}
+
+/// An admin and an I/O queue of host `hostnqn` (its own HOSTID), ready.
+fn ready_io_queue_as(target: &Arc<Target>, hostnqn: &str) -> (Pair, Pair) {
+    let connect = |pair: &mut Pair, qid: u16, cntlid: u16| {
+        pair.initialize(false, false);
+        let (command, mut data) = connect_command(1, qid, 31, 0, cntlid, TEST_NQN);
+        data[..16].fill(hostnqn.len() as u8);
+        data[512..768].fill(0);
+        data[512..512 + hostnqn.len()].copy_from_slice(hostnqn.as_bytes());
+        let response = pair.command(&command, &data).pop().unwrap();
+        assert_eq!(response.status(), Status::SUCCESS, "Connect as {hostnqn}");
+        response.result() as u16
+    };
+    let mut admin = Pair::new(target);
+    let cntlid = connect(&mut admin, 0, 0xFFFF);
+    let enable = property_set(2, 0x14, (6 << 16) | (4 << 20) | 1);
+    assert_eq!(admin.simple(&enable).status(), Status::SUCCESS);
+    let mut queues = sqe(admin_opcode::SET_FEATURES, 3, 0, 0, false);
+    set_cdw(&mut queues, 10, 0x07);
+    set_cdw(&mut queues, 11, 0x0001_0001);
+    assert_eq!(admin.simple(&queues).status(), Status::SUCCESS);
+    let mut io = Pair::new(target);
+    connect(&mut io, 1, cntlid);
+    (admin, io)
+}
+
+/// Read grants (see `crate::fence`): after a promotion, a fence that takes
+/// a replica from another node's session is answered only once
+/// `READ_GRANT` passed since that session's last command reached it (a
+/// grant command counts, and is refused once the fence is gone); after a
+/// planned handover it is answered at once.
+#[test]
+fn a_promotions_fence_waits_out_the_old_primarys_read_grant() {
+    use crate::fence::{FenceAuthority, GRANT_OPCODE, READ_GRANT};
+    const OTHER: &str = "nqn.2024-01.io.weft:node:other";
+    let target = test_target();
+    let grant = |cid| sqe(GRANT_OPCODE, cid, 1, 0, false);
+    let (mut admin, mut io) = ready_io_queue(&target);
+    assert_eq!(
+        io.command(&grant(1), &[]).pop().unwrap().status(),
+        Status::INVALID_OPCODE,
+        "only a fenced subsystem grants reads"
+    );
+    let authority = |host_nqn: &str, epoch, waits_for_grants| FenceAuthority {
+        host_nqn: host_nqn.to_string(),
+        epoch,
+        waits_for_grants,
+    };
+    update(&target, |config| {
+        config.subsystems[0].fenced = true;
+        config.subsystems[0].fence_authority = Some(authority(HOST_NQN, 1, false));
+    });
+    admin.update_config(target.config());
+    io.update_config(target.config());
+    assert_eq!(
+        admin.simple(&fence_command(2, 1, 1)).status(),
+        Status::SUCCESS
+    );
+    io.advance(Duration::from_millis(300));
+    assert_eq!(
+        io.command(&grant(3), &[]).pop().unwrap().status(),
+        Status::SUCCESS
+    );
+    // Promoted: the other node's fence waits for the grant (its clock
+    // starts at zero, as the old session's did).
+    update(&target, |config| {
+        config.subsystems[0].fence_authority = Some(authority(OTHER, 2, true));
+    });
+    let (mut new_admin, _new_io) = ready_io_queue_as(&target, OTHER);
+    new_admin.send(&new_admin.capsule(&fence_command(4, 2, 1), &[]));
+    assert_eq!(
+        io.command(&grant(5), &[]).pop().unwrap().status(),
+        Status::RESERVATION_CONFLICT,
+        "the old session lost the fence at once"
+    );
+    new_admin.advance(READ_GRANT + Duration::from_millis(290));
+    assert!(new_admin.receive().is_none(), "the grant runs until 1.3 s");
+    new_admin.advance(Duration::from_millis(10));
+    assert_eq!(new_admin.expect().status(), Status::SUCCESS);
+    // A planned handover back: answered at once.
+    update(&target, |config| {
+        config.subsystems[0].fence_authority = Some(authority(HOST_NQN, 3, false));
+    });
+    admin.update_config(target.config());
+    assert_eq!(
+        admin.simple(&fence_command(6, 3, 1)).status(),
+        Status::SUCCESS
+    );
 }
 
 /// A replica subsystem's write intent: its log page (C0h) lists the

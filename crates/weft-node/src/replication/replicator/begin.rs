@@ -19,11 +19,7 @@ impl Replicator {
         doorbell: Arc<Doorbell>,
         shared: Shared,
     ) -> Result<Option<Replicator>, String> {
-        let fences = setup
-            .plane
-            .as_ref()
-            .map(|plane| plane.fences())
-            .ok_or("the data plane is not up yet")?;
+        let plane = setup.plane.clone().ok_or("the data plane is not up yet")?;
         let ReplicatorSetup {
             volume,
             volume_id,
@@ -108,7 +104,10 @@ impl Replicator {
             unreachable: Arc::default(),
         };
         // The old primary's writes stop here too (session 0 of this epoch).
-        let Some(own_fence) = fence_own(&fences, &own_target.nqn, replication.epoch)? else {
+        let waits_for_grants = !replica_set(&replication).handed_over_by_previous();
+        let Some(own_fence) =
+            fence_own(&plane, &own_target.nqn, replication.epoch, waits_for_grants)?
+        else {
             log::info!("volume {volume}: a newer primary fenced this node's replica");
             return Ok(None);
         };
@@ -119,6 +118,7 @@ impl Replicator {
             reattach_interval: REATTACH_INTERVAL,
             copies_in_flight_max: 4,
             clean_delay: CLEAN_DELAY,
+            read_grant: READ_GRANT - READ_GRANT_MARGIN,
         };
         // The copy may exceed the record's size (a growth whose record
         // failed): the core sees the record's regions.
@@ -274,14 +274,25 @@ fn hand_over_unwritable(
 
 /// Takes this node's replica subsystem's fence (`nqn`) for its local
 /// writes with session 0 of `epoch`, and waits until no older primary's
-/// write to this node's copy is on its way; none if a newer epoch holds it.
-fn fence_own(fences: &Arc<Fences>, nqn: &str, epoch: u64) -> Result<Option<LocalFence>, String> {
+/// write to this node's copy is on its way and, after a promotion
+/// (`waits_for_grants`), until the read grant this copy gave another node's
+/// primary ran out (see `weft_proto::fence`); none if a newer epoch holds it.
+fn fence_own(
+    plane: &DataPlane,
+    nqn: &str,
+    epoch: u64,
+    waits_for_grants: bool,
+) -> Result<Option<LocalFence>, String> {
     let token = FenceToken { epoch, session: 0 };
-    let Ok(fence) = fences.fence_local(nqn, token) else {
+    let Ok(fence) = plane.fences().fence_local(nqn, token) else {
         return Ok(None);
     };
     let start = Instant::now();
-    while !fence.drained() {
+    let settled = |fence: &LocalFence| {
+        fence.drained()
+            && !(waits_for_grants && fence.grant_ends().is_some_and(|ends| plane.now() < ends))
+    };
+    while !settled(&fence) {
         if start.elapsed() >= OWN_FENCE_PATIENCE {
             return Err(format!(
                 "an older primary's writes to this node's copy are still on their way after {OWN_FENCE_PATIENCE:?}"

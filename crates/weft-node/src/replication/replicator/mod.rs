@@ -68,7 +68,7 @@ use weft_cluster::replicas::{node_id, replica_set, with_replica_set};
 use weft_cluster::LeaseClock;
 use weft_control::{DesiredState, ReplicaState, ReplicationRecord};
 use weft_initiator::ConnectOptions;
-use weft_proto::fence::{FenceToken, Fences, LocalFence};
+use weft_proto::fence::{FenceToken, LocalFence, READ_GRANT};
 use weft_proto::IoError;
 use weft_replication::{
     plan_start, Action, Driver, End, Epoch, Extent, FromReplica, Geometry, HostResult, MemberState,
@@ -99,6 +99,11 @@ const CLEAN_DELAY: Duration = Duration::from_secs(2);
 const REATTACH_INTERVAL: Duration = Duration::from_secs(1);
 /// How long a new primary waits for an older one's writes to its node's copy.
 const OWN_FENCE_PATIENCE: Duration = Duration::from_secs(10);
+/// What a primary takes off its replicas' read grant: the clocks' rates
+/// (a replica counts from when a command arrived, the primary from when it
+/// sent it), a tick of its own before it closes the direct read path, and
+/// a read already on its way to the disk then.
+const READ_GRANT_MARGIN: Duration = Duration::from_millis(200);
 
 /// What a replicator needs.
 pub(crate) struct ReplicatorSetup {
@@ -530,13 +535,16 @@ impl Replicator {
 
     /// How long until it looks at the time again: [`TICK`] unless the
     /// primary is quiet; then up to [`QUIET_TICK`], but a tick before its
-    /// lease ends (a renewal seen before it, a lapse seen within a tick).
+    /// lease ends (a renewal seen before it, a lapse seen within a tick),
+    /// and once a read grant is due for renewal.
     fn tick(&self, now: Duration) -> Duration {
-        if !self.driver.primary().quiet() {
+        let primary = self.driver.primary();
+        if !primary.quiet() {
             return TICK;
         }
-        let lease_left = self.lease.until().saturating_sub(now);
-        lease_left.saturating_sub(TICK).clamp(TICK, QUIET_TICK)
+        let lease_left = self.lease.until().saturating_sub(now).saturating_sub(TICK);
+        let renewal_left = primary.grants_due().saturating_sub(now);
+        lease_left.min(renewal_left).clamp(TICK, QUIET_TICK)
     }
 
     /// A turn while it drains its local I/O: a deposed primary's writes
@@ -1076,7 +1084,10 @@ impl Replicator {
             ToReplica::Write { op, .. } | ToReplica::Copy { op, .. } => {
                 self.ops.get(op).and_then(|o| o.payload.clone())
             }
-            ToReplica::Flush { .. } | ToReplica::Clean { .. } | ToReplica::Fence { .. } => None,
+            ToReplica::Flush { .. }
+            | ToReplica::Grant { .. }
+            | ToReplica::Clean { .. }
+            | ToReplica::Fence { .. } => None,
         };
         self.links.send(to, Outgoing::Core { msg, payload });
     }
