@@ -4,6 +4,10 @@
 //! promoting a new primary when a primary's node has been down for the
 //! promotion delay (`weft_replication::controller::promote`, committed by
 //! compare-and-swap on the volume record while holding the controller key).
+//! An in-sync replica that has not heard its primary for a read grant takes
+//! over itself ([`take_over`], by compare-and-swap too), without waiting for
+//! the primary's lease or for a controller (the primary's node may have
+//! been the controller).
 //!
 //! What this does not do: serve, fence or copy anything (the primary's
 //! replicator in `weft-node` does).
@@ -133,6 +137,24 @@ pub fn promote_primaries(
         }
     }
     Ok(promoted)
+}
+
+/// The record after replica `me` takes over from its primary, which it has
+/// not heard for a read grant (`weft_proto::fence::Fences::holder_silent`):
+/// the next epoch, `me` primary, the old primary faulted, as a promotion
+/// makes it. None unless the volume is mirrored (an erasure-coded primary
+/// asks no grants) and `me` is an in-sync replica that is not primary.
+/// Safe without the primary's lease ending: the primary serves reads only
+/// while every in-sync replica grants them, and `me` no longer does (nor
+/// does any replica the new primary fences: each waits out its grant).
+pub fn take_over(record: &ReplicationRecord, me: &str) -> Option<ReplicationRecord> {
+    if record.erasure.is_some() || record.primary == me {
+        return None;
+    }
+    let set = replica_set(record);
+    let me = node_id(record, me)?;
+    let next = weft_replication::controller::promote(&set, |node| node == me)?;
+    Some(with_replica_set(record, &next))
 }
 
 /// Why a planned move of a primary was refused.
@@ -467,6 +489,29 @@ mod tests {
         let mut alone = promoted.clone();
         alone.set_state(NodeId(2), MemberState::Faulted { epoch: Epoch(3) });
         assert_eq!(without_unclean(&alone, NodeId(1), 3), None);
+    }
+
+    #[test]
+    fn an_in_sync_replica_takes_over_from_a_silent_primary_and_no_other_does() {
+        let record = record();
+        let next = take_over(&record, "n3").expect("n3 is in sync");
+        assert_eq!((next.epoch, next.primary.as_str()), (4, "n3"));
+        assert_eq!(next.members[1].state, ReplicaState::Faulted { epoch: 4 });
+        assert_eq!(next.previous.as_deref(), Some("n2"));
+        assert_eq!(next.members[0].state, ReplicaState::InSync, "n1 stays");
+        assert_eq!(take_over(&record, "n2"), None, "the primary itself");
+        assert_eq!(take_over(&record, "n9"), None, "not a member");
+        let mut faulted = record.clone();
+        faulted.members[2].state = ReplicaState::Faulted { epoch: 3 };
+        assert_eq!(take_over(&faulted, "n3"), None, "out of sync");
+        let mut erasure = record.clone();
+        erasure.erasure = Some(weft_control::ErasureRecord {
+            data_shards: 2,
+            parity_shards: 1,
+            chunk_bytes: 4096,
+            journal_slots: 4,
+        });
+        assert_eq!(take_over(&erasure, "n3"), None, "erasure-coded");
     }
 
     #[test]

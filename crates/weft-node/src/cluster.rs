@@ -20,11 +20,13 @@
 //!   node's discovery controller.
 //!
 //! - [`join`]: joining at start (token, cluster identity, node name).
+//! - [`silence`]: a replica taking over from a primary gone silent.
 //!
 //! What it does not do: keep the lease (weft-cluster's agent), or decide
 //! anything cluster-wide.
 
 pub mod join;
+pub mod silence;
 
 use crate::link_keys::Peer;
 use crate::manager::{AdminOp, ManagerHandle};

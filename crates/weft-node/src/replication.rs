@@ -58,7 +58,14 @@ use weft_target::replicated::ReplicatedIo;
 /// nodes may connect) and fenced (only the primary session holding the
 /// fence may run I/O).
 pub fn replica_nqn(volume: &str) -> String {
-    format!("nqn.2026-11.io.weft:replica:{volume}")
+    format!("{REPLICA_NQN_PREFIX}{volume}")
+}
+
+const REPLICA_NQN_PREFIX: &str = "nqn.2026-11.io.weft:replica:";
+
+/// The volume whose replica subsystem `nqn` is, if it is one.
+pub(crate) fn replica_volume(nqn: &str) -> Option<&str> {
+    nqn.strip_prefix(REPLICA_NQN_PREFIX)
 }
 
 /// What a replicator asks of its node's volume manager (the manager's

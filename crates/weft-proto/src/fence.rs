@@ -207,7 +207,10 @@ impl Fences {
         controller.set_fence_holder(true);
         fence.owed = match &fence.grantee {
             None => Owed::SinceStart,
-            Some(grantee) if grantee.hostnqn == controller.hostnqn => Owed::Nothing,
+            // Its own node's session: what that one's fence was owed, still.
+            Some(grantee) if grantee.hostnqn == controller.hostnqn => {
+                std::mem::replace(&mut fence.owed, Owed::Nothing)
+            }
             Some(grantee) => Owed::Grantee(Arc::clone(grantee)),
         };
         if controller.is_remote() {
@@ -288,6 +291,34 @@ impl Fences {
         }
     }
 
+    /// Whether the primary `authority` names, at its epoch, holds (or was
+    /// the last of another node to hold) subsystem `subnqn`'s fence and
+    /// has not been heard for [`READ_GRANT`] at `now`: dead, hung or cut
+    /// off from this replica, and no longer granted reads by it. What a
+    /// replica's node tells the cluster's controller, which may then promote
+    /// without waiting for the primary's lease (see the module's docs).
+    pub fn holder_silent(
+        &self,
+        subnqn: &str,
+        authority: &FenceAuthority,
+        now: crate::types::Timestamp,
+    ) -> bool {
+        let inner = self.lock();
+        let Some(fence) = inner.get(subnqn) else {
+            return false;
+        };
+        let Some(grantee) = &fence.grantee else {
+            return false;
+        };
+        // (Not once this target's own writer holds it: its node is primary.)
+        fence.holder.as_ref().is_none_or(|h| h.is_remote())
+            && fence.token.epoch == authority.epoch
+            && grantee.hostnqn == authority.host_nqn
+            && grantee
+                .heard_at()
+                .is_some_and(|heard| now >= heard.after(READ_GRANT))
+    }
+
     /// The current token of subsystem `subnqn`'s fence (the default before any).
     pub fn token(&self, subnqn: &str) -> FenceToken {
         self.lock().get(subnqn).map(|f| f.token).unwrap_or_default()
@@ -312,10 +343,26 @@ impl Fences {
     /// Forgets the fences of subsystems that are no longer exported (a
     /// volume deleted and created again starts from epoch 1), but for one
     /// a live holder has (a local writer's, whose subsystem may be
-    /// exported a moment after it fenced).
-    pub fn retain(&self, exported: impl Fn(&str) -> bool) {
+    /// exported a moment after it fenced); of one whose read grant may
+    /// still run at `now`, it keeps the grantee alone (a subsystem exported
+    /// again at once must not forget whom it granted reads).
+    pub fn retain(&self, exported: impl Fn(&str) -> bool, now: crate::types::Timestamp) {
         self.lock().retain(|subnqn, fence| {
-            exported(subnqn) || fence.holder.as_ref().is_some_and(|h| h.is_alive())
+            if exported(subnqn) || fence.holder.as_ref().is_some_and(|h| h.is_alive()) {
+                return true;
+            }
+            let granting = fence
+                .grantee
+                .as_ref()
+                .and_then(|grantee| grantee.heard_at())
+                .is_some_and(|heard| now < heard.after(READ_GRANT));
+            if granting {
+                *fence = Fence {
+                    grantee: fence.grantee.take(),
+                    ..Fence::default()
+                };
+            }
+            granting
         });
     }
 
@@ -427,7 +474,7 @@ mod tests {
             token(2, 1),
             "the token outlives its holder"
         );
-        fences.retain(|_| false);
+        fences.retain(|_| false, crate::types::Timestamp::default());
         assert_eq!(
             fences.token("nqn.r"),
             FenceToken::default(),
@@ -460,14 +507,14 @@ mod tests {
         drop(local);
         assert!(fences.drained(&newer), "a dropped writer is forgotten");
         let writer = fences.fence_local("nqn.s", token(1, 0)).unwrap();
-        fences.retain(|_| false);
+        fences.retain(|_| false, crate::types::Timestamp::default());
         assert_eq!(
             fences.token("nqn.s"),
             token(1, 0),
             "kept for its live holder"
         );
         drop(writer);
-        fences.retain(|_| false);
+        fences.retain(|_| false, crate::types::Timestamp::default());
         assert_eq!(fences.token("nqn.s"), FenceToken::default());
     }
 
@@ -508,7 +555,11 @@ mod tests {
         );
         let again = registry.create("nqn.r", "nqn.a", [1; 16], 8).unwrap();
         fences.fence(token(1, 2), &again).unwrap();
-        assert_eq!(fences.grant_ends(&again), None, "its own node's grant");
+        assert_eq!(
+            fences.grant_ends(&again),
+            Some(at(1000)),
+            "its own node's session: what the first was owed, still"
+        );
         again.heard(at(500));
         // Its connection ends (a kill -9): the grant it holds does not.
         fences.forget(&again);
@@ -534,6 +585,57 @@ mod tests {
                 .grant_ends(),
             Some(at(1000)),
             "none held it since the start"
+        );
+    }
+
+    #[test]
+    fn a_holder_is_silent_once_unheard_for_the_grant_and_only_if_the_record_names_it() {
+        use crate::types::Timestamp;
+        let at = |ms| Timestamp(std::time::Duration::from_millis(ms));
+        let registry = ControllerRegistry::default();
+        let fences = Arc::new(Fences::default());
+        let authority = FenceAuthority {
+            host_nqn: "nqn.a".into(),
+            epoch: 3,
+            waits_for_grants: true,
+        };
+        assert!(
+            !fences.holder_silent("nqn.r", &authority, at(5000)),
+            "never fenced"
+        );
+        let primary = registry.create("nqn.r", "nqn.a", [1; 16], 8).unwrap();
+        fences.fence(token(3, 1), &primary).unwrap();
+        assert!(
+            !fences.holder_silent("nqn.r", &authority, at(5000)),
+            "never heard"
+        );
+        primary.heard(at(200));
+        assert!(!fences.holder_silent("nqn.r", &authority, at(1199)));
+        assert!(fences.holder_silent("nqn.r", &authority, at(1200)));
+        // Its connection ended (a kill -9): still silent.
+        fences.forget(&primary);
+        assert!(fences.holder_silent("nqn.r", &authority, at(1200)));
+        let newer = FenceAuthority {
+            epoch: 4,
+            ..authority.clone()
+        };
+        assert!(
+            !fences.holder_silent("nqn.r", &newer, at(9000)),
+            "another epoch's primary"
+        );
+        let other = FenceAuthority {
+            host_nqn: "nqn.b".into(),
+            ..authority.clone()
+        };
+        assert!(
+            !fences.holder_silent("nqn.r", &other, at(9000)),
+            "another primary"
+        );
+        // This node's own primary took it: nobody else's silence counts.
+        let _local = fences.fence_local("nqn.r", token(4, 0)).unwrap();
+        assert!(
+            !fences.holder_silent("nqn.r", &newer, at(9000)),
+            "even under a record that still named the old primary"
         );
     }
 

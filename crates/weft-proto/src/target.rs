@@ -1084,17 +1084,17 @@ impl Target {
     }
 
     /// Makes `config` the current snapshot for connections created from now
-    /// on; the driver hands it to live connections itself. The limits size
-    /// every connection's slots and buffers, so they are fixed for the
-    /// target's life.
-    pub fn replace_config(&self, config: Arc<TargetConfig>) {
+    /// on (at `now`); the driver hands it to live connections itself. The
+    /// limits size every connection's slots and buffers, so they are fixed
+    /// for the target's life.
+    pub fn replace_config(&self, config: Arc<TargetConfig>, now: crate::types::Timestamp) {
         let mut current = self.lock_config();
         assert_eq!(
             current.limits, config.limits,
             "the limits of a target never change"
         );
         self.fences
-            .retain(|nqn| config.subsystem(nqn).is_some_and(|s| s.fenced));
+            .retain(|nqn| config.subsystem(nqn).is_some_and(|s| s.fenced), now);
         *current = config;
     }
 

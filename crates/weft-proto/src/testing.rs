@@ -105,7 +105,7 @@ pub fn authenticating_target(bidirectional: bool) -> Arc<Target> {
     let target = test_target();
     let mut config = (*target.config()).clone();
     require_authentication(&mut config, bidirectional);
-    target.replace_config(Arc::new(config));
+    target.replace_config(Arc::new(config), Timestamp::default());
     target
 }
 

@@ -579,6 +579,19 @@ impl Primary {
             .all(|(&node, link)| now < link.granted_until || !self.maybe_in_sync(node))
     }
 
+    /// Until when a read served from this node's copy would be served
+    /// under its lease and every grant it needs (as of now: a renewal moves
+    /// it on). A driver that lets reads bypass [`Primary::host_read`] while
+    /// [`Primary::optimized`] stops them at this time even if it could not
+    /// look again (its process was frozen).
+    pub fn reads_until(&self) -> Duration {
+        self.links
+            .iter()
+            .filter(|(&node, _)| self.maybe_in_sync(node))
+            .map(|(_, link)| link.granted_until)
+            .fold(self.lease_until, Duration::min)
+    }
+
     /// When a read grant is next due for renewal, or runs out (the driver
     /// looks at the time by then; `Duration::MAX` if no grant is needed).
     pub fn grants_due(&self) -> Duration {
@@ -608,7 +621,17 @@ impl Primary {
             PrimaryPhase::Resyncing => !self.own_copy_failed,
             PrimaryPhase::Fencing | PrimaryPhase::Deposed => false,
         };
-        phase_serves && now < self.lease_until && !self.handing_over()
+        phase_serves && now < self.lease_until && !self.handing_over() && !self.handover_in_doubt()
+    }
+
+    /// A record naming another primary or epoch was asked for and its fate
+    /// is not known (the store's answer was lost): it may be the store's,
+    /// and the next primary may serve already (a handover's does not wait
+    /// for this one's grants).
+    fn handover_in_doubt(&self) -> bool {
+        self.uncertain
+            .iter()
+            .any(|(_, r)| r.primary != self.config.me || r.epoch != self.record.epoch)
     }
 
     /// The lease of this node runs until `until` (as this node sees it,
@@ -894,10 +917,10 @@ impl Primary {
         let LinkState::Fencing { rejoin, deadline } = link.state else {
             return;
         };
-        // The fence was sent `replica_timeout` before its deadline.
+        // The fence was sent `replica_timeout + read_grant` before its deadline.
         link.granted_until = link
             .granted_until
-            .max(deadline.saturating_sub(timeout) + read_grant);
+            .max(deadline.saturating_sub(timeout + read_grant) + read_grant);
         if rejoin {
             // It may hold writes others lack (its intent) and lacks what
             // it missed (dirty), or everything if that is not known here.
@@ -1235,6 +1258,14 @@ impl Primary {
             if matches!(link.state, LinkState::Fencing { deadline, .. } if now >= deadline) {
                 late.push(node);
             }
+            // Answering, but too late to grant reads (a deep queue on a
+            // slow disk): reads would wait for ever; out it goes.
+            let starving = self.reads_wait_for_grants
+                && matches!(link.state, LinkState::Live | LinkState::Joining)
+                && now >= link.granted_until + self.config.replica_timeout;
+            if starving {
+                late.push(node);
+            }
         }
         late.sort();
         late.dedup();
@@ -1277,8 +1308,11 @@ impl Primary {
 
     /// Asks every replica whose read grant is due for renewal, and none
     /// is on its way, to renew it (see the module's docs).
+    /// (While fencing too: a replica fenced early would otherwise hear
+    /// nothing while another's fence is slow, and say this primary went
+    /// silent.)
     fn renew_grants(&mut self, now: Duration) {
-        if !matches!(self.phase, PrimaryPhase::Active | PrimaryPhase::Resyncing) {
+        if self.phase == PrimaryPhase::Deposed {
             return;
         }
         let renewing: Vec<NodeId> = self
@@ -1320,8 +1354,9 @@ impl Primary {
         };
         let link = self.links.get_mut(&node).expect("a link");
         link.token = token;
+        // A fence may wait out an older primary's read grant first.
         link.state = LinkState::Fencing {
-            deadline: now + self.config.replica_timeout,
+            deadline: now + self.config.replica_timeout + self.config.read_grant,
             rejoin,
         };
         self.actions.push_back(Action::Send {
@@ -1527,8 +1562,13 @@ impl Primary {
             let (extent, fua) = match self.ops[&id].kind {
                 OpKind::Write { extent, fua } => (extent, fua),
                 OpKind::Read { extent } => {
-                    if !self.unsettled(&extent) && self.granted(now) {
+                    if self.unsettled(&extent) {
+                        continue;
+                    }
+                    if self.granted(now) {
                         self.start_read(id, extent);
+                    } else {
+                        self.reads_wait_for_grants = true;
                     }
                     continue;
                 }

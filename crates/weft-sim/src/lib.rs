@@ -6,7 +6,10 @@
 //! its primary (how it starts an epoch, what waits for its files to be
 //! durable, what ends it): a primary and its replicas over a simulated
 //! network, a store with compare-and-swap records and leases (etcd's part)
-//! running the controller's promotion, simulated disks. A host with a
+//! running the controller's promotion (an in-sync replica that has not
+//! heard its primary for a read grant takes over itself, before the
+//! primary's lease ends, as the node does), simulated disks; the primary's
+//! data plane reads its copy itself while it publishes that it may. A host with a
 //! multipath model (it follows the nodes' ANA answers and retries a
 //! command on another path after a path error or a timeout, as Linux's
 //! nvme multipath does) issues random writes, reads and flushes, never two

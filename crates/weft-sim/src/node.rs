@@ -15,13 +15,14 @@
 //! answered only once those writes landed; and only from the primary its
 //! copy of the record names, at the record's epoch (`FenceAuthority`: a
 //! fence its record does not admit yet waits for a newer record, as the
-//! target's does, then is refused). Its write intent is the
-//! target's too (`weft_proto::intent::WriteIntent`). Read grants are the
-//! target's as well: each command of a session is heard on the process's
-//! own clock (which starts with the process, as the target's does), a
-//! fence is answered once the grant it ended ran out (after a promotion),
-//! and a promoted primary's own fence waits for it before it serves. Its write intent is the
-//! target's (`weft_proto::intent::WriteIntent`): a replica's write to a
+//! target's does, then is refused). Read grants are the target's as well:
+//! each command of a session is heard on the process's own clock (which
+//! starts with the process, as the target's does), a fence is answered
+//! once the grant it ended ran out (after a promotion), a promoted
+//! primary's own fence waits for it before it serves, and an in-sync
+//! replica that has not heard its primary for a grant takes over (its own
+//! compare-and-swap, as `weft_node::cluster::silence`). Its write intent is the
+//! target's too (`weft_proto::intent::WriteIntent`): a replica's write to a
 //! region it does not cover, or while the node is unclean, marks it (in the
 //! file first) as the node's slow path does; a Clean clears it in memory,
 //! written to the file lazily (once a second); a fence is answered with the
@@ -95,6 +96,14 @@ enum Local {
         extent: Extent,
     },
     Flush,
+    /// A host read the data plane serves from this copy itself (the
+    /// reactor's direct path: checked when it is submitted, read when it
+    /// completes), answered straight to the host.
+    Direct {
+        extent: Extent,
+        host_op: u64,
+        attempt: u32,
+    },
 }
 
 /// Faults a node injected into itself.
@@ -167,6 +176,9 @@ pub struct Node {
     promoted: Option<(LocalFence, u64, ReplicaSet, bool)>,
     /// When its process started: its target's clock counts from here.
     started_at: Duration,
+    /// Until when its data plane reads this copy itself, as its replicator
+    /// last published (none: every read goes through the primary).
+    direct_reads_until: Option<Duration>,
     role: Role,
     record: Option<(u64, ReplicaSet)>,
     lease_until: Duration,
@@ -217,6 +229,7 @@ impl Node {
             own_fence: None,
             promoted: None,
             started_at: Duration::ZERO,
+            direct_reads_until: None,
             intent_file: RegionSet::new(regions),
             served_epoch: Epoch(0),
             run: Run::new(Epoch(0), regions),
@@ -306,6 +319,7 @@ impl Node {
         self.last_poll = None;
         self.asks.clear();
         self.optimized = false;
+        self.direct_reads_until = None;
     }
 
     /// Serves as a replica from now on (after a restart or a deposition):
@@ -420,6 +434,7 @@ impl Node {
         self.admit_fences(now, out);
         self.answer_fences(now, out);
         self.serve_when_granted(now, out);
+        self.take_over_if_silent(now, out);
         let may_renew = self.may_register && now >= self.may_register_at;
         if may_renew && self.last_renew.is_none_or(|t| now >= t + RENEW_EVERY) {
             self.last_renew = Some(now);
@@ -460,6 +475,38 @@ impl Node {
             driver.tick(lease_until, now);
         }
         self.drive(now, rng, out);
+    }
+
+    /// Takes over from the record's primary if its replica has not heard
+    /// it for a read grant and it is in sync (`weft_node::cluster::silence`:
+    /// a compare-and-swap on the record as this node last saw it, which
+    /// fails if that lags), one at a time.
+    fn take_over_if_silent(&mut self, now: Duration, out: &mut Outbox) {
+        let Some((revision, record)) = &self.record else {
+            return;
+        };
+        let authority = FenceAuthority {
+            host_nqn: node_host(record.primary),
+            epoch: record.epoch.0,
+            waits_for_grants: true,
+        };
+        let silent = self
+            .fences
+            .holder_silent(REPLICA_NQN, &authority, self.target_time(now));
+        let asking = self.asks.values().any(|(a, _)| *a == StoreAsk::Bump);
+        if !silent || asking || !self.may_register {
+            return;
+        }
+        let me = self.id;
+        let Some(next) = weft_replication::controller::promote(record, |n| n == me) else {
+            return;
+        };
+        out.note(format!(
+            "has not heard the primary of epoch {} for a read grant: takes over",
+            record.epoch.0
+        ));
+        let revision = *revision;
+        self.ask_record(revision, next, now, out);
     }
 
     /// Marks `regions` in the intent's file, then in the live intent, and
@@ -529,7 +576,7 @@ impl Node {
     ) {
         match msg {
             Msg::StoreResp { tag, resp } => self.store_answer(tag, resp, now, out),
-            Msg::Io { op, attempt, cmd } => self.host_command(op, attempt, cmd, now, out),
+            Msg::Io { op, attempt, cmd } => self.host_command(op, attempt, cmd, now, rng, out),
             Msg::AnaQuery => out.send(
                 Endpoint::Host,
                 Msg::AnaState {
@@ -553,6 +600,18 @@ impl Node {
             Msg::IoDone { .. } | Msg::AnaState { .. } | Msg::StoreReq { .. } => {}
         }
         self.drive(now, rng, out);
+    }
+
+    /// What its replicator publishes to the data plane: until when reads
+    /// may bypass the primary (`Replicated::reads_until`), while it serves
+    /// with every region settled and every grant held.
+    fn publish(&mut self, now: Duration) {
+        self.direct_reads_until = match &self.role {
+            Role::Primary(driver) if driver.serving(now) == weft_replication::Serving::Yes => {
+                Some(driver.primary().reads_until())
+            }
+            _ => None,
+        };
     }
 
     fn is_optimized(&self, now: Duration) -> bool {
@@ -835,8 +894,19 @@ impl Node {
         attempt: u32,
         cmd: HostCmd,
         now: Duration,
+        rng: &mut Rng,
         out: &mut Outbox,
     ) {
+        if let HostCmd::Read(extent) = cmd {
+            if self.direct_reads_until.is_some_and(|until| now < until) {
+                let direct = Local::Direct {
+                    extent,
+                    host_op,
+                    attempt,
+                };
+                return self.local_io(OpId(0), direct, rng, out);
+            }
+        }
         let Role::Primary(driver) = &mut self.role else {
             out.send(
                 Endpoint::Host,
@@ -1087,8 +1157,28 @@ impl Node {
             return;
         };
         let failed = self.disk_failed;
+        if let Local::Direct {
+            extent,
+            host_op,
+            attempt,
+        } = local
+        {
+            // (A failed disk's read: the host retries, on any path.)
+            let (result, data) = match failed {
+                true => (HostResult::Transition, Vec::new()),
+                false => (HostResult::Ok, self.read(extent)),
+            };
+            let done = Msg::IoDone {
+                op: host_op,
+                attempt,
+                result,
+                data,
+            };
+            return out.send(Endpoint::Host, done);
+        }
         match local {
             _ if failed => {}
+            Local::Direct { .. } => unreachable!("answered above"),
             Local::Write {
                 extent, data, fua, ..
             } => self.apply(extent, &data, fua),
@@ -1111,8 +1201,6 @@ impl Node {
         self.drive(now, rng, out);
     }
 
-    /// The change to its files reached the disk, or could not (`rng`
-    /// decides: a full disk).
     /// Answers the fences taken that have settled (see `fence_settled`).
     fn answer_fences(&mut self, now: Duration, out: &mut Outbox) {
         let answers = std::mem::take(&mut self.fence_answers);
@@ -1133,6 +1221,8 @@ impl Node {
         }
     }
 
+    /// The change to its files reached the disk, or could not (`rng`
+    /// decides: a full disk).
     pub fn files_done(&mut self, incarnation: u64, now: Duration, rng: &mut Rng, out: &mut Outbox) {
         if incarnation != self.incarnation {
             return;
@@ -1196,6 +1286,7 @@ impl Node {
                 self.become_replica();
             }
         }
+        self.publish(now);
         let optimized = self.is_optimized(now);
         if optimized != self.optimized {
             // An ANA change notice to the host.
@@ -1259,15 +1350,20 @@ impl Node {
             Action::Commit {
                 base_revision,
                 record,
-            } => self.ask(
-                StoreAsk::Commit,
-                StoreReq::Cas {
-                    base: base_revision,
-                    record,
-                },
-                now,
-                out,
-            ),
+            } => {
+                // As the replicator: the data plane stops reading this copy
+                // before a handover's record can reach the store.
+                self.publish(now);
+                self.ask(
+                    StoreAsk::Commit,
+                    StoreReq::Cas {
+                        base: base_revision,
+                        record,
+                    },
+                    now,
+                    out,
+                )
+            }
             Action::Complete { op, result } => {
                 if self.debug_block.is_some() {
                     if let Role::Primary(d) = &self.role {

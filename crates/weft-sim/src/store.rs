@@ -1,6 +1,8 @@
 //! The store (etcd's part): the volume's record under compare-and-swap,
 //! node leases, and the cluster controller that promotes a new primary
-//! once the old one's lease has been gone for the promotion delay.
+//! once the old one's lease has been gone for the promotion delay. (A
+//! replica that has not heard its primary for a read grant takes over by
+//! its own compare-and-swap, before that lease ends: the node's.)
 //!
 //! The controller runs beside the store and sees it directly: which node
 //! is controller, and its election, is `weft-cluster`'s business and tested
@@ -44,6 +46,9 @@ pub struct Store {
     /// Replicas added and removed by the operator.
     pub member_changes: u64,
     nodes: Vec<NodeId>,
+    /// Replicas' compare-and-swaps that made themselves primary in place
+    /// of another (taking over from a silent primary).
+    pub takeovers: u64,
 }
 
 impl Store {
@@ -61,6 +66,7 @@ impl Store {
             moves: (0, 0),
             member_changes: 0,
             nodes: nodes.to_vec(),
+            takeovers: 0,
         }
     }
 
@@ -127,6 +133,9 @@ impl Store {
                 if base == self.revision {
                     if self.record.move_to == Some(record.primary) {
                         self.moves.1 += 1;
+                    }
+                    if record.primary == from && self.record.primary != from {
+                        self.takeovers += 1;
                     }
                     self.commit(record);
                     out.note(format!(

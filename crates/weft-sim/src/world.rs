@@ -44,7 +44,7 @@ impl Default for SimConfig {
             region_blocks: 4,
             chaos: Duration::from_secs(20),
             queue_depth: 8,
-            lease_ttl: Duration::from_millis(1000),
+            lease_ttl: Duration::from_millis(3000),
             promotion_delay: Duration::from_millis(300),
             replica_timeout: Duration::from_millis(200),
             host_timeout: Duration::from_millis(800),
@@ -76,6 +76,9 @@ pub struct Report {
     pub files_full: u64,
     /// Promotions and planned moves (epochs after the first).
     pub promotions: u64,
+    /// Replicas that took over from a primary they had not heard for a
+    /// read grant, before its lease ended.
+    pub takeovers: u64,
     /// Planned moves of the primary asked for.
     pub moves_asked: u64,
     /// Planned moves done by the primary handing over.
@@ -108,6 +111,7 @@ impl Report {
         self.files_full += other.files_full;
         self.promotions += other.promotions;
         self.moves_asked += other.moves_asked;
+        self.takeovers += other.takeovers;
         self.moves_done += other.moves_done;
         self.member_changes += other.member_changes;
         self.lagging_reads += other.lagging_reads;
@@ -516,6 +520,7 @@ impl World {
         self.report.longest_pause = self.host.stats.longest_pause;
         self.report.promotions = record.epoch.0 - 1;
         (self.report.moves_asked, self.report.moves_done) = self.store.moves;
+        self.report.takeovers = self.store.takeovers;
         self.report.member_changes = self.store.member_changes;
         self.report.lagging_reads = self.store.lagging_reads;
         self.report.lost_answers = self.store.lost_answers;

@@ -26,8 +26,8 @@ fn seeds() {
         }
     }
     println!(
-        "{count} seeds from {base}: {} writes and {} reads checked, {} writes given up, {} faults ({} power losses, {} disk failures, {} full data directories), {} new epochs ({} of {} planned moves done), {} replicas added or removed; the store: {} lagging reads, {} commit answers lost; {} file changes failed, {} local writes held; longest host pause {:?}",
-        t.writes, t.reads, t.given_up, t.faults, t.power_losses, t.disk_failures, t.files_full, t.promotions, t.moves_done, t.moves_asked,
+        "{count} seeds from {base}: {} writes and {} reads checked, {} writes given up, {} faults ({} power losses, {} disk failures, {} full data directories), {} new epochs ({} taken over by a replica from a silent primary, {} of {} planned moves done), {} replicas added or removed; the store: {} lagging reads, {} commit answers lost; {} file changes failed, {} local writes held; longest host pause {:?}",
+        t.writes, t.reads, t.given_up, t.faults, t.power_losses, t.disk_failures, t.files_full, t.promotions, t.takeovers, t.moves_done, t.moves_asked,
         t.member_changes, t.lagging_reads, t.lost_answers, t.files_failed, t.writes_held,
         t.longest_pause
     );

@@ -162,7 +162,8 @@ impl DataPlane {
     pub fn update_exports(&self, exports: Arc<Exports>) {
         let mut current = self.lock_exports();
         let number = current.1 + 1;
-        self.target.replace_config(Arc::clone(&exports.config));
+        self.target
+            .replace_config(Arc::clone(&exports.config), self.now());
         for reactor in self.reactors.iter() {
             reactor.send(Message::Exports(Arc::clone(&exports), number));
         }

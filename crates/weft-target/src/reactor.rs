@@ -1359,7 +1359,8 @@ impl Reactor {
     /// map allows it, else through the manager.
     fn submit_volume_io(&mut self, index: usize, request: IoRequest, volume: Arc<VolumeBackend>) {
         if let Some(replicated) = &volume.replicated {
-            match replicated.route(matches!(request.kind, IoKind::Read { .. })) {
+            let read = matches!(request.kind, IoKind::Read { .. });
+            match replicated.route(read, self.now_ns()) {
                 Err(error) => {
                     let now_ns = self.now_ns();
                     let peer = self.connections[index].as_mut().expect("live connection");

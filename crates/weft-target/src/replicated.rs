@@ -6,7 +6,12 @@
 //! completes it once the local copy and every in-sync replica hold it, and answers through the
 //! reactor's mailbox like the manager does. Reads stay in the reactor,
 //! served from the local copy while the replicator says this node serves
-//! (its lease is valid and it is the active primary): one atomic load.
+//! (its lease is valid, its replicas granted it reads, and it is the active
+//! primary), and only until the time it gave for that ([`Replicated::reads_until`]):
+//! two atomic loads and the reactor's clock. The time is what keeps a
+//! process that was frozen (SIGSTOP, a long pause) from serving a read
+//! from its copy before its replicator wakes to say it no longer serves:
+//! by then another primary may have taken writes.
 //! While a new primary's resync copies the regions the replicas may
 //! disagree on, reads go to the replicator too ([`Serving::Resyncing`]),
 //! which holds those of regions not yet copied.
@@ -21,7 +26,7 @@
 
 use crate::volume::VolumeReply;
 use std::fmt;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use weft_proto::IoError;
 
 /// Whether this node serves a replicated volume's I/O now.
@@ -94,6 +99,8 @@ pub trait ReplicatedSink: Send + Sync {
 /// A replicated volume's path through this node.
 pub struct Replicated {
     serving: AtomicU8,
+    /// Direct reads until then (nanoseconds on the data plane's clock).
+    reads_until_ns: AtomicU64,
     sink: Box<dyn ReplicatedSink>,
     /// Reads go to the sink too.
     reads: bool,
@@ -110,6 +117,7 @@ impl Replicated {
     pub fn new(sink: Box<dyn ReplicatedSink>) -> Replicated {
         Replicated {
             serving: AtomicU8::new(Serving::Transition as u8),
+            reads_until_ns: AtomicU64::new(0),
             sink,
             reads: false,
         }
@@ -138,12 +146,23 @@ impl Replicated {
         self.serving.store(serving as u8, Ordering::Release);
     }
 
-    /// Where an I/O of this kind (`read` or not) goes now: the error it
-    /// gets when this node does not serve, else whether the replicator
-    /// takes it (`true`) or the reactor serves it from the local copy.
-    pub(crate) fn route(&self, read: bool) -> Result<bool, IoError> {
+    /// Until when (nanoseconds on the data plane's clock) the reactor may
+    /// read the local copy itself while [`Serving::Yes`]: the end of the
+    /// lease and of the replicas' grants as the replicator last saw them.
+    pub fn reads_until(&self, ns: u64) {
+        self.reads_until_ns.store(ns, Ordering::Release);
+    }
+
+    /// Where an I/O of this kind (`read` or not) goes at `now_ns` (the data
+    /// plane's clock): the error it gets when this node does not serve,
+    /// else whether the replicator takes it (`true`) or the reactor serves
+    /// it from the local copy.
+    pub(crate) fn route(&self, read: bool, now_ns: u64) -> Result<bool, IoError> {
         match self.serving() {
-            Serving::Yes => Ok(self.reads || !read),
+            Serving::Yes if read && !self.reads => {
+                Ok(now_ns >= self.reads_until_ns.load(Ordering::Acquire))
+            }
+            Serving::Yes => Ok(true),
             Serving::Resyncing => Ok(true),
             Serving::Transition => Err(IoError::PathTransition),
             Serving::Inaccessible => Err(IoError::PathInaccessible),
@@ -167,19 +186,29 @@ mod tests {
     }
 
     #[test]
-    fn reads_stay_in_the_reactor_only_once_every_region_is_settled() {
+    fn reads_stay_in_the_reactor_only_once_every_region_is_settled_and_until_the_time_given() {
         let path = Replicated::new(Box::new(Nowhere));
-        assert_eq!(path.route(true), Err(IoError::PathTransition), "not yet");
+        let route = |read| path.route(read, 500);
+        assert_eq!(route(true), Err(IoError::PathTransition), "not yet");
         path.set_serving(Serving::Resyncing);
-        assert_eq!(path.route(true), Ok(true), "a resync's reads may wait");
-        assert_eq!(path.route(false), Ok(true));
+        assert_eq!(route(true), Ok(true), "a resync's reads may wait");
+        assert_eq!(route(false), Ok(true));
         path.set_serving(Serving::Yes);
-        assert_eq!(path.route(true), Ok(false), "from the local copy");
-        assert_eq!(path.route(false), Ok(true));
+        assert_eq!(route(true), Ok(true), "no time given yet");
+        path.reads_until(501);
+        assert_eq!(route(true), Ok(false), "from the local copy");
+        assert_eq!(route(false), Ok(true));
+        path.reads_until(500);
+        assert_eq!(
+            route(true),
+            Ok(true),
+            "past its time (a frozen process woken): the replicator decides"
+        );
         path.set_serving(Serving::Inaccessible);
-        assert_eq!(path.route(true), Err(IoError::PathInaccessible));
+        assert_eq!(route(true), Err(IoError::PathInaccessible));
         let erasure = Replicated::with_reads(Box::new(Nowhere));
         erasure.set_serving(Serving::Yes);
-        assert_eq!(erasure.route(true), Ok(true), "no copy here is whole");
+        erasure.reads_until(u64::MAX);
+        assert_eq!(erasure.route(true, 0), Ok(true), "no copy here is whole");
     }
 }

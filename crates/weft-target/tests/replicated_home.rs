@@ -81,6 +81,7 @@ fn serve_replicated_volume(reactors: usize, sink: Arc<Recorder>) -> DataPlane {
 fn serve_with_sink(reactors: usize, sink: Box<dyn ReplicatedSink>) -> DataPlane {
     let path = Replicated::new(sink);
     path.set_serving(Serving::Yes);
+    path.reads_until(u64::MAX);
     let backend = VolumeBackend {
         pool: "p".into(),
         volume: VOLUME.into(),

@@ -602,6 +602,7 @@ impl Member {
         manager: ManagerHandle,
         status: StatusReader,
         lease: Arc<weft_cluster::LeaseClock>,
+        plane: Arc<weft_target::DataPlane>,
     ) -> Result<Running, String> {
         let interval = self.connected.spec.lease_ttl / 3;
         let reader = status.clone();
@@ -618,6 +619,12 @@ impl Member {
         agent
             .wake_on_departures(self.connected.mirror.subscribe(), Arc::clone(&mirror))
             .map_err(|e| format!("cannot start the cluster agent: {e}"))?;
+        weft_node::cluster::silence::watch(
+            plane,
+            Arc::clone(&mirror),
+            self.connected.spec.node.clone(),
+        )
+        .map_err(|e| format!("cannot start the cluster agent: {e}"))?;
         let referrals = weft_node::cluster::referral_keeper(
             Arc::clone(&mirror),
             self.connected.spec.node.clone(),

@@ -693,7 +693,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     )?;
     let membership = member.as_ref().map(cluster::Member::describe);
     let running = member
-        .map(|member| member.run(handle.clone(), status, lease))
+        .map(|member| member.run(handle.clone(), status, lease, Arc::clone(&plane)))
         .transpose()?;
     print_banner(
         &config,

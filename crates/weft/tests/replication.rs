@@ -152,6 +152,15 @@ fn a_replicated_volume_keeps_its_acknowledged_writes_when_its_primary_is_killed(
         "{second} promoted {:?} after {first}'s kill",
         killed.elapsed()
     );
+    // Not at the end of the dead node's lease: the replica, no longer
+    // hearing it, took over (its read grants ran out: docs/REPLICATION-DESIGN.md).
+    let log = std::fs::read_to_string(dir.join(format!("{second}.log"))).unwrap_or_default();
+    assert!(
+        log.contains(&format!(
+            "its primary {first} has not been heard here for a read grant; this replica takes over"
+        )),
+        "{second} took over itself; its log:\n{log}"
+    );
     let at = node_of(&nodes, &second);
     let (controller, mut queue) = connect(nodes[at].1.as_ref().unwrap());
     let read = |queue: &mut Queue, block: u64| {

@@ -778,7 +778,7 @@ fn update(target: &Arc<Target>, change: impl FnOnce(&mut TargetConfig)) -> Arc<T
     let mut config = TargetConfig::clone(&target.config());
     change(&mut config);
     let config = Arc::new(config);
-    target.replace_config(Arc::clone(&config));
+    target.replace_config(Arc::clone(&config), Timestamp::default());
     config
 }
 
@@ -1310,7 +1310,7 @@ fn a_host_authenticates_with_the_ffdhe8192_group() {
         keys: Some(Arc::new(keys)),
         tls_psk: None,
     }]);
-    target.replace_config(Arc::new(config));
+    target.replace_config(Arc::new(config), Timestamp::default());
     let mut admin = Pair::new(&target);
     admin.connect_admin(TEST_NQN, 0);
     assert_eq!(admin.authenticate(host_keys(true), TEST_NQN), Ok(()));
@@ -1447,7 +1447,7 @@ fn places_are_kept_for_the_clusters_nodes() {
     let target = authenticating_target(false);
     let mut config = (*target.config()).clone();
     config.node_addresses = vec!["10.0.0.9".parse().unwrap()];
-    target.replace_config(Arc::new(config));
+    target.replace_config(Arc::new(config), Timestamp::default());
     let limits = Limits::DEFAULT;
     let connect_from = |address: String| admin_connect_from(&target, &address);
     let strangers =

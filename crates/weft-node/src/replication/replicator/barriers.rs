@@ -90,10 +90,11 @@ impl Replicator {
                 self.barrier_local(seq, &op);
             }
             Step::Done(Ok(_)) if !self.driver.primary().optimized(self.lease.now()) => {
-                // The lease lapsed meanwhile: another primary may write to
-                // this node's copy through its replica subsystem already.
+                // The lease, or a replica's read grant, lapsed meanwhile:
+                // another primary may write to this node's copy through its
+                // replica subsystem already.
                 let error = format!(
-                    "volume {}: its primary's lease lapsed during its {}; try again",
+                    "volume {}: its primary's lease or a replica's read grant lapsed during its {}; try again",
                     self.volume, barrier.op
                 );
                 self.fail_barrier(AdminError::Unavailable(error));

@@ -206,6 +206,7 @@ impl Replicator {
             next_op: 0,
             events,
             path,
+            plane,
             desired,
             lease,
             manager,
@@ -292,7 +293,7 @@ fn fence_own(
         fence.drained()
             && !(waits_for_grants && fence.grant_ends().is_some_and(|ends| plane.now() < ends))
     };
-    while !settled(&fence) {
+    while !settled(&fence) && fence.holds() {
         if start.elapsed() >= OWN_FENCE_PATIENCE {
             return Err(format!(
                 "an older primary's writes to this node's copy are still on their way after {OWN_FENCE_PATIENCE:?}"
@@ -300,5 +301,6 @@ fn fence_own(
         }
         std::thread::sleep(Duration::from_millis(1));
     }
-    Ok(Some(fence))
+    // A newer epoch took it meanwhile.
+    Ok(fence.holds().then_some(fence))
 }

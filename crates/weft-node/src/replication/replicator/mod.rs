@@ -363,6 +363,8 @@ struct Replicator {
     next_op: u64,
     events: Events,
     path: Arc<Replicated>,
+    /// The data plane: its clock is the one the reactors check reads against.
+    plane: Arc<DataPlane>,
     desired: DesiredState,
     lease: Arc<LeaseClock>,
     manager: Arc<dyn NodeServices>,
@@ -646,8 +648,16 @@ impl Replicator {
         );
     }
 
-    /// Tells the data plane (and the manager, for ANA) whether it serves.
+    /// Tells the data plane (and the manager, for ANA) whether it serves,
+    /// and until when reactors may read this copy themselves.
     fn publish(&mut self, now: Duration) {
+        let left = self
+            .driver
+            .primary()
+            .reads_until()
+            .saturating_sub(self.lease.now());
+        self.path
+            .reads_until((self.plane.now().0 + left).as_nanos() as u64);
         let serving = match self.driver.serving(now) {
             weft_replication::Serving::Yes => Serving::Yes,
             weft_replication::Serving::Resyncing => Serving::Resyncing,
@@ -655,8 +665,14 @@ impl Replicator {
             weft_replication::Serving::Inaccessible => Serving::Inaccessible,
         };
         if serving != self.serving {
+            let optimized = |s| matches!(s, Serving::Yes | Serving::Resyncing);
+            let same_ana = optimized(serving) && optimized(self.serving);
             self.serving = serving;
             self.path.set_serving(serving);
+            if same_ana && !self.resyncing() {
+                // A read grant ran out, or was renewed: ANA is the same.
+                return;
+            }
             let what = match serving {
                 Serving::Yes => "its primary here serves hosts (ANA optimized)",
                 Serving::Resyncing => {
@@ -885,7 +901,13 @@ impl Replicator {
             Action::Commit {
                 base_revision,
                 record,
-            } => self.commit(base_revision, &record),
+            } => {
+                // A handover's record: the reactors stop reading this copy
+                // before the next primary can serve (it does not wait for
+                // this one's grants).
+                self.publish(self.lease.now());
+                self.commit(base_revision, &record)
+            }
             Action::Complete { op, result } => self.complete(op, result),
         }
     }
