@@ -143,12 +143,14 @@ pub fn promote_primaries(
 /// not heard for a read grant (`weft_proto::fence::Fences::holder_silent`):
 /// the next epoch, `me` primary, the old primary faulted, as a promotion
 /// makes it. None unless the volume is mirrored (an erasure-coded primary
-/// asks no grants) and `me` is an in-sync replica that is not primary.
+/// asks no grants) and `me` is an in-sync replica that is not primary nor
+/// being retired (the operator's removal stands: the lease's end promotes
+/// another).
 /// Safe without the primary's lease ending: the primary serves reads only
 /// while every in-sync replica grants them, and `me` no longer does (nor
 /// does any replica the new primary fences: each waits out its grant).
 pub fn take_over(record: &ReplicationRecord, me: &str) -> Option<ReplicationRecord> {
-    if record.erasure.is_some() || record.primary == me {
+    if record.erasure.is_some() || record.primary == me || record.retire.iter().any(|r| r == me) {
         return None;
     }
     let set = replica_set(record);
@@ -501,6 +503,9 @@ mod tests {
         assert_eq!(next.members[0].state, ReplicaState::InSync, "n1 stays");
         assert_eq!(take_over(&record, "n2"), None, "the primary itself");
         assert_eq!(take_over(&record, "n9"), None, "not a member");
+        let mut retiring = record.clone();
+        retiring.retire = vec!["n3".into()];
+        assert_eq!(take_over(&retiring, "n3"), None, "being removed");
         let mut faulted = record.clone();
         faulted.members[2].state = ReplicaState::Faulted { epoch: 3 };
         assert_eq!(take_over(&faulted, "n3"), None, "out of sync");

@@ -160,6 +160,9 @@ struct Fence {
     grantee: Option<Arc<ControllerShared>>,
     /// The grant the holder took the fence from.
     owed: Owed,
+    /// The holder's fence was answered: until then it waits on this
+    /// replica, and its silence says nothing.
+    answered: bool,
 }
 
 /// The read grant a fence ended (see the module's docs).
@@ -205,6 +208,7 @@ impl Fences {
             previous.set_fence_holder(false);
         }
         controller.set_fence_holder(true);
+        fence.answered = false;
         fence.owed = match &fence.grantee {
             None => Owed::SinceStart,
             // Its own node's session: what that one's fence was owed, still.
@@ -310,13 +314,33 @@ impl Fences {
         let Some(grantee) = &fence.grantee else {
             return false;
         };
-        // (Not once this target's own writer holds it: its node is primary.)
-        fence.holder.as_ref().is_none_or(|h| h.is_remote())
+        // Not once this target's own writer holds it (its node is
+        // primary), nor while a holder's fence waits to be answered.
+        fence
+            .holder
+            .as_ref()
+            .is_none_or(|h| h.is_remote() && fence.answered)
             && fence.token.epoch == authority.epoch
             && grantee.hostnqn == authority.host_nqn
             && grantee
                 .heard_at()
                 .is_some_and(|heard| now >= heard.after(READ_GRANT))
+    }
+
+    /// `holder`'s fence was answered at `now` (it settled): its grant, and
+    /// its silence, run from here.
+    pub fn answered(&self, holder: &ControllerShared, now: crate::types::Timestamp) {
+        holder.heard(now);
+        let mut inner = self.lock();
+        if let Some(fence) = inner.get_mut(&holder.subnqn) {
+            if fence
+                .holder
+                .as_ref()
+                .is_some_and(|h| std::ptr::eq(Arc::as_ptr(h), holder))
+            {
+                fence.answered = true;
+            }
+        }
     }
 
     /// The current token of subsystem `subnqn`'s fence (the default before any).
@@ -359,6 +383,7 @@ impl Fences {
             if granting {
                 *fence = Fence {
                     grantee: fence.grantee.take(),
+                    owed: std::mem::take(&mut fence.owed),
                     ..Fence::default()
                 };
             }
@@ -604,12 +629,13 @@ mod tests {
             "never fenced"
         );
         let primary = registry.create("nqn.r", "nqn.a", [1; 16], 8).unwrap();
+        primary.heard(at(100));
         fences.fence(token(3, 1), &primary).unwrap();
         assert!(
             !fences.holder_silent("nqn.r", &authority, at(5000)),
-            "never heard"
+            "its fence waits to be answered: it waits on this replica"
         );
-        primary.heard(at(200));
+        fences.answered(&primary, at(200));
         assert!(!fences.holder_silent("nqn.r", &authority, at(1199)));
         assert!(fences.holder_silent("nqn.r", &authority, at(1200)));
         // Its connection ended (a kill -9): still silent.

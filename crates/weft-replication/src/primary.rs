@@ -832,10 +832,35 @@ impl Primary {
         };
         entry.local_pending = false;
         entry.local_failed = true;
-        if let OpKind::Copy { to, .. } = entry.kind {
+        let kind = entry.kind;
+        match kind {
             // Its region cannot be sent: the replica is rebuilt later, by
             // the next primary.
-            self.link_failed(to, now);
+            OpKind::Copy { to, .. } => self.link_failed(to, now),
+            // The replicas it was sent to may hold it, this copy does not.
+            // An in-sync replica this primary hands over to (now, or once
+            // its resync is done) is the reference next, and those in sync
+            // got the same write; any other (joining, being rebuilt, or in
+            // sync with none to hand over to) would be left, or made, in
+            // sync with a write this copy lacks: faulted, rebuilt from the
+            // reference once it works (the write was never acknowledged).
+            OpKind::Write { .. } => {
+                let stranded = self.phase == PrimaryPhase::Active && self.move_target().is_none();
+                let faulted: Vec<NodeId> = self
+                    .links
+                    .iter()
+                    .filter(|(_, link)| match link.state {
+                        LinkState::Joining | LinkState::Rebuilding => true,
+                        LinkState::Live => stranded,
+                        LinkState::Fencing { .. } | LinkState::Down { .. } => false,
+                    })
+                    .map(|(&node, _)| node)
+                    .collect();
+                for node in faulted {
+                    self.link_failed(node, now);
+                }
+            }
+            _ => {}
         }
         self.progress(op, now);
         self.pump(now);
@@ -1262,6 +1287,7 @@ impl Primary {
             // slow disk): reads would wait for ever; out it goes.
             let starving = self.reads_wait_for_grants
                 && matches!(link.state, LinkState::Live | LinkState::Joining)
+                && self.maybe_in_sync(node)
                 && now >= link.granted_until + self.config.replica_timeout;
             if starving {
                 late.push(node);

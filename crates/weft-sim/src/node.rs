@@ -1139,6 +1139,7 @@ impl Node {
             self.fence_answers.push((primary, token, controller));
             return;
         }
+        self.fences.answered(&controller, self.target_time(now));
         answer(self.fenced(token), out);
     }
 
@@ -1209,6 +1210,7 @@ impl Node {
                 self.fence_answers.push((to, token, controller));
                 continue;
             }
+            self.fences.answered(&controller, self.target_time(now));
             let reply = self.fenced(token);
             let (node, incarnation) = (self.id, self.incarnation);
             let answer = Event::ReplicaAnswer {

@@ -13,15 +13,21 @@
 //! the controller): the primary serves reads only while every in-sync
 //! replica grants them, and the new primary's fences wait out any grant
 //! left. A primary cut off from this replica alone, or slower than the
-//! grant, loses its role: a needless failover, never a stale read.
+//! grant, loses its role: a needless failover, never a stale read. A look
+//! that comes late (this thread, or the whole process, was held up: the
+//! reactors may not have read what arrived meanwhile) decides nothing, and
+//! a replica found unfit to take over is not looked at again while its
+//! primary's silence and epoch last (an erasure-coded member, a faulted
+//! copy: each would cost a read of the record every look).
 //!
 //! What this does not do: serve (the replicator does, once the node sees
 //! the record), or speak for an erasure-coded volume (its primary asks no
 //! grants).
 
 use crate::replication::replica_volume;
+use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use weft_cluster::replicas::take_over;
 use weft_control::records::{encode, read, VOLUMES_PREFIX};
 use weft_control::{Store, StoreError, Txn, VolumeRecord};
@@ -39,12 +45,34 @@ pub fn watch(plane: Arc<DataPlane>, store: Arc<dyn Store>, node: String) -> std:
         .name("silent-primaries".into())
         .spawn(move || {
             let mut failing = false;
+            let mut unfit: BTreeSet<(String, u64)> = BTreeSet::new();
+            let mut looked_at = Instant::now();
             loop {
-                for (volume, epoch) in silent_primaries(&plane) {
-                    let taken = take_over_volume(store.as_ref(), &volume, epoch, &node);
-                    log_failure(taken, &mut failing);
-                }
                 std::thread::sleep(LOOK_EVERY);
+                let late = looked_at.elapsed() > 3 * LOOK_EVERY;
+                looked_at = Instant::now();
+                let silent = silent_primaries(&plane);
+                unfit.retain(|volume| silent.contains(volume));
+                if late {
+                    continue;
+                }
+                let mut verdict = None;
+                for (volume, epoch) in silent {
+                    if unfit.contains(&(volume.clone(), epoch)) {
+                        continue;
+                    }
+                    match take_over_volume(store.as_ref(), &volume, epoch, &node) {
+                        Ok(Outcome::Unfit) => {
+                            unfit.insert((volume, epoch));
+                        }
+                        Ok(Outcome::Lagging) => {}
+                        Ok(Outcome::Tried) => verdict = verdict.or(Some(Ok(()))),
+                        Err(error) => verdict = Some(Err(error)),
+                    }
+                }
+                if let Some(verdict) = verdict {
+                    log_failure(verdict, &mut failing);
+                }
             }
         })
         .map(drop)
@@ -70,6 +98,18 @@ fn silent_primaries(plane: &DataPlane) -> Vec<(String, u64)> {
         .collect()
 }
 
+/// What became of a look at a silent primary's volume.
+enum Outcome {
+    /// This replica may not take over at this epoch (not in sync, being
+    /// retired, erasure-coded, gone).
+    Unfit,
+    /// This node's copy of the record is at another epoch (it lags, or
+    /// the volume moved on): looked at again.
+    Lagging,
+    /// The swap was asked of the store (made, or lost to a change).
+    Tried,
+}
+
 /// Makes `node` primary of `volume` in place of its primary of `epoch`,
 /// if the record still names that one and `node` may take over.
 fn take_over_volume(
@@ -77,19 +117,19 @@ fn take_over_volume(
     volume: &str,
     epoch: u64,
     node: &str,
-) -> Result<(), StoreError> {
+) -> Result<Outcome, StoreError> {
     let key = format!("{VOLUMES_PREFIX}{volume}");
     let Some(found) = read::<VolumeRecord>(store, &key)? else {
-        return Ok(());
+        return Ok(Outcome::Unfit);
     };
     let Some(replication) = found.record.replication.as_ref() else {
-        return Ok(());
+        return Ok(Outcome::Unfit);
     };
     if replication.epoch != epoch {
-        return Ok(());
+        return Ok(Outcome::Lagging);
     }
     let Some(next) = take_over(replication, node) else {
-        return Ok(());
+        return Ok(Outcome::Unfit);
     };
     let old = replication.primary.clone();
     let mut record = found.record.clone();
@@ -100,15 +140,16 @@ fn take_over_volume(
                 "volume {volume}: its primary {old} has not been heard here for a read grant; this replica takes over (epoch {})",
                 epoch + 1
             );
-            Ok(())
+            Ok(Outcome::Tried)
         }
         // Changed meanwhile (or this copy of the store lags): looked at again.
-        Err(StoreError::Conflict { .. }) => Ok(()),
+        Err(StoreError::Conflict { .. }) => Ok(Outcome::Tried),
         Err(error) => Err(error),
     }
 }
 
-/// Logs a failure once until the store works again.
+/// Logs a failure once until the store works again (a pass's verdict:
+/// only asks that reached the store, or failed to, count).
 fn log_failure(result: Result<(), StoreError>, failing: &mut bool) {
     match result {
         Ok(()) if std::mem::take(failing) => {

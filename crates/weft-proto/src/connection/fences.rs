@@ -72,7 +72,10 @@ impl Connection {
             return self.respond(slot, Status::RESERVATION_CONFLICT, current.epoch);
         }
         match self.fence_settles_at(now) {
-            None => self.respond(slot, Status::SUCCESS, 0),
+            None => {
+                self.target.fences.answered(&queue.controller, now);
+                self.respond(slot, Status::SUCCESS, 0)
+            }
             Some(check_at) => {
                 self.slots[usize::from(slot.0)].state = SlotState::Parked;
                 self.fence_wait = Some(FenceWait {
@@ -122,6 +125,9 @@ impl Connection {
         }
         let slot = wait.slot;
         self.fence_wait = None;
+        if let State::Admin(queue, _) = &self.state {
+            self.target.fences.answered(&queue.controller, now);
+        }
         self.respond(slot, Status::SUCCESS, 0);
     }
 

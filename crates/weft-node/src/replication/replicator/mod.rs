@@ -651,13 +651,15 @@ impl Replicator {
     /// Tells the data plane (and the manager, for ANA) whether it serves,
     /// and until when reactors may read this copy themselves.
     fn publish(&mut self, now: Duration) {
+        // The data plane's clock first: a pause between the two readings
+        // only shortens the time given.
+        let plane_now = self.plane.now().0;
         let left = self
             .driver
             .primary()
             .reads_until()
             .saturating_sub(self.lease.now());
-        self.path
-            .reads_until((self.plane.now().0 + left).as_nanos() as u64);
+        self.path.reads_until((plane_now + left).as_nanos() as u64);
         let serving = match self.driver.serving(now) {
             weft_replication::Serving::Yes => Serving::Yes,
             weft_replication::Serving::Resyncing => Serving::Resyncing,
