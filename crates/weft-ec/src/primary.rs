@@ -273,7 +273,14 @@ struct RecoveryState {
 #[derive(Debug)]
 pub struct EcPrimary {
     config: EcConfig,
+    /// The primary's epoch and first session: a member's token is this
+    /// with its own session ([`EcPrimary::token_of`]).
     token: Token,
+    /// Each member's fence session, counted up each time it is fenced
+    /// again: a member keeps the token of the last fence it took (its
+    /// answer may have come too late, or its connection failed since), and
+    /// refuses a fence with a token no larger.
+    sessions: Vec<u32>,
     record: ReplicaSet,
     revision: u64,
     phase: EcPhase,
@@ -329,6 +336,7 @@ impl EcPrimary {
         assert!(n <= 16, "members fit a record's mask");
         let mut primary = EcPrimary {
             token,
+            sessions: vec![token.session; n],
             revision,
             phase: EcPhase::Fencing,
             lease_until: Duration::ZERO,
@@ -358,6 +366,7 @@ impl EcPrimary {
         };
         for member in 0..n {
             let link = if primary.in_sync(member) {
+                let token = primary.token_of(member);
                 primary.send(member, ToMember::Fence { token });
                 Link::Fencing {
                     deadline: now + config.member_timeout,
@@ -617,6 +626,12 @@ mod tests_support {
         pub(super) primary: EcPrimary,
         pub(super) disks: Vec<Vec<u8>>,
         pub(super) silent: Vec<bool>,
+        /// Members that carry out what they are sent but whose answers are
+        /// lost on the way back.
+        pub(super) answers_lost: Vec<bool>,
+        /// The fence token each member's fence holds (a fence with a token
+        /// no larger is refused, as a member's target does).
+        pub(super) fences: Vec<Token>,
         /// Writes to drop (a crash before they landed), by member.
         pub(super) dropping_in_place: bool,
         pub(super) record: ReplicaSet,
@@ -663,6 +678,8 @@ mod tests_support {
                 primary: EcPrimary::new(config, record.clone(), 1, token, Duration::ZERO),
                 disks: disks.unwrap_or_else(|| vec![vec![0; bytes as usize]; 6]),
                 silent: vec![false; 6],
+                answers_lost: vec![false; 6],
+                fences: vec![Token::default(); 6],
                 dropping_in_place: false,
                 record,
                 revision: 1,
@@ -690,7 +707,17 @@ mod tests_support {
                     EcAction::Send { member, msg, .. } => {
                         let disk = &mut self.disks[member];
                         let reply = match msg {
-                            ToMember::Fence { token } => FromMember::Fenced { token },
+                            ToMember::Fence { token } if token <= self.fences[member] => {
+                                let current = Token {
+                                    epoch: self.fences[member].epoch,
+                                    session: 0,
+                                };
+                                FromMember::Refused { token, current }
+                            }
+                            ToMember::Fence { token } => {
+                                self.fences[member] = token;
+                                FromMember::Fenced { token }
+                            }
                             ToMember::Read {
                                 token,
                                 op,
@@ -732,7 +759,9 @@ mod tests_support {
                                 FromMember::Written { token, op }
                             }
                         };
-                        self.primary.member_reply(member, reply, self.now);
+                        if !self.answers_lost[member] {
+                            self.primary.member_reply(member, reply, self.now);
+                        }
                     }
                     EcAction::Commit {
                         base_revision,
@@ -838,6 +867,32 @@ mod tests {
         bench.tick(60 * MS);
         assert!(bench.primary.rebuilds().is_empty());
         assert_eq!(bench.record.members[1].state, MemberState::InSync);
+        let chunk = bench.primary.config.in_place(0, 0) as usize;
+        assert_eq!(&bench.disks[1][chunk..chunk + 4096], expected.as_slice());
+    }
+
+    #[test]
+    fn a_member_whose_fence_was_taken_but_answered_too_late_is_fenced_again_and_rebuilt() {
+        let mut bench = Bench::new(None, record());
+        bench.write(1, 0, pattern(16384, 1));
+        bench.silent[1] = true;
+        bench.write(2, 4096, pattern(512, 2));
+        bench.tick(150 * MS);
+        assert_eq!(bench.done.remove(&OpId(2)).unwrap().0, HostResult::Ok);
+        // It comes back and takes the primary's fence, but its answer is
+        // lost (as one that came after the fence's deadline): it is asked
+        // again, and a fence no larger than the one it holds is refused.
+        bench.silent[1] = false;
+        bench.answers_lost[1] = true;
+        bench.tick(60 * MS);
+        bench.tick(150 * MS);
+        bench.answers_lost[1] = false;
+        bench.tick(60 * MS);
+        bench.tick(60 * MS);
+        assert!(bench.primary.rebuilds().is_empty());
+        assert_eq!(bench.record.members[1].state, MemberState::InSync);
+        let mut expected = pattern(16384, 1)[4096..8192].to_vec();
+        expected[..512].copy_from_slice(&pattern(512, 2));
         let chunk = bench.primary.config.in_place(0, 0) as usize;
         assert_eq!(&bench.disks[1][chunk..chunk + 4096], expected.as_slice());
     }

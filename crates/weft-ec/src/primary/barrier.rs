@@ -149,7 +149,7 @@ impl EcPrimary {
         for &member in &members {
             let op = self.member_op(member, Purpose::Control, now);
             let msg = ToMember::Control {
-                token: self.token,
+                token: self.token_of(member),
                 op,
                 control: control.clone(),
             };

@@ -86,7 +86,7 @@ impl EcPrimary {
             self.send(
                 member,
                 ToMember::Read {
-                    token: self.token,
+                    token: self.token_of(member),
                     op,
                     offset,
                     len,
@@ -146,7 +146,7 @@ impl EcPrimary {
                 self.send(
                     member,
                     ToMember::Write {
-                        token: self.token,
+                        token: self.token_of(member),
                         op,
                         offset,
                         data,
@@ -271,7 +271,7 @@ impl EcPrimary {
             self.send(
                 member,
                 ToMember::Write {
-                    token: self.token,
+                    token: self.token_of(member),
                     op,
                     offset,
                     data,
@@ -343,7 +343,7 @@ impl EcPrimary {
             self.send(
                 member,
                 ToMember::Write {
-                    token: self.token,
+                    token: self.token_of(member),
                     op,
                     offset,
                     data,
@@ -399,7 +399,7 @@ impl EcPrimary {
                 self.send(
                     member,
                     ToMember::Flush {
-                        token: self.token,
+                        token: self.token_of(member),
                         op,
                     },
                 );

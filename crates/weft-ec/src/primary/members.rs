@@ -44,6 +44,14 @@ impl EcPrimary {
         op
     }
 
+    /// The token of `member`'s current fence session.
+    pub(super) fn token_of(&self, member: usize) -> Token {
+        Token {
+            epoch: self.token.epoch,
+            session: self.sessions[member],
+        }
+    }
+
     pub(super) fn send(&mut self, member: usize, msg: ToMember) {
         let node = self.record.members[member].node;
         self.actions.push_back(EcAction::Send { member, node, msg });
@@ -54,21 +62,23 @@ impl EcPrimary {
         if matches!(self.phase, EcPhase::Deposed | EcPhase::Stalled) {
             return;
         }
+        let ours = self.token_of(member);
         match reply {
-            FromMember::Fenced { token } if token == self.token => self.fenced(member, now),
-            FromMember::Read { token, op, data } if token == self.token => {
+            FromMember::Fenced { token } if token == ours => self.fenced(member, now),
+            FromMember::Read { token, op, data } if token == ours => {
                 self.op_done(member, op, Some(data), now)
             }
-            FromMember::Written { token, op } if token == self.token => {
+            FromMember::Written { token, op } if token == ours => {
                 self.op_done(member, op, None, now)
             }
             FromMember::Failed { token, op }
-                if token == self.token && self.ops.get(&op).is_some_and(|o| o.member == member) =>
+                if token == ours && self.ops.get(&op).is_some_and(|o| o.member == member) =>
             {
                 self.lose(member, now)
             }
-            FromMember::Refused { token, current } if token == self.token => {
-                if current > self.token {
+            FromMember::Refused { token, current } if token == ours => {
+                // A member's refusal names the epoch of the fence it holds.
+                if current.epoch > ours.epoch {
                     self.depose();
                 } else {
                     // It restarted and lost our fence.
@@ -112,7 +122,7 @@ impl EcPrimary {
             self.send(
                 member,
                 ToMember::Write {
-                    token: self.token,
+                    token: self.token_of(member),
                     op,
                     offset,
                     data: zeros.clone(),

@@ -41,7 +41,11 @@ impl EcPrimary {
                         deadline: now + self.config.member_timeout,
                         rejoin: true,
                     };
-                    self.send(member, ToMember::Fence { token: self.token });
+                    // A new session: the member may hold the last one's
+                    // fence (see `sessions`).
+                    self.sessions[member] += 1;
+                    let token = self.token_of(member);
+                    self.send(member, ToMember::Fence { token });
                 }
             }
         }

@@ -37,7 +37,7 @@ impl EcPrimary {
                 self.send(
                     member,
                     ToMember::Read {
-                        token: self.token,
+                        token: self.token_of(member),
                         op,
                         offset,
                         len,
@@ -77,7 +77,7 @@ impl EcPrimary {
                 self.send(
                     member,
                     ToMember::Write {
-                        token: self.token,
+                        token: self.token_of(member),
                         op,
                         offset,
                         data: record.data,
@@ -100,7 +100,7 @@ impl EcPrimary {
                 self.send(
                     member,
                     ToMember::Write {
-                        token: self.token,
+                        token: self.token_of(member),
                         op,
                         offset,
                         data: zeros.clone(),

@@ -425,8 +425,14 @@ impl Node {
     fn member(&mut self, from: NodeId, msg: ToMember, rng: &mut Rng, out: &mut Outbox) {
         let entry = match msg {
             ToMember::Fence { token } => {
-                if token < self.fence {
-                    let current = self.fence;
+                // As the member's target (`weft_proto::fence::Fences`): a
+                // token no larger than the fence's is refused, even the
+                // same primary's again; the refusal carries the epoch.
+                if token <= self.fence {
+                    let current = Token {
+                        epoch: self.fence.epoch,
+                        session: 0,
+                    };
                     out.send(
                         Endpoint::Node(from),
                         Msg::FromMember(FromMember::Refused { token, current }),
@@ -480,7 +486,9 @@ impl Node {
         | Entry::Control { token, .. } = &entry
         {
             if *token != self.fence {
-                let (token, current) = (*token, self.fence);
+                // The target's Reservation Conflict, which the link
+                // answers as a refusal naming no token.
+                let (token, current) = (*token, Token::default());
                 out.send(
                     Endpoint::Node(from),
                     Msg::FromMember(FromMember::Refused { token, current }),
