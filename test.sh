@@ -13,7 +13,8 @@
 # WEFT_SKIP_VM=1 to skip the guest.
 set -euo pipefail
 cd "$(dirname "$0")"
-step() { printf '\n=== %s\n' "$*"; }
+# Each step says when it starts, and how long the run has taken (CI's budget: 60 minutes).
+step() { printf '\n=== %s [%s, %d min in]\n' "$*" "$(date +%T)" $((SECONDS / 60)); }
 
 step "host packages"
 harness/deps.sh
