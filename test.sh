@@ -57,7 +57,7 @@ harness/nemesis.sh --seconds "${WEFT_NEMESIS_SECONDS:-120}" --json .cache/nemesi
 step "fuzz smoke (cargo-fuzz, overflow checks and debug assertions on)"
 if rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
     command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked --quiet
-    for target in decoders connection host authentication tls http_request volume_open; do
+    for target in decoders connection host authentication tls http_request volume_open tier_open; do
         # New inputs go to the first directory (git-ignored); the checked-in
         # seeds (fuzz/seeds/TARGET, recorded by weft-proto's tests) start the search.
         corpora=("corpus/$target")

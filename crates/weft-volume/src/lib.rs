@@ -9,6 +9,8 @@
 //! - `map`: the lock-free chunk map and I/O gate the data plane shares.
 //! - `media`: the devices (files or block devices) the pool lives on.
 //! - `crypt`: encryption at rest (AES-256-XTS per volume) and its keys.
+//! - `tier`: a write tier's log (a ring of group-committed batches on a
+//!   fast device, destaged to the pool later).
 //! - `testing`: in-memory media that fails, tears and loses writes, for the
 //!   crash tests and the fuzz target.
 //!
@@ -28,6 +30,7 @@ pub mod pool;
 pub mod state;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+pub mod tier;
 
 pub use map::{ChunkMap, Lookup, WriteGate};
 pub use media::{DevicePath, FileMedia, Media};

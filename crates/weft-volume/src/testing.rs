@@ -378,6 +378,62 @@ fn reseal_frame(media: &mut FaultyMedia, start: u64, len: u64) {
         .expect("within the device");
 }
 
+/// The tier [`fuzz_tier_open`] damages.
+const FUZZ_TIER_ID: [u8; 16] = [9; 16];
+
+/// Fuzz entry point: damages a write tier's device (two superblock copies
+/// and a ring holding batches and a wrap) with `data` — the first two bytes
+/// an offset, the rest the bytes written there — then opens it and reads
+/// every block it holds. Opening may fail; it must never panic or allocate
+/// without bound.
+pub fn fuzz_tier_open(data: &[u8]) {
+    use crate::tier::{TierLog, TIER_BLOCK_BYTES};
+    thread_local! {
+        static SAMPLE: FaultyMedia = fuzz_tier_sample();
+    }
+    let Some((&[low, high], damage)) = data.split_first_chunk::<2>() else {
+        return;
+    };
+    let mut media = SAMPLE.with(Clone::clone);
+    let size = media.size_bytes(0);
+    let offset = u64::from(u16::from_le_bytes([low, high])) % size;
+    let damage = &damage[..damage.len().min((size - offset) as usize)];
+    media
+        .write_at(0, offset, damage)
+        .expect("within the device");
+    let Ok(log) = TierLog::open(&mut media, 0, FUZZ_TIER_ID) else {
+        return;
+    };
+    let mut buf = vec![0; TIER_BLOCK_BYTES as usize];
+    for block in 0..16 {
+        let _ = log.read(&mut media, 0, block, &mut buf);
+    }
+}
+
+/// A tier of twelve blocks whose ring wrapped: two batches before its
+/// end, a wrap, one at its start.
+fn fuzz_tier_sample() -> FaultyMedia {
+    use crate::tier::{TierLog, TierWrite, TIER_BLOCK_BYTES};
+    let block = TIER_BLOCK_BYTES as usize;
+    let mut media = FaultyMedia::new(1, 12 * block, 1);
+    let mut log = TierLog::format(&mut media, 0, FUZZ_TIER_ID).expect("format");
+    let data = vec![0x5A; 2 * block];
+    let write = |first_block, pool_order| TierWrite {
+        volume: 0,
+        first_block,
+        data: &data,
+        pool_order,
+    };
+    for order in 0..3 {
+        log.append(&mut media, &[write(order * 2, order)])
+            .expect("append");
+    }
+    log.destage(&mut media, 2, |_, _| Ok(()), |_| Ok(()))
+        .expect("destage");
+    log.append(&mut media, &[write(8, 3)]).expect("append");
+    media
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
