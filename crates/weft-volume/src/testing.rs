@@ -382,10 +382,10 @@ fn reseal_frame(media: &mut FaultyMedia, start: u64, len: u64) {
 const FUZZ_TIER_ID: [u8; 16] = [9; 16];
 
 /// Fuzz entry point: damages a write tier's device (two superblock copies
-/// and a ring holding batches and a wrap) with `data` — the first two bytes
-/// an offset, the rest the bytes written there — then opens it and reads
-/// every block it holds. Opening may fail; it must never panic or allocate
-/// without bound.
+/// and two rings holding batches and a wrap) with `data` — the first two
+/// bytes an offset (in two-byte steps), the rest the bytes written there —
+/// then opens it and reads every block it holds. Opening may fail; it must
+/// never panic or allocate without bound.
 pub fn fuzz_tier_open(data: &[u8]) {
     use crate::tier::{TierLog, TIER_BLOCK_BYTES};
     thread_local! {
@@ -396,7 +396,8 @@ pub fn fuzz_tier_open(data: &[u8]) {
     };
     let mut media = SAMPLE.with(Clone::clone);
     let size = media.size_bytes(0);
-    let offset = u64::from(u16::from_le_bytes([low, high])) % size;
+    // In two-byte steps: the whole device.
+    let offset = u64::from(u16::from_le_bytes([low, high])) * 2 % size;
     let damage = &damage[..damage.len().min((size - offset) as usize)];
     media
         .write_at(0, offset, damage)
@@ -410,28 +411,38 @@ pub fn fuzz_tier_open(data: &[u8]) {
     }
 }
 
-/// A tier of twelve blocks whose ring wrapped: two batches before its
-/// end, a wrap, one at its start.
+/// A tier of two rings of ten blocks: the first wrapped (two batches
+/// before its end, a wrap, one at its start), the second holding a copy of
+/// a block the first holds too, the watermark past the oldest batches.
 fn fuzz_tier_sample() -> FaultyMedia {
-    use crate::tier::{TierLog, TierWrite, TIER_BLOCK_BYTES};
-    let block = TIER_BLOCK_BYTES as usize;
-    let mut media = FaultyMedia::new(1, 12 * block, 1);
-    let mut log = TierLog::format(&mut media, 0, FUZZ_TIER_ID).expect("format");
-    let data = vec![0x5A; 2 * block];
-    let write = |first_block, pool_order| TierWrite {
+    use crate::tier::TierLog;
+    let mut media = FaultyMedia::new(1, 22 * 4096, 1);
+    let mut log = TierLog::format(&mut media, 0, FUZZ_TIER_ID, 2).expect("format");
+    for first in 1..4 {
+        fuzz_tier_append(&mut log, &mut media, 0, first * 2);
+    }
+    fuzz_tier_append(&mut log, &mut media, 1, 4);
+    log.destage(&mut media, 2, |_, _| Ok(()), |_| Ok(()))
+        .expect("destage");
+    fuzz_tier_append(&mut log, &mut media, 0, 8);
+    media
+}
+
+/// Appends two blocks at `first_block` of volume 0 to ring `ring`.
+fn fuzz_tier_append(
+    log: &mut crate::tier::TierLog,
+    media: &mut FaultyMedia,
+    ring: usize,
+    first_block: u64,
+) {
+    let data = vec![0x5A; 2 * 4096];
+    let write = crate::tier::TierWrite {
         volume: 0,
         first_block,
         data: &data,
-        pool_order,
+        pool_order: log.take_order(ring).expect("a ring"),
     };
-    for order in 0..3 {
-        log.append(&mut media, &[write(order * 2, order)])
-            .expect("append");
-    }
-    log.destage(&mut media, 2, |_, _| Ok(()), |_| Ok(()))
-        .expect("destage");
-    log.append(&mut media, &[write(8, 3)]).expect("append");
-    media
+    log.append(media, ring, &[write]).expect("append");
 }
 
 #[cfg(test)]

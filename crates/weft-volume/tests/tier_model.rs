@@ -1,9 +1,11 @@
-//! Crash model of the write tier's log: random group-committed appends,
-//! destages and power cuts (each unsynced write kept, dropped or torn), with
-//! device failures injected in the middle of appends and destages. After
-//! every cut the tier is opened again, and every block must read back (from
-//! the tier, or from the capacity device it was destaged to) as the last
-//! acknowledged write left it; a write whose append failed may read either
+//! Crash model of the write tier's log: writes gathered by three rings'
+//! writers at once (their pool orders interleave, as concurrent
+//! reactors'), group-committed appends, destages in pool order and power
+//! cuts (each unsynced write kept, dropped or torn), with device failures
+//! injected in the middle of appends and destages. After every cut the tier
+//! is opened again, and every block must read back (from the tier, or from
+//! the capacity device it was destaged to) as the acknowledged write of the
+//! highest pool order left it; a write whose append failed may read either
 //! way, and then keeps what it read. `WEFT_TIER_MODEL_SEEDS` sets how many
 //! seeds (default 8), each of 2000 steps.
 
@@ -18,9 +20,13 @@ const TIER: usize = 0;
 const CAPACITY: usize = 1;
 const VOLUMES: u32 = 2;
 const BLOCKS: u64 = 16;
-/// Ring of 22 blocks: a few batches at once, so that it fills and wraps.
-const TIER_BLOCKS: usize = 24;
+/// Three rings of 14 blocks: a few batches each, so that they fill and wrap.
+const TIER_BLOCKS: usize = 44;
+const RINGS: usize = 3;
 const STEPS: usize = 2000;
+/// The most data blocks a writer appends at once (a ring holds 12 with
+/// the batch's header).
+const BATCH_BLOCKS_MAX: usize = 8;
 
 struct Rng(u64);
 
@@ -46,16 +52,27 @@ fn capacity_offset(volume: u32, block: u64) -> u64 {
     (u64::from(volume) * BLOCKS + block) * TIER_BLOCK_BYTES
 }
 
+/// A write gathered for a ring's next batch: (volume, first block, a
+/// version per block, its pool order).
+type Gathered = (u32, u64, Vec<u32>, u64);
+
+/// A block's last acknowledged version and the pool order that wrote it.
+type Version = (u32, u64);
+
 struct Model {
     rng: Rng,
     media: FaultyMedia,
     log: TierLog,
-    /// Each block's last acknowledged version.
-    acked: HashMap<(u32, u64), u32>,
-    /// Blocks of a batch whose append failed: (block, its version then, the batch's).
-    unsure: Vec<((u32, u64), u32, u32)>,
+    /// Each ring's writes taken but not appended yet (its writer gathering
+    /// them): the rings' pool orders interleave, as concurrent reactors'.
+    gathered: Vec<Vec<Gathered>>,
+    /// Each block's acknowledged version of the highest pool order (the
+    /// newer of two writes of a block is the one with the higher order).
+    acked: HashMap<(u32, u64), Version>,
+    /// Blocks of a batch whose append failed: (block, its version then,
+    /// the batch's if newer).
+    unsure: Vec<((u32, u64), Version, Version)>,
     version: u32,
-    order: u64,
     crashes: u64,
     failures: u64,
 }
@@ -68,15 +85,15 @@ impl Model {
         media
             .add_member(FaultyMedia::new(1, capacity_bytes, seed))
             .unwrap();
-        let log = TierLog::format(&mut media, TIER, ID).unwrap();
+        let log = TierLog::format(&mut media, TIER, ID, RINGS).unwrap();
         Model {
             rng: Rng(seed | 1),
             media,
             log,
+            gathered: vec![Vec::new(); RINGS],
             acked: HashMap::new(),
             unsure: Vec::new(),
             version: 0,
-            order: 0,
             crashes: 0,
             failures: 0,
         }
@@ -84,29 +101,47 @@ impl Model {
 
     fn step(&mut self) {
         match self.rng.below(100) {
-            0..=59 => self.append(),
+            0..=34 => self.gather(),
+            35..=59 => self.append(),
             60..=79 => self.destage(),
             80..=84 => self.crash(),
             _ => self.check("at run time"),
         }
     }
 
+    /// A write arrives at a ring's writer: it takes its pool order now.
+    fn gather(&mut self) {
+        let ring = self.rng.below(RINGS as u64) as usize;
+        let volume = self.rng.below(u64::from(VOLUMES)) as u32;
+        let first = self.rng.below(BLOCKS);
+        let blocks = 1 + self.rng.below(3.min(BLOCKS - first));
+        let versions: Vec<u32> = (0..blocks)
+            .map(|_| {
+                self.version += 1;
+                self.version
+            })
+            .collect();
+        let order = self.log.take_order(ring).unwrap();
+        self.gathered[ring].push((volume, first, versions, order));
+    }
+
+    /// A ring's writer appends what it gathered in one batch.
     fn append(&mut self) {
-        let count = 1 + self.rng.below(3);
-        let mut writes = Vec::new();
-        for _ in 0..count {
-            let volume = self.rng.below(u64::from(VOLUMES)) as u32;
-            let first = self.rng.below(BLOCKS);
-            let blocks = 1 + self.rng.below(3.min(BLOCKS - first));
-            let versions: Vec<u32> = (0..blocks)
-                .map(|_| {
-                    self.version += 1;
-                    self.version
-                })
-                .collect();
-            self.order += 1;
-            writes.push((volume, first, versions, self.order));
+        let ring = self.rng.below(RINGS as u64) as usize;
+        let mut writes = std::mem::take(&mut self.gathered[ring]);
+        if writes.is_empty() {
+            return;
         }
+        // The oldest it gathered, up to a batch of BATCH_BLOCKS_MAX blocks.
+        let mut blocks = 0;
+        let fit = writes
+            .iter()
+            .take_while(|(_, _, versions, _)| {
+                blocks += versions.len();
+                blocks <= BATCH_BLOCKS_MAX
+            })
+            .count();
+        self.gathered[ring] = writes.split_off(fit.max(1));
         let data: Vec<Vec<u8>> = writes
             .iter()
             .map(|(_, _, versions, _)| versions.iter().flat_map(|&v| pattern(v)).collect())
@@ -125,32 +160,57 @@ impl Model {
         if failing {
             self.media.fail_after_writes(self.rng.below(3));
         }
-        let mut result = self.log.append(&mut self.media, &batch);
+        let mut result = self.log.append(&mut self.media, ring, &batch);
         if matches!(result, Err(TierError::Full { .. })) {
             // A full tier: writes wait for the destage.
             result = self
                 .destage_all()
-                .and_then(|_| self.log.append(&mut self.media, &batch));
+                .and_then(|_| self.log.append(&mut self.media, ring, &batch));
         }
         if failing {
             self.media.fail_after_writes(u64::MAX);
         }
-        let blocks = writes.iter().flat_map(|(volume, first, versions, _)| {
-            versions
-                .iter()
-                .enumerate()
-                .map(move |(i, &v)| ((*volume, first + i as u64), v))
-        });
+        let blocks: Vec<((u32, u64), Version)> = writes
+            .iter()
+            .flat_map(|(volume, first, versions, order)| {
+                versions
+                    .iter()
+                    .enumerate()
+                    .map(move |(i, &v)| ((*volume, first + i as u64), (v, *order)))
+            })
+            .collect();
+        let newer = |acked: &HashMap<(u32, u64), Version>, block, written: Version| {
+            let before = acked.get(&block).copied().unwrap_or((0, 0));
+            (
+                before,
+                if written.1 > before.1 {
+                    written
+                } else {
+                    before
+                },
+            )
+        };
         match result {
             Ok(()) => {
-                for (block, v) in blocks {
-                    self.acked.insert(block, v);
+                for (block, written) in blocks {
+                    let (_, after) = newer(&self.acked, block, written);
+                    self.acked.insert(block, after);
                 }
             }
-            Err(TierError::Io { .. }) if failing => {
+            // Still full: another ring's writes hold the destage back; this
+            // one waits (its orders stay taken).
+            Err(TierError::Full { .. }) if !failing => {
+                writes.append(&mut self.gathered[ring]);
+                self.gathered[ring] = writes;
+            }
+            Err(TierError::Io { .. } | TierError::Full { .. }) if failing => {
                 self.failures += 1;
                 self.unsure = blocks
-                    .map(|(block, v)| (block, self.acked.get(&block).copied().unwrap_or(0), v))
+                    .into_iter()
+                    .map(|(block, written)| {
+                        let (before, after) = newer(&self.acked, block, written);
+                        (block, before, after)
+                    })
                     .collect();
                 self.crash();
             }
@@ -159,14 +219,14 @@ impl Model {
     }
 
     fn destage(&mut self) {
-        let batches = 1 + self.rng.below(3) as usize;
+        let rounds = 1 + self.rng.below(3) as usize;
         let failing = self.rng.below(10) == 0;
         if failing {
             self.media.fail_after_writes(self.rng.below(4));
         }
         let result = self.log.destage(
             &mut self.media,
-            batches,
+            rounds,
             |m, d| m.write_at(CAPACITY, capacity_offset(d.volume, d.block), d.data),
             |m| m.sync(CAPACITY),
         );
@@ -197,13 +257,15 @@ impl Model {
         let media = std::mem::replace(&mut self.media, FaultyMedia::new(0, 0, 0));
         self.media = media.crash();
         self.log = TierLog::open(&mut self.media, TIER, ID).unwrap();
+        // What the writers gathered was never acknowledged.
+        self.gathered = vec![Vec::new(); RINGS];
         for (block, before, after) in std::mem::take(&mut self.unsure) {
             let found = self.read(block);
-            assert!(
-                found == before || found == after,
-                "block {block:?} of a failed append reads version {found}, neither {before} nor {after}"
-            );
-            self.acked.insert(block, found);
+            let now = [before, after].into_iter().find(|(v, _)| *v == found);
+            let now = now.unwrap_or_else(|| {
+                panic!("block {block:?} of a failed append reads version {found}, neither {before:?} nor {after:?}")
+            });
+            self.acked.insert(block, now);
         }
         self.check("after a power cut");
     }
@@ -228,7 +290,7 @@ impl Model {
     fn check(&mut self, when: &str) {
         for volume in 0..VOLUMES {
             for block in 0..BLOCKS {
-                let expected = self.acked.get(&(volume, block)).copied().unwrap_or(0);
+                let expected = self.acked.get(&(volume, block)).map_or(0, |&(v, _)| v);
                 let found = self.read((volume, block));
                 assert_eq!(
                     found, expected,

@@ -4,14 +4,15 @@
 //! not what it should be, and the log decides what that means (a superblock
 //! copy to pass over, the end of the ring).
 //!
-//! Superblock (offsets in bytes):
+//! Superblock (offsets in bytes), one for the device's rings:
 //!
 //! ```text
 //!  0 magic "WEFTTIER"   8 version u32   12 block bytes u32   16 tier id [16]
-//! 32 ring start u64    40 ring end u64  48 generation u64    56 tail u64
-//! 64 tail sequence u64                  72 CRC-32C of 0..72 u32
+//! 32 first ring's start u64   40 bytes per ring u64   48 generation u64
+//! 56 destaged order u64       64 rings u32   68 CRC-32C u32 (of 0..68 and the tails)
+//! 72 each ring's tail, 16 bytes: offset u64, sequence u64
 //! ```
-//!
+
 //! Batch header:
 //!
 //! ```text
@@ -29,7 +30,14 @@ const SUPER_MAGIC: &[u8; 8] = b"WEFTTIER";
 const BATCH_MAGIC: &[u8; 8] = b"WEFTTLOG";
 /// The format this code writes and reads.
 pub const TIER_VERSION: u32 = 1;
-const SUPER_SEALED_BYTES: usize = 72;
+const SUPER_FIXED_BYTES: usize = 72;
+const SUPER_CRC_AT: usize = 68;
+const TAIL_BYTES: usize = 16;
+/// The most rings a tier holds: as many tails as fit its superblock.
+pub const RINGS_MAX: usize = (BLOCK - SUPER_FIXED_BYTES) / TAIL_BYTES;
+/// The smallest ring, in blocks: a batch of one block, a wrap and the
+/// block of room kept free.
+pub const RING_BLOCKS_MIN: u64 = 4;
 const HEADER_FIXED_BYTES: usize = 64;
 const EXTENT_BYTES: usize = 28;
 /// The most extents one batch holds: as many as fit its header block.
@@ -39,22 +47,40 @@ pub const EXTENTS_MAX: usize = (BLOCK - HEADER_FIXED_BYTES) / EXTENT_BYTES;
 /// tier's (or an earlier format's) leftovers never pass for its own.
 pub type TierId = [u8; 16];
 
-/// The tier superblock: where the ring is and where its oldest live batch
-/// starts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The tier superblock: where the rings are, where each one's oldest live
+/// batch starts, and up to which pool-wide order every write is destaged.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Superblock {
     /// The tier's identity.
     pub id: TierId,
-    /// The ring's first byte.
+    /// The first ring's first byte (the others follow it).
     pub ring_start: u64,
-    /// The byte after the ring's last.
-    pub ring_end: u64,
+    /// Each ring's length.
+    pub ring_bytes: u64,
     /// Counts the superblock's writes: the copy with the higher one is current.
     pub generation: u64,
-    /// Where the oldest live batch starts.
-    pub tail: u64,
+    /// Every write of this pool order or lower is on the capacity devices:
+    /// replay passes over them.
+    pub destaged: u64,
+    /// Each ring's tail.
+    pub tails: Vec<RingTail>,
+}
+
+/// Where a ring's oldest live batch starts, and its sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RingTail {
+    /// Its offset on the device.
+    pub offset: u64,
     /// Its sequence.
-    pub tail_seq: u64,
+    pub seq: u64,
+}
+
+impl Superblock {
+    /// Ring `ring`'s bytes on the device.
+    pub fn ring(&self, ring: usize) -> std::ops::Range<u64> {
+        let start = self.ring_start + ring as u64 * self.ring_bytes;
+        start..start + self.ring_bytes
+    }
 }
 
 /// What a batch header says.
@@ -123,20 +149,26 @@ pub enum Invalid {
 }
 
 impl Superblock {
-    /// The block.
+    /// The block. Panics on more than [`RINGS_MAX`] rings (checked at format).
     pub fn encode(&self) -> Vec<u8> {
+        assert!(self.tails.len() <= RINGS_MAX, "a superblock's tails");
         let mut block = vec![0; BLOCK];
         block[0..8].copy_from_slice(SUPER_MAGIC);
         put_u32(&mut block, 8, TIER_VERSION);
         put_u32(&mut block, 12, TIER_BLOCK_BYTES as u32);
         block[16..32].copy_from_slice(&self.id);
         put_u64(&mut block, 32, self.ring_start);
-        put_u64(&mut block, 40, self.ring_end);
+        put_u64(&mut block, 40, self.ring_bytes);
         put_u64(&mut block, 48, self.generation);
-        put_u64(&mut block, 56, self.tail);
-        put_u64(&mut block, 64, self.tail_seq);
-        let crc = crc32c::crc32c(&block[..SUPER_SEALED_BYTES]);
-        put_u32(&mut block, SUPER_SEALED_BYTES, crc);
+        put_u64(&mut block, 56, self.destaged);
+        put_u32(&mut block, 64, self.tails.len() as u32);
+        for (i, tail) in self.tails.iter().enumerate() {
+            let at = SUPER_FIXED_BYTES + i * TAIL_BYTES;
+            put_u64(&mut block, at, tail.offset);
+            put_u64(&mut block, at + 8, tail.seq);
+        }
+        let crc = super_crc(&block, self.tails.len());
+        put_u32(&mut block, SUPER_CRC_AT, crc);
         block
     }
 
@@ -145,7 +177,11 @@ impl Superblock {
         if block.len() < BLOCK || &block[0..8] != SUPER_MAGIC {
             return Err(Invalid::Magic);
         }
-        if crc32c::crc32c(&block[..SUPER_SEALED_BYTES]) != get_u32(block, SUPER_SEALED_BYTES) {
+        let rings = get_u32(block, 64) as usize;
+        if rings == 0 || rings > RINGS_MAX {
+            return Err(Invalid::Field(format!("{rings} rings")));
+        }
+        if super_crc(block, rings) != get_u32(block, SUPER_CRC_AT) {
             return Err(Invalid::Crc);
         }
         let version = get_u32(block, 8);
@@ -160,26 +196,42 @@ impl Superblock {
         if block[16..32] != id[..] {
             return Err(Invalid::OtherTier);
         }
+        let tails = (0..rings)
+            .map(|i| {
+                let at = SUPER_FIXED_BYTES + i * TAIL_BYTES;
+                RingTail {
+                    offset: get_u64(block, at),
+                    seq: get_u64(block, at + 8),
+                }
+            })
+            .collect();
         let sb = Superblock {
             id: *id,
             ring_start: get_u64(block, 32),
-            ring_end: get_u64(block, 40),
+            ring_bytes: get_u64(block, 40),
             generation: get_u64(block, 48),
-            tail: get_u64(block, 56),
-            tail_seq: get_u64(block, 64),
+            destaged: get_u64(block, 56),
+            tails,
         };
         let aligned = |v: u64| v.is_multiple_of(TIER_BLOCK_BYTES);
+        let end = sb
+            .ring_bytes
+            .checked_mul(rings as u64)
+            .and_then(|all| all.checked_add(sb.ring_start));
         let sane = aligned(sb.ring_start)
-            && aligned(sb.ring_end)
-            && aligned(sb.tail)
+            && aligned(sb.ring_bytes)
             && sb.ring_start >= 2 * TIER_BLOCK_BYTES
-            && sb.ring_start < sb.ring_end
-            && sb.ring_end <= device_bytes
-            && (sb.ring_start..sb.ring_end).contains(&sb.tail);
+            && sb.ring_bytes >= RING_BLOCKS_MIN * TIER_BLOCK_BYTES
+            && end.is_some_and(|end| end <= device_bytes)
+            && sb
+                .tails
+                .iter()
+                .enumerate()
+                .all(|(i, t)| aligned(t.offset) && sb.ring(i).contains(&t.offset));
         if !sane {
             return Err(Invalid::Field(format!(
-                "ring {}..{} with its tail at {} on a device of {device_bytes} bytes",
-                sb.ring_start, sb.ring_end, sb.tail
+                "{rings} rings of {} bytes from {}, or a tail outside its ring, on a device of {device_bytes} bytes",
+                sb.ring_bytes, sb.ring_start
             )));
         }
         Ok(sb)
@@ -263,6 +315,12 @@ impl BatchHeader {
     }
 }
 
+fn super_crc(block: &[u8], rings: usize) -> u32 {
+    let crc = crc32c::crc32c(&block[..SUPER_CRC_AT]);
+    let end = SUPER_FIXED_BYTES + rings * TAIL_BYTES;
+    crc32c::crc32c_append(crc, &block[SUPER_FIXED_BYTES..end])
+}
+
 fn header_crc(block: &[u8], extents: usize) -> u32 {
     let crc = crc32c::crc32c(&block[..52]);
     let end = HEADER_FIXED_BYTES + extents * EXTENT_BYTES;
@@ -299,10 +357,19 @@ mod tests {
         Superblock {
             id: ID,
             ring_start: 8192,
-            ring_end: 1 << 20,
+            ring_bytes: 1 << 16,
             generation: 3,
-            tail: 12288,
-            tail_seq: 7,
+            destaged: 40,
+            tails: vec![
+                RingTail {
+                    offset: 12288,
+                    seq: 7,
+                },
+                RingTail {
+                    offset: 8192 + (1 << 16),
+                    seq: 1,
+                },
+            ],
         }
     }
 
@@ -310,43 +377,58 @@ mod tests {
     fn a_superblock_is_laid_out_as_documented_and_decodes_back() {
         let block = superblock().encode();
         assert_eq!(
-            hex(&block[..76]),
+            hex(&block[..104]),
             concat!(
                 "5745465454494552",
                 "01000000",
                 "00100000",
                 "a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5",
                 "0020000000000000",
-                "0000100000000000",
+                "0000010000000000",
                 "0300000000000000",
-                "0030000000000000",
-                "0700000000000000",
+                "2800000000000000",
+                "02000000",
             )
             .to_string()
-                + &hex(&crc32c::crc32c(&block[..72]).to_le_bytes())
+                + &hex(&block[68..72])
+                + concat!(
+                    "0030000000000000",
+                    "0700000000000000",
+                    "0020010000000000",
+                    "0100000000000000",
+                )
         );
-        assert!(block[76..].iter().all(|&b| b == 0));
-        assert_eq!(Superblock::decode(&block, &ID, 1 << 20), Ok(superblock()));
+        let crc = crc32c::crc32c_append(crc32c::crc32c(&block[..68]), &block[72..104]);
+        assert_eq!(block[68..72], crc.to_le_bytes());
+        assert!(block[104..].iter().all(|&b| b == 0));
+        assert_eq!(Superblock::decode(&block, &ID, 1 << 18), Ok(superblock()));
     }
 
     #[test]
     fn a_superblock_torn_of_another_tier_or_beyond_its_device_is_refused() {
         let block = superblock().encode();
         let mut torn = block.clone();
-        torn[60] ^= 1;
-        assert_eq!(Superblock::decode(&torn, &ID, 1 << 20), Err(Invalid::Crc));
+        torn[90] ^= 1;
+        assert_eq!(Superblock::decode(&torn, &ID, 1 << 18), Err(Invalid::Crc));
         assert_eq!(
-            Superblock::decode(&block, &[0; 16], 1 << 20),
+            Superblock::decode(&block, &[0; 16], 1 << 18),
             Err(Invalid::OtherTier)
         );
         assert!(matches!(
-            Superblock::decode(&block, &ID, 1 << 19),
+            Superblock::decode(&block, &ID, 1 << 17),
             Err(Invalid::Field(_))
         ));
         assert_eq!(
-            Superblock::decode(&[0; BLOCK], &ID, 1 << 20),
+            Superblock::decode(&[0; BLOCK], &ID, 1 << 18),
             Err(Invalid::Magic)
         );
+        let mut outside = superblock();
+        outside.tails[0].offset = 8192 + (1 << 16);
+        assert!(matches!(
+            Superblock::decode(&outside.encode(), &ID, 1 << 18),
+            Err(Invalid::Field(_))
+        ));
+        assert_eq!(RINGS_MAX, 251);
     }
 
     #[test]

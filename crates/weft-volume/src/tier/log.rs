@@ -1,32 +1,35 @@
-//! One ring of a write tier on one member of a [`Media`]: batches appended
-//! at the head (one write and one sync: the group commit), each block's
-//! newest copy found in memory, the oldest batches destaged in order and
-//! released by a superblock naming the new tail, and the ring replayed from
-//! that tail when opened.
+//! A write tier on one member of a [`Media`]: its rings (one per writer,
+//! so that writers never share a head), each block's newest copy found in
+//! memory, destage in pool order, and the superblock that records it.
 //!
-//! Invariants (asserted in the tests, relied on by replay):
-//! - The superblock's tail is always the start of a batch on the chain the
-//!   head grew from: space is reused only after a superblock naming a tail
-//!   past it is durable, and the next batch is always written at the head.
-//! - Only one append is in flight, and it returns once durable: a batch is
-//!   never acknowledged before the batches ahead of it.
-//! - Live batches never reach the tail again: a block of room is kept
-//!   between the head and the tail.
+//! Why a watermark: two rings may hold copies of one block, and the newer
+//! one (the higher pool order) may be destaged and released first. Were
+//! the older one then replayed, the block would go back in time. So the
+//! superblock records the pool order up to which every write is on the
+//! capacity devices (`destaged`), and replay passes over every write at or
+//! below it. A destage round takes the lowest of the rings' oldest
+//! batches' highest orders as the new watermark, writes every batch that
+//! has an order at or below it, syncs the capacity devices, then writes
+//! the watermark and every ring's new tail in one superblock (the rings'
+//! tails move past the batches wholly at or below it).
 //!
 //! What this does not do: own the media (the caller passes it, with the
-//! capacity devices a destage writes to), run several rings, or trim.
+//! capacity devices a destage writes to), run appends concurrently (the
+//! data plane's rings will), or trim.
 
-use super::format::{BatchHeader, BatchKind, Extent, Invalid, Superblock, TierId, EXTENTS_MAX};
+use super::format::{
+    BatchHeader, BatchKind, Extent, Invalid, RingTail, Superblock, TierId, EXTENTS_MAX, RINGS_MAX,
+    RING_BLOCKS_MIN,
+};
+use super::ring::{Live, Ring};
 use super::{TierError, TIER_BLOCK_BYTES};
 use crate::media::Media;
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::io;
 
 const BLOCK: u64 = TIER_BLOCK_BYTES;
-/// The ring starts after the two superblock copies.
-const RING_START: u64 = 2 * BLOCK;
-/// The smallest ring: room for a batch of one block beside a wrap and the gap.
-const RING_BLOCKS_MIN: u64 = 4;
+/// The rings start after the two superblock copies.
+const RINGS_START: u64 = 2 * BLOCK;
 
 /// One host write for the tier: whole blocks of one volume.
 #[derive(Debug, Clone, Copy)]
@@ -37,8 +40,10 @@ pub struct TierWrite<'a> {
     pub first_block: u64,
     /// The bytes: whole blocks.
     pub data: &'a [u8],
-    /// The write's place in the pool's order of writes (given when it was
-    /// submitted: the newer of two copies of a block has the higher).
+    /// The write's place in the pool's order of writes, from
+    /// [`TierLog::take_order`] when it arrived: a write issued after
+    /// another was acknowledged has a higher one, and the newer of two
+    /// copies of a block is the one with the higher.
     pub pool_order: u64,
 }
 
@@ -53,17 +58,6 @@ pub struct Destaged<'a> {
     pub data: &'a [u8],
 }
 
-/// A batch (or wrap) still in the ring, oldest first.
-#[derive(Debug)]
-struct Live {
-    offset: u64,
-    /// The ring bytes it holds (a wrap: up to the ring's end).
-    bytes: u64,
-    seq: u64,
-    /// Its extents, with where each one's data starts on the device.
-    extents: Vec<(Extent, u64)>,
-}
-
 /// Where a block's newest copy is.
 #[derive(Debug, Clone, Copy)]
 struct Newest {
@@ -71,47 +65,69 @@ struct Newest {
     pool_order: u64,
 }
 
-/// One ring of a write tier (see the module's docs).
+/// A write tier (see the module's docs).
 #[derive(Debug)]
 pub struct TierLog {
     member: usize,
     id: TierId,
-    ring_end: u64,
-    /// Where the next batch goes (never the ring's end: the start then).
-    head: u64,
-    next_seq: u64,
+    rings: Vec<Ring>,
+    ring_bytes: u64,
     generation: u64,
-    live: VecDeque<Live>,
+    /// Every write of this pool order or lower is on the capacity devices.
+    destaged: u64,
+    /// The next pool order to take.
+    next_order: u64,
     newest: HashMap<(u32, u64), Newest>,
     /// Why the tier failed: a write or sync of the tier device did not
-    /// complete, so what the ring holds is unknown until it is opened again.
+    /// complete, so what its rings hold is unknown until it is opened again.
     failed: Option<String>,
 }
 
 impl TierLog {
-    /// Makes member `member` of `media` an empty tier `id` (its size
-    /// rounded down to whole blocks; at least six).
+    /// Makes member `member` of `media` an empty tier `id` of `rings`
+    /// rings of equal size (the device's size rounded down to whole blocks).
     pub fn format<M: Media>(
         media: &mut M,
         member: usize,
         id: TierId,
+        rings: usize,
     ) -> Result<TierLog, TierError> {
-        let ring_end = ring_end(media, member)?;
+        let device_bytes = media.size_bytes(member);
+        if rings == 0 || rings > RINGS_MAX {
+            return Err(TierError::Invalid(format!(
+                "{rings} rings: a tier has 1 to {RINGS_MAX}"
+            )));
+        }
+        let ring_bytes = device_bytes.saturating_sub(RINGS_START) / rings as u64 / BLOCK * BLOCK;
+        if ring_bytes < RING_BLOCKS_MIN * BLOCK {
+            let least = RINGS_START + rings as u64 * RING_BLOCKS_MIN * BLOCK;
+            return Err(TierError::Invalid(format!(
+                "a write tier device of {device_bytes} bytes for {rings} rings: it needs at least {least}"
+            )));
+        }
+        let ring_start = |i: u64| RINGS_START + i * ring_bytes;
         let sb = Superblock {
             id,
-            ring_start: RING_START,
-            ring_end,
+            ring_start: RINGS_START,
+            ring_bytes,
             generation: 1,
-            tail: RING_START,
-            tail_seq: 1,
+            destaged: 0,
+            tails: (0..rings as u64)
+                .map(|i| RingTail {
+                    offset: ring_start(i),
+                    seq: 1,
+                })
+                .collect(),
         };
         let zeroes = vec![0; BLOCK as usize];
-        // A batch of an earlier tier at the ring's start is another tier's,
+        // A batch of an earlier tier at a ring's start is another tier's,
         // but zero it anyway: the first replay reads nothing but zeroes.
-        io_step(
-            media.write_at(member, RING_START, &zeroes),
-            "clear the ring's start",
-        )?;
+        for i in 0..rings as u64 {
+            io_step(
+                media.write_at(member, ring_start(i), &zeroes),
+                "clear a ring's start",
+            )?;
+        }
         let copy = superblock_offset(sb.generation);
         io_step(
             media.write_at(member, BLOCK - copy, &zeroes),
@@ -126,8 +142,8 @@ impl TierLog {
     }
 
     /// Opens tier `id` on member `member` of `media`: the newer valid
-    /// superblock copy, then every batch from its tail that checks, in
-    /// sequence (the first that does not ends the ring).
+    /// superblock copy, then each ring's batches from its tail that check,
+    /// in sequence (the first that does not ends the ring).
     pub fn open<M: Media>(media: &mut M, member: usize, id: TierId) -> Result<TierLog, TierError> {
         let device_bytes = media.size_bytes(member);
         let mut copies = Vec::new();
@@ -139,20 +155,39 @@ impl TierLog {
             )?;
             copies.push(Superblock::decode(&block, &id, device_bytes));
         }
-        let sb = match (&copies[0], &copies[1]) {
-            (Ok(a), Ok(b)) => *if a.generation >= b.generation { a } else { b },
-            (Ok(a), Err(_)) => *a,
-            (Err(_), Ok(b)) => *b,
+        let [a, b]: [Result<Superblock, Invalid>; 2] = copies.try_into().expect("two copies");
+        let sb = match (a, b) {
+            (Ok(a), Ok(b)) => {
+                if a.generation >= b.generation {
+                    a
+                } else {
+                    b
+                }
+            }
+            (Ok(a), Err(_)) => a,
+            (Err(_), Ok(b)) => b,
             (Err(a), Err(b)) => {
                 return Err(TierError::Corrupt(format!(
                     "no write tier superblock of this pool on the device (first copy: {}; second: {}); is it the right device?",
-                    describe(a),
-                    describe(b)
+                    describe(&a),
+                    describe(&b)
                 )))
             }
         };
         let mut log = TierLog::empty(member, &sb);
-        log.replay(media, sb.tail, sb.tail_seq)?;
+        for ring in &mut log.rings {
+            ring.replay(media, member, &id)?;
+        }
+        let replayed: Vec<Vec<(Extent, u64)>> = log
+            .rings
+            .iter()
+            .flat_map(|r| r.live.iter().map(|l| l.extents.clone()))
+            .collect();
+        for extents in &replayed {
+            log.index(extents);
+        }
+        let highest = log.rings.iter().map(|r| r.last_order).max().unwrap_or(0);
+        log.next_order = log.next_order.max(highest + 1);
         Ok(log)
     }
 
@@ -160,198 +195,140 @@ impl TierLog {
         TierLog {
             member,
             id: sb.id,
-            ring_end: sb.ring_end,
-            head: sb.tail,
-            next_seq: sb.tail_seq,
+            rings: (0..sb.tails.len())
+                .map(|i| Ring::new(sb.ring(i), sb.tails[i]))
+                .collect(),
+            ring_bytes: sb.ring_bytes,
             generation: sb.generation,
-            live: VecDeque::new(),
+            destaged: sb.destaged,
+            next_order: sb.destaged + 1,
             newest: HashMap::new(),
             failed: None,
         }
     }
 
-    /// Reads the chain of batches from `offset`, the one with `seq` first.
-    fn replay<M: Media>(
-        &mut self,
-        media: &mut M,
-        mut offset: u64,
-        mut seq: u64,
-    ) -> Result<(), TierError> {
-        let room = self.ring_bytes() - BLOCK;
-        let mut used = 0;
-        loop {
-            if offset == self.ring_end {
-                offset = RING_START;
-            }
-            let mut block = vec![0; BLOCK as usize];
-            io_step(
-                media.read_at(self.member, offset, &mut block),
-                "replay: read a batch header",
-            )?;
-            let Ok(header) = BatchHeader::decode(&block, &self.id) else {
-                break;
-            };
-            if header.seq != seq {
-                break;
-            }
-            let (bytes, extents) = match &header.kind {
-                BatchKind::Wrap => (self.ring_end - offset, Vec::new()),
-                BatchKind::Data { extents, data_crc } => {
-                    let bytes = BLOCK + header.kind.data_bytes();
-                    if offset + bytes > self.ring_end || used + bytes > room {
-                        break;
-                    }
-                    let mut data = vec![0; (bytes - BLOCK) as usize];
-                    io_step(
-                        media.read_at(self.member, offset + BLOCK, &mut data),
-                        "replay: read a batch",
-                    )?;
-                    if crc32c::crc32c(&data) != *data_crc {
-                        break;
-                    }
-                    (bytes, place_extents(extents, offset))
-                }
-            };
-            if used + bytes > room {
-                break;
-            }
-            used += bytes;
-            self.admit(Live {
-                offset,
-                bytes,
-                seq,
-                extents,
-            });
-            offset += bytes;
-            seq += 1;
-        }
-        self.head = if offset == self.ring_end {
-            RING_START
-        } else {
-            offset
-        };
-        self.next_seq = seq;
-        Ok(())
+    /// Takes the next pool order for a write of ring `ring` (see
+    /// [`TierWrite::pool_order`]): it goes in the ring's next batches, in
+    /// the order taken.
+    pub fn take_order(&mut self, ring: usize) -> Result<u64, TierError> {
+        self.ring(ring)?;
+        let order = self.next_order;
+        self.next_order += 1;
+        self.rings[ring].taken.push_back(order);
+        Ok(order)
     }
 
-    /// Makes `writes` durable in one batch, in their order (a later one of
-    /// a block is its newer copy only if its pool order is higher).
-    /// Returns once the batch and every one before it is durable. Refused,
-    /// with nothing written, when the ring has no room: destage first.
+    fn ring(&self, ring: usize) -> Result<&Ring, TierError> {
+        self.rings.get(ring).ok_or_else(|| {
+            TierError::Invalid(format!("ring {ring} of a tier of {}", self.rings.len()))
+        })
+    }
+
+    /// Makes `writes` durable in one batch of ring `ring`. Returns once the
+    /// batch, and every one before it in the ring, is durable. Refused,
+    /// with nothing written, when the ring has no room (destage first), or
+    /// a pool order is not above the ring's last.
     pub fn append<M: Media>(
         &mut self,
         media: &mut M,
+        ring: usize,
         writes: &[TierWrite<'_>],
     ) -> Result<(), TierError> {
         self.check()?;
-        let extents = extents_of(writes)?;
+        let extents = self.extents_of(ring, writes)?;
         let data_bytes: u64 = writes.iter().map(|w| w.data.len() as u64).sum();
         let needed = BLOCK + data_bytes;
-        if self.live.is_empty() && self.head + needed > self.ring_end && self.head != RING_START {
-            // An empty ring whose head is too near its end: the tail (and
-            // the head) go back to its start, rather than wrap (a wrap
-            // would leave the batch less room than the ring has).
-            self.write_superblock(media, RING_START, self.next_seq)?;
-            self.head = RING_START;
+        if !self.rings[ring].fits_ever(needed) {
+            return Err(TierError::Invalid(format!(
+                "a batch of {needed} bytes does not fit a tier ring of {} bytes: write less at once",
+                self.ring_bytes
+            )));
         }
-        let (wrap_at, offset) = self.place(needed)?;
-        let mut seq = self.next_seq;
+        if self.rings[ring].rewinds_for(needed) {
+            let start = self.rings[ring].span.start;
+            self.rings[ring].head = start;
+            self.write_superblock(media, self.destaged, &[])?;
+        }
+        let (wrap_at, offset) = self.rings[ring].place(needed)?;
+        let mut seq = self.rings[ring].next_seq;
+        let mut wrap = None;
         if let Some(at) = wrap_at {
-            let wrap = BatchHeader {
+            let header = BatchHeader {
                 id: self.id,
                 seq,
                 kind: BatchKind::Wrap,
             };
             self.step(
-                media.write_at(self.member, at, &wrap.encode()),
+                media.write_at(self.member, at, &header.encode()),
                 "append: write a wrap",
             )?;
+            wrap = Some(Live::wrap(at, self.rings[ring].span.end, seq));
             seq += 1;
         }
         let mut data = Vec::with_capacity(data_bytes as usize);
         for w in writes {
             data.extend_from_slice(w.data);
         }
-        let kind = BatchKind::Data {
-            extents,
-            data_crc: crc32c::crc32c(&data),
-        };
-        let mut bytes = BatchHeader {
+        let header = BatchHeader {
             id: self.id,
             seq,
-            kind: kind.clone(),
-        }
-        .encode();
+            kind: BatchKind::Data {
+                extents: extents.clone(),
+                data_crc: crc32c::crc32c(&data),
+            },
+        };
+        let mut bytes = header.encode();
         bytes.extend_from_slice(&data);
         self.step(
             media.write_at(self.member, offset, &bytes),
             "append: write a batch",
         )?;
         self.step(media.sync(self.member), "append: sync")?;
-        if let Some(at) = wrap_at {
-            self.admit(Live {
-                offset: at,
-                bytes: self.ring_end - at,
-                seq: seq - 1,
-                extents: Vec::new(),
-            });
-        }
-        let BatchKind::Data { extents, .. } = kind else {
-            unreachable!("a data batch")
-        };
-        self.admit(Live {
-            offset,
-            bytes: needed,
-            seq,
-            extents: place_extents(&extents, offset),
-        });
-        self.head = offset + needed;
-        if self.head == self.ring_end {
-            self.head = RING_START;
-        }
-        self.next_seq = seq + 1;
+        let batch = Live::batch(offset, seq, &extents);
+        self.index(&batch.extents);
+        let taken = &mut self.rings[ring].taken;
+        taken.retain(|order| !extents.iter().any(|e| e.pool_order == *order));
+        self.rings[ring].appended(wrap, batch);
         Ok(())
     }
 
-    /// Where a batch of `needed` bytes goes: (a wrap first at, the batch at).
-    fn place(&self, needed: u64) -> Result<(Option<u64>, u64), TierError> {
-        let room = self.ring_bytes() - BLOCK;
-        if needed > room - BLOCK {
+    /// The extents of `writes` for ring `ring`, checked: whole blocks, pool
+    /// orders taken for the ring and above its batches'.
+    fn extents_of(&self, ring: usize, writes: &[TierWrite<'_>]) -> Result<Vec<Extent>, TierError> {
+        let r = self.ring(ring)?;
+        if writes.is_empty() || writes.len() > EXTENTS_MAX {
             return Err(TierError::Invalid(format!(
-                "a batch of {needed} bytes does not fit a tier ring of {} bytes: write less at once",
-                self.ring_bytes()
+                "a batch holds 1 to {EXTENTS_MAX} writes, not {}",
+                writes.len()
             )));
         }
-        let head = self.head;
-        // The ring is free up to the tail, less a block of room (an empty
-        // ring: up to its head, where a wrap would go).
-        let limit = match self.live.front() {
-            Some(front) => front.offset,
-            None => head,
-        };
-        let full = || TierError::Full {
-            needed,
-            free: room.saturating_sub(self.used_bytes()),
-        };
-        let fits_before = |end: u64| end + BLOCK <= limit;
-        // What the ring holds afterwards stays within its room too: a batch
-        // that ends at the ring's end puts the head at its start, which
-        // may be the tail.
-        let fits_room = |bytes: u64| self.used_bytes() + bytes <= room;
-        if self.live.is_empty() || head > limit {
-            if head + needed <= self.ring_end && fits_room(needed) {
-                return Ok((None, head));
-            }
-            let waste = self.ring_end - head;
-            if fits_before(RING_START + needed) && fits_room(waste + needed) {
-                return Ok((Some(head), RING_START));
-            }
-            return Err(full());
-        }
-        if head < limit && fits_before(head + needed) {
-            return Ok((None, head));
-        }
-        Err(full())
+        let floor = r.last_order.max(self.destaged);
+        writes
+            .iter()
+            .map(|w| {
+                let len = w.data.len() as u64;
+                let blocks = u32::try_from(len / BLOCK)
+                    .ok()
+                    .filter(|&b| b > 0 && len.is_multiple_of(BLOCK));
+                let blocks = blocks.ok_or_else(|| {
+                    TierError::Invalid(format!(
+                        "a write of {len} bytes: whole blocks of {BLOCK} bytes only"
+                    ))
+                })?;
+                if w.pool_order <= floor || !r.taken.contains(&w.pool_order) {
+                    return Err(TierError::Invalid(format!(
+                        "pool order {} was not taken for ring {ring}, or is not above its batches' ({floor})",
+                        w.pool_order
+                    )));
+                }
+                Ok(Extent {
+                    volume: w.volume,
+                    first_block: w.first_block,
+                    blocks,
+                    pool_order: w.pool_order,
+                })
+            })
+            .collect()
     }
 
     /// Reads block `block` of volume `volume` into `buf` (one block) if the
@@ -374,87 +351,162 @@ impl TierLog {
         Ok(true)
     }
 
-    /// Destages the oldest `batches` batches: gives every block of theirs
-    /// that is still its newest copy to `write` (the capacity devices, in
-    /// ring order), then `sync` (they are durable there), then releases them
-    /// with a superblock naming the next batch as the tail. Returns how many
-    /// it released. A failure of `write` or `sync` releases nothing (the
-    /// ring is intact: try again, or fail the pool).
+    /// Runs up to `rounds` destage rounds (see the module's docs): each
+    /// gives every block still newest in the batches it destages to
+    /// `write` (the capacity devices), then `sync`, then releases what it
+    /// can with one superblock. Stops early when a round releases nothing
+    /// (a write on its way holds the watermark back). Returns the batches
+    /// released. A failure of
+    /// `write` or `sync` releases nothing (the rings are intact: try again,
+    /// or fail the pool).
     pub fn destage<M: Media>(
         &mut self,
         media: &mut M,
-        batches: usize,
+        rounds: usize,
         mut write: impl FnMut(&mut M, Destaged<'_>) -> io::Result<()>,
         mut sync: impl FnMut(&mut M) -> io::Result<()>,
     ) -> Result<usize, TierError> {
         self.check()?;
-        let count = batches.min(self.live.len());
-        if count == 0 {
-            return Ok(0);
-        }
-        let mut buf = vec![0; BLOCK as usize];
-        for live in self.live.iter().take(count) {
-            for (extent, data_offset) in &live.extents {
-                for i in 0..u64::from(extent.blocks) {
-                    let block = extent.first_block + i;
-                    let at = data_offset + i * BLOCK;
-                    if self
-                        .newest
-                        .get(&(extent.volume, block))
-                        .map(|n| n.data_offset)
-                        != Some(at)
-                    {
-                        continue;
-                    }
-                    io_step(
-                        media.read_at(self.member, at, &mut buf),
-                        "destage: read a block",
-                    )?;
-                    let destaged = Destaged {
-                        volume: extent.volume,
-                        block,
-                        data: &buf,
-                    };
-                    write(media, destaged)
-                        .map_err(|source| capacity("destage: write a block", source))?;
-                }
+        let mut released = 0;
+        for _ in 0..rounds {
+            // The lowest of the rings' oldest batches' highest orders, below
+            // every order taken for a write not in a batch yet, and never
+            // below what a superblock already says (batches replayed at or
+            // below it are released with this round).
+            let oldest = self
+                .rings
+                .iter()
+                .filter_map(|r| r.live.iter().find_map(|l| l.orders))
+                .map(|(_, highest)| highest)
+                .min();
+            let Some(oldest) = oldest else {
+                // Nothing to destage; wraps alone may still be released.
+                released += self.release(media, self.destaged)?;
+                break;
+            };
+            let on_their_way = self.rings.iter().filter_map(|r| r.taken.front()).min();
+            let watermark = on_their_way
+                .map_or(oldest, |&order| oldest.min(order - 1))
+                .max(self.destaged);
+            self.write_batches(media, watermark, &mut write)?;
+            sync(media).map_err(|source| capacity("destage: sync", source))?;
+            let gone = self.release(media, watermark)?;
+            released += gone;
+            if gone == 0 {
+                // Held back by a write on its way: nothing more until it lands.
+                break;
             }
         }
-        sync(media).map_err(|source| capacity("destage: sync", source))?;
-        let (tail, tail_seq) = match self.live.get(count) {
-            Some(next) => (next.offset, next.seq),
-            None => (self.head, self.next_seq),
-        };
-        self.write_superblock(media, tail, tail_seq)?;
-        for live in self.live.drain(..count) {
-            for (extent, data_offset) in &live.extents {
-                for i in 0..u64::from(extent.blocks) {
-                    let key = (extent.volume, extent.first_block + i);
-                    if self.newest.get(&key).map(|n| n.data_offset) == Some(data_offset + i * BLOCK)
-                    {
-                        self.newest.remove(&key);
-                    }
-                }
-            }
-        }
-        Ok(count)
+        Ok(released)
     }
 
-    /// Makes a superblock naming `tail` durable, in the copy the current
-    /// one is not in.
+    /// Gives `write` every block still newest of each batch not destaged
+    /// yet with an order at or below `watermark`.
+    fn write_batches<M: Media>(
+        &mut self,
+        media: &mut M,
+        watermark: u64,
+        write: &mut impl FnMut(&mut M, Destaged<'_>) -> io::Result<()>,
+    ) -> Result<(), TierError> {
+        let mut buf = vec![0; BLOCK as usize];
+        for ring in &mut self.rings {
+            for live in ring.live.iter_mut() {
+                let Some((lowest, _)) = live.orders else {
+                    continue;
+                };
+                if lowest > watermark {
+                    break;
+                }
+                if live.destaged {
+                    continue;
+                }
+                for (extent, data_offset) in &live.extents {
+                    for i in 0..u64::from(extent.blocks) {
+                        let block = extent.first_block + i;
+                        let at = data_offset + i * BLOCK;
+                        if self
+                            .newest
+                            .get(&(extent.volume, block))
+                            .map(|n| n.data_offset)
+                            != Some(at)
+                        {
+                            continue;
+                        }
+                        io_step(
+                            media.read_at(self.member, at, &mut buf),
+                            "destage: read a block",
+                        )?;
+                        let destaged = Destaged {
+                            volume: extent.volume,
+                            block,
+                            data: &buf,
+                        };
+                        write(media, destaged)
+                            .map_err(|source| capacity("destage: write a block", source))?;
+                    }
+                }
+                live.destaged = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes `watermark` and the tails past every batch wholly at or
+    /// below it durable, then lets their space go. Returns how many went.
+    fn release<M: Media>(&mut self, media: &mut M, watermark: u64) -> Result<usize, TierError> {
+        let counts: Vec<usize> = self
+            .rings
+            .iter()
+            .map(|r| {
+                r.live
+                    .iter()
+                    .take_while(|l| l.orders.is_none_or(|(_, highest)| highest <= watermark))
+                    .count()
+            })
+            .collect();
+        if watermark == self.destaged && counts.iter().all(|&c| c == 0) {
+            return Ok(0);
+        }
+        self.write_superblock(media, watermark, &counts)?;
+        self.destaged = watermark;
+        for (ring, &count) in self.rings.iter_mut().zip(&counts) {
+            for live in ring.live.drain(..count) {
+                for (extent, data_offset) in &live.extents {
+                    for i in 0..u64::from(extent.blocks) {
+                        let key = (extent.volume, extent.first_block + i);
+                        if self.newest.get(&key).map(|n| n.data_offset)
+                            == Some(data_offset + i * BLOCK)
+                        {
+                            self.newest.remove(&key);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(counts.iter().sum())
+    }
+
+    /// Makes durable a superblock with `destaged` and each ring's tail once
+    /// its first `released[ring]` batches are gone (none if not given), in
+    /// the copy the current one is not in.
     fn write_superblock<M: Media>(
         &mut self,
         media: &mut M,
-        tail: u64,
-        tail_seq: u64,
+        destaged: u64,
+        released: &[usize],
     ) -> Result<(), TierError> {
         let sb = Superblock {
             id: self.id,
-            ring_start: RING_START,
-            ring_end: self.ring_end,
+            ring_start: RINGS_START,
+            ring_bytes: self.ring_bytes,
             generation: self.generation + 1,
-            tail,
-            tail_seq,
+            destaged,
+            tails: self
+                .rings
+                .iter()
+                .enumerate()
+                .map(|(i, r)| r.tail_after(released.get(i).copied().unwrap_or(0)))
+                .collect(),
         };
         let copy = superblock_offset(sb.generation);
         self.step(
@@ -466,14 +518,14 @@ impl TierLog {
         Ok(())
     }
 
-    /// Bytes the live batches hold (what a destage of them all frees).
+    /// Bytes the rings' live batches hold (what a destage of them all frees).
     pub fn used_bytes(&self) -> u64 {
-        self.live.iter().map(|l| l.bytes).sum()
+        self.rings.iter().map(Ring::used_bytes).sum()
     }
 
-    /// Batches (and wraps) in the ring.
+    /// Batches (and wraps) in the rings.
     pub fn live_batches(&self) -> usize {
-        self.live.len()
+        self.rings.iter().map(|r| r.live.len()).sum()
     }
 
     /// Blocks whose newest copy is in the tier.
@@ -481,13 +533,18 @@ impl TierLog {
         self.newest.len()
     }
 
-    fn ring_bytes(&self) -> u64 {
-        self.ring_end - RING_START
+    /// Its rings.
+    pub fn rings(&self) -> usize {
+        self.rings.len()
     }
 
-    /// Takes a batch in (replayed or appended): its blocks' newest copies.
-    fn admit(&mut self, live: Live) {
-        for (extent, data_offset) in &live.extents {
+    /// Takes a batch's extents in (replayed or appended): its blocks' newest
+    /// copies. Replay passes over writes at or below the watermark.
+    fn index(&mut self, extents: &[(Extent, u64)]) {
+        for (extent, data_offset) in extents {
+            if extent.pool_order <= self.destaged {
+                continue;
+            }
             for i in 0..u64::from(extent.blocks) {
                 let newest = Newest {
                     data_offset: data_offset + i * BLOCK,
@@ -502,7 +559,6 @@ impl TierLog {
                 }
             }
         }
-        self.live.push_back(live);
     }
 
     fn check(&self) -> Result<(), TierError> {
@@ -522,61 +578,6 @@ impl TierLog {
             }
         })
     }
-}
-
-/// The extents of `writes`, checked.
-fn extents_of(writes: &[TierWrite<'_>]) -> Result<Vec<Extent>, TierError> {
-    if writes.is_empty() || writes.len() > EXTENTS_MAX {
-        return Err(TierError::Invalid(format!(
-            "a batch holds 1 to {EXTENTS_MAX} writes, not {}",
-            writes.len()
-        )));
-    }
-    writes
-        .iter()
-        .map(|w| {
-            let len = w.data.len() as u64;
-            let blocks = u32::try_from(len / BLOCK)
-                .ok()
-                .filter(|&b| b > 0 && len.is_multiple_of(BLOCK));
-            let blocks = blocks.ok_or_else(|| {
-                TierError::Invalid(format!(
-                    "a write of {len} bytes: whole blocks of {BLOCK} bytes only"
-                ))
-            })?;
-            Ok(Extent {
-                volume: w.volume,
-                first_block: w.first_block,
-                blocks,
-                pool_order: w.pool_order,
-            })
-        })
-        .collect()
-}
-
-/// Each extent with where its data starts, for a batch at `offset`.
-fn place_extents(extents: &[Extent], offset: u64) -> Vec<(Extent, u64)> {
-    let mut at = offset + BLOCK;
-    extents
-        .iter()
-        .map(|e| {
-            let placed = (*e, at);
-            at += u64::from(e.blocks) * BLOCK;
-            placed
-        })
-        .collect()
-}
-
-fn ring_end<M: Media>(media: &M, member: usize) -> Result<u64, TierError> {
-    let end = media.size_bytes(member) / BLOCK * BLOCK;
-    let least = RING_START + RING_BLOCKS_MIN * BLOCK;
-    if end < least {
-        return Err(TierError::Invalid(format!(
-            "a write tier device of {} bytes: it needs at least {least}",
-            media.size_bytes(member)
-        )));
-    }
-    Ok(end)
 }
 
 /// Where the superblock of generation `generation` goes: the two copies in
@@ -621,26 +622,42 @@ mod tests {
         vec![seed; BLOCK as usize]
     }
 
-    fn write(volume: u32, first_block: u64, data: &[u8], pool_order: u64) -> TierWrite<'_> {
-        TierWrite {
-            volume,
-            first_block,
-            data,
-            pool_order,
+    /// Appends `writes` (volume, first block, data) to ring `ring` in one
+    /// batch, each with the next pool order.
+    fn put(
+        log: &mut TierLog,
+        media: &mut FaultyMedia,
+        ring: usize,
+        writes: &[(u32, u64, &[u8])],
+    ) -> Result<(), TierError> {
+        let mut batch = Vec::new();
+        for &(volume, first_block, data) in writes {
+            batch.push(TierWrite {
+                volume,
+                first_block,
+                data,
+                pool_order: log.take_order(ring)?,
+            });
         }
+        log.append(media, ring, &batch)
     }
 
     fn read(log: &TierLog, media: &mut FaultyMedia, volume: u32, b: u64) -> Option<u8> {
         let mut buf = block(0);
-        log.read(media, volume, b, &mut buf)
-            .unwrap()
-            .then(|| buf[0])
+        let found = log.read(media, volume, b, &mut buf).unwrap();
+        found.then_some(buf[0])
     }
 
-    fn destage_all(log: &mut TierLog, media: &mut FaultyMedia) -> usize {
+    fn capacity_byte(media: &mut FaultyMedia, b: u64) -> u8 {
+        let mut buf = block(0);
+        media.read_at(CAPACITY, b * BLOCK, &mut buf).unwrap();
+        buf[0]
+    }
+
+    fn destage(log: &mut TierLog, media: &mut FaultyMedia, rounds: usize) -> usize {
         log.destage(
             media,
-            usize::MAX,
+            rounds,
             |m, d| m.write_at(CAPACITY, d.block * BLOCK, d.data),
             |m| m.sync(CAPACITY),
         )
@@ -650,116 +667,144 @@ mod tests {
     #[test]
     fn appended_blocks_read_back_the_newest_and_survive_a_power_cut() {
         let mut media = FaultyMedia::new(2, 64 * BLOCK as usize, 1);
-        let mut log = TierLog::format(&mut media, TIER, ID).unwrap();
+        let mut log = TierLog::format(&mut media, TIER, ID, 2).unwrap();
         let (a, b) = (block(0xA), block(0xB));
-        log.append(&mut media, &[write(1, 5, &a, 1), write(2, 5, &a, 2)])
-            .unwrap();
-        log.append(&mut media, &[write(1, 5, &b, 3)]).unwrap();
+        put(&mut log, &mut media, 0, &[(1, 5, &a), (2, 5, &a)]).unwrap();
+        put(&mut log, &mut media, 1, &[(1, 5, &b)]).unwrap();
         assert_eq!(read(&log, &mut media, 1, 5), Some(0xB));
         assert_eq!(read(&log, &mut media, 2, 5), Some(0xA));
         assert_eq!(read(&log, &mut media, 1, 6), None);
         let mut media = media.crash();
         let log = TierLog::open(&mut media, TIER, ID).unwrap();
-        assert_eq!(log.live_batches(), 2);
+        assert_eq!((log.rings(), log.live_batches()), (2, 2));
         assert_eq!(read(&log, &mut media, 1, 5), Some(0xB));
         assert_eq!(read(&log, &mut media, 2, 5), Some(0xA));
     }
 
     #[test]
-    fn a_destage_writes_each_blocks_newest_copy_once_and_frees_the_ring() {
+    fn a_newer_copy_in_another_ring_is_never_undone_by_an_older_one_replayed() {
         let mut media = FaultyMedia::new(2, 64 * BLOCK as usize, 2);
-        let mut log = TierLog::format(&mut media, TIER, ID).unwrap();
-        log.append(&mut media, &[write(0, 3, &block(1), 1)])
-            .unwrap();
-        log.append(&mut media, &[write(0, 3, &block(2), 2)])
-            .unwrap();
-        let mut written = Vec::new();
-        log.destage(
-            &mut media,
-            9,
-            |m, d| {
-                written.push((d.block, d.data[0]));
-                m.write_at(CAPACITY, d.block * BLOCK, d.data)
-            },
-            |m| m.sync(CAPACITY),
-        )
-        .unwrap();
-        assert_eq!(written, [(3, 2)]);
-        assert_eq!((log.used_bytes(), log.blocks()), (0, 0));
+        let mut log = TierLog::format(&mut media, TIER, ID, 2).unwrap();
+        // Ring 0: block 3 at order 1, then block 9 at order 3; ring 1:
+        // block 3 at order 2.
+        put(&mut log, &mut media, 0, &[(0, 3, &block(1))]).unwrap();
+        put(&mut log, &mut media, 1, &[(0, 3, &block(2))]).unwrap();
+        put(&mut log, &mut media, 0, &[(0, 9, &block(3))]).unwrap();
+        // The first round's watermark is 1 (ring 0's oldest): block 3's
+        // copy there is not its newest, so nothing is written, and ring 0's
+        // first batch goes. The second's is 2: ring 1's copy of block 3.
+        assert_eq!(destage(&mut log, &mut media, 1), 1);
+        assert_eq!(capacity_byte(&mut media, 3), 0);
+        assert_eq!(destage(&mut log, &mut media, 1), 1);
+        assert_eq!(capacity_byte(&mut media, 3), 2);
+        assert_eq!(read(&log, &mut media, 0, 3), None);
         let mut media = media.crash();
-        let log = TierLog::open(&mut media, TIER, ID).unwrap();
-        assert_eq!(log.live_batches(), 0);
-        let mut buf = block(0);
-        media.read_at(CAPACITY, 3 * BLOCK, &mut buf).unwrap();
-        assert_eq!(buf, block(2));
+        let mut log = TierLog::open(&mut media, TIER, ID).unwrap();
+        assert_eq!(log.live_batches(), 1);
+        assert_eq!(read(&log, &mut media, 0, 3), None);
+        assert_eq!(read(&log, &mut media, 0, 9), Some(3));
+        assert_eq!(destage(&mut log, &mut media, 9), 1);
+        assert_eq!((log.used_bytes(), log.blocks()), (0, 0));
+        assert_eq!(capacity_byte(&mut media, 9), 3);
+    }
+
+    #[test]
+    fn the_watermark_stays_below_a_write_on_its_way() {
+        let mut media = FaultyMedia::new(2, 64 * BLOCK as usize, 7);
+        let mut log = TierLog::format(&mut media, TIER, ID, 2).unwrap();
+        // Ring 0 takes order 1 for a write still being gathered; ring 1
+        // appends order 2: its batch cannot be destaged (the watermark
+        // stays at 0, or a replay would pass over order 1 once it lands).
+        let early = log.take_order(0).unwrap();
+        put(&mut log, &mut media, 1, &[(0, 4, &block(2))]).unwrap();
+        assert_eq!(destage(&mut log, &mut media, 1), 0);
+        assert_eq!(capacity_byte(&mut media, 4), 0);
+        let data = block(1);
+        let late = TierWrite {
+            volume: 0,
+            first_block: 4,
+            data: &data,
+            pool_order: early,
+        };
+        log.append(&mut media, 0, &[late]).unwrap();
+        let mut media = media.crash();
+        let mut log = TierLog::open(&mut media, TIER, ID).unwrap();
+        // Block 4's newer copy is order 2's, wherever it is read from.
+        assert_eq!(read(&log, &mut media, 0, 4), Some(2));
+        assert_eq!(destage(&mut log, &mut media, 9), 2);
+        assert_eq!(read(&log, &mut media, 0, 4), None);
+        assert_eq!(capacity_byte(&mut media, 4), 2);
     }
 
     #[test]
     fn a_full_ring_refuses_until_destaged_and_wraps_with_a_marker() {
-        // Ten ring blocks: room for eight, a block kept free.
+        // One ring of ten blocks: room for nine, a block kept free.
         let mut media = FaultyMedia::new(2, 12 * BLOCK as usize, 3);
-        let mut log = TierLog::format(&mut media, TIER, ID).unwrap();
+        let mut log = TierLog::format(&mut media, TIER, ID, 1).unwrap();
         let two = [block(1), block(1)].concat();
-        for order in 0..3 {
-            log.append(&mut media, &[write(0, order, &two, order)])
-                .unwrap();
+        for first in 1..4 {
+            put(&mut log, &mut media, 0, &[(0, first, &two)]).unwrap();
         }
-        let refused = log.append(&mut media, &[write(0, 9, &two, 9)]);
+        let refused = put(&mut log, &mut media, 0, &[(0, 9, &two)]);
         assert!(
             matches!(refused, Err(TierError::Full { needed: 12288, .. })),
             "{refused:?}"
         );
         // One batch destaged is not enough: the ring's start up to the
-        // tail is three blocks, with a block of room to keep.
-        assert_eq!(
-            log.destage(&mut media, 1, |_, _| Ok(()), |_| Ok(()))
-                .unwrap(),
-            1
-        );
-        let refused = log.append(&mut media, &[write(0, 9, &two, 9)]);
+        // tail is three blocks, with a block of room to keep. (The refused
+        // write's order is still taken: it holds the watermark back until
+        // it is appended.)
+        let mut log = TierLog::open(&mut media, TIER, ID).unwrap();
+        assert_eq!(destage(&mut log, &mut media, 1), 1);
+        let refused = put(&mut log, &mut media, 0, &[(0, 9, &two)]);
         assert!(
             matches!(refused, Err(TierError::Full { .. })),
             "{refused:?}"
         );
-        assert_eq!(
-            log.destage(&mut media, 1, |_, _| Ok(()), |_| Ok(()))
-                .unwrap(),
-            1
-        );
+        let mut log = TierLog::open(&mut media, TIER, ID).unwrap();
+        assert_eq!(destage(&mut log, &mut media, 1), 1);
         // One block left before the end: a wrap there, the batch at the
         // ring's start.
-        log.append(&mut media, &[write(0, 9, &two, 9)]).unwrap();
+        put(&mut log, &mut media, 0, &[(0, 9, &two)]).unwrap();
         assert_eq!(log.live_batches(), 3);
         let mut media = media.crash();
         let log = TierLog::open(&mut media, TIER, ID).unwrap();
         assert_eq!(log.live_batches(), 3);
         assert_eq!(read(&log, &mut media, 0, 9), Some(1));
-        assert_eq!(read(&log, &mut media, 0, 0), None);
+        assert_eq!(read(&log, &mut media, 0, 1), None);
     }
 
     #[test]
     fn bad_writes_are_refused_with_the_reason_and_a_failed_device_fails_the_tier() {
         let mut media = FaultyMedia::new(2, 64 * BLOCK as usize, 4);
-        let mut log = TierLog::format(&mut media, TIER, ID).unwrap();
+        let mut log = TierLog::format(&mut media, TIER, ID, 2).unwrap();
+        let message = |result: Result<(), TierError>| result.unwrap_err().to_string();
         let half = vec![0; 2048];
-        let error = log
-            .append(&mut media, &[write(0, 0, &half, 1)])
-            .unwrap_err();
+        let error = message(put(&mut log, &mut media, 0, &[(0, 0, &half)]));
+        assert!(error.contains("whole blocks of 4096 bytes"), "{error}");
+        let error = message(log.append(&mut media, 0, &[]));
+        assert!(error.contains("1 to 144 writes"), "{error}");
+        let error = message(put(&mut log, &mut media, 2, &[(0, 0, &block(1))]));
+        assert!(error.contains("ring 2 of a tier of 2"), "{error}");
+        let data = block(1);
+        let untaken = TierWrite {
+            volume: 0,
+            first_block: 0,
+            data: &data,
+            pool_order: 99,
+        };
+        let error = message(log.append(&mut media, 0, &[untaken]));
         assert!(
-            error.to_string().contains("whole blocks of 4096 bytes"),
+            error.contains("pool order 99 was not taken for ring 0"),
             "{error}"
         );
-        let error = log.append(&mut media, &[]).unwrap_err();
-        assert!(error.to_string().contains("1 to 144 writes"), "{error}");
         media.fail_after_writes(0);
         assert!(matches!(
-            log.append(&mut media, &[write(0, 0, &block(1), 1)]),
+            put(&mut log, &mut media, 1, &[(0, 0, &block(1))]),
             Err(TierError::Io { .. })
         ));
-        let error = log
-            .append(&mut media, &[write(0, 0, &block(1), 2)])
-            .unwrap_err();
-        assert!(matches!(error, TierError::Failed(_)), "{error}");
+        let error = message(put(&mut log, &mut media, 1, &[(0, 0, &block(1))]));
+        assert!(error.contains("has failed"), "{error}");
     }
 
     #[test]
@@ -767,35 +812,37 @@ mod tests {
         let mut media = FaultyMedia::new(2, 64 * BLOCK as usize, 5);
         let error = TierLog::open(&mut media, TIER, ID).unwrap_err();
         assert!(error.to_string().contains("first copy: none"), "{error}");
-        TierLog::format(&mut media, TIER, [8; 16]).unwrap();
+        TierLog::format(&mut media, TIER, [8; 16], 1).unwrap();
         let error = TierLog::open(&mut media, TIER, ID).unwrap_err();
         assert!(error.to_string().contains("another pool's tier"), "{error}");
-        let mut small = FaultyMedia::new(1, 5 * BLOCK as usize, 5);
-        let error = TierLog::format(&mut small, 0, ID).unwrap_err();
-        assert!(error.to_string().contains("at least 24576"), "{error}");
+        let mut small = FaultyMedia::new(1, 9 * BLOCK as usize, 5);
+        let error = TierLog::format(&mut small, 0, ID, 2).unwrap_err();
+        assert!(error.to_string().contains("at least 40960"), "{error}");
     }
 
     #[test]
-    fn destaging_everything_then_appending_replays_from_the_new_tail() {
-        let mut media = FaultyMedia::new(2, 16 * BLOCK as usize, 6);
-        let mut log = TierLog::format(&mut media, TIER, ID).unwrap();
-        for round in 0..20u64 {
-            log.append(
+    fn destaging_everything_then_appending_replays_from_the_new_tails() {
+        let mut media = FaultyMedia::new(2, 30 * BLOCK as usize, 6);
+        let mut log = TierLog::format(&mut media, TIER, ID, 2).unwrap();
+        for round in 1..=20u64 {
+            let ring = (round % 2) as usize;
+            put(
+                &mut log,
                 &mut media,
-                &[write(0, round % 4, &block(round as u8), round)],
+                ring,
+                &[(0, round % 4, &block(round as u8))],
             )
             .unwrap();
-            if round % 3 == 2 {
-                destage_all(&mut log, &mut media);
+            if round % 3 == 0 {
+                destage(&mut log, &mut media, usize::MAX);
             }
         }
         let mut media = media.crash();
         let log = TierLog::open(&mut media, TIER, ID).unwrap();
-        // Rounds 18 and 19 are in the tier, the rest on the capacity device.
-        assert_eq!(read(&log, &mut media, 0, 2), Some(18));
+        // Rounds 19 and 20 are in the tier, the rest on the capacity device.
         assert_eq!(read(&log, &mut media, 0, 3), Some(19));
-        let mut buf = block(0);
-        media.read_at(CAPACITY, BLOCK, &mut buf).unwrap();
-        assert_eq!(buf[0], 17);
+        assert_eq!(read(&log, &mut media, 0, 0), Some(20));
+        assert_eq!(read(&log, &mut media, 0, 2), None);
+        assert_eq!(capacity_byte(&mut media, 2), 18);
     }
 }

@@ -3,32 +3,35 @@
 //! capacity devices later (docs/DATA-SERVICES-DESIGN.md, "the write tier").
 //!
 //! - `format`: the tier's superblock and a batch's header (bytes on disk).
-//! - `log`: one ring: appending batches (one write and one sync each),
-//!   finding a block's newest copy, destaging the oldest batches in order,
-//!   and replaying the ring after a crash.
+//! - `ring`: one ring: where its batches are, where the next one goes, and
+//!   its replay from its tail after a crash.
+//! - `log`: the tier: its rings (one per writer), appending batches (one
+//!   write and one sync each: the group commit), each block's newest copy,
+//!   destage in pool order, and the superblock that records it.
 //!
-//! The ring on the device, after two superblock copies (written in turn, so
-//! that a torn one leaves the other):
+//! The device:
 //!
 //! ```text
-//! | super A | super B | batch | batch | wrap .... | batch | batch | (free) |
-//!                       ^ tail (oldest live)                        ^ head
+//! | super A | super B | ring 0: batch | batch | wrap ... | ring 1: ... |
 //! ```
 //!
-//! A batch is one header block (its sequence, its extents: volume, first
-//! block, block count, the pool-wide order of each write; CRCs of the
-//! header and of the data) followed by the data. Replay starts at the tail
-//! the superblock names and follows consecutive sequences; the first batch
-//! whose header or data does not check ends the ring (it was never
-//! acknowledged: a batch is acknowledged only once it and every batch
-//! before it are durable).
+//! A batch is one header block (its ring's sequence, its extents: volume,
+//! first block, block count, the pool-wide order of each write; CRCs of
+//! the header and of the data) followed by the data. The superblock (two
+//! copies written in turn, so that a torn one leaves the other) names each
+//! ring's tail and the pool order up to which every write is on the
+//! capacity devices. Replay starts at each ring's tail and follows
+//! consecutive sequences; the first batch whose header or data does not
+//! check ends the ring (it was never acknowledged: a batch is acknowledged
+//! only once it and every batch before it in its ring are durable).
 //!
-//! What this does not do (yet): share the data plane's reactors (one ring
-//! per reactor), know about pools and volumes beyond their numbers, or
-//! trim (a deallocation must destage a volume's batches first).
+//! What this does not do (yet): run in the data plane's reactors (a ring
+//! each), know about pools and volumes beyond their numbers, or trim (a
+//! deallocation must destage a volume's batches first).
 
 pub mod format;
 mod log;
+mod ring;
 
 pub use log::{Destaged, TierLog, TierWrite};
 
