@@ -25,6 +25,9 @@ pub struct FaultyMedia {
     members: Vec<Member>,
     writes_until_failure: Option<u64>,
     syncs_to_fail: u32,
+    /// A failed sync loses some of the writes it was to make durable (as a
+    /// device's write-back error: the cache dropped them).
+    failed_syncs_lose_writes: bool,
     failed: bool,
     rng: u64,
 }
@@ -41,6 +44,7 @@ impl FaultyMedia {
             members: vec![member; members],
             writes_until_failure: None,
             syncs_to_fail: 0,
+            failed_syncs_lose_writes: false,
             failed: false,
             rng: seed | 1,
         }
@@ -55,6 +59,15 @@ impl FaultyMedia {
     /// Linux, a sync after them succeeds, whatever was dropped meanwhile).
     pub fn fail_next_syncs(&mut self, count: u32) {
         self.syncs_to_fail = count;
+        self.failed_syncs_lose_writes = false;
+    }
+
+    /// The next `count` syncs fail with EIO, each losing every write it was
+    /// to make durable at random (each kept or dropped); a sync after them
+    /// succeeds.
+    pub fn fail_next_syncs_losing_writes(&mut self, count: u32) {
+        self.syncs_to_fail = count;
+        self.failed_syncs_lose_writes = true;
     }
 
     /// Detaches the last member with what it holds (e.g. to add it to another pool).
@@ -64,6 +77,7 @@ impl FaultyMedia {
             members: vec![member],
             writes_until_failure: None,
             syncs_to_fail: 0,
+            failed_syncs_lose_writes: false,
             failed: false,
             rng: self.rng,
         })
@@ -110,6 +124,23 @@ impl FaultyMedia {
         self.rng ^= self.rng >> 7;
         self.rng ^= self.rng << 17;
         self.rng
+    }
+
+    /// Drops each unsynced write of `member` at random: reads see what is
+    /// left.
+    fn lose_unsynced(&mut self, member: usize) {
+        let unsynced = std::mem::take(&mut self.members[member].unsynced);
+        let kept: Vec<(u64, Vec<u8>)> = unsynced
+            .into_iter()
+            .filter(|_| self.next().is_multiple_of(2))
+            .collect();
+        let m = &mut self.members[member];
+        m.current.clone_from(&m.durable);
+        for (offset, data) in &kept {
+            let at = *offset as usize;
+            m.current[at..at + data.len()].copy_from_slice(data);
+        }
+        m.unsynced = kept;
     }
 
     fn torn_len(&mut self, len: usize) -> usize {
@@ -195,6 +226,9 @@ impl Media for FaultyMedia {
         self.check_alive()?;
         if self.syncs_to_fail > 0 {
             self.syncs_to_fail -= 1;
+            if self.failed_syncs_lose_writes {
+                self.lose_unsynced(member);
+            }
             return Err(injected());
         }
         let m = &mut self.members[member];

@@ -156,10 +156,7 @@ impl Model {
                 pool_order: *order,
             })
             .collect();
-        let failing = self.rng.below(20) == 0;
-        if failing {
-            self.media.fail_after_writes(self.rng.below(3));
-        }
+        let failing = self.rng.below(10) == 0 && self.arm(3);
         let mut result = self.log.append(&mut self.media, ring, &batch);
         if matches!(result, Err(TierError::Full { .. })) {
             // A full tier: writes wait for the destage.
@@ -167,9 +164,7 @@ impl Model {
                 .destage_all()
                 .and_then(|_| self.log.append(&mut self.media, ring, &batch));
         }
-        if failing {
-            self.media.fail_after_writes(u64::MAX);
-        }
+        self.disarm();
         let blocks: Vec<((u32, u64), Version)> = writes
             .iter()
             .flat_map(|(volume, first, versions, order)| {
@@ -205,7 +200,15 @@ impl Model {
             }
             Err(TierError::Io { .. } | TierError::Full { .. }) if failing => {
                 self.failures += 1;
-                self.unsure = blocks
+                // A block the batch wrote twice: its newest write counts.
+                let mut newest: HashMap<(u32, u64), Version> = HashMap::new();
+                for (block, written) in blocks {
+                    let slot = newest.entry(block).or_insert(written);
+                    if written.1 > slot.1 {
+                        *slot = written;
+                    }
+                }
+                self.unsure = newest
                     .into_iter()
                     .map(|(block, written)| {
                         let (before, after) = newer(&self.acked, block, written);
@@ -220,27 +223,53 @@ impl Model {
 
     fn destage(&mut self) {
         let rounds = 1 + self.rng.below(3) as usize;
-        let failing = self.rng.below(10) == 0;
-        if failing {
-            self.media.fail_after_writes(self.rng.below(4));
-        }
-        let result = self.log.destage(
-            &mut self.media,
-            rounds,
-            |m, d| m.write_at(CAPACITY, capacity_offset(d.volume, d.block), d.data),
-            |m| m.sync(CAPACITY),
-        );
-        if failing {
-            self.media.fail_after_writes(u64::MAX);
-        }
+        let failing = self.rng.below(5) == 0 && self.arm(4);
+        let result = self.destage_rounds(rounds);
+        self.disarm();
         match result {
             Ok(_) => {}
             Err(TierError::Io { .. }) if failing => {
                 self.failures += 1;
-                self.crash();
+                // Either the power goes, or (the device still working: a
+                // sync failed) the destage is tried again at once: what the
+                // failed sync lost must be written again.
+                if self.media.has_failed() || self.rng.below(2) == 0 {
+                    return self.crash();
+                }
+                match self.destage_rounds(rounds) {
+                    Ok(_) => self.check("after a destage tried again"),
+                    Err(TierError::Failed(_)) => self.crash(),
+                    Err(error) => panic!("destage again: {error}"),
+                }
             }
             Err(error) => panic!("destage: {error}"),
         }
+    }
+
+    fn destage_rounds(&mut self, rounds: usize) -> Result<usize, TierError> {
+        self.log.destage(
+            &mut self.media,
+            rounds,
+            |m, d| m.write_at(CAPACITY, capacity_offset(d.volume, d.block), d.data),
+            |m| m.sync(CAPACITY),
+        )
+    }
+
+    /// Arms a device failure: one of the next `writes` writes fails half
+    /// done (and the device with it), or the next sync fails losing some
+    /// of the writes it was to make durable.
+    fn arm(&mut self, writes: u64) -> bool {
+        if self.rng.below(2) == 0 {
+            self.media.fail_after_writes(self.rng.below(writes));
+        } else {
+            self.media.fail_next_syncs_losing_writes(1);
+        }
+        true
+    }
+
+    fn disarm(&mut self) {
+        self.media.fail_after_writes(u64::MAX);
+        self.media.fail_next_syncs(0);
     }
 
     fn destage_all(&mut self) -> Result<usize, TierError> {

@@ -8,9 +8,10 @@
 //!
 //! ```text
 //!  0 magic "WEFTTIER"   8 version u32   12 block bytes u32   16 tier id [16]
-//! 32 first ring's start u64   40 bytes per ring u64   48 generation u64
-//! 56 destaged order u64       64 rings u32   68 CRC-32C u32 (of 0..68 and the tails)
-//! 72 each ring's tail, 16 bytes: offset u64, sequence u64
+//! 32 first ring's start u64 (8192)   40 bytes per ring u64   48 generation u64
+//! 56 destaged order u64       64 opens u64   72 rings u32
+//! 76 CRC-32C u32 (of 0..76 and the tails)
+//! 80 each ring's tail, 16 bytes: offset u64, sequence u64
 //! ```
 
 //! Batch header:
@@ -18,7 +19,7 @@
 //! ```text
 //!  0 magic "WEFTTLOG"   8 kind u32 (1 batch, 2 wrap)   12 extents u32
 //! 16 tier id [16]      32 sequence u64    40 data bytes u64   48 data CRC u32
-//! 52 header CRC u32 (of 0..52 and the extents)        56 reserved [8]
+//! 52 header CRC u32 (of 0..52, 56..64 and the extents)   56 opens u64
 //! 64 extents, 28 bytes each: volume u32, blocks u32, first block u64,
 //!    pool order u64, reserved u32
 //! ```
@@ -30,8 +31,10 @@ const SUPER_MAGIC: &[u8; 8] = b"WEFTTIER";
 const BATCH_MAGIC: &[u8; 8] = b"WEFTTLOG";
 /// The format this code writes and reads.
 pub const TIER_VERSION: u32 = 1;
-const SUPER_FIXED_BYTES: usize = 72;
-const SUPER_CRC_AT: usize = 68;
+const SUPER_FIXED_BYTES: usize = 80;
+const SUPER_CRC_AT: usize = 76;
+/// Where the first ring starts: after the two superblock copies.
+pub const RINGS_START: u64 = 2 * TIER_BLOCK_BYTES;
 const TAIL_BYTES: usize = 16;
 /// The most rings a tier holds: as many tails as fit its superblock.
 pub const RINGS_MAX: usize = (BLOCK - SUPER_FIXED_BYTES) / TAIL_BYTES;
@@ -62,6 +65,11 @@ pub struct Superblock {
     /// Every write of this pool order or lower is on the capacity devices:
     /// replay passes over them.
     pub destaged: u64,
+    /// How many times the tier was opened (formatting counts as one): each
+    /// batch carries the count it was written under, and a ring's chain
+    /// never goes back to a lower one (a batch written before a crash and
+    /// left beyond where replay stopped is never taken in later).
+    pub opens: u64,
     /// Each ring's tail.
     pub tails: Vec<RingTail>,
 }
@@ -90,6 +98,8 @@ pub struct BatchHeader {
     pub id: TierId,
     /// The ring's sequence: one more than the batch before.
     pub seq: u64,
+    /// The tier's opens when it was written ([`Superblock::opens`]).
+    pub opens: u64,
     /// A batch of data, or a wrap (the ring goes on at its start).
     pub kind: BatchKind,
 }
@@ -161,7 +171,8 @@ impl Superblock {
         put_u64(&mut block, 40, self.ring_bytes);
         put_u64(&mut block, 48, self.generation);
         put_u64(&mut block, 56, self.destaged);
-        put_u32(&mut block, 64, self.tails.len() as u32);
+        put_u64(&mut block, 64, self.opens);
+        put_u32(&mut block, 72, self.tails.len() as u32);
         for (i, tail) in self.tails.iter().enumerate() {
             let at = SUPER_FIXED_BYTES + i * TAIL_BYTES;
             put_u64(&mut block, at, tail.offset);
@@ -177,7 +188,7 @@ impl Superblock {
         if block.len() < BLOCK || &block[0..8] != SUPER_MAGIC {
             return Err(Invalid::Magic);
         }
-        let rings = get_u32(block, 64) as usize;
+        let rings = get_u32(block, 72) as usize;
         if rings == 0 || rings > RINGS_MAX {
             return Err(Invalid::Field(format!("{rings} rings")));
         }
@@ -211,6 +222,7 @@ impl Superblock {
             ring_bytes: get_u64(block, 40),
             generation: get_u64(block, 48),
             destaged: get_u64(block, 56),
+            opens: get_u64(block, 64),
             tails,
         };
         let aligned = |v: u64| v.is_multiple_of(TIER_BLOCK_BYTES);
@@ -218,9 +230,8 @@ impl Superblock {
             .ring_bytes
             .checked_mul(rings as u64)
             .and_then(|all| all.checked_add(sb.ring_start));
-        let sane = aligned(sb.ring_start)
+        let sane = sb.ring_start == RINGS_START
             && aligned(sb.ring_bytes)
-            && sb.ring_start >= 2 * TIER_BLOCK_BYTES
             && sb.ring_bytes >= RING_BLOCKS_MIN * TIER_BLOCK_BYTES
             && end.is_some_and(|end| end <= device_bytes)
             && sb
@@ -253,6 +264,7 @@ impl BatchHeader {
         put_u32(&mut block, 12, extents.len() as u32);
         block[16..32].copy_from_slice(&self.id);
         put_u64(&mut block, 32, self.seq);
+        put_u64(&mut block, 56, self.opens);
         put_u64(&mut block, 40, self.kind.data_bytes());
         put_u32(&mut block, 48, data_crc);
         for (i, e) in extents.iter().enumerate() {
@@ -307,7 +319,12 @@ impl BatchHeader {
             2 if count == 0 => BatchKind::Wrap,
             kind => return Err(Invalid::Field(format!("batch kind {kind}"))),
         };
-        let header = BatchHeader { id: *id, seq, kind };
+        let header = BatchHeader {
+            id: *id,
+            seq,
+            opens: get_u64(block, 56),
+            kind,
+        };
         if header.kind.data_bytes() != get_u64(block, 40) {
             return Err(Invalid::Field("data length".into()));
         }
@@ -324,7 +341,7 @@ fn super_crc(block: &[u8], rings: usize) -> u32 {
 fn header_crc(block: &[u8], extents: usize) -> u32 {
     let crc = crc32c::crc32c(&block[..52]);
     let end = HEADER_FIXED_BYTES + extents * EXTENT_BYTES;
-    crc32c::crc32c_append(crc, &block[HEADER_FIXED_BYTES..end])
+    crc32c::crc32c_append(crc, &block[56..end])
 }
 
 fn put_u32(block: &mut [u8], at: usize, value: u32) {
@@ -360,6 +377,7 @@ mod tests {
             ring_bytes: 1 << 16,
             generation: 3,
             destaged: 40,
+            opens: 5,
             tails: vec![
                 RingTail {
                     offset: 12288,
@@ -377,7 +395,7 @@ mod tests {
     fn a_superblock_is_laid_out_as_documented_and_decodes_back() {
         let block = superblock().encode();
         assert_eq!(
-            hex(&block[..104]),
+            hex(&block[..112]),
             concat!(
                 "5745465454494552",
                 "01000000",
@@ -387,10 +405,11 @@ mod tests {
                 "0000010000000000",
                 "0300000000000000",
                 "2800000000000000",
+                "0500000000000000",
                 "02000000",
             )
             .to_string()
-                + &hex(&block[68..72])
+                + &hex(&block[76..80])
                 + concat!(
                     "0030000000000000",
                     "0700000000000000",
@@ -398,9 +417,9 @@ mod tests {
                     "0100000000000000",
                 )
         );
-        let crc = crc32c::crc32c_append(crc32c::crc32c(&block[..68]), &block[72..104]);
-        assert_eq!(block[68..72], crc.to_le_bytes());
-        assert!(block[104..].iter().all(|&b| b == 0));
+        let crc = crc32c::crc32c_append(crc32c::crc32c(&block[..76]), &block[80..112]);
+        assert_eq!(block[76..80], crc.to_le_bytes());
+        assert!(block[112..].iter().all(|&b| b == 0));
         assert_eq!(Superblock::decode(&block, &ID, 1 << 18), Ok(superblock()));
     }
 
@@ -436,6 +455,7 @@ mod tests {
         let header = BatchHeader {
             id: ID,
             seq: 9,
+            opens: 2,
             kind: BatchKind::Data {
                 extents: vec![
                     Extent {
@@ -468,8 +488,9 @@ mod tests {
             )
         );
         assert_eq!(
-            hex(&block[64..64 + 2 * EXTENT_BYTES]),
+            hex(&block[56..64 + 2 * EXTENT_BYTES]),
             concat!(
+                "0200000000000000",
                 "02000000",
                 "03000000",
                 "1000000000000000",
@@ -493,6 +514,7 @@ mod tests {
         let wrap = BatchHeader {
             id: ID,
             seq: 1,
+            opens: 1,
             kind: BatchKind::Wrap,
         };
         assert_eq!(BatchHeader::decode(&wrap.encode(), &ID), Ok(wrap));

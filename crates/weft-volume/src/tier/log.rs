@@ -19,7 +19,7 @@
 
 use super::format::{
     BatchHeader, BatchKind, Extent, Invalid, RingTail, Superblock, TierId, EXTENTS_MAX, RINGS_MAX,
-    RING_BLOCKS_MIN,
+    RINGS_START, RING_BLOCKS_MIN,
 };
 use super::ring::{Live, Ring};
 use super::{TierError, TIER_BLOCK_BYTES};
@@ -28,8 +28,6 @@ use std::collections::HashMap;
 use std::io;
 
 const BLOCK: u64 = TIER_BLOCK_BYTES;
-/// The rings start after the two superblock copies.
-const RINGS_START: u64 = 2 * BLOCK;
 
 /// One host write for the tier: whole blocks of one volume.
 #[derive(Debug, Clone, Copy)]
@@ -77,6 +75,8 @@ pub struct TierLog {
     destaged: u64,
     /// The next pool order to take.
     next_order: u64,
+    /// This open's count (see [`Superblock::opens`]): its batches carry it.
+    opens: u64,
     newest: HashMap<(u32, u64), Newest>,
     /// Why the tier failed: a write or sync of the tier device did not
     /// complete, so what its rings hold is unknown until it is opened again.
@@ -112,6 +112,7 @@ impl TierLog {
             ring_bytes,
             generation: 1,
             destaged: 0,
+            opens: 1,
             tails: (0..rings as u64)
                 .map(|i| RingTail {
                     offset: ring_start(i),
@@ -176,8 +177,12 @@ impl TierLog {
         };
         let mut log = TierLog::empty(member, &sb);
         for ring in &mut log.rings {
-            ring.replay(media, member, &id)?;
+            ring.replay(media, member, &id, sb.opens)?;
         }
+        // A new count before anything is written: what this open writes
+        // can never be mistaken for what the last one left half done.
+        log.opens = sb.opens + 1;
+        log.write_superblock(media, log.destaged, &[])?;
         let replayed: Vec<Vec<(Extent, u64)>> = log
             .rings
             .iter()
@@ -202,6 +207,7 @@ impl TierLog {
             generation: sb.generation,
             destaged: sb.destaged,
             next_order: sb.destaged + 1,
+            opens: sb.opens,
             newest: HashMap::new(),
             failed: None,
         }
@@ -235,10 +241,17 @@ impl TierLog {
         writes: &[TierWrite<'_>],
     ) -> Result<(), TierError> {
         self.check()?;
-        let extents = self.extents_of(ring, writes)?;
+        let extents = match self.extents_of(ring, writes) {
+            Ok(extents) => extents,
+            Err(error) => {
+                self.forget_orders(ring, writes);
+                return Err(error);
+            }
+        };
         let data_bytes: u64 = writes.iter().map(|w| w.data.len() as u64).sum();
         let needed = BLOCK + data_bytes;
         if !self.rings[ring].fits_ever(needed) {
+            self.forget_orders(ring, writes);
             return Err(TierError::Invalid(format!(
                 "a batch of {needed} bytes does not fit a tier ring of {} bytes: write less at once",
                 self.ring_bytes
@@ -256,12 +269,16 @@ impl TierLog {
             let header = BatchHeader {
                 id: self.id,
                 seq,
+                opens: self.opens,
                 kind: BatchKind::Wrap,
             };
             self.step(
                 media.write_at(self.member, at, &header.encode()),
                 "append: write a wrap",
             )?;
+            // Durable before the batch at the ring's start: a batch kept
+            // without its wrap would be left beyond where replay stops.
+            self.step(media.sync(self.member), "append: sync a wrap")?;
             wrap = Some(Live::wrap(at, self.rings[ring].span.end, seq));
             seq += 1;
         }
@@ -272,6 +289,7 @@ impl TierLog {
         let header = BatchHeader {
             id: self.id,
             seq,
+            opens: self.opens,
             kind: BatchKind::Data {
                 extents: extents.clone(),
                 data_crc: crc32c::crc32c(&data),
@@ -315,9 +333,9 @@ impl TierLog {
                         "a write of {len} bytes: whole blocks of {BLOCK} bytes only"
                     ))
                 })?;
-                if w.pool_order <= floor || !r.taken.contains(&w.pool_order) {
+                if w.pool_order <= floor {
                     return Err(TierError::Invalid(format!(
-                        "pool order {} was not taken for ring {ring}, or is not above its batches' ({floor})",
+                        "pool order {} is not above ring {ring}'s batches' ({floor})",
                         w.pool_order
                     )));
                 }
@@ -328,7 +346,27 @@ impl TierLog {
                     pool_order: w.pool_order,
                 })
             })
-            .collect()
+            .collect::<Result<Vec<Extent>, TierError>>()
+            .and_then(|extents| {
+                // The ring's oldest orders taken, all of them: appended in
+                // the order taken, none left behind to hold the watermark.
+                let mut orders: Vec<u64> = extents.iter().map(|e| e.pool_order).collect();
+                orders.sort_unstable();
+                if !orders.iter().eq(r.taken.iter().take(orders.len())) {
+                    return Err(TierError::Invalid(format!(
+                        "pool orders {orders:?} are not the oldest taken for ring {ring}: append its writes in the order their orders were taken"
+                    )));
+                }
+                Ok(extents)
+            })
+    }
+
+    /// Lets the orders of `writes` go (a refused batch: its writes fail).
+    fn forget_orders(&mut self, ring: usize, writes: &[TierWrite<'_>]) {
+        if let Some(r) = self.rings.get_mut(ring) {
+            r.taken
+                .retain(|order| !writes.iter().any(|w| w.pool_order == *order));
+        }
     }
 
     /// Reads block `block` of volume `volume` into `buf` (one block) if the
@@ -388,8 +426,12 @@ impl TierLog {
             let watermark = on_their_way
                 .map_or(oldest, |&order| oldest.min(order - 1))
                 .max(self.destaged);
-            self.write_batches(media, watermark, &mut write)?;
+            let written = self.write_batches(media, watermark, &mut write)?;
             sync(media).map_err(|source| capacity("destage: sync", source))?;
+            // Only now: a failed sync may have lost what was written.
+            for (ring, index) in written {
+                self.rings[ring].live[index].destaged = true;
+            }
             let gone = self.release(media, watermark)?;
             released += gone;
             if gone == 0 {
@@ -401,16 +443,18 @@ impl TierLog {
     }
 
     /// Gives `write` every block still newest of each batch not destaged
-    /// yet with an order at or below `watermark`.
+    /// yet with an order at or below `watermark`: the batches it wrote
+    /// (ring, place), to be marked destaged once the capacity is synced.
     fn write_batches<M: Media>(
         &mut self,
         media: &mut M,
         watermark: u64,
         write: &mut impl FnMut(&mut M, Destaged<'_>) -> io::Result<()>,
-    ) -> Result<(), TierError> {
+    ) -> Result<Vec<(usize, usize)>, TierError> {
         let mut buf = vec![0; BLOCK as usize];
-        for ring in &mut self.rings {
-            for live in ring.live.iter_mut() {
+        let mut written = Vec::new();
+        for (r, ring) in self.rings.iter().enumerate() {
+            for (index, live) in ring.live.iter().enumerate() {
                 let Some((lowest, _)) = live.orders else {
                     continue;
                 };
@@ -445,10 +489,10 @@ impl TierLog {
                             .map_err(|source| capacity("destage: write a block", source))?;
                     }
                 }
-                live.destaged = true;
+                written.push((r, index));
             }
         }
-        Ok(())
+        Ok(written)
     }
 
     /// Makes `watermark` and the tails past every batch wholly at or
@@ -501,6 +545,7 @@ impl TierLog {
             ring_bytes: self.ring_bytes,
             generation: self.generation + 1,
             destaged,
+            opens: self.opens,
             tails: self
                 .rings
                 .iter()
@@ -737,6 +782,57 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_left_beyond_where_replay_stopped_is_never_taken_in_later() {
+        // One ring of ten blocks (device blocks 2 to 12).
+        let mut media = FaultyMedia::new(2, 12 * BLOCK as usize, 8);
+        let mut log = TierLog::format(&mut media, TIER, ID, 1).unwrap();
+        let two = [block(1), block(1)].concat();
+        put(&mut log, &mut media, 0, &[(0, 0, &two)]).unwrap();
+        put(&mut log, &mut media, 0, &[(0, 2, &two)]).unwrap();
+        put(&mut log, &mut media, 0, &[(0, 4, &block(1))]).unwrap();
+        assert_eq!(destage(&mut log, &mut media, 2), 2);
+        // Its head two blocks before the end: a wrap there, the batch
+        // (block 7 = 2) at the ring's start. Then the wrap is lost, as
+        // a power cut could lose it were it not synced first.
+        let stale = [block(2), block(2)].concat();
+        put(&mut log, &mut media, 0, &[(0, 7, &stale)]).unwrap();
+        media.write_at(TIER, 10 * BLOCK, &block(0)).unwrap();
+        media.sync(TIER).unwrap();
+        let mut media = media.crash();
+        let mut log = TierLog::open(&mut media, TIER, ID).unwrap();
+        assert_eq!(read(&log, &mut media, 0, 7), None);
+        // Block 7 = 3 fills the ring to its end: the head is at the start,
+        // with the sequence the batch left there has.
+        put(&mut log, &mut media, 0, &[(0, 7, &block(3))]).unwrap();
+        let mut media = media.crash();
+        let log = TierLog::open(&mut media, TIER, ID).unwrap();
+        assert_eq!(read(&log, &mut media, 0, 7), Some(3));
+        assert_eq!(read(&log, &mut media, 0, 8), None);
+    }
+
+    #[test]
+    fn a_destage_whose_sync_failed_writes_its_batches_again() {
+        let mut media = FaultyMedia::new(2, 64 * BLOCK as usize, 9);
+        let mut log = TierLog::format(&mut media, TIER, ID, 1).unwrap();
+        put(&mut log, &mut media, 0, &[(0, 3, &block(7))]).unwrap();
+        // The capacity device's sync fails and its cache lost the write.
+        let failed = log.destage(
+            &mut media,
+            1,
+            |m, d| m.write_at(CAPACITY, d.block * BLOCK, d.data),
+            |m| {
+                m.write_at(CAPACITY, 3 * BLOCK, &block(0))?;
+                Err(io::Error::from_raw_os_error(5))
+            },
+        );
+        assert!(matches!(failed, Err(TierError::Io { .. })), "{failed:?}");
+        assert_eq!(read(&log, &mut media, 0, 3), Some(7));
+        assert_eq!(destage(&mut log, &mut media, 1), 1);
+        assert_eq!(read(&log, &mut media, 0, 3), None);
+        assert_eq!(capacity_byte(&mut media, 3), 7);
+    }
+
+    #[test]
     fn a_full_ring_refuses_until_destaged_and_wraps_with_a_marker() {
         // One ring of ten blocks: room for nine, a block kept free.
         let mut media = FaultyMedia::new(2, 12 * BLOCK as usize, 3);
@@ -795,9 +891,24 @@ mod tests {
         };
         let error = message(log.append(&mut media, 0, &[untaken]));
         assert!(
-            error.contains("pool order 99 was not taken for ring 0"),
+            error.contains("pool orders [99] are not the oldest taken for ring 0"),
             "{error}"
         );
+        // A refused batch's orders let the watermark go: ring 0's batch
+        // below is destaged and released.
+        let refused = log.take_order(1).unwrap();
+        let error = message(log.append(
+            &mut media,
+            1,
+            &[TierWrite {
+                pool_order: refused,
+                data: &half,
+                ..untaken
+            }],
+        ));
+        assert!(error.contains("whole blocks"), "{error}");
+        put(&mut log, &mut media, 0, &[(0, 0, &block(1))]).unwrap();
+        assert_eq!(destage(&mut log, &mut media, 9), 1);
         media.fail_after_writes(0);
         assert!(matches!(
             put(&mut log, &mut media, 1, &[(0, 0, &block(1))]),

@@ -179,16 +179,18 @@ impl Ring {
     }
 
     /// Reads the chain of batches of tier `id` from the ring's tail (as
-    /// `new` set it): each one whose header and data check and whose
-    /// sequence follows, until the first that does not.
+    /// `new` set it): each one whose header and data check, whose sequence
+    /// follows and whose opens count neither goes back nor passes `opens`,
+    /// until the first that does not.
     pub fn replay<M: Media>(
         &mut self,
         media: &mut M,
         member: usize,
         id: &TierId,
+        opens: u64,
     ) -> Result<(), TierError> {
         let (mut offset, mut seq) = (self.head, self.next_seq);
-        let mut used = 0;
+        let (mut used, mut opened) = (0, 0);
         loop {
             if offset == self.span.end {
                 offset = self.span.start;
@@ -198,9 +200,10 @@ impl Ring {
             let Ok(header) = BatchHeader::decode(&block, id) else {
                 break;
             };
-            if header.seq != seq {
+            if header.seq != seq || !(opened..=opens).contains(&header.opens) {
                 break;
             }
+            opened = header.opens;
             let live = match &header.kind {
                 BatchKind::Wrap => Live::wrap(offset, self.span.end, seq),
                 BatchKind::Data { extents, data_crc } => {
