@@ -7,7 +7,7 @@
 # 6.12 host (a Debian trixie guest) authenticating with DH-HMAC-CHAP and connecting over TLS,
 # and smoke runs of the TLS and application benchmarks. Installs what it needs (Debian packages, the guest images,
 # Go tools, cargo-fuzz) idempotently. Run as root from anywhere: ./test.sh
-# Environment: WEFT_FUZZ_SECONDS (default 17 per target), WEFT_SIM_SEEDS (default 10000),
+# Environment: WEFT_FUZZ_SECONDS (default 12 per target), WEFT_SIM_SEEDS (default 10000),
 # WEFT_EC_SIM_SEEDS (default 2000),
 # WEFT_NEMESIS_SECONDS (default 120),
 # WEFT_SKIP_VM=1 to skip the guest.
@@ -63,7 +63,7 @@ if rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
         corpora=("corpus/$target")
         [ -d "fuzz/seeds/$target" ] && corpora+=("seeds/$target")
         mkdir -p "fuzz/corpus/$target"
-        (cd fuzz && cargo +nightly fuzz run --debug-assertions "$target" "${corpora[@]}" -- -max_total_time="${WEFT_FUZZ_SECONDS:-17}" -rss_limit_mb=4096 2>&1 | tail -n 3)
+        (cd fuzz && cargo +nightly fuzz run --debug-assertions "$target" "${corpora[@]}" -- -max_total_time="${WEFT_FUZZ_SECONDS:-12}" -rss_limit_mb=4096 2>&1 | tail -n 3)
     done
 else
     echo "skipped: no nightly toolchain (the seeded loops in cargo test ran)"
