@@ -19,6 +19,30 @@ struct Member {
     unsynced: Vec<(u64, Vec<u8>)>,
 }
 
+/// The crash models' random numbers: xorshift64 from a nonzero seed.
+#[derive(Debug, Clone)]
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// The next number.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// A number below `n`.
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+
+    /// One of `items`.
+    pub fn pick<T: Copy>(&mut self, items: &[T]) -> T {
+        items[self.below(items.len() as u64) as usize]
+    }
+}
+
 /// Fault-injecting in-memory media.
 #[derive(Debug, Clone)]
 pub struct FaultyMedia {

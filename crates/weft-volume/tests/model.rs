@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use weft_volume::crypt::Keyring;
-use weft_volume::testing::{FaultyMedia, SECTOR_BYTES};
+use weft_volume::testing::{FaultyMedia, Rng, SECTOR_BYTES};
 use weft_volume::{Media, Pool, PoolOptions, VolumeError, VolumeSpec};
 
 const CHUNK: u64 = 64 * 1024;
@@ -26,23 +26,6 @@ struct ModelVolume {
 }
 
 type Model = BTreeMap<String, ModelVolume>;
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn pick<'a>(&mut self, items: &[&'a str]) -> &'a str {
-        items[self.below(items.len() as u64) as usize]
-    }
-}
 
 #[derive(Debug, Clone)]
 enum Op {

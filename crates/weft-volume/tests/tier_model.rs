@@ -10,7 +10,7 @@
 //! seeds (default 8), each of 2000 steps.
 
 use std::collections::HashMap;
-use weft_volume::testing::FaultyMedia;
+use weft_volume::testing::{FaultyMedia, Rng};
 use weft_volume::tier::{TierError, TierLog, TierWrite, TIER_BLOCK_BYTES};
 use weft_volume::Media;
 
@@ -27,21 +27,6 @@ const STEPS: usize = 2000;
 /// The most data blocks a writer appends at once (a ring holds 12 with
 /// the batch's header).
 const BATCH_BLOCKS_MAX: usize = 8;
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 /// A block holding version `v` (version 0: never written, zeroes).
 fn pattern(v: u32) -> Vec<u8> {
