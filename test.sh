@@ -8,7 +8,7 @@
 # and smoke runs of the TLS and application benchmarks. Installs what it needs (Debian packages, the guest images,
 # Go tools, cargo-fuzz) idempotently. Run as root from anywhere: ./test.sh
 # Environment: WEFT_FUZZ_SECONDS (default 12 per target), WEFT_SIM_SEEDS (default 10000),
-# WEFT_EC_SIM_SEEDS (default 2000),
+# WEFT_EC_SIM_SEEDS (default 2000; both simulations spread their seeds over the cores),
 # WEFT_NEMESIS_SECONDS (default 120),
 # WEFT_SKIP_VM=1 to skip the guest.
 set -euo pipefail

@@ -48,6 +48,7 @@ pub mod ec;
 mod host;
 mod node;
 mod rng;
+pub mod seeds;
 mod store;
 mod world;
 

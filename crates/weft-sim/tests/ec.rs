@@ -6,6 +6,7 @@
 
 use weft_ec::Layout;
 use weft_sim::ec::{run_ec, EcReport, EcSimConfig};
+use weft_sim::seeds::across_cores;
 
 fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().map(|v| {
@@ -24,15 +25,16 @@ fn config(seed: u64) -> EcSimConfig {
 fn seeds() {
     let count = env_u64("WEFT_EC_SIM_SEEDS").unwrap_or(60);
     let base = env_u64("WEFT_SIM_SEED_BASE").unwrap_or(0);
-    let mut t = EcReport::default();
-    for seed in base..base + count {
-        match run_ec(seed, &config(seed)) {
-            Ok(report) => t.add(&report),
-            Err(failure) => panic!(
+    let reports = across_cores(base..base + count, |seed| run_ec(seed, &config(seed)))
+        .unwrap_or_else(|(_, failure)| {
+            panic!(
                 "{}",
                 failure.to_string().replace("--test vopr", "--test ec")
-            ),
-        }
+            )
+        });
+    let mut t = EcReport::default();
+    for report in &reports {
+        t.add(report);
     }
     println!(
         "{count} seeds from {base}: {} writes and {} reads checked, {} retries; {} crashes ({} writes torn), {} pauses, {} cuts, {} disk failures; {} of {} planned moves done, {} new epochs, {} members rebuilt into sync; {} of {} snapshots taken and checked",

@@ -4,6 +4,7 @@
 //! its last events, and how to replay it: `WEFT_SIM_SEED=N cargo test -p
 //! weft-sim --test vopr replay -- --nocapture`.
 
+use weft_sim::seeds::across_cores;
 use weft_sim::{run, Report, SimConfig};
 
 fn env_u64(name: &str) -> Option<u64> {
@@ -18,12 +19,11 @@ fn seeds() {
     let count = env_u64("WEFT_SIM_SEEDS").unwrap_or(200);
     let base = env_u64("WEFT_SIM_SEED_BASE").unwrap_or(0);
     let config = SimConfig::default();
+    let reports = across_cores(base..base + count, |seed| run(seed, &config))
+        .unwrap_or_else(|(_, failure)| panic!("{failure}"));
     let mut t = Report::default();
-    for seed in base..base + count {
-        match run(seed, &config) {
-            Ok(report) => t.add(&report),
-            Err(failure) => panic!("{failure}"),
-        }
+    for report in &reports {
+        t.add(report);
     }
     println!(
         "{count} seeds from {base}: {} writes and {} reads checked, {} writes given up, {} faults ({} power losses, {} disk failures, {} full data directories), {} new epochs ({} taken over by a replica from a silent primary, {} of {} planned moves done), {} replicas added or removed; the store: {} lagging reads, {} commit answers lost; {} file changes failed, {} local writes held; longest host pause {:?}",
