@@ -465,7 +465,7 @@ pub fn fuzz_tier_open(data: &[u8]) {
     };
     let mut buf = vec![0; TIER_BLOCK_BYTES as usize];
     for block in 0..16 {
-        let _ = log.read(&mut media, 0, block, &mut buf);
+        let _ = log.read(&mut media, [0; 16], block, &mut buf);
     }
 }
 
@@ -495,7 +495,7 @@ fn fuzz_tier_append(
 ) {
     let data = vec![0x5A; 2 * 4096];
     let write = crate::tier::TierWrite {
-        volume: 0,
+        volume: [0; 16],
         first_block,
         data: &data,
         pool_order: log.take_order(ring).expect("a ring"),

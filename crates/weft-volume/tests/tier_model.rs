@@ -33,6 +33,11 @@ fn pattern(v: u32) -> Vec<u8> {
     v.to_le_bytes().repeat(BLOCK / 4)
 }
 
+/// Volume `volume`'s identity in the tier.
+fn volume_id(volume: u32) -> [u8; 16] {
+    [u8::try_from(volume).expect("a few volumes"); 16]
+}
+
 fn capacity_offset(volume: u32, block: u64) -> u64 {
     (u64::from(volume) * BLOCKS + block) * TIER_BLOCK_BYTES
 }
@@ -135,7 +140,7 @@ impl Model {
             .iter()
             .zip(&data)
             .map(|((volume, first, _, order), data)| TierWrite {
-                volume: *volume,
+                volume: volume_id(*volume),
                 first_block: *first,
                 data,
                 pool_order: *order,
@@ -235,7 +240,13 @@ impl Model {
         self.log.destage(
             &mut self.media,
             rounds,
-            |m, d| m.write_at(CAPACITY, capacity_offset(d.volume, d.block), d.data),
+            |m, d| {
+                m.write_at(
+                    CAPACITY,
+                    capacity_offset(u32::from(d.volume[0]), d.block),
+                    d.data,
+                )
+            },
             |m| m.sync(CAPACITY),
         )
     }
@@ -261,7 +272,13 @@ impl Model {
         self.log.destage(
             &mut self.media,
             usize::MAX,
-            |m, d| m.write_at(CAPACITY, capacity_offset(d.volume, d.block), d.data),
+            |m, d| {
+                m.write_at(
+                    CAPACITY,
+                    capacity_offset(u32::from(d.volume[0]), d.block),
+                    d.data,
+                )
+            },
             |m| m.sync(CAPACITY),
         )
     }
@@ -289,7 +306,7 @@ impl Model {
         let mut buf = vec![0; BLOCK];
         let in_tier = self
             .log
-            .read(&mut self.media, volume, block, &mut buf)
+            .read(&mut self.media, volume_id(volume), block, &mut buf)
             .unwrap();
         if !in_tier {
             self.media

@@ -20,7 +20,7 @@
 //!  0 magic "WEFTTLOG"   8 kind u32 (1 batch, 2 wrap)   12 extents u32
 //! 16 tier id [16]      32 sequence u64    40 data bytes u64   48 data CRC u32
 //! 52 header CRC u32 (of 0..52, 56..64 and the extents)   56 opens u64
-//! 64 extents, 28 bytes each: volume u32, blocks u32, first block u64,
+//! 64 extents, 40 bytes each: volume id [16], blocks u32, first block u64,
 //!    pool order u64, reserved u32
 //! ```
 
@@ -42,13 +42,18 @@ pub const RINGS_MAX: usize = (BLOCK - SUPER_FIXED_BYTES) / TAIL_BYTES;
 /// block of room kept free.
 pub const RING_BLOCKS_MIN: u64 = 4;
 const HEADER_FIXED_BYTES: usize = 64;
-const EXTENT_BYTES: usize = 28;
+const EXTENT_BYTES: usize = 40;
 /// The most extents one batch holds: as many as fit its header block.
 pub const EXTENTS_MAX: usize = (BLOCK - HEADER_FIXED_BYTES) / EXTENT_BYTES;
 
 /// A tier's identity: written in every block it seals, so that another
 /// tier's (or an earlier format's) leftovers never pass for its own.
 pub type TierId = [u8; 16];
+
+/// A volume's identity, as its pool's state has it: stable for the
+/// volume's life, so that a batch written before a crash finds its volume
+/// whatever was created or deleted since.
+pub type VolumeId = [u8; 16];
 
 /// The tier superblock: where the rings are, where each one's oldest live
 /// batch starts, and up to which pool-wide order every write is destaged.
@@ -121,8 +126,8 @@ pub enum BatchKind {
 /// Consecutive blocks of one volume written by one host write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Extent {
-    /// The volume's number in its pool.
-    pub volume: u32,
+    /// The volume.
+    pub volume: VolumeId,
     /// Its first block ([`TIER_BLOCK_BYTES`] each).
     pub first_block: u64,
     /// How many blocks.
@@ -269,10 +274,10 @@ impl BatchHeader {
         put_u32(&mut block, 48, data_crc);
         for (i, e) in extents.iter().enumerate() {
             let at = HEADER_FIXED_BYTES + i * EXTENT_BYTES;
-            put_u32(&mut block, at, e.volume);
-            put_u32(&mut block, at + 4, e.blocks);
-            put_u64(&mut block, at + 8, e.first_block);
-            put_u64(&mut block, at + 16, e.pool_order);
+            block[at..at + 16].copy_from_slice(&e.volume);
+            put_u32(&mut block, at + 16, e.blocks);
+            put_u64(&mut block, at + 20, e.first_block);
+            put_u64(&mut block, at + 28, e.pool_order);
         }
         let crc = header_crc(&block, extents.len());
         put_u32(&mut block, 52, crc);
@@ -301,10 +306,10 @@ impl BatchHeader {
                     .map(|i| {
                         let at = HEADER_FIXED_BYTES + i * EXTENT_BYTES;
                         Extent {
-                            volume: get_u32(block, at),
-                            blocks: get_u32(block, at + 4),
-                            first_block: get_u64(block, at + 8),
-                            pool_order: get_u64(block, at + 16),
+                            volume: block[at..at + 16].try_into().expect("sixteen bytes"),
+                            blocks: get_u32(block, at + 16),
+                            first_block: get_u64(block, at + 20),
+                            pool_order: get_u64(block, at + 28),
                         }
                     })
                     .collect();
@@ -459,13 +464,13 @@ mod tests {
             kind: BatchKind::Data {
                 extents: vec![
                     Extent {
-                        volume: 2,
+                        volume: [2; 16],
                         first_block: 0x10,
                         blocks: 3,
                         pool_order: 41,
                     },
                     Extent {
-                        volume: 5,
+                        volume: [5; 16],
                         first_block: 0,
                         blocks: 1,
                         pool_order: 42,
@@ -491,12 +496,12 @@ mod tests {
             hex(&block[56..64 + 2 * EXTENT_BYTES]),
             concat!(
                 "0200000000000000",
-                "02000000",
+                "02020202020202020202020202020202",
                 "03000000",
                 "1000000000000000",
                 "2900000000000000",
                 "00000000",
-                "05000000",
+                "05050505050505050505050505050505",
                 "01000000",
                 "0000000000000000",
                 "2a00000000000000",
@@ -525,6 +530,6 @@ mod tests {
             BatchHeader::decode(&block, &ID),
             Err(Invalid::Field(_))
         ));
-        assert_eq!(EXTENTS_MAX, 144);
+        assert_eq!(EXTENTS_MAX, 100);
     }
 }

@@ -18,8 +18,8 @@
 //! data plane's rings will), or trim.
 
 use super::format::{
-    BatchHeader, BatchKind, Extent, Invalid, RingTail, Superblock, TierId, EXTENTS_MAX, RINGS_MAX,
-    RINGS_START, RING_BLOCKS_MIN,
+    BatchHeader, BatchKind, Extent, Invalid, RingTail, Superblock, TierId, VolumeId, EXTENTS_MAX,
+    RINGS_MAX, RINGS_START, RING_BLOCKS_MIN,
 };
 use super::ring::{Live, Ring};
 use super::{TierError, TIER_BLOCK_BYTES};
@@ -32,8 +32,8 @@ const BLOCK: u64 = TIER_BLOCK_BYTES;
 /// One host write for the tier: whole blocks of one volume.
 #[derive(Debug, Clone, Copy)]
 pub struct TierWrite<'a> {
-    /// The volume's number in its pool.
-    pub volume: u32,
+    /// The volume.
+    pub volume: VolumeId,
     /// The first block written ([`TIER_BLOCK_BYTES`] each).
     pub first_block: u64,
     /// The bytes: whole blocks.
@@ -49,7 +49,7 @@ pub struct TierWrite<'a> {
 #[derive(Debug, Clone, Copy)]
 pub struct Destaged<'a> {
     /// The volume.
-    pub volume: u32,
+    pub volume: VolumeId,
     /// The block.
     pub block: u64,
     /// Its newest bytes.
@@ -77,7 +77,7 @@ pub struct TierLog {
     next_order: u64,
     /// This open's count (see [`Superblock::opens`]): its batches carry it.
     opens: u64,
-    newest: HashMap<(u32, u64), Newest>,
+    newest: HashMap<(VolumeId, u64), Newest>,
     /// Why the tier failed: a write or sync of the tier device did not
     /// complete, so what its rings hold is unknown until it is opened again.
     failed: Option<String>,
@@ -374,7 +374,7 @@ impl TierLog {
     pub fn read<M: Media>(
         &self,
         media: &mut M,
-        volume: u32,
+        volume: VolumeId,
         block: u64,
         buf: &mut [u8],
     ) -> Result<bool, TierError> {
@@ -673,12 +673,12 @@ mod tests {
         log: &mut TierLog,
         media: &mut FaultyMedia,
         ring: usize,
-        writes: &[(u32, u64, &[u8])],
+        writes: &[(u8, u64, &[u8])],
     ) -> Result<(), TierError> {
         let mut batch = Vec::new();
         for &(volume, first_block, data) in writes {
             batch.push(TierWrite {
-                volume,
+                volume: [volume; 16],
                 first_block,
                 data,
                 pool_order: log.take_order(ring)?,
@@ -687,9 +687,9 @@ mod tests {
         log.append(media, ring, &batch)
     }
 
-    fn read(log: &TierLog, media: &mut FaultyMedia, volume: u32, b: u64) -> Option<u8> {
+    fn read(log: &TierLog, media: &mut FaultyMedia, volume: u8, b: u64) -> Option<u8> {
         let mut buf = block(0);
-        let found = log.read(media, volume, b, &mut buf).unwrap();
+        let found = log.read(media, [volume; 16], b, &mut buf).unwrap();
         found.then_some(buf[0])
     }
 
@@ -766,7 +766,7 @@ mod tests {
         assert_eq!(capacity_byte(&mut media, 4), 0);
         let data = block(1);
         let late = TierWrite {
-            volume: 0,
+            volume: [0; 16],
             first_block: 4,
             data: &data,
             pool_order: early,
@@ -879,12 +879,12 @@ mod tests {
         let error = message(put(&mut log, &mut media, 0, &[(0, 0, &half)]));
         assert!(error.contains("whole blocks of 4096 bytes"), "{error}");
         let error = message(log.append(&mut media, 0, &[]));
-        assert!(error.contains("1 to 144 writes"), "{error}");
+        assert!(error.contains("1 to 100 writes"), "{error}");
         let error = message(put(&mut log, &mut media, 2, &[(0, 0, &block(1))]));
         assert!(error.contains("ring 2 of a tier of 2"), "{error}");
         let data = block(1);
         let untaken = TierWrite {
-            volume: 0,
+            volume: [0; 16],
             first_block: 0,
             data: &data,
             pool_order: 99,

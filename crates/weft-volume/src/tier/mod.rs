@@ -33,6 +33,7 @@ pub mod format;
 mod log;
 mod ring;
 
+pub use format::VolumeId;
 pub use log::{Destaged, TierLog, TierWrite};
 
 use thiserror::Error;
