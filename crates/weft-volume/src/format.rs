@@ -1,4 +1,4 @@
-//! The pool's on-disk format, versions 1 to 3 (docs/VOLUME-FORMAT.md
+//! The pool's on-disk format, versions 1 to 4 (docs/VOLUME-FORMAT.md
 //! describes it for humans; this module is the normative encoder and decoder).
 //!
 //! Every member device starts with a metadata region of `meta_bytes`
@@ -15,7 +15,8 @@
 //! devices the pool was created on, then those of each growth (version 2
 //! superblocks list the groups and a generation number). Checkpoints that
 //! outgrow their slots continue into allocation units the superblock names
-//! (version 3, see `extension`).
+//! (version 3, see `extension`). A pool with a write tier names the tier
+//! (version 4), so that it never opens without it.
 //!
 //! Superblocks, checkpoints and journal records each carry a CRC-32C, and
 //! checkpoints and records carry the pool UUID and a sequence number, so a
@@ -28,10 +29,16 @@ use thiserror::Error;
 mod extension;
 pub use extension::{Extension, Extent, EXTENTS_MAX};
 
-/// Newest format version: written once a pool's checkpoints extend past
-/// their slots; version 2 once a pool has grown, version 1 before. This
-/// code opens versions 1 to 3.
-pub const FORMAT_VERSION: u32 = 3;
+/// Newest format version: written while a pool has a write tier; version 3
+/// once its checkpoints extend past their slots, version 2 once it has
+/// grown, version 1 before. This code opens versions 1 to 4.
+pub const FORMAT_VERSION: u32 = 4;
+/// Superblock flag (version 4): the pool has a write tier, whose identity
+/// ends the superblock's fields.
+const FLAG_WRITE_TIER: u32 = 1;
+/// Superblock flag (version 4): the checkpoint extension section follows
+/// the groups (version 3 always has one).
+const FLAG_EXTENSION: u32 = 2;
 /// Superblock magic.
 pub const SUPERBLOCK_MAGIC: [u8; 8] = *b"WEFTPOOL";
 /// Journal record magic.
@@ -61,7 +68,7 @@ pub enum FormatError {
     #[error("checksum mismatch")]
     BadChecksum,
     /// Written by a newer (or unknown) format version.
-    #[error("format version {0} is not supported (this weft reads versions 1 to 3)")]
+    #[error("format version {0} is not supported (this weft reads versions 1 to 4)")]
     UnsupportedVersion(u32),
     /// Belongs to another pool (a stale block from a pool created earlier on the same device).
     #[error("belongs to another pool")]
@@ -344,6 +351,9 @@ pub struct Superblock {
     pub layout: Layout,
     /// Where the checkpoint slots continue (empty until they outgrow their size).
     pub extension: Extension,
+    /// The pool's write tier, if it has one: the identity its device's
+    /// superblock and batches carry.
+    pub tier: Option<crate::tier::format::TierId>,
 }
 
 impl Superblock {
@@ -354,15 +364,16 @@ impl Superblock {
         let layout = &self.layout;
         let version_1 =
             self.generation == 0 && layout.groups().len() == 1 && layout.groups()[0].tag == 0;
-        let version = match (version_1, self.extension.is_empty()) {
-            (true, true) => 1,
-            (false, true) => 2,
-            (_, false) => FORMAT_VERSION,
+        let version = match (version_1, self.extension.is_empty(), self.tier.is_some()) {
+            (_, _, true) => FORMAT_VERSION,
+            (true, true, false) => 1,
+            (false, true, false) => 2,
+            (_, false, false) => 3,
         };
         let mut e = Encoder::new();
         e.bytes(&SUPERBLOCK_MAGIC);
         e.u32(version);
-        e.u32(0); // flags, none defined
+        e.u32(self.flags(version));
         e.bytes(&self.pool_uuid);
         e.name(&self.pool_name);
         e.u16(self.member);
@@ -383,8 +394,11 @@ impl Superblock {
                 e.u32(group.tag);
             }
         }
-        if version > 2 {
+        if version == 3 || !self.extension.is_empty() && version > 3 {
             self.extension.encode(&mut e);
+        }
+        if let Some(tier) = &self.tier {
+            e.bytes(tier);
         }
         let mut bytes = e.into_bytes();
         assert!(
@@ -397,7 +411,25 @@ impl Superblock {
         bytes
     }
 
-    /// Decodes and checks one superblock copy (version 1, 2 or 3).
+    /// The flags field of a superblock of `version` (none before 4).
+    fn flags(&self, version: u32) -> u32 {
+        if version < 4 {
+            return 0;
+        }
+        let tier = if self.tier.is_some() {
+            FLAG_WRITE_TIER
+        } else {
+            0
+        };
+        let extension = if self.extension.is_empty() {
+            0
+        } else {
+            FLAG_EXTENSION
+        };
+        tier | extension
+    }
+
+    /// Decodes and checks one superblock copy (version 1 to 4).
     pub fn decode(block: &[u8]) -> Result<Superblock, FormatError> {
         if block.len() < SUPERBLOCK_BYTES {
             return Err(FormatError::Truncated);
@@ -415,7 +447,10 @@ impl Superblock {
         if !(1..=FORMAT_VERSION).contains(&version) {
             return Err(FormatError::UnsupportedVersion(version));
         }
-        let _flags = d.u32()?;
+        let flags = d.u32()?;
+        if flags & !(FLAG_WRITE_TIER | FLAG_EXTENSION) != 0 || (flags != 0 && version < 4) {
+            return Err(FormatError::Malformed("unknown superblock flags"));
+        }
         let pool_uuid = d.array()?;
         let pool_name = d.name()?;
         let member = d.u16()?;
@@ -454,10 +489,19 @@ impl Superblock {
         if layout.members != members || member >= members {
             return Err(inconsistent());
         }
-        let extension = match version {
-            3 => Extension::decode(&mut d, &layout)?,
-            _ => Extension::default(),
+        let extension = match version == 3 || flags & FLAG_EXTENSION != 0 {
+            true => Extension::decode(&mut d, &layout)?,
+            false => Extension::default(),
         };
+        let tier = match flags & FLAG_WRITE_TIER {
+            0 => None,
+            _ => Some(d.array()?),
+        };
+        if version == 4 && tier.is_none() {
+            return Err(FormatError::Malformed(
+                "a version 4 superblock names no write tier",
+            ));
+        }
         Ok(Superblock {
             pool_uuid,
             pool_name,
@@ -465,6 +509,7 @@ impl Superblock {
             generation,
             layout,
             extension,
+            tier,
         })
     }
 
@@ -591,6 +636,7 @@ mod tests {
             generation: 0,
             layout: Layout::plan(2, 256 << 20, 1 << 20).unwrap(),
             extension: Extension::default(),
+            tier: None,
         }
     }
 
@@ -642,12 +688,12 @@ mod tests {
             Err(FormatError::BadMagic)
         );
         let mut newer = superblock().encode();
-        newer[8] = 4;
+        newer[8] = 5;
         let crc = crc32c::crc32c(&newer[..SUPERBLOCK_BYTES - 4]);
         newer[SUPERBLOCK_BYTES - 4..].copy_from_slice(&crc.to_le_bytes());
         assert_eq!(
             Superblock::decode(&newer),
-            Err(FormatError::UnsupportedVersion(4))
+            Err(FormatError::UnsupportedVersion(5))
         );
     }
 
@@ -771,6 +817,52 @@ mod tests {
             extension,
             ..base
         }
+    }
+
+    /// A pool with a write tier has a version 4 superblock (flag 1) that
+    /// names the tier after the extension section; older builds refuse it,
+    /// so no build opens the pool without its tier.
+    #[test]
+    fn a_superblock_naming_a_write_tier_is_version_4() {
+        let tiered = Superblock {
+            tier: Some([0x7E; 16]),
+            ..extended()
+        };
+        let block = tiered.encode();
+        assert_eq!(
+            hex(&block[8..16]),
+            "0400000003000000",
+            "version 4, flags: a tier, an extension"
+        );
+        assert_eq!(Superblock::decode(&block).unwrap(), tiered);
+        let tiered = Superblock {
+            tier: Some([0x7E; 16]),
+            ..superblock()
+        }
+        .encode();
+        let end = SUPERBLOCK_BYTES - 4;
+        let tail = tiered[..end].iter().rposition(|&b| b != 0).unwrap();
+        assert_eq!(
+            hex(&tiered[tail - 15..=tail]),
+            "7e".repeat(16),
+            "the tier's identity ends the fields"
+        );
+        let mut unknown = tiered.clone();
+        unknown[12] = 3;
+        let crc = crc32c::crc32c(&unknown[..end]);
+        unknown[end..].copy_from_slice(&crc.to_le_bytes());
+        assert!(matches!(
+            Superblock::decode(&unknown),
+            Err(FormatError::Malformed(_))
+        ));
+        let mut no_tier = tiered;
+        no_tier[12] = 0;
+        let crc = crc32c::crc32c(&no_tier[..end]);
+        no_tier[end..].copy_from_slice(&crc.to_le_bytes());
+        assert!(matches!(
+            Superblock::decode(&no_tier),
+            Err(FormatError::Malformed(_))
+        ));
     }
 
     /// Checkpoints that outgrew their slots make a version 3 superblock

@@ -30,8 +30,10 @@ use std::sync::Arc;
 
 mod checkpoints;
 mod encryption;
+mod tier;
 use checkpoints::{read_checkpoint, write_checkpoint_frame, write_zeroes};
 pub use encryption::{Encryption, Rewrapped};
+pub use tier::TierInfo;
 
 /// Largest payload of one journal record; bigger commits span several.
 const RECORD_PAYLOAD_MAX: usize = 256 * 1024;
@@ -143,6 +145,8 @@ pub struct Pool<M: Media> {
     keyring: Option<Arc<Keyring>>,
     /// Ciphers of the unlocked encrypted volumes, by volume id.
     ciphers: BTreeMap<[u8; 16], Arc<VolumeCipher>>,
+    /// The write tier, if the pool has one (see `tier`).
+    tier: Option<tier::PoolTier<M>>,
 }
 
 impl<M: Media> Pool<M> {
@@ -201,6 +205,7 @@ impl<M: Media> Pool<M> {
             generation: 0,
             layout,
             extension: Extension::default(),
+            tier: None,
         };
         let state = PoolState::new(layout.chunks(), layout.chunk_shift());
         let io = |context: &str| {
@@ -254,11 +259,20 @@ impl<M: Media> Pool<M> {
             warned_percent: 0,
             keyring: None,
             ciphers: BTreeMap::new(),
+            tier: None,
         })
     }
 
-    /// Opens the pool on `media` (members in stripe order) at its last committed state.
-    pub fn open(mut media: M) -> Result<Pool<M>, VolumeError> {
+    /// Opens the pool on `media` (members in stripe order) at its last
+    /// committed state. A pool with a write tier needs
+    /// [`Pool::open_with_tier`].
+    pub fn open(media: M) -> Result<Pool<M>, VolumeError> {
+        Pool::open_with_tier(media, None)
+    }
+
+    /// As [`Pool::open`], with the device of the pool's write tier (the
+    /// first member of `tier`), whose rings are replayed.
+    pub fn open_with_tier(mut media: M, tier: Option<M>) -> Result<Pool<M>, VolumeError> {
         let loaded = load(&mut media)?;
         let resync = loaded.resync.clone();
         let mut pool = Pool {
@@ -274,12 +288,14 @@ impl<M: Media> Pool<M> {
             warned_percent: 0,
             keyring: None,
             ciphers: BTreeMap::new(),
+            tier: None,
         };
         pool.repair_superblocks(&loaded.superblock_repairs)?;
         pool.resync_copies(resync)?;
         pool.unlock_volumes();
         // A crash before a crypto-erase finished: finished now.
         pool.scrub_if_owed()?;
+        pool.open_tier(tier)?;
         Ok(pool)
     }
 
@@ -560,7 +576,8 @@ impl<M: Media> Pool<M> {
         self.unlock_volumes();
         self.repair_superblocks(&loaded.superblock_repairs)?;
         self.resync_copies(resync)?;
-        self.scrub_if_owed()
+        self.scrub_if_owed()?;
+        self.reopen_tier()
     }
 
     /// Pool name.
@@ -586,6 +603,11 @@ impl<M: Media> Pool<M> {
     /// Gives the media back (e.g. to simulate a crash in tests).
     pub fn into_media(self) -> M {
         self.media
+    }
+
+    /// Gives the media back, and the write tier's if the pool has one.
+    pub fn into_media_and_tier(self) -> (M, Option<M>) {
+        (self.media, self.tier.map(|tier| tier.media))
     }
 
     /// Each member's size, capacity and allocation, in stripe order.
@@ -758,6 +780,7 @@ impl<M: Media> Pool<M> {
     pub fn delete_volume(&mut self, name: &str) -> Result<(), VolumeError> {
         self.check_usable()?;
         self.check_deletable(name)?;
+        self.settle_tier()?;
         let volume = self.existing(name)?;
         let (map, gate, id) = (Arc::clone(&volume.map), Arc::clone(&volume.gate), volume.id);
         map.retire();
@@ -817,6 +840,9 @@ impl<M: Media> Pool<M> {
         }
         let (gate, mapped) = (Arc::clone(&v.gate), u64::from(v.mapped_chunks));
         self.check_references(mapped + 1)?;
+        // The snapshot shares the capacity devices' chunks: what the tier
+        // holds goes there first.
+        self.settle_tier()?;
         let _quiet = gate.quiesce();
         let record = Record::CreateSnapshot {
             volume: volume.to_string(),
@@ -994,8 +1020,9 @@ impl<M: Media> Pool<M> {
     /// first). Reads of the range return zeroes afterwards.
     pub fn deallocate(&mut self, name: &str, offset: u64, len: u64) -> Result<(), VolumeError> {
         self.check_usable()?;
+        check_range(self.existing(name)?, offset, len)?;
+        self.settle_tier()?;
         let volume = self.existing(name)?;
-        check_range(volume, offset, len)?;
         let (map, gate, thick) = (
             Arc::clone(&volume.map),
             Arc::clone(&volume.gate),
@@ -1061,8 +1088,17 @@ impl<M: Media> Pool<M> {
             stored
         });
         let data = encrypted.as_deref().unwrap_or(data);
+        if self.has_tier() {
+            return self.write_to_tier(name, offset, data);
+        }
         self.prepare_write(name, offset, data.len() as u64)?;
         self.commit()?;
+        self.write_placed(name, offset, data)
+    }
+
+    /// Writes `data` (as stored: encrypted already) where the volume's
+    /// chunks are (mapped and writable: prepared and committed).
+    fn write_placed(&mut self, name: &str, offset: u64, data: &[u8]) -> Result<(), VolumeError> {
         let map = Arc::clone(&self.existing(name)?.map);
         self.for_each_piece(offset, data.len(), |pool, index, within, range| {
             let Lookup::Mapped { chunk, .. } = map.lookup(index) else {
@@ -1079,11 +1115,21 @@ impl<M: Media> Pool<M> {
 
     /// Reads `buf.len()` bytes at `offset`; unwritten ranges read as zeroes.
     pub fn read(&mut self, name: &str, offset: u64, buf: &mut [u8]) -> Result<(), VolumeError> {
-        let volume = self.existing(name)?;
-        check_range(volume, offset, buf.len() as u64)?;
-        let map = Arc::clone(&volume.map);
         let cipher = self.cipher(name)?;
         check_aligned(cipher.as_deref(), name, offset, buf.len())?;
+        self.read_stored(name, offset, buf)?;
+        if let Some(cipher) = cipher {
+            cipher.decrypt(offset, buf);
+        }
+        Ok(())
+    }
+
+    /// Reads what the volume stores at `offset` (encrypted, if it is): its
+    /// newest copy, in the write tier or on the capacity devices.
+    fn read_stored(&mut self, name: &str, offset: u64, buf: &mut [u8]) -> Result<(), VolumeError> {
+        let volume = self.existing(name)?;
+        check_range(volume, offset, buf.len() as u64)?;
+        let (map, id) = (Arc::clone(&volume.map), volume.id);
         self.for_each_piece(offset, buf.len(), |pool, index, within, range| {
             match map.lookup(index) {
                 Lookup::Unmapped => {
@@ -1100,10 +1146,7 @@ impl<M: Media> Pool<M> {
             context: format!("reading volume {name}"),
             source,
         })?;
-        if let Some(cipher) = cipher {
-            cipher.decrypt(offset, buf);
-        }
-        Ok(())
+        self.overlay_tier(id, offset, buf)
     }
 
     /// Reads `buf.len()` bytes at `offset` of snapshot `volume@snapshot`.
@@ -1174,6 +1217,14 @@ impl<M: Media> Pool<M> {
                     source: error,
                 });
             }
+        }
+        Ok(())
+    }
+
+    /// Syncs every member (the data written to them).
+    fn sync_members(&mut self) -> io::Result<()> {
+        for member in 0..usize::from(self.layout().members) {
+            self.media.sync(member)?;
         }
         Ok(())
     }

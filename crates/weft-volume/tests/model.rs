@@ -71,6 +71,10 @@ enum Op {
     },
     /// The keyring's other KEK becomes current and every key is rewrapped.
     Rotate,
+    /// Destage rounds of the write tier (a pool with one).
+    Destage {
+        rounds: usize,
+    },
 }
 
 const KEK_A: &str = "a7c3e1f09b8d6a4c2e0f1d3b5a79e8c6d4b2a0f1e3d5c7b9a8f6e4d2c0b1a3f5";
@@ -88,7 +92,15 @@ fn keyring(first: bool) -> Arc<Keyring> {
 
 /// Opens `media` and unlocks its encrypted volumes (with either KEK current).
 fn open(media: FaultyMedia) -> Result<Pool<FaultyMedia>, VolumeError> {
-    let mut pool = Pool::open(media)?;
+    open_tiered(media, None)
+}
+
+/// As `open`, with the pool's write tier.
+fn open_tiered(
+    media: FaultyMedia,
+    tier: Option<FaultyMedia>,
+) -> Result<Pool<FaultyMedia>, VolumeError> {
+    let mut pool = Pool::open_with_tier(media, tier)?;
     let locked = pool.unlock(keyring(true));
     assert!(locked.is_empty(), "locked after open: {locked:?}");
     Ok(pool)
@@ -199,6 +211,7 @@ fn run(pool: &mut Pool<FaultyMedia>, op: &Op) -> Result<(), VolumeError> {
             pool.unlock(keyring(!a_is_current));
             pool.rewrap().map(|_| ())
         }
+        Op::Destage { rounds } => pool.destage_tier(*rounds).map(|_| ()),
     }
 }
 
@@ -254,7 +267,7 @@ fn apply(model: &Model, op: &Op) -> Model {
                 },
             );
         }
-        Op::Flatten { .. } | Op::Rotate => {}
+        Op::Flatten { .. } | Op::Rotate | Op::Destage { .. } => {}
     }
     next
 }
@@ -351,22 +364,47 @@ fn create(members: usize, seed: u64, small_slots: bool) -> Pool<FaultyMedia> {
     }
 }
 
+/// A write tier of two rings of 16 blocks: small, so that writes fill it
+/// and wait for destages, and its rings wrap often.
+const TIER_BYTES: usize = 8192 + 2 * 16 * 4096;
+
+/// How a seed's pool is made.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Kind {
+    Plain,
+    /// Checkpoints that outgrow their slots early.
+    SmallSlots,
+    /// A write tier in front of the devices.
+    Tiered,
+}
+
 /// One seed: `ops` operations, with a failure injected after a random number
 /// of writes in every round; after each failure: power cut, reopen, compare.
-/// With `small_slots` the checkpoints outgrow their slots early, so that
-/// extending them (and writing and reading checkpoints over their
-/// extensions) is among what crashes cut short.
-fn exercise(seed: u64, ops: usize, small_slots: bool) {
+/// With `Kind::SmallSlots` the checkpoints outgrow their slots early, so
+/// that extending them (and writing and reading checkpoints over their
+/// extensions) is among what crashes cut short. With `Kind::Tiered` writes
+/// go to a write tier, destages come between the operations, and the
+/// failure is injected in the tier's device or the pool's.
+fn exercise(seed: u64, ops: usize, kind: Kind) {
+    let small_slots = kind == Kind::SmallSlots;
     let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
     let mut pool = create(2, seed, small_slots);
+    if kind == Kind::Tiered {
+        let tier = FaultyMedia::new(1, TIER_BYTES, seed ^ 0x7E);
+        pool.attach_tier(tier, [0x7E; 16], 2).unwrap();
+    }
     pool.unlock(keyring(true));
     let mut model = Model::new();
     let mut crashes = 0;
     let mut most_spilled = 0;
     let arm = |pool: Pool<FaultyMedia>, rng: &mut Rng| {
-        let mut media = pool.into_media();
-        media.fail_after_writes(1 + rng.below(80));
-        open(media).unwrap_or_else(|e| panic!("seed {seed}: reopen of an intact pool: {e}"))
+        let (mut media, mut tier) = pool.into_media_and_tier();
+        match tier.as_mut() {
+            Some(tier) if rng.below(2) == 0 => tier.fail_after_writes(1 + rng.below(40)),
+            _ => media.fail_after_writes(1 + rng.below(80)),
+        }
+        open_tiered(media, tier)
+            .unwrap_or_else(|e| panic!("seed {seed}: reopen of an intact pool: {e}"))
     };
     pool = arm(pool, &mut rng);
     for step in 0..ops {
@@ -375,13 +413,18 @@ fn exercise(seed: u64, ops: usize, small_slots: bool) {
         } else {
             &SNAPSHOTS
         };
-        let op = random_op(&mut rng, &model, snapshots);
+        let op = match kind == Kind::Tiered && rng.below(6) == 0 {
+            true => Op::Destage {
+                rounds: 1 + rng.below(3) as usize,
+            },
+            false => random_op(&mut rng, &model, snapshots),
+        };
         match run(&mut pool, &op) {
             Ok(()) => model = apply(&model, &op),
             Err(VolumeError::Io { .. } | VolumeError::Failed { .. }) => {
                 crashes += 1;
-                let media = pool.into_media().crash();
-                pool = match open(media) {
+                let (media, tier) = pool.into_media_and_tier();
+                pool = match open_tiered(media.crash(), tier.map(FaultyMedia::crash)) {
                     Ok(pool) => pool,
                     Err(error) => panic!("seed {seed} step {step}: reopen after a crash during {op:?} failed: {error}"),
                 };
@@ -404,7 +447,8 @@ fn exercise(seed: u64, ops: usize, small_slots: bool) {
         }
     }
     // A last clean reopen must show exactly the model.
-    let mut pool = open(pool.into_media().crash()).unwrap();
+    let (media, tier) = pool.into_media_and_tier();
+    let mut pool = open_tiered(media.crash(), tier.map(FaultyMedia::crash)).unwrap();
     let seen = observe(&mut pool);
     consistent(&seen, &model, &model).unwrap_or_else(|p| panic!("seed {seed} at the end: {p}"));
     assert!(
@@ -422,7 +466,17 @@ fn exercise(seed: u64, ops: usize, small_slots: bool) {
 #[test]
 fn random_operations_survive_injected_crashes() {
     for seed in 1..=12 {
-        exercise(seed, 1000, false);
+        exercise(seed, 1000, Kind::Plain);
+    }
+}
+
+/// The same on a pool with a write tier: writes are acknowledged from the
+/// tier, destaged between operations, and a failure cuts the tier's
+/// appends and destages as well as the pool's own writes.
+#[test]
+fn random_operations_on_a_pool_with_a_write_tier_survive_injected_crashes() {
+    for seed in 31..=38 {
+        exercise(seed, 1000, Kind::Tiered);
     }
 }
 
@@ -431,7 +485,7 @@ fn random_operations_survive_injected_crashes() {
 #[test]
 fn random_operations_survive_injected_crashes_with_growing_checkpoints() {
     for seed in 21..=26 {
-        exercise(seed, 1000, true);
+        exercise(seed, 1000, Kind::SmallSlots);
     }
 }
 

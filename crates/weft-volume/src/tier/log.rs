@@ -583,6 +583,16 @@ impl TierLog {
         self.rings.len()
     }
 
+    /// Bytes of each ring.
+    pub fn ring_bytes(&self) -> u64 {
+        self.ring_bytes
+    }
+
+    /// Bytes of all its rings.
+    pub fn capacity_bytes(&self) -> u64 {
+        self.ring_bytes * self.rings.len() as u64
+    }
+
     /// Takes a batch's extents in (replayed or appended): its blocks' newest
     /// copies. Replay passes over writes at or below the watermark.
     fn index(&mut self, extents: &[(Extent, u64)]) {
