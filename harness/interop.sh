@@ -8,6 +8,7 @@
 #                    as 10.0.2.2:N through qemu's user-mode network
 #   --target nvmet   reference run: the same guest checks against the guest kernel's
 #                    nvmet-tcp target, configured alike (no weft involved)
+#   --steps LIST     only these guest steps, comma-separated (e.g. i-volumes; default all)
 # What it does: builds or reuses the guest image (harness/vm/build-image.sh); writes a fresh
 # .cache/interop/ with weft's data dir and config (subsystem nqn.2026-11.io.weft:default
 # with ns1 = 512 MiB file, ns2 = 64 MiB ram; nqn.2026-11.io.weft:second with ns1 = 32 MiB
@@ -26,7 +27,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
 
-WEFT=target/release/weft PORT=14430 TARGET=weft API_PORT=14440
+WEFT=target/release/weft PORT=14430 TARGET=weft API_PORT=14440 STEPS=
 TIMEOUT_S=1500
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 2; }
 while [ $# -gt 0 ]; do
@@ -34,6 +35,7 @@ while [ $# -gt 0 ]; do
         --weft) WEFT=$2; shift 2 ;;
         --port) PORT=$2; shift 2 ;;
         --target) TARGET=$2; shift 2 ;;
+        --steps) STEPS=$2; shift 2 ;;
         -h|--help) usage ;;
         *) echo "interop: unknown argument $1" >&2; usage ;;
     esac
@@ -53,7 +55,7 @@ rm -rf "$WORK"
 mkdir -p "$WORK/data" "$SHARE/ctl"
 : > "$SHARE/weft.log"
 VM_ARGS=(-s "$SHARE" -c 2 -t "$TIMEOUT_S" -e "WEFT_PORT=$PORT" -e "WEFT_TARGET=$TARGET"
-         -e "WEFT_API_PORT=$API_PORT" -e "WEFT_POOL_DIR=$WORK")
+         -e "WEFT_API_PORT=$API_PORT" -e "WEFT_POOL_DIR=$WORK" -e "INTEROP_STEPS=$STEPS")
 if [ "$TARGET" = weft ]; then
     [ -x "$WEFT" ] || die "no weft binary at $WEFT (cargo build --release, or --weft PATH)"
     WEFT=$(realpath "$WEFT")

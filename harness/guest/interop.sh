@@ -46,6 +46,7 @@ TMP=/tmp/interop
 MNT=/mnt/interop
 MNT2=/mnt/interop-clone
 VOLA=nqn.2026-11.io.weft:vol:vol-a VOLB=nqn.2026-11.io.weft:vol:vol-b VOLC=nqn.2026-11.io.weft:vol:vol-a-copy
+VOLT=nqn.2026-11.io.weft:vol:vol-t
 case "$TARGET" in
     weft)  ADDR=${LAB_HOST_IP:?weft runs on the host: needs vm-run.sh -n slirp}; MODEL=weft ;;
     nvmet) ADDR=127.0.0.1; MODEL=Linux ;;
@@ -67,6 +68,8 @@ check() { # WHAT CMD [ARGS...]: run CMD; "ok: WHAT" or "FAIL step: WHAT"; return
     if "$@"; then echo "  ok: $what"; else fail "$what"; return 1; fi
 }
 run_step() { # NAME FUNCTION: run one step from a clean host state and record its result
+    # INTEROP_STEPS (harness/interop.sh --steps): only the steps it names.
+    [ -z "${INTEROP_STEPS:-}" ] || [[ ",$INTEROP_STEPS," == *",$1,"* ]] || return 0
     STEP=$1 STEP_FAILS=0 STEP_T0=$SECONDS
     echo; echo "=== $STEP"
     reset_host
@@ -584,7 +587,7 @@ not_discovered() { # HOSTNQN NQN...: the discovery log of HOSTNQN lists none of 
 }
 fio_across_kill9() { # DEV CTRL: fio writes 96 MiB at 16 MiB/s with crc32c; weft is killed
     # (SIGKILL) and restarted 2 s in; the host must reconnect and fio's verify pass
-    local dev=$1 ctrl=$2 json=$OUT/fio-kill9.json pid t0
+    local dev=$1 ctrl=$2 json=$OUT/fio-kill9-${1#/dev/}.json pid t0
     # SIGPIPE ignored: Linux 6.1's nvme-tcp sends a request from the submitting task when
     # its queue is idle (nvme_tcp_queue_request), without MSG_NOSIGNAL, so the target's
     # connection reset at the kill can raise SIGPIPE in fio itself (seen here: fio died
@@ -683,6 +686,21 @@ step_volumes() {
     fio_across_kill9 "$devb" "$(ctrl_of "$VOLB")"
     weft_cli volume list | sed 's/^/  /'
     check "disconnect vol-a and vol-b" eval 'disconnect "$VOLA" && disconnect "$VOLB"'
+    tiered_volume
+}
+tiered_volume() { # a pool with a write tier: fio verify through it, and across a kill -9
+    local devt
+    check "pool create tiered over a 1 GiB file, with a 16 MiB write tier" \
+        weft_cli pool create tiered --device "$WEFT_POOL_DIR/tiered0.img" --device-size 1GiB \
+        --write-tier "$WEFT_POOL_DIR/tier0.img" --write-tier-size 16MiB || return
+    check "volume create vol-t 256MiB, attach" eval 'weft_cli volume create vol-t --pool tiered --size 256MiB &&
+        weft_cli volume attach vol-t --host guest' || return
+    check "connect vol-t" connect "$VOLT" --reconnect-delay 1 || return
+    devt=$(ns_dev "$VOLT" 1)
+    check "fio crc32c verify vol-t bs 4k 24 MiB (more than its tier holds: writes wait for destages)" fio_verify "$devt" 4k 24
+    fio_across_kill9 "$devt" "$(ctrl_of "$VOLT")"
+    weft_cli pool show tiered | sed 's/^/  /'
+    check "disconnect vol-t" disconnect "$VOLT"
 }
 
 step_csi() { # csi-sanity against `weft csi --mode all` in this guest, over the host's API

@@ -45,7 +45,7 @@ use weft_node::manager::{
     AdminError, AdminOp, HostSecrets, ManagerHandle, QosChanges, ReplicaPlacement, SecretChanges,
     VolumeIdentity, DEFAULT_CHUNK_BYTES,
 };
-use weft_node::StatusReader;
+use weft_node::{StatusReader, TierDevice};
 use weft_volume::{VolumeError, VolumeSpec};
 
 /// Default API address.
@@ -71,6 +71,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "pools/{pool}/devices"),
     ("POST", "pools/{pool}/clear-failure"),
     ("POST", "pools/{pool}/rewrap"),
+    ("PUT", "pools/{pool}/write-tier"),
     ("POST", "subsystems/{nqn}/namespaces/{nsid}/clear-failure"),
     ("GET", "volumes"),
     ("POST", "volumes"),
@@ -743,6 +744,17 @@ struct CreatePool {
     /// Encrypt every volume created in it.
     #[serde(default)]
     encrypt: bool,
+    /// A write tier's device.
+    write_tier: Option<PathBuf>,
+    /// Creates a missing write tier file sparse with this size.
+    write_tier_size_bytes: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SetWriteTier {
+    device: PathBuf,
+    size_bytes: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -859,6 +871,20 @@ fn operation(
                 device_bytes: p.device_size_bytes,
                 force: p.force,
                 encrypt: p.encrypt,
+                write_tier: p.write_tier.map(|path| TierDevice {
+                    path,
+                    size_bytes: p.write_tier_size_bytes,
+                }),
+            }
+        }
+        ("PUT", "pools/{pool}/write-tier") => {
+            let tier: SetWriteTier = parse(body)?;
+            AdminOp::SetWriteTier {
+                pool: param(0),
+                tier: TierDevice {
+                    path: tier.device,
+                    size_bytes: tier.size_bytes,
+                },
             }
         }
         ("DELETE", "pools/{pool}") => AdminOp::DeletePool(param(0)),

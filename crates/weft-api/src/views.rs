@@ -41,6 +41,20 @@ pub struct PoolView {
     /// Every volume created in it is encrypted at rest.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub encrypt: bool,
+    /// Its write tier, if it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write_tier: Option<WriteTierView>,
+}
+
+/// A pool's write tier.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct WriteTierView {
+    /// Its device.
+    pub device: PathBuf,
+    /// Bytes of its log.
+    pub capacity_bytes: u64,
+    /// Bytes of its log that hold writes not destaged yet.
+    pub used_bytes: u64,
 }
 
 /// A pool with its devices, as `weft pool show` prints it.
@@ -372,6 +386,11 @@ impl From<&PoolStatus> for PoolView {
             failure: pool.failure.clone(),
             node: None,
             encrypt: pool.encrypt,
+            write_tier: pool.write_tier.as_ref().map(|tier| WriteTierView {
+                device: tier.device.clone(),
+                capacity_bytes: tier.info.capacity_bytes,
+                used_bytes: tier.info.used_bytes,
+            }),
         }
     }
 }
@@ -513,9 +532,19 @@ mod tests {
             })),
             failure: Some("fdatasync failed".into()),
             encrypt: false,
+            write_tier: Some(weft_node::WriteTierStatus {
+                device: "/t".into(),
+                info: weft_volume::TierInfo {
+                    capacity_bytes: 1 << 20,
+                    used_bytes: 8192,
+                    blocks: 1,
+                },
+            }),
         };
         let json = serde_json::to_value(PoolDetail::from(&status)).unwrap();
         assert_eq!(json["name"], "fast");
+        assert_eq!(json["write_tier"]["device"], "/t");
+        assert_eq!(json["write_tier"]["used_bytes"], 8192);
         assert_eq!(json["free_bytes"], 3 << 20);
         assert_eq!(json["overcommit"], 2.0);
         assert_eq!(json["state"], "failed");

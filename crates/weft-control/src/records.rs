@@ -35,6 +35,10 @@ pub struct PoolRecord {
     /// Every volume created in it is encrypted at rest.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub encrypt: bool,
+    /// The device of its write tier (recorded before the pool's
+    /// superblocks name it: at the next open it is the tier if they do).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write_tier: Option<PathBuf>,
 }
 
 /// A host that may be given volumes.
@@ -832,6 +836,7 @@ mod tests {
             devices: vec!["/dev/nvme0n1".into()],
             adding: Vec::new(),
             encrypt: false,
+            write_tier: None,
         };
         state.change_pool("fast", |_| Some(pool.clone())).unwrap();
         let host = HostRecord {

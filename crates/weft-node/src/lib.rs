@@ -55,5 +55,7 @@ mod reservations;
 pub mod status;
 
 pub use identity::NodeId;
-pub use manager::{AdminError, AdminOp, Manager, ManagerHandle};
-pub use status::{Authentication, HostStatus, PoolStatus, StatusReader, VolumeStatus};
+pub use manager::{AdminError, AdminOp, Manager, ManagerHandle, TierDevice};
+pub use status::{
+    Authentication, HostStatus, PoolStatus, StatusReader, VolumeStatus, WriteTierStatus,
+};

@@ -38,6 +38,8 @@ pub(crate) mod replicas;
 mod sealed;
 mod shard_clones;
 mod shutdown;
+mod tier;
+pub use tier::TierDevice;
 pub(crate) mod snapshots;
 
 pub use crate::replication::replica_nqn;
@@ -107,6 +109,15 @@ pub enum AdminOp {
         force: bool,
         /// Encrypt every volume created in it (needs the node's keys).
         encrypt: bool,
+        /// A write tier in front of its devices.
+        write_tier: Option<TierDevice>,
+    },
+    /// Give a pool a write tier, online.
+    SetWriteTier {
+        /// Pool name.
+        pool: String,
+        /// The tier's device.
+        tier: TierDevice,
     },
     /// Delete a pool that holds no volume (its devices' superblocks are erased).
     DeletePool(String),
@@ -364,6 +375,26 @@ struct Admin {
     reply: Sender<Result<(), AdminError>>,
 }
 
+/// Data-plane work waiting for the manager.
+#[derive(Debug)]
+enum SlowIo {
+    /// Slow-path work of a volume the reactors serve.
+    Volume(VolumeRequest),
+    /// An I/O of a volume in a pool with a write tier (all of them come here).
+    Tiered(tier::TieredIo),
+}
+
+impl SlowIo {
+    /// Answers it with `error`, undone.
+    fn refuse(self, error: IoError) {
+        let reply = match self {
+            SlowIo::Volume(request) => request.reply,
+            SlowIo::Tiered(tiered) => tiered.io.reply,
+        };
+        reply.send(VolumeOutcome::Done(Err(error)));
+    }
+}
+
 /// A handle to the manager thread: the data plane's slow path and the API's
 /// admin calls, each with a bounded queue of its own (`limits.manager_queue`
 /// I/O requests, [`ADMIN_QUEUE_MAX`] admin operations). A reactor never
@@ -371,7 +402,7 @@ struct Admin {
 /// nor does an admin call (it is refused as busy).
 #[derive(Debug, Clone)]
 pub struct ManagerHandle {
-    inbox: Arc<Inbox<VolumeRequest, Admin>>,
+    inbox: Arc<Inbox<SlowIo, Admin>>,
     io_queue: u32,
     /// I/O refused since its queue was last full (logged once per episode).
     io_full: Arc<LimitReached>,
@@ -421,7 +452,15 @@ impl crate::replication::NodeServices for ManagerHandle {
 
 impl VolumeManager for ManagerHandle {
     fn submit(&self, request: VolumeRequest) {
-        let (request, error) = match self.inbox.push_io(request) {
+        self.push_io(SlowIo::Volume(request));
+    }
+}
+
+impl ManagerHandle {
+    /// Queues data-plane work; answers it at once when the queue is full
+    /// (Namespace Not Ready: hosts retry) or the manager stopped.
+    fn push_io(&self, io: SlowIo) {
+        let (io, error) = match self.inbox.push_io(io) {
             Ok(()) => {
                 if let Some(refused) = self.io_full.admit() {
                     log::info!("the volume manager's I/O queue has room again ({refused} requests refused)");
@@ -439,7 +478,7 @@ impl VolumeManager for ManagerHandle {
             }
             Err(Refused::Stopped(request)) => (request, IoError::Other),
         };
-        request.reply.send(VolumeOutcome::Done(Err(error)));
+        io.refuse(error);
     }
 }
 
@@ -559,6 +598,11 @@ pub struct Manager {
     /// Snapshots taken for a primary, by (volume, name), with when: kept
     /// while this node's copy of the store has not seen them announced.
     fresh_snapshots: BTreeMap<(String, String), std::time::Instant>,
+    /// The data plane's paths to the volumes of pools with a write tier,
+    /// by pool and volume.
+    tier_paths: BTreeMap<(String, String), Arc<weft_target::replicated::Replicated>>,
+    /// Some pool's write tier holds writes to destage.
+    tiers_waiting: bool,
     /// Slow-path answers to send once the data plane has new exports (a
     /// replica's copy grown).
     after_exports: Vec<(weft_target::VolumeReply, Result<(), IoError>)>,
@@ -583,8 +627,9 @@ impl Manager {
             let mut paths = record.devices.clone();
             paths.extend(record.adding.iter().filter(|p| p.exists()).cloned());
             let media = FileMedia::open(&paths, None).map_err(|e| format!("pool {name}: {e}"))?;
-            let pool = Pool::open(media).map_err(|e| format!("pool {name}: {e}"))?;
+            let pool = tier::open_pool(&name, media, record.write_tier.as_deref())?;
             reconcile_members(&desired, &name, &pool).map_err(|e| e.to_string())?;
+            tier::reconcile_tier(&desired, &name, &pool).map_err(|e| e.to_string())?;
             log::info!(
                 "pool {name}: {} volumes, {} of {} allocated",
                 pool.info().volumes,
@@ -638,6 +683,8 @@ impl Manager {
             after_exports: Vec::new(),
             fresh_snapshots: BTreeMap::new(),
             rebuild_bytes_per_s: u64::MAX,
+            tier_paths: BTreeMap::new(),
+            tiers_waiting: true,
             shut_down: false,
             #[cfg(test)]
             io_served: Arc::default(),
@@ -750,6 +797,10 @@ impl Manager {
                     &member_paths,
                     volume.size_bytes,
                 );
+                let replicated = match (&record.replication, pool.tier_info()) {
+                    (None, Some(_)) => Some(self.tier_path(pool_name, &volume.name)),
+                    _ => replicated,
+                };
                 if let Some(path) = &replicated {
                     let subsystem = config.subsystems.last_mut().expect("pushed");
                     if record.replication.as_ref().map(|r| &r.primary) == self.cluster_node.as_ref()
@@ -808,6 +859,7 @@ impl Manager {
         }
         self.pools = pools;
         self.reservations.retain(&volume_names);
+        self.forget_tier_paths();
         for referral in crate::exports::ports(&self.cluster_referrals) {
             if !config
                 .referrals
@@ -841,6 +893,11 @@ impl Manager {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };
+            // Writes waiting in a tier: destaged as soon as nothing else is.
+            let due = match self.tiers_waiting {
+                true => Some(std::time::Instant::now()),
+                false => due,
+            };
             match inbox.next(BATCH_MAX, due) {
                 Next::Io(batch) => {
                     self.serve_io(batch);
@@ -868,6 +925,7 @@ impl Manager {
                 Next::Idle => {
                     self.publish_member_usage();
                     self.persist_cleared_intents();
+                    self.tiers_waiting = self.destage_tiers();
                 }
             }
         }
@@ -876,12 +934,20 @@ impl Manager {
     /// Serves a batch of slow-path requests: one commit per pool for the
     /// writes among them, then the new figures are published, then the
     /// writes are let retry.
-    fn serve_io(&mut self, batch: Vec<VolumeRequest>) {
+    fn serve_io(&mut self, batch: Vec<SlowIo>) {
         let mut prepared = Vec::new();
         let mut touched = Touched::default();
-        for request in batch {
-            touched.note(&request);
-            prepared.extend(self.handle_io(request));
+        for io in batch {
+            match io {
+                SlowIo::Volume(request) => {
+                    touched.note(&request);
+                    prepared.extend(self.handle_io(request));
+                }
+                SlowIo::Tiered(tiered) => {
+                    touched.note_tiered(&tiered);
+                    self.serve_tiered(tiered);
+                }
+            }
         }
         let committed = self.commit_prepared(&prepared);
         self.publish_touched(&touched);
@@ -1100,7 +1166,15 @@ impl Manager {
                 device_bytes,
                 force,
                 encrypt,
-            } => self.create_pool(name, devices, chunk_bytes, device_bytes, (force, encrypt))?,
+                write_tier,
+            } => self.create_pool(
+                name,
+                devices,
+                chunk_bytes,
+                device_bytes,
+                (force, encrypt, write_tier),
+            )?,
+            AdminOp::SetWriteTier { pool, tier } => self.set_write_tier(&pool, tier, plane)?,
             AdminOp::AddDevices {
                 pool,
                 devices,
@@ -1127,6 +1201,9 @@ impl Manager {
                 };
                 let mut chosen = self.check_identity_free(&spec.name, &identity)?;
                 chosen.replication = self.new_replication(&spec, &pool, &replicas, erasure)?;
+                if chosen.replication.is_some() {
+                    self.refuse_copy_in_tiered(&pool, &spec.name)?;
+                }
                 // An erasure-coded volume's copy here is this node's shard.
                 let local = local_spec(&spec, chosen.replication.as_ref());
                 self.claimed(&spec.name, &pool, chosen, |manager| {
@@ -1260,7 +1337,7 @@ impl Manager {
         devices: Vec<PathBuf>,
         chunk_bytes: u32,
         device_bytes: Option<u64>,
-        (force, encrypt): (bool, bool),
+        (force, encrypt, write_tier): (bool, bool, Option<TierDevice>),
     ) -> Result<(), AdminError> {
         weft_volume::check_name("pool", &name)?;
         if self.pools.contains_key(&name) {
@@ -1272,6 +1349,9 @@ impl Manager {
             )));
         }
         check_devices_free(&devices, &self.desired.pools()?)?;
+        if let Some(tier) = &write_tier {
+            tier::check_tier_free(tier, &devices, &self.desired.pools()?)?;
+        }
         let mut media = FileMedia::open(&devices, device_bytes).map_err(|e| {
             VolumeError::invalid(
                 "devices",
@@ -1300,11 +1380,17 @@ impl Manager {
             uuid,
         };
         let mut pool = Pool::create(media, options)?;
+        if let Some(tier) = &write_tier {
+            // Before the record: a crash between leaves devices that hold
+            // a pool with no record, as a creation cut short always did.
+            self.attach_tier(&mut pool, tier)?;
+        }
         self.hand_keys(&mut pool);
         let record = PoolRecord {
             devices,
             adding: Vec::new(),
             encrypt,
+            write_tier: write_tier.map(|tier| tier.path),
         };
         self.store_write(|d| d.change_pool(&name, |_| Some(record.clone())))?;
         self.health.insert(name.clone(), Arc::default());
@@ -1783,13 +1869,13 @@ impl Manager {
 /// Stops the inbox when the manager thread ends (it only ends by a panic):
 /// the I/O waiting is answered with an error and the admin callers hear that
 /// the manager stopped, instead of waiting forever; later calls are refused.
-struct StopOnExit<'a>(&'a Inbox<VolumeRequest, Admin>);
+struct StopOnExit<'a>(&'a Inbox<SlowIo, Admin>);
 
 impl Drop for StopOnExit<'_> {
     fn drop(&mut self) {
         let (io, _admin) = self.0.stop();
-        for request in io {
-            request.reply.send(VolumeOutcome::Done(Err(IoError::Other)));
+        for waiting in io {
+            waiting.refuse(IoError::Other);
         }
     }
 }
@@ -2100,6 +2186,7 @@ mod tests {
             devices,
             adding: Vec::new(),
             encrypt: false,
+            write_tier: None,
         };
         desired.change_pool("p", |_| Some(record.clone())).unwrap();
         let host = HostRecord {
@@ -2397,7 +2484,7 @@ mod tests {
             handle.reconcile();
         }
         let inbox = &manager.handle.inbox;
-        let queued = |inbox: &Inbox<VolumeRequest, Admin>| {
+        let queued = |inbox: &Inbox<SlowIo, Admin>| {
             let mut ops = Vec::new();
             while let Next::Admin(Admin { op, .. }) = inbox.next(1, Some(std::time::Instant::now()))
             {

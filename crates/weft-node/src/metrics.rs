@@ -362,6 +362,27 @@ pub fn prometheus(stats: &Stats, pools: &[PoolStatus]) -> String {
             out.sample(name, &format!("pool=\"{}\"", pool.info.name), value(pool));
         }
     }
+    type TierValue = fn(&crate::status::WriteTierStatus) -> u64;
+    let per_tier: [(&str, &str, TierValue); 2] = [
+        (
+            "weft_pool_write_tier_capacity_bytes",
+            "Bytes of the log of the pool's write tier (pools with one).",
+            |t| t.info.capacity_bytes,
+        ),
+        (
+            "weft_pool_write_tier_used_bytes",
+            "Bytes of the pool's write tier that hold writes not destaged to its devices yet.",
+            |t| t.info.used_bytes,
+        ),
+    ];
+    for (name, help, value) in per_tier {
+        out.family(name, "gauge", help);
+        for pool in pools {
+            if let Some(tier) = &pool.write_tier {
+                out.sample(name, &format!("pool=\"{}\"", pool.info.name), value(tier));
+            }
+        }
+    }
     out.0
 }
 

@@ -44,6 +44,17 @@ pub struct PoolStatus {
     pub failure: Option<String>,
     /// Every volume created in it is encrypted (its record says).
     pub encrypt: bool,
+    /// Its write tier, if it has one.
+    pub write_tier: Option<WriteTierStatus>,
+}
+
+/// A pool's write tier: its device and how full it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WriteTierStatus {
+    /// Its device (as the pool's record names it).
+    pub device: PathBuf,
+    /// Its size and use.
+    pub info: weft_volume::TierInfo,
 }
 
 /// A volume: its pool, shape and usage, who may use it and who does.
@@ -135,6 +146,8 @@ pub(crate) struct PoolSnapshot {
     pub(crate) members: Arc<[MemberUsage]>,
     /// The failure the pool itself noticed (a metadata write or sync).
     pub(crate) failure: Option<String>,
+    /// Its write tier, if it has one.
+    pub(crate) write_tier: Option<WriteTierStatus>,
     /// Its failure flag, shared with the data plane (read live).
     pub(crate) health: Arc<Health>,
     /// Its volumes, by name.
@@ -168,6 +181,7 @@ impl PoolSnapshot {
             members: Arc::clone(&self.members),
             failure: self.failure(),
             encrypt: self.encrypt,
+            write_tier: self.write_tier.clone(),
         }
     }
 }

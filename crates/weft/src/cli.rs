@@ -148,7 +148,16 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
     let mut notice = None;
     let (method, path, body, show) = match (noun, verb.as_str()) {
         ("pool", "create") => {
-            known(&["device", "allocation-unit", "device-size", "force", "node", "encrypt"])?;
+            known(&[
+                "device",
+                "allocation-unit",
+                "device-size",
+                "force",
+                "node",
+                "encrypt",
+                "write-tier",
+                "write-tier-size",
+            ])?;
             let devices = values("device");
             if devices.is_empty() {
                 return Err("weft pool create NAME --device PATH [--device PATH]...: give at least one device".into());
@@ -163,8 +172,19 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
                 "encrypt": flag("encrypt"),
                 "force": flag("force"),
                 "node": option("node"),
+                "write_tier": option("write-tier"),
+                "write_tier_size_bytes": size("write-tier-size")?,
             });
             ("POST", "pools".to_string(), Some(body), Show::Done("created"))
+        }
+        ("pool", "set") => {
+            known(&["write-tier", "write-tier-size", "node"])?;
+            let Some(device) = option("write-tier") else {
+                return Err("weft pool set POOL --write-tier PATH [--write-tier-size SIZE]: give the tier's device".into());
+            };
+            let body = json!({"device": device, "size_bytes": size("write-tier-size")?});
+            let path = format!("pools/{}/write-tier{on_node}", operand(1, "pool name")?);
+            ("PUT", path, Some(body), Show::Done("set: the pool's writes go through its write tier from now on"))
         }
         ("pool", "list") => {
             known(&[])?;
@@ -748,6 +768,14 @@ fn print_pool(detail: &PoolDetail) {
     print_pools(std::slice::from_ref(&detail.pool));
     if detail.pool.encrypt {
         outln!("new volumes are encrypted at rest (AES-256-XTS, a data key each)");
+    }
+    if let Some(tier) = &detail.pool.write_tier {
+        outln!(
+            "write tier {}: {} of {} hold writes not destaged yet",
+            tier.device.display(),
+            human_bytes(tier.used_bytes),
+            human_bytes(tier.capacity_bytes)
+        );
     }
     outln!();
     outln!(

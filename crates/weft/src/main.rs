@@ -46,6 +46,9 @@ Usage:
 
   weft pool create NAME --device PATH [--device PATH]... [--device-size SIZE]
                         [--allocation-unit SIZE] [--force] [--node NODE]
+                        [--write-tier PATH [--write-tier-size SIZE]]   a fast device in front:
+                        writes durable and acknowledged there, destaged to the devices later
+  weft pool set NAME --write-tier PATH [--write-tier-size SIZE]   (online; volumes of one copy)
   weft pool list | show NAME | delete NAME | clear-failure NAME   [--node NODE]
   weft pool rewrap NAME [--node NODE]   read the node's keys again (unlocking what they open) and
                         wrap every data key with the first (key rotation: no data rewritten)

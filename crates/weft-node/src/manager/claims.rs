@@ -384,6 +384,7 @@ pub(super) mod tests {
             devices,
             adding: Vec::new(),
             encrypt: false,
+            write_tier: None,
         };
         desired.change_pool("p", |_| Some(record.clone())).unwrap();
         let mut manager = idle_manager(desired);

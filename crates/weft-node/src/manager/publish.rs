@@ -3,8 +3,9 @@
 //! changed after the batch, and the member usage it held back once it is due.
 
 use super::Manager;
-use crate::status::{NodeSnapshot, PoolSnapshot, VolumeSnapshot};
+use crate::status::{NodeSnapshot, PoolSnapshot, VolumeSnapshot, WriteTierStatus};
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use weft_target::{VolumeRequest, VolumeWork};
@@ -24,6 +25,29 @@ pub(super) struct Touched {
 }
 
 impl Touched {
+    /// Notes what an I/O of a pool with a write tier may change (a write
+    /// may allocate and fills the tier, a flush commits, a read nothing).
+    pub(super) fn note_tiered(&mut self, tiered: &super::tier::TieredIo) {
+        use weft_target::replicated::ReplicatedWork;
+        match tiered.io.work {
+            ReplicatedWork::Read { .. } => {}
+            ReplicatedWork::Flush => {
+                self.pools.entry(tiered.pool.clone()).or_default();
+            }
+            ReplicatedWork::Write { .. } | ReplicatedWork::Zeroes { .. } => {
+                self.pools
+                    .entry(tiered.pool.clone())
+                    .or_default()
+                    .insert(tiered.volume.clone());
+            }
+        }
+    }
+
+    /// Notes pool `name` (its figures, its tier's use).
+    pub(super) fn note_pool(&mut self, name: &str) {
+        self.pools.entry(name.to_string()).or_default();
+    }
+
     /// Notes what `request` may change.
     pub(super) fn note(&mut self, request: &VolumeRequest) {
         match request.work {
@@ -157,7 +181,9 @@ impl Manager {
                 })
                 .collect();
             let info = pool.info();
+            let tier_device = records.get(name).and_then(|r| r.write_tier.clone());
             let snapshot = PoolSnapshot {
+                write_tier: tier_status(tier_device, pool),
                 devices: records.get(name).map(|record| record.devices.clone()),
                 encrypt: records.get(name).is_some_and(|record| record.encrypt),
                 members: self.member_usage.get(name, pool, &info, true),
@@ -186,7 +212,12 @@ impl Manager {
                 continue;
             };
             let failure = pool.failure().map(str::to_string);
-            if volumes.is_empty() && failure == previous.failure {
+            let device = previous.write_tier.as_ref().map(|t| t.device.clone());
+            let write_tier = tier_status(device, pool);
+            if volumes.is_empty()
+                && failure == previous.failure
+                && write_tier == previous.write_tier
+            {
                 continue;
             }
             let mut snapshot = PoolSnapshot::clone(previous);
@@ -212,6 +243,7 @@ impl Manager {
             snapshot.members = self.member_usage.get(name, pool, &snapshot.info, false);
             failed |= failure != previous.failure;
             snapshot.failure = failure;
+            snapshot.write_tier = write_tier;
             pools.insert(name.clone(), Arc::new(snapshot));
             changed = true;
         }
@@ -246,6 +278,14 @@ impl Manager {
         }
         self.published.refresh_figures(NodeSnapshot { pools });
     }
+}
+
+/// A pool's write tier as the status shows it (`device` as its record names it).
+fn tier_status(device: Option<PathBuf>, pool: &Pool<FileMedia>) -> Option<WriteTierStatus> {
+    Some(WriteTierStatus {
+        device: device?,
+        info: pool.tier_info()?,
+    })
 }
 
 #[cfg(test)]

@@ -141,6 +141,10 @@ impl Manager {
             // is as empty as the others; any other may lack writes. (An
             // erasure-coded member has no intent: its primary rebuilds
             // a member that was not in sync.)
+            if let Err(error) = self.refuse_copy_in_tiered(&member.pool, &name) {
+                log::warn!("volume {name}: cannot create its copy here: {error}");
+                continue;
+            }
             let fresh = replication.epoch == 1 && member.state == ReplicaState::InSync;
             // The intent first: a copy never exists without it.
             let intent = match (&self.cluster_dir, fresh || shard.is_some()) {

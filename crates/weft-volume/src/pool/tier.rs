@@ -62,6 +62,10 @@ impl<M: Media> Pool<M> {
     /// it as tier `id` of `rings` rings, then names it in the pool's
     /// superblocks (a new generation). Crash-safe: the pool has the tier
     /// once the first member's superblock says so, and not before.
+    ///
+    /// Every volume gets a new map (the old one is retired): a reactor that
+    /// still writes the devices directly must ask the manager instead. The
+    /// caller publishes new exports right after.
     pub fn attach_tier(
         &mut self,
         mut media: M,
@@ -93,6 +97,7 @@ impl<M: Media> Pool<M> {
             return Err(self.failed_error());
         }
         self.superblock = named;
+        self.state.renew_maps();
         log::info!("pool {}: a write tier of {rings} ring(s)", self.name());
         Ok(())
     }

@@ -1,0 +1,359 @@
+//! Pools with a write tier, on the node: attaching a tier (at creation or
+//! online), opening a pool with its tier, and serving the I/O of its
+//! volumes. While a pool has a tier, the data plane hands every I/O of its
+//! volumes to the manager (`TierSink`, through the path a replicated
+//! volume's I/O takes to its replicator), which writes through the tier and
+//! reads the newest copies (`weft_volume`'s pool tier); destage rounds run
+//! when the manager is idle, and at once when a write finds the tier full.
+//!
+//! What this does not do (yet): append from the reactors (each write waits
+//! for the manager thread and one sync of the tier), remove a tier, or
+//! hold copies of replicated and erasure-coded volumes (their writes reach
+//! the pool's devices without the manager: refused on such pools).
+
+use super::{AdminError, Manager, SlowIo};
+use crate::identity::hex;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use weft_control::{DesiredState, PoolRecord, StoreError};
+use weft_target::replicated::{Replicated, ReplicatedIo, ReplicatedSink, ReplicatedWork, Serving};
+use weft_target::{DataPlane, VolumeOutcome};
+use weft_volume::{FileMedia, Pool, VolumeError};
+
+/// Rings of a tier: the manager's writes take one (the reactors will take
+/// one each).
+const TIER_RINGS: usize = 1;
+/// Destage rounds the manager runs each time it is idle.
+const IDLE_ROUNDS: usize = 4;
+
+/// A write tier's device, as `weft pool create --write-tier` names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TierDevice {
+    /// A file or block device.
+    pub path: PathBuf,
+    /// Creates a missing regular file sparse with this size.
+    pub size_bytes: Option<u64>,
+}
+
+/// An I/O of a volume in a pool with a write tier, for the manager.
+#[derive(Debug)]
+pub(super) struct TieredIo {
+    pub(super) pool: String,
+    pub(super) volume: String,
+    pub(super) io: ReplicatedIo,
+}
+
+/// The data plane's path to the manager for a tiered pool's volume.
+struct TierSink {
+    handle: super::ManagerHandle,
+    pool: String,
+    volume: String,
+}
+
+impl ReplicatedSink for TierSink {
+    fn submit(&self, io: ReplicatedIo) {
+        self.handle.push_io(SlowIo::Tiered(TieredIo {
+            pool: self.pool.clone(),
+            volume: self.volume.clone(),
+            io,
+        }));
+    }
+}
+
+/// Refuses a tier device that is one of `devices` or already belongs to a pool.
+pub(super) fn check_tier_free(
+    tier: &TierDevice,
+    devices: &[PathBuf],
+    pools: &BTreeMap<String, PoolRecord>,
+) -> Result<(), AdminError> {
+    let taken = |why: String| {
+        Err(VolumeError::invalid(format!("write tier device {}", tier.path.display()), why).into())
+    };
+    if devices.contains(&tier.path) {
+        return taken(
+            "it is also one of the pool's devices; give the tier a device of its own".into(),
+        );
+    }
+    for (pool, record) in pools {
+        if record.devices.contains(&tier.path) || record.adding.contains(&tier.path) {
+            return taken(format!("it is already a member of pool {pool}"));
+        }
+        if record.write_tier.as_ref() == Some(&tier.path) {
+            return taken(format!("it is already the write tier of pool {pool}"));
+        }
+    }
+    Ok(())
+}
+
+/// Opens pool `name` on `media`, with the tier on `tier` if the record
+/// names one (offered: the pool's superblocks say whether it is its tier).
+pub(super) fn open_pool(
+    name: &str,
+    media: FileMedia,
+    tier: Option<&Path>,
+) -> Result<Pool<FileMedia>, String> {
+    let tier = tier
+        .map(|path| FileMedia::open(&[path.to_path_buf()], None))
+        .transpose()
+        .map_err(|e| format!("pool {name}: its write tier: {e}"))?;
+    Pool::open_with_tier(media, tier).map_err(|e| format!("pool {name}: {e}"))
+}
+
+/// Makes pool `name`'s record name a tier only if the pool has one (an
+/// attach cut short before the superblocks named it is forgotten).
+pub(super) fn reconcile_tier(
+    desired: &DesiredState,
+    name: &str,
+    pool: &Pool<FileMedia>,
+) -> Result<(), StoreError> {
+    let named = desired
+        .pools()?
+        .get(name)
+        .and_then(|r| r.write_tier.clone());
+    if pool.tier_info().is_some() || named.is_none() {
+        return Ok(());
+    }
+    let forgotten = desired.change_pool(name, |record| {
+        let record = record?;
+        let Some(path) = record.write_tier.clone() else {
+            return Some(record);
+        };
+        log::warn!(
+            "pool {name}: {} was being made its write tier but did not become it; set it again (weft pool set {name} --write-tier {})",
+            path.display(),
+            path.display()
+        );
+        Some(PoolRecord {
+            write_tier: None,
+            ..record
+        })
+    });
+    forgotten.map(|_| ())
+}
+
+impl Manager {
+    /// Formats `tier` as `pool`'s write tier and names it in the pool's
+    /// superblocks.
+    pub(super) fn attach_tier(
+        &mut self,
+        pool: &mut Pool<FileMedia>,
+        tier: &TierDevice,
+    ) -> Result<(), AdminError> {
+        let mut media = FileMedia::open(std::slice::from_ref(&tier.path), tier.size_bytes)
+            .map_err(|e| {
+                VolumeError::invalid(
+                    "write tier device",
+                    format!("{e} (a missing file is created when --write-tier-size is given)"),
+                )
+            })?;
+        if let Some(Some(superblock)) = Pool::probe(&mut media).first() {
+            return Err(VolumeError::invalid(
+                format!("write tier device {}", tier.path.display()),
+                format!(
+                    "it holds weft pool {}; delete that pool first",
+                    superblock.pool_name
+                ),
+            )
+            .into());
+        }
+        let id = self
+            .node
+            .derive(&[b"write tier", pool.name().as_bytes(), &super::nonce()]);
+        pool.attach_tier(media, id, TIER_RINGS)?;
+        log::info!(
+            "pool {}: write tier {} ({}), id {}",
+            pool.name(),
+            tier.path.display(),
+            weft_storage::human_bytes(pool.tier_info().map_or(0, |t| t.capacity_bytes)),
+            hex(&id)
+        );
+        Ok(())
+    }
+
+    /// Gives pool `name` a write tier, online: recorded first, then
+    /// attached; its volumes' maps are renewed, so that a reactor that
+    /// still holds the exports of before asks the manager, and every I/O
+    /// takes the tier's path once the new exports are out.
+    pub(super) fn set_write_tier(
+        &mut self,
+        name: &str,
+        tier: TierDevice,
+        plane: &DataPlane,
+    ) -> Result<(), AdminError> {
+        let pools = self.desired.pools()?;
+        let record = pools
+            .get(name)
+            .ok_or_else(|| super::not_found("pool", name))?;
+        if let Some(path) = &record.write_tier {
+            return Err(VolumeError::invalid(
+                format!("write tier for pool {name}"),
+                format!("it has one already ({})", path.display()),
+            )
+            .into());
+        }
+        check_tier_free(&tier, &record.devices, &pools)?;
+        self.refuse_copies_on(name)?;
+        let path = tier.path.clone();
+        self.store_write(|d| {
+            d.change_pool(name, |record| {
+                record.map(|record| PoolRecord {
+                    write_tier: Some(path.clone()),
+                    ..record
+                })
+            })
+        })?;
+        let mut pool = self
+            .pools
+            .remove(name)
+            .ok_or_else(|| super::not_found("pool", name))?;
+        let attached = self.attach_tier(&mut pool, &tier);
+        super::note_pool_failure(&pool, &self.health[name]);
+        let has_tier = pool.tier_info().is_some();
+        self.pools.insert(name.to_string(), pool);
+        if !has_tier {
+            reconcile_tier(&self.desired, name, &self.pools[name])?;
+        }
+        plane.update_exports(self.exports());
+        attached
+    }
+
+    /// Refuses a tier for a pool that holds copies of replicated or
+    /// erasure-coded volumes (their writes do not pass the manager).
+    fn refuse_copies_on(&self, name: &str) -> Result<(), AdminError> {
+        let Some(pool) = self.pools.get(name) else {
+            return Ok(());
+        };
+        let records = self.desired.volumes()?;
+        let copies: Vec<&str> = pool
+            .volumes()
+            .filter(|v| {
+                records
+                    .get(&v.name)
+                    .is_some_and(|r| r.replication.is_some())
+            })
+            .map(|v| v.name.as_str())
+            .collect();
+        if copies.is_empty() {
+            return Ok(());
+        }
+        Err(AdminError::Invalid(format!(
+            "pool {name} holds copies of replicated or erasure-coded volumes ({}): a write tier holds the volumes of one copy only, for now; give the tier to a pool without them",
+            copies.join(", ")
+        )))
+    }
+
+    /// Refuses a copy of a replicated or erasure-coded volume in a pool
+    /// with a write tier.
+    pub(super) fn refuse_copy_in_tiered(&self, pool: &str, volume: &str) -> Result<(), AdminError> {
+        match self.pools.get(pool).and_then(Pool::tier_info) {
+            Some(_) => Err(AdminError::Invalid(format!(
+                "volume {volume}: pool {pool} has a write tier, which holds volumes of one copy only, for now; place replicated and erasure-coded volumes on pools without one"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// The data plane's path for `volume` of `pool`, a pool with a tier
+    /// (every I/O to the manager), made once and kept.
+    pub(super) fn tier_path(&mut self, pool: &str, volume: &str) -> Arc<Replicated> {
+        let handle = self.handle.clone();
+        let path = self
+            .tier_paths
+            .entry((pool.to_string(), volume.to_string()))
+            .or_insert_with(|| {
+                let sink = TierSink {
+                    handle,
+                    pool: pool.to_string(),
+                    volume: volume.to_string(),
+                };
+                let path = Replicated::with_reads(Box::new(sink));
+                path.set_serving(Serving::Yes);
+                Arc::new(path)
+            });
+        Arc::clone(path)
+    }
+
+    /// Drops the paths of volumes deleted, or of pools that no longer have
+    /// a tier.
+    pub(super) fn forget_tier_paths(&mut self) {
+        let pools = &self.pools;
+        self.tier_paths.retain(|(pool, volume), _| {
+            pools
+                .get(pool)
+                .is_some_and(|p| p.tier_info().is_some() && p.volume(volume).is_some())
+        });
+    }
+
+    /// Serves one I/O of a tiered pool's volume.
+    pub(super) fn serve_tiered(&mut self, tiered: TieredIo) {
+        let TieredIo { pool, volume, io } = tiered;
+        let (Some(p), Some(health)) = (self.pools.get_mut(&pool), self.health.get(&pool)) else {
+            io.reply.send(VolumeOutcome::Done(Err(
+                weft_proto::IoError::PathInaccessible,
+            )));
+            return;
+        };
+        if health.is_failed() {
+            io.reply
+                .send(VolumeOutcome::Done(Err(weft_proto::IoError::Failed)));
+            return;
+        }
+        let result = match io.work {
+            ReplicatedWork::Read { offset, len } => {
+                let mut data = vec![0; len as usize];
+                match p.read(&volume, offset, &mut data) {
+                    Ok(()) => return io.reply.send_read(data),
+                    Err(error) => Err(error),
+                }
+            }
+            // Durable in the tier once written: FUA asks nothing more.
+            ReplicatedWork::Write { offset, data, .. } => {
+                self.tiers_waiting = true;
+                p.write(&volume, offset, &data)
+            }
+            ReplicatedWork::Zeroes {
+                offset, len, fua, ..
+            } => p
+                .deallocate(&volume, offset, len)
+                .and_then(|()| if fua { p.flush() } else { Ok(()) }),
+            ReplicatedWork::Flush => p.flush(),
+        };
+        super::note_pool_failure(p, health);
+        let outcome = match result {
+            Ok(()) => VolumeOutcome::Done(Ok(())),
+            Err(error) => {
+                log::warn!("volume {volume}: {error}");
+                VolumeOutcome::Done(Err(super::io_error(&error)))
+            }
+        };
+        io.reply.send(outcome);
+    }
+
+    /// Runs destage rounds on every pool whose tier holds writes (when
+    /// the manager is idle), and publishes their tiers' new figures.
+    /// Whether any tier still holds some.
+    pub(super) fn destage_tiers(&mut self) -> bool {
+        let mut waiting = false;
+        let mut touched = super::publish::Touched::default();
+        for (name, pool) in &mut self.pools {
+            let failed = pool.failure().is_some() || self.health[name].is_failed();
+            if failed || pool.tier_info().is_none_or(|t| t.used_bytes == 0) {
+                continue;
+            }
+            touched.note_pool(name);
+            match pool.destage_tier(IDLE_ROUNDS) {
+                // Asked again at once only while rounds release batches.
+                Ok(released) => {
+                    waiting |= released > 0 && pool.tier_info().is_some_and(|t| t.used_bytes > 0);
+                }
+                Err(error) => {
+                    log::error!("pool {name}: {error}");
+                    super::note_pool_failure(pool, &self.health[name]);
+                }
+            }
+        }
+        self.publish_touched(&touched);
+        waiting
+    }
+}
