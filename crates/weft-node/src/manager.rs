@@ -798,7 +798,7 @@ impl Manager {
                     volume.size_bytes,
                 );
                 let replicated = match (&record.replication, pool.tier_info()) {
-                    (None, Some(_)) => Some(self.tier_path(pool_name, &volume.name)),
+                    (None, Some(_)) => Some(self.tier_path(pool_name, &volume.name, volume.id)),
                     _ => replicated,
                 };
                 if let Some(path) = &replicated {
@@ -1594,6 +1594,7 @@ impl Manager {
         health.clear();
         let pool = &self.pools[name];
         reconcile_members(&self.desired, name, pool)?;
+        tier::reconcile_tier(&self.desired, name, pool)?;
         plane.update_exports(self.exports());
         log::warn!("pool {name}: failure cleared by an operator ({failure}); serving it again from its last committed state");
         Ok(())
@@ -1913,12 +1914,27 @@ fn check_devices_free(
     if devices.is_empty() {
         return Err(VolumeError::invalid("device list", "give at least one --device").into());
     }
+    let devices: Vec<PathBuf> = devices.iter().map(|d| tier::canonical(d)).collect();
     for (pool, record) in pools {
         let taken = record.devices.iter().chain(&record.adding);
-        if let Some(path) = taken.into_iter().find(|d| devices.contains(d)) {
+        if let Some(path) = taken
+            .into_iter()
+            .find(|d| devices.contains(&tier::canonical(d)))
+        {
             return Err(VolumeError::invalid(
                 format!("device {}", path.display()),
                 format!("it is already a member of pool {pool}"),
+            )
+            .into());
+        }
+        if let Some(path) = record
+            .write_tier
+            .as_ref()
+            .filter(|t| devices.contains(&tier::canonical(t)))
+        {
+            return Err(VolumeError::invalid(
+                format!("device {}", path.display()),
+                format!("it is the write tier of pool {pool}"),
             )
             .into());
         }

@@ -147,6 +147,8 @@ pub struct Pool<M: Media> {
     ciphers: BTreeMap<[u8; 16], Arc<VolumeCipher>>,
     /// The write tier, if the pool has one (see `tier`).
     tier: Option<tier::PoolTier<M>>,
+    /// Its device while its log is not open (a reload's open failed).
+    unopened_tier: Option<tier::UnopenedTier<M>>,
 }
 
 impl<M: Media> Pool<M> {
@@ -260,6 +262,7 @@ impl<M: Media> Pool<M> {
             keyring: None,
             ciphers: BTreeMap::new(),
             tier: None,
+            unopened_tier: None,
         })
     }
 
@@ -289,6 +292,7 @@ impl<M: Media> Pool<M> {
             keyring: None,
             ciphers: BTreeMap::new(),
             tier: None,
+            unopened_tier: None,
         };
         pool.repair_superblocks(&loaded.superblock_repairs)?;
         pool.resync_copies(resync)?;
@@ -577,7 +581,13 @@ impl<M: Media> Pool<M> {
         self.repair_superblocks(&loaded.superblock_repairs)?;
         self.resync_copies(resync)?;
         self.scrub_if_owed()?;
-        self.reopen_tier()
+        if let Err(error) = self.reopen_tier() {
+            // Its writes may be in the tier alone: nothing is served
+            // without it (the device is kept for the next try).
+            self.failed = Some(format!("its write tier did not open: {error}"));
+            return Err(error);
+        }
+        Ok(())
     }
 
     /// Pool name.
@@ -643,6 +653,7 @@ impl<M: Media> Pool<M> {
             ));
         }
         let empty = vec![0u8; 2 * SUPERBLOCK_BYTES];
+        self.erase_tier()?;
         for member in 0..self.media.members() {
             self.media
                 .write_at(member, 0, &empty)
@@ -1101,8 +1112,16 @@ impl<M: Media> Pool<M> {
     fn write_placed(&mut self, name: &str, offset: u64, data: &[u8]) -> Result<(), VolumeError> {
         let map = Arc::clone(&self.existing(name)?.map);
         self.for_each_piece(offset, data.len(), |pool, index, within, range| {
-            let Lookup::Mapped { chunk, .. } = map.lookup(index) else {
-                unreachable!("prepared")
+            // Prepared by the caller (a destage: by the write, its chunks
+            // unshared since, as snapshots settle the tier first).
+            let Lookup::Mapped {
+                chunk,
+                writable: true,
+            } = map.lookup(index)
+            else {
+                return Err(io::Error::other(format!(
+                    "allocation unit {index} is not mapped writable"
+                )));
             };
             let (member, base) = pool.layout().locate(chunk);
             pool.media.write_at(member, base + within, &data[range])

@@ -417,7 +417,22 @@ fn exercise(seed: u64, ops: usize, kind: Kind) {
             true => Op::Destage {
                 rounds: 1 + rng.below(3) as usize,
             },
-            false => random_op(&mut rng, &model, snapshots),
+            false => match random_op(&mut rng, &model, snapshots) {
+                // Volumes whose last 4 KiB block is partial, for the tier's
+                // read-modify-write of whole blocks.
+                Op::Create {
+                    name,
+                    size,
+                    thick,
+                    encrypted,
+                } if kind == Kind::Tiered => Op::Create {
+                    name,
+                    size: size + 512 * rng.below(8),
+                    thick,
+                    encrypted,
+                },
+                op => op,
+            },
         };
         match run(&mut pool, &op) {
             Ok(()) => model = apply(&model, &op),

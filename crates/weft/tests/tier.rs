@@ -162,6 +162,41 @@ fn writes_acknowledged_from_a_write_tier_survive_kill_9_and_are_destaged() {
         error.contains("already the write tier of pool p"),
         "{error}"
     );
+    let alias = dir.join("tier-alias.img");
+    std::os::unix::fs::symlink(&tier, &alias).unwrap();
+    let error = refused(
+        &node,
+        &["pool", "set", "p", "--write-tier", alias.to_str().unwrap()],
+    );
+    assert!(error.contains("has one already"), "{error}");
+    let q_device = other.to_str().unwrap();
+    let q = [
+        "pool",
+        "create",
+        "q",
+        "--device",
+        q_device,
+        "--device-size",
+        "64MiB",
+    ];
+    ok(&node, &q);
+    let error = refused(
+        &node,
+        &["pool", "set", "q", "--write-tier", alias.to_str().unwrap()],
+    );
+    assert!(
+        error.contains("already the write tier of pool p"),
+        "{error}"
+    );
+    // Once p is deleted, its tier's device may serve another pool.
+    for volume in ["v", "sec"] {
+        ok(&node, &["volume", "delete", volume]);
+    }
+    ok(&node, &["pool", "delete", "p"]);
+    ok(
+        &node,
+        &["pool", "set", "q", "--write-tier", alias.to_str().unwrap()],
+    );
 }
 
 #[test]

@@ -41,6 +41,9 @@ pub struct TierDevice {
 pub(super) struct TieredIo {
     pub(super) pool: String,
     pub(super) volume: String,
+    /// The volume's identity when the path was made: a volume of the same
+    /// name made since is another volume.
+    id: [u8; 16],
     pub(super) io: ReplicatedIo,
 }
 
@@ -49,6 +52,7 @@ struct TierSink {
     handle: super::ManagerHandle,
     pool: String,
     volume: String,
+    id: [u8; 16],
 }
 
 impl ReplicatedSink for TierSink {
@@ -56,6 +60,7 @@ impl ReplicatedSink for TierSink {
         self.handle.push_io(SlowIo::Tiered(TieredIo {
             pool: self.pool.clone(),
             volume: self.volume.clone(),
+            id: self.id,
             io,
         }));
     }
@@ -70,20 +75,28 @@ pub(super) fn check_tier_free(
     let taken = |why: String| {
         Err(VolumeError::invalid(format!("write tier device {}", tier.path.display()), why).into())
     };
-    if devices.contains(&tier.path) {
+    let path = canonical(&tier.path);
+    let same = |other: &PathBuf| canonical(other) == path;
+    if devices.iter().any(same) {
         return taken(
             "it is also one of the pool's devices; give the tier a device of its own".into(),
         );
     }
     for (pool, record) in pools {
-        if record.devices.contains(&tier.path) || record.adding.contains(&tier.path) {
+        if record.devices.iter().chain(&record.adding).any(same) {
             return taken(format!("it is already a member of pool {pool}"));
         }
-        if record.write_tier.as_ref() == Some(&tier.path) {
+        if record.write_tier.as_ref().is_some_and(same) {
             return taken(format!("it is already the write tier of pool {pool}"));
         }
     }
     Ok(())
+}
+
+/// `path` with its symbolic links resolved, where it exists (two names of
+/// one device compare equal).
+pub(super) fn canonical(path: &Path) -> PathBuf {
+    std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf())
 }
 
 /// Opens pool `name` on `media`, with the tier on `tier` if the record
@@ -154,6 +167,13 @@ impl Manager {
                     "it holds weft pool {}; delete that pool first",
                     superblock.pool_name
                 ),
+            )
+            .into());
+        }
+        if weft_volume::tier::probe(&mut media, 0) {
+            return Err(VolumeError::invalid(
+                format!("write tier device {}", tier.path.display()),
+                "it holds a weft write tier (another pool's, or one a pool deleted without erasing it left); if no pool uses it, wipe its first 8 KiB (dd if=/dev/zero of=DEVICE bs=4k count=2)",
             )
             .into());
         }
@@ -256,7 +276,7 @@ impl Manager {
 
     /// The data plane's path for `volume` of `pool`, a pool with a tier
     /// (every I/O to the manager), made once and kept.
-    pub(super) fn tier_path(&mut self, pool: &str, volume: &str) -> Arc<Replicated> {
+    pub(super) fn tier_path(&mut self, pool: &str, volume: &str, id: [u8; 16]) -> Arc<Replicated> {
         let handle = self.handle.clone();
         let path = self
             .tier_paths
@@ -266,6 +286,7 @@ impl Manager {
                     handle,
                     pool: pool.to_string(),
                     volume: volume.to_string(),
+                    id,
                 };
                 let path = Replicated::with_reads(Box::new(sink));
                 path.set_serving(Serving::Yes);
@@ -287,7 +308,23 @@ impl Manager {
 
     /// Serves one I/O of a tiered pool's volume.
     pub(super) fn serve_tiered(&mut self, tiered: TieredIo) {
-        let TieredIo { pool, volume, io } = tiered;
+        let TieredIo {
+            pool,
+            volume,
+            id,
+            io,
+        } = tiered;
+        let current = self
+            .pools
+            .get(&pool)
+            .and_then(|p| p.volume(&volume))
+            .map(|v| v.id);
+        if current != Some(id) {
+            // Sent through exports of before (the volume deleted, or made
+            // again): the reactor asks its current exports.
+            io.reply.send(VolumeOutcome::Retry);
+            return;
+        }
         let (Some(p), Some(health)) = (self.pools.get_mut(&pool), self.health.get(&pool)) else {
             io.reply.send(VolumeOutcome::Done(Err(
                 weft_proto::IoError::PathInaccessible,

@@ -9,8 +9,9 @@
 //!   block is read, patched and appended whole) as one batch or several.
 //! - A full tier makes the write destage first: it slows down to the
 //!   destage rate and never fails for it.
-//! - Deallocation, snapshots, resizes and deletes destage everything first,
-//!   so that no write replayed later lands over them.
+//! - Deallocation, snapshots and deletes destage everything first, so that
+//!   no write replayed later lands over them (a resize only grows: nothing
+//!   in the tier lies past the old end).
 //! - The pool's superblock names the tier (format version 4): the pool does
 //!   not open without it, nor with another tier.
 //! - A failed write or sync of the tier device fails the pool, as a
@@ -44,6 +45,11 @@ pub(super) struct PoolTier<M: Media> {
     pub(super) media: M,
     log: TierLog,
 }
+
+/// The tier's device while its log is not open (its open failed at a
+/// reload): kept for the next one.
+#[derive(Debug)]
+pub(super) struct UnopenedTier<M: Media>(pub(super) M);
 
 /// A write tier as `weft pool list` shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,6 +104,12 @@ impl<M: Media> Pool<M> {
         }
         self.superblock = named;
         self.state.renew_maps();
+        // Direct I/O that entered through the old maps drains: a write
+        // still on its way to the devices would otherwise land after a
+        // later write of its block read the block for the tier.
+        for volume in self.state.volumes.values() {
+            drop(volume.gate.quiesce());
+        }
         log::info!("pool {}: a write tier of {rings} ring(s)", self.name());
         Ok(())
     }
@@ -113,23 +125,31 @@ impl<M: Media> Pool<M> {
                     "pool {name} has a write tier, and its device was not given: the tier may hold writes not on the capacity devices yet, so the pool does not open without it"
                 )))
             }
-            (None, Some(_)) => {
-                return Err(VolumeError::Corrupt(format!(
-                    "pool {name} has no write tier, but a tier device was given"
-                )))
+                        (None, Some(_)) => {
+                // An attach cut short before the superblocks named it.
+                log::warn!("pool {name}: a write tier device was given, but the pool has none (its attach did not complete); the device is not used");
+                return Ok(());
             }
         };
-        let log = TierLog::open(&mut media, 0, id).map_err(|error| {
-            VolumeError::Corrupt(format!("pool {name}: its write tier: {error}"))
-        })?;
-        self.tier = Some(PoolTier { media, log });
-        Ok(())
+        match TierLog::open(&mut media, 0, id) {
+            Ok(log) => {
+                self.tier = Some(PoolTier { media, log });
+                Ok(())
+            }
+            Err(error) => {
+                self.unopened_tier = Some(UnopenedTier(media));
+                Err(VolumeError::Corrupt(format!(
+                    "pool {name}: its write tier: {error}"
+                )))
+            }
+        }
     }
 
     /// Opens the tier again on its device (after a failure), if the
     /// superblock names it (a tier whose naming did not commit is let go).
     pub(super) fn reopen_tier(&mut self) -> Result<(), VolumeError> {
-        let media = self.tier.take().map(|tier| tier.media);
+        let unopened = self.unopened_tier.take().map(|UnopenedTier(media)| media);
+        let media = self.tier.take().map(|tier| tier.media).or(unopened);
         match self.superblock.tier {
             Some(_) => self.open_tier(media),
             None => Ok(()),
@@ -184,9 +204,29 @@ impl<M: Media> Pool<M> {
         Ok(())
     }
 
-    /// Whether writes to the pool go to a tier.
+    /// Whether writes to the pool go to a tier (its superblock names one;
+    /// while it is not open, the pool has failed and refuses them).
     pub(super) fn has_tier(&self) -> bool {
-        self.tier.is_some()
+        self.superblock.tier.is_some()
+    }
+
+    /// Erases the tier's superblocks (the pool is being deleted), so that
+    /// its device can be another pool's tier.
+    pub(super) fn erase_tier(&mut self) -> Result<(), VolumeError> {
+        let name = self.name().to_string();
+        let media = match (&mut self.tier, &mut self.unopened_tier) {
+            (Some(tier), _) => &mut tier.media,
+            (None, Some(UnopenedTier(media))) => media,
+            (None, None) => return Ok(()),
+        };
+        let empty = vec![0; 2 * BLOCK as usize];
+        media
+            .write_at(0, 0, &empty)
+            .and_then(|()| media.sync(0))
+            .map_err(|source| VolumeError::Io {
+                context: format!("erasing the write tier of pool {name}"),
+                source,
+            })
     }
 
     /// Makes `stored` (what the devices are to hold: encrypted already)
@@ -201,6 +241,9 @@ impl<M: Media> Pool<M> {
         self.commit()?;
         if stored.is_empty() {
             return Ok(());
+        }
+        if self.tier.is_none() {
+            return Err(self.failed_error());
         }
         let volume = self.existing(name)?.id;
         let first_block = offset / BLOCK;
@@ -402,13 +445,10 @@ mod tests {
             error.contains("has a write tier, and its device was not given"),
             "{error}"
         );
-        let error = Pool::open_with_tier(pool_media(), tier)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            error.contains("no write tier, but a tier device was given"),
-            "{error}"
-        );
+        // A tier device offered to a pool whose superblocks name none (an
+        // attach cut short) is let go.
+        let plain = Pool::open_with_tier(pool_media(), tier).unwrap();
+        assert_eq!(plain.tier_info(), None);
         let small = FaultyMedia::new(1, 8192 + 4096, 4);
         let error = self::pool()
             .attach_tier(small, [9; 16], 2)

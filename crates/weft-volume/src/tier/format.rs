@@ -163,6 +163,15 @@ pub enum Invalid {
     Field(String),
 }
 
+/// Whether `block` is a sealed tier superblock (of any tier).
+pub fn is_superblock(block: &[u8]) -> bool {
+    if block.len() < BLOCK || &block[0..8] != SUPER_MAGIC {
+        return false;
+    }
+    let rings = get_u32(block, 72) as usize;
+    (1..=RINGS_MAX).contains(&rings) && super_crc(block, rings) == get_u32(block, SUPER_CRC_AT)
+}
+
 impl Superblock {
     /// The block. Panics on more than [`RINGS_MAX`] rings (checked at format).
     pub fn encode(&self) -> Vec<u8> {
@@ -426,6 +435,10 @@ mod tests {
         assert_eq!(block[76..80], crc.to_le_bytes());
         assert!(block[112..].iter().all(|&b| b == 0));
         assert_eq!(Superblock::decode(&block, &ID, 1 << 18), Ok(superblock()));
+        assert!(is_superblock(&block), "whatever the tier");
+        let mut torn = block.clone();
+        torn[100] ^= 1;
+        assert!(!is_superblock(&torn) && !is_superblock(&[0; BLOCK]));
     }
 
     #[test]

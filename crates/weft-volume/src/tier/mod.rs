@@ -34,6 +34,17 @@ mod log;
 mod ring;
 
 pub use format::VolumeId;
+
+/// Whether member `member` of `media` holds a write tier's superblock (of
+/// any tier): a device to keep from being formatted over.
+pub fn probe<M: crate::Media>(media: &mut M, member: usize) -> bool {
+    let mut block = vec![0; TIER_BLOCK_BYTES as usize];
+    (0..2).any(|copy| {
+        media
+            .read_at(member, copy * TIER_BLOCK_BYTES, &mut block)
+            .is_ok_and(|()| format::is_superblock(&block))
+    })
+}
 pub use log::{Destaged, TierLog, TierWrite};
 
 use thiserror::Error;
