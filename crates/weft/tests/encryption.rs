@@ -6,7 +6,9 @@
 
 mod support;
 
-use support::{connect_as, ok, refused, start_node, temp_dir, wait_no_connected_hosts, Node};
+use support::{
+    connect_as, device_holds, ok, refused, start_node, temp_dir, wait_no_connected_hosts, Node,
+};
 
 const HOST_NQN: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-00000000e0c1";
 const KEK_A: &str = "6b1d0e8f2a4c39577e1b0d2f4a6c8e9f1b3d5f7a9c0e2f4b6d8a1c3e5f7b9d0a";
@@ -65,11 +67,6 @@ fn check_blocks(node: &Node, volume: &str) {
             "{volume}: a never-written block reads as zeroes"
         );
     }
-}
-
-fn device_holds(device: &std::path::Path, needle: &[u8]) -> bool {
-    let bytes = std::fs::read(device).unwrap();
-    bytes.windows(needle.len()).any(|w| w == needle)
 }
 
 #[test]

@@ -6,7 +6,7 @@
 
 mod support;
 
-use support::{api, connect_as, kek_args, ok, refused, start_node, temp_dir, Node};
+use support::{api, connect_as, device_holds, kek_args, ok, refused, start_node, temp_dir, Node};
 
 const HOST_NQN: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-00000000713e";
 const BLOCK: u32 = 4096;
@@ -45,11 +45,6 @@ fn check(node: &Node, volume: &str, round: u8) {
             "{volume}: an unwritten block reads as zeroes"
         );
     }
-}
-
-fn device_holds(device: &std::path::Path, needle: &[u8]) -> bool {
-    let bytes = std::fs::read(device).unwrap();
-    bytes.windows(needle.len()).any(|w| w == needle)
 }
 
 /// Waits until `pool show` says its tier holds nothing to destage.

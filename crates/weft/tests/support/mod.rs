@@ -454,6 +454,12 @@ impl Drop for Tmpfs {
     }
 }
 
+/// Whether the file (a pool's device, a tier's) holds `needle` anywhere.
+pub fn device_holds(device: &std::path::Path, needle: &[u8]) -> bool {
+    let bytes = std::fs::read(device).unwrap();
+    bytes.windows(needle.len()).any(|w| w == needle)
+}
+
 /// `weft serve` arguments giving node `name` a key file of its own (a
 /// key-encryption key derived from its name, mode 600, under `dir`), for
 /// encrypted volumes.
