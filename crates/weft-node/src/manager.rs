@@ -1916,25 +1916,20 @@ fn check_devices_free(
     }
     let devices: Vec<PathBuf> = devices.iter().map(|d| tier::canonical(d)).collect();
     for (pool, record) in pools {
-        let taken = record.devices.iter().chain(&record.adding);
-        if let Some(path) = taken
+        let members = record.devices.iter().chain(&record.adding);
+        let taken = members.map(|path| (path, "a member")).chain(
+            record
+                .write_tier
+                .iter()
+                .map(|path| (path, "the write tier")),
+        );
+        if let Some((path, role)) = taken
             .into_iter()
-            .find(|d| devices.contains(&tier::canonical(d)))
+            .find(|(path, _)| devices.contains(&tier::canonical(path)))
         {
             return Err(VolumeError::invalid(
                 format!("device {}", path.display()),
-                format!("it is already a member of pool {pool}"),
-            )
-            .into());
-        }
-        if let Some(path) = record
-            .write_tier
-            .as_ref()
-            .filter(|t| devices.contains(&tier::canonical(t)))
-        {
-            return Err(VolumeError::invalid(
-                format!("device {}", path.display()),
-                format!("it is the write tier of pool {pool}"),
+                format!("it is already {role} of pool {pool}"),
             )
             .into());
         }

@@ -216,7 +216,8 @@ fn classes(ns: &NamespaceStats) -> [(&'static str, &ClassStats); 3] {
 }
 
 type NamespaceValue = fn(&NamespaceStats) -> u64;
-type PoolValue = fn(&PoolStatus) -> u64;
+/// A pool's figure, if it has that one (a write tier's, if it has a tier).
+type PoolValue = fn(&PoolStatus) -> Option<u64>;
 
 /// The Prometheus text exposition (format 0.0.4) of `stats` and `pools`.
 pub fn prometheus(stats: &Stats, pools: &[PoolStatus]) -> String {
@@ -336,50 +337,41 @@ pub fn prometheus(stats: &Stats, pools: &[PoolStatus]) -> String {
     }
     node_totals(&mut out, stats);
     stages::expose(&mut out, &stats.stages);
-    let per_pool: [(&str, &str, PoolValue); 4] = [
+    let per_pool: [(&str, &str, PoolValue); 6] = [
         ("weft_pool_capacity_bytes", "Data space of the pool.", |p| {
-            p.info.capacity_bytes
+            Some(p.info.capacity_bytes)
         }),
         (
             "weft_pool_allocated_bytes",
             "Bytes of the pool's allocation units in use.",
-            |p| p.info.allocated_bytes,
+            |p| Some(p.info.allocated_bytes),
         ),
         (
             "weft_pool_provisioned_bytes",
             "Sum of the sizes of the pool's volumes.",
-            |p| p.info.provisioned_bytes,
+            |p| Some(p.info.provisioned_bytes),
         ),
         (
             "weft_pool_failed",
             "1 when the pool failed (a sync, FUA or metadata write): every I/O on its volumes fails until an operator clears it.",
-            |p| u64::from(p.failure.is_some()),
+            |p| Some(u64::from(p.failure.is_some())),
+        ),
+        (
+            "weft_pool_write_tier_capacity_bytes",
+            "Bytes of the log of the pool's write tier (pools with one).",
+            |p| Some(p.write_tier.as_ref()?.info.capacity_bytes),
+        ),
+        (
+            "weft_pool_write_tier_used_bytes",
+            "Bytes of the pool's write tier that hold writes not destaged to its devices yet.",
+            |p| Some(p.write_tier.as_ref()?.info.used_bytes),
         ),
     ];
     for (name, help, value) in per_pool {
         out.family(name, "gauge", help);
         for pool in pools {
-            out.sample(name, &format!("pool=\"{}\"", pool.info.name), value(pool));
-        }
-    }
-    type TierValue = fn(&crate::status::WriteTierStatus) -> u64;
-    let per_tier: [(&str, &str, TierValue); 2] = [
-        (
-            "weft_pool_write_tier_capacity_bytes",
-            "Bytes of the log of the pool's write tier (pools with one).",
-            |t| t.info.capacity_bytes,
-        ),
-        (
-            "weft_pool_write_tier_used_bytes",
-            "Bytes of the pool's write tier that hold writes not destaged to its devices yet.",
-            |t| t.info.used_bytes,
-        ),
-    ];
-    for (name, help, value) in per_tier {
-        out.family(name, "gauge", help);
-        for pool in pools {
-            if let Some(tier) = &pool.write_tier {
-                out.sample(name, &format!("pool=\"{}\"", pool.info.name), value(tier));
+            if let Some(value) = value(pool) {
+                out.sample(name, &format!("pool=\"{}\"", pool.info.name), value);
             }
         }
     }

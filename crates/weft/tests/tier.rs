@@ -6,7 +6,10 @@
 
 mod support;
 
-use support::{api, connect_as, device_holds, kek_args, ok, refused, start_node, temp_dir, Node};
+use support::{
+    api, connect_as, device_holds, kek_args, ok, pool_with_volume, refused, start_node, temp_dir,
+    Node,
+};
 
 const HOST_NQN: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-00000000713e";
 const BLOCK: u32 = 4096;
@@ -200,22 +203,7 @@ fn a_write_tier_is_given_to_a_pool_online() {
     let (data, device, tier) = (dir.join("data"), dir.join("d0.img"), dir.join("t0.img"));
     let node = start_node(&data, &[]);
     let device_arg = device.to_str().unwrap();
-    ok(
-        &node,
-        &[
-            "pool",
-            "create",
-            "p",
-            "--device",
-            device_arg,
-            "--device-size",
-            "256MiB",
-        ],
-    );
-    ok(
-        &node,
-        &["volume", "create", "v", "--pool", "p", "--size", "16MiB"],
-    );
+    pool_with_volume(&node, &device, "v", "16MiB");
     ok(&node, &["host", "add", "tester", "--nqn", HOST_NQN]);
     ok(&node, &["volume", "attach", "v", "--host", "tester"]);
     write_and_check(&node, "v", 1);

@@ -72,25 +72,15 @@ pub(super) fn check_tier_free(
     devices: &[PathBuf],
     pools: &BTreeMap<String, PoolRecord>,
 ) -> Result<(), AdminError> {
-    let taken = |why: String| {
-        Err(VolumeError::invalid(format!("write tier device {}", tier.path.display()), why).into())
-    };
     let path = canonical(&tier.path);
-    let same = |other: &PathBuf| canonical(other) == path;
-    if devices.iter().any(same) {
-        return taken(
-            "it is also one of the pool's devices; give the tier a device of its own".into(),
-        );
+    if devices.iter().any(|device| canonical(device) == path) {
+        return Err(VolumeError::invalid(
+            format!("write tier device {}", tier.path.display()),
+            "it is also one of the pool's devices; give the tier a device of its own",
+        )
+        .into());
     }
-    for (pool, record) in pools {
-        if record.devices.iter().chain(&record.adding).any(same) {
-            return taken(format!("it is already a member of pool {pool}"));
-        }
-        if record.write_tier.as_ref().is_some_and(same) {
-            return taken(format!("it is already the write tier of pool {pool}"));
-        }
-    }
-    Ok(())
+    super::check_devices_free(std::slice::from_ref(&tier.path), pools)
 }
 
 /// `path` with its symbolic links resolved, where it exists (two names of

@@ -247,18 +247,7 @@ impl<M: Media> Pool<M> {
         }
         let volume = self.existing(name)?.id;
         let first_block = offset / BLOCK;
-        let end = offset + stored.len() as u64;
-        let blocks = end.div_ceil(BLOCK) - first_block;
-        let mut whole = vec![0; (blocks * BLOCK) as usize];
-        let head = (offset - first_block * BLOCK) as usize;
-        if head != 0 {
-            self.read_block(name, first_block, &mut whole[..BLOCK as usize])?;
-        }
-        if !end.is_multiple_of(BLOCK) && (blocks > 1 || head == 0) {
-            let last = whole.len() - BLOCK as usize;
-            self.read_block(name, first_block + blocks - 1, &mut whole[last..])?;
-        }
-        whole[head..head + stored.len()].copy_from_slice(stored);
+        let whole = self.whole_blocks(name, offset, stored)?;
         let ring_bytes = self.tier.as_ref().expect("a tiered pool").log.ring_bytes();
         let piece_bytes = BATCH_BYTES_MAX
             .min(ring_bytes / 4 / BLOCK * BLOCK)
@@ -298,6 +287,34 @@ impl<M: Media> Pool<M> {
             );
         }
         Ok(())
+    }
+
+    /// `stored`, to be written at `offset` of volume `name`, as the whole
+    /// blocks it touches: as it is when it is whole blocks already, else
+    /// with its partial first and last blocks read and patched.
+    fn whole_blocks<'a>(
+        &mut self,
+        name: &str,
+        offset: u64,
+        stored: &'a [u8],
+    ) -> Result<std::borrow::Cow<'a, [u8]>, VolumeError> {
+        let first_block = offset / BLOCK;
+        let end = offset + stored.len() as u64;
+        let head = (offset - first_block * BLOCK) as usize;
+        if head == 0 && end.is_multiple_of(BLOCK) {
+            return Ok(std::borrow::Cow::Borrowed(stored));
+        }
+        let blocks = end.div_ceil(BLOCK) - first_block;
+        let mut whole = vec![0; (blocks * BLOCK) as usize];
+        if head != 0 {
+            self.read_block(name, first_block, &mut whole[..BLOCK as usize])?;
+        }
+        if !end.is_multiple_of(BLOCK) && (blocks > 1 || head == 0) {
+            let last = whole.len() - BLOCK as usize;
+            self.read_block(name, first_block + blocks - 1, &mut whole[last..])?;
+        }
+        whole[head..head + stored.len()].copy_from_slice(stored);
+        Ok(std::borrow::Cow::Owned(whole))
     }
 
     /// Block `block` of volume `name` as stored (the part past the
