@@ -35,7 +35,10 @@ KEY = "3f1e5d7c9b0a2f4e6d8c0b1a3f5e7d9c" * 2
 
 
 class Node:
-    """A `weft serve` on loopback ports, with a key file, in `directory`."""
+    """A `weft serve` on loopback ports, with a key file, in `directory`
+    (`LABEL` names the script in its errors)."""
+
+    LABEL = "bench-encryption"
 
     def __init__(self, weft, directory):
         self.weft, self.dir = weft, directory
@@ -54,7 +57,7 @@ class Node:
         deadline = time.time() + 30
         while not os.path.exists(token) or not self.answers(api, token):
             if time.time() > deadline or self.process.poll() is not None:
-                sys.exit(f"bench-encryption: weft serve did not start (see {directory}/serve.log)")
+                sys.exit(f"{self.LABEL}: weft serve did not start (see {directory}/serve.log)")
             time.sleep(0.1)
         self.env = dict(os.environ, WEFT_API=api, WEFT_API_TOKEN=open(token).read().strip())
 
@@ -66,7 +69,7 @@ class Node:
     def cli(self, *args):
         done = subprocess.run([self.weft, *args], env=self.env, capture_output=True, text=True)
         if done.returncode != 0:
-            sys.exit(f"bench-encryption: weft {' '.join(args)}: {done.stderr.strip()}")
+            sys.exit(f"{self.LABEL}: weft {' '.join(args)}: {done.stderr.strip()}")
         return done.stdout
 
     def cpu_seconds(self):
@@ -82,7 +85,7 @@ class Node:
              "--iodepth", str(iodepth), "--size", SIZE, "--json"] + timing,
             capture_output=True, text=True)
         if done.returncode != 0:
-            sys.exit(f"bench-encryption: bench {volume} {rw}: {done.stderr.strip()}")
+            sys.exit(f"{self.LABEL}: bench {volume} {rw}: {done.stderr.strip()}")
         side = json.loads(done.stdout)["jobs"][0]["read" if "read" in rw else "write"]
         percentiles = side["lat_ns"]["percentile"]
         p99 = percentiles.get("99.000000", max(percentiles.values(), default=0))

@@ -72,6 +72,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "pools/{pool}/clear-failure"),
     ("POST", "pools/{pool}/rewrap"),
     ("PUT", "pools/{pool}/write-tier"),
+    ("DELETE", "pools/{pool}/write-tier"),
     ("POST", "subsystems/{nqn}/namespaces/{nsid}/clear-failure"),
     ("GET", "volumes"),
     ("POST", "volumes"),
@@ -887,6 +888,7 @@ fn operation(
                 },
             }
         }
+        ("DELETE", "pools/{pool}/write-tier") => AdminOp::RemoveWriteTier(param(0)),
         ("DELETE", "pools/{pool}") => AdminOp::DeletePool(param(0)),
         ("POST", "pools/{pool}/devices") => {
             let add: AddDevices = parse(body)?;

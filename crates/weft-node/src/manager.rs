@@ -119,6 +119,8 @@ pub enum AdminOp {
         /// The tier's device.
         tier: TierDevice,
     },
+    /// Take a pool's write tier away, online (destaged first).
+    RemoveWriteTier(String),
     /// Delete a pool that holds no volume (its devices' superblocks are erased).
     DeletePool(String),
     /// Grow a pool online by `devices` (created sparse with `device_bytes` if missing).
@@ -601,8 +603,12 @@ pub struct Manager {
     /// The data plane's paths to the volumes of pools with a write tier,
     /// by pool and volume.
     tier_paths: BTreeMap<(String, String), Arc<weft_target::replicated::Replicated>>,
-    /// Some pool's write tier holds writes to destage.
-    tiers_waiting: bool,
+    /// When a write of a tiered pool's volume was last written (None:
+    /// none since the start, so what the tiers replayed is destaged at once).
+    last_tier_write: Option<std::time::Instant>,
+    /// The last destage released nothing: none is due before this, or the
+    /// next write.
+    tiers_stalled_until: Option<std::time::Instant>,
     /// Slow-path answers to send once the data plane has new exports (a
     /// replica's copy grown).
     after_exports: Vec<(weft_target::VolumeReply, Result<(), IoError>)>,
@@ -684,7 +690,8 @@ impl Manager {
             fresh_snapshots: BTreeMap::new(),
             rebuild_bytes_per_s: u64::MAX,
             tier_paths: BTreeMap::new(),
-            tiers_waiting: true,
+            last_tier_write: None,
+            tiers_stalled_until: None,
             shut_down: false,
             #[cfg(test)]
             io_served: Arc::default(),
@@ -797,8 +804,10 @@ impl Manager {
                     &member_paths,
                     volume.size_bytes,
                 );
-                let replicated = match (&record.replication, pool.tier_info()) {
-                    (None, Some(_)) => Some(self.tier_path(pool_name, &volume.name, volume.id)),
+                let replicated = match (&record.replication, pool.tier_presence()) {
+                    (None, Some(presence)) => {
+                        Some(self.tier_path(pool_name, &volume.name, volume.id, presence))
+                    }
                     _ => replicated,
                 };
                 if let Some(path) = &replicated {
@@ -893,10 +902,11 @@ impl Manager {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };
-            // Writes waiting in a tier: destaged as soon as nothing else is.
-            let due = match self.tiers_waiting {
-                true => Some(std::time::Instant::now()),
-                false => due,
+            // Writes waiting in a tier: destaged when nothing else is, once
+            // due (see `next_destage`).
+            let due = match (due, self.next_destage()) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
             };
             match inbox.next(BATCH_MAX, due) {
                 Next::Io(batch) => {
@@ -925,7 +935,12 @@ impl Manager {
                 Next::Idle => {
                     self.publish_member_usage();
                     self.persist_cleared_intents();
-                    self.tiers_waiting = self.destage_tiers();
+                    if self
+                        .next_destage()
+                        .is_some_and(|due| due <= std::time::Instant::now())
+                    {
+                        self.destage_tiers();
+                    }
                 }
             }
         }
@@ -937,6 +952,7 @@ impl Manager {
     fn serve_io(&mut self, batch: Vec<SlowIo>) {
         let mut prepared = Vec::new();
         let mut touched = Touched::default();
+        let mut tier_writes = tier::TierWrites::default();
         for io in batch {
             match io {
                 SlowIo::Volume(request) => {
@@ -945,10 +961,11 @@ impl Manager {
                 }
                 SlowIo::Tiered(tiered) => {
                     touched.note_tiered(&tiered);
-                    self.serve_tiered(tiered);
+                    self.serve_tiered(tiered, &mut tier_writes);
                 }
             }
         }
+        self.write_tiered(tier_writes);
         let committed = self.commit_prepared(&prepared);
         self.publish_touched(&touched);
         for request in prepared {
@@ -1175,6 +1192,7 @@ impl Manager {
                 (force, encrypt, write_tier),
             )?,
             AdminOp::SetWriteTier { pool, tier } => self.set_write_tier(&pool, tier, plane)?,
+            AdminOp::RemoveWriteTier(pool) => self.remove_write_tier(&pool, plane)?,
             AdminOp::AddDevices {
                 pool,
                 devices,

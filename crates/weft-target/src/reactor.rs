@@ -1359,7 +1359,10 @@ impl Reactor {
     /// map allows it, else through the manager.
     fn submit_volume_io(&mut self, index: usize, request: IoRequest, volume: Arc<VolumeBackend>) {
         if let Some(replicated) = &volume.replicated {
-            let read = matches!(request.kind, IoKind::Read { .. });
+            let read = match request.kind {
+                IoKind::Read { offset, len, .. } => Some((offset, u64::from(len))),
+                _ => None,
+            };
             match replicated.route(read, self.now_ns()) {
                 Err(error) => {
                     let now_ns = self.now_ns();

@@ -16,6 +16,11 @@
 //! disagree on, reads go to the replicator too ([`Serving::Resyncing`]),
 //! which holds those of regions not yet copied.
 //!
+//! A volume of a pool with a write tier ([`Replicated::tiered`]) sends its
+//! writes to the node's manager, and its reads too unless the tier holds
+//! none of their blocks (`weft_volume`'s `TierPresence`): those read the
+//! pool's devices in the reactor, as an untiered volume's do.
+//!
 //! An erasure-coded volume's path takes its reads too ([`Replicated::with_reads`]):
 //! no node holds the volume whole, and its primary reads each piece from
 //! the member that keeps it (or rebuilds it from the others); the answer
@@ -27,7 +32,9 @@
 use crate::volume::VolumeReply;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
 use weft_proto::IoError;
+use weft_volume::tier::{TierPresence, VolumeId};
 
 /// Whether this node serves a replicated volume's I/O now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,8 +109,21 @@ pub struct Replicated {
     /// Direct reads until then (nanoseconds on the data plane's clock).
     reads_until_ns: AtomicU64,
     sink: Box<dyn ReplicatedSink>,
-    /// Reads go to the sink too.
-    reads: bool,
+    reads: Reads,
+}
+
+/// Where a path's reads go while it serves.
+enum Reads {
+    /// The local copy, until the replicator's time.
+    Local,
+    /// The sink (an erasure-coded volume's: no copy here is whole).
+    Sink,
+    /// The pool's devices, unless its write tier may hold a block of the
+    /// range (then the sink).
+    UnlessTiered {
+        presence: Arc<TierPresence>,
+        volume: VolumeId,
+    },
 }
 
 impl fmt::Debug for Replicated {
@@ -119,14 +139,29 @@ impl Replicated {
             serving: AtomicU8::new(Serving::Transition as u8),
             reads_until_ns: AtomicU64::new(0),
             sink,
-            reads: false,
+            reads: Reads::Local,
         }
     }
 
     /// A path whose reads go to `sink` too (an erasure-coded volume's).
     pub fn with_reads(sink: Box<dyn ReplicatedSink>) -> Replicated {
         Replicated {
-            reads: true,
+            reads: Reads::Sink,
+            ..Replicated::new(sink)
+        }
+    }
+
+    /// The path of volume `volume` of a pool with a write tier: writes go
+    /// to `sink`, and reads too unless `presence` says the tier holds no
+    /// block of their range (they then read the pool's devices in the
+    /// reactor).
+    pub fn tiered(
+        sink: Box<dyn ReplicatedSink>,
+        presence: Arc<TierPresence>,
+        volume: VolumeId,
+    ) -> Replicated {
+        Replicated {
+            reads: Reads::UnlessTiered { presence, volume },
             ..Replicated::new(sink)
         }
     }
@@ -153,16 +188,19 @@ impl Replicated {
         self.reads_until_ns.store(ns, Ordering::Release);
     }
 
-    /// Where an I/O of this kind (`read` or not) goes at `now_ns` (the data
-    /// plane's clock): the error it gets when this node does not serve,
-    /// else whether the replicator takes it (`true`) or the reactor serves
-    /// it from the local copy.
-    pub(crate) fn route(&self, read: bool, now_ns: u64) -> Result<bool, IoError> {
+    /// Where an I/O goes at `now_ns` (the data plane's clock): `read`, the
+    /// range of a read (None: any other I/O). The error it gets when this
+    /// node does not serve, else whether the replicator takes it (`true`)
+    /// or the reactor serves it from the local copy.
+    pub fn route(&self, read: Option<(u64, u64)>, now_ns: u64) -> Result<bool, IoError> {
         match self.serving() {
-            Serving::Yes if read && !self.reads => {
-                Ok(now_ns >= self.reads_until_ns.load(Ordering::Acquire))
-            }
-            Serving::Yes => Ok(true),
+            Serving::Yes => Ok(match (read, &self.reads) {
+                (None, _) | (Some(_), Reads::Sink) => true,
+                (Some(_), Reads::Local) => now_ns >= self.reads_until_ns.load(Ordering::Acquire),
+                (Some((offset, len)), Reads::UnlessTiered { presence, volume }) => {
+                    presence.may_hold(volume, offset, len)
+                }
+            }),
             Serving::Resyncing => Ok(true),
             Serving::Transition => Err(IoError::PathTransition),
             Serving::Inaccessible => Err(IoError::PathInaccessible),
@@ -188,7 +226,7 @@ mod tests {
     #[test]
     fn reads_stay_in_the_reactor_only_once_every_region_is_settled_and_until_the_time_given() {
         let path = Replicated::new(Box::new(Nowhere));
-        let route = |read| path.route(read, 500);
+        let route = |read: bool| path.route(read.then_some((0, 4096)), 500);
         assert_eq!(route(true), Err(IoError::PathTransition), "not yet");
         path.set_serving(Serving::Resyncing);
         assert_eq!(route(true), Ok(true), "a resync's reads may wait");
@@ -209,6 +247,24 @@ mod tests {
         let erasure = Replicated::with_reads(Box::new(Nowhere));
         erasure.set_serving(Serving::Yes);
         erasure.reads_until(u64::MAX);
-        assert_eq!(erasure.route(true, 0), Ok(true), "no copy here is whole");
+        assert_eq!(
+            erasure.route(Some((0, 4096)), 0),
+            Ok(true),
+            "no copy here is whole"
+        );
+    }
+
+    #[test]
+    fn a_tiered_volumes_reads_go_to_the_devices_while_the_tier_holds_none_of_their_blocks() {
+        let presence = Arc::new(TierPresence::default());
+        let path = Replicated::tiered(Box::new(Nowhere), presence, [7; 16]);
+        path.set_serving(Serving::Yes);
+        assert_eq!(path.route(Some((8192, 4096)), 0), Ok(false), "none held");
+        assert_eq!(path.route(None, 0), Ok(true), "writes to the manager");
+        path.set_serving(Serving::Transition);
+        assert_eq!(
+            path.route(Some((8192, 4096)), 0),
+            Err(IoError::PathTransition)
+        );
     }
 }

@@ -34,7 +34,9 @@ pub mod tier;
 
 pub use map::{ChunkMap, Lookup, WriteGate};
 pub use media::{DevicePath, FileMedia, Media};
-pub use pool::{MemberUsage, Pool, PoolInfo, PoolOptions, TierInfo, VolumeInfo, VolumeSpec};
+pub use pool::{
+    GroupWrite, MemberUsage, Pool, PoolInfo, PoolOptions, TierInfo, VolumeInfo, VolumeSpec,
+};
 
 use thiserror::Error;
 

@@ -24,6 +24,7 @@ use crate::map::{ChunkMap, Lookup};
 use crate::media::Media;
 use crate::state::{runs_of, Origin, PoolState, Record, Run, Volume, NO_CHUNK};
 use crate::{check_name, VolumeError, SNAPSHOTS_PER_VOLUME_MAX, VOLUMES_MAX, VOLUME_CHUNKS_MAX};
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::io;
 use std::sync::Arc;
@@ -33,7 +34,7 @@ mod encryption;
 mod tier;
 use checkpoints::{read_checkpoint, write_checkpoint_frame, write_zeroes};
 pub use encryption::{Encryption, Rewrapped};
-pub use tier::TierInfo;
+pub use tier::{GroupWrite, TierInfo};
 
 /// Largest payload of one journal record; bigger commits span several.
 const RECORD_PAYLOAD_MAX: usize = 256 * 1024;
@@ -149,6 +150,9 @@ pub struct Pool<M: Media> {
     tier: Option<tier::PoolTier<M>>,
     /// Its device while its log is not open (a reload's open failed).
     unopened_tier: Option<tier::UnopenedTier<M>>,
+    /// Which regions of the volumes have blocks in the tier: kept across
+    /// the tier's opens (the data plane holds it).
+    tier_presence: Option<Arc<crate::tier::TierPresence>>,
 }
 
 impl<M: Media> Pool<M> {
@@ -263,6 +267,7 @@ impl<M: Media> Pool<M> {
             ciphers: BTreeMap::new(),
             tier: None,
             unopened_tier: None,
+            tier_presence: None,
         })
     }
 
@@ -293,6 +298,7 @@ impl<M: Media> Pool<M> {
             ciphers: BTreeMap::new(),
             tier: None,
             unopened_tier: None,
+            tier_presence: None,
         };
         pool.repair_superblocks(&loaded.superblock_repairs)?;
         pool.resync_copies(resync)?;
@@ -1091,20 +1097,38 @@ impl<M: Media> Pool<M> {
 
     /// Writes `data` at `offset` (synchronously; the data plane has its own path).
     pub fn write(&mut self, name: &str, offset: u64, data: &[u8]) -> Result<(), VolumeError> {
-        let cipher = self.cipher(name)?;
-        check_aligned(cipher.as_deref(), name, offset, data.len())?;
-        let encrypted = cipher.map(|cipher| {
-            let mut stored = data.to_vec();
-            cipher.encrypt(offset, &mut stored);
-            stored
-        });
-        let data = encrypted.as_deref().unwrap_or(data);
         if self.has_tier() {
-            return self.write_to_tier(name, offset, data);
+            let write = GroupWrite {
+                volume: name,
+                offset,
+                data,
+            };
+            return self.write_group(&[write]).pop().expect("one result");
         }
+        let data = self.stored_bytes(name, offset, data)?;
         self.prepare_write(name, offset, data.len() as u64)?;
         self.commit()?;
-        self.write_placed(name, offset, data)
+        self.write_placed(name, offset, &data)
+    }
+
+    /// `data`, to be written at `offset` of volume `name`, as the devices
+    /// are to hold it: encrypted if the volume is.
+    fn stored_bytes<'a>(
+        &self,
+        name: &str,
+        offset: u64,
+        data: &'a [u8],
+    ) -> Result<Cow<'a, [u8]>, VolumeError> {
+        let cipher = self.cipher(name)?;
+        check_aligned(cipher.as_deref(), name, offset, data.len())?;
+        Ok(match cipher {
+            Some(cipher) => {
+                let mut stored = data.to_vec();
+                cipher.encrypt(offset, &mut stored);
+                Cow::Owned(stored)
+            }
+            None => Cow::Borrowed(data),
+        })
     }
 
     /// Writes `data` (as stored: encrypted already) where the volume's
@@ -1146,9 +1170,17 @@ impl<M: Media> Pool<M> {
     /// Reads what the volume stores at `offset` (encrypted, if it is): its
     /// newest copy, in the write tier or on the capacity devices.
     fn read_stored(&mut self, name: &str, offset: u64, buf: &mut [u8]) -> Result<(), VolumeError> {
+        self.read_devices(name, offset, buf)?;
+        let id = self.existing(name)?.id;
+        self.overlay_tier(id, offset, buf)
+    }
+
+    /// Reads what the volume's chunks on the devices hold at `offset`
+    /// (encrypted, if it is), whatever the write tier holds.
+    fn read_devices(&mut self, name: &str, offset: u64, buf: &mut [u8]) -> Result<(), VolumeError> {
         let volume = self.existing(name)?;
         check_range(volume, offset, buf.len() as u64)?;
-        let (map, id) = (Arc::clone(&volume.map), volume.id);
+        let map = Arc::clone(&volume.map);
         self.for_each_piece(offset, buf.len(), |pool, index, within, range| {
             match map.lookup(index) {
                 Lookup::Unmapped => {
@@ -1164,8 +1196,7 @@ impl<M: Media> Pool<M> {
         .map_err(|source| VolumeError::Io {
             context: format!("reading volume {name}"),
             source,
-        })?;
-        self.overlay_tier(id, offset, buf)
+        })
     }
 
     /// Reads `buf.len()` bytes at `offset` of snapshot `volume@snapshot`.

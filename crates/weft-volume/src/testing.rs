@@ -480,7 +480,7 @@ fn fuzz_tier_sample() -> FaultyMedia {
         fuzz_tier_append(&mut log, &mut media, 0, first * 2);
     }
     fuzz_tier_append(&mut log, &mut media, 1, 4);
-    log.destage(&mut media, 2, |_, _| Ok(()), |_| Ok(()))
+    log.destage(&mut media, 2, 1, |_, _| Ok(()), |_| Ok(()))
         .expect("destage");
     fuzz_tier_append(&mut log, &mut media, 0, 8);
     media

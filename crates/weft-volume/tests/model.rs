@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use weft_volume::crypt::Keyring;
 use weft_volume::testing::{FaultyMedia, Rng, SECTOR_BYTES};
-use weft_volume::{Media, Pool, PoolOptions, VolumeError, VolumeSpec};
+use weft_volume::{GroupWrite, Media, Pool, PoolOptions, VolumeError, VolumeSpec};
 
 const CHUNK: u64 = 64 * 1024;
 const MEMBER_BYTES: usize = 10 << 20;
@@ -75,6 +75,20 @@ enum Op {
     Destage {
         rounds: usize,
     },
+    /// Writes of distinct sectors, as one group (`Pool::write_group`: one
+    /// commit, shared tier batches), then a flush.
+    WriteGroup {
+        writes: Vec<GroupedWrite>,
+    },
+}
+
+/// One write of an `Op::WriteGroup`.
+#[derive(Debug, Clone)]
+struct GroupedWrite {
+    name: String,
+    offset: u64,
+    len: u64,
+    seed: u8,
 }
 
 const KEK_A: &str = "a7c3e1f09b8d6a4c2e0f1d3b5a79e8c6d4b2a0f1e3d5c7b9a8f6e4d2c0b1a3f5";
@@ -212,7 +226,74 @@ fn run(pool: &mut Pool<FaultyMedia>, op: &Op) -> Result<(), VolumeError> {
             pool.rewrap().map(|_| ())
         }
         Op::Destage { rounds } => pool.destage_tier(*rounds).map(|_| ()),
+        Op::WriteGroup { writes } => {
+            let (_, result) = write_group(pool, writes);
+            result
+        }
     }
+}
+
+/// Runs a group: which writes were acknowledged, and the first failure
+/// (or the flush's).
+fn write_group(
+    pool: &mut Pool<FaultyMedia>,
+    writes: &[GroupedWrite],
+) -> (Vec<GroupedWrite>, Result<(), VolumeError>) {
+    let data: Vec<Vec<u8>> = writes
+        .iter()
+        .map(|w| pattern(w.seed, w.offset, w.len))
+        .collect();
+    let group: Vec<GroupWrite> = writes
+        .iter()
+        .zip(&data)
+        .map(|(w, data)| GroupWrite {
+            volume: &w.name,
+            offset: w.offset,
+            data,
+        })
+        .collect();
+    let mut acked = Vec::new();
+    let mut first_error = None;
+    for (w, result) in writes.iter().zip(pool.write_group(&group)) {
+        match result {
+            Ok(()) => acked.push(w.clone()),
+            Err(error) => {
+                first_error.get_or_insert(error);
+            }
+        }
+    }
+    let result = match first_error {
+        Some(error) => Err(error),
+        None => pool.flush(),
+    };
+    (acked, result)
+}
+
+/// A group of 2 to 6 writes of distinct sectors, in any of the volumes.
+fn random_group(rng: &mut Rng, model: &Model) -> Op {
+    let mut writes: Vec<GroupedWrite> = Vec::new();
+    for _ in 0..2 + rng.below(5) {
+        let name = rng.pick(&NAMES).to_string();
+        let size = model.get(&name).map_or(0, |v| v.data.len() as u64);
+        if size == 0 {
+            continue;
+        }
+        let len = (1 + rng.below(24)) * SECTOR_BYTES as u64;
+        let offset = rng.below(size.saturating_sub(len) / 512 + 1) * 512;
+        let len = len.min(size - offset);
+        let overlaps = writes
+            .iter()
+            .any(|w| w.name == name && w.offset < offset + len && offset < w.offset + w.len);
+        if !overlaps {
+            writes.push(GroupedWrite {
+                name,
+                offset,
+                len,
+                seed: rng.below(250) as u8 + 1,
+            });
+        }
+    }
+    Op::WriteGroup { writes }
 }
 
 /// The model after `op` succeeded.
@@ -267,6 +348,13 @@ fn apply(model: &Model, op: &Op) -> Model {
                 },
             );
         }
+        Op::WriteGroup { writes } => {
+            for w in writes {
+                let at = w.offset as usize;
+                let data = &mut next.get_mut(&w.name).unwrap().data;
+                data[at..at + w.len as usize].copy_from_slice(&pattern(w.seed, w.offset, w.len));
+            }
+        }
         Op::Flatten { .. } | Op::Rotate | Op::Destage { .. } => {}
     }
     next
@@ -290,6 +378,25 @@ fn observe(pool: &mut Pool<FaultyMedia>) -> Model {
         model.insert(name, ModelVolume { data, snapshots });
     }
     model
+}
+
+/// Whether the pool read as the data plane reads a tiered pool's volume
+/// (the devices alone where the tier's presence says it holds no block)
+/// shows `model`, block by block.
+fn data_plane_reads(pool: &mut Pool<FaultyMedia>, model: &Model) -> Result<(), String> {
+    for (name, volume) in model {
+        for (i, expected) in volume.data.chunks(4096).enumerate() {
+            let mut seen = vec![0; expected.len()];
+            pool.read_as_the_data_plane(name, i as u64 * 4096, &mut seen)
+                .map_err(|e| format!("volume {name} block {i}: {e}"))?;
+            if seen != expected {
+                return Err(format!(
+                    "volume {name} block {i}: the data plane's read differs from the model"
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Whether `seen` is `before` or `after`, sector by sector.
@@ -413,11 +520,13 @@ fn exercise(seed: u64, ops: usize, kind: Kind) {
         } else {
             &SNAPSHOTS
         };
-        let op = match kind == Kind::Tiered && rng.below(6) == 0 {
-            true => Op::Destage {
+        let tiered = kind == Kind::Tiered;
+        let op = match if tiered { rng.below(6) } else { 6 } {
+            0 if tiered => Op::Destage {
                 rounds: 1 + rng.below(3) as usize,
             },
-            false => match random_op(&mut rng, &model, snapshots) {
+            1 if tiered => random_group(&mut rng, &model),
+            _ => match random_op(&mut rng, &model, snapshots) {
                 // Volumes whose last 4 KiB block is partial, for the tier's
                 // read-modify-write of whole blocks.
                 Op::Create {
@@ -434,7 +543,16 @@ fn exercise(seed: u64, ops: usize, kind: Kind) {
                 op => op,
             },
         };
-        match run(&mut pool, &op) {
+        // What is acknowledged even if the operation fails: a group's
+        // writes that succeeded.
+        let (result, acked) = match &op {
+            Op::WriteGroup { writes } => {
+                let (acked, result) = write_group(&mut pool, writes);
+                (result, apply(&model, &Op::WriteGroup { writes: acked }))
+            }
+            op => (run(&mut pool, op), model.clone()),
+        };
+        match result {
             Ok(()) => model = apply(&model, &op),
             Err(VolumeError::Io { .. } | VolumeError::Failed { .. }) => {
                 crashes += 1;
@@ -444,20 +562,31 @@ fn exercise(seed: u64, ops: usize, kind: Kind) {
                     Err(error) => panic!("seed {seed} step {step}: reopen after a crash during {op:?} failed: {error}"),
                 };
                 let seen = observe(&mut pool);
-                if let Err(problem) = consistent(&seen, &model, &apply(&model, &op)) {
+                if let Err(problem) = consistent(&seen, &acked, &apply(&model, &op)) {
                     panic!("seed {seed} step {step}: after a crash during {op:?}: {problem}");
                 }
                 model = seen;
+                if tiered {
+                    data_plane_reads(&mut pool, &model).unwrap_or_else(|p| {
+                        panic!("seed {seed} step {step}: after a crash during {op:?}: {p}")
+                    });
+                }
                 pool = arm(pool, &mut rng);
             }
-            // Refused (no space, no such volume, limits...): nothing changed.
-            Err(_) => {}
+            // Refused (no space, no such volume, limits...): nothing changed
+            // but a group's writes that succeeded.
+            Err(_) => model = acked,
         }
         most_spilled = most_spilled.max(pool.checkpoint_bytes());
         if step % 16 == 0 {
             let seen = observe(&mut pool);
             if let Err(problem) = consistent(&seen, &model, &model) {
                 panic!("seed {seed} step {step}: live pool after {op:?}: {problem}");
+            }
+            if tiered {
+                if let Err(problem) = data_plane_reads(&mut pool, &model) {
+                    panic!("seed {seed} step {step}: live pool after {op:?}: {problem}");
+                }
             }
         }
     }

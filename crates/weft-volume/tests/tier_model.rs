@@ -237,9 +237,12 @@ impl Model {
     }
 
     fn destage_rounds(&mut self, rounds: usize) -> Result<usize, TierError> {
+        // Rounds of one batch of each ring, or of several.
+        let batches = 1 + self.rng.below(4) as usize;
         self.log.destage(
             &mut self.media,
             rounds,
+            batches,
             |m, d| {
                 m.write_at(
                     CAPACITY,
@@ -271,6 +274,7 @@ impl Model {
     fn destage_all(&mut self) -> Result<usize, TierError> {
         self.log.destage(
             &mut self.media,
+            usize::MAX,
             usize::MAX,
             |m, d| {
                 m.write_at(

@@ -90,7 +90,7 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
                     other => return Err(format!("-o {other}: use json or table")),
                 }
             }
-            Long(flag @ ("thick" | "force" | "tls" | "encrypt")) => {
+            Long(flag @ ("thick" | "force" | "tls" | "encrypt" | "no-write-tier")) => {
                 options.push((flag.to_string(), None))
             }
             Long(name) => {
@@ -177,10 +177,15 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
             });
             ("POST", "pools".to_string(), Some(body), Show::Done("created"))
         }
+        ("pool", "set") if flag("no-write-tier") => {
+            known(&["no-write-tier", "node"])?;
+            let path = format!("pools/{}/write-tier{on_node}", operand(1, "pool name")?);
+            ("DELETE", path, None, Show::Done("set: the write tier is destaged and removed; the pool's writes go to its devices"))
+        }
         ("pool", "set") => {
             known(&["write-tier", "write-tier-size", "node"])?;
             let Some(device) = option("write-tier") else {
-                return Err("weft pool set POOL --write-tier PATH [--write-tier-size SIZE]: give the tier's device".into());
+                return Err("weft pool set POOL --write-tier PATH [--write-tier-size SIZE] | --no-write-tier: give the tier's device, or remove the tier".into());
             };
             let body = json!({"device": device, "size_bytes": size("write-tier-size")?});
             let path = format!("pools/{}/write-tier{on_node}", operand(1, "pool name")?);

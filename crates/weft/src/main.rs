@@ -49,6 +49,7 @@ Usage:
                         [--write-tier PATH [--write-tier-size SIZE]]   a fast device in front:
                         writes durable and acknowledged there, destaged to the devices later
   weft pool set NAME --write-tier PATH [--write-tier-size SIZE]   (online; volumes of one copy)
+  weft pool set NAME --no-write-tier   destages the tier, then takes it away (online)
   weft pool list | show NAME | delete NAME | clear-failure NAME   [--node NODE]
   weft pool rewrap NAME [--node NODE]   read the node's keys again (unlocking what they open) and
                         wrap every data key with the first (key rotation: no data rewritten)
@@ -128,6 +129,9 @@ Bench options:
   --iodepth N          I/Os in flight per queue (default 1)
   --queues N           I/O queues (remote) or threads (local), default 1
   --runtime D          measured time, e.g. 10s (default), 500ms; --ramp D warms up first
+  --rate-iops N        issue at most N I/Os per second per queue, evenly spaced (a load of a
+                       fixed rate, as fio's rate_iops; above --iodepth 1, an I/O due while
+                       others are in flight waits for one of them to complete)
   --size SIZE          bytes of the target to cover (default all); alone: one pass, no time limit
   --verify             stamp every write (offset, generation, pattern) and check every read of
                        a stamped block; read-only patterns write their region first, write

@@ -2,7 +2,8 @@
 //! --write-tier`, volumes (one encrypted) written and read over NVMe/TCP,
 //! their writes acknowledged from the tier, a kill -9 before they were
 //! destaged (replayed at the next start), the destage when the node is
-//! idle, `weft pool set --write-tier` online, and the refusals a user sees.
+//! idle, `weft pool set --write-tier` online and `--no-write-tier`, and the
+//! refusals a user sees.
 
 mod support;
 
@@ -247,4 +248,20 @@ fn a_write_tier_is_given_to_a_pool_online() {
         let sample = format!("weft_pool_write_tier_{family}_bytes{{pool=\"p\"}} ");
         assert!(metrics.contains(&sample), "{sample} in {metrics}");
     }
+    // Removed online, with writes still in it (destaged first), and
+    // given again: its device was erased.
+    write_and_check(&node, "v", 5);
+    let removed = ok(&node, &["pool", "set", "p", "--no-write-tier"]);
+    assert!(removed.contains("destaged and removed"), "{removed}");
+    assert!(device_holds(&device, &block(5, BLOCKS - 1)), "destaged");
+    let show = ok(&node, &["pool", "show", "p"]);
+    assert!(!show.contains("write tier"), "{show}");
+    let error = refused(&node, &["pool", "set", "p", "--no-write-tier"]);
+    assert!(error.contains("it has none"), "{error}");
+    write_and_check(&node, "v", 6);
+    drop(node);
+    let node = start_node(&data, &[]);
+    check(&node, "v", 6);
+    ok(&node, &["pool", "set", "p", "--write-tier", tier_arg]);
+    check(&node, "v", 6);
 }

@@ -1,13 +1,21 @@
 //! Pools with a write tier, on the node: attaching a tier (at creation or
 //! online), opening a pool with its tier, and serving the I/O of its
 //! volumes. While a pool has a tier, the data plane hands every I/O of its
-//! volumes to the manager (`TierSink`, through the path a replicated
-//! volume's I/O takes to its replicator), which writes through the tier and
-//! reads the newest copies (`weft_volume`'s pool tier); destage rounds run
-//! when the manager is idle, and at once when a write finds the tier full.
+//! volumes but the reads of blocks the tier does not hold (the tier's
+//! presence counters say which) to the manager (`TierSink`, through the
+//! path a replicated volume's I/O takes to its replicator), which writes
+//! through the tier and reads the newest copies (`weft_volume`'s pool
+//! tier). The writes the manager finds waiting together are written as one
+//! group (one commit, as few tier batches and syncs as fit): the group
+//! commit.
+//!
+//! When it destages: a round at a time whenever the manager is idle, while
+//! a tier is at least half full or once writes have paused for half a
+//! second (so a steady light load stays in the tier and reads do not wait
+//! behind destage rounds); and at once when a write finds the tier full.
 //!
 //! What this does not do (yet): append from the reactors (each write waits
-//! for the manager thread and one sync of the tier), remove a tier, or
+//! for the manager thread), or
 //! hold copies of replicated and erasure-coded volumes (their writes reach
 //! the pool's devices without the manager: refused on such pools).
 
@@ -16,16 +24,27 @@ use crate::identity::hex;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 use weft_control::{DesiredState, PoolRecord, StoreError};
 use weft_target::replicated::{Replicated, ReplicatedIo, ReplicatedSink, ReplicatedWork, Serving};
-use weft_target::{DataPlane, VolumeOutcome};
-use weft_volume::{FileMedia, Pool, VolumeError};
+use weft_target::{DataPlane, VolumeOutcome, VolumeReply};
+use weft_volume::tier::TierPresence;
+use weft_volume::{FileMedia, GroupWrite, Pool, VolumeError};
 
 /// Rings of a tier: the manager's writes take one (the reactors will take
 /// one each).
 const TIER_RINGS: usize = 1;
-/// Destage rounds the manager runs each time it is idle.
-const IDLE_ROUNDS: usize = 4;
+/// Destage rounds the manager runs each time it is idle and a destage is
+/// due: one, so that an I/O waits for one round at most.
+const IDLE_ROUNDS: usize = 1;
+/// A tier this full (in percent of its rings) is destaged whenever the
+/// manager is idle; below it, once writes have paused for `QUIET`, so that
+/// a steady light load is absorbed by the tier and reads do not wait behind
+/// destage rounds.
+const PRESSURE_PERCENT: u64 = 50;
+/// How long writes to tiered pools must pause before a tier below
+/// `PRESSURE_PERCENT` is destaged.
+const QUIET: Duration = Duration::from_millis(500);
 
 /// A write tier's device, as `weft pool create --write-tier` names it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,6 +64,30 @@ pub(super) struct TieredIo {
     /// name made since is another volume.
     id: [u8; 16],
     pub(super) io: ReplicatedIo,
+}
+
+/// Writes of tiered pools' volumes waiting for their group, by pool.
+#[derive(Default)]
+pub(super) struct TierWrites(BTreeMap<String, Vec<Waiting>>);
+
+/// A write waiting for its pool's group.
+struct Waiting {
+    volume: String,
+    offset: u64,
+    data: weft_uring::SharedBuf,
+    fua: bool,
+    reply: VolumeReply,
+}
+
+/// The answer to an I/O whose result is `result`.
+fn outcome(volume: &str, result: Result<(), VolumeError>) -> VolumeOutcome {
+    match result {
+        Ok(()) => VolumeOutcome::Done(Ok(())),
+        Err(error) => {
+            log::warn!("volume {volume}: {error}");
+            VolumeOutcome::Done(Err(super::io_error(&error)))
+        }
+    }
 }
 
 /// The data plane's path to the manager for a tiered pool's volume.
@@ -123,7 +166,7 @@ pub(super) fn reconcile_tier(
             return Some(record);
         };
         log::warn!(
-            "pool {name}: {} was being made its write tier but did not become it; set it again (weft pool set {name} --write-tier {})",
+            "pool {name}: its record names {} as its write tier, but its superblocks name none (an attach or a removal cut short): forgotten; to give the pool a tier, set it again (weft pool set {name} --write-tier {})",
             path.display(),
             path.display()
         );
@@ -228,6 +271,38 @@ impl Manager {
         attached
     }
 
+    /// Takes pool `name`'s write tier away, online: destaged and unnamed
+    /// in the pool's superblocks first, then forgotten by the record (a
+    /// crash between leaves a record naming a device the superblocks do
+    /// not: forgotten at the next open), then the volumes' I/O goes to the
+    /// devices directly again.
+    pub(super) fn remove_write_tier(
+        &mut self,
+        name: &str,
+        plane: &DataPlane,
+    ) -> Result<(), AdminError> {
+        let pool = self
+            .pools
+            .get_mut(name)
+            .ok_or_else(|| super::not_found("pool", name))?;
+        let detached = pool.detach_tier();
+        super::note_pool_failure(pool, &self.health[name]);
+        drop(detached?);
+        // The exports first: until they are out, writes still come this way
+        // (served by the devices, FUA synced).
+        self.forget_tier_paths();
+        plane.update_exports(self.exports());
+        self.store_write(|d| {
+            d.change_pool(name, |record| {
+                record.map(|record| PoolRecord {
+                    write_tier: None,
+                    ..record
+                })
+            })
+        })?;
+        Ok(())
+    }
+
     /// Refuses a tier for a pool that holds copies of replicated or
     /// erasure-coded volumes (their writes do not pass the manager).
     fn refuse_copies_on(&self, name: &str) -> Result<(), AdminError> {
@@ -265,8 +340,15 @@ impl Manager {
     }
 
     /// The data plane's path for `volume` of `pool`, a pool with a tier
-    /// (every I/O to the manager), made once and kept.
-    pub(super) fn tier_path(&mut self, pool: &str, volume: &str, id: [u8; 16]) -> Arc<Replicated> {
+    /// whose `presence` says which reads stay in the reactors (every other
+    /// I/O to the manager), made once and kept.
+    pub(super) fn tier_path(
+        &mut self,
+        pool: &str,
+        volume: &str,
+        id: [u8; 16],
+        presence: Arc<TierPresence>,
+    ) -> Arc<Replicated> {
         let handle = self.handle.clone();
         let path = self
             .tier_paths
@@ -278,7 +360,7 @@ impl Manager {
                     volume: volume.to_string(),
                     id,
                 };
-                let path = Replicated::with_reads(Box::new(sink));
+                let path = Replicated::tiered(Box::new(sink), presence, id);
                 path.set_serving(Serving::Yes);
                 Arc::new(path)
             });
@@ -296,8 +378,9 @@ impl Manager {
         });
     }
 
-    /// Serves one I/O of a tiered pool's volume.
-    pub(super) fn serve_tiered(&mut self, tiered: TieredIo) {
+    /// Serves one I/O of a tiered pool's volume; a write joins `writes`,
+    /// its pool's group (see [`Manager::write_tiered`]).
+    pub(super) fn serve_tiered(&mut self, tiered: TieredIo, writes: &mut TierWrites) {
         let TieredIo {
             pool,
             volume,
@@ -334,10 +417,16 @@ impl Manager {
                     Err(error) => Err(error),
                 }
             }
-            // Durable in the tier once written: FUA asks nothing more.
-            ReplicatedWork::Write { offset, data, .. } => {
-                self.tiers_waiting = true;
-                p.write(&volume, offset, &data)
+            ReplicatedWork::Write { offset, data, fua } => {
+                let write = Waiting {
+                    volume,
+                    offset,
+                    data,
+                    fua,
+                    reply: io.reply,
+                };
+                writes.0.entry(pool).or_default().push(write);
+                return;
             }
             ReplicatedWork::Zeroes {
                 offset, len, fua, ..
@@ -347,21 +436,82 @@ impl Manager {
             ReplicatedWork::Flush => p.flush(),
         };
         super::note_pool_failure(p, health);
-        let outcome = match result {
-            Ok(()) => VolumeOutcome::Done(Ok(())),
-            Err(error) => {
-                log::warn!("volume {volume}: {error}");
-                VolumeOutcome::Done(Err(super::io_error(&error)))
+        io.reply.send(outcome(&volume, result));
+    }
+
+    /// Writes each pool's group of writes (those of one batch of the
+    /// inbox: all in flight together, so their order is the host's to
+    /// choose) with one commit and as few tier batches as fit, then
+    /// answers them.
+    pub(super) fn write_tiered(&mut self, writes: TierWrites) {
+        for (pool, waiting) in writes.0 {
+            let (Some(p), Some(health)) = (self.pools.get_mut(&pool), self.health.get(&pool))
+            else {
+                continue;
+            };
+            self.last_tier_write = Some(Instant::now());
+            self.tiers_stalled_until = None;
+            let group: Vec<GroupWrite<'_>> = waiting
+                .iter()
+                .map(|w| GroupWrite {
+                    volume: &w.volume,
+                    offset: w.offset,
+                    data: &w.data,
+                })
+                .collect();
+            let mut results = p.write_group(&group);
+            // Durable in the tier once written: FUA asks nothing more. A
+            // write sent on this path just after the tier was removed went
+            // to the devices: FUA syncs them.
+            let fua = waiting.iter().any(|w| w.fua);
+            if fua && p.tier_info().is_none() {
+                if let Err(error) = p.flush() {
+                    let reason = error.to_string();
+                    for (write, result) in waiting.iter().zip(&mut results) {
+                        if write.fua && result.is_ok() {
+                            *result = Err(VolumeError::Io {
+                                context: "flushing a FUA write".into(),
+                                source: std::io::Error::other(reason.clone()),
+                            });
+                        }
+                    }
+                }
             }
-        };
-        io.reply.send(outcome);
+            super::note_pool_failure(p, health);
+            for (write, result) in waiting.into_iter().zip(results) {
+                write.reply.send(outcome(&write.volume, result));
+            }
+        }
+    }
+
+    /// When the tiers are to be destaged next: at once while one is at
+    /// least `PRESSURE_PERCENT` full, else `QUIET` after the last write
+    /// (at once after the start: what the tiers replayed); None when no
+    /// usable tier holds writes. After a destage that released nothing,
+    /// not before `QUIET` has passed.
+    pub(super) fn next_destage(&self) -> Option<Instant> {
+        let mut due = None;
+        for (name, pool) in &self.pools {
+            let Some(tier) = pool.tier_info().filter(|t| t.used_bytes > 0) else {
+                continue;
+            };
+            if pool.failure().is_some() || self.health[name].is_failed() {
+                continue;
+            }
+            let now = Instant::now();
+            let pool_due = match tier.used_bytes * 100 >= tier.capacity_bytes * PRESSURE_PERCENT {
+                true => now,
+                false => self.last_tier_write.map_or(now, |at| at + QUIET),
+            };
+            due = Some(due.map_or(pool_due, |d: Instant| d.min(pool_due)));
+        }
+        due.map(|due| self.tiers_stalled_until.map_or(due, |until| due.max(until)))
     }
 
     /// Runs destage rounds on every pool whose tier holds writes (when
     /// the manager is idle), and publishes their tiers' new figures.
-    /// Whether any tier still holds some.
-    pub(super) fn destage_tiers(&mut self) -> bool {
-        let mut waiting = false;
+    pub(super) fn destage_tiers(&mut self) {
+        let mut released = 0;
         let mut touched = super::publish::Touched::default();
         for (name, pool) in &mut self.pools {
             let failed = pool.failure().is_some() || self.health[name].is_failed();
@@ -370,17 +520,46 @@ impl Manager {
             }
             touched.note_pool(name);
             match pool.destage_tier(IDLE_ROUNDS) {
-                // Asked again at once only while rounds release batches.
-                Ok(released) => {
-                    waiting |= released > 0 && pool.tier_info().is_some_and(|t| t.used_bytes > 0);
-                }
+                Ok(batches) => released += batches,
                 Err(error) => {
                     log::error!("pool {name}: {error}");
                     super::note_pool_failure(pool, &self.health[name]);
                 }
             }
         }
+        self.tiers_stalled_until = (released == 0).then(|| Instant::now() + QUIET);
         self.publish_touched(&touched);
-        waiting
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{idle_manager, pool_with_volume};
+    use super::*;
+
+    /// The path the exports give a tiered pool's volume sends a read to
+    /// the manager only while the tier may hold one of its blocks.
+    #[test]
+    fn a_tiered_volumes_reads_stay_in_the_reactors_while_the_tier_holds_none_of_their_blocks() {
+        let (desired, dir) = pool_with_volume("tier-reads");
+        let mut manager = idle_manager(desired);
+        let tier = TierDevice {
+            path: dir.join("t0.img"),
+            size_bytes: Some(1 << 20),
+        };
+        let mut pool = manager.pools.remove("p").unwrap();
+        manager.attach_tier(&mut pool, &tier).unwrap();
+        manager.pools.insert("p".into(), pool);
+        manager.exports();
+        let path = Arc::clone(&manager.tier_paths[&("p".to_string(), "v".to_string())]);
+        let read = Some((65536, 4096));
+        assert_eq!(path.route(read, 0), Ok(false), "the devices");
+        assert_eq!(path.route(None, 0), Ok(true), "a write: the manager");
+        let pool = manager.pools.get_mut("p").unwrap();
+        pool.write("v", 65536, &[1; 4096]).unwrap();
+        assert_eq!(path.route(read, 0), Ok(true), "the tier holds it");
+        pool.destage_tier(usize::MAX).unwrap();
+        assert_eq!(path.route(read, 0), Ok(false), "destaged");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -7,6 +7,10 @@
 //!   does, so that a full pool refuses it now rather than fail its destage
 //!   later, then appends the blocks it covers (whole 4 KiB blocks: a partial
 //!   block is read, patched and appended whole) as one batch or several.
+//! - `write_group` writes the writes in flight together with one commit
+//!   and as few batches (one sync of the tier each) as fit: the group
+//!   commit. A write that reads a partial block appends the batch gathered
+//!   so far first, so that it reads what the writes before it left.
 //! - A full tier makes the write destage first: it slows down to the
 //!   destage rate and never fails for it.
 //! - Deallocation, snapshots and deletes destage everything first, so that
@@ -17,17 +21,24 @@
 //! - A failed write or sync of the tier device fails the pool, as a
 //!   member's does; `reload` (clear-failure) opens the tier again.
 //!
+//! - `detach_tier` takes the tier away: everything destaged first, then
+//!   superblocks that name none.
+//!
 //! What this does not do (yet): append from the data plane's reactors (this
-//! is the manager's synchronous path, its writes in ring 0), or remove a
-//! tier.
+//! is the manager's synchronous path, its writes in ring 0).
 
 use super::Pool;
 use crate::media::Media;
 use crate::tier::format::TierId;
-use crate::tier::{Destaged, TierError, TierLog, TierWrite, VolumeId, TIER_BLOCK_BYTES};
+use crate::tier::format::EXTENTS_MAX;
+use crate::tier::{
+    Destaged, TierError, TierLog, TierPresence, TierWrite, VolumeId, TIER_BLOCK_BYTES,
+};
 use crate::VolumeError;
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::io;
+use std::sync::Arc;
 
 const BLOCK: u64 = TIER_BLOCK_BYTES;
 /// The ring the manager's synchronous writes append to.
@@ -36,8 +47,39 @@ const MANAGER_RING: usize = 0;
 /// one always fits an empty ring): a longer write is appended as several
 /// (NVMe promises atomicity per block only).
 const BATCH_BYTES_MAX: u64 = 256 * 1024;
+/// The most batches of the ring one destage round writes, with one sync of
+/// the members and one superblock of the tier for all of them.
+const BATCHES_PER_ROUND: usize = 16;
 /// Destage rounds a full ring waits for before it tries again.
 const ROUNDS_WHEN_FULL: usize = 4;
+
+/// One write of a group (see [`Pool::write_group`]).
+#[derive(Debug, Clone, Copy)]
+pub struct GroupWrite<'a> {
+    /// The volume's name.
+    pub volume: &'a str,
+    /// Where in the volume, in bytes.
+    pub offset: u64,
+    /// The bytes, as the host wrote them.
+    pub data: &'a [u8],
+}
+
+/// Whole blocks of one write for a tier batch.
+#[derive(Debug)]
+struct Piece<'a> {
+    /// The write of the group it is part of.
+    write: usize,
+    volume: VolumeId,
+    first_block: u64,
+    data: Cow<'a, [u8]>,
+}
+
+/// A tier batch being gathered.
+#[derive(Debug, Default)]
+struct Gathered<'a> {
+    pieces: Vec<Piece<'a>>,
+    bytes: u64,
+}
 
 /// A pool's write tier: its device and its log.
 #[derive(Debug)]
@@ -96,6 +138,7 @@ impl<M: Media> Pool<M> {
         let written = super::write_superblocks(&mut self.media, &named, &members);
         // Kept even if the superblocks failed: `reload` opens it if the
         // first member's says the pool has it.
+        let log = self.keep_presence(log);
         self.tier = Some(PoolTier { media, log });
         if let Err(source) = written {
             let reason = format!("naming its write tier in the superblocks failed: {source}");
@@ -112,6 +155,42 @@ impl<M: Media> Pool<M> {
         }
         log::info!("pool {}: a write tier of {rings} ring(s)", self.name());
         Ok(())
+    }
+
+    /// Takes the write tier away: destages everything, writes a new
+    /// generation of superblocks that names none, then erases the tier's
+    /// superblocks (its device can serve again). Crash-safe: the pool has
+    /// its tier, empty, until the first member's superblock says it has
+    /// none. Returns the tier's device.
+    ///
+    /// The caller publishes new exports right after: the volumes' I/O may
+    /// go to the devices directly again.
+    pub fn detach_tier(&mut self) -> Result<M, VolumeError> {
+        self.check_usable()?;
+        if self.tier.is_none() {
+            return Err(VolumeError::invalid(
+                format!("write tier of pool {}", self.name()),
+                "it has none",
+            ));
+        }
+        self.settle_tier()?;
+        let mut unnamed = self.superblock.clone();
+        unnamed.generation += 1;
+        unnamed.tier = None;
+        let members: Vec<usize> = (0..usize::from(self.layout().members)).collect();
+        if let Err(source) = super::write_superblocks(&mut self.media, &unnamed, &members) {
+            let reason = format!("taking its write tier out of the superblocks failed: {source}");
+            self.failed = Some(reason);
+            return Err(self.failed_error());
+        }
+        self.superblock = unnamed;
+        if let Err(error) = self.erase_tier() {
+            // The pool no longer names it: only reusing the device as a
+            // tier is refused until it is wiped.
+            log::warn!("pool {}: {error}", self.name());
+        }
+        log::info!("pool {}: its write tier is removed", self.name());
+        Ok(self.tier.take().expect("a tiered pool").media)
     }
 
     /// Opens the tier the superblock names on `media`, replaying its rings.
@@ -133,6 +212,7 @@ impl<M: Media> Pool<M> {
         };
         match TierLog::open(&mut media, 0, id) {
             Ok(log) => {
+                let log = self.keep_presence(log);
                 self.tier = Some(PoolTier { media, log });
                 Ok(())
             }
@@ -154,6 +234,47 @@ impl<M: Media> Pool<M> {
             Some(_) => self.open_tier(media),
             None => Ok(()),
         }
+    }
+
+    /// `log` with the pool's presence counters (the first tier's own, kept
+    /// for the pool's life: the data plane holds them).
+    fn keep_presence(&mut self, mut log: TierLog) -> TierLog {
+        match &self.tier_presence {
+            Some(presence) => log.adopt_presence(Arc::clone(presence)),
+            None => self.tier_presence = Some(Arc::clone(log.presence())),
+        }
+        log
+    }
+
+    /// Which regions of the volumes have blocks in the write tier, if the
+    /// pool has one: a read of a range whose regions hold none may go to
+    /// the devices directly.
+    pub fn tier_presence(&self) -> Option<Arc<TierPresence>> {
+        self.tier
+            .as_ref()
+            .map(|tier| Arc::clone(tier.log.presence()))
+    }
+
+    /// Reads as the data plane reads a tiered pool's volume: from the
+    /// devices alone where the tier's presence says it holds no block of
+    /// the range, else as [`Pool::read`] (for the crash model's checks).
+    #[cfg(any(test, feature = "testing"))]
+    pub fn read_as_the_data_plane(
+        &mut self,
+        name: &str,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<(), VolumeError> {
+        let id = self.existing(name)?.id;
+        let presence = self.tier_presence();
+        if presence.is_none_or(|p| p.may_hold(&id, offset, buf.len() as u64)) {
+            return self.read(name, offset, buf);
+        }
+        self.read_devices(name, offset, buf)?;
+        if let Some(cipher) = self.cipher(name)? {
+            cipher.decrypt(offset, buf);
+        }
+        Ok(())
     }
 
     /// The write tier's size and use, if the pool has one.
@@ -183,7 +304,8 @@ impl<M: Media> Pool<M> {
         let result = tier.log.destage(
             &mut tier.media,
             rounds,
-            |_, block| pool.borrow_mut().destage_block(&names, block),
+            BATCHES_PER_ROUND,
+            |_, blocks| pool.borrow_mut().destage_blocks(&names, blocks),
             |_| pool.borrow_mut().sync_members(),
         );
         self.tier = Some(tier);
@@ -229,34 +351,121 @@ impl<M: Media> Pool<M> {
             })
     }
 
-    /// Makes `stored` (what the devices are to hold: encrypted already)
-    /// durable at `offset` of volume `name` in the tier.
-    pub(super) fn write_to_tier(
-        &mut self,
-        name: &str,
-        offset: u64,
-        stored: &[u8],
-    ) -> Result<(), VolumeError> {
-        self.prepare_write(name, offset, stored.len() as u64)?;
-        self.commit()?;
-        if stored.is_empty() {
-            return Ok(());
+    /// Writes `writes` as [`Pool::write`] would one after another, with one
+    /// commit of the metadata they need and their blocks in as few tier
+    /// batches (one sync of the tier each) as fit: the group commit. Each
+    /// write's result, in order; none is durable before this returns.
+    pub fn write_group(&mut self, writes: &[GroupWrite<'_>]) -> Vec<Result<(), VolumeError>> {
+        if !self.has_tier() {
+            return writes
+                .iter()
+                .map(|w| self.write(w.volume, w.offset, w.data))
+                .collect();
         }
+        let mut results = Vec::with_capacity(writes.len());
+        let mut stored = Vec::with_capacity(writes.len());
+        for w in writes {
+            let prepared = self.stored_bytes(w.volume, w.offset, w.data).and_then(|s| {
+                self.prepare_write(w.volume, w.offset, s.len() as u64)?;
+                Ok(s)
+            });
+            match prepared {
+                Ok(s) => {
+                    results.push(Ok(()));
+                    stored.push(Some(s));
+                }
+                Err(error) => {
+                    results.push(Err(error));
+                    stored.push(None);
+                }
+            }
+        }
+        if self.commit().is_err() {
+            return results
+                .into_iter()
+                .map(|r| r.and_then(|()| Err(self.failed_error())))
+                .collect();
+        }
+        let mut batch = Gathered::default();
+        for (i, (w, s)) in writes.iter().zip(stored).enumerate() {
+            let Some(s) = s.filter(|s| !s.is_empty()) else {
+                continue;
+            };
+            if let Err(error) = self.gather(&mut batch, i, w, s, &mut results) {
+                results[i] = Err(error);
+            }
+        }
+        self.append_gathered(&mut batch, &mut results);
+        results
+    }
+
+    /// Adds write `i` (`stored`: as the devices are to hold it) to `batch`,
+    /// appending the batch first when it would not fit, or when the write
+    /// reads a partial block (which must find the batch's writes).
+    fn gather<'a>(
+        &mut self,
+        batch: &mut Gathered<'a>,
+        i: usize,
+        w: &GroupWrite<'_>,
+        stored: Cow<'a, [u8]>,
+        results: &mut [Result<(), VolumeError>],
+    ) -> Result<(), VolumeError> {
         if self.tier.is_none() {
             return Err(self.failed_error());
         }
-        let volume = self.existing(name)?.id;
-        let first_block = offset / BLOCK;
-        let whole = self.whole_blocks(name, offset, stored)?;
+        if !whole(w.offset, stored.len()) {
+            self.append_gathered(batch, results);
+        }
+        let volume = self.existing(w.volume)?.id;
+        let first_block = w.offset / BLOCK;
+        let blocks = self.whole_blocks(w.volume, w.offset, stored)?;
         let ring_bytes = self.tier.as_ref().expect("a tiered pool").log.ring_bytes();
         let piece_bytes = BATCH_BYTES_MAX
             .min(ring_bytes / 4 / BLOCK * BLOCK)
             .max(BLOCK);
-        for (i, piece) in whole.chunks(piece_bytes as usize).enumerate() {
-            let first = first_block + i as u64 * (piece_bytes / BLOCK);
-            self.append_to_tier(volume, first, piece)?;
+        for (n, data) in pieces(blocks, piece_bytes as usize).into_iter().enumerate() {
+            let full = batch.pieces.len() == EXTENTS_MAX;
+            if full || batch.bytes + data.len() as u64 > piece_bytes {
+                self.append_gathered(batch, results);
+            }
+            batch.bytes += data.len() as u64;
+            batch.pieces.push(Piece {
+                write: i,
+                volume,
+                first_block: first_block + n as u64 * (piece_bytes / BLOCK),
+                data,
+            });
         }
         Ok(())
+    }
+
+    /// Appends what `batch` gathered as one tier batch; a failure is each
+    /// of its writes' result.
+    fn append_gathered(
+        &mut self,
+        batch: &mut Gathered<'_>,
+        results: &mut [Result<(), VolumeError>],
+    ) {
+        let pieces = std::mem::take(&mut batch.pieces);
+        batch.bytes = 0;
+        if pieces.is_empty() {
+            return;
+        }
+        let Err(error) = self.append_to_tier(&pieces) else {
+            return;
+        };
+        let reason = error.to_string();
+        for piece in &pieces {
+            if results[piece.write].is_ok() {
+                results[piece.write] = Err(match self.failed {
+                    Some(_) => self.failed_error(),
+                    None => VolumeError::Io {
+                        context: "appending to the write tier".into(),
+                        source: io::Error::other(reason.clone()),
+                    },
+                });
+            }
+        }
     }
 
     /// Overlays on `buf` (the stored bytes at `offset` of volume `id`, as
@@ -296,14 +505,14 @@ impl<M: Media> Pool<M> {
         &mut self,
         name: &str,
         offset: u64,
-        stored: &'a [u8],
-    ) -> Result<std::borrow::Cow<'a, [u8]>, VolumeError> {
+        stored: Cow<'a, [u8]>,
+    ) -> Result<Cow<'a, [u8]>, VolumeError> {
+        if whole(offset, stored.len()) {
+            return Ok(stored);
+        }
         let first_block = offset / BLOCK;
         let end = offset + stored.len() as u64;
         let head = (offset - first_block * BLOCK) as usize;
-        if head == 0 && end.is_multiple_of(BLOCK) {
-            return Ok(std::borrow::Cow::Borrowed(stored));
-        }
         let blocks = end.div_ceil(BLOCK) - first_block;
         let mut whole = vec![0; (blocks * BLOCK) as usize];
         if head != 0 {
@@ -313,8 +522,8 @@ impl<M: Media> Pool<M> {
             let last = whole.len() - BLOCK as usize;
             self.read_block(name, first_block + blocks - 1, &mut whole[last..])?;
         }
-        whole[head..head + stored.len()].copy_from_slice(stored);
-        Ok(std::borrow::Cow::Owned(whole))
+        whole[head..head + stored.len()].copy_from_slice(&stored);
+        Ok(Cow::Owned(whole))
     }
 
     /// Block `block` of volume `name` as stored (the part past the
@@ -327,27 +536,27 @@ impl<M: Media> Pool<M> {
         self.read_stored(name, start, &mut buf[..len])
     }
 
-    fn append_to_tier(
-        &mut self,
-        volume: VolumeId,
-        first_block: u64,
-        data: &[u8],
-    ) -> Result<(), VolumeError> {
-        let tier = self.tier.as_mut().expect("a tiered pool");
-        let taken = tier.log.take_order(MANAGER_RING);
-        let pool_order = taken.map_err(|error| self.fail_tier("taking an order", error))?;
-        let write = TierWrite {
-            volume,
-            first_block,
-            data,
-            pool_order,
-        };
-        loop {
-            // A full ring keeps the write's order taken (it is still on its
-            // way): the destage below stops short of it, and the append is
-            // tried again with it.
+    /// Appends `pieces` as one batch of the manager's ring, destaging
+    /// first while the ring is full.
+    fn append_to_tier(&mut self, pieces: &[Piece<'_>]) -> Result<(), VolumeError> {
+        let mut writes = Vec::with_capacity(pieces.len());
+        for piece in pieces {
             let tier = self.tier.as_mut().expect("a tiered pool");
-            match tier.log.append(&mut tier.media, MANAGER_RING, &[write]) {
+            let taken = tier.log.take_order(MANAGER_RING);
+            let pool_order = taken.map_err(|error| self.fail_tier("taking an order", error))?;
+            writes.push(TierWrite {
+                volume: piece.volume,
+                first_block: piece.first_block,
+                data: &piece.data,
+                pool_order,
+            });
+        }
+        loop {
+            // A full ring keeps the writes' orders taken (they are still on
+            // their way): the destage below stops short of them, and the
+            // append is tried again with them.
+            let tier = self.tier.as_mut().expect("a tiered pool");
+            match tier.log.append(&mut tier.media, MANAGER_RING, &writes) {
                 Ok(()) => return Ok(()),
                 Err(TierError::Full { needed, free }) => {
                     if self.destage_tier(ROUNDS_WHEN_FULL)? == 0 {
@@ -360,23 +569,24 @@ impl<M: Media> Pool<M> {
         }
     }
 
-    /// Writes one destaged block to its place (its chunk is mapped since
-    /// its write; a volume deleted since has settled the tier before).
-    fn destage_block(
+    /// Writes destaged blocks to their place (their chunks are mapped
+    /// since their writes; a volume deleted since has settled the tier
+    /// before); the part past the volume's end is not written.
+    fn destage_blocks(
         &mut self,
         names: &HashMap<VolumeId, String>,
-        block: Destaged<'_>,
+        blocks: Destaged<'_>,
     ) -> io::Result<()> {
-        let Some(name) = names.get(&block.volume) else {
+        let Some(name) = names.get(&blocks.volume) else {
             return Ok(());
         };
         let size = self.existing(name).map_err(io::Error::other)?.size_bytes;
-        let start = block.block * BLOCK;
+        let start = blocks.block * BLOCK;
         if start >= size {
             return Ok(());
         }
-        let len = (size - start).min(BLOCK) as usize;
-        self.write_placed(name, start, &block.data[..len])
+        let len = (size - start).min(blocks.data.len() as u64) as usize;
+        self.write_placed(name, start, &blocks.data[..len])
             .map_err(io::Error::other)
     }
 
@@ -387,6 +597,24 @@ impl<M: Media> Pool<M> {
             self.failed = Some(reason);
         }
         self.failed_error()
+    }
+}
+
+/// Whether `len` bytes at `offset` are whole tier blocks.
+fn whole(offset: u64, len: usize) -> bool {
+    offset.is_multiple_of(BLOCK) && (len as u64).is_multiple_of(BLOCK)
+}
+
+/// `blocks` in pieces of at most `piece_bytes` (whole blocks), without a
+/// copy where they are borrowed or one piece.
+fn pieces(blocks: Cow<'_, [u8]>, piece_bytes: usize) -> Vec<Cow<'_, [u8]>> {
+    match blocks {
+        Cow::Borrowed(bytes) => bytes.chunks(piece_bytes).map(Cow::Borrowed).collect(),
+        Cow::Owned(bytes) if bytes.len() <= piece_bytes => vec![Cow::Owned(bytes)],
+        Cow::Owned(bytes) => bytes
+            .chunks(piece_bytes)
+            .map(|piece| Cow::Owned(piece.to_vec()))
+            .collect(),
     }
 }
 
@@ -445,6 +673,90 @@ mod tests {
         pool.write("v", 4096, &big).unwrap();
         assert_eq!(read(&mut pool, 4096, big.len()), big);
         assert_eq!(read(&mut pool, 512, 1024), [5; 1024]);
+    }
+
+    #[test]
+    fn a_group_of_writes_shares_batches_and_each_gets_its_own_result() {
+        let mut pool = pool();
+        pool.attach_tier(FaultyMedia::new(1, TIER_BYTES, 2), [9; 16], 2)
+            .unwrap();
+        let write = |offset, data| GroupWrite {
+            volume: "v",
+            offset,
+            data,
+        };
+        let results = pool.write_group(&[
+            write(0, &[1; 4096]),
+            write(8192, &[2; 4096]),
+            // Reads block 0 as the first write left it: that batch is
+            // appended before.
+            write(512, &[3; 512]),
+            write(1 << 20, &[4; 4096]),
+            write(4096, &[5; 4096]),
+        ]);
+        assert!(results[3]
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains("the volume is 1048576 bytes")));
+        assert!(results.iter().enumerate().all(|(i, r)| i == 3 || r.is_ok()));
+        // Two batches: the first write's, then the three others' (a header
+        // block and the data blocks each).
+        assert_eq!(pool.tier_info().unwrap().used_bytes, (2 + 4) * BLOCK);
+        let expected = [
+            vec![1; 512],
+            vec![3; 512],
+            vec![1; 3072],
+            vec![5; 4096],
+            vec![2; 4096],
+        ];
+        assert_eq!(read(&mut pool, 0, 3 * 4096), expected.concat());
+        let (media, tier) = pool.into_media_and_tier();
+        let mut pool = Pool::open_with_tier(media.crash(), tier.map(FaultyMedia::crash)).unwrap();
+        assert_eq!(read(&mut pool, 0, 3 * 4096), expected.concat(), "replayed");
+    }
+
+    #[test]
+    fn a_tier_removed_is_destaged_first_and_the_pool_opens_without_it() {
+        let mut pool = pool();
+        pool.attach_tier(FaultyMedia::new(1, TIER_BYTES, 2), [9; 16], 2)
+            .unwrap();
+        pool.write("v", 4096, &[6; 8192]).unwrap();
+        let mut tier = pool.detach_tier().unwrap();
+        assert_eq!(pool.tier_info(), None);
+        assert!(!crate::tier::probe(&mut tier, 0), "its superblocks erased");
+        let error = pool.detach_tier().unwrap_err().to_string();
+        assert!(error.contains("it has none"), "{error}");
+        pool.write("v", 0, &[7; 4096]).unwrap();
+        pool.flush().unwrap();
+        let (media, _) = pool.into_media_and_tier();
+        let mut pool = Pool::open(media.crash()).unwrap();
+        assert_eq!(
+            read(&mut pool, 0, 3 * 4096),
+            [vec![7; 4096], vec![6; 8192]].concat()
+        );
+        // And it takes a tier again.
+        pool.attach_tier(tier, [8; 16], 1).unwrap();
+        assert_eq!(read(&mut pool, 4096, 4096), [6; 4096]);
+    }
+
+    #[test]
+    fn the_tiers_presence_follows_its_blocks_and_outlives_a_reload() {
+        let mut pool = pool();
+        pool.attach_tier(FaultyMedia::new(1, TIER_BYTES, 2), [9; 16], 2)
+            .unwrap();
+        let id = pool.volume("v").unwrap().id;
+        let presence = pool.tier_presence().unwrap();
+        assert!(!presence.may_hold(&id, 0, 1 << 20));
+        pool.write("v", 8192, &[4; 4096]).unwrap();
+        assert!(presence.may_hold(&id, 8192, 4096));
+        // A failure and a reload: the tier's log is opened again, and the
+        // counters the data plane holds say what it found.
+        pool.media_mut().fail_next_syncs(1);
+        assert!(pool.flush().is_err());
+        pool.reload().unwrap();
+        assert!(Arc::ptr_eq(&presence, &pool.tier_presence().unwrap()));
+        assert!(presence.may_hold(&id, 8192, 4096), "replayed");
+        pool.settle_tier().unwrap();
+        assert!(!presence.may_hold(&id, 0, 1 << 20), "destaged");
     }
 
     #[test]

@@ -7,8 +7,9 @@
 //! the older one then replayed, the block would go back in time. So the
 //! superblock records the pool order up to which every write is on the
 //! capacity devices (`destaged`), and replay passes over every write at or
-//! below it. A destage round takes the lowest of the rings' oldest
-//! batches' highest orders as the new watermark, writes every batch that
+//! below it. A destage round takes the lowest of the rings' highest orders
+//! among their oldest batches (as many as the caller asks) as the new
+//! watermark, writes every batch that
 //! has an order at or below it, syncs the capacity devices, then writes
 //! the watermark and every ring's new tail in one superblock (the rings'
 //! tails move past the batches wholly at or below it).
@@ -21,11 +22,14 @@ use super::format::{
     BatchHeader, BatchKind, Extent, Invalid, RingTail, Superblock, TierId, VolumeId, EXTENTS_MAX,
     RINGS_MAX, RINGS_START, RING_BLOCKS_MIN,
 };
+use super::presence::TierPresence;
 use super::ring::{Live, Ring};
 use super::{TierError, TIER_BLOCK_BYTES};
 use crate::media::Media;
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::io;
+use std::sync::Arc;
 
 const BLOCK: u64 = TIER_BLOCK_BYTES;
 
@@ -45,14 +49,14 @@ pub struct TierWrite<'a> {
     pub pool_order: u64,
 }
 
-/// A block on its way to the capacity devices.
+/// Consecutive blocks on their way to the capacity devices.
 #[derive(Debug, Clone, Copy)]
 pub struct Destaged<'a> {
     /// The volume.
     pub volume: VolumeId,
-    /// The block.
+    /// The first block.
     pub block: u64,
-    /// Its newest bytes.
+    /// The blocks' newest bytes (whole blocks).
     pub data: &'a [u8],
 }
 
@@ -78,6 +82,8 @@ pub struct TierLog {
     /// This open's count (see [`Superblock::opens`]): its batches carry it.
     opens: u64,
     newest: HashMap<(VolumeId, u64), Newest>,
+    /// The regions `newest` has blocks in, for the data plane.
+    presence: Arc<TierPresence>,
     /// Why the tier failed: a write or sync of the tier device did not
     /// complete, so what its rings hold is unknown until it is opened again.
     failed: Option<String>,
@@ -209,6 +215,7 @@ impl TierLog {
             next_order: sb.destaged + 1,
             opens: sb.opens,
             newest: HashMap::new(),
+            presence: Arc::default(),
             failed: None,
         }
     }
@@ -389,32 +396,37 @@ impl TierLog {
         Ok(true)
     }
 
-    /// Runs up to `rounds` destage rounds (see the module's docs): each
-    /// gives every block still newest in the batches it destages to
-    /// `write` (the capacity devices), then `sync`, then releases what it
-    /// can with one superblock. Stops early when a round releases nothing
-    /// (a write on its way holds the watermark back). Returns the batches
-    /// released. A failure of
-    /// `write` or `sync` releases nothing (the rings are intact: try again,
-    /// or fail the pool).
+    /// Runs up to `rounds` destage rounds (see the module's docs) of up to
+    /// `batches` batches of each ring: each gives the runs of blocks still
+    /// newest in the batches it destages to `write` (the capacity
+    /// devices), then `sync` once, then releases what it can with one
+    /// superblock. Stops early when a round releases nothing (a write on
+    /// its way holds the watermark back). Returns the batches released. A
+    /// failure of `write` or `sync` releases nothing (the rings are intact:
+    /// try again, or fail the pool).
     pub fn destage<M: Media>(
         &mut self,
         media: &mut M,
         rounds: usize,
+        batches: usize,
         mut write: impl FnMut(&mut M, Destaged<'_>) -> io::Result<()>,
         mut sync: impl FnMut(&mut M) -> io::Result<()>,
     ) -> Result<usize, TierError> {
         self.check()?;
         let mut released = 0;
         for _ in 0..rounds {
-            // The lowest of the rings' oldest batches' highest orders, below
-            // every order taken for a write not in a batch yet, and never
-            // below what a superblock already says (batches replayed at or
-            // below it are released with this round).
+            // The lowest of the rings' highest orders among their oldest
+            // `batches` batches, below every order taken for a
+            // write not in a batch yet, and never below what a superblock
+            // already says (batches replayed at or below it are released
+            // with this round).
             let oldest = self
                 .rings
                 .iter()
-                .filter_map(|r| r.live.iter().find_map(|l| l.orders))
+                .filter_map(|r| {
+                    let orders = r.live.iter().filter_map(|l| l.orders);
+                    orders.take(batches).last()
+                })
                 .map(|(_, highest)| highest)
                 .min();
             let Some(oldest) = oldest else {
@@ -451,7 +463,7 @@ impl TierLog {
         watermark: u64,
         write: &mut impl FnMut(&mut M, Destaged<'_>) -> io::Result<()>,
     ) -> Result<Vec<(usize, usize)>, TierError> {
-        let mut buf = vec![0; BLOCK as usize];
+        let mut buf = Vec::new();
         let mut written = Vec::new();
         for (r, ring) in self.rings.iter().enumerate() {
             for (index, live) in ring.live.iter().enumerate() {
@@ -465,28 +477,35 @@ impl TierLog {
                     continue;
                 }
                 for (extent, data_offset) in &live.extents {
-                    for i in 0..u64::from(extent.blocks) {
-                        let block = extent.first_block + i;
-                        let at = data_offset + i * BLOCK;
-                        if self
-                            .newest
-                            .get(&(extent.volume, block))
-                            .map(|n| n.data_offset)
-                            != Some(at)
-                        {
+                    let blocks = u64::from(extent.blocks);
+                    buf.resize((blocks * BLOCK) as usize, 0);
+                    io_step(
+                        media.read_at(self.member, *data_offset, &mut buf),
+                        "destage: read an extent",
+                    )?;
+                    // Runs of the blocks whose newest copy this is, each
+                    // written at once.
+                    let newest_here = |i: u64| {
+                        let newest = self.newest.get(&(extent.volume, extent.first_block + i));
+                        newest.map(|n| n.data_offset) == Some(data_offset + i * BLOCK)
+                    };
+                    let mut i = 0;
+                    while i < blocks {
+                        if !newest_here(i) {
+                            i += 1;
                             continue;
                         }
-                        io_step(
-                            media.read_at(self.member, at, &mut buf),
-                            "destage: read a block",
-                        )?;
+                        let start = i;
+                        while i < blocks && newest_here(i) {
+                            i += 1;
+                        }
                         let destaged = Destaged {
                             volume: extent.volume,
-                            block,
-                            data: &buf,
+                            block: extent.first_block + start,
+                            data: &buf[(start * BLOCK) as usize..(i * BLOCK) as usize],
                         };
                         write(media, destaged)
-                            .map_err(|source| capacity("destage: write a block", source))?;
+                            .map_err(|source| capacity("destage: write blocks", source))?;
                     }
                 }
                 written.push((r, index));
@@ -514,7 +533,7 @@ impl TierLog {
         self.write_superblock(media, watermark, &counts)?;
         self.destaged = watermark;
         for (ring, &count) in self.rings.iter_mut().zip(&counts) {
-            for live in ring.live.drain(..count) {
+            for live in ring.release(count) {
                 for (extent, data_offset) in &live.extents {
                     for i in 0..u64::from(extent.blocks) {
                         let key = (extent.volume, extent.first_block + i);
@@ -522,6 +541,7 @@ impl TierLog {
                             == Some(data_offset + i * BLOCK)
                         {
                             self.newest.remove(&key);
+                            self.presence.remove(&key.0, key.1);
                         }
                     }
                 }
@@ -561,6 +581,19 @@ impl TierLog {
         self.step(media.sync(self.member), "sync the superblock")?;
         self.generation = sb.generation;
         Ok(())
+    }
+
+    /// Which regions of the volumes have blocks in the tier (shared with
+    /// the data plane).
+    pub fn presence(&self) -> &Arc<TierPresence> {
+        &self.presence
+    }
+
+    /// Takes `presence` (an earlier open's, which the data plane holds)
+    /// as this one's, its counters set to what this open found.
+    pub fn adopt_presence(&mut self, presence: Arc<TierPresence>) {
+        presence.reset(self.newest.keys());
+        self.presence = presence;
     }
 
     /// Bytes the rings' live batches hold (what a destage of them all frees).
@@ -605,12 +638,17 @@ impl TierLog {
                     data_offset: data_offset + i * BLOCK,
                     pool_order: extent.pool_order,
                 };
-                let slot = self
-                    .newest
-                    .entry((extent.volume, extent.first_block + i))
-                    .or_insert(newest);
-                if newest.pool_order >= slot.pool_order {
-                    *slot = newest;
+                let block = extent.first_block + i;
+                match self.newest.entry((extent.volume, block)) {
+                    Entry::Vacant(vacant) => {
+                        vacant.insert(newest);
+                        self.presence.add(&extent.volume, block);
+                    }
+                    Entry::Occupied(mut slot) => {
+                        if newest.pool_order >= slot.get().pool_order {
+                            slot.insert(newest);
+                        }
+                    }
                 }
             }
         }
@@ -713,6 +751,7 @@ mod tests {
         log.destage(
             media,
             rounds,
+            1,
             |m, d| m.write_at(CAPACITY, d.block * BLOCK, d.data),
             |m| m.sync(CAPACITY),
         )
@@ -828,6 +867,7 @@ mod tests {
         // The capacity device's sync fails and its cache lost the write.
         let failed = log.destage(
             &mut media,
+            1,
             1,
             |m, d| m.write_at(CAPACITY, d.block * BLOCK, d.data),
             |m| {

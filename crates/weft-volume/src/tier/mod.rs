@@ -8,6 +8,8 @@
 //! - `log`: the tier: its rings (one per writer), appending batches (one
 //!   write and one sync each: the group commit), each block's newest copy,
 //!   destage in pool order, and the superblock that records it.
+//! - `presence`: which regions of the volumes have blocks in the tier, for
+//!   the data plane's reads.
 //!
 //! The device:
 //!
@@ -31,9 +33,11 @@
 
 pub mod format;
 mod log;
+mod presence;
 mod ring;
 
 pub use format::VolumeId;
+pub use presence::TierPresence;
 
 /// Whether member `member` of `media` holds a write tier's superblock (of
 /// any tier): a device to keep from being formatted over.

@@ -81,6 +81,10 @@ pub(super) struct Ring {
     pub head: u64,
     pub next_seq: u64,
     pub live: VecDeque<Live>,
+    /// The bytes of `live`, kept as they come and go (asked for at every
+    /// turn of the node's manager: a sum over thousands of batches was not
+    /// free).
+    used_bytes: u64,
     /// The highest pool order of its batches.
     pub last_order: u64,
     /// Pool orders taken for its writes that are not in a batch yet, in
@@ -96,6 +100,7 @@ impl Ring {
             head: tail.offset,
             next_seq: tail.seq,
             live: VecDeque::new(),
+            used_bytes: 0,
             last_order: 0,
             taken: VecDeque::new(),
         }
@@ -116,7 +121,17 @@ impl Ring {
     }
 
     pub fn used_bytes(&self) -> u64 {
-        self.live.iter().map(|l| l.bytes).sum()
+        debug_assert_eq!(
+            self.used_bytes,
+            self.live.iter().map(|l| l.bytes).sum::<u64>()
+        );
+        self.used_bytes
+    }
+
+    /// Lets its `count` oldest batches go.
+    pub fn release(&mut self, count: usize) -> std::collections::vec_deque::Drain<'_, Live> {
+        self.used_bytes -= self.live.iter().take(count).map(|l| l.bytes).sum::<u64>();
+        self.live.drain(..count)
     }
 
     /// The most a ring holds: all of it but the block of room.
@@ -168,6 +183,7 @@ impl Ring {
 
     /// Takes an appended wrap and batch in: the head moves past them.
     pub fn appended(&mut self, wrap: Option<Live>, batch: Live) {
+        self.used_bytes += wrap.as_ref().map_or(0, |w| w.bytes) + batch.bytes;
         self.live.extend(wrap);
         self.head = batch.offset + batch.bytes;
         if self.head == self.span.end {
@@ -230,6 +246,7 @@ impl Ring {
             if let Some((_, highest)) = live.orders {
                 self.last_order = highest;
             }
+            self.used_bytes += live.bytes;
             self.live.push_back(live);
         }
         self.head = if offset == self.span.end {

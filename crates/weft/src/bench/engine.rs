@@ -15,7 +15,7 @@ use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use weft_initiator::{read_write, Queue};
 use weft_proto::command::io_opcode;
 use weft_proto::host::DataTransfer;
@@ -342,6 +342,27 @@ struct Phase {
     measure_from: Option<Instant>,
 }
 
+/// When each I/O of a fixed-rate load is due (`--rate-iops`): evenly
+/// spaced from the phase's start, so a late I/O does not push the rest back.
+struct Pacing {
+    start: Instant,
+    interval: Option<Duration>,
+}
+
+impl Pacing {
+    fn new(rate_iops: Option<u32>, start: Instant) -> Pacing {
+        let interval = rate_iops.map(|rate| Duration::from_secs(1) / rate);
+        Pacing { start, interval }
+    }
+
+    /// When I/O number `issued` is due (None: at once, no rate).
+    fn due(&self, issued: u64) -> Option<Instant> {
+        let interval = self.interval?;
+        let ahead = interval.saturating_mul(u32::try_from(issued).unwrap_or(u32::MAX));
+        Some(self.start + ahead)
+    }
+}
+
 /// One worker: a device, its share of the region and its stamps.
 pub struct Worker<'a> {
     pub args: &'a BenchArgs,
@@ -485,11 +506,21 @@ impl<'a> Worker<'a> {
         let mut done = Vec::with_capacity(self.args.iodepth);
         let mut now = Instant::now();
         let mut stopped = false;
+        let pacing = Pacing::new(self.args.rate_iops, now);
         loop {
             while !stopped && outstanding < self.args.iodepth {
                 if issued == phase.ios_max || phase.until.is_some_and(|until| now >= until) {
                     stopped = true;
                     break;
+                }
+                if let Some(due) = pacing.due(issued).filter(|&due| due > now) {
+                    if outstanding > 0 {
+                        // Completions first; the next turn looks again.
+                        break;
+                    }
+                    std::thread::sleep(due - now);
+                    now = Instant::now();
+                    continue;
                 }
                 let Some((block, read)) = self.choose(&phase) else {
                     stopped = true;
@@ -619,6 +650,15 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fixed_rate_spaces_its_ios_evenly_from_the_start() {
+        let start = Instant::now();
+        let pacing = Pacing::new(Some(1000), start);
+        assert_eq!(pacing.due(0), Some(start));
+        assert_eq!(pacing.due(250), Some(start + Duration::from_millis(250)));
+        assert_eq!(Pacing::new(None, start).due(7), None);
+    }
 
     #[test]
     fn shares_split_the_region_without_overlap() {

@@ -95,6 +95,9 @@ pub struct BenchArgs {
     /// Measured time; None: one pass over the region (`--size` alone).
     runtime: Option<Duration>,
     ramp: Duration,
+    /// I/Os each queue issues per second at most (fio's rate_iops): a
+    /// load of a fixed rate, whatever the target's speed.
+    rate_iops: Option<u32>,
     /// Bytes of the target the load covers; None: all of it.
     size: Option<u64>,
     verify: bool,
@@ -136,6 +139,7 @@ pub fn parse(parser: &mut lexopt::Parser) -> Result<BenchArgs, String> {
         queues: 1,
         runtime: None,
         ramp: Duration::ZERO,
+        rate_iops: None,
         size: None,
         verify: false,
         nsid: 1,
@@ -191,6 +195,7 @@ pub fn parse(parser: &mut lexopt::Parser) -> Result<BenchArgs, String> {
             "--queues" => args.queues = number(&value()?, &name, 1, 64)? as usize,
             "--runtime" => args.runtime = Some(parse_duration(&value()?, &name)?),
             "--ramp" => args.ramp = parse_duration(&value()?, &name)?,
+            "--rate-iops" => args.rate_iops = Some(number(&value()?, &name, 1, 10_000_000)? as u32),
             "--nsid" => args.nsid = number(&value()?, &name, 1, u64::from(u32::MAX - 1))? as u32,
             "--hdr-digest" => args.header_digest = true,
             "--data-digest" => args.data_digest = true,
