@@ -602,7 +602,7 @@ pub struct Manager {
     fresh_snapshots: BTreeMap<(String, String), std::time::Instant>,
     /// The data plane's paths to the volumes of pools with a write tier,
     /// by pool and volume.
-    tier_paths: BTreeMap<(String, String), Arc<weft_target::replicated::Replicated>>,
+    tier_paths: BTreeMap<(String, String, [u8; 16]), Arc<weft_target::replicated::Replicated>>,
     /// When a write of a tiered pool's volume was last written (None:
     /// none since the start, so what the tiers replayed is destaged at once).
     last_tier_write: Option<std::time::Instant>,

@@ -352,7 +352,7 @@ impl Manager {
         let handle = self.handle.clone();
         let path = self
             .tier_paths
-            .entry((pool.to_string(), volume.to_string()))
+            .entry((pool.to_string(), volume.to_string(), id))
             .or_insert_with(|| {
                 let sink = TierSink {
                     handle,
@@ -367,14 +367,15 @@ impl Manager {
         Arc::clone(path)
     }
 
-    /// Drops the paths of volumes deleted, or of pools that no longer have
-    /// a tier.
+    /// Drops the paths of volumes deleted (a volume made again under its
+    /// name is another: its own path, its own identity), or of pools that
+    /// no longer have a tier.
     pub(super) fn forget_tier_paths(&mut self) {
         let pools = &self.pools;
-        self.tier_paths.retain(|(pool, volume), _| {
-            pools
-                .get(pool)
-                .is_some_and(|p| p.tier_info().is_some() && p.volume(volume).is_some())
+        self.tier_paths.retain(|(pool, volume, id), _| {
+            pools.get(pool).is_some_and(|p| {
+                p.tier_info().is_some() && p.volume(volume).is_some_and(|v| v.id == *id)
+            })
         });
     }
 
@@ -536,6 +537,7 @@ impl Manager {
 mod tests {
     use super::super::tests::{idle_manager, pool_with_volume};
     use super::*;
+    use weft_volume::VolumeSpec;
 
     /// The path the exports give a tiered pool's volume sends a read to
     /// the manager only while the tier may hold one of its blocks.
@@ -551,7 +553,8 @@ mod tests {
         manager.attach_tier(&mut pool, &tier).unwrap();
         manager.pools.insert("p".into(), pool);
         manager.exports();
-        let path = Arc::clone(&manager.tier_paths[&("p".to_string(), "v".to_string())]);
+        let id = manager.pools["p"].volume("v").unwrap().id;
+        let path = Arc::clone(&manager.tier_paths[&("p".to_string(), "v".to_string(), id)]);
         let read = Some((65536, 4096));
         assert_eq!(path.route(read, 0), Ok(false), "the devices");
         assert_eq!(path.route(None, 0), Ok(true), "a write: the manager");
@@ -560,6 +563,21 @@ mod tests {
         assert_eq!(path.route(read, 0), Ok(true), "the tier holds it");
         pool.destage_tier(usize::MAX).unwrap();
         assert_eq!(path.route(read, 0), Ok(false), "destaged");
+        // Made again under its name (before the exports forgot the first):
+        // another volume, another path.
+        pool.delete_volume("v").unwrap();
+        pool.create_volume(&VolumeSpec {
+            name: "v".into(),
+            size_bytes: 8 << 20,
+            block_size: 4096,
+            thick: false,
+            encrypted: false,
+        })
+        .unwrap();
+        let again = pool.volume("v").unwrap().id;
+        manager.exports();
+        let keys: Vec<_> = manager.tier_paths.keys().map(|(_, _, id)| *id).collect();
+        assert_eq!(keys, [again]);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

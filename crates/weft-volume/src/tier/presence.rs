@@ -86,7 +86,11 @@ impl TierPresence {
     }
 
     fn slot(&self, volume: &VolumeId, region: u64) -> usize {
-        let seed = u64::from_le_bytes(volume[..8].try_into().expect("16 bytes"));
+        // All 16 bytes: a pool's volume ids share their first 8 (its UUID)
+        // and differ in the last (a counter mixed in).
+        let low = u64::from_le_bytes(volume[..8].try_into().expect("16 bytes"));
+        let high = u64::from_le_bytes(volume[8..].try_into().expect("16 bytes"));
+        let seed = low ^ high.rotate_left(29).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         let mixed = (seed ^ region).wrapping_mul(0x9E37_79B9_7F4A_7C15);
         (mixed >> 48) as usize % COUNTERS
     }
@@ -107,6 +111,14 @@ mod tests {
         assert!(presence.may_hold(&a, at(10), 4096));
         assert!(presence.may_hold(&a, 0, 512), "the same region");
         assert!(!presence.may_hold(&b, at(10), 4096), "another volume");
+        // Another volume of the same pool: ids that differ in their last
+        // byte only.
+        let mut sibling = a;
+        sibling[15] ^= 1;
+        assert!(
+            !presence.may_hold(&sibling, at(10), 4096),
+            "a sibling volume"
+        );
         presence.remove(&a, 10);
         assert!(!presence.may_hold(&a, at(10), 4096));
         assert!(presence.may_hold(&a, 0, 1 << 30), "the second region");
