@@ -1133,13 +1133,9 @@ impl Manager {
             }
         };
         note_pool_failure(pool, health);
-        let outcome = match (request.work, result) {
-            (VolumeWork::Wait, _) => VolumeOutcome::Retry,
-            (_, Ok(())) => VolumeOutcome::Done(Ok(())),
-            (_, Err(error)) => {
-                log::warn!("volume {}: {error}", request.volume);
-                VolumeOutcome::Done(Err(io_error(&error)))
-            }
+        let outcome = match request.work {
+            VolumeWork::Wait => VolumeOutcome::Retry,
+            _ => outcome(&request.volume, result),
         };
         request.reply.send(outcome);
         None
@@ -2130,6 +2126,18 @@ pub(crate) fn not_found(kind: &'static str, name: &str) -> AdminError {
         name: name.to_string(),
     }
     .into()
+}
+
+/// The answer to a slow-path I/O of `volume` whose result is `result`
+/// (a failure logged).
+fn outcome(volume: &str, result: Result<(), VolumeError>) -> VolumeOutcome {
+    match result {
+        Ok(()) => VolumeOutcome::Done(Ok(())),
+        Err(error) => {
+            log::warn!("volume {volume}: {error}");
+            VolumeOutcome::Done(Err(io_error(&error)))
+        }
+    }
 }
 
 /// The NVMe status class of a volume failure.

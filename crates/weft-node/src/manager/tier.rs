@@ -19,7 +19,7 @@
 //! hold copies of replicated and erasure-coded volumes (their writes reach
 //! the pool's devices without the manager: refused on such pools).
 
-use super::{AdminError, Manager, SlowIo};
+use super::{outcome, AdminError, Manager, SlowIo};
 use crate::identity::hex;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -77,17 +77,6 @@ struct Waiting {
     data: weft_uring::SharedBuf,
     fua: bool,
     reply: VolumeReply,
-}
-
-/// The answer to an I/O whose result is `result`.
-fn outcome(volume: &str, result: Result<(), VolumeError>) -> VolumeOutcome {
-    match result {
-        Ok(()) => VolumeOutcome::Done(Ok(())),
-        Err(error) => {
-            log::warn!("volume {volume}: {error}");
-            VolumeOutcome::Done(Err(super::io_error(&error)))
-        }
-    }
 }
 
 /// The data plane's path to the manager for a tiered pool's volume.
