@@ -46,6 +46,7 @@ use weft_node::manager::{
     VolumeIdentity, DEFAULT_CHUNK_BYTES,
 };
 use weft_node::{StatusReader, TierDevice};
+use weft_volume::compression::Compression;
 use weft_volume::{VolumeError, VolumeSpec};
 
 /// Default API address.
@@ -745,6 +746,9 @@ struct CreatePool {
     /// Encrypt every volume created in it.
     #[serde(default)]
     encrypt: bool,
+    /// Compress the volumes of one copy created in it: "lz4", "zstd" or
+    /// "none" (the default).
+    compression: Option<String>,
     /// A write tier's device.
     write_tier: Option<PathBuf>,
     /// Creates a missing write tier file sparse with this size.
@@ -800,6 +804,8 @@ struct CreateVolume {
     /// Encrypted at rest (AES-256-XTS, a data key per volume).
     #[serde(default)]
     encrypted: bool,
+    /// "lz4", "zstd" or "none" (the default).
+    compression: Option<String>,
     source: Option<String>,
     /// Copies on distinct nodes (a cluster's; default 1).
     replicas: Option<u32>,
@@ -872,6 +878,7 @@ fn operation(
                 device_bytes: p.device_size_bytes,
                 force: p.force,
                 encrypt: p.encrypt,
+                compression: compression(p.compression.as_deref())?.unwrap_or_default(),
                 write_tier: p.write_tier.map(|path| TierDevice {
                     path,
                     size_bytes: p.write_tier_size_bytes,
@@ -1015,6 +1022,14 @@ fn not_a_cluster() -> Response {
 
 fn create_volume(body: CreateVolume) -> Result<AdminOp, Response> {
     if let Some(source) = body.source {
+        if body.compression.is_some() {
+            return Err(failure(
+                400,
+                "invalid",
+                "a clone is compressed exactly as its source is (it shares its extents)",
+                "drop compression",
+            ));
+        }
         if body.encrypted {
             return Err(failure(
                 400,
@@ -1077,6 +1092,16 @@ fn create_volume(body: CreateVolume) -> Result<AdminOp, Response> {
         }
         None => None,
     };
+    let compression = compression(body.compression.as_deref())?;
+    let compressed = compression.is_some_and(|c| c != Compression::None);
+    if compressed && (!replicas.is_empty() || erasure.is_some()) {
+        return Err(failure(
+            400,
+            "invalid",
+            "compression is for volumes of one copy, for now",
+            "drop compression, or replicas and ec",
+        ));
+    }
     Ok(AdminOp::CreateVolume {
         identity,
         replicas,
@@ -1088,8 +1113,19 @@ fn create_volume(body: CreateVolume) -> Result<AdminOp, Response> {
             block_size: body.block_size.unwrap_or(4096),
             thick: body.thick,
             encrypted: body.encrypted,
+            compression: Compression::None,
         },
+        compression,
     })
+}
+
+/// A compression the API was given, parsed.
+fn compression(name: Option<&str>) -> Result<Option<Compression>, Response> {
+    name.map(|name| {
+        name.parse::<Compression>()
+            .map_err(|e| failure(400, "invalid", &e, "give compression lz4, zstd or none"))
+    })
+    .transpose()
 }
 
 /// The identity chosen for a new volume, checked: any valid NQN (as nvmet

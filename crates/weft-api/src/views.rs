@@ -41,9 +41,51 @@ pub struct PoolView {
     /// Every volume created in it is encrypted at rest.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub encrypt: bool,
+    /// What its volumes of one copy are compressed with unless they ask
+    /// otherwise ("lz4" or "zstd").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compress: Option<String>,
     /// Its write tier, if it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub write_tier: Option<WriteTierView>,
+    /// What its compressed volumes store, if it has any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compression: Option<PoolCompressionView>,
+}
+
+/// What a pool's compressed volumes store.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PoolCompressionView {
+    /// Bytes of their units written (what they would take uncompressed).
+    pub logical_bytes: u64,
+    /// Bytes their extents take.
+    pub stored_bytes: u64,
+    /// Bytes of the allocation units holding the extents (with what the
+    /// cleaner has yet to reclaim).
+    pub segment_bytes: u64,
+    /// Logical / stored.
+    pub ratio: f64,
+}
+
+/// A compressed volume's algorithm and what it saves.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct CompressionView {
+    /// "lz4" or "zstd".
+    pub algorithm: String,
+    /// Bytes of its units written (what they would take uncompressed).
+    pub logical_bytes: u64,
+    /// Bytes their extents take.
+    pub stored_bytes: u64,
+    /// Logical / stored.
+    pub ratio: f64,
+}
+
+/// Logical over stored, 1 when nothing is stored.
+fn ratio(logical_bytes: u64, stored_bytes: u64) -> f64 {
+    match stored_bytes {
+        0 => 1.0,
+        stored => logical_bytes as f64 / stored as f64,
+    }
 }
 
 /// A pool's write tier.
@@ -135,6 +177,9 @@ pub struct VolumeView {
     /// Encryption at rest, if it is encrypted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub encryption: Option<EncryptionView>,
+    /// Compression, if it is compressed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compression: Option<CompressionView>,
 }
 
 /// A volume's encryption at rest.
@@ -386,10 +431,19 @@ impl From<&PoolStatus> for PoolView {
             failure: pool.failure.clone(),
             node: None,
             encrypt: pool.encrypt,
+            compress: pool.compression.clone(),
             write_tier: pool.write_tier.as_ref().map(|tier| WriteTierView {
                 device: tier.device.clone(),
                 capacity_bytes: tier.info.capacity_bytes,
                 used_bytes: tier.info.used_bytes,
+            }),
+            compression: (info.segment_bytes > 0 || info.compressed_logical_bytes > 0).then(|| {
+                PoolCompressionView {
+                    logical_bytes: info.compressed_logical_bytes,
+                    stored_bytes: info.compressed_stored_bytes,
+                    segment_bytes: info.segment_bytes,
+                    ratio: ratio(info.compressed_logical_bytes, info.compressed_stored_bytes),
+                }
             }),
         }
     }
@@ -467,6 +521,12 @@ impl From<&VolumeStatus> for VolumeView {
                 kek_id: e.kek_id.to_string(),
                 state: if e.unlocked { "unlocked" } else { "locked" }.into(),
             }),
+            compression: info.compression.map(|c| CompressionView {
+                algorithm: c.algorithm.name().into(),
+                logical_bytes: c.logical_bytes,
+                stored_bytes: c.stored_bytes,
+                ratio: ratio(c.logical_bytes, c.stored_bytes),
+            }),
         }
     }
 }
@@ -523,6 +583,9 @@ mod tests {
                 provisioned_bytes: 8 << 20,
                 volumes: 1,
                 snapshots: 0,
+                compressed_logical_bytes: 0,
+                compressed_stored_bytes: 0,
+                segment_bytes: 0,
             },
             members: Arc::from([true, false].map(|metadata_copy| MemberUsage {
                 size_bytes: 3 << 20,
@@ -532,6 +595,7 @@ mod tests {
             })),
             failure: Some("fdatasync failed".into()),
             encrypt: false,
+            compression: None,
             write_tier: Some(weft_node::WriteTierStatus {
                 device: "/t".into(),
                 info: weft_volume::TierInfo {

@@ -35,6 +35,10 @@ pub struct PoolRecord {
     /// Every volume created in it is encrypted at rest.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub encrypt: bool,
+    /// Volumes of one copy created in it are compressed with this ("lz4"
+    /// or "zstd") unless they ask otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compression: Option<String>,
     /// The device of its write tier (recorded before the pool's
     /// superblocks name it: at the next open it is the tier if they do).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -836,6 +840,7 @@ mod tests {
             devices: vec!["/dev/nvme0n1".into()],
             adding: Vec::new(),
             encrypt: false,
+            compression: None,
             write_tier: None,
         };
         state.change_pool("fast", |_| Some(pool.clone())).unwrap();

@@ -23,6 +23,7 @@
 //! both after a restart.
 
 mod claims;
+mod compression;
 mod encryption;
 mod growth;
 mod marking;
@@ -69,6 +70,7 @@ use weft_target::{
     Backend, DataPlane, Exports, FailedOperation, Health, LimitReached, Meter, NamespaceDevice,
     VolumeBackend, VolumeManager, VolumeOutcome, VolumeRequest, VolumeWork,
 };
+use weft_volume::compression::Compression;
 use weft_volume::{DevicePath, FileMedia, Pool, PoolOptions, VolumeError, VolumeSpec};
 
 /// NQN prefix of volume subsystems.
@@ -109,6 +111,8 @@ pub enum AdminOp {
         force: bool,
         /// Encrypt every volume created in it (needs the node's keys).
         encrypt: bool,
+        /// Compress the volumes of one copy created in it by default.
+        compression: Compression,
         /// A write tier in front of its devices.
         write_tier: Option<TierDevice>,
     },
@@ -162,6 +166,9 @@ pub enum AdminOp {
         replicas: Vec<ReplicaPlacement>,
         /// Erasure-coded: the replicas are the stripe's members, in order.
         erasure: Option<ErasureRecord>,
+        /// The compression asked for (none asked: the pool's default, for
+        /// a volume of one copy); `spec.compression` is set from it.
+        compression: Option<Compression>,
     },
     /// Delete a volume (`force`: even with hosts connected).
     DeleteVolume {
@@ -804,8 +811,12 @@ impl Manager {
                     &member_paths,
                     volume.size_bytes,
                 );
+                // A compressed volume's reads all go to the manager too:
+                // the reactors cannot read extents.
+                let compressed = volume.compression != Compression::None;
                 let replicated = match (&record.replication, pool.tier_presence()) {
-                    (None, Some(presence)) => {
+                    (None, presence) if compressed || presence.is_some() => {
+                        let presence = presence.filter(|_| !compressed);
                         Some(self.tier_path(pool_name, &volume.name, volume.id, presence))
                     }
                     _ => replicated,
@@ -935,6 +946,7 @@ impl Manager {
                 Next::Idle => {
                     self.publish_member_usage();
                     self.persist_cleared_intents();
+                    self.clean_segments();
                     if self
                         .next_destage()
                         .is_some_and(|due| due <= std::time::Instant::now())
@@ -1179,13 +1191,14 @@ impl Manager {
                 device_bytes,
                 force,
                 encrypt,
+                compression,
                 write_tier,
             } => self.create_pool(
                 name,
                 devices,
                 chunk_bytes,
                 device_bytes,
-                (force, encrypt, write_tier),
+                (force, encrypt, compression, write_tier),
             )?,
             AdminOp::SetWriteTier { pool, tier } => self.set_write_tier(&pool, tier, plane)?,
             AdminOp::RemoveWriteTier(pool) => self.remove_write_tier(&pool, plane)?,
@@ -1206,11 +1219,18 @@ impl Manager {
                 identity,
                 replicas,
                 erasure,
+                compression,
             } => {
                 self.check_volume_name_free(&spec.name)?;
                 self.pool_mut(&pool)?;
+                let one_copy = replicas.is_empty() && erasure.is_none();
                 let spec = VolumeSpec {
                     encrypted: spec.encrypted || self.pool_encrypts(&pool)?,
+                    compression: match compression {
+                        Some(asked) => asked,
+                        None if one_copy => self.pool_compression(&pool)?,
+                        None => Compression::None,
+                    },
                     ..spec
                 };
                 let mut chosen = self.check_identity_free(&spec.name, &identity)?;
@@ -1351,7 +1371,7 @@ impl Manager {
         devices: Vec<PathBuf>,
         chunk_bytes: u32,
         device_bytes: Option<u64>,
-        (force, encrypt, write_tier): (bool, bool, Option<TierDevice>),
+        (force, encrypt, compression, write_tier): (bool, bool, Compression, Option<TierDevice>),
     ) -> Result<(), AdminError> {
         weft_volume::check_name("pool", &name)?;
         if self.pools.contains_key(&name) {
@@ -1404,6 +1424,7 @@ impl Manager {
             devices,
             adding: Vec::new(),
             encrypt,
+            compression: (compression != Compression::None).then(|| compression.name().into()),
             write_tier: write_tier.map(|tier| tier.path),
         };
         self.store_write(|d| d.change_pool(&name, |_| Some(record.clone())))?;
@@ -2214,6 +2235,7 @@ mod tests {
             block_size: 4096,
             thick: false,
             encrypted: false,
+            compression: weft_volume::compression::Compression::None,
         };
         pool.create_volume(&spec).unwrap();
         let id = crate::identity::hex(&pool.volume_info("v").unwrap().id);
@@ -2223,6 +2245,7 @@ mod tests {
             devices,
             adding: Vec::new(),
             encrypt: false,
+            compression: None,
             write_tier: None,
         };
         desired.change_pool("p", |_| Some(record.clone())).unwrap();

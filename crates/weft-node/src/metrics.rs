@@ -337,7 +337,7 @@ pub fn prometheus(stats: &Stats, pools: &[PoolStatus]) -> String {
     }
     node_totals(&mut out, stats);
     stages::expose(&mut out, &stats.stages);
-    let per_pool: [(&str, &str, PoolValue); 6] = [
+    let per_pool: [(&str, &str, PoolValue); 9] = [
         ("weft_pool_capacity_bytes", "Data space of the pool.", |p| {
             Some(p.info.capacity_bytes)
         }),
@@ -366,6 +366,21 @@ pub fn prometheus(stats: &Stats, pools: &[PoolStatus]) -> String {
             "Bytes of the pool's write tier that hold writes not destaged to its devices yet.",
             |p| Some(p.write_tier.as_ref()?.info.used_bytes),
         ),
+        (
+            "weft_pool_compressed_logical_bytes",
+            "Bytes of the units its compressed volumes have written, as they came (pools with compressed volumes); over the stored bytes, the ratio.",
+            |p| compressed(p).then_some(p.info.compressed_logical_bytes),
+        ),
+        (
+            "weft_pool_compressed_stored_bytes",
+            "Bytes those units take compressed.",
+            |p| compressed(p).then_some(p.info.compressed_stored_bytes),
+        ),
+        (
+            "weft_pool_compressed_segment_bytes",
+            "Bytes of the allocation units holding them, with what the cleaner has yet to reclaim.",
+            |p| compressed(p).then_some(p.info.segment_bytes),
+        ),
     ];
     for (name, help, value) in per_pool {
         out.family(name, "gauge", help);
@@ -376,6 +391,11 @@ pub fn prometheus(stats: &Stats, pools: &[PoolStatus]) -> String {
         }
     }
     out.0
+}
+
+/// Whether a pool has compressed volumes or holds their extents.
+fn compressed(pool: &PoolStatus) -> bool {
+    pool.info.segment_bytes > 0 || pool.info.compressed_logical_bytes > 0
 }
 
 /// Appends the rebuilds in progress (volume, replica) to an exposition.

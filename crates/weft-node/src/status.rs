@@ -44,6 +44,9 @@ pub struct PoolStatus {
     pub failure: Option<String>,
     /// Every volume created in it is encrypted (its record says).
     pub encrypt: bool,
+    /// What its volumes of one copy are compressed with by default (its
+    /// record says).
+    pub compression: Option<String>,
     /// Its write tier, if it has one.
     pub write_tier: Option<WriteTierStatus>,
 }
@@ -142,6 +145,8 @@ pub(crate) struct PoolSnapshot {
     pub(crate) devices: Option<Vec<PathBuf>>,
     /// Its record says every volume created in it is encrypted.
     pub(crate) encrypt: bool,
+    /// Its record's default compression.
+    pub(crate) compression: Option<String>,
     pub(crate) info: PoolInfo,
     pub(crate) members: Arc<[MemberUsage]>,
     /// The failure the pool itself noticed (a metadata write or sync).
@@ -181,6 +186,7 @@ impl PoolSnapshot {
             members: Arc::clone(&self.members),
             failure: self.failure(),
             encrypt: self.encrypt,
+            compression: self.compression.clone(),
             write_tier: self.write_tier.clone(),
         }
     }

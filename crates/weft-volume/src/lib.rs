@@ -9,6 +9,8 @@
 //! - `map`: the lock-free chunk map and I/O gate the data plane shares.
 //! - `media`: the devices (files or block devices) the pool lives on.
 //! - `crypt`: encryption at rest (AES-256-XTS per volume) and its keys.
+//! - `compression`, `extents`: compressed volumes' units (lz4 or zstd)
+//!   and where their extents are.
 //! - `tier`: a write tier's log (a ring of group-committed batches on a
 //!   fast device, destaged to the pool later).
 //! - `testing`: in-memory media that fails, tears and loses writes, for the
@@ -22,7 +24,9 @@
 #![warn(missing_docs)]
 
 mod codec;
+pub mod compression;
 pub mod crypt;
+pub mod extents;
 pub mod format;
 pub mod map;
 pub mod media;

@@ -15,6 +15,7 @@
 //! ahead of the disk); reopening recovers the last committed state.
 
 use crate::codec::{Decoder, Encoder};
+use crate::compression::Compression;
 use crate::crypt::{Keyring, VolumeCipher};
 use crate::format::{
     Extension, FormatError, Frame, Layout, Superblock, CHECKPOINT_MAGIC, MEMBERS_MAX, META_BLOCK,
@@ -30,9 +31,11 @@ use std::io;
 use std::sync::Arc;
 
 mod checkpoints;
+mod compressed;
 mod encryption;
 mod tier;
 use checkpoints::{read_checkpoint, write_checkpoint_frame, write_zeroes};
+pub use compressed::CompressionUsage;
 pub use encryption::{Encryption, Rewrapped};
 pub use tier::{GroupWrite, TierInfo};
 
@@ -65,6 +68,8 @@ pub struct VolumeSpec {
     pub thick: bool,
     /// Encrypt it at rest (needs the node's keyring, see [`Pool::unlock`]).
     pub encrypted: bool,
+    /// Compress its writes (a thin volume only).
+    pub compression: Compression,
 }
 
 /// Capacity and usage of a pool.
@@ -88,6 +93,13 @@ pub struct PoolInfo {
     pub volumes: usize,
     /// Snapshots.
     pub snapshots: usize,
+    /// What its compressed volumes' units would take uncompressed.
+    pub compressed_logical_bytes: u64,
+    /// What they take compressed.
+    pub compressed_stored_bytes: u64,
+    /// Bytes of the allocation units holding them (with the space the
+    /// cleaner has yet to reclaim).
+    pub segment_bytes: u64,
 }
 
 /// One member device's share of a pool.
@@ -124,6 +136,8 @@ pub struct VolumeInfo {
     pub snapshots: Vec<(String, [u8; 16], u64)>,
     /// Encryption at rest, if any.
     pub encryption: Option<Encryption>,
+    /// Compression, if any, and what it saves.
+    pub compression: Option<CompressionUsage>,
 }
 
 /// A pool opened on its media.
@@ -153,6 +167,8 @@ pub struct Pool<M: Media> {
     /// Which regions of the volumes have blocks in the tier: kept across
     /// the tier's opens (the data plane holds it).
     tier_presence: Option<Arc<crate::tier::TierPresence>>,
+    /// Sectors of the open segment used (compressed volumes' extents).
+    segment_fill: u32,
 }
 
 impl<M: Media> Pool<M> {
@@ -268,6 +284,7 @@ impl<M: Media> Pool<M> {
             tier: None,
             unopened_tier: None,
             tier_presence: None,
+            segment_fill: 0,
         })
     }
 
@@ -299,6 +316,7 @@ impl<M: Media> Pool<M> {
             tier: None,
             unopened_tier: None,
             tier_presence: None,
+            segment_fill: 0,
         };
         pool.repair_superblocks(&loaded.superblock_repairs)?;
         pool.resync_copies(resync)?;
@@ -685,6 +703,10 @@ impl<M: Media> Pool<M> {
     /// Capacity and usage.
     pub fn info(&self) -> PoolInfo {
         let chunk = u64::from(self.layout().chunk_bytes);
+        let usages: Vec<_> = self
+            .volumes()
+            .filter_map(|v| self.compression_usage(&v.name))
+            .collect();
         PoolInfo {
             name: self.name().to_string(),
             uuid: self.superblock.pool_uuid,
@@ -695,6 +717,9 @@ impl<M: Media> Pool<M> {
             provisioned_bytes: self.volumes().map(|v| v.size_bytes).sum(),
             volumes: self.state.volumes.len(),
             snapshots: self.volumes().map(|v| v.snapshots.len()).sum(),
+            compressed_logical_bytes: usages.iter().map(|u| u.logical_bytes).sum(),
+            compressed_stored_bytes: usages.iter().map(|u| u.stored_bytes).sum(),
+            segment_bytes: self.segment_bytes(),
         }
     }
 
@@ -715,6 +740,7 @@ impl<M: Media> Pool<M> {
                 .map(|(name, s)| (name.clone(), s.id, s.size_bytes))
                 .collect(),
             encryption: self.encryption(name),
+            compression: self.compression_usage(name),
         })
     }
 
@@ -742,6 +768,12 @@ impl<M: Media> Pool<M> {
         check_name("volume", &spec.name)?;
         self.check_new_volume(&spec.name)?;
         self.check_geometry(spec.size_bytes, spec.block_size)?;
+        if spec.thick && spec.compression != Compression::None {
+            return Err(VolumeError::invalid(
+                format!("a thick volume compressed with {}", spec.compression),
+                "a compressed volume is thin (its units take what they compress to): drop --thick or the compression",
+            ));
+        }
         // The key first: nothing is staged when it cannot be made.
         let key = match spec.encrypted {
             true => Some(self.new_volume_key(&spec.name, spec.block_size)?),
@@ -765,6 +797,12 @@ impl<M: Media> Pool<M> {
             key: key.as_ref().map(|(wrapped, _)| wrapped.clone()),
         };
         self.stage(record);
+        if spec.compression != Compression::None {
+            self.stage(Record::SetCompression {
+                volume: spec.name.clone(),
+                compression: spec.compression,
+            });
+        }
         self.commit()?;
         self.keep_cipher(&spec.name, key.map(|(_, cipher)| cipher));
         Ok(())
@@ -855,8 +893,9 @@ impl<M: Media> Pool<M> {
                 "volume {volume} has {SNAPSHOTS_PER_VOLUME_MAX} snapshots, the most a volume may have; delete one first"
             )));
         }
-        let (gate, mapped) = (Arc::clone(&v.gate), u64::from(v.mapped_chunks));
-        self.check_references(mapped + 1)?;
+        let references = u64::from(v.mapped_chunks) + 2 * v.extents.len() as u64;
+        let gate = Arc::clone(&v.gate);
+        self.check_references(references + 1)?;
         // The snapshot shares the capacity devices' chunks: what the tier
         // holds goes there first.
         self.settle_tier()?;
@@ -891,12 +930,9 @@ impl<M: Media> Pool<M> {
         self.check_usable()?;
         check_name("volume", name)?;
         self.check_new_volume(name)?;
-        let shared = self
-            .existing_snapshot(volume, snapshot)?
-            .chunks
-            .iter()
-            .filter(|&&c| c != NO_CHUNK)
-            .count();
+        let source = self.existing_snapshot(volume, snapshot)?;
+        let shared =
+            source.chunks.iter().filter(|&&c| c != NO_CHUNK).count() + 2 * source.extents.len();
         self.check_references(shared as u64 + 1)?;
         let record = Record::CloneVolume {
             id: self.next_id(),
@@ -980,6 +1016,12 @@ impl<M: Media> Pool<M> {
         self.check_usable()?;
         let volume = self.existing(name)?;
         check_range(volume, offset, len)?;
+        if volume.compression != Compression::None {
+            return Err(VolumeError::invalid(
+                format!("allocation units for compressed volume {name}"),
+                "a compressed volume's data lives in extents: write it through the pool",
+            ));
+        }
         let map = Arc::clone(&volume.map);
         let (first, end) = self.chunk_span(offset, len);
         let needs_chunk = |state: &PoolState, index: usize| match map.lookup(index) {
@@ -1039,6 +1081,9 @@ impl<M: Media> Pool<M> {
         self.check_usable()?;
         check_range(self.existing(name)?, offset, len)?;
         self.settle_tier()?;
+        if self.is_compressed(name) {
+            return self.deallocate_compressed(name, offset, len);
+        }
         let volume = self.existing(name)?;
         let (map, gate, thick) = (
             Arc::clone(&volume.map),
@@ -1097,6 +1142,9 @@ impl<M: Media> Pool<M> {
 
     /// Writes `data` at `offset` (synchronously; the data plane has its own path).
     pub fn write(&mut self, name: &str, offset: u64, data: &[u8]) -> Result<(), VolumeError> {
+        if self.is_compressed(name) {
+            return self.write_compressed(name, offset, data);
+        }
         if self.has_tier() {
             let write = GroupWrite {
                 volume: name,
@@ -1158,6 +1206,9 @@ impl<M: Media> Pool<M> {
 
     /// Reads `buf.len()` bytes at `offset`; unwritten ranges read as zeroes.
     pub fn read(&mut self, name: &str, offset: u64, buf: &mut [u8]) -> Result<(), VolumeError> {
+        if self.is_compressed(name) {
+            return self.read_compressed(name, offset, buf);
+        }
         let cipher = self.cipher(name)?;
         check_aligned(cipher.as_deref(), name, offset, buf.len())?;
         self.read_stored(name, offset, buf)?;
@@ -1221,8 +1272,13 @@ impl<M: Media> Pool<M> {
             ));
         }
         let chunks = source.chunks.clone();
+        let extents = compressed::extents_under(&source.extents, offset, buf.len() as u64);
         let cipher = self.cipher(volume)?;
         check_aligned(cipher.as_deref(), volume, offset, buf.len())?;
+        if self.is_compressed(volume) {
+            let name = format!("{volume}@{snapshot}");
+            return self.read_extents(&name, &extents, cipher.as_deref(), offset, buf);
+        }
         self.for_each_piece(
             offset,
             buf.len(),
@@ -1947,6 +2003,7 @@ mod tests {
             block_size: 4096,
             thick: false,
             encrypted: false,
+            compression: crate::compression::Compression::None,
         };
         pool.create_volume(&spec).unwrap();
         pool
@@ -2063,6 +2120,7 @@ mod tests {
             block_size: 4096,
             thick: false,
             encrypted: false,
+            compression: crate::compression::Compression::None,
         };
         pool.create_volume(&spec).unwrap();
         assert_eq!(pool.checkpoint_slot, 0);
@@ -2129,6 +2187,7 @@ mod tests {
             block_size: 4096,
             thick: false,
             encrypted: false,
+            compression: crate::compression::Compression::None,
         };
         pool.create_volume(&spec).unwrap();
         let fill = |pool: &mut Pool<FaultyMedia>, from: u64, to: u64| {
@@ -2223,6 +2282,7 @@ mod tests {
             block_size: 4096,
             thick: false,
             encrypted: false,
+            compression: crate::compression::Compression::None,
         })
         .unwrap();
         pool.write("v", 0, &[7; 4096]).unwrap();

@@ -12,12 +12,16 @@
 //! choice), or validating user input beyond what keeps the state consistent.
 
 use crate::codec::{Decoder, Encoder};
+use crate::compression::Compression;
 use crate::crypt::keys::{WrappedKey, WRAPPED_KEY_BYTES};
+use crate::extents::{Extent, ExtentMap};
 use crate::format::FormatError;
 use crate::map::{ChunkMap, Lookup, WriteGate};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use thiserror::Error;
+
+mod compressed;
 
 /// "No chunk" in a snapshot's chunk list.
 pub const NO_CHUNK: u32 = u32::MAX;
@@ -131,6 +135,30 @@ pub enum Record {
         /// The key.
         key: WrappedKey,
     },
+    /// A volume's writes from now on are compressed (staged with its
+    /// creation, before any write).
+    SetCompression {
+        /// Volume.
+        volume: String,
+        /// The algorithm.
+        compression: Compression,
+    },
+    /// Units of a compressed volume are now stored in these extents (None:
+    /// deallocated); what they were stored in before is released.
+    SetExtents {
+        /// Volume.
+        volume: String,
+        /// By unit.
+        extents: Vec<(u32, Option<Extent>)>,
+    },
+    /// The cleaner copied extents out of segment `from`: every reference
+    /// (volumes' and snapshots') to one of them now names its copy.
+    MoveExtents {
+        /// The segment emptied.
+        from: u32,
+        /// By first sector in `from`: the chunk and sector of the copy.
+        moves: Vec<(u32, u32, u32)>,
+    },
 }
 
 /// A record or checkpoint that cannot be applied: the metadata is corrupt
@@ -169,6 +197,11 @@ pub struct Volume {
     /// Its wrapped data key, if it is encrypted (a clone shares its
     /// source's: they share blocks).
     pub key: Option<WrappedKey>,
+    /// How its writes are compressed (a clone's as its source's).
+    pub compression: Compression,
+    /// Where its units are, once written compressed (never mapped chunks:
+    /// a compressed volume's data lives in extents only).
+    pub extents: ExtentMap,
 }
 
 /// A read-only point-in-time copy of a volume.
@@ -182,6 +215,8 @@ pub struct Snapshot {
     pub block_size: u32,
     /// Physical chunk per logical chunk, [`NO_CHUNK`] where unmapped.
     pub chunks: Vec<u32>,
+    /// A compressed volume's extents when it was taken.
+    pub extents: ExtentMap,
 }
 
 /// Volumes, snapshots and chunk reference counts of one pool.
@@ -200,6 +235,15 @@ pub struct PoolState {
     /// A wrapped key was dropped or replaced: older metadata on the devices
     /// still holds it until the pool scrubs it (see `Pool::scrub_metadata`).
     pub scrub_owed: bool,
+    /// Chunks holding extents, with the sectors referenced in each (a
+    /// shared extent once per reference). Each holds one reference to its
+    /// chunk while it is here.
+    segments: BTreeMap<u32, u64>,
+    /// The segment the pool fills now: kept even while nothing in it is
+    /// referenced.
+    open_segment: Option<u32>,
+    /// References to extents, all maps together (bounds the checkpoint).
+    extent_refs: u64,
 }
 
 impl PoolState {
@@ -215,6 +259,9 @@ impl PoolState {
             references: 0,
             allocated: 0,
             scrub_owed: false,
+            segments: BTreeMap::new(),
+            open_segment: None,
+            extent_refs: 0,
         }
     }
 
@@ -384,6 +431,8 @@ impl PoolState {
                         snapshots: BTreeMap::new(),
                         mapped_chunks: 0,
                         key: key.clone(),
+                        compression: Compression::None,
+                        extents: ExtentMap::new(),
                     },
                 );
                 self.map_runs(name, runs)
@@ -398,6 +447,7 @@ impl PoolState {
                 let volume = self.volumes.remove(name).expect("checked");
                 // Its key is still in the metadata on the devices.
                 self.scrub_owed |= volume.key.is_some();
+                self.unref_extents(&volume.extents);
                 for lookup in volume.map.iter() {
                     if let Lookup::Mapped { chunk, .. } = lookup {
                         self.unref(chunk);
@@ -451,6 +501,7 @@ impl PoolState {
                     size_bytes: v.size_bytes,
                     block_size: v.block_size,
                     chunks,
+                    extents: v.extents.clone(),
                 };
                 self.add_snapshot(volume, name, snapshot)
             }
@@ -463,6 +514,7 @@ impl PoolState {
                 for &chunk in snapshot.chunks.iter().filter(|&&c| c != NO_CHUNK) {
                     self.unref(chunk);
                 }
+                self.unref_extents(&snapshot.extents);
                 Ok(())
             }
             Record::CloneVolume { id, name, origin } => {
@@ -480,7 +532,9 @@ impl PoolState {
                         ))
                     })?
                     .clone();
-                let key = self.volume(&origin.volume)?.key.clone();
+                let source = self.volume(&origin.volume)?;
+                let (key, compression) = (source.key.clone(), source.compression);
+                self.ref_extents(&snapshot.extents)?;
                 let map = ChunkMap::new(snapshot.chunks.len());
                 let mut mapped = 0;
                 for (index, &chunk) in snapshot.chunks.iter().enumerate() {
@@ -510,6 +564,8 @@ impl PoolState {
                         snapshots: BTreeMap::new(),
                         mapped_chunks: mapped,
                         key,
+                        compression,
+                        extents: snapshot.extents,
                     },
                 );
                 Ok(())
@@ -553,6 +609,12 @@ impl PoolState {
                 self.volume_mut(volume)?.origin = None;
                 Ok(())
             }
+            Record::SetCompression {
+                volume,
+                compression,
+            } => self.set_compression(volume, *compression),
+            Record::SetExtents { volume, extents } => self.set_extents(volume, extents),
+            Record::MoveExtents { from, moves } => self.move_extents(*from, moves),
         }
     }
 
@@ -592,6 +654,7 @@ impl PoolState {
         for &chunk in snapshot.chunks.iter().filter(|&&c| c != NO_CHUNK) {
             self.add_ref(chunk)?;
         }
+        self.ref_extents(&snapshot.extents)?;
         self.volume_mut(volume)?
             .snapshots
             .insert(name.to_string(), snapshot);
@@ -704,13 +767,19 @@ impl PoolState {
             .values()
             .filter_map(|v| Some((&v.name, v.key.as_ref()?)))
             .collect();
-        if !keyed.is_empty() || self.scrub_owed {
+        // Then compression, only when a volume is compressed or holds
+        // extents (after a keys section, empty if need be).
+        let compressed = self.has_compression();
+        if !keyed.is_empty() || self.scrub_owed || compressed {
             e.u32(keyed.len() as u32);
             for (name, key) in keyed {
                 e.name(name);
                 e.bytes(&key.0);
             }
             e.u8(u8::from(self.scrub_owed));
+        }
+        if compressed {
+            self.encode_compression(&mut e);
         }
         e.into_bytes()
     }
@@ -725,7 +794,7 @@ impl PoolState {
                 .map(|v| v.snapshots.len() as u64)
                 .sum::<u64>();
         let keys = 5 + self.volumes.len() as u64 * (65 + WRAPPED_KEY_BYTES as u64);
-        4 + objects * 300 + 12 * self.references + keys
+        4 + objects * 300 + 12 * self.references + keys + self.compression_len_bound()
     }
 
     /// Rebuilds a state from a checkpoint.
@@ -780,6 +849,7 @@ impl PoolState {
                     size_bytes,
                     block_size,
                     chunks: snapshot_chunks,
+                    extents: ExtentMap::new(),
                 };
                 state.add_snapshot(&name, &snapshot_name, snapshot)?;
             }
@@ -793,7 +863,10 @@ impl PoolState {
             state.scrub_owed = d.flag()?;
         }
         if !d.is_done() {
-            return Err(FormatError::Malformed("bytes after the last volume key").into());
+            state.decode_compression(&mut d)?;
+        }
+        if !d.is_done() {
+            return Err(FormatError::Malformed("bytes after the compressed volumes").into());
         }
         state.settle_writable();
         Ok(state)
@@ -984,6 +1057,24 @@ impl Record {
                 e.name(volume);
                 e.bytes(&key.0);
             }
+            Record::SetCompression {
+                volume,
+                compression,
+            } => {
+                e.u8(12);
+                e.name(volume);
+                e.u8(compression.code());
+            }
+            Record::SetExtents { volume, extents } => {
+                e.u8(13);
+                e.name(volume);
+                compressed::encode_set_extents(e, extents);
+            }
+            Record::MoveExtents { from, moves } => {
+                e.u8(14);
+                e.u32(*from);
+                compressed::encode_moves(e, moves);
+            }
         }
     }
 
@@ -1038,6 +1129,19 @@ impl Record {
             10 => Record::SetVolumeKey {
                 volume: d.name()?,
                 key: WrappedKey(d.array()?),
+            },
+            12 => Record::SetCompression {
+                volume: d.name()?,
+                compression: Compression::from_code(d.u8()?)
+                    .ok_or(FormatError::Malformed("unknown compression"))?,
+            },
+            13 => Record::SetExtents {
+                volume: d.name()?,
+                extents: compressed::decode_set_extents(d)?,
+            },
+            14 => Record::MoveExtents {
+                from: d.u32()?,
+                moves: compressed::decode_moves(d)?,
             },
             _ => return Err(FormatError::Malformed("unknown record type")),
         })

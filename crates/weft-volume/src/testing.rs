@@ -369,6 +369,7 @@ fn fuzz_sample(extended: bool) -> (FaultyMedia, crate::format::Layout) {
         block_size: 512,
         thick: false,
         encrypted,
+        compression: crate::compression::Compression::None,
     };
     for (name, encrypted) in [("e", true), ("d", true)] {
         pool.create_volume(&spec(name, encrypted)).expect("volume");
@@ -382,6 +383,17 @@ fn fuzz_sample(extended: bool) -> (FaultyMedia, crate::format::Layout) {
     pool.clone_volume("v", "s", "c").expect("clone");
     pool.deallocate("v", 64 << 10, 64 << 10)
         .expect("deallocate");
+    // A compressed volume: its records (compression, extents, moves) in
+    // the journal and its section in the checkpoints.
+    let compressed = VolumeSpec {
+        compression: crate::compression::Compression::Zstd,
+        ..spec("z", false)
+    };
+    pool.create_volume(&compressed).expect("volume");
+    pool.write("z", 0, &[5; 128 << 10]).expect("write");
+    pool.create_snapshot("z", "s").expect("snapshot");
+    pool.write("z", 512, &[6; 512]).expect("write");
+    pool.clean_segments(4).expect("clean");
     if extended {
         for index in 0..60 {
             let name = format!("a-long-name-that-makes-the-checkpoint-grow-{index}");

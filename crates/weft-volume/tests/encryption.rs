@@ -29,6 +29,7 @@ fn spec(name: &str, encrypted: bool) -> VolumeSpec {
         block_size: 4096,
         thick: false,
         encrypted,
+        compression: weft_volume::compression::Compression::None,
     }
 }
 

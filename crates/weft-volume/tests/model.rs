@@ -8,6 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use weft_volume::compression::Compression;
 use weft_volume::crypt::Keyring;
 use weft_volume::testing::{FaultyMedia, Rng, SECTOR_BYTES};
 use weft_volume::{GroupWrite, Media, Pool, PoolOptions, VolumeError, VolumeSpec};
@@ -34,6 +35,7 @@ enum Op {
         size: u64,
         thick: bool,
         encrypted: bool,
+        compression: Compression,
     },
     Delete {
         name: String,
@@ -79,6 +81,10 @@ enum Op {
     /// commit, shared tier batches), then a flush.
     WriteGroup {
         writes: Vec<GroupedWrite>,
+    },
+    /// The cleaner empties up to this many sparse segments.
+    Clean {
+        segments: usize,
     },
 }
 
@@ -130,6 +136,7 @@ fn random_op(rng: &mut Rng, model: &Model, snapshots: &[&str]) -> Op {
             size: (1 + rng.below(48)) * 32 * 1024,
             thick: rng.below(5) == 0,
             encrypted: rng.below(2) == 0,
+            compression: Compression::None,
         },
         3 => Op::Delete { name },
         4..=10 if size > 0 => {
@@ -176,9 +183,17 @@ fn random_op(rng: &mut Rng, model: &Model, snapshots: &[&str]) -> Op {
     }
 }
 
+/// A write's bytes: runs of 7 equal bytes (they compress) for most seeds,
+/// noise (it does not) for seeds above 200.
 fn pattern(seed: u8, offset: u64, len: u64) -> Vec<u8> {
     (offset..offset + len)
-        .map(|i| seed.wrapping_mul(31).wrapping_add((i / 7) as u8) | 1)
+        .map(|i| match seed > 200 {
+            true => {
+                let x = i.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                ((x ^ x >> 29).wrapping_mul(0xBF58_476D_1CE4_E5B9) >> 56) as u8 ^ seed | 1
+            }
+            false => seed.wrapping_mul(31).wrapping_add((i / 7) as u8) | 1,
+        })
         .collect()
 }
 
@@ -189,12 +204,14 @@ fn run(pool: &mut Pool<FaultyMedia>, op: &Op) -> Result<(), VolumeError> {
             size,
             thick,
             encrypted,
+            compression,
         } => pool.create_volume(&VolumeSpec {
             name: name.clone(),
             size_bytes: *size,
             block_size: 512,
             thick: *thick,
             encrypted: *encrypted,
+            compression: *compression,
         }),
         Op::Delete { name } => pool.delete_volume(name),
         Op::Write {
@@ -226,6 +243,7 @@ fn run(pool: &mut Pool<FaultyMedia>, op: &Op) -> Result<(), VolumeError> {
             pool.rewrap().map(|_| ())
         }
         Op::Destage { rounds } => pool.destage_tier(*rounds).map(|_| ()),
+        Op::Clean { segments } => pool.clean_segments(*segments).map(|_| ()),
         Op::WriteGroup { writes } => {
             let (_, result) = write_group(pool, writes);
             result
@@ -355,7 +373,7 @@ fn apply(model: &Model, op: &Op) -> Model {
                 data[at..at + w.len as usize].copy_from_slice(&pattern(w.seed, w.offset, w.len));
             }
         }
-        Op::Flatten { .. } | Op::Rotate | Op::Destage { .. } => {}
+        Op::Flatten { .. } | Op::Rotate | Op::Destage { .. } | Op::Clean { .. } => {}
     }
     next
 }
@@ -483,6 +501,9 @@ enum Kind {
     SmallSlots,
     /// A write tier in front of the devices.
     Tiered,
+    /// Most volumes compressed (lz4 or zstd), the cleaner run between
+    /// operations.
+    Compressed,
 }
 
 /// One seed: `ops` operations, with a failure injected after a random number
@@ -521,11 +542,19 @@ fn exercise(seed: u64, ops: usize, kind: Kind) {
             &SNAPSHOTS
         };
         let tiered = kind == Kind::Tiered;
-        let op = match if tiered { rng.below(6) } else { 6 } {
+        let compressed = kind == Kind::Compressed;
+        let op = match if tiered || compressed {
+            rng.below(6)
+        } else {
+            6
+        } {
             0 if tiered => Op::Destage {
                 rounds: 1 + rng.below(3) as usize,
             },
-            1 if tiered => random_group(&mut rng, &model),
+            0 if compressed => Op::Clean {
+                segments: 1 + rng.below(3) as usize,
+            },
+            1 => random_group(&mut rng, &model),
             _ => match random_op(&mut rng, &model, snapshots) {
                 // Volumes whose last 4 KiB block is partial, for the tier's
                 // read-modify-write of whole blocks.
@@ -534,12 +563,43 @@ fn exercise(seed: u64, ops: usize, kind: Kind) {
                     size,
                     thick,
                     encrypted,
+                    compression,
                 } if kind == Kind::Tiered => Op::Create {
                     name,
                     size: size + 512 * rng.below(8),
                     thick,
                     encrypted,
+                    compression,
                 },
+                // Volumes whose last unit is partial, and a few thick
+                // ones (refused when compressed).
+                Op::Create {
+                    name,
+                    size,
+                    thick,
+                    encrypted,
+                    ..
+                } if compressed => Op::Create {
+                    name,
+                    size: size + 512 * rng.below(8),
+                    thick,
+                    encrypted,
+                    compression: [Compression::None, Compression::Lz4, Compression::Zstd]
+                        [rng.below(5) as usize % 3],
+                },
+                // Noise over whole units, which are stored as they are.
+                Op::Write {
+                    name, offset, seed, ..
+                } if compressed && seed > 200 => {
+                    let size = model[&name].data.len() as u64;
+                    let offset = offset / CHUNK * CHUNK;
+                    Op::Write {
+                        name,
+                        offset,
+                        len: (2 * CHUNK).min(size - offset),
+                        seed,
+                    }
+                }
                 op => op,
             },
         };
@@ -547,7 +607,17 @@ fn exercise(seed: u64, ops: usize, kind: Kind) {
         // writes that succeeded.
         let (result, acked) = match &op {
             Op::WriteGroup { writes } => {
-                let (acked, result) = write_group(&mut pool, writes);
+                // Durable when acknowledged only from a tier or in a
+                // compressed volume: otherwise a write waits for the
+                // flush, which a failed group does not reach.
+                let tiered = pool.tier_info().is_some();
+                let (mut acked, result) = write_group(&mut pool, writes);
+                acked.retain(|w| {
+                    let compressed = pool
+                        .volume(&w.name)
+                        .is_some_and(|v| v.compression != Compression::None);
+                    tiered || compressed
+                });
                 (result, apply(&model, &Op::WriteGroup { writes: acked }))
             }
             op => (run(&mut pool, op), model.clone()),
@@ -626,6 +696,16 @@ fn random_operations_on_a_pool_with_a_write_tier_survive_injected_crashes() {
 
 /// The same with checkpoints that outgrow their slots: the extensions are
 /// made, written and read back through crashes at random writes.
+/// The same with compressed volumes: units read, modified, compressed and
+/// placed in segments, the cleaner moving what is left of sparse ones, and
+/// failures cutting all of it.
+#[test]
+fn random_operations_on_compressed_volumes_survive_injected_crashes() {
+    for seed in 41..=46 {
+        exercise(seed, 1000, Kind::Compressed);
+    }
+}
+
 #[test]
 fn random_operations_survive_injected_crashes_with_growing_checkpoints() {
     for seed in 21..=26 {
@@ -642,6 +722,7 @@ fn a_pool_reopens_with_its_volumes_snapshots_and_data() {
         block_size: 4096,
         thick: false,
         encrypted: false,
+        compression: weft_volume::compression::Compression::None,
     };
     pool.create_volume(&spec).unwrap();
     pool.write("db1", 4096, &[7; 4096]).unwrap();
@@ -678,6 +759,7 @@ fn a_full_pool_refuses_only_writes_that_need_space() {
         block_size: 4096,
         thick: false,
         encrypted: false,
+        compression: weft_volume::compression::Compression::None,
     };
     pool.create_volume(&spec("big", capacity * 2)).unwrap();
     pool.write("big", 0, &vec![1; capacity as usize]).unwrap();
@@ -707,6 +789,7 @@ fn limits_and_mistakes_get_clear_errors() {
         block_size: 4096,
         thick: false,
         encrypted: false,
+        compression: weft_volume::compression::Compression::None,
     };
     pool.create_volume(&spec).unwrap();
     let message = |r: Result<(), VolumeError>| r.unwrap_err().to_string();
@@ -737,6 +820,7 @@ fn pool_with_data(members: usize, seed: u64, small_slots: bool) -> (FaultyMedia,
             size: 2 << 20,
             thick: false,
             encrypted: true,
+            compression: Compression::None,
         },
         Op::Write {
             name: "a".into(),
@@ -764,6 +848,7 @@ fn pool_with_data(members: usize, seed: u64, small_slots: bool) -> (FaultyMedia,
             size: 1 << 20,
             thick: true,
             encrypted: false,
+            compression: Compression::None,
         },
     ];
     let more = ["a", "b", "c"].iter().flat_map(|name| {
@@ -893,6 +978,7 @@ fn check_new_capacity(
         size: free,
         thick: true,
         encrypted: false,
+        compression: Compression::None,
     };
     run(&mut pool, &op).unwrap_or_else(|e| panic!("{context}: allocating the new units: {e}"));
     model = apply(&model, &op);
@@ -936,6 +1022,7 @@ fn a_pool_grown_many_times_keeps_room_for_its_metadata() {
             size,
             thick: true,
             encrypted: false,
+            compression: Compression::None,
         },
         Op::Write {
             name: "big".into(),

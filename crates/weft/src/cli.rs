@@ -155,6 +155,7 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
                 "force",
                 "node",
                 "encrypt",
+                "compression",
                 "write-tier",
                 "write-tier-size",
             ])?;
@@ -170,6 +171,7 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
                 "allocation_unit_bytes": unit,
                 "device_size_bytes": size("device-size")?,
                 "encrypt": flag("encrypt"),
+                "compression": option("compression"),
                 "force": flag("force"),
                 "node": option("node"),
                 "write_tier": option("write-tier"),
@@ -230,7 +232,7 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
             ("POST", path, None, Show::Done("cleared"))
         }
         ("volume", "create") => {
-            known(&["pool", "size", "thick", "block-size", "node", "nqn", "uuid", "nguid", "replicas", "ec", "encrypt"])?;
+            known(&["pool", "size", "thick", "block-size", "node", "nqn", "uuid", "nguid", "replicas", "ec", "encrypt", "compression"])?;
             let size_bytes = size("size")?.ok_or("weft volume create NAME --size SIZE [--pool POOL]: give --size, e.g. 100GiB")?;
             let block_size = size("block-size")?.unwrap_or(4096);
             let ec = option("ec");
@@ -254,6 +256,7 @@ pub fn parse(noun: &str, parser: &mut lexopt::Parser) -> Result<AdminArgs, Strin
                 "block_size": block_size,
                 "thick": flag("thick"),
                 "encrypted": flag("encrypt"),
+                "compression": option("compression"),
                 "replicas": replicas,
                 "ec": ec,
             });
@@ -760,6 +763,15 @@ fn print_pools(pools: &[PoolView]) {
             pool.volumes,
             human_bytes(u64::from(pool.allocation_unit_bytes)),
         );
+        if let Some(c) = &pool.compression {
+            outln!(
+                "  compressed volumes: {} written, {} stored ({:.2}x), {} of allocation units hold them",
+                human_bytes(c.logical_bytes),
+                human_bytes(c.stored_bytes),
+                c.ratio,
+                human_bytes(c.segment_bytes)
+            );
+        }
         if let Some(failure) = &pool.failure {
             outln!(
                 "  FAILED: {failure}; every I/O on its volumes fails until you check its devices and run `weft pool clear-failure {}`",
@@ -773,6 +785,9 @@ fn print_pool(detail: &PoolDetail) {
     print_pools(std::slice::from_ref(&detail.pool));
     if detail.pool.encrypt {
         outln!("new volumes are encrypted at rest (AES-256-XTS, a data key each)");
+    }
+    if let Some(compression) = &detail.pool.compress {
+        outln!("new volumes of one copy are compressed with {compression} (unless created with --compression)");
     }
     if let Some(tier) = &detail.pool.write_tier {
         outln!(
@@ -871,6 +886,10 @@ fn volume_type(v: &VolumeView) -> String {
         Some(e) => format!("ec {}", e.layout),
         None if v.thick => "thick".into(),
         None => "thin".into(),
+    };
+    let layout = match &v.compression {
+        Some(c) => format!("{layout},{}", c.algorithm),
+        None => layout,
     };
     match &v.encryption {
         Some(e) if e.state == "locked" => format!("{layout},locked"),
@@ -996,6 +1015,15 @@ fn print_volume(v: &VolumeView) {
         v.block_size
     );
     outln!("type        {}", if v.thick { "thick" } else { "thin" });
+    if let Some(c) = &v.compression {
+        outln!(
+            "compression {}: {} written, {} stored ({:.2}x)",
+            c.algorithm,
+            human_bytes(c.logical_bytes),
+            human_bytes(c.stored_bytes),
+            c.ratio
+        );
+    }
     if let Some(e) = &v.encryption {
         match e.state.as_str() {
             "unlocked" => outln!("encryption  {}, data key wrapped by key-encryption key {}", e.cipher, e.kek_id),

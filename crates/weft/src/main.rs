@@ -46,6 +46,7 @@ Usage:
 
   weft pool create NAME --device PATH [--device PATH]... [--device-size SIZE]
                         [--allocation-unit SIZE] [--force] [--node NODE]
+                        [--compression lz4|zstd]   its volumes of one copy compressed by default
                         [--write-tier PATH [--write-tier-size SIZE]]   a fast device in front:
                         writes durable and acknowledged there, destaged to the devices later
   weft pool set NAME --write-tier PATH [--write-tier-size SIZE]   (online; volumes of one copy)
@@ -57,6 +58,7 @@ Usage:
   weft namespace clear-failure NQN [--nsid N]   (a configured file or block device namespace)
   weft volume create NAME --size SIZE [--pool POOL] [--node NODE] [--replicas N | --ec K+M] [--thick]
                      [--encrypt]   (AES-256-XTS at rest, a data key per volume: needs serve --kek-file)
+                     [--compression lz4|zstd|none]   (64 KiB units compressed before they are stored; one copy)
                      [--block-size 512|4096] [--nqn NQN] [--uuid UUID] [--nguid HEX]   (what hosts see; default weft's)
                      (--ec 4+2: erasure-coded over K+M nodes, survives M of them at (K+M)/K the size)
   weft volume list | show NAME | delete NAME [--force] | resize NAME --size SIZE

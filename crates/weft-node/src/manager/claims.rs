@@ -384,6 +384,7 @@ pub(super) mod tests {
             devices,
             adding: Vec::new(),
             encrypt: false,
+            compression: None,
             write_tier: None,
         };
         desired.change_pool("p", |_| Some(record.clone())).unwrap();
@@ -415,6 +416,7 @@ pub(super) mod tests {
                 block_size: 4096,
                 thick: false,
                 encrypted: false,
+                compression: weft_volume::compression::Compression::None,
             };
             Ok(manager.pool_mut("p")?.create_volume(&spec)?)
         }

@@ -11,6 +11,7 @@ use super::{AdminError, Manager, ManagerHandle};
 use crate::keys::KeySource;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use weft_volume::compression::Compression;
 use weft_volume::crypt::Keyring;
 use weft_volume::{FileMedia, Pool};
 
@@ -39,6 +40,17 @@ impl Manager {
         for pool in self.pools.values_mut() {
             pool.unlock(Arc::clone(&keyring));
         }
+    }
+
+    /// The compression pool `pool`'s record gives its volumes of one copy
+    /// by default.
+    pub(super) fn pool_compression(&self, pool: &str) -> Result<Compression, AdminError> {
+        let name = self
+            .desired
+            .pools()?
+            .get(pool)
+            .and_then(|record| record.compression.clone());
+        Ok(name.and_then(|n| n.parse().ok()).unwrap_or_default())
     }
 
     /// Whether `pool` encrypts every volume created in it (its record says).

@@ -186,6 +186,9 @@ impl Manager {
                 write_tier: tier_status(tier_device, pool),
                 devices: records.get(name).map(|record| record.devices.clone()),
                 encrypt: records.get(name).is_some_and(|record| record.encrypt),
+                compression: records
+                    .get(name)
+                    .and_then(|record| record.compression.clone()),
                 members: self.member_usage.get(name, pool, &info, true),
                 info,
                 failure: pool.failure().map(str::to_string),

@@ -136,6 +136,7 @@ impl Manager {
                 block_size: replication.block_size,
                 thick: replication.thick,
                 encrypted: replication.encrypted || pool_encrypts,
+                compression: weft_volume::compression::Compression::None,
             };
             // A copy made for a new volume (epoch 1, every replica in sync)
             // is as empty as the others; any other may lack writes. (An
@@ -377,6 +378,7 @@ mod tests {
             block_size: 4096,
             thick: false,
             encrypted: false,
+            compression: weft_volume::compression::Compression::None,
         }
     }
 

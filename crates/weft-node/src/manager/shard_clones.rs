@@ -203,6 +203,7 @@ mod tests {
             block_size: 4096,
             thick: false,
             encrypted: false,
+            compression: weft_volume::compression::Compression::None,
         };
         let pool = n2.pool_mut("p").unwrap();
         pool.create_volume(&shard).unwrap();

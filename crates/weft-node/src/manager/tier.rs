@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 use weft_control::{DesiredState, PoolRecord, StoreError};
 use weft_target::replicated::{Replicated, ReplicatedIo, ReplicatedSink, ReplicatedWork, Serving};
 use weft_target::{DataPlane, VolumeOutcome, VolumeReply};
+use weft_volume::compression::Compression;
 use weft_volume::tier::TierPresence;
 use weft_volume::{FileMedia, GroupWrite, Pool, VolumeError};
 
@@ -328,15 +329,16 @@ impl Manager {
         }
     }
 
-    /// The data plane's path for `volume` of `pool`, a pool with a tier
-    /// whose `presence` says which reads stay in the reactors (every other
-    /// I/O to the manager), made once and kept.
+    /// The data plane's path for `volume` of `pool` through the manager:
+    /// for a pool with a tier, whose `presence` says which reads stay in
+    /// the reactors (every other I/O to the manager); for a compressed
+    /// volume (no `presence`), every I/O. Made once and kept.
     pub(super) fn tier_path(
         &mut self,
         pool: &str,
         volume: &str,
         id: [u8; 16],
-        presence: Arc<TierPresence>,
+        presence: Option<Arc<TierPresence>>,
     ) -> Arc<Replicated> {
         let handle = self.handle.clone();
         let path = self
@@ -349,7 +351,10 @@ impl Manager {
                     volume: volume.to_string(),
                     id,
                 };
-                let path = Replicated::tiered(Box::new(sink), presence, id);
+                let path = match presence {
+                    Some(presence) => Replicated::tiered(Box::new(sink), presence, id),
+                    None => Replicated::with_reads(Box::new(sink)),
+                };
                 path.set_serving(Serving::Yes);
                 Arc::new(path)
             });
@@ -358,12 +363,14 @@ impl Manager {
 
     /// Drops the paths of volumes deleted (a volume made again under its
     /// name is another: its own path, its own identity), or of pools that
-    /// no longer have a tier.
+    /// no longer have a tier (but for compressed volumes).
     pub(super) fn forget_tier_paths(&mut self) {
         let pools = &self.pools;
         self.tier_paths.retain(|(pool, volume, id), _| {
             pools.get(pool).is_some_and(|p| {
-                p.tier_info().is_some() && p.volume(volume).is_some_and(|v| v.id == *id)
+                p.volume(volume).is_some_and(|v| {
+                    v.id == *id && (p.tier_info().is_some() || v.compression != Compression::None)
+                })
             })
         });
     }
@@ -561,6 +568,7 @@ mod tests {
             block_size: 4096,
             thick: false,
             encrypted: false,
+            compression: weft_volume::compression::Compression::None,
         })
         .unwrap();
         let again = pool.volume("v").unwrap().id;

@@ -267,7 +267,10 @@ impl<M: Media> Pool<M> {
     ) -> Result<(), VolumeError> {
         let id = self.existing(name)?.id;
         let presence = self.tier_presence();
-        if presence.is_none_or(|p| p.may_hold(&id, offset, buf.len() as u64)) {
+        // A compressed volume's I/O all goes to the manager.
+        if self.is_compressed(name)
+            || presence.is_none_or(|p| p.may_hold(&id, offset, buf.len() as u64))
+        {
             return self.read(name, offset, buf);
         }
         self.read_devices(name, offset, buf)?;
@@ -356,15 +359,25 @@ impl<M: Media> Pool<M> {
     /// batches (one sync of the tier each) as fit: the group commit. Each
     /// write's result, in order; none is durable before this returns.
     pub fn write_group(&mut self, writes: &[GroupWrite<'_>]) -> Vec<Result<(), VolumeError>> {
+        // Compressed volumes' writes go to their extents (not the tier, for
+        // now), with one commit.
+        let mut compressed: Vec<_> = writes.iter().map(|_| None).collect();
+        self.write_compressed_group(writes, &mut compressed);
         if !self.has_tier() {
             return writes
                 .iter()
-                .map(|w| self.write(w.volume, w.offset, w.data))
+                .zip(compressed)
+                .map(|(w, done)| done.unwrap_or_else(|| self.write(w.volume, w.offset, w.data)))
                 .collect();
         }
         let mut results = Vec::with_capacity(writes.len());
         let mut stored = Vec::with_capacity(writes.len());
-        for w in writes {
+        for (w, done) in writes.iter().zip(compressed) {
+            if let Some(result) = done {
+                results.push(result);
+                stored.push(None);
+                continue;
+            }
             let prepared = self.stored_bytes(w.volume, w.offset, w.data).and_then(|s| {
                 self.prepare_write(w.volume, w.offset, s.len() as u64)?;
                 Ok(s)
@@ -639,6 +652,7 @@ mod tests {
             block_size: 512,
             thick: false,
             encrypted: false,
+            compression: crate::compression::Compression::None,
         })
         .unwrap();
         pool

@@ -1,0 +1,608 @@
+//! A compressed volume's I/O and the cleaner: each 64 KiB unit written is
+//! compressed (when that saves a sector), encrypted if the volume is, and
+//! placed in the open segment; the record naming its new extent commits
+//! after the data is synced, so a crash leaves the unit's old extent or
+//! its new one, never a mix. A write of part of a unit reads the rest
+//! first. A unit of zeroes is stored as nothing (it reads as zeroes).
+//!
+//! The cleaner copies the extents still referenced in sparse segments
+//! (ciphertext as it is: the tweak is the unit's place on the volume, not
+//! on the device) and commits their new places; the emptied segment is
+//! free once that is durable. What this module does not do: the data
+//! plane's path (every I/O of a compressed volume reaches the pool through
+//! the manager), or choosing an algorithm (the volume has one).
+
+use super::{check_aligned, check_range, Pool};
+use crate::compression::{sectors_for, Compression, SECTOR_BYTES, UNIT_BYTES};
+use crate::crypt::VolumeCipher;
+use crate::extents::{Extent, ExtentMap};
+use crate::media::Media;
+use crate::state::Record;
+use crate::VolumeError;
+use std::ops::Range;
+use std::sync::Arc;
+
+/// Units per `SetExtents` record, so that a record stays small.
+const EXTENTS_PER_RECORD: usize = 4096;
+
+/// How much a compressed volume stores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CompressionUsage {
+    /// Its algorithm.
+    pub algorithm: Compression,
+    /// Bytes of the units written (what they would take uncompressed).
+    pub logical_bytes: u64,
+    /// Bytes of the extents they take.
+    pub stored_bytes: u64,
+}
+
+/// Extents placed by a write or the cleaner, not yet staged.
+#[derive(Default)]
+struct Placed {
+    extents: Vec<(u32, Option<Extent>)>,
+    moves: Vec<(u32, u32, u32)>,
+}
+
+impl<M: Media> Pool<M> {
+    /// Whether `name`'s data lives in extents.
+    pub(super) fn is_compressed(&self, name: &str) -> bool {
+        self.state
+            .volumes
+            .get(name)
+            .is_some_and(|v| v.compression != Compression::None)
+    }
+
+    /// What a compressed volume stores; None for any other.
+    pub fn compression_usage(&self, name: &str) -> Option<CompressionUsage> {
+        let volume = self.state.volumes.get(name)?;
+        (volume.compression != Compression::None).then(|| CompressionUsage {
+            algorithm: volume.compression,
+            logical_bytes: volume.extents.len() as u64 * UNIT_BYTES,
+            stored_bytes: volume
+                .extents
+                .values()
+                .map(|e| u64::from(e.sectors()) * SECTOR_BYTES)
+                .sum(),
+        })
+    }
+
+    /// Bytes of the allocation units holding compressed extents.
+    pub fn segment_bytes(&self) -> u64 {
+        self.state.segment_count() as u64 * u64::from(self.layout().chunk_bytes)
+    }
+
+    /// Writes `data` at `offset` of compressed volume `name`, durably.
+    pub(super) fn write_compressed(
+        &mut self,
+        name: &str,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), VolumeError> {
+        let result = self.write_compressed_staged(name, offset, data);
+        self.commit()?;
+        result
+    }
+
+    /// Writes a group's writes of compressed volumes with one commit (each
+    /// staged as it is placed, so that a later write's read of a unit
+    /// finds an earlier one's): their results, in order, where `results`
+    /// has None (the others are left alone).
+    pub(super) fn write_compressed_group(
+        &mut self,
+        writes: &[super::GroupWrite<'_>],
+        results: &mut [Option<Result<(), VolumeError>>],
+    ) {
+        let mut staged = Vec::new();
+        for (i, w) in writes.iter().enumerate() {
+            if results[i].is_none() && self.is_compressed(w.volume) {
+                results[i] = Some(self.write_compressed_staged(w.volume, w.offset, w.data));
+                staged.push(i);
+            }
+        }
+        if self.commit().is_err() {
+            for i in staged {
+                results[i] = Some(Err(self.failed_error()));
+            }
+        }
+    }
+
+    /// Places `data`'s units and stages their records (committed by the
+    /// caller): on error, what was placed before it is staged all the same
+    /// (its range of the write is then undefined, as any failed write's).
+    fn write_compressed_staged(
+        &mut self,
+        name: &str,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), VolumeError> {
+        self.check_usable()?;
+        let volume = self.existing(name)?;
+        check_range(volume, offset, data.len() as u64)?;
+        let compression = volume.compression;
+        let cipher = self.cipher(name)?;
+        check_aligned(cipher.as_deref(), name, offset, data.len())?;
+        let units = units_touched(offset, data.len() as u64);
+        self.check_references(2 * u64::from(units.end - units.start))?;
+        let mut placed = Placed::default();
+        let mut result = Ok(());
+        for unit in units {
+            let start = u64::from(unit) * UNIT_BYTES;
+            let plain = match self.unit_with(name, cipher.as_deref(), start, offset, data) {
+                Ok(plain) => plain,
+                Err(error) => {
+                    result = Err(error);
+                    break;
+                }
+            };
+            if let Err(error) =
+                self.place_unit(name, unit, &plain, compression, &cipher, &mut placed)
+            {
+                result = Err(error);
+                break;
+            }
+        }
+        self.stage_placed(name, &mut placed);
+        result
+    }
+
+    /// The whole unit at `start` as it is to be after writing `data` at
+    /// `offset` over it (read first when the write covers part of it).
+    fn unit_with(
+        &mut self,
+        name: &str,
+        cipher: Option<&VolumeCipher>,
+        start: u64,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<Vec<u8>, VolumeError> {
+        let end = offset + data.len() as u64;
+        let (from, to) = (start.max(offset), (start + UNIT_BYTES).min(end));
+        let source = &data[(from - offset) as usize..(to - offset) as usize];
+        if from == start && to == start + UNIT_BYTES {
+            return Ok(source.to_vec());
+        }
+        let extent = self.existing(name)?.extents.get(&unit_of(start)).copied();
+        let mut plain = self.read_unit(name, extent, cipher, start)?;
+        plain[(from - start) as usize..(to - start) as usize].copy_from_slice(source);
+        Ok(plain)
+    }
+
+    /// Compresses, encrypts and writes one unit's bytes to the open
+    /// segment (nothing for a unit of zeroes), adding its extent to
+    /// `placed`.
+    fn place_unit(
+        &mut self,
+        name: &str,
+        unit: u32,
+        plain: &[u8],
+        compression: Compression,
+        cipher: &Option<Arc<VolumeCipher>>,
+        placed: &mut Placed,
+    ) -> Result<(), VolumeError> {
+        if plain.iter().all(|&b| b == 0) {
+            placed.extents.push((unit, None));
+            return Ok(());
+        }
+        let (mut stored, codec) = match compression.compress(plain) {
+            Some(packed) => (packed, compression),
+            None => (plain.to_vec(), Compression::None),
+        };
+        let stored_bytes = stored.len() as u32;
+        stored.resize(
+            sectors_for(stored.len() as u64) as usize * SECTOR_BYTES as usize,
+            0,
+        );
+        if let Some(cipher) = cipher {
+            cipher.encrypt(u64::from(unit) * UNIT_BYTES, &mut stored);
+        }
+        let (chunk, sector) = self.segment_room(name, stored.len() as u64, placed)?;
+        self.write_sectors(chunk, sector, &stored, name)?;
+        let extent = Extent {
+            chunk,
+            sector,
+            stored_bytes,
+            codec,
+        };
+        placed.extents.push((unit, Some(extent)));
+        Ok(())
+    }
+
+    /// Where `bytes` go: the open segment's next sectors, or a new
+    /// segment's first (what was placed is staged first, so that the
+    /// segment closed keeps what references it; when no chunk is free the
+    /// cleaner makes one, if it can).
+    fn segment_room(
+        &mut self,
+        name: &str,
+        bytes: u64,
+        placed: &mut Placed,
+    ) -> Result<(u32, u32), VolumeError> {
+        let sectors = sectors_for(bytes);
+        if let Some(chunk) = self.state.filling() {
+            if self.segment_fill + sectors <= self.state.segment_sectors() {
+                let sector = self.segment_fill;
+                self.segment_fill += sectors;
+                return Ok((chunk, sector));
+            }
+        }
+        self.stage_placed(name, placed);
+        if self.state.free_now() == 0 {
+            self.commit()?;
+            self.clean_segments(1)?;
+        }
+        let Some(chunk) = self.state.open_segment() else {
+            return Err(VolumeError::PoolFull {
+                pool: self.name().to_string(),
+                needed: 1,
+                free: 0,
+            });
+        };
+        self.segment_fill = sectors;
+        Ok((chunk, 0))
+    }
+
+    fn stage_placed(&mut self, name: &str, placed: &mut Placed) {
+        let extents = std::mem::take(&mut placed.extents);
+        for part in extents.chunks(EXTENTS_PER_RECORD) {
+            self.stage(Record::SetExtents {
+                volume: name.to_string(),
+                extents: part.to_vec(),
+            });
+        }
+    }
+
+    fn write_sectors(
+        &mut self,
+        chunk: u32,
+        sector: u32,
+        bytes: &[u8],
+        name: &str,
+    ) -> Result<(), VolumeError> {
+        let (member, base) = self.layout().locate(chunk);
+        self.data_dirty = true;
+        self.media
+            .write_at(member, base + u64::from(sector) * SECTOR_BYTES, bytes)
+            .map_err(|source| VolumeError::Io {
+                context: format!("writing compressed volume {name}"),
+                source,
+            })
+    }
+
+    fn read_sectors(&mut self, extent: &Extent, name: &str) -> Result<Vec<u8>, VolumeError> {
+        let mut stored = vec![0; extent.sectors() as usize * SECTOR_BYTES as usize];
+        let (member, base) = self.layout().locate(extent.chunk);
+        self.media
+            .read_at(member, base + extent.offset_in_chunk(), &mut stored)
+            .map_err(|source| VolumeError::Io {
+                context: format!("reading compressed volume {name}"),
+                source,
+            })?;
+        Ok(stored)
+    }
+
+    /// One unit's plain bytes: zeroes where nothing is stored.
+    fn read_unit(
+        &mut self,
+        name: &str,
+        extent: Option<Extent>,
+        cipher: Option<&VolumeCipher>,
+        start: u64,
+    ) -> Result<Vec<u8>, VolumeError> {
+        let mut plain = vec![0; UNIT_BYTES as usize];
+        let Some(extent) = extent else {
+            return Ok(plain);
+        };
+        let mut stored = self.read_sectors(&extent, name)?;
+        if let Some(cipher) = cipher {
+            cipher.decrypt(start, &mut stored);
+        }
+        let stored = &stored[..extent.stored_bytes as usize];
+        match extent.codec {
+            Compression::None => plain.copy_from_slice(stored),
+            codec => codec.decompress(stored, &mut plain).map_err(|error| {
+                VolumeError::Corrupt(format!(
+                    "volume {name}, unit at byte {start}: {error}; the device returned other data than was written"
+                ))
+            })?,
+        }
+        Ok(plain)
+    }
+
+    /// Reads `buf.len()` bytes at `offset` of a compressed volume.
+    pub(super) fn read_compressed(
+        &mut self,
+        name: &str,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<(), VolumeError> {
+        let volume = self.existing(name)?;
+        check_range(volume, offset, buf.len() as u64)?;
+        let extents = extents_under(&volume.extents, offset, buf.len() as u64);
+        let cipher = self.cipher(name)?;
+        check_aligned(cipher.as_deref(), name, offset, buf.len())?;
+        self.read_extents(name, &extents, cipher.as_deref(), offset, buf)
+    }
+
+    /// Reads `buf.len()` bytes at `offset` of what `extents` hold.
+    pub(super) fn read_extents(
+        &mut self,
+        name: &str,
+        extents: &ExtentMap,
+        cipher: Option<&VolumeCipher>,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<(), VolumeError> {
+        let end = offset + buf.len() as u64;
+        for unit in units_touched(offset, buf.len() as u64) {
+            let start = u64::from(unit) * UNIT_BYTES;
+            let (from, to) = (start.max(offset), (start + UNIT_BYTES).min(end));
+            let target = &mut buf[(from - offset) as usize..(to - offset) as usize];
+            match extents.get(&unit) {
+                None => target.fill(0),
+                Some(extent) => {
+                    let plain = self.read_unit(name, Some(*extent), cipher, start)?;
+                    target.copy_from_slice(&plain[(from - start) as usize..(to - start) as usize]);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Deallocates `[offset, offset + len)` of a compressed volume: whole
+    /// units are released, the parts of others written with zeroes.
+    pub(super) fn deallocate_compressed(
+        &mut self,
+        name: &str,
+        offset: u64,
+        len: u64,
+    ) -> Result<(), VolumeError> {
+        let end = offset + len;
+        let whole = offset.next_multiple_of(UNIT_BYTES)..end - end % UNIT_BYTES;
+        if whole.start >= whole.end {
+            return self.write_compressed(name, offset, &vec![0; len as usize]);
+        }
+        if offset < whole.start {
+            self.write_compressed(name, offset, &vec![0; (whole.start - offset) as usize])?;
+        }
+        let mut placed = Placed {
+            extents: self
+                .existing(name)?
+                .extents
+                .range(unit_of(whole.start)..unit_of(whole.end))
+                .map(|(&unit, _)| (unit, None))
+                .collect(),
+            moves: Vec::new(),
+        };
+        self.stage_placed(name, &mut placed);
+        self.commit()?;
+        if whole.end < end {
+            self.write_compressed(name, whole.end, &vec![0; (end - whole.end) as usize])?;
+        }
+        Ok(())
+    }
+
+    /// Moves the extents still referenced in up to `max` segments that are
+    /// at most half referenced into the open segment, and commits; returns
+    /// how many segments it emptied.
+    pub fn clean_segments(&mut self, max: usize) -> Result<usize, VolumeError> {
+        self.check_usable()?;
+        let half = u64::from(self.state.segment_sectors()) / 2;
+        let mut sparse: Vec<(u32, u64)> = self
+            .state
+            .closed_segments()
+            .filter(|&(_, referenced)| referenced <= half)
+            .collect();
+        sparse.sort_by_key(|&(_, referenced)| referenced);
+        let mut emptied = 0;
+        for (chunk, _) in sparse.into_iter().take(max) {
+            self.check_references(2 * self.state.extents_in(chunk).len() as u64)?;
+            let mut placed = Placed::default();
+            for extent in self.state.extents_in(chunk) {
+                let stored = self.read_sectors(&extent, "(cleaner)")?;
+                let (to, sector) =
+                    self.segment_room_for_moves(chunk, stored.len() as u64, &mut placed)?;
+                self.write_sectors(to, sector, &stored, "(cleaner)")?;
+                placed.moves.push((extent.sector, to, sector));
+            }
+            self.stage_moves(chunk, &mut placed);
+            emptied += 1;
+        }
+        self.commit()?;
+        Ok(emptied)
+    }
+
+    /// As [`Pool::segment_room`], for the cleaner's copies out of `from`
+    /// (which never goes back into the segment it empties).
+    fn segment_room_for_moves(
+        &mut self,
+        from: u32,
+        bytes: u64,
+        placed: &mut Placed,
+    ) -> Result<(u32, u32), VolumeError> {
+        let sectors = sectors_for(bytes);
+        if let Some(chunk) = self.state.filling() {
+            if self.segment_fill + sectors <= self.state.segment_sectors() {
+                let sector = self.segment_fill;
+                self.segment_fill += sectors;
+                return Ok((chunk, sector));
+            }
+        }
+        self.stage_moves(from, placed);
+        let Some(chunk) = self.state.open_segment() else {
+            return Err(VolumeError::PoolFull {
+                pool: self.name().to_string(),
+                needed: 1,
+                free: 0,
+            });
+        };
+        self.segment_fill = sectors;
+        Ok((chunk, 0))
+    }
+
+    fn stage_moves(&mut self, from: u32, placed: &mut Placed) {
+        let moves = std::mem::take(&mut placed.moves);
+        if !moves.is_empty() {
+            self.stage(Record::MoveExtents { from, moves });
+        }
+    }
+}
+
+/// The unit holding byte `offset`.
+fn unit_of(offset: u64) -> u32 {
+    u32::try_from(offset / UNIT_BYTES).expect("sizes are validated against the limit")
+}
+
+/// Units `[offset, offset + len)` touches.
+fn units_touched(offset: u64, len: u64) -> Range<u32> {
+    match len {
+        0 => 0..0,
+        _ => unit_of(offset)..unit_of(offset + len - 1) + 1,
+    }
+}
+
+/// The extents of `map` under `[offset, offset + len)`.
+pub(super) fn extents_under(map: &ExtentMap, offset: u64, len: u64) -> ExtentMap {
+    let units = units_touched(offset, len);
+    map.range(units).map(|(&u, &e)| (u, e)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::FaultyMedia;
+    use crate::{PoolOptions, VolumeSpec};
+
+    const CHUNK: u64 = 64 * 1024;
+
+    fn pool(compression: Compression) -> Pool<FaultyMedia> {
+        let options = PoolOptions {
+            name: "small".into(),
+            chunk_bytes: CHUNK as u32,
+            uuid: [4; 16],
+        };
+        let mut pool = Pool::create(FaultyMedia::new(1, 8 << 20, 1), options).unwrap();
+        pool.create_volume(&VolumeSpec {
+            name: "v".into(),
+            size_bytes: 2 << 20,
+            block_size: 512,
+            thick: false,
+            encrypted: false,
+            compression,
+        })
+        .unwrap();
+        pool
+    }
+
+    fn text(len: usize, seed: u8) -> Vec<u8> {
+        (0..len)
+            .map(|i| b"weft compresses "[i % 16] ^ seed)
+            .collect()
+    }
+
+    fn read(pool: &mut Pool<FaultyMedia>, offset: u64, len: usize) -> Vec<u8> {
+        let mut buf = vec![0; len];
+        pool.read("v", offset, &mut buf).unwrap();
+        buf
+    }
+
+    #[test]
+    fn compressible_writes_take_a_fraction_of_their_units_and_read_back_after_a_crash() {
+        let mut pool = pool(Compression::Lz4);
+        pool.write("v", 0, &text(1 << 20, 1)).unwrap();
+        pool.write("v", 3 * 512, &[9; 512]).unwrap();
+        let usage = pool.compression_usage("v").unwrap();
+        assert_eq!(usage.logical_bytes, 1 << 20);
+        assert!(usage.stored_bytes * 8 <= usage.logical_bytes, "{usage:?}");
+        assert_eq!(pool.info().compressed_stored_bytes, usage.stored_bytes);
+        assert!(
+            pool.segment_bytes() <= 2 * CHUNK,
+            "{}",
+            pool.segment_bytes()
+        );
+        let media = pool.into_media().crash();
+        let mut pool = Pool::open(media).unwrap();
+        let mut expected = text(1 << 20, 1);
+        expected[3 * 512..4 * 512].fill(9);
+        assert_eq!(read(&mut pool, 0, 1 << 20), expected);
+        assert_eq!(read(&mut pool, 1 << 20, 4096), vec![0; 4096]);
+    }
+
+    #[test]
+    fn units_of_zeroes_and_deallocated_units_store_nothing() {
+        let mut pool = pool(Compression::Zstd);
+        pool.write("v", 0, &text(4 * CHUNK as usize, 2)).unwrap();
+        pool.write("v", 0, &vec![0; CHUNK as usize]).unwrap();
+        pool.deallocate("v", CHUNK + 512, 2 * CHUNK).unwrap();
+        assert_eq!(
+            pool.compression_usage("v").unwrap().logical_bytes,
+            2 * CHUNK
+        );
+        let mut expected = text(4 * CHUNK as usize, 2);
+        expected[..CHUNK as usize].fill(0);
+        expected[CHUNK as usize + 512..3 * CHUNK as usize + 512].fill(0);
+        assert_eq!(read(&mut pool, 0, 4 * CHUNK as usize), expected);
+    }
+
+    #[test]
+    fn the_cleaner_frees_segments_that_overwrites_left_sparse_and_snapshots_keep_theirs() {
+        let mut pool = pool(Compression::Lz4);
+        let unit = CHUNK as usize;
+        // Text takes a sector a unit: 16 units fill a segment.
+        pool.write("v", 0, &text(16 * unit, 3)).unwrap();
+        // Noise is stored as it came: a whole unit's sectors.
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let noise: Vec<u8> = (0..2 * unit)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state as u8
+            })
+            .collect();
+        pool.write("v", 16 * CHUNK, &noise).unwrap();
+        // The first segment keeps 4 units, shared with the snapshot: the
+        // cleaner moves them into the open segment's last 4 sectors.
+        pool.write("v", 0, &text(12 * unit, 4)).unwrap();
+        pool.create_snapshot("v", "s").unwrap();
+        assert_eq!(pool.segment_bytes(), 4 * CHUNK);
+        assert_eq!(pool.clean_segments(16).unwrap(), 1);
+        assert_eq!(pool.segment_bytes(), 3 * CHUNK);
+        let mut expected = text(16 * unit, 3);
+        expected[..12 * unit].copy_from_slice(&text(12 * unit, 4));
+        let snapshot = expected.clone();
+        expected.extend_from_slice(&noise);
+        let media = pool.into_media().crash();
+        let mut pool = Pool::open(media).unwrap();
+        assert_eq!(read(&mut pool, 0, 18 * unit), expected);
+        let mut seen = vec![0; 16 * unit];
+        pool.read_snapshot("v", "s", 0, &mut seen).unwrap();
+        assert_eq!(seen, snapshot);
+        pool.clone_volume("v", "s", "c").unwrap();
+        pool.delete_snapshot("v", "s").unwrap();
+        pool.read("c", 0, &mut seen).unwrap();
+        assert_eq!(seen, snapshot);
+        pool.delete_volume("c").unwrap();
+        pool.delete_volume("v").unwrap();
+        assert_eq!(pool.segment_bytes(), 0);
+        assert_eq!(pool.info().allocated_bytes, 0);
+    }
+
+    #[test]
+    fn a_compressed_volume_is_thin_and_never_maps_chunks() {
+        let mut pool = pool(Compression::None);
+        let error = pool
+            .create_volume(&VolumeSpec {
+                name: "t".into(),
+                size_bytes: 1 << 20,
+                block_size: 512,
+                thick: true,
+                encrypted: false,
+                compression: Compression::Zstd,
+            })
+            .unwrap_err();
+        assert!(error.to_string().contains("drop --thick"), "{error}");
+        let mut pool = self::pool(Compression::Zstd);
+        let error = pool.prepare_write("v", 0, 4096).unwrap_err();
+        assert!(error.to_string().contains("extents"), "{error}");
+    }
+}
