@@ -167,7 +167,8 @@ pub enum AdminOp {
         /// Erasure-coded: the replicas are the stripe's members, in order.
         erasure: Option<ErasureRecord>,
         /// The compression asked for (none asked: the pool's default, for
-        /// a volume of one copy); `spec.compression` is set from it.
+        /// a thin volume of one copy); the manager sets `spec.compression`
+        /// from it (the API leaves that none).
         compression: Option<Compression>,
     },
     /// Delete a volume (`force`: even with hosts connected).
@@ -1223,7 +1224,8 @@ impl Manager {
             } => {
                 self.check_volume_name_free(&spec.name)?;
                 self.pool_mut(&pool)?;
-                let one_copy = replicas.is_empty() && erasure.is_none();
+                // A pool's default: for thin volumes of one copy.
+                let one_copy = replicas.is_empty() && erasure.is_none() && !spec.thick;
                 let spec = VolumeSpec {
                     encrypted: spec.encrypted || self.pool_encrypts(&pool)?,
                     compression: match compression {

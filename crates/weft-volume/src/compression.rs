@@ -17,8 +17,6 @@ use thiserror::Error;
 pub const UNIT_BYTES: u64 = 64 * 1024;
 /// Bytes of an extent's sector: extents are whole sectors.
 pub const SECTOR_BYTES: u64 = 4096;
-/// Sectors of a unit stored as it came.
-pub const UNIT_SECTORS: u32 = (UNIT_BYTES / SECTOR_BYTES) as u32;
 
 /// zstd's level: its default, the usual trade of ratio for speed.
 const ZSTD_LEVEL: i32 = 3;

@@ -768,6 +768,9 @@ impl<M: Media> Pool<M> {
         check_name("volume", &spec.name)?;
         self.check_new_volume(&spec.name)?;
         self.check_geometry(spec.size_bytes, spec.block_size)?;
+        if spec.compression != Compression::None {
+            check_compressed_size(&spec.name, spec.size_bytes)?;
+        }
         if spec.thick && spec.compression != Compression::None {
             return Err(VolumeError::invalid(
                 format!("a thick volume compressed with {}", spec.compression),
@@ -860,6 +863,9 @@ impl<M: Media> Pool<M> {
             ));
         }
         self.check_geometry(size_bytes, block_size)?;
+        if self.is_compressed(name) {
+            check_compressed_size(name, size_bytes)?;
+        }
         let old_chunks = self.state.chunks_for(current);
         let new_chunks = self.state.chunks_for(size_bytes);
         let runs = if thick && new_chunks > old_chunks {
@@ -1080,10 +1086,10 @@ impl<M: Media> Pool<M> {
     pub fn deallocate(&mut self, name: &str, offset: u64, len: u64) -> Result<(), VolumeError> {
         self.check_usable()?;
         check_range(self.existing(name)?, offset, len)?;
-        self.settle_tier()?;
         if self.is_compressed(name) {
             return self.deallocate_compressed(name, offset, len);
         }
+        self.settle_tier()?;
         let volume = self.existing(name)?;
         let (map, gate, thick) = (
             Arc::clone(&volume.map),
@@ -1336,8 +1342,11 @@ impl<M: Media> Pool<M> {
     }
 
     /// Makes the staged records durable. On failure the pool stops accepting
-    /// changes: reopen it to recover its last committed state.
+    /// changes: reopen it to recover its last committed state. A failed
+    /// pool commits nothing more (what was staged may name data a failed
+    /// sync lost), and says so even when nothing is staged.
     pub fn commit(&mut self) -> Result<(), VolumeError> {
+        self.check_usable()?;
         if self.pending.is_empty() {
             return Ok(());
         }
@@ -1647,6 +1656,18 @@ fn check_aligned(
             format!("use whole {}-byte blocks", cipher.unit_bytes()),
         )),
         _ => Ok(()),
+    }
+}
+
+/// A compressed volume's units are counted in 32 bits: 256 TiB at most.
+fn check_compressed_size(name: &str, size_bytes: u64) -> Result<(), VolumeError> {
+    let max = u64::from(u32::MAX) * crate::compression::UNIT_BYTES;
+    match size_bytes <= max {
+        true => Ok(()),
+        false => Err(VolumeError::invalid(
+            format!("size {size_bytes} for compressed volume {name}"),
+            format!("a compressed volume holds at most {max} bytes (2^32 - 1 units of 64 KiB)"),
+        )),
     }
 }
 

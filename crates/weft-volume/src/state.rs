@@ -300,7 +300,8 @@ impl PoolState {
         self.free.len() as u32
     }
 
-    /// Sum over all maps of mapped entries (bounds the checkpoint size).
+    /// Sum over all maps of mapped entries, and one per segment held
+    /// (bounds the checkpoint size).
     pub fn references(&self) -> u64 {
         self.references
     }
@@ -317,7 +318,8 @@ impl PoolState {
     }
 
     /// Takes a free chunk for new data (recorded by the caller in a `Map` or
-    /// `CreateVolume`/`ResizeVolume` record).
+    /// `CreateVolume`/`ResizeVolume` record), or a segment to fill (held
+    /// until nothing in it is referenced: see `open_segment`).
     pub fn allocate(&mut self) -> Option<u32> {
         let chunk = self.free.pop()?;
         assert_eq!(
@@ -785,7 +787,8 @@ impl PoolState {
     }
 
     /// An upper bound of `encode().len()`: 12 bytes per reference plus the
-    /// fixed part of every volume and snapshot, and the volume keys.
+    /// fixed part of every volume and snapshot, the volume keys, and the
+    /// compression section.
     pub fn encoded_len_bound(&self) -> u64 {
         let objects = self.volumes.len() as u64
             + self

@@ -1,8 +1,10 @@
 //! A compressed volume's I/O and the cleaner: each 64 KiB unit written is
 //! compressed (when that saves a sector), encrypted if the volume is, and
-//! placed in the open segment; the record naming its new extent commits
-//! after the data is synced, so a crash leaves the unit's old extent or
-//! its new one, never a mix. A write of part of a unit reads the rest
+//! placed in the open segment; the record naming its new extent is staged
+//! at once (reads find it) and committed at the next flush after the data
+//! is synced, so a crash leaves the unit's old extent or its new one,
+//! never a mix, and a write is durable once flushed (or written with FUA),
+//! as an uncompressed volume's. A write of part of a unit reads the rest
 //! first. A unit of zeroes is stored as nothing (it reads as zeroes).
 //!
 //! The cleaner copies the extents still referenced in sparse segments
@@ -24,6 +26,9 @@ use std::sync::Arc;
 
 /// Units per `SetExtents` record, so that a record stays small.
 const EXTENTS_PER_RECORD: usize = 4096;
+/// Records a compressed volume's writes leave staged before they are
+/// committed without a flush (bounds what a flush has to write).
+const STAGED_RECORDS_MAX: usize = 1024;
 
 /// How much a compressed volume stores.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,11 +41,23 @@ pub struct CompressionUsage {
     pub stored_bytes: u64,
 }
 
-/// Extents placed by a write or the cleaner, not yet staged.
-#[derive(Default)]
-struct Placed {
-    extents: Vec<(u32, Option<Extent>)>,
-    moves: Vec<(u32, u32, u32)>,
+/// Free allocation units a writer leaves to the cleaner: with none left,
+/// the cleaner could not move anything and a full pool would stay full.
+const CLEANER_RESERVE: u32 = 1;
+
+/// What a write or the cleaner placed on the devices and has not staged.
+enum Placed {
+    /// A volume's units in their new extents (None: nothing stored).
+    Extents {
+        volume: String,
+        extents: Vec<(u32, Option<Extent>)>,
+    },
+    /// The cleaner's copies out of segment `from`: (sector there, chunk
+    /// and sector of the copy).
+    Moves {
+        from: u32,
+        moves: Vec<(u32, u32, u32)>,
+    },
 }
 
 impl<M: Media> Pool<M> {
@@ -71,7 +88,9 @@ impl<M: Media> Pool<M> {
         self.state.segment_count() as u64 * u64::from(self.layout().chunk_bytes)
     }
 
-    /// Writes `data` at `offset` of compressed volume `name`, durably.
+    /// Writes `data` at `offset` of compressed volume `name`: read back
+    /// at once, durable at the next flush (as an uncompressed volume's
+    /// write: the volatile write cache weft reports).
     pub(super) fn write_compressed(
         &mut self,
         name: &str,
@@ -79,14 +98,14 @@ impl<M: Media> Pool<M> {
         data: &[u8],
     ) -> Result<(), VolumeError> {
         let result = self.write_compressed_staged(name, offset, data);
-        self.commit()?;
+        self.commit_if_many_staged()?;
         result
     }
 
-    /// Writes a group's writes of compressed volumes with one commit (each
-    /// staged as it is placed, so that a later write's read of a unit
-    /// finds an earlier one's): their results, in order, where `results`
-    /// has None (the others are left alone).
+    /// Writes a group's writes of compressed volumes (each staged as it is
+    /// placed, so that a later write's read of a unit finds an earlier
+    /// one's): their results, in order, where `results` has None (the
+    /// others are left alone).
     pub(super) fn write_compressed_group(
         &mut self,
         writes: &[super::GroupWrite<'_>],
@@ -99,10 +118,21 @@ impl<M: Media> Pool<M> {
                 staged.push(i);
             }
         }
-        if self.commit().is_err() {
+        // A commit made on the way (a segment closed on a full pool) may
+        // have failed the pool: what was staged is then not to be trusted.
+        if self.failed.is_some() || self.commit_if_many_staged().is_err() {
             for i in staged {
                 results[i] = Some(Err(self.failed_error()));
             }
+        }
+    }
+
+    /// Commits once the staged records are many (a flush commits them
+    /// all: the data synced first, then the records).
+    fn commit_if_many_staged(&mut self) -> Result<(), VolumeError> {
+        match self.pending.len() >= STAGED_RECORDS_MAX {
+            true => self.commit(),
+            false => Ok(()),
         }
     }
 
@@ -123,7 +153,10 @@ impl<M: Media> Pool<M> {
         check_aligned(cipher.as_deref(), name, offset, data.len())?;
         let units = units_touched(offset, data.len() as u64);
         self.check_references(2 * u64::from(units.end - units.start))?;
-        let mut placed = Placed::default();
+        let mut placed = Placed::Extents {
+            volume: name.to_string(),
+            extents: Vec::new(),
+        };
         let mut result = Ok(());
         for unit in units {
             let start = u64::from(unit) * UNIT_BYTES;
@@ -134,14 +167,12 @@ impl<M: Media> Pool<M> {
                     break;
                 }
             };
-            if let Err(error) =
-                self.place_unit(name, unit, &plain, compression, &cipher, &mut placed)
-            {
+            if let Err(error) = self.place_unit(unit, &plain, compression, &cipher, &mut placed) {
                 result = Err(error);
                 break;
             }
         }
-        self.stage_placed(name, &mut placed);
+        self.stage_placed(&mut placed);
         result
     }
 
@@ -169,18 +200,23 @@ impl<M: Media> Pool<M> {
 
     /// Compresses, encrypts and writes one unit's bytes to the open
     /// segment (nothing for a unit of zeroes), adding its extent to
-    /// `placed`.
+    /// `placed` (a volume's).
     fn place_unit(
         &mut self,
-        name: &str,
         unit: u32,
         plain: &[u8],
         compression: Compression,
         cipher: &Option<Arc<VolumeCipher>>,
         placed: &mut Placed,
     ) -> Result<(), VolumeError> {
+        let Placed::Extents { volume, .. } = placed else {
+            unreachable!("units are placed for a volume")
+        };
+        let name = volume.clone();
         if plain.iter().all(|&b| b == 0) {
-            placed.extents.push((unit, None));
+            if self.existing(&name)?.extents.contains_key(&unit) {
+                push_extent(placed, unit, None);
+            }
             return Ok(());
         }
         let (mut stored, codec) = match compression.compress(plain) {
@@ -195,59 +231,72 @@ impl<M: Media> Pool<M> {
         if let Some(cipher) = cipher {
             cipher.encrypt(u64::from(unit) * UNIT_BYTES, &mut stored);
         }
-        let (chunk, sector) = self.segment_room(name, stored.len() as u64, placed)?;
-        self.write_sectors(chunk, sector, &stored, name)?;
+        let (chunk, sector) = self.segment_room(stored.len() as u64, placed)?;
+        self.write_sectors(chunk, sector, &stored, &name)?;
         let extent = Extent {
             chunk,
             sector,
             stored_bytes,
             codec,
         };
-        placed.extents.push((unit, Some(extent)));
+        push_extent(placed, unit, Some(extent));
         Ok(())
     }
 
     /// Where `bytes` go: the open segment's next sectors, or a new
-    /// segment's first (what was placed is staged first, so that the
-    /// segment closed keeps what references it; when no chunk is free the
-    /// cleaner makes one, if it can).
-    fn segment_room(
-        &mut self,
-        name: &str,
-        bytes: u64,
-        placed: &mut Placed,
-    ) -> Result<(u32, u32), VolumeError> {
+    /// segment's first. What was placed is staged first, so that the
+    /// segment closed keeps what references it. A writer leaves the last
+    /// `CLEANER_RESERVE` free units to the cleaner, which it runs once
+    /// when it finds no more.
+    fn segment_room(&mut self, bytes: u64, placed: &mut Placed) -> Result<(u32, u32), VolumeError> {
         let sectors = sectors_for(bytes);
-        if let Some(chunk) = self.state.filling() {
-            if self.segment_fill + sectors <= self.state.segment_sectors() {
-                let sector = self.segment_fill;
-                self.segment_fill += sectors;
-                return Ok((chunk, sector));
+        let writer = matches!(placed, Placed::Extents { .. });
+        let mut cleaned = false;
+        loop {
+            if let Some(chunk) = self.state.filling() {
+                if self.segment_fill + sectors <= self.state.segment_sectors() {
+                    let sector = self.segment_fill;
+                    self.segment_fill += sectors;
+                    return Ok((chunk, sector));
+                }
             }
-        }
-        self.stage_placed(name, placed);
-        if self.state.free_now() == 0 {
+            self.stage_placed(placed);
+            let reserve = if writer { CLEANER_RESERVE } else { 0 };
+            if self.state.free_now() > reserve {
+                let chunk = self.state.open_segment().expect("a chunk is free");
+                self.segment_fill = sectors;
+                return Ok((chunk, 0));
+            }
+            if !writer || cleaned {
+                return Err(VolumeError::PoolFull {
+                    pool: self.name().to_string(),
+                    needed: 1,
+                    free: u64::from(self.state.free_now().saturating_sub(reserve)),
+                });
+            }
             self.commit()?;
             self.clean_segments(1)?;
+            cleaned = true;
         }
-        let Some(chunk) = self.state.open_segment() else {
-            return Err(VolumeError::PoolFull {
-                pool: self.name().to_string(),
-                needed: 1,
-                free: 0,
-            });
-        };
-        self.segment_fill = sectors;
-        Ok((chunk, 0))
     }
 
-    fn stage_placed(&mut self, name: &str, placed: &mut Placed) {
-        let extents = std::mem::take(&mut placed.extents);
-        for part in extents.chunks(EXTENTS_PER_RECORD) {
-            self.stage(Record::SetExtents {
-                volume: name.to_string(),
-                extents: part.to_vec(),
-            });
+    fn stage_placed(&mut self, placed: &mut Placed) {
+        match placed {
+            Placed::Extents { volume, extents } => {
+                let volume = volume.clone();
+                for part in std::mem::take(extents).chunks(EXTENTS_PER_RECORD) {
+                    self.stage(Record::SetExtents {
+                        volume: volume.clone(),
+                        extents: part.to_vec(),
+                    });
+                }
+            }
+            Placed::Moves { from, moves } if !moves.is_empty() => {
+                let from = *from;
+                let moves = std::mem::take(moves);
+                self.stage(Record::MoveExtents { from, moves });
+            }
+            Placed::Moves { .. } => {}
         }
     }
 
@@ -364,16 +413,16 @@ impl<M: Media> Pool<M> {
         if offset < whole.start {
             self.write_compressed(name, offset, &vec![0; (whole.start - offset) as usize])?;
         }
-        let mut placed = Placed {
+        let mut placed = Placed::Extents {
+            volume: name.to_string(),
             extents: self
                 .existing(name)?
                 .extents
                 .range(unit_of(whole.start)..unit_of(whole.end))
                 .map(|(&unit, _)| (unit, None))
                 .collect(),
-            moves: Vec::new(),
         };
-        self.stage_placed(name, &mut placed);
+        self.stage_placed(&mut placed);
         self.commit()?;
         if whole.end < end {
             self.write_compressed(name, whole.end, &vec![0; (end - whole.end) as usize])?;
@@ -382,10 +431,15 @@ impl<M: Media> Pool<M> {
     }
 
     /// Moves the extents still referenced in up to `max` segments that are
-    /// at most half referenced into the open segment, and commits; returns
-    /// how many segments it emptied.
+    /// at most half referenced into the open segment, and commits what it
+    /// moved (even when a later copy failed); returns how many segments it
+    /// emptied. An open segment nothing references any more (its volumes
+    /// deleted) is let go first.
     pub fn clean_segments(&mut self, max: usize) -> Result<usize, VolumeError> {
         self.check_usable()?;
+        if self.state.filling_unreferenced() {
+            self.state.close_segment();
+        }
         let half = u64::from(self.state.segment_sectors()) / 2;
         let mut sparse: Vec<(u32, u64)> = self
             .state
@@ -394,56 +448,57 @@ impl<M: Media> Pool<M> {
             .collect();
         sparse.sort_by_key(|&(_, referenced)| referenced);
         let mut emptied = 0;
+        let mut result = Ok(());
         for (chunk, _) in sparse.into_iter().take(max) {
-            self.check_references(2 * self.state.extents_in(chunk).len() as u64)?;
-            let mut placed = Placed::default();
-            for extent in self.state.extents_in(chunk) {
-                let stored = self.read_sectors(&extent, "(cleaner)")?;
-                let (to, sector) =
-                    self.segment_room_for_moves(chunk, stored.len() as u64, &mut placed)?;
-                self.write_sectors(to, sector, &stored, "(cleaner)")?;
-                placed.moves.push((extent.sector, to, sector));
+            match self.empty_segment(chunk) {
+                Ok(()) => emptied += 1,
+                Err(error) => {
+                    result = Err(error);
+                    break;
+                }
             }
-            self.stage_moves(chunk, &mut placed);
-            emptied += 1;
         }
         self.commit()?;
-        Ok(emptied)
+        result.map(|()| emptied)
     }
 
-    /// As [`Pool::segment_room`], for the cleaner's copies out of `from`
-    /// (which never goes back into the segment it empties).
-    fn segment_room_for_moves(
-        &mut self,
-        from: u32,
-        bytes: u64,
-        placed: &mut Placed,
-    ) -> Result<(u32, u32), VolumeError> {
-        let sectors = sectors_for(bytes);
-        if let Some(chunk) = self.state.filling() {
-            if self.segment_fill + sectors <= self.state.segment_sectors() {
-                let sector = self.segment_fill;
-                self.segment_fill += sectors;
-                return Ok((chunk, sector));
+    /// Copies every extent still referenced in segment `chunk` elsewhere
+    /// and stages the moves (those made, on error).
+    fn empty_segment(&mut self, chunk: u32) -> Result<(), VolumeError> {
+        let mut placed = Placed::Moves {
+            from: chunk,
+            moves: Vec::new(),
+        };
+        let mut result = Ok(());
+        for extent in self.state.extents_in(chunk) {
+            let copied = self
+                .read_sectors(&extent, "(the cleaner)")
+                .and_then(|stored| {
+                    let (to, sector) = self.segment_room(stored.len() as u64, &mut placed)?;
+                    self.write_sectors(to, sector, &stored, "(the cleaner)")?;
+                    Ok((to, sector))
+                });
+            match (copied, &mut placed) {
+                (Ok((to, sector)), Placed::Moves { moves, .. }) => {
+                    moves.push((extent.sector, to, sector))
+                }
+                (Ok(_), Placed::Extents { .. }) => unreachable!("the cleaner places moves"),
+                (Err(error), _) => {
+                    result = Err(error);
+                    break;
+                }
             }
         }
-        self.stage_moves(from, placed);
-        let Some(chunk) = self.state.open_segment() else {
-            return Err(VolumeError::PoolFull {
-                pool: self.name().to_string(),
-                needed: 1,
-                free: 0,
-            });
-        };
-        self.segment_fill = sectors;
-        Ok((chunk, 0))
+        self.stage_placed(&mut placed);
+        result
     }
+}
 
-    fn stage_moves(&mut self, from: u32, placed: &mut Placed) {
-        let moves = std::mem::take(&mut placed.moves);
-        if !moves.is_empty() {
-            self.stage(Record::MoveExtents { from, moves });
-        }
+/// Adds a unit's new extent to what a write placed.
+fn push_extent(placed: &mut Placed, unit: u32, extent: Option<Extent>) {
+    match placed {
+        Placed::Extents { extents, .. } => extents.push((unit, extent)),
+        Placed::Moves { .. } => unreachable!("the cleaner places no units"),
     }
 }
 
@@ -519,6 +574,11 @@ mod tests {
             "{}",
             pool.segment_bytes()
         );
+        // Read back before and after a flush and a power cut; a write after
+        // the flush is not durable yet.
+        assert_eq!(read(&mut pool, 3 * 512, 512), vec![9; 512]);
+        pool.flush().unwrap();
+        pool.write("v", 0, &[1; 4096]).unwrap();
         let media = pool.into_media().crash();
         let mut pool = Pool::open(media).unwrap();
         let mut expected = text(1 << 20, 1);
@@ -585,6 +645,48 @@ mod tests {
         pool.delete_volume("v").unwrap();
         assert_eq!(pool.segment_bytes(), 0);
         assert_eq!(pool.info().allocated_bytes, 0);
+    }
+
+    #[test]
+    fn a_full_pool_makes_room_by_cleaning_and_keeps_taking_overwrites() {
+        let mut pool = pool(Compression::Lz4);
+        pool.create_volume(&VolumeSpec {
+            name: "w".into(),
+            size_bytes: 16 << 20,
+            block_size: 512,
+            thick: false,
+            encrypted: false,
+            compression: Compression::Lz4,
+        })
+        .unwrap();
+        let units = 256;
+        let chunks = pool.layout().chunks() as usize;
+        assert!(
+            units - 4 > chunks,
+            "more cold units than the pool has segments"
+        );
+        let mut expected = vec![0; units * CHUNK as usize];
+        // Each round fills about a segment (text: a sector a unit) with 15
+        // writes of 4 hot units and one of a cold unit, rewritten only
+        // every 252 rounds: every segment keeps one live extent, and
+        // without the cleaner the pool runs out of segments.
+        for round in 0..3 * units {
+            let cold = 4 + round % (units - 4);
+            for unit in (0..15).map(|k| k % 4).chain([cold]) {
+                let data = text(CHUNK as usize, (round % 250) as u8 + 1);
+                pool.write("w", unit as u64 * CHUNK, &data)
+                    .unwrap_or_else(|e| panic!("round {round}: {e}"));
+                expected[unit * CHUNK as usize..(unit + 1) * CHUNK as usize].copy_from_slice(&data);
+            }
+        }
+        pool.flush().unwrap();
+        let media = pool.into_media().crash();
+        let mut pool = Pool::open(media).unwrap();
+        let mut seen = vec![0; units * CHUNK as usize];
+        pool.read("w", 0, &mut seen).unwrap();
+        assert!(seen == expected, "the volume reads back as written");
+        // After a restart (no open segment) it still finds room.
+        pool.write("w", 0, &text(CHUNK as usize, 77)).unwrap();
     }
 
     #[test]

@@ -3,9 +3,10 @@
 //! that change them and their section of a checkpoint.
 //!
 //! A segment is a chunk held (one reference in the chunk counts) from the
-//! first extent placed in it until no reference to its sectors is left and
-//! the pool no longer fills it; then it is released as any chunk is (free
-//! once the releasing record is durable). What this module does not do:
+//! moment the pool opens it to fill it (at replay: from the first record
+//! naming it) until no reference to its sectors is left and the pool no
+//! longer fills it; then it is released as any chunk is (free once the
+//! releasing record is durable). What this module does not do:
 //! I/O, or deciding where an extent goes (the pool does, and records it).
 
 use super::{inconsistent, CheckpointError, Inconsistent, PoolState};
@@ -16,6 +17,7 @@ use crate::extents::{
     ENCODED_EXTENT_BYTES,
 };
 use crate::format::FormatError;
+use std::collections::BTreeMap;
 
 impl PoolState {
     /// Whether any volume is compressed or any map holds extents (the
@@ -34,10 +36,11 @@ impl PoolState {
     }
 
     /// Takes a free chunk as the segment to fill from now on (the one
-    /// before is closed). None when no chunk is free.
+    /// before is closed). None when no chunk is free (the one before is
+    /// then kept: the cleaner may still fill what is left of it).
     pub fn open_segment(&mut self) -> Option<u32> {
-        self.close_segment();
         let chunk = self.allocate()?;
+        self.close_segment();
         self.add_ref(chunk).expect("a free chunk is in the pool");
         self.segments.insert(chunk, 0);
         self.open_segment = Some(chunk);
@@ -58,6 +61,12 @@ impl PoolState {
     /// The segment being filled, if any.
     pub fn filling(&self) -> Option<u32> {
         self.open_segment
+    }
+
+    /// Whether the segment being filled holds nothing referenced.
+    pub fn filling_unreferenced(&self) -> bool {
+        self.open_segment
+            .is_some_and(|chunk| self.segments.get(&chunk) == Some(&0))
     }
 
     /// Segments other than the one being filled, with their referenced
@@ -150,14 +159,17 @@ impl PoolState {
         from: u32,
         moves: &[(u32, u32, u32)],
     ) -> Result<(), Inconsistent> {
+        let moves: BTreeMap<u32, (u32, u32)> = moves
+            .iter()
+            .map(|&(old, chunk, sector)| (old, (chunk, sector)))
+            .collect();
         let mut moved = Vec::new();
         for volume in self.volumes.values_mut() {
             let maps = std::iter::once(&mut volume.extents)
                 .chain(volume.snapshots.values_mut().map(|s| &mut s.extents));
             for map in maps {
                 for extent in map.values_mut().filter(|e| e.chunk == from) {
-                    let Some(&(_, chunk, sector)) = moves.iter().find(|m| m.0 == extent.sector)
-                    else {
+                    let Some(&(chunk, sector)) = moves.get(&extent.sector) else {
                         continue;
                     };
                     let copy = Extent {
