@@ -8,7 +8,7 @@
 # Usage (root): harness/bench-apps.sh [--weft PATH] [--runtime S] [--rounds N] [--smoke]
 #   --runtime S   seconds per measured run (default 20)
 #   --rounds N    alternations (default 3; the median per side is reported)
-#   --smoke       tiny datasets, 2 s runs, one round (what CI runs)
+#   --smoke       tiny datasets, 2 s runs, one round, YCSB's A and E only (what CI runs)
 #   --apps LIST   which, comma-separated: rocksdb,sysbench,tpcc,ycsb (default all)
 #   --serve-args "ARGS"  more options for the guest's `weft serve` (e.g. "--poll-us 0")
 # Output: a table (ops/s, average and p99 latency per side, remote/local ratios),
@@ -19,12 +19,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WEFT=target/release/weft RUNTIME=20 ROUNDS=3 SCALE=full DISK_GIB=4 APPS=rocksdb,sysbench,tpcc,ycsb SERVE_ARGS=''
+YCSB_RUN="a b c d e f"
 while [ $# -gt 0 ]; do
     case "$1" in
         --weft) WEFT=$2; shift 2 ;;
         --runtime) RUNTIME=$2; shift 2 ;;
         --rounds) ROUNDS=$2; shift 2 ;;
-        --smoke) RUNTIME=2 ROUNDS=1 SCALE=smoke DISK_GIB=2; shift ;;
+        --smoke) RUNTIME=2 ROUNDS=1 SCALE=smoke DISK_GIB=2 YCSB_RUN="a e"; shift ;;
         --apps) APPS=$2; shift 2 ;;
         --serve-args) SERVE_ARGS=$2; shift 2 ;;
         *) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 2 ;;
@@ -64,7 +65,7 @@ export LAB_QEMU_EXTRA="-drive file=$DIR/local.img,$DRIVE -drive file=$DIR/pool.i
 status=0
 harness/vm/vm-run.sh -s "$DIR/share" -n none -c 2 -m 4096 -t $((RUNTIME * ROUNDS * 40 + 3600)) \
     -e RUNTIME="$RUNTIME" -e ROUNDS="$ROUNDS" -e SCALE="$SCALE" -e APPS="$APPS" \
-    -e WEFT_SERVE_ARGS="$SERVE_ARGS" \
+    -e WEFT_SERVE_ARGS="$SERVE_ARGS" -e YCSB_RUN="$YCSB_RUN" \
     -e WEFT_BIN="/mnt/weft/${WEFT#"$REPO"/}" -e GO_BIN="/mnt/weft/${GOBIN#"$REPO"/}" \
     -e YCSB_WORKLOADS=/mnt/weft/.cache/go/ycsb-workloads \
     harness/guest/apps.sh || status=$?

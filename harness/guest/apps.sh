@@ -19,11 +19,12 @@
 # (No process substitution here: the guest has no /dev/fd.)
 # Env: RUNTIME (seconds per measured run), ROUNDS, SCALE (smoke|full), APPS (which of
 # rocksdb,sysbench,tpcc,ycsb; default all), WEFT_SERVE_ARGS (more `weft serve` options),
-# WEFT_BIN, GO_BIN, YCSB_WORKLOADS. Writes apps/results.jsonl (one line per run: app, side, round, ops_s,
+# WEFT_BIN, GO_BIN, YCSB_WORKLOADS, YCSB_RUN (which workloads: default "a b c d e f"). Writes apps/results.jsonl (one line per run: app, side, round, ops_s,
 # avg_us, p99_us, unit) and every raw output to apps/raw/ in the share.
 set -uo pipefail
 RUNTIME=${RUNTIME:-20} ROUNDS=${ROUNDS:-3} SCALE=${SCALE:-full}
 APPS=${APPS:-rocksdb,sysbench,tpcc,ycsb}
+YCSB_RUN=${YCSB_RUN:-a b c d e f}
 wanted() { [[ ",$APPS," == *",$1,"* ]]; }
 MARIADB=0
 for app in sysbench tpcc ycsb; do wanted $app && MARIADB=1; done
@@ -239,7 +240,8 @@ for round in $(seq "$ROUNDS"); do
         mariadb_start "$side" || { mariadb_stop; continue; }
         wanted sysbench && sysbench_run "$side" "$round"
         wanted tpcc && tpcc_run "$side" "$round"
-        if wanted ycsb; then for w in a b c d e f; do ycsb_run $w "$side" "$round"; done; fi
+        # shellcheck disable=SC2086 # YCSB_RUN: a list of workload letters
+        if wanted ycsb; then for w in $YCSB_RUN; do ycsb_run $w "$side" "$round"; done; fi
         mariadb_stop
         sync; echo 3 > /proc/sys/vm/drop_caches
     done

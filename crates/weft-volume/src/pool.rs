@@ -1346,11 +1346,24 @@ impl<M: Media> Pool<M> {
     /// pool commits nothing more (what was staged may name data a failed
     /// sync lost), and says so even when nothing is staged.
     pub fn commit(&mut self) -> Result<(), VolumeError> {
+        self.commit_with(true)
+    }
+
+    /// As [`Pool::commit`], but the journal's frames are written without a
+    /// sync: the data they name is synced first, so a power cut keeps them
+    /// or not (the writes then lost, as any not flushed), and a killed
+    /// process keeps them (they are in the kernel's cache). The next
+    /// flush, or any commit, syncs them.
+    pub(super) fn commit_unsynced(&mut self) -> Result<(), VolumeError> {
+        self.commit_with(false)
+    }
+
+    fn commit_with(&mut self, sync_journal: bool) -> Result<(), VolumeError> {
         self.check_usable()?;
         if self.pending.is_empty() {
             return Ok(());
         }
-        if let Err(error) = self.write_pending() {
+        if let Err(error) = self.write_pending(sync_journal) {
             let reason = format!("{error}");
             log::error!(
                 "pool {}: metadata write failed: {reason}; no further changes until weft restarts",
@@ -1364,7 +1377,7 @@ impl<M: Media> Pool<M> {
         Ok(())
     }
 
-    fn write_pending(&mut self) -> io::Result<()> {
+    fn write_pending(&mut self, sync_journal: bool) -> io::Result<()> {
         if self.data_dirty {
             for member in 0..usize::from(self.layout().members) {
                 self.media.sync(member)?;
@@ -1409,7 +1422,9 @@ impl<M: Media> Pool<M> {
         let at = self.layout().journal_offset() + self.journal_used;
         for member in 0..self.layout().metadata_copies() {
             self.media.write_at(member, at, &bytes)?;
-            self.media.sync(member)?;
+            if sync_journal {
+                self.media.sync(member)?;
+            }
         }
         self.journal_used += needed;
         Ok(())

@@ -1,10 +1,12 @@
 //! A compressed volume's I/O and the cleaner: each 64 KiB unit written is
 //! compressed (when that saves a sector), encrypted if the volume is, and
-//! placed in the open segment; the record naming its new extent is staged
-//! at once (reads find it) and committed at the next flush after the data
-//! is synced, so a crash leaves the unit's old extent or its new one,
-//! never a mix, and a write is durable once flushed (or written with FUA),
-//! as an uncompressed volume's. A write of part of a unit reads the rest
+//! placed in the open segment; the record naming its new extent is
+//! written to the journal after the data is synced (a group of writes
+//! together), so a crash leaves the unit's old extent or its new one,
+//! never a mix. The journal is synced at the next flush: a write is
+//! durable against a power cut once flushed (or written with FUA), as an
+//! uncompressed volume's, and a killed process loses nothing
+//! acknowledged. A write of part of a unit reads the rest
 //! first. A unit of zeroes is stored as nothing (it reads as zeroes).
 //!
 //! The cleaner copies the extents still referenced in sparse segments
@@ -26,9 +28,6 @@ use std::sync::Arc;
 
 /// Units per `SetExtents` record, so that a record stays small.
 const EXTENTS_PER_RECORD: usize = 4096;
-/// Records a compressed volume's writes leave staged before they are
-/// committed without a flush (bounds what a flush has to write).
-const STAGED_RECORDS_MAX: usize = 1024;
 
 /// How much a compressed volume stores.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,9 +87,11 @@ impl<M: Media> Pool<M> {
         self.state.segment_count() as u64 * u64::from(self.layout().chunk_bytes)
     }
 
-    /// Writes `data` at `offset` of compressed volume `name`: read back
-    /// at once, durable at the next flush (as an uncompressed volume's
-    /// write: the volatile write cache weft reports).
+    /// Writes `data` at `offset` of compressed volume `name`: its data
+    /// synced and its records written when it returns, so that a killed
+    /// process loses nothing; durable against a power cut at the next
+    /// flush (as an uncompressed volume's write: the volatile write cache
+    /// weft reports).
     pub(super) fn write_compressed(
         &mut self,
         name: &str,
@@ -98,7 +99,7 @@ impl<M: Media> Pool<M> {
         data: &[u8],
     ) -> Result<(), VolumeError> {
         let result = self.write_compressed_staged(name, offset, data);
-        self.commit_if_many_staged()?;
+        self.commit_unsynced()?;
         result
     }
 
@@ -120,19 +121,10 @@ impl<M: Media> Pool<M> {
         }
         // A commit made on the way (a segment closed on a full pool) may
         // have failed the pool: what was staged is then not to be trusted.
-        if self.failed.is_some() || self.commit_if_many_staged().is_err() {
+        if self.failed.is_some() || self.commit_unsynced().is_err() {
             for i in staged {
                 results[i] = Some(Err(self.failed_error()));
             }
-        }
-    }
-
-    /// Commits once the staged records are many (a flush commits them
-    /// all: the data synced first, then the records).
-    fn commit_if_many_staged(&mut self) -> Result<(), VolumeError> {
-        match self.pending.len() >= STAGED_RECORDS_MAX {
-            true => self.commit(),
-            false => Ok(()),
         }
     }
 
