@@ -47,6 +47,7 @@ MNT=/mnt/interop
 MNT2=/mnt/interop-clone
 VOLA=nqn.2026-11.io.weft:vol:vol-a VOLB=nqn.2026-11.io.weft:vol:vol-b VOLC=nqn.2026-11.io.weft:vol:vol-a-copy
 VOLT=nqn.2026-11.io.weft:vol:vol-t
+VOLZ=nqn.2026-11.io.weft:vol:vol-z
 case "$TARGET" in
     weft)  ADDR=${LAB_HOST_IP:?weft runs on the host: needs vm-run.sh -n slirp}; MODEL=weft ;;
     nvmet) ADDR=127.0.0.1; MODEL=Linux ;;
@@ -270,13 +271,14 @@ if job['error'] or w['io_bytes'] != size or r['io_bytes'] != size:
 EOF
 }
 FIO_N=0
-fio_verify() { # DEV BS SIZE_MIB: write SIZE with BS blocks carrying crc32c, read back, verify
+fio_verify() { # DEV BS SIZE_MIB [FIO-ARGS...]: write SIZE with BS blocks carrying crc32c, read back, verify
     local dev=$1 bs=$2 size=$(($3 * MIB)) json
+    shift 3
     FIO_N=$((FIO_N + 1))
     json=$OUT/fio-$FIO_N-${dev#/dev/}-$bs.json
     timeout 900 fio --name="verify-$bs" --filename="$dev" --rw=randwrite --bs="$bs" --size="$size" \
         --direct=1 --ioengine=libaio --iodepth=32 --verify=crc32c --do_verify=1 --verify_fatal=1 \
-        --verify_state_save=0 --output-format=json --output="$json" &&
+        --verify_state_save=0 --output-format=json --output="$json" "$@" &&
         fio_summary "$json" "$size"
 }
 raw_pdus() { # CASE: raw TCP connections with malformed input, see "step g" below
@@ -701,6 +703,27 @@ tiered_volume() { # a pool with a write tier: fio verify through it, and across 
     fio_across_kill9 "$devt" "$(ctrl_of "$VOLT")"
     weft_cli pool show tiered | sed 's/^/  /'
     check "disconnect vol-t" disconnect "$VOLT"
+    compressed_volume
+}
+compressed_volume() { # compressed and encrypted, on the pool with a tier: fio verify, kill -9
+    local devz
+    check "volume create vol-z 128MiB (zstd, encrypted), attach" eval 'weft_cli volume create vol-z \
+        --pool tiered --size 128MiB --compression zstd --encrypt && weft_cli volume attach vol-z --host guest' || return
+    check "connect vol-z" connect "$VOLZ" --reconnect-delay 1 || return
+    devz=$(ns_dev "$VOLZ" 1)
+    check "fio crc32c verify vol-z bs 4k 8 MiB (parts of units: read, changed, placed anew)" fio_verify "$devz" 4k 8
+    check "fio crc32c verify vol-z bs 128k 16 MiB" fio_verify "$devz" 128k 16
+    # fio's verify data is random: text that compresses, written past it, read back.
+    check "32 MiB of text written to vol-z at 64 MiB (O_DIRECT), read back the same" eval '
+        (set +o pipefail; yes "weft compresses the lines of this text" | head -c $((32 * MIB))) > "$TMP/text" &&
+        dd if="$TMP/text" of="$devz" bs=1M seek=64 oflag=direct status=none &&
+        dd if="$devz" of="$TMP/back" bs=1M skip=64 count=32 iflag=direct status=none &&
+        cmp "$TMP/text" "$TMP/back"'
+    check "vol-z stores less than it was given (ratio at least 1.5)" eval 'weft_cli volume show vol-z |
+        tee "$TMP/vol-z" | awk "/^compression zstd:/ { gsub(/[(x)]/, \"\", \$NF); ok = (\$NF + 0) >= 1.5 } END { exit !ok }" ||
+        { cat "$TMP/vol-z"; false; }'
+    fio_across_kill9 "$devz" "$(ctrl_of "$VOLZ")"
+    check "disconnect vol-z" disconnect "$VOLZ"
 }
 
 step_csi() { # csi-sanity against `weft csi --mode all` in this guest, over the host's API

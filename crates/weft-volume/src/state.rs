@@ -665,7 +665,13 @@ impl PoolState {
 
     /// Maps fresh chunks into `volume`, releasing what the entries held before.
     fn map_runs(&mut self, volume: &str, runs: &[Run]) -> Result<(), Inconsistent> {
-        let map = Arc::clone(&self.volume(volume)?.map);
+        let v = self.volume(volume)?;
+        if v.compression != Compression::None && !runs.is_empty() {
+            return Err(inconsistent(format!(
+                "chunks mapped into compressed volume {volume}"
+            )));
+        }
+        let map = Arc::clone(&v.map);
         for run in runs {
             for step in 0..run.len {
                 let logical = run.logical.checked_add(step).map(|l| l as usize);
