@@ -63,7 +63,7 @@ if rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
         corpora=("corpus/$target")
         [ -d "fuzz/seeds/$target" ] && corpora+=("seeds/$target")
         mkdir -p "fuzz/corpus/$target"
-        (cd fuzz && cargo +nightly fuzz run --debug-assertions "$target" "${corpora[@]}" -- -max_total_time="${WEFT_FUZZ_SECONDS:-12}" -rss_limit_mb=4096 2>&1 | tail -n 3)
+        (cd fuzz && cargo +nightly fuzz run --debug-assertions "$target" "${corpora[@]}" -- -max_total_time="${WEFT_FUZZ_SECONDS:-8}" -rss_limit_mb=4096 2>&1 | tail -n 3)
     done
 else
     echo "skipped: no nightly toolchain (the seeded loops in cargo test ran)"

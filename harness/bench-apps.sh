@@ -8,7 +8,8 @@
 # Usage (root): harness/bench-apps.sh [--weft PATH] [--runtime S] [--rounds N] [--smoke]
 #   --runtime S   seconds per measured run (default 20)
 #   --rounds N    alternations (default 3; the median per side is reported)
-#   --smoke       tiny datasets, 2 s runs, one round, YCSB's A and E only (what CI runs)
+#   --smoke       tiny datasets, 2 s runs, one round, RocksDB's small values and YCSB's A and
+#                 E only (what CI runs)
 #   --apps LIST   which, comma-separated: rocksdb,sysbench,tpcc,ycsb (default all)
 #   --serve-args "ARGS"  more options for the guest's `weft serve` (e.g. "--poll-us 0")
 # Output: a table (ops/s, average and p99 latency per side, remote/local ratios),

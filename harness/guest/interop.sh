@@ -88,7 +88,7 @@ reset_host() { # leftovers of a step that stopped early
     if grep -q " $MNT " /proc/mounts; then umount "$MNT"; fi
     if grep -q " $MNT2 " /proc/mounts; then umount "$MNT2"; fi
     local nqn
-    for nqn in "$NQN1" "$NQN2" "$VOLA" "$VOLB" "$VOLC"; do
+    for nqn in "$NQN1" "$NQN2" "$VOLA" "$VOLB" "$VOLC" "$VOLT" "$VOLZ"; do
         if ctrl_of "$nqn" >/dev/null; then nvme disconnect -n "$nqn" >/dev/null 2>&1; fi
     done
 }
@@ -711,6 +711,7 @@ compressed_volume() { # compressed and encrypted, on the pool with a tier: fio v
         --pool tiered --size 128MiB --compression zstd --encrypt && weft_cli volume attach vol-z --host guest' || return
     check "connect vol-z" connect "$VOLZ" --reconnect-delay 1 || return
     devz=$(ns_dev "$VOLZ" 1)
+    check "vol-z's block device $devz" nonempty "$devz" || return
     check "fio crc32c verify vol-z bs 4k 8 MiB (parts of units: read, changed, placed anew)" fio_verify "$devz" 4k 8
     check "fio crc32c verify vol-z bs 128k 16 MiB" fio_verify "$devz" 128k 16
     # fio's verify data is random: text that compresses, written past it, read back.

@@ -1350,10 +1350,14 @@ impl<M: Media> Pool<M> {
     }
 
     /// As [`Pool::commit`], but the journal's frames are written without a
-    /// sync: the data they name is synced first, so a power cut keeps them
-    /// or not (the writes then lost, as any not flushed), and a killed
-    /// process keeps them (they are in the kernel's cache). The next
-    /// flush, or any commit, syncs them.
+    /// sync when they release no chunk: the data they name is synced
+    /// first, so a power cut keeps them or not (the writes then lost, as
+    /// any not flushed), and a killed process keeps them (they are in the
+    /// kernel's cache). The next flush, or the next commit that writes
+    /// frames with a sync, syncs them. Frames that release chunks are
+    /// synced at once: a released chunk is reused as soon as it is free,
+    /// and a power cut must not keep its new data and drop the record that
+    /// released it (the unit would name data that is no longer there).
     pub(super) fn commit_unsynced(&mut self) -> Result<(), VolumeError> {
         self.commit_with(false)
     }
@@ -1363,6 +1367,7 @@ impl<M: Media> Pool<M> {
         if self.pending.is_empty() {
             return Ok(());
         }
+        let sync_journal = sync_journal || self.state.has_released();
         if let Err(error) = self.write_pending(sync_journal) {
             let reason = format!("{error}");
             log::error!(

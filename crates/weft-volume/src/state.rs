@@ -335,6 +335,11 @@ impl PoolState {
         self.free.push(chunk);
     }
 
+    /// Whether chunks wait for the records that released them to be durable.
+    pub fn has_released(&self) -> bool {
+        !self.released.is_empty()
+    }
+
     /// The records staged with the released chunks are durable: reuse them.
     pub fn release_committed(&mut self) {
         self.free.append(&mut self.released);
