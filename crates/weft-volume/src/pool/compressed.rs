@@ -548,6 +548,12 @@ mod tests {
             .collect()
     }
 
+    /// `len` bytes that do not compress.
+    fn noise(seed: u64, len: usize) -> Vec<u8> {
+        let mut rng = crate::testing::Rng(seed | 1);
+        (0..len).map(|_| rng.next_u64() as u8).collect()
+    }
+
     fn read(pool: &mut Pool<FaultyMedia>, offset: u64, len: usize) -> Vec<u8> {
         let mut buf = vec![0; len];
         pool.read("v", offset, &mut buf).unwrap();
@@ -604,15 +610,7 @@ mod tests {
         // Text takes a sector a unit: 16 units fill a segment.
         pool.write("v", 0, &text(16 * unit, 3)).unwrap();
         // Noise is stored as it came: a whole unit's sectors.
-        let mut state = 0x2545_f491_4f6c_dd1du64;
-        let noise: Vec<u8> = (0..2 * unit)
-            .map(|_| {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                state as u8
-            })
-            .collect();
+        let noise = noise(0x2545_f491_4f6c_dd1d, 2 * unit);
         pool.write("v", 16 * CHUNK, &noise).unwrap();
         // The first segment keeps 4 units, shared with the snapshot: the
         // cleaner moves them into the open segment's last 4 sectors.
@@ -689,17 +687,6 @@ mod tests {
     /// written: never the other volume's bytes over its old extent.
     #[test]
     fn a_chunk_freed_by_a_write_not_flushed_is_reused_only_once_its_record_is_durable() {
-        let noise = |seed: u64| -> Vec<u8> {
-            let mut state = seed | 1;
-            (0..CHUNK)
-                .map(|_| {
-                    state ^= state << 13;
-                    state ^= state >> 7;
-                    state ^= state << 17;
-                    state as u8
-                })
-                .collect()
-        };
         for seed in 1..=48 {
             let options = PoolOptions {
                 name: "small".into(),
@@ -719,7 +706,10 @@ mod tests {
                 pool.create_volume(&spec).unwrap();
             }
             // Noise takes a whole segment: the unit is alone in it.
-            let (old, new) = (noise(seed), noise(seed + 1000));
+            let (old, new) = (
+                noise(seed, CHUNK as usize),
+                noise(seed + 1000, CHUNK as usize),
+            );
             pool.write("v", 0, &old).unwrap();
             pool.flush().unwrap();
             pool.write("v", 0, &new).unwrap();
