@@ -159,7 +159,9 @@ impl<M: Media> Pool<M> {
                     break;
                 }
             };
-            if let Err(error) = self.place_unit(unit, &plain, compression, &cipher, &mut placed) {
+            if let Err(error) =
+                self.place_unit(name, unit, &plain, compression, &cipher, &mut placed)
+            {
                 result = Err(error);
                 break;
             }
@@ -195,18 +197,15 @@ impl<M: Media> Pool<M> {
     /// `placed` (a volume's).
     fn place_unit(
         &mut self,
+        name: &str,
         unit: u32,
         plain: &[u8],
         compression: Compression,
         cipher: &Option<Arc<VolumeCipher>>,
         placed: &mut Placed,
     ) -> Result<(), VolumeError> {
-        let Placed::Extents { volume, .. } = placed else {
-            unreachable!("units are placed for a volume")
-        };
-        let name = volume.clone();
         if plain.iter().all(|&b| b == 0) {
-            if self.existing(&name)?.extents.contains_key(&unit) {
+            if self.existing(name)?.extents.contains_key(&unit) {
                 push_extent(placed, unit, None);
             }
             return Ok(());
@@ -224,7 +223,7 @@ impl<M: Media> Pool<M> {
             cipher.encrypt(u64::from(unit) * UNIT_BYTES, &mut stored);
         }
         let (chunk, sector) = self.segment_room(stored.len() as u64, placed)?;
-        self.write_sectors(chunk, sector, &stored, &name)?;
+        self.write_sectors(chunk, sector, &stored, name)?;
         let extent = Extent {
             chunk,
             sector,
