@@ -114,7 +114,7 @@ else
     harness/bench-tls.sh --rounds 1 --seconds 2 --json .cache/bench/tls/smoke.json
     step "benchmark smoke: weft's initiator over TLS against the clear on loopback (the full run: harness/bench-tls-loopback.sh)"
     harness/bench-tls-loopback.sh --rounds 1 --seconds 1 --json .cache/bench/tls-loopback/smoke.json
-    step "benchmark smoke: RocksDB, sysbench, TPC-C and YCSB on weft and on a local disk in the guest (the full run: harness/bench-apps.sh)"
+    step "benchmark smoke: RocksDB, sysbench and YCSB on weft and on a local disk in the guest (the full run, TPC-C too: harness/bench-apps.sh)"
     harness/bench-apps.sh --smoke
 fi
 step "all tests passed"

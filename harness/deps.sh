@@ -22,6 +22,10 @@ need ip iproute2
 need python3 python3
 need flock util-linux
 need cc gcc
+# The zstd crate links Debian's libzstd (found with pkg-config) instead of compiling zstd's C
+# in every profile that builds it.
+need pkg-config pkg-config
+pkg-config --exists libzstd 2>/dev/null || missing+=(libzstd-dev)
 need openssl openssl
 # The TLS tests' peers: GnuTLS as the Linux host's tlshd drives it (crates/weft-proto/tests/tls_peers.rs).
 need gnutls-cli gnutls-bin

@@ -20,10 +20,14 @@ const SNAPSHOTS: [&str; 2] = ["s1", "s2"];
 /// More snapshots per volume, for states that outgrow small checkpoint slots.
 const MORE_SNAPSHOTS: [&str; 8] = ["s1", "s2", "s3", "s4", "s5", "s6", "s7", "s8"];
 
+/// A volume as the model expects it. Contents are shared between the
+/// states the model keeps (before and after each operation) and copied only
+/// when changed: cloning whole volumes at every step was most of the
+/// model's run time.
 #[derive(Debug, Clone, Default, PartialEq)]
 struct ModelVolume {
-    data: Vec<u8>,
-    snapshots: BTreeMap<String, Vec<u8>>,
+    data: Arc<Vec<u8>>,
+    snapshots: BTreeMap<String, Arc<Vec<u8>>>,
 }
 
 type Model = BTreeMap<String, ModelVolume>;
@@ -322,7 +326,7 @@ fn apply(model: &Model, op: &Op) -> Model {
             next.insert(
                 name.clone(),
                 ModelVolume {
-                    data: vec![0; *size as usize],
+                    data: Arc::new(vec![0; *size as usize]),
                     snapshots: BTreeMap::new(),
                 },
             );
@@ -337,14 +341,16 @@ fn apply(model: &Model, op: &Op) -> Model {
             seed,
         } => {
             let at = *offset as usize;
-            let data = &mut next.get_mut(name).unwrap().data;
+            let data = Arc::make_mut(&mut next.get_mut(name).unwrap().data);
             data[at..at + *len as usize].copy_from_slice(&pattern(*seed, *offset, *len));
         }
         Op::Deallocate { name, offset, len } => {
             let at = *offset as usize;
-            next.get_mut(name).unwrap().data[at..at + *len as usize].fill(0);
+            Arc::make_mut(&mut next.get_mut(name).unwrap().data)[at..at + *len as usize].fill(0);
         }
-        Op::Resize { name, size } => next.get_mut(name).unwrap().data.resize(*size as usize, 0),
+        Op::Resize { name, size } => {
+            Arc::make_mut(&mut next.get_mut(name).unwrap().data).resize(*size as usize, 0)
+        }
         Op::Snapshot { name, snapshot } => {
             let v = next.get_mut(name).unwrap();
             v.snapshots.insert(snapshot.clone(), v.data.clone());
@@ -369,7 +375,7 @@ fn apply(model: &Model, op: &Op) -> Model {
         Op::WriteGroup { writes } => {
             for w in writes {
                 let at = w.offset as usize;
-                let data = &mut next.get_mut(&w.name).unwrap().data;
+                let data = Arc::make_mut(&mut next.get_mut(&w.name).unwrap().data);
                 data[at..at + w.len as usize].copy_from_slice(&pattern(w.seed, w.offset, w.len));
             }
         }
@@ -391,8 +397,9 @@ fn observe(pool: &mut Pool<FaultyMedia>) -> Model {
             let mut content = vec![0u8; size as usize];
             pool.read_snapshot(&name, &snapshot, 0, &mut content)
                 .unwrap();
-            snapshots.insert(snapshot, content);
+            snapshots.insert(snapshot, Arc::new(content));
         }
+        let data = Arc::new(data);
         model.insert(name, ModelVolume { data, snapshots });
     }
     model
@@ -442,13 +449,13 @@ fn consistent(seen: &Model, before: &Model, after: &Model) -> Result<(), String>
                     })
                 })
         };
-        if !same_bytes(&volume.data, candidates.iter().map(|c| &c.data).collect()) {
+        if !same_bytes(&volume.data, candidates.iter().map(|c| &*c.data).collect()) {
             return Err(format!("volume {name}: content differs from the model"));
         }
         for (snapshot, content) in &volume.snapshots {
             let options: Vec<&Vec<u8>> = candidates
                 .iter()
-                .filter_map(|c| c.snapshots.get(snapshot))
+                .filter_map(|c| c.snapshots.get(snapshot).map(|s| &**s))
                 .collect();
             if !same_bytes(content, options) {
                 return Err(format!("snapshot {name}@{snapshot}: content differs"));
