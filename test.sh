@@ -90,8 +90,8 @@ step "benchmark smoke: encrypted volumes against the clear (the full run: harnes
 python3 harness/bench-encryption.py --runtime 1s --rounds 1 --json .cache/bench/encryption/smoke.json
 step "benchmark smoke: a pool with a write tier beside one without (the full run: harness/bench-tier.py)"
 python3 harness/bench-tier.py --runtime 1s --rounds 1 --tier-mib 32 --json .cache/bench/tier/smoke.json
-step "benchmark smoke: compressed volumes (lz4, zstd) beside one that is not, on data 0%, 50% and 90% compressible (the full run: harness/bench-compression.py)"
-python3 harness/bench-compression.py --runtime 1s --rounds 1 --size-mib 32 --json .cache/bench/compression/smoke.json
+step "benchmark smoke: compressed volumes (lz4, zstd) beside one that is not, on data 0%, 50% and 90% compressible, in a pool and in one with a write tier (the full run: harness/bench-compression.py)"
+python3 harness/bench-compression.py --runtime 1s --rounds 1 --size-mib 32 --tier-mib 64 --json .cache/bench/compression/smoke.json
 step "benchmark smoke: weft beside Ceph RBD (16.2, started by hand on loopback), fio against both, and kill -9 of the primary under a writer (the full run: harness/bench-peers.py)"
 python3 harness/bench-peers.py --runtime 1 --rounds 1 --size-mib 128 --osd-gib 2 --outage 2 --failover kill --json .cache/bench/peers/smoke.json
 step "benchmark smoke: how the control plane's costs grow with nodes and volumes, a three-member etcd and six nodes (the full run: harness/bench-scale.py, 32 nodes)"

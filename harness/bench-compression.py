@@ -14,12 +14,20 @@ compressibility, on each volume, alternating per round:
   (the issue's goal: lz4 costs at most 10% of the plain volume's IOPS on
   incompressible data).
 
+And the same three volumes in a second pool with a write tier (a file in
+/dev/shm, `--tier-mib`, standing in for a fast device), where writes are
+acknowledged from the tier and compressed when destaged: 4 KiB random
+writes at QD32 for the run time from an empty tier, then the time the
+tier takes to drain (its destage: compression's cost moved off the write)
+and the ratio once drained.
+
 Prints a table and writes JSON (default .cache/bench/compression/result.json).
 
 Usage: harness/bench-compression.py [--weft target/release/weft]
        [--engine target/release/libweft_fio.so] [--runtime 5s] [--rounds 3]
-       [--size-mib 256] [--json FILE]      (a benchmark: outside CI;
-       --runtime 1s --rounds 1 --size-mib 32 is the smoke)
+       [--size-mib 256] [--tier-mib 1024] [--json FILE]      (a benchmark:
+       outside CI; --runtime 1s --rounds 1 --size-mib 32 --tier-mib 64 is
+       the smoke)
 """
 
 import argparse
@@ -28,6 +36,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 
 import harness_module
 
@@ -35,6 +44,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOST_NQN = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-0000000c0a9e"
 VOLUMES = ["plain", "lz4", "zstd"]
 COMPRESSIBLE = [0, 50, 90]
+TIER_IMAGE = "/dev/shm/weft-bench-compression-tier.img"
+settle = harness_module.load("bench-tier").settle
 
 
 class Node(harness_module.load("bench-encryption").Node):
@@ -59,6 +70,58 @@ def fio(node, engine, volume, rw, bs, iodepth, size_mib, percent, runtime):
             "ios": side["total_ios"], "bytes": side["io_bytes"]}
 
 
+def setup(node, size_mib, tier_mib):
+    """The two pools (`bench`, and `tiered` with its write tier), the three
+    volumes in each (`t-` before the tiered pool's), the host."""
+    capacity = f"{4 * size_mib + 512}MiB"
+    node.cli("pool", "create", "bench", "--device", os.path.join(node.dir, "pool.img"),
+             "--device-size", capacity)
+    node.cli("pool", "create", "tiered", "--device", os.path.join(node.dir, "tiered.img"),
+             "--device-size", capacity, "--write-tier", TIER_IMAGE,
+             "--write-tier-size", f"{tier_mib}MiB")
+    node.cli("host", "add", "bench", "--nqn", HOST_NQN)
+    for pool, prefix in (("bench", ""), ("tiered", "t-")):
+        for volume in VOLUMES:
+            extra = [] if volume == "plain" else ["--compression", volume]
+            node.cli("volume", "create", prefix + volume, "--pool", pool, "--size",
+                     f"{size_mib}MiB", *extra)
+            node.cli("volume", "attach", prefix + volume, "--host", "bench")
+
+
+def through_tier(node, engine, volume, size_mib, percent, runtime):
+    """4 KiB random writes at QD32 to the tiered pool's `volume` from an
+    empty tier, then how long its destage takes and the ratio after it."""
+    settle(node)
+    before = node.cpu_seconds()
+    rand = fio(node, engine, "t-" + volume, "randwrite", "4k", 32, size_mib, percent, runtime)
+    cpu = node.cpu_seconds() - before
+    started = time.time()
+    settle(node)
+    drained = time.time() - started
+    return {"rand_iops": rand["iops"], "rand_cpu_us_per_io": cpu * 1e6 / max(rand["ios"], 1),
+            "drain_s": drained, "ratio": ratio(node, "t-" + volume)}
+
+
+def tier_table(tiered):
+    """Prints the tiered pool's table: its medians, by compressibility."""
+    keys = ["rand_iops", "rand_cpu_us_per_io", "drain_s", "ratio"]
+    summary = {}
+    print(f"\non a pool with a write tier ({'4k QD32, from an empty tier'}):")
+    print(f"{'data':<16} {'volume':<6} {'4k QD32 IOPS':>12} {'/plain':>6} {'us CPU/io':>9} "
+          f"{'drain s':>8} {'ratio':>6}")
+    for percent in COMPRESSIBLE:
+        med = {v: {k: statistics.median(r[k] for r in tiered[percent][v]) for k in keys}
+               for v in VOLUMES}
+        for volume in VOLUMES:
+            m = med[volume]
+            m["rand_iops_vs_plain"] = m["rand_iops"] / max(med["plain"]["rand_iops"], 1e-9)
+            print(f"{str(percent) + '% compressible':<16} {volume:<6} {m['rand_iops']:>12.0f} "
+                  f"{m['rand_iops_vs_plain']:>6.2f} {m['rand_cpu_us_per_io']:>9.1f} "
+                  f"{m['drain_s']:>8.1f} {m['ratio']:>6.2f}")
+        summary[f"{percent}%"] = med
+    return summary
+
+
 def ratio(node, volume):
     shown = json.loads(node.cli("volume", "show", volume, "-o", "json"))
     return (shown.get("compression") or {}).get("ratio", 1.0)
@@ -71,20 +134,15 @@ def main():
     parser.add_argument("--runtime", default="5s")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--size-mib", type=int, default=256)
+    parser.add_argument("--tier-mib", type=int, default=1024)
     parser.add_argument("--json", default=os.path.join(ROOT, ".cache/bench/compression/result.json"))
     args = parser.parse_args()
     engine = os.path.abspath(args.engine)
     node = Node(args.weft, os.path.join(ROOT, ".cache/bench/compression/run"))
     runs = {p: {v: [] for v in VOLUMES} for p in COMPRESSIBLE}
+    tiered = {p: {v: [] for v in VOLUMES} for p in COMPRESSIBLE}
     try:
-        node.cli("pool", "create", "bench", "--device", os.path.join(node.dir, "pool.img"),
-                 "--device-size", f"{4 * args.size_mib + 512}MiB")
-        node.cli("host", "add", "bench", "--nqn", HOST_NQN)
-        for volume in VOLUMES:
-            extra = [] if volume == "plain" else ["--compression", volume]
-            node.cli("volume", "create", volume, "--pool", "bench", "--size",
-                     f"{args.size_mib}MiB", *extra)
-            node.cli("volume", "attach", volume, "--host", "bench")
+        setup(node, args.size_mib, args.tier_mib)
         for round_index in range(args.rounds):
             for percent in COMPRESSIBLE:
                 order = VOLUMES if round_index % 2 == 0 else VOLUMES[::-1]
@@ -103,8 +161,13 @@ def main():
                         "rand_iops": rand["iops"],
                         "rand_cpu_us_per_io": rand_cpu * 1e6 / max(rand["ios"], 1),
                     })
+                for volume in order:
+                    tiered[percent][volume].append(
+                        through_tier(node, engine, volume, args.size_mib, percent, args.runtime))
     finally:
         node.stop()
+        if os.path.exists(TIER_IMAGE):
+            os.remove(TIER_IMAGE)
     keys = ["seq_mib_s", "seq_cpu_ms_per_mib", "ratio", "rand_iops", "rand_cpu_us_per_io"]
     summary = {}
     print(f"{'data':<16} {'volume':<6} {'ratio':>6} {'128k MiB/s':>10} {'ms CPU/MiB':>10} "
@@ -121,10 +184,12 @@ def main():
                   f"{m['rand_iops']:>12.0f} {m['rand_iops_vs_plain']:>6.2f} "
                   f"{m['rand_cpu_us_per_io']:>9.1f}")
         summary[f"{percent}%"] = med
+    tier_summary = tier_table(tiered)
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as file:
         json.dump({"runtime": args.runtime, "rounds": args.rounds, "size_mib": args.size_mib,
-                   "summary": summary, "runs": runs}, file, indent=1)
+                   "tier_mib": args.tier_mib, "summary": summary, "runs": runs,
+                   "tiered_summary": tier_summary, "tiered_runs": tiered}, file, indent=1)
     print(f"(medians of {args.rounds} rounds; JSON: {args.json})")
 
 

@@ -34,6 +34,7 @@ mod checkpoints;
 mod compressed;
 mod encryption;
 mod tier;
+mod tier_room;
 use checkpoints::{read_checkpoint, write_checkpoint_frame, write_zeroes};
 pub use compressed::CompressionUsage;
 pub use encryption::{Encryption, Rewrapped};
@@ -169,6 +170,17 @@ pub struct Pool<M: Media> {
     tier_presence: Option<Arc<crate::tier::TierPresence>>,
     /// Sectors of the open segment used (compressed volumes' extents).
     segment_fill: u32,
+    /// Units of compressed volumes written to the write tier since it was
+    /// last empty: each may take a whole unit of segment room when it is
+    /// destaged, which is kept free for it (see `compressed`).
+    tier_pending_units: u64,
+    /// Of those, the units of the group of writes being written (not in
+    /// the tier yet: a destage that empties it leaves them counted).
+    tier_units_in_group: u64,
+    /// Blocks of compressed volumes the destage round under way took from
+    /// the tier, by volume and unit: (offset in the unit, plain bytes), in
+    /// the order taken; placed when the round syncs.
+    destaging: compressed::Destaging,
 }
 
 impl<M: Media> Pool<M> {
@@ -285,6 +297,9 @@ impl<M: Media> Pool<M> {
             unopened_tier: None,
             tier_presence: None,
             segment_fill: 0,
+            tier_pending_units: 0,
+            tier_units_in_group: 0,
+            destaging: BTreeMap::new(),
         })
     }
 
@@ -317,6 +332,9 @@ impl<M: Media> Pool<M> {
             unopened_tier: None,
             tier_presence: None,
             segment_fill: 0,
+            tier_pending_units: 0,
+            tier_units_in_group: 0,
+            destaging: BTreeMap::new(),
         };
         pool.repair_superblocks(&loaded.superblock_repairs)?;
         pool.resync_copies(resync)?;
@@ -899,12 +917,14 @@ impl<M: Media> Pool<M> {
                 "volume {volume} has {SNAPSHOTS_PER_VOLUME_MAX} snapshots, the most a volume may have; delete one first"
             )));
         }
+        // The snapshot shares the capacity devices' chunks (or a compressed
+        // volume's extents): what the tier holds goes there first, and is
+        // among what it shares.
+        self.settle_tier()?;
+        let v = self.existing(volume)?;
         let references = u64::from(v.mapped_chunks) + 2 * v.extents.len() as u64;
         let gate = Arc::clone(&v.gate);
         self.check_references(references + 1)?;
-        // The snapshot shares the capacity devices' chunks: what the tier
-        // holds goes there first.
-        self.settle_tier()?;
         let _quiet = gate.quiesce();
         let record = Record::CreateSnapshot {
             volume: volume.to_string(),
@@ -1086,10 +1106,10 @@ impl<M: Media> Pool<M> {
     pub fn deallocate(&mut self, name: &str, offset: u64, len: u64) -> Result<(), VolumeError> {
         self.check_usable()?;
         check_range(self.existing(name)?, offset, len)?;
+        self.settle_tier()?;
         if self.is_compressed(name) {
             return self.deallocate_compressed(name, offset, len);
         }
-        self.settle_tier()?;
         let volume = self.existing(name)?;
         let (map, gate, thick) = (
             Arc::clone(&volume.map),
@@ -1148,7 +1168,7 @@ impl<M: Media> Pool<M> {
 
     /// Writes `data` at `offset` (synchronously; the data plane has its own path).
     pub fn write(&mut self, name: &str, offset: u64, data: &[u8]) -> Result<(), VolumeError> {
-        if self.is_compressed(name) {
+        if self.is_compressed(name) && !self.has_tier() {
             return self.write_compressed(name, offset, data);
         }
         if self.has_tier() {
@@ -1213,7 +1233,9 @@ impl<M: Media> Pool<M> {
     /// Reads `buf.len()` bytes at `offset`; unwritten ranges read as zeroes.
     pub fn read(&mut self, name: &str, offset: u64, buf: &mut [u8]) -> Result<(), VolumeError> {
         if self.is_compressed(name) {
-            return self.read_compressed(name, offset, buf);
+            self.read_compressed(name, offset, buf)?;
+            let (id, cipher) = (self.existing(name)?.id, self.cipher(name)?);
+            return self.overlay_tier(id, offset, buf, cipher.as_deref());
         }
         let cipher = self.cipher(name)?;
         check_aligned(cipher.as_deref(), name, offset, buf.len())?;
@@ -1227,9 +1249,17 @@ impl<M: Media> Pool<M> {
     /// Reads what the volume stores at `offset` (encrypted, if it is): its
     /// newest copy, in the write tier or on the capacity devices.
     fn read_stored(&mut self, name: &str, offset: u64, buf: &mut [u8]) -> Result<(), VolumeError> {
-        self.read_devices(name, offset, buf)?;
+        if self.is_compressed(name) {
+            // Its extents hold it compressed: as a block the tier holds.
+            self.read_compressed(name, offset, buf)?;
+            if let Some(cipher) = self.cipher(name)? {
+                cipher.encrypt(offset, buf);
+            }
+        } else {
+            self.read_devices(name, offset, buf)?;
+        }
         let id = self.existing(name)?.id;
-        self.overlay_tier(id, offset, buf)
+        self.overlay_tier(id, offset, buf, None)
     }
 
     /// Reads what the volume's chunks on the devices hold at `offset`
@@ -1551,11 +1581,12 @@ impl<M: Media> Pool<M> {
 
     /// Takes `count` free chunks, all or none.
     fn take_chunks(&mut self, count: u32) -> Result<Vec<u32>, VolumeError> {
-        if self.state.free_now() < count {
+        let free = self.free_for_chunks(count)?;
+        if free < count {
             return Err(VolumeError::PoolFull {
                 pool: self.name().to_string(),
                 needed: u64::from(count),
-                free: u64::from(self.state.free_now()),
+                free: u64::from(free),
             });
         }
         Ok((0..count)

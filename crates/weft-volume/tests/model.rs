@@ -506,7 +506,8 @@ enum Kind {
     Plain,
     /// Checkpoints that outgrow their slots early.
     SmallSlots,
-    /// A write tier in front of the devices.
+    /// A write tier in front of the devices; a third of the volumes
+    /// compressed (at destage), the cleaner run between operations.
     Tiered,
     /// Most volumes compressed (lz4 or zstd), the cleaner run between
     /// operations.
@@ -561,22 +562,30 @@ fn exercise(seed: u64, ops: usize, kind: Kind) {
             0 if compressed => Op::Clean {
                 segments: 1 + rng.below(3) as usize,
             },
+            2 if tiered => Op::Clean {
+                segments: 1 + rng.below(3) as usize,
+            },
             1 => random_group(&mut rng, &model),
             _ => match random_op(&mut rng, &model, snapshots) {
                 // Volumes whose last 4 KiB block is partial, for the tier's
-                // read-modify-write of whole blocks.
+                // read-modify-write of whole blocks; a third compressed
+                // (when destaged), unless thick.
                 Op::Create {
                     name,
                     size,
                     thick,
                     encrypted,
-                    compression,
+                    ..
                 } if kind == Kind::Tiered => Op::Create {
                     name,
                     size: size + 512 * rng.below(8),
                     thick,
                     encrypted,
-                    compression,
+                    compression: match rng.below(6) {
+                        0 if !thick => Compression::Lz4,
+                        1 if !thick => Compression::Zstd,
+                        _ => Compression::None,
+                    },
                 },
                 // Volumes whose last unit is partial, and a few thick
                 // ones (refused when compressed).

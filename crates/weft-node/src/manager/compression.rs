@@ -20,8 +20,12 @@ impl Manager {
             }
             match pool.clean_segments(SEGMENTS_PER_TURN) {
                 Ok(0) => {}
-                // No room to move into: the writers will say so.
-                Err(weft_volume::VolumeError::PoolFull { .. }) => {}
+                // No room to move into (or to name the segment it would
+                // open): the writers will say so.
+                Err(
+                    weft_volume::VolumeError::PoolFull { .. }
+                    | weft_volume::VolumeError::MetadataFull { .. },
+                ) => {}
                 Ok(emptied) => {
                     log::debug!("pool {name}: the cleaner emptied {emptied} segment(s)");
                     touched.note_pool(name);

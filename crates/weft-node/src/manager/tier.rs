@@ -457,16 +457,13 @@ impl Manager {
                 })
                 .collect();
             let mut results = p.write_group(&group);
-            // Durable in the tier once written: FUA asks nothing more. A
+            // Durable in the tier once written (a compressed volume's too:
+            // it is compressed when destaged): FUA asks nothing more. A
             // write sent on this path just after the tier was removed went
-            // to the devices, and a compressed volume's to its extents:
-            // FUA commits and syncs them.
-            let untiered = |w: &Waiting| {
-                p.tier_info().is_none()
-                    || p.volume(&w.volume)
-                        .is_some_and(|v| v.compression != Compression::None)
-            };
-            if waiting.iter().any(|w| w.fua && untiered(w)) {
+            // to the devices, or a compressed volume's to its extents: FUA
+            // commits and syncs them.
+            let untiered = p.tier_info().is_none();
+            if untiered && waiting.iter().any(|w| w.fua) {
                 if let Err(error) = p.flush() {
                     let reason = error.to_string();
                     for (write, result) in waiting.iter().zip(&mut results) {

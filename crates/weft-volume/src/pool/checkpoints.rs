@@ -22,12 +22,21 @@ use std::collections::BTreeSet;
 use std::io;
 
 impl<M: Media> Pool<M> {
-    /// Makes sure a checkpoint still fits once `added` references are added,
-    /// extending the slots if it would not; refuses the change only when the
-    /// pool has no free units left to extend them with.
+    /// Makes sure a checkpoint still fits once `added` references are added
+    /// (and those the destage of compressed units waiting in the write tier
+    /// may add), extending the slots if it would not; refuses the change
+    /// only when the pool has no free units left to extend them with.
     pub(super) fn check_references(&mut self, added: u64) -> Result<(), VolumeError> {
-        let needed =
-            self.state.encoded_len_bound() + OBJECT_BYTES + 12 * added + FRAME_HEADER_BYTES as u64;
+        self.check_checkpoint_room(added.saturating_add(self.tier_pending_references()))
+    }
+
+    /// As [`Pool::check_references`], for `added` references alone (a
+    /// destage round's units, kept room for since their writes).
+    pub(super) fn check_checkpoint_room(&mut self, added: u64) -> Result<(), VolumeError> {
+        let needed = self.state.encoded_len_bound()
+            + OBJECT_BYTES
+            + 12u64.saturating_mul(added)
+            + FRAME_HEADER_BYTES as u64;
         let room = self.superblock.checkpoint_room();
         if needed <= room {
             return Ok(());
@@ -53,9 +62,17 @@ impl<M: Media> Pool<M> {
         let full = || VolumeError::MetadataFull {
             pool: self.name().to_string(),
         };
+        // The units kept for the write tier's compressed units are not
+        // free for this.
+        let available = self
+            .state
+            .free_now()
+            .saturating_sub(self.chunks_kept_for_tier()) as usize;
+        let fits = |plan: &(Extension, Vec<u32>)| plan.1.len() <= available;
         let (extension, taken) = self
             .plan_extension(doubling)
-            .or_else(|| self.plan_extension(least))
+            .filter(fits)
+            .or_else(|| self.plan_extension(least).filter(fits))
             .ok_or_else(full)?;
         self.state
             .reserve(&taken)

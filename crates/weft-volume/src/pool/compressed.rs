@@ -9,6 +9,15 @@
 //! acknowledged. A write of part of a unit reads the rest
 //! first. A unit of zeroes is stored as nothing (it reads as zeroes).
 //!
+//! On a pool with a write tier, a compressed volume's writes go to the
+//! tier as any volume's (acknowledged from there) and are compressed when
+//! destaged: the destage round places the units their blocks touch and
+//! commits their records once its data is synced, before the tier lets
+//! the blocks go. The room those units may take (a whole unit each, as
+//! if none compressed) is kept when the write is accepted, so that a
+//! destage never finds the pool full: a write that finds too little
+//! settles the tier and runs the cleaner first, then is refused.
+//!
 //! The cleaner copies the extents still referenced in sparse segments
 //! (ciphertext as it is: the tweak is the unit's place on the volume, not
 //! on the device) and commits their new places; the emptied segment is
@@ -42,7 +51,12 @@ pub struct CompressionUsage {
 
 /// Free allocation units a writer leaves to the cleaner: with none left,
 /// the cleaner could not move anything and a full pool would stay full.
-const CLEANER_RESERVE: u32 = 1;
+pub(super) const CLEANER_RESERVE: u32 = 1;
+
+/// Blocks of compressed volumes a destage round took from the write tier,
+/// by volume and unit: (offset in the unit, plain bytes), in the order
+/// taken.
+pub(super) type Destaging = std::collections::BTreeMap<(String, u32), Vec<(u64, Vec<u8>)>>;
 
 /// What a write or the cleaner placed on the devices and has not staged.
 enum Placed {
@@ -85,6 +99,78 @@ impl<M: Media> Pool<M> {
     /// Bytes of the allocation units holding compressed extents.
     pub fn segment_bytes(&self) -> u64 {
         self.state.segment_count() as u64 * u64::from(self.layout().chunk_bytes)
+    }
+
+    /// Takes blocks of compressed volume `name` at `start` from a destage
+    /// round, as the write tier holds them (encrypted, if the volume is):
+    /// kept by unit until the round syncs ([`Pool::place_destaged`]).
+    pub(super) fn destage_compressed(
+        &mut self,
+        name: &str,
+        start: u64,
+        stored: &[u8],
+    ) -> Result<(), VolumeError> {
+        let mut plain = stored.to_vec();
+        if let Some(cipher) = self.cipher(name)? {
+            cipher.decrypt(start, &mut plain);
+        }
+        let end = start + plain.len() as u64;
+        for unit in units_touched(start, plain.len() as u64) {
+            let unit_start = u64::from(unit) * UNIT_BYTES;
+            let (from, to) = (unit_start.max(start), (unit_start + UNIT_BYTES).min(end));
+            let piece = plain[(from - start) as usize..(to - start) as usize].to_vec();
+            self.destaging
+                .entry((name.to_string(), unit))
+                .or_default()
+                .push((from - unit_start, piece));
+        }
+        Ok(())
+    }
+
+    /// Places the units a destage round took blocks of, each read (unless
+    /// its blocks cover it) and placed once however many of its blocks the
+    /// round holds, and stages their records.
+    pub(super) fn place_destaged(&mut self) -> Result<(), VolumeError> {
+        let units = std::mem::take(&mut self.destaging);
+        // Room was kept for them when they were written (`tier_room`).
+        self.check_checkpoint_room(2 * units.len() as u64)?;
+        let mut placed: Option<Placed> = None;
+        for ((name, unit), pieces) in units {
+            if let Some(Placed::Extents { volume, .. }) = &placed {
+                if *volume != name {
+                    self.stage_placed(placed.as_mut().expect("a volume's"));
+                    placed = None;
+                }
+            }
+            let placed = placed.get_or_insert_with(|| Placed::Extents {
+                volume: name.clone(),
+                extents: Vec::new(),
+            });
+            let (compression, cipher) = (self.existing(&name)?.compression, self.cipher(&name)?);
+            let start = u64::from(unit) * UNIT_BYTES;
+            let covered = pieces
+                .iter()
+                .any(|(at, piece)| *at == 0 && piece.len() as u64 == UNIT_BYTES);
+            let mut plain = match covered {
+                true => vec![0; UNIT_BYTES as usize],
+                false => {
+                    let extent = self.existing(&name)?.extents.get(&unit).copied();
+                    self.read_unit(&name, extent, cipher.as_deref(), start)?
+                }
+            };
+            for (at, piece) in &pieces {
+                plain[*at as usize..*at as usize + piece.len()].copy_from_slice(piece);
+            }
+            let result = self.place_unit(&name, unit, &plain, compression, &cipher, placed);
+            if let Err(error) = result {
+                self.stage_placed(placed);
+                return Err(error);
+            }
+        }
+        if let Some(placed) = placed.as_mut() {
+            self.stage_placed(placed);
+        }
+        Ok(())
     }
 
     /// Writes `data` at `offset` of compressed volume `name`: its data
@@ -501,7 +587,7 @@ fn unit_of(offset: u64) -> u32 {
 }
 
 /// Units `[offset, offset + len)` touches.
-fn units_touched(offset: u64, len: u64) -> Range<u32> {
+pub(super) fn units_touched(offset: u64, len: u64) -> Range<u32> {
     match len {
         0 => 0..0,
         _ => unit_of(offset)..unit_of(offset + len - 1) + 1,
@@ -740,5 +826,81 @@ mod tests {
         let mut pool = self::pool(Compression::Zstd);
         let error = pool.prepare_write("v", 0, 4096).unwrap_err();
         assert!(error.to_string().contains("extents"), "{error}");
+    }
+
+    /// A write tier of `blocks` 4 KiB blocks in each of two rings.
+    fn tier(blocks: usize) -> FaultyMedia {
+        FaultyMedia::new(1, 8192 + 2 * blocks * 4096, 5)
+    }
+
+    fn power_cut(pool: Pool<FaultyMedia>) -> Pool<FaultyMedia> {
+        let (media, tier) = pool.into_media_and_tier();
+        Pool::open_with_tier(media.crash(), tier.map(FaultyMedia::crash)).unwrap()
+    }
+
+    #[test]
+    fn on_a_tiered_pool_writes_wait_in_the_tier_and_are_compressed_when_destaged() {
+        let mut pool = pool(Compression::Lz4);
+        pool.attach_tier(tier(256), [5; 16], 2).unwrap();
+        let mut expected = text(256 << 10, 1);
+        pool.write("v", 0, &expected).unwrap();
+        // Part of a unit, and part of a block.
+        pool.write("v", 8192, &text(4096, 2)).unwrap();
+        pool.write("v", 70_000 / 512 * 512, &[3; 1024]).unwrap();
+        expected[8192..12288].copy_from_slice(&text(4096, 2));
+        expected[70_000 / 512 * 512..][..1024].fill(3);
+        assert_eq!(pool.compression_usage("v").unwrap().logical_bytes, 0);
+        assert_eq!(read(&mut pool, 0, 256 << 10), expected);
+        // Acknowledged from the tier: a power cut before any destage
+        // keeps them.
+        let mut pool = power_cut(pool);
+        assert_eq!(read(&mut pool, 0, 256 << 10), expected);
+        pool.settle_tier().unwrap();
+        assert_eq!(pool.tier_info().unwrap().blocks, 0);
+        let usage = pool.compression_usage("v").unwrap();
+        assert_eq!(usage.logical_bytes, 256 << 10);
+        assert!(usage.stored_bytes * 4 <= usage.logical_bytes, "{usage:?}");
+        let mut pool = power_cut(pool);
+        assert_eq!(read(&mut pool, 0, 256 << 10), expected);
+    }
+
+    #[test]
+    fn a_tiered_pool_keeps_room_for_the_units_it_destages_and_refuses_writes_beyond() {
+        let mut pool = pool(Compression::Zstd);
+        pool.attach_tier(tier(256), [5; 16], 2).unwrap();
+        // Everything but three allocation units taken by a thick volume.
+        let free = pool.state.free_now();
+        pool.create_volume(&VolumeSpec {
+            name: "thick".into(),
+            size_bytes: u64::from(free - 3) * CHUNK,
+            block_size: 512,
+            thick: true,
+            encrypted: false,
+            compression: Compression::None,
+        })
+        .unwrap();
+        // Units that do not compress, each a whole allocation unit.
+        let mut acked = Vec::new();
+        let refused = (0..8u64).find_map(|unit| {
+            let data = noise(unit, CHUNK as usize);
+            match pool.write("v", unit * CHUNK, &data) {
+                Ok(()) => {
+                    acked.push(data);
+                    None
+                }
+                Err(error) => Some(error),
+            }
+        });
+        let error = refused.expect("the pool fills");
+        assert!(matches!(error, VolumeError::PoolFull { .. }), "{error}");
+        assert!(!acked.is_empty());
+        // The destage of what was acknowledged had its room: the pool did
+        // not fail, and everything reads back after a power cut.
+        pool.settle_tier().unwrap();
+        assert_eq!(pool.failure(), None);
+        let mut pool = power_cut(pool);
+        for (unit, data) in acked.iter().enumerate() {
+            assert_eq!(&read(&mut pool, unit as u64 * CHUNK, CHUNK as usize), data);
+        }
     }
 }

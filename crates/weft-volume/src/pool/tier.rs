@@ -13,6 +13,10 @@
 //!   so far first, so that it reads what the writes before it left.
 //! - A full tier makes the write destage first: it slows down to the
 //!   destage rate and never fails for it.
+//! - A compressed volume's blocks are compressed when destaged (see
+//!   `compressed`): its writes keep room for that instead of mapping
+//!   chunks, and a destage round commits the units it placed before the
+//!   tier lets their blocks go.
 //! - Deallocation, snapshots and deletes destage everything first, so that
 //!   no write replayed later lands over them (a resize only grows: nothing
 //!   in the tier lies past the old end).
@@ -28,6 +32,7 @@
 //! is the manager's synchronous path, its writes in ring 0).
 
 use super::Pool;
+use crate::crypt::VolumeCipher;
 use crate::media::Media;
 use crate::tier::format::TierId;
 use crate::tier::format::EXTENTS_MAX;
@@ -213,6 +218,7 @@ impl<M: Media> Pool<M> {
         match TierLog::open(&mut media, 0, id) {
             Ok(log) => {
                 let log = self.keep_presence(log);
+                self.tier_pending_units = self.tier_pending_at_open(log.blocks() as u64);
                 self.tier = Some(PoolTier { media, log });
                 Ok(())
             }
@@ -296,6 +302,8 @@ impl<M: Media> Pool<M> {
         let Some(mut tier) = self.tier.take() else {
             return Ok(0);
         };
+        // What a failed round took and did not place: still in the tier.
+        self.destaging.clear();
         let names: HashMap<VolumeId, String> = self
             .state
             .volumes
@@ -309,10 +317,21 @@ impl<M: Media> Pool<M> {
             rounds,
             BATCHES_PER_ROUND,
             |_, blocks| pool.borrow_mut().destage_blocks(&names, blocks),
-            |_| pool.borrow_mut().sync_members(),
+            |_| pool.borrow_mut().settle_destaged(),
         );
         self.tier = Some(tier);
+        self.bound_tier_pending();
         result.map_err(|error| self.fail_tier("destaging", error))
+    }
+
+    /// Makes a destage round's blocks durable before the tier lets them
+    /// go: compressed volumes' units placed, the members synced, then the
+    /// records of those units committed.
+    fn settle_destaged(&mut self) -> io::Result<()> {
+        self.place_destaged().map_err(io::Error::other)?;
+        self.sync_members()?;
+        self.data_dirty = false;
+        self.commit().map_err(io::Error::other)
     }
 
     /// Destages everything the tier holds (before an operation a replayed
@@ -359,27 +378,37 @@ impl<M: Media> Pool<M> {
     /// batches (one sync of the tier each) as fit: the group commit. Each
     /// write's result, in order; none is durable before this returns.
     pub fn write_group(&mut self, writes: &[GroupWrite<'_>]) -> Vec<Result<(), VolumeError>> {
-        // Compressed volumes' writes go to their extents (not the tier, for
-        // now), with one commit.
-        let mut compressed: Vec<_> = writes.iter().map(|_| None).collect();
-        self.write_compressed_group(writes, &mut compressed);
         if !self.has_tier() {
+            // Compressed volumes' writes go to their extents, with one
+            // commit.
+            let mut compressed: Vec<_> = writes.iter().map(|_| None).collect();
+            self.write_compressed_group(writes, &mut compressed);
             return writes
                 .iter()
                 .zip(compressed)
                 .map(|(w, done)| done.unwrap_or_else(|| self.write(w.volume, w.offset, w.data)))
                 .collect();
         }
+        let results = self.write_group_to_tier(writes);
+        self.tier_units_in_group = 0;
+        results
+    }
+
+    /// [`Pool::write_group`] on a pool with a write tier.
+    fn write_group_to_tier(&mut self, writes: &[GroupWrite<'_>]) -> Vec<Result<(), VolumeError>> {
         let mut results = Vec::with_capacity(writes.len());
         let mut stored = Vec::with_capacity(writes.len());
-        for (w, done) in writes.iter().zip(compressed) {
-            if let Some(result) = done {
-                results.push(result);
-                stored.push(None);
-                continue;
-            }
+        for w in writes {
+            // A compressed volume's units are compressed when destaged: the
+            // room they may take then is kept now.
             let prepared = self.stored_bytes(w.volume, w.offset, w.data).and_then(|s| {
-                self.prepare_write(w.volume, w.offset, s.len() as u64)?;
+                match self.is_compressed(w.volume) {
+                    true => {
+                        let piece_bytes = self.piece_bytes();
+                        self.keep_room_for_tier(w.volume, w.offset, s.len() as u64, piece_bytes)?
+                    }
+                    false => self.prepare_write(w.volume, w.offset, s.len() as u64)?,
+                }
                 Ok(s)
             });
             match prepared {
@@ -432,10 +461,7 @@ impl<M: Media> Pool<M> {
         let volume = self.existing(w.volume)?.id;
         let first_block = w.offset / BLOCK;
         let blocks = self.whole_blocks(w.volume, w.offset, stored)?;
-        let ring_bytes = self.tier.as_ref().expect("a tiered pool").log.ring_bytes();
-        let piece_bytes = BATCH_BYTES_MAX
-            .min(ring_bytes / 4 / BLOCK * BLOCK)
-            .max(BLOCK);
+        let piece_bytes = self.piece_bytes();
         for (n, data) in pieces(blocks, piece_bytes as usize).into_iter().enumerate() {
             let full = batch.pieces.len() == EXTENTS_MAX;
             if full || batch.bytes + data.len() as u64 > piece_bytes {
@@ -450,6 +476,15 @@ impl<M: Media> Pool<M> {
             });
         }
         Ok(())
+    }
+
+    /// The most bytes of a write one tier batch carries (see
+    /// `BATCH_BYTES_MAX`): a longer write is split in pieces of this size.
+    fn piece_bytes(&self) -> u64 {
+        let ring_bytes = self.tier.as_ref().map_or(0, |tier| tier.log.ring_bytes());
+        BATCH_BYTES_MAX
+            .min(ring_bytes / 4 / BLOCK * BLOCK)
+            .max(BLOCK)
     }
 
     /// Appends what `batch` gathered as one tier batch; a failure is each
@@ -489,6 +524,7 @@ impl<M: Media> Pool<M> {
         id: VolumeId,
         offset: u64,
         buf: &mut [u8],
+        decrypt: Option<&VolumeCipher>,
     ) -> Result<(), VolumeError> {
         let Some(tier) = self.tier.as_mut() else {
             return Ok(());
@@ -502,6 +538,9 @@ impl<M: Media> Pool<M> {
                 .map_err(|error| VolumeError::Corrupt(format!("reading the write tier: {error}")));
             if !found? {
                 continue;
+            }
+            if let Some(cipher) = decrypt {
+                cipher.decrypt(block * BLOCK, &mut block_buf);
             }
             let (from, to) = ((block * BLOCK).max(offset), ((block + 1) * BLOCK).min(end));
             buf[(from - offset) as usize..(to - offset) as usize].copy_from_slice(
@@ -599,8 +638,11 @@ impl<M: Media> Pool<M> {
             return Ok(());
         }
         let len = (size - start).min(blocks.data.len() as u64) as usize;
-        self.write_placed(name, start, &blocks.data[..len])
-            .map_err(io::Error::other)
+        match self.is_compressed(name) {
+            true => self.destage_compressed(name, start, &blocks.data[..len]),
+            false => self.write_placed(name, start, &blocks.data[..len]),
+        }
+        .map_err(io::Error::other)
     }
 
     fn fail_tier(&mut self, doing: &str, error: TierError) -> VolumeError {
