@@ -76,8 +76,11 @@ def setup(node, size_mib, tier_mib):
     capacity = f"{4 * size_mib + 512}MiB"
     node.cli("pool", "create", "bench", "--device", os.path.join(node.dir, "pool.img"),
              "--device-size", capacity)
+    # Room is kept for a whole 64 KiB unit per write waiting in the tier (bounded by the
+    # tier's blocks): 16 times the tier, so that the runs measure the tier, not settles.
     node.cli("pool", "create", "tiered", "--device", os.path.join(node.dir, "tiered.img"),
-             "--device-size", capacity, "--write-tier", TIER_IMAGE,
+             "--device-size", f"{16 * tier_mib + 4 * size_mib + 512}MiB",
+             "--write-tier", TIER_IMAGE,
              "--write-tier-size", f"{tier_mib}MiB")
     node.cli("host", "add", "bench", "--nqn", HOST_NQN)
     for pool, prefix in (("bench", ""), ("tiered", "t-")):

@@ -151,16 +151,22 @@ TPC=(-H 127.0.0.1 -P 3306 -U bench -p bench -D tpcc --warehouses 1)
 YCSB=(-p mysql.host=127.0.0.1 -p mysql.port=3306 -p mysql.user=bench -p mysql.password=bench
       -p mysql.db=ycsb -p recordcount=$YCSB_RECORDS -p threadcount=4)
 
-prepare_sql() { # SIDE: tables for sysbench, go-tpc and go-ycsb, once per side
-    timeout 3600 sysbench oltp_read_write "${SB[@]}" prepare > "$OUT/raw/sysbench-prepare-$1.txt" 2>&1 ||
-        fail "sysbench prepare on $1"
+prepare_sql() { # SIDE: tables for sysbench, go-tpc and go-ycsb (those wanted), once per side
+    if wanted sysbench; then
+        timeout 3600 sysbench oltp_read_write "${SB[@]}" prepare > "$OUT/raw/sysbench-prepare-$1.txt" 2>&1 ||
+            fail "sysbench prepare on $1"
+    fi
     # --no-check: go-tpc's consistency queries after the load take longer than the load
     # under emulation (over 15 minutes for one warehouse).
-    timeout 3600 "$GO_BIN/go-tpc" tpcc "${TPC[@]}" --threads 4 prepare --no-check \
-        > "$OUT/raw/tpcc-prepare-$1.txt" 2>&1 ||
-        fail "go-tpc prepare on $1"
-    timeout 3600 "$GO_BIN/go-ycsb" load mysql -P "$YCSB_WORKLOADS/workloada" "${YCSB[@]}" \
-        > "$OUT/raw/ycsb-load-$1.txt" 2>&1 || fail "go-ycsb load on $1"
+    if wanted tpcc; then
+        timeout 3600 "$GO_BIN/go-tpc" tpcc "${TPC[@]}" --threads 4 prepare --no-check \
+            > "$OUT/raw/tpcc-prepare-$1.txt" 2>&1 ||
+            fail "go-tpc prepare on $1"
+    fi
+    if wanted ycsb; then
+        timeout 3600 "$GO_BIN/go-ycsb" load mysql -P "$YCSB_WORKLOADS/workloada" "${YCSB[@]}" \
+            > "$OUT/raw/ycsb-load-$1.txt" 2>&1 || fail "go-ycsb load on $1"
+    fi
 }
 
 sysbench_run() { # SIDE ROUND
