@@ -105,6 +105,15 @@ def through_tier(node, engine, volume, size_mib, percent, runtime):
             "drain_s": drained, "ratio": ratio(node, "t-" + volume)}
 
 
+def medians(by_volume, keys):
+    """Each volume's medians of `keys` over its rounds, with its 4k IOPS
+    over the plain volume's."""
+    med = {v: {k: statistics.median(r[k] for r in by_volume[v]) for k in keys} for v in VOLUMES}
+    for m in med.values():
+        m["rand_iops_vs_plain"] = m["rand_iops"] / max(med["plain"]["rand_iops"], 1e-9)
+    return med
+
+
 def tier_table(tiered):
     """Prints the tiered pool's table: its medians, by compressibility."""
     keys = ["rand_iops", "rand_cpu_us_per_io", "drain_s", "ratio"]
@@ -113,11 +122,9 @@ def tier_table(tiered):
     print(f"{'data':<16} {'volume':<6} {'4k QD32 IOPS':>12} {'/plain':>6} {'us CPU/io':>9} "
           f"{'drain s':>8} {'ratio':>6}")
     for percent in COMPRESSIBLE:
-        med = {v: {k: statistics.median(r[k] for r in tiered[percent][v]) for k in keys}
-               for v in VOLUMES}
+        med = medians(tiered[percent], keys)
         for volume in VOLUMES:
             m = med[volume]
-            m["rand_iops_vs_plain"] = m["rand_iops"] / max(med["plain"]["rand_iops"], 1e-9)
             print(f"{str(percent) + '% compressible':<16} {volume:<6} {m['rand_iops']:>12.0f} "
                   f"{m['rand_iops_vs_plain']:>6.2f} {m['rand_cpu_us_per_io']:>9.1f} "
                   f"{m['drain_s']:>8.1f} {m['ratio']:>6.2f}")
@@ -176,11 +183,9 @@ def main():
     print(f"{'data':<16} {'volume':<6} {'ratio':>6} {'128k MiB/s':>10} {'ms CPU/MiB':>10} "
           f"{'4k QD32 IOPS':>12} {'/plain':>6} {'us CPU/io':>9}")
     for percent in COMPRESSIBLE:
-        med = {v: {k: statistics.median(r[k] for r in runs[percent][v]) for k in keys}
-               for v in VOLUMES}
+        med = medians(runs[percent], keys)
         for volume in VOLUMES:
             m = med[volume]
-            m["rand_iops_vs_plain"] = m["rand_iops"] / max(med["plain"]["rand_iops"], 1e-9)
             m["seq_vs_plain"] = m["seq_mib_s"] / max(med["plain"]["seq_mib_s"], 1e-9)
             print(f"{str(percent) + '% compressible':<16} {volume:<6} {m['ratio']:>6.2f} "
                   f"{m['seq_mib_s']:>10.0f} {m['seq_cpu_ms_per_mib']:>10.2f} "
