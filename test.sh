@@ -19,6 +19,16 @@ step() { printf '\n=== %s [%s, %d min in]\n' "$*" "$(date +%T)" $((SECONDS / 60)
 step "host packages"
 harness/deps.sh
 
+if [ "${WEFT_SKIP_VM:-}" != 1 ]; then
+    # Downloading and unpacking Debian takes minutes the compiler's would hide: the guests'
+    # images are built from the start, beside the steps before theirs (which wait on the
+    # image's lock, and build it themselves if this failed).
+    step "guest images (6.1, 6.12, the applications') built in the background: .cache/vm/build-*.log"
+    mkdir -p .cache/vm
+    { harness/vm/build-image.sh && harness/vm/build-apps-image.sh; } > .cache/vm/build-bookworm.log 2>&1 &
+    LAB_SUITE=trixie harness/vm/build-image.sh > .cache/vm/build-trixie.log 2>&1 &
+fi
+
 step "build (release)"
 cargo build --release --locked
 cargo build --release --locked -p weft-initiator --examples
@@ -41,8 +51,8 @@ step "web dashboard against a three-node cluster on etcd: acting from the page, 
 step "the user guide: every command of README.md and docs/guide/ run against real nodes and etcd"
 python3 harness/check-guide.py
 
-step "cargo test (unit, protocol, seeded fuzz loops)"
-cargo test --workspace --locked
+step "cargo test (unit, protocol, seeded fuzz loops; two test binaries at a time: harness/cargo-test.py)"
+python3 harness/cargo-test.py
 
 step "replication simulation (VOPR-style): ${WEFT_SIM_SEEDS:=10000} seeds of crashes, pauses, power losses and partitions"
 # A failing seed prints itself and how to replay it.

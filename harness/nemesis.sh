@@ -52,5 +52,5 @@ if [ -n "$from" ]; then
     fi
     export WEFT_NEMESIS_UPGRADE_FROM=$(realpath "$old")
 fi
-cargo test --locked -p weft --test nemesis -- --ignored --nocapture 2>&1 | grep --line-buffered -v '^$'
+cargo test --locked --workspace --test nemesis -- --ignored --nocapture 2>&1 | grep --line-buffered -v '^$'
 echo "nemesis: report in $json"

@@ -22,7 +22,7 @@ set -uo pipefail
 ADDR=${LAB_HOST_IP:?needs slirp}
 PORT=${WEFT_PORT:-14450} API_PORT=${WEFT_API_PORT:-14460}
 FAILS=0
-ok() { echo "  ok: $*"; }
+ok() { echo "  ok: $* [${SECONDS}s]"; }
 fail() { echo "FAIL: $*"; FAILS=$((FAILS + 1)); }
 weft_cli() {
     WEFT_API=https://$ADDR:$API_PORT WEFT_API_CA=$LAB_SHARE/ca.crt WEFT_API_TOKEN=$(cat "$LAB_SHARE/api-token") \

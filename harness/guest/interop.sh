@@ -65,8 +65,12 @@ STEP='' STEP_FAILS=0 STEP_T0=0 RESULTS=()
 fail() { echo "FAIL $STEP: $*"; STEP_FAILS=$((STEP_FAILS + 1)); }
 nonempty() { local v; for v; do [ -n "$v" ] || return 1; done; }
 check() { # WHAT CMD [ARGS...]: run CMD; "ok: WHAT" or "FAIL step: WHAT"; returns CMD's status
-    local what=$1; shift
-    if "$@"; then echo "  ok: $what"; else fail "$what"; return 1; fi
+    local what=$1 t0=$SECONDS; shift
+    if "$@"; then echo "  ok: $what$(took_note "$t0")"; else fail "$what"; return 1; fi
+}
+took_note() { # T0: " (Ns)" when the check took 5 s or more, to show where a step's time goes
+    local took=$((SECONDS - $1))
+    [ "$took" -lt 5 ] || echo " (${took}s)"
 }
 run_step() { # NAME FUNCTION: run one step from a clean host state and record its result
     # INTEROP_STEPS (harness/interop.sh --steps): only the steps it names.
@@ -448,8 +452,8 @@ step_fio() {
     dev1=$(ns_dev "$NQN1" 1) && dev2=$(ns_dev "$NQN1" 2)
     check "block devices $dev1 $dev2" nonempty "$dev1" "$dev2" || return
     check "fio crc32c verify ns1 bs 4k 32 MiB" fio_verify "$dev1" 4k 32
-    check "fio crc32c verify ns1 bs 64k 64 MiB" fio_verify "$dev1" 64k 64
-    check "fio crc32c verify ns1 bs 1M 128 MiB" fio_verify "$dev1" 1M 128
+    check "fio crc32c verify ns1 bs 64k 32 MiB" fio_verify "$dev1" 64k 32
+    check "fio crc32c verify ns1 bs 1M 64 MiB" fio_verify "$dev1" 1M 64
     check "fio crc32c verify ns2 (ram) bs 4k 32 MiB" fio_verify "$dev2" 4k 32
     check "nvme write and nvme read of 1 MiB in one command each (MDTS)" nvme_cli_mib "$dev1"
     check "disconnect" disconnect "$NQN1"

@@ -21,6 +21,8 @@ if [ "${1:-}" != "--force" ] && [ -e "$OUT/.complete" ]; then echo "$OUT"; exit 
 exec 3>&1 1>&2   # progress on stderr; the image directory alone on stdout
 mkdir -p "$OUT"
 exec 9>"$OUT.lock"; flock 9
+# Built while we waited (test.sh builds the images in the background from its start).
+if [ "${1:-}" != "--force" ] && [ -e "$OUT/.complete" ]; then echo "$OUT" >&3; exit 0; fi
 cd "$OUT"
 
 SUITE=${LAB_SUITE:-bookworm}
@@ -128,7 +130,8 @@ echo "$SUITE" > suite
 touch .complete
 # older images of this suite (other recipe hashes) are no longer used
 for d in "$(dirname "$OUT")"/*; do
-    [ -d "$d" ] && [ "$d" != "$OUT" ] || continue
+    # Only finished images: another suite's may be building beside this one.
+    [ -d "$d" ] && [ "$d" != "$OUT" ] && [ -e "$d/.complete" ] || continue
     [ "$(cat "$d/suite" 2>/dev/null || echo bookworm)" = "$SUITE" ] && rm -rf "$d" "$d.lock"
 done
 echo "[build] done (kernel $KVER)" >&2

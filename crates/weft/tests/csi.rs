@@ -55,6 +55,24 @@ fn start_plugin(node: &Node, socket: &Path) -> Plugin {
     panic!("weft csi made no socket at {}", socket.display());
 }
 
+/// `call` again while it answers Unavailable (a volume's primary starting or handing
+/// over), every 100 ms for up to 5 s, as the CSI sidecars retry.
+async fn retried<T, F, Fut>(mut call: F) -> Result<T, tonic::Status>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, tonic::Status>>,
+{
+    for _ in 0..50 {
+        match call().await {
+            Err(status) if status.code() == Code::Unavailable => {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await
+            }
+            answered => return answered,
+        }
+    }
+    call().await
+}
+
 async fn channel(socket: &Path) -> Channel {
     let socket = socket.to_path_buf();
     Endpoint::from_static("http://[::]:1")
@@ -629,16 +647,11 @@ fn an_erasure_coded_class_makes_expands_snapshots_and_clones_volumes() {
             ..Default::default()
         };
         // Unavailable while its first primary starts: the resizer retries.
-        let mut grown = controller.controller_expand_volume(expand.clone()).await;
-        for _ in 0..50 {
-            match &grown {
-                Err(status) if status.code() == Code::Unavailable => {
-                    std::thread::sleep(std::time::Duration::from_millis(100));
-                    grown = controller.controller_expand_volume(expand.clone()).await;
-                }
-                _ => break,
-            }
-        }
+        let grown = retried(|| {
+            let (mut controller, expand) = (controller.clone(), expand.clone());
+            async move { controller.controller_expand_volume(expand).await }
+        })
+        .await;
         assert_eq!(grown.unwrap().into_inner().capacity_bytes, 32 << 20);
         assert_eq!(shown("pvc-ec")["size_bytes"], 32 << 20);
 
@@ -647,7 +660,13 @@ fn an_erasure_coded_class_makes_expands_snapshots_and_clones_volumes() {
             name: "snap-ec".into(),
             ..Default::default()
         };
-        let taken = controller.create_snapshot(snap).await.unwrap();
+        // The snapshotter retries too (a primary may still be starting on a loaded machine).
+        let taken = retried(|| {
+            let (mut controller, snap) = (controller.clone(), snap.clone());
+            async move { controller.create_snapshot(snap).await }
+        })
+        .await
+        .unwrap();
         let taken = taken.into_inner().snapshot.unwrap();
         let sources = [
             volume_content_source::Type::Snapshot(volume_content_source::SnapshotSource {
@@ -663,7 +682,12 @@ fn an_erasure_coded_class_makes_expands_snapshots_and_clones_volumes() {
             clone.volume_content_source = Some(VolumeContentSource {
                 r#type: Some(source),
             });
-            let made = controller.create_volume(clone).await.unwrap();
+            let made = retried(|| {
+                let (mut controller, clone) = (controller.clone(), clone.clone());
+                async move { controller.create_volume(clone).await }
+            })
+            .await
+            .unwrap();
             assert_eq!(made.into_inner().volume.unwrap().capacity_bytes, 32 << 20);
             assert_eq!(shown(name)["erasure"]["layout"], "2+1", "{name}");
             assert_eq!(shown(name)["encryption"]["state"], "unlocked", "{name}");
