@@ -7,7 +7,7 @@
 # 6.12 host (a Debian trixie guest) authenticating with DH-HMAC-CHAP and connecting over TLS,
 # and smoke runs of the TLS and application benchmarks. Installs what it needs (Debian packages, the guest images,
 # Go tools, cargo-fuzz) idempotently. Run as root from anywhere: ./test.sh
-# Environment: WEFT_FUZZ_SECONDS (default 8 per target), WEFT_SIM_SEEDS (default 10000),
+# Environment: WEFT_FUZZ_SECONDS (default 6 per target), WEFT_SIM_SEEDS (default 10000),
 # WEFT_EC_SIM_SEEDS (default 2000; both simulations spread their seeds over the cores),
 # WEFT_NEMESIS_SECONDS (default 90),
 # WEFT_SKIP_VM=1 to skip the guest.
@@ -19,19 +19,20 @@ step() { printf '\n=== %s [%s, %d min in]\n' "$*" "$(date +%T)" $((SECONDS / 60)
 step "host packages"
 harness/deps.sh
 
+step "build (release)"
+cargo build --release --locked
+cargo build --release --locked -p weft-initiator --examples
+
 if [ "${WEFT_SKIP_VM:-}" != 1 ]; then
-    # Downloading and unpacking Debian takes minutes the compiler's would hide: the guests'
-    # images are built from the start, beside the steps before theirs (which wait on the
-    # image's lock, and build it themselves if this failed).
+    # Downloading and unpacking Debian takes minutes that waiting steps can hide: the
+    # guests' images are built in the background once the release build is done (beside
+    # it, they made it 2 minutes longer), and the steps that boot a guest wait on the
+    # image's lock (and build it themselves if this failed).
     step "guest images (6.1, 6.12, the applications') built in the background: .cache/vm/build-*.log"
     mkdir -p .cache/vm
     { harness/vm/build-image.sh && harness/vm/build-apps-image.sh; } > .cache/vm/build-bookworm.log 2>&1 &
     LAB_SUITE=trixie harness/vm/build-image.sh > .cache/vm/build-trixie.log 2>&1 &
 fi
-
-step "build (release)"
-cargo build --release --locked
-cargo build --release --locked -p weft-initiator --examples
 
 step "the CSI spec's csi.proto, fetched from the Go module proxy, matches crates/weft-csi/proto"
 harness/csi-spec.sh
@@ -75,7 +76,7 @@ if rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
         mkdir -p "fuzz/corpus/$target"
         # No sanitizer: the fuzzed crates are safe Rust (weft's unsafe code is in weft-uring,
         # which no target reaches); overflow checks and debug assertions are what find bugs here.
-        (cd fuzz && cargo +nightly fuzz run --sanitizer none --debug-assertions "$target" "${corpora[@]}" -- -max_total_time="${WEFT_FUZZ_SECONDS:-8}" -rss_limit_mb=4096 2>&1 | tail -n 3)
+        (cd fuzz && cargo +nightly fuzz run --sanitizer none --debug-assertions "$target" "${corpora[@]}" -- -max_total_time="${WEFT_FUZZ_SECONDS:-6}" -rss_limit_mb=4096 2>&1 | tail -n 3)
     done
 else
     echo "skipped: no nightly toolchain (the seeded loops in cargo test ran)"

@@ -482,8 +482,16 @@ fn a_node_shut_down_cleanly_keeps_its_replicas_clean_and_hands_its_primaries_on(
     let intent = dir.join("n3").join("replicas").join("rep.intent");
     let text = std::fs::read_to_string(&intent).unwrap();
     assert!(text.starts_with("boot shutdown\n"), "{text}");
+    // The primary renews its replicas' read grants, idle or not, three times
+    // a grant: its next renewal finds the link gone and marks the replica out
+    // of sync until it rejoins. Waited for here (under load a restart took
+    // longer than a renewal, and the test raced it): what is checked is that
+    // the replica comes back in sync by rejoining.
+    std::thread::sleep(Duration::from_secs(1));
     let n3 = node(&dir, "n3", &endpoints, Some(&token_file));
-    assert_eq!(in_sync(&n3), 3, "still in sync after a clean restart");
+    eventually("n3 back in sync after a clean restart", || {
+        in_sync(&n3) == 3
+    });
     let text = std::fs::read_to_string(&intent).unwrap();
     assert!(
         !text.starts_with("boot shutdown"),

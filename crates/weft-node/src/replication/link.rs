@@ -130,7 +130,10 @@ enum State {
     /// The connection ended while nothing was in flight: the core hears
     /// at the next message (set: one came), as it did when a link thread
     /// only read its socket with commands out. So a replica whose node
-    /// shut down cleanly between writes stays in sync until written to.
+    /// shut down cleanly between writes stays in sync until the primary
+    /// next sends to it: a write, or the renewal of its read grant (three
+    /// times a grant, idle or not). It then rejoins with the regions its
+    /// intent holds, never a full rebuild after a clean shutdown.
     Broken(bool),
     /// Over (the core was told): messages are dropped.
     Ended,
