@@ -48,6 +48,15 @@ impl Touched {
         self.pools.entry(name.to_string()).or_default();
     }
 
+    /// Notes volume `volume` of pool `pool` (its figures: allocation,
+    /// what it stores compressed).
+    pub(super) fn note_volume(&mut self, pool: &str, volume: &str) {
+        self.pools
+            .entry(pool.to_string())
+            .or_default()
+            .insert(volume.to_string());
+    }
+
     /// Notes what `request` may change.
     pub(super) fn note(&mut self, request: &VolumeRequest) {
         match request.work {

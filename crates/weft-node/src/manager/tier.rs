@@ -518,6 +518,13 @@ impl Manager {
                 continue;
             }
             touched.note_pool(name);
+            // Compressed volumes' units are placed at the destage: what
+            // they store changes with it.
+            for volume in pool.volumes() {
+                if pool.compression_usage(&volume.name).is_some() {
+                    touched.note_volume(name, &volume.name);
+                }
+            }
             match pool.destage_tier(IDLE_ROUNDS) {
                 Ok(batches) => released += batches,
                 Err(error) => {
@@ -577,6 +584,46 @@ mod tests {
         manager.exports();
         let keys: Vec<_> = manager.tier_paths.keys().map(|(_, _, id)| *id).collect();
         assert_eq!(keys, [again]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// What a compressed volume stores is published once the tier destages
+    /// it (its units are placed then, not when written).
+    #[test]
+    fn a_destage_publishes_what_its_compressed_volumes_store() {
+        let (desired, dir) = pool_with_volume("tier-compressed-figures");
+        let mut manager = idle_manager(desired);
+        let tier = TierDevice {
+            path: dir.join("t0.img"),
+            size_bytes: Some(1 << 20),
+        };
+        let mut pool = manager.pools.remove("p").unwrap();
+        manager.attach_tier(&mut pool, &tier).unwrap();
+        pool.create_volume(&VolumeSpec {
+            name: "z".into(),
+            size_bytes: 8 << 20,
+            block_size: 4096,
+            thick: false,
+            encrypted: false,
+            compression: weft_volume::compression::Compression::Lz4,
+        })
+        .unwrap();
+        pool.write("z", 0, &[7; 65536]).unwrap();
+        manager.pools.insert("p".into(), pool);
+        manager.publish();
+        let stored = |manager: &Manager| {
+            let snapshot = manager.published.load();
+            let info = &snapshot.pools["p"].volumes["z"].info;
+            info.compression.expect("compressed").stored_bytes
+        };
+        assert_eq!(stored(&manager), 0, "still in the tier");
+        manager.destage_tiers();
+        let placed = manager.pools["p"]
+            .compression_usage("z")
+            .unwrap()
+            .stored_bytes;
+        assert!(placed > 0);
+        assert_eq!(stored(&manager), placed, "published with the destage");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
