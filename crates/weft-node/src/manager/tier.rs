@@ -544,11 +544,9 @@ mod tests {
     use super::*;
     use weft_volume::VolumeSpec;
 
-    /// The path the exports give a tiered pool's volume sends a read to
-    /// the manager only while the tier may hold one of its blocks.
-    #[test]
-    fn a_tiered_volumes_reads_stay_in_the_reactors_while_the_tier_holds_none_of_their_blocks() {
-        let (desired, dir) = pool_with_volume("tier-reads");
+    /// An idle manager whose pool "p" (volume "v") has a 1 MiB write tier.
+    fn tiered_manager(name: &str) -> (Manager, std::path::PathBuf) {
+        let (desired, dir) = pool_with_volume(name);
         let mut manager = idle_manager(desired);
         let tier = TierDevice {
             path: dir.join("t0.img"),
@@ -557,6 +555,14 @@ mod tests {
         let mut pool = manager.pools.remove("p").unwrap();
         manager.attach_tier(&mut pool, &tier).unwrap();
         manager.pools.insert("p".into(), pool);
+        (manager, dir)
+    }
+
+    /// The path the exports give a tiered pool's volume sends a read to
+    /// the manager only while the tier may hold one of its blocks.
+    #[test]
+    fn a_tiered_volumes_reads_stay_in_the_reactors_while_the_tier_holds_none_of_their_blocks() {
+        let (mut manager, dir) = tiered_manager("tier-reads");
         manager.exports();
         let id = manager.pools["p"].volume("v").unwrap().id;
         let path = Arc::clone(&manager.tier_paths[&("p".to_string(), "v".to_string(), id)]);
@@ -591,14 +597,8 @@ mod tests {
     /// it (its units are placed then, not when written).
     #[test]
     fn a_destage_publishes_what_its_compressed_volumes_store() {
-        let (desired, dir) = pool_with_volume("tier-compressed-figures");
-        let mut manager = idle_manager(desired);
-        let tier = TierDevice {
-            path: dir.join("t0.img"),
-            size_bytes: Some(1 << 20),
-        };
-        let mut pool = manager.pools.remove("p").unwrap();
-        manager.attach_tier(&mut pool, &tier).unwrap();
+        let (mut manager, dir) = tiered_manager("tier-compressed-figures");
+        let pool = manager.pools.get_mut("p").unwrap();
         pool.create_volume(&VolumeSpec {
             name: "z".into(),
             size_bytes: 8 << 20,
@@ -609,7 +609,6 @@ mod tests {
         })
         .unwrap();
         pool.write("z", 0, &[7; 65536]).unwrap();
-        manager.pools.insert("p".into(), pool);
         manager.publish();
         let stored = |manager: &Manager| {
             let snapshot = manager.published.load();
