@@ -58,13 +58,10 @@ def run(job, threads):
     name, exe, package_dir, package = job
     env = dict(os.environ, CARGO_MANIFEST_DIR=package_dir, CARGO_PKG_NAME=package)
     t0 = time.monotonic()
-    if exe is None:  # the doc tests
-        cmd = ["cargo", "test", "--workspace", "--locked", "--doc", "-q"]
-        proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    else:
-        cmd = [exe, "--test-threads=%d" % threads]
-        proc = subprocess.run(cmd, cwd=package_dir, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
+    cmd = ([exe, "--test-threads=%d" % threads] if exe
+           else ["cargo", "test", "--workspace", "--locked", "--doc", "-q"])  # the doc tests
+    proc = subprocess.run(cmd, cwd=package_dir, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
     took = time.monotonic() - t0
     print("     Running %s (%s) [%.1f s]\n%s" % (name, exe or "cargo test --doc", took, proc.stdout),
           flush=True)
